@@ -1,0 +1,82 @@
+"""The engine's error hierarchy.
+
+One root, `EngineError`. Subclasses split by blame (caller input, durable state, the store) and
+by whether a retry can help. Driver errors never escape `engine.pg`: they are translated into
+`DatabaseError` subclasses that keep the server's SQLSTATE.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Root of every error runplane raises on purpose."""
+
+
+class ScopeError(EngineError):
+    """A scope part is empty, or a scope names another org than the port serves.
+
+    Raised before any query; a retry with the same arguments fails the same way.
+    """
+
+
+class InvalidInputError(EngineError):
+    """Caller input is malformed: the message names the offending field or path.
+
+    Raised before any query, so nothing was written.
+    """
+
+
+class RetiredError(EngineError):
+    """The run's array inputs were retired: the run guard refuses every later write and read."""
+
+
+class ConflictError(EngineError):
+    """Durable state disagrees with the request (a source changed after staging began, a
+    different page at an ordinal already written). Retrying the same request cannot help."""
+
+
+class CorruptFactError(EngineError):
+    """A stored fact is missing, malformed, or fails its digest check."""
+
+
+class DatabaseError(EngineError):
+    """The server rejected a statement. `sqlstate` holds the five-character SQLSTATE (or None)."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class MissingRelationError(DatabaseError):
+    """A relation or column is missing (SQLSTATE 42P01 / 42703): the schema may need repair."""
+
+
+class StatementTimeoutError(DatabaseError):
+    """A statement ran past its statement timeout (SQLSTATE 57014) and was cancelled."""
+
+
+class StoreUnavailableError(DatabaseError):
+    """The connection to the store failed or was lost mid-operation (a transient fault).
+
+    The operation did not complete; retrying on a fresh connection may succeed.
+    """
+
+
+class TenantUnavailableError(EngineError):
+    """The tenant database could not be reached when opening the tenant or connecting.
+
+    The message names the host, never the password.
+    """
+
+
+class TransactionStateUnknownError(EngineError):
+    """An operation failed inside a transaction and its ROLLBACK failed or timed out.
+
+    The connection was closed rather than pooled. `error` is the operation's failure and
+    `rollback_error` the rollback's. Never retried automatically: the caller decides.
+    """
+
+    def __init__(self, message: str, *, error: BaseException, rollback_error: BaseException) -> None:
+        super().__init__(message)
+        self.error = error
+        self.rollback_error = rollback_error

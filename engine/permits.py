@@ -1,0 +1,67 @@
+"""Permits: FIFO, cancellable counting semaphores with wait telemetry.
+
+A tenant holds one `Permits` per lane plus one for its connection cap. Waiters are served in
+arrival order (trio's semaphore parks them in a FIFO lot), a cancelled waiter leaves the queue
+without consuming a permit, and every acquisition adds its wait to `wait_seconds`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator
+
+import attrs
+import trio
+
+
+@attrs.frozen
+class PermitStats:
+    """A snapshot of one lane: its limit, permits held, tasks waiting, acquisitions so far and
+    the total seconds those acquisitions waited."""
+
+    limit: int
+    in_use: int
+    waiting: int
+    acquired: int
+    wait_seconds: float
+
+
+@attrs.define(eq=False)
+class Permits:
+    name: str
+    limit: int = attrs.field(validator=attrs.validators.ge(1))
+    _semaphore: trio.Semaphore = attrs.field(init=False)
+    _waiting: int = attrs.field(init=False, default=0)
+    _acquired: int = attrs.field(init=False, default=0)
+    _wait_seconds: float = attrs.field(init=False, default=0.0)
+
+    def __attrs_post_init__(self) -> None:
+        self._semaphore = trio.Semaphore(self.limit, max_value=self.limit)
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Hold one permit for the block; waits FIFO, cancellable while waiting."""
+        try:
+            self._semaphore.acquire_nowait()
+        except trio.WouldBlock:
+            self._waiting += 1
+            started = trio.current_time()
+            try:
+                await self._semaphore.acquire()
+            finally:
+                self._waiting -= 1
+                self._wait_seconds += trio.current_time() - started
+        self._acquired += 1
+        try:
+            yield
+        finally:
+            self._semaphore.release()
+
+    def stats(self) -> PermitStats:
+        return PermitStats(
+            limit=self.limit,
+            in_use=self.limit - self._semaphore.value,
+            waiting=self._waiting,
+            acquired=self._acquired,
+            wait_seconds=self._wait_seconds,
+        )

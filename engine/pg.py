@@ -1,0 +1,263 @@
+"""Our trio adapter over asyncpg: the only module that imports asyncpg or trio_asyncio.
+
+How it works
+- asyncpg runs on a trio-asyncio loop; every driver call crosses over with
+  `loop.run_aio_coroutine`, and every driver error is translated into `engine.errors` here, with
+  its SQLSTATE kept, so nothing above this module sees an asyncpg type.
+- A `Connection` wraps one driver connection for one checkout. It follows asyncpg's transaction
+  model: `transaction()` issues BEGIN/COMMIT/ROLLBACK at depth zero and SAVEPOINT/RELEASE/ROLLBACK
+  TO when already inside a transaction (which is always so under an execution role, where the
+  checkout itself opened one).
+- Invariant: a connection goes back to the pool only in a known, idle state. A query cancelled
+  mid-flight, a lost connection, or a ROLLBACK that failed or ran past `ROLLBACK_TIMEOUT` marks it
+  `broken`; broken connections are closed on release, never pooled.
+- COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
+  finishes and never waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator, Sequence
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from .errors import (
+    DatabaseError,
+    EngineError,
+    MissingRelationError,
+    StatementTimeoutError,
+    StoreUnavailableError,
+    TransactionStateUnknownError,
+)
+
+ROLLBACK_TIMEOUT = 1.0
+COMMIT_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 5.0
+
+# SQLSTATEs that mean "the connection, not the statement, failed": retry on a fresh one.
+TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004"})
+MISSING_RELATION_SQLSTATES = frozenset({"42P01", "42703"})
+
+Record = Any  # rows are read-only mappings/tuples: row["col"] or row[0]
+
+
+def translate(exc: BaseException) -> EngineError:
+    """Map a driver or transport error to ours (the caller chains it with `from`)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        sqlstate = getattr(exc, "sqlstate", None)
+        message = f"{exc} (SQLSTATE {sqlstate})"
+        if sqlstate in TRANSIENT_SQLSTATES or isinstance(exc, asyncpg.PostgresConnectionError):
+            return StoreUnavailableError(message, sqlstate=sqlstate)
+        if sqlstate in MISSING_RELATION_SQLSTATES:
+            return MissingRelationError(message, sqlstate=sqlstate)
+        if sqlstate == "57014":
+            return StatementTimeoutError(message, sqlstate=sqlstate)
+        return DatabaseError(message, sqlstate=sqlstate)
+    if isinstance(exc, (OSError, asyncpg.InterfaceError, asyncio.TimeoutError, ConnectionError)):
+        return StoreUnavailableError(f"connection failed: {exc}")
+    raise TypeError(f"not a driver error: {exc!r}")
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    return isinstance(
+        exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+    )
+
+
+def is_transient_connect_error(exc: BaseException) -> bool:
+    """Connect failures worth another attempt: refused, reset, timed out, terminated, starting."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES
+    return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError, asyncpg.InterfaceError))
+
+
+class Driver:
+    """The trio-asyncio loop a tenant's connections live on."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+
+    async def call(self, coro: Any) -> Any:
+        return await self.loop.run_aio_coroutine(coro)
+
+    async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> Any:
+        """One physical connect attempt; raises the driver's error untranslated."""
+        return await self.call(
+            asyncpg.connect(
+                dsn, timeout=CONNECT_TIMEOUT, server_settings=server_settings,
+                statement_cache_size=256,
+            )
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_driver() -> AsyncIterator[Driver]:
+    """Use the running trio-asyncio loop, or open one for the block's duration.
+
+    `trio_asyncio.open_loop` wraps what escapes it in an exception group; a lone error is
+    unwrapped so callers can catch one typed error.
+    """
+    loop = trio_asyncio.current_loop.get()
+    if loop is not None:
+        yield Driver(loop)
+        return
+    try:
+        async with trio_asyncio.open_loop() as loop:
+            yield Driver(loop)
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup):
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+class Connection:
+    """One checked-out connection. Not shared between tasks; valid until its checkout ends."""
+
+    def __init__(self, raw: Any, driver: Driver) -> None:
+        self._raw = raw
+        self._driver = driver
+        self._depth = 0  # transactions/savepoints we opened
+        self.broken = False
+
+    # -- queries ---------------------------------------------------------------------------
+    async def _run(self, coro: Any) -> Any:
+        if self.broken:
+            coro.close()
+            raise StoreUnavailableError("connection was closed after an earlier failure")
+        try:
+            return await self._driver.loop.run_aio_coroutine(coro)
+        except trio.Cancelled:
+            # The server may still be running the statement: the state is unknown.
+            self.broken = True
+            raise
+        except BaseException as exc:
+            if not _is_driver_error(exc):
+                raise
+            error = translate(exc)
+            if isinstance(error, StoreUnavailableError) or self._raw.is_closed():
+                self.broken = True
+            raise error from exc
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        return await self._run(self._raw.execute(sql, *args))
+
+    async def fetch(self, sql: str, *args: Any) -> list[Record]:
+        return await self._run(self._raw.fetch(sql, *args))
+
+    async def fetchrow(self, sql: str, *args: Any) -> Record | None:
+        return await self._run(self._raw.fetchrow(sql, *args))
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await self._run(self._raw.fetchval(sql, *args))
+
+    async def copy_records(
+        self, table: str, records: Sequence[Sequence[Any]], *, columns: Sequence[str], schema: str
+    ) -> str:
+        """COPY `records` into `schema.table` (binary protocol: the fastest bulk path)."""
+        return await self._run(
+            self._raw.copy_records_to_table(
+                table, records=records, columns=list(columns), schema_name=schema
+            )
+        )
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._depth > 0 or self._raw.is_in_transaction()
+
+    @property
+    def backend_pid(self) -> int:
+        return self._raw.get_server_pid()
+
+    # -- transactions ----------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator["Connection"]:
+        """BEGIN…COMMIT, or a SAVEPOINT when already inside a transaction."""
+        if self.in_transaction:
+            name = f"runplane_sp_{self._depth}"
+            begin, commit, rollback = (
+                f"SAVEPOINT {name}", f"RELEASE SAVEPOINT {name}", f"ROLLBACK TO SAVEPOINT {name}"
+            )
+        else:
+            begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
+        await self.execute(begin)
+        self._depth += 1
+        try:
+            yield self
+        except BaseException as exc:
+            self._depth -= 1
+            await self._roll_back(rollback, exc)
+            raise
+        self._depth -= 1
+        await self._finish(commit)
+
+    async def _finish(self, commit: str) -> None:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + COMMIT_TIMEOUT) as scope:
+            await self.execute(commit)  # only our own deadline can cancel this scope
+        if scope.cancelled_caught:
+            self.broken = True
+            raise TransactionStateUnknownError(
+                f"{commit} did not finish within {COMMIT_TIMEOUT}s; connection closed",
+                error=TimeoutError(commit),
+                rollback_error=TimeoutError(commit),
+            )
+
+    async def _roll_back(self, rollback: str, exc: BaseException) -> None:
+        """Roll back after `exc`; on failure close the connection and raise the typed error."""
+        if self.broken:
+            return  # closing the connection rolls the server side back
+        rollback_error: BaseException | None = None
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + ROLLBACK_TIMEOUT) as scope:
+            try:
+                await self.execute(rollback)
+            except EngineError as error:
+                rollback_error = error
+        if scope.cancelled_caught:
+            rollback_error = TimeoutError(f"{rollback} took over {ROLLBACK_TIMEOUT}s")
+        if rollback_error is None:
+            return
+        self.broken = True
+        if isinstance(exc, Exception):
+            raise TransactionStateUnknownError(
+                f"operation failed ({exc!r}) and {rollback} failed too ({rollback_error!r}); "
+                "connection closed",
+                error=exc,
+                rollback_error=rollback_error,
+            ) from exc
+
+    # -- lifecycle (used by the tenant pool) -----------------------------------------------
+    def is_reusable(self) -> bool:
+        return not self.broken and not self._raw.is_closed() and not self._raw.is_in_transaction()
+
+    def close(self) -> None:
+        """Close at once without a round trip (the server rolls back what was open)."""
+        self.broken = True
+        if not self._raw.is_closed():
+            self._raw.terminate()
+
+    @property
+    def raw(self) -> Any:
+        return self._raw
+
+
+async def close_gracefully(raw: Any, driver: Driver, timeout: float = 2.0) -> None:
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout) as scope:
+        try:
+            await driver.call(raw.close(timeout=timeout))
+        except BaseException as exc:  # closing is best effort; fall back to terminate
+            if not (_is_driver_error(exc) or isinstance(exc, trio.Cancelled)):
+                raise
+    if scope.cancelled_caught or not raw.is_closed():
+        raw.terminate()

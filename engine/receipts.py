@@ -1,0 +1,170 @@
+"""Work receipts: at-most-one owner per key, fenced by run epochs.
+
+Each operation is one statement: an `INSERT … ON CONFLICT DO UPDATE … WHERE <fence>` that
+applies when the fence allows it, joined with a read of the stored row when it does not, so the
+caller always learns the receipt as stored afterwards (ours, or the newer one that fenced us).
+Fences: a write applies only where the stored epoch is ≤ ours; `fail` never overwrites a
+completed or skipped receipt; an identical replay changes nothing. The statement returns no row
+only when a concurrent insert of the same key committed after our snapshot; we then issue it
+again, which sees that row through the conflict path.
+
+Keys are user strings (1–1024 characters) stored under the play's scope with kind `receipt`, so
+this API can never name an internal fact.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Literal
+
+import attrs
+
+from . import canonical
+from .errors import InvalidInputError
+from .keys import check_user_key, receipt_key
+from .ports import Port, table, with_connection
+from .scopes import PlayScope, RunRef, check_scope
+
+PENDING, RUNNING, COMPLETED, FAILED, SKIPPED = 0, 1, 2, 3, 4
+STATUS_NAMES = {PENDING: "pending", RUNNING: "running", COMPLETED: "completed", FAILED: "failed",
+                SKIPPED: "skipped"}
+
+Disposition = Literal["claimed", "reused", "running", "fenced"]
+
+
+@attrs.frozen
+class Receipt:
+    key: str
+    status: str
+    output: Any
+    error: str | None
+    run_id: str | None
+    epoch: int | None = None
+
+
+@attrs.frozen
+class Claim:
+    disposition: Disposition
+    receipt: Receipt
+
+
+_COLUMNS = "status, output::text AS output, error, run_id, epoch"
+
+_CLAIM = """
+WITH claimed AS (
+    INSERT INTO {t} AS r (k, status, output, error, run_id, epoch, updated_at)
+    VALUES ($1, 1, NULL, NULL, $2, $3, now())
+    ON CONFLICT (k) DO UPDATE
+       SET status = 1, output = NULL, error = NULL, run_id = EXCLUDED.run_id,
+           epoch = EXCLUDED.epoch, updated_at = now()
+     WHERE coalesce(r.epoch, 0) <= EXCLUDED.epoch
+       AND (r.status IN (0, 3) OR ($4 AND r.status = 1))
+    RETURNING {cols}
+)
+SELECT 'claimed' AS disposition, {cols} FROM claimed
+UNION ALL
+SELECT CASE WHEN status IN (2, 4) THEN 'reused'
+            WHEN coalesce(epoch, 0) > $3 THEN 'fenced'
+            WHEN status = 1 THEN 'running'
+            ELSE 'fenced' END,
+       {cols}
+  FROM {t} WHERE k = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
+"""
+
+# $1 key, $2 run id, $3 epoch, $4 status, $5 output, $6 error
+_SETTLE = """
+WITH applied AS (
+    INSERT INTO {t} AS r (k, status, output, error, run_id, epoch, updated_at)
+    VALUES ($1, $4, $5::jsonb, $6, $2, $3, now())
+    ON CONFLICT (k) DO UPDATE
+       SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
+           run_id = EXCLUDED.run_id, epoch = EXCLUDED.epoch, updated_at = now()
+     WHERE coalesce(r.epoch, 0) <= EXCLUDED.epoch
+       {extra_fence}
+       AND (r.status, r.output, r.error, r.run_id, r.epoch)
+           IS DISTINCT FROM (EXCLUDED.status, EXCLUDED.output, EXCLUDED.error,
+                             EXCLUDED.run_id, EXCLUDED.epoch)
+    RETURNING {cols}
+)
+SELECT {cols} FROM applied
+UNION ALL
+SELECT {cols} FROM {t} WHERE k = $1 AND NOT EXISTS (SELECT 1 FROM applied)
+"""
+
+_GET = "SELECT k, {cols} FROM {t} WHERE k = ANY($1::bytea[])"
+
+
+def _receipt(key: str, row: Any) -> Receipt:
+    return Receipt(
+        key=key,
+        status=STATUS_NAMES[row["status"]],
+        output=canonical.loads(row["output"]),
+        error=row["error"],
+        run_id=row["run_id"],
+        epoch=row["epoch"],
+    )
+
+
+async def _fetch_until_row(port: Port, sql: str, *args: Any) -> Any:
+    async def op(conn):
+        while True:
+            row = await conn.fetchrow(sql, *args)
+            if row is not None:
+                return row
+
+    return await with_connection(port, "receipts", op)
+
+
+async def get(port: Port, scope: PlayScope, key: str) -> Receipt | None:
+    return (await get_many(port, scope, [key]))[key]
+
+
+async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[str, Receipt | None]:
+    """One entry per distinct key, in first-seen order (None where absent), in one query."""
+    check_scope(port, scope)
+    stored = {receipt_key(scope, key): key for key in dict.fromkeys(keys)}
+    sql = _GET.format(cols=_COLUMNS, t=table(port, "work_receipts"))
+    rows = await with_connection(port, "receipts", lambda conn: conn.fetch(sql, list(stored)))
+    found = {bytes(row["k"]): row for row in rows}
+    return {
+        key: (_receipt(key, found[k]) if k in found else None) for k, key in stored.items()
+    }
+
+
+async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = False) -> Claim:
+    check_scope(port, run)
+    k = receipt_key(run.scope.play_scope, key)
+    sql = _CLAIM.format(cols=_COLUMNS, t=table(port, "work_receipts"))
+    row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, bool(reclaim_running))
+    return Claim(row["disposition"], _receipt(key, row))
+
+
+async def _settle(
+    port: Port, run: RunRef, key: str, status: int, output: Any, error: str | None,
+    extra_fence: str = "",
+) -> Receipt:
+    check_scope(port, run)
+    k = receipt_key(run.scope.play_scope, key)
+    text = None if output is None else canonical.stable_dumps(canonical.normalize(output, "output"))
+    sql = _SETTLE.format(cols=_COLUMNS, t=table(port, "work_receipts"), extra_fence=extra_fence)
+    row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, status, text, error)
+    return _receipt(key, row)
+
+
+async def complete(port: Port, run: RunRef, key: str, output: Any) -> Receipt:
+    """Store `output` as the completed result where our epoch is not older than the stored one."""
+    check_user_key(key)
+    return await _settle(port, run, key, COMPLETED, output, None)
+
+
+async def skip(port: Port, run: RunRef, key: str, output: Any = None) -> Receipt:
+    """Mark the work skipped (with an optional output), fenced like `complete`."""
+    check_user_key(key)
+    return await _settle(port, run, key, SKIPPED, output, None)
+
+
+async def fail(port: Port, run: RunRef, key: str, error: str) -> Receipt:
+    """Record a failure; never overwrites a completed or skipped receipt."""
+    check_user_key(key)
+    if not isinstance(error, str) or not error:
+        raise InvalidInputError("error must be a non-empty string")
+    return await _settle(port, run, key, FAILED, None, error, "AND r.status NOT IN (2, 4)")

@@ -1,0 +1,115 @@
+"""The tenant schema: idempotent bootstrap DDL, safe when several processes start at once.
+
+`bootstrap(conn, schema)` runs every statement below in one transaction under a transaction-level
+advisory lock keyed by the schema name, so concurrent bootstraps serialize instead of racing on
+`CREATE ... IF NOT EXISTS` (which is not atomic in PostgreSQL). `schema_status` reads the stored
+version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here.
+"""
+
+from __future__ import annotations
+
+from .sql import quote_ident
+
+SCHEMA_VERSION = "1"
+
+_DDL = """
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE SEQUENCE IF NOT EXISTS {s}.run_epochs;
+CREATE SEQUENCE IF NOT EXISTS {s}.row_versions;
+CREATE TABLE IF NOT EXISTS {s}.meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {s}.runs (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    epoch bigint NOT NULL UNIQUE,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, run_id)
+);
+CREATE TABLE IF NOT EXISTS {s}.work_receipts (
+    k bytea PRIMARY KEY,
+    status smallint NOT NULL,
+    output jsonb,
+    error text,
+    run_id text,
+    epoch bigint,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS {s}.sheet_summary (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    table_namespace text NOT NULL,
+    total bigint NOT NULL DEFAULT 0,
+    queued bigint NOT NULL DEFAULT 0,
+    running bigint NOT NULL DEFAULT 0,
+    completed bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, table_namespace)
+);
+CREATE TABLE IF NOT EXISTS {s}.sheet_column_summary (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    table_namespace text NOT NULL,
+    field text NOT NULL,
+    completed bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (org_id, play, table_namespace, field)
+);
+CREATE TABLE IF NOT EXISTS {s}.terminal_outbox (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    state text NOT NULL DEFAULT 'pending',
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    lease_owner text,
+    lease_expires_at timestamptz,
+    last_error text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, run_id)
+);
+CREATE INDEX IF NOT EXISTS terminal_outbox_due
+    ON {s}.terminal_outbox (next_attempt_at) WHERE state = 'pending';
+INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
+    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+"""
+
+_GRANTS = """
+GRANT USAGE, CREATE ON SCHEMA {s} TO {role};
+GRANT ALL ON ALL TABLES IN SCHEMA {s} TO {role};
+GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {role};
+"""
+
+
+def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
+    s = quote_ident(schema)
+    text = _DDL.format(s=s, version=SCHEMA_VERSION)
+    if execution_role is not None:
+        text += _GRANTS.format(s=s, role=quote_ident(execution_role))
+    return text
+
+
+async def bootstrap(conn, schema: str, execution_role: str | None = None) -> None:
+    """Create or upgrade the schema; idempotent and serialized across processes."""
+    async with conn.transaction():
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
+            schema,
+        )
+        await conn.execute(bootstrap_sql(schema, execution_role))
+
+
+async def schema_status(conn, schema: str) -> str | None:
+    """The stored schema version, or None when the schema is not bootstrapped."""
+    exists = await conn.fetchval(
+        "SELECT to_regclass(quote_ident($1) || '.meta') IS NOT NULL", schema
+    )
+    if not exists:
+        return None
+    return await conn.fetchval(
+        f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'"
+    )

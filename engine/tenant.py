@@ -1,0 +1,234 @@
+"""Tenants: a connection pool behind lanes of permits, over one tenant PostgreSQL schema.
+
+How it works
+- `tenant.connection(lane)` takes a permit on the lane, then one of the tenant's
+  `max_connections` permits (both FIFO and cancellable), then an idle pooled connection or a new
+  one. Holding a tenant permit guarantees a connection slot, so the pool is just a stack of idle
+  connections. Lanes bound how much of the tenant one kind of work may hold: background
+  retirement can never starve foreground sheet or receipt work.
+- Physical connects take at most `CONNECT_TIMEOUT` each; transient failures are retried after
+  250, 750 and 1500 ms; anything else fails at once with `TenantUnavailableError`, which names
+  the host and never the password.
+- With an `execution_role`, each checkout opens a transaction and `SET LOCAL ROLE` before the
+  caller sees the connection; the checkout commits on a clean exit and rolls back otherwise, so
+  operations inside use savepoints (`outer_transaction` is true).
+- A connection that `engine.pg` marked broken (cancelled query, lost connection, failed
+  rollback) is closed at release, never pooled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import urllib.parse
+from typing import Any, AsyncIterator, Mapping
+
+import attrs
+import trio
+
+from . import pg, schema as schema_ddl
+from .embedded import resolve_dsn
+from .errors import EngineError, InvalidInputError, StoreUnavailableError, TenantUnavailableError
+from .permits import PermitStats, Permits
+from .sql import quote_ident
+
+DEFAULT_LANES: Mapping[str, int] = {"sheet": 6, "receipts": 6, "retirement": 2}
+CONNECT_RETRY_DELAYS = (0.25, 0.75, 1.5)
+MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
+
+
+def describe_dsn(dsn: str) -> str:
+    """`host:port/database` of a DSN (URL or key=value form), never its password."""
+    host = port = database = None
+    if "://" in dsn:
+        url = urllib.parse.urlsplit(dsn)
+        query = urllib.parse.parse_qs(url.query)
+        host = url.hostname or (query.get("host") or [None])[0]
+        try:
+            port = url.port
+        except ValueError:
+            port = None
+        port = port or (query.get("port") or [None])[0]
+        database = url.path.lstrip("/") or None
+    else:
+        fields = dict(
+            part.split("=", 1) for part in dsn.split() if "=" in part
+        )
+        host, port, database = fields.get("host"), fields.get("port"), fields.get("dbname")
+    where = host or "localhost"
+    if port:
+        where += f":{port}"
+    if database:
+        where += f"/{database}"
+    return where
+
+
+@attrs.define(eq=False)
+class Tenant:
+    """One org's store. Implements `engine.Port`. Build it with `open_tenant`."""
+
+    org_id: str
+    schema: str
+    dsn: str = attrs.field(repr=False)
+    driver: pg.Driver = attrs.field(repr=False)
+    execution_role: str | None = None
+    max_connections: int = 8
+    lanes: Mapping[str, int] = attrs.field(factory=lambda: dict(DEFAULT_LANES))
+    _lane_permits: dict[str, Permits] = attrs.field(init=False)
+    _connection_permits: Permits = attrs.field(init=False)
+    _idle: list[Any] = attrs.field(init=False, factory=list)
+    _closed: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
+        self._connection_permits = Permits("connections", self.max_connections)
+
+    @property
+    def outer_transaction(self) -> bool:
+        return self.execution_role is not None
+
+    @property
+    def host(self) -> str:
+        return describe_dsn(self.dsn)
+
+    def permits(self) -> dict[str, PermitStats]:
+        """Telemetry per lane, plus `connections` for the tenant-wide cap."""
+        stats = {name: permits.stats() for name, permits in self._lane_permits.items()}
+        stats["connections"] = self._connection_permits.stats()
+        return stats
+
+    # -- checkouts -------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def connection(self, lane: str) -> AsyncIterator[pg.Connection]:
+        try:
+            lane_permits = self._lane_permits[lane]
+        except KeyError:
+            raise InvalidInputError(
+                f"unknown lane {lane!r}; lanes are {sorted(self._lane_permits)}"
+            ) from None
+        async with lane_permits.hold(), self._connection_permits.hold():
+            if self._closed:
+                raise StoreUnavailableError("tenant is closed")
+            conn = pg.Connection(await self._checkout_raw(), self.driver)
+            try:
+                if self.execution_role is None:
+                    yield conn
+                else:
+                    async with conn.transaction():
+                        await conn.execute(f"SET LOCAL ROLE {quote_ident(self.execution_role)}")
+                        yield conn
+            finally:
+                self._release(conn)
+
+    async def _checkout_raw(self) -> Any:
+        while self._idle:
+            raw = self._idle.pop()
+            if not raw.is_closed():
+                return raw
+        return await self._connect()
+
+    def _release(self, conn: pg.Connection) -> None:
+        if conn.is_reusable() and not self._closed:
+            self._idle.append(conn.raw)
+        else:
+            conn.close()
+
+    async def _connect(self) -> Any:
+        last: BaseException | None = None
+        for delay in (*CONNECT_RETRY_DELAYS, None):
+            try:
+                return await self.driver.connect(
+                    self.dsn, server_settings={"application_name": "runplane"}
+                )
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) and pg.is_transient_connect_error(exc)):
+                    if isinstance(exc, Exception):
+                        raise self._unavailable(exc) from exc
+                    raise
+                last = exc
+            if delay is not None:
+                await trio.sleep(delay)
+        assert last is not None
+        raise self._unavailable(last) from last
+
+    def _unavailable(self, exc: BaseException) -> TenantUnavailableError:
+        reason = str(exc).replace(self.dsn, self.host) or type(exc).__name__
+        return TenantUnavailableError(f"cannot connect to {self.host}: {reason}")
+
+    # -- schema ----------------------------------------------------------------------------
+    async def repair_schema(self) -> None:
+        """Re-run the idempotent bootstrap (called once after a missing relation or column)."""
+        async with self._plain_connection() as conn:
+            await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
+
+    async def ensure_schema(self) -> None:
+        async with self._plain_connection() as conn:
+            status = await schema_ddl.schema_status(conn, self.schema)
+            if status != schema_ddl.SCHEMA_VERSION:
+                await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
+
+    @contextlib.asynccontextmanager
+    async def _plain_connection(self) -> AsyncIterator[pg.Connection]:
+        """A connection as the login user (no role switch), for DDL; holds a tenant permit."""
+        async with self._connection_permits.hold():
+            conn = pg.Connection(await self._checkout_raw(), self.driver)
+            try:
+                yield conn
+            finally:
+                self._release(conn)
+
+    async def server_version(self) -> str:
+        async with self._plain_connection() as conn:
+            return await conn.fetchval("SHOW server_version")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for raw in idle:
+            await pg.close_gracefully(raw, self.driver)
+
+
+@contextlib.asynccontextmanager
+async def open_tenant(
+    org_id: str,
+    dsn: str | None = None,
+    *,
+    schema: str = "runplane",
+    max_connections: int = 8,
+    lanes: Mapping[str, int] | None = None,
+    execution_role: str | None = None,
+) -> AsyncIterator[Tenant]:
+    """Open a tenant: connect (fail fast), bootstrap the schema, yield the tenant, close the pool.
+
+    `dsn=None` uses `RUNPLANE_DSN`, else the embedded server (started on first use).
+    """
+    if not isinstance(org_id, str) or not org_id.strip():
+        raise InvalidInputError("org_id must be a non-empty string")
+    if not isinstance(schema, str) or not schema.strip():
+        raise InvalidInputError("schema must be a non-empty string")
+    if max_connections < 1:
+        raise InvalidInputError("max_connections must be at least 1")
+    lane_limits = dict(DEFAULT_LANES if lanes is None else lanes)
+    for name, limit in lane_limits.items():
+        if not isinstance(limit, int) or limit < 1:
+            raise InvalidInputError(f"lane {name!r} needs a positive integer limit, got {limit!r}")
+    resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    async with pg.open_driver() as driver:
+        tenant = Tenant(
+            org_id=org_id.strip(),
+            schema=schema,
+            dsn=resolved,
+            driver=driver,
+            execution_role=execution_role,
+            max_connections=max_connections,
+            lanes=lane_limits,
+        )
+        try:
+            await tenant.ensure_schema()
+            yield tenant
+        finally:
+            with trio.CancelScope(shield=True):
+                await tenant.aclose()
+
+
+__all__ = ["Tenant", "open_tenant", "describe_dsn", "DEFAULT_LANES", "EngineError"]

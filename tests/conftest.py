@@ -1,0 +1,41 @@
+"""Test fixtures: one real PostgreSQL per session, a fresh schema per test.
+
+`RUNPLANE_TEST_DSN` points the suite at an existing server; otherwise one embedded server is
+started in a temporary directory for the session and deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from engine import open_tenant
+from engine.embedded import start_embedded
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    given = os.environ.get("RUNPLANE_TEST_DSN")
+    if given:
+        return given
+    root = Path(tempfile.mkdtemp(prefix="runplane-test-"))
+    return start_embedded(root / "pg", temporary=True)
+
+
+def fresh_schema() -> str:
+    return f"t_{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+async def tenant(dsn):
+    schema = fresh_schema()
+    async with open_tenant("org-test", dsn, schema=schema) as tenant:
+        try:
+            yield tenant
+        finally:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
