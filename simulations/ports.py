@@ -1,0 +1,243 @@
+"""Instrumented ports: see, count, pause or disturb every checkout and query of an engine call.
+
+How it works
+- `HookedPort(inner, hook)` is a `Port` that forwards to `inner` (a `Tenant` or another port).
+  Before each connection checkout it awaits `hook.at_boundary(Boundary("checkout", ...))`, and
+  the connection it yields is a `HookedConnection` that awaits `hook.at_boundary(Boundary("query",
+  ...))` before every statement it sends — BEGIN, COMMIT, SAVEPOINT and RELEASE included, since
+  they all pass through the one choke point `engine.pg.Connection._run`. What the hook raises
+  (a transient error, `trio.Cancelled` from a cancelled scope) surfaces exactly where a real
+  fault would.
+- `HookedConnection` shares the driver connection of the checkout it wraps. When it ends up
+  broken (a cancelled statement, an injected connection loss) the wrapped connection is marked
+  broken too before the checkout is released, so the tenant closes it instead of pooling it.
+- Three hooks ship here: `CountingPort` (records every boundary: round trips per call, for the
+  tests that bound them), `GatedPort` (parks the n-th matching boundary until the test releases
+  it: deterministic races), and `simulations.faults.FaultyPort` (hypothesis-drawn faults).
+- Give each concurrent actor its own wrapper around one shared tenant: counters and gates are
+  then per actor, and what an actor sees does not depend on how the others are scheduled.
+
+Only tests, simulations and benchmarks use this module; engine code never does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator, Callable, Literal, Protocol
+
+import attrs
+import trio
+
+from engine import pg
+from engine.ports import Port
+
+BoundaryKind = Literal["checkout", "query"]
+
+
+@attrs.frozen
+class Boundary:
+    """One point where a hook runs: a checkout on `lane`, or a statement `sql` on a checkout.
+
+    `checkout` is the 1-based index of the checkout through this port; `query` the 1-based index
+    of the statement through this port (0 at a checkout boundary).
+    """
+
+    kind: BoundaryKind
+    lane: str
+    checkout: int
+    query: int = 0
+    sql: str | None = None
+
+
+class Hook(Protocol):
+    async def at_boundary(self, boundary: Boundary) -> None: ...
+
+
+class HookedConnection(pg.Connection):
+    """A `Connection` over the same driver connection that awaits a hook before each statement."""
+
+    def __init__(self, inner: pg.Connection, port: "HookedPort", lane: str, checkout: int) -> None:
+        super().__init__(inner.raw, inner._driver)
+        self._depth = inner._depth  # a checkout under an execution role is already in a transaction
+        self._port = port
+        self._lane = lane
+        self._checkout = checkout
+        self._sql: str | None = None
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        self._sql = sql
+        return await super().execute(sql, *args)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        self._sql = sql
+        return await super().fetch(sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        self._sql = sql
+        return await super().fetchrow(sql, *args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        self._sql = sql
+        return await super().fetchval(sql, *args)
+
+    async def copy_records(self, table: str, records: Any, *, columns: Any, schema: str) -> str:
+        self._sql = f"COPY {schema}.{table}"
+        return await super().copy_records(table, records, columns=columns, schema=schema)
+
+    async def _run(self, coro: Any) -> Any:
+        sql, self._sql = self._sql, None
+        try:
+            await self._port._boundary("query", self._lane, self._checkout, sql, self)
+        except BaseException:
+            coro.close()
+            raise
+        return await super()._run(coro)
+
+
+@attrs.define(eq=False)
+class HookedPort:
+    """A `Port` forwarding to `inner` that runs `hook` at every checkout and statement."""
+
+    inner: Port
+    hook: Hook
+    checkouts: int = attrs.field(init=False, default=0)
+    queries: int = attrs.field(init=False, default=0)
+
+    @property
+    def org_id(self) -> str:
+        return self.inner.org_id
+
+    @property
+    def schema(self) -> str:
+        return self.inner.schema
+
+    @property
+    def outer_transaction(self) -> bool:
+        return self.inner.outer_transaction
+
+    async def repair_schema(self) -> None:
+        await self.inner.repair_schema()
+
+    @contextlib.asynccontextmanager
+    async def connection(self, lane: str) -> AsyncIterator[pg.Connection]:
+        self.checkouts += 1
+        checkout = self.checkouts
+        await self._boundary("checkout", lane, checkout, None, None)
+        async with self.inner.connection(lane) as conn:
+            hooked = HookedConnection(conn, self, lane, checkout)
+            try:
+                yield hooked
+            finally:
+                if hooked.broken:
+                    conn.broken = True
+
+    async def _boundary(
+        self, kind: BoundaryKind, lane: str, checkout: int, sql: str | None,
+        conn: HookedConnection | None,
+    ) -> None:
+        if kind == "query":
+            self.queries += 1
+        boundary = Boundary(kind, lane, checkout, self.queries if kind == "query" else 0, sql)
+        await self.hook.at_boundary(boundary)
+
+
+# -- counting ----------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Recorder:
+    boundaries: list[Boundary] = attrs.field(factory=list)
+
+    async def at_boundary(self, boundary: Boundary) -> None:
+        self.boundaries.append(boundary)
+
+
+class CountingPort(HookedPort):
+    """Records every checkout and statement. `reset()` between the calls you want to measure.
+
+    `round_trips` counts statements sent (BEGIN, COMMIT and savepoints included).
+    """
+
+    def __init__(self, inner: Port) -> None:
+        super().__init__(inner, _Recorder())
+
+    @property
+    def boundaries(self) -> list[Boundary]:
+        return self.hook.boundaries
+
+    @property
+    def statements(self) -> list[str]:
+        return [b.sql or "" for b in self.hook.boundaries if b.kind == "query"]
+
+    @property
+    def round_trips(self) -> int:
+        return len(self.statements)
+
+    @property
+    def checkout_count(self) -> int:
+        return sum(1 for b in self.hook.boundaries if b.kind == "checkout")
+
+    def reset(self) -> None:
+        self.hook.boundaries.clear()
+
+
+# -- gates -------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Gate:
+    """Parks the boundary it matches: `reached` is set when a task arrives, and the task waits
+    until `release()`. A gate fires once."""
+
+    matches: Callable[[Boundary], bool]
+    reached: trio.Event = attrs.field(factory=trio.Event)
+    released: trio.Event = attrs.field(factory=trio.Event)
+    boundary: Boundary | None = None
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def wait_reached(self) -> Boundary:
+        await self.reached.wait()
+        assert self.boundary is not None
+        return self.boundary
+
+
+@attrs.define(eq=False)
+class _Gates:
+    gates: list[Gate] = attrs.field(factory=list)
+
+    async def at_boundary(self, boundary: Boundary) -> None:
+        for gate in self.gates:
+            if not gate.reached.is_set() and gate.matches(boundary):
+                gate.boundary = boundary
+                gate.reached.set()
+                await gate.released.wait()
+
+
+class GatedPort(HookedPort):
+    """Pauses chosen boundaries until the test releases them, to force one interleaving.
+
+        port = GatedPort(tenant)
+        gate = port.gate_checkout(2)          # the second checkout through this port
+        nursery.start_soon(seal, port, ...)
+        await gate.wait_reached()             # the sealer is parked before that checkout
+        ...                                   # race something against it
+        gate.release()
+    """
+
+    def __init__(self, inner: Port) -> None:
+        super().__init__(inner, _Gates())
+
+    def gate(self, matches: Callable[[Boundary], bool]) -> Gate:
+        gate = Gate(matches)
+        self.hook.gates.append(gate)
+        return gate
+
+    def gate_checkout(self, n: int) -> Gate:
+        """Park before the `n`-th checkout (1-based) through this port."""
+        return self.gate(lambda b: b.kind == "checkout" and b.checkout == n)
+
+    def gate_query(self, n: int) -> Gate:
+        """Park before the `n`-th statement (1-based) through this port."""
+        return self.gate(lambda b: b.kind == "query" and b.query == n)

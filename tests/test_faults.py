@@ -1,0 +1,114 @@
+"""The simulation harness itself: counting, gating and fault-injecting ports on a real tenant."""
+
+from __future__ import annotations
+
+import trio
+import pytest
+from hypothesis import given, settings, HealthCheck
+
+from engine.errors import StoreUnavailableError
+from simulations.faults import Fault, FaultPlan, FaultyPort, fault_plans
+from simulations.ports import CountingPort, GatedPort
+
+
+async def test_counting_port_sees_every_statement_including_transaction_control(tenant):
+    port = CountingPort(tenant)
+    async with port.connection("receipts") as conn:
+        async with conn.transaction():
+            assert await conn.fetchval("SELECT 1") == 1
+    assert port.statements == ["BEGIN", "SELECT 1", "COMMIT"]
+    assert port.round_trips == 3
+    assert port.checkout_count == 1
+    port.reset()
+    assert port.round_trips == 0
+
+
+async def test_unavailable_fault_drops_the_connection_and_the_tenant_recovers(tenant):
+    async with tenant.connection("receipts") as conn:
+        pid_before = conn.backend_pid
+    # step 1: the checkout (none), step 2: BEGIN (none), step 3: the SELECT fails.
+    port = FaultyPort(tenant, FaultPlan([Fault("none"), Fault("none"), Fault("unavailable")]))
+    with pytest.raises(StoreUnavailableError):
+        async with port.connection("receipts") as conn:
+            async with conn.transaction():
+                await conn.fetchval("SELECT 1")
+    assert port.injected == 1 and port.by_kind == {"unavailable": 1}
+    assert tenant.permits()["receipts"].in_use == 0
+    async with tenant.connection("receipts") as conn:
+        assert conn.backend_pid != pid_before  # the dropped connection was not pooled
+        assert await conn.fetchval("SELECT 2") == 2
+
+
+async def test_cancel_fault_cancels_only_the_cancellable_scope(tenant):
+    port = FaultyPort(tenant, FaultPlan([Fault("none"), Fault("cancel")]))
+    reached_after = False
+    with port.cancellable() as scope:
+        async with port.connection("receipts") as conn:
+            await conn.fetchval("SELECT 1")
+            reached_after = True
+    assert scope.cancelled_caught and not reached_after
+    assert port.injected == 1 and port.by_kind == {"cancel": 1}
+    # Plan exhausted: later calls get through untouched.
+    async with port.connection("receipts") as conn:
+        assert await conn.fetchval("SELECT 3") == 3
+    assert port.injected == 1
+
+
+async def test_cancel_without_a_cancellable_scope_is_a_checkpoint(tenant):
+    port = FaultyPort(tenant, FaultPlan([Fault("cancel"), Fault("delay", 0.001)]))
+    async with port.connection("receipts") as conn:
+        assert await conn.fetchval("SELECT 1") == 1
+    assert port.by_kind == {"delay": 1}
+
+
+async def test_faults_at_commit_are_not_applied(tenant):
+    plan = FaultPlan([Fault("none"), Fault("none"), Fault("none"), Fault("unavailable")])
+    port = FaultyPort(tenant, plan)
+    async with port.connection("receipts") as conn:
+        async with conn.transaction():
+            await conn.fetchval("SELECT 1")
+    assert port.injected == 0
+
+
+async def test_gated_port_parks_the_chosen_checkout_until_released(tenant):
+    port = GatedPort(tenant)
+    gate = port.gate_checkout(2)
+    done = []
+
+    async def two_checkouts():
+        for i in range(2):
+            async with port.connection("receipts") as conn:
+                done.append(await conn.fetchval("SELECT $1::int", i))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(two_checkouts)
+            boundary = await gate.wait_reached()
+            assert boundary.kind == "checkout" and boundary.checkout == 2
+            assert done == [0]
+            gate.release()
+    assert done == [0, 1]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(plan=fault_plans(max_steps=6))
+def test_any_drawn_plan_leaves_the_tenant_usable(dsn, plan):
+    from engine import open_tenant
+
+    async def example():
+        async with open_tenant("org-test", dsn, schema="faults_probe") as tenant:
+            port = FaultyPort(tenant, plan)
+            for _ in range(3):
+                with port.cancellable():
+                    try:
+                        async with port.connection("receipts") as conn:
+                            async with conn.transaction():
+                                await conn.fetchval("SELECT 1")
+                    except StoreUnavailableError:
+                        pass
+            assert port.injected <= len(plan.steps)
+            async with tenant.connection("receipts") as conn:
+                assert await conn.fetchval("SELECT 1") == 1
+            assert all(stats.in_use == 0 for stats in tenant.permits().values())
+
+    trio.run(example)
