@@ -57,14 +57,19 @@ def translate(exc: BaseException) -> EngineError:
         if sqlstate == "57014":
             return StatementTimeoutError(message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
-    if isinstance(exc, (OSError, asyncpg.InterfaceError, asyncio.TimeoutError, ConnectionError)):
+    if isinstance(exc, asyncpg.exceptions.DataError):
+        return DatabaseError(f"cannot encode a query argument: {exc}")
+    if isinstance(exc, (OSError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError,
+                        asyncio.TimeoutError, ConnectionError)):
         return StoreUnavailableError(f"connection failed: {exc}")
     raise TypeError(f"not a driver error: {exc!r}")
 
 
 def _is_driver_error(exc: BaseException) -> bool:
     return isinstance(
-        exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+        exc,
+        (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError,
+         OSError, asyncio.TimeoutError),
     )
 
 

@@ -164,7 +164,8 @@ class Tenant:
     async def ensure_schema(self) -> None:
         async with self._plain_connection() as conn:
             status = await schema_ddl.schema_status(conn, self.schema)
-            if status != schema_ddl.SCHEMA_VERSION:
+            # Under an execution role the bootstrap also (re)grants the role its privileges.
+            if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
                 await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
 
     @contextlib.asynccontextmanager

@@ -1,0 +1,198 @@
+"""Tenants: permits, connect failures, bootstrap races, self-heal, roles, and connection faults."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from engine import PlayScope, RunScope, open_tenant, receipts, runs
+from engine.errors import (
+    InvalidInputError,
+    StatementTimeoutError,
+    StoreUnavailableError,
+    TenantUnavailableError,
+    TransactionStateUnknownError,
+)
+from engine.permits import Permits
+from engine.tenant import describe_dsn
+
+from .conftest import fresh_schema
+
+
+async def test_permits_are_fifo_cancellable_and_counted():
+    permits = Permits("lane", 1)
+    order: list[int] = []
+    async with trio.open_nursery() as nursery:
+        async with permits.hold():
+            for i in range(3):
+                async def waiter(i=i):
+                    async with permits.hold():
+                        order.append(i)
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+            with trio.CancelScope() as cancelled:
+                cancelled.cancel()
+                async with permits.hold():  # already cancelled while waiting: never acquires
+                    order.append(99)
+            assert permits.stats().waiting == 3
+            assert permits.stats().in_use == 1
+    assert order == [0, 1, 2]
+    stats = permits.stats()
+    assert (stats.acquired, stats.in_use, stats.waiting) == (4, 0, 0)
+    assert stats.wait_seconds >= 0
+
+
+async def test_lanes_bound_checkouts_and_report_waiters(dsn):
+    async with open_tenant("o", dsn, schema=fresh_schema(), lanes={"sheet": 1, "receipts": 2, "retirement": 1}) as tenant:
+        entered = trio.Event()
+        release = trio.Event()
+
+        async def holder():
+            async with tenant.connection("sheet"):
+                entered.set()
+                await release.wait()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(holder)
+            await entered.wait()
+
+            async def second():
+                async with tenant.connection("sheet") as conn:
+                    assert await conn.fetchval("SELECT 1") == 1
+
+            nursery.start_soon(second)
+            await trio.testing.wait_all_tasks_blocked()
+            assert tenant.permits()["sheet"].waiting == 1
+            assert tenant.permits()["sheet"].in_use == 1
+            async with tenant.connection("receipts") as conn:  # another lane is not starved
+                assert await conn.fetchval("SELECT 2") == 2
+            release.set()
+        assert tenant.permits()["sheet"].acquired == 2
+        with pytest.raises(InvalidInputError, match="unknown lane"):
+            async with tenant.connection("nope"):
+                pass
+
+
+async def test_unreachable_database_names_the_host_never_the_password():
+    with trio.fail_after(20):
+        with pytest.raises(TenantUnavailableError) as info:
+            async with open_tenant("o", "postgresql://alice:s3cret-pw@127.0.0.1:9/db"):
+                pass
+    assert "127.0.0.1:9/db" in str(info.value)
+    assert "s3cret-pw" not in str(info.value)
+
+
+def test_describe_dsn_forms():
+    assert describe_dsn("postgresql://u:pw@db.example:5433/app") == "db.example:5433/app"
+    assert describe_dsn("postgresql://postgres:@/postgres?host=/tmp/sock") == "/tmp/sock/postgres"
+    assert describe_dsn("host=h port=1 dbname=d password=pw") == "h:1/d"
+
+
+async def test_concurrent_bootstraps_of_one_schema_all_succeed(dsn):
+    schema = fresh_schema()
+    opened = []
+
+    async def open_one():
+        async with open_tenant("o", dsn, schema=schema) as tenant:
+            opened.append(await runs.register(tenant, RunScope("o", "p", "r")))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(open_one)
+    assert len({ref.epoch for ref in opened}) == 1
+
+
+async def test_missing_relation_is_repaired_once(tenant):
+    run = await runs.register(tenant, RunScope("org-test", "p", "r"))
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f'DROP TABLE "{tenant.schema}".work_receipts')
+    receipt = await receipts.complete(tenant, run, "k", {"v": 1})
+    assert receipt.output == {"v": 1}
+
+
+async def test_a_killed_backend_surfaces_a_typed_error_and_the_pool_recovers(tenant):
+    with pytest.raises(StoreUnavailableError):
+        async with tenant.connection("sheet") as conn:
+            async with conn.transaction():
+                await conn.execute("SELECT 1")
+                async with tenant.connection("receipts") as killer:
+                    await killer.execute("SELECT pg_terminate_backend($1)", conn.backend_pid)
+                await conn.execute("SELECT pg_sleep(0.05)")
+    run = await runs.register(tenant, RunScope("org-test", "p", "r"))
+    assert (await receipts.claim(tenant, run, "after")).disposition == "claimed"
+
+
+async def test_a_cancelled_query_never_returns_its_connection_to_the_pool(tenant):
+    async with tenant.connection("sheet") as conn:
+        first_pid = conn.backend_pid
+    with trio.move_on_after(0.2) as scope:
+        async with tenant.connection("sheet") as conn:
+            assert conn.backend_pid == first_pid  # pooled
+            await conn.execute("SELECT pg_sleep(30)")
+    assert scope.cancelled_caught
+    async with tenant.connection("sheet") as conn:
+        assert conn.backend_pid != first_pid
+        assert not conn.in_transaction
+        assert await conn.fetchval("SELECT 41 + 1") == 42
+
+
+async def test_a_failed_rollback_closes_the_connection_and_raises_both_errors(tenant):
+    async with tenant.connection("sheet") as conn:
+        doomed_pid = conn.backend_pid
+        with pytest.raises(TransactionStateUnknownError) as info:
+            async with conn.transaction():
+                await conn.execute("SELECT 1")
+                async with tenant.connection("receipts") as killer:
+                    await killer.execute("SELECT pg_terminate_backend($1)", doomed_pid)
+                raise ValueError("operation failed")
+        assert isinstance(info.value.error, ValueError)
+        assert isinstance(info.value.rollback_error, StoreUnavailableError)
+    async with tenant.connection("sheet") as conn:
+        assert conn.backend_pid != doomed_pid
+        assert await conn.fetchval("SELECT 1") == 1
+
+
+async def test_nested_transactions_use_savepoints(tenant):
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f'CREATE TABLE "{tenant.schema}".t (v int)')
+        async with conn.transaction():
+            await conn.execute(f'INSERT INTO "{tenant.schema}".t VALUES (1)')
+            with pytest.raises(ZeroDivisionError):
+                async with conn.transaction():
+                    await conn.execute(f'INSERT INTO "{tenant.schema}".t VALUES (2)')
+                    raise ZeroDivisionError
+        assert await conn.fetchval(f'SELECT array_agg(v) FROM "{tenant.schema}".t') == [1]
+
+
+async def test_statement_timeouts_are_typed(tenant):
+    async with tenant.connection("sheet") as conn:
+        with pytest.raises(StatementTimeoutError) as info:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL statement_timeout = '50ms'")
+                await conn.execute("SELECT pg_sleep(5)")
+        assert info.value.sqlstate == "57014"
+        assert await conn.fetchval("SELECT 1") == 1
+
+
+async def test_execution_role_runs_every_checkout_in_a_transaction_as_that_role(dsn):
+    schema = fresh_schema()
+    role = f"r_{schema}"
+    async with open_tenant("o", dsn, schema=schema) as admin:
+        async with admin.connection("sheet") as conn:
+            await conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
+    try:
+        async with open_tenant("o", dsn, schema=schema, execution_role=role) as tenant:
+            assert tenant.outer_transaction
+            async with tenant.connection("receipts") as conn:
+                assert conn.in_transaction
+                assert await conn.fetchval("SELECT current_user") == role
+            run = await runs.register(tenant, RunScope("o", "p", "r"))
+            assert (await receipts.claim(tenant, run, "k")).disposition == "claimed"
+            assert (await receipts.complete(tenant, run, "k", 1)).status == "completed"
+            assert (await receipts.get(tenant, PlayScope("o", "p"), "k")).output == 1
+    finally:
+        async with open_tenant("o", dsn, schema=schema) as admin:
+            async with admin.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+                await conn.execute(f'DROP ROLE "{role}"')
