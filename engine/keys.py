@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from .errors import InvalidInputError
-from .scopes import PlayScope
+from .scopes import PlayScope, RunScope
 
 USER_RECEIPT_KIND = "receipt"
 MAX_KEY_CHARS = 1024
@@ -34,8 +34,8 @@ def check_user_key(key: object) -> str:
     return key
 
 
-def receipt_key(scope: PlayScope, key: str) -> bytes:
-    """The stored key of a user's work receipt."""
+def receipt_key(scope: PlayScope | RunScope, key: str) -> bytes:
+    """The stored key of a user's work receipt (only the scope's org and play are used)."""
     return _encode([scope.org_id, scope.play, USER_RECEIPT_KIND, check_user_key(key)])
 
 

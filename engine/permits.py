@@ -38,9 +38,8 @@ class Permits:
     def __attrs_post_init__(self) -> None:
         self._semaphore = trio.Semaphore(self.limit, max_value=self.limit)
 
-    @contextlib.asynccontextmanager
-    async def hold(self) -> AsyncIterator[None]:
-        """Hold one permit for the block; waits FIFO, cancellable while waiting."""
+    async def acquire(self) -> None:
+        """Take one permit; waits FIFO, cancellable while waiting. Pair with `release()`."""
         try:
             self._semaphore.acquire_nowait()
         except trio.WouldBlock:
@@ -52,10 +51,18 @@ class Permits:
                 self._waiting -= 1
                 self._wait_seconds += trio.current_time() - started
         self._acquired += 1
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Hold one permit for the block."""
+        await self.acquire()
         try:
             yield
         finally:
-            self._semaphore.release()
+            self.release()
 
     def stats(self) -> PermitStats:
         return PermitStats(

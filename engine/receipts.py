@@ -14,6 +14,7 @@ this API can never name an internal fact.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Literal
 
 import attrs
@@ -21,7 +22,8 @@ import attrs
 from . import canonical
 from .errors import InvalidInputError
 from .keys import check_user_key, receipt_key
-from .ports import Port, table, with_connection
+from .ports import Port, with_connection
+from .sql import qualified
 from .scopes import PlayScope, RunRef, check_scope
 
 PENDING, RUNNING, COMPLETED, FAILED, SKIPPED = 0, 1, 2, 3, 4
@@ -93,6 +95,14 @@ SELECT {cols} FROM {t} WHERE k = $1 AND NOT EXISTS (SELECT 1 FROM applied)
 _GET = "SELECT k, {cols} FROM {t} WHERE k = ANY($1::bytea[])"
 
 
+@functools.lru_cache(maxsize=128)
+def _statement(template: str, schema: str, extra_fence: str = "") -> str:
+    """The statement text for a schema (memoized: formatting is on every call's path)."""
+    return template.format(
+        cols=_COLUMNS, t=qualified(schema, "work_receipts"), extra_fence=extra_fence
+    )
+
+
 def _receipt(key: str, row: Any) -> Receipt:
     return Receipt(
         key=key,
@@ -122,7 +132,7 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
     """One entry per distinct key, in first-seen order (None where absent), in one query."""
     check_scope(port, scope)
     stored = {receipt_key(scope, key): key for key in dict.fromkeys(keys)}
-    sql = _GET.format(cols=_COLUMNS, t=table(port, "work_receipts"))
+    sql = _statement(_GET, port.schema)
     rows = await with_connection(port, "receipts", lambda conn: conn.fetch(sql, list(stored)))
     found = {bytes(row["k"]): row for row in rows}
     return {
@@ -132,8 +142,8 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
 
 async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = False) -> Claim:
     check_scope(port, run)
-    k = receipt_key(run.scope.play_scope, key)
-    sql = _CLAIM.format(cols=_COLUMNS, t=table(port, "work_receipts"))
+    k = receipt_key(run.scope, key)
+    sql = _statement(_CLAIM, port.schema)
     row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, bool(reclaim_running))
     return Claim(row["disposition"], _receipt(key, row))
 
@@ -143,9 +153,9 @@ async def _settle(
     extra_fence: str = "",
 ) -> Receipt:
     check_scope(port, run)
-    k = receipt_key(run.scope.play_scope, key)
+    k = receipt_key(run.scope, key)
     text = None if output is None else canonical.stable_dumps(canonical.normalize(output, "output"))
-    sql = _SETTLE.format(cols=_COLUMNS, t=table(port, "work_receipts"), extra_fence=extra_fence)
+    sql = _statement(_SETTLE, port.schema, extra_fence)
     row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, status, text, error)
     return _receipt(key, row)
 

@@ -98,27 +98,15 @@ class Tenant:
         return stats
 
     # -- checkouts -------------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def connection(self, lane: str) -> AsyncIterator[pg.Connection]:
+    def connection(self, lane: str) -> "Checkout":
+        """An async context manager: lane permit, then tenant permit, then a connection."""
         try:
             lane_permits = self._lane_permits[lane]
         except KeyError:
             raise InvalidInputError(
                 f"unknown lane {lane!r}; lanes are {sorted(self._lane_permits)}"
             ) from None
-        async with lane_permits.hold(), self._connection_permits.hold():
-            if self._closed:
-                raise StoreUnavailableError("tenant is closed")
-            conn = pg.Connection(await self._checkout_raw(), self.driver)
-            try:
-                if self.execution_role is None:
-                    yield conn
-                else:
-                    async with conn.transaction():
-                        await conn.execute(f"SET LOCAL ROLE {quote_ident(self.execution_role)}")
-                        yield conn
-            finally:
-                self._release(conn)
+        return Checkout(self, lane_permits)
 
     async def _checkout_raw(self) -> Any:
         while self._idle:
@@ -187,6 +175,58 @@ class Tenant:
         idle, self._idle = self._idle, []
         for raw in idle:
             await pg.close_gracefully(raw, self.driver)
+
+
+class Checkout:
+    """One checkout of a tenant connection (a hand-written context manager: this is the hot
+    path of every operation). Permits are released and the connection returned to the pool, or
+    closed when broken, however the block ends."""
+
+    __slots__ = ("_tenant", "_lane", "_conn", "_role_tx")
+
+    def __init__(self, tenant: Tenant, lane: Permits) -> None:
+        self._tenant = tenant
+        self._lane = lane
+        self._conn: pg.Connection | None = None
+        self._role_tx: Any = None
+
+    async def __aenter__(self) -> pg.Connection:
+        tenant = self._tenant
+        await self._lane.acquire()
+        try:
+            await tenant._connection_permits.acquire()
+            try:
+                if tenant._closed:
+                    raise StoreUnavailableError("tenant is closed")
+                conn = self._conn = pg.Connection(await tenant._checkout_raw(), tenant.driver)
+                if tenant.execution_role is not None:
+                    self._role_tx = conn.transaction()
+                    await self._role_tx.__aenter__()
+                    try:
+                        await conn.execute(f"SET LOCAL ROLE {quote_ident(tenant.execution_role)}")
+                    except BaseException as exc:
+                        await self._role_tx.__aexit__(type(exc), exc, exc.__traceback__)
+                        raise
+                return conn
+            except BaseException:
+                if self._conn is not None:
+                    tenant._release(self._conn)
+                tenant._connection_permits.release()
+                raise
+        except BaseException:
+            self._lane.release()
+            raise
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if self._role_tx is not None:
+                await self._role_tx.__aexit__(exc_type, exc, tb)
+        finally:
+            assert self._conn is not None
+            self._tenant._release(self._conn)
+            self._tenant._connection_permits.release()
+            self._lane.release()
+        return False
 
 
 @contextlib.asynccontextmanager
