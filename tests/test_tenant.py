@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 import trio.testing
@@ -196,3 +198,30 @@ async def test_execution_role_runs_every_checkout_in_a_transaction_as_that_role(
             async with admin.connection("sheet") as conn:
                 await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
                 await conn.execute(f'DROP ROLE "{role}"')
+
+
+async def test_transient_connect_failures_are_retried_three_times_then_fail():
+    """A listener that drops every connection: four attempts reach it, then a typed error."""
+    attempts = 0
+
+    async def drop(stream):
+        nonlocal attempts
+        attempts += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, drop, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(30):
+            with pytest.raises(TenantUnavailableError, match=f"127.0.0.1:{port}"):
+                async with open_tenant("o", f"postgresql://u:pw@127.0.0.1:{port}/db"):
+                    pass
+        nursery.cancel_scope.cancel()
+    assert attempts == 4
+
+
+async def test_non_transient_connect_errors_fail_at_once(dsn):
+    bad = dsn.replace("/postgres?", "/no_such_database?") if "?" in dsn else dsn + "_missing"
+    with pytest.raises(TenantUnavailableError, match="no_such_database|does not exist"):
+        async with open_tenant("o", bad):
+            pass
