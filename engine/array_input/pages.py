@@ -1,0 +1,326 @@
+"""Array-input values and page encoding: pure logic, no I/O.
+
+How it works
+- An `Occurrence` is one element of a map's array source: an object of user data and an
+  optional `SourceIdentity` (which dataset row it came from). Its stored form is
+  `{"data": {...}}` plus `"source_identity": {"dataset_id", "row_index"}` when present, after
+  `canonical.normalize`, i.e. exactly what `jsonb` hands back.
+- `source_fingerprint` hashes the stored forms one occurrence at a time (canonical text, then a
+  newline, which canonical text never contains), so a source of any size is fingerprinted
+  without ever building one string of it.
+- `paginate` cuts a source into `PageDraft`s of 1–`MAX_PAGE_ROWS` occurrences whose stored page
+  fact stays within `MAX_PAGE_BYTES` of canonical JSON; sizes are computed exactly from each
+  row's canonical text, without building the page.
+- `encode_page` builds a page fact's canonical text and digest; `verify_page` checks a decoded
+  stored fact against what a caller expects and recomputes its digest. Both encode the rows
+  once: the digest envelope `{offset, ordinal, rows, source_fingerprint}` and the fact
+  `{digest, kind, offset, ordinal, row_count, rows, source_fingerprint}` are assembled around
+  the same canonical rows text, in sorted-key order, so they equal `stable_dumps` of the dicts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Iterable, Literal, Sequence
+
+import attrs
+
+from .. import canonical
+from ..errors import CorruptFactError, InvalidInputError
+
+MAX_PAGE_ROWS = 1000
+MAX_PAGE_BYTES = 1024 * 1024
+RETIRE_BATCH_ROWS = 128
+MAX_SAFE_INTEGER = 2**53 - 1
+SEAL_BATCH_SIZES = (1, 4, 8)
+
+PAGE_KIND = "array_input_page"
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def check_count(value: object, name: str) -> int:
+    """A non-negative safe integer (JSON numbers beyond 2**53 - 1 lose precision elsewhere)."""
+    if type(value) is not int or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise InvalidInputError(f"{name} must be an integer from 0 to 2**53 - 1, got {value!r}")
+    return value
+
+
+def check_fingerprint(value: object, name: str = "source_fingerprint") -> str:
+    if not isinstance(value, str) or _FINGERPRINT.fullmatch(value) is None:
+        raise InvalidInputError(f"{name} must be 64 lowercase hex digits (SHA-256), got {value!r}")
+    return value
+
+
+def _dataset_id(instance: Any, attribute: Any, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"source_identity.dataset_id must be a non-empty string, got {value!r}")
+
+
+def _row_index(instance: Any, attribute: Any, value: object) -> None:
+    check_count(value, "source_identity.row_index")
+
+
+@attrs.frozen
+class SourceIdentity:
+    """Where an occurrence came from: a dataset and the row's index in it."""
+
+    dataset_id: str = attrs.field(validator=_dataset_id)
+    row_index: int = attrs.field(validator=_row_index)
+
+
+def _source_identity(value: object) -> SourceIdentity | None:
+    if value is None or isinstance(value, SourceIdentity):
+        return value
+    if isinstance(value, dict) and set(value) == {"dataset_id", "row_index"}:
+        return SourceIdentity(value["dataset_id"], value["row_index"])
+    raise InvalidInputError(f"source_identity must be a SourceIdentity or None, got {value!r}")
+
+
+def _data(instance: Any, attribute: Any, value: object) -> None:
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"occurrence data must be an object (dict), got {type(value).__name__}")
+
+
+@attrs.frozen
+class Occurrence:
+    """One element of an array source: user data (an object) and its optional source identity."""
+
+    data: dict = attrs.field(validator=_data)
+    source_identity: SourceIdentity | None = attrs.field(default=None, converter=_source_identity)
+
+
+@attrs.frozen
+class PageDraft:
+    """A page of a source as `paginate` cut it: `rows` are occurrences `offset…offset+len-1`."""
+
+    ordinal: int
+    offset: int
+    rows: tuple[Occurrence, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class Page:
+    """A sealed page as read back and verified."""
+
+    offset: int
+    rows: tuple[Occurrence, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class Manifest:
+    """What is staged for one map: nothing, a begun source, or a sealed one of `page_count` pages."""
+
+    state: Literal["absent", "staging", "sealed"]
+    source_fingerprint: str | None = None
+    source_rows: int | None = None
+    has_source_identities: bool | None = None
+    page_count: int | None = None
+
+
+@attrs.frozen
+class RetireResult:
+    """One retirement batch: `deleted` facts removed; `done` once no begin/page/seal fact is left."""
+
+    done: bool
+    deleted: int
+
+
+# -- stored forms ------------------------------------------------------------------------------
+
+
+def as_occurrence(value: object, path: str) -> Occurrence:
+    """Accept an `Occurrence`, or a bare dict as an occurrence of that data without identity."""
+    if isinstance(value, Occurrence):
+        return value
+    if isinstance(value, dict):
+        return Occurrence(value)
+    raise InvalidInputError(f"{path} must be an Occurrence or a dict, got {type(value).__name__}")
+
+
+def stored_row(occurrence: Occurrence, path: str) -> dict:
+    """The occurrence exactly as jsonb stores it (raises `InvalidInputError` naming the path)."""
+    row = {"data": canonical.normalize(occurrence.data, f"{path}.data")}
+    identity = occurrence.source_identity
+    if identity is not None:
+        row["source_identity"] = {
+            "dataset_id": canonical.normalize(identity.dataset_id, f"{path}.source_identity.dataset_id"),
+            "row_index": identity.row_index,
+        }
+    return row
+
+
+def source_fingerprint(occurrences: Iterable[Occurrence | dict]) -> str:
+    """SHA-256 hex of the source, hashed incrementally one occurrence at a time."""
+    hasher = hashlib.sha256()
+    for index, value in enumerate(occurrences):
+        path = f"occurrences[{index}]"
+        hasher.update(canonical.stable_dumps(stored_row(as_occurrence(value, path), path)).encode())
+        hasher.update(b"\n")
+    return hasher.hexdigest()
+
+
+def _fact_overhead(ordinal: int, offset: int, row_count: int) -> int:
+    """Bytes of a page fact's canonical text outside its rows' own texts and separators."""
+    head = f'{{"digest":"{"0" * 64}","kind":"{PAGE_KIND}","offset":{offset},"ordinal":{ordinal},' \
+           f'"row_count":{row_count},"rows":[],"source_fingerprint":"{"0" * 64}"}}'
+    return len(head)
+
+
+def paginate(occurrences: Iterable[Occurrence | dict]) -> list[PageDraft]:
+    """Cut a source into page drafts within both limits (rows and canonical bytes per page)."""
+    pages: list[PageDraft] = []
+    current: list[Occurrence] = []
+    current_bytes = 0  # rows' canonical bytes plus the commas between them
+    offset = 0
+
+    def flush() -> None:
+        nonlocal current, current_bytes, offset
+        pages.append(PageDraft(len(pages), offset, current))
+        offset += len(current)
+        current, current_bytes = [], 0
+
+    for index, value in enumerate(occurrences):
+        path = f"occurrences[{index}]"
+        occurrence = as_occurrence(value, path)
+        size = len(canonical.stable_dumps(stored_row(occurrence, path)).encode())
+        if current and (
+            len(current) >= MAX_PAGE_ROWS
+            or _fact_overhead(len(pages), offset, len(current) + 1) + current_bytes + 1 + size
+            > MAX_PAGE_BYTES
+        ):
+            flush()
+        if not current and _fact_overhead(len(pages), offset, 1) + size > MAX_PAGE_BYTES:
+            raise InvalidInputError(
+                f"{path} alone needs {size} bytes of canonical JSON; a page fact holds at most "
+                f"{MAX_PAGE_BYTES} bytes"
+            )
+        current_bytes += size + (1 if current else 0)
+        current.append(occurrence)
+    if current:
+        flush()
+    return pages
+
+
+# -- page facts --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class EncodedPage:
+    text: str  # the page fact's canonical JSON, as stored
+    digest: str
+    row_count: int
+
+
+def _envelope_text(source_fingerprint: str, ordinal: int, offset: int, rows_text: str) -> str:
+    return (
+        f'{{"offset":{offset},"ordinal":{ordinal},"rows":{rows_text},'
+        f'"source_fingerprint":"{source_fingerprint}"}}'
+    )
+
+
+def page_digest(source_fingerprint: str, ordinal: int, offset: int, rows_text: str) -> str:
+    """SHA-256 of the canonical `{source_fingerprint, ordinal, offset, rows}`."""
+    envelope = _envelope_text(source_fingerprint, ordinal, offset, rows_text)
+    return hashlib.sha256(envelope.encode()).hexdigest()
+
+
+def encode_page(
+    source_fingerprint: str, ordinal: int, offset: int, rows: Sequence[Occurrence | dict]
+) -> EncodedPage:
+    """Validate and encode a page; `InvalidInputError` for bad rows or a fact over the limit."""
+    if not isinstance(rows, (list, tuple)) or not 1 <= len(rows) <= MAX_PAGE_ROWS:
+        count = len(rows) if isinstance(rows, (list, tuple)) else type(rows).__name__
+        raise InvalidInputError(f"rows must be a list of 1 to {MAX_PAGE_ROWS} occurrences, got {count}")
+    stored = [stored_row(as_occurrence(row, f"rows[{i}]"), f"rows[{i}]") for i, row in enumerate(rows)]
+    rows_text = canonical.stable_dumps(stored)
+    digest = page_digest(source_fingerprint, ordinal, offset, rows_text)
+    text = (
+        f'{{"digest":"{digest}","kind":"{PAGE_KIND}","offset":{offset},"ordinal":{ordinal},'
+        f'"row_count":{len(stored)},"rows":{rows_text},"source_fingerprint":"{source_fingerprint}"}}'
+    )
+    size = len(text.encode())
+    if size > MAX_PAGE_BYTES:
+        raise InvalidInputError(
+            f"rows: the page fact needs {size} bytes of canonical JSON; the limit is {MAX_PAGE_BYTES}"
+        )
+    return EncodedPage(text, digest, len(stored))
+
+
+_PAGE_FIELDS = frozenset({"kind", "source_fingerprint", "ordinal", "offset", "row_count", "rows", "digest"})
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and 0 <= value <= MAX_SAFE_INTEGER
+
+
+def decode_rows(rows: list, where: str) -> tuple[list[Occurrence], bool]:
+    """Stored rows → occurrences and whether any carries a source identity; `CorruptFactError`."""
+    occurrences = []
+    any_identity = False
+    for row in rows:
+        if type(row) is not dict or type(row.get("data")) is not dict:
+            raise CorruptFactError(f"{where}: a stored row is not {{data: object}}")
+        identity = row.get("source_identity")
+        if len(row) != (1 if identity is None else 2):
+            raise CorruptFactError(f"{where}: a stored row has unexpected fields")
+        if identity is not None:
+            if (
+                type(identity) is not dict
+                or len(identity) != 2
+                or type(identity.get("dataset_id")) is not str
+                or not identity["dataset_id"]
+                or not _is_count(identity.get("row_index"))
+            ):
+                raise CorruptFactError(f"{where}: a stored source identity is corrupt")
+            any_identity = True
+            occurrences.append(
+                Occurrence(row["data"], SourceIdentity(identity["dataset_id"], identity["row_index"]))
+            )
+        else:
+            occurrences.append(Occurrence(row["data"]))
+    return occurrences, any_identity
+
+
+@attrs.frozen
+class VerifiedPage:
+    offset: int
+    rows: list[Occurrence]
+    row_count: int
+    digest: str
+    has_source_identities: bool
+
+
+def verify_page(
+    fact: object, *, source_fingerprint: str, ordinal: int, offset: int | None = None
+) -> VerifiedPage:
+    """Check a decoded page fact's header and recompute its digest; `CorruptFactError` if not.
+
+    `offset=None` accepts the stored offset (a reader); a sealer passes the offset the previous
+    pages imply, so gaps and overlaps are caught.
+    """
+    where = f"array input page {ordinal}"
+    if type(fact) is not dict or fact.keys() != _PAGE_FIELDS or fact["kind"] != PAGE_KIND:
+        raise CorruptFactError(f"{where} is missing or malformed")
+    rows, row_count = fact["rows"], fact["row_count"]
+    if (
+        fact["source_fingerprint"] != source_fingerprint
+        or fact["ordinal"] != ordinal
+        or type(fact["ordinal"]) is not int
+        or not _is_count(fact["offset"])
+        or (offset is not None and fact["offset"] != offset)
+        or type(rows) is not list
+        or type(row_count) is not int
+        or not 1 <= row_count <= MAX_PAGE_ROWS
+        or len(rows) != row_count
+        or type(fact["digest"]) is not str
+    ):
+        raise CorruptFactError(f"{where} does not match the source (missing, misordered or altered)")
+    digest = page_digest(source_fingerprint, ordinal, fact["offset"], canonical.stable_dumps(rows))
+    if digest != fact["digest"]:
+        raise CorruptFactError(f"{where} fails its digest check")
+    occurrences, any_identity = decode_rows(rows, where)
+    return VerifiedPage(fact["offset"], occurrences, row_count, digest, any_identity)

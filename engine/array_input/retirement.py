@@ -1,0 +1,126 @@
+"""Bounded retirement of a run's array inputs: retire the guard, delete ≤128 facts per call.
+
+How it works
+- One statement locks the run guard `FOR UPDATE` (creating it already retired when the run never
+  staged anything), marks it retired, and deletes up to `RETIRE_BATCH_ROWS` begin, page and seal
+  facts of the run, found by the run's key-prefix range of each kind
+  (`engine.keys.run_key_range`). The guard itself is kept forever, so every later writer and
+  reader of the run refuses with `RetiredError` and nothing can re-grow.
+- READ COMMITTED detail: a statement sees rows committed before it started. A writer holding the
+  guard when we arrive (a page put, a begin, a final seal write) commits while we wait for the
+  lock, so the call that *marks* the guard may not see that writer's fact. That call therefore
+  reports `done` only after deleting once more with a fresh snapshot (taken after the lock, and
+  after the mark under an execution role's transaction; after its commit otherwise) — no writer
+  can commit after the mark. A call that finds the guard already retired in its own snapshot
+  needs no second look. So a call is one or two statements, at most 128 facts, and `done` is
+  true only when fewer than 128 were deleted and none can be left behind.
+- Callers (the terminal outbox) repeat until `done`; a lost answer is safe to retry.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConflictError
+from ..keys import run_key_range
+from ..ports import Port, table, with_connection
+from ..scopes import RunScope
+from . import facts as F
+from .pages import RETIRE_BATCH_ROWS, RetireResult
+
+def _candidates(t: str, run: str, ranges: list[str], limit: str) -> str:
+    """Up to `limit` keys of the run's begin, page and seal facts, by key-prefix range."""
+    parts = [
+        f"(SELECT k FROM {t} WHERE k >= {low} AND k < {high} AND run_id = {run} "
+        f"ORDER BY k LIMIT {limit})"
+        for low, high in zip(ranges[::2], ranges[1::2])
+    ]
+    return "SELECT k FROM (" + " UNION ALL ".join(parts) + ") AS candidate"
+
+
+# $1 guard key, $2 run id, $3 retired guard output, $4..$9 key ranges, $10 batch limit
+_RETIRE = """
+WITH created AS (
+    INSERT INTO {t} (k, status, output, run_id) VALUES ($1, 2, $3::jsonb, $2)
+    ON CONFLICT (k) DO NOTHING
+    RETURNING k
+), seen AS (
+    SELECT output FROM {t} WHERE k = $1
+), locked AS (
+    SELECT k, status, run_id, output FROM {t} WHERE k = $1 FOR UPDATE
+), valid AS (
+    SELECT 1 FROM locked
+     WHERE status = 2 AND run_id = $2 AND output->>'kind' = 'array_input_guard'
+       AND jsonb_typeof(output->'retired') = 'boolean'
+), marked AS (
+    UPDATE {t} AS g SET output = $3::jsonb, updated_at = now()
+      FROM locked
+     WHERE g.k = locked.k AND EXISTS (SELECT 1 FROM valid)
+       AND locked.output->'retired' = 'false'::jsonb
+    RETURNING g.k
+), doomed AS (
+    {candidates}
+     WHERE EXISTS (SELECT 1 FROM valid)
+     ORDER BY k LIMIT $10
+), deleted AS (
+    DELETE FROM {t} AS f USING doomed WHERE f.k = doomed.k RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM created) AS created,
+       (SELECT output->'retired' = 'true'::jsonb FROM seen) AS seen_retired,
+       (SELECT status FROM locked) AS g_status, (SELECT run_id FROM locked) AS g_run,
+       (SELECT output::text FROM locked) AS g_output,
+       EXISTS (SELECT 1 FROM marked) AS marked,
+       (SELECT count(*) FROM deleted) AS deleted
+"""
+
+# $1 run id, $2..$7 key ranges, $8 limit
+_DELETE_MORE = """
+WITH doomed AS (
+    {candidates}
+     ORDER BY k LIMIT $8
+), deleted AS (
+    DELETE FROM {t} AS f USING doomed WHERE f.k = doomed.k RETURNING 1
+)
+SELECT count(*) FROM deleted
+"""
+
+
+async def retire(port: Port, scope: RunScope) -> RetireResult:
+    """Retire the run's array inputs and delete up to `RETIRE_BATCH_ROWS` of their facts."""
+    scope = F.run_scope(port, scope)
+    t = table(port, "work_receipts")
+    ranges = [bound for kind in F.FACT_KINDS for bound in run_key_range(scope.play_scope, kind, scope.run_id)]
+    retire_sql = _RETIRE.format(
+        t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"))
+    more_sql = _DELETE_MORE.format(
+        t=t, candidates=_candidates(t, "$1", [f"${n}" for n in range(2, 8)], "$8"))
+    guard = F.guard_key(scope)
+
+    def decide(row):
+        if row["created"]:
+            return row  # the run never staged: nothing to delete
+        if row["g_status"] is None:
+            raise F._NotVisible  # a peer created the guard after our snapshot
+        F.guard_retired(row["g_status"], row["g_run"], row["g_output"], scope)  # corrupt → raise
+        return row
+
+    async def op(conn):
+        # No BEGIN/COMMIT of ours: each statement is atomic on its own. Under an execution
+        # role both run inside the checkout's transaction, which still holds the guard lock.
+        for _ in range(F.MAX_STATEMENT_ATTEMPTS):
+            row = await conn.fetchrow(retire_sql, guard, scope.run_id, F.GUARD_RETIRED_TEXT,
+                                      *ranges, RETIRE_BATCH_ROWS)
+            try:
+                row = decide(row)
+                break
+            except F._NotVisible:
+                continue
+        else:
+            raise ConflictError("the run guard kept changing under a concurrent writer; retry")
+        deleted = row["deleted"]
+        if row["created"] or row["seen_retired"] or deleted >= RETIRE_BATCH_ROWS:
+            return RetireResult(done=deleted < RETIRE_BATCH_ROWS, deleted=deleted)
+        # We saw the guard open: a writer may have committed while we waited for its lock.
+        more = await conn.fetchval(more_sql, scope.run_id, *ranges, RETIRE_BATCH_ROWS - deleted)
+        total = deleted + more
+        return RetireResult(done=total < RETIRE_BATCH_ROWS, deleted=total)
+
+    return await with_connection(port, F.RETIREMENT_LANE, op)
