@@ -1,0 +1,200 @@
+"""The terminal outbox: durable, leased to-do entries for retiring finished runs.
+
+How it works
+- One row of `terminal_outbox` per run (org, play, run id). Its `state` is a small machine:
+
+      open ──(run body ends terminally)──▶ pending ──(array inputs retired)──▶ done
+
+  `open_run` records the entry as `open` before the body starts. `open` means "this run may
+  still be woken": a run that was cancelled or whose process crashed stays `open`, so nothing
+  retires the input a wake must replay. The retirement guard flips the entry to `pending` when
+  the body ends terminally (returns, or raises anything but cancellation); that is the only
+  moment the run's facts become garbage. Supervisors drain `pending` entries only (and, when
+  configured with `abandon_after_s`, `open` entries untouched for that long: runs nobody will
+  wake).
+- Whoever works on an entry holds a lease: `lease_owner` and `lease_expires_at`. Claims pick due
+  entries with `FOR UPDATE SKIP LOCKED` and set the lease in the same statement, so two drainers
+  never take one entry at once and a crashed holder's entry becomes claimable again when its
+  lease expires. Settling (done, or a retry time after a failure) applies only while the caller
+  still holds the lease, so a holder that lost its lease cannot undo a newer holder's work.
+  Retiring twice is harmless anyway: `engine.array_input.retire` is idempotent.
+- The run's own guard takes the lease when it marks the entry pending, retires at once, and
+  releases the lease (shielded, best effort) if it is cancelled, so a supervisor picks the
+  entry up without waiting for the lease to run out.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import attrs
+
+from engine.ports import Port, table, with_connection
+from engine.scopes import RunScope, check_scope
+
+OPEN, PENDING, DONE = "open", "pending", "done"
+State = Literal["open", "pending", "done"]
+LANE = "retirement"
+
+
+@attrs.frozen
+class OutboxEntry:
+    """A claimed (or inspected) outbox entry."""
+
+    scope: RunScope
+    state: str
+    attempts: int
+    last_error: str | None = None
+
+
+def new_owner_id(kind: str) -> str:
+    """A lease owner id unique to this holder (process and random part)."""
+    return f"{kind}:{os.getpid()}:{os.urandom(6).hex()}"
+
+
+_RECORD_OPEN = """
+INSERT INTO {t} (org_id, play, run_id, state) VALUES ($1, $2, $3, 'open')
+ON CONFLICT (org_id, play, run_id) DO NOTHING
+"""
+
+# Flip to pending and take the lease for the run's own guard, in one statement. A `done` entry
+# stays done (its facts are already gone; retiring again would only re-check the guard).
+_MARK_PENDING = """
+INSERT INTO {t} AS o (org_id, play, run_id, state, lease_owner, lease_expires_at)
+VALUES ($1, $2, $3, 'pending', $4, now() + make_interval(secs => $5))
+ON CONFLICT (org_id, play, run_id) DO UPDATE
+   SET state = 'pending', lease_owner = EXCLUDED.lease_owner,
+       lease_expires_at = EXCLUDED.lease_expires_at, next_attempt_at = now(), updated_at = now()
+ WHERE o.state <> 'done'
+RETURNING state
+"""
+
+_CLAIM_DUE = """
+WITH due AS (
+    SELECT org_id, play, run_id FROM {t}
+     WHERE org_id = $1
+       AND (state = 'pending'
+            OR (state = 'open' AND $4::float8 IS NOT NULL
+                AND updated_at < now() - make_interval(secs => $4::float8)))
+       AND next_attempt_at <= now()
+       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+     ORDER BY next_attempt_at, created_at
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {t} AS o
+   SET state = 'pending', lease_owner = $2,
+       lease_expires_at = now() + make_interval(secs => $5),
+       attempts = o.attempts + 1, updated_at = now()
+  FROM due
+ WHERE o.org_id = due.org_id AND o.play = due.play AND o.run_id = due.run_id
+RETURNING o.org_id, o.play, o.run_id, o.state, o.attempts, o.last_error
+"""
+
+_RENEW = """
+UPDATE {t} SET lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = 'pending'
+"""
+
+_MARK_DONE = """
+UPDATE {t} SET state = 'done', lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
+       updated_at = now()
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = 'pending'
+"""
+
+_RETRY_LATER = """
+UPDATE {t} SET lease_owner = NULL, lease_expires_at = NULL, last_error = $5,
+       next_attempt_at = now() + make_interval(secs => $6), updated_at = now()
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = 'pending'
+"""
+
+_RELEASE = """
+UPDATE {t} SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4
+"""
+
+_GET = """
+SELECT org_id, play, run_id, state, attempts, last_error FROM {t}
+ WHERE org_id = $1 AND play = $2 AND run_id = $3
+"""
+
+
+def _key(scope: RunScope) -> tuple[str, str, str]:
+    return scope.org_id, scope.play, scope.run_id
+
+
+def _entry(row) -> OutboxEntry:
+    return OutboxEntry(
+        scope=RunScope(row["org_id"], row["play"], row["run_id"]),
+        state=row["state"],
+        attempts=row["attempts"],
+        last_error=row["last_error"],
+    )
+
+
+async def _execute(port: Port, template: str, *args) -> str:
+    sql = template.format(t=table(port, "terminal_outbox"))
+    return await with_connection(port, LANE, lambda conn: conn.execute(sql, *args))
+
+
+def _changed(status: str) -> bool:
+    return not status.endswith(" 0")
+
+
+async def record_open(port: Port, scope: RunScope) -> None:
+    """Record the run as `open` (a no-op when an entry exists in any state)."""
+    check_scope(port, scope)
+    await _execute(port, _RECORD_OPEN, *_key(scope))
+
+
+async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
+    """Flip the entry to `pending` leased to `owner`; False when it was already `done`."""
+    check_scope(port, scope)
+    sql = _MARK_PENDING.format(t=table(port, "terminal_outbox"))
+    state = await with_connection(
+        port, LANE, lambda conn: conn.fetchval(sql, *_key(scope), owner, float(lease_s))
+    )
+    return state == PENDING
+
+
+async def claim_due(
+    port: Port, owner: str, *, limit: int, lease_s: float, abandon_after_s: float | None = None
+) -> list[OutboxEntry]:
+    """Lease up to `limit` due entries of the port's org to `owner` (skipping locked ones)."""
+    sql = _CLAIM_DUE.format(t=table(port, "terminal_outbox"))
+    abandon = None if abandon_after_s is None else float(abandon_after_s)
+    rows = await with_connection(
+        port, LANE,
+        lambda conn: conn.fetch(sql, port.org_id, owner, int(limit), abandon, float(lease_s)),
+    )
+    return [_entry(row) for row in rows]
+
+
+async def renew(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
+    """Extend our lease; False when we no longer hold it."""
+    return _changed(await _execute(port, _RENEW, *_key(scope), owner, float(lease_s)))
+
+
+async def mark_done(port: Port, scope: RunScope, owner: str) -> bool:
+    """Settle the entry as `done`; False when we no longer held its lease."""
+    return _changed(await _execute(port, _MARK_DONE, *_key(scope), owner))
+
+
+async def retry_later(port: Port, scope: RunScope, owner: str, error: str, delay_s: float) -> bool:
+    """Release the lease, record the error and make the entry due again after `delay_s`."""
+    return _changed(
+        await _execute(port, _RETRY_LATER, *_key(scope), owner, error[:2000], float(delay_s))
+    )
+
+
+async def release(port: Port, scope: RunScope, owner: str) -> None:
+    """Give the lease up so another drainer may claim the entry at once."""
+    await _execute(port, _RELEASE, *_key(scope), owner)
+
+
+async def get(port: Port, scope: RunScope) -> OutboxEntry | None:
+    check_scope(port, scope)
+    sql = _GET.format(t=table(port, "terminal_outbox"))
+    row = await with_connection(port, LANE, lambda conn: conn.fetchrow(sql, *_key(scope)))
+    return None if row is None else _entry(row)

@@ -1,0 +1,137 @@
+"""Map progress and results: a mutable tally owned by one map, frozen snapshots handed out.
+
+How it works
+- `MapTally` is written only by the actors of one map (all in one trio thread, so plain
+  attribute updates are atomic between checkpoints). It counts what admission decided (admitted,
+  cached, blocked, skipped duplicates), what the workers ran (`executed`) and what the completer
+  made durable (completed, failed, fenced).
+- `MapProgress` is a frozen snapshot for progress reporting; `MapResult` is the final answer of
+  `run.map`. Both are values: holding one never pins the map's state.
+- Counting rules: `admitted` counts every source row admission settled (pending + cached +
+  blocked); `completed`/`failed` count outcomes a completion batch applied (not fenced);
+  `fenced` counts outcomes the sheet refused. Row lists carried in the result (fenced and
+  blocked rows) are capped at `MAX_CARRIED_ROWS` each so a pathological map still runs in flat
+  memory; the counts are always exact.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import attrs
+
+log = logging.getLogger("runplane.actors")
+
+MAX_CARRIED_ROWS = 10_000
+
+
+@attrs.frozen
+class MapProgress:
+    """A snapshot of a running map."""
+
+    source_rows: int
+    admitted: int
+    pending: int
+    cached: int
+    blocked: int
+    skipped: int
+    executed: int
+    completed: int
+    failed: int
+    fenced: int
+
+
+@attrs.frozen
+class MapResult:
+    """What `run.map` did. `fenced_rows`/`blocked_rows` carry (up to a cap) the rows concerned;
+    `diagnostics` holds each completion batch's diagnostics in order."""
+
+    admitted: int
+    cached: int
+    completed: int
+    failed: int
+    blocked: int
+    fenced: int
+    diagnostics: tuple[Any, ...] = ()
+    fenced_rows: tuple[Any, ...] = ()
+    blocked_rows: tuple[Any, ...] = ()
+    skipped: int = 0
+    executed: int = 0
+    map_invocation_id: str | None = None
+
+
+@attrs.define(eq=False)
+class MapTally:
+    on_progress: Callable[[MapProgress], Any] | None = None
+    source_rows: int = 0
+    admitted: int = 0
+    pending: int = 0
+    cached: int = 0
+    blocked: int = 0
+    skipped: int = 0
+    executed: int = 0
+    completed: int = 0
+    failed: int = 0
+    fenced: int = 0
+    diagnostics: list[Any] = attrs.field(factory=list)
+    fenced_rows: list[Any] = attrs.field(factory=list)
+    blocked_rows: list[Any] = attrs.field(factory=list)
+
+    def on_admission(self, rows_in_page: int, admission: Any) -> None:
+        self.source_rows += rows_in_page
+        self.pending += len(admission.pending)
+        self.cached += len(admission.completed)
+        self.blocked += len(admission.blocked)
+        self.skipped += admission.skipped
+        self.admitted += len(admission.pending) + len(admission.completed) + len(admission.blocked)
+        room = MAX_CARRIED_ROWS - len(self.blocked_rows)
+        if room > 0:
+            self.blocked_rows.extend(admission.blocked[:room])
+        self.report()
+
+    def on_completion(self, outcomes: list[Any], completion: Any) -> None:
+        fenced_keys = {row.key for row in completion.fenced}
+        last: dict[str, str] = {}
+        for outcome in outcomes:  # duplicates: the last outcome of a key wins
+            last[outcome.key] = outcome.status
+        for key, status in last.items():
+            if key in fenced_keys:
+                continue
+            if status == "completed":
+                self.completed += 1
+            else:
+                self.failed += 1
+        self.fenced += len(completion.fenced)
+        room = MAX_CARRIED_ROWS - len(self.fenced_rows)
+        if room > 0:
+            self.fenced_rows.extend(completion.fenced[:room])
+        if completion.diagnostics is not None:
+            self.diagnostics.append(completion.diagnostics)
+        self.report()
+
+    def snapshot(self) -> MapProgress:
+        return MapProgress(
+            source_rows=self.source_rows, admitted=self.admitted, pending=self.pending,
+            cached=self.cached, blocked=self.blocked, skipped=self.skipped,
+            executed=self.executed, completed=self.completed, failed=self.failed,
+            fenced=self.fenced,
+        )
+
+    def report(self) -> None:
+        """Hand a snapshot to the observer; what it raises is logged, never propagated."""
+        if self.on_progress is None:
+            return
+        try:
+            self.on_progress(self.snapshot())
+        except Exception:  # observational only
+            log.exception("map progress callback failed")
+
+    def result(self, map_invocation_id: str | None) -> MapResult:
+        return MapResult(
+            admitted=self.admitted, cached=self.cached, completed=self.completed,
+            failed=self.failed, blocked=self.blocked, fenced=self.fenced,
+            diagnostics=tuple(self.diagnostics), fenced_rows=tuple(self.fenced_rows),
+            blocked_rows=tuple(self.blocked_rows), skipped=self.skipped, executed=self.executed,
+            map_invocation_id=map_invocation_id,
+        )

@@ -1,0 +1,94 @@
+"""Retirement: removing a finished run's array-input facts, batch by batch, on the retirement lane.
+
+How it works
+- `retire_run` calls `engine.array_input.retire` until it reports `done`. Each call is one
+  transaction that marks the run guard retired (so any sealer or page writer of the run is fenced
+  by the guard row from then on) and deletes at most `RETIRE_BATCH_ROWS` facts. The guard itself
+  is retained forever.
+- Every call goes through `RetirementLanePort`, which checks out on the `retirement` lane whatever
+  lane the engine asks for: background retirement holds at most that lane's permits and never
+  starves foreground sheet or receipt work.
+- With an outbox lease (`owner`), the lease is renewed after every batch; when the renewal finds
+  the lease gone (it expired and another drainer took the entry), this holder stops and leaves
+  the rest to the new holder.
+- `finish_entry` is the whole job for one outbox entry: retire, then mark the entry done. Both the
+  run's own guard (`actors.run`) and the supervisor call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator
+
+import attrs
+
+from engine.ports import Port
+from engine.scopes import RunScope
+
+from . import outbox
+
+LANE = "retirement"
+
+
+@attrs.frozen
+class RetirementLanePort:
+    """A port that sends every checkout of `inner` through the retirement lane."""
+
+    inner: Port
+
+    @property
+    def org_id(self) -> str:
+        return self.inner.org_id
+
+    @property
+    def schema(self) -> str:
+        return self.inner.schema
+
+    @property
+    def outer_transaction(self) -> bool:
+        return self.inner.outer_transaction
+
+    @contextlib.asynccontextmanager
+    async def connection(self, lane: str) -> AsyncIterator:
+        async with self.inner.connection(LANE) as conn:
+            yield conn
+
+    async def repair_schema(self) -> None:
+        await self.inner.repair_schema()
+
+
+@attrs.frozen
+class RetirementOutcome:
+    """What one retirement pass did: facts deleted, whether it reached the end, and whether the
+    outbox entry was settled as done by this holder (False when its lease was lost)."""
+
+    deleted: int
+    finished: bool
+    settled: bool = False
+
+
+async def retire_run(
+    port: Port, scope: RunScope, *, owner: str | None = None, lease_s: float = 60.0
+) -> RetirementOutcome:
+    """Retire the run's array inputs until done (or until our outbox lease is lost)."""
+    from engine import array_input
+
+    lane_port = RetirementLanePort(port)
+    deleted = 0
+    while True:
+        result = await array_input.retire(lane_port, scope)
+        deleted += result.deleted
+        if result.done:
+            return RetirementOutcome(deleted, True)
+        if owner is not None and not await outbox.renew(port, scope, owner, lease_s):
+            return RetirementOutcome(deleted, False)
+
+
+async def finish_entry(
+    port: Port, scope: RunScope, owner: str, *, lease_s: float = 60.0
+) -> RetirementOutcome:
+    """Retire the run under `owner`'s lease and settle its outbox entry as done."""
+    outcome = await retire_run(port, scope, owner=owner, lease_s=lease_s)
+    if outcome.finished and await outbox.mark_done(port, scope, owner):
+        return RetirementOutcome(outcome.deleted, True, True)
+    return outcome

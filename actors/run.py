@@ -1,0 +1,184 @@
+"""The run: a registered epoch, a nursery of actors, and the retirement guard at its end.
+
+How it works
+- `open_run(tenant, play, run_id=None)` registers the run (`engine.runs.register`: a new run gets
+  a fresh, larger epoch; reopening an existing run id — a wake — gets the same epoch back),
+  records its terminal-outbox entry as `open`, and hosts the caller's body inside a nursery.
+  Everything the run starts (map pipelines, sealers, `run.start` tasks) lives in that nursery or
+  in nurseries nested in it, so nothing outlives the `async with` block. The body's own
+  exception comes out unchanged (see `actors.hosting`).
+- Receipts (`run.claim`, `run.complete`, `run.fail`, `run.skip`) and sheet writes made through
+  the run are bound to its `RunRef`, so every write is fenced by the run's epoch.
+- The retirement guard runs after the nursery closed. When the body ended terminally (returned,
+  or raised an ordinary exception) and `retire_on_exit` is set, it flips the outbox entry to
+  `pending` under its own lease, retires the run's array inputs batch by batch on the
+  `retirement` lane, and marks the entry `done`. If the guard is cancelled or the store fails
+  meanwhile, the entry stays `pending` for a supervisor (a cancelled guard gives its lease up,
+  shielded, first). A cancelled or crashed run never reaches the guard: its entry stays `open`,
+  because a wake must replay its staged input (see `actors.outbox` for the state machine).
+  Retirement failures are logged, never raised: they must not turn a finished body into a failed
+  one, and the outbox keeps the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import attrs
+import trio
+
+from engine import receipts, runs
+from engine.errors import EngineError
+from engine.ports import Port
+from engine.receipts import Claim, Receipt
+from engine.scopes import RunRef, RunScope
+
+from . import outbox, retirement
+from .hosting import is_terminal, open_hosting_nursery
+
+log = logging.getLogger("runplane.actors")
+
+DEFAULT_LEASE_S = 60.0
+RELEASE_DEADLINE_S = 2.0
+
+
+@attrs.define(eq=False)
+class Run:
+    """One execution of a play. Build it with `open_run`; valid inside that block only."""
+
+    port: Port
+    ref: RunRef
+    attempt: Any = None
+    _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
+    _map_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+
+    @property
+    def scope(self) -> RunScope:
+        return self.ref.scope
+
+    @property
+    def epoch(self) -> int:
+        return self.ref.epoch
+
+    @property
+    def run_id(self) -> str:
+        return self.ref.run_id
+
+    @property
+    def play(self) -> str:
+        return self.ref.scope.play
+
+    # -- tasks ---------------------------------------------------------------------------------
+    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> Any:
+        """Start an actor in the run's nursery (`fn(*args, task_status=...)`)."""
+        return await self._live_nursery().start(fn, *args, name=name)
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        """Start a background task in the run's nursery; the run waits for it before ending."""
+        self._live_nursery().start_soon(fn, *args, name=name)
+
+    def _live_nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("the run is closed")
+        return self._nursery
+
+    # -- work receipts -------------------------------------------------------------------------
+    async def claim(self, key: str, *, reclaim_running: bool = False) -> Claim:
+        return await receipts.claim(self.port, self.ref, key, reclaim_running=reclaim_running)
+
+    async def complete(self, key: str, output: Any) -> Receipt:
+        return await receipts.complete(self.port, self.ref, key, output)
+
+    async def fail(self, key: str, error: str) -> Receipt:
+        return await receipts.fail(self.port, self.ref, key, error)
+
+    async def skip(self, key: str, output: Any = None) -> Receipt:
+        return await receipts.skip(self.port, self.ref, key, output)
+
+    # -- maps and array inputs -----------------------------------------------------------------
+    def next_map_invocation_id(self, table_namespace: str) -> str:
+        """A deterministic id for the next list-source map of a namespace in this run.
+
+        A wake that repeats the body's maps in the same order gets the same ids, so it finds the
+        array inputs the crashed incarnation staged.
+        """
+        ordinal = self._map_ordinals.get(table_namespace, 0)
+        self._map_ordinals[table_namespace] = ordinal + 1
+        return f"map-{ordinal}"
+
+    async def map(self, table_namespace: str, source: Any, fn: Callable[[dict], Awaitable[Any]],
+                  *, contract: Any, concurrency: int = 16, **options: Any):
+        """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`."""
+        from .mapper import map_rows
+
+        return await map_rows(self, table_namespace, source, fn, contract=contract,
+                              concurrency=concurrency, **options)
+
+    async def stage_array(self, table_namespace: str, map_invocation_id: str, occurrences: Any):
+        """Stage (or, on a wake, resume or replay) an array input; see `actors.sealer`."""
+        from .sealer import stage_array
+
+        return await stage_array(self.port, self.scope.map(table_namespace, map_invocation_id),
+                                 occurrences)
+
+
+@contextlib.asynccontextmanager
+async def open_run(
+    tenant: Port,
+    play: str,
+    run_id: str | None = None,
+    *,
+    attempt: Any = None,
+    retire_on_exit: bool = True,
+    lease_s: float = DEFAULT_LEASE_S,
+) -> AsyncIterator[Run]:
+    """Register (or wake) a run and host the body in its nursery; retire it if it ends terminally."""
+    scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
+    ref = await runs.register(tenant, scope)
+    await outbox.record_open(tenant, scope)
+    error: BaseException | None = None
+    run = Run(tenant, ref, attempt)
+    try:
+        async with open_hosting_nursery() as nursery:
+            run._nursery = nursery
+            yield run
+    except BaseException as exc:  # classified, then re-raised unchanged
+        error = exc
+        raise
+    finally:
+        run._nursery = None
+        if retire_on_exit and is_terminal(error):
+            await guard_retirement(tenant, scope, lease_s=lease_s)
+
+
+async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFAULT_LEASE_S) -> bool:
+    """Record the terminal run as pending, retire its array inputs, mark it done.
+
+    Returns True when the entry is done. Store failures are logged and leave the entry pending
+    (or, if even that could not be recorded, open) for a supervisor.
+    """
+    owner = outbox.new_owner_id("run")
+    try:
+        if not await outbox.mark_pending(port, scope, owner, lease_s):
+            return True  # already done by someone else
+    except EngineError as exc:
+        log.warning("run %s: could not record terminal outbox entry: %s", scope.run_id, exc)
+        return False
+    settled = False
+    try:
+        outcome = await retirement.finish_entry(port, scope, owner, lease_s=lease_s)
+        settled = True
+        return outcome.settled
+    except EngineError as exc:
+        log.warning("run %s: retirement left to the supervisor: %s", scope.run_id, exc)
+        return False
+    finally:
+        if not settled:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + RELEASE_DEADLINE_S):
+                try:
+                    await outbox.release(port, scope, owner)
+                except EngineError as exc:
+                    log.warning("run %s: lease release failed (it will expire): %s",
+                                scope.run_id, exc)

@@ -1,0 +1,159 @@
+"""The embedded supervisor: hosts runs in this process and drains the terminal outbox.
+
+How it works
+- `open_supervisor(tenant)` starts one drainer actor in its nursery and yields a `Supervisor`.
+  `await sup.run(play, body)` runs `await body(run)` inside `open_run` (the run's own guard
+  retires it when the body ends terminally) and then nudges the drainer.
+- The drainer loops: lease a few due entries (`outbox.claim_due`: `FOR UPDATE SKIP LOCKED` plus
+  a lease, so any number of drainers in any number of processes share one outbox without taking
+  an entry twice), retire each on the `retirement` lane, mark it done. An entry whose retirement
+  fails goes back with `next_attempt_at` pushed out by capped exponential backoff with jitter;
+  a store failure of the drainer itself backs the loop off the same way. Entries leased by a
+  process that died become due again when the lease expires, so pending work resumes after a
+  restart. When nothing is due the drainer waits for a nudge or the poll interval (jittered).
+- Only `pending` entries are drained: `open` entries belong to runs that may still be woken
+  (cancelled or crashed). `abandon_after_s` opts in to retiring open entries untouched that long.
+- Correctness rests on the database (lease fences on every settle, the run guard on every array
+  write), never on this process's memory: `retired` is telemetry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import attrs
+import trio
+
+from engine.errors import EngineError
+from engine.ports import Port
+from engine.scopes import RunScope
+
+from . import outbox, retirement
+from .hosting import open_hosting_nursery
+from .run import DEFAULT_LEASE_S, RELEASE_DEADLINE_S, Run, open_run
+
+log = logging.getLogger("runplane.actors")
+
+
+def backoff_delay(attempts: int, *, base: float, cap: float, rng: random.Random) -> float:
+    """Capped exponential backoff with jitter: uniform in [d/2, d], d = min(cap, base·2^(n-1))."""
+    ceiling = min(cap, base * (2 ** max(0, attempts - 1)))
+    return ceiling / 2 + rng.random() * ceiling / 2
+
+
+@attrs.define(eq=False)
+class Supervisor:
+    """A process-local host of runs and drainer of the tenant's terminal outbox."""
+
+    port: Port
+    poll_interval: float = 1.0
+    lease_s: float = DEFAULT_LEASE_S
+    batch: int = 8
+    backoff_base: float = 0.5
+    backoff_cap: float = 60.0
+    abandon_after_s: float | None = None
+    owner: str = attrs.field(factory=lambda: outbox.new_owner_id("supervisor"))
+    retired: list[RunScope] = attrs.field(init=False, factory=list)
+    failures: int = attrs.field(init=False, default=0)
+    _rng: random.Random = attrs.field(init=False, factory=random.Random, repr=False)
+    _nudge: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
+    _settled: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
+
+    # -- hosting runs --------------------------------------------------------------------------
+    async def run(self, play: str, body: Callable[[Run], Awaitable[Any]],
+                  run_id: str | None = None, **options: Any) -> Any:
+        """Run `await body(run)` inside a supervised run and return what it returns."""
+        try:
+            async with open_run(self.port, play, run_id, lease_s=self.lease_s, **options) as run:
+                return await body(run)
+        finally:
+            self.nudge()
+
+    def nudge(self) -> None:
+        """Wake the drainer now instead of at its next poll."""
+        self._nudge.set()
+
+    # -- draining ------------------------------------------------------------------------------
+    async def drain_once(self) -> list[RunScope]:
+        """Lease the due entries once (up to `batch`), settle each; return those retired."""
+        entries = await outbox.claim_due(
+            self.port, self.owner, limit=self.batch, lease_s=self.lease_s,
+            abandon_after_s=self.abandon_after_s,
+        )
+        done: list[RunScope] = []
+        for entry in entries:
+            if await self._settle(entry):
+                done.append(entry.scope)
+        return done
+
+    async def _settle(self, entry: outbox.OutboxEntry) -> bool:
+        settled = False
+        try:
+            outcome = await retirement.finish_entry(
+                self.port, entry.scope, self.owner, lease_s=self.lease_s
+            )
+            settled = True
+        except EngineError as exc:
+            settled = True
+            self.failures += 1
+            delay = backoff_delay(entry.attempts, base=self.backoff_base, cap=self.backoff_cap,
+                                  rng=self._rng)
+            log.warning("outbox %s: retirement failed (retry in %.1fs): %s",
+                        entry.scope.run_id, delay, exc)
+            with contextlib.suppress(EngineError):
+                await outbox.retry_later(self.port, entry.scope, self.owner, str(exc), delay)
+            return False
+        finally:
+            if not settled:  # cancelled: hand the entry to the next drainer at once
+                with trio.CancelScope(shield=True,
+                                      deadline=trio.current_time() + RELEASE_DEADLINE_S):
+                    with contextlib.suppress(EngineError):
+                        await outbox.release(self.port, entry.scope, self.owner)
+        if outcome.settled:
+            self.retired.append(entry.scope)
+            self._signal_settled()
+        return outcome.settled
+
+    def _signal_settled(self) -> None:
+        self._settled.set()
+        self._settled = trio.Event()
+
+    async def wait_retired(self, scope: RunScope) -> None:
+        """Wait until this supervisor has retired `scope` (bound it with a timeout)."""
+        while scope not in self.retired:
+            await self._settled.wait()
+
+    async def _drainer(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        store_failures = 0
+        while True:
+            try:
+                retired = await self.drain_once()
+                store_failures = 0
+            except EngineError as exc:
+                store_failures += 1
+                self.failures += 1
+                delay = backoff_delay(store_failures, base=self.backoff_base,
+                                      cap=self.backoff_cap, rng=self._rng)
+                log.warning("supervisor: outbox unavailable (retry in %.1fs): %s", delay, exc)
+                await trio.sleep(delay)
+                continue
+            if retired:
+                continue  # more may be due
+            wait = self.poll_interval * (0.75 + self._rng.random() / 2)
+            with trio.move_on_after(wait):
+                await self._nudge.wait()
+            self._nudge = trio.Event()
+
+
+@contextlib.asynccontextmanager
+async def open_supervisor(tenant: Port, *, drain: bool = True, **options: Any) -> AsyncIterator[Supervisor]:
+    """Host runs and (unless `drain=False`) drain the outbox until the block ends."""
+    sup = Supervisor(tenant, **options)
+    async with open_hosting_nursery(cancel_on_exit=True) as nursery:
+        if drain:
+            await nursery.start(sup._drainer)
+        yield sup
