@@ -22,6 +22,7 @@ from typing import AsyncIterator
 
 import attrs
 
+from engine import array_input
 from engine.ports import Port
 from engine.scopes import RunScope
 
@@ -71,8 +72,6 @@ async def retire_run(
     port: Port, scope: RunScope, *, owner: str | None = None, lease_s: float = 60.0
 ) -> RetirementOutcome:
     """Retire the run's array inputs until done (or until our outbox lease is lost)."""
-    from engine import array_input
-
     lane_port = RetirementLanePort(port)
     deleted = 0
     while True:

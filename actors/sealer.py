@@ -1,0 +1,116 @@
+"""The array sealer: stage a map's list input as immutable pages, seal it, replay it.
+
+How it works
+- `stage_array(port, MapScope, occurrences)` first reads the manifest:
+  * `sealed`  → nothing to write: the staged input is authoritative and is replayed as stored
+    (a wake replays byte-identical input even if the caller's list is now different);
+  * `absent` or `staging` → `begin` (idempotent; a different source raises `ConflictError`), then
+    the pages are put by `PUT_TASKS` putter actors that share one bounded channel of page drafts
+    (each `put_page` is its own transaction, so a putter holds a permit only for its page; a
+    re-put of a page that exists is a no-op), then `seal` verifies every page and writes the
+    seal under the run guard.
+- Fingerprinting and pagination are CPU work (canonical encoding), done in a worker thread so
+  the run's other actors keep their event loop; no permit is held meanwhile.
+- The run guard fences every write: once the run is retired, `begin`, `put_page` and `seal`
+  raise `RetiredError`, including a seal whose released verification scan was overtaken by the
+  retirement.
+- `StagedArray.pages()` reads one page at a time (`read_page` re-verifies its digest), so replay
+  holds one page in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Sequence
+
+import attrs
+import trio
+
+from engine import array_input
+from engine.array_input import Occurrence
+from engine.errors import InvalidInputError
+from engine.ports import Port
+from engine.scopes import MapScope
+
+PUT_TASKS = 3
+SEAL_BATCH_PAGES = 4
+
+
+@attrs.frozen
+class StagedArray:
+    """A sealed array input: its manifest, and its pages read back one at a time."""
+
+    port: Port = attrs.field(repr=False)
+    scope: MapScope
+    manifest: Any
+
+    @property
+    def page_count(self) -> int:
+        return self.manifest.page_count
+
+    async def pages(self) -> AsyncIterator[Any]:
+        for ordinal in range(self.manifest.page_count):
+            yield await array_input.read_page(self.port, self.scope, ordinal)
+
+
+def as_occurrences(items: Sequence[Any]) -> list[Occurrence]:
+    """Occurrences as given, or user rows (dicts) wrapped as occurrences without identity."""
+    occurrences = []
+    for index, item in enumerate(items):
+        if isinstance(item, Occurrence):
+            occurrences.append(item)
+        elif isinstance(item, dict):
+            occurrences.append(Occurrence(item))
+        else:
+            raise InvalidInputError(
+                f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
+            )
+    return occurrences
+
+
+def _prepare(items: Sequence[Any]) -> tuple[str, list[Any], bool, int]:
+    occurrences = as_occurrences(items)
+    fingerprint = array_input.source_fingerprint(occurrences)
+    drafts = list(array_input.paginate(occurrences))
+    identities = any(occ.source_identity is not None for occ in occurrences)
+    return fingerprint, drafts, identities, len(occurrences)
+
+
+async def put_pages(port: Port, scope: MapScope, fingerprint: str, drafts_recv,
+                    *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A putter actor: put each page draft it receives (a permit only inside each put)."""
+    task_status.started()
+    async with drafts_recv:
+        async for draft in drafts_recv:
+            await array_input.put_page(
+                port, scope, source_fingerprint=fingerprint, ordinal=draft.ordinal,
+                offset=draft.offset, rows=draft.rows,
+            )
+
+
+async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
+                      *, put_tasks: int = PUT_TASKS) -> StagedArray:
+    """Stage, resume or replay the array input of `scope`; return it sealed."""
+    if not isinstance(occurrences, (list, tuple)):
+        raise InvalidInputError(
+            f"occurrences must be a list, got {type(occurrences).__name__}"
+        )
+    manifest = await array_input.get_manifest(port, scope)
+    if manifest.state == "sealed":
+        return StagedArray(port, scope, manifest)
+    fingerprint, drafts, identities, source_rows = await trio.to_thread.run_sync(
+        _prepare, occurrences
+    )
+    await array_input.begin(port, scope, source_fingerprint=fingerprint,
+                            source_rows=source_rows, has_source_identities=identities)
+    async with trio.open_nursery() as nursery:
+        # Capacity: a page draft per putter waiting, so a putter never idles between pages.
+        drafts_send, drafts_recv = trio.open_memory_channel(put_tasks)
+        async with drafts_recv:
+            for _ in range(put_tasks):
+                await nursery.start(put_pages, port, scope, fingerprint, drafts_recv.clone())
+        async with drafts_send:
+            for draft in drafts:
+                await drafts_send.send(draft)
+    await array_input.seal(port, scope, source_fingerprint=fingerprint, source_rows=source_rows,
+                           page_count=len(drafts), batch_size=SEAL_BATCH_PAGES)
+    return StagedArray(port, scope, await array_input.get_manifest(port, scope))
