@@ -8,7 +8,9 @@ How it works
   they all pass through the one choke point `engine.pg.Connection._run`. What the hook raises
   (a transient error, `trio.Cancelled` from a cancelled scope) surfaces exactly where a real
   fault would.
-- `HookedConnection` shares the driver connection of the checkout it wraps. When it ends up
+- `HookedConnection` shares the driver connection of the checkout it wraps and sends every
+  statement through that connection, so wrappers nest (`GatedPort(CountingPort(tenant))` both
+  gates and counts). When it ends up
   broken (a cancelled statement, an injected connection loss) the wrapped connection is marked
   broken too before the checkout is released, so the tenant closes it instead of pooling it.
 - Three hooks ship here: `CountingPort` (records every boundary: round trips per call, for the
@@ -29,6 +31,7 @@ import attrs
 import trio
 
 from engine import pg
+from engine.errors import StoreUnavailableError
 from engine.ports import Port
 
 BoundaryKind = Literal["checkout", "query"]
@@ -58,6 +61,7 @@ class HookedConnection(pg.Connection):
 
     def __init__(self, inner: pg.Connection, port: "HookedPort", lane: str, checkout: int) -> None:
         super().__init__(inner.raw, inner._driver)
+        self._inner = inner
         self._depth = inner._depth  # a checkout under an execution role is already in a transaction
         self._port = port
         self._lane = lane
@@ -87,11 +91,20 @@ class HookedConnection(pg.Connection):
     async def _run(self, coro: Any) -> Any:
         sql, self._sql = self._sql, None
         try:
+            if self.broken:
+                raise StoreUnavailableError("connection was closed after an earlier failure")
             await self._port._boundary("query", self._lane, self._checkout, sql, self)
         except BaseException:
             coro.close()
             raise
-        return await super()._run(coro)
+        # Through the wrapped connection, so wrappers compose (a gate around a counter).
+        if isinstance(self._inner, HookedConnection):
+            self._inner._sql = sql
+        try:
+            return await self._inner._run(coro)
+        finally:
+            if self._inner.broken:
+                self.broken = True
 
 
 @attrs.define(eq=False)

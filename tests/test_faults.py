@@ -112,3 +112,22 @@ def test_any_drawn_plan_leaves_the_tenant_usable(dsn, plan):
             assert all(stats.in_use == 0 for stats in tenant.permits().values())
 
     trio.run(example)
+
+
+async def test_wrappers_compose_a_gate_around_a_counter(tenant):
+    counter = CountingPort(tenant)
+    port = GatedPort(counter)
+    gate = port.gate_query(2)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            async def work():
+                async with port.connection("receipts") as conn:
+                    async with conn.transaction():
+                        await conn.fetchval("SELECT 1")
+
+            nursery.start_soon(work)
+            boundary = await gate.wait_reached()
+            assert boundary.sql == "SELECT 1"
+            assert counter.statements == ["BEGIN"]
+            gate.release()
+    assert counter.statements == ["BEGIN", "SELECT 1", "COMMIT"]
