@@ -3,7 +3,8 @@
 `bootstrap(conn, schema)` runs every statement below in one transaction under a transaction-level
 advisory lock keyed by the schema name, so concurrent bootstraps serialize instead of racing on
 `CREATE ... IF NOT EXISTS` (which is not atomic in PostgreSQL). `schema_status` reads the stored
-version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here.
+version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here;
+`sheet_columns` is their registry (which physical column holds which field).
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ CREATE TABLE IF NOT EXISTS {s}.sheet_column_summary (
     field text NOT NULL,
     completed bigint NOT NULL DEFAULT 0,
     failed bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (org_id, play, table_namespace, field)
+);
+CREATE TABLE IF NOT EXISTS {s}.sheet_columns (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    table_namespace text NOT NULL,
+    field text NOT NULL,
+    column_name text NOT NULL,
+    position integer NOT NULL,
     PRIMARY KEY (org_id, play, table_namespace, field)
 );
 CREATE TABLE IF NOT EXISTS {s}.terminal_outbox (

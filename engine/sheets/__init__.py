@@ -1,0 +1,35 @@
+"""Sheets: one table per (play, table namespace) holding each row's inputs and outputs.
+
+Admission (`admit`) puts rows in under the run's write version (its epoch) and tells which need
+running; completion (`complete`) writes outcomes back, fenced so a stale run or a superseded
+attempt never overwrites newer results; counters (`summary`) always equal a COUNT over the
+sheet. See the modules for how each part works.
+"""
+
+from .admission import admit
+from .completion import complete
+from .layout import SheetLayout, ensure_sheet
+from .model import (
+    Admission,
+    AdmittedRow,
+    Attempt,
+    BlockedRow,
+    CellPolicy,
+    ColumnSummary,
+    Completion,
+    CompletionDiagnostics,
+    FencedRow,
+    RowOutcome,
+    SheetContract,
+    Summary,
+    Timing,
+    row_key,
+)
+from .reading import read_rows, summary
+
+__all__ = [
+    "SheetContract", "Attempt", "CellPolicy", "row_key", "ensure_sheet", "admit", "Admission",
+    "AdmittedRow", "BlockedRow", "RowOutcome", "complete", "Completion", "FencedRow",
+    "CompletionDiagnostics", "read_rows", "summary", "Summary", "ColumnSummary", "Timing",
+    "SheetLayout",
+]

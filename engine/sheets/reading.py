@@ -1,0 +1,139 @@
+"""Reading sheets: rows in input order, and the counters.
+
+How it works
+- `read_rows` maps physical columns back to field names through the `sheet_columns` registry
+  and returns one dict per row: every registered field under its own name, plus `_key`,
+  `_status`, `_error` and `_input_index` (a field whose name equals one of those four is shadowed
+  by the system value in these dicts). Rows are ordered by input index (nulls last), creation
+  time and key. With `run_id`, only rows last written by that run are read, and among them only
+  the enriched ones if any exist, else only the failed ones if any exist, else all of them.
+- `summary` reads the counter rows; a sheet never written reads as all zeros. Both are plain
+  reads: no lock, one snapshot per statement.
+"""
+
+from __future__ import annotations
+
+from engine import canonical
+from engine.errors import InvalidInputError
+from engine.pg import Connection
+from engine.ports import Port, table, with_connection
+from engine.scopes import PlayScope, check_scope
+from engine.sql import quote_ident
+
+from .layout import LANE, layout_for
+from .model import ColumnSummary, Summary
+
+_REGISTERED = """
+SELECT to_regclass($4) IS NOT NULL AS present,
+       coalesce((SELECT array_agg(field ORDER BY position, field) FROM {registry}
+                  WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS fields,
+       coalesce((SELECT array_agg(column_name ORDER BY position, field) FROM {registry}
+                  WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS columns
+"""
+
+_EXISTING_COLUMNS = """
+SELECT coalesce(array_agg(attname::text), '{}'::text[])
+  FROM pg_attribute
+ WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
+"""
+
+_ORDER = "ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC"
+
+_READ_ALL = """
+SELECT _key, _status, _error, _input_index{cols} FROM {t} {order} LIMIT $1 OFFSET $2
+"""
+
+_READ_RUN = """
+WITH preferred AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM {t} WHERE _run_id = $3 AND _status = 'enriched')
+                THEN 'enriched'
+                WHEN EXISTS (SELECT 1 FROM {t} WHERE _run_id = $3 AND _status = 'failed')
+                THEN 'failed' END AS status
+)
+SELECT _key, _status, _error, _input_index{cols} FROM {t}
+ WHERE _run_id = $3
+   AND ((SELECT status FROM preferred) IS NULL OR _status = (SELECT status FROM preferred))
+ {order} LIMIT $1 OFFSET $2
+"""
+
+_SUMMARY = """
+SELECT total, queued, running, completed, failed FROM {summary}
+ WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+"""
+
+_COLUMN_SUMMARY = """
+SELECT field, completed, failed FROM {column_summary}
+ WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+ ORDER BY field
+"""
+
+
+def _check_page(limit: object, offset: object) -> None:
+    for name, value in (("limit", limit), ("offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+async def read_rows(
+    port: Port,
+    scope: PlayScope,
+    table_namespace: str,
+    *,
+    run_id: str | None = None,
+    limit: int = 1000,
+    offset: int = 0,
+) -> list[dict]:
+    """Rows of a sheet as dicts (see the module docstring); [] when the sheet does not exist."""
+    check_scope(port, scope)
+    _check_page(limit, offset)
+    if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
+        raise InvalidInputError("run_id must be a non-empty string or None")
+    layout = layout_for(port, scope, table_namespace)
+    registered = _REGISTERED.format(registry=table(port, "sheet_columns"))
+
+    async def op(conn: Connection) -> list[dict]:
+        info = await conn.fetchrow(registered, *layout.counter_args, layout.qualified)
+        if not info["present"]:
+            return []
+        existing = set(await conn.fetchval(_EXISTING_COLUMNS, layout.qualified))
+        pairs = [(f, c) for f, c in zip(info["fields"], info["columns"]) if c in existing]
+        cols = "".join(f", {quote_ident(c)}::text AS c{i}" for i, (_, c) in enumerate(pairs))
+        if run_id is None:
+            sql = _READ_ALL.format(cols=cols, t=layout.qualified, order=_ORDER)
+            records = await conn.fetch(sql, limit, offset)
+        else:
+            sql = _READ_RUN.format(cols=cols, t=layout.qualified, order=_ORDER)
+            records = await conn.fetch(sql, limit, offset, run_id.strip())
+        out = []
+        loads = canonical.loads
+        for record in records:
+            row = {field: loads(record[f"c{i}"]) for i, (field, _) in enumerate(pairs)}
+            row["_key"] = record["_key"]
+            row["_status"] = record["_status"]
+            row["_error"] = record["_error"]
+            row["_input_index"] = record["_input_index"]
+            out.append(row)
+        return out
+
+    return await with_connection(port, LANE, op)
+
+
+async def summary(port: Port, scope: PlayScope, table_namespace: str) -> Summary:
+    """The counters of a sheet (zeros when it was never written)."""
+    check_scope(port, scope)
+    layout = layout_for(port, scope, table_namespace)
+    summary_sql = _SUMMARY.format(summary=table(port, "sheet_summary"))
+    columns_sql = _COLUMN_SUMMARY.format(column_summary=table(port, "sheet_column_summary"))
+
+    async def op(conn: Connection) -> Summary:
+        row = await conn.fetchrow(summary_sql, *layout.counter_args)
+        columns = await conn.fetch(columns_sql, *layout.counter_args)
+        values = dict(row) if row is not None else dict.fromkeys(
+            ("total", "queued", "running", "completed", "failed"), 0
+        )
+        return Summary(
+            **values,
+            columns={r["field"]: ColumnSummary(r["completed"], r["failed"]) for r in columns},
+        )
+
+    return await with_connection(port, LANE, op)

@@ -1,0 +1,160 @@
+"""Bad input to the sheet API is refused before any query, names the row and field, and writes
+nothing (a counting port proves no statement was sent)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import PlayScope
+from engine.errors import InvalidInputError, ScopeError
+from engine.scopes import RunRef, RunScope
+from engine.sheets import (
+    Attempt,
+    CellPolicy,
+    RowOutcome,
+    SheetContract,
+    admit,
+    complete,
+    ensure_sheet,
+    read_rows,
+    row_key,
+    summary,
+)
+from simulations.ports import CountingPort
+from tests.sheet_helpers import counters_match, new_run, raw_rows
+
+CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
+NS = "input_checks"
+
+
+@pytest.fixture
+async def setup(tenant):
+    run = await new_run(tenant, "play", "r1")
+    admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
+    return tenant, run, admission.pending[0].key
+
+
+BAD_ADMISSIONS = [
+    ({"rows": [{"name": "ok"}, 5]}, "rows[1]"),
+    ({"rows": [{"name": "ok"}, ["name", "x"]]}, "rows[1]"),
+    ({"rows": [{"name": float("nan")}]}, "rows[0].name"),
+    ({"rows": [{"name": b"bytes"}]}, "rows[0].name"),
+    ({"rows": [{"name": {1: "int key"}}]}, "rows[0].name"),
+    ({"rows": [{"name": "a"}, {"name": "b"}], "keys": ["k", 2]}, "keys[1]"),
+    ({"rows": [{"name": "a"}], "keys": [""]}, "keys[0]"),
+    ({"rows": [{"name": "a"}], "keys": ["k", "l"]}, "keys has 2"),
+    ({"rows": [{"name": "a"}], "input_offset": -1}, "input_offset"),
+    ({"rows": [{"name": "a"}], "cell_policies": {"": CellPolicy(1)}}, "field name must not be empty"),
+    ({"rows": [{"name": "a"}], "cell_policies": {"score": 5}}, "cell_policies"),
+    ({"rows": "not rows"}, "rows must be"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "named"), BAD_ADMISSIONS)
+async def test_bad_admissions_write_nothing(setup, kwargs, named):
+    tenant, run, _ = setup
+    before = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"])
+    port = CountingPort(tenant)
+    rows = kwargs.pop("rows")
+    with pytest.raises(InvalidInputError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        await admit(port, run, NS, CONTRACT, rows, **kwargs)
+    assert port.boundaries == []
+    assert await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"]) == before
+
+
+def bad_outcomes(key):
+    return [
+        ([RowOutcome(key, "completed", {"score": 1}), "not an outcome"], "outcomes[1]"),
+        ([RowOutcome(key, "completed", {"score": float("inf")})], "outcomes[0].data.score"),
+        ([RowOutcome(key, "completed", {"score": {"deep": {1, 2}}})], "outcomes[0].data.score.deep"),
+        ([RowOutcome(key, "completed", {"": 1})], "field name must not be empty"),
+        ([RowOutcome(key, "failed", cell_meta={"score": "not an object"})], "outcomes[0].cell_meta.score"),
+        ([RowOutcome(key, "completed", cell_meta={"": {}})], "field name must not be empty"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+async def test_bad_completions_write_nothing(setup, case):
+    tenant, run, key = setup
+    outcomes, named = bad_outcomes(key)[case]
+    before = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"])
+    port = CountingPort(tenant)
+    with pytest.raises(InvalidInputError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        await complete(port, run, NS, CONTRACT, outcomes)
+    assert port.boundaries == []
+    assert await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"]) == before
+    ok, detail = await counters_match(tenant, PlayScope(tenant.org_id, "play"), NS)
+    assert ok, detail
+
+
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        (lambda: RowOutcome("k", "done"), "status 'done'"),
+        (lambda: RowOutcome("k", "COMPLETED"), "status"),
+        (lambda: RowOutcome(7, "completed"), "key must be a string"),
+        (lambda: RowOutcome("", "completed"), "key must have"),
+        (lambda: RowOutcome("k", "completed", data=[1]), "data must be a dict"),
+        (lambda: RowOutcome("k", "completed", input_index=-1), "input_index"),
+        (lambda: RowOutcome("k", "failed", error=3), "error must be a str"),
+        (lambda: SheetContract(inputs=("",)), "must not be empty"),
+        (lambda: SheetContract(outputs=("a", 3)), "not a string"),
+        (lambda: SheetContract(inputs=("a",), outputs=("b", "a")), "both as input and as output"),
+        (lambda: SheetContract(inputs="name"), "sequence of field names"),
+        (lambda: Attempt("", 1), "attempt_id"),
+        (lambda: Attempt("a", -1), "seq"),
+        (lambda: Attempt("a", 1, lease_s=float("nan")), "lease_s"),
+        (lambda: CellPolicy(-1), "stale_after_s"),
+    ],
+)
+def test_invalid_values_cannot_be_built(build, named):
+    with pytest.raises(InvalidInputError, match=named):
+        build()
+
+
+async def test_wrong_contract_or_attempt_types_write_nothing(setup):
+    tenant, run, key = setup
+    port = CountingPort(tenant)
+    with pytest.raises(InvalidInputError):
+        await admit(port, run, NS, {"inputs": ["name"]}, [{"name": "a"}])
+    with pytest.raises(InvalidInputError):
+        await complete(port, run, NS, CONTRACT, [RowOutcome(key, "completed")], attempt="a1")
+    with pytest.raises(InvalidInputError):
+        await ensure_sheet(port, PlayScope(tenant.org_id, "play"), NS, ("name",))
+    with pytest.raises(InvalidInputError):
+        await read_rows(port, PlayScope(tenant.org_id, "play"), NS, limit=-1)
+    assert port.boundaries == []
+
+
+async def test_other_org_is_refused_before_any_query(setup):
+    tenant, run, key = setup
+    port = CountingPort(tenant)
+    foreign = RunRef(RunScope("other-org", "play", "r1"), run.epoch)
+    with pytest.raises(ScopeError):
+        await admit(port, foreign, NS, CONTRACT, [{"name": "a"}])
+    with pytest.raises(ScopeError):
+        await complete(port, foreign, NS, CONTRACT, [RowOutcome(key, "completed")])
+    with pytest.raises(ScopeError):
+        await summary(port, PlayScope("other-org", "play"), NS)
+    assert port.boundaries == []
+
+
+async def test_any_other_field_name_works(tenant):
+    odd_in = "_key"
+    odd_out = "x" * 80 + "\x00!"  # NUL is cleaned to U+FFFD like jsonb keys
+    contract = SheetContract(inputs=(odd_in, "Name", "name"), outputs=(odd_out, "_status"))
+    run = await new_run(tenant, "play", "r1")
+    row = {odd_in: 1, "Name": 2, "name": 3}
+    admission = await admit(tenant, run, NS, contract, [row])
+    key = admission.pending[0].key
+    assert key == row_key(row, NS)
+    await complete(tenant, run, NS, contract, [
+        RowOutcome(key, "completed", {odd_out.replace("\x00", "\ufffd"): 4, "_status": 5})
+    ])
+    again = await admit(tenant, run, NS, contract, [row])
+    assert [r.row for r in again.completed] == [
+        {"_key": 1, "Name": 2, "name": 3, "x" * 80 + "\ufffd!": 4, "_status": 5}
+    ]
+    read = (await read_rows(tenant, PlayScope(tenant.org_id, "play"), NS))[0]
+    assert read["Name"] == 2 and read["name"] == 3 and read["x" * 80 + "\ufffd!"] == 4
+    assert read["_key"] == key and read["_status"] == "enriched"  # system values shadow fields
