@@ -2,21 +2,31 @@
 
 Every command connects through `engine.open_tenant` (the embedded default, or `RUNPLANE_DSN`).
 Errors reach the user as one line on stderr and a non-zero exit status, never a traceback:
-engine errors exit 1, usage errors 2, an interrupt 130.
+engine errors exit 1, usage errors 2, an interrupt 130. Errors that come out of trio nurseries
+as exception groups are unwrapped to their first leaf for that line.
+
+Commands: `demo` (the main job, see `actors.demo`), `run PLAY.py` (a user's play), `status`,
+`supervise`, `doctor`, `simulate`.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib.util
+import inspect
+import json
 import os
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import trio
 
-from engine import open_tenant
+from engine import PlayScope, open_tenant
 from engine.errors import EngineError
 from engine.schema import SCHEMA_VERSION, schema_status
+from engine.sql import quote_ident
 
 DEFAULT_ORG = "local"
 
@@ -84,6 +94,190 @@ def simulate(args: argparse.Namespace) -> int:
     return run_simulations(argv)
 
 
+# -- demo ---------------------------------------------------------------------------------------
+def _demo_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("--rows", type=_positive, default=10_000, help="synthetic companies (default 10,000)")
+    parser.add_argument("--concurrency", type=_positive, default=128, help="map workers (default 128)")
+    parser.add_argument("--latency-ms", type=float, default=2.0, help="mean fake tool latency (default 2 ms)")
+    parser.add_argument("--fail-rate", type=float, default=0.02, help="fake tool failure rate (default 0.02)")
+    parser.add_argument("--crash-after", type=_positive, default=None, metavar="N",
+                        help="cancel the run after N executed rows and print its id")
+    parser.add_argument("--resume", default=None, metavar="RUN_ID", help="wake a crashed run and finish it")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+@command("demo", "the main job: map a fake enrichment tool over synthetic companies")(_demo_options)
+def demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .demo import run_demo
+
+    return trio.run(run_demo, args, Console())
+
+
+# -- run ----------------------------------------------------------------------------------------
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
+    parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
+    parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
+    parser.add_argument("--run-id", default=None, help="wake this run instead of starting a new one")
+
+
+class UsageError(Exception):
+    """Bad command-line input that argparse could not see (a file's content, a missing function)."""
+
+
+def load_play(path: str) -> tuple[str, Callable[..., Any]]:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"runplane_play_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    play = getattr(module, "play", None)
+    if not inspect.iscoroutinefunction(play):
+        raise UsageError(f"{path}: defines no `async def play(run, rows)`")
+    return str(getattr(module, "PLAY", file.stem)), play
+
+
+def read_rows(path: str | None) -> list[dict]:
+    if path is None:
+        return []
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{path}: no such file")
+    if file.suffix == ".csv":
+        with file.open(newline="", encoding="utf-8") as handle:
+            return [dict(row) for row in csv.DictReader(handle)]
+    if file.suffix in (".jsonl", ".ndjson"):
+        rows = []
+        with file.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UsageError(f"{path}:{number}: invalid JSON: {exc.msg}") from exc
+                if not isinstance(row, dict):
+                    raise UsageError(f"{path}:{number}: each line must be a JSON object")
+                rows.append(row)
+        return rows
+    raise UsageError(f"{path}: input must be .csv or .jsonl")
+
+
+@command("run", "run a play: `async def play(run, rows)` in PLAY.py")(_run_options)
+def run_play(args: argparse.Namespace) -> int:
+    from actors import open_run
+
+    name, play = load_play(args.play_file)
+    rows = read_rows(args.input)
+
+    async def main() -> Any:
+        async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
+            async with open_run(tenant, args.play_name or name, args.run_id) as run:
+                print(f"run {run.run_id} of play {run.play} (epoch {run.epoch}), {len(rows)} input rows")
+                return await play(run, rows)
+
+    result = trio.run(main)
+    if result is not None:
+        print(describe_result(result))
+    return 0
+
+
+def describe_result(result: Any) -> str:
+    from actors import MapResult
+
+    if isinstance(result, MapResult):
+        return (f"admitted {result.admitted}, cached {result.cached}, completed {result.completed}, "
+                f"failed {result.failed}, blocked {result.blocked}, fenced {result.fenced}")
+    return repr(result)
+
+
+# -- status -------------------------------------------------------------------------------------
+def _status_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("play", help="play name")
+    parser.add_argument("table", nargs="?", default=None, help="table namespace (default: all)")
+
+
+_PLAY_TABLES = "SELECT table_namespace FROM {t} WHERE org_id = $1 AND play = $2 ORDER BY table_namespace"
+_PLAY_RUNS = """
+SELECT r.run_id, r.epoch, coalesce(o.state, '-') AS state
+  FROM {runs} r LEFT JOIN {outbox} o USING (org_id, play, run_id)
+ WHERE r.org_id = $1 AND r.play = $2 ORDER BY r.epoch DESC LIMIT 10
+"""
+
+
+@command("status", "show a play's sheets (counters per table and column) and recent runs")(_status_options)
+def status(args: argparse.Namespace) -> int:
+    from engine import sheets
+    from engine.scopes import normalize_namespace
+
+    async def main() -> int:
+        async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
+            scope = PlayScope(tenant.org_id, args.play)
+            s = quote_ident(tenant.schema)
+            async with tenant.connection("sheet") as conn:
+                if args.table is None:
+                    tables = [row[0] for row in await conn.fetch(
+                        _PLAY_TABLES.format(t=f"{s}.sheet_summary"), scope.org_id, scope.play)]
+                else:
+                    tables = [normalize_namespace(args.table)]
+                runs = await conn.fetch(
+                    _PLAY_RUNS.format(runs=f"{s}.runs", outbox=f"{s}.terminal_outbox"),
+                    scope.org_id, scope.play)
+            if not tables and not runs:
+                print(f"play {scope.play!r} has no sheets and no runs", file=sys.stderr)
+                return 1
+            for table in tables:
+                summary = await sheets.summary(tenant, scope, table)
+                print(f"table {table}: total {summary.total}, queued {summary.queued}, "
+                      f"running {summary.running}, completed {summary.completed}, "
+                      f"failed {summary.failed}")
+                for field, column in sorted(summary.columns.items()):
+                    print(f"  column {field}: completed {column.completed}, failed {column.failed}")
+            for row in runs:
+                print(f"run {row['run_id']} epoch {row['epoch']} outbox {row['state']}")
+        return 0
+
+    return trio.run(main)
+
+
+# -- supervise ----------------------------------------------------------------------------------
+def _supervise_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("--poll", type=float, default=1.0, help="seconds between idle polls")
+    parser.add_argument("--abandon-after", type=float, default=None, metavar="SECONDS",
+                        help="also retire open runs untouched this long (never woken again)")
+
+
+@command("supervise", "drain the terminal outbox (retire finished runs) until interrupted")(_supervise_options)
+def supervise(args: argparse.Namespace) -> int:
+    from actors import open_supervisor
+
+    async def main() -> None:
+        async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
+            async with open_supervisor(tenant, poll_interval=args.poll,
+                                       abandon_after_s=args.abandon_after) as sup:
+                print(f"supervising org {tenant.org_id} in schema {tenant.schema} "
+                      f"as {sup.owner} (Ctrl-C to stop)", flush=True)
+                await trio.sleep_forever()
+
+    trio.run(main)
+    return 0
+
+
 # -- entry point --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runplane", description="durable, idempotent map runs on PostgreSQL")
@@ -93,20 +287,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first non-group exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = COMMANDS[args.command][0]
     try:
         return handler(args)
-    except KeyboardInterrupt:
-        print("runplane: interrupted", file=sys.stderr)
-        return 130
-    except EngineError as exc:
-        print(f"runplane: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"runplane: {exc}", file=sys.stderr)
-        return 1
+    except BaseException as raised:  # reported as one line below, or re-raised
+        exc = first_leaf(raised)
+        if isinstance(exc, KeyboardInterrupt):
+            print("runplane: interrupted", file=sys.stderr)
+            return 130
+        if isinstance(exc, UsageError):
+            print(f"runplane: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, EngineError):
+            print(f"runplane: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        if isinstance(exc, OSError):
+            print(f"runplane: {exc}", file=sys.stderr)
+            return 1
+        if isinstance(exc, Exception) and args.command == "run":
+            print(f"runplane: the play failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ How it works
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any, AsyncIterable, Awaitable, Callable, Sequence
@@ -264,6 +265,27 @@ async def flush_unsettled(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger,
 
 
 # -- the map -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def unwrap_single_error():
+    """Let one actor's ordinary error (a store failure, a bad row) out as itself, not wrapped in
+    the nursery's exception group, so callers can `except EngineError`."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0]
+        raise
+
+
+def _leaves(group: BaseExceptionGroup):
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
 def _check(table_namespace: str, source: Any, fn: Any, contract: Any, concurrency: Any,
            page_rows: Any) -> None:
     if not isinstance(contract, sheets.SheetContract):
@@ -312,24 +334,25 @@ async def map_rows(
     else:
         await sheets.ensure_sheet(run.port, run.scope.play_scope, table_namespace, contract)
     try:
-        async with trio.open_nursery() as nursery:
-            # Capacities: one page ahead of admission; about two batches per worker in each
-            # direction; one completion batch waiting while the writer writes another.
-            pages_send, pages_recv = trio.open_memory_channel(1)
-            work_send, work_recv = trio.open_memory_channel(2 * concurrency)
-            outcome_send, outcome_recv = trio.open_memory_channel(2 * concurrency)
-            flush_send, flush_recv = trio.open_memory_channel(1)
-            await nursery.start(write_outcomes, plan, tally, ledger, flush_recv)
-            await nursery.start(batch_outcomes, plan, outcome_recv, flush_send)
-            async with work_recv, outcome_send:
-                for _ in range(concurrency):
-                    await nursery.start(work, plan, tally, ledger, work_recv.clone(),
-                                        outcome_send.clone())
-            await nursery.start(admit_pages, plan, tally, pages_recv, work_send)
-            if staged is not None:
-                await nursery.start(replay_pages, staged, pages_send)
-            else:
-                await nursery.start(stream_pages, source, page_rows, pages_send)
+        with unwrap_single_error():
+            async with trio.open_nursery() as nursery:
+                # Capacities: one page ahead of admission; about two batches per worker in each
+                # direction; one completion batch waiting while the writer writes another.
+                pages_send, pages_recv = trio.open_memory_channel(1)
+                work_send, work_recv = trio.open_memory_channel(2 * concurrency)
+                outcome_send, outcome_recv = trio.open_memory_channel(2 * concurrency)
+                flush_send, flush_recv = trio.open_memory_channel(1)
+                await nursery.start(write_outcomes, plan, tally, ledger, flush_recv)
+                await nursery.start(batch_outcomes, plan, outcome_recv, flush_send)
+                async with work_recv, outcome_send:
+                    for _ in range(concurrency):
+                        await nursery.start(work, plan, tally, ledger, work_recv.clone(),
+                                            outcome_send.clone())
+                await nursery.start(admit_pages, plan, tally, pages_recv, work_send)
+                if staged is not None:
+                    await nursery.start(replay_pages, staged, pages_send)
+                else:
+                    await nursery.start(stream_pages, source, page_rows, pages_send)
     finally:
         await flush_unsettled(plan, tally, ledger, flush_deadline_s)
     tally.report()

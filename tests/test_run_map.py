@@ -285,3 +285,12 @@ async def test_progress_snapshots_are_monotone_and_end_at_the_result(tenant):
     last = snapshots[-1]
     assert (last.admitted, last.completed, last.executed) == (result.admitted, result.completed,
                                                               1500)
+
+
+async def test_a_store_error_in_an_actor_comes_out_as_itself(tenant):
+    async def fn(row):
+        return {"upper": "x"}
+
+    async with open_run(tenant, "play", retire_on_exit=False) as run:
+        with pytest.raises(InvalidInputError):  # admission refuses a row that is not a dict
+            await run.map("t", aiter_rows([{"name": "ok"}, "not a row"]), fn, contract=CONTRACT)
