@@ -74,13 +74,15 @@ _COMPLETED_PATCH = """CASE WHEN i.meta IS NULL THEN b.meta ELSE b.meta || (
       FROM jsonb_each(i.meta) AS e) END"""
 _FAILED_PATCH = "coalesce(i.meta, '{}'::jsonb)"
 
-# New cell meta: fields already recorded identically but for `completed_at` keep the old one.
-_NEW_META = """c.prev_meta || coalesce((
+# New cell meta. A row already in the target status may be a replay: its fields recorded
+# identically but for `completed_at` keep the old entry. Other rows just take the patch.
+_NEW_META = """CASE WHEN s._status = '{target}' THEN s._cell_meta || coalesce((
     SELECT jsonb_object_agg(e.key, CASE
-               WHEN jsonb_typeof(c.prev_meta -> e.key) = 'object'
-                AND (c.prev_meta -> e.key) - 'completed_at' = e.value - 'completed_at'
-               THEN c.prev_meta -> e.key ELSE e.value END)
-      FROM jsonb_each(c.patch) AS e), '{}'::jsonb)"""
+               WHEN jsonb_typeof(s._cell_meta -> e.key) = 'object'
+                AND (s._cell_meta -> e.key) - 'completed_at' = e.value - 'completed_at'
+               THEN s._cell_meta -> e.key ELSE e.value END)
+      FROM jsonb_each(p.patch) AS e), '{{}}'::jsonb)
+    ELSE s._cell_meta || p.patch END"""
 
 
 def _counter_ctes(summary: str, column_summary: str, moved: str, target: str | None) -> str:
@@ -138,6 +140,8 @@ def build_exact_sql(port: Port, layout: SheetLayout, fields: Sequence[str], fail
     Binds: $1 keys, $2 data, $3 cell meta, $4 write version, $5 run id, $6 attempt id,
     $7 fields marked completed, $8 fields whose cell counters may move, $9 org, $10 play,
     $11 namespace, $12 errors, then one name per data field.
+    Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
+    the sheet whatever the planner believes about its size.
     """
     names = _Params(13)
     t = layout.qualified
@@ -152,11 +156,12 @@ def build_exact_sql(port: Port, layout: SheetLayout, fields: Sequence[str], fail
     target = "failed" if failed else "enriched"
     already = "WHEN s._status = 'enriched' THEN 'already_completed'" if failed else ""
     patch = _FAILED_PATCH if failed else _COMPLETED_PATCH
-    new_error = "c.error" if failed else "NULL::text"
+    new_error = "i.error" if failed else "NULL::text"
     version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
     counters = _counter_ctes(
-        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "moved", target
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target
     )
+    new_meta = _NEW_META.format(target=target)
     return f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.error, u.ord
@@ -164,41 +169,35 @@ WITH input AS MATERIALIZED (
            WITH ORDINALITY AS u(key, data, meta, error, ord)
 ),{_BASE_META},
 cur AS MATERIALIZED (
-    SELECT i.ord, i.key, i.data, i.error, s._status AS prev_status,
-           s._write_version AS prev_version, s._cell_meta AS prev_meta, s._error AS prev_error,
+    SELECT i.ord, i.key, i.data, i.error, s._key IS NOT NULL AS found,
+           s._status AS prev_status, s._write_version AS prev_version,
+           s._cell_meta AS prev_meta, n.new_meta,
            CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
                 WHEN s._write_version < $4::bigint THEN 'unadmitted'
                 WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
                      AND s._attempt_id <> $6::text THEN 'attempt_superseded'
                 {already}
            END AS fence,
-           {patch} AS patch,
-           (false{data_changed}) AS data_changed
-      FROM input i JOIN {t} s ON s._key = i.key CROSS JOIN base b
-),
-changed AS MATERIALIZED (
-    SELECT c.key, c.data, c.error, c.prev_status, c.prev_meta, n.new_meta
-      FROM cur c CROSS JOIN LATERAL (SELECT {_NEW_META} AS new_meta) AS n
-     WHERE c.fence IS NULL
-       AND (c.data_changed OR c.prev_status IS DISTINCT FROM '{target}'
-            OR c.prev_error IS DISTINCT FROM {new_error}
-            OR n.new_meta IS DISTINCT FROM c.prev_meta)
+           (s._status IS DISTINCT FROM '{target}' OR s._error IS DISTINCT FROM {new_error}
+            OR n.new_meta IS DISTINCT FROM s._cell_meta{data_changed}) AS changed
+      FROM input i
+      CROSS JOIN base b
+      LEFT JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
+      CROSS JOIN LATERAL (SELECT {patch} AS patch) AS p
+      CROSS JOIN LATERAL (SELECT {new_meta} AS new_meta) AS n
 ),
 applied AS (
     UPDATE {t} AS t
        SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = c.new_meta,
            _attempt_expires_at = NULL, _version = {version}, _updated_at = now(){sets}
-      FROM changed c
-     WHERE t._key = c.key AND t._write_version = $4::bigint
-    RETURNING t._key
-),
-moved AS MATERIALIZED (
-    SELECT c.prev_status, c.prev_meta, c.new_meta FROM applied a JOIN changed c ON c.key = a._key
+      FROM cur c
+     WHERE c.found AND c.fence IS NULL AND c.changed
+       AND t._key = c.key AND t._write_version = $4::bigint
+    RETURNING c.prev_status, c.prev_meta, c.new_meta
 ),{counters}
 SELECT (SELECT count(*) FROM applied) AS updated,
        (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows,
-       (SELECT array_agg(i.ord ORDER BY i.ord) FROM input i
-         WHERE NOT EXISTS (SELECT 1 FROM cur c WHERE c.ord = i.ord)) AS missing_ords,
+       (SELECT array_agg(ord ORDER BY ord) FROM cur WHERE NOT found) AS missing_ords,
        (SELECT array_agg(ord ORDER BY ord) FROM cur WHERE fence IS NOT NULL) AS fenced_ords,
        (SELECT array_agg(fence ORDER BY ord) FROM cur WHERE fence IS NOT NULL) AS fenced_reasons,
        (SELECT array_agg(prev_version ORDER BY ord) FROM cur WHERE fence IS NOT NULL)

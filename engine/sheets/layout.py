@@ -6,7 +6,10 @@ How it works
   `f_<readable prefix>_<hash of the field>`. Both names are pure functions of their inputs,
   at most 63 bytes, and can never collide with the system columns (which start with `_`).
   `sheet_columns` records which column holds which field, so readers can map columns back.
-- Every write transaction (`run_sheet_transaction`) first sets its statement timeout, takes the
+- Every write transaction (`run_sheet_transaction`) first sets its statement timeout (and
+  `plan_cache_mode = force_custom_plan`: a generic plan cannot see the array sizes of the
+  unnest binds and may pick a join that rescans the sheet per row; `work_mem` of 32 MB keeps
+  a 10,000-row chunk's CTEs in memory), takes the
   sheet's advisory lock, and locks the sheet's `sheet_summary` row (creating it if absent), in
   one statement. Holding the summary row serializes the writers of one sheet: each later
   statement of the transaction sees every earlier writer committed, so counter deltas computed
@@ -173,7 +176,9 @@ async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fie
 
 # -- the write transaction --------------------------------------------------------------------
 _LOCK_SHARED = """
-WITH settings AS (SELECT set_config('statement_timeout', $1, true) AS v),
+WITH settings AS (SELECT set_config('statement_timeout', $1, true),
+                         set_config('plan_cache_mode', 'force_custom_plan', true),
+                         set_config('work_mem', '32MB', true)),
      sheet_lock AS (SELECT pg_advisory_xact_lock_shared($2::bigint) AS v FROM settings)
 INSERT INTO {summary} AS s (org_id, play, table_namespace)
 SELECT $3, $4, $5 FROM sheet_lock
@@ -181,7 +186,9 @@ ON CONFLICT (org_id, play, table_namespace) DO UPDATE SET updated_at = now()
 """
 
 _LOCK_EXCLUSIVE = """
-WITH settings AS (SELECT set_config('statement_timeout', $1, true) AS v),
+WITH settings AS (SELECT set_config('statement_timeout', $1, true),
+                         set_config('plan_cache_mode', 'force_custom_plan', true),
+                         set_config('work_mem', '32MB', true)),
      sheet_lock AS (SELECT pg_advisory_xact_lock($2::bigint) AS v FROM settings)
 SELECT count(*) FROM sheet_lock
 """

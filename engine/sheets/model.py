@@ -17,8 +17,9 @@ This module does no I/O.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import attrs
 
@@ -291,6 +292,81 @@ class Summary:
 
 
 # -- keys and input preparation -------------------------------------------------------------
+_INT_LIMIT = 10**canonical.MAX_INT_DIGITS
+_isfinite = math.isfinite
+
+
+def _is_clean_str(value: str) -> bool:
+    if value.isascii():
+        return "\x00" not in value
+    return canonical._UNSTORABLE.search(value) is None
+
+
+def is_canonical(value: Any, depth: int = 0) -> bool:
+    """True when `canonical.normalize(value)` would return an equal value of the same types.
+
+    A fast check without allocation or path strings (scalars inside containers are checked
+    inline, the common case of flat rows); anything it is unsure of is False, and callers then
+    take `canonical.normalize`, which cleans or refuses with the path named.
+    """
+    kind = type(value)
+    if kind is dict:
+        if depth >= canonical.MAX_DEPTH:
+            return False
+        for key, item in value.items():
+            if type(key) is not str or not (
+                ("\x00" not in key) if key.isascii() else _is_clean_str(key)
+            ):
+                return False
+            kind = type(item)
+            if kind is str:
+                if not (("\x00" not in item) if item.isascii() else _is_clean_str(item)):
+                    return False
+            elif kind is int:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
+                    return False
+            elif kind is float:
+                if not _isfinite(item) or item.is_integer():
+                    return False
+            elif item is None or item is True or item is False:
+                continue
+            elif not is_canonical(item, depth + 1):
+                return False
+        return True
+    if kind is list:
+        if depth >= canonical.MAX_DEPTH:
+            return False
+        for item in value:
+            kind = type(item)
+            if kind is str:
+                if not (("\x00" not in item) if item.isascii() else _is_clean_str(item)):
+                    return False
+            elif kind is int:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
+                    return False
+            elif item is None or item is True or item is False:
+                continue
+            elif not is_canonical(item, depth + 1):
+                return False
+        return True
+    if kind is str:
+        return _is_clean_str(value)
+    if value is None or value is True or value is False:
+        return True
+    if kind is int:
+        return -_INT_LIMIT < value < _INT_LIMIT
+    if kind is float:
+        return _isfinite(value) and not value.is_integer()
+    return False
+
+
+def normalize_fast(value: Any, path: str) -> Any:
+    """`canonical.normalize(value, path)`, skipping the rebuild when `value` is canonical."""
+    if is_canonical(value):
+        return value
+    return canonical.normalize(value, path)
+
+
 def _key_of(namespace: str, row_text: str) -> str:
     return hashlib.sha256(f"{namespace}\n{row_text}".encode("utf-8")).hexdigest()[:32]
 
@@ -319,7 +395,7 @@ def check_key(key: object, where: str) -> str:
         raise InvalidInputError(f"{where}: key must be a string, got {type(key).__name__}")
     if not 1 <= len(key) <= MAX_KEY_CHARS:
         raise InvalidInputError(f"{where}: key must have 1 to {MAX_KEY_CHARS} characters")
-    if canonical.normalize(key) != key:
+    if not _is_clean_str(key):
         raise InvalidInputError(f"{where}: key holds NUL or a lone surrogate")
     return key
 
@@ -344,7 +420,7 @@ def prepare_rows(
             raise InvalidInputError(
                 f"keys has {len(keys)} entries but rows has {len(rows)}; they must match"
             )
-    normalize, dumps = canonical.normalize, canonical.stable_dumps
+    dumps = canonical_dumps
     seen: set[str] = set()
     out_keys: list[str] = []
     out_indexes: list[int] = []
@@ -353,7 +429,7 @@ def prepare_rows(
     for position, row in enumerate(rows):
         if type(row) is not dict and not isinstance(row, dict):
             raise InvalidInputError(f"rows[{position}] must be a dict, got {type(row).__name__}")
-        clean = normalize(row, f"rows[{position}]")
+        clean = dict(row) if is_canonical(row) else canonical.normalize(row, f"rows[{position}]")
         text = dumps(clean) if texts is not None else None
         if keys is None:
             key = _key_of(namespace, text)
@@ -376,8 +452,7 @@ def _utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
-@attrs.frozen
-class PreparedOutcome:
+class PreparedOutcome(NamedTuple):
     key: str
     failed: bool
     input_index: int | None
@@ -389,54 +464,87 @@ class PreparedOutcome:
     size: int
 
 
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _c_encoder(sort_keys: bool) -> Callable[[Any], str]:
+    """A reusable C JSON encoder (json.dumps builds a new one per call) with the canonical
+    settings: compact, UTF-8 text, no NaN. Only for values already canonical."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has it
+        return json.JSONEncoder(
+            ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys, allow_nan=False,
+            check_circular=False,
+        ).encode
+    encode = make(None, _refuse, json.encoder.encode_basestring, None, ":", ",", sort_keys,
+                  False, False)
+    join = "".join
+    return lambda value: join(encode(value, 0))
+
+
+canonical_dumps = _c_encoder(sort_keys=True)  # == canonical.stable_dumps on canonical values
+patch_dumps = _c_encoder(sort_keys=False)
+
+
 def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], int]:
-    """Validate and encode outcomes; duplicates collapse to the last one, at its first position.
+    """Validate and encode outcomes; duplicates collapse to the last one.
 
     Returns the unique outcomes (each at the position of its last occurrence) and the number
     of input outcomes.
     """
     if isinstance(outcomes, (str, bytes, Mapping)) or not isinstance(outcomes, Sequence):
         raise InvalidInputError("outcomes must be a sequence of RowOutcome")
-    normalize, dumps = canonical.normalize, canonical.stable_dumps
     by_key: dict[str, PreparedOutcome] = {}
+    dumps = patch_dumps
     for i, outcome in enumerate(outcomes):
-        where = f"outcomes[{i}]"
-        if not isinstance(outcome, RowOutcome):
-            raise InvalidInputError(f"{where} must be a RowOutcome, got {type(outcome).__name__}")
-        key = check_key(outcome.key, where)
-        if outcome.status not in OUTCOME_STATUSES:
-            raise InvalidInputError(f"{where}.status {outcome.status!r} is not one of {OUTCOME_STATUSES}")
-        data = normalize(outcome.data or {}, f"{where}.data")
-        for name in data:
-            if not name:
-                raise InvalidInputError(f"{where}.data: field name must not be empty")
-        meta = None
+        if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
+            raise InvalidInputError(
+                f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
+            )
+        key = outcome.key
+        if type(key) is not str or not 0 < len(key) <= MAX_KEY_CHARS or not _is_clean_str(key):
+            check_key(key, f"outcomes[{i}]")
+        status = outcome.status
+        if status == "completed":
+            failed = False
+        elif status == "failed":
+            failed = True
+        else:
+            raise InvalidInputError(
+                f"outcomes[{i}].status {status!r} is not one of {OUTCOME_STATUSES}"
+            )
+        data = outcome.data
+        if data is None:
+            data = {}
+        elif not is_canonical(data):
+            data = canonical.normalize(data, f"outcomes[{i}].data")
+        if "" in data:
+            raise InvalidInputError(f"outcomes[{i}].data: field name must not be empty")
+        meta_text = None
+        meta_keys: tuple[str, ...] = ()
         if outcome.cell_meta:
-            meta = normalize(outcome.cell_meta, f"{where}.cell_meta")
+            meta = normalize_fast(outcome.cell_meta, f"outcomes[{i}].cell_meta")
             for name, value in meta.items():
                 if not name:
-                    raise InvalidInputError(f"{where}.cell_meta: field name must not be empty")
-                if not isinstance(value, dict):
-                    raise InvalidInputError(f"{where}.cell_meta.{name} must be an object")
-        failed = outcome.status == "failed"
+                    raise InvalidInputError(f"outcomes[{i}].cell_meta: field name must not be empty")
+                if type(value) is not dict:
+                    raise InvalidInputError(f"outcomes[{i}].cell_meta.{name} must be an object")
+            meta_text = dumps(meta)
+            meta_keys = tuple(meta)
         error = None
         if failed:
             error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
-            error = normalize(error, f"{where}.error")
+            if not _is_clean_str(error):
+                error = canonical.normalize(error)
         data_text = dumps(data)
-        meta_text = dumps(meta) if meta else None
-        prepared = PreparedOutcome(
-            key=key,
-            failed=failed,
-            input_index=outcome.input_index,
-            data_text=data_text,
-            meta_text=meta_text,
-            error=error,
-            data_keys=tuple(data),
-            meta_keys=tuple(meta) if meta else (),
-            size=_utf8_size(data_text) + (_utf8_size(meta_text) if meta_text else 0),
-        )
+        size = len(data_text) if data_text.isascii() else len(data_text.encode("utf-8"))
+        if meta_text is not None:
+            size += _utf8_size(meta_text)
         if key in by_key:
             del by_key[key]  # the last wins; it takes the position of its last occurrence
-        by_key[key] = prepared
+        by_key[key] = PreparedOutcome(
+            key, failed, outcome.input_index, data_text, meta_text, error, tuple(data),
+            meta_keys, size,
+        )
     return list(by_key.values()), len(outcomes)
