@@ -1,0 +1,146 @@
+"""run.map against the engine calls it is made of, on the same server in the same run.
+
+    python benchmarks/map.py [--rows 100000] [--rounds 1] [--rss-rows 1000000] [--concurrency 16]
+
+1. Throughput: `run.map` with a no-op function over `--rows` rows streamed from an async
+   iterable, against the same rows pushed straight through `engine.sheets.admit` +
+   `engine.sheets.complete` in 10,000-row batches, inside the same run (each side writes its own
+   sheet). Prints rows/s of both and the ratio map/direct (target >= 0.7): what the actors cost
+   (channels, workers, batching) on top of the two engine calls.
+2. Memory: peak RSS of a child process that streams `--rss-rows` rows through `run.map`
+   (`resource.getrusage(RUSAGE_SELF).ru_maxrss`; target <= 300 MB whatever the source size).
+
+The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio  # noqa: E402
+
+from _server import bench_dsn  # noqa: E402
+from actors import open_run  # noqa: E402
+from engine import open_tenant, sheets  # noqa: E402
+
+CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
+DIRECT_BATCH = 10_000
+OUTPUT = {"ok": True}
+
+
+def row(i: int) -> dict:
+    return {"name": f"company-{i}", "n": i}
+
+
+async def stream(rows: int):
+    for i in range(rows):
+        yield row(i)
+
+
+async def noop(_row: dict) -> dict:
+    return OUTPUT
+
+
+async def map_side(run, table: str, rows: int, concurrency: int) -> float:
+    started = time.perf_counter()
+    result = await run.map(table, stream(rows), noop, contract=CONTRACT, concurrency=concurrency)
+    elapsed = time.perf_counter() - started
+    assert result.completed == rows, result
+    return rows / elapsed
+
+
+async def direct_side(run, table: str, rows: int) -> float:
+    await sheets.ensure_sheet(run.port, run.scope.play_scope, table, CONTRACT)
+    started = time.perf_counter()
+    done = 0
+    for start in range(0, rows, DIRECT_BATCH):
+        batch = [row(i) for i in range(start, min(rows, start + DIRECT_BATCH))]
+        admission = await sheets.admit(run.port, run.ref, table, CONTRACT, batch,
+                                       input_offset=start)
+        outcomes = [sheets.RowOutcome(p.key, "completed", data=OUTPUT, input_index=p.input_index)
+                    for p in admission.pending]
+        completion = await sheets.complete(run.port, run.ref, table, CONTRACT, outcomes)
+        done += len(completion.committed_keys)
+    elapsed = time.perf_counter() - started
+    assert done == rows, done
+    return rows / elapsed
+
+
+async def throughput(dsn: str, rows: int, rounds: int, concurrency: int) -> None:
+    schema = f"bench_map_{uuid.uuid4().hex[:8]}"
+    async with open_tenant("bench", dsn, schema=schema) as tenant:
+        try:
+            map_rates, direct_rates = [], []
+            async with open_run(tenant, "bench") as run:
+                for r in range(rounds):  # alternate the order so neither side always goes first
+                    if r % 2 == 0:
+                        direct_rates.append(await direct_side(run, f"direct_{r}", rows))
+                        map_rates.append(await map_side(run, f"map_{r}", rows, concurrency))
+                    else:
+                        map_rates.append(await map_side(run, f"map_{r}", rows, concurrency))
+                        direct_rates.append(await direct_side(run, f"direct_{r}", rows))
+            m, d = statistics.median(map_rates), statistics.median(direct_rates)
+            print(f"run.map (async iterable, no-op fn, concurrency {concurrency}): "
+                  f"{m:,.0f} rows/s over {rows:,} rows (median of {rounds})")
+            print(f"direct admit+complete ({DIRECT_BATCH:,}-row batches):           "
+                  f"{d:,.0f} rows/s")
+            print(f"ratio map/direct: {m / d:.2f} (target >= 0.70)")
+        finally:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def rss_child(dsn: str, rows: int, concurrency: int) -> None:
+    schema = f"bench_rss_{uuid.uuid4().hex[:8]}"
+    async with open_tenant("bench", dsn, schema=schema) as tenant:
+        try:
+            started = time.perf_counter()
+            async with open_run(tenant, "bench") as run:
+                result = await run.map("rss", stream(rows), noop, contract=CONTRACT,
+                                       concurrency=concurrency)
+            elapsed = time.perf_counter() - started
+            assert result.completed == rows, result
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(f"{peak_mb:.1f} {elapsed:.1f}")
+        finally:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rss-rows", type=int, default=1_000_000, help="0 skips the RSS run")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--dsn", default=None)
+    parser.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    dsn = args.dsn or bench_dsn()
+    if args.rss_child:
+        trio.run(rss_child, dsn, args.rss_rows, args.concurrency)
+        return
+    trio.run(throughput, dsn, args.rows, args.rounds, args.concurrency)
+    if args.rss_rows:
+        child = subprocess.run(
+            [sys.executable, __file__, "--rss-child", "--rss-rows", str(args.rss_rows),
+             "--concurrency", str(args.concurrency), "--dsn", dsn],
+            check=True, capture_output=True, text=True,
+        )
+        peak_mb, elapsed = map(float, child.stdout.split())
+        print(f"peak RSS of run.map over {args.rss_rows:,} streamed rows: {peak_mb:.0f} MB "
+              f"(target <= 300 MB; {args.rss_rows / elapsed:,.0f} rows/s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""Scenario `crash_and_wake`: a run crashes at a drawn point, then is woken with the same run id.
+
+How it works
+- Hypothesis draws a `Plan`: the rows (a list source, staged and replayed, or an async stream),
+  which rows the user function fails on, where the first incarnation crashes, whether it
+  crashes by cancellation or lives on as a *zombie* attempt, and delay/checkpoint fault plans
+  for both incarnations (`simulations.faults`). Each example runs in its own `trio.run` on a
+  fresh schema, bounded by `trio.fail_after`.
+- Crash points are counted per phase, recognised by the actor task that reaches a store
+  boundary: `staging` (the sealer's page putters), `admission`, `completion` (the completer's
+  writer, i.e. inside a completion batch), or `executed` (after n user-function calls). When the
+  point is reached the first incarnation is cancelled from outside, as a killed process would be;
+  outcomes already computed are flushed by the map's shielded flush. In zombie mode the first
+  incarnation is not cancelled: it runs on under attempt `a1` (lease 0 s, so it is superseded at
+  once) while the wake runs under attempt `a2`, and its late writes must be fenced.
+- Just before the wake starts, the sheet is read: the rows enriched then are *finished before
+  the crash*. The wake maps the same source again (a list source is replayed from the sealed
+  array, so the wake's own list is deliberately different) and ends terminally, which retires
+  the run.
+- Invariants, judged against a pure model (the user function is deterministic per row):
+  1. every row is terminal with exactly the model's status, output and error;
+  2. no row finished before the crash was executed by the wake (fn calls counted per row);
+  3. the sheet counters (`sheet_summary` and per-column completed cells) equal COUNT(*);
+  4. after the terminal retirement no array fact of the run remains (only the retained guard),
+     and the outbox entry is done;
+  5. a first incarnation that ended terminally retired the run: the wake's list map must then
+     raise `RetiredError` (and its stream map finds everything cached).
+"""
+
+from __future__ import annotations
+
+import collections
+import uuid
+from typing import Any, Literal
+
+import attrs
+import trio
+from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
+
+from actors import open_run
+from engine import PlayScope, RunScope, array_input, open_tenant, sheets
+from engine.errors import EngineError, RetiredError
+from engine.sheets.layout import column, layout_for
+
+from . import resolve_dsn
+from .faults import FaultPlan, FaultyPort, fault_plans
+from .ports import HookedPort
+from .report import SimulationReport
+
+NAME = "crash_and_wake"
+EXAMPLE_TIMEOUT = 60.0
+ORG, PLAY, TABLE = "org-sim", "play-sim", "companies"
+CONTRACT = sheets.SheetContract(inputs=("name", "i"), outputs=("upper",))
+
+Phase = Literal["staging", "admission", "completion", "executed"]
+PHASES: tuple[Phase, ...] = ("staging", "admission", "completion", "executed")
+TASK_PHASES = {"put_pages": "staging", "admit_pages": "admission", "write_outcomes": "completion"}
+
+
+@attrs.frozen
+class Plan:
+    rows: int
+    source: Literal["list", "stream"]
+    failing: frozenset[int]
+    crash_phase: Phase
+    crash_at: int
+    zombie: bool
+    concurrency: int
+    first_faults: FaultPlan
+    wake_faults: FaultPlan
+
+    def source_rows(self, tag: str = "") -> list[dict]:
+        return [{"name": f"c{i}{tag}", "i": i} for i in range(self.rows)]
+
+    def describe(self) -> str:
+        kinds = [f.kind for f in self.first_faults.steps if f.kind not in ("none", "checkpoint")]
+        return (f"rows={self.rows} source={self.source} failing={sorted(self.failing)} "
+                f"crash={self.crash_phase}#{self.crash_at} zombie={self.zombie} "
+                f"concurrency={self.concurrency} first_faults={kinds}")
+
+
+@st.composite
+def plans(draw) -> Plan:
+    rows = draw(st.integers(1, 1500), label="rows")
+    source = draw(st.sampled_from(("list", "stream")), label="source")
+    failing = draw(st.frozensets(st.integers(0, rows - 1), max_size=min(rows, 8)), label="fail")
+    phases = PHASES if source == "list" else PHASES[1:]
+    phase = draw(st.sampled_from(phases), label="crash_phase")
+    # Store boundaries per phase are few (a checkout and a handful of statements per call):
+    # small counts land inside the phase; `executed` counts user-function calls.
+    most = rows if phase == "executed" else 12
+    return Plan(
+        rows=rows,
+        source=source,
+        failing=failing,
+        crash_phase=phase,
+        crash_at=draw(st.integers(1, most), label="crash_at"),
+        zombie=draw(st.booleans(), label="zombie"),
+        concurrency=draw(st.sampled_from((1, 4, 16)), label="concurrency"),
+        first_faults=draw(fault_plans(max_steps=16, kinds=("none", "checkpoint", "delay")),
+                          label="first_faults"),
+        wake_faults=draw(fault_plans(max_steps=16, kinds=("none", "checkpoint", "delay")),
+                         label="wake_faults"),
+    )
+
+
+@attrs.define(eq=False)
+class CrashPoint:
+    """A hook that fires `crash` when the drawn phase reaches its drawn count."""
+
+    phase: Phase
+    at: int
+    crash: Any  # a callable: cancel, or hand over to the wake
+    counts: collections.Counter = attrs.field(factory=collections.Counter)
+    fired: bool = False
+
+    def tick(self, phase: str) -> bool:
+        if self.fired or phase != self.phase:
+            return False
+        self.counts[phase] += 1
+        if self.counts[phase] == self.at:
+            self.fired = True
+            self.crash()
+            return True
+        return False
+
+    async def at_boundary(self, boundary) -> None:
+        name = trio.lowlevel.current_task().name
+        phase = next((p for suffix, p in TASK_PHASES.items() if name.endswith(suffix)), None)
+        if phase is not None and self.tick(phase):
+            await trio.lowlevel.checkpoint()  # a cancellation lands here, inside the call
+
+
+def expected(plan: Plan, i: int) -> tuple[str, str | None, str | None]:
+    """(status, upper, error) the model says row i ends with."""
+    if i in plan.failing:
+        return "failed", None, f"no data for c{i}"
+    return "enriched", f"C{i}", None
+
+
+@attrs.define(eq=False)
+class Example:
+    tenant: Any
+    plan: Plan
+    run_id: str = attrs.field(factory=lambda: f"run-{uuid.uuid4().hex[:12]}")
+    calls: dict[str, collections.Counter] = attrs.field(
+        factory=lambda: {"first": collections.Counter(), "wake": collections.Counter()})
+    faults: int = 0
+    violations: list[str] = attrs.field(factory=list)
+    first_outcome: str | None = None
+
+    def fn(self, who: str, crash_point: CrashPoint | None):
+        async def enrich(row: dict) -> dict:
+            await trio.lowlevel.checkpoint()
+            self.calls[who][row["i"]] += 1
+            if crash_point is not None:
+                crash_point.tick("executed")
+            if row["i"] in self.plan.failing:
+                raise LookupError(f"no data for c{row['i']}")
+            return {"upper": f"C{row['i']}"}
+
+        return enrich
+
+    def source(self, tag: str = ""):
+        if self.plan.source == "list":
+            return self.plan.source_rows(tag)
+        rows = self.plan.source_rows()  # a stream is not staged: a wake must stream it again
+
+        async def stream():
+            for row in rows:
+                yield row
+
+        return stream()
+
+    async def first(self, port, crash: trio.CancelScope, crash_point: CrashPoint,
+                    handed_over: trio.Event) -> None:
+        """The first incarnation; records how it ended in `first_outcome`."""
+        attempt = sheets.Attempt("a1", 1, lease_s=0.0) if self.plan.zombie else None
+        try:
+            with crash:
+                async with open_run(port, PLAY, self.run_id, attempt=attempt,
+                                    retire_on_exit=not self.plan.zombie) as run:
+                    await run.map(TABLE, self.source(), self.fn("first", crash_point),
+                                  contract=CONTRACT, concurrency=self.plan.concurrency)
+            self.first_outcome = "crashed" if crash.cancelled_caught else "finished"
+        except RetiredError as exc:
+            if self.plan.zombie:
+                self.first_outcome = "retired under the zombie"  # the wake retired the run
+            else:
+                self.violations.append(f"first incarnation raised RetiredError: {exc}")
+        except EngineError as exc:
+            self.violations.append(f"first incarnation raised {type(exc).__name__}: {exc}")
+        finally:
+            handed_over.set()
+
+    async def sealed(self) -> bool:
+        scope = RunScope(ORG, PLAY, self.run_id).map(TABLE, "map-0")
+        try:
+            return (await array_input.get_manifest(self.tenant, scope)).state == "sealed"
+        except RetiredError:
+            return False
+
+    async def wake(self, port, finished_before: set[int]) -> None:
+        attempt = sheets.Attempt("a2", 2) if self.plan.zombie else None
+        # A sealed list source is replayed from the array: a different list passed to the wake
+        # must not be what runs. (Before the seal a different list is a ConflictError.)
+        tag = "-changed" if await self.sealed() else ""
+        async with open_run(port, PLAY, self.run_id, attempt=attempt) as run:
+            result = await run.map(TABLE, self.source(tag=tag), self.fn("wake", None),
+                                   contract=CONTRACT, concurrency=self.plan.concurrency)
+        if not self.plan.zombie and result.cached < len(finished_before):
+            self.violations.append(
+                f"the wake found {result.cached} cached rows, fewer than the "
+                f"{len(finished_before)} finished before the crash")
+
+    async def enriched_now(self) -> set[int]:
+        rows = await sheets.read_rows(self.tenant, PlayScope(ORG, PLAY), TABLE, limit=10_000)
+        return {row["i"] for row in rows if row["_status"] == "enriched"}
+
+
+async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
+    schema = f"sim_{uuid.uuid4().hex[:16]}"
+    async with open_tenant(ORG, dsn, schema=schema) as tenant:
+        try:
+            example = Example(tenant, plan)
+            try:
+                with trio.fail_after(EXAMPLE_TIMEOUT):
+                    await play_example(example)
+            except trio.TooSlowError:
+                example.violations.append(f"the example hung past {EXAMPLE_TIMEOUT}s")
+                return example.violations, example.faults
+            if not example.violations:
+                example.violations.extend(await check_final(example))
+            return example.violations, example.faults
+        finally:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def play_example(example: Example) -> None:
+    plan, tenant = example.plan, example.tenant
+    crash = trio.CancelScope()
+    handed_over = trio.Event()
+    finished_before: set[int] = set()
+
+    def on_crash() -> None:
+        if plan.zombie:
+            handed_over.set()  # the zombie lives on; the wake starts now
+        else:
+            crash.cancel()
+
+    crash_point = CrashPoint(plan.crash_phase, plan.crash_at, on_crash)
+    first_port = FaultyPort(HookedPort(tenant, crash_point), plan.first_faults)
+    wake_port = FaultyPort(tenant, plan.wake_faults)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(example.first, first_port, crash, crash_point, handed_over)
+        # Without a zombie this fires once the crashed incarnation unwound completely.
+        await handed_over.wait()
+        if example.violations:
+            return
+        finished_before |= await example.enriched_now()
+        ended_terminally = example.first_outcome == "finished" and not plan.zombie
+        try:
+            await example.wake(wake_port, finished_before)
+            if ended_terminally and plan.source == "list":
+                example.violations.append("the wake staged input of a retired run")
+        except RetiredError:
+            if not (ended_terminally and plan.source == "list"):
+                example.violations.append("the wake met RetiredError although the run was "
+                                          "never retired")
+    example.faults = first_port.injected + wake_port.injected
+    rerun = set(example.calls["wake"]) & finished_before
+    if rerun:
+        example.violations.append(
+            f"rows finished before the crash ran again in the wake: {sorted(rerun)[:10]}")
+
+
+async def check_final(example: Example) -> list[str]:
+    plan, tenant = example.plan, example.tenant
+    out: list[str] = []
+    scope = PlayScope(ORG, PLAY)
+    rows = await sheets.read_rows(tenant, scope, TABLE, limit=10_000)
+    by_index = {row["i"]: row for row in rows}
+    if sorted(by_index) != list(range(plan.rows)) or len(rows) != plan.rows:
+        out.append(f"the sheet holds {len(rows)} rows, expected {plan.rows} distinct")
+    for i, row in sorted(by_index.items()):
+        status, upper, error = expected(plan, i)
+        got = (row["_status"], row.get("upper") if status == "enriched" else None,
+               row["_error"] if status == "failed" else None)
+        if got != (status, upper, error):
+            out.append(f"row {i}: expected {(status, upper, error)}, found {got}")
+            break
+    summary = await sheets.summary(tenant, scope, TABLE)
+    layout = layout_for(tenant, scope, TABLE)
+    async with tenant.connection("sheet") as conn:
+        counts = await conn.fetchrow(
+            f"SELECT count(*) AS total,"
+            f" count(*) FILTER (WHERE _status = 'pending') AS queued,"
+            f" count(*) FILTER (WHERE _status = 'running') AS running,"
+            f" count(*) FILTER (WHERE _status = 'enriched') AS completed,"
+            f" count(*) FILTER (WHERE _status = 'failed') AS failed,"
+            f" count(*) FILTER (WHERE _cell_meta->'upper'->>'status' = 'completed'"
+            f"                  AND {column('upper')} IS NOT NULL) AS upper_completed"
+            f" FROM {layout.qualified}")
+        facts = await conn.fetch(
+            f'SELECT output->>\'kind\' AS kind FROM "{tenant.schema}".work_receipts'
+            " WHERE run_id = $1 AND output->>'kind' LIKE 'array_input_%'", example.run_id)
+        state = await conn.fetchval(
+            f'SELECT state FROM "{tenant.schema}".terminal_outbox WHERE run_id = $1',
+            example.run_id)
+    stored = (summary.total, summary.queued, summary.running, summary.completed, summary.failed)
+    counted = tuple(counts[k] for k in ("total", "queued", "running", "completed", "failed"))
+    if stored != counted:
+        out.append(f"sheet_summary {stored} != COUNT(*) {counted}")
+    column_summary = summary.columns.get("upper")
+    if column_summary is None or column_summary.completed != counts["upper_completed"]:
+        out.append(f"column summary {column_summary} != COUNT(*) {counts['upper_completed']}")
+    kinds = sorted(row["kind"] for row in facts)
+    if kinds not in ([], ["array_input_guard"]):
+        out.append(f"array facts left after the terminal retirement: {kinds}")
+    if state != "done":
+        out.append(f"the outbox entry is {state!r} after the terminal retirement")
+    return out
+
+
+def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
+    """Run `examples` hypothesis examples of the scenario; collect what they violate."""
+    dsn = resolve_dsn(dsn)
+    report = SimulationReport(NAME)
+
+    @settings(max_examples=examples, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(plan=plans())
+    def example(plan: Plan) -> None:
+        violations, faults = trio.run(run_example, dsn, plan)
+        report.examples += 1
+        report.faults += faults
+        report.violations.extend(
+            f"example {report.examples}: {violation} [{plan.describe()}]" for violation in violations
+        )
+
+    if seed is not None:
+        example = hypothesis_seed(seed)(example)
+    example()
+    return report
