@@ -10,7 +10,10 @@ How it works
   one sealed page at a time; an async iterable is cut into pages of `page_rows` as it arrives.
 - The **admission actor** admits one page per transaction (`engine.sheets.admit` with the page's
   `input_offset`), counts cache hits and blocked rows, and splits the pending rows into small
-  batches so all workers get a share.
+  batches so all workers get a share. Duplicates: the engine drops them within a page; a
+  later duplicate of a row still in flight in this map is dropped here (counted as skipped);
+  one whose first occurrence is already written is a cache hit (or, if that failed, is
+  re-admitted and runs again, as the engine re-admits failed rows).
 - **Workers** call `await fn(row)`. An exception fails that row only (its message becomes the
   row's `_error`); a return value must be a dict of output fields (None means no fields) that
   `canonical.normalize` accepts, or the row fails with a message saying why. No permit is held
@@ -134,7 +137,7 @@ def occurrence_data(occurrence: Any) -> dict:
 
 
 # -- the admission actor ---------------------------------------------------------------------
-async def admit_pages(plan: MapPlan, tally: MapTally, pages_recv, work_send,
+async def admit_pages(plan: MapPlan, tally: MapTally, inflight: set[str], pages_recv, work_send,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_recv, work_send:
@@ -143,8 +146,11 @@ async def admit_pages(plan: MapPlan, tally: MapTally, pages_recv, work_send,
                 plan.port, plan.run.ref, plan.table_namespace, plan.contract, rows,
                 input_offset=offset, attempt=plan.attempt, cell_policies=plan.cell_policies,
             )
-            tally.on_admission(len(rows), admission)
-            pending = list(admission.pending)
+            # A later duplicate of a row still in flight in this map is dropped (skipped): the
+            # first occurrence's outcome completes the row.
+            pending = [row for row in admission.pending if row.key not in inflight]
+            inflight.update(row.key for row in pending)
+            tally.on_admission(len(rows), admission, dropped=len(admission.pending) - len(pending))
             size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
             for start in range(0, len(pending), size):
                 await work_send.send(pending[start:start + size])
@@ -236,7 +242,8 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
             await flush_send.send((tickets, outcomes))
 
 
-async def write_outcomes(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger, flush_recv,
+async def write_outcomes(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger,
+                         inflight: set[str], flush_recv,
                          *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with flush_recv:
@@ -247,6 +254,7 @@ async def write_outcomes(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger, 
             )
             tally.on_completion(outcomes, completion)
             ledger.settle(tickets)
+            inflight.difference_update(outcome.key for outcome in outcomes)
 
 
 async def flush_unsettled(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger,
@@ -333,6 +341,7 @@ async def map_rows(
                    batch_rows, batch_bytes)
     tally = MapTally(on_progress)
     ledger = OutcomeLedger()
+    inflight: set[str] = set()  # keys admitted and not yet written: bounded by the pipeline
     staged = None
     if isinstance(source, (list, tuple)):
         if map_invocation_id is None:
@@ -350,13 +359,13 @@ async def map_rows(
                 work_send, work_recv = trio.open_memory_channel(2 * concurrency)
                 outcome_send, outcome_recv = trio.open_memory_channel(2 * concurrency)
                 flush_send, flush_recv = trio.open_memory_channel(1)
-                await nursery.start(write_outcomes, plan, tally, ledger, flush_recv)
+                await nursery.start(write_outcomes, plan, tally, ledger, inflight, flush_recv)
                 await nursery.start(batch_outcomes, plan, outcome_recv, flush_send)
                 async with work_recv, outcome_send:
                     for _ in range(concurrency):
                         await nursery.start(work, plan, tally, ledger, work_recv.clone(),
                                             outcome_send.clone())
-                await nursery.start(admit_pages, plan, tally, pages_recv, work_send)
+                await nursery.start(admit_pages, plan, tally, inflight, pages_recv, work_send)
                 if staged is not None:
                     await nursery.start(replay_pages, staged, pages_send)
                 else:

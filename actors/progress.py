@@ -78,13 +78,15 @@ class MapTally:
     fenced_rows: list[Any] = attrs.field(factory=list)
     blocked_rows: list[Any] = attrs.field(factory=list)
 
-    def on_admission(self, rows_in_page: int, admission: Any) -> None:
+    def on_admission(self, rows_in_page: int, admission: Any, dropped: int = 0) -> None:
+        """Count one admitted page; `dropped` pending rows were duplicates of rows in flight."""
+        pending = len(admission.pending) - dropped
         self.source_rows += rows_in_page
-        self.pending += len(admission.pending)
+        self.pending += pending
         self.cached += len(admission.completed)
         self.blocked += len(admission.blocked)
-        self.skipped += admission.skipped
-        self.admitted += len(admission.pending) + len(admission.completed) + len(admission.blocked)
+        self.skipped += admission.skipped + dropped
+        self.admitted += pending + len(admission.completed) + len(admission.blocked)
         room = MAX_CARRIED_ROWS - len(self.blocked_rows)
         if room > 0:
             self.blocked_rows.extend(admission.blocked[:room])

@@ -294,3 +294,16 @@ async def test_a_store_error_in_an_actor_comes_out_as_itself(tenant):
     async with open_run(tenant, "play", retire_on_exit=False) as run:
         with pytest.raises(InvalidInputError):  # admission refuses a row that is not a dict
             await run.map("t", aiter_rows([{"name": "ok"}, "not a row"]), fn, contract=CONTRACT)
+
+
+async def test_duplicates_across_pages_run_once(tenant):
+    source = [{"name": f"r{i % 150}"} for i in range(600)]
+    wrapped, calls = counting()
+    async with open_run(tenant, "play") as run:
+        result = await run.map("t", aiter_rows(source), wrapped, contract=CONTRACT,
+                               page_rows=100, concurrency=3)
+    assert len(calls) == 150 and set(calls.values()) == {1}
+    assert result.completed == 150
+    assert result.admitted + result.skipped == 600
+    assert result.admitted == 150 + result.cached
+    assert await count_star(tenant) == {"enriched": 150}
