@@ -18,6 +18,8 @@ How it works
   lease expires. Settling (done, or a retry time after a failure) applies only while the caller
   still holds the lease, so a holder that lost its lease cannot undo a newer holder's work.
   Retiring twice is harmless anyway: `engine.array_input.retire` is idempotent.
+- Recording a run as it opens is foreground work (the `receipts` lane); everything else here is
+  background work on the `retirement` lane.
 - The run's own guard takes the lease when it marks the entry pending, retires at once, and
   releases the lease (shielded, best effort) if it is cancelled, so a supervisor picks the
   entry up without waiting for the lease to run out.
@@ -35,7 +37,8 @@ from engine.scopes import RunScope, check_scope
 
 OPEN, PENDING, DONE = "open", "pending", "done"
 State = Literal["open", "pending", "done"]
-LANE = "retirement"
+LANE = "retirement"          # outbox work is background work ...
+FOREGROUND_LANE = "receipts"  # ... except recording a run as it opens
 
 
 @attrs.frozen
@@ -133,9 +136,9 @@ def _entry(row) -> OutboxEntry:
     )
 
 
-async def _execute(port: Port, template: str, *args) -> str:
+async def _execute(port: Port, template: str, *args, lane: str = LANE) -> str:
     sql = template.format(t=table(port, "terminal_outbox"))
-    return await with_connection(port, LANE, lambda conn: conn.execute(sql, *args))
+    return await with_connection(port, lane, lambda conn: conn.execute(sql, *args))
 
 
 def _changed(status: str) -> bool:
@@ -145,7 +148,7 @@ def _changed(status: str) -> bool:
 async def record_open(port: Port, scope: RunScope) -> None:
     """Record the run as `open` (a no-op when an entry exists in any state)."""
     check_scope(port, scope)
-    await _execute(port, _RECORD_OPEN, *_key(scope))
+    await _execute(port, _RECORD_OPEN, *_key(scope), lane=FOREGROUND_LANE)
 
 
 async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:

@@ -61,8 +61,8 @@ async def test_backoff_is_capped_exponential_with_jitter():
 
 async def test_supervisor_finishes_a_retirement_a_cancelled_run_left_pending(tenant):
     port = GatedPort(tenant)
-    # retirement-lane checkouts: record_open, mark_pending, then the first retire batch.
-    gate = port.gate(nth(retirement_checkout, 3))
+    # retirement-lane checkouts: mark_pending, then the first retire batch.
+    gate = port.gate(nth(retirement_checkout, 2))
     crash = trio.CancelScope()
     scope_box = []
 
