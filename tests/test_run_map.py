@@ -307,3 +307,49 @@ async def test_duplicates_across_pages_run_once(tenant):
     assert result.admitted + result.skipped == 600
     assert result.admitted == 150 + result.cached
     assert await count_star(tenant) == {"enriched": 150}
+
+
+async def test_no_permit_is_held_while_user_code_runs(tenant):
+    arrived = []
+    all_in = trio.Event()
+    seen = []
+
+    async def fn(row):
+        arrived.append(row["name"])
+        if len(arrived) == 4:
+            seen.append({lane: stats.in_use for lane, stats in tenant.permits().items()})
+            all_in.set()
+        await all_in.wait()
+        return {"upper": "x"}
+
+    async with open_run(tenant, "play") as run:
+        result = await run.map("t", aiter_rows(rows(4)), fn, contract=CONTRACT, concurrency=4,
+                               linger_s=3600)
+    assert result.completed == 4
+    # All four workers are inside the user function at once, and nobody holds a permit.
+    assert seen == [{lane: 0 for lane in tenant.permits()}]
+
+
+async def test_the_cancellation_flush_gives_up_at_its_deadline(tenant):
+    from simulations.ports import GatedPort
+
+    port = GatedPort(tenant)
+    armed = [False]
+    gate = port.gate(lambda b: armed[0] and b.kind == "checkout")
+    crash = trio.CancelScope()
+    done = []
+
+    async def fn(row):
+        done.append(row["name"])
+        if len(done) == 5:
+            armed[0] = True  # from now on the store hangs at the next checkout
+            crash.cancel()
+        return {"upper": "x"}
+
+    with trio.fail_after(20):
+        with crash:
+            async with open_run(port, "play", retire_on_exit=False) as run:
+                await run.map("t", aiter_rows(rows(5)), fn, contract=CONTRACT,
+                              linger_s=3600, flush_deadline_s=0.3)
+    assert crash.cancelled_caught and gate.reached.is_set()  # the flush tried, then gave up
+    assert await count_star(tenant) == {"pending": 5}
