@@ -17,7 +17,11 @@ How it works
   shielded, first). A cancelled or crashed run never reaches the guard: its entry stays `open`,
   because a wake must replay its staged input (see `actors.outbox` for the state machine).
   Retirement failures are logged, never raised: they must not turn a finished body into a failed
-  one, and the outbox keeps the work.
+  one, and the outbox keeps the work. With `retire_on_exit=False` the entry stays `open` too:
+  the caller keeps the staged input (for a later incarnation that ends terminally, or for a
+  supervisor configured with `abandon_after_s`).
+- Bad arguments (an empty play or run id, an attempt that is not an `engine.sheets.Attempt`)
+  raise before any query.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ import attrs
 import trio
 
 from engine import receipts, runs
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidInputError
 from engine.ports import Port
 from engine.receipts import Claim, Receipt
 from engine.scopes import RunRef, RunScope
+from engine.sheets import Attempt
 
 from . import outbox, retirement
 from .hosting import is_terminal, open_hosting_nursery
@@ -50,7 +55,7 @@ class Run:
 
     port: Port
     ref: RunRef
-    attempt: Any = None
+    attempt: Attempt | None = None
     _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
     _map_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
 
@@ -130,11 +135,13 @@ async def open_run(
     play: str,
     run_id: str | None = None,
     *,
-    attempt: Any = None,
+    attempt: Attempt | None = None,
     retire_on_exit: bool = True,
     lease_s: float = DEFAULT_LEASE_S,
 ) -> AsyncIterator[Run]:
     """Register (or wake) a run and host the body in its nursery; retire it if it ends terminally."""
+    if attempt is not None and not isinstance(attempt, Attempt):
+        raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
     ref = await runs.register(tenant, scope)
     await outbox.record_open(tenant, scope)

@@ -9,7 +9,7 @@ import trio.testing
 from actors import open_run
 from actors import outbox
 from engine import receipts
-from engine.errors import ScopeError
+from engine.errors import InvalidInputError, ScopeError
 from engine.runs import new_run_id
 from engine.scopes import RunScope
 
@@ -89,6 +89,9 @@ async def test_tasks_started_on_the_run_do_not_outlive_it(tenant):
 async def test_a_bad_play_name_raises_before_any_query(tenant):
     with pytest.raises(ScopeError):
         async with open_run(tenant, "  "):
+            pass
+    with pytest.raises(InvalidInputError):
+        async with open_run(tenant, "play", attempt=("a1", 1)):
             pass
     assert await outbox_rows(tenant) == []
 
