@@ -3,67 +3,14 @@
 from __future__ import annotations
 
 from engine import canonical
-from engine.ports import table
 from engine.runs import register
 from engine.scopes import RunScope
 from engine.sheets.layout import column_name, layout_for
+from simulations.counters import counters_match  # noqa: F401  (re-exported for the tests)
 
 
 async def new_run(port, play: str, run_id: str):
     return await register(port, RunScope(port.org_id, play, run_id))
-
-
-async def counts_over_sheet(port, scope, namespace: str):
-    """(summary counters, column counters) as a fresh COUNT over the sheet says, and as stored."""
-    layout = layout_for(port, scope, namespace)
-    async with port.connection("sheet") as conn:
-        present = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", layout.qualified)
-        fresh = {"total": 0, "queued": 0, "running": 0, "completed": 0, "failed": 0}
-        fresh_columns: dict[str, tuple[int, int]] = {}
-        if present:
-            row = await conn.fetchrow(
-                f"""SELECT count(*) AS total,
-                           count(*) FILTER (WHERE _status = 'pending') AS queued,
-                           count(*) FILTER (WHERE _status = 'running') AS running,
-                           count(*) FILTER (WHERE _status = 'enriched') AS completed,
-                           count(*) FILTER (WHERE _status = 'failed') AS failed
-                      FROM {layout.qualified}"""
-            )
-            fresh = dict(row)
-            for record in await conn.fetch(
-                f"""SELECT e.key AS field,
-                           count(*) FILTER (WHERE e.value ->> 'status' = 'completed') AS completed,
-                           count(*) FILTER (WHERE e.value ->> 'status' = 'failed') AS failed
-                      FROM {layout.qualified} s, jsonb_each(s._cell_meta) AS e
-                     GROUP BY e.key"""
-            ):
-                fresh_columns[record["field"]] = (record["completed"], record["failed"])
-        stored_row = await conn.fetchrow(
-            f"""SELECT total, queued, running, completed, failed FROM {table(port, 'sheet_summary')}
-                 WHERE org_id = $1 AND play = $2 AND table_namespace = $3""",
-            *layout.counter_args,
-        )
-        stored = dict(stored_row) if stored_row else dict.fromkeys(fresh, 0)
-        stored_columns = {
-            r["field"]: (r["completed"], r["failed"])
-            for r in await conn.fetch(
-                f"""SELECT field, completed, failed FROM {table(port, 'sheet_column_summary')}
-                     WHERE org_id = $1 AND play = $2 AND table_namespace = $3""",
-                *layout.counter_args,
-            )
-        }
-    # Fields without cells read as (0, 0) either way.
-    fields = set(fresh_columns) | set(stored_columns)
-    fresh_columns = {f: fresh_columns.get(f, (0, 0)) for f in fields}
-    stored_columns = {f: stored_columns.get(f, (0, 0)) for f in fields}
-    return (fresh, fresh_columns), (stored, stored_columns)
-
-
-async def counters_match(port, scope, namespace: str) -> tuple[bool, str]:
-    (fresh, fresh_cols), (stored, stored_cols) = await counts_over_sheet(port, scope, namespace)
-    if fresh != stored or fresh_cols != stored_cols:
-        return False, f"counters {stored} {stored_cols} != COUNT {fresh} {fresh_cols}"
-    return True, ""
 
 
 async def raw_rows(port, scope, namespace: str, fields=()):

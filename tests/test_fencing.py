@@ -1,0 +1,68 @@
+"""The fencing simulation, CI-sized, and its pure model's judgements."""
+
+from __future__ import annotations
+
+from simulations import SCENARIOS
+from simulations.fencing import run
+from simulations.sheet_model import (
+    AdmitCall,
+    CompleteCall,
+    SentOutcome,
+    SheetHistory,
+    StoredRow,
+)
+
+
+def test_fencing_ci_sized_run_is_clean(dsn):
+    assert "fencing" in SCENARIOS
+    report = run(examples=25, seed=20261130, dsn=dsn)
+    assert report.violations == []
+    assert report.examples == 25
+    assert report.faults > 0
+
+
+def _history() -> SheetHistory:
+    history = SheetHistory()
+    history.admissions.append(AdmitCall("a", 1, "att-1", ("k",), ("k",), (), ()))
+    history.admissions.append(AdmitCall("b", 2, None, ("k",), ("k",), (), ()))
+    history.completions.append(CompleteCall(
+        "a", 1, "att-1", (SentOutcome("k", "completed", "old"),), (),
+        (("k", "stale_write_version", 2),),
+    ))
+    history.completions.append(CompleteCall(
+        "b", 2, None, (SentOutcome("k", "completed", "new"),), ("k",), (),
+    ))
+    return history
+
+
+def test_model_accepts_a_clean_history():
+    assert _history().check({"k": StoredRow("k", "enriched", 2, None, "new", None)}) == []
+
+
+def test_model_flags_a_fenced_value_an_old_version_and_a_lost_row():
+    history = _history()
+    assert any("fenced outcome" in v for v in history.check(
+        {"k": StoredRow("k", "enriched", 2, None, "old", None)}))
+    assert any("highest version" in v for v in history.check(
+        {"k": StoredRow("k", "enriched", 1, None, "new", None)}))
+    assert any("not stored" in v for v in history.check({}))
+    assert any("no call took it" in v for v in history.check({
+        "k": StoredRow("k", "enriched", 2, None, "new", None),
+        "x": StoredRow("x", "pending", 2, None, None, None),
+    }))
+
+
+def test_model_flags_a_value_from_another_attempt_and_wrong_fence_reasons():
+    history = SheetHistory()
+    history.admissions.append(AdmitCall("a", 1, "att-1", ("k",), ("k",), (), ()))
+    history.admissions.append(AdmitCall("b", 1, "att-2", ("k",), ("k",), (), ()))
+    history.completions.append(CompleteCall(
+        "a", 1, "att-1", (SentOutcome("k", "completed", "from-1"),), ("k",), (),
+    ))
+    history.completions.append(CompleteCall(
+        "b", 1, "att-2", (SentOutcome("k", "failed", "boom"),), (),
+        (("k", "unadmitted", 2),),  # an unadmitted row must be older, not newer
+    ))
+    violations = history.check({"k": StoredRow("k", "enriched", 1, "att-2", "from-1", None)})
+    assert any("attempt att-1" in v for v in violations)
+    assert any("fenced k as unadmitted" in v for v in violations)
