@@ -139,3 +139,48 @@ def test_paginate_then_encode_round_trips(source):
         verified = P.verify_page(json.loads(page.text), source_fingerprint=FP,
                                  ordinal=draft.ordinal, offset=draft.offset)
         assert [o.data for o in verified.rows] == [canonical.normalize(o.data) for o in draft.rows]
+
+
+awkward_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats()
+    | st.sampled_from([1.0, -0.0, 1e16, 2.5e300, float("inf"), float("nan"), 10**4001, 10**3999])
+    | st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=4)
+    | st.sampled_from(["\x00", "a\ud800b", "\udfff", "\\u0000", "é", "1.0,"]),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=3) | st.integers(0, 3) | st.sampled_from(["\x00", "\ud800"]),
+                      inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _slow_rows_text(rows):
+    return canonical.stable_dumps([P.stored_row(o, f"rows[{i}]") for i, o in enumerate(rows)])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=3), awkward_values, max_size=3), min_size=1,
+                max_size=4),
+       st.booleans())
+def test_the_fast_canonical_path_equals_normalize_exactly(datas, with_identity):
+    rows = [A.Occurrence(d, A.SourceIdentity("d\x00s" if i == 1 else "ds", i) if with_identity else None)
+            for i, d in enumerate(datas)]
+    try:
+        expected = _slow_rows_text(rows)
+    except InvalidInputError:
+        with pytest.raises(InvalidInputError):
+            P.canonical_rows(rows)
+        return
+    text, utf8 = P.canonical_rows(rows)
+    assert text == expected and utf8 == expected.encode()
+    for i, row in enumerate(rows):
+        assert P.canonical_row(row, "r") == canonical.stable_dumps(P.stored_row(row, "r")).encode()
+
+
+def test_deep_nesting_takes_the_slow_path_and_is_refused():
+    deep: dict = {}
+    node = deep
+    for _ in range(70):
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(InvalidInputError, match="deeper"):
+        P.canonical_rows([A.Occurrence(deep)])

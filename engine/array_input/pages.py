@@ -153,12 +153,107 @@ def stored_row(occurrence: Occurrence, path: str) -> dict:
     return row
 
 
+# The fast path. `canonical.normalize` rebuilds every value in Python; most rows are already
+# normalized, and proving that is cheaper: `_plain` walks the containers checking exact JSON
+# types, string keys, finite non-integral floats, bounded ints and the depth limit, sharing the
+# caller's objects instead of copying them. The two string rules (no NUL, no lone surrogate) are
+# checked once on the encoded text: the encoder escapes NUL as \u0000 and a lone surrogate makes
+# UTF-8 encoding fail. Anything unusual falls back to `normalize`, so the stored text is always
+# exactly `stable_dumps(normalize(...))`.
+_INT_LIMIT = 10**canonical.MAX_INT_DIGITS
+_ESCAPED_NUL = "\\u0000"
+
+
+def _plain(value: Any, depth: int) -> bool:
+    if depth >= canonical.MAX_DEPTH:
+        return False
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            kind = type(item)
+            if kind is str or item is None or kind is bool:
+                continue
+            if kind is int:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
+                    return False
+            elif kind is float:
+                if item - item != 0.0 or item.is_integer():
+                    return False
+            elif not ((kind is dict or kind is list) and _plain(item, depth + 1)):
+                return False
+        return True
+    if type(value) is list:
+        for item in value:
+            kind = type(item)
+            if kind is str or item is None or kind is bool:
+                continue
+            if kind is int:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
+                    return False
+            elif kind is float:
+                if item - item != 0.0 or item.is_integer():
+                    return False
+            elif not ((kind is dict or kind is list) and _plain(item, depth + 1)):
+                return False
+        return True
+    return False
+
+
+def _plain_row(occurrence: Occurrence) -> dict | None:
+    """The stored form sharing the occurrence's objects, or None when it needs `normalize`."""
+    if not _plain(occurrence.data, 0):
+        return None
+    identity = occurrence.source_identity
+    if identity is None:
+        return {"data": occurrence.data}
+    if type(identity.dataset_id) is not str:
+        return None
+    return {"data": occurrence.data,
+            "source_identity": {"dataset_id": identity.dataset_id, "row_index": identity.row_index}}
+
+
+def _encoded(text: str) -> bytes | None:
+    """UTF-8 of canonical text, or None when a string in it breaks a jsonb rule."""
+    if _ESCAPED_NUL in text:
+        return None
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return None
+
+
+def canonical_row(occurrence: Occurrence, path: str) -> bytes:
+    """The UTF-8 canonical text of one occurrence's stored form."""
+    plain = _plain_row(occurrence)
+    if plain is not None:
+        encoded = _encoded(canonical.stable_dumps(plain))
+        if encoded is not None:
+            return encoded
+    return canonical.stable_dumps(stored_row(occurrence, path)).encode()
+
+
+def canonical_rows(rows: Sequence[Occurrence]) -> tuple[str, bytes]:
+    """Canonical text (and its UTF-8) of a page's stored rows, normalizing only when needed."""
+    stored = []
+    for index, occurrence in enumerate(rows):
+        plain = _plain_row(occurrence)
+        stored.append(plain if plain is not None else stored_row(occurrence, f"rows[{index}]"))
+    text = canonical.stable_dumps(stored)
+    encoded = _encoded(text)
+    if encoded is None:
+        stored = [stored_row(occurrence, f"rows[{i}]") for i, occurrence in enumerate(rows)]
+        text = canonical.stable_dumps(stored)
+        encoded = text.encode()
+    return text, encoded
+
+
 def source_fingerprint(occurrences: Iterable[Occurrence | dict]) -> str:
     """SHA-256 hex of the source, hashed incrementally one occurrence at a time."""
     hasher = hashlib.sha256()
     for index, value in enumerate(occurrences):
         path = f"occurrences[{index}]"
-        hasher.update(canonical.stable_dumps(stored_row(as_occurrence(value, path), path)).encode())
+        hasher.update(canonical_row(as_occurrence(value, path), path))
         hasher.update(b"\n")
     return hasher.hexdigest()
 
@@ -186,7 +281,7 @@ def paginate(occurrences: Iterable[Occurrence | dict]) -> list[PageDraft]:
     for index, value in enumerate(occurrences):
         path = f"occurrences[{index}]"
         occurrence = as_occurrence(value, path)
-        size = len(canonical.stable_dumps(stored_row(occurrence, path)).encode())
+        size = len(canonical_row(occurrence, path))
         if current and (
             len(current) >= MAX_PAGE_ROWS
             or _fact_overhead(len(pages), offset, len(current) + 1) + current_bytes + 1 + size
@@ -215,17 +310,19 @@ class EncodedPage:
     row_count: int
 
 
-def _envelope_text(source_fingerprint: str, ordinal: int, offset: int, rows_text: str) -> str:
-    return (
-        f'{{"offset":{offset},"ordinal":{ordinal},"rows":{rows_text},'
-        f'"source_fingerprint":"{source_fingerprint}"}}'
-    )
+def _envelope_parts(source_fingerprint: str, ordinal: int, offset: int) -> tuple[bytes, bytes]:
+    head = f'{{"offset":{offset},"ordinal":{ordinal},"rows":'
+    tail = f',"source_fingerprint":"{source_fingerprint}"}}'
+    return head.encode(), tail.encode()
 
 
-def page_digest(source_fingerprint: str, ordinal: int, offset: int, rows_text: str) -> str:
-    """SHA-256 of the canonical `{source_fingerprint, ordinal, offset, rows}`."""
-    envelope = _envelope_text(source_fingerprint, ordinal, offset, rows_text)
-    return hashlib.sha256(envelope.encode()).hexdigest()
+def page_digest(source_fingerprint: str, ordinal: int, offset: int, rows_utf8: bytes) -> str:
+    """SHA-256 of the canonical `{source_fingerprint, ordinal, offset, rows}`, hashed in parts."""
+    head, tail = _envelope_parts(source_fingerprint, ordinal, offset)
+    hasher = hashlib.sha256(head)
+    hasher.update(rows_utf8)
+    hasher.update(tail)
+    return hasher.hexdigest()
 
 
 def encode_page(
@@ -235,19 +332,18 @@ def encode_page(
     if not isinstance(rows, (list, tuple)) or not 1 <= len(rows) <= MAX_PAGE_ROWS:
         count = len(rows) if isinstance(rows, (list, tuple)) else type(rows).__name__
         raise InvalidInputError(f"rows must be a list of 1 to {MAX_PAGE_ROWS} occurrences, got {count}")
-    stored = [stored_row(as_occurrence(row, f"rows[{i}]"), f"rows[{i}]") for i, row in enumerate(rows)]
-    rows_text = canonical.stable_dumps(stored)
-    digest = page_digest(source_fingerprint, ordinal, offset, rows_text)
-    text = (
-        f'{{"digest":"{digest}","kind":"{PAGE_KIND}","offset":{offset},"ordinal":{ordinal},'
-        f'"row_count":{len(stored)},"rows":{rows_text},"source_fingerprint":"{source_fingerprint}"}}'
-    )
-    size = len(text.encode())
+    occurrences = [as_occurrence(row, f"rows[{i}]") for i, row in enumerate(rows)]
+    rows_text, rows_utf8 = canonical_rows(occurrences)
+    digest = page_digest(source_fingerprint, ordinal, offset, rows_utf8)
+    head = (f'{{"digest":"{digest}","kind":"{PAGE_KIND}","offset":{offset},"ordinal":{ordinal},'
+            f'"row_count":{len(occurrences)},"rows":')
+    tail = f',"source_fingerprint":"{source_fingerprint}"}}'
+    size = len(head) + len(rows_utf8) + len(tail)  # head and tail are ASCII
     if size > MAX_PAGE_BYTES:
         raise InvalidInputError(
             f"rows: the page fact needs {size} bytes of canonical JSON; the limit is {MAX_PAGE_BYTES}"
         )
-    return EncodedPage(text, digest, len(stored))
+    return EncodedPage(head + rows_text + tail, digest, len(occurrences))
 
 
 _PAGE_FIELDS = frozenset({"kind", "source_fingerprint", "ordinal", "offset", "row_count", "rows", "digest"})
@@ -257,31 +353,43 @@ def _is_count(value: object) -> bool:
     return type(value) is int and 0 <= value <= MAX_SAFE_INTEGER
 
 
-def decode_rows(rows: list, where: str) -> tuple[list[Occurrence], bool]:
-    """Stored rows → occurrences and whether any carries a source identity; `CorruptFactError`."""
+def _trusted(cls, **fields):
+    """Build a frozen value whose fields were already checked (stored rows after their shape
+    check), skipping the validators: replaying a page builds a thousand of these."""
+    value = object.__new__(cls)
+    for name, field_value in fields.items():
+        object.__setattr__(value, name, field_value)
+    return value
+
+
+def decode_rows(rows: list, where: str, *, build: bool = True) -> tuple[list[Occurrence], bool]:
+    """Stored rows → occurrences (when `build`) and whether any carries a source identity;
+    `CorruptFactError` for a malformed row. Rows come from `json.loads`, so types are exact."""
     occurrences = []
+    append = occurrences.append
     any_identity = False
     for row in rows:
-        if type(row) is not dict or type(row.get("data")) is not dict:
-            raise CorruptFactError(f"{where}: a stored row is not {{data: object}}")
+        if type(row) is not dict:
+            raise CorruptFactError(f"{where}: a stored row is not an object")
+        data = row.get("data")
+        if type(data) is not dict:
+            raise CorruptFactError(f"{where}: a stored row's data is not an object")
+        if len(row) == 1:
+            if build:
+                append(_trusted(Occurrence, data=data, source_identity=None))
+            continue
         identity = row.get("source_identity")
-        if len(row) != (1 if identity is None else 2):
+        if len(row) != 2 or type(identity) is not dict or len(identity) != 2:
             raise CorruptFactError(f"{where}: a stored row has unexpected fields")
-        if identity is not None:
-            if (
-                type(identity) is not dict
-                or len(identity) != 2
-                or type(identity.get("dataset_id")) is not str
-                or not identity["dataset_id"]
-                or not _is_count(identity.get("row_index"))
-            ):
-                raise CorruptFactError(f"{where}: a stored source identity is corrupt")
-            any_identity = True
-            occurrences.append(
-                Occurrence(row["data"], SourceIdentity(identity["dataset_id"], identity["row_index"]))
-            )
-        else:
-            occurrences.append(Occurrence(row["data"]))
+        dataset_id = identity.get("dataset_id")
+        row_index = identity.get("row_index")
+        if type(dataset_id) is not str or not dataset_id or type(row_index) is not int \
+                or not 0 <= row_index <= MAX_SAFE_INTEGER:
+            raise CorruptFactError(f"{where}: a stored source identity is corrupt")
+        any_identity = True
+        if build:
+            append(_trusted(Occurrence, data=data, source_identity=_trusted(
+                SourceIdentity, dataset_id=dataset_id, row_index=row_index)))
     return occurrences, any_identity
 
 
@@ -295,12 +403,14 @@ class VerifiedPage:
 
 
 def verify_page(
-    fact: object, *, source_fingerprint: str, ordinal: int, offset: int | None = None
+    fact: object, *, source_fingerprint: str, ordinal: int, offset: int | None = None,
+    build: bool = True,
 ) -> VerifiedPage:
     """Check a decoded page fact's header and recompute its digest; `CorruptFactError` if not.
 
     `offset=None` accepts the stored offset (a reader); a sealer passes the offset the previous
-    pages imply, so gaps and overlaps are caught.
+    pages imply, so gaps and overlaps are caught. `build=False` (a sealer) checks the rows
+    without building `Occurrence`s.
     """
     where = f"array input page {ordinal}"
     if type(fact) is not dict or fact.keys() != _PAGE_FIELDS or fact["kind"] != PAGE_KIND:
@@ -319,8 +429,12 @@ def verify_page(
         or type(fact["digest"]) is not str
     ):
         raise CorruptFactError(f"{where} does not match the source (missing, misordered or altered)")
-    digest = page_digest(source_fingerprint, ordinal, fact["offset"], canonical.stable_dumps(rows))
+    try:  # decoded jsonb holds no NUL and no lone surrogate; a forged fact might
+        rows_utf8 = canonical.stable_dumps(rows).encode()
+    except UnicodeEncodeError as exc:
+        raise CorruptFactError(f"{where} holds a string jsonb cannot store") from exc
+    digest = page_digest(source_fingerprint, ordinal, fact["offset"], rows_utf8)
     if digest != fact["digest"]:
         raise CorruptFactError(f"{where} fails its digest check")
-    occurrences, any_identity = decode_rows(rows, where)
+    occurrences, any_identity = decode_rows(rows, where, build=build)
     return VerifiedPage(fact["offset"], occurrences, row_count, digest, any_identity)

@@ -159,7 +159,7 @@ async def seal(
             fact = F.fact_output(fact_row["status"], fact_row["run_id"], fact_row["output"],
                                  scope, F.PAGE_KIND)
             page = P.verify_page(fact, source_fingerprint=source_fingerprint, ordinal=ordinal,
-                                 offset=next_offset)
+                                 offset=next_offset, build=False)
             chain.update(page.digest.encode())
             next_offset += page.row_count
             any_identity = any_identity or page.has_source_identities
