@@ -18,8 +18,9 @@ How it works
   row's `_error`); a return value must be a dict of output fields (None means no fields) that
   `canonical.normalize` accepts, or the row fails with a message saying why. No permit is held
   while user code runs: permits are taken inside the engine calls, around database work only.
-- The **completer** batches outcomes by rows, bytes and a short linger, and hands full batches
-  to the **writer** (one batch in flight while the next fills), which writes each with
+- The **completer** batches outcomes by rows, bytes and a short linger, and hands batches to
+  the **writer** over an unbuffered channel (the next batch grows while one is written), which
+  writes each with
   `engine.sheets.complete` and records fenced rows.
 - Every channel carries lists and is bounded, so memory is bounded by the capacities whatever
   the source size. Every actor is started with `await nursery.start(...)`, owns its inbox and
@@ -52,7 +53,7 @@ log = logging.getLogger("runplane.actors")
 
 PAGE_ROWS = 1000           # rows admitted per transaction for a streamed source
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
-BATCH_ROWS = 1000          # completion batch: rows ...
+BATCH_ROWS = 5000          # completion batch: rows ...
 BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
 LINGER_S = 0.05            # ... or this long after the first outcome arrived
 FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after this
@@ -162,6 +163,32 @@ def error_message(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
+_FAST_INT = 2**53
+
+
+def normalize_output(data: dict) -> dict:
+    """`canonical.normalize(data, "output")`, skipping the rebuild for flat outputs that are
+    already canonical (str keys and ASCII strings without NUL, small ints, non-integral finite
+    floats, booleans, None) — the common case of a map function's result."""
+    for field, value in data.items():
+        if type(field) is not str or not field.isascii() or "\x00" in field:
+            return canonical.normalize(data, "output")
+        kind = type(value)
+        if kind is str:
+            if value.isascii() and "\x00" not in value:
+                continue
+        elif kind is int:
+            if -_FAST_INT < value < _FAST_INT:
+                continue
+        elif kind is float:
+            if math.isfinite(value) and not value.is_integer():
+                continue
+        elif value is None or value is True or value is False:
+            continue
+        return canonical.normalize(data, "output")
+    return data
+
+
 async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: Any) -> Any:
     """Run the user function on one row and turn what happens into a `RowOutcome`."""
     try:
@@ -177,7 +204,7 @@ async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: Any) -> An
             error=f"map function returned {type(data).__name__}, expected a dict of outputs",
         )
     try:
-        data = canonical.normalize(data, "output")
+        data = normalize_output(data)
     except InvalidInputError as exc:
         return sheets.RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
                                  error=error_message(exc))
@@ -215,7 +242,13 @@ def outcome_bytes(outcome: Any) -> int:
 
 async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
                          *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Gather outcome batches until rows, bytes or the linger say a completion batch is due."""
+    """Gather outcome batches into completion batches.
+
+    A batch is handed to the writer when it reaches `batch_rows` or `batch_bytes` (waiting for
+    the writer: backpressure), or when it has lingered `linger_s` and the writer is idle. The
+    flush channel is unbuffered, so a writer that is busy lets the batch keep growing instead of
+    queueing small ones: under load batches fill up, at a trickle they leave after the linger.
+    """
     task_status.started()
     async with outcome_recv, flush_send:
         tickets: list[int] = []
@@ -233,11 +266,17 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
                 size += sum(outcome_bytes(outcome) for outcome in batch)
                 if deadline == math.inf:
                     deadline = trio.current_time() + plan.linger_s
-                if len(outcomes) < plan.batch_rows and size < plan.batch_bytes:
+                if len(outcomes) >= plan.batch_rows or size >= plan.batch_bytes:
+                    await flush_send.send((tickets, outcomes))
+                    tickets, outcomes, size, deadline = [], [], 0, math.inf
                     continue
-            if outcomes:
-                await flush_send.send((tickets, outcomes))
-            tickets, outcomes, size, deadline = [], [], 0, math.inf
+            if outcomes and trio.current_time() >= deadline:
+                try:
+                    flush_send.send_nowait((tickets, outcomes))
+                except trio.WouldBlock:
+                    deadline = trio.current_time() + plan.linger_s  # the writer is busy
+                else:
+                    tickets, outcomes, size, deadline = [], [], 0, math.inf
         if outcomes:
             await flush_send.send((tickets, outcomes))
 
@@ -354,11 +393,12 @@ async def map_rows(
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:
                 # Capacities: one page ahead of admission; about two batches per worker in each
-                # direction; one completion batch waiting while the writer writes another.
+                # direction; completion batches unbuffered (the batcher grows the next batch
+                # while the writer writes).
                 pages_send, pages_recv = trio.open_memory_channel(1)
                 work_send, work_recv = trio.open_memory_channel(2 * concurrency)
                 outcome_send, outcome_recv = trio.open_memory_channel(2 * concurrency)
-                flush_send, flush_recv = trio.open_memory_channel(1)
+                flush_send, flush_recv = trio.open_memory_channel(0)
                 await nursery.start(write_outcomes, plan, tally, ledger, inflight, flush_recv)
                 await nursery.start(batch_outcomes, plan, outcome_recv, flush_send)
                 async with work_recv, outcome_send:

@@ -353,3 +353,24 @@ async def test_the_cancellation_flush_gives_up_at_its_deadline(tenant):
                               linger_s=3600, flush_deadline_s=0.3)
     assert crash.cancelled_caught and gate.reached.is_set()  # the flush tried, then gave up
     assert await count_star(tenant) == {"pending": 5}
+
+
+def test_the_output_fast_path_agrees_with_canonical_normalize():
+    from hypothesis import given, strategies as st
+
+    from actors.mapper import normalize_output
+    from engine import canonical
+
+    leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5),
+                       st.floats(allow_nan=False, allow_infinity=False))
+    values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
+
+    @given(st.dictionaries(st.text(max_size=4), values, max_size=5))
+    def agree(data):
+        fast = normalize_output(data)
+        slow = canonical.normalize(data, "output")
+        assert canonical.stable_dumps(fast) == canonical.stable_dumps(slow)
+        assert fast == slow
+
+    agree()
