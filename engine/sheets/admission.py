@@ -4,9 +4,10 @@ How it works
 - Rows are validated, normalized, keyed (`row_key`, or the explicit `keys`) and deduplicated in
   Python before any query (the first occurrence wins; later ones count as `skipped`).
 - Chunks of at most `ADMIT_CHUNK_ROWS` rows go to one statement each, all in one sheet write
-  transaction (`layout.run_sheet_transaction`). The statement reads the stored rows, decides a
-  disposition per row, inserts new rows, re-admits the rows that need it, and applies the exact
-  counter deltas to `sheet_summary`, in one round trip:
+  transaction (`layout.run_sheet_transaction`). The statement inserts the new rows (`ON
+  CONFLICT DO NOTHING`), and only when some row already existed reads the existing rows from
+  its snapshot (which predates the inserts), decides their dispositions and re-admits the rows
+  that need it; it applies the exact counter deltas to `sheet_summary`, in one round trip:
     * absent → inserted `pending` (`running` under the attempt's lease);
     * `enriched` with every contract output present (not NULL, JSON null or "") and its cell
       meta status `completed`, and no cell stale under its `CellPolicy` → `completed`, a cache
@@ -121,31 +122,32 @@ WITH input AS MATERIALIZED (
       FROM unnest($1::text[], $2::bigint[]{payload_unnest})
            WITH ORDINALITY AS u(key, idx{payload_alias}, ord){unused_payload}
 ),
+inserted AS (
+    INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
+                     _attempt_seq, _attempt_expires_at{insert_cols})
+    SELECT d.key, $11::text, $4::text, $3::bigint, d.idx, $5::text, $6::integer, {lease}{insert_vals}
+      FROM input d
+    ON CONFLICT (_key) DO NOTHING
+    RETURNING 1
+),
 cur AS MATERIALIZED (
-    SELECT i.*, s._key IS NOT NULL AS found, s._status AS prev_status,
+    SELECT i.*, s._status AS prev_status,
            s._write_version AS prev_version, s._run_id AS prev_run, s._input_index AS prev_index,
            s._attempt_id AS prev_attempt, s._attempt_expires_at AS prev_expires,
            s._error AS prev_error, coalesce({cached}, false) AS cached{out_cols}{in_cols}
-      FROM input i LEFT JOIN {t} s ON s._key = i.key
+      FROM input i
+      JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
+     WHERE (SELECT count(*) FROM inserted) < (SELECT count(*) FROM input)
 ),
 decided AS MATERIALIZED (
     SELECT c.*,
-           CASE WHEN NOT c.found THEN 'insert'
-                WHEN c.cached THEN 'completed'
+           CASE WHEN c.cached THEN 'completed'
                 WHEN c.prev_version > $3::bigint THEN 'newer_run'
                 WHEN c.prev_version = $3::bigint AND c.prev_status IN ('pending', 'running')
                      AND c.prev_attempt IS NOT NULL AND c.prev_attempt IS DISTINCT FROM $5::text
                      AND c.prev_expires > now() THEN 'attempt_active'
                 ELSE 'admit' END AS disposition
       FROM cur c
-),
-inserted AS (
-    INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
-                     _attempt_seq, _attempt_expires_at{insert_cols})
-    SELECT d.key, $11::text, $4::text, $3::bigint, d.idx, $5::text, $6::integer, {lease}{insert_vals}
-      FROM decided d WHERE d.disposition = 'insert'
-    ON CONFLICT (_key) DO NOTHING
-    RETURNING 1
 ),
 readmitted AS (
     UPDATE {t} AS t
@@ -250,7 +252,7 @@ async def admit(
     clock.add("prepare", time.perf_counter() - started)
     n = len(prepared.keys)
 
-    async def op(conn: Connection) -> list[Any]:
+    async def op(conn: Connection, _server_version: int) -> list[Any]:
         results = []
         for low in range(0, n, ADMIT_CHUNK_ROWS):
             high = min(low + ADMIT_CHUNK_ROWS, n)

@@ -85,11 +85,40 @@ _NEW_META = """CASE WHEN s._status = '{target}' THEN s._cell_meta || coalesce((
     ELSE s._cell_meta || p.patch END"""
 
 
-def _counter_ctes(summary: str, column_summary: str, moved: str, target: str | None) -> str:
-    """CTEs applying status and cell-meta deltas of the rows in `moved`
-    (prev_status, prev_meta, new_meta); `target` is the status they moved to."""
+def _counter_ctes(
+    summary: str, column_summary: str, moved: str, target: str | None, counted: Sequence[str]
+) -> str:
+    """CTEs applying the status and cell-meta deltas of the rows in `moved` (prev_status,
+    prev_meta, new_meta); `target` is the status they moved to, `counted` the binds naming the
+    fields whose cell-meta status may have moved (one pass over `moved` for all of them)."""
     completed_plus = "d.n" if target == "enriched" else "0"
     failed_plus = "d.n" if target == "failed" else "0"
+    sums = ", ".join(
+        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed')::int"
+        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed')::int)"
+        f" AS c{j}, "
+        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'failed')::int"
+        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'failed')::int) AS f{j}"
+        for j, name in enumerate(counted)
+    )
+    rows = ", ".join(f"({name}, d.c{j}, d.f{j})" for j, name in enumerate(counted))
+    if counted:
+        cells = f"""
+cell_delta AS (
+    SELECT {sums} FROM {moved} AS m WHERE cardinality($8::text[]) >= 0
+),
+column_summary AS (
+    INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
+    SELECT $9::text, $10::text, $11::text, v.field, v.completed, v.failed
+      FROM cell_delta d CROSS JOIN LATERAL (VALUES {rows}) AS v(field, completed, failed)
+     WHERE v.completed <> 0 OR v.failed <> 0
+    ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
+       SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
+    RETURNING 1
+)"""
+    else:
+        cells = """
+column_summary AS (SELECT 1 WHERE cardinality($8::text[]) < 0)"""
     return f"""
 status_delta AS (
     SELECT count(*) AS n,
@@ -112,29 +141,12 @@ summary AS (
      WHERE s.org_id = $9::text AND s.play = $10::text AND s.table_namespace = $11::text
        AND d.n > 0
     RETURNING 1
-),
-cell_delta AS (
-    SELECT f.field,
-           sum(((m.new_meta -> f.field ->> 'status') IS NOT DISTINCT FROM 'completed')::int
-             - ((m.prev_meta -> f.field ->> 'status') IS NOT DISTINCT FROM 'completed')::int)
-               AS completed,
-           sum(((m.new_meta -> f.field ->> 'status') IS NOT DISTINCT FROM 'failed')::int
-             - ((m.prev_meta -> f.field ->> 'status') IS NOT DISTINCT FROM 'failed')::int)
-               AS failed
-      FROM {moved} AS m CROSS JOIN unnest($8::text[]) AS f(field)
-     GROUP BY f.field
-),
-column_summary AS (
-    INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
-    SELECT $9::text, $10::text, $11::text, d.field, d.completed, d.failed
-      FROM cell_delta d WHERE d.completed <> 0 OR d.failed <> 0
-    ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
-       SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
-    RETURNING 1
-)"""
+),{cells}"""
 
 
-def build_exact_sql(port: Port, layout: SheetLayout, fields: Sequence[str], failed: bool) -> str:
+def build_exact_sql(
+    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+) -> str:
     """The exact-key statement of one chunk.
 
     Binds: $1 keys, $2 data, $3 cell meta, $4 write version, $5 run id, $6 attempt id,
@@ -146,6 +158,7 @@ def build_exact_sql(port: Port, layout: SheetLayout, fields: Sequence[str], fail
     names = _Params(13)
     t = layout.qualified
     cols = [(column(f), names.add(f, "text")) for f in fields]
+    counted_names = [names.add(f, "text") for f in counted]
     data_changed = "".join(
         f" OR (i.data ? {name} AND s.{col} IS DISTINCT FROM i.data -> {name})" for col, name in cols
     )
@@ -159,7 +172,8 @@ def build_exact_sql(port: Port, layout: SheetLayout, fields: Sequence[str], fail
     new_error = "i.error" if failed else "NULL::text"
     version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
     counters = _counter_ctes(
-        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
+        counted_names,
     )
     new_meta = _NEW_META.format(target=target)
     return f"""
@@ -205,7 +219,92 @@ SELECT (SELECT count(*) FROM applied) AS updated,
 """
 
 
-def build_insert_sql(port: Port, layout: SheetLayout, fields: Sequence[str]) -> str:
+RETURNING_OLD_SINCE = 180000  # PostgreSQL 18: RETURNING old.* / new.*
+
+
+def build_exact_sql_returning_old(
+    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+) -> str:
+    """The exact-key statement for PostgreSQL >= 18, with the binds of `build_exact_sql`.
+
+    The fenced UPDATE probes each row once and returns the old status and cell meta for the
+    counters (`RETURNING old.*`). Rows it did not update are classified afterwards from the
+    statement's snapshot — and only when some row was not updated (a one-time filter), so the
+    common all-applied chunk never probes the sheet twice.
+    """
+    names = _Params(13)
+    t = layout.qualified
+    cols = [(column(f), names.add(f, "text")) for f in fields]
+    counted_names = [names.add(f, "text") for f in counted]
+    data_changed = "".join(
+        f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})" for col, name in cols
+    )
+    sets = "".join(
+        f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
+        for col, name in cols
+    )
+    target = "failed" if failed else "enriched"
+    already = "WHEN s._status = 'enriched' THEN 'already_completed'" if failed else ""
+    not_enriched = "AND t._status <> 'enriched'" if failed else ""
+    patch = _FAILED_PATCH if failed else _COMPLETED_PATCH
+    new_error = "c.error" if failed else "NULL::text"
+    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
+    counters = _counter_ctes(
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
+        counted_names,
+    )
+    new_meta = (
+        _NEW_META.format(target=target)
+        .replace("s._status", "t._status").replace("s._cell_meta", "t._cell_meta")
+        .replace("p.patch", "c.patch")
+    )
+    return f"""
+WITH {_BASE_META.strip()},
+source AS MATERIALIZED (
+    SELECT i.key, i.data, i.error, i.ord, {patch} AS patch
+      FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $12::text[])
+           WITH ORDINALITY AS i(key, data, meta, error, ord)
+      CROSS JOIN base b
+),
+applied AS (
+    UPDATE {t} AS t
+       SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = {new_meta},
+           _attempt_expires_at = NULL, _version = {version}, _updated_at = now(){sets}
+      FROM source c
+     WHERE t._key = c.key AND t._write_version = $4::bigint
+       AND ($6::text IS NULL OR t._attempt_id IS NULL OR t._attempt_id = $6::text)
+       {not_enriched}
+       AND (t._status IS DISTINCT FROM '{target}' OR t._error IS DISTINCT FROM {new_error}{data_changed}
+            OR {new_meta} IS DISTINCT FROM t._cell_meta)
+    RETURNING c.ord, old._status AS prev_status, old._cell_meta AS prev_meta,
+              new._cell_meta AS new_meta
+),{counters},
+rest AS MATERIALIZED (
+    SELECT i.ord, s._key IS NOT NULL AS found, s._write_version AS prev_version,
+           CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
+                WHEN s._write_version < $4::bigint THEN 'unadmitted'
+                WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
+                     AND s._attempt_id <> $6::text THEN 'attempt_superseded'
+                {already}
+           END AS fence
+      FROM source i
+      LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id FROM {t} AS s
+                          WHERE s._key = i.key LIMIT 1) AS s ON true
+     WHERE (SELECT count(*) FROM applied) < (SELECT count(*) FROM source)
+)
+SELECT (SELECT count(*) FROM applied) AS updated,
+       (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows,
+       (SELECT array_agg(ord ORDER BY ord) FROM rest WHERE NOT found) AS missing_ords,
+       (SELECT array_agg(ord ORDER BY ord) FROM rest WHERE fence IS NOT NULL) AS fenced_ords,
+       (SELECT array_agg(fence ORDER BY ord) FROM rest WHERE fence IS NOT NULL) AS fenced_reasons,
+       (SELECT array_agg(prev_version ORDER BY ord) FROM rest WHERE fence IS NOT NULL)
+           AS fenced_versions
+"""
+
+
+def build_insert_sql(
+    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str]
+) -> str:
     """Insert completed outcomes whose rows are missing, as `enriched` rows of our version.
 
     Binds: $1 keys, $2 data, $3 cell meta, $4 write version, $5 run id, $6 attempt id,
@@ -215,10 +314,12 @@ def build_insert_sql(port: Port, layout: SheetLayout, fields: Sequence[str]) -> 
     names = _Params(14)
     t = layout.qualified
     cols = [(column(f), names.add(f, "text")) for f in fields]
+    counted_names = [names.add(f, "text") for f in counted]
     insert_cols = "".join(f", {col}" for col, _ in cols)
     insert_vals = "".join(f", i.data -> {name}" for _, name in cols)
     counters = _counter_ctes(
-        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "moved", "enriched"
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "moved", "enriched",
+        counted_names,
     )
     return f"""
 WITH input AS MATERIALIZED (
@@ -243,6 +344,10 @@ SELECT (SELECT array_agg(_key) FROM inserted) AS inserted_keys,
        (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows
 """
 
+
+# The repair joins on (write version, input index), which no index covers: let the planner
+# hash it (the sheet transaction turned hash and merge joins off for its key probes).
+_JOINS_ON = "SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on"
 
 _REPAIR_TARGETS = """
 SELECT u.ord, s._key
@@ -288,14 +393,18 @@ class _Writer:
     attempt: Attempt | None
     base_fields: list[str]
     clock: PhaseClock
+    server_version: int = 0
 
-    def _common(self, chunk: list[PreparedOutcome], failed: bool) -> list[Any]:
+    def _counted(self, chunk: list[PreparedOutcome], failed: bool) -> list[str]:
+        """Fields whose cell-meta status this chunk may move."""
         meta_keys = {k for o in chunk for k in o.meta_keys}
-        count_fields = sorted(meta_keys if failed else meta_keys.union(self.base_fields))
+        return sorted(meta_keys if failed else meta_keys.union(self.base_fields))
+
+    def _common(self, counted: list[str], failed: bool) -> list[Any]:
         return [
             self.run.epoch, self.run.run_id,
             self.attempt.attempt_id if self.attempt else None,
-            [] if failed else self.base_fields, count_fields, *self.layout.counter_args,
+            [] if failed else self.base_fields, counted, *self.layout.counter_args,
         ]
 
     async def exact(
@@ -304,10 +413,15 @@ class _Writer:
     ) -> list[PreparedOutcome]:
         """Apply one chunk by exact key (`keys[i]` is the row for `chunk[i]`); return misses."""
         fields = sorted({k for o in chunk for k in o.data_keys})
-        sql = build_exact_sql(self.port, self.layout, fields, failed)
+        build = (
+            build_exact_sql_returning_old if self.server_version >= RETURNING_OLD_SINCE
+            else build_exact_sql
+        )
+        counted = self._counted(chunk, failed)
+        sql = build(self.port, self.layout, fields, counted, failed)
         args = [
             keys, [o.data_text for o in chunk], [o.meta_text for o in chunk],
-            *self._common(chunk, failed), [o.error for o in chunk], *fields,
+            *self._common(counted, failed), [o.error for o in chunk], *fields, *counted,
         ]
         record = await self.clock.measure(phase, conn.fetchrow(sql, *args))
         tally.chunks += 1
@@ -331,6 +445,7 @@ class _Writer:
         indexed = [(i, o) for i, o in enumerate(misses) if o.input_index is not None]
         targets: dict[int, str] = {}
         if indexed:
+            await conn.execute(_JOINS_ON)
             rows = await self.clock.measure("insert_missing", conn.fetch(
                 _REPAIR_TARGETS.format(t=self.layout.qualified),
                 [i for i, _ in indexed], [o.input_index for _, o in indexed],
@@ -356,12 +471,13 @@ class _Writer:
                 tally.fenced[o.key] = FencedRow(o.key, "missing", None)
         for chunk in _chunks(to_insert):
             fields = sorted({k for o in chunk for k in o.data_keys})
-            sql = build_insert_sql(self.port, self.layout, fields)
+            counted = self._counted(chunk, False)
+            sql = build_insert_sql(self.port, self.layout, fields, counted)
             args = [
                 [o.key for o in chunk], [o.data_text for o in chunk],
-                [o.meta_text for o in chunk], *self._common(chunk, False),
+                [o.meta_text for o in chunk], *self._common(counted, False),
                 [o.input_index for o in chunk],
-                self.attempt.seq if self.attempt else None, *fields,
+                self.attempt.seq if self.attempt else None, *fields, *counted,
             ]
             record = await self.clock.measure("insert_missing", conn.fetchrow(sql, *args))
             tally.chunks += 1
@@ -403,7 +519,8 @@ async def complete(
     failed = [o for o in prepared if o.failed]
     all_keys = [o.key for o in prepared]
 
-    async def op(conn: Connection) -> _Tally:
+    async def op(conn: Connection, server_version: int) -> _Tally:
+        writer.server_version = server_version
         tally = _Tally()
         misses: list[PreparedOutcome] = []
         for chunk in _chunks(completed):

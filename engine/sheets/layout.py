@@ -6,10 +6,15 @@ How it works
   `f_<readable prefix>_<hash of the field>`. Both names are pure functions of their inputs,
   at most 63 bytes, and can never collide with the system columns (which start with `_`).
   `sheet_columns` records which column holds which field, so readers can map columns back.
+  Tables leave 30% of each page free (fillfactor 70) so completions can update rows in place
+  (HOT updates, no new index entry per row).
 - Every write transaction (`run_sheet_transaction`) first sets its statement timeout (and
   `plan_cache_mode = force_custom_plan`: a generic plan cannot see the array sizes of the
   unnest binds and may pick a join that rescans the sheet per row; `work_mem` of 32 MB keeps
-  a 10,000-row chunk's CTEs in memory), takes the
+  a 10,000-row chunk's CTEs in memory; hash and merge joins off, because every join of these
+  statements is a batch of primary-key probes and hashing the whole sheet per chunk costs more
+  than probing — the one statement that joins on a non-key column, the input-index repair,
+  turns them back on first), takes the
   sheet's advisory lock, and locks the sheet's `sheet_summary` row (creating it if absent), in
   one statement. Holding the summary row serializes the writers of one sheet: each later
   statement of the transaction sees every earlier writer committed, so counter deltas computed
@@ -131,7 +136,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     _version bigint NOT NULL DEFAULT nextval({seq}::regclass),
     _created_at timestamptz NOT NULL DEFAULT now(),
     _updated_at timestamptz NOT NULL DEFAULT now()
-)
+) WITH (fillfactor = 70)
 """
 
 _EXISTING_COLUMNS = """
@@ -178,17 +183,22 @@ async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fie
 _LOCK_SHARED = """
 WITH settings AS (SELECT set_config('statement_timeout', $1, true),
                          set_config('plan_cache_mode', 'force_custom_plan', true),
-                         set_config('work_mem', '32MB', true)),
+                         set_config('work_mem', '32MB', true),
+                         set_config('enable_hashjoin', 'off', true),
+                         set_config('enable_mergejoin', 'off', true)),
      sheet_lock AS (SELECT pg_advisory_xact_lock_shared($2::bigint) AS v FROM settings)
 INSERT INTO {summary} AS s (org_id, play, table_namespace)
 SELECT $3, $4, $5 FROM sheet_lock
 ON CONFLICT (org_id, play, table_namespace) DO UPDATE SET updated_at = now()
+RETURNING current_setting('server_version_num')::integer
 """
 
 _LOCK_EXCLUSIVE = """
 WITH settings AS (SELECT set_config('statement_timeout', $1, true),
                          set_config('plan_cache_mode', 'force_custom_plan', true),
-                         set_config('work_mem', '32MB', true)),
+                         set_config('work_mem', '32MB', true),
+                         set_config('enable_hashjoin', 'off', true),
+                         set_config('enable_mergejoin', 'off', true)),
      sheet_lock AS (SELECT pg_advisory_xact_lock($2::bigint) AS v FROM settings)
 SELECT count(*) FROM sheet_lock
 """
@@ -197,6 +207,7 @@ _LOCK_SUMMARY = """
 INSERT INTO {summary} AS s (org_id, play, table_namespace)
 VALUES ($1, $2, $3)
 ON CONFLICT (org_id, play, table_namespace) DO UPDATE SET updated_at = now()
+RETURNING current_setting('server_version_num')::integer
 """
 
 
@@ -239,7 +250,7 @@ async def _transaction_once(
     port: Port,
     layout: SheetLayout,
     fields: list[str],
-    op: Callable[[Connection], Awaitable[T]],
+    op: Callable[[Connection, int], Awaitable[T]],
     mode: LockMode,
     timeout_ms: int,
     clock: PhaseClock,
@@ -265,15 +276,17 @@ async def _transaction_once(
         try:
             summary = table(port, "sheet_summary")
             if mode == "shared":
-                await conn.execute(
+                server_version = await conn.fetchval(
                     _LOCK_SHARED.format(summary=summary),
                     str(timeout_ms), layout.lock_key, *layout.counter_args,
                 )
             else:
                 await conn.execute(_LOCK_EXCLUSIVE, str(timeout_ms), layout.lock_key)
                 await prepare_columns(conn, port, layout, fields)
-                await conn.execute(_LOCK_SUMMARY.format(summary=summary), *layout.counter_args)
-            result = await op(conn)
+                server_version = await conn.fetchval(
+                    _LOCK_SUMMARY.format(summary=summary), *layout.counter_args
+                )
+            result = await op(conn, server_version)
         except BaseException as exc:
             if not await transaction.__aexit__(type(exc), exc, exc.__traceback__):
                 raise
@@ -292,13 +305,14 @@ async def run_sheet_transaction(
     port: Port,
     layout: SheetLayout,
     fields: Iterable[str],
-    op: Callable[[Connection], Awaitable[T]],
+    op: Callable[[Connection, int], Awaitable[T]],
     *,
     timeout_ms: int,
     clock: PhaseClock | None = None,
     mode: LockMode = "shared",
 ) -> T:
-    """Run `op(conn)` in one sheet write transaction (see the module docstring).
+    """Run `op(conn, server_version_num)` in one sheet write transaction (see the module
+    docstring).
 
     `fields` are the fields whose columns `op` may reference; under the exclusive lock they are
     created first. `op` must be safe to run again from scratch (it is, after a rollback).
@@ -343,7 +357,7 @@ async def ensure_sheet(
     layout = layout_for(port, scope, table_namespace)
     sql = _ENSURE_COLUMN_COUNTERS.format(column_summary=table(port, "sheet_column_summary"))
 
-    async def op(conn: Connection) -> None:
+    async def op(conn: Connection, _server_version: int) -> None:
         if contract.outputs:
             await conn.execute(sql, *layout.counter_args, list(contract.outputs))
 

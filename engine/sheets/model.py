@@ -360,11 +360,45 @@ def is_canonical(value: Any, depth: int = 0) -> bool:
     return False
 
 
+class _NotSimple(Exception):
+    """Raised by `_rebuild` when a value needs `canonical.normalize` (to clean or refuse it)."""
+
+
+def _rebuild(value: Any, depth: int) -> Any:
+    """Rebuild a value whose only departure from canonical form is integral floats."""
+    kind = type(value)
+    if kind is float:
+        if not _isfinite(value):
+            raise _NotSimple
+        return int(value) if value.is_integer() else value
+    if kind is dict:
+        if depth >= canonical.MAX_DEPTH:
+            raise _NotSimple
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or not _is_clean_str(key):
+                raise _NotSimple
+            out[key] = _rebuild(item, depth + 1)
+        return out
+    if kind is list:
+        if depth >= canonical.MAX_DEPTH:
+            raise _NotSimple
+        return [_rebuild(item, depth + 1) for item in value]
+    if is_canonical(value, depth):
+        return value
+    raise _NotSimple
+
+
 def normalize_fast(value: Any, path: str) -> Any:
-    """`canonical.normalize(value, path)`, skipping the rebuild when `value` is canonical."""
+    """`canonical.normalize(value, path)`, without its per-element path strings on the common
+    inputs: canonical values are returned as they are, values whose only departure is an
+    integral float are rebuilt directly, anything else goes through `canonical.normalize`."""
     if is_canonical(value):
         return value
-    return canonical.normalize(value, path)
+    try:
+        return _rebuild(value, 0)
+    except _NotSimple:
+        return canonical.normalize(value, path)
 
 
 def _key_of(namespace: str, row_text: str) -> str:
@@ -429,7 +463,7 @@ def prepare_rows(
     for position, row in enumerate(rows):
         if type(row) is not dict and not isinstance(row, dict):
             raise InvalidInputError(f"rows[{position}] must be a dict, got {type(row).__name__}")
-        clean = dict(row) if is_canonical(row) else canonical.normalize(row, f"rows[{position}]")
+        clean = dict(row) if is_canonical(row) else normalize_fast(row, f"rows[{position}]")
         text = dumps(clean) if texts is not None else None
         if keys is None:
             key = _key_of(namespace, text)
@@ -518,7 +552,7 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
         if data is None:
             data = {}
         elif not is_canonical(data):
-            data = canonical.normalize(data, f"outcomes[{i}].data")
+            data = normalize_fast(data, f"outcomes[{i}].data")
         if "" in data:
             raise InvalidInputError(f"outcomes[{i}].data: field name must not be empty")
         meta_text = None
