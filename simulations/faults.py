@@ -15,8 +15,10 @@ How it works
     `cancel`      the task's innermost `cancellable()` scope is cancelled, so the checkout or the
                   statement raises `trio.Cancelled` exactly where a caller's cancellation would
                   land (the adapter then discards the connection).
-  Faults that cannot apply (a cancel with no `cancellable()` scope, anything at COMMIT/ROLLBACK,
-  which run shielded) become checkpoints and are not counted.
+    `lost_reply`  (opt-in, statements only) the statement runs, then the connection is dropped
+                  and `StoreUnavailableError` raised: the caller cannot tell whether it applied.
+  Faults that cannot apply (a cancel with no `cancellable()` scope, a lost reply at a checkout,
+  anything at COMMIT/ROLLBACK/RELEASE, which run shielded) become checkpoints and are not counted.
 - `injected` counts faults that were applied (delays, errors, cancellations), `by_kind` splits
   them; simulations add these to their report.
 
@@ -42,19 +44,22 @@ from hypothesis import strategies as st
 from engine.errors import StoreUnavailableError
 from engine.ports import Port
 
-from .ports import Boundary, HookedPort
+from .ports import LOSE_REPLY, Boundary, HookedPort
 
-FaultKind = Literal["none", "checkpoint", "delay", "unavailable", "cancel"]
+FaultKind = Literal["none", "checkpoint", "delay", "unavailable", "cancel", "lost_reply"]
+# The default mix. `lost_reply` is opt-in (pass `kinds=ALL_FAULT_KINDS`): it makes a failed call
+# ambiguous (the statement may have taken effect), which a scenario's model must allow for.
 FAULT_KINDS: tuple[FaultKind, ...] = ("none", "checkpoint", "delay", "unavailable", "cancel")
+ALL_FAULT_KINDS: tuple[FaultKind, ...] = (*FAULT_KINDS, "lost_reply")
 # Applied faults (counted); checkpoints only perturb the interleaving.
-COUNTED_KINDS = frozenset({"delay", "unavailable", "cancel"})
+COUNTED_KINDS = frozenset({"delay", "unavailable", "cancel", "lost_reply"})
 MAX_DELAY = 0.02
 _UNFAULTABLE_PREFIXES = ("COMMIT", "ROLLBACK", "RELEASE")
 
 
 @attrs.frozen
 class Fault:
-    kind: FaultKind = attrs.field(validator=attrs.validators.in_(FAULT_KINDS))
+    kind: FaultKind = attrs.field(validator=attrs.validators.in_(ALL_FAULT_KINDS))
     delay: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
 
 
@@ -106,14 +111,19 @@ class _FaultHook:
         self.position += 1
         return self.plan.steps[self.position - 1]
 
-    async def at_boundary(self, boundary: Boundary) -> None:
+    async def at_boundary(self, boundary: Boundary) -> str | None:
         fault = self.next_fault()
         if fault.kind == "none":
-            return
+            return None
         sql = (boundary.sql or "").lstrip().upper()
-        if boundary.kind == "query" and sql.startswith(_UNFAULTABLE_PREFIXES):
+        if (boundary.kind == "query" and sql.startswith(_UNFAULTABLE_PREFIXES)) or (
+            boundary.kind == "checkout" and fault.kind == "lost_reply"
+        ):
             await trio.lowlevel.checkpoint()
-            return
+            return None
+        if fault.kind == "lost_reply":
+            self._count("lost_reply")
+            return LOSE_REPLY
         if fault.kind == "checkpoint":
             await trio.lowlevel.checkpoint()
         elif fault.kind == "delay":
@@ -126,10 +136,11 @@ class _FaultHook:
             stack = self.scopes.get(trio.lowlevel.current_task())
             if not stack:
                 await trio.lowlevel.checkpoint()
-                return
+                return None
             self._count("cancel")
             stack[-1].cancel()
             await trio.lowlevel.checkpoint()  # raises Cancelled here, inside the call
+        return None
 
     def _count(self, kind: str) -> None:
         self.injected += 1
@@ -165,9 +176,9 @@ class FaultyPort(HookedPort):
                 if not stack:
                     del self.hook.scopes[task]
 
-    async def _boundary(self, kind, lane, checkout, sql, conn) -> None:
+    async def _boundary(self, kind, lane, checkout, sql, conn) -> str | None:
         try:
-            await super()._boundary(kind, lane, checkout, sql, conn)
+            return await super()._boundary(kind, lane, checkout, sql, conn)
         except StoreUnavailableError:
             if conn is not None:
                 conn.close()  # the connection is gone, as after a real network cut

@@ -52,8 +52,15 @@ class Boundary:
     sql: str | None = None
 
 
+LOSE_REPLY = "lose_reply"
+
+
 class Hook(Protocol):
-    async def at_boundary(self, boundary: Boundary) -> None: ...
+    async def at_boundary(self, boundary: Boundary) -> str | None:
+        """Run at a boundary. At a query boundary, returning `LOSE_REPLY` lets the statement run
+        and then drops the connection before the caller sees the reply (as a network cut after
+        the server answered: the statement took effect, the caller gets
+        `StoreUnavailableError`)."""
 
 
 class HookedConnection(pg.Connection):
@@ -93,7 +100,7 @@ class HookedConnection(pg.Connection):
         try:
             if self.broken:
                 raise StoreUnavailableError("connection was closed after an earlier failure")
-            await self._port._boundary("query", self._lane, self._checkout, sql, self)
+            verdict = await self._port._boundary("query", self._lane, self._checkout, sql, self)
         except BaseException:
             coro.close()
             raise
@@ -101,10 +108,14 @@ class HookedConnection(pg.Connection):
         if isinstance(self._inner, HookedConnection):
             self._inner._sql = sql
         try:
-            return await self._inner._run(coro)
+            result = await self._inner._run(coro)
         finally:
             if self._inner.broken:
                 self.broken = True
+        if verdict == LOSE_REPLY:
+            self.close()
+            raise StoreUnavailableError("injected fault: connection lost before the reply")
+        return result
 
 
 @attrs.define(eq=False)
@@ -147,11 +158,11 @@ class HookedPort:
     async def _boundary(
         self, kind: BoundaryKind, lane: str, checkout: int, sql: str | None,
         conn: HookedConnection | None,
-    ) -> None:
+    ) -> str | None:
         if kind == "query":
             self.queries += 1
         boundary = Boundary(kind, lane, checkout, self.queries if kind == "query" else 0, sql)
-        await self.hook.at_boundary(boundary)
+        return await self.hook.at_boundary(boundary)
 
 
 # -- counting ----------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 How it works
 - Hypothesis draws a whole `Plan` up front: the source (1–9 pages), and for every actor its
-  role, start delay, retry budget and `FaultPlan` (delays, checkpoints, transient store errors
-  and cancellations at checkouts and statements), plus an optional tamperer that rewrites one
-  stored page behind the engine's back. Each example then runs in its own `trio.run` (trio's
+  role, start delay, retry budget and `FaultPlan` (delays, checkpoints, transient store errors,
+  lost replies and cancellations at checkouts and statements), plus an optional tamperer that
+  rewrites one stored page behind the engine's back. Each example then runs in its own `trio.run` (trio's
   scheduler is seeded by hypothesis), opens its own tenant on a fresh schema, runs every actor
   concurrently through its own `FaultyPort`, and is bounded by `trio.fail_after`.
     stager   begin, then put pages in a drawn order (the first stager puts all of them)
@@ -36,7 +36,7 @@ from engine.ports import table
 
 from . import resolve_dsn
 from .array_model import ArrayModel, StoredFact
-from .faults import FaultPlan, FaultyPort, fault_plans
+from .faults import ALL_FAULT_KINDS, FaultPlan, FaultyPort, fault_plans
 from .report import SimulationReport
 
 NAME = "seal_vs_retire"
@@ -109,7 +109,7 @@ def plans(draw) -> Plan:
                 name=f"{role}-{n}", role=role,
                 start_delay_ms=draw(st.integers(0, 150 if role == "retirer" else 15)),
                 attempts=draw(st.integers(1, 3)),
-                faults=draw(fault_plans(max_steps=12)),
+                faults=draw(fault_plans(max_steps=12, kinds=ALL_FAULT_KINDS)),
                 batch_size=draw(st.sampled_from((1, 4, 8))) if role == "sealer" else 4,
                 page_order=tuple(order),
             ))

@@ -131,3 +131,29 @@ async def test_wrappers_compose_a_gate_around_a_counter(tenant):
             assert counter.statements == ["BEGIN"]
             gate.release()
     assert counter.statements == ["BEGIN", "SELECT 1", "COMMIT"]
+
+
+async def test_lost_reply_applies_the_statement_but_the_caller_sees_a_transient_error(tenant):
+    from engine.ports import table
+
+    port = FaultyPort(tenant, FaultPlan([Fault("lost_reply"), Fault("lost_reply")]))
+    with pytest.raises(StoreUnavailableError):
+        async with port.connection("receipts") as conn:  # step 1 (checkout): not applicable
+            await conn.execute(  # step 2: runs, then the reply is lost
+                f"INSERT INTO {table(tenant, 'meta')} (key, value) VALUES ('probe', 'applied')"
+            )
+    assert port.by_kind == {"lost_reply": 1}
+    async with tenant.connection("receipts") as conn:
+        assert await conn.fetchval(
+            f"SELECT value FROM {table(tenant, 'meta')} WHERE key = 'probe'") == "applied"
+    assert tenant.permits()["receipts"].in_use == 0
+
+
+def test_lost_reply_is_opt_in():
+    from hypothesis import find
+
+    from simulations.faults import ALL_FAULT_KINDS, FAULT_KINDS
+
+    assert "lost_reply" not in FAULT_KINDS and "lost_reply" in ALL_FAULT_KINDS
+    plan = find(fault_plans(kinds=ALL_FAULT_KINDS), lambda p: any(f.kind == "lost_reply" for f in p.steps))
+    assert plan.steps[-1].kind == "lost_reply"
