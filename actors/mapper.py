@@ -7,7 +7,9 @@ How it works
 
 - The **source actor** turns the input into pages `(offset, rows)`: a list source is first
   staged as an array input by the sealer (so a wake replays byte-identical input) and read back
-  one sealed page at a time; an async iterable is cut into pages of `page_rows` as it arrives.
+  one sealed page at a time; an async iterable is cut into pages as it arrives, the first of
+  `FIRST_PAGE_ROWS` rows (so work starts soon even on a slow source), each next one twice as
+  large up to `page_rows` (large pages admit faster).
 - The **admission actor** admits one page per transaction (`engine.sheets.admit` with the page's
   `input_offset`), counts cache hits and blocked rows, and splits the pending rows into small
   batches so all workers get a share. Duplicates: the engine drops them within a page; a
@@ -51,7 +53,8 @@ from .progress import MapProgress, MapResult, MapTally
 
 log = logging.getLogger("runplane.actors")
 
-PAGE_ROWS = 1000           # rows admitted per transaction for a streamed source
+PAGE_ROWS = 5000           # rows admitted per transaction for a streamed source, at most ...
+FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first rows run soon
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
 BATCH_ROWS = 5000          # completion batch: rows ...
 BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
@@ -111,11 +114,13 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
     task_status.started()
     async with pages_send:
         offset, page = 0, []
+        size = min(FIRST_PAGE_ROWS, page_rows)
         async for row in source:
             page.append(row)
-            if len(page) >= page_rows:
+            if len(page) >= size:
                 await pages_send.send((offset, page))
                 offset, page = offset + len(page), []
+                size = min(page_rows, 2 * size)
         if page:
             await pages_send.send((offset, page))
 
