@@ -413,3 +413,46 @@ async def test_under_an_execution_role_everything_works_within_the_round_trip_bu
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_admin" CASCADE')
                 await conn.execute(f'DROP OWNED BY "{role}"')
                 await conn.execute(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.parametrize("guard", [
+    '{"kind": "array_input_guard", "retired": "no"}',
+    '{"kind": "array_input_seal", "retired": false}',
+    '{"kind": "array_input_guard"}',
+])
+async def test_a_malformed_guard_is_a_corrupt_fact_and_nothing_is_written(tenant, guard):
+    from engine.array_input.facts import guard_key
+
+    source = occurrences(3)
+    fingerprint, _ = await stage(tenant, SCOPE, source, seal=False)
+    async with tenant.connection("receipts") as conn:
+        await conn.execute(f"UPDATE {table(tenant, 'work_receipts')} SET output = $2::jsonb "
+                           "WHERE k = $1", guard_key(SCOPE), guard)
+    before = await snapshot(tenant)
+    calls = [
+        A.get_manifest(tenant, SCOPE),
+        A.begin(tenant, SCOPE, source_fingerprint=fingerprint, source_rows=3,
+                has_source_identities=False),
+        A.put_page(tenant, SCOPE, source_fingerprint=fingerprint, ordinal=0, offset=0, rows=source),
+        A.seal(tenant, SCOPE, source_fingerprint=fingerprint, source_rows=3, page_count=1),
+        A.read_page(tenant, SCOPE, 0),
+        A.retire(tenant, RUN),
+    ]
+    for call in calls:
+        with pytest.raises(CorruptFactError):
+            await call
+    assert await snapshot(tenant) == before
+
+
+async def test_a_malformed_begin_fact_is_a_corrupt_fact(tenant):
+    from engine.array_input.facts import begin_key
+
+    fingerprint, _ = await stage(tenant, SCOPE, occurrences(3), seal=False)
+    async with tenant.connection("receipts") as conn:
+        await conn.execute(f"UPDATE {table(tenant, 'work_receipts')} "
+                           "SET output = output || '{\"source_rows\": \"3\"}'::jsonb WHERE k = $1",
+                           begin_key(SCOPE))
+    with pytest.raises(CorruptFactError):
+        await A.get_manifest(tenant, SCOPE)
+    with pytest.raises(CorruptFactError):
+        await A.seal(tenant, SCOPE, source_fingerprint=fingerprint, source_rows=3, page_count=1)

@@ -26,6 +26,11 @@ How it works
   `ON CONFLICT` but not by our reads; the statement then reports "not visible" and is issued
   again (at most a few times, only under such a race).
 - Decoding and digest checks run after the connection is released.
+- Known, harmless window: a put of a page at an ordinal *beyond* the sealed page count that
+  waited for the guard while the final seal write held it may still insert that page (its
+  snapshot predates the seal). Such a page is never read (`read_page` is bounded by the seal's
+  page count) and is deleted with the run; a put at a sealed ordinal is always checked against
+  the stored page.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ RECEIPTS_LANE = "receipts"
 RETIREMENT_LANE = "retirement"
 
 
-class _NotVisible(Exception):
+class NotVisible(Exception):
     """A peer committed a row after our snapshot: issue the statement again."""
 
 
@@ -113,7 +118,7 @@ def guard_retired(status: Any, run_id: Any, output_text: str | None, scope) -> b
     if status is None:
         return None
     guard = fact_output(status, run_id, output_text, scope, GUARD_KIND)
-    if type(guard.get("retired")) is not bool or len(guard) != 2:
+    if type(guard.get("retired")) is not bool:  # the same test the statements make in SQL
         raise CorruptFactError(f"the run guard of run {scope.run_id!r} is malformed")
     return guard["retired"]
 
@@ -138,8 +143,8 @@ def begin_output(status: Any, run_id: Any, output_text: str | None, scope: MapSc
     if (
         len(begin) != 4
         or not isinstance(begin.get("source_fingerprint"), str)
-        or P._FINGERPRINT.fullmatch(begin["source_fingerprint"]) is None
-        or not P._is_count(begin.get("source_rows"))
+        or P.FINGERPRINT_PATTERN.fullmatch(begin["source_fingerprint"]) is None
+        or not P.is_count(begin.get("source_rows"))
         or type(begin.get("has_source_identities")) is not bool
     ):
         raise CorruptFactError(f"the begin fact of {scope.map_invocation_id!r} is malformed")
@@ -151,11 +156,11 @@ def seal_output(status: Any, run_id: Any, output_text: str | None, scope: MapSco
     if (
         len(seal) != 6
         or not isinstance(seal.get("source_fingerprint"), str)
-        or not P._is_count(seal.get("source_rows"))
-        or not P._is_count(seal.get("page_count"))
+        or not P.is_count(seal.get("source_rows"))
+        or not P.is_count(seal.get("page_count"))
         or type(seal.get("has_source_identities")) is not bool
         or not isinstance(seal.get("digest_chain"), str)
-        or P._FINGERPRINT.fullmatch(seal["digest_chain"]) is None
+        or P.FINGERPRINT_PATTERN.fullmatch(seal["digest_chain"]) is None
     ):
         raise CorruptFactError(f"the seal fact of {scope.map_invocation_id!r} is malformed")
     return seal
@@ -164,14 +169,14 @@ def seal_output(status: Any, run_id: Any, output_text: str | None, scope: MapSco
 async def run_statement(
     port: Port, lane: str, sql: str, args: tuple, decide: Callable[[Any], T]
 ) -> T:
-    """Issue `sql` and let `decide(row)` name the outcome; re-issue while it is `_NotVisible`."""
+    """Issue `sql` and let `decide(row)` name the outcome; re-issue while it is `NotVisible`."""
 
     async def op(conn):
         for _ in range(MAX_STATEMENT_ATTEMPTS):
             row = await conn.fetchrow(sql, *args)
             try:
                 return decide(row)
-            except _NotVisible:
+            except NotVisible:
                 continue
         raise ConflictError("array input facts kept changing under a concurrent writer; retry")
 
@@ -180,7 +185,7 @@ async def run_statement(
 
 # -- manifest ----------------------------------------------------------------------------------
 
-_MANIFEST = """
+MANIFEST_SQL = """
 SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
        b.status AS b_status, b.run_id AS b_run, b.output::text AS b_output,
        s.status AS s_status, s.run_id AS s_run, s.output::text AS s_output
@@ -213,14 +218,14 @@ async def get_manifest(port: Port, scope: MapScope) -> P.Manifest:
             raise CorruptFactError(f"the seal of {scope.map_invocation_id!r} disagrees with its begin")
         return P.Manifest("sealed", *fields, seal["page_count"])
 
-    sql = _MANIFEST.format(t=table(port, "work_receipts"))
+    sql = MANIFEST_SQL.format(t=table(port, "work_receipts"))
     args = (guard_key(scope), begin_key(scope), seal_key(scope))
     return await run_statement(port, RECEIPTS_LANE, sql, args, decide)
 
 
 # -- begin -------------------------------------------------------------------------------------
 
-_GUARD_IS_OPEN = """{g}.status = 2 AND {g}.run_id = {run} AND {g}.output->>'kind' = 'array_input_guard'
+GUARD_IS_OPEN = """{g}.status = 2 AND {g}.run_id = {run} AND {g}.output->>'kind' = 'array_input_guard'
        AND {g}.output->'retired' = 'false'::jsonb"""
 
 # $1 guard key, $2 begin key, $3 open guard output, $4 run id, $5 begin output
@@ -265,12 +270,12 @@ async def begin(
 
     def decide(row) -> None:
         if row["g_status"] is None:
-            raise _NotVisible  # a peer created the guard after our snapshot
+            raise NotVisible  # a peer created the guard after our snapshot
         require_open(row["g_status"], row["g_run"], row["g_output"], scope)
         if row["written"]:
             return
         if row["b_status"] is None:
-            raise _NotVisible  # a peer wrote the begin fact after our snapshot
+            raise NotVisible  # a peer wrote the begin fact after our snapshot
         stored = begin_output(row["b_status"], row["b_run"], row["b_output"], scope)
         if stored != expected:
             raise ConflictError(
@@ -278,7 +283,7 @@ async def begin(
                 f"{stored['source_rows']} rows with fingerprint {stored['source_fingerprint']}"
             )
 
-    sql = _BEGIN.format(t=table(port, "work_receipts"), guard_open=_GUARD_IS_OPEN.format(g="guard", run="$4"))
+    sql = _BEGIN.format(t=table(port, "work_receipts"), guard_open=GUARD_IS_OPEN.format(g="guard", run="$4"))
     args = (guard_key(scope), begin_key(scope), GUARD_OPEN_TEXT, scope.run_id,
             canonical.stable_dumps(expected))
     await run_statement(port, RECEIPTS_LANE, sql, args, decide)
@@ -347,7 +352,7 @@ async def put_page(
         if row["p_status"] is None:
             if row["sealed"]:
                 raise ConflictError(f"array input is sealed without a page {ordinal}")
-            raise _NotVisible  # a peer wrote this page after our snapshot
+            raise NotVisible  # a peer wrote this page after our snapshot
         if row["p_status"] != COMPLETED or row["p_run"] != scope.run_id or row["p_kind"] != PAGE_KIND:
             raise CorruptFactError(f"the stored page {ordinal} is malformed")
         stored = (row["p_digest"], row["p_fingerprint"], row["p_ordinal"], row["p_offset"],
@@ -355,7 +360,7 @@ async def put_page(
         if stored != (page.digest, source_fingerprint, str(ordinal), str(offset), str(page.row_count)):
             raise ConflictError(f"a different page {ordinal} is already stored (pages are immutable)")
 
-    sql = _PUT_PAGE.format(t=table(port, "work_receipts"), guard_open=_GUARD_IS_OPEN.format(g="guard", run="$5"))
+    sql = _PUT_PAGE.format(t=table(port, "work_receipts"), guard_open=GUARD_IS_OPEN.format(g="guard", run="$5"))
     args = (guard_key(scope), begin_key(scope), seal_key(scope), page_key(scope, ordinal),
             scope.run_id, source_fingerprint, end, page.text)
     await run_statement(port, RECEIPTS_LANE, sql, args, decide)

@@ -36,7 +36,7 @@ MAX_SAFE_INTEGER = 2**53 - 1
 SEAL_BATCH_SIZES = (1, 4, 8)
 
 PAGE_KIND = "array_input_page"
-_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
+FINGERPRINT_PATTERN = re.compile(r"[0-9a-f]{64}")
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def check_count(value: object, name: str) -> int:
 
 
 def check_fingerprint(value: object, name: str = "source_fingerprint") -> str:
-    if not isinstance(value, str) or _FINGERPRINT.fullmatch(value) is None:
+    if not isinstance(value, str) or FINGERPRINT_PATTERN.fullmatch(value) is None:
         raise InvalidInputError(f"{name} must be 64 lowercase hex digits (SHA-256), got {value!r}")
     return value
 
@@ -349,7 +349,7 @@ def encode_page(
 _PAGE_FIELDS = frozenset({"kind", "source_fingerprint", "ordinal", "offset", "row_count", "rows", "digest"})
 
 
-def _is_count(value: object) -> bool:
+def is_count(value: object) -> bool:
     return type(value) is int and 0 <= value <= MAX_SAFE_INTEGER
 
 
@@ -420,7 +420,7 @@ def verify_page(
         fact["source_fingerprint"] != source_fingerprint
         or fact["ordinal"] != ordinal
         or type(fact["ordinal"]) is not int
-        or not _is_count(fact["offset"])
+        or not is_count(fact["offset"])
         or (offset is not None and fact["offset"] != offset)
         or type(rows) is not list
         or type(row_count) is not int

@@ -98,7 +98,7 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
         if row["created"]:
             return row  # the run never staged: nothing to delete
         if row["g_status"] is None:
-            raise F._NotVisible  # a peer created the guard after our snapshot
+            raise F.NotVisible  # a peer created the guard after our snapshot
         F.guard_retired(row["g_status"], row["g_run"], row["g_output"], scope)  # corrupt → raise
         return row
 
@@ -111,7 +111,7 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
             try:
                 row = decide(row)
                 break
-            except F._NotVisible:
+            except F.NotVisible:
                 continue
         else:
             raise ConflictError("the run guard kept changing under a concurrent writer; retry")

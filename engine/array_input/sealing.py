@@ -29,7 +29,7 @@ from ..scopes import MapScope
 from . import facts as F
 from . import pages as P
 
-_START = F._MANIFEST  # guard, begin and seal of the map, in one unlocked read
+_START = F.MANIFEST_SQL  # guard, begin and seal of the map, in one unlocked read
 
 # $1 guard, $2 seal, $3 page keys in ordinal order
 _SCAN_BATCH = """
@@ -190,10 +190,10 @@ async def seal(
         if row["written"]:
             return
         if row["s_status"] is None:
-            raise F._NotVisible  # a peer's seal committed after our snapshot
+            raise F.NotVisible  # a peer's seal committed after our snapshot
         _matching_seal(row["s_status"], row["s_run"], row["s_output"], scope, expected)
 
-    write_sql = _WRITE_SEAL.format(t=t, guard_open=F._GUARD_IS_OPEN.format(g="guard", run="$4"))
+    write_sql = _WRITE_SEAL.format(t=t, guard_open=F.GUARD_IS_OPEN.format(g="guard", run="$4"))
     args = (F.guard_key(scope), F.begin_key(scope), F.seal_key(scope), scope.run_id,
             source_fingerprint, source_rows, identities, canonical.stable_dumps(output))
     await F.run_statement(port, F.RECEIPTS_LANE, write_sql, args, decide)
