@@ -8,18 +8,18 @@ How it works
   `sheet_columns` records which column holds which field, so readers can map columns back.
   Tables leave 30% of each page free (fillfactor 70) so completions can update rows in place
   (HOT updates, no new index entry per row).
-- Every write transaction (`run_sheet_transaction`) first sets its statement timeout (and
-  `plan_cache_mode = force_custom_plan`: a generic plan cannot see the array sizes of the
-  unnest binds and may pick a join that rescans the sheet per row; `work_mem` of 32 MB keeps
-  a 10,000-row chunk's CTEs in memory; hash and merge joins off, because every join of these
-  statements is a batch of primary-key probes and hashing the whole sheet per chunk costs more
-  than probing — the one statement that joins on a non-key column, the input-index repair,
-  turns them back on first), takes the
-  sheet's advisory lock, and locks the sheet's `sheet_summary` row (creating it if absent), in
-  one statement. Holding the summary row serializes the writers of one sheet: each later
-  statement of the transaction sees every earlier writer committed, so counter deltas computed
-  from the rows it reads are exact, and there is no lock-order cycle between writers (they all
-  lock the summary row first, then sheet rows, then column-summary rows).
+- Every write transaction (`run_sheet_transaction`) first sets, for the transaction only: its
+  statement timeout (sent on its own, so even the lock waits below are bounded);
+  `plan_cache_mode = force_custom_plan` (a generic plan cannot see the sizes of the unnest
+  arrays and may pick a join that rescans the sheet per row); `work_mem` of 32 MB (a
+  10,000-row chunk's CTEs stay in memory); hash and merge joins off (every join of these
+  statements is a batch of primary-key probes, and hashing the whole sheet per chunk costs more
+  than probing; the input-index repair, the one join on a non-key column, turns them back on).
+  Then one statement takes the sheet's advisory lock and locks the sheet's `sheet_summary` row
+  (creating it if absent). Holding the summary row serializes the writers of one sheet: each
+  later statement of the transaction sees every earlier writer committed, so counter deltas
+  computed from the rows it reads are exact, and there is no lock-order cycle between writers
+  (they all lock the summary row first, then sheet rows, then column-summary rows).
 - Normal writers hold the advisory lock shared. A writer whose statements hit a missing table or
   column rolls back and retries once under the exclusive lock, where it creates the table and
   any missing columns (and registers them) before writing; if even that finds a missing relation
@@ -180,28 +180,24 @@ async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fie
 
 
 # -- the write transaction --------------------------------------------------------------------
+# Transaction-local settings, sent before the lock so the lock wait is bounded by the timeout.
+_SETTINGS = """
+SELECT set_config('statement_timeout', $1, true),
+       set_config('plan_cache_mode', 'force_custom_plan', true),
+       set_config('work_mem', '32MB', true),
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true)
+"""
+
 _LOCK_SHARED = """
-WITH settings AS (SELECT set_config('statement_timeout', $1, true),
-                         set_config('plan_cache_mode', 'force_custom_plan', true),
-                         set_config('work_mem', '32MB', true),
-                         set_config('enable_hashjoin', 'off', true),
-                         set_config('enable_mergejoin', 'off', true)),
-     sheet_lock AS (SELECT pg_advisory_xact_lock_shared($2::bigint) AS v FROM settings)
+WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared($1::bigint) AS v)
 INSERT INTO {summary} AS s (org_id, play, table_namespace)
-SELECT $3, $4, $5 FROM sheet_lock
+SELECT $2, $3, $4 FROM sheet_lock
 ON CONFLICT (org_id, play, table_namespace) DO UPDATE SET updated_at = now()
 RETURNING current_setting('server_version_num')::integer
 """
 
-_LOCK_EXCLUSIVE = """
-WITH settings AS (SELECT set_config('statement_timeout', $1, true),
-                         set_config('plan_cache_mode', 'force_custom_plan', true),
-                         set_config('work_mem', '32MB', true),
-                         set_config('enable_hashjoin', 'off', true),
-                         set_config('enable_mergejoin', 'off', true)),
-     sheet_lock AS (SELECT pg_advisory_xact_lock($2::bigint) AS v FROM settings)
-SELECT count(*) FROM sheet_lock
-"""
+_LOCK_EXCLUSIVE = "SELECT pg_advisory_xact_lock($1::bigint)"
 
 _LOCK_SUMMARY = """
 INSERT INTO {summary} AS s (org_id, play, table_namespace)
@@ -275,13 +271,13 @@ async def _transaction_once(
         await clock.measure("begin", transaction.__aenter__())
         try:
             summary = table(port, "sheet_summary")
+            await conn.execute(_SETTINGS, str(timeout_ms))
             if mode == "shared":
                 server_version = await conn.fetchval(
-                    _LOCK_SHARED.format(summary=summary),
-                    str(timeout_ms), layout.lock_key, *layout.counter_args,
+                    _LOCK_SHARED.format(summary=summary), layout.lock_key, *layout.counter_args
                 )
             else:
-                await conn.execute(_LOCK_EXCLUSIVE, str(timeout_ms), layout.lock_key)
+                await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
                 await prepare_columns(conn, port, layout, fields)
                 server_version = await conn.fetchval(
                     _LOCK_SUMMARY.format(summary=summary), *layout.counter_args

@@ -1,0 +1,160 @@
+"""The sheet write transaction: one checkout and a bounded number of round trips per call,
+a statement timeout that bounds lock waits, the shared/exclusive column lock, and execution
+roles (savepoints inside the checkout's transaction)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import trio
+
+from engine import PlayScope, open_tenant
+from engine.errors import StatementTimeoutError
+from engine.sheets import RowOutcome, SheetContract, admit, complete, ensure_sheet, summary
+from engine.sheets import completion as completion_module
+from engine.sheets.layout import layout_for
+from simulations.ports import CountingPort, GatedPort
+from tests.conftest import fresh_schema
+from tests.sheet_helpers import counters_match, new_run, raw_rows
+
+CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
+NS = "txn"
+
+
+async def test_large_calls_take_one_checkout_and_one_statement_per_chunk(tenant):
+    run = await new_run(tenant, "play", "r1")
+    await ensure_sheet(tenant, PlayScope(tenant.org_id, "play"), NS, CONTRACT)
+    port = CountingPort(tenant)
+    rows = [{"name": f"n{i}"} for i in range(25_000)]
+    admission = await admit(port, run, NS, CONTRACT, rows)
+    # BEGIN, settings, lock + summary row, 3 chunks, COMMIT
+    assert port.checkout_count == 1 and port.round_trips == 7, port.statements
+    port.reset()
+    outcomes = [RowOutcome(r.key, "completed", {"score": i}) for i, r in enumerate(admission.pending)]
+    result = await complete(port, run, NS, CONTRACT, outcomes)
+    assert result.updated == 25_000
+    assert port.checkout_count == 1 and port.round_trips == 7, port.statements
+
+
+async def test_statement_timeout_bounds_a_lock_wait_and_writes_nothing(tenant, monkeypatch):
+    run = await new_run(tenant, "play", "r1")
+    key = (await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
+    layout = layout_for(tenant, PlayScope(tenant.org_id, "play"), NS)
+    monkeypatch.setattr(completion_module, "COMPLETE_STATEMENT_TIMEOUT_MS", 200)
+    before = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["score"])
+    async with tenant.connection("retirement") as blocker:
+        async with blocker.transaction():
+            await blocker.execute("SELECT pg_advisory_xact_lock($1::bigint)", layout.lock_key)
+            with trio.fail_after(10), pytest.raises(StatementTimeoutError):
+                await complete(tenant, run, NS, CONTRACT, [RowOutcome(key, "completed", {"score": 1})])
+    assert await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["score"]) == before
+
+
+async def _waiting_for_a_lock(tenant, locktype: str | None = None) -> bool:
+    async with tenant.connection("retirement") as conn:
+        return await conn.fetchval(
+            "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND ($1::text IS NULL OR locktype = $1)",
+            locktype,
+        )
+
+
+async def test_column_extension_waits_for_shared_writers(tenant):
+    run = await new_run(tenant, "play", "r1")
+    scope = PlayScope(tenant.org_id, "play")
+    admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+    a, b = (r.key for r in admission.pending)
+    writer = GatedPort(tenant)
+    parked = writer.gate_query(4)  # BEGIN, settings, lock: parked before its chunk statement
+    results = {}
+
+    async def shared_writer():
+        results["writer"] = await complete(writer, run, NS, CONTRACT,
+                                           [RowOutcome(a, "completed", {"score": 1})])
+
+    async def extender():
+        results["extender"] = await complete(
+            tenant, run, NS, CONTRACT, [RowOutcome(b, "completed", {"score": 2, "new field": "x"})]
+        )
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(shared_writer)
+            await parked.wait_reached()
+            nursery.start_soon(extender)
+            # The extender queues behind the parked writer (on the sheet's summary row); once
+            # the writer commits it finds no column under the shared lock, rolls back, and
+            # retries under the exclusive lock.
+            while not await _waiting_for_a_lock(tenant):
+                await trio.sleep(0.01)
+            assert "extender" not in results
+            parked.release()
+    assert results["writer"].committed_keys == (a,)
+    assert results["extender"].committed_keys == (b,)
+    assert results["extender"].diagnostics.column_retries == 1
+    stored = await raw_rows(tenant, scope, NS, ["score", "new field"])
+    assert (stored[a]["score"], stored[b]["score"], stored[b]["new field"]) == (1, 2, "x")
+    ok, detail = await counters_match(tenant, scope, NS)
+    assert ok, detail
+
+
+async def test_under_an_execution_role_sheets_work_inside_the_checkout_transaction(dsn):
+    role = f"rp_exec_{uuid.uuid4().hex[:12]}"
+    schema = fresh_schema()
+    async with open_tenant("org-test", dsn, schema=f"{schema}_admin") as admin:
+        async with admin.connection("sheet") as conn:
+            await conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
+        try:
+            async with open_tenant("org-test", dsn, schema=schema, execution_role=role) as tenant:
+                assert tenant.outer_transaction
+                scope = PlayScope("org-test", "play")
+                run = await new_run(tenant, "play", "r1")
+                admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+                a, b = (r.key for r in admission.pending)
+                port = CountingPort(tenant)
+                result = await complete(port, run, NS, CONTRACT, [
+                    RowOutcome(a, "completed", {"score": 1, "extra": True}),  # extends the sheet
+                    RowOutcome(b, "failed", error="no"),
+                ])
+                assert result.committed_keys == (a, b)
+                assert result.diagnostics.column_retries == 1
+                assert any(s.startswith("SAVEPOINT") for s in port.statements)
+                s = await summary(tenant, scope, NS)
+                assert (s.total, s.completed, s.failed) == (2, 1, 1)
+                ok, detail = await counters_match(tenant, scope, NS)
+                assert ok, detail
+        finally:
+            async with admin.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_admin" CASCADE')
+                await conn.execute(f'DROP OWNED BY "{role}"')
+                await conn.execute(f'DROP ROLE "{role}"')
+
+
+async def test_ensure_sheet_waits_for_shared_writers_on_the_exclusive_lock(tenant):
+    run = await new_run(tenant, "play", "r1")
+    scope = PlayScope(tenant.org_id, "play")
+    key = (await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
+    writer = GatedPort(tenant)
+    parked = writer.gate_query(4)
+    done = {}
+
+    async def shared_writer():
+        done["writer"] = await complete(writer, run, NS, CONTRACT,
+                                        [RowOutcome(key, "completed", {"score": 1})])
+
+    async def extend():
+        wider = SheetContract(inputs=("name",), outputs=("score", "later"))
+        done["layout"] = await ensure_sheet(tenant, scope, NS, wider)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(shared_writer)
+            await parked.wait_reached()
+            nursery.start_soon(extend)
+            while not await _waiting_for_a_lock(tenant, "advisory"):
+                await trio.sleep(0.01)
+            assert "layout" not in done
+            parked.release()
+    assert done["writer"].committed_keys == (key,)
+    assert set((await summary(tenant, scope, NS)).columns) == {"score", "later"}
