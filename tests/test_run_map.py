@@ -374,3 +374,43 @@ def test_the_output_fast_path_agrees_with_canonical_normalize():
         assert fast == slow
 
     agree()
+
+
+async def test_a_zombie_attempt_of_the_same_run_is_fenced_by_the_new_attempt(tenant):
+    """Attempt a1 of a run admitted the rows and is stuck in the user function when attempt a2
+    of the same run (same epoch) takes over and finishes them; a1's late outcomes must be
+    fenced as superseded, never overwrite a2's."""
+    run_id = new_run_id()
+    release = trio.Event()
+    zombie_admitted = trio.Event()
+    results: list[MapResult] = []
+
+    async def zombie_fn(row):
+        await release.wait()
+        return {"upper": "zombie"}
+
+    def on_zombie_progress(snapshot):
+        if snapshot.admitted == 20:
+            zombie_admitted.set()
+
+    async def zombie():
+        async with open_run(tenant, "play", run_id, retire_on_exit=False,
+                            attempt=sheets.Attempt("a1", 1, lease_s=0.0)) as run:
+            results.append(await run.map("t", aiter_rows(rows(20)), zombie_fn,
+                                         contract=CONTRACT, on_progress=on_zombie_progress))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(zombie)
+        with trio.fail_after(10):
+            await zombie_admitted.wait()
+        wrapped, calls = counting()
+        async with open_run(tenant, "play", run_id, retire_on_exit=False,
+                            attempt=sheets.Attempt("a2", 2)) as run:
+            taken = await run.map("t", aiter_rows(rows(20)), wrapped, contract=CONTRACT)
+        assert taken.completed == 20 and len(calls) == 20
+        release.set()
+    (late,) = results
+    assert late.fenced == 20 and late.completed == 0
+    assert {row.reason for row in late.fenced_rows} == {"attempt_superseded"}
+    stored = await sheet(tenant)
+    assert {row["upper"] for row in stored.values()} == {f"R{i}" for i in range(20)}

@@ -227,3 +227,29 @@ async def test_sup_run_hosts_a_run_and_retires_it(tenant):
     for s in (scope, scope2):
         assert await outbox_state(tenant, s.run_id) == "done"
         assert await fact_kinds(tenant, s.run_id) == ["array_input_guard"]
+
+
+@attrs.define(eq=False)
+class OutboxDown:
+    """The outbox query fails `times` times (the store is unreachable), then recovers."""
+
+    times: int
+    failures: int = 0
+
+    async def at_boundary(self, boundary) -> None:
+        if boundary.kind == "query" and boundary.sql and "SKIP LOCKED" in boundary.sql \
+                and self.failures < self.times:
+            self.failures += 1
+            raise StoreUnavailableError("injected: store unreachable")
+
+
+async def test_the_drainer_backs_off_while_the_store_is_down_then_drains(tenant):
+    scope = await staged_run(tenant)
+    await make_pending(tenant, scope)
+    hook = OutboxDown(times=3)
+    async with open_supervisor(HookedPort(tenant, hook), poll_interval=0.05,
+                               backoff_base=0.01, backoff_cap=0.05) as sup:
+        with trio.fail_after(10):
+            await sup.wait_retired(scope)
+    assert hook.failures == 3 and sup.failures == 3
+    assert await outbox_state(tenant, scope.run_id) == "done"
