@@ -99,8 +99,8 @@ def _demo_options(parser: argparse.ArgumentParser) -> None:
     _tenant_options(parser)
     parser.add_argument("--rows", type=_positive, default=10_000, help="synthetic companies (default 10,000)")
     parser.add_argument("--concurrency", type=_positive, default=128, help="map workers (default 128)")
-    parser.add_argument("--latency-ms", type=float, default=2.0, help="mean fake tool latency (default 2 ms)")
-    parser.add_argument("--fail-rate", type=float, default=0.02, help="fake tool failure rate (default 0.02)")
+    parser.add_argument("--latency-ms", type=_non_negative, default=2.0, help="mean fake tool latency (default 2 ms)")
+    parser.add_argument("--fail-rate", type=_fraction, default=0.02, help="fake tool failure rate (default 0.02)")
     parser.add_argument("--crash-after", type=_positive, default=None, metavar="N",
                         help="cancel the run after N executed rows and print its id")
     parser.add_argument("--resume", default=None, metavar="RUN_ID", help="wake a crashed run and finish it")
@@ -110,6 +110,20 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
 
 
