@@ -21,6 +21,15 @@ def test_fencing_ci_sized_run_is_clean(dsn):
     assert report.faults > 0
 
 
+def test_fencing_on_the_pre_18_statement_is_clean(dsn, monkeypatch):
+    from engine.sheets import completion
+
+    monkeypatch.setattr(completion, "RETURNING_OLD_SINCE", 10**9)
+    report = run(examples=10, seed=7, dsn=dsn)
+    assert report.violations == []
+    assert report.examples == 10
+
+
 def _history() -> SheetHistory:
     history = SheetHistory()
     history.admissions.append(AdmitCall("a", 1, "att-1", ("k",), ("k",), (), ()))

@@ -21,6 +21,17 @@ from engine.sheets import (
 from tests.sheet_helpers import counters_match, new_run, raw_rows
 
 CONTRACT = SheetContract(inputs=("name",), outputs=("score", "tag"))
+
+
+@pytest.fixture(autouse=True, params=["returning_old", "snapshot_join"])
+def completion_path(request, monkeypatch):
+    """Run every test on both exact-key statements: PostgreSQL >= 18 `RETURNING old` and the
+    snapshot join used on older servers."""
+    from engine.sheets import completion
+
+    if request.param == "snapshot_join":
+        monkeypatch.setattr(completion, "RETURNING_OLD_SINCE", 10**9)
+    return request.param
 NS = "Companies"
 PLAY = "play"
 
