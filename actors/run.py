@@ -11,7 +11,7 @@ How it works
   the run are bound to its `RunRef`, so every write is fenced by the run's epoch.
 - The retirement guard runs after the nursery closed. When the body ended terminally (returned,
   or raised an ordinary exception) and `retire_on_exit` is set, it flips the outbox entry to
-  `pending` under its own lease, retires the run's array inputs batch by batch on the
+  `pending` under its own lease (one shielded statement), retires the run's array inputs batch by batch on the
   `retirement` lane, and marks the entry `done`. If the guard is cancelled or the store fails
   meanwhile, the entry stays `pending` for a supervisor (a cancelled guard gives its lease up,
   shielded, first). A cancelled or crashed run never reaches the guard: its entry stays `open`,
@@ -47,6 +47,7 @@ log = logging.getLogger("runplane.actors")
 
 DEFAULT_LEASE_S = 60.0
 RELEASE_DEADLINE_S = 2.0
+RECORD_DEADLINE_S = 5.0
 
 
 @attrs.define(eq=False)
@@ -167,14 +168,23 @@ async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFA
     (or, if even that could not be recorded, open) for a supervisor.
     """
     owner = outbox.new_owner_id("run")
-    try:
-        if not await outbox.mark_pending(port, scope, owner, lease_s):
-            return True  # already done by someone else
-    except EngineError as exc:
-        log.warning("run %s: could not record terminal outbox entry: %s", scope.run_id, exc)
+    # Recording is one short statement, shielded (with a deadline) so that a cancellation
+    # arriving just after the body ended cannot leave a finished run looking wakeable.
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + RECORD_DEADLINE_S) as scope_:
+        try:
+            recorded = await outbox.mark_pending(port, scope, owner, lease_s)
+        except EngineError as exc:
+            log.warning("run %s: could not record terminal outbox entry: %s", scope.run_id, exc)
+            return False
+    if scope_.cancelled_caught:
+        log.warning("run %s: recording the terminal outbox entry ran past %.0fs",
+                    scope.run_id, RECORD_DEADLINE_S)
         return False
+    if not recorded:
+        return True  # already done by someone else
     settled = False
     try:
+        await trio.lowlevel.checkpoint()  # a pending cancellation lands here, after the record
         outcome = await retirement.finish_entry(port, scope, owner, lease_s=lease_s)
         settled = True
         return outcome.settled

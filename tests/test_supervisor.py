@@ -253,3 +253,18 @@ async def test_the_drainer_backs_off_while_the_store_is_down_then_drains(tenant)
             await sup.wait_retired(scope)
     assert hook.failures == 3 and sup.failures == 3
     assert await outbox_state(tenant, scope.run_id) == "done"
+
+
+async def test_a_run_cancelled_just_after_its_body_returned_is_still_recorded(tenant):
+    with trio.CancelScope() as outer:
+        async with open_run(tenant, "play") as run:
+            await run.stage_array("t", "m", occurrences(30))
+            outer.cancel()  # lands in the guard, after the body returned (terminally)
+    assert outer.cancelled_caught
+    entry = await outbox.get(tenant, run.scope)
+    assert entry.state == "pending"  # recorded (shielded), retirement left to a supervisor
+    assert "array_input_page" in await fact_kinds(tenant, run.run_id)
+    async with open_supervisor(tenant, poll_interval=0.05) as sup:
+        with trio.fail_after(10):
+            await sup.wait_retired(run.scope)
+    assert await fact_kinds(tenant, run.run_id) == ["array_input_guard"]
