@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from engine import canonical
 from engine.sheets import row_key
 from engine.sheets.layout import SYSTEM_COLUMNS, column_name, table_name
-from engine.sheets.model import canonical_dumps, is_canonical, normalize_fast, patch_dumps
+from engine.sheets.inputs import canonical_dumps, is_canonical, normalize_fast, patch_dumps
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),

@@ -23,8 +23,8 @@ from .model import (
     SheetContract,
     Summary,
     Timing,
-    row_key,
 )
+from .inputs import row_key
 from .reading import read_rows, summary
 
 __all__ = [

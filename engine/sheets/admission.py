@@ -33,34 +33,21 @@ from engine.pg import Connection
 from engine.ports import Port, sequence_literal, table
 from engine.scopes import RunRef, check_scope, normalize_namespace
 
-from .layout import PhaseClock, SheetLayout, column, layout_for, run_sheet_transaction
+from .inputs import PreparedRows, prepare_rows
+from .layout import BindParams, PhaseClock, SheetLayout, column, layout_for, run_sheet_transaction
 from .model import (
     Admission,
     AdmittedRow,
     Attempt,
     BlockedRow,
     CellPolicy,
-    PreparedRows,
     SheetContract,
     Timing,
     clean_field,
-    prepare_rows,
 )
 
 ADMIT_CHUNK_ROWS = 10_000
 ADMIT_STATEMENT_TIMEOUT_MS = 120_000
-
-
-class _Params:
-    """Allocates `$n` bind positions while a statement is built."""
-
-    def __init__(self, first: int) -> None:
-        self.values: list[Any] = []
-        self.first = first
-
-    def add(self, value: Any, cast: str) -> str:
-        self.values.append(value)
-        return f"${self.first + len(self.values) - 1}::{cast}"
 
 
 def build_admit_sql(
@@ -71,7 +58,7 @@ def build_admit_sql(
     Binds: $1 keys, $2 input indexes, $3 write version, $4 run id, $5 attempt id, $6 attempt
     seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status, $12 row JSON.
     """
-    extra = _Params(13)
+    extra = BindParams(13)
     t = layout.qualified
     inputs = [(column(f), extra.add(f, "text")) for f in contract.inputs]
     outputs = []

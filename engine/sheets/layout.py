@@ -104,6 +104,18 @@ class SheetLayout:
         return (self.org_id, self.play, self.namespace)
 
 
+class BindParams:
+    """Allocates `$n` bind positions while a statement is built (values stay binds)."""
+
+    def __init__(self, first: int) -> None:
+        self.values: list[Any] = []
+        self.first = first
+
+    def add(self, value: Any, cast: str) -> str:
+        self.values.append(value)
+        return f"${self.first + len(self.values) - 1}::{cast}"
+
+
 def column(field: str) -> str:
     """The quoted physical column of `field`."""
     return quote_ident(column_name(field))

@@ -1,0 +1,315 @@
+"""SQL of completion: the exact-key statements, the insertion of missing rows, the repair.
+
+How it works
+- `build_exact_sql_returning_old` (PostgreSQL >= 18) and `build_exact_sql` (older servers)
+  build the one statement per chunk that fences, applies and counts; `build_insert_sql` the one
+  that inserts completed rows no key or input index matched. All share the bind layout
+  documented on each builder; field names always travel as binds.
+- Counter deltas (`_counter_ctes`) come from the rows the statement changed: status
+  transitions for `sheet_summary`, cell-meta status transitions of the counted fields for
+  `sheet_column_summary`, both in one pass over the changed rows.
+Who calls: `engine.sheets.completion` only.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from engine.ports import Port, sequence_literal, table
+
+from .layout import BindParams, SheetLayout, column
+
+_BASE_META = """
+base AS MATERIALIZED (
+    SELECT coalesce(jsonb_object_agg(f, jsonb_build_object(
+               'status', 'completed', 'run_id', $5::text,
+               'completed_at', extract(epoch FROM now())::float8)), '{}'::jsonb) AS meta
+      FROM unnest($7::text[]) AS f
+)"""
+
+# The cell-meta patch of one outcome: the completed base, each field merged with the
+# outcome's own meta for it (completed outcomes); the outcome's own meta (failed ones).
+_COMPLETED_PATCH = """CASE WHEN i.meta IS NULL THEN b.meta ELSE b.meta || (
+    SELECT jsonb_object_agg(e.key, coalesce(b.meta -> e.key, '{}'::jsonb) || e.value)
+      FROM jsonb_each(i.meta) AS e) END"""
+_FAILED_PATCH = "coalesce(i.meta, '{}'::jsonb)"
+
+# New cell meta. A row already in the target status may be a replay: its fields recorded
+# identically but for `completed_at` keep the old entry. Other rows just take the patch.
+_NEW_META = """CASE WHEN s._status = '{target}' THEN s._cell_meta || coalesce((
+    SELECT jsonb_object_agg(e.key, CASE
+               WHEN jsonb_typeof(s._cell_meta -> e.key) = 'object'
+                AND (s._cell_meta -> e.key) - 'completed_at' = e.value - 'completed_at'
+               THEN s._cell_meta -> e.key ELSE e.value END)
+      FROM jsonb_each(p.patch) AS e), '{{}}'::jsonb)
+    ELSE s._cell_meta || p.patch END"""
+
+
+def _counter_ctes(
+    summary: str, column_summary: str, moved: str, target: str | None, counted: Sequence[str]
+) -> str:
+    """CTEs applying the status and cell-meta deltas of the rows in `moved` (prev_status,
+    prev_meta, new_meta); `target` is the status they moved to, `counted` the binds naming the
+    fields whose cell-meta status may have moved (one pass over `moved` for all of them)."""
+    completed_plus = "d.n" if target == "enriched" else "0"
+    failed_plus = "d.n" if target == "failed" else "0"
+    sums = ", ".join(
+        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed')::int"
+        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed')::int)"
+        f" AS c{j}, "
+        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'failed')::int"
+        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'failed')::int) AS f{j}"
+        for j, name in enumerate(counted)
+    )
+    rows = ", ".join(f"({name}, d.c{j}, d.f{j})" for j, name in enumerate(counted))
+    if counted:
+        cells = f"""
+cell_delta AS (
+    SELECT {sums} FROM {moved} AS m WHERE cardinality($8::text[]) >= 0
+),
+column_summary AS (
+    INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
+    SELECT $9::text, $10::text, $11::text, v.field, v.completed, v.failed
+      FROM cell_delta d CROSS JOIN LATERAL (VALUES {rows}) AS v(field, completed, failed)
+     WHERE v.completed <> 0 OR v.failed <> 0
+    ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
+       SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
+    RETURNING 1
+)"""
+    else:
+        cells = """
+column_summary AS (SELECT 1 WHERE cardinality($8::text[]) < 0)"""
+    return f"""
+status_delta AS (
+    SELECT count(*) AS n,
+           count(*) FILTER (WHERE prev_status = 'pending') AS was_pending,
+           count(*) FILTER (WHERE prev_status = 'running') AS was_running,
+           count(*) FILTER (WHERE prev_status = 'enriched') AS was_enriched,
+           count(*) FILTER (WHERE prev_status = 'failed') AS was_failed,
+           count(*) FILTER (WHERE prev_status IS NULL) AS was_absent
+      FROM {moved}
+),
+summary AS (
+    UPDATE {summary} AS s
+       SET total = s.total + d.was_absent,
+           queued = s.queued - d.was_pending,
+           running = s.running - d.was_running,
+           completed = s.completed - d.was_enriched + {completed_plus},
+           failed = s.failed - d.was_failed + {failed_plus},
+           updated_at = now()
+      FROM status_delta d
+     WHERE s.org_id = $9::text AND s.play = $10::text AND s.table_namespace = $11::text
+       AND d.n > 0
+    RETURNING 1
+),{cells}"""
+
+
+def build_exact_sql(
+    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+) -> str:
+    """The exact-key statement of one chunk.
+
+    Binds: $1 keys, $2 data, $3 cell meta, $4 write version, $5 run id, $6 attempt id,
+    $7 fields marked completed, $8 fields whose cell counters may move, $9 org, $10 play,
+    $11 namespace, $12 errors, then one name per data field.
+    Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
+    the sheet whatever the planner believes about its size.
+    """
+    names = BindParams(13)
+    t = layout.qualified
+    cols = [(column(f), names.add(f, "text")) for f in fields]
+    counted_names = [names.add(f, "text") for f in counted]
+    data_changed = "".join(
+        f" OR (i.data ? {name} AND s.{col} IS DISTINCT FROM i.data -> {name})" for col, name in cols
+    )
+    sets = "".join(
+        f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
+        for col, name in cols
+    )
+    target = "failed" if failed else "enriched"
+    already = "WHEN s._status = 'enriched' THEN 'already_completed'" if failed else ""
+    patch = _FAILED_PATCH if failed else _COMPLETED_PATCH
+    new_error = "i.error" if failed else "NULL::text"
+    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
+    counters = _counter_ctes(
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
+        counted_names,
+    )
+    new_meta = _NEW_META.format(target=target)
+    return f"""
+WITH input AS MATERIALIZED (
+    SELECT u.key, u.data, u.meta, u.error, u.ord
+      FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $12::text[])
+           WITH ORDINALITY AS u(key, data, meta, error, ord)
+),{_BASE_META},
+cur AS MATERIALIZED (
+    SELECT i.ord, i.key, i.data, i.error, s._key IS NOT NULL AS found,
+           s._status AS prev_status, s._write_version AS prev_version,
+           s._cell_meta AS prev_meta, n.new_meta,
+           CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
+                WHEN s._write_version < $4::bigint THEN 'unadmitted'
+                WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
+                     AND s._attempt_id <> $6::text THEN 'attempt_superseded'
+                {already}
+           END AS fence,
+           (s._status IS DISTINCT FROM '{target}' OR s._error IS DISTINCT FROM {new_error}
+            OR n.new_meta IS DISTINCT FROM s._cell_meta{data_changed}) AS changed
+      FROM input i
+      CROSS JOIN base b
+      LEFT JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
+      CROSS JOIN LATERAL (SELECT {patch} AS patch) AS p
+      CROSS JOIN LATERAL (SELECT {new_meta} AS new_meta) AS n
+),
+applied AS (
+    UPDATE {t} AS t
+       SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = c.new_meta,
+           _attempt_expires_at = NULL, _version = {version}, _updated_at = now(){sets}
+      FROM cur c
+     WHERE c.found AND c.fence IS NULL AND c.changed
+       AND t._key = c.key AND t._write_version = $4::bigint
+    RETURNING c.prev_status, c.prev_meta, c.new_meta
+),{counters}
+SELECT (SELECT count(*) FROM applied) AS updated,
+       (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows,
+       (SELECT array_agg(ord ORDER BY ord) FROM cur WHERE NOT found) AS missing_ords,
+       (SELECT array_agg(ord ORDER BY ord) FROM cur WHERE fence IS NOT NULL) AS fenced_ords,
+       (SELECT array_agg(fence ORDER BY ord) FROM cur WHERE fence IS NOT NULL) AS fenced_reasons,
+       (SELECT array_agg(prev_version ORDER BY ord) FROM cur WHERE fence IS NOT NULL)
+           AS fenced_versions
+"""
+
+
+def build_exact_sql_returning_old(
+    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+) -> str:
+    """The exact-key statement for PostgreSQL >= 18, with the binds of `build_exact_sql`.
+
+    The fenced UPDATE probes each row once and returns the old status and cell meta for the
+    counters (`RETURNING old.*`). Rows it did not update are classified afterwards from the
+    statement's snapshot — and only when some row was not updated (a one-time filter), so the
+    common all-applied chunk never probes the sheet twice.
+    """
+    names = BindParams(13)
+    t = layout.qualified
+    cols = [(column(f), names.add(f, "text")) for f in fields]
+    counted_names = [names.add(f, "text") for f in counted]
+    data_changed = "".join(
+        f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})" for col, name in cols
+    )
+    sets = "".join(
+        f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
+        for col, name in cols
+    )
+    target = "failed" if failed else "enriched"
+    already = "WHEN s._status = 'enriched' THEN 'already_completed'" if failed else ""
+    not_enriched = "AND t._status <> 'enriched'" if failed else ""
+    patch = _FAILED_PATCH if failed else _COMPLETED_PATCH
+    new_error = "c.error" if failed else "NULL::text"
+    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
+    counters = _counter_ctes(
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
+        counted_names,
+    )
+    new_meta = (
+        _NEW_META.format(target=target)
+        .replace("s._status", "t._status").replace("s._cell_meta", "t._cell_meta")
+        .replace("p.patch", "c.patch")
+    )
+    return f"""
+WITH {_BASE_META.strip()},
+source AS MATERIALIZED (
+    SELECT i.key, i.data, i.error, i.ord, {patch} AS patch
+      FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $12::text[])
+           WITH ORDINALITY AS i(key, data, meta, error, ord)
+      CROSS JOIN base b
+),
+applied AS (
+    UPDATE {t} AS t
+       SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = {new_meta},
+           _attempt_expires_at = NULL, _version = {version}, _updated_at = now(){sets}
+      FROM source c
+     WHERE t._key = c.key AND t._write_version = $4::bigint
+       AND ($6::text IS NULL OR t._attempt_id IS NULL OR t._attempt_id = $6::text)
+       {not_enriched}
+       AND (t._status IS DISTINCT FROM '{target}' OR t._error IS DISTINCT FROM {new_error}{data_changed}
+            OR {new_meta} IS DISTINCT FROM t._cell_meta)
+    RETURNING c.ord, old._status AS prev_status, old._cell_meta AS prev_meta,
+              new._cell_meta AS new_meta
+),{counters},
+rest AS MATERIALIZED (
+    SELECT i.ord, s._key IS NOT NULL AS found, s._write_version AS prev_version,
+           CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
+                WHEN s._write_version < $4::bigint THEN 'unadmitted'
+                WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
+                     AND s._attempt_id <> $6::text THEN 'attempt_superseded'
+                {already}
+           END AS fence
+      FROM source i
+      LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id FROM {t} AS s
+                          WHERE s._key = i.key LIMIT 1) AS s ON true
+     WHERE (SELECT count(*) FROM applied) < (SELECT count(*) FROM source)
+)
+SELECT (SELECT count(*) FROM applied) AS updated,
+       (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows,
+       (SELECT array_agg(ord ORDER BY ord) FROM rest WHERE NOT found) AS missing_ords,
+       (SELECT array_agg(ord ORDER BY ord) FROM rest WHERE fence IS NOT NULL) AS fenced_ords,
+       (SELECT array_agg(fence ORDER BY ord) FROM rest WHERE fence IS NOT NULL) AS fenced_reasons,
+       (SELECT array_agg(prev_version ORDER BY ord) FROM rest WHERE fence IS NOT NULL)
+           AS fenced_versions
+"""
+
+
+def build_insert_sql(
+    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str]
+) -> str:
+    """Insert completed outcomes whose rows are missing, as `enriched` rows of our version.
+
+    Binds: $1 keys, $2 data, $3 cell meta, $4 write version, $5 run id, $6 attempt id,
+    $7 fields marked completed, $8 fields whose cell counters may move, $9 org, $10 play,
+    $11 namespace, $12 input indexes, $13 attempt seq, then one name per data field.
+    """
+    names = BindParams(14)
+    t = layout.qualified
+    cols = [(column(f), names.add(f, "text")) for f in fields]
+    counted_names = [names.add(f, "text") for f in counted]
+    insert_cols = "".join(f", {col}" for col, _ in cols)
+    insert_vals = "".join(f", i.data -> {name}" for _, name in cols)
+    counters = _counter_ctes(
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "moved", "enriched",
+        counted_names,
+    )
+    return f"""
+WITH input AS MATERIALIZED (
+    SELECT u.key, u.data, u.meta, u.idx, u.ord
+      FROM unnest($1::text[], $2::jsonb[], $3::jsonb[], $12::bigint[])
+           WITH ORDINALITY AS u(key, data, meta, idx, ord)
+),{_BASE_META},
+inserted AS (
+    INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
+                     _attempt_seq, _cell_meta{insert_cols})
+    SELECT i.key, 'enriched', $5::text, $4::bigint, i.idx, $6::text, $13::integer,
+           {_COMPLETED_PATCH}{insert_vals}
+      FROM input i CROSS JOIN base b
+    ON CONFLICT (_key) DO NOTHING
+    RETURNING _key, _cell_meta
+),
+moved AS MATERIALIZED (
+    SELECT NULL::text AS prev_status, '{{}}'::jsonb AS prev_meta, _cell_meta AS new_meta
+      FROM inserted
+),{counters}
+SELECT (SELECT array_agg(_key) FROM inserted) AS inserted_keys,
+       (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows
+"""
+
+
+# The repair joins on (write version, input index), which no index covers: let the planner
+# hash it (the sheet transaction turned hash and merge joins off for its key probes).
+_JOINS_ON = "SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on"
+
+_REPAIR_TARGETS = """
+SELECT u.ord, s._key
+  FROM unnest($1::bigint[], $2::bigint[]) AS u(ord, idx)
+  JOIN {t} s ON s._write_version = $3::bigint AND s._input_index = u.idx
+ WHERE s._key <> ALL($4::text[])
+ ORDER BY u.ord, s._key
+"""

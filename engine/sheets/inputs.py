@@ -1,0 +1,320 @@
+"""Input preparation: validate, normalize, key and encode rows and outcomes before any query.
+
+How it works
+- `is_canonical` checks without allocating whether `canonical.normalize` would return a value
+  unchanged; `normalize_fast` returns such values as they are, rebuilds values whose only
+  departure is an integral float, and hands anything else to `canonical.normalize` (which
+  cleans it or refuses it, naming the path). The result always equals `canonical.normalize`'s
+  (property-tested), without its per-element path strings on the common inputs.
+- `row_key(row, table_namespace)` is the SHA-256 (first 32 hex digits) of the normalized
+  namespace, a newline, and the canonical JSON of the normalized row.
+- `prepare_rows` and `prepare_outcomes` raise `InvalidInputError` naming the row and field for
+  anything malformed, so the operations that call them refuse before any query.
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import attrs
+
+from engine import canonical
+from engine.errors import InvalidInputError
+from engine.scopes import normalize_namespace
+
+from .model import DEFAULT_ROW_ERROR, MAX_KEY_CHARS, OUTCOME_STATUSES, RowOutcome
+
+_INT_LIMIT = 10**canonical.MAX_INT_DIGITS
+_isfinite = math.isfinite
+
+
+def _is_clean_str(value: str) -> bool:
+    if value.isascii():
+        return "\x00" not in value
+    return canonical._UNSTORABLE.search(value) is None
+
+
+def is_canonical(value: Any, depth: int = 0) -> bool:
+    """True when `canonical.normalize(value)` would return an equal value of the same types.
+
+    A fast check without allocation or path strings (scalars inside containers are checked
+    inline, the common case of flat rows); anything it is unsure of is False, and callers then
+    take `canonical.normalize`, which cleans or refuses with the path named.
+    """
+    kind = type(value)
+    if kind is dict:
+        if depth >= canonical.MAX_DEPTH:
+            return False
+        for key, item in value.items():
+            if type(key) is not str or not (
+                ("\x00" not in key) if key.isascii() else _is_clean_str(key)
+            ):
+                return False
+            kind = type(item)
+            if kind is str:
+                if not (("\x00" not in item) if item.isascii() else _is_clean_str(item)):
+                    return False
+            elif kind is int:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
+                    return False
+            elif kind is float:
+                if not _isfinite(item) or item.is_integer():
+                    return False
+            elif item is None or item is True or item is False:
+                continue
+            elif not is_canonical(item, depth + 1):
+                return False
+        return True
+    if kind is list:
+        if depth >= canonical.MAX_DEPTH:
+            return False
+        for item in value:
+            kind = type(item)
+            if kind is str:
+                if not (("\x00" not in item) if item.isascii() else _is_clean_str(item)):
+                    return False
+            elif kind is int:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
+                    return False
+            elif item is None or item is True or item is False:
+                continue
+            elif not is_canonical(item, depth + 1):
+                return False
+        return True
+    if kind is str:
+        return _is_clean_str(value)
+    if value is None or value is True or value is False:
+        return True
+    if kind is int:
+        return -_INT_LIMIT < value < _INT_LIMIT
+    if kind is float:
+        return _isfinite(value) and not value.is_integer()
+    return False
+
+
+class _NotSimple(Exception):
+    """Raised by `_rebuild` when a value needs `canonical.normalize` (to clean or refuse it)."""
+
+
+def _rebuild(value: Any, depth: int) -> Any:
+    """Rebuild a value whose only departure from canonical form is integral floats."""
+    kind = type(value)
+    if kind is float:
+        if not _isfinite(value):
+            raise _NotSimple
+        return int(value) if value.is_integer() else value
+    if kind is dict:
+        if depth >= canonical.MAX_DEPTH:
+            raise _NotSimple
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or not _is_clean_str(key):
+                raise _NotSimple
+            out[key] = _rebuild(item, depth + 1)
+        return out
+    if kind is list:
+        if depth >= canonical.MAX_DEPTH:
+            raise _NotSimple
+        return [_rebuild(item, depth + 1) for item in value]
+    if is_canonical(value, depth):
+        return value
+    raise _NotSimple
+
+
+def normalize_fast(value: Any, path: str) -> Any:
+    """`canonical.normalize(value, path)`, without its per-element path strings on the common
+    inputs: canonical values are returned as they are, values whose only departure is an
+    integral float are rebuilt directly, anything else goes through `canonical.normalize`."""
+    if is_canonical(value):
+        return value
+    try:
+        return _rebuild(value, 0)
+    except _NotSimple:
+        return canonical.normalize(value, path)
+
+
+def _key_of(namespace: str, row_text: str) -> str:
+    return hashlib.sha256(f"{namespace}\n{row_text}".encode("utf-8")).hexdigest()[:32]
+
+
+def row_key(row: Mapping[str, Any], table_namespace: str) -> str:
+    """The stable identity of a row in a sheet: hash of normalized namespace and row."""
+    if not isinstance(row, Mapping):
+        raise InvalidInputError(f"row must be a dict, got {type(row).__name__}")
+    namespace = normalize_namespace(table_namespace)
+    return _key_of(namespace, canonical.stable_dumps(canonical.normalize(row, "row")))
+
+
+@attrs.frozen
+class PreparedRows:
+    """Admission input after validation and deduplication (first occurrence wins)."""
+
+    keys: list[str]
+    indexes: list[int]
+    rows: list[dict]
+    texts: list[str] | None  # canonical JSON of each row, when input cells are stored
+    skipped: int
+
+
+def check_key(key: object, where: str) -> str:
+    if not isinstance(key, str):
+        raise InvalidInputError(f"{where}: key must be a string, got {type(key).__name__}")
+    if not 1 <= len(key) <= MAX_KEY_CHARS:
+        raise InvalidInputError(f"{where}: key must have 1 to {MAX_KEY_CHARS} characters")
+    if not _is_clean_str(key):
+        raise InvalidInputError(f"{where}: key holds NUL or a lone surrogate")
+    return key
+
+
+def prepare_rows(
+    rows: Sequence[Any],
+    namespace: str,
+    *,
+    input_offset: int,
+    keys: Sequence[Any] | None,
+    need_texts: bool,
+) -> PreparedRows:
+    """Validate, normalize, key and deduplicate admission rows; raise before any query."""
+    if isinstance(input_offset, bool) or not isinstance(input_offset, int) or input_offset < 0:
+        raise InvalidInputError(f"input_offset must be an integer >= 0, got {input_offset!r}")
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+        raise InvalidInputError("rows must be a sequence of dicts")
+    if keys is not None:
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise InvalidInputError("keys must be a sequence of strings")
+        if len(keys) != len(rows):
+            raise InvalidInputError(
+                f"keys has {len(keys)} entries but rows has {len(rows)}; they must match"
+            )
+    dumps = canonical_dumps
+    seen: set[str] = set()
+    out_keys: list[str] = []
+    out_indexes: list[int] = []
+    out_rows: list[dict] = []
+    texts: list[str] | None = [] if (need_texts or keys is None) else None
+    for position, row in enumerate(rows):
+        if type(row) is not dict and not isinstance(row, dict):
+            raise InvalidInputError(f"rows[{position}] must be a dict, got {type(row).__name__}")
+        clean = dict(row) if is_canonical(row) else normalize_fast(row, f"rows[{position}]")
+        text = dumps(clean) if texts is not None else None
+        if keys is None:
+            key = _key_of(namespace, text)
+        else:
+            key = check_key(keys[position], f"keys[{position}]")
+        if key in seen:
+            continue
+        seen.add(key)
+        out_keys.append(key)
+        out_indexes.append(input_offset + position)
+        out_rows.append(clean)
+        if texts is not None:
+            texts.append(text)
+    return PreparedRows(
+        out_keys, out_indexes, out_rows, texts if need_texts else None, len(rows) - len(out_keys)
+    )
+
+
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+class PreparedOutcome(NamedTuple):
+    key: str
+    failed: bool
+    input_index: int | None
+    data_text: str
+    meta_text: str | None
+    error: str | None
+    data_keys: tuple[str, ...]
+    meta_keys: tuple[str, ...]
+    size: int
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _c_encoder(sort_keys: bool) -> Callable[[Any], str]:
+    """A reusable C JSON encoder (json.dumps builds a new one per call) with the canonical
+    settings: compact, UTF-8 text, no NaN. Only for values already canonical."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython always has it
+        return json.JSONEncoder(
+            ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys, allow_nan=False,
+            check_circular=False,
+        ).encode
+    encode = make(None, _refuse, json.encoder.encode_basestring, None, ":", ",", sort_keys,
+                  False, False)
+    join = "".join
+    return lambda value: join(encode(value, 0))
+
+
+canonical_dumps = _c_encoder(sort_keys=True)  # == canonical.stable_dumps on canonical values
+patch_dumps = _c_encoder(sort_keys=False)
+
+
+def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], int]:
+    """Validate and encode outcomes; duplicates collapse to the last one.
+
+    Returns the unique outcomes (each at the position of its last occurrence) and the number
+    of input outcomes.
+    """
+    if isinstance(outcomes, (str, bytes, Mapping)) or not isinstance(outcomes, Sequence):
+        raise InvalidInputError("outcomes must be a sequence of RowOutcome")
+    by_key: dict[str, PreparedOutcome] = {}
+    dumps = patch_dumps
+    for i, outcome in enumerate(outcomes):
+        if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
+            raise InvalidInputError(
+                f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
+            )
+        key = outcome.key
+        if type(key) is not str or not 0 < len(key) <= MAX_KEY_CHARS or not _is_clean_str(key):
+            check_key(key, f"outcomes[{i}]")
+        status = outcome.status
+        if status == "completed":
+            failed = False
+        elif status == "failed":
+            failed = True
+        else:
+            raise InvalidInputError(
+                f"outcomes[{i}].status {status!r} is not one of {OUTCOME_STATUSES}"
+            )
+        data = outcome.data
+        if data is None:
+            data = {}
+        elif not is_canonical(data):
+            data = normalize_fast(data, f"outcomes[{i}].data")
+        if "" in data:
+            raise InvalidInputError(f"outcomes[{i}].data: field name must not be empty")
+        meta_text = None
+        meta_keys: tuple[str, ...] = ()
+        if outcome.cell_meta:
+            meta = normalize_fast(outcome.cell_meta, f"outcomes[{i}].cell_meta")
+            for name, value in meta.items():
+                if not name:
+                    raise InvalidInputError(f"outcomes[{i}].cell_meta: field name must not be empty")
+                if type(value) is not dict:
+                    raise InvalidInputError(f"outcomes[{i}].cell_meta.{name} must be an object")
+            meta_text = dumps(meta)
+            meta_keys = tuple(meta)
+        error = None
+        if failed:
+            error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
+            if not _is_clean_str(error):
+                error = canonical.normalize(error)
+        data_text = dumps(data)
+        size = len(data_text) if data_text.isascii() else len(data_text.encode("utf-8"))
+        if meta_text is not None:
+            size += _utf8_size(meta_text)
+        if key in by_key:
+            del by_key[key]  # the last wins; it takes the position of its last occurrence
+        by_key[key] = PreparedOutcome(
+            key, failed, outcome.input_index, data_text, meta_text, error, tuple(data),
+            meta_keys, size,
+        )
+    return list(by_key.values()), len(outcomes)
