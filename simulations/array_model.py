@@ -26,6 +26,7 @@ import attrs
 
 from engine.array_input import Occurrence, PageDraft, paginate, source_fingerprint
 from engine.array_input.pages import encode_page
+from engine.canonical import normalize
 
 Op = Literal["begin", "put_page", "seal", "read_page", "get_manifest", "retire"]
 
@@ -182,13 +183,8 @@ class ArrayModel:
             ordinal, page = e.detail
             draft = self.drafts[ordinal]
             if page.offset != draft.offset or list(page.rows) != [
-                Occurrence(_normalized(o.data), o.source_identity) for o in draft.rows
+                Occurrence(normalize(o.data), o.source_identity) for o in draft.rows
             ]:
                 out.append(f"{e.actor}: read_page({ordinal}) returned rows that are not the source's")
         return out
 
-
-def _normalized(data: dict) -> dict:
-    from engine.canonical import normalize
-
-    return normalize(data)

@@ -28,8 +28,9 @@ import attrs
 import trio
 from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
 
-from engine import MapScope, RunScope, open_tenant
+from engine import RunScope, open_tenant
 from engine import array_input as A
+from engine.array_input.facts import page_key
 from engine.errors import EngineError, RetiredError
 from engine.keys import decode_key
 from engine.ports import table
@@ -217,8 +218,6 @@ class _Example:
                 return
 
     async def tamper(self, ordinal: int, delay_ms: int) -> None:
-        from engine.array_input.facts import page_key
-
         await trio.sleep(delay_ms / 1000)
         async with self.tenant.connection("receipts") as conn:
             status = await conn.execute(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import trio
 
 from engine import MapScope, RunScope, array_input as A, open_tenant, receipts, runs
 from engine.errors import (
