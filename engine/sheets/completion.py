@@ -62,6 +62,12 @@ COMPLETE_STATEMENT_TIMEOUT_MS = 60_000
 RETURNING_OLD_SINCE = 180000
 
 
+def _nullable(values: list[Any]) -> list[Any] | None:
+    """An array bind, or None when every entry is None: a NULL array, which a multi-argument
+    unnest pads with NULLs, costs nothing to encode and send."""
+    return values if any(v is not None for v in values) else None
+
+
 def _chunks(outcomes: list[PreparedOutcome]) -> list[list[PreparedOutcome]]:
     chunks: list[list[PreparedOutcome]] = []
     current: list[PreparedOutcome] = []
@@ -124,8 +130,8 @@ class _Writer:
         counted = self._counted(chunk, failed)
         sql = build(self.port, self.layout, fields, counted, failed)
         args = [
-            keys, [o.data_text for o in chunk], [o.meta_text for o in chunk],
-            *self._common(counted, failed), [o.error for o in chunk], *fields, *counted,
+            keys, [o.data_text for o in chunk], _nullable([o.meta_text for o in chunk]),
+            *self._common(counted, failed), _nullable([o.error for o in chunk]), *fields, *counted,
         ]
         record = await self.clock.measure(phase, conn.fetchrow(sql, *args))
         tally.chunks += 1
@@ -179,7 +185,7 @@ class _Writer:
             sql = build_insert_sql(self.port, self.layout, fields, counted)
             args = [
                 [o.key for o in chunk], [o.data_text for o in chunk],
-                [o.meta_text for o in chunk], *self._common(counted, False),
+                _nullable([o.meta_text for o in chunk]), *self._common(counted, False),
                 [o.input_index for o in chunk],
                 self.attempt.seq if self.attempt else None, *fields, *counted,
             ]
