@@ -10,7 +10,8 @@ How it works
   boundary: `staging` (the sealer's page putters), `admission`, `completion` (the completer's
   writer, i.e. inside a completion batch), or `executed` (after n user-function calls). When the
   point is reached the first incarnation is cancelled from outside, as a killed process would be;
-  outcomes already computed are flushed by the map's shielded flush. In zombie mode the first
+  outcomes already computed are flushed by the map's shielded flush — or, with `flush_fault`,
+  the store fails inside that flush and those outcomes are lost (their rows simply run again). In zombie mode the first
   incarnation is not cancelled: it runs on under attempt `a1` (lease 0 s, so it is superseded at
   once) while the wake runs under attempt `a2`, and its late writes must be fenced.
 - Just before the wake starts, the sheet is read: the rows enriched then are *finished before
@@ -30,6 +31,7 @@ How it works
 from __future__ import annotations
 
 import collections
+import logging
 import uuid
 from typing import Any, Literal
 
@@ -39,7 +41,7 @@ from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, st
 
 from actors import open_run
 from engine import PlayScope, RunScope, array_input, open_tenant, sheets
-from engine.errors import EngineError, RetiredError
+from engine.errors import EngineError, RetiredError, StoreUnavailableError
 from engine.sheets.layout import column, layout_for
 
 from . import resolve_dsn
@@ -65,6 +67,7 @@ class Plan:
     crash_phase: Phase
     crash_at: int
     zombie: bool
+    flush_fault: bool
     concurrency: int
     first_faults: FaultPlan
     wake_faults: FaultPlan
@@ -76,6 +79,7 @@ class Plan:
         kinds = [f.kind for f in self.first_faults.steps if f.kind not in ("none", "checkpoint")]
         return (f"rows={self.rows} source={self.source} failing={sorted(self.failing)} "
                 f"crash={self.crash_phase}#{self.crash_at} zombie={self.zombie} "
+                f"flush_fault={self.flush_fault} "
                 f"concurrency={self.concurrency} first_faults={kinds}")
 
 
@@ -95,7 +99,8 @@ def plans(draw) -> Plan:
         failing=failing,
         crash_phase=phase,
         crash_at=draw(st.integers(1, most), label="crash_at"),
-        zombie=draw(st.booleans(), label="zombie"),
+        zombie=(zombie := draw(st.booleans(), label="zombie")),
+        flush_fault=not zombie and draw(st.booleans(), label="flush_fault"),
         concurrency=draw(st.sampled_from((1, 4, 16)), label="concurrency"),
         first_faults=draw(fault_plans(max_steps=16, kinds=("none", "checkpoint", "delay")),
                           label="first_faults"),
@@ -111,8 +116,10 @@ class CrashPoint:
     phase: Phase
     at: int
     crash: Any  # a callable: cancel, or hand over to the wake
+    flush_fault: bool = False
     counts: collections.Counter = attrs.field(factory=collections.Counter)
     fired: bool = False
+    flush_faults: int = 0
 
     def tick(self, phase: str) -> bool:
         if self.fired or phase != self.phase:
@@ -126,6 +133,12 @@ class CrashPoint:
 
     async def at_boundary(self, boundary) -> None:
         name = trio.lowlevel.current_task().name
+        if self.fired and self.flush_fault and name.endswith("Example.first") \
+                and boundary.kind == "checkout" and not self.flush_faults:
+            # After the crash, the run body's task touches the store only to flush computed
+            # outcomes (shielded): the store fails there, and those outcomes are lost.
+            self.flush_faults += 1
+            raise StoreUnavailableError("injected: store lost during the cancellation flush")
         phase = next((p for suffix, p in TASK_PHASES.items() if name.endswith(suffix)), None)
         if phase is not None and self.tick(phase):
             await trio.lowlevel.checkpoint()  # a cancellation lands here, inside the call
@@ -249,7 +262,7 @@ async def play_example(example: Example) -> None:
         else:
             crash.cancel()
 
-    crash_point = CrashPoint(plan.crash_phase, plan.crash_at, on_crash)
+    crash_point = CrashPoint(plan.crash_phase, plan.crash_at, on_crash, plan.flush_fault)
     first_port = FaultyPort(HookedPort(tenant, crash_point), plan.first_faults)
     wake_port = FaultyPort(tenant, plan.wake_faults)
     async with trio.open_nursery() as nursery:
@@ -268,7 +281,7 @@ async def play_example(example: Example) -> None:
             if not (ended_terminally and plan.source == "list"):
                 example.violations.append("the wake met RetiredError although the run was "
                                           "never retired")
-    example.faults = first_port.injected + wake_port.injected
+    example.faults = first_port.injected + wake_port.injected + crash_point.flush_faults
     rerun = set(example.calls["wake"]) & finished_before
     if rerun:
         example.violations.append(
@@ -326,6 +339,8 @@ async def check_final(example: Example) -> list[str]:
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
     dsn = resolve_dsn(dsn)
+    # Injected store faults make the actors log warnings (a lost flush); keep the report clean.
+    logging.getLogger("runplane.actors").setLevel(logging.ERROR)
     report = SimulationReport(NAME)
 
     @settings(max_examples=examples, database=None, deadline=None,

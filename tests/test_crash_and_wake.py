@@ -22,7 +22,7 @@ def test_crash_and_wake_simulation_ci_sized(dsn):
 
 def plan(**changes) -> Plan:
     base = dict(rows=1500, source="list", failing=frozenset({3, 1200}), crash_phase="completion",
-                crash_at=1, zombie=False, concurrency=4, first_faults=FaultPlan.quiet(),
+                crash_at=1, zombie=False, flush_fault=False, concurrency=4, first_faults=FaultPlan.quiet(),
                 wake_faults=FaultPlan.quiet())
     return Plan(**{**base, **changes})
 
@@ -31,10 +31,11 @@ def plan(**changes) -> Plan:
     plan(crash_phase="staging", crash_at=2),             # mid-staging: the wake resumes puts
     plan(crash_phase="completion", crash_at=1),          # inside the first completion batch
     plan(crash_phase="executed", crash_at=700),          # half the rows computed
+    plan(crash_phase="executed", crash_at=700, flush_fault=True),  # the flush itself fails
     plan(crash_phase="admission", crash_at=3, source="stream"),
     plan(crash_phase="completion", crash_at=2, zombie=True),   # a zombie attempt keeps writing
     plan(crash_phase="executed", crash_at=10, zombie=True, source="stream", concurrency=1),
-], ids=["staging", "completion", "executed", "admission-stream", "zombie", "zombie-stream"])
+], ids=["staging", "completion", "executed", "flush-fault", "admission-stream", "zombie", "zombie-stream"])
 def test_pinned_crash_points(dsn, pinned):
     violations, _ = trio.run(crash_and_wake.run_example, dsn, pinned)
     assert violations == []
