@@ -243,17 +243,20 @@ def status(args: argparse.Namespace) -> int:
             scope = PlayScope(tenant.org_id, args.play)
             s = quote_ident(tenant.schema)
             async with tenant.connection("sheet") as conn:
-                if args.table is None:
-                    tables = [row[0] for row in await conn.fetch(
-                        _PLAY_TABLES.format(t=f"{s}.sheet_summary"), scope.org_id, scope.play)]
-                else:
-                    tables = [normalize_namespace(args.table)]
+                tables = [row[0] for row in await conn.fetch(
+                    _PLAY_TABLES.format(t=f"{s}.sheet_summary"), scope.org_id, scope.play)]
                 runs = await conn.fetch(
                     _PLAY_RUNS.format(runs=f"{s}.runs", outbox=f"{s}.terminal_outbox"),
                     scope.org_id, scope.play)
             if not tables and not runs:
                 print(f"play {scope.play!r} has no sheets and no runs", file=sys.stderr)
                 return 1
+            if args.table is not None:
+                wanted = normalize_namespace(args.table)
+                if wanted not in tables:
+                    print(f"play {scope.play!r} has no table {wanted!r}", file=sys.stderr)
+                    return 1
+                tables = [wanted]
             for table in tables:
                 summary = await sheets.summary(tenant, scope, table)
                 print(f"table {table}: total {summary.total}, queued {summary.queued}, "

@@ -94,6 +94,8 @@ def test_run_a_play_file_with_csv_and_jsonl_input(schema, capsys):
     out = capsys.readouterr().out
     assert "table companies: total 9, queued 0, running 0, completed 8, failed 1" in out
     assert "column tld: completed 8, failed 0" in out
+    assert main(["status", "enrich-companies", "nope", "--schema", schema]) == 1
+    assert capsys.readouterr().err.strip() == "play 'enrich-companies' has no table 'nope'"
 
 
 def test_play_errors_and_bad_files_are_one_line(schema, capsys, tmp_path):
@@ -113,6 +115,7 @@ def test_play_errors_and_bad_files_are_one_line(schema, capsys, tmp_path):
     assert main(["run", str(failing), "--input", str(bad_input), "--schema", schema]) == 2
     assert "rows.jsonl:2: each line must be a JSON object" in capsys.readouterr().err
     assert main(["status", "nothing", "--schema", schema]) == 1
+    assert "play 'nothing' has no sheets and no runs" in capsys.readouterr().err
 
 
 def test_supervise_runs_until_interrupted(schema, dsn):
