@@ -414,3 +414,26 @@ async def test_a_zombie_attempt_of_the_same_run_is_fenced_by_the_new_attempt(ten
     assert {row.reason for row in late.fenced_rows} == {"attempt_superseded"}
     stored = await sheet(tenant)
     assert {row["upper"] for row in stored.values()} == {f"R{i}" for i in range(20)}
+
+
+async def test_a_wake_replays_the_staged_list_not_the_new_one(tenant):
+    run_id = new_run_id()
+
+    async def hang(row):
+        await trio.sleep_forever()
+
+    def crash_when_admitted(snapshot):
+        if snapshot.admitted == 1200:
+            crash.cancel()
+
+    with trio.CancelScope() as crash:
+        async with open_run(tenant, "play", run_id) as run:
+            await run.map("t", rows(1200), hang, contract=CONTRACT,
+                          on_progress=crash_when_admitted)
+    assert crash.cancelled_caught
+    wrapped, calls = counting()
+    async with open_run(tenant, "play", run_id) as woken:
+        result = await woken.map("t", rows(5, tag="other"), wrapped, contract=CONTRACT)
+    assert result.completed == 1200 and len(calls) == 1200
+    assert set(await sheet(tenant)) == {f"r{i}" for i in range(1200)}
+    assert await fact_kinds(tenant, run_id) == ["array_input_guard"]
