@@ -158,3 +158,18 @@ async def test_ensure_sheet_waits_for_shared_writers_on_the_exclusive_lock(tenan
             parked.release()
     assert done["writer"].committed_keys == (key,)
     assert set((await summary(tenant, scope, NS)).columns) == {"score", "later"}
+
+
+async def test_completion_chunks_by_patch_bytes_in_one_transaction(tenant):
+    run = await new_run(tenant, "play", "r1")
+    admission = await admit(tenant, run, NS, CONTRACT, [{"name": f"n{i}"} for i in range(10)])
+    big = "x" * (300 * 1024)  # ten 300 KiB patches: at most six fit under 2 MiB
+    port = CountingPort(tenant)
+    result = await complete(port, run, NS, CONTRACT, [
+        RowOutcome(r.key, "completed", {"score": big}) for r in admission.pending
+    ])
+    assert result.updated == 10 and result.diagnostics.chunks == 2
+    assert port.checkout_count == 1
+    assert [s.split()[0] for s in port.statements].count("BEGIN") == 1
+    stored = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["score"])
+    assert all(row["score"] == big for row in stored.values())
