@@ -161,7 +161,7 @@ def stored_row(occurrence: Occurrence, path: str) -> dict:
 # UTF-8 encoding fail. Anything unusual falls back to `normalize`, so the stored text is always
 # exactly `stable_dumps(normalize(...))`.
 _INT_LIMIT = 10**canonical.MAX_INT_DIGITS
-_ESCAPED_NUL = "\\u0000"
+_ESCAPED_NUL = b"\\u0000"
 
 
 def _plain(value: Any, depth: int) -> bool:
@@ -215,12 +215,14 @@ def _plain_row(occurrence: Occurrence) -> dict | None:
 
 def _encoded(text: str) -> bytes | None:
     """UTF-8 of canonical text, or None when a string in it breaks a jsonb rule."""
-    if _ESCAPED_NUL in text:
-        return None
     try:
-        return text.encode()
-    except UnicodeEncodeError:
+        encoded = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate
         return None
+    # Searching one byte is a memchr; most pages hold no backslash at all.
+    if b"\\" in encoded and _ESCAPED_NUL in encoded:
+        return None
+    return encoded
 
 
 def canonical_row(occurrence: Occurrence, path: str) -> bytes:
