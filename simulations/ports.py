@@ -7,12 +7,13 @@ How it works
   ...))` before every statement it sends — BEGIN, COMMIT, SAVEPOINT and RELEASE included, since
   they all pass through the one choke point `engine.pg.Connection._run`. What the hook raises
   (a transient error, `trio.Cancelled` from a cancelled scope) surfaces exactly where a real
-  fault would.
+  fault would; a query hook that returns `LOSE_REPLY` lets the statement run and then drops the
+  connection, so the caller sees `StoreUnavailableError` for a statement that took effect.
 - `HookedConnection` shares the driver connection of the checkout it wraps and sends every
   statement through that connection, so wrappers nest (`GatedPort(CountingPort(tenant))` both
-  gates and counts). When it ends up
-  broken (a cancelled statement, an injected connection loss) the wrapped connection is marked
-  broken too before the checkout is released, so the tenant closes it instead of pooling it.
+  gates and counts). When it ends up broken (a cancelled statement, an injected connection
+  loss) the wrapped connection is marked broken too before the checkout is released, so the
+  tenant closes it instead of pooling it.
 - Three hooks ship here: `CountingPort` (records every boundary: round trips per call, for the
   tests that bound them), `GatedPort` (parks the n-th matching boundary until the test releases
   it: deterministic races), and `simulations.faults.FaultyPort` (hypothesis-drawn faults).
