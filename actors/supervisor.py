@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidInputError
 from engine.ports import Port
 from engine.scopes import RunScope
 
@@ -36,6 +36,22 @@ from .hosting import open_hosting_nursery
 from .run import DEFAULT_LEASE_S, RELEASE_DEADLINE_S, Run, open_run
 
 log = logging.getLogger("runplane.actors")
+
+
+def _positive(name: str):
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
+
+    return check
+
+
+def _non_negative(name: str):
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise InvalidInputError(f"{name} must be a number >= 0, got {value!r}")
+
+    return check
 
 
 def backoff_delay(attempts: int, *, base: float, cap: float, rng: random.Random) -> float:
@@ -49,12 +65,13 @@ class Supervisor:
     """A process-local host of runs and drainer of the tenant's terminal outbox."""
 
     port: Port
-    poll_interval: float = 1.0
-    lease_s: float = DEFAULT_LEASE_S
-    batch: int = 8
-    backoff_base: float = 0.5
-    backoff_cap: float = 60.0
-    abandon_after_s: float | None = None
+    poll_interval: float = attrs.field(default=1.0, validator=_positive("poll_interval"))
+    lease_s: float = attrs.field(default=DEFAULT_LEASE_S, validator=_positive("lease_s"))
+    batch: int = attrs.field(default=8, validator=_positive("batch"))
+    backoff_base: float = attrs.field(default=0.5, validator=_positive("backoff_base"))
+    backoff_cap: float = attrs.field(default=60.0, validator=_positive("backoff_cap"))
+    abandon_after_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_non_negative("abandon_after_s")))
     owner: str = attrs.field(factory=lambda: outbox.new_owner_id("supervisor"))
     retired: list[RunScope] = attrs.field(init=False, factory=list)
     failures: int = attrs.field(init=False, default=0)

@@ -268,3 +268,15 @@ async def test_a_run_cancelled_just_after_its_body_returned_is_still_recorded(te
         with trio.fail_after(10):
             await sup.wait_retired(run.scope)
     assert await fact_kinds(tenant, run.run_id) == ["array_input_guard"]
+
+
+async def test_bad_supervisor_options_raise_before_any_query(tenant):
+    import pytest
+
+    from engine.errors import InvalidInputError
+
+    for options in ({"poll_interval": 0}, {"batch": 0}, {"lease_s": -1},
+                    {"abandon_after_s": -5}, {"backoff_cap": "x"}):
+        with pytest.raises(InvalidInputError):
+            async with open_supervisor(tenant, **options):
+                pass
