@@ -22,8 +22,7 @@ How it works
   while user code runs: permits are taken inside the engine calls, around database work only.
 - The **completer** batches outcomes by rows, bytes and a short linger, and hands batches to
   the **writer** over an unbuffered channel (the next batch grows while one is written), which
-  writes each with
-  `engine.sheets.complete` and records fenced rows.
+  writes each with `engine.sheets.complete` and records fenced rows.
 - Every channel carries lists and is bounded, so memory is bounded by the capacities whatever
   the source size. Every actor is started with `await nursery.start(...)`, owns its inbox and
   closes what it sends.
