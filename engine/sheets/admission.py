@@ -93,8 +93,8 @@ def build_admit_sql(
         f" OR d.p{i} IS DISTINCT FROM d.payload -> {name}" for i, (_, name) in enumerate(inputs)
     )
     completed_outputs = "".join(
-        f", (SELECT array_agg(o{i}::text ORDER BY ord) FROM decided"
-        f" WHERE disposition = 'completed') AS o{i}"
+        f", (SELECT jsonb_agg(o{i} ORDER BY ord) FROM decided"
+        f" WHERE disposition = 'completed')::text AS o{i}"
         for i in range(len(outputs))
     )
     lease = (
@@ -277,12 +277,13 @@ def _build_admission(prepared: PreparedRows, contract: SheetContract, results, v
     for low, record in results:
         inserted += record["inserted"]
         ords = record["completed_ords"] or []
-        columns = [record[f"o{i}"] or [] for i in range(len(contract.outputs))]
+        # each output column comes back as one JSON array (one decode per chunk and column)
+        columns = [loads(record[f"o{i}"]) or [] for i in range(len(contract.outputs))]
         for j, ord_ in enumerate(ords):
             i = low + ord_ - 1
             row = dict(prepared.rows[i])
             for field, values in zip(contract.outputs, columns):
-                row[field] = loads(values[j])
+                row[field] = values[j]
             completed.append(AdmittedRow(prepared.keys[i], prepared.indexes[i], row))
             taken.add(i)
         for ord_, reason in zip(record["blocked_ords"] or [], record["blocked_reasons"] or []):
