@@ -138,3 +138,29 @@ async def test_bad_occurrences_raise_before_any_write(tenant):
         with pytest.raises(InvalidInputError):
             await run.stage_array("t", "m", [{"bad": float("nan")}])
     assert await fact_kinds(tenant, run.run_id) == []
+
+
+async def test_putters_take_a_permit_per_page_and_only_a_few_at_once(tenant):
+    import attrs
+
+    from actors.sealer import PUT_TASKS
+    from simulations.ports import HookedPort
+
+    @attrs.define(eq=False)
+    class Watch:
+        checkouts: int = 0
+        peak: int = 0
+
+        async def at_boundary(self, boundary) -> None:
+            if boundary.kind == "checkout":
+                self.checkouts += 1
+            else:
+                self.peak = max(self.peak, tenant.permits()["receipts"].in_use)
+            await trio.sleep(0.001)  # let the other putters reach their checkouts
+
+    watch = Watch()
+    async with open_run(HookedPort(tenant, watch), "play") as run:
+        staged = await run.stage_array("t", "m", occurrences(9000))
+    assert staged.manifest.page_count == 9
+    assert watch.checkouts >= 9 + 2  # a checkout per page put, plus begin and seal
+    assert 2 <= watch.peak <= PUT_TASKS  # several putters at once, never more than PUT_TASKS
