@@ -19,7 +19,9 @@ How it works
       and lease, error cleared, stored input cells refreshed, earlier output cells and cell meta
       kept. Rows already exactly so are left untouched.
 - Cell meta `completed_at` is epoch seconds from the server clock, so staleness is judged on
-  the server's clock only.
+  the server's clock only; policies for fields that are not contract outputs are ignored.
+- Cache hits are not touched: their `_run_id` stays the run that wrote them, so
+  `read_rows(run_id=...)` lists only the rows a run (re)wrote itself.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ How it works
       meta patched likewise but no output marked completed. The lease ends (`_attempt_expires_at`
       cleared). A row already exactly so is not touched: an identical replay is committed
       without a physical change (a replay only differing in `completed_at` keeps the old one).
+- "Every output" means the contract's outputs plus every non-input field of this call's data
+  (fields outside the contract get their columns first, see `layout`). On PostgreSQL >= 18
+  the statement is one fenced UPDATE per chunk returning the old status and cell meta
+  (`RETURNING old.*`); older servers read the rows first and update from that snapshot.
 - Keys that no row has are repaired afterwards (never in the exact-key statement, so the common
   path never scans by input index): an outcome whose `input_index` matches a row of our write
   version (whose key is not among this call's keys) is applied to that row through the same
