@@ -379,3 +379,31 @@ async def test_diagnostics_sink_failures_never_change_the_result(tenant, caplog)
 
     again = await complete(tenant, run, NS, CONTRACT, [done(key)], on_diagnostics=async_sink)
     assert again.committed_keys == (key,)
+
+
+async def test_explicit_keys_refresh_inputs_and_order_puts_missing_indexes_last(tenant):
+    run = await new_run(tenant, PLAY, "r1")
+    await admit(tenant, run, NS, CONTRACT, [{"name": "first"}, {"name": "x"}], keys=["k1", "k2"],
+                input_offset=5)
+    again = await admit(tenant, run, NS, CONTRACT, [{"name": "second"}], keys=["k1"])
+    assert [(r.key, r.input_index) for r in again.pending] == [("k1", 0)]
+    await complete(tenant, run, NS, CONTRACT, [done("no-index")])  # inserted, no input index
+    rows = await read_rows(tenant, scope(tenant), NS)
+    assert [(r["_key"], r["name"], r["_input_index"]) for r in rows] == [
+        ("k1", "second", 0), ("k2", "x", 6), ("no-index", None, None)
+    ]
+
+
+async def test_a_live_lease_blocks_a_plain_admission_of_the_same_run(tenant):
+    run = await new_run(tenant, PLAY, "r1")
+    held = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}], attempt=Attempt("a1", 1))
+    plain = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+    assert [(r.key, r.reason) for r in plain.blocked] == [(held.pending[0].key, "attempt_active")]
+    assert [r.row for r in plain.pending] == [{"name": "b"}]
+    newer = await new_run(tenant, PLAY, "r2")
+    taken = await admit(tenant, newer, NS, CONTRACT, [{"name": "a"}])  # a newer run takes over
+    assert [r.key for r in taken.pending] == [held.pending[0].key]
+    late = await complete(tenant, run, NS, CONTRACT, [done(held.pending[0].key)],
+                          attempt=Attempt("a1", 1))
+    assert [f.reason for f in late.fenced] == ["stale_write_version"]
+    await assert_counters(tenant)
