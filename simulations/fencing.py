@@ -5,7 +5,9 @@ How it works
   and 2–6 actors, each bound to a run and optionally to an attempt whose lease is live (300 s)
   or already expired (0 s), with a start delay, a `FaultPlan` (delays, checkpoints, transient
   store errors, cancellations at checkouts and statements) and a script of steps: admit a subset
-  of the rows, or complete a subset with drawn statuses (sometimes for keys no row has). Every
+  of the rows (sometimes under a cell policy that makes every completed cell stale, so enriched
+  rows are taken again), or complete a subset with drawn statuses (sometimes for keys no row
+  has). Every
   completed outcome's `score`, and every failed outcome's error, is unique to its call, so the
   stored row names the call that wrote it.
 - Each example runs in its own `trio.run` on its own tenant and fresh schema, all actors at
@@ -29,7 +31,15 @@ from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, st
 
 from engine import PlayScope, RunScope, canonical, open_tenant, runs
 from engine.errors import EngineError
-from engine.sheets import Attempt, RowOutcome, SheetContract, admit, complete, row_key
+from engine.sheets import (
+    Attempt,
+    CellPolicy,
+    RowOutcome,
+    SheetContract,
+    admit,
+    complete,
+    row_key,
+)
 from engine.sheets.layout import column, layout_for
 
 from . import resolve_dsn
@@ -50,6 +60,7 @@ class Step:
     rows: tuple[int, ...]
     failed: tuple[bool, ...] = ()
     ghost: bool = False
+    stale: bool = False  # admit with a policy that makes every completed cell stale
 
 
 @attrs.frozen
@@ -71,7 +82,10 @@ class Plan:
     def describe(self) -> str:
         return f"rows={self.rows} runs={self.runs} actors=" + ", ".join(
             f"{a.name}(run={a.run}, attempt={a.attempt}, delay={a.start_delay_ms}ms, steps="
-            + "/".join(f"{s.kind}{list(s.rows)}{'+ghost' if s.ghost else ''}" for s in a.steps)
+            + "/".join(
+                f"{s.kind}{list(s.rows)}{'+ghost' if s.ghost else ''}{'+stale' if s.stale else ''}"
+                for s in a.steps
+            )
             + f", faults={[f.kind for f in a.faults.steps if f.kind != 'none']})"
             for a in self.actors
         )
@@ -103,6 +117,7 @@ def plans(draw) -> Plan:
                 kind=kind, rows=rows,
                 failed=tuple(draw(st.lists(st.booleans(), min_size=len(rows), max_size=len(rows)))),
                 ghost=kind == "complete" and draw(st.integers(0, 5)) == 0,
+                stale=kind == "admit" and draw(st.integers(0, 4)) == 0,
             ))
         actors.append(Actor(
             name=f"actor-{i}", run=run, attempt=attempt,
@@ -143,7 +158,8 @@ class _Example:
 
     async def _admit(self, port, actor, run, attempt, step) -> None:
         rows = [_row(i) for i in step.rows]
-        result = await admit(port, run, NS, CONTRACT, rows, attempt=attempt)
+        policies = {"score": CellPolicy(0)} if step.stale else None
+        result = await admit(port, run, NS, CONTRACT, rows, attempt=attempt, cell_policies=policies)
         self.history.admissions.append(AdmitCall(
             actor=actor.name, epoch=run.epoch,
             attempt_id=attempt.attempt_id if attempt else None,
