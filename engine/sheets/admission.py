@@ -58,7 +58,8 @@ def build_admit_sql(
     """The admission statement of one chunk and its constant extra binds (after $1..$12).
 
     Binds: $1 keys, $2 input indexes, $3 write version, $4 run id, $5 attempt id, $6 attempt
-    seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status, $12 row JSON.
+    seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status, $12 the rows as
+    one JSON array (expanded beside the other arrays in `ROWS FROM`).
     """
     extra = BindParams(13)
     t = layout.qualified
@@ -85,8 +86,8 @@ def build_admit_sql(
     cached = " AND ".join(f"({term})" for term in cached_terms)
     out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
     in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
-    payload_unnest = ", $12::jsonb[]" if inputs else ""
-    unused_payload = "" if inputs else " WHERE $12::jsonb[] IS NULL OR true"
+    payload_unnest = ", jsonb_array_elements($12::jsonb)" if inputs else ""
+    unused_payload = "" if inputs else " WHERE $12::jsonb IS NULL OR true"
     payload_alias = ", payload" if inputs else ""
     insert_cols = "".join(f", {col}" for col, _ in inputs)
     insert_vals = "".join(f", d.payload -> {name}" for _, name in inputs)
@@ -108,7 +109,7 @@ def build_admit_sql(
     sql = f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.idx, u.ord{payload_alias}
-      FROM unnest($1::text[], $2::bigint[]{payload_unnest})
+      FROM ROWS FROM (unnest($1::text[]), unnest($2::bigint[]){payload_unnest})
            WITH ORDINALITY AS u(key, idx{payload_alias}, ord){unused_payload}
 ),
 inserted AS (
@@ -246,7 +247,8 @@ async def admit(
         for low in range(0, n, ADMIT_CHUNK_ROWS):
             high = min(low + ADMIT_CHUNK_ROWS, n)
             args = [prepared.keys[low:high], prepared.indexes[low:high], *common]
-            args.append(prepared.texts[low:high] if prepared.texts is not None else None)
+            texts = prepared.texts
+            args.append("[" + ",".join(texts[low:high]) + "]" if texts is not None else None)
             statement = conn.fetchrow(sql, *args, *extra)
             results.append((low, await clock.measure("statement", statement)))
         return results

@@ -66,6 +66,11 @@ COMPLETE_STATEMENT_TIMEOUT_MS = 60_000
 RETURNING_OLD_SINCE = 180000
 
 
+def _json_array(texts: list[str]) -> str:
+    """JSON texts as the text of one JSON array."""
+    return "[" + ",".join(texts) + "]"
+
+
 def _nullable(values: list[Any]) -> list[Any] | None:
     """An array bind, or None when every entry is None: a NULL array, which a multi-argument
     unnest pads with NULLs, costs nothing to encode and send."""
@@ -134,7 +139,7 @@ class _Writer:
         counted = self._counted(chunk, failed)
         sql = build(self.port, self.layout, fields, counted, failed)
         args = [
-            keys, [o.data_text for o in chunk], _nullable([o.meta_text for o in chunk]),
+            keys, _json_array([o.data_text for o in chunk]), _nullable([o.meta_text for o in chunk]),
             *self._common(counted, failed), _nullable([o.error for o in chunk]), *fields, *counted,
         ]
         record = await self.clock.measure(phase, conn.fetchrow(sql, *args))
@@ -188,7 +193,7 @@ class _Writer:
             counted = self._counted(chunk, False)
             sql = build_insert_sql(self.port, self.layout, fields, counted)
             args = [
-                [o.key for o in chunk], [o.data_text for o in chunk],
+                [o.key for o in chunk], _json_array([o.data_text for o in chunk]),
                 _nullable([o.meta_text for o in chunk]), *self._common(counted, False),
                 [o.input_index for o in chunk],
                 self.attempt.seq if self.attempt else None, *fields, *counted,
