@@ -11,7 +11,15 @@ import trio
 
 from engine import PlayScope, open_tenant
 from engine.errors import StatementTimeoutError
-from engine.sheets import RowOutcome, SheetContract, admit, complete, ensure_sheet, summary
+from engine.sheets import (
+    RowOutcome,
+    SheetContract,
+    admit,
+    complete,
+    ensure_sheet,
+    read_rows,
+    summary,
+)
 from engine.sheets import completion as completion_module
 from engine.sheets.layout import layout_for
 from simulations.ports import CountingPort, GatedPort
@@ -173,3 +181,23 @@ async def test_completion_chunks_by_patch_bytes_in_one_transaction(tenant):
     assert [s.split()[0] for s in port.statements].count("BEGIN") == 1
     stored = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["score"])
     assert all(row["score"] == big for row in stored.values())
+
+
+async def test_missing_sheet_and_registry_self_heal(tenant):
+    scope = PlayScope(tenant.org_id, "play")
+    run = await new_run(tenant, "play", "r1")
+    await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
+    layout = layout_for(tenant, scope, NS)
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f"DROP TABLE {layout.qualified}")
+        await conn.execute(f'DROP TABLE "{tenant.schema}".sheet_columns')
+        await conn.execute(f'DELETE FROM "{tenant.schema}".sheet_summary')
+    admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+    assert admission.inserted == 2
+    result = await complete(tenant, run, NS, CONTRACT,
+                            [RowOutcome(admission.pending[0].key, "completed", {"score": 1})])
+    assert result.updated == 1
+    rows = {row["_key"]: row for row in await read_rows(tenant, scope, NS)}
+    assert rows[admission.pending[0].key]["score"] == 1
+    ok, detail = await counters_match(tenant, scope, NS)
+    assert ok, detail
