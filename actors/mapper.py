@@ -31,6 +31,8 @@ How it works
   the ledger still holds is exactly what was computed but not confirmed written; it is flushed
   in a shielded scope with a deadline. A write that was interrupted but did commit is simply
   replayed (an identical completion is idempotent).
+- Store calls are retried through transient faults (`actors.retry`): each is idempotent, and a
+  map that raised would end its run terminally.
 - On a wake (same run id, same epoch), admission returns finished rows as cache hits, so only
   unfinished rows run again.
 """
@@ -49,6 +51,7 @@ from engine import canonical, sheets
 from engine.errors import EngineError, InvalidInputError
 
 from .progress import MapProgress, MapResult, MapTally
+from .retry import retry_transient
 
 log = logging.getLogger("runplane.actors")
 
@@ -147,10 +150,10 @@ async def admit_pages(plan: MapPlan, tally: MapTally, inflight: set[str], pages_
     task_status.started()
     async with pages_recv, work_send:
         async for offset, rows in pages_recv:
-            admission = await sheets.admit(
+            admission = await retry_transient(lambda: sheets.admit(
                 plan.port, plan.run.ref, plan.table_namespace, plan.contract, rows,
                 input_offset=offset, attempt=plan.attempt, cell_policies=plan.cell_policies,
-            )
+            ))
             # A later duplicate of a row still in flight in this map is dropped (skipped): the
             # first occurrence's outcome completes the row.
             pending = [row for row in admission.pending if row.key not in inflight]
@@ -291,10 +294,10 @@ async def write_outcomes(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger,
     task_status.started()
     async with flush_recv:
         async for tickets, outcomes in flush_recv:
-            completion = await sheets.complete(
+            completion = await retry_transient(lambda: sheets.complete(
                 plan.port, plan.run.ref, plan.table_namespace, plan.contract, outcomes,
                 attempt=plan.attempt,
-            )
+            ))
             tally.on_completion(outcomes, completion)
             ledger.settle(tickets)
             inflight.difference_update(outcome.key for outcome in outcomes)
@@ -310,10 +313,10 @@ async def flush_unsettled(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger,
         try:
             for start in range(0, len(outcomes), plan.batch_rows):
                 chunk = outcomes[start:start + plan.batch_rows]
-                completion = await sheets.complete(
+                completion = await retry_transient(lambda: sheets.complete(
                     plan.port, plan.run.ref, plan.table_namespace, plan.contract, chunk,
                     attempt=plan.attempt,
-                )
+                ))
                 tally.on_completion(chunk, completion)
         except EngineError as exc:
             log.warning("map %s: flushing %d computed outcomes failed: %s",
@@ -386,13 +389,12 @@ async def map_rows(
     ledger = OutcomeLedger()
     inflight: set[str] = set()  # keys admitted and not yet written: bounded by the pipeline
     staged = None
+    if isinstance(source, (list, tuple)) and map_invocation_id is None:
+        map_invocation_id = run.next_map_invocation_id(table_namespace)
+    await retry_transient(lambda: sheets.ensure_sheet(
+        run.port, run.scope.play_scope, table_namespace, contract))
     if isinstance(source, (list, tuple)):
-        if map_invocation_id is None:
-            map_invocation_id = run.next_map_invocation_id(table_namespace)
-        await sheets.ensure_sheet(run.port, run.scope.play_scope, table_namespace, contract)
         staged = await run.stage_array(table_namespace, map_invocation_id, list(source))
-    else:
-        await sheets.ensure_sheet(run.port, run.scope.play_scope, table_namespace, contract)
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:

@@ -11,6 +11,7 @@ How it works
 - With an outbox lease (`owner`), the lease is renewed after every batch; when the renewal finds
   the lease gone (it expired and another drainer took the entry), this holder stops and leaves
   the rest to the new holder.
+- Each step is idempotent (or fenced by the lease) and retried through transient store faults.
 - `finish_entry` is the whole job for one outbox entry: retire, then mark the entry done. Both the
   run's own guard (`actors.run`) and the supervisor call it.
 """
@@ -27,6 +28,7 @@ from engine.ports import Port
 from engine.scopes import RunScope
 
 from . import outbox
+from .retry import retry_transient
 
 LANE = "retirement"
 
@@ -75,11 +77,12 @@ async def retire_run(
     lane_port = RetirementLanePort(port)
     deleted = 0
     while True:
-        result = await array_input.retire(lane_port, scope)
+        result = await retry_transient(lambda: array_input.retire(lane_port, scope))
         deleted += result.deleted
         if result.done:
             return RetirementOutcome(deleted, True)
-        if owner is not None and not await outbox.renew(port, scope, owner, lease_s):
+        if owner is not None and not await retry_transient(
+                lambda: outbox.renew(port, scope, owner, lease_s)):
             return RetirementOutcome(deleted, False)
 
 
@@ -88,6 +91,6 @@ async def finish_entry(
 ) -> RetirementOutcome:
     """Retire the run under `owner`'s lease and settle its outbox entry as done."""
     outcome = await retire_run(port, scope, owner=owner, lease_s=lease_s)
-    if outcome.finished and await outbox.mark_done(port, scope, owner):
+    if outcome.finished and await retry_transient(lambda: outbox.mark_done(port, scope, owner)):
         return RetirementOutcome(outcome.deleted, True, True)
     return outcome

@@ -42,6 +42,7 @@ from engine.sheets import Attempt
 
 from . import outbox, retirement
 from .hosting import is_terminal, open_hosting_nursery
+from .retry import retry_transient
 
 log = logging.getLogger("runplane.actors")
 
@@ -144,8 +145,8 @@ async def open_run(
     if attempt is not None and not isinstance(attempt, Attempt):
         raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
-    ref = await runs.register(tenant, scope)
-    await outbox.record_open(tenant, scope)
+    ref = await retry_transient(lambda: runs.register(tenant, scope))
+    await retry_transient(lambda: outbox.record_open(tenant, scope))
     error: BaseException | None = None
     run = Run(tenant, ref, attempt)
     try:
@@ -172,7 +173,8 @@ async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFA
     # arriving just after the body ended cannot leave a finished run looking wakeable.
     with trio.CancelScope(shield=True, deadline=trio.current_time() + RECORD_DEADLINE_S) as scope_:
         try:
-            recorded = await outbox.mark_pending(port, scope, owner, lease_s)
+            recorded = await retry_transient(
+                lambda: outbox.mark_pending(port, scope, owner, lease_s))
         except EngineError as exc:
             log.warning("run %s: could not record terminal outbox entry: %s", scope.run_id, exc)
             return False

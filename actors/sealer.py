@@ -14,6 +14,7 @@ How it works
 - The run guard fences every write: once the run is retired, `begin`, `put_page` and `seal`
   raise `RetiredError`, including a seal whose released verification scan was overtaken by the
   retirement.
+- Every store call is idempotent and retried through transient faults (`actors.retry`).
 - `StagedArray.pages()` reads one page at a time (`read_page` re-verifies its digest), so replay
   holds one page in memory.
 """
@@ -30,6 +31,8 @@ from engine.array_input import Occurrence
 from engine.errors import InvalidInputError
 from engine.ports import Port
 from engine.scopes import MapScope
+
+from .retry import retry_transient
 
 PUT_TASKS = 3
 SEAL_BATCH_PAGES = 4
@@ -49,7 +52,8 @@ class StagedArray:
 
     async def pages(self) -> AsyncIterator[Any]:
         for ordinal in range(self.manifest.page_count):
-            yield await array_input.read_page(self.port, self.scope, ordinal)
+            yield await retry_transient(
+                lambda: array_input.read_page(self.port, self.scope, ordinal))
 
 
 def as_occurrences(items: Sequence[Any]) -> list[Occurrence]:
@@ -81,10 +85,10 @@ async def put_pages(port: Port, scope: MapScope, fingerprint: str, drafts_recv,
     task_status.started()
     async with drafts_recv:
         async for draft in drafts_recv:
-            await array_input.put_page(
+            await retry_transient(lambda: array_input.put_page(
                 port, scope, source_fingerprint=fingerprint, ordinal=draft.ordinal,
                 offset=draft.offset, rows=draft.rows,
-            )
+            ))
 
 
 async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
@@ -94,14 +98,15 @@ async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
         raise InvalidInputError(
             f"occurrences must be a list, got {type(occurrences).__name__}"
         )
-    manifest = await array_input.get_manifest(port, scope)
+    manifest = await retry_transient(lambda: array_input.get_manifest(port, scope))
     if manifest.state == "sealed":
         return StagedArray(port, scope, manifest)
     fingerprint, drafts, identities, source_rows = await trio.to_thread.run_sync(
         _prepare, occurrences
     )
-    await array_input.begin(port, scope, source_fingerprint=fingerprint,
-                            source_rows=source_rows, has_source_identities=identities)
+    await retry_transient(lambda: array_input.begin(
+        port, scope, source_fingerprint=fingerprint, source_rows=source_rows,
+        has_source_identities=identities))
     async with trio.open_nursery() as nursery:
         # Capacity: a page draft per putter waiting, so a putter never idles between pages.
         drafts_send, drafts_recv = trio.open_memory_channel(put_tasks)
@@ -111,6 +116,8 @@ async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
         async with drafts_send:
             for draft in drafts:
                 await drafts_send.send(draft)
-    await array_input.seal(port, scope, source_fingerprint=fingerprint, source_rows=source_rows,
-                           page_count=len(drafts), batch_size=SEAL_BATCH_PAGES)
-    return StagedArray(port, scope, await array_input.get_manifest(port, scope))
+    await retry_transient(lambda: array_input.seal(
+        port, scope, source_fingerprint=fingerprint, source_rows=source_rows,
+        page_count=len(drafts), batch_size=SEAL_BATCH_PAGES))
+    return StagedArray(port, scope,
+                       await retry_transient(lambda: array_input.get_manifest(port, scope)))

@@ -437,3 +437,23 @@ async def test_a_wake_replays_the_staged_list_not_the_new_one(tenant):
     assert result.completed == 1200 and len(calls) == 1200
     assert set(await sheet(tenant)) == {f"r{i}" for i in range(1200)}
     assert await fact_kinds(tenant, run_id) == ["array_input_guard"]
+
+
+async def test_a_map_rides_through_transient_store_faults(tenant):
+    """Dropped connections (before a statement, or after it applied with the reply lost) hit
+    staging, admission and completion; every call is retried and the result is exact."""
+    from simulations.faults import Fault, FaultPlan, FaultyPort
+
+    # A fault every 13th store boundary (longer than any one call), alternating kinds.
+    steps = [Fault("none" if i % 13 != 6 else "unavailable" if i % 26 == 6 else "lost_reply")
+             for i in range(200)]
+    port = FaultyPort(tenant, FaultPlan(steps))
+    wrapped, calls = counting()
+    async with open_run(port, "play") as run:
+        result = await run.map("t", rows(2500), wrapped, contract=CONTRACT, concurrency=4)
+    assert port.by_kind.get("unavailable", 0) >= 1 and port.by_kind.get("lost_reply", 0) >= 1
+    assert (result.admitted, result.completed, result.failed, result.fenced) == (2500, 2500, 0, 0)
+    assert await count_star(tenant) == {"enriched": 2500}
+    summary = await sheets.summary(tenant, run.scope.play_scope, "t")
+    assert (summary.total, summary.completed) == (2500, 2500)
+    assert await fact_kinds(tenant, run.run_id) == ["array_input_guard"]
