@@ -3,8 +3,10 @@
 How it works
 - Hypothesis draws a `Plan`: the rows (a list source, staged and replayed, or an async stream),
   which rows the user function fails on, where the first incarnation crashes, whether it
-  crashes by cancellation or lives on as a *zombie* attempt, and delay/checkpoint fault plans
-  for both incarnations (`simulations.faults`). Each example runs in its own `trio.run` on a
+  crashes by cancellation or lives on as a *zombie* attempt, and fault plans for both
+  incarnations (`simulations.faults`: delays, checkpoints, and up to two dropped connections
+  each — before a statement or after it applied with the reply lost — which the actors must
+  ride through with their retries). Each example runs in its own `trio.run` on a
   fresh schema, bounded by `trio.fail_after`.
 - Crash points are counted per phase, recognised by the actor task that reaches a store
   boundary: `staging` (the sealer's page putters), `admission`, `completion` (the completer's
@@ -45,7 +47,7 @@ from engine.errors import EngineError, RetiredError, StoreUnavailableError
 from engine.sheets.layout import column, layout_for
 
 from . import resolve_dsn
-from .faults import FaultPlan, FaultyPort, fault_plans
+from .faults import Fault, FaultPlan, FaultyPort, fault_plans
 from .ports import HookedPort
 from .report import SimulationReport
 
@@ -76,11 +78,36 @@ class Plan:
         return [{"name": f"c{i}{tag}", "i": i} for i in range(self.rows)]
 
     def describe(self) -> str:
-        kinds = [f.kind for f in self.first_faults.steps if f.kind not in ("none", "checkpoint")]
+        def kinds(plan):
+            return [f.kind for f in plan.steps if f.kind not in ("none", "checkpoint")]
+
         return (f"rows={self.rows} source={self.source} failing={sorted(self.failing)} "
                 f"crash={self.crash_phase}#{self.crash_at} zombie={self.zombie} "
                 f"flush_fault={self.flush_fault} "
-                f"concurrency={self.concurrency} first_faults={kinds}")
+                f"concurrency={self.concurrency} first_faults={kinds(self.first_faults)} "
+                f"wake_faults={kinds(self.wake_faults)}")
+
+
+MAX_TRANSIENT_FAULTS = 2  # fewer than the actors' retry budget: no call may give up
+
+
+def cap_transient(plan: FaultPlan) -> FaultPlan:
+    """Keep the first `MAX_TRANSIENT_FAULTS` dropped connections of a plan, quiet the rest."""
+    steps, transient = [], 0
+    for step in plan.steps:
+        if step.kind in ("unavailable", "lost_reply"):
+            transient += 1
+            if transient > MAX_TRANSIENT_FAULTS:
+                step = Fault("none")
+        steps.append(step)
+    return FaultPlan(steps)
+
+
+# Delays and checkpoints perturb the interleaving; dropped connections (before a statement, or
+# after it applied with the reply lost) must be ridden through by the actors' retries.
+FAULTS = fault_plans(
+    max_steps=24, kinds=("none", "checkpoint", "delay", "unavailable", "lost_reply")
+).map(cap_transient)
 
 
 @st.composite
@@ -102,10 +129,8 @@ def plans(draw) -> Plan:
         zombie=(zombie := draw(st.booleans(), label="zombie")),
         flush_fault=not zombie and draw(st.booleans(), label="flush_fault"),
         concurrency=draw(st.sampled_from((1, 4, 16)), label="concurrency"),
-        first_faults=draw(fault_plans(max_steps=16, kinds=("none", "checkpoint", "delay")),
-                          label="first_faults"),
-        wake_faults=draw(fault_plans(max_steps=16, kinds=("none", "checkpoint", "delay")),
-                         label="wake_faults"),
+        first_faults=draw(FAULTS, label="first_faults"),
+        wake_faults=draw(FAULTS, label="wake_faults"),
     )
 
 
