@@ -14,7 +14,8 @@ How it works
     * fences: no fenced outcome's value is stored anywhere; every fence reason agrees with the
       write version it reports; a call's committed and fenced keys partition its unique keys;
     * dispositions: an admission's pending, completed and blocked rows partition its unique
-      keys, and a blocked `newer_run` row really was owned by a newer version.
+      keys; a row blocked as `newer_run` was taken by a newer version at some point, and one
+      blocked as `attempt_active` was leased by another attempt of the same version.
 This module does no I/O.
 """
 
@@ -23,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
+from engine.sheets.model import BLOCK_REASONS
 
 
 @attrs.frozen
@@ -86,6 +89,21 @@ class SheetHistory:
             for key, _reason, _version in call.fenced:
                 fenced_values.setdefault(key, set()).add(by_key[key].value)
 
+        leases = {
+            (key, call.epoch, call.attempt_id)
+            for call in self.admissions if call.attempt_id is not None for key in call.pending
+        }
+        for call in self.admissions:
+            for key, reason in call.blocked:
+                if reason == "newer_run" and not any(v > call.epoch for v in takers.get(key, ())):
+                    out.append(f"{call.actor}: {key} blocked as newer_run, but no newer version "
+                               f"than {call.epoch} ever took it")
+                if reason == "attempt_active" and not any(
+                    k == key and v == call.epoch and a != call.attempt_id for k, v, a in leases
+                ):
+                    out.append(f"{call.actor}: {key} blocked as attempt_active, but no other "
+                               f"attempt of version {call.epoch} ever leased it")
+
         for key in sorted(set(takers) | set(stored)):
             row = stored.get(key)
             if row is None:
@@ -132,10 +150,8 @@ def _check_admission(call: AdmitCall) -> list[str]:
     if sorted(listed) != sorted(call.keys):
         out.append(f"{call.actor}: admission lists {len(listed)} rows for {len(call.keys)} keys")
     for key, reason in call.blocked:
-        if reason not in ("newer_run", "attempt_active"):
+        if reason not in BLOCK_REASONS:
             out.append(f"{call.actor}: blocked {key} with unknown reason {reason!r}")
-        if reason == "attempt_active" and call.attempt_id is None:
-            pass  # another attempt's live lease blocks a plain admission too
     return out
 
 

@@ -75,3 +75,12 @@ def test_model_flags_a_value_from_another_attempt_and_wrong_fence_reasons():
     violations = history.check({"k": StoredRow("k", "enriched", 1, "att-2", "from-1", None)})
     assert any("attempt att-1" in v for v in violations)
     assert any("fenced k as unadmitted" in v for v in violations)
+
+
+def test_model_flags_blocks_nobody_caused():
+    history = SheetHistory()
+    history.admissions.append(AdmitCall("a", 1, None, ("k",), (), (), (("k", "newer_run"),)))
+    history.admissions.append(AdmitCall("b", 1, "att-1", ("j",), (), (), (("j", "attempt_active"),)))
+    violations = history.check({})
+    assert any("newer_run" in v for v in violations)
+    assert any("attempt_active" in v for v in violations)
