@@ -17,6 +17,7 @@ import importlib.util
 import inspect
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -68,7 +69,7 @@ def doctor(args: argparse.Namespace) -> int:
             for name, stats in tenant.permits().items():
                 print(f"lane        {name:<12} limit {stats.limit}")
 
-    trio.run(main)
+    run_trio(main)
     return 0
 
 
@@ -133,7 +134,7 @@ def demo(args: argparse.Namespace) -> int:
 
     from .demo import run_demo
 
-    return trio.run(run_demo, args, Console())
+    return run_trio(run_demo, args, Console())
 
 
 # -- run ----------------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def run_play(args: argparse.Namespace) -> int:
                 print(f"run {run.run_id} of play {run.play} (epoch {run.epoch}), {len(rows)} input rows")
                 return await play(run, rows)
 
-    result = trio.run(main)
+    result = run_trio(main)
     if result is not None:
         print(describe_result(result))
     return 0
@@ -268,7 +269,7 @@ def status(args: argparse.Namespace) -> int:
                 print(f"run {row['run_id']} epoch {row['epoch']} outbox {row['state']}")
         return 0
 
-    return trio.run(main)
+    return run_trio(main)
 
 
 # -- supervise ----------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def supervise(args: argparse.Namespace) -> int:
                       f"as {sup.owner} (Ctrl-C to stop)", flush=True)
                 await trio.sleep_forever()
 
-    trio.run(main)
+    run_trio(main)
     return 0
 
 
@@ -302,6 +303,37 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, configure, help) in COMMANDS.items():
         configure(sub.add_parser(name, help=help, description=help))
     return parser
+
+
+def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
+    """`trio.run`, with SIGINT and SIGTERM turned into a cancellation of the whole command.
+
+    Teardown (flushing computed outcomes, rollbacks, closing the pool) then runs at checkpoints,
+    instead of a KeyboardInterrupt landing inside driver or event-loop code; afterwards the
+    command raises KeyboardInterrupt so `main` reports "interrupted" and exits 130.
+    """
+
+    async def guarded() -> Any:
+        interrupted = False
+        result = None
+
+        async def watch(scope: trio.CancelScope) -> None:
+            nonlocal interrupted
+            async for _ in signals:
+                interrupted = True
+                scope.cancel()
+                return
+
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch, nursery.cancel_scope)
+                result = await async_fn(*args)
+                nursery.cancel_scope.cancel()
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
+
+    return trio.run(guarded)
 
 
 def first_leaf(exc: BaseException) -> BaseException:
