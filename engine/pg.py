@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Sequence
+import functools
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import asyncpg
 import trio
@@ -128,22 +129,37 @@ def _leaves(group: BaseExceptionGroup):
             yield exc
 
 
+StatementHook = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
 class Connection:
-    """One checked-out connection. Not shared between tasks; valid until its checkout ends."""
+    """One checked-out connection. Not shared between tasks; valid until its checkout ends.
+
+    `statement_hook`, when set, is awaited as `hook(sql, send)` around every statement (BEGIN,
+    COMMIT and savepoints included); it must `await send()` to run the statement, and may delay,
+    raise or cancel before or after. Tests and simulations install hooks (see
+    `simulations.ports`) to count round trips and inject faults; engine code never does.
+    """
 
     def __init__(self, raw: Any, driver: Driver) -> None:
         self._raw = raw
         self._driver = driver
         self._depth = 0  # transactions/savepoints we opened
         self.broken = False
+        self.statement_hook: StatementHook | None = None
 
     # -- queries ---------------------------------------------------------------------------
-    async def _run(self, coro: Any) -> Any:
+    async def _statement(self, sql: str, method: Callable[..., Any], *args: Any) -> Any:
+        if self.statement_hook is None:
+            return await self._send(method, args)
+        return await self.statement_hook(sql, functools.partial(self._send, method, args))
+
+    async def _send(self, method: Callable[..., Any], args: tuple) -> Any:
+        """Run one driver call; the one choke point every statement passes."""
         if self.broken:
-            coro.close()
             raise StoreUnavailableError("connection was closed after an earlier failure")
         try:
-            return await self._driver.loop.run_aio_coroutine(coro)
+            return await self._driver.loop.run_aio_coroutine(method(*args))
         except trio.Cancelled:
             # The server may still be running the statement: the state is unknown.
             self.broken = True
@@ -157,26 +173,26 @@ class Connection:
             raise error from exc
 
     async def execute(self, sql: str, *args: Any) -> str:
-        return await self._run(self._raw.execute(sql, *args))
+        return await self._statement(sql, self._raw.execute, sql, *args)
 
     async def fetch(self, sql: str, *args: Any) -> list[Record]:
-        return await self._run(self._raw.fetch(sql, *args))
+        return await self._statement(sql, self._raw.fetch, sql, *args)
 
     async def fetchrow(self, sql: str, *args: Any) -> Record | None:
-        return await self._run(self._raw.fetchrow(sql, *args))
+        return await self._statement(sql, self._raw.fetchrow, sql, *args)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
-        return await self._run(self._raw.fetchval(sql, *args))
+        return await self._statement(sql, self._raw.fetchval, sql, *args)
 
     async def copy_records(
         self, table: str, records: Sequence[Sequence[Any]], *, columns: Sequence[str], schema: str
     ) -> str:
         """COPY `records` into `schema.table` (binary protocol: the fastest bulk path)."""
-        return await self._run(
-            self._raw.copy_records_to_table(
-                table, records=records, columns=list(columns), schema_name=schema
-            )
+        copy = functools.partial(
+            self._raw.copy_records_to_table,
+            table, records=records, columns=list(columns), schema_name=schema,
         )
+        return await self._statement(f"COPY {schema}.{table}", copy)
 
     @property
     def in_transaction(self) -> bool:

@@ -175,11 +175,3 @@ class FaultyPort(HookedPort):
                 stack.remove(scope)
                 if not stack:
                     del self.hook.scopes[task]
-
-    async def _boundary(self, kind, lane, checkout, sql, conn) -> str | None:
-        try:
-            return await super()._boundary(kind, lane, checkout, sql, conn)
-        except StoreUnavailableError:
-            if conn is not None:
-                conn.close()  # the connection is gone, as after a real network cut
-            raise

@@ -3,17 +3,16 @@
 How it works
 - `HookedPort(inner, hook)` is a `Port` that forwards to `inner` (a `Tenant` or another port).
   Before each connection checkout it awaits `hook.at_boundary(Boundary("checkout", ...))`, and
-  the connection it yields is a `HookedConnection` that awaits `hook.at_boundary(Boundary("query",
-  ...))` before every statement it sends — BEGIN, COMMIT, SAVEPOINT and RELEASE included, since
-  they all pass through the one choke point `engine.pg.Connection._run`. What the hook raises
+  on the connection it yields it installs a `statement_hook` (the public hook of
+  `engine.pg.Connection`) that awaits `hook.at_boundary(Boundary("query", ...))` before every
+  statement — BEGIN, COMMIT, SAVEPOINT and RELEASE included. What the hook raises
   (a transient error, `trio.Cancelled` from a cancelled scope) surfaces exactly where a real
   fault would; a query hook that returns `LOSE_REPLY` lets the statement run and then drops the
   connection, so the caller sees `StoreUnavailableError` for a statement that took effect.
-- `HookedConnection` shares the driver connection of the checkout it wraps and sends every
-  statement through that connection, so wrappers nest (`GatedPort(CountingPort(tenant))` both
-  gates and counts). When it ends up broken (a cancelled statement, an injected connection
-  loss) the wrapped connection is marked broken too before the checkout is released, so the
-  tenant closes it instead of pooling it.
+- Hooks chain: an outer port's hook runs first and then calls the inner port's, so wrappers nest
+  (`GatedPort(CountingPort(tenant))` both gates and counts). A cancelled statement or an
+  injected connection loss marks the one shared connection broken, so the tenant closes it
+  instead of pooling it.
 - Three hooks ship here: `CountingPort` (records every boundary: round trips per call, for the
   tests that bound them), `GatedPort` (parks the n-th matching boundary until the test releases
   it: deterministic races), and `simulations.faults.FaultyPort` (hypothesis-drawn faults).
@@ -26,7 +25,7 @@ Only tests, simulations and benchmarks use this module; engine code never does.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Callable, Literal, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
 import attrs
 import trio
@@ -64,61 +63,6 @@ class Hook(Protocol):
         `StoreUnavailableError`)."""
 
 
-class HookedConnection(pg.Connection):
-    """A `Connection` over the same driver connection that awaits a hook before each statement."""
-
-    def __init__(self, inner: pg.Connection, port: "HookedPort", lane: str, checkout: int) -> None:
-        super().__init__(inner.raw, inner._driver)
-        self._inner = inner
-        self._depth = inner._depth  # a checkout under an execution role is already in a transaction
-        self._port = port
-        self._lane = lane
-        self._checkout = checkout
-        self._sql: str | None = None
-
-    async def execute(self, sql: str, *args: Any) -> str:
-        self._sql = sql
-        return await super().execute(sql, *args)
-
-    async def fetch(self, sql: str, *args: Any) -> list[Any]:
-        self._sql = sql
-        return await super().fetch(sql, *args)
-
-    async def fetchrow(self, sql: str, *args: Any) -> Any:
-        self._sql = sql
-        return await super().fetchrow(sql, *args)
-
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        self._sql = sql
-        return await super().fetchval(sql, *args)
-
-    async def copy_records(self, table: str, records: Any, *, columns: Any, schema: str) -> str:
-        self._sql = f"COPY {schema}.{table}"
-        return await super().copy_records(table, records, columns=columns, schema=schema)
-
-    async def _run(self, coro: Any) -> Any:
-        sql, self._sql = self._sql, None
-        try:
-            if self.broken:
-                raise StoreUnavailableError("connection was closed after an earlier failure")
-            verdict = await self._port._boundary("query", self._lane, self._checkout, sql, self)
-        except BaseException:
-            coro.close()
-            raise
-        # Through the wrapped connection, so wrappers compose (a gate around a counter).
-        if isinstance(self._inner, HookedConnection):
-            self._inner._sql = sql
-        try:
-            result = await self._inner._run(coro)
-        finally:
-            if self._inner.broken:
-                self.broken = True
-        if verdict == LOSE_REPLY:
-            self.close()
-            raise StoreUnavailableError("injected fault: connection lost before the reply")
-        return result
-
-
 @attrs.define(eq=False)
 class HookedPort:
     """A `Port` forwarding to `inner` that runs `hook` at every checkout and statement."""
@@ -147,19 +91,30 @@ class HookedPort:
     async def connection(self, lane: str) -> AsyncIterator[pg.Connection]:
         self.checkouts += 1
         checkout = self.checkouts
-        await self._boundary("checkout", lane, checkout, None, None)
+        await self._boundary("checkout", lane, checkout, None)
         async with self.inner.connection(lane) as conn:
-            hooked = HookedConnection(conn, self, lane, checkout)
-            try:
-                yield hooked
-            finally:
-                if hooked.broken:
-                    conn.broken = True
+            inner_hook = conn.statement_hook
 
-    async def _boundary(
-        self, kind: BoundaryKind, lane: str, checkout: int, sql: str | None,
-        conn: HookedConnection | None,
-    ) -> str | None:
+            async def hook(sql: str, send: Callable[[], Awaitable[Any]]) -> Any:
+                try:
+                    verdict = await self._boundary("query", lane, checkout, sql)
+                except StoreUnavailableError:
+                    conn.close()  # an injected connection loss: gone, as after a network cut
+                    raise
+                # Through the inner port's hook, so wrappers compose (a gate around a counter).
+                result = await (inner_hook(sql, send) if inner_hook is not None else send())
+                if verdict == LOSE_REPLY:
+                    conn.close()
+                    raise StoreUnavailableError("injected fault: connection lost before the reply")
+                return result
+
+            conn.statement_hook = hook
+            try:
+                yield conn
+            finally:
+                conn.statement_hook = inner_hook
+
+    async def _boundary(self, kind: BoundaryKind, lane: str, checkout: int, sql: str | None) -> str | None:
         if kind == "query":
             self.queries += 1
         boundary = Boundary(kind, lane, checkout, self.queries if kind == "query" else 0, sql)
