@@ -25,7 +25,7 @@ from typing import Any, Callable
 import trio
 
 from engine import PlayScope, open_tenant
-from engine.errors import EngineError
+from engine.errors import EngineError, leaf_errors
 from engine.schema import SCHEMA_VERSION, schema_status
 from engine.sql import quote_ident
 
@@ -336,20 +336,13 @@ def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
     return trio.run(guarded)
 
 
-def first_leaf(exc: BaseException) -> BaseException:
-    """The first non-group exception inside (nested) exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = COMMANDS[args.command][0]
     try:
         return handler(args)
     except BaseException as raised:  # reported as one line below, or re-raised
-        exc = first_leaf(raised)
+        exc = leaf_errors(raised)[0]  # the first, unwrapped from nested groups
         if isinstance(exc, KeyboardInterrupt):
             print("runplane: interrupted", file=sys.stderr)
             return 130

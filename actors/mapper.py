@@ -48,7 +48,7 @@ import attrs
 import trio
 
 from engine import canonical, sheets
-from engine.errors import EngineError, InvalidInputError
+from engine.errors import EngineError, InvalidInputError, leaf_errors
 
 from .progress import MapProgress, MapResult, MapTally
 from .retry import retry_transient
@@ -334,18 +334,10 @@ def unwrap_single_error():
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
+        leaves = leaf_errors(group)
         if len(leaves) == 1 and isinstance(leaves[0], Exception):
             raise leaves[0]
         raise
-
-
-def _leaves(group: BaseExceptionGroup):
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
 
 
 def _check(table_namespace: str, source: Any, fn: Any, contract: Any, concurrency: Any,

@@ -80,3 +80,15 @@ class TransactionStateUnknownError(EngineError):
         super().__init__(message)
         self.error = error
         self.rollback_error = rollback_error
+
+
+def leaf_errors(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, depth first, in the groups' order; an
+    exception that is not a group is its own only leaf.
+
+    Nurseries and `trio_asyncio.open_loop` wrap what escapes them in groups; callers unwrap a
+    lone leaf at their public boundary so their callers catch one typed error.
+    """
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in leaf_errors(inner)]

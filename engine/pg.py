@@ -33,6 +33,7 @@ from .errors import (
     StatementTimeoutError,
     StoreUnavailableError,
     TransactionStateUnknownError,
+    leaf_errors,
 )
 
 ROLLBACK_TIMEOUT = 1.0
@@ -115,18 +116,10 @@ async def open_driver() -> AsyncIterator[Driver]:
         async with trio_asyncio.open_loop() as loop:
             yield Driver(loop)
     except BaseExceptionGroup as group:
-        leaves = list(_leaves(group))
+        leaves = leaf_errors(group)
         if len(leaves) == 1:
             raise leaves[0] from None
         raise
-
-
-def _leaves(group: BaseExceptionGroup):
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
 
 
 StatementHook = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
