@@ -15,21 +15,20 @@ How it works
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import attrs
 import trio
-from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
+from hypothesis import strategies as st
 
-from engine import PlayScope, RunScope, open_tenant, runs
+from engine import PlayScope, RunScope, runs
 from engine.errors import EngineError
 from engine.ports import table
 from engine.sheets import Attempt, RowOutcome, SheetContract, admit, complete, row_key
 from engine.sheets.layout import layout_for
 
-from . import resolve_dsn
 from .faults import FaultPlan, FaultyPort, fault_plans
+from .harness import open_example_tenant, run_examples
 from .report import SimulationReport
 
 NAME = "counters"
@@ -217,52 +216,30 @@ async def _watch(tenant, done: trio.Event, violations: list[str]) -> None:
 
 
 async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
-    schema = f"sim_{uuid.uuid4().hex[:16]}"
     violations: list[str] = []
     stats = {"faults": 0, "errors": 0}
-    async with open_tenant(ORG, dsn, schema=schema) as tenant:
+    async with open_example_tenant(ORG, dsn) as tenant:
+        run_refs = [
+            await runs.register(tenant, RunScope(ORG, PLAY, f"run-{i}"))
+            for i in range(plan.runs)
+        ]
+        done = trio.Event()
         try:
-            run_refs = [
-                await runs.register(tenant, RunScope(ORG, PLAY, f"run-{i}"))
-                for i in range(plan.runs)
-            ]
-            done = trio.Event()
-            try:
-                with trio.fail_after(EXAMPLE_TIMEOUT):
-                    async with trio.open_nursery() as outer:
-                        outer.start_soon(_watch, tenant, done, violations)
-                        async with trio.open_nursery() as nursery:
-                            for actor in plan.actors:
-                                nursery.start_soon(_act, tenant, actor, run_refs, stats)
-                        done.set()
-            except trio.TooSlowError:
-                return [f"the example did not finish within {EXAMPLE_TIMEOUT}s"], stats["faults"]
-            ok, detail = await counters_match(tenant, PlayScope(ORG, PLAY), NS)
-            if not ok:
-                violations.append(f"after the run: {detail}")
-            return violations, stats["faults"]
-        finally:
-            async with tenant.connection("sheet") as conn:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            with trio.fail_after(EXAMPLE_TIMEOUT):
+                async with trio.open_nursery() as outer:
+                    outer.start_soon(_watch, tenant, done, violations)
+                    async with trio.open_nursery() as nursery:
+                        for actor in plan.actors:
+                            nursery.start_soon(_act, tenant, actor, run_refs, stats)
+                    done.set()
+        except trio.TooSlowError:
+            return [f"the example did not finish within {EXAMPLE_TIMEOUT}s"], stats["faults"]
+        ok, detail = await counters_match(tenant, PlayScope(ORG, PLAY), NS)
+        if not ok:
+            violations.append(f"after the run: {detail}")
+        return violations, stats["faults"]
 
 
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
-    dsn = resolve_dsn(dsn)
-    report = SimulationReport(NAME)
-
-    @settings(max_examples=examples, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(plan=plans())
-    def example(plan: Plan) -> None:
-        violations, faults = trio.run(run_example, dsn, plan)
-        report.examples += 1
-        report.faults += faults
-        report.violations.extend(
-            f"example {report.examples}: {v} [{plan.describe()}]" for v in violations
-        )
-
-    if seed is not None:
-        example = hypothesis_seed(seed)(example)
-    example()
-    return report
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)

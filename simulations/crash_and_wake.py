@@ -39,15 +39,15 @@ from typing import Any, Literal
 
 import attrs
 import trio
-from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
+from hypothesis import strategies as st
 
 from actors import open_run
-from engine import PlayScope, RunScope, array_input, open_tenant, sheets
+from engine import PlayScope, RunScope, array_input, sheets
 from engine.errors import EngineError, RetiredError, StoreUnavailableError
 from engine.sheets.layout import column, layout_for
 
-from . import resolve_dsn
 from .faults import Fault, FaultPlan, FaultyPort, fault_plans
+from .harness import open_example_tenant, run_examples
 from .ports import HookedPort
 from .report import SimulationReport
 
@@ -257,22 +257,17 @@ class Example:
 
 
 async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
-    schema = f"sim_{uuid.uuid4().hex[:16]}"
-    async with open_tenant(ORG, dsn, schema=schema) as tenant:
+    async with open_example_tenant(ORG, dsn) as tenant:
+        example = Example(tenant, plan)
         try:
-            example = Example(tenant, plan)
-            try:
-                with trio.fail_after(EXAMPLE_TIMEOUT):
-                    await play_example(example)
-            except trio.TooSlowError:
-                example.violations.append(f"the example hung past {EXAMPLE_TIMEOUT}s")
-                return example.violations, example.faults
-            if not example.violations:
-                example.violations.extend(await check_final(example))
+            with trio.fail_after(EXAMPLE_TIMEOUT):
+                await play_example(example)
+        except trio.TooSlowError:
+            example.violations.append(f"the example hung past {EXAMPLE_TIMEOUT}s")
             return example.violations, example.faults
-        finally:
-            async with tenant.connection("sheet") as conn:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        if not example.violations:
+            example.violations.extend(await check_final(example))
+        return example.violations, example.faults
 
 
 async def play_example(example: Example) -> None:
@@ -363,23 +358,6 @@ async def check_final(example: Example) -> list[str]:
 
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
-    dsn = resolve_dsn(dsn)
     # Injected store faults make the actors log warnings (a lost flush); keep the report clean.
     logging.getLogger("runplane.actors").setLevel(logging.ERROR)
-    report = SimulationReport(NAME)
-
-    @settings(max_examples=examples, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(plan=plans())
-    def example(plan: Plan) -> None:
-        violations, faults = trio.run(run_example, dsn, plan)
-        report.examples += 1
-        report.faults += faults
-        report.violations.extend(
-            f"example {report.examples}: {violation} [{plan.describe()}]" for violation in violations
-        )
-
-    if seed is not None:
-        example = hypothesis_seed(seed)(example)
-    example()
-    return report
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)

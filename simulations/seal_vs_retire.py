@@ -21,23 +21,22 @@ How it works
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any, Literal
 
 import attrs
 import trio
-from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
+from hypothesis import strategies as st
 
-from engine import RunScope, open_tenant
+from engine import RunScope
 from engine import array_input as A
 from engine.array_input.facts import page_key
 from engine.errors import EngineError, RetiredError
 from engine.keys import decode_key
 from engine.ports import table
 
-from . import resolve_dsn
 from .array_model import ArrayModel, StoredFact
 from .faults import ALL_FAULT_KINDS, FaultPlan, FaultyPort, fault_plans
+from .harness import open_example_tenant, run_examples
 from .report import SimulationReport
 
 NAME = "seal_vs_retire"
@@ -272,47 +271,25 @@ async def _probe_after_retirement(tenant, model: ArrayModel) -> list[str]:
 
 async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
     """Run one drawn plan on a fresh schema; return (violations, faults injected)."""
-    schema = f"sim_{uuid.uuid4().hex[:16]}"
     model = ArrayModel(plan.source())
-    async with open_tenant(RUN.org_id, dsn, schema=schema) as tenant:
+    async with open_example_tenant(RUN.org_id, dsn) as tenant:
+        example = _Example(tenant, plan, model)
         try:
-            example = _Example(tenant, plan, model)
-            try:
-                with trio.fail_after(EXAMPLE_TIMEOUT):
-                    async with trio.open_nursery() as nursery:
-                        for actor in plan.actors:
-                            nursery.start_soon(example.act, actor)
-                        if plan.tamper is not None:
-                            nursery.start_soon(example.tamper, *plan.tamper)
-            except trio.TooSlowError:
-                return [f"a call hung: the example did not finish within {EXAMPLE_TIMEOUT}s"], \
-                    example.faults
-            violations = model.check(await _stored_facts(tenant))
-            if model.retired_done_at() is not None:
-                violations += await _probe_after_retirement(tenant, model)
-            return violations, example.faults
-        finally:
-            async with tenant.connection("sheet") as conn:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            with trio.fail_after(EXAMPLE_TIMEOUT):
+                async with trio.open_nursery() as nursery:
+                    for actor in plan.actors:
+                        nursery.start_soon(example.act, actor)
+                    if plan.tamper is not None:
+                        nursery.start_soon(example.tamper, *plan.tamper)
+        except trio.TooSlowError:
+            return [f"a call hung: the example did not finish within {EXAMPLE_TIMEOUT}s"], \
+                example.faults
+        violations = model.check(await _stored_facts(tenant))
+        if model.retired_done_at() is not None:
+            violations += await _probe_after_retirement(tenant, model)
+        return violations, example.faults
 
 
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
-    dsn = resolve_dsn(dsn)
-    report = SimulationReport(NAME)
-
-    @settings(max_examples=examples, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(plan=plans())
-    def example(plan: Plan) -> None:
-        violations, faults = trio.run(run_example, dsn, plan)
-        report.examples += 1
-        report.faults += faults
-        report.violations.extend(
-            f"example {report.examples}: {violation} [{plan.describe()}]" for violation in violations
-        )
-
-    if seed is not None:
-        example = hypothesis_seed(seed)(example)
-    example()
-    return report
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)

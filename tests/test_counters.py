@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from engine import PlayScope
 from engine.sheets import RowOutcome, SheetContract, admit, complete
-from simulations import SCENARIOS
-from simulations.counters import counters_match, run
+from simulations import run_scenario
+from simulations.counters import counters_match
 from tests.sheet_helpers import new_run
 
 
 def test_counters_ci_sized_run_is_clean(dsn):
-    assert "counters" in SCENARIOS
-    report = run(examples=25, seed=20261130, dsn=dsn)
-    assert report.violations == []
-    assert report.examples == 25
-    assert report.faults > 0
+    report = run_scenario("counters", examples=25, seed=20261130, dsn=dsn)
+    assert (report.violations, report.examples, report.faults > 0) == ([], 25, True)
 
 
 async def test_counters_match_detects_a_drifted_counter(tenant):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulations import SCENARIOS
+from simulations import run_scenario
 from simulations.fencing import run
 from simulations.sheet_model import (
     AdmitCall,
@@ -14,11 +14,8 @@ from simulations.sheet_model import (
 
 
 def test_fencing_ci_sized_run_is_clean(dsn):
-    assert "fencing" in SCENARIOS
-    report = run(examples=25, seed=20261130, dsn=dsn)
-    assert report.violations == []
-    assert report.examples == 25
-    assert report.faults > 0
+    report = run_scenario("fencing", examples=25, seed=20261130, dsn=dsn)
+    assert (report.violations, report.examples, report.faults > 0) == ([], 25, True)
 
 
 def test_fencing_on_the_pre_18_statement_is_clean(dsn, monkeypatch):

@@ -6,17 +6,13 @@ import json
 
 from engine import array_input as A
 from engine.array_input.pages import encode_page
-from simulations import SCENARIOS
+from simulations import run_scenario
 from simulations.array_model import ArrayModel, StoredFact
-from simulations.seal_vs_retire import run
 
 
 def test_seal_vs_retire_ci_sized_run_is_clean(dsn):
-    assert "seal_vs_retire" in SCENARIOS
-    report = run(examples=30, seed=20261130, dsn=dsn)
-    assert report.violations == []
-    assert report.examples == 30
-    assert report.faults > 0
+    report = run_scenario("seal_vs_retire", examples=30, seed=20261130, dsn=dsn)
+    assert (report.violations, report.examples, report.faults > 0) == ([], 30, True)
 
 
 def _model():
