@@ -1,12 +1,23 @@
-"""Shared helpers for the sheet tests and simulations: runs, counts over the sheet."""
+"""Shared helpers for the sheet tests: the play and contract most of them use, runs, rows as
+stored, counts over the sheet."""
 
 from __future__ import annotations
 
 from engine import canonical
 from engine.runs import register
-from engine.scopes import RunScope
+from engine.scopes import PlayScope, RunScope
+from engine.sheets import SheetContract
 from engine.sheets.layout import column_name, layout_for
 from simulations.counters import counters_match  # noqa: F401  (re-exported for the tests)
+
+PLAY = "play"
+# The sheet most tests use: one input, one output. Tests that need more define their own.
+CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
+
+
+def play_scope(port, play: str = PLAY) -> PlayScope:
+    """The scope of `play` in the org the port serves."""
+    return PlayScope(port.org_id, play)
 
 
 async def new_run(port, play: str, run_id: str):

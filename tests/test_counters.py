@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from engine import PlayScope
-from engine.sheets import RowOutcome, SheetContract, admit, complete
+from engine.sheets import RowOutcome, admit, complete
 from simulations import run_scenario
 from simulations.counters import counters_match
-from tests.sheet_helpers import new_run
+from tests.sheet_helpers import CONTRACT, new_run, play_scope
 
 
 def test_counters_ci_sized_run_is_clean(dsn):
@@ -16,12 +15,11 @@ def test_counters_ci_sized_run_is_clean(dsn):
 
 
 async def test_counters_match_detects_a_drifted_counter(tenant):
-    contract = SheetContract(inputs=("name",), outputs=("score",))
     run_ref = await new_run(tenant, "play", "r1")
-    admission = await admit(tenant, run_ref, "ns", contract, [{"name": "a"}, {"name": "b"}])
-    await complete(tenant, run_ref, "ns", contract,
+    admission = await admit(tenant, run_ref, "ns", CONTRACT, [{"name": "a"}, {"name": "b"}])
+    await complete(tenant, run_ref, "ns", CONTRACT,
                    [RowOutcome(admission.pending[0].key, "completed", {"score": 1})])
-    scope = PlayScope(tenant.org_id, "play")
+    scope = play_scope(tenant)
     assert await counters_match(tenant, scope, "ns") == (True, "")
     async with tenant.connection("sheet") as conn:
         await conn.execute(

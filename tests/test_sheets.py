@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import trio
 
-from engine import PlayScope
 from engine.sheets import (
     Attempt,
     CellPolicy,
@@ -18,7 +17,7 @@ from engine.sheets import (
     row_key,
     summary,
 )
-from tests.sheet_helpers import counters_match, new_run, raw_rows
+from tests.sheet_helpers import PLAY, counters_match, new_run, play_scope, raw_rows
 
 CONTRACT = SheetContract(inputs=("name",), outputs=("score", "tag"))
 
@@ -32,12 +31,9 @@ def completion_path(request, monkeypatch):
     if request.param == "snapshot_join":
         monkeypatch.setattr(completion, "RETURNING_OLD_SINCE", 10**9)
     return request.param
+
+
 NS = "Companies"
-PLAY = "play"
-
-
-def scope(tenant) -> PlayScope:
-    return PlayScope(tenant.org_id, PLAY)
 
 
 def done(key: str, score=1, tag="t", **extra) -> RowOutcome:
@@ -45,17 +41,17 @@ def done(key: str, score=1, tag="t", **extra) -> RowOutcome:
 
 
 async def assert_counters(tenant, namespace=NS):
-    ok, detail = await counters_match(tenant, scope(tenant), namespace)
+    ok, detail = await counters_match(tenant, play_scope(tenant), namespace)
     assert ok, detail
 
 
 async def test_ensure_sheet_is_idempotent_and_counts_zero(tenant):
-    await ensure_sheet(tenant, scope(tenant), NS, CONTRACT)
-    await ensure_sheet(tenant, scope(tenant), "companies", CONTRACT)
-    s = await summary(tenant, scope(tenant), NS)
+    await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
+    await ensure_sheet(tenant, play_scope(tenant), "companies", CONTRACT)
+    s = await summary(tenant, play_scope(tenant), NS)
     assert (s.total, s.queued, s.running, s.completed, s.failed) == (0, 0, 0, 0, 0)
     assert set(s.columns) == {"score", "tag"}
-    assert await read_rows(tenant, scope(tenant), NS) == []
+    assert await read_rows(tenant, play_scope(tenant), NS) == []
 
 
 async def test_admit_inserts_dedups_and_indexes(tenant):
@@ -70,7 +66,7 @@ async def test_admit_inserts_dedups_and_indexes(tenant):
     ]
     assert admission.pending[0].key == row_key({"name": "a"}, NS)
     assert admission.completed == () and admission.blocked == ()
-    stored = await raw_rows(tenant, scope(tenant), NS, ["name"])
+    stored = await raw_rows(tenant, play_scope(tenant), NS, ["name"])
     assert {row["name"]: row["_status"] for row in stored.values()} == {
         "a": "pending", "b": "pending", "c": "pending"
     }
@@ -94,7 +90,7 @@ async def test_rerun_returns_cache_hits_merged_with_stored_outputs(tenant):
     ]
     assert [r.key for r in rerun.pending] == [b, c]
     assert rerun.inserted == 0
-    stored = await raw_rows(tenant, scope(tenant), NS, ["score"])
+    stored = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     assert stored[a]["_run_id"] == "r1" and stored[a]["_write_version"] == first.epoch
     assert stored[b]["_status"] == "pending" and stored[b]["_write_version"] == second.epoch
     assert stored[b]["score"] == 3 and stored[b]["_error"] is None  # completed cells kept
@@ -108,8 +104,8 @@ async def test_stale_run_late_completion_is_fenced_and_changes_nothing(tenant):
     new = await new_run(tenant, PLAY, "new")
     await admit(tenant, new, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
     await complete(tenant, new, NS, CONTRACT, [done(a, 100, "new")])
-    before = await raw_rows(tenant, scope(tenant), NS, ["score", "tag"])
-    counters_before = await summary(tenant, scope(tenant), NS)
+    before = await raw_rows(tenant, play_scope(tenant), NS, ["score", "tag"])
+    counters_before = await summary(tenant, play_scope(tenant), NS)
 
     late = await complete(tenant, old, NS, CONTRACT, [
         done(a, 1, "old"), RowOutcome(b, "failed", error="late"),
@@ -119,8 +115,8 @@ async def test_stale_run_late_completion_is_fenced_and_changes_nothing(tenant):
     assert [(f.key, f.reason, f.row_write_version) for f in late.fenced] == [
         (a, "stale_write_version", new.epoch), (b, "stale_write_version", new.epoch),
     ]
-    assert await raw_rows(tenant, scope(tenant), NS, ["score", "tag"]) == before
-    assert await summary(tenant, scope(tenant), NS) == counters_before
+    assert await raw_rows(tenant, play_scope(tenant), NS, ["score", "tag"]) == before
+    assert await summary(tenant, play_scope(tenant), NS) == counters_before
     await assert_counters(tenant)
 
 
@@ -160,18 +156,18 @@ async def test_attempt_lease_taken_over_is_fenced_attempt_superseded(tenant):
     second = Attempt("attempt-2", 2)
     admitted = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}], attempt=first)
     key = admitted.pending[0].key
-    stored = await raw_rows(tenant, scope(tenant), NS)
+    stored = await raw_rows(tenant, play_scope(tenant), NS)
     assert stored[key]["_status"] == "running" and stored[key]["_attempt_id"] == "attempt-1"
 
     taken = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}], attempt=second)
     assert [r.key for r in taken.pending] == [key]
-    before = await raw_rows(tenant, scope(tenant), NS, ["score"])
+    before = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     late = await complete(tenant, run, NS, CONTRACT, [done(key)], attempt=first)
     assert [(f.key, f.reason, f.row_write_version) for f in late.fenced] == [
         (key, "attempt_superseded", run.epoch)
     ]
     assert late.updated == 0
-    assert await raw_rows(tenant, scope(tenant), NS, ["score"]) == before
+    assert await raw_rows(tenant, play_scope(tenant), NS, ["score"]) == before
 
     # A third attempt cannot take the row while the second one's lease runs.
     third = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}], attempt=Attempt("attempt-3", 3))
@@ -213,7 +209,7 @@ async def test_missing_rows_repair_by_input_index_insert_or_fence(tenant):
         ("ghost", "missing", None)
     ]
     assert result.updated == 3
-    stored = await raw_rows(tenant, scope(tenant), NS, ["score"])
+    stored = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     assert stored[admission.pending[0].key]["score"] == 5  # repaired in place
     assert stored["brand-new"]["_status"] == "enriched"
     assert stored["brand-new"]["_input_index"] == 99
@@ -226,16 +222,16 @@ async def test_identical_replay_is_committed_without_physical_change(tenant):
     key = (await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
     first = await complete(tenant, run, NS, CONTRACT, [done(key, 3, "z")])
     assert first.updated == 1
-    before = await raw_rows(tenant, scope(tenant), NS, ["score", "tag"])
+    before = await raw_rows(tenant, play_scope(tenant), NS, ["score", "tag"])
     replay = await complete(tenant, run, NS, CONTRACT, [done(key, 3, "z")])
     assert replay.updated == 0 and replay.committed_keys == (key,) and replay.fenced == ()
-    assert await raw_rows(tenant, scope(tenant), NS, ["score", "tag"]) == before
+    assert await raw_rows(tenant, play_scope(tenant), NS, ["score", "tag"]) == before
     failed_key = (await admit(tenant, run, NS, CONTRACT, [{"name": "b"}])).pending[0].key
     await complete(tenant, run, NS, CONTRACT, [RowOutcome(failed_key, "failed", error="e")])
-    before = await raw_rows(tenant, scope(tenant), NS)
+    before = await raw_rows(tenant, play_scope(tenant), NS)
     again = await complete(tenant, run, NS, CONTRACT, [RowOutcome(failed_key, "failed", error="e")])
     assert again.updated == 0 and again.committed_keys == (failed_key,)
-    assert await raw_rows(tenant, scope(tenant), NS) == before
+    assert await raw_rows(tenant, play_scope(tenant), NS) == before
 
 
 async def test_duplicate_outcomes_last_wins(tenant):
@@ -245,7 +241,7 @@ async def test_duplicate_outcomes_last_wins(tenant):
         done(key, 1), RowOutcome(key, "failed", error="x"), done(key, 2, "last"),
     ])
     assert result.committed_keys == (key,)
-    stored = await raw_rows(tenant, scope(tenant), NS, ["score", "tag"])
+    stored = await raw_rows(tenant, play_scope(tenant), NS, ["score", "tag"])
     assert (stored[key]["score"], stored[key]["tag"], stored[key]["_status"]) == (2, "last", "enriched")
 
 
@@ -255,18 +251,18 @@ async def test_cell_meta_and_failed_cells_and_error_default(tenant):
     await complete(tenant, run, NS, CONTRACT, [
         RowOutcome(key, "failed", {"score": 4}, cell_meta={"tag": {"status": "failed"}}, error="  ")
     ])
-    stored = (await raw_rows(tenant, scope(tenant), NS, ["score"]))[key]
+    stored = (await raw_rows(tenant, play_scope(tenant), NS, ["score"]))[key]
     assert stored["_status"] == "failed" and stored["_error"] == "Row execution failed."
     assert stored["score"] == 4 and stored["_cell_meta"] == {"tag": {"status": "failed"}}
-    s = await summary(tenant, scope(tenant), NS)
+    s = await summary(tenant, play_scope(tenant), NS)
     assert s.failed == 1 and s.columns["tag"].failed == 1
     rerun = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
     assert [r.key for r in rerun.pending] == [key]
     await complete(tenant, run, NS, CONTRACT, [done(key, 5, "ok")])
-    stored = (await raw_rows(tenant, scope(tenant), NS))[key]
+    stored = (await raw_rows(tenant, play_scope(tenant), NS))[key]
     assert stored["_cell_meta"]["tag"]["status"] == "completed"
     assert stored["_cell_meta"]["score"]["run_id"] == "r1"
-    s = await summary(tenant, scope(tenant), NS)
+    s = await summary(tenant, play_scope(tenant), NS)
     assert s.columns["tag"] == type(s.columns["tag"])(1, 0)
     await assert_counters(tenant)
 
@@ -290,10 +286,10 @@ async def test_new_output_field_extends_the_sheet(tenant):
     odd = "_" + "ü" * 40 + " weird \"name\""  # starts with _, over 63 bytes, quotes
     result = await complete(tenant, run, NS, CONTRACT, [done(key, extra=None, **{odd: {"x": [1]}})])
     assert result.diagnostics.column_retries == 1
-    rows = await read_rows(tenant, scope(tenant), NS)
+    rows = await read_rows(tenant, play_scope(tenant), NS)
     assert rows[0][odd] == {"x": [1]} and rows[0]["name"] == "a"
     assert rows[0]["_status"] == "enriched"
-    s = await summary(tenant, scope(tenant), NS)
+    s = await summary(tenant, play_scope(tenant), NS)
     assert s.columns[odd].completed == 1
     await assert_counters(tenant)
 
@@ -302,15 +298,15 @@ async def test_read_rows_by_run_prefers_enriched_then_failed(tenant):
     run = await new_run(tenant, PLAY, "r1")
     admission = await admit(tenant, run, NS, CONTRACT, [{"name": n} for n in "abc"])
     a, b, c = (r.key for r in admission.pending)
-    rows = await read_rows(tenant, scope(tenant), NS, run_id="r1")
+    rows = await read_rows(tenant, play_scope(tenant), NS, run_id="r1")
     assert [r["_key"] for r in rows] == [a, b, c]
     await complete(tenant, run, NS, CONTRACT, [RowOutcome(b, "failed", error="e")])
-    assert [r["_key"] for r in await read_rows(tenant, scope(tenant), NS, run_id="r1")] == [b]
+    assert [r["_key"] for r in await read_rows(tenant, play_scope(tenant), NS, run_id="r1")] == [b]
     await complete(tenant, run, NS, CONTRACT, [done(c)])
-    assert [r["_key"] for r in await read_rows(tenant, scope(tenant), NS, run_id="r1")] == [c]
-    page = await read_rows(tenant, scope(tenant), NS, limit=1, offset=1)
+    assert [r["_key"] for r in await read_rows(tenant, play_scope(tenant), NS, run_id="r1")] == [c]
+    page = await read_rows(tenant, play_scope(tenant), NS, limit=1, offset=1)
     assert [r["_key"] for r in page] == [b]
-    assert await read_rows(tenant, scope(tenant), NS, run_id="other") == []
+    assert await read_rows(tenant, play_scope(tenant), NS, run_id="other") == []
 
 
 async def test_counters_equal_count_after_concurrent_completers_with_overlapping_keys(tenant):
@@ -338,7 +334,7 @@ async def test_counters_equal_count_after_concurrent_completers_with_overlapping
                 nursery.start_soon(completer, worker)
             nursery.start_soon(readmitter)
     await assert_counters(tenant)
-    s = await summary(tenant, scope(tenant), NS)
+    s = await summary(tenant, play_scope(tenant), NS)
     assert s.total == 300 and s.completed + s.failed + s.queued + s.running == 300
 
 
@@ -352,7 +348,7 @@ async def test_large_admission_and_completion_in_one_call_each(tenant):
         completion = await complete(tenant, run, NS, CONTRACT, outcomes)
     assert completion.updated == 25_000 and len(completion.committed_keys) == 25_000
     assert completion.diagnostics.chunks == 3
-    s = await summary(tenant, scope(tenant), NS)
+    s = await summary(tenant, play_scope(tenant), NS)
     assert (s.total, s.completed, s.queued) == (25_000, 25_000, 0)
     assert s.columns["score"].completed == 25_000
     await assert_counters(tenant)
@@ -388,7 +384,7 @@ async def test_explicit_keys_refresh_inputs_and_order_puts_missing_indexes_last(
     again = await admit(tenant, run, NS, CONTRACT, [{"name": "second"}], keys=["k1"])
     assert [(r.key, r.input_index) for r in again.pending] == [("k1", 0)]
     await complete(tenant, run, NS, CONTRACT, [done("no-index")])  # inserted, no input index
-    rows = await read_rows(tenant, scope(tenant), NS)
+    rows = await read_rows(tenant, play_scope(tenant), NS)
     assert [(r["_key"], r["name"], r["_input_index"]) for r in rows] == [
         ("k1", "second", 0), ("k2", "x", 6), ("no-index", None, None)
     ]

@@ -21,9 +21,8 @@ from engine.sheets import (
     summary,
 )
 from simulations.ports import CountingPort
-from tests.sheet_helpers import counters_match, new_run, raw_rows
+from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 
-CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
 NS = "input_checks"
 
 
@@ -53,13 +52,13 @@ BAD_ADMISSIONS = [
 @pytest.mark.parametrize(("kwargs", "named"), BAD_ADMISSIONS)
 async def test_bad_admissions_write_nothing(setup, kwargs, named):
     tenant, run, _ = setup
-    before = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"])
+    before = await raw_rows(tenant, play_scope(tenant), NS, ["name", "score"])
     port = CountingPort(tenant)
     rows = kwargs.pop("rows")
     with pytest.raises(InvalidInputError, match=named.replace("[", r"\[").replace("]", r"\]")):
         await admit(port, run, NS, CONTRACT, rows, **kwargs)
     assert port.boundaries == []
-    assert await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"]) == before
+    assert await raw_rows(tenant, play_scope(tenant), NS, ["name", "score"]) == before
 
 
 def bad_outcomes(key):
@@ -77,13 +76,13 @@ def bad_outcomes(key):
 async def test_bad_completions_write_nothing(setup, case):
     tenant, run, key = setup
     outcomes, named = bad_outcomes(key)[case]
-    before = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"])
+    before = await raw_rows(tenant, play_scope(tenant), NS, ["name", "score"])
     port = CountingPort(tenant)
     with pytest.raises(InvalidInputError, match=named.replace("[", r"\[").replace("]", r"\]")):
         await complete(port, run, NS, CONTRACT, outcomes)
     assert port.boundaries == []
-    assert await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["name", "score"]) == before
-    ok, detail = await counters_match(tenant, PlayScope(tenant.org_id, "play"), NS)
+    assert await raw_rows(tenant, play_scope(tenant), NS, ["name", "score"]) == before
+    ok, detail = await counters_match(tenant, play_scope(tenant), NS)
     assert ok, detail
 
 
@@ -120,9 +119,9 @@ async def test_wrong_contract_or_attempt_types_write_nothing(setup):
     with pytest.raises(InvalidInputError):
         await complete(port, run, NS, CONTRACT, [RowOutcome(key, "completed")], attempt="a1")
     with pytest.raises(InvalidInputError):
-        await ensure_sheet(port, PlayScope(tenant.org_id, "play"), NS, ("name",))
+        await ensure_sheet(port, play_scope(tenant), NS, ("name",))
     with pytest.raises(InvalidInputError):
-        await read_rows(port, PlayScope(tenant.org_id, "play"), NS, limit=-1)
+        await read_rows(port, play_scope(tenant), NS, limit=-1)
     assert port.boundaries == []
 
 
@@ -155,6 +154,6 @@ async def test_any_other_field_name_works(tenant):
     assert [r.row for r in again.completed] == [
         {"_key": 1, "Name": 2, "name": 3, "x" * 80 + "\ufffd!": 4, "_status": 5}
     ]
-    read = (await read_rows(tenant, PlayScope(tenant.org_id, "play"), NS))[0]
+    read = (await read_rows(tenant, play_scope(tenant), NS))[0]
     assert read["Name"] == 2 and read["name"] == 3 and read["x" * 80 + "\ufffd!"] == 4
     assert read["_key"] == key and read["_status"] == "enriched"  # system values shadow fields

@@ -24,15 +24,14 @@ from engine.sheets import completion as completion_module
 from engine.sheets.layout import layout_for
 from simulations.ports import CountingPort, GatedPort
 from tests.conftest import fresh_schema
-from tests.sheet_helpers import counters_match, new_run, raw_rows
+from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 
-CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
 NS = "txn"
 
 
 async def test_large_calls_take_one_checkout_and_one_statement_per_chunk(tenant):
     run = await new_run(tenant, "play", "r1")
-    await ensure_sheet(tenant, PlayScope(tenant.org_id, "play"), NS, CONTRACT)
+    await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
     port = CountingPort(tenant)
     rows = [{"name": f"n{i}"} for i in range(25_000)]
     admission = await admit(port, run, NS, CONTRACT, rows)
@@ -48,15 +47,15 @@ async def test_large_calls_take_one_checkout_and_one_statement_per_chunk(tenant)
 async def test_statement_timeout_bounds_a_lock_wait_and_writes_nothing(tenant, monkeypatch):
     run = await new_run(tenant, "play", "r1")
     key = (await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
-    layout = layout_for(tenant, PlayScope(tenant.org_id, "play"), NS)
+    layout = layout_for(tenant, play_scope(tenant), NS)
     monkeypatch.setattr(completion_module, "COMPLETE_STATEMENT_TIMEOUT_MS", 200)
-    before = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["score"])
+    before = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     async with tenant.connection("retirement") as blocker:
         async with blocker.transaction():
             await blocker.execute("SELECT pg_advisory_xact_lock($1::bigint)", layout.lock_key)
             with trio.fail_after(10), pytest.raises(StatementTimeoutError):
                 await complete(tenant, run, NS, CONTRACT, [RowOutcome(key, "completed", {"score": 1})])
-    assert await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["score"]) == before
+    assert await raw_rows(tenant, play_scope(tenant), NS, ["score"]) == before
 
 
 async def _waiting_for_a_lock(tenant, locktype: str | None = None) -> bool:
@@ -69,7 +68,7 @@ async def _waiting_for_a_lock(tenant, locktype: str | None = None) -> bool:
 
 async def test_column_extension_waits_for_shared_writers(tenant):
     run = await new_run(tenant, "play", "r1")
-    scope = PlayScope(tenant.org_id, "play")
+    scope = play_scope(tenant)
     admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
     a, b = (r.key for r in admission.pending)
     writer = GatedPort(tenant)
@@ -141,7 +140,7 @@ async def test_under_an_execution_role_sheets_work_inside_the_checkout_transacti
 
 async def test_ensure_sheet_waits_for_shared_writers_on_the_exclusive_lock(tenant):
     run = await new_run(tenant, "play", "r1")
-    scope = PlayScope(tenant.org_id, "play")
+    scope = play_scope(tenant)
     key = (await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
     writer = GatedPort(tenant)
     parked = writer.gate_query(4)
@@ -179,12 +178,12 @@ async def test_completion_chunks_by_patch_bytes_in_one_transaction(tenant):
     assert result.updated == 10 and result.diagnostics.chunks == 2
     assert port.checkout_count == 1
     assert [s.split()[0] for s in port.statements].count("BEGIN") == 1
-    stored = await raw_rows(tenant, PlayScope(tenant.org_id, "play"), NS, ["score"])
+    stored = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     assert all(row["score"] == big for row in stored.values())
 
 
 async def test_missing_sheet_and_registry_self_heal(tenant):
-    scope = PlayScope(tenant.org_id, "play")
+    scope = play_scope(tenant)
     run = await new_run(tenant, "play", "r1")
     await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
     layout = layout_for(tenant, scope, NS)
