@@ -83,13 +83,67 @@ def is_transient_connect_error(exc: BaseException) -> bool:
 
 
 class Driver:
-    """The trio-asyncio loop a tenant's connections live on."""
+    """The trio-asyncio loop a tenant's connections live on, and the two ways to run asyncpg
+    coroutines on it.
+
+    `call` hands a coroutine to the loop as an asyncio Task (trio-asyncio's own bridge): used for
+    connect and close. `step` drives a statement's coroutine inside the calling trio task: every
+    asyncio future it waits on wakes the task directly, which skips creating a Task and two hops
+    through the loop's queue per statement (about a third of a statement's cost here; see
+    `benchmarks/receipts.py`). The futures still belong to, and are resolved by, the same loop.
+    """
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
 
     async def call(self, coro: Any) -> Any:
         return await self.loop.run_aio_coroutine(coro)
+
+    async def step(self, coro: Any) -> Any:
+        """Run an asyncio coroutine to completion in the current trio task.
+
+        Cancellation follows trio-asyncio's rule: the future being waited on is cancelled, the
+        coroutine sees `asyncio.CancelledError` and unwinds, and this raises `trio.Cancelled`.
+        """
+        task = trio.lowlevel.current_task()
+        raise_cancel = None
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        token = trio_asyncio.current_loop.set(self.loop)  # for asyncio.get_running_loop()
+        try:
+            while True:
+                try:
+                    if to_throw is None:
+                        waited = coro.send(to_send)
+                    else:
+                        waited, to_throw = coro.throw(to_throw), None
+                except StopIteration as stop:
+                    return stop.value
+                except asyncio.CancelledError:
+                    if raise_cancel is not None:
+                        raise_cancel()
+                    raise
+                to_send = None
+                if waited is None:  # a bare yield (asyncio.sleep(0)): let others run
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    continue
+                if not getattr(waited, "_asyncio_future_blocking", False):
+                    to_throw = RuntimeError(f"asyncpg yielded {waited!r}, not an asyncio future")
+                    continue
+                waited._asyncio_future_blocking = False
+                if waited.done():
+                    continue
+                waited.add_done_callback(lambda _: trio.lowlevel.reschedule(task))
+
+                def abort(raise_cancel_arg, future=waited):
+                    nonlocal raise_cancel
+                    raise_cancel = raise_cancel_arg
+                    future.cancel()  # the coroutine unwinds when it next runs
+                    return trio.lowlevel.Abort.FAILED
+
+                await trio.lowlevel.wait_task_rescheduled(abort)
+        finally:
+            trio_asyncio.current_loop.reset(token)
 
     async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> Any:
         """One physical connect attempt; raises the driver's error untranslated."""
@@ -152,7 +206,7 @@ class Connection:
         if self.broken:
             raise StoreUnavailableError("connection was closed after an earlier failure")
         try:
-            return await self._driver.loop.run_aio_coroutine(method(*args))
+            return await self._driver.step(method(*args))
         except trio.Cancelled:
             # The server may still be running the statement: the state is unknown.
             self.broken = True

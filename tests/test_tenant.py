@@ -225,3 +225,25 @@ async def test_non_transient_connect_errors_fail_at_once(dsn):
     with pytest.raises(TenantUnavailableError, match="no_such_database|does not exist"):
         async with open_tenant("o", bad):
             pass
+
+
+async def test_statements_run_from_tasks_started_outside_the_tenants_loop(dsn):
+    """Statements step their driver coroutines in the calling task: a task whose context
+    predates the tenant's event loop (started in an outer nursery) works all the same."""
+    seen = []
+    async with trio.open_nursery() as outer:
+        async with open_tenant("o", dsn, schema=fresh_schema()) as tenant:
+            done = trio.Event()
+
+            async def use():
+                async with tenant.connection("sheet") as conn:
+                    seen.append(await conn.fetchval("SELECT 7"))
+                    await conn.copy_records("copied", [(1,), (2,)], columns=["v"], schema=tenant.schema)
+                    seen.append(await conn.fetchval(f'SELECT sum(v) FROM "{tenant.schema}".copied'))
+                done.set()
+
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'CREATE TABLE "{tenant.schema}".copied (v int)')
+            outer.start_soon(use)
+            await done.wait()
+    assert seen == [7, 3]
