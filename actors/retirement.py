@@ -5,9 +5,8 @@ How it works
   transaction that marks the run guard retired (so any sealer or page writer of the run is fenced
   by the guard row from then on) and deletes at most `RETIRE_BATCH_ROWS` facts. The guard itself
   is retained forever.
-- Every call goes through `RetirementLanePort`, which checks out on the `retirement` lane whatever
-  lane the engine asks for: background retirement holds at most that lane's permits and never
-  starves foreground sheet or receipt work.
+- `engine.array_input.retire` checks out on the `retirement` lane: background retirement holds
+  at most that lane's permits and never starves foreground sheet or receipt work.
 - With an outbox lease (`owner`), the lease is renewed after every batch; when the renewal finds
   the lease gone (it expired and another drainer took the entry), this holder stops and leaves
   the rest to the new holder.
@@ -18,9 +17,6 @@ How it works
 
 from __future__ import annotations
 
-import contextlib
-from typing import AsyncIterator
-
 import attrs
 
 from engine import array_input
@@ -30,34 +26,6 @@ from engine.scopes import RunScope
 from . import outbox
 from .retry import retry_transient
 
-LANE = "retirement"
-
-
-@attrs.frozen
-class RetirementLanePort:
-    """A port that sends every checkout of `inner` through the retirement lane."""
-
-    inner: Port
-
-    @property
-    def org_id(self) -> str:
-        return self.inner.org_id
-
-    @property
-    def schema(self) -> str:
-        return self.inner.schema
-
-    @property
-    def outer_transaction(self) -> bool:
-        return self.inner.outer_transaction
-
-    @contextlib.asynccontextmanager
-    async def connection(self, lane: str) -> AsyncIterator:
-        async with self.inner.connection(LANE) as conn:
-            yield conn
-
-    async def repair_schema(self) -> None:
-        await self.inner.repair_schema()
 
 
 @attrs.frozen
@@ -74,10 +42,9 @@ async def retire_run(
     port: Port, scope: RunScope, *, owner: str | None = None, lease_s: float = 60.0
 ) -> RetirementOutcome:
     """Retire the run's array inputs until done (or until our outbox lease is lost)."""
-    lane_port = RetirementLanePort(port)
     deleted = 0
     while True:
-        result = await retry_transient(lambda: array_input.retire(lane_port, scope))
+        result = await retry_transient(lambda: array_input.retire(port, scope))
         deleted += result.deleted
         if result.done:
             return RetirementOutcome(deleted, True)
