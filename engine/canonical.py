@@ -13,6 +13,16 @@ Choices where jsonb forces one:
 - two keys of one object that become equal after that substitution are refused;
 - integers of more than 4000 digits are refused (Python's int/str conversion limit is near);
 - nesting deeper than 64 containers is refused.
+
+The fast path: most values are already canonical, and proving that is cheaper than rebuilding
+them. `is_canonical(value)` walks the containers without allocating, checking exact JSON types
+(dict, list, str, int, float, bool, None; no subclasses, no tuples), str keys, clean strings,
+bounded ints, finite non-integral floats and the depth limit; it is True exactly when
+`normalize` would return an equal value of the same types. `normalize_fast(value, path)` always
+returns a value equal to `normalize(value, path)` (same types, same errors): it returns the
+caller's own object, not a copy, when it is already canonical (copy it if you will mutate
+either), rebuilds directly a value whose only departures are integral floats, and hands anything
+else to `normalize`, which cleans it or refuses it naming the path.
 This module does no I/O.
 """
 
@@ -29,6 +39,7 @@ from .errors import InvalidInputError
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 4000
 _INT_LIMIT = 10**MAX_INT_DIGITS
+_NEG_INT_LIMIT = -_INT_LIMIT  # negating a 4000-digit int per check would allocate
 
 # NUL or a lone surrogate (valid pairs never appear in a decoded Python str).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -89,6 +100,142 @@ def _normalize(value: Any, path: str, depth: int) -> Any:
     if isinstance(value, float):
         return _normalize(float(value), path, depth)
     raise InvalidInputError(f"{path}: {type(value).__name__} is not a JSON value")
+
+
+def is_clean_str(value: str) -> bool:
+    """True when `value` holds no NUL and no lone surrogate (so `normalize` keeps it as is)."""
+    if value.isascii():
+        return "\x00" not in value
+    return _UNSTORABLE.search(value) is None
+
+
+def is_canonical(value: Any, strings: bool = True, depth: int = 0) -> bool:
+    """True when `normalize(value)` would return an equal value of the same types.
+
+    `strings=False` skips the two string rules (no NUL, no lone surrogate) for a caller that
+    checks them once on the encoded text instead; everything else is still checked. `depth` is
+    how many containers enclose `value` (the depth limit counts from the top).
+    """
+    # Scalars inside containers are checked inline (the common case of flat rows), and every
+    # accepted field continues at once; objects pick their loop once by `strings` rather than
+    # testing it per field (measurably faster on flat rows). `x - x == 0.0` holds exactly for
+    # finite floats, without a call.
+    kind = type(value)
+    if kind is dict:
+        if depth >= MAX_DEPTH:
+            return False
+        if not strings:
+            for key, item in value.items():
+                if type(key) is not str:
+                    return False
+                kind = type(item)
+                if kind is str or item is None or kind is bool:
+                    continue
+                if kind is int:
+                    if _NEG_INT_LIMIT < item < _INT_LIMIT:
+                        continue
+                elif kind is float:
+                    if item - item == 0.0 and not item.is_integer():
+                        continue
+                elif (kind is dict or kind is list) and is_canonical(item, False, depth + 1):
+                    continue
+                return False
+            return True
+        for key, item in value.items():
+            if type(key) is not str or "\x00" in key or not key.isascii() and (
+                _UNSTORABLE.search(key) is not None
+            ):
+                return False
+            kind = type(item)
+            if kind is str:
+                if "\x00" not in item and (item.isascii() or _UNSTORABLE.search(item) is None):
+                    continue
+            elif kind is int:
+                if _NEG_INT_LIMIT < item < _INT_LIMIT:
+                    continue
+            elif kind is float:
+                if item - item == 0.0 and not item.is_integer():
+                    continue
+            elif item is None or kind is bool:
+                continue
+            elif (kind is dict or kind is list) and is_canonical(item, strings, depth + 1):
+                continue
+            return False
+        return True
+    if kind is list:
+        if depth >= MAX_DEPTH:
+            return False
+        for item in value:
+            kind = type(item)
+            if kind is str:
+                if not strings or "\x00" not in item and (
+                    item.isascii() or _UNSTORABLE.search(item) is None
+                ):
+                    continue
+            elif kind is int:
+                if _NEG_INT_LIMIT < item < _INT_LIMIT:
+                    continue
+            elif kind is float:
+                if item - item == 0.0 and not item.is_integer():
+                    continue
+            elif item is None or kind is bool:
+                continue
+            elif (kind is dict or kind is list) and is_canonical(item, strings, depth + 1):
+                continue
+            return False
+        return True
+    if kind is str:
+        return not strings or is_clean_str(value)
+    if value is None or kind is bool:
+        return True
+    if kind is int:
+        return _NEG_INT_LIMIT < value < _INT_LIMIT
+    if kind is float:
+        return value - value == 0.0 and not value.is_integer()
+    return False
+
+
+class _NeedsNormalize(Exception):
+    """Raised by `_rebuild` when a value needs `normalize` (to clean or refuse it)."""
+
+
+def _rebuild(value: Any, depth: int) -> Any:
+    # A value whose only departures from canonical form are integral floats.
+    kind = type(value)
+    if kind is float:
+        if value - value != 0.0:
+            raise _NeedsNormalize
+        return int(value) if value.is_integer() else value
+    if kind is dict:
+        if depth >= MAX_DEPTH:
+            raise _NeedsNormalize
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or not is_clean_str(key):
+                raise _NeedsNormalize
+            out[key] = _rebuild(item, depth + 1)
+        return out
+    if kind is list:
+        if depth >= MAX_DEPTH:
+            raise _NeedsNormalize
+        return [_rebuild(item, depth + 1) for item in value]
+    if is_canonical(value):
+        return value
+    raise _NeedsNormalize
+
+
+def normalize_fast(value: Any, path: str = "value") -> Any:
+    """`normalize(value, path)`, without its per-element work on the common inputs.
+
+    Returns `value` itself (not a copy) when it is already canonical; rebuilds a value whose
+    only departures are integral floats; hands anything else to `normalize`.
+    """
+    if is_canonical(value):
+        return value
+    try:
+        return _rebuild(value, 0)
+    except _NeedsNormalize:
+        return normalize(value, path)
 
 
 def stable_dumps(value: Any) -> str:
