@@ -170,30 +170,10 @@ def error_message(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
-_FAST_INT = 2**53
-
-
 def normalize_output(data: dict) -> dict:
-    """`canonical.normalize(data, "output")`, skipping the rebuild for flat outputs that are
-    already canonical (str keys and ASCII strings without NUL, small ints, non-integral finite
-    floats, booleans, None) — the common case of a map function's result."""
-    for field, value in data.items():
-        if type(field) is not str or not field.isascii() or "\x00" in field:
-            return canonical.normalize(data, "output")
-        kind = type(value)
-        if kind is str:
-            if value.isascii() and "\x00" not in value:
-                continue
-        elif kind is int:
-            if -_FAST_INT < value < _FAST_INT:
-                continue
-        elif kind is float:
-            if math.isfinite(value) and not value.is_integer():
-                continue
-        elif value is None or value is True or value is False:
-            continue
-        return canonical.normalize(data, "output")
-    return data
+    """`canonical.normalize(data, "output")` through the shared fast path (an output that is
+    already canonical is returned as it is, and `execute_row` checks that first)."""
+    return canonical.normalize_fast(data, "output")
 
 
 async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: Any) -> Any:
@@ -211,7 +191,8 @@ async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: Any) -> An
             error=f"map function returned {type(data).__name__}, expected a dict of outputs",
         )
     try:
-        data = normalize_output(data)
+        if not canonical.is_canonical(data):  # the common case needs no rebuild
+            data = normalize_output(data)
     except InvalidInputError as exc:
         return sheets.RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
                                  error=error_message(exc))

@@ -154,55 +154,18 @@ def stored_row(occurrence: Occurrence, path: str) -> dict:
 
 
 # The fast path. `canonical.normalize` rebuilds every value in Python; most rows are already
-# normalized, and proving that is cheaper: `_plain` walks the containers checking exact JSON
-# types, string keys, finite non-integral floats, bounded ints and the depth limit, sharing the
-# caller's objects instead of copying them. The two string rules (no NUL, no lone surrogate) are
-# checked once on the encoded text: the encoder escapes NUL as \u0000 and a lone surrogate makes
+# normalized, and proving that is cheaper: `canonical.is_canonical(data, False)` walks the
+# containers checking everything but the two string rules, sharing the caller's objects instead
+# of copying them. The string rules (no NUL, no lone surrogate) are checked once on the encoded
+# text of a whole row or page: the encoder escapes NUL as \u0000 and a lone surrogate makes
 # UTF-8 encoding fail. Anything unusual falls back to `normalize`, so the stored text is always
 # exactly `stable_dumps(normalize(...))`.
-_INT_LIMIT = 10**canonical.MAX_INT_DIGITS
 _ESCAPED_NUL = b"\\u0000"
-
-
-def _plain(value: Any, depth: int) -> bool:
-    if depth >= canonical.MAX_DEPTH:
-        return False
-    if type(value) is dict:
-        for key, item in value.items():
-            if type(key) is not str:
-                return False
-            kind = type(item)
-            if kind is str or item is None or kind is bool:
-                continue
-            if kind is int:
-                if not -_INT_LIMIT < item < _INT_LIMIT:
-                    return False
-            elif kind is float:
-                if item - item != 0.0 or item.is_integer():
-                    return False
-            elif not ((kind is dict or kind is list) and _plain(item, depth + 1)):
-                return False
-        return True
-    if type(value) is list:
-        for item in value:
-            kind = type(item)
-            if kind is str or item is None or kind is bool:
-                continue
-            if kind is int:
-                if not -_INT_LIMIT < item < _INT_LIMIT:
-                    return False
-            elif kind is float:
-                if item - item != 0.0 or item.is_integer():
-                    return False
-            elif not ((kind is dict or kind is list) and _plain(item, depth + 1)):
-                return False
-        return True
-    return False
 
 
 def _plain_row(occurrence: Occurrence) -> dict | None:
     """The stored form sharing the occurrence's objects, or None when it needs `normalize`."""
-    if not _plain(occurrence.data, 0):
+    if not canonical.is_canonical(occurrence.data, False):
         return None
     identity = occurrence.source_identity
     if identity is None:

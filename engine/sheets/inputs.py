@@ -1,11 +1,10 @@
 """Input preparation: validate, normalize, key and encode rows and outcomes before any query.
 
 How it works
-- `is_canonical` checks without allocating whether `canonical.normalize` would return a value
-  unchanged; `normalize_fast` returns such values as they are, rebuilds values whose only
-  departure is an integral float, and hands anything else to `canonical.normalize` (which
-  cleans it or refuses it, naming the path). The result always equals `canonical.normalize`'s
-  (property-tested), without its per-element path strings on the common inputs.
+- Rows and outcome data go through the shared fast path of `engine.canonical`:
+  `is_canonical` proves a value already canonical without rebuilding it, and `normalize_fast`
+  equals `canonical.normalize` (cleaning or refusing with the path named) on everything else.
+  A canonical row is copied before it is kept, since it is the caller's own dict.
 - `row_key(row, table_namespace)` is the SHA-256 (first 32 hex digits) of the normalized
   namespace, a newline, and the canonical JSON of the normalized row.
 - `prepare_rows` and `prepare_outcomes` raise `InvalidInputError` naming the row and field for
@@ -17,124 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import attrs
 
 from engine import canonical
+from engine.canonical import is_canonical, is_clean_str, normalize_fast
 from engine.errors import InvalidInputError
 from engine.scopes import normalize_namespace
 
 from .model import DEFAULT_ROW_ERROR, MAX_KEY_CHARS, OUTCOME_STATUSES, RowOutcome
-
-_INT_LIMIT = 10**canonical.MAX_INT_DIGITS
-_isfinite = math.isfinite
-
-
-def _is_clean_str(value: str) -> bool:
-    if value.isascii():
-        return "\x00" not in value
-    return canonical._UNSTORABLE.search(value) is None
-
-
-def is_canonical(value: Any, depth: int = 0) -> bool:
-    """True when `canonical.normalize(value)` would return an equal value of the same types.
-
-    A fast check without allocation or path strings (scalars inside containers are checked
-    inline, the common case of flat rows); anything it is unsure of is False, and callers then
-    take `canonical.normalize`, which cleans or refuses with the path named.
-    """
-    kind = type(value)
-    if kind is dict:
-        if depth >= canonical.MAX_DEPTH:
-            return False
-        for key, item in value.items():
-            if type(key) is not str or not (
-                ("\x00" not in key) if key.isascii() else _is_clean_str(key)
-            ):
-                return False
-            kind = type(item)
-            if kind is str:
-                if not (("\x00" not in item) if item.isascii() else _is_clean_str(item)):
-                    return False
-            elif kind is int:
-                if not -_INT_LIMIT < item < _INT_LIMIT:
-                    return False
-            elif kind is float:
-                if not _isfinite(item) or item.is_integer():
-                    return False
-            elif item is None or item is True or item is False:
-                continue
-            elif not is_canonical(item, depth + 1):
-                return False
-        return True
-    if kind is list:
-        if depth >= canonical.MAX_DEPTH:
-            return False
-        for item in value:
-            kind = type(item)
-            if kind is str:
-                if not (("\x00" not in item) if item.isascii() else _is_clean_str(item)):
-                    return False
-            elif kind is int:
-                if not -_INT_LIMIT < item < _INT_LIMIT:
-                    return False
-            elif item is None or item is True or item is False:
-                continue
-            elif not is_canonical(item, depth + 1):
-                return False
-        return True
-    if kind is str:
-        return _is_clean_str(value)
-    if value is None or value is True or value is False:
-        return True
-    if kind is int:
-        return -_INT_LIMIT < value < _INT_LIMIT
-    if kind is float:
-        return _isfinite(value) and not value.is_integer()
-    return False
-
-
-class _NotSimple(Exception):
-    """Raised by `_rebuild` when a value needs `canonical.normalize` (to clean or refuse it)."""
-
-
-def _rebuild(value: Any, depth: int) -> Any:
-    """Rebuild a value whose only departure from canonical form is integral floats."""
-    kind = type(value)
-    if kind is float:
-        if not _isfinite(value):
-            raise _NotSimple
-        return int(value) if value.is_integer() else value
-    if kind is dict:
-        if depth >= canonical.MAX_DEPTH:
-            raise _NotSimple
-        out = {}
-        for key, item in value.items():
-            if type(key) is not str or not _is_clean_str(key):
-                raise _NotSimple
-            out[key] = _rebuild(item, depth + 1)
-        return out
-    if kind is list:
-        if depth >= canonical.MAX_DEPTH:
-            raise _NotSimple
-        return [_rebuild(item, depth + 1) for item in value]
-    if is_canonical(value, depth):
-        return value
-    raise _NotSimple
-
-
-def normalize_fast(value: Any, path: str) -> Any:
-    """`canonical.normalize(value, path)`, without its per-element path strings on the common
-    inputs: canonical values are returned as they are, values whose only departure is an
-    integral float are rebuilt directly, anything else goes through `canonical.normalize`."""
-    if is_canonical(value):
-        return value
-    try:
-        return _rebuild(value, 0)
-    except _NotSimple:
-        return canonical.normalize(value, path)
 
 
 def _key_of(namespace: str, row_text: str) -> str:
@@ -165,7 +56,7 @@ def check_key(key: object, where: str) -> str:
         raise InvalidInputError(f"{where}: key must be a string, got {type(key).__name__}")
     if not 1 <= len(key) <= MAX_KEY_CHARS:
         raise InvalidInputError(f"{where}: key must have 1 to {MAX_KEY_CHARS} characters")
-    if not _is_clean_str(key):
+    if not is_clean_str(key):
         raise InvalidInputError(f"{where}: key holds NUL or a lone surrogate")
     return key
 
@@ -273,7 +164,7 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
                 f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
             )
         key = outcome.key
-        if type(key) is not str or not 0 < len(key) <= MAX_KEY_CHARS or not _is_clean_str(key):
+        if type(key) is not str or not 0 < len(key) <= MAX_KEY_CHARS or not is_clean_str(key):
             check_key(key, f"outcomes[{i}]")
         status = outcome.status
         if status == "completed":
@@ -305,7 +196,7 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
         error = None
         if failed:
             error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
-            if not _is_clean_str(error):
+            if not is_clean_str(error):
                 error = canonical.normalize(error)
         data_text = dumps(data)
         size = len(data_text) if data_text.isascii() else len(data_text.encode("utf-8"))
