@@ -40,6 +40,7 @@ MAX_DEPTH = 64
 MAX_INT_DIGITS = 4000
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _NEG_INT_LIMIT = -_INT_LIMIT  # negating a 4000-digit int per check would allocate
+_DEEPEST = MAX_DEPTH - 1  # a container at this depth may hold no container
 
 # NUL or a lone surrogate (valid pairs never appear in a decoded Python str).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -109,62 +110,62 @@ def is_clean_str(value: str) -> bool:
     return _UNSTORABLE.search(value) is None
 
 
-def is_canonical(value: Any, strings: bool = True, depth: int = 0) -> bool:
+def is_canonical(value: Any, strings: bool = True, _depth: int = 0) -> bool:
     """True when `normalize(value)` would return an equal value of the same types.
 
     `strings=False` skips the two string rules (no NUL, no lone surrogate) for a caller that
-    checks them once on the encoded text instead; everything else is still checked. `depth` is
-    how many containers enclose `value` (the depth limit counts from the top).
+    checks them once on the encoded text instead; everything else is still checked. `_depth`
+    is the walk's own (how many containers enclose `value`).
     """
-    # Scalars inside containers are checked inline (the common case of flat rows), and every
+    # Scalars inside containers are checked inline (the common case of flat rows) and every
     # accepted field continues at once; objects pick their loop once by `strings` rather than
-    # testing it per field (measurably faster on flat rows). `x - x == 0.0` holds exactly for
-    # finite floats, without a call.
-    kind = type(value)
-    if kind is dict:
-        if depth >= MAX_DEPTH:
-            return False
-        if not strings:
+    # testing it per field, and the depth limit is checked before descending, so a flat row
+    # pays for neither. `x - x == 0.0` holds exactly for finite floats, without a call.
+    if type(value) is dict:
+        if strings:
             for key, item in value.items():
-                if type(key) is not str:
+                if type(key) is not str or "\x00" in key or not key.isascii() and (
+                    _UNSTORABLE.search(key) is not None
+                ):
                     return False
                 kind = type(item)
-                if kind is str or item is None or kind is bool:
-                    continue
-                if kind is int:
+                if kind is str:
+                    if "\x00" not in item and (item.isascii() or _UNSTORABLE.search(item) is None):
+                        continue
+                elif kind is int:
                     if _NEG_INT_LIMIT < item < _INT_LIMIT:
                         continue
                 elif kind is float:
                     if item - item == 0.0 and not item.is_integer():
                         continue
-                elif (kind is dict or kind is list) and is_canonical(item, False, depth + 1):
+                elif item is None or kind is bool:
+                    continue
+                elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
+                    item, True, _depth + 1
+                ):
                     continue
                 return False
             return True
         for key, item in value.items():
-            if type(key) is not str or "\x00" in key or not key.isascii() and (
-                _UNSTORABLE.search(key) is not None
-            ):
+            if type(key) is not str:
                 return False
             kind = type(item)
-            if kind is str:
-                if "\x00" not in item and (item.isascii() or _UNSTORABLE.search(item) is None):
-                    continue
-            elif kind is int:
+            if kind is str or item is None or kind is bool:
+                continue
+            if kind is int:
                 if _NEG_INT_LIMIT < item < _INT_LIMIT:
                     continue
             elif kind is float:
                 if item - item == 0.0 and not item.is_integer():
                     continue
-            elif item is None or kind is bool:
-                continue
-            elif (kind is dict or kind is list) and is_canonical(item, strings, depth + 1):
+            elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
+                item, False, _depth + 1
+            ):
                 continue
             return False
         return True
+    kind = type(value)
     if kind is list:
-        if depth >= MAX_DEPTH:
-            return False
         for item in value:
             kind = type(item)
             if kind is str:
@@ -180,7 +181,9 @@ def is_canonical(value: Any, strings: bool = True, depth: int = 0) -> bool:
                     continue
             elif item is None or kind is bool:
                 continue
-            elif (kind is dict or kind is list) and is_canonical(item, strings, depth + 1):
+            elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
+                item, strings, _depth + 1
+            ):
                 continue
             return False
         return True
