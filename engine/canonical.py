@@ -118,8 +118,8 @@ def is_canonical(value: Any, strings: bool = True, _depth: int = 0) -> bool:
     is the walk's own (how many containers enclose `value`).
     """
     # Scalars inside containers are checked inline (the common case of flat rows) and every
-    # accepted field continues at once; objects pick their loop once by `strings` rather than
-    # testing it per field, and the depth limit is checked before descending, so a flat row
+    # accepted field continues at once; containers pick their loop once by `strings` rather than
+    # testing it per item, and the depth limit is checked before descending, so a flat row
     # pays for neither. `x - x == 0.0` holds exactly for finite floats, without a call.
     if type(value) is dict:
         if strings:
@@ -166,12 +166,27 @@ def is_canonical(value: Any, strings: bool = True, _depth: int = 0) -> bool:
         return True
     kind = type(value)
     if kind is list:
+        if not strings:
+            for item in value:
+                kind = type(item)
+                if kind is str or item is None or kind is bool:
+                    continue
+                if kind is int:
+                    if _NEG_INT_LIMIT < item < _INT_LIMIT:
+                        continue
+                elif kind is float:
+                    if item - item == 0.0 and not item.is_integer():
+                        continue
+                elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
+                    item, False, _depth + 1
+                ):
+                    continue
+                return False
+            return True
         for item in value:
             kind = type(item)
             if kind is str:
-                if not strings or "\x00" not in item and (
-                    item.isascii() or _UNSTORABLE.search(item) is None
-                ):
+                if "\x00" not in item and (item.isascii() or _UNSTORABLE.search(item) is None):
                     continue
             elif kind is int:
                 if _NEG_INT_LIMIT < item < _INT_LIMIT:
@@ -182,7 +197,7 @@ def is_canonical(value: Any, strings: bool = True, _depth: int = 0) -> bool:
             elif item is None or kind is bool:
                 continue
             elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
-                item, strings, _depth + 1
+                item, True, _depth + 1
             ):
                 continue
             return False
@@ -205,25 +220,30 @@ class _NeedsNormalize(Exception):
 def _rebuild(value: Any, depth: int) -> Any:
     # A value whose only departures from canonical form are integral floats.
     kind = type(value)
-    if kind is float:
-        if value - value != 0.0:
-            raise _NeedsNormalize
-        return int(value) if value.is_integer() else value
-    if kind is dict:
-        if depth >= MAX_DEPTH:
-            raise _NeedsNormalize
-        out = {}
-        for key, item in value.items():
-            if type(key) is not str or not is_clean_str(key):
-                raise _NeedsNormalize
-            out[key] = _rebuild(item, depth + 1)
-        return out
-    if kind is list:
-        if depth >= MAX_DEPTH:
-            raise _NeedsNormalize
-        return [_rebuild(item, depth + 1) for item in value]
-    if is_canonical(value):
+    if kind is str:
+        if "\x00" not in value and (value.isascii() or _UNSTORABLE.search(value) is None):
+            return value
+    elif kind is float:
+        if value - value == 0.0:
+            return int(value) if value.is_integer() else value
+    elif kind is int:
+        if _NEG_INT_LIMIT < value < _INT_LIMIT:
+            return value
+    elif value is None or kind is bool:
         return value
+    elif kind is dict:
+        if depth < MAX_DEPTH:
+            out = {}
+            for key, item in value.items():
+                if type(key) is not str or "\x00" in key or not key.isascii() and (
+                    _UNSTORABLE.search(key) is not None
+                ):
+                    raise _NeedsNormalize
+                out[key] = _rebuild(item, depth + 1)
+            return out
+    elif kind is list:
+        if depth < MAX_DEPTH:
+            return [_rebuild(item, depth + 1) for item in value]
     raise _NeedsNormalize
 
 
