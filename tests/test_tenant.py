@@ -247,3 +247,27 @@ async def test_statements_run_from_tasks_started_outside_the_tenants_loop(dsn):
             outer.start_soon(use)
             await done.wait()
     assert seen == [7, 3]
+
+
+async def test_a_rollback_slower_than_one_second_closes_the_connection(tenant):
+    """The ROLLBACK is held back past its 1 s deadline (at the statement boundary, as a stalled
+    network would): the connection is closed, not pooled, and both errors are reported."""
+
+    async def stall_rollback(sql, send):
+        if sql == "ROLLBACK":
+            await trio.sleep(30)  # cut short by the rollback's own deadline
+        return await send()
+
+    async with tenant.connection("sheet") as conn:
+        stalled_pid = conn.backend_pid
+        conn.statement_hook = stall_rollback
+        with trio.fail_after(10):
+            with pytest.raises(TransactionStateUnknownError) as info:
+                async with conn.transaction():
+                    await conn.execute("SELECT 1")
+                    raise KeyError("operation failed")
+        assert isinstance(info.value.error, KeyError)
+        assert isinstance(info.value.rollback_error, TimeoutError)
+        assert conn.broken
+    async with tenant.connection("sheet") as conn:
+        assert conn.backend_pid != stalled_pid
