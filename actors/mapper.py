@@ -170,12 +170,6 @@ def error_message(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
-def normalize_output(data: dict) -> dict:
-    """`canonical.normalize(data, "output")` through the shared fast path (an output that is
-    already canonical is returned as it is, and `execute_row` checks that first)."""
-    return canonical.normalize_fast(data, "output")
-
-
 async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: Any) -> Any:
     """Run the user function on one row and turn what happens into a `RowOutcome`."""
     try:
@@ -191,8 +185,7 @@ async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: Any) -> An
             error=f"map function returned {type(data).__name__}, expected a dict of outputs",
         )
     try:
-        if not canonical.is_canonical(data):  # the common case needs no rebuild
-            data = normalize_output(data)
+        data = canonical.normalize_fast(data, "output")  # as is, when already canonical
     except InvalidInputError as exc:
         return sheets.RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
                                  error=error_message(exc))

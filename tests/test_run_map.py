@@ -355,27 +355,6 @@ async def test_the_cancellation_flush_gives_up_at_its_deadline(tenant):
     assert await count_star(tenant) == {"pending": 5}
 
 
-def test_the_output_fast_path_agrees_with_canonical_normalize():
-    from hypothesis import given, strategies as st
-
-    from actors.mapper import normalize_output
-    from engine import canonical
-
-    leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5),
-                       st.floats(allow_nan=False, allow_infinity=False))
-    values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3)
-                          | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
-
-    @given(st.dictionaries(st.text(max_size=4), values, max_size=5))
-    def agree(data):
-        fast = normalize_output(data)
-        slow = canonical.normalize(data, "output")
-        assert canonical.stable_dumps(fast) == canonical.stable_dumps(slow)
-        assert fast == slow
-
-    agree()
-
-
 async def test_a_zombie_attempt_of_the_same_run_is_fenced_by_the_new_attempt(tenant):
     """Attempt a1 of a run admitted the rows and is stuck in the user function when attempt a2
     of the same run (same epoch) takes over and finishes them; a1's late outcomes must be
