@@ -117,100 +117,50 @@ def is_canonical(value: Any, strings: bool = True, _depth: int = 0) -> bool:
     checks them once on the encoded text instead; everything else is still checked. `_depth`
     is the walk's own (how many containers enclose `value`).
     """
-    # Scalars inside containers are checked inline (the common case of flat rows) and every
-    # accepted field continues at once; containers pick their loop once by `strings` rather than
-    # testing it per item, and the depth limit is checked before descending, so a flat row
-    # pays for neither. `x - x == 0.0` holds exactly for finite floats, without a call.
-    if type(value) is dict:
-        if strings:
-            for key, item in value.items():
-                if type(key) is not str or "\x00" in key or not key.isascii() and (
-                    _UNSTORABLE.search(key) is not None
-                ):
-                    return False
-                kind = type(item)
-                if kind is str:
-                    if "\x00" not in item and (item.isascii() or _UNSTORABLE.search(item) is None):
-                        continue
-                elif kind is int:
-                    if _NEG_INT_LIMIT < item < _INT_LIMIT:
-                        continue
-                elif kind is float:
-                    if item - item == 0.0 and not item.is_integer():
-                        continue
-                elif item is None or kind is bool:
-                    continue
-                elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
-                    item, True, _depth + 1
-                ):
-                    continue
-                return False
-            return True
-        for key, item in value.items():
-            if type(key) is not str:
-                return False
-            kind = type(item)
-            if kind is str or item is None or kind is bool:
-                continue
-            if kind is int:
-                if _NEG_INT_LIMIT < item < _INT_LIMIT:
-                    continue
-            elif kind is float:
-                if item - item == 0.0 and not item.is_integer():
-                    continue
-            elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
-                item, False, _depth + 1
-            ):
-                continue
-            return False
-        return True
+    # One pass over a container's items with the scalar checks inline (the common case of flat
+    # rows: no call per field); dict keys get a pass of their own. `x - x == 0.0` holds exactly
+    # for finite floats, without a call.
     kind = type(value)
-    if kind is list:
-        if not strings:
-            for item in value:
-                kind = type(item)
-                if kind is str or item is None or kind is bool:
-                    continue
-                if kind is int:
-                    if _NEG_INT_LIMIT < item < _INT_LIMIT:
-                        continue
-                elif kind is float:
-                    if item - item == 0.0 and not item.is_integer():
-                        continue
-                elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
-                    item, False, _depth + 1
-                ):
-                    continue
+    if kind is dict:
+        for key in value:
+            if type(key) is not str or strings and not (
+                "\x00" not in key and (key.isascii() or _UNSTORABLE.search(key) is None)
+            ):
                 return False
-            return True
-        for item in value:
-            kind = type(item)
-            if kind is str:
-                if "\x00" not in item and (item.isascii() or _UNSTORABLE.search(item) is None):
-                    continue
-            elif kind is int:
-                if _NEG_INT_LIMIT < item < _INT_LIMIT:
-                    continue
-            elif kind is float:
-                if item - item == 0.0 and not item.is_integer():
-                    continue
-            elif item is None or kind is bool:
-                continue
-            elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
-                item, True, _depth + 1
+        items: Any = value.values()
+    elif kind is list:
+        items = value
+    elif kind is str:
+        return not strings or is_clean_str(value)
+    elif value is None or kind is bool:
+        return True
+    elif kind is int:
+        return _NEG_INT_LIMIT < value < _INT_LIMIT
+    elif kind is float:
+        return value - value == 0.0 and not value.is_integer()
+    else:
+        return False
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            if not strings or "\x00" not in item and (
+                item.isascii() or _UNSTORABLE.search(item) is None
             ):
                 continue
-            return False
-        return True
-    if kind is str:
-        return not strings or is_clean_str(value)
-    if value is None or kind is bool:
-        return True
-    if kind is int:
-        return _NEG_INT_LIMIT < value < _INT_LIMIT
-    if kind is float:
-        return value - value == 0.0 and not value.is_integer()
-    return False
+        elif kind is int:
+            if _NEG_INT_LIMIT < item < _INT_LIMIT:
+                continue
+        elif kind is float:
+            if item - item == 0.0 and not item.is_integer():
+                continue
+        elif item is None or kind is bool:
+            continue
+        elif (kind is dict or kind is list) and _depth < _DEEPEST and is_canonical(
+            item, strings, _depth + 1
+        ):
+            continue
+        return False
+    return True
 
 
 class _NeedsNormalize(Exception):
