@@ -16,7 +16,7 @@ Who calls: `engine.sheets.completion` only.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from engine.ports import Port, sequence_literal, table
 
@@ -107,6 +107,66 @@ summary AS (
 ),{cells}"""
 
 
+class _ChunkParts(NamedTuple):
+    """What both exact-key statements share (each adds the aliases of its own shape)."""
+
+    table: str
+    cols: list[tuple[str, str]]  # (physical column, bind naming its field)
+    target: str                  # the status applied rows move to
+    already: str                 # the `already_completed` fence arm (failed outcomes only)
+    patch: str                   # the cell-meta patch of one outcome
+    version: str                 # the next row version
+    sets: str                    # the data columns' SET clauses
+    counters: str                # the counter CTEs over `applied`
+
+
+def _chunk_parts(
+    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+) -> _ChunkParts:
+    names = BindParams(13)
+    cols = [(column(f), names.add(f, "text")) for f in fields]
+    counted_names = [names.add(f, "text") for f in counted]
+    target = "failed" if failed else "enriched"
+    return _ChunkParts(
+        table=layout.qualified,
+        cols=cols,
+        target=target,
+        already="WHEN s._status = 'enriched' THEN 'already_completed'" if failed else "",
+        patch=_FAILED_PATCH if failed else _COMPLETED_PATCH,
+        version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
+        sets="".join(
+            f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
+            for col, name in cols
+        ),
+        counters=_counter_ctes(
+            table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
+            counted_names,
+        ),
+    )
+
+
+# Why a row was not applied (NULL when it may be): `s` is its stored state.
+_FENCE = """CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
+                WHEN s._write_version < $4::bigint THEN 'unadmitted'
+                WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
+                     AND s._attempt_id <> $6::text THEN 'attempt_superseded'
+                {already}
+           END"""
+
+
+def _chunk_result(classified: str) -> str:
+    """The statement's one result row; `classified` holds (ord, found, fence, prev_version)."""
+    return f"""SELECT (SELECT count(*) FROM applied) AS updated,
+       (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows,
+       (SELECT array_agg(ord ORDER BY ord) FROM {classified} WHERE NOT found) AS missing_ords,
+       (SELECT array_agg(ord ORDER BY ord) FROM {classified} WHERE fence IS NOT NULL) AS fenced_ords,
+       (SELECT array_agg(fence ORDER BY ord) FROM {classified} WHERE fence IS NOT NULL)
+           AS fenced_reasons,
+       (SELECT array_agg(prev_version ORDER BY ord) FROM {classified} WHERE fence IS NOT NULL)
+           AS fenced_versions
+"""
+
+
 def build_exact_sql(
     port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
 ) -> str:
@@ -118,26 +178,13 @@ def build_exact_sql(
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
     the sheet whatever the planner believes about its size.
     """
-    names = BindParams(13)
-    t = layout.qualified
-    cols = [(column(f), names.add(f, "text")) for f in fields]
-    counted_names = [names.add(f, "text") for f in counted]
+    parts = _chunk_parts(port, layout, fields, counted, failed)
+    t, target = parts.table, parts.target
     data_changed = "".join(
-        f" OR (i.data ? {name} AND s.{col} IS DISTINCT FROM i.data -> {name})" for col, name in cols
+        f" OR (i.data ? {name} AND s.{col} IS DISTINCT FROM i.data -> {name})"
+        for col, name in parts.cols
     )
-    sets = "".join(
-        f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
-        for col, name in cols
-    )
-    target = "failed" if failed else "enriched"
-    already = "WHEN s._status = 'enriched' THEN 'already_completed'" if failed else ""
-    patch = _FAILED_PATCH if failed else _COMPLETED_PATCH
     new_error = "i.error" if failed else "NULL::text"
-    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
-    counters = _counter_ctes(
-        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
-        counted_names,
-    )
     new_meta = _NEW_META.format(target=target)
     return f"""
 WITH input AS MATERIALIZED (
@@ -150,37 +197,25 @@ cur AS MATERIALIZED (
     SELECT i.ord, i.key, i.data, i.error, s._key IS NOT NULL AS found,
            s._status AS prev_status, s._write_version AS prev_version,
            s._cell_meta AS prev_meta, n.new_meta,
-           CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
-                WHEN s._write_version < $4::bigint THEN 'unadmitted'
-                WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
-                     AND s._attempt_id <> $6::text THEN 'attempt_superseded'
-                {already}
-           END AS fence,
+           {_FENCE.format(already=parts.already)} AS fence,
            (s._status IS DISTINCT FROM '{target}' OR s._error IS DISTINCT FROM {new_error}
             OR n.new_meta IS DISTINCT FROM s._cell_meta{data_changed}) AS changed
       FROM input i
       CROSS JOIN base b
       LEFT JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
-      CROSS JOIN LATERAL (SELECT {patch} AS patch) AS p
+      CROSS JOIN LATERAL (SELECT {parts.patch} AS patch) AS p
       CROSS JOIN LATERAL (SELECT {new_meta} AS new_meta) AS n
 ),
 applied AS (
     UPDATE {t} AS t
        SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = c.new_meta,
-           _attempt_expires_at = NULL, _version = {version}, _updated_at = now(){sets}
+           _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
       FROM cur c
      WHERE c.found AND c.fence IS NULL AND c.changed
        AND t._key = c.key AND t._write_version = $4::bigint
     RETURNING c.prev_status, c.prev_meta, c.new_meta
-),{counters}
-SELECT (SELECT count(*) FROM applied) AS updated,
-       (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows,
-       (SELECT array_agg(ord ORDER BY ord) FROM cur WHERE NOT found) AS missing_ords,
-       (SELECT array_agg(ord ORDER BY ord) FROM cur WHERE fence IS NOT NULL) AS fenced_ords,
-       (SELECT array_agg(fence ORDER BY ord) FROM cur WHERE fence IS NOT NULL) AS fenced_reasons,
-       (SELECT array_agg(prev_version ORDER BY ord) FROM cur WHERE fence IS NOT NULL)
-           AS fenced_versions
-"""
+),{parts.counters}
+{_chunk_result("cur")}"""
 
 
 def build_exact_sql_returning_old(
@@ -193,27 +228,14 @@ def build_exact_sql_returning_old(
     statement's snapshot — and only when some row was not updated (a one-time filter), so the
     common all-applied chunk never probes the sheet twice.
     """
-    names = BindParams(13)
-    t = layout.qualified
-    cols = [(column(f), names.add(f, "text")) for f in fields]
-    counted_names = [names.add(f, "text") for f in counted]
+    parts = _chunk_parts(port, layout, fields, counted, failed)
+    t, target = parts.table, parts.target
     data_changed = "".join(
-        f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})" for col, name in cols
+        f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})"
+        for col, name in parts.cols
     )
-    sets = "".join(
-        f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
-        for col, name in cols
-    )
-    target = "failed" if failed else "enriched"
-    already = "WHEN s._status = 'enriched' THEN 'already_completed'" if failed else ""
     not_enriched = "AND t._status <> 'enriched'" if failed else ""
-    patch = _FAILED_PATCH if failed else _COMPLETED_PATCH
     new_error = "c.error" if failed else "NULL::text"
-    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
-    counters = _counter_ctes(
-        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
-        counted_names,
-    )
     new_meta = (
         _NEW_META.format(target=target)
         .replace("s._status", "t._status").replace("s._cell_meta", "t._cell_meta")
@@ -222,7 +244,7 @@ def build_exact_sql_returning_old(
     return f"""
 WITH {_BASE_META.strip()},
 source AS MATERIALIZED (
-    SELECT i.key, i.data, i.error, i.ord, {patch} AS patch
+    SELECT i.key, i.data, i.error, i.ord, {parts.patch} AS patch
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
                       unnest($12::text[]))
            WITH ORDINALITY AS i(key, data, meta, error, ord)
@@ -231,7 +253,7 @@ source AS MATERIALIZED (
 applied AS (
     UPDATE {t} AS t
        SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = {new_meta},
-           _attempt_expires_at = NULL, _version = {version}, _updated_at = now(){sets}
+           _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
       FROM source c
      WHERE t._key = c.key AND t._write_version = $4::bigint
        AND ($6::text IS NULL OR t._attempt_id IS NULL OR t._attempt_id = $6::text)
@@ -240,28 +262,16 @@ applied AS (
             OR {new_meta} IS DISTINCT FROM t._cell_meta)
     RETURNING c.ord, old._status AS prev_status, old._cell_meta AS prev_meta,
               new._cell_meta AS new_meta
-),{counters},
+),{parts.counters},
 rest AS MATERIALIZED (
     SELECT i.ord, s._key IS NOT NULL AS found, s._write_version AS prev_version,
-           CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
-                WHEN s._write_version < $4::bigint THEN 'unadmitted'
-                WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
-                     AND s._attempt_id <> $6::text THEN 'attempt_superseded'
-                {already}
-           END AS fence
+           {_FENCE.format(already=parts.already)} AS fence
       FROM source i
       LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id FROM {t} AS s
                           WHERE s._key = i.key LIMIT 1) AS s ON true
      WHERE (SELECT count(*) FROM applied) < (SELECT count(*) FROM source)
 )
-SELECT (SELECT count(*) FROM applied) AS updated,
-       (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows,
-       (SELECT array_agg(ord ORDER BY ord) FROM rest WHERE NOT found) AS missing_ords,
-       (SELECT array_agg(ord ORDER BY ord) FROM rest WHERE fence IS NOT NULL) AS fenced_ords,
-       (SELECT array_agg(fence ORDER BY ord) FROM rest WHERE fence IS NOT NULL) AS fenced_reasons,
-       (SELECT array_agg(prev_version ORDER BY ord) FROM rest WHERE fence IS NOT NULL)
-           AS fenced_versions
-"""
+{_chunk_result("rest")}"""
 
 
 def build_insert_sql(
