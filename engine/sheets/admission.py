@@ -33,9 +33,9 @@ from engine import canonical
 from engine.errors import InvalidInputError
 from engine.pg import Connection
 from engine.ports import Port, sequence_literal, table
-from engine.scopes import RunRef, check_scope, normalize_namespace
+from engine.scopes import RunRef, normalize_namespace
 
-from .inputs import PreparedRows, prepare_rows
+from .inputs import PreparedRows, check_write, prepare_rows
 from .layout import BindParams, PhaseClock, SheetLayout, column, layout_for, run_sheet_transaction
 from .model import (
     Admission,
@@ -218,11 +218,7 @@ async def admit(
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch."""
     started = time.perf_counter()
-    check_scope(port, run)
-    if not isinstance(contract, SheetContract):
-        raise InvalidInputError("contract must be a SheetContract")
-    if attempt is not None and not isinstance(attempt, Attempt):
-        raise InvalidInputError("attempt must be an Attempt or None")
+    check_write(port, run, contract, attempt)
     policies = _check_policies(cell_policies)
     namespace = normalize_namespace(table_namespace)
     prepared = prepare_rows(

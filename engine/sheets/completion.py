@@ -40,10 +40,9 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from engine.errors import InvalidInputError
 from engine.pg import Connection
 from engine.ports import Port
-from engine.scopes import RunRef, check_scope, normalize_namespace
+from engine.scopes import RunRef, normalize_namespace
 
 from .completion_sql import (
     _JOINS_ON,
@@ -52,7 +51,7 @@ from .completion_sql import (
     build_exact_sql_returning_old,
     build_insert_sql,
 )
-from .inputs import PreparedOutcome, prepare_outcomes
+from .inputs import PreparedOutcome, check_write, prepare_outcomes
 from .layout import PhaseClock, SheetLayout, layout_for, run_sheet_transaction
 from .model import Attempt, Completion, CompletionDiagnostics, FencedRow, SheetContract
 
@@ -221,11 +220,7 @@ async def complete(
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring)."""
     started = time.perf_counter()
-    check_scope(port, run)
-    if not isinstance(contract, SheetContract):
-        raise InvalidInputError("contract must be a SheetContract")
-    if attempt is not None and not isinstance(attempt, Attempt):
-        raise InvalidInputError("attempt must be an Attempt or None")
+    check_write(port, run, contract, attempt)
     namespace = normalize_namespace(table_namespace)
     prepared, input_rows = prepare_outcomes(outcomes)
     inputs = set(contract.inputs)

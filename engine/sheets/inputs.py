@@ -23,9 +23,21 @@ import attrs
 from engine import canonical
 from engine.canonical import is_canonical, is_clean_str, normalize_fast
 from engine.errors import InvalidInputError
-from engine.scopes import normalize_namespace
+from engine.scopes import RunRef, check_scope, normalize_namespace
 
-from .model import DEFAULT_ROW_ERROR, MAX_KEY_CHARS, OUTCOME_STATUSES, RowOutcome
+from .model import (
+    DEFAULT_ROW_ERROR, MAX_KEY_CHARS, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,
+)
+
+
+def check_write(port: Any, run: RunRef, contract: Any, attempt: Any) -> None:
+    """The checks `admit` and `complete` share, before any query: the run's org is the port's,
+    the contract is a `SheetContract`, the attempt an `Attempt` or None."""
+    check_scope(port, run)
+    if not isinstance(contract, SheetContract):
+        raise InvalidInputError("contract must be a SheetContract")
+    if attempt is not None and not isinstance(attempt, Attempt):
+        raise InvalidInputError("attempt must be an Attempt or None")
 
 
 def _key_of(namespace: str, row_text: str) -> str:
