@@ -39,3 +39,23 @@ async def tenant(dsn):
         finally:
             async with tenant.connection("sheet") as conn:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+async def role_tenant(dsn):
+    """A tenant whose every checkout runs inside a transaction as a fresh NOLOGIN execution
+    role (`outer_transaction` is true); the role and its schemas are dropped afterwards."""
+    schema = fresh_schema()
+    role = f"rp_exec_{uuid.uuid4().hex[:12]}"
+    async with open_tenant("org-test", dsn, schema=f"{schema}_admin") as admin:
+        async with admin.connection("sheet") as conn:
+            await conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
+        try:
+            async with open_tenant("org-test", dsn, schema=schema, execution_role=role) as tenant:
+                yield tenant
+        finally:
+            async with admin.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_admin" CASCADE')
+                await conn.execute(f'DROP OWNED BY "{role}"')
+                await conn.execute(f'DROP ROLE "{role}"')

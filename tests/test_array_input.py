@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 
-from engine import MapScope, RunScope, array_input as A, open_tenant, receipts, runs
+from engine import MapScope, RunScope, array_input as A, receipts, runs
 from engine.errors import (
     ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError,
 )
@@ -14,7 +13,6 @@ from engine.ports import table
 from simulations.ports import CountingPort
 
 from tests.array_input_support import facts, guard_output, occurrences, snapshot, stage, tamper_page
-from tests.conftest import fresh_schema
 
 RUN = RunScope("org-test", "play", "run-1")
 SCOPE = RUN.map("Companies", "map-1")
@@ -376,42 +374,29 @@ def test_corrupt_source_identities_are_refused_at_construction():
         A.Occurrence({"a": 1}, {"dataset_id": "d"})
 
 
-async def test_under_an_execution_role_everything_works_within_the_round_trip_budget(dsn):
-    role = f"rp_exec_{uuid.uuid4().hex[:12]}"
-    schema = fresh_schema()
-    async with open_tenant("org-test", dsn, schema=f"{schema}_admin") as admin:
-        async with admin.connection("sheet") as conn:
-            await conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
-        try:
-            async with open_tenant("org-test", dsn, schema=schema, execution_role=role) as tenant:
-                assert tenant.outer_transaction
-                port = CountingPort(tenant)
-                source = occurrences(1500, identities=True)
-                fingerprint = A.source_fingerprint(source)
-                drafts = A.paginate(source)
-                port.reset()
-                await A.begin(port, SCOPE, source_fingerprint=fingerprint, source_rows=1500,
-                              has_source_identities=True)
-                assert port.round_trips <= 5
-                for draft in drafts:
-                    port.reset()
-                    await A.put_page(port, SCOPE, source_fingerprint=fingerprint,
-                                     ordinal=draft.ordinal, offset=draft.offset, rows=draft.rows)
-                    assert port.round_trips <= 5
-                await A.seal(port, SCOPE, source_fingerprint=fingerprint, source_rows=1500,
-                             page_count=2, batch_size=1)
-                assert (await A.read_page(port, SCOPE, 1)).rows == tuple(source[1000:])
-                port.reset()
-                assert await A.retire(port, RUN) == A.RetireResult(True, 4)
-                assert port.round_trips <= 5
-                with pytest.raises(RetiredError):
-                    await A.read_page(port, SCOPE, 0)
-        finally:
-            async with admin.connection("sheet") as conn:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_admin" CASCADE')
-                await conn.execute(f'DROP OWNED BY "{role}"')
-                await conn.execute(f'DROP ROLE "{role}"')
+async def test_under_an_execution_role_everything_works_within_the_round_trip_budget(role_tenant):
+    assert role_tenant.outer_transaction
+    port = CountingPort(role_tenant)
+    source = occurrences(1500, identities=True)
+    fingerprint = A.source_fingerprint(source)
+    drafts = A.paginate(source)
+    port.reset()
+    await A.begin(port, SCOPE, source_fingerprint=fingerprint, source_rows=1500,
+                  has_source_identities=True)
+    assert port.round_trips <= 5
+    for draft in drafts:
+        port.reset()
+        await A.put_page(port, SCOPE, source_fingerprint=fingerprint,
+                         ordinal=draft.ordinal, offset=draft.offset, rows=draft.rows)
+        assert port.round_trips <= 5
+    await A.seal(port, SCOPE, source_fingerprint=fingerprint, source_rows=1500,
+                 page_count=2, batch_size=1)
+    assert (await A.read_page(port, SCOPE, 1)).rows == tuple(source[1000:])
+    port.reset()
+    assert await A.retire(port, RUN) == A.RetireResult(True, 4)
+    assert port.round_trips <= 5
+    with pytest.raises(RetiredError):
+        await A.read_page(port, SCOPE, 0)
 
 
 @pytest.mark.parametrize("guard", [

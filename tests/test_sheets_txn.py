@@ -4,12 +4,11 @@ roles (savepoints inside the checkout's transaction)."""
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 import trio
 
-from engine import PlayScope, open_tenant
+from engine import PlayScope
 from engine.errors import StatementTimeoutError
 from engine.sheets import (
     RowOutcome,
@@ -23,7 +22,6 @@ from engine.sheets import (
 from engine.sheets import completion as completion_module
 from engine.sheets.layout import layout_for
 from simulations.ports import CountingPort, GatedPort
-from tests.conftest import fresh_schema
 from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 
 NS = "txn"
@@ -105,37 +103,24 @@ async def test_column_extension_waits_for_shared_writers(tenant):
     assert ok, detail
 
 
-async def test_under_an_execution_role_sheets_work_inside_the_checkout_transaction(dsn):
-    role = f"rp_exec_{uuid.uuid4().hex[:12]}"
-    schema = fresh_schema()
-    async with open_tenant("org-test", dsn, schema=f"{schema}_admin") as admin:
-        async with admin.connection("sheet") as conn:
-            await conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
-        try:
-            async with open_tenant("org-test", dsn, schema=schema, execution_role=role) as tenant:
-                assert tenant.outer_transaction
-                scope = PlayScope("org-test", "play")
-                run = await new_run(tenant, "play", "r1")
-                admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
-                a, b = (r.key for r in admission.pending)
-                port = CountingPort(tenant)
-                result = await complete(port, run, NS, CONTRACT, [
-                    RowOutcome(a, "completed", {"score": 1, "extra": True}),  # extends the sheet
-                    RowOutcome(b, "failed", error="no"),
-                ])
-                assert result.committed_keys == (a, b)
-                assert result.diagnostics.column_retries == 1
-                assert any(s.startswith("SAVEPOINT") for s in port.statements)
-                s = await summary(tenant, scope, NS)
-                assert (s.total, s.completed, s.failed) == (2, 1, 1)
-                ok, detail = await counters_match(tenant, scope, NS)
-                assert ok, detail
-        finally:
-            async with admin.connection("sheet") as conn:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_admin" CASCADE')
-                await conn.execute(f'DROP OWNED BY "{role}"')
-                await conn.execute(f'DROP ROLE "{role}"')
+async def test_under_an_execution_role_sheets_work_inside_the_checkout_transaction(role_tenant):
+    assert role_tenant.outer_transaction
+    scope = PlayScope("org-test", "play")
+    run = await new_run(role_tenant, "play", "r1")
+    admission = await admit(role_tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+    a, b = (r.key for r in admission.pending)
+    port = CountingPort(role_tenant)
+    result = await complete(port, run, NS, CONTRACT, [
+        RowOutcome(a, "completed", {"score": 1, "extra": True}),  # extends the sheet
+        RowOutcome(b, "failed", error="no"),
+    ])
+    assert result.committed_keys == (a, b)
+    assert result.diagnostics.column_retries == 1
+    assert any(s.startswith("SAVEPOINT") for s in port.statements)
+    s = await summary(role_tenant, scope, NS)
+    assert (s.total, s.completed, s.failed) == (2, 1, 1)
+    ok, detail = await counters_match(role_tenant, scope, NS)
+    assert ok, detail
 
 
 async def test_ensure_sheet_waits_for_shared_writers_on_the_exclusive_lock(tenant):

@@ -177,27 +177,16 @@ async def test_statement_timeouts_are_typed(tenant):
         assert await conn.fetchval("SELECT 1") == 1
 
 
-async def test_execution_role_runs_every_checkout_in_a_transaction_as_that_role(dsn):
-    schema = fresh_schema()
-    role = f"r_{schema}"
-    async with open_tenant("o", dsn, schema=schema) as admin:
-        async with admin.connection("sheet") as conn:
-            await conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
-    try:
-        async with open_tenant("o", dsn, schema=schema, execution_role=role) as tenant:
-            assert tenant.outer_transaction
-            async with tenant.connection("receipts") as conn:
-                assert conn.in_transaction
-                assert await conn.fetchval("SELECT current_user") == role
-            run = await runs.register(tenant, RunScope("o", "p", "r"))
-            assert (await receipts.claim(tenant, run, "k")).disposition == "claimed"
-            assert (await receipts.complete(tenant, run, "k", 1)).status == "completed"
-            assert (await receipts.get(tenant, PlayScope("o", "p"), "k")).output == 1
-    finally:
-        async with open_tenant("o", dsn, schema=schema) as admin:
-            async with admin.connection("sheet") as conn:
-                await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-                await conn.execute(f'DROP ROLE "{role}"')
+async def test_execution_role_runs_every_checkout_in_a_transaction_as_that_role(role_tenant):
+    tenant = role_tenant
+    assert tenant.outer_transaction
+    async with tenant.connection("receipts") as conn:
+        assert conn.in_transaction
+        assert await conn.fetchval("SELECT current_user") == tenant.execution_role
+    run = await runs.register(tenant, RunScope("org-test", "p", "r"))
+    assert (await receipts.claim(tenant, run, "k")).disposition == "claimed"
+    assert (await receipts.complete(tenant, run, "k", 1)).status == "completed"
+    assert (await receipts.get(tenant, PlayScope("org-test", "p"), "k")).output == 1
 
 
 async def test_transient_connect_failures_are_retried_three_times_then_fail():
