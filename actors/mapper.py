@@ -47,8 +47,8 @@ from typing import Any, AsyncIterable, Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from engine import canonical, sheets
-from engine.errors import EngineError, InvalidInputError, leaf_errors
+from runplane.engine import canonical, sheets
+from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
 
 from .progress import MapProgress, MapResult, MapTally
 from .retry import retry_transient

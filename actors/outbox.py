@@ -32,8 +32,8 @@ from typing import Literal
 
 import attrs
 
-from engine.ports import Port, table, with_connection
-from engine.scopes import RunScope, check_scope
+from runplane.engine.ports import Port, table, with_connection
+from runplane.engine.scopes import RunScope, check_scope
 
 OPEN, PENDING, DONE = "open", "pending", "done"
 State = Literal["open", "pending", "done"]

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import attrs
 
-from engine import array_input
-from engine.ports import Port
-from engine.scopes import RunScope
+from runplane.engine import array_input
+from runplane.engine.ports import Port
+from runplane.engine.scopes import RunScope
 
 from . import outbox
 from .retry import retry_transient

@@ -20,7 +20,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from engine.errors import StoreUnavailableError, TransactionStateUnknownError
+from runplane.engine.errors import StoreUnavailableError, TransactionStateUnknownError
 
 T = TypeVar("T")
 

@@ -33,12 +33,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from engine import receipts, runs
-from engine.errors import EngineError, InvalidInputError
-from engine.ports import Port
-from engine.receipts import Claim, Receipt
-from engine.scopes import RunRef, RunScope
-from engine.sheets import Attempt
+from runplane.engine import receipts, runs
+from runplane.engine.errors import EngineError, InvalidInputError
+from runplane.engine.ports import Port
+from runplane.engine.receipts import Claim, Receipt
+from runplane.engine.scopes import RunRef, RunScope
+from runplane.engine.sheets import Attempt
 
 from . import outbox, retirement
 from .hosting import is_terminal, open_hosting_nursery

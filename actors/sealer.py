@@ -26,11 +26,11 @@ from typing import Any, AsyncIterator, Sequence
 import attrs
 import trio
 
-from engine import array_input
-from engine.array_input import Occurrence
-from engine.errors import InvalidInputError
-from engine.ports import Port
-from engine.scopes import MapScope
+from runplane.engine import array_input
+from runplane.engine.array_input import Occurrence
+from runplane.engine.errors import InvalidInputError
+from runplane.engine.ports import Port
+from runplane.engine.scopes import MapScope
 
 from .retry import retry_transient
 

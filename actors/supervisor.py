@@ -27,9 +27,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from engine.errors import EngineError, InvalidInputError
-from engine.ports import Port
-from engine.scopes import RunScope
+from runplane.engine.errors import EngineError, InvalidInputError
+from runplane.engine.ports import Port
+from runplane.engine.scopes import RunScope
 
 from . import outbox, retirement
 from .hosting import open_hosting_nursery

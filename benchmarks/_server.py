@@ -12,6 +12,6 @@ def bench_dsn() -> str:
     for name in ("RUNPLANE_BENCH_DSN", "RUNPLANE_TEST_DSN"):
         if os.environ.get(name):
             return os.environ[name]
-    from engine.embedded import start_embedded
+    from runplane.engine.embedded import start_embedded
 
     return start_embedded(Path(tempfile.mkdtemp(prefix="runplane-bench-")) / "pg", temporary=True)

@@ -33,9 +33,9 @@ from pathlib import Path
 import asyncpg
 import trio
 
-from engine import RunScope, array_input as A, open_tenant
-from engine.array_input.facts import page_key
-from engine.array_input.pages import encode_page
+from runplane.engine import RunScope, array_input as A, open_tenant
+from runplane.engine.array_input.facts import page_key
+from runplane.engine.array_input.pages import encode_page
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import bench_dsn  # noqa: E402  (the benchmarks' shared server choice)

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 
 from _server import bench_dsn  # noqa: E402
-from actors import open_run  # noqa: E402
-from engine import open_tenant, sheets  # noqa: E402
+from runplane.actors import open_run  # noqa: E402
+from runplane.engine import open_tenant, sheets  # noqa: E402
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
 DIRECT_BATCH = 10_000

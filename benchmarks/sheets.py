@@ -29,9 +29,9 @@ import asyncpg  # noqa: E402  (the raw baselines only)
 import trio  # noqa: E402
 
 from _server import bench_dsn  # noqa: E402
-from engine import PlayScope, RunScope, open_tenant, runs  # noqa: E402
-from engine.sheets import RowOutcome, SheetContract, admit, complete, ensure_sheet  # noqa: E402
-from engine.sheets.layout import column, layout_for  # noqa: E402
+from runplane.engine import PlayScope, RunScope, open_tenant, runs  # noqa: E402
+from runplane.engine.sheets import RowOutcome, SheetContract, admit, complete, ensure_sheet  # noqa: E402
+from runplane.engine.sheets.layout import column, layout_for  # noqa: E402
 
 CHUNK = 10_000
 CONTRACT = SheetContract(inputs=("name", "domain", "employees"), outputs=("score", "summary", "tags"))

@@ -12,7 +12,7 @@ whose function raises is stored as failed with the message, and retried by the n
 
 import trio
 
-from engine.sheets import SheetContract
+from runplane.engine.sheets import SheetContract
 
 PLAY = "enrich-companies"
 

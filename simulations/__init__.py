@@ -22,8 +22,8 @@ SCENARIOS: dict[str, str] = {}
 
 def _register_available() -> None:
     for name in ("seal_vs_retire", "fencing", "counters", "crash_and_wake"):
-        if importlib.util.find_spec(f"simulations.{name}") is not None:
-            SCENARIOS[name] = f"simulations.{name}"
+        if importlib.util.find_spec(f"runplane.simulations.{name}") is not None:
+            SCENARIOS[name] = f"runplane.simulations.{name}"
 
 
 _register_available()
@@ -35,7 +35,7 @@ def resolve_dsn(dsn: str | None = None) -> str:
         return dsn
     if os.environ.get("RUNPLANE_TEST_DSN"):
         return os.environ["RUNPLANE_TEST_DSN"]
-    from engine.embedded import start_embedded
+    from runplane.engine.embedded import start_embedded
 
     return start_embedded(Path(tempfile.mkdtemp(prefix="runplane-sim-")) / "pg", temporary=True)
 

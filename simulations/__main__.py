@@ -1,4 +1,4 @@
-"""`python -m simulations NAME [--examples N] [--seed S]` — run a race simulation.
+"""`python -m runplane.simulations NAME [--examples N] [--seed S]` — run a race simulation.
 
 Each scenario is a module `simulations.<name>` exposing `run(examples: int, seed: int | None,
 dsn: str | None = None) -> SimulationReport`. With no DSN it uses `RUNPLANE_TEST_DSN`, then the
@@ -14,7 +14,7 @@ from . import SCENARIOS, run_scenario
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulations", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m runplane.simulations", description=__doc__.splitlines()[0])
     parser.add_argument("name", nargs="?", choices=[*SCENARIOS, "all"], default="all")
     parser.add_argument("--examples", type=int, default=100)
     parser.add_argument("--seed", type=int, default=None)

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import attrs
 
-from engine.array_input import Occurrence, PageDraft, paginate, source_fingerprint
-from engine.array_input.pages import encode_page
-from engine.canonical import normalize
+from runplane.engine.array_input import Occurrence, PageDraft, paginate, source_fingerprint
+from runplane.engine.array_input.pages import encode_page
+from runplane.engine.canonical import normalize
 
 Op = Literal["begin", "put_page", "seal", "read_page", "get_manifest", "retire"]
 

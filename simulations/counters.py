@@ -21,11 +21,11 @@ import attrs
 import trio
 from hypothesis import strategies as st
 
-from engine import PlayScope, RunScope, runs
-from engine.errors import EngineError
-from engine.ports import table
-from engine.sheets import Attempt, RowOutcome, SheetContract, admit, complete, row_key
-from engine.sheets.layout import layout_for
+from runplane.engine import PlayScope, RunScope, runs
+from runplane.engine.errors import EngineError
+from runplane.engine.ports import table
+from runplane.engine.sheets import Attempt, RowOutcome, SheetContract, admit, complete, row_key
+from runplane.engine.sheets.layout import layout_for
 
 from .faults import FaultPlan, FaultyPort, fault_plans
 from .harness import open_example_tenant, run_examples

@@ -41,10 +41,10 @@ import attrs
 import trio
 from hypothesis import strategies as st
 
-from actors import open_run
-from engine import PlayScope, RunScope, array_input, sheets
-from engine.errors import EngineError, RetiredError, StoreUnavailableError
-from engine.sheets.layout import column, layout_for
+from runplane.actors import open_run
+from runplane.engine import PlayScope, RunScope, array_input, sheets
+from runplane.engine.errors import EngineError, RetiredError, StoreUnavailableError
+from runplane.engine.sheets.layout import column, layout_for
 
 from .faults import Fault, FaultPlan, FaultyPort, fault_plans
 from .harness import open_example_tenant, run_examples

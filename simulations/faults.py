@@ -41,8 +41,8 @@ import attrs
 import trio
 from hypothesis import strategies as st
 
-from engine.errors import StoreUnavailableError
-from engine.ports import Port
+from runplane.engine.errors import StoreUnavailableError
+from runplane.engine.ports import Port
 
 from .ports import LOSE_REPLY, Boundary, HookedPort
 

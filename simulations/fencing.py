@@ -27,9 +27,9 @@ import attrs
 import trio
 from hypothesis import strategies as st
 
-from engine import PlayScope, RunScope, canonical, runs
-from engine.errors import EngineError
-from engine.sheets import (
+from runplane.engine import PlayScope, RunScope, canonical, runs
+from runplane.engine.errors import EngineError
+from runplane.engine.sheets import (
     Attempt,
     CellPolicy,
     RowOutcome,
@@ -38,7 +38,7 @@ from engine.sheets import (
     complete,
     row_key,
 )
-from engine.sheets.layout import column, layout_for
+from runplane.engine.sheets.layout import column, layout_for
 
 from .counters import counters_match
 from .faults import FaultPlan, FaultyPort, fault_plans

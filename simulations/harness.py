@@ -24,8 +24,8 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 import trio
 from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
 
-from engine import Tenant, open_tenant
-from engine.sql import quote_ident
+from runplane.engine import Tenant, open_tenant
+from runplane.engine.sql import quote_ident
 
 from . import resolve_dsn
 from .report import SimulationReport

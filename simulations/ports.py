@@ -30,9 +30,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 import attrs
 import trio
 
-from engine import pg
-from engine.errors import StoreUnavailableError
-from engine.ports import Port
+from runplane.engine import pg
+from runplane.engine.errors import StoreUnavailableError
+from runplane.engine.ports import Port
 
 BoundaryKind = Literal["checkout", "query"]
 

@@ -27,12 +27,12 @@ import attrs
 import trio
 from hypothesis import strategies as st
 
-from engine import RunScope
-from engine import array_input as A
-from engine.array_input.facts import page_key
-from engine.errors import EngineError, RetiredError
-from engine.keys import decode_key
-from engine.ports import table
+from runplane.engine import RunScope
+from runplane.engine import array_input as A
+from runplane.engine.array_input.facts import page_key
+from runplane.engine.errors import EngineError, RetiredError
+from runplane.engine.keys import decode_key
+from runplane.engine.ports import table
 
 from .array_model import ArrayModel, StoredFact
 from .faults import ALL_FAULT_KINDS, FaultPlan, FaultyPort, fault_plans

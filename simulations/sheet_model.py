@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from engine.sheets.model import BLOCK_REASONS
+from runplane.engine.sheets.model import BLOCK_REASONS
 
 
 @attrs.frozen

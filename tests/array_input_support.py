@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from engine import array_input as A
-from engine.keys import decode_key
-from engine.ports import table
+from runplane.engine import array_input as A
+from runplane.engine.keys import decode_key
+from runplane.engine.ports import table
 
 
 def occurrences(count: int, *, width: int = 20, identities: bool = False, start: int = 0):
@@ -59,7 +59,7 @@ async def snapshot(tenant) -> list[tuple]:
 
 
 async def guard_output(tenant, scope) -> dict | None:
-    from engine.array_input.facts import guard_key
+    from runplane.engine.array_input.facts import guard_key
 
     async with tenant.connection("receipts") as conn:
         text = await conn.fetchval(
@@ -71,7 +71,7 @@ async def guard_output(tenant, scope) -> dict | None:
 
 async def tamper_page(tenant, scope, ordinal: int, sql_expression: str) -> None:
     """Rewrite a stored page's output with `sql_expression` (over `output`)."""
-    from engine.array_input.facts import page_key
+    from runplane.engine.array_input.facts import page_key
 
     async with tenant.connection("receipts") as conn:
         status = await conn.execute(

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import open_tenant
-from engine.embedded import start_embedded
+from runplane.engine import open_tenant
+from runplane.engine.embedded import start_embedded
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,6 @@ async def outbox_state(port, run_id: str) -> str | None:
 
 
 def occurrences(n: int, *, tag: str = "row") -> list:
-    from engine.array_input import Occurrence
+    from runplane.engine.array_input import Occurrence
 
     return [Occurrence({"name": f"{tag}-{i}", "i": i}) for i in range(n)]

@@ -3,12 +3,12 @@ stored, counts over the sheet."""
 
 from __future__ import annotations
 
-from engine import canonical
-from engine.runs import register
-from engine.scopes import PlayScope, RunScope
-from engine.sheets import SheetContract
-from engine.sheets.layout import column_name, layout_for
-from simulations.counters import counters_match  # noqa: F401  (re-exported for the tests)
+from runplane.engine import canonical
+from runplane.engine.runs import register
+from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.sheets import SheetContract
+from runplane.engine.sheets.layout import column_name, layout_for
+from runplane.simulations.counters import counters_match  # noqa: F401  (re-exported for the tests)
 
 PLAY = "play"
 # The sheet most tests use: one input, one output. Tests that need more define their own.

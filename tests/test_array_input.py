@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine import MapScope, RunScope, array_input as A, receipts, runs
-from engine.errors import (
+from runplane.engine import MapScope, RunScope, array_input as A, receipts, runs
+from runplane.engine.errors import (
     ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError,
 )
-from engine.ports import table
-from simulations.ports import CountingPort
+from runplane.engine.ports import table
+from runplane.simulations.ports import CountingPort
 
 from tests.array_input_support import facts, guard_output, occurrences, snapshot, stage, tamper_page
 
@@ -405,7 +405,7 @@ async def test_under_an_execution_role_everything_works_within_the_round_trip_bu
     '{"kind": "array_input_guard"}',
 ])
 async def test_a_malformed_guard_is_a_corrupt_fact_and_nothing_is_written(tenant, guard):
-    from engine.array_input.facts import guard_key
+    from runplane.engine.array_input.facts import guard_key
 
     source = occurrences(3)
     fingerprint, _ = await stage(tenant, SCOPE, source, seal=False)
@@ -429,7 +429,7 @@ async def test_a_malformed_guard_is_a_corrupt_fact_and_nothing_is_written(tenant
 
 
 async def test_a_malformed_begin_fact_is_a_corrupt_fact(tenant):
-    from engine.array_input.facts import begin_key
+    from runplane.engine.array_input.facts import begin_key
 
     fingerprint, _ = await stage(tenant, SCOPE, occurrences(3), seal=False)
     async with tenant.connection("receipts") as conn:

@@ -8,9 +8,9 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import array_input as A, canonical
-from engine.array_input import pages as P
-from engine.errors import CorruptFactError, InvalidInputError
+from runplane.engine import array_input as A, canonical
+from runplane.engine.array_input import pages as P
+from runplane.engine.errors import CorruptFactError, InvalidInputError
 
 FP = "a" * 64
 

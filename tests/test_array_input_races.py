@@ -7,9 +7,9 @@ import contextlib
 import pytest
 import trio
 
-from engine import RunScope, array_input as A
-from engine.errors import ConflictError, RetiredError
-from simulations.ports import CountingPort, GatedPort
+from runplane.engine import RunScope, array_input as A
+from runplane.engine.errors import ConflictError, RetiredError
+from runplane.simulations.ports import CountingPort, GatedPort
 
 from tests.array_input_support import facts, occurrences, snapshot, stage
 

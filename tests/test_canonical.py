@@ -9,8 +9,8 @@ import pytest
 import trio
 from hypothesis import given, settings, strategies as st
 
-from engine import canonical, open_tenant
-from engine.errors import InvalidInputError
+from runplane.engine import canonical, open_tenant
+from runplane.engine.errors import InvalidInputError
 
 json_leaves = (
     st.none()

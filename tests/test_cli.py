@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors.cli import main
-from engine import open_tenant
+from runplane.cli import main
+from runplane.engine import open_tenant
 
 from .conftest import fresh_schema
 
@@ -121,7 +121,7 @@ def test_play_errors_and_bad_files_are_one_line(schema, capsys, tmp_path):
 def test_supervise_runs_until_interrupted(schema, dsn):
     env = {**os.environ, "RUNPLANE_DSN": dsn}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actors.cli", "supervise", "--schema", schema, "--poll", "0.1"],
+        [sys.executable, "-m", "runplane.cli", "supervise", "--schema", schema, "--poll", "0.1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )
     try:

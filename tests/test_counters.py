@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from engine.sheets import RowOutcome, admit, complete
-from simulations import run_scenario
-from simulations.counters import counters_match
+from runplane.engine.sheets import RowOutcome, admit, complete
+from runplane.simulations import run_scenario
+from runplane.simulations.counters import counters_match
 from tests.sheet_helpers import CONTRACT, new_run, play_scope
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import trio
 
-from simulations import SCENARIOS, crash_and_wake
-from simulations.crash_and_wake import Plan
-from simulations.faults import FaultPlan
+from runplane.simulations import SCENARIOS, crash_and_wake
+from runplane.simulations.crash_and_wake import Plan
+from runplane.simulations.faults import FaultPlan
 
 
 def test_crash_and_wake_is_registered():
-    assert SCENARIOS["crash_and_wake"] == "simulations.crash_and_wake"
+    assert SCENARIOS["crash_and_wake"] == "runplane.simulations.crash_and_wake"
 
 
 def test_crash_and_wake_simulation_ci_sized(dsn):

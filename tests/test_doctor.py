@@ -16,7 +16,7 @@ def run_doctor(*args: str, env_dsn: str | None = None) -> subprocess.CompletedPr
     if env_dsn is not None:
         env["RUNPLANE_DSN"] = env_dsn
     return subprocess.run(
-        [sys.executable, "-m", "actors.cli", "doctor", *args],
+        [sys.executable, "-m", "runplane.cli", "doctor", *args],
         capture_output=True, text=True, env=env, timeout=60,
     )
 

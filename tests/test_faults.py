@@ -6,9 +6,9 @@ import trio
 import pytest
 from hypothesis import given, settings, HealthCheck
 
-from engine.errors import StoreUnavailableError
-from simulations.faults import Fault, FaultPlan, FaultyPort, fault_plans
-from simulations.ports import CountingPort, GatedPort
+from runplane.engine.errors import StoreUnavailableError
+from runplane.simulations.faults import Fault, FaultPlan, FaultyPort, fault_plans
+from runplane.simulations.ports import CountingPort, GatedPort
 
 
 async def test_counting_port_sees_every_statement_including_transaction_control(tenant):
@@ -93,7 +93,7 @@ async def test_gated_port_parks_the_chosen_checkout_until_released(tenant):
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(plan=fault_plans(max_steps=6))
 def test_any_drawn_plan_leaves_the_tenant_usable(dsn, plan):
-    from engine import open_tenant
+    from runplane.engine import open_tenant
 
     async def example():
         async with open_tenant("org-test", dsn, schema="faults_probe") as tenant:
@@ -134,7 +134,7 @@ async def test_wrappers_compose_a_gate_around_a_counter(tenant):
 
 
 async def test_lost_reply_applies_the_statement_but_the_caller_sees_a_transient_error(tenant):
-    from engine.ports import table
+    from runplane.engine.ports import table
 
     port = FaultyPort(tenant, FaultPlan([Fault("lost_reply"), Fault("lost_reply")]))
     with pytest.raises(StoreUnavailableError):
@@ -152,7 +152,7 @@ async def test_lost_reply_applies_the_statement_but_the_caller_sees_a_transient_
 def test_lost_reply_is_opt_in():
     from hypothesis import find
 
-    from simulations.faults import ALL_FAULT_KINDS, FAULT_KINDS
+    from runplane.simulations.faults import ALL_FAULT_KINDS, FAULT_KINDS
 
     assert "lost_reply" not in FAULT_KINDS and "lost_reply" in ALL_FAULT_KINDS
     plan = find(fault_plans(kinds=ALL_FAULT_KINDS), lambda p: any(f.kind == "lost_reply" for f in p.steps))

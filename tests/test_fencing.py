@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from simulations import run_scenario
-from simulations.fencing import run
-from simulations.sheet_model import (
+from runplane.simulations import run_scenario
+from runplane.simulations.fencing import run
+from runplane.simulations.sheet_model import (
     AdmitCall,
     CompleteCall,
     SentOutcome,
@@ -19,7 +19,7 @@ def test_fencing_ci_sized_run_is_clean(dsn):
 
 
 def test_fencing_on_the_pre_18_statement_is_clean(dsn, monkeypatch):
-    from engine.sheets import completion
+    from runplane.engine.sheets import completion
 
     monkeypatch.setattr(completion, "RETURNING_OLD_SINCE", 10**9)
     report = run(examples=10, seed=7, dsn=dsn)

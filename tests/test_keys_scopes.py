@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from engine import MapScope, PlayScope, RunScope
-from engine.errors import InvalidInputError, ScopeError
-from engine.keys import decode_key, fact_key, receipt_key, run_key_range
+from runplane.engine import MapScope, PlayScope, RunScope
+from runplane.engine.errors import InvalidInputError, ScopeError
+from runplane.engine.keys import decode_key, fact_key, receipt_key, run_key_range
 
 parts = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() == s and s.strip())
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import trio
 
-from engine import PlayScope, RunScope, receipts, runs
-from engine.errors import InvalidInputError, ScopeError
+from runplane.engine import PlayScope, RunScope, receipts, runs
+from runplane.engine.errors import InvalidInputError, ScopeError
 
 
 class NoQueryPort:

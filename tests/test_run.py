@@ -6,12 +6,12 @@ import pytest
 import trio
 import trio.testing
 
-from actors import open_run
-from actors import outbox
-from engine import receipts
-from engine.errors import InvalidInputError, ScopeError
-from engine.runs import new_run_id
-from engine.scopes import RunScope
+from runplane.actors import open_run
+from runplane.actors import outbox
+from runplane.engine import receipts
+from runplane.engine.errors import InvalidInputError, ScopeError
+from runplane.engine.runs import new_run_id
+from runplane.engine.scopes import RunScope
 
 
 async def outbox_rows(tenant) -> list[tuple[str, str]]:

@@ -8,10 +8,10 @@ import pytest
 import trio
 import trio.testing
 
-from actors import MapResult, open_run
-from engine import sheets
-from engine.errors import InvalidInputError
-from engine.runs import new_run_id
+from runplane.actors import MapResult, open_run
+from runplane.engine import sheets
+from runplane.engine.errors import InvalidInputError
+from runplane.engine.runs import new_run_id
 
 from .run_helpers import fact_kinds, outbox_state
 
@@ -48,7 +48,7 @@ async def sheet(tenant, play="play", table="t") -> dict[str, dict]:
 
 
 def sheets_scope(tenant, play):
-    from engine.scopes import PlayScope
+    from runplane.engine.scopes import PlayScope
 
     return PlayScope(tenant.org_id, play)
 
@@ -331,7 +331,7 @@ async def test_no_permit_is_held_while_user_code_runs(tenant):
 
 
 async def test_the_cancellation_flush_gives_up_at_its_deadline(tenant):
-    from simulations.ports import GatedPort
+    from runplane.simulations.ports import GatedPort
 
     port = GatedPort(tenant)
     armed = [False]
@@ -421,7 +421,7 @@ async def test_a_wake_replays_the_staged_list_not_the_new_one(tenant):
 async def test_a_map_rides_through_transient_store_faults(tenant):
     """Dropped connections (before a statement, or after it applied with the reply lost) hit
     staging, admission and completion; every call is retried and the result is exact."""
-    from simulations.faults import Fault, FaultPlan, FaultyPort
+    from runplane.simulations.faults import Fault, FaultPlan, FaultyPort
 
     # A fault every 13th store boundary (longer than any one call), alternating kinds.
     steps = [Fault("none" if i % 13 != 6 else "unavailable" if i % 26 == 6 else "lost_reply")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from actors import open_run
-from engine.array_input import Occurrence
-from engine.errors import InvalidInputError, RetiredError
-from engine.runs import new_run_id
-from simulations.ports import GatedPort
+from runplane.actors import open_run
+from runplane.engine.array_input import Occurrence
+from runplane.engine.errors import InvalidInputError, RetiredError
+from runplane.engine.runs import new_run_id
+from runplane.simulations.ports import GatedPort
 
 from .run_helpers import fact_kinds, guard_retired, occurrences, outbox_state
 
@@ -143,8 +143,8 @@ async def test_bad_occurrences_raise_before_any_write(tenant):
 async def test_putters_take_a_permit_per_page_and_only_a_few_at_once(tenant):
     import attrs
 
-    from actors.sealer import PUT_TASKS
-    from simulations.ports import HookedPort
+    from runplane.actors.sealer import PUT_TASKS
+    from runplane.simulations.ports import HookedPort
 
     @attrs.define(eq=False)
     class Watch:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from engine import array_input as A
-from engine.array_input.pages import encode_page
-from simulations import run_scenario
-from simulations.array_model import ArrayModel, StoredFact
+from runplane.engine import array_input as A
+from runplane.engine.array_input.pages import encode_page
+from runplane.simulations import run_scenario
+from runplane.simulations.array_model import ArrayModel, StoredFact
 
 
 def test_seal_vs_retire_ci_sized_run_is_clean(dsn):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from engine.sheets import (
+from runplane.engine.sheets import (
     Attempt,
     CellPolicy,
     RowOutcome,
@@ -26,7 +26,7 @@ CONTRACT = SheetContract(inputs=("name",), outputs=("score", "tag"))
 def completion_path(request, monkeypatch):
     """Run every test on both exact-key statements: PostgreSQL >= 18 `RETURNING old` and the
     snapshot join used on older servers."""
-    from engine.sheets import completion
+    from runplane.engine.sheets import completion
 
     if request.param == "snapshot_join":
         monkeypatch.setattr(completion, "RETURNING_OLD_SINCE", 10**9)

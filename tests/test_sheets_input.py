@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine import PlayScope
-from engine.errors import InvalidInputError, ScopeError
-from engine.scopes import RunRef, RunScope
-from engine.sheets import (
+from runplane.engine import PlayScope
+from runplane.engine.errors import InvalidInputError, ScopeError
+from runplane.engine.scopes import RunRef, RunScope
+from runplane.engine.sheets import (
     Attempt,
     CellPolicy,
     RowOutcome,
@@ -20,7 +20,7 @@ from engine.sheets import (
     row_key,
     summary,
 )
-from simulations.ports import CountingPort
+from runplane.simulations.ports import CountingPort
 from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 
 NS = "input_checks"

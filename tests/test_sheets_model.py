@@ -8,10 +8,10 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import canonical
-from engine.sheets import row_key
-from engine.sheets.layout import SYSTEM_COLUMNS, column_name, table_name
-from engine.sheets.inputs import canonical_dumps, is_canonical, normalize_fast, patch_dumps
+from runplane.engine import canonical
+from runplane.engine.sheets import row_key
+from runplane.engine.sheets.layout import SYSTEM_COLUMNS, column_name, table_name
+from runplane.engine.sheets.inputs import canonical_dumps, is_canonical, normalize_fast, patch_dumps
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from engine import PlayScope
-from engine.errors import StatementTimeoutError
-from engine.sheets import (
+from runplane.engine import PlayScope
+from runplane.engine.errors import StatementTimeoutError
+from runplane.engine.sheets import (
     RowOutcome,
     SheetContract,
     admit,
@@ -19,9 +19,9 @@ from engine.sheets import (
     read_rows,
     summary,
 )
-from engine.sheets import completion as completion_module
-from engine.sheets.layout import layout_for
-from simulations.ports import CountingPort, GatedPort
+from runplane.engine.sheets import completion as completion_module
+from runplane.engine.sheets.layout import layout_for
+from runplane.simulations.ports import CountingPort, GatedPort
 from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 
 NS = "txn"

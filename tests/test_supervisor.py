@@ -7,13 +7,13 @@ import random
 import attrs
 import trio
 
-from actors import open_run, open_supervisor, outbox
-from actors.retry import RETRY_DELAYS
-from actors.supervisor import backoff_delay
-from engine.errors import StoreUnavailableError
-from engine.runs import new_run_id
-from engine.scopes import RunScope
-from simulations.ports import GatedPort, HookedPort
+from runplane.actors import open_run, open_supervisor, outbox
+from runplane.actors.retry import RETRY_DELAYS
+from runplane.actors.supervisor import backoff_delay
+from runplane.engine.errors import StoreUnavailableError
+from runplane.engine.runs import new_run_id
+from runplane.engine.scopes import RunScope
+from runplane.simulations.ports import GatedPort, HookedPort
 
 from .run_helpers import fact_kinds, occurrences, outbox_state
 
@@ -276,7 +276,7 @@ async def test_a_run_cancelled_just_after_its_body_returned_is_still_recorded(te
 async def test_bad_supervisor_options_raise_before_any_query(tenant):
     import pytest
 
-    from engine.errors import InvalidInputError
+    from runplane.engine.errors import InvalidInputError
 
     for options in ({"poll_interval": 0}, {"batch": 0}, {"lease_s": -1},
                     {"abandon_after_s": -5}, {"backoff_cap": "x"}):

@@ -8,16 +8,16 @@ import pytest
 import trio
 import trio.testing
 
-from engine import PlayScope, RunScope, open_tenant, receipts, runs
-from engine.errors import (
+from runplane.engine import PlayScope, RunScope, open_tenant, receipts, runs
+from runplane.engine.errors import (
     InvalidInputError,
     StatementTimeoutError,
     StoreUnavailableError,
     TenantUnavailableError,
     TransactionStateUnknownError,
 )
-from engine.permits import Permits
-from engine.tenant import describe_dsn
+from runplane.engine.permits import Permits
+from runplane.engine.tenant import describe_dsn
 
 from .conftest import fresh_schema
 

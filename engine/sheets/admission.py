@@ -29,11 +29,11 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from engine import canonical
-from engine.errors import InvalidInputError
-from engine.pg import Connection
-from engine.ports import Port, sequence_literal, table
-from engine.scopes import RunRef, normalize_namespace
+from .. import canonical
+from ..errors import InvalidInputError
+from ..pg import Connection
+from ..ports import Port, sequence_literal, table
+from ..scopes import RunRef, normalize_namespace
 
 from .inputs import PreparedRows, check_write, prepare_rows
 from .layout import BindParams, PhaseClock, SheetLayout, column, layout_for, run_sheet_transaction

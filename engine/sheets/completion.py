@@ -40,9 +40,9 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from engine.pg import Connection
-from engine.ports import Port
-from engine.scopes import RunRef, normalize_namespace
+from ..pg import Connection
+from ..ports import Port
+from ..scopes import RunRef, normalize_namespace
 
 from .completion_sql import (
     _JOINS_ON,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from engine.ports import Port, sequence_literal, table
+from ..ports import Port, sequence_literal, table
 
 from .layout import BindParams, SheetLayout, column
 

@@ -20,10 +20,10 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import attrs
 
-from engine import canonical
-from engine.canonical import is_canonical, is_clean_str, normalize_fast
-from engine.errors import InvalidInputError
-from engine.scopes import RunRef, check_scope, normalize_namespace
+from .. import canonical
+from ..canonical import is_canonical, is_clean_str, normalize_fast
+from ..errors import InvalidInputError
+from ..scopes import RunRef, check_scope, normalize_namespace
 
 from .model import (
     DEFAULT_ROW_ERROR, MAX_KEY_CHARS, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,

@@ -36,11 +36,11 @@ from typing import Any, Awaitable, Callable, Iterable, Literal, TypeVar
 
 import attrs
 
-from engine.errors import InvalidInputError, MissingRelationError
-from engine.pg import Connection
-from engine.ports import Port, sequence_literal, table
-from engine.scopes import PlayScope, check_scope, normalize_namespace
-from engine.sql import quote_ident
+from ..errors import InvalidInputError, MissingRelationError
+from ..pg import Connection
+from ..ports import Port, sequence_literal, table
+from ..scopes import PlayScope, check_scope, normalize_namespace
+from ..sql import quote_ident
 
 from .model import SheetContract
 

@@ -21,8 +21,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import attrs
 
-from engine import canonical
-from engine.errors import InvalidInputError
+from .. import canonical
+from ..errors import InvalidInputError
 
 MAX_KEY_CHARS = 1024
 OUTCOME_STATUSES = ("completed", "failed")

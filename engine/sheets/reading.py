@@ -13,12 +13,12 @@ How it works
 
 from __future__ import annotations
 
-from engine import canonical
-from engine.errors import InvalidInputError
-from engine.pg import Connection
-from engine.ports import Port, table, with_connection
-from engine.scopes import PlayScope, check_scope
-from engine.sql import quote_ident
+from .. import canonical
+from ..errors import InvalidInputError
+from ..pg import Connection
+from ..ports import Port, table, with_connection
+from ..scopes import PlayScope, check_scope
+from ..sql import quote_ident
 
 from .layout import LANE, layout_for
 from .model import ColumnSummary, Summary

@@ -28,12 +28,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from engine import open_tenant, sheets
-from engine.errors import EngineError
-from engine.ports import table
+from runplane.engine import open_tenant, sheets
+from runplane.engine.errors import EngineError
+from runplane.engine.ports import table
 
-from .progress import MapProgress, MapResult
-from .supervisor import open_supervisor
+from runplane.actors import MapProgress, MapResult, open_supervisor
 
 PLAY = "demo"
 TABLE = "companies"

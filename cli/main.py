@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 import trio
 
-from engine import PlayScope, open_tenant
-from engine.errors import EngineError, leaf_errors
-from engine.schema import SCHEMA_VERSION, schema_status
-from engine.sql import quote_ident
+from runplane.engine import PlayScope, open_tenant
+from runplane.engine.errors import EngineError, leaf_errors
+from runplane.engine.schema import SCHEMA_VERSION, schema_status
+from runplane.engine.sql import quote_ident
 
 DEFAULT_ORG = "local"
 
@@ -75,7 +75,7 @@ def doctor(args: argparse.Namespace) -> int:
 
 # -- simulate -----------------------------------------------------------------------------------
 def _simulate_options(parser: argparse.ArgumentParser) -> None:
-    import simulations
+    from runplane import simulations
 
     parser.add_argument("name", nargs="?", default="all", choices=[*simulations.SCENARIOS, "all"])
     parser.add_argument("--examples", type=int, default=100)
@@ -85,7 +85,7 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
 
 @command("simulate", "run the property-tested race simulations")(_simulate_options)
 def simulate(args: argparse.Namespace) -> int:
-    from simulations.__main__ import main as run_simulations
+    from runplane.simulations.__main__ import main as run_simulations
 
     argv = [args.name, "--examples", str(args.examples)]
     if args.seed is not None:
@@ -158,6 +158,9 @@ def load_play(path: str) -> tuple[str, Callable[..., Any]]:
     if spec is None or spec.loader is None:
         raise UsageError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
+    # Like `python PLAY.py`: the play's own folder comes first, so its sibling modules (even one
+    # named `engine`) are what it imports; runplane itself lives only under `runplane.`.
+    sys.path.insert(0, str(file.resolve().parent))
     spec.loader.exec_module(module)
     play = getattr(module, "play", None)
     if not inspect.iscoroutinefunction(play):
@@ -193,7 +196,7 @@ def read_rows(path: str | None) -> list[dict]:
 
 @command("run", "run a play: `async def play(run, rows)` in PLAY.py")(_run_options)
 def run_play(args: argparse.Namespace) -> int:
-    from actors import open_run
+    from runplane.actors import open_run
 
     name, play = load_play(args.play_file)
     rows = read_rows(args.input)
@@ -211,7 +214,7 @@ def run_play(args: argparse.Namespace) -> int:
 
 
 def describe_result(result: Any) -> str:
-    from actors import MapResult
+    from runplane.actors import MapResult
 
     if isinstance(result, MapResult):
         return (f"admitted {result.admitted}, cached {result.cached}, completed {result.completed}, "
@@ -236,8 +239,8 @@ SELECT r.run_id, r.epoch, coalesce(o.state, '-') AS state
 
 @command("status", "show a play's sheets (counters per table and column) and recent runs")(_status_options)
 def status(args: argparse.Namespace) -> int:
-    from engine import sheets
-    from engine.scopes import normalize_namespace
+    from runplane.engine import sheets
+    from runplane.engine.scopes import normalize_namespace
 
     async def main() -> int:
         async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
@@ -282,7 +285,7 @@ def _supervise_options(parser: argparse.ArgumentParser) -> None:
 
 @command("supervise", "drain the terminal outbox (retire finished runs) until interrupted")(_supervise_options)
 def supervise(args: argparse.Namespace) -> int:
-    from actors import open_supervisor
+    from runplane.actors import open_supervisor
 
     async def main() -> None:
         async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
@@ -360,6 +363,3 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         raise
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,7 @@
+"""`python -m runplane.cli` — the `runplane` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())
