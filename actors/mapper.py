@@ -26,11 +26,13 @@ How it works
 - Every channel carries lists and is bounded, so memory is bounded by the capacities whatever
   the source size. Every actor is started with `await nursery.start(...)`, owns its inbox and
   closes what it sends.
-- The **ledger** holds every computed outcome until a write that contains it returns. When the
-  map is cancelled or fails, the nursery is gone by the time the map's `finally` runs, so what
-  the ledger still holds is exactly what was computed but not confirmed written; it is flushed
-  in a shielded scope with a deadline. A write that was interrupted but did commit is simply
-  replayed (an identical completion is idempotent).
+- Every actor reads the map's frozen `MapPlan` and changes only the map's `MapState` (both in
+  `actors.map_state`), through the methods named for it; its signature says which it takes.
+- The state's **ledger** holds every computed outcome until a write that contains it returns.
+  When the map is cancelled or fails, the nursery is gone by the time the map's `finally` runs,
+  so what the ledger still holds is exactly what was computed but not confirmed written; it is
+  flushed in a shielded scope with a deadline. A write that was interrupted but did commit is
+  simply replayed (an identical completion is idempotent).
 - Store calls are retried through transient faults (`actors.retry`): each is idempotent, and a
   map that raised would end its run terminally.
 - On a wake (same run id, same epoch), admission returns finished rows as cache hits, so only
@@ -42,72 +44,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import Any, AsyncIterable, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Sequence
 
-import attrs
 import trio
 
 from runplane.engine import canonical, sheets
 from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
+from runplane.engine.sheets import AdmittedRow, RowOutcome
 
-from .progress import MapProgress, MapResult, MapTally
+from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
+from .progress import MapResult
 from .retry import retry_transient
+
+if TYPE_CHECKING:
+    from .run import Run
 
 log = logging.getLogger("runplane.actors")
 
-PAGE_ROWS = 5000           # rows admitted per transaction for a streamed source, at most ...
-FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first rows run soon
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
-BATCH_ROWS = 5000          # completion batch: rows ...
-BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
-LINGER_S = 0.05            # ... or this long after the first outcome arrived
-FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after this
-
-
-@attrs.define(eq=False)
-class OutcomeLedger:
-    """Outcomes computed but not yet confirmed written, by ticket."""
-
-    _open: dict[int, list] = attrs.field(factory=dict)
-    _next: int = 0
-
-    def open(self) -> tuple[int, list]:
-        ticket, self._next = self._next, self._next + 1
-        outcomes: list = []
-        self._open[ticket] = outcomes
-        return ticket, outcomes
-
-    def settle(self, tickets: Sequence[int]) -> None:
-        for ticket in tickets:
-            self._open.pop(ticket, None)
-
-    def unsettled(self) -> list:
-        outcomes = [outcome for batch in self._open.values() for outcome in batch]
-        self._open.clear()
-        return outcomes
-
-
-@attrs.frozen
-class MapPlan:
-    """Everything the actors of one map share (read-only)."""
-
-    run: Any
-    table_namespace: str
-    contract: Any
-    fn: Callable[[dict], Awaitable[Any]]
-    concurrency: int
-    cell_policies: Any
-    linger_s: float
-    batch_rows: int
-    batch_bytes: int
-
-    @property
-    def port(self):
-        return self.run.port
-
-    @property
-    def attempt(self):
-        return self.run.attempt
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -145,20 +99,13 @@ def occurrence_data(occurrence: Any) -> dict:
 
 
 # -- the admission actor ---------------------------------------------------------------------
-async def admit_pages(plan: MapPlan, tally: MapTally, inflight: set[str], pages_recv, work_send,
+async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_recv, work_send:
         async for offset, rows in pages_recv:
-            admission = await retry_transient(lambda: sheets.admit(
-                plan.port, plan.run.ref, plan.table_namespace, plan.contract, rows,
-                input_offset=offset, attempt=plan.attempt, cell_policies=plan.cell_policies,
-            ))
-            # A later duplicate of a row still in flight in this map is dropped (skipped): the
-            # first occurrence's outcome completes the row.
-            pending = [row for row in admission.pending if row.key not in inflight]
-            inflight.update(row.key for row in pending)
-            tally.on_admission(len(rows), admission, dropped=len(admission.pending) - len(pending))
+            admission = await plan.admit(rows, offset)
+            pending = state.take_admission(len(rows), admission)
             size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
             for start in range(0, len(pending), size):
                 await work_send.send(pending[start:start + size])
@@ -170,44 +117,42 @@ def error_message(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
-async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: Any) -> Any:
+async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: AdmittedRow) -> RowOutcome:
     """Run the user function on one row and turn what happens into a `RowOutcome`."""
     try:
         data = await fn(admitted.row)
     except Exception as exc:  # the row fails, the map goes on
-        return sheets.RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
-                                 error=error_message(exc))
+        return RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
+                          error=error_message(exc))
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        return sheets.RowOutcome(
+        return RowOutcome(
             admitted.key, "failed", input_index=admitted.input_index,
             error=f"map function returned {type(data).__name__}, expected a dict of outputs",
         )
     try:
         data = canonical.normalize_fast(data, "output")  # as is, when already canonical
     except InvalidInputError as exc:
-        return sheets.RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
-                                 error=error_message(exc))
-    return sheets.RowOutcome(admitted.key, "completed", data=data,
-                             input_index=admitted.input_index)
+        return RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
+                          error=error_message(exc))
+    return RowOutcome(admitted.key, "completed", data=data, input_index=admitted.input_index)
 
 
-async def work(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger, work_recv, outcome_send,
+async def work(plan: MapPlan, state: MapState, work_recv, outcome_send,
                *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with work_recv, outcome_send:
         async for batch in work_recv:
-            ticket, outcomes = ledger.open()
+            ticket, outcomes = state.open_batch()
             for admitted in batch:
-                outcomes.append(await execute_row(plan.fn, admitted))
-                tally.executed += 1
-            tally.report()
+                state.record(outcomes, await execute_row(plan.fn, admitted))
+            state.report()
             await outcome_send.send((ticket, outcomes))
 
 
 # -- the completer and its writer --------------------------------------------------------------
-def outcome_bytes(outcome: Any) -> int:
+def outcome_bytes(outcome: RowOutcome) -> int:
     """A cheap estimate of an outcome's patch JSON size, for batching only (the engine chunks
     by exact bytes itself): flat string and number fields are summed, nested ones encoded."""
     size = 64 + len(outcome.error or "")
@@ -262,36 +207,25 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
             await flush_send.send((tickets, outcomes))
 
 
-async def write_outcomes(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger,
-                         inflight: set[str], flush_recv,
+async def write_outcomes(plan: MapPlan, state: MapState, flush_recv,
                          *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with flush_recv:
         async for tickets, outcomes in flush_recv:
-            completion = await retry_transient(lambda: sheets.complete(
-                plan.port, plan.run.ref, plan.table_namespace, plan.contract, outcomes,
-                attempt=plan.attempt,
-            ))
-            tally.on_completion(outcomes, completion)
-            ledger.settle(tickets)
-            inflight.difference_update(outcome.key for outcome in outcomes)
+            state.settle(tickets, outcomes, await plan.complete(outcomes))
 
 
-async def flush_unsettled(plan: MapPlan, tally: MapTally, ledger: OutcomeLedger,
-                          deadline_s: float) -> None:
-    """Write what was computed but not confirmed, shielded, within `deadline_s`."""
-    outcomes = ledger.unsettled()
+async def flush_unsettled(plan: MapPlan, state: MapState) -> None:
+    """Write what was computed but not confirmed, shielded, within `plan.flush_deadline_s`."""
+    outcomes = state.take_unsettled()
     if not outcomes:
         return
+    deadline_s = plan.flush_deadline_s
     with trio.CancelScope(shield=True, deadline=trio.current_time() + deadline_s) as scope:
         try:
             for start in range(0, len(outcomes), plan.batch_rows):
                 chunk = outcomes[start:start + plan.batch_rows]
-                completion = await retry_transient(lambda: sheets.complete(
-                    plan.port, plan.run.ref, plan.table_namespace, plan.contract, chunk,
-                    attempt=plan.attempt,
-                ))
-                tally.on_completion(chunk, completion)
+                state.count_flushed(chunk, await plan.complete(chunk))
         except EngineError as exc:
             log.warning("map %s: flushing %d computed outcomes failed: %s",
                         plan.table_namespace, len(outcomes), exc)
@@ -314,53 +248,23 @@ def unwrap_single_error():
         raise
 
 
-def _check(table_namespace: str, source: Any, fn: Any, contract: Any, concurrency: Any,
-           page_rows: Any) -> None:
-    if not isinstance(contract, sheets.SheetContract):
-        raise InvalidInputError(f"contract must be a SheetContract, got {type(contract).__name__}")
-    if not callable(fn):
-        raise InvalidInputError("fn must be an async function of one row")
-    for name, value in (("concurrency", concurrency), ("page_rows", page_rows)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
-    if not isinstance(source, (list, tuple)) and not hasattr(source, "__aiter__"):
+async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
+                   on_progress: Callable[[Any], Any] | None = None,
+                   map_invocation_id: str | None = None) -> MapResult:
+    """Run the pipeline of `plan` over `source` (a list is staged first) and count it."""
+    listed = isinstance(source, (list, tuple))
+    if not listed and not hasattr(source, "__aiter__"):
         raise InvalidInputError(
             f"source must be a list of rows or an async iterable, got {type(source).__name__}"
         )
-    if not isinstance(table_namespace, str):
-        raise InvalidInputError("table_namespace must be a string")
-
-
-async def map_rows(
-    run: Any,
-    table_namespace: str,
-    source: Sequence[Any] | AsyncIterable[Any],
-    fn: Callable[[dict], Awaitable[Any]],
-    *,
-    contract: Any,
-    concurrency: int = 16,
-    on_progress: Callable[[MapProgress], Any] | None = None,
-    map_invocation_id: str | None = None,
-    cell_policies: Any = None,
-    page_rows: int = PAGE_ROWS,
-    linger_s: float = LINGER_S,
-    batch_rows: int = BATCH_ROWS,
-    batch_bytes: int = BATCH_BYTES,
-    flush_deadline_s: float = FLUSH_DEADLINE_S,
-) -> MapResult:
-    _check(table_namespace, source, fn, contract, concurrency, page_rows)
-    plan = MapPlan(run, table_namespace, contract, fn, concurrency, cell_policies, linger_s,
-                   batch_rows, batch_bytes)
-    tally = MapTally(on_progress)
-    ledger = OutcomeLedger()
-    inflight: set[str] = set()  # keys admitted and not yet written: bounded by the pipeline
+    state = MapState.observed_by(on_progress)
     staged = None
-    if isinstance(source, (list, tuple)) and map_invocation_id is None:
-        map_invocation_id = run.next_map_invocation_id(table_namespace)
+    if listed and map_invocation_id is None:
+        map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
     await retry_transient(lambda: sheets.ensure_sheet(
-        run.port, run.scope.play_scope, table_namespace, contract))
-    if isinstance(source, (list, tuple)):
-        staged = await run.stage_array(table_namespace, map_invocation_id, list(source))
+        plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
+    if listed:
+        staged = await run.stage_array(plan.table_namespace, map_invocation_id, list(source))
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:
@@ -368,21 +272,21 @@ async def map_rows(
                 # direction; completion batches unbuffered (the batcher grows the next batch
                 # while the writer writes).
                 pages_send, pages_recv = trio.open_memory_channel(1)
-                work_send, work_recv = trio.open_memory_channel(2 * concurrency)
-                outcome_send, outcome_recv = trio.open_memory_channel(2 * concurrency)
+                work_send, work_recv = trio.open_memory_channel(2 * plan.concurrency)
+                outcome_send, outcome_recv = trio.open_memory_channel(2 * plan.concurrency)
                 flush_send, flush_recv = trio.open_memory_channel(0)
-                await nursery.start(write_outcomes, plan, tally, ledger, inflight, flush_recv)
+                await nursery.start(write_outcomes, plan, state, flush_recv)
                 await nursery.start(batch_outcomes, plan, outcome_recv, flush_send)
                 async with work_recv, outcome_send:
-                    for _ in range(concurrency):
-                        await nursery.start(work, plan, tally, ledger, work_recv.clone(),
+                    for _ in range(plan.concurrency):
+                        await nursery.start(work, plan, state, work_recv.clone(),
                                             outcome_send.clone())
-                await nursery.start(admit_pages, plan, tally, inflight, pages_recv, work_send)
+                await nursery.start(admit_pages, plan, state, pages_recv, work_send)
                 if staged is not None:
                     await nursery.start(replay_pages, staged, pages_send)
                 else:
-                    await nursery.start(stream_pages, source, page_rows, pages_send)
+                    await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:
-        await flush_unsettled(plan, tally, ledger, flush_deadline_s)
-    tally.report()
-    return tally.result(map_invocation_id)
+        await flush_unsettled(plan, state)
+    state.report()
+    return state.result(map_invocation_id)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -38,11 +38,15 @@ from runplane.engine.errors import EngineError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
 from runplane.engine.scopes import RunRef, RunScope
-from runplane.engine.sheets import Attempt
+from runplane.engine.sheets import Attempt, CellPolicy, SheetContract
 
 from . import outbox, retirement
 from .hosting import is_terminal, open_hosting_nursery
+from .map_state import MapPlan
+from .mapper import map_rows
+from .progress import MapProgress, MapResult
 from .retry import retry_transient
+from .sealer import stage_array
 
 log = logging.getLogger("runplane.actors")
 
@@ -116,17 +120,22 @@ class Run:
         return f"map-{ordinal}"
 
     async def map(self, table_namespace: str, source: Any, fn: Callable[[dict], Awaitable[Any]],
-                  *, contract: Any, concurrency: int = 16, **options: Any):
-        """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`."""
-        from .mapper import map_rows
+                  *, contract: SheetContract, concurrency: int = 16,
+                  cell_policies: Mapping[str, CellPolicy] | None = None,
+                  on_progress: Callable[[MapProgress], Any] | None = None,
+                  map_invocation_id: str | None = None, **tuning: Any) -> MapResult:
+        """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
-        return await map_rows(self, table_namespace, source, fn, contract=contract,
-                              concurrency=concurrency, **options)
+        `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
+        `flush_deadline_s` (see `actors.map_state.MapPlan`).
+        """
+        plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
+                       concurrency, cell_policies, **tuning)
+        return await map_rows(self, source, plan, on_progress=on_progress,
+                              map_invocation_id=map_invocation_id)
 
     async def stage_array(self, table_namespace: str, map_invocation_id: str, occurrences: Any):
         """Stage (or, on a wake, resume or replay) an array input; see `actors.sealer`."""
-        from .sealer import stage_array
-
         return await stage_array(self.port, self.scope.map(table_namespace, map_invocation_id),
                                  occurrences)
 

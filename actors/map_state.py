@@ -1,0 +1,171 @@
+"""What one map reads and what it changes: a frozen `MapPlan` and an owned `MapState`.
+
+How it works
+- `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
+  attempt, sheet), what runs (`fn`, `concurrency`) and the pipeline's tuning. It is a frozen
+  value, validated when it is built (an invalid map cannot start: `InvalidInputError` naming
+  the argument, before any query), and it offers the two store calls the actors make,
+  `admit` and `complete`, retried through transient faults (`actors.retry`).
+- `MapState` is everything the map changes while it runs, owned by `map_rows` and changed only
+  by its actors (all in one trio thread, so plain updates are atomic between checkpoints). Its
+  methods are named after the actor that calls them:
+  - admission: `take_admission` — counts the page and returns the rows to run, dropping later
+    duplicates of rows still in flight (`inflight`: keys admitted and not yet written, bounded
+    by the pipeline's channels);
+  - workers: `open_batch` / `record` — each computed outcome enters the ledger as soon as it
+    exists;
+  - writer: `settle` — a written batch leaves the ledger and the in-flight set, and is counted;
+  - the map's `finally`: `take_unsettled` / `count_flushed` — what the ledger still holds was
+    computed but never confirmed written; it is flushed, shielded, with a deadline.
+This module does no I/O of its own; `MapPlan.admit`/`complete` call `engine.sheets`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import attrs
+
+from runplane.engine import sheets
+from runplane.engine.errors import InvalidInputError
+from runplane.engine.ports import Port
+from runplane.engine.scopes import RunRef
+from runplane.engine.sheets import (
+    Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
+)
+
+from .progress import MapProgress, MapResult, MapTally
+from .retry import retry_transient
+
+PAGE_ROWS = 5000           # rows admitted per transaction for a streamed source, at most ...
+FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first rows run soon
+BATCH_ROWS = 5000          # completion batch: rows ...
+BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
+LINGER_S = 0.05            # ... or this long after the first outcome arrived
+FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after this
+
+
+def _positive_int(_instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidInputError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+def _seconds(_instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or math.isnan(value) or value < 0):
+        raise InvalidInputError(f"{attribute.name} must be a number of seconds >= 0, got {value!r}")
+
+
+def _contract(_instance: object, _attribute: object, value: object) -> None:
+    if not isinstance(value, SheetContract):
+        raise InvalidInputError(f"contract must be a SheetContract, got {type(value).__name__}")
+
+
+def _callable(_instance: object, _attribute: object, value: object) -> None:
+    if not callable(value):
+        raise InvalidInputError("fn must be an async function of one row")
+
+
+def _namespace(_instance: object, _attribute: object, value: object) -> None:
+    if not isinstance(value, str):
+        raise InvalidInputError("table_namespace must be a string")
+
+
+@attrs.frozen
+class MapPlan:
+    """How one map runs; read by every actor, never changed."""
+
+    port: Port
+    ref: RunRef
+    attempt: Attempt | None
+    table_namespace: str = attrs.field(validator=_namespace)
+    contract: SheetContract = attrs.field(validator=_contract)
+    fn: Callable[[dict], Awaitable[Any]] = attrs.field(validator=_callable)
+    concurrency: int = attrs.field(default=16, validator=_positive_int)
+    cell_policies: Mapping[str, CellPolicy] | None = None
+    page_rows: int = attrs.field(default=PAGE_ROWS, validator=_positive_int)
+    linger_s: float = attrs.field(default=LINGER_S, validator=_seconds)
+    batch_rows: int = attrs.field(default=BATCH_ROWS, validator=_positive_int)
+    batch_bytes: int = attrs.field(default=BATCH_BYTES, validator=_positive_int)
+    flush_deadline_s: float = attrs.field(default=FLUSH_DEADLINE_S, validator=_seconds)
+
+    async def admit(self, rows: list[Any], input_offset: int) -> Admission:
+        """Admit one page under the run's write version (retried through transient faults)."""
+        return await retry_transient(lambda: sheets.admit(
+            self.port, self.ref, self.table_namespace, self.contract, rows,
+            input_offset=input_offset, attempt=self.attempt, cell_policies=self.cell_policies,
+        ))
+
+    async def complete(self, outcomes: list[RowOutcome]) -> Completion:
+        """Write outcomes, fenced by the run's write version (retried through transient faults)."""
+        return await retry_transient(lambda: sheets.complete(
+            self.port, self.ref, self.table_namespace, self.contract, outcomes,
+            attempt=self.attempt,
+        ))
+
+
+@attrs.define(eq=False)
+class MapState:
+    """What one map changes while it runs; see the module docstring for who calls what."""
+
+    tally: MapTally
+    _inflight: set[str] = attrs.field(init=False, factory=set)
+    _ledger: dict[int, list[RowOutcome]] = attrs.field(init=False, factory=dict)
+    _next_ticket: int = attrs.field(init=False, default=0)
+
+    @classmethod
+    def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
+        return cls(MapTally(on_progress))
+
+    # -- admission ---------------------------------------------------------------------------
+    def take_admission(self, rows_in_page: int, admission: Admission) -> list[AdmittedRow]:
+        """Count one admitted page; return its pending rows that are not already in flight.
+
+        A later duplicate of a row still in flight in this map is dropped (counted as skipped):
+        the first occurrence's outcome completes the row.
+        """
+        pending = [row for row in admission.pending if row.key not in self._inflight]
+        self._inflight.update(row.key for row in pending)
+        self.tally.on_admission(rows_in_page, admission,
+                                dropped=len(admission.pending) - len(pending))
+        return pending
+
+    # -- workers -----------------------------------------------------------------------------
+    def open_batch(self) -> tuple[int, list[RowOutcome]]:
+        """A ticket and the ledger's list for one worker batch's outcomes."""
+        ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+        outcomes: list[RowOutcome] = []
+        self._ledger[ticket] = outcomes
+        return ticket, outcomes
+
+    def record(self, outcomes: list[RowOutcome], outcome: RowOutcome) -> None:
+        """One row was executed: its outcome is in the ledger from now on."""
+        outcomes.append(outcome)
+        self.tally.executed += 1
+
+    # -- the writer --------------------------------------------------------------------------
+    def settle(self, tickets: Sequence[int], outcomes: list[RowOutcome],
+               completion: Completion) -> None:
+        """A completion that contains these tickets' outcomes returned."""
+        self.tally.on_completion(outcomes, completion)
+        for ticket in tickets:
+            self._ledger.pop(ticket, None)
+        self._inflight.difference_update(outcome.key for outcome in outcomes)
+
+    # -- the flush on the way out --------------------------------------------------------------
+    def take_unsettled(self) -> list[RowOutcome]:
+        """Every outcome computed but not confirmed written; the ledger is empty afterwards."""
+        outcomes = [outcome for batch in self._ledger.values() for outcome in batch]
+        self._ledger.clear()
+        return outcomes
+
+    def count_flushed(self, outcomes: list[RowOutcome], completion: Completion) -> None:
+        self.tally.on_completion(outcomes, completion)
+
+    # -- the result --------------------------------------------------------------------------
+    def report(self) -> None:
+        self.tally.report()
+
+    def result(self, map_invocation_id: str | None) -> MapResult:
+        return self.tally.result(map_invocation_id)
