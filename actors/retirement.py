@@ -23,7 +23,7 @@ from runplane.engine import array_input
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunScope
 
-from . import outbox
+from runplane.engine import outbox
 from .retry import retry_transient
 
 

@@ -31,7 +31,9 @@ from runplane.engine.errors import EngineError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunScope
 
-from . import outbox, retirement
+from runplane.engine import outbox
+
+from . import retirement
 from .hosting import open_hosting_nursery
 from .run import DEFAULT_LEASE_S, RELEASE_DEADLINE_S, Run, open_run
 

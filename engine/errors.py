@@ -62,6 +62,12 @@ class StoreUnavailableError(DatabaseError):
     """
 
 
+class GatewayUnavailableError(StoreUnavailableError):
+    """A gateway could not be reached, or kept answering with a retryable failure, until one of
+    the client's retry budgets ran out (the message says which, and the gateway's URL; never
+    the token). The operation may or may not have been applied; every action is idempotent."""
+
+
 class TenantUnavailableError(EngineError):
     """The tenant database could not be reached when opening the tenant or connecting.
 
@@ -80,6 +86,16 @@ class TransactionStateUnknownError(EngineError):
         super().__init__(message)
         self.error = error
         self.rollback_error = rollback_error
+
+
+class AuthError(EngineError):
+    """A gateway refused the token: missing, malformed, badly signed or expired (HTTP 401)."""
+
+
+class ArrayInputUnavailableError(EngineError):
+    """The gateway has no array-input actions (started with `--no-array-actions`, or older).
+
+    `run.map` over a list then admits the list directly instead of staging it."""
 
 
 def leaf_errors(exc: BaseException) -> list[BaseException]:

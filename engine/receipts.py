@@ -20,6 +20,8 @@ from typing import Any, Iterable, Literal
 import attrs
 
 from . import canonical
+from .actions import action
+from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, INT, USER_JSON, dict_of, list_of, optional, record
 from .errors import InvalidInputError
 from .keys import check_user_key, receipt_key
 from .ports import Port, with_connection
@@ -47,6 +49,11 @@ class Receipt:
 class Claim:
     disposition: Disposition
     receipt: Receipt
+
+
+RECEIPT = record(Receipt, key=STR, status=STR, output=RAW, error=optional(STR),
+                 run_id=optional(STR), epoch=optional(INT))
+CLAIM = record(Claim, disposition=STR, receipt=RECEIPT)
 
 
 _COLUMNS = "status, output::text AS output, error, run_id, epoch"
@@ -124,10 +131,14 @@ async def _fetch_until_row(port: Port, sql: str, *args: Any) -> Any:
     return await with_connection(port, "receipts", op)
 
 
+@action("receipts.get", params={"scope": PLAY_SCOPE, "key": STR}, result=optional(RECEIPT),
+        writes=False)
 async def get(port: Port, scope: PlayScope, key: str) -> Receipt | None:
     return (await get_many(port, scope, [key]))[key]
 
 
+@action("receipts.get_many", params={"scope": PLAY_SCOPE, "keys": list_of(STR)},
+        result=dict_of(optional(RECEIPT)), writes=False)
 async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[str, Receipt | None]:
     """One entry per distinct key, in first-seen order (None where absent), in one query."""
     check_scope(port, scope)
@@ -140,6 +151,8 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
     }
 
 
+@action("receipts.claim", params={"run": RUN_REF, "key": STR, "reclaim_running": BOOL},
+        result=CLAIM)
 async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = False) -> Claim:
     check_scope(port, run)
     k = receipt_key(run.scope, key)
@@ -160,18 +173,23 @@ async def _settle(
     return _receipt(key, row)
 
 
+@action("receipts.complete", params={"run": RUN_REF, "key": STR, "output": USER_JSON},
+        result=RECEIPT)
 async def complete(port: Port, run: RunRef, key: str, output: Any) -> Receipt:
     """Store `output` as the completed result where our epoch is not older than the stored one."""
     check_user_key(key)
     return await _settle(port, run, key, COMPLETED, output, None)
 
 
+@action("receipts.skip", params={"run": RUN_REF, "key": STR, "output": USER_JSON},
+        result=RECEIPT)
 async def skip(port: Port, run: RunRef, key: str, output: Any = None) -> Receipt:
     """Mark the work skipped (with an optional output), fenced like `complete`."""
     check_user_key(key)
     return await _settle(port, run, key, SKIPPED, output, None)
 
 
+@action("receipts.fail", params={"run": RUN_REF, "key": STR, "error": STR}, result=RECEIPT)
 async def fail(port: Port, run: RunRef, key: str, error: str) -> Receipt:
     """Record a failure; never overwrites a completed or skipped receipt."""
     check_user_key(key)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 
+from .actions import action
+from .codecs import RUN_REF, RUN_SCOPE
 from .ports import Port, sequence_literal, table, with_connection
 from .scopes import RunRef, RunScope, check_scope
 
@@ -28,6 +30,7 @@ SELECT epoch FROM {runs}
 """
 
 
+@action("runs.register", params={"scope": RUN_SCOPE}, result=RUN_REF)
 async def register(port: Port, scope: RunScope) -> RunRef:
     check_scope(port, scope)
     sql = _REGISTER.format(runs=table(port, "runs"), seq=sequence_literal(port, "run_epochs"))

@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from runplane.actors import open_run
-from runplane.actors import outbox
+from runplane.engine import outbox
 from runplane.engine import receipts
 from runplane.engine.errors import InvalidInputError, ScopeError
 from runplane.engine.runs import new_run_id

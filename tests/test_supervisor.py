@@ -7,7 +7,8 @@ import random
 import attrs
 import trio
 
-from runplane.actors import open_run, open_supervisor, outbox
+from runplane.actors import open_run, open_supervisor
+from runplane.engine import outbox
 from runplane.actors.retry import RETRY_DELAYS
 from runplane.actors.supervisor import backoff_delay
 from runplane.engine.errors import StoreUnavailableError

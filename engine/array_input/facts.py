@@ -38,6 +38,8 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar
 
 from .. import canonical
+from ..actions import action
+from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError
 from ..keys import fact_key
 from ..ports import Port, table, with_connection
@@ -196,6 +198,7 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 """
 
 
+@action("array_input.get_manifest", params={"scope": MAP_SCOPE}, result=P.MANIFEST, writes=False)
 async def get_manifest(port: Port, scope: MapScope) -> P.Manifest:
     """What is staged for `scope`: absent, staging or sealed; `RetiredError` once retired."""
     scope = map_scope(port, scope)
@@ -253,6 +256,8 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 """
 
 
+@action("array_input.begin", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
+        "source_rows": INT, "has_source_identities": BOOL}, result=NOTHING)
 async def begin(
     port: Port, scope: MapScope, *, source_fingerprint: str, source_rows: int,
     has_source_identities: bool,
@@ -326,6 +331,8 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 """
 
 
+@action("array_input.put_page", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
+        "ordinal": INT, "offset": INT, "rows": P.OCCURRENCES}, result=NOTHING)
 async def put_page(
     port: Port, scope: MapScope, *, source_fingerprint: str, ordinal: int, offset: int,
     rows,
@@ -379,6 +386,8 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 """
 
 
+@action("array_input.read_page", params={"scope": MAP_SCOPE, "ordinal": INT}, result=P.PAGE,
+        writes=False)
 async def read_page(port: Port, scope: MapScope, ordinal: int) -> P.Page:
     """Page `ordinal` of a sealed input, its digest re-verified (`CorruptFactError` if not)."""
     scope = map_scope(port, scope)

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Literal, Sequence
 import attrs
 
 from .. import canonical
+from ..codecs import BOOL, INT, STR, USER_JSON, Codec, list_of, optional, record
 from ..errors import CorruptFactError, InvalidInputError
 
 MAX_PAGE_ROWS = 1000
@@ -127,6 +128,32 @@ class RetireResult:
 
     done: bool
     deleted: int
+
+
+# -- wire codecs (engine.actions) ----------------------------------------------------------------
+
+
+def _encode_occurrence(value: object, path: str) -> dict:
+    occurrence = as_occurrence(value, path)
+    row = {"data": USER_JSON.encode(occurrence.data, f"{path}.data")}
+    identity = occurrence.source_identity
+    if identity is not None:
+        row["source_identity"] = {"dataset_id": identity.dataset_id, "row_index": identity.row_index}
+    return row
+
+
+def _decode_occurrence(value: object, path: str) -> Occurrence:
+    if type(value) is not dict or not set(value) <= {"data", "source_identity"} or "data" not in value:
+        raise InvalidInputError(f"{path} must be an object with data (and source_identity)")
+    return Occurrence(value["data"], value.get("source_identity"))
+
+
+OCCURRENCE = Codec("occurrence", _encode_occurrence, _decode_occurrence)
+OCCURRENCES = list_of(OCCURRENCE)
+MANIFEST = record(Manifest, state=STR, source_fingerprint=optional(STR), source_rows=optional(INT),
+                  has_source_identities=optional(BOOL), page_count=optional(INT))
+PAGE = record(Page, offset=INT, rows=list_of(OCCURRENCE, as_tuple=True))
+RETIRE_RESULT = record(RetireResult, done=BOOL, deleted=INT)
 
 
 # -- stored forms ------------------------------------------------------------------------------

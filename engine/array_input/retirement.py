@@ -19,12 +19,14 @@ How it works
 
 from __future__ import annotations
 
+from ..actions import action
+from ..codecs import RUN_SCOPE
 from ..errors import ConflictError
 from ..keys import run_key_range
 from ..ports import Port, table, with_connection
 from ..scopes import RunScope
 from . import facts as F
-from .pages import RETIRE_BATCH_ROWS, RetireResult
+from .pages import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
 
 def _candidates(t: str, run: str, ranges: list[str], limit: str) -> str:
     """Up to `limit` keys of the run's begin, page and seal facts, by key-prefix range."""
@@ -83,6 +85,7 @@ SELECT count(*) FROM deleted
 """
 
 
+@action("array_input.retire", params={"scope": RUN_SCOPE}, result=RETIRE_RESULT)
 async def retire(port: Port, scope: RunScope) -> RetireResult:
     """Retire the run's array inputs and delete up to `RETIRE_BATCH_ROWS` of their facts."""
     scope = F.run_scope(port, scope)

@@ -23,6 +23,8 @@ import hashlib
 import trio
 
 from .. import canonical
+from ..actions import action
+from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..ports import Port, table, with_connection
 from ..scopes import MapScope
@@ -101,6 +103,9 @@ def _matching_seal(row_status, row_run, row_output, scope: MapScope, expected: d
     return True
 
 
+@action("array_input.seal", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
+        "source_rows": INT, "page_count": INT, "batch_size": INT}, result=NOTHING,
+        deadline_s=75.0)
 async def seal(
     port: Port, scope: MapScope, *, source_fingerprint: str, source_rows: int, page_count: int,
     batch_size: int = 4,

@@ -30,6 +30,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from .. import canonical
+from ..actions import action
+from ..codecs import INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port, sequence_literal, table
@@ -46,6 +48,7 @@ from .model import (
     SheetContract,
     Timing,
     clean_field,
+    ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT,
 )
 
 ADMIT_CHUNK_ROWS = 10_000
@@ -204,6 +207,11 @@ def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
     return out
 
 
+@action("sheets.admit", params={
+    "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
+    "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
+    "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
+}, result=ADMISSION, deadline_s=30.0)
 async def admit(
     port: Port,
     run: RunRef,
@@ -215,14 +223,19 @@ async def admit(
     keys: Sequence[str] | None = None,
     attempt: Attempt | None = None,
     cell_policies: Mapping[str, CellPolicy] | None = None,
+    input_indexes: Sequence[int] | None = None,
 ) -> Admission:
-    """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch."""
+    """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
+
+    `input_indexes` (one per row) replaces `input_offset` + position as each row's input index.
+    """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
     policies = _check_policies(cell_policies)
     namespace = normalize_namespace(table_namespace)
     prepared = prepare_rows(
-        rows, namespace, input_offset=input_offset, keys=keys, need_texts=bool(contract.inputs)
+        rows, namespace, input_offset=input_offset, keys=keys, need_texts=bool(contract.inputs),
+        input_indexes=input_indexes,
     )
     layout = layout_for(port, run.scope.play_scope, namespace)
     sql, extra = build_admit_sql(port, layout, contract, policies)

@@ -40,6 +40,8 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from ..actions import action
+from ..codecs import RUN_REF, STR, list_of, optional
 from ..pg import Connection
 from ..ports import Port
 from ..scopes import RunRef, normalize_namespace
@@ -53,7 +55,10 @@ from .completion_sql import (
 )
 from .inputs import PreparedOutcome, check_write, prepare_outcomes
 from .layout import PhaseClock, SheetLayout, layout_for, run_sheet_transaction
-from .model import Attempt, Completion, CompletionDiagnostics, FencedRow, SheetContract
+from .model import (
+    ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
+    FencedRow, SheetContract,
+)
 
 log = logging.getLogger("runplane.sheets")
 
@@ -208,6 +213,10 @@ class _Writer:
                     tally.fenced[o.key] = FencedRow(o.key, "missing", None)
 
 
+@action("sheets.complete", params={
+    "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT,
+    "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT),
+}, result=COMPLETION, local=("on_diagnostics",), deadline_s=75.0)
 async def complete(
     port: Port,
     run: RunRef,
@@ -261,7 +270,7 @@ async def complete(
             clock, outcome, input_rows, prepared, tally, time.perf_counter() - started
         )
         if on_diagnostics is not None:
-            await _deliver(on_diagnostics, diagnostics)
+            await deliver_diagnostics(on_diagnostics, diagnostics)
     return Completion(
         updated=tally.updated,
         committed_keys=tuple(k for k in all_keys if k in tally.committed),
@@ -293,7 +302,7 @@ def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int, prepared, tal
     )
 
 
-async def _deliver(sink: Callable[[CompletionDiagnostics], Any], diagnostics) -> None:
+async def deliver_diagnostics(sink: Callable[[CompletionDiagnostics], Any], diagnostics) -> None:
     """Hand diagnostics to the sink; its failures are logged, never raised."""
     try:
         result = sink(diagnostics)

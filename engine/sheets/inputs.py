@@ -73,6 +73,16 @@ def check_key(key: object, where: str) -> str:
     return key
 
 
+def check_input_indexes(input_indexes: Any, count: int) -> None:
+    """Explicit input indexes: a sequence of `count` integers >= 0."""
+    if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
+            or len(input_indexes) != count:
+        raise InvalidInputError("input_indexes must be a sequence as long as rows")
+    for position, index in enumerate(input_indexes):
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise InvalidInputError(f"input_indexes[{position}] must be an integer >= 0")
+
+
 def prepare_rows(
     rows: Sequence[Any],
     namespace: str,
@@ -80,8 +90,13 @@ def prepare_rows(
     input_offset: int,
     keys: Sequence[Any] | None,
     need_texts: bool,
+    input_indexes: Sequence[Any] | None = None,
 ) -> PreparedRows:
-    """Validate, normalize, key and deduplicate admission rows; raise before any query."""
+    """Validate, normalize, key and deduplicate admission rows; raise before any query.
+
+    A row's input index is `input_offset` + its position, or `input_indexes[position]` when
+    those are given (a gateway client sends a deduplicated page of a larger call).
+    """
     if isinstance(input_offset, bool) or not isinstance(input_offset, int) or input_offset < 0:
         raise InvalidInputError(f"input_offset must be an integer >= 0, got {input_offset!r}")
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
@@ -93,6 +108,8 @@ def prepare_rows(
             raise InvalidInputError(
                 f"keys has {len(keys)} entries but rows has {len(rows)}; they must match"
             )
+    if input_indexes is not None:
+        check_input_indexes(input_indexes, len(rows))
     dumps = canonical_dumps
     seen: set[str] = set()
     out_keys: list[str] = []
@@ -112,7 +129,8 @@ def prepare_rows(
             continue
         seen.add(key)
         out_keys.append(key)
-        out_indexes.append(input_offset + position)
+        out_indexes.append(
+            input_offset + position if input_indexes is None else input_indexes[position])
         out_rows.append(clean)
         if texts is not None:
             texts.append(text)

@@ -36,13 +36,15 @@ from typing import Any, Awaitable, Callable, Iterable, Literal, TypeVar
 
 import attrs
 
+from ..actions import action
+from ..codecs import PLAY_SCOPE, STR, record
 from ..errors import InvalidInputError, MissingRelationError
 from ..pg import Connection
 from ..ports import Port, sequence_literal, table
 from ..scopes import PlayScope, check_scope, normalize_namespace
 from ..sql import quote_ident
 
-from .model import SheetContract
+from .model import CONTRACT, SheetContract
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
@@ -352,6 +354,12 @@ ON CONFLICT DO NOTHING
 ENSURE_STATEMENT_TIMEOUT_MS = 60_000
 
 
+LAYOUT = record(SheetLayout, schema=STR, org_id=STR, play=STR, namespace=STR, table=STR)
+
+
+@action("sheets.ensure_sheet", params={
+    "scope": PLAY_SCOPE, "table_namespace": STR, "contract": CONTRACT,
+}, result=LAYOUT, deadline_s=60.0)
 async def ensure_sheet(
     port: Port, scope: PlayScope, table_namespace: str, contract: SheetContract
 ) -> SheetLayout:

@@ -22,6 +22,7 @@ from typing import Any, Literal, Mapping, Sequence
 import attrs
 
 from .. import canonical
+from ..codecs import FLOAT, INT, RAW, STR, USER_JSON, dict_of, list_of, optional, record
 from ..errors import InvalidInputError
 
 MAX_KEY_CHARS = 1024
@@ -286,3 +287,26 @@ class Summary:
     completed: int
     failed: int
     columns: Mapping[str, ColumnSummary] = attrs.field(factory=dict)
+
+
+# -- wire codecs (engine.actions) -------------------------------------------------------------
+CONTRACT = record(SheetContract, inputs=list_of(STR), outputs=list_of(STR))
+ATTEMPT = record(Attempt, attempt_id=STR, seq=INT, lease_s=FLOAT)
+CELL_POLICIES = dict_of(record(CellPolicy, stale_after_s=FLOAT))
+ROW_OUTCOME = record(RowOutcome, key=STR, status=STR, data=optional(USER_JSON),
+                     input_index=optional(INT), cell_meta=optional(USER_JSON), error=optional(STR))
+_ADMITTED = record(AdmittedRow, key=STR, input_index=INT, row=RAW)
+ADMISSION = record(
+    Admission, inserted=INT, skipped=INT, pending=list_of(_ADMITTED, as_tuple=True),
+    completed=list_of(_ADMITTED, as_tuple=True),
+    blocked=list_of(record(BlockedRow, key=STR, input_index=INT, reason=STR), as_tuple=True),
+    write_version=INT, timings=list_of(record(Timing, default=RAW), as_tuple=True),
+)
+COMPLETION = record(
+    Completion, updated=INT, committed_keys=list_of(STR, as_tuple=True),
+    fenced=list_of(record(FencedRow, key=STR, reason=STR, row_write_version=optional(INT)),
+                   as_tuple=True),
+    diagnostics=optional(record(CompletionDiagnostics, default=RAW)),
+)
+SUMMARY = record(Summary, total=INT, queued=INT, running=INT, completed=INT, failed=INT,
+                 columns=dict_of(record(ColumnSummary, completed=INT, failed=INT)))

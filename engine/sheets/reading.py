@@ -14,6 +14,8 @@ How it works
 from __future__ import annotations
 
 from .. import canonical
+from ..actions import action
+from ..codecs import INT, PLAY_SCOPE, RAW, STR, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port, table, with_connection
@@ -21,7 +23,7 @@ from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
 from .layout import LANE, layout_for
-from .model import ColumnSummary, Summary
+from .model import SUMMARY, ColumnSummary, Summary
 
 _REGISTERED = """
 SELECT to_regclass($4) IS NOT NULL AS present,
@@ -74,6 +76,10 @@ def _check_page(limit: object, offset: object) -> None:
             raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+@action("sheets.read_rows", params={
+    "scope": PLAY_SCOPE, "table_namespace": STR, "run_id": optional(STR), "limit": INT,
+    "offset": INT,
+}, result=list_of(RAW), writes=False)
 async def read_rows(
     port: Port,
     scope: PlayScope,
@@ -118,6 +124,8 @@ async def read_rows(
     return await with_connection(port, LANE, op)
 
 
+@action("sheets.summary", params={"scope": PLAY_SCOPE, "table_namespace": STR}, result=SUMMARY,
+        writes=False)
 async def summary(port: Port, scope: PlayScope, table_namespace: str) -> Summary:
     """The counters of a sheet (zeros when it was never written)."""
     check_scope(port, scope)

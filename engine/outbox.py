@@ -32,8 +32,10 @@ from typing import Literal
 
 import attrs
 
-from runplane.engine.ports import Port, table, with_connection
-from runplane.engine.scopes import RunScope, check_scope
+from .actions import action
+from .codecs import BOOL, FLOAT, INT, RUN_SCOPE, STR, NOTHING, list_of, optional, record
+from .ports import Port, table, with_connection
+from .scopes import RunScope, check_scope
 
 OPEN, PENDING, DONE = "open", "pending", "done"
 State = Literal["open", "pending", "done"]
@@ -49,6 +51,10 @@ class OutboxEntry:
     state: str
     attempts: int
     last_error: str | None = None
+
+
+OUTBOX_ENTRY = record(OutboxEntry, scope=RUN_SCOPE, state=STR, attempts=INT,
+                      last_error=optional(STR))
 
 
 def new_owner_id(kind: str) -> str:
@@ -145,12 +151,15 @@ def _changed(status: str) -> bool:
     return not status.endswith(" 0")
 
 
+@action("outbox.record_open", params={"scope": RUN_SCOPE}, result=NOTHING)
 async def record_open(port: Port, scope: RunScope) -> None:
     """Record the run as `open` (a no-op when an entry exists in any state)."""
     check_scope(port, scope)
     await _execute(port, _RECORD_OPEN, *_key(scope), lane=FOREGROUND_LANE)
 
 
+@action("outbox.mark_pending", params={"scope": RUN_SCOPE, "owner": STR, "lease_s": FLOAT},
+        result=BOOL)
 async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
     """Flip the entry to `pending` leased to `owner`; False when it was already `done`."""
     check_scope(port, scope)
@@ -161,6 +170,8 @@ async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) 
     return state == PENDING
 
 
+@action("outbox.claim_due", params={"owner": STR, "limit": INT, "lease_s": FLOAT,
+        "abandon_after_s": optional(FLOAT)}, result=list_of(OUTBOX_ENTRY))
 async def claim_due(
     port: Port, owner: str, *, limit: int, lease_s: float, abandon_after_s: float | None = None
 ) -> list[OutboxEntry]:
@@ -174,28 +185,38 @@ async def claim_due(
     return [_entry(row) for row in rows]
 
 
+@action("outbox.renew", params={"scope": RUN_SCOPE, "owner": STR, "lease_s": FLOAT}, result=BOOL)
 async def renew(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
     """Extend our lease; False when we no longer hold it."""
+    check_scope(port, scope)
     return _changed(await _execute(port, _RENEW, *_key(scope), owner, float(lease_s)))
 
 
+@action("outbox.mark_done", params={"scope": RUN_SCOPE, "owner": STR}, result=BOOL)
 async def mark_done(port: Port, scope: RunScope, owner: str) -> bool:
     """Settle the entry as `done`; False when we no longer held its lease."""
+    check_scope(port, scope)
     return _changed(await _execute(port, _MARK_DONE, *_key(scope), owner))
 
 
+@action("outbox.retry_later", params={"scope": RUN_SCOPE, "owner": STR, "error": STR,
+        "delay_s": FLOAT}, result=BOOL)
 async def retry_later(port: Port, scope: RunScope, owner: str, error: str, delay_s: float) -> bool:
     """Release the lease, record the error and make the entry due again after `delay_s`."""
+    check_scope(port, scope)
     return _changed(
         await _execute(port, _RETRY_LATER, *_key(scope), owner, error[:2000], float(delay_s))
     )
 
 
+@action("outbox.release", params={"scope": RUN_SCOPE, "owner": STR}, result=NOTHING)
 async def release(port: Port, scope: RunScope, owner: str) -> None:
     """Give the lease up so another drainer may claim the entry at once."""
+    check_scope(port, scope)
     await _execute(port, _RELEASE, *_key(scope), owner)
 
 
+@action("outbox.get", params={"scope": RUN_SCOPE}, result=optional(OUTBOX_ENTRY), writes=False)
 async def get(port: Port, scope: RunScope) -> OutboxEntry | None:
     check_scope(port, scope)
     sql = _GET.format(t=table(port, "terminal_outbox"))

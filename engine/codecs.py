@@ -1,0 +1,145 @@
+"""Wire codecs: engine values to JSON and back, directed by type, for the gateway.
+
+How it works
+- A `Codec` pairs `encode(value, path) -> JSON` with `decode(JSON, path) -> value`. Codecs are
+  built from a few primitives (`STR`, `INT`, `BOOL`, `FLOAT`, `USER_JSON`, `RAW`) and
+  combinators (`optional`, `list_of`, `dict_of`, `record`), so each action of the registry
+  (`engine.actions`) states exactly what its input and output look like on the wire.
+- Both directions check types and raise `InvalidInputError` naming the path (`run.scope.play`,
+  `outcomes[3].key`): a client refuses bad input before sending it, and a server refuses a
+  malformed body before any query. A `record` is built by calling its attrs class, so the
+  class's own validators (which raise `InvalidInputError` or `ScopeError`) still hold.
+- User data (rows, outputs) is never walked by the codec: `USER_JSON` encodes through
+  `canonical.normalize_fast` (the same refusals, with the same paths, as a direct call) and
+  decodes as given; `RAW` passes trusted JSON (what a server answered) through both ways.
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+from . import canonical
+from .errors import EngineError, InvalidInputError
+from .scopes import MapScope, PlayScope, RunRef, RunScope
+
+Encode = Callable[[Any, str], Any]
+Decode = Callable[[Any, str], Any]
+
+
+@attrs.frozen
+class Codec:
+    """How one kind of value travels: `encode(value, path)` and `decode(json, path)`."""
+
+    name: str
+    encode: Encode
+    decode: Decode
+
+
+def _typed(name: str, check: Callable[[Any], bool], convert: Callable[[Any], Any] = lambda v: v) -> Codec:
+    def code(value: Any, path: str) -> Any:
+        if not check(value):
+            raise InvalidInputError(f"{path} must be {name}, got {type(value).__name__}")
+        return convert(value)
+
+    return Codec(name, code, code)
+
+
+STR = _typed("a string", lambda v: type(v) is str)
+INT = _typed("an integer", lambda v: type(v) is int)
+BOOL = _typed("a boolean", lambda v: type(v) is bool)
+FLOAT = _typed("a number", lambda v: type(v) in (int, float), float)
+NOTHING = Codec("null", lambda _v, _path: None, lambda _v, _path: None)
+RAW = Codec("JSON", lambda v, _path: v, lambda v, _path: v)
+USER_JSON = Codec("user JSON", canonical.normalize_fast, lambda v, _path: v)
+
+
+def optional(inner: Codec) -> Codec:
+    return Codec(
+        f"{inner.name} or null",
+        lambda v, path: None if v is None else inner.encode(v, path),
+        lambda v, path: None if v is None else inner.decode(v, path),
+    )
+
+
+def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
+    def encode(value: Any, path: str) -> list:
+        if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+            raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
+        return [inner.encode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+
+    def decode(value: Any, path: str) -> Any:
+        if type(value) is not list:
+            raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
+        items = [inner.decode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return tuple(items) if as_tuple else items
+
+    return Codec(f"list of {inner.name}", encode, decode)
+
+
+def dict_of(inner: Codec) -> Codec:
+    """An object with string keys, its values coded by `inner` (order kept)."""
+
+    def encode(value: Any, path: str) -> dict:
+        if not isinstance(value, dict):
+            raise InvalidInputError(f"{path} must be a mapping, got {type(value).__name__}")
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise InvalidInputError(f"{path} keys must be strings, got {key!r}")
+            out[key] = inner.encode(item, f"{path}[{key!r}]")
+        return out
+
+    def decode(value: Any, path: str) -> dict:
+        if type(value) is not dict:
+            raise InvalidInputError(f"{path} must be an object, got {type(value).__name__}")
+        return {key: inner.decode(item, f"{path}[{key!r}]") for key, item in value.items()}
+
+    return Codec(f"object of {inner.name}", encode, decode)
+
+
+def record(cls: type, *, default: Codec | None = None, **fields: Codec) -> Codec:
+    """An attrs class as a JSON object of its fields. Every field needs a codec (given by name,
+    or `default`); decoding rebuilds the value through the class, so its validators run."""
+    names = [field.name for field in attrs.fields(cls)]
+    codecs = {}
+    for name in names:
+        codec = fields.get(name, default)
+        if codec is None:
+            raise TypeError(f"record({cls.__name__}): no codec for field {name!r}")
+        codecs[name] = codec
+    unknown = set(fields) - set(names)
+    if unknown:
+        raise TypeError(f"record({cls.__name__}): no such fields {sorted(unknown)}")
+    items = tuple(codecs.items())
+
+    def encode(value: Any, path: str) -> dict:
+        if not isinstance(value, cls):
+            raise InvalidInputError(f"{path} must be a {cls.__name__}, got {type(value).__name__}")
+        return {name: codec.encode(getattr(value, name), f"{path}.{name}") for name, codec in items}
+
+    def decode(value: Any, path: str) -> Any:
+        if type(value) is not dict:
+            raise InvalidInputError(f"{path} must be an object ({cls.__name__}), got {type(value).__name__}")
+        extra = value.keys() - codecs.keys()
+        if extra:
+            raise InvalidInputError(f"{path} has unknown fields {sorted(extra)}")
+        kwargs = {name: codec.decode(value[name], f"{path}.{name}")
+                  for name, codec in items if name in value}
+        try:
+            return cls(**kwargs)
+        except EngineError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{path}: {exc}") from exc
+
+    return Codec(cls.__name__, encode, decode)
+
+
+PLAY_SCOPE = record(PlayScope, org_id=STR, play=STR)
+RUN_SCOPE = record(RunScope, org_id=STR, play=STR, run_id=STR)
+MAP_SCOPE = record(MapScope, org_id=STR, play=STR, run_id=STR, table_namespace=STR,
+                   map_invocation_id=STR)
+RUN_REF = record(RunRef, scope=RUN_SCOPE, epoch=INT)

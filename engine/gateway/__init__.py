@@ -1,0 +1,18 @@
+"""The gateway: every runtime action over HTTP, for runners that hold a token instead of
+database credentials (SPEC §11).
+
+`open_server` serves the actions of `engine.actions` (`server`); `open_gateway` yields a
+`Gateway`, accepted by every engine operation and by the actors wherever a tenant is
+(`client`); `mint_token` makes the scoped tokens (`tokens`); `protocol` is the wire format and
+`paging` keeps admission and completion under the body limit.
+"""
+
+from .client import Gateway, GatewayStats, Health, RetryPolicy, open_gateway
+from .protocol import DEFAULT_BODY_LIMIT
+from .server import Server, open_server
+from .tokens import TokenClaims, mint_token, verify_token
+
+__all__ = [
+    "mint_token", "verify_token", "TokenClaims", "open_server", "Server", "open_gateway",
+    "Gateway", "GatewayStats", "Health", "RetryPolicy", "DEFAULT_BODY_LIMIT",
+]

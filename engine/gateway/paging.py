@@ -1,0 +1,68 @@
+"""Paging admission and completion under a gateway's body limit: pure logic, no I/O.
+
+How it works
+- A paged request is a fixed part (scope, contract, attempt, ...) and one or more arrays of
+  per-row items. `measure_fixed` encodes the fixed part once; if it alone leaves no room for a
+  row under `body_limit − PAGE_HEADROOM`, `InvalidInputError` is raised before anything is sent.
+- `pack(sizes, room)` cuts the rows, in order, into pages whose items fit `room`; a row that
+  cannot fit alone raises `InvalidInputError` naming its index in the caller's input.
+- `page_body` assembles a page's JSON from texts the caller already encoded (each row is
+  encoded once, by the validation that precedes paging), so sizes are exact and nothing is
+  encoded twice.
+- Paging never changes an outcome: the client validates, keys and deduplicates the whole call
+  first (exactly as the engine would), so every page carries unique rows with their keys and
+  their input indexes in the whole call, and every page is written at the run's write version.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import InvalidInputError
+from .protocol import PAGE_HEADROOM, dumps
+
+
+def room_for_rows(fixed: dict, arrays: Sequence[str], body_limit: int, what: str) -> int:
+    """Bytes left for row items once the fixed part and the empty arrays are counted."""
+    empty = len(dumps({**fixed, **{name: [] for name in arrays}}))
+    room = body_limit - PAGE_HEADROOM - empty
+    if room < 1:
+        raise InvalidInputError(
+            f"{what}: the request's fixed part (scope, contract, attempt) takes {empty} bytes and "
+            f"leaves no room for a row under the gateway's body limit of {body_limit} bytes"
+        )
+    return room
+
+
+def pack(sizes: Sequence[int], positions: Sequence[int], room: int, what: str) -> list[tuple[int, int]]:
+    """Consecutive `[start, end)` ranges of items whose sizes (each plus its separators) fit
+    `room`; `positions[i]` is item i's index in the caller's input, for the error message."""
+    pages: list[tuple[int, int]] = []
+    start, used = 0, 0
+    for i, size in enumerate(sizes):
+        if size > room:
+            raise InvalidInputError(
+                f"{what}[{positions[i]}] needs {size} bytes on the wire; one request to the "
+                f"gateway holds at most {room} bytes of rows"
+            )
+        if used + size > room:
+            pages.append((start, i))
+            start, used = i, 0
+        used += size
+    if start < len(sizes) or not pages:
+        pages.append((start, len(sizes)))
+    return pages
+
+
+def page_body(fixed: dict, arrays: Sequence[tuple[str, Sequence[str]]]) -> bytes:
+    """The JSON of `fixed` plus arrays given as already encoded JSON texts."""
+    head = dumps(fixed)
+    parts = [head[:-1].decode("utf-8")]
+    for name, texts in arrays:
+        parts.append(f',"{name}":[' + ",".join(texts) + "]")
+    parts.append("}")
+    return "".join(parts).encode("utf-8")
+
+
+def utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))

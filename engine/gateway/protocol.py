@@ -1,0 +1,136 @@
+"""The gateway's wire protocol: paths, headers, JSON bodies and the error table.
+
+How it works
+- `POST {url}/v1/actions/{action}` carries the action's input as one JSON object and answers
+  `{"result": ...}` (200) or an error object `{"error": message, "code": code, "action": name}`
+  (plus `retry_after_ms` when a retry should wait, `sqlstate` for a database error).
+  `GET {url}/v1/health` answers `{"ok", "version", "body_limit", "array_actions"}`.
+- `ERRORS` is the one table both sides use: the server turns an exception into a code and a
+  status (`error_status`), the client turns a code back into the same `engine.errors` class a
+  direct call would have raised (`error_from`).
+- `REQUEST_ID_HEADER` carries one id per operation (the same on every retry of it): a server
+  answers a retry of a write it already applied from its replay cache, so a reply lost after
+  the commit changes nothing, not even the answer.
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ..errors import (
+    ArrayInputUnavailableError,
+    AuthError,
+    ConflictError,
+    CorruptFactError,
+    DatabaseError,
+    EngineError,
+    InvalidInputError,
+    MissingRelationError,
+    RetiredError,
+    ScopeError,
+    StatementTimeoutError,
+    StoreUnavailableError,
+    TenantUnavailableError,
+    TransactionStateUnknownError,
+)
+
+ACTIONS_PATH = "/v1/actions/"
+HEALTH_PATH = "/v1/health"
+REQUEST_ID_HEADER = "runplane-request-id"
+DEFAULT_BODY_LIMIT = 4_450_000
+PAGE_HEADROOM = 4 * 1024  # a paged request stays this far under the body limit
+
+# code, HTTP status, class (most specific first: the server picks the first class that matches)
+ERRORS: tuple[tuple[str, int, type[EngineError]], ...] = (
+    ("invalid_input", 400, InvalidInputError),
+    ("unauthenticated", 401, AuthError),
+    ("scope_denied", 403, ScopeError),
+    ("conflict", 409, ConflictError),
+    ("retired", 410, RetiredError),
+    ("corrupt_fact", 500, CorruptFactError),
+    ("transaction_state_unknown", 500, TransactionStateUnknownError),
+    ("tenant_unavailable", 503, TenantUnavailableError),
+    ("store_unavailable", 503, StoreUnavailableError),
+    ("missing_relation", 500, MissingRelationError),
+    ("statement_timeout", 500, StatementTimeoutError),
+    ("database_error", 500, DatabaseError),
+    ("array_input_unavailable", 400, ArrayInputUnavailableError),
+    ("internal", 500, EngineError),
+)
+UNSUPPORTED_ACTION = ("unsupported_action", 400)
+BODY_TOO_LARGE = ("body_too_large", 413)
+RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
+TRANSIENT_MESSAGE = re.compile(
+    r"timed out|timeout|connection (?:was )?(?:reset|refused|closed|lost)|econnreset|econnrefused"
+    r"|temporarily unavailable|terminat", re.IGNORECASE)
+
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                            check_circular=False)
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON of a wire value."""
+    return _encoder.encode(value).encode("utf-8")
+
+
+def error_status(exc: BaseException) -> tuple[str, int]:
+    for code, status, cls in ERRORS:
+        if isinstance(exc, cls):
+            return code, status
+    return "internal", 500
+
+
+def error_body(message: str, code: str, action: str | None, **extra: Any) -> bytes:
+    body: dict[str, Any] = {"error": message, "code": code, "action": action}
+    body.update({key: value for key, value in extra.items() if value is not None})
+    return dumps(body)
+
+
+def is_retryable(status: int, payload: dict) -> bool:
+    """Whether an answered failure is worth another attempt (SPEC §11)."""
+    if status in RETRYABLE_STATUSES:
+        return True
+    return status == 500 and payload.get("code") not in ("transaction_state_unknown", "corrupt_fact") \
+        and TRANSIENT_MESSAGE.search(str(payload.get("error", ""))) is not None
+
+
+def retry_after_s(payload: dict, headers: Any) -> float:
+    """The wait a server asked for, from `retry_after_ms` or a `Retry-After` header (seconds)."""
+    value = payload.get("retry_after_ms")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value) / 1000.0
+    header = headers.get("retry-after") if headers is not None else None
+    if header:
+        try:
+            return max(0.0, float(header))
+        except ValueError:
+            return 0.0
+    return 0.0
+
+
+def error_from(status: int, payload: dict, action: str, where: str) -> EngineError:
+    """The `engine.errors` exception an error answer stands for (the server's message, plus
+    where it came from)."""
+    code = payload.get("code")
+    message = str(payload.get("error") or f"HTTP {status}")
+    if code == UNSUPPORTED_ACTION[0]:
+        if action.startswith("array_input."):
+            return ArrayInputUnavailableError(f"{message} ({where} has no array-input actions)")
+        return EngineError(f"{message} ({where})")
+    if code == BODY_TOO_LARGE[0]:
+        return InvalidInputError(f"{message} ({where})")
+    for known, _status, cls in ERRORS:
+        if code == known:
+            if cls is TransactionStateUnknownError:
+                return TransactionStateUnknownError(
+                    message, error=EngineError(message),
+                    rollback_error=EngineError("reported by the gateway"))
+            if issubclass(cls, DatabaseError):
+                return cls(message, sqlstate=payload.get("sqlstate"))
+            return cls(message)
+    if status in RETRYABLE_STATUSES:
+        return StoreUnavailableError(f"{where} answered HTTP {status}: {message}")
+    return EngineError(f"{where} answered HTTP {status}: {message}")

@@ -1,0 +1,363 @@
+"""The gateway server: every registered action over HTTP, for runners without database access.
+
+How it works
+- `open_server(secret=..., dsn=..., bind=...)` serves a Starlette application with Hypercorn's
+  trio worker inside the caller's trio run and yields a `Server` (its `url` carries the port
+  actually bound, so `bind="127.0.0.1:0"` picks a free one). Leaving the block stops accepting,
+  lets requests in flight finish (a few seconds at most) and closes the tenants.
+- A request is refused, in this order and before any query: a declared body over the limit
+  (413); a missing, invalid or expired token (401); an unknown action, or an array-input action
+  on a server started with `array_actions=False` (400 `unsupported_action`); an action the
+  token's `actions` claim does not allow (403); a body that grows past the limit while it is
+  read (413, the rest is never read); a malformed input (400); a scope whose org or play the
+  token does not allow (403). Only then does the action run, against the tenant of the token's
+  org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
+  completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
+  answered 503, so a client that gave up and retried never races a write of its earlier attempt.
+- Per-org concurrency is what the tenant's lanes and connection cap allow, exactly as for
+  in-process runners: requests wait FIFO for permits.
+- Writes are answered from a replay cache when their request id (one per client operation) was
+  already applied: a retry after a reply lost in the network returns the first answer, and a
+  retry arriving while the first attempt still runs waits for it. The cache is bounded by bytes
+  and age (`REPLAY_TTL_S`, longer than a client's unreachable budget); past it, the action's own
+  idempotence still applies nothing twice.
+- Statistics: `requests` (count by action), `errors` (count by code), `max_body_bytes` (largest
+  body accepted), and a log line every `log_interval_s` with requests by action, errors by code
+  and p50/p99 latency. Tokens never reach a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+from importlib import metadata
+from typing import Any, AsyncIterator, Mapping
+
+import attrs
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import pg
+from ..actions import Action, actions
+from ..embedded import resolve_dsn
+from ..errors import EngineError, InvalidInputError, StoreUnavailableError
+from ..scopes import MapScope, PlayScope, RunRef, RunScope
+from ..tenant import Tenant, open_tenant
+from . import protocol
+from .tokens import verify_token
+
+log = logging.getLogger("runplane.gateway")
+
+REPLAY_TTL_S = 900.0
+REPLAY_MAX_BYTES = 256 * 1024 * 1024
+DEADLINE_RETRY_AFTER_MS = 1000
+SHUTDOWN_GRACE_S = 5.0
+MAX_LATENCY_SAMPLES = 100_000
+
+
+class Refusal(Exception):
+    """A request refused before its action ran, with its wire code and status."""
+
+    def __init__(self, message: str, code: str, status: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+def runplane_version() -> str:
+    try:
+        return metadata.version("runplane")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a source tree without install
+        return "0"
+
+
+def scope_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The org and play an action's input names (None, None for org-wide actions)."""
+    for value in kwargs.values():
+        if isinstance(value, RunRef):
+            value = value.scope
+        if isinstance(value, (PlayScope, RunScope, MapScope)):
+            return value.org_id, value.play
+    return None, None
+
+
+@attrs.define(eq=False)
+class ReplayCache:
+    """Answers of applied writes by (org, request id), bounded by bytes and age."""
+
+    max_bytes: int = REPLAY_MAX_BYTES
+    ttl_s: float = REPLAY_TTL_S
+    _done: "collections.OrderedDict[tuple, tuple[float, bytes]]" = attrs.field(
+        init=False, factory=collections.OrderedDict)
+    _running: dict[tuple, trio.Event] = attrs.field(init=False, factory=dict)
+    _bytes: int = attrs.field(init=False, default=0)
+    hits: int = attrs.field(init=False, default=0)
+
+    def _lookup(self, key: tuple) -> bytes | None:
+        entry = self._done.get(key)
+        if entry is None:
+            return None
+        if entry[0] < trio.current_time():
+            return None
+        return entry[1]
+
+    def _store(self, key: tuple, body: bytes) -> None:
+        now = trio.current_time()
+        self._done[key] = (now + self.ttl_s, body)
+        self._bytes += len(body)
+        while self._done and (self._bytes > self.max_bytes or next(iter(self._done.values()))[0] < now):
+            _, (_, old) = self._done.popitem(last=False)
+            self._bytes -= len(old)
+
+    async def run(self, key: tuple, compute) -> bytes:
+        """The cached answer for `key`, or `await compute()` (stored when it returns)."""
+        while True:
+            hit = self._lookup(key)
+            if hit is not None:
+                self.hits += 1
+                return hit
+            running = self._running.get(key)
+            if running is None:
+                break
+            await running.wait()
+        done = self._running[key] = trio.Event()
+        try:
+            body = await compute()
+            self._store(key, body)
+            return body
+        finally:
+            del self._running[key]
+            done.set()
+
+
+@attrs.define(eq=False)
+class _TenantSlot:
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    tenant: Tenant | None = None
+    error: BaseException | None = None
+
+
+@attrs.define(eq=False)
+class Server:
+    """A running gateway. `requests` counts requests by action, `errors` by code;
+    `max_body_bytes` is the largest request body accepted."""
+
+    secret: str = attrs.field(repr=False)
+    dsn: str = attrs.field(repr=False)
+    schema: str = "runplane"
+    body_limit: int = protocol.DEFAULT_BODY_LIMIT
+    array_actions: bool = True
+    tenant_options: Mapping[str, Any] = attrs.field(factory=dict)
+    url: str = ""
+    requests: collections.Counter = attrs.field(init=False, factory=collections.Counter)
+    errors: collections.Counter = attrs.field(init=False, factory=collections.Counter)
+    max_body_bytes: int = attrs.field(init=False, default=0)
+    replay: ReplayCache = attrs.field(init=False, factory=ReplayCache)
+    _actions: Mapping[str, Action] = attrs.field(init=False, factory=actions, repr=False)
+    _tenants: dict[str, _TenantSlot] = attrs.field(init=False, factory=dict, repr=False)
+    _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
+    _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
+    _latencies: list[float] = attrs.field(init=False, factory=list, repr=False)
+    _period: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
+    _period_errors: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
+
+    # -- the application ---------------------------------------------------------------------
+    def app(self) -> Starlette:
+        return Starlette(routes=[
+            Route(protocol.HEALTH_PATH, self._health, methods=["GET"]),
+            Route(protocol.ACTIONS_PATH + "{action}", self._action, methods=["POST"]),
+        ])
+
+    async def _health(self, _request: Request) -> Response:
+        body = protocol.dumps({"ok": True, "version": runplane_version(),
+                               "body_limit": self.body_limit, "array_actions": self.array_actions})
+        return Response(body, media_type="application/json")
+
+    async def _action(self, request: Request) -> Response:
+        started = trio.current_time()
+        name = request.path_params["action"]
+        self.requests[name] += 1
+        self._period[name] += 1
+        try:
+            body = await self._answer(name, request)
+            return Response(body, media_type="application/json")
+        except Refusal as exc:
+            return self._error(name, str(exc), exc.code, exc.status)
+        except EngineError as exc:
+            code, status = protocol.error_status(exc)
+            extra: dict[str, Any] = {"sqlstate": getattr(exc, "sqlstate", None)}
+            if status == 503:
+                extra["retry_after_ms"] = DEADLINE_RETRY_AFTER_MS
+            return self._error(name, str(exc), code, status, **extra)
+        except Exception:
+            log.exception("gateway: action %s failed unexpectedly", name)
+            return self._error(name, "internal error in the gateway", "internal", 500)
+        finally:
+            if len(self._latencies) < MAX_LATENCY_SAMPLES:
+                self._latencies.append(trio.current_time() - started)
+
+    def _error(self, name: str, message: str, code: str, status: int, **extra: Any) -> Response:
+        self.errors[code] += 1
+        self._period_errors[code] += 1
+        return Response(protocol.error_body(message, code, name, **extra), status_code=status,
+                        media_type="application/json")
+
+    async def _answer(self, name: str, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.body_limit:
+            raise Refusal(f"the request body of {declared} bytes is over the limit of "
+                          f"{self.body_limit} bytes", *protocol.BODY_TOO_LARGE)
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else None
+        claims = verify_token(self.secret, token)
+        spec = self._actions.get(name)
+        if spec is None or (not self.array_actions and name.startswith("array_input.")):
+            raise Refusal(f"Unsupported action: {name}", *protocol.UNSUPPORTED_ACTION)
+        claims.check_action(name)
+        raw = await self._read_body(request)
+        try:
+            payload = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidInputError(f"{name}: the body is not JSON: {exc}") from None
+        kwargs = spec.decode_input(payload)
+        org, play = scope_of(kwargs)
+        claims.check_target(name, org, play)
+        tenant = await self._tenant(claims.org)
+
+        async def compute() -> bytes:
+            with trio.move_on_after(spec.deadline_s) as deadline:
+                result = await spec.function(tenant, **kwargs)
+            if deadline.cancelled_caught:
+                raise StoreUnavailableError(
+                    f"{name} ran past the gateway's {spec.deadline_s:.0f} s deadline and was "
+                    f"rolled back")
+            return protocol.dumps({"result": spec.result.encode(result, "result")})
+
+        request_id = request.headers.get(protocol.REQUEST_ID_HEADER)
+        if spec.writes and request_id:
+            return await self.replay.run((claims.org, name, request_id), compute)
+        return await compute()
+
+    async def _read_body(self, request: Request) -> bytes:
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.body_limit:
+                raise Refusal(f"the request body is over the limit of {self.body_limit} bytes",
+                              *protocol.BODY_TOO_LARGE)
+            chunks.append(chunk)
+        self.max_body_bytes = max(self.max_body_bytes, size)
+        return b"".join(chunks)
+
+    # -- tenants -----------------------------------------------------------------------------
+    async def _tenant(self, org: str) -> Tenant:
+        slot = self._tenants.get(org)
+        if slot is None:
+            if self._nursery is None:
+                raise StoreUnavailableError("the gateway is shutting down")
+            slot = self._tenants[org] = _TenantSlot()
+            self._nursery.start_soon(self._hold_tenant, org, slot)
+        await slot.ready.wait()
+        if slot.tenant is None:
+            assert slot.error is not None
+            raise slot.error
+        return slot.tenant
+
+    async def _hold_tenant(self, org: str, slot: _TenantSlot) -> None:
+        try:
+            async with open_tenant(org, self.dsn, schema=self.schema, **self.tenant_options) as tenant:
+                slot.tenant = tenant
+                slot.ready.set()
+                await self._closing.wait()
+        except EngineError as exc:
+            slot.error = exc
+            if self._tenants.get(org) is slot:
+                del self._tenants[org]  # the next request tries again
+        finally:
+            slot.ready.set()
+
+    # -- telemetry ---------------------------------------------------------------------------
+    def take_period(self) -> str | None:
+        """The periodic log line's text for the requests since the last one (None if idle)."""
+        if not self._period:
+            return None
+        samples = sorted(self._latencies)
+        p50 = samples[len(samples) // 2] * 1000 if samples else 0.0
+        p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1000 if samples else 0.0
+        by_action = ", ".join(f"{n} {c}" for n, c in self._period.most_common())
+        by_code = ", ".join(f"{n} {c}" for n, c in self._period_errors.most_common()) or "none"
+        line = (f"gateway: {sum(self._period.values())} requests ({by_action}); errors: {by_code}; "
+                f"p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+        self._period.clear()
+        self._period_errors.clear()
+        self._latencies.clear()
+        return line
+
+    async def _log_periodically(self, interval_s: float) -> None:
+        while True:
+            await trio.sleep(interval_s)
+            line = self.take_period()
+            if line is not None:
+                log.info("%s", line)
+
+
+@contextlib.asynccontextmanager
+async def open_server(
+    *,
+    secret: str,
+    dsn: str | None = None,
+    schema: str = "runplane",
+    bind: str = "127.0.0.1:0",
+    body_limit: int = protocol.DEFAULT_BODY_LIMIT,
+    array_actions: bool = True,
+    log_interval_s: float = 60.0,
+    tenant_options: Mapping[str, Any] | None = None,
+) -> AsyncIterator[Server]:
+    """Serve the gateway until the block ends (see the module docstring)."""
+    if not isinstance(secret, str) or not secret:
+        raise InvalidInputError("the gateway needs a non-empty signing secret")
+    if isinstance(body_limit, bool) or not isinstance(body_limit, int) \
+            or body_limit < protocol.PAGE_HEADROOM * 2:
+        raise InvalidInputError(f"body_limit must be an integer >= {protocol.PAGE_HEADROOM * 2}")
+    resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    server = Server(secret, resolved, schema, body_limit, array_actions, dict(tenant_options or {}))
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.loglevel = "WARNING"
+    config.graceful_timeout = SHUTDOWN_GRACE_S
+    config.keep_alive_timeout = 75.0
+    shutdown = trio.Event()
+    served = trio.Event()
+
+    async def run_serve(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await serve(server.app(), config, shutdown_trigger=shutdown.wait,
+                        task_status=task_status)
+        finally:
+            served.set()
+
+    async with pg.open_driver():  # one event loop for every tenant the gateway opens
+        async with trio.open_nursery() as nursery:
+            server._nursery = nursery
+            binds = await nursery.start(run_serve)
+            server.url = binds[0]
+            nursery.start_soon(server._log_periodically, log_interval_s)
+            try:
+                yield server
+            finally:
+                shutdown.set()
+                with trio.move_on_after(SHUTDOWN_GRACE_S + 1):
+                    await served.wait()  # requests in flight finish first
+                server._nursery = None
+                server._closing.set()
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,127 @@
+"""Gateway tokens: HS256 JWTs scoped to one org, some plays and some actions.
+
+How it works
+- `mint_token(secret, org, plays=("*",), actions=("*",), ttl_s=3600)` signs the claims `org`,
+  `plays`, `actions`, `exp`, `iat` and a random `jti` with the gateway's secret (PyJWT).
+- `verify_token(secret, token)` checks signature, expiry and the claims' shapes and returns
+  `TokenClaims`, or raises `AuthError` (HTTP 401). Messages never contain the token.
+- `TokenClaims.check_action(action)` and `check_target(action, org, play)` raise `ScopeError`
+  (HTTP 403) naming the claim that does not allow the request. `plays` and `actions` hold exact names, `"*"` (anything), or for
+  actions a family such as `"receipts.*"`. An action whose input names no play (an org-wide
+  outbox step such as `outbox.claim_due`) needs `plays` to allow every play (`"*"`).
+The server verifies and checks before it reads the request body or runs any query.
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Iterable
+
+import attrs
+import jwt
+
+from ..errors import AuthError, InvalidInputError, ScopeError
+
+ALGORITHM = "HS256"
+REQUIRED_CLAIMS = ("org", "plays", "actions", "exp", "iat", "jti")
+
+
+def _names(value: object, claim: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidInputError(f"{claim} must be a list of names")
+    names = tuple(value)
+    if not names or not all(isinstance(name, str) and name.strip() for name in names):
+        raise InvalidInputError(f"{claim} must be a non-empty list of non-empty names")
+    return names
+
+
+def mint_token(secret: str, org: str, *, plays: Iterable[str] = ("*",),
+               actions: Iterable[str] = ("*",), ttl_s: float = 3600) -> str:
+    """A token for `org`, allowing `plays` and `actions`, valid for `ttl_s` seconds."""
+    if not isinstance(secret, str) or not secret:
+        raise InvalidInputError("the gateway secret must be a non-empty string")
+    if not isinstance(org, str) or not org.strip():
+        raise InvalidInputError("org must be a non-empty string")
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not 0 < ttl_s < math.inf:
+        raise InvalidInputError(f"ttl_s must be a positive number of seconds, got {ttl_s!r}")
+    now = int(time.time())
+    claims = {
+        "org": org.strip(), "plays": list(_names(plays, "plays")),
+        "actions": list(_names(actions, "actions")), "iat": now,
+        "exp": now + max(1, int(math.ceil(ttl_s))), "jti": uuid.uuid4().hex,
+    }
+    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+def _allows(patterns: tuple[str, ...], name: str) -> bool:
+    for pattern in patterns:
+        if pattern == "*" or pattern == name:
+            return True
+        if pattern.endswith(".*") and name.startswith(pattern[:-1]):
+            return True
+    return False
+
+
+@attrs.frozen
+class TokenClaims:
+    """The verified claims of a token."""
+
+    org: str
+    plays: tuple[str, ...]
+    actions: tuple[str, ...]
+    exp: int
+    iat: int
+    jti: str
+
+    def check_action(self, action: str) -> None:
+        """Raise `ScopeError` unless the `actions` claim allows `action`."""
+        if not _allows(self.actions, action):
+            raise ScopeError(f"the token's actions claim does not allow {action}")
+
+    def check_target(self, action: str, org: str | None, play: str | None) -> None:
+        """Raise `ScopeError` naming the claim (`org` or `plays`) that does not allow the
+        org and play an action's input names (None, None: an org-wide action)."""
+        if org is not None and org != self.org:
+            raise ScopeError(f"the token's org claim does not allow org {org!r}")
+        if play is None:
+            if "*" not in self.plays:
+                raise ScopeError(f"the token's plays claim must allow every play for {action}")
+        elif "*" not in self.plays and play not in self.plays:
+            raise ScopeError(f"the token's plays claim does not allow play {play!r}")
+
+
+def verify_token(secret: str, token: str | None) -> TokenClaims:
+    """The token's claims, or `AuthError` when it is missing, invalid or expired."""
+    if not token:
+        raise AuthError("missing bearer token (Authorization: Bearer TOKEN)")
+    try:
+        claims = jwt.decode(token, secret, algorithms=[ALGORITHM],
+                            options={"require": list(REQUIRED_CLAIMS)})
+    except jwt.ExpiredSignatureError:
+        raise AuthError("the token has expired") from None
+    except jwt.InvalidTokenError as exc:
+        raise AuthError(f"invalid token: {type(exc).__name__}") from None
+    try:
+        if not isinstance(claims["org"], str) or not claims["org"]:
+            raise InvalidInputError("org")
+        return TokenClaims(claims["org"], _names(claims["plays"], "plays"),
+                           _names(claims["actions"], "actions"), int(claims["exp"]),
+                           int(claims["iat"]), str(claims["jti"]))
+    except (InvalidInputError, TypeError, ValueError):
+        raise AuthError("invalid token: malformed claims") from None
+
+
+def unverified_org(token: str) -> str:
+    """The org a token names, read without checking its signature (a client learns its org this
+    way; the gateway verifies every request)."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError:
+        raise AuthError("the token is not a JWT") from None
+    org = claims.get("org")
+    if not isinstance(org, str) or not org.strip():
+        raise AuthError("the token names no org")
+    return org
