@@ -37,7 +37,7 @@ from runplane.engine import receipts, runs
 from runplane.engine.errors import EngineError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
-from runplane.engine.scopes import RunRef, RunScope
+from runplane.engine.scopes import RunRef, RunScope, normalize_namespace
 from runplane.engine.sheets import Attempt, CellPolicy, SheetContract
 
 from runplane.engine import outbox
@@ -114,11 +114,13 @@ class Run:
     def next_map_invocation_id(self, table_namespace: str) -> str:
         """A deterministic id for the next list-source map of a namespace in this run.
 
-        A wake that repeats the body's maps in the same order gets the same ids, so it finds the
-        array inputs the crashed incarnation staged.
+        Counted per normalized namespace: two spellings that normalize alike are one sheet, so
+        their maps must get distinct ids. A wake that repeats the body's maps in the same order
+        gets the same ids, so it finds the array inputs the crashed incarnation staged.
         """
-        ordinal = self._map_ordinals.get(table_namespace, 0)
-        self._map_ordinals[table_namespace] = ordinal + 1
+        namespace = normalize_namespace(table_namespace)
+        ordinal = self._map_ordinals.get(namespace, 0)
+        self._map_ordinals[namespace] = ordinal + 1
         return f"map-{ordinal}"
 
     async def map(self, table_namespace: str, source: Any, fn: Callable[[dict], Awaitable[Any]],

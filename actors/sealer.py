@@ -2,8 +2,9 @@
 
 How it works
 - `stage_array(port, MapScope, occurrences)` first reads the manifest:
-  * `sealed`  → nothing to write: the staged input is authoritative and is replayed as stored
-    (a wake replays byte-identical input even if the caller's list is now different);
+  * `sealed`  → nothing to write: the staged input is replayed as stored, once the caller's list
+    is proven to be the one staged (same fingerprint, row count and identities flag); a
+    different list raises `ConflictError` (a wake never replays other input);
   * `absent` or `staging` → `begin` (idempotent; a different source raises `ConflictError`), then
     the pages are put by `PUT_TASKS` putter actors that share one bounded channel of page drafts
     (each `put_page` is its own transaction, so a putter holds a permit only for its page; a
@@ -28,7 +29,7 @@ import trio
 
 from runplane.engine import array_input
 from runplane.engine.array_input import Occurrence
-from runplane.engine.errors import InvalidInputError
+from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import MapScope
 
@@ -71,12 +72,30 @@ def as_occurrences(items: Sequence[Any]) -> list[Occurrence]:
     return occurrences
 
 
+def _describe(items: Sequence[Any]) -> tuple[str, bool, int]:
+    """What the begin fact records of a source: fingerprint, identities flag, row count."""
+    occurrences = as_occurrences(items)
+    identities = any(occ.source_identity is not None for occ in occurrences)
+    return array_input.source_fingerprint(occurrences), identities, len(occurrences)
+
+
 def _prepare(items: Sequence[Any]) -> tuple[str, list[Any], bool, int]:
     occurrences = as_occurrences(items)
-    fingerprint = array_input.source_fingerprint(occurrences)
-    drafts = list(array_input.paginate(occurrences))
-    identities = any(occ.source_identity is not None for occ in occurrences)
-    return fingerprint, drafts, identities, len(occurrences)
+    fingerprint, identities, source_rows = _describe(occurrences)
+    return fingerprint, list(array_input.paginate(occurrences)), identities, source_rows
+
+
+def check_same_source(scope: MapScope, manifest: Any, described: tuple[str, bool, int]) -> None:
+    """`ConflictError` unless the caller's source is the one sealed for `scope`."""
+    fingerprint, identities, source_rows = described
+    if (manifest.source_fingerprint, manifest.has_source_identities, manifest.source_rows) != (
+        fingerprint, identities, source_rows
+    ):
+        raise ConflictError(
+            f"the list given to map invocation {scope.map_invocation_id!r} of "
+            f"{scope.table_namespace!r} differs from the input staged for it ({source_rows} rows "
+            f"given, {manifest.source_rows} staged): a wake must pass the same list"
+        )
 
 
 async def put_pages(port: Port, scope: MapScope, fingerprint: str, drafts_recv,
@@ -100,6 +119,7 @@ async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
         )
     manifest = await retry_transient(lambda: array_input.get_manifest(port, scope))
     if manifest.state == "sealed":
+        check_same_source(scope, manifest, await trio.to_thread.run_sync(_describe, occurrences))
         return StagedArray(port, scope, manifest)
     fingerprint, drafts, identities, source_rows = await trio.to_thread.run_sync(
         _prepare, occurrences

@@ -18,8 +18,7 @@ How it works
   once) while the wake runs under attempt `a2`, and its late writes must be fenced.
 - Just before the wake starts, the sheet is read: the rows enriched then are *finished before
   the crash*. The wake maps the same source again (a list source is replayed from the sealed
-  array, so the wake's own list is deliberately different) and ends terminally, which retires
-  the run.
+  array once the list is proven the one staged) and ends terminally, which retires the run.
 - Invariants, judged against a pure model (the user function is deterministic per row):
   1. every row is terminal with exactly the model's status, output and error;
   2. no row finished before the crash was executed by the wake (fn calls counted per row);
@@ -42,7 +41,7 @@ import trio
 from hypothesis import strategies as st
 
 from runplane.actors import open_run
-from runplane.engine import PlayScope, RunScope, array_input, sheets
+from runplane.engine import PlayScope, sheets
 from runplane.engine.errors import EngineError, RetiredError, StoreUnavailableError
 from runplane.engine.sheets.layout import column, layout_for
 
@@ -74,8 +73,8 @@ class Plan:
     first_faults: FaultPlan
     wake_faults: FaultPlan
 
-    def source_rows(self, tag: str = "") -> list[dict]:
-        return [{"name": f"c{i}{tag}", "i": i} for i in range(self.rows)]
+    def source_rows(self) -> list[dict]:
+        return [{"name": f"c{i}", "i": i} for i in range(self.rows)]
 
     def describe(self) -> str:
         def kinds(plan):
@@ -199,9 +198,9 @@ class Example:
 
         return enrich
 
-    def source(self, tag: str = ""):
+    def source(self):
         if self.plan.source == "list":
-            return self.plan.source_rows(tag)
+            return self.plan.source_rows()
         rows = self.plan.source_rows()  # a stream is not staged: a wake must stream it again
 
         async def stream():
@@ -231,20 +230,12 @@ class Example:
         finally:
             handed_over.set()
 
-    async def sealed(self) -> bool:
-        scope = RunScope(ORG, PLAY, self.run_id).map(TABLE, "map-0")
-        try:
-            return (await array_input.get_manifest(self.tenant, scope)).state == "sealed"
-        except RetiredError:
-            return False
-
     async def wake(self, port, finished_before: set[int]) -> None:
         attempt = sheets.Attempt("a2", 2) if self.plan.zombie else None
-        # A sealed list source is replayed from the array: a different list passed to the wake
-        # must not be what runs. (Before the seal a different list is a ConflictError.)
-        tag = "-changed" if await self.sealed() else ""
+        # The wake passes the same list: a sealed list source is replayed from the array (a
+        # different list, sealed or still staging, is a ConflictError: tests/test_map_invocations).
         async with open_run(port, PLAY, self.run_id, attempt=attempt) as run:
-            result = await run.map(TABLE, self.source(tag=tag), self.fn("wake", None),
+            result = await run.map(TABLE, self.source(), self.fn("wake", None),
                                    contract=CONTRACT, concurrency=self.plan.concurrency)
         if not self.plan.zombie and result.cached < len(finished_before):
             self.violations.append(
