@@ -395,7 +395,9 @@ async def test_a_zombie_attempt_of_the_same_run_is_fenced_by_the_new_attempt(ten
     assert {row["upper"] for row in stored.values()} == {f"R{i}" for i in range(20)}
 
 
-async def test_a_wake_replays_the_staged_list_not_the_new_one(tenant):
+async def test_a_wake_replays_the_staged_list(tenant):
+    """The wake passes the same list (a different one is a ConflictError: see
+    test_map_invocations); the staged pages are what runs."""
     run_id = new_run_id()
 
     async def hang(row):
@@ -412,7 +414,7 @@ async def test_a_wake_replays_the_staged_list_not_the_new_one(tenant):
     assert crash.cancelled_caught
     wrapped, calls = counting()
     async with open_run(tenant, "play", run_id) as woken:
-        result = await woken.map("t", rows(5, tag="other"), wrapped, contract=CONTRACT)
+        result = await woken.map("t", rows(1200), wrapped, contract=CONTRACT)
     assert result.completed == 1200 and len(calls) == 1200
     assert set(await sheet(tenant)) == {f"r{i}" for i in range(1200)}
     assert await fact_kinds(tenant, run_id) == ["array_input_guard"]
