@@ -7,7 +7,8 @@ How it works
 
 - The **source actor** turns the input into pages `(offset, rows)`: a list source is first
   staged as an array input by the sealer (so a wake replays byte-identical input) and read back
-  one sealed page at a time; an async iterable is cut into pages as it arrives, the first of
+  one sealed page at a time (through a gateway without array actions, the list is admitted
+  directly instead, with one warning); an async iterable is cut into pages as it arrives, the first of
   `FIRST_PAGE_ROWS` rows (so work starts soon even on a slow source), each next one twice as
   large up to `page_rows` (large pages admit faster).
 - The **admission actor** admits one page per transaction (`engine.sheets.admit` with the page's
@@ -49,7 +50,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Seque
 import trio
 
 from runplane.engine import canonical, sheets
-from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
+from runplane.engine.array_input import Occurrence
+from runplane.engine.errors import (
+    ArrayInputUnavailableError, EngineError, InvalidInputError, leaf_errors,
+)
 from runplane.engine.sheets import AdmittedRow, RowOutcome
 
 from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
@@ -86,6 +90,12 @@ async def replay_pages(staged: Any, pages_send, *, task_status=trio.TASK_STATUS_
     async with pages_send:
         async for page in staged.pages():
             await pages_send.send((page.offset, [occurrence_data(row) for row in page.rows]))
+
+
+async def iterate_rows(items: Sequence[Any]) -> AsyncIterable[dict]:
+    """A list source as an async iterable of user rows (the fallback without array actions)."""
+    for item in items:
+        yield item.data if isinstance(item, Occurrence) else item
 
 
 def occurrence_data(occurrence: Any) -> dict:
@@ -264,7 +274,13 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
     await retry_transient(lambda: sheets.ensure_sheet(
         plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
     if listed:
-        staged = await run.stage_array(plan.table_namespace, map_invocation_id, list(source))
+        try:
+            staged = await run.stage_array(plan.table_namespace, map_invocation_id, list(source))
+        except ArrayInputUnavailableError:
+            log.warning("map %s: the gateway has no array-input actions; the list is admitted "
+                        "directly, and a wake will re-read the caller's list instead of staged "
+                        "pages", plan.table_namespace)
+            source = iterate_rows(source)
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:

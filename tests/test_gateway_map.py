@@ -1,0 +1,177 @@
+"""Maps, sheets and array inputs through a gateway: the same rows, counters, cache and
+retirement as direct; paging under a small body limit; the array fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from runplane.actors import open_run, open_supervisor
+from runplane.engine import PlayScope, RunScope, array_input, runs, sheets
+from runplane.engine.errors import ArrayInputUnavailableError, InvalidInputError
+from runplane.engine.gateway import open_gateway
+
+from .gateway_support import FAST_RETRY, count_rows, gateway, server, serving, token_for  # noqa: F401
+from .run_helpers import fact_kinds, outbox_state
+from .sheet_helpers import counters_match
+
+CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper", "half"))
+
+
+def rows(n: int) -> list[dict]:
+    return [{"name": f"row-{i}", "n": i} for i in range(n)]
+
+
+async def enrich(row: dict) -> dict:
+    if row["n"] % 7 == 3:
+        raise ValueError(f"no luck for {row['name']}")
+    return {"upper": row["name"].upper(), "half": row["n"] / 2}
+
+
+def comparable(stored: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "_key"} for row in stored]
+
+
+async def run_map(port, play: str, source, **options):
+    async with open_run(port, play) as run:
+        result = await run.map("things", source, enrich, contract=CONTRACT, concurrency=8, **options)
+    return run, result
+
+
+async def test_a_map_through_the_gateway_equals_the_same_map_direct(tenant, gateway):
+    source = rows(300)
+    direct_run, direct = await run_map(tenant, "direct", source)
+    remote_run, remote = await run_map(gateway, "remote", source)
+    for result in (direct, remote):
+        assert (result.admitted, result.cached, result.completed, result.failed) == (300, 0, 257, 43)
+    stored = {}
+    for play, run in (("direct", direct_run), ("remote", remote_run)):
+        scope = PlayScope(tenant.org_id, play)
+        stored[play] = await sheets.read_rows(tenant, scope, "things")
+        assert await sheets.summary(gateway, scope, "things") == await sheets.summary(tenant, scope, "things")
+        assert (await counters_match(tenant, scope, "things"))[0]
+        # retirement: the run's staged input is gone and its outbox entry is done
+        assert await fact_kinds(tenant, run.run_id) == ["array_input_guard"]
+        assert await outbox_state(tenant, run.run_id) == "done"
+    assert comparable(stored["remote"]) == comparable(stored["direct"])
+    assert [row["_key"] for row in stored["remote"]] == [row["_key"] for row in stored["direct"]]
+    # A rerun through the gateway finds the cache: only the failed rows run again.
+    _, again = await run_map(gateway, "remote", source)
+    assert (again.cached, again.completed + again.failed) == (257, 43)
+    # An async-iterable source is admitted page by page, through the gateway too.
+
+    async def stream():
+        for row in rows(120):
+            yield row
+
+    _, streamed = await run_map(gateway, "streamed", stream())
+    assert (streamed.admitted, streamed.completed, streamed.failed) == (120, 103, 17)
+
+
+async def test_a_supervisor_hosts_runs_through_the_gateway(tenant, gateway):
+    async with open_supervisor(gateway) as sup:
+        async def body(run):
+            return await run.map("things", rows(20), enrich, contract=CONTRACT)
+
+        result = await sup.run("supervised", body)
+    assert result.completed + result.failed == 20
+    assert await count_rows(tenant, "terminal_outbox") == 1
+
+
+async def test_sheets_and_array_inputs_answer_as_direct(tenant, gateway):
+    scope = PlayScope(tenant.org_id, "sheets")
+    await sheets.ensure_sheet(gateway, scope, "t", CONTRACT)
+    run = await runs.register(gateway, RunScope(tenant.org_id, "sheets", "r"))
+    admitted = await sheets.admit(gateway, run, "t", CONTRACT, rows(5) + rows(2), input_offset=10)
+    assert (admitted.inserted, admitted.skipped, admitted.write_version) == (5, 2, run.epoch)
+    assert [row.input_index for row in admitted.pending] == [10, 11, 12, 13, 14]
+    outcomes = [sheets.RowOutcome(row.key, "completed", {"upper": "X", "half": 0},
+                                 input_index=row.input_index)
+                for row in admitted.pending[:3]]
+    outcomes.append(sheets.RowOutcome(admitted.pending[4].key, "failed", error="boom"))
+    seen = []
+    done = await sheets.complete(gateway, run, "t", CONTRACT, outcomes, on_diagnostics=seen.append)
+    assert done.committed_keys == tuple(o.key for o in outcomes) and done.updated == 4
+    assert len(seen) == 1 and seen[0].input_rows == 4
+    again = await sheets.admit(gateway, run, "t", CONTRACT, rows(5))
+    assert len(again.completed) == 3 and again.completed[0].row["upper"] == "X"
+    read = await sheets.read_rows(gateway, scope, "t", run_id="r")
+    assert read == await sheets.read_rows(tenant, scope, "t", run_id="r")
+
+    occurrences = [array_input.Occurrence({"i": i}, {"dataset_id": "d", "row_index": i})
+                   for i in range(2500)]
+    map_scope = run.scope.map("t", "m")
+    fingerprint = array_input.source_fingerprint(occurrences)
+    drafts = array_input.paginate(occurrences)
+    await array_input.begin(gateway, map_scope, source_fingerprint=fingerprint, source_rows=2500,
+                            has_source_identities=True)
+    for draft in drafts:
+        await array_input.put_page(gateway, map_scope, source_fingerprint=fingerprint,
+                                   ordinal=draft.ordinal, offset=draft.offset, rows=draft.rows)
+    await array_input.seal(gateway, map_scope, source_fingerprint=fingerprint, source_rows=2500,
+                           page_count=len(drafts))
+    manifest = await array_input.get_manifest(gateway, map_scope)
+    assert manifest == await array_input.get_manifest(tenant, map_scope)
+    assert manifest.state == "sealed" and manifest.page_count == len(drafts)
+    page = await array_input.read_page(gateway, map_scope, 1)
+    assert page == await array_input.read_page(tenant, map_scope, 1)
+    assert page.rows[0].source_identity.row_index == 1000
+    retired = await array_input.retire(gateway, run.scope)
+    assert retired.done and retired.deleted == 2 + len(drafts)
+
+
+async def test_paging_under_a_small_body_limit_changes_no_outcome(tenant):
+    limit = 12_000
+    source = [{"name": f"row-{i % 150}", "n": i % 150, "pad": "p" * (i % 150 % 40)}
+              for i in range(400)]
+    keys_play = PlayScope(tenant.org_id, "paged")
+    async with serving(tenant, body_limit=limit) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            await sheets.ensure_sheet(gw, keys_play, "t", CONTRACT)
+            run = await runs.register(gw, RunScope(tenant.org_id, "paged", "r"))
+            paged = await sheets.admit(gw, run, "t", CONTRACT, source, input_offset=5)
+            assert server.requests["sheets.admit"] > 1  # it really was paged
+            direct_run = await runs.register(tenant, RunScope(tenant.org_id, "paged-direct", "r"))
+            direct = await sheets.admit(tenant, direct_run, "t", CONTRACT, source, input_offset=5)
+            assert (paged.inserted, paged.skipped) == (direct.inserted, direct.skipped)
+            assert [(r.key, r.input_index, r.row) for r in paged.pending] == \
+                [(r.key, r.input_index, r.row) for r in direct.pending]
+            outcomes = [sheets.RowOutcome(r.key, "completed", {"upper": "u" * 50, "half": i})
+                        for i, r in enumerate(paged.pending)]
+            before = server.requests["sheets.complete"]
+            completion = await sheets.complete(gw, run, "t", CONTRACT, outcomes)
+            assert server.requests["sheets.complete"] - before > 1
+            assert completion.committed_keys == tuple(o.key for o in outcomes)
+            assert completion.diagnostics.input_rows == len(outcomes)
+            summary = await sheets.summary(tenant, keys_play, "t")
+            assert (summary.total, summary.completed) == (150, 150)
+            assert (await counters_match(tenant, keys_play, "t"))[0]
+            assert server.max_body_bytes <= limit
+            # One row that cannot fit alone: refused naming its index, nothing sent.
+            sent = sum(server.requests.values())
+            huge = source[:3] + [{"name": "big", "n": 1, "pad": "x" * limit}]
+            with pytest.raises(InvalidInputError, match=r"rows\[3\]"):
+                await sheets.admit(gw, run, "t", CONTRACT, huge)
+            wide = sheets.SheetContract(inputs=("name",), outputs=tuple(f"o{i:05d}" for i in range(2000)))
+            with pytest.raises(InvalidInputError, match="fixed part"):
+                await sheets.admit(gw, run, "t", wide, source[:1])
+            assert sum(server.requests.values()) == sent
+    assert await count_rows(tenant, "runs") == 2
+
+
+async def test_an_old_gateway_without_array_actions_falls_back_to_direct_admission(tenant, caplog):
+    caplog.set_level(logging.WARNING, logger="runplane.actors")
+    async with serving(tenant, array_actions=False) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            async with open_run(gw, "old", retire_on_exit=False) as run:
+                with pytest.raises(ArrayInputUnavailableError):
+                    await run.stage_array("things", "m", [{"a": 1}])
+                result = await run.map("things", rows(50), enrich, contract=CONTRACT)
+                again = await run.map("things", rows(50), enrich, contract=CONTRACT)
+    assert (result.admitted, result.completed, result.failed) == (50, 43, 7)
+    assert again.cached == 43
+    assert await fact_kinds(tenant, run.run_id) == []
+    warnings = [r for r in caplog.records if "re-read" in r.getMessage()]
+    assert len(warnings) == 2  # one per map
+    assert server.errors["unsupported_action"] >= 2
