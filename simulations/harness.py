@@ -8,7 +8,8 @@ How it works
   `examples` plans from the `plans` strategy (no example database, no deadline, every health
   check suppressed: an example is a whole concurrent run against a real server) and runs each
   in its own `trio.run(run_example, dsn, plan)`, so trio's scheduler is seeded by hypothesis.
-  `run_example` returns `(violations, faults injected)`; they are tallied into the scenario's
+  `run_example` returns `(violations, faults injected)` — a count, or a mapping of counts by
+  kind of fault, which the report also keeps by kind; they are tallied into the scenario's
   `SimulationReport`, each violation as `example {n}: {violation} [{plan.describe()}]`, rather
   than raised, so one run reports every broken example. A `seed` makes the draws reproducible.
 - Scenarios call both from their own `run_example` and `run(examples, seed, dsn=None)`; the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 import trio
 from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
@@ -38,7 +39,7 @@ class DescribedPlan(Protocol):
 
 
 P = TypeVar("P", bound=DescribedPlan)
-RunExample = Callable[[str, P], Awaitable[tuple[list[str], int]]]
+RunExample = Callable[[str, P], Awaitable[tuple[list[str], "int | Mapping[str, int]"]]]
 
 
 @contextlib.asynccontextmanager
@@ -73,6 +74,9 @@ def run_examples(
     def example(plan: P) -> None:
         violations, faults = trio.run(run_example, dsn, plan)
         report.examples += 1
+        if isinstance(faults, Mapping):
+            report.fault_counts.update(faults)
+            faults = sum(faults.values())
         report.faults += faults
         report.violations.extend(
             f"example {report.examples}: {violation} [{plan.describe()}]" for violation in violations

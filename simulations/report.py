@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import attrs
 
 
@@ -13,6 +15,7 @@ class SimulationReport:
     examples: int = 0
     faults: int = 0
     violations: list[str] = attrs.field(factory=list)
+    fault_counts: collections.Counter = attrs.field(factory=collections.Counter)
 
     @property
     def ok(self) -> bool:
@@ -20,6 +23,10 @@ class SimulationReport:
 
     def summary(self) -> str:
         verdict = "clean" if self.ok else f"{len(self.violations)} violation(s)"
+        kinds = ""
+        if self.fault_counts:
+            kinds = " (" + ", ".join(f"{kind} {n}" for kind, n in sorted(self.fault_counts.items())) + ")"
         return (
-            f"{self.scenario}: {self.examples} examples, {self.faults} faults injected, {verdict}"
+            f"{self.scenario}: {self.examples} examples, {self.faults} faults injected{kinds}, "
+            f"{verdict}"
         )

@@ -180,7 +180,7 @@ class Gateway(RemotePort):
         self.stats.operations += 1
         if budget is None:
             budget = self._budget(action.name)
-        health = await self._read_health(budget)
+        health = await self.health()
         if len(body) > health.body_limit:
             raise InvalidInputError(
                 f"{action.name}: the input takes {len(body)} bytes; the gateway accepts at most "
@@ -200,16 +200,13 @@ class Gateway(RemotePort):
         return self.url + protocol.ACTIONS_PATH + name
 
     async def health(self) -> Health:
-        """The gateway's health answer (read once, then kept)."""
-        return await self._read_health(self._budget("health"))
-
-    async def _read_health(self, budget: _Budget) -> Health:
+        """The gateway's health answer: read once (with retries of its own), then kept."""
         if self._health is not None:
             return self._health
         async with self._health_lock:
             if self._health is None:
                 answer = await self._with_retries(
-                    "health", budget, self.retry.request_timeout_s,
+                    "health", self._budget("health"), self.retry.request_timeout_s,
                     lambda t: self._attempt("GET", self.url + protocol.HEALTH_PATH, t, None, {}))
                 try:
                     self._health = Health(str(answer.get("version")), int(answer["body_limit"]),
@@ -348,7 +345,7 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
     fixed = action.encode_input({
         name: value for name, value in arguments.items()
         if name in ("run", "table_namespace", "contract", "attempt", "cell_policies")})
-    health = await gateway._read_health(gateway._budget(action.name))
+    health = await gateway.health()
     arrays = ("rows", "keys", "input_indexes")
     room = paging.room_for_rows(fixed, arrays, health.body_limit, "rows")
     key_texts = [json.dumps(key, ensure_ascii=False) for key in prepared.keys]
@@ -404,7 +401,7 @@ async def _send_complete(gateway: Gateway, action: Action, arguments: dict) -> C
     fixed = action.encode_input({
         name: value for name, value in arguments.items()
         if name in ("run", "table_namespace", "contract", "attempt")})
-    health = await gateway._read_health(budget)
+    health = await gateway.health()
     room = paging.room_for_rows(fixed, ("outcomes",), health.body_limit, "outcomes")
     texts = [_outcome_text(outcome) for outcome in prepared]
     sizes = [paging.utf8_size(text) + 1 for text in texts]

@@ -27,6 +27,7 @@ from ..errors import (
     CorruptFactError,
     DatabaseError,
     EngineError,
+    GatewayUnavailableError,
     InvalidInputError,
     MissingRelationError,
     RetiredError,
@@ -132,5 +133,5 @@ def error_from(status: int, payload: dict, action: str, where: str) -> EngineErr
                 return cls(message, sqlstate=payload.get("sqlstate"))
             return cls(message)
     if status in RETRYABLE_STATUSES:
-        return StoreUnavailableError(f"{where} answered HTTP {status}: {message}")
+        return GatewayUnavailableError(f"{where} answered HTTP {status}: {message}")
     return EngineError(f"{where} answered HTTP {status}: {message}")
