@@ -28,9 +28,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from runplane.engine import open_tenant, sheets
+from runplane.engine import RunScope, open_tenant, runs, sheets
 from runplane.engine.errors import EngineError
-from runplane.engine.ports import table
 
 from runplane.actors import MapProgress, MapResult, open_supervisor
 
@@ -184,11 +183,9 @@ class UnknownRun(EngineError):
     """`--resume` named a run that was never started."""
 
 
-_RUN_EXISTS = "SELECT EXISTS (SELECT 1 FROM {runs} WHERE org_id = $1 AND play = $2 AND run_id = $3)"
-
 
 async def run_exists(tenant, run_id: str) -> bool:
-    sql = _RUN_EXISTS.format(runs=table(tenant, "runs"))
-    async with tenant.connection("receipts") as conn:
-        return await conn.fetchval(sql, tenant.org_id, PLAY, run_id)
-
+    """Whether the demo play has a registered run `run_id` (a blank id names none)."""
+    if not run_id.strip():
+        return False
+    return await runs.get(tenant, RunScope(tenant.org_id, PLAY, run_id)) is not None

@@ -27,7 +27,6 @@ import trio
 from runplane.engine import PlayScope, open_tenant
 from runplane.engine.errors import EngineError, leaf_errors
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
-from runplane.engine.sql import quote_ident
 
 DEFAULT_ORG = "local"
 
@@ -229,47 +228,35 @@ def _status_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("table", nargs="?", default=None, help="table namespace (default: all)")
 
 
-_PLAY_TABLES = "SELECT table_namespace FROM {t} WHERE org_id = $1 AND play = $2 ORDER BY table_namespace"
-_PLAY_RUNS = """
-SELECT r.run_id, r.epoch, coalesce(o.state, '-') AS state
-  FROM {runs} r LEFT JOIN {outbox} o USING (org_id, play, run_id)
- WHERE r.org_id = $1 AND r.play = $2 ORDER BY r.epoch DESC LIMIT 10
-"""
-
-
 @command("status", "show a play's sheets (counters per table and column) and recent runs")(_status_options)
 def status(args: argparse.Namespace) -> int:
-    from runplane.engine import sheets
+    from runplane.engine import outbox, runs as engine_runs, sheets
     from runplane.engine.scopes import normalize_namespace
 
     async def main() -> int:
         async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
             scope = PlayScope(tenant.org_id, args.play)
-            s = quote_ident(tenant.schema)
-            async with tenant.connection("sheet") as conn:
-                tables = [row[0] for row in await conn.fetch(
-                    _PLAY_TABLES.format(t=f"{s}.sheet_summary"), scope.org_id, scope.play)]
-                runs = await conn.fetch(
-                    _PLAY_RUNS.format(runs=f"{s}.runs", outbox=f"{s}.terminal_outbox"),
-                    scope.org_id, scope.play)
-            if not tables and not runs:
+            summaries = await sheets.summaries(tenant, scope)
+            runs = await engine_runs.list_runs(tenant, scope, limit=10)
+            entries = await outbox.get_many(tenant, scope, [run.run_id for run in runs])
+            if not summaries and not runs:
                 print(f"play {scope.play!r} has no sheets and no runs", file=sys.stderr)
                 return 1
             if args.table is not None:
                 wanted = normalize_namespace(args.table)
-                if wanted not in tables:
+                if wanted not in summaries:
                     print(f"play {scope.play!r} has no table {wanted!r}", file=sys.stderr)
                     return 1
-                tables = [wanted]
-            for table in tables:
-                summary = await sheets.summary(tenant, scope, table)
+                summaries = {wanted: summaries[wanted]}
+            for table, summary in summaries.items():
                 print(f"table {table}: total {summary.total}, queued {summary.queued}, "
                       f"running {summary.running}, completed {summary.completed}, "
                       f"failed {summary.failed}")
                 for field, column in sorted(summary.columns.items()):
                     print(f"  column {field}: completed {column.completed}, failed {column.failed}")
-            for row in runs:
-                print(f"run {row['run_id']} epoch {row['epoch']} outbox {row['state']}")
+            for run in runs:
+                entry = entries.get(run.run_id)
+                print(f"run {run.run_id} epoch {run.epoch} outbox {entry.state if entry else '-'}")
         return 0
 
     return run_trio(main)

@@ -17,6 +17,7 @@ This module does no I/O.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Callable
 
 import attrs
@@ -54,6 +55,26 @@ FLOAT = _typed("a number", lambda v: type(v) in (int, float), float)
 NOTHING = Codec("null", lambda _v, _path: None, lambda _v, _path: None)
 RAW = Codec("JSON", lambda v, _path: v, lambda v, _path: v)
 USER_JSON = Codec("user JSON", canonical.normalize_fast, lambda v, _path: v)
+
+
+def _encode_timestamp(value: Any, path: str) -> str:
+    if not isinstance(value, datetime.datetime) or value.tzinfo is None:
+        raise InvalidInputError(f"{path} must be an aware datetime, got {value!r}")
+    return value.isoformat()
+
+
+def _decode_timestamp(value: Any, path: str) -> datetime.datetime:
+    if type(value) is str:
+        try:
+            parsed = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            return parsed
+    raise InvalidInputError(f"{path} must be an ISO 8601 timestamp with an offset, got {value!r}")
+
+
+TIMESTAMP = Codec("an ISO 8601 timestamp", _encode_timestamp, _decode_timestamp)
 
 
 def optional(inner: Codec) -> Codec:

@@ -28,14 +28,15 @@ How it works
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Iterable, Literal
 
 import attrs
 
 from .actions import action
-from .codecs import BOOL, FLOAT, INT, RUN_SCOPE, STR, NOTHING, list_of, optional, record
+from .codecs import (BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, NOTHING, dict_of, list_of,
+                     optional, record)
 from .ports import Port, table, with_connection
-from .scopes import RunScope, check_scope
+from .scopes import PlayScope, RunScope, check_scope
 
 OPEN, PENDING, DONE = "open", "pending", "done"
 State = Literal["open", "pending", "done"]
@@ -128,6 +129,11 @@ SELECT org_id, play, run_id, state, attempts, last_error FROM {t}
  WHERE org_id = $1 AND play = $2 AND run_id = $3
 """
 
+_GET_MANY = """
+SELECT org_id, play, run_id, state, attempts, last_error FROM {t}
+ WHERE org_id = $1 AND play = $2 AND run_id = ANY($3::text[])
+"""
+
 
 def _key(scope: RunScope) -> tuple[str, str, str]:
     return scope.org_id, scope.play, scope.run_id
@@ -218,7 +224,28 @@ async def release(port: Port, scope: RunScope, owner: str) -> None:
 
 @action("outbox.get", params={"scope": RUN_SCOPE}, result=optional(OUTBOX_ENTRY), writes=False)
 async def get(port: Port, scope: RunScope) -> OutboxEntry | None:
+    """The run's outbox entry, or None when it has none."""
     check_scope(port, scope)
     sql = _GET.format(t=table(port, "terminal_outbox"))
     row = await with_connection(port, LANE, lambda conn: conn.fetchrow(sql, *_key(scope)))
     return None if row is None else _entry(row)
+
+
+@action("outbox.get_many", params={"scope": PLAY_SCOPE, "run_ids": list_of(STR)},
+        result=dict_of(OUTBOX_ENTRY), writes=False)
+async def get_many(port: Port, scope: PlayScope, run_ids: Iterable[str]) -> dict[str, OutboxEntry]:
+    """The outbox entries of the play's runs `run_ids`, by run id, in one query.
+
+    A run with no entry (registered, but never opened through `open_run`) is absent from the
+    result.
+    """
+    check_scope(port, scope)
+    ids = list(dict.fromkeys(run_ids))
+    if not ids:
+        return {}
+    sql = _GET_MANY.format(t=table(port, "terminal_outbox"))
+    rows = await with_connection(
+        port, LANE, lambda conn: conn.fetch(sql, scope.org_id, scope.play, ids)
+    )
+    entries = {row["run_id"]: _entry(row) for row in rows}
+    return {run_id: entries[run_id] for run_id in ids if run_id in entries}

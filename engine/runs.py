@@ -4,17 +4,43 @@
 the run is seen and returns the same epoch on every later call (a wake). Sequences only grow, so
 a later run always gets a larger epoch; every fenced write compares epochs, never run ids.
 One statement: insert-if-absent, else read the stored row.
+
+`get(port, RunScope)` and `list_runs(port, PlayScope)` read the registry back (the command
+line's run existence check and its recent-runs listing); they are plain reads.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 
+import attrs
+
 from .actions import action
-from .codecs import RUN_REF, RUN_SCOPE
+from .codecs import INT, PLAY_SCOPE, RUN_REF, RUN_SCOPE, TIMESTAMP, list_of, optional, record
+from .errors import InvalidInputError
 from .ports import Port, sequence_literal, table, with_connection
-from .scopes import RunRef, RunScope, check_scope
+from .scopes import PlayScope, RunRef, RunScope, check_scope
+
+
+@attrs.frozen
+class RunInfo:
+    """A registered run as stored: its scope, its epoch and when it was first registered."""
+
+    scope: RunScope
+    epoch: int
+    created_at: datetime.datetime
+
+    @property
+    def run_id(self) -> str:
+        return self.scope.run_id
+
+    @property
+    def ref(self) -> RunRef:
+        return RunRef(self.scope, self.epoch)
+
+RUN_INFO = record(RunInfo, scope=RUN_SCOPE, epoch=INT, created_at=TIMESTAMP)
 
 _REGISTER = """
 WITH inserted AS (
@@ -27,6 +53,16 @@ SELECT epoch FROM inserted
 UNION ALL
 SELECT epoch FROM {runs}
  WHERE org_id = $1 AND play = $2 AND run_id = $3 AND NOT EXISTS (SELECT 1 FROM inserted)
+"""
+
+_GET = """
+SELECT org_id, play, run_id, epoch, created_at FROM {runs}
+ WHERE org_id = $1 AND play = $2 AND run_id = $3
+"""
+
+_LIST = """
+SELECT org_id, play, run_id, epoch, created_at FROM {runs}
+ WHERE org_id = $1 AND play = $2 ORDER BY epoch DESC LIMIT $3
 """
 
 
@@ -43,6 +79,35 @@ async def register(port: Port, scope: RunScope) -> RunRef:
                 return epoch
 
     return RunRef(scope, await with_connection(port, "receipts", op))
+
+
+def _info(row) -> RunInfo:
+    return RunInfo(RunScope(row["org_id"], row["play"], row["run_id"]), row["epoch"], row["created_at"])
+
+
+@action("runs.get", params={"scope": RUN_SCOPE}, result=optional(RUN_INFO), writes=False)
+async def get(port: Port, scope: RunScope) -> RunInfo | None:
+    """The registered run `scope`, or None when it was never registered."""
+    check_scope(port, scope)
+    sql = _GET.format(runs=table(port, "runs"))
+    row = await with_connection(
+        port, "receipts", lambda conn: conn.fetchrow(sql, scope.org_id, scope.play, scope.run_id)
+    )
+    return None if row is None else _info(row)
+
+
+@action("runs.list_runs", params={"scope": PLAY_SCOPE, "limit": INT}, result=list_of(RUN_INFO),
+        writes=False)
+async def list_runs(port: Port, scope: PlayScope, *, limit: int = 10) -> list[RunInfo]:
+    """The play's most recent runs, newest (largest epoch) first, at most `limit` of them."""
+    check_scope(port, scope)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
+    sql = _LIST.format(runs=table(port, "runs"))
+    rows = await with_connection(
+        port, "receipts", lambda conn: conn.fetch(sql, scope.org_id, scope.play, limit)
+    )
+    return [_info(row) for row in rows]
 
 
 def new_run_id() -> str:

@@ -44,6 +44,19 @@ async def test_register_is_idempotent_and_later_runs_get_larger_epochs(tenant):
     assert later.epoch > first.epoch
 
 
+async def test_get_and_list_runs_read_the_registry_newest_first(tenant):
+    a = await runs.register(tenant, scope("a"))
+    b = await runs.register(tenant, scope("b"))
+    c = await runs.register(tenant, scope("c"))
+    await runs.register(tenant, RunScope("org-test", "other-play", "x"))
+    found = await runs.get(tenant, scope("a"))
+    assert (found.ref, found.run_id) == (a, "a") and found.created_at is not None
+    assert await runs.get(tenant, scope("missing")) is None
+    assert [info.ref for info in await runs.list_runs(tenant, PlayScope("org-test", "play"))] == [c, b, a]
+    assert [info.run_id for info in await runs.list_runs(tenant, PlayScope("org-test", "play"), limit=2)] == ["c", "b"]
+    assert await runs.list_runs(tenant, PlayScope("org-test", "no-runs")) == []
+
+
 async def test_concurrent_registration_of_one_run_yields_one_epoch(tenant):
     refs = []
 
@@ -154,4 +167,8 @@ async def test_bad_input_raises_before_any_query_and_writes_nothing(tenant):
         await receipts.get(port, PlayScope("other-org", "play"), "k")
     with pytest.raises(ScopeError, match="outside the execution scope"):
         await runs.register(port, RunScope("other-org", "play", "r"))
+    with pytest.raises(ScopeError, match="outside the execution scope"):
+        await runs.get(port, RunScope("other-org", "play", "r"))
+    with pytest.raises(InvalidInputError, match="limit"):
+        await runs.list_runs(port, PlayScope("org-test", "play"), limit=-1)
     assert await count_receipts(tenant) == 0

@@ -15,6 +15,7 @@ from runplane.engine.sheets import (
     ensure_sheet,
     read_rows,
     row_key,
+    summaries,
     summary,
 )
 from tests.sheet_helpers import PLAY, counters_match, new_run, play_scope, raw_rows
@@ -52,6 +53,21 @@ async def test_ensure_sheet_is_idempotent_and_counts_zero(tenant):
     assert (s.total, s.queued, s.running, s.completed, s.failed) == (0, 0, 0, 0, 0)
     assert set(s.columns) == {"score", "tag"}
     assert await read_rows(tenant, play_scope(tenant), NS) == []
+
+
+async def test_summaries_read_every_sheet_of_the_play_as_summary_does(tenant):
+    run = await new_run(tenant, PLAY, "r1")
+    admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+    a, b = (r.key for r in admission.pending)
+    await complete(tenant, run, NS, CONTRACT, [done(a), RowOutcome(b, "failed", error="boom")])
+    await admit(tenant, run, "people", CONTRACT, [{"name": "c"}])
+    await ensure_sheet(tenant, play_scope(tenant, "other"), "elsewhere", CONTRACT)
+    found = await summaries(tenant, play_scope(tenant))
+    assert list(found) == ["companies", "people"]
+    assert found == {ns: await summary(tenant, play_scope(tenant), ns) for ns in found}
+    assert (found["companies"].completed, found["companies"].failed) == (1, 1)
+    assert found["companies"].columns["score"].completed == 1
+    assert await summaries(tenant, play_scope(tenant, "nothing")) == {}
 
 
 async def test_admit_inserts_dedups_and_indexes(tenant):

@@ -13,7 +13,7 @@ from runplane.actors.retry import RETRY_DELAYS
 from runplane.actors.supervisor import backoff_delay
 from runplane.engine.errors import StoreUnavailableError
 from runplane.engine.runs import new_run_id
-from runplane.engine.scopes import RunScope
+from runplane.engine.scopes import PlayScope, RunScope
 from runplane.simulations.ports import GatedPort, HookedPort
 
 from .run_helpers import fact_kinds, occurrences, outbox_state
@@ -284,3 +284,15 @@ async def test_bad_supervisor_options_raise_before_any_query(tenant):
         with pytest.raises(InvalidInputError):
             async with open_supervisor(tenant, **options):
                 pass
+
+
+async def test_get_many_reads_the_entries_of_a_plays_runs(tenant):
+    opened, pending = RunScope(tenant.org_id, "play", "a"), RunScope(tenant.org_id, "play", "b")
+    await outbox.record_open(tenant, opened)
+    await outbox.mark_pending(tenant, pending, "me", 30.0)
+    await outbox.record_open(tenant, RunScope(tenant.org_id, "other", "a"))
+    entries = await outbox.get_many(tenant, PlayScope(tenant.org_id, "play"), ["b", "missing", "a", "b"])
+    assert list(entries) == ["b", "a"]
+    assert (entries["a"].scope, entries["a"].state) == (opened, "open")
+    assert (entries["b"].scope, entries["b"].state) == (pending, "pending")
+    assert await outbox.get_many(tenant, PlayScope(tenant.org_id, "play"), []) == {}

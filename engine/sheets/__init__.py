@@ -25,11 +25,11 @@ from .model import (
     Timing,
 )
 from .inputs import row_key
-from .reading import read_rows, summary
+from .reading import read_rows, summaries, summary
 
 __all__ = [
     "SheetContract", "Attempt", "CellPolicy", "row_key", "ensure_sheet", "admit", "Admission",
     "AdmittedRow", "BlockedRow", "RowOutcome", "complete", "Completion", "FencedRow",
-    "CompletionDiagnostics", "read_rows", "summary", "Summary", "ColumnSummary", "Timing",
+    "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
     "SheetLayout",
 ]
