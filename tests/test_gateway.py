@@ -50,6 +50,24 @@ async def test_receipts_through_the_gateway_equal_direct(tenant, gateway):
     assert claim.disposition == "reused"
 
 
+async def test_the_operators_reads_through_the_gateway_equal_direct(tenant, gateway):
+    from runplane.engine import outbox, sheets
+
+    run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "r1"))
+    await outbox.record_open(tenant, run.scope)
+    contract = sheets.SheetContract(inputs=("name",), outputs=("score",))
+    await sheets.admit(tenant, run, "people", contract, [{"name": "a"}])
+    scope = PlayScope(tenant.org_id, PLAY)
+    listed = await runs.list_runs(gateway, scope)
+    assert listed == await runs.list_runs(tenant, scope) and [i.ref for i in listed] == [run]
+    assert await runs.get(gateway, run.scope) == listed[0]
+    assert await runs.get(gateway, RunScope(tenant.org_id, PLAY, "missing")) is None
+    entries = await outbox.get_many(gateway, scope, ["r1", "missing"])
+    assert entries == await outbox.get_many(tenant, scope, ["r1"]) and entries["r1"].state == "open"
+    summaries = await sheets.summaries(gateway, scope)
+    assert summaries == await sheets.summaries(tenant, scope) and summaries["people"].queued == 1
+
+
 async def test_bad_input_raises_the_direct_error_and_writes_nothing(tenant, gateway, server):
     run = await runs.register(gateway, RunScope(tenant.org_id, PLAY, "r"))
     for port in (tenant, gateway):
