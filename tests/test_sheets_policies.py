@@ -145,3 +145,23 @@ async def test_a_sheet_from_before_the_policy_columns_migrates_on_first_write(te
     second = await new_run(tenant, PLAY, "r2")
     admission = await admit(tenant, second, NS, CONTRACT, [{"name": "a"}], give_up_after=1)
     assert admission.pending  # the dropped count started again at zero
+
+
+async def test_attempts_and_give_up_travel_through_the_gateway(tenant, completion_path):
+    from .gateway_support import FAST_RETRY, serving, token_for
+    from runplane.engine.gateway import open_gateway
+
+    if completion_path != "returning_old":
+        pytest.skip("the wire is the same on both completion paths")
+    async with serving(tenant) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
+            first = await new_run(gateway, PLAY, "r1")
+            (row,) = (await admit(gateway, first, NS, CONTRACT, [{"name": "a"}])).pending
+            await complete(gateway, first, NS, CONTRACT,
+                           [RowOutcome(row.key, "failed", error="x", attempts=3)])
+            second = await new_run(gateway, PLAY, "r2")
+            admission = await admit(gateway, second, NS, CONTRACT, [{"name": "a"}],
+                                    give_up_after=1)
+    assert [blocked.reason for blocked in admission.blocked] == ["gave_up"]
+    rows = await stored(tenant)
+    assert (rows["a"]["_attempts"], rows["a"]["_failed_runs"]) == (3, 1)

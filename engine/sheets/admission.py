@@ -199,7 +199,7 @@ SELECT (SELECT ins FROM delta) AS inserted,
     return sql, extra.values
 
 
-def _check_give_up_after(value: Any) -> None:
+def check_give_up_after(value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
 
@@ -222,6 +222,7 @@ def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
+    "give_up_after": optional(INT),
 }, result=ADMISSION, deadline_s=30.0)
 async def admit(
     port: Port,
@@ -244,7 +245,7 @@ async def admit(
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
     policies = _check_policies(cell_policies)
-    _check_give_up_after(give_up_after)
+    check_give_up_after(give_up_after)
     namespace = normalize_namespace(table_namespace)
     prepared = prepare_rows(
         rows, namespace, input_offset=input_offset, keys=keys, need_texts=bool(contract.inputs),

@@ -304,7 +304,8 @@ CONTRACT = record(SheetContract, inputs=list_of(STR), outputs=list_of(STR))
 ATTEMPT = record(Attempt, attempt_id=STR, seq=INT, lease_s=FLOAT)
 CELL_POLICIES = dict_of(record(CellPolicy, stale_after_s=FLOAT))
 ROW_OUTCOME = record(RowOutcome, key=STR, status=STR, data=optional(USER_JSON),
-                     input_index=optional(INT), cell_meta=optional(USER_JSON), error=optional(STR))
+                     input_index=optional(INT), cell_meta=optional(USER_JSON), error=optional(STR),
+                     attempts=INT)
 _ADMITTED = record(AdmittedRow, key=STR, input_index=INT, row=RAW)
 ADMISSION = record(
     Admission, inserted=INT, skipped=INT, pending=list_of(_ADMITTED, as_tuple=True),
