@@ -46,6 +46,7 @@ from ..errors import EngineError, GatewayUnavailableError, InvalidInputError, St
 from ..permits import Permits
 from ..scopes import normalize_namespace
 from ..sheets.completion import deliver_diagnostics
+from ..sheets.admission import check_give_up_after
 from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
 from ..sheets.model import Admission, Completion, CompletionDiagnostics, Timing
 from . import paging, protocol
@@ -337,6 +338,7 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
         raise InvalidInputError("rows must be a sequence of dicts")
     if indexes is not None:
         check_input_indexes(indexes, len(rows))
+    check_give_up_after(arguments.get("give_up_after"))
     # Positions ride in as input indexes, so every unique row keeps its place in the call.
     prepared = prepare_rows(rows, namespace, input_offset=0, keys=arguments.get("keys"),
                             need_texts=True, input_indexes=range(len(rows)))
@@ -344,7 +346,8 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
     final = [indexes[p] for p in positions] if indexes is not None else [offset + p for p in positions]
     fixed = action.encode_input({
         name: value for name, value in arguments.items()
-        if name in ("run", "table_namespace", "contract", "attempt", "cell_policies")})
+        if name in ("run", "table_namespace", "contract", "attempt", "cell_policies",
+                    "give_up_after")})
     health = await gateway.health()
     arrays = ("rows", "keys", "input_indexes")
     room = paging.room_for_rows(fixed, arrays, health.body_limit, "rows")
@@ -387,6 +390,8 @@ def _outcome_text(outcome: Any) -> str:
         parts.append(f',"cell_meta":{outcome.meta_text}')
     if outcome.error is not None:
         parts.append(f',"error":{dumps(outcome.error, ensure_ascii=False)}')
+    if outcome.attempts != 1:
+        parts.append(f',"attempts":{outcome.attempts}')
     parts.append("}")
     return "".join(parts)
 

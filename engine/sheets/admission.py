@@ -15,6 +15,8 @@ How it works
     * otherwise, owned by a newer write version → `blocked` (`newer_run`);
     * of our write version, `pending`/`running` under another attempt's unexpired lease →
       `blocked` (`attempt_active`);
+    * with `give_up_after=N`, `failed` in N or more runs (`_failed_runs`, counted by
+      completion) → `blocked` (`gave_up`); a larger N, or None, lets it run again;
     * otherwise → (re-)admitted to ours: status pending/running, our run, version, input index
       and lease, error cleared, stored input cells refreshed, earlier output cells and cell meta
       kept. Rows already exactly so are left untouched.
@@ -58,13 +60,14 @@ ADMIT_STATEMENT_TIMEOUT_MS = 120_000
 def build_admit_sql(
     port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy]
 ) -> tuple[str, list[Any]]:
-    """The admission statement of one chunk and its constant extra binds (after $1..$12).
+    """The admission statement of one chunk and its constant extra binds (after $1..$13).
 
     Binds: $1 keys, $2 input indexes, $3 write version, $4 run id, $5 attempt id, $6 attempt
     seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status, $12 the rows as
-    one JSON array (expanded beside the other arrays in `ROWS FROM`).
+    one JSON array (expanded beside the other arrays in `ROWS FROM`), $13 give up after this
+    many failed runs (NULL: never).
     """
-    extra = BindParams(13)
+    extra = BindParams(14)
     t = layout.qualified
     inputs = [(column(f), extra.add(f, "text")) for f in contract.inputs]
     outputs = []
@@ -127,7 +130,8 @@ cur AS MATERIALIZED (
     SELECT i.*, s._status AS prev_status,
            s._write_version AS prev_version, s._run_id AS prev_run, s._input_index AS prev_index,
            s._attempt_id AS prev_attempt, s._attempt_expires_at AS prev_expires,
-           s._error AS prev_error, coalesce({cached}, false) AS cached{out_cols}{in_cols}
+           s._error AS prev_error, s._failed_runs AS prev_failed_runs,
+           coalesce({cached}, false) AS cached{out_cols}{in_cols}
       FROM input i
       JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
      WHERE (SELECT count(*) FROM inserted) < (SELECT count(*) FROM input)
@@ -139,6 +143,8 @@ decided AS MATERIALIZED (
                 WHEN c.prev_version = $3::bigint AND c.prev_status IN ('pending', 'running')
                      AND c.prev_attempt IS NOT NULL AND c.prev_attempt IS DISTINCT FROM $5::text
                      AND c.prev_expires > now() THEN 'attempt_active'
+                WHEN c.prev_status = 'failed' AND c.prev_failed_runs >= $13::integer
+                     THEN 'gave_up'
                 ELSE 'admit' END AS disposition
       FROM cur c
 ),
@@ -186,11 +192,16 @@ SELECT (SELECT ins FROM delta) AS inserted,
        (SELECT array_agg(ord ORDER BY ord) FROM decided WHERE disposition = 'completed')
            AS completed_ords{completed_outputs},
        (SELECT array_agg(ord ORDER BY ord) FROM decided
-         WHERE disposition IN ('newer_run', 'attempt_active')) AS blocked_ords,
+         WHERE disposition IN ('newer_run', 'attempt_active', 'gave_up')) AS blocked_ords,
        (SELECT array_agg(disposition ORDER BY ord) FROM decided
-         WHERE disposition IN ('newer_run', 'attempt_active')) AS blocked_reasons
+         WHERE disposition IN ('newer_run', 'attempt_active', 'gave_up')) AS blocked_reasons
 """
     return sql, extra.values
+
+
+def check_give_up_after(value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
 
 
 def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
@@ -211,6 +222,7 @@ def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
+    "give_up_after": optional(INT),
 }, result=ADMISSION, deadline_s=30.0)
 async def admit(
     port: Port,
@@ -224,6 +236,7 @@ async def admit(
     attempt: Attempt | None = None,
     cell_policies: Mapping[str, CellPolicy] | None = None,
     input_indexes: Sequence[int] | None = None,
+    give_up_after: int | None = None,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -232,6 +245,7 @@ async def admit(
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
     policies = _check_policies(cell_policies)
+    check_give_up_after(give_up_after)
     namespace = normalize_namespace(table_namespace)
     prepared = prepare_rows(
         rows, namespace, input_offset=input_offset, keys=keys, need_texts=bool(contract.inputs),
@@ -247,6 +261,7 @@ async def admit(
         float(attempt.lease_s) if attempt else 0.0,
         *layout.counter_args, status,
     ]
+    extra = [give_up_after, *extra]
     clock = PhaseClock()
     clock.add("prepare", time.perf_counter() - started)
     n = len(prepared.keys)

@@ -18,6 +18,10 @@ How it works
       meta patched likewise but no output marked completed. The lease ends (`_attempt_expires_at`
       cleared). A row already exactly so is not touched: an identical replay is committed
       without a physical change (a replay only differing in `completed_at` keeps the old one).
+    * an applied outcome adds the calls it took (`RowOutcome.attempts`) to `_attempts`; a
+      failed one counts its run once in `_failed_runs` (`_failed_epoch` remembers which run
+      was counted, so a wake or a replay adds nothing), a completed one sets it back to 0.
+      Since an identical replay changes nothing, it adds no attempts either.
 - "Every output" means the contract's outputs plus every non-input field of this call's data
   (fields outside the contract get their columns first, see `layout`). On PostgreSQL >= 18
   the statement is one fenced UPDATE per chunk returning the old status and cell meta
@@ -79,6 +83,11 @@ def _nullable(values: list[Any]) -> list[Any] | None:
     """An array bind, or None when every entry is None: a NULL array, which a multi-argument
     unnest pads with NULLs, costs nothing to encode and send."""
     return values if any(v is not None for v in values) else None
+
+
+def _attempts(chunk: list[PreparedOutcome]) -> list[int | None] | None:
+    """The calls each outcome took, as an array bind: NULL (one call each) in the common case."""
+    return _nullable([o.attempts if o.attempts != 1 else None for o in chunk])
 
 
 def _chunks(outcomes: list[PreparedOutcome]) -> list[list[PreparedOutcome]]:
@@ -144,7 +153,8 @@ class _Writer:
         sql = build(self.port, self.layout, fields, counted, failed)
         args = [
             keys, _json_array([o.data_text for o in chunk]), _nullable([o.meta_text for o in chunk]),
-            *self._common(counted, failed), _nullable([o.error for o in chunk]), *fields, *counted,
+            *self._common(counted, failed), _nullable([o.error for o in chunk]),
+            _attempts(chunk), *fields, *counted,
         ]
         record = await self.clock.measure(phase, conn.fetchrow(sql, *args))
         tally.chunks += 1
@@ -200,7 +210,7 @@ class _Writer:
                 [o.key for o in chunk], _json_array([o.data_text for o in chunk]),
                 _nullable([o.meta_text for o in chunk]), *self._common(counted, False),
                 [o.input_index for o in chunk],
-                self.attempt.seq if self.attempt else None, *fields, *counted,
+                self.attempt.seq if self.attempt else None, _attempts(chunk), *fields, *counted,
             ]
             record = await self.clock.measure("insert_missing", conn.fetchrow(sql, *args))
             tally.chunks += 1

@@ -123,7 +123,7 @@ class _ChunkParts(NamedTuple):
 def _chunk_parts(
     port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
 ) -> _ChunkParts:
-    names = BindParams(13)
+    names = BindParams(14)
     cols = [(column(f), names.add(f, "text")) for f in fields]
     counted_names = [names.add(f, "text") for f in counted]
     target = "failed" if failed else "enriched"
@@ -134,7 +134,7 @@ def _chunk_parts(
         already="WHEN s._status = 'enriched' THEN 'already_completed'" if failed else "",
         patch=_FAILED_PATCH if failed else _COMPLETED_PATCH,
         version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
-        sets="".join(
+        sets=_POLICY_SETS[failed] + "".join(
             f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
             for col, name in cols
         ),
@@ -143,6 +143,18 @@ def _chunk_parts(
             counted_names,
         ),
     )
+
+
+# The row-policy columns an applied outcome moves (`c` its input, `t` the row): the calls it took
+# add to `_attempts`; a failed outcome counts its run once in `_failed_runs` (a wake of the same
+# run, or a replay, counts nothing new), a completed one starts that count again.
+_POLICY_SETS = {
+    False: ", _attempts = t._attempts + coalesce(c.attempts, 1), _failed_runs = 0",
+    True: (", _attempts = t._attempts + coalesce(c.attempts, 1),"
+           " _failed_runs = t._failed_runs"
+           " + (t._failed_epoch IS DISTINCT FROM $4::bigint)::integer,"
+           " _failed_epoch = $4::bigint"),
+}
 
 
 # Why a row was not applied (NULL when it may be): `s` is its stored state.
@@ -174,7 +186,8 @@ def build_exact_sql(
 
     Binds: $1 keys, $2 data (one JSON array), $3 cell meta, $4 write version, $5 run id, $6 attempt id,
     $7 fields marked completed, $8 fields whose cell counters may move, $9 org, $10 play,
-    $11 namespace, $12 errors, then one name per data field.
+    $11 namespace, $12 errors, $13 calls each outcome took (NULL means 1), then one name per
+    data field.
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
     the sheet whatever the planner believes about its size.
     """
@@ -188,13 +201,13 @@ def build_exact_sql(
     new_meta = _NEW_META.format(target=target)
     return f"""
 WITH input AS MATERIALIZED (
-    SELECT u.key, u.data, u.meta, u.error, u.ord
+    SELECT u.key, u.data, u.meta, u.error, u.attempts, u.ord
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
-                      unnest($12::text[]))
-           WITH ORDINALITY AS u(key, data, meta, error, ord)
+                      unnest($12::text[]), unnest($13::integer[]))
+           WITH ORDINALITY AS u(key, data, meta, error, attempts, ord)
 ),{_BASE_META},
 cur AS MATERIALIZED (
-    SELECT i.ord, i.key, i.data, i.error, s._key IS NOT NULL AS found,
+    SELECT i.ord, i.key, i.data, i.error, i.attempts, s._key IS NOT NULL AS found,
            s._status AS prev_status, s._write_version AS prev_version,
            s._cell_meta AS prev_meta, n.new_meta,
            {_FENCE.format(already=parts.already)} AS fence,
@@ -244,10 +257,10 @@ def build_exact_sql_returning_old(
     return f"""
 WITH {_BASE_META.strip()},
 source AS MATERIALIZED (
-    SELECT i.key, i.data, i.error, i.ord, {parts.patch} AS patch
+    SELECT i.key, i.data, i.error, i.attempts, i.ord, {parts.patch} AS patch
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
-                      unnest($12::text[]))
-           WITH ORDINALITY AS i(key, data, meta, error, ord)
+                      unnest($12::text[]), unnest($13::integer[]))
+           WITH ORDINALITY AS i(key, data, meta, error, attempts, ord)
       CROSS JOIN base b
 ),
 applied AS (
@@ -281,9 +294,10 @@ def build_insert_sql(
 
     Binds: $1 keys, $2 data (one JSON array), $3 cell meta, $4 write version, $5 run id, $6 attempt id,
     $7 fields marked completed, $8 fields whose cell counters may move, $9 org, $10 play,
-    $11 namespace, $12 input indexes, $13 attempt seq, then one name per data field.
+    $11 namespace, $12 input indexes, $13 attempt seq, $14 calls each outcome took (NULL means
+    1), then one name per data field.
     """
-    names = BindParams(14)
+    names = BindParams(15)
     t = layout.qualified
     cols = [(column(f), names.add(f, "text")) for f in fields]
     counted_names = [names.add(f, "text") for f in counted]
@@ -295,16 +309,16 @@ def build_insert_sql(
     )
     return f"""
 WITH input AS MATERIALIZED (
-    SELECT u.key, u.data, u.meta, u.idx, u.ord
+    SELECT u.key, u.data, u.meta, u.idx, u.attempts, u.ord
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
-                      unnest($12::bigint[]))
-           WITH ORDINALITY AS u(key, data, meta, idx, ord)
+                      unnest($12::bigint[]), unnest($14::integer[]))
+           WITH ORDINALITY AS u(key, data, meta, idx, attempts, ord)
 ),{_BASE_META},
 inserted AS (
     INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
-                     _attempt_seq, _cell_meta{insert_cols})
+                     _attempt_seq, _attempts, _cell_meta{insert_cols})
     SELECT i.key, 'enriched', $5::text, $4::bigint, i.idx, $6::text, $13::integer,
-           {_COMPLETED_PATCH}{insert_vals}
+           coalesce(i.attempts, 1), {_COMPLETED_PATCH}{insert_vals}
       FROM input i CROSS JOIN base b
     ON CONFLICT (_key) DO NOTHING
     RETURNING _key, _cell_meta

@@ -153,6 +153,7 @@ class PreparedOutcome(NamedTuple):
     data_keys: tuple[str, ...]
     meta_keys: tuple[str, ...]
     size: int
+    attempts: int
 
 
 def _refuse(value: Any) -> Any:
@@ -236,6 +237,6 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
             del by_key[key]  # the last wins; it takes the position of its last occurrence
         by_key[key] = PreparedOutcome(
             key, failed, outcome.input_index, data_text, meta_text, error, tuple(data),
-            meta_keys, size,
+            meta_keys, size, outcome.attempts,
         )
     return list(by_key.values()), len(outcomes)

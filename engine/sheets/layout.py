@@ -20,6 +20,10 @@ How it works
   later statement of the transaction sees every earlier writer committed, so counter deltas
   computed from the rows it reads are exact, and there is no lock-order cycle between writers
   (they all lock the summary row first, then sheet rows, then column-summary rows).
+- System columns added in later releases (`LATER_SYSTEM_COLUMNS`) are added to an older sheet
+  the same way as missing field columns: `ensure_sheet` (every map starts with it) and any
+  writer that hits the missing column add them under the exclusive lock; adding a column with a
+  constant default rewrites nothing, so an existing tenant migrates with no manual step.
 - Normal writers hold the advisory lock shared. A writer whose statements hit a missing table or
   column rolls back and retries once under the exclusive lock, where it creates the table and
   any missing columns (and registers them) before writing; if even that finds a missing relation
@@ -55,8 +59,16 @@ _JUNK = re.compile(r"[^a-z0-9_]+")
 SYSTEM_COLUMNS = (
     "_key", "_status", "_run_id", "_write_version", "_input_index", "_attempt_id",
     "_attempt_seq", "_attempt_expires_at", "_cell_meta", "_error", "_version", "_created_at",
-    "_updated_at",
+    "_updated_at", "_attempts", "_failed_runs", "_failed_epoch",
 )
+
+# System columns added after the first release, with their definitions: a sheet created before
+# them gets them (under the exclusive lock) the first time a writer or `ensure_sheet` needs them.
+LATER_SYSTEM_COLUMNS = {
+    "_attempts": "bigint NOT NULL DEFAULT 0",     # calls of the map function, across runs
+    "_failed_runs": "integer NOT NULL DEFAULT 0",  # runs in which the row failed (give-up)
+    "_failed_epoch": "bigint",                     # the last run counted in `_failed_runs`
+}
 
 
 def _hash(*parts: str) -> str:
@@ -149,7 +161,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     _error text,
     _version bigint NOT NULL DEFAULT nextval({seq}::regclass),
     _created_at timestamptz NOT NULL DEFAULT now(),
-    _updated_at timestamptz NOT NULL DEFAULT now()
+    _updated_at timestamptz NOT NULL DEFAULT now(){later}
 ) WITH (fillfactor = 70)
 """
 
@@ -178,14 +190,17 @@ async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fie
     Runs only under the sheet's exclusive advisory lock, inside the caller's transaction.
     """
     fields = list(dict.fromkeys(fields))
-    await conn.execute(
-        _CREATE_TABLE.format(t=layout.qualified, seq=sequence_literal(port, "row_versions"))
-    )
+    later = "".join(f",\n    {name} {kind}" for name, kind in LATER_SYSTEM_COLUMNS.items())
+    await conn.execute(_CREATE_TABLE.format(
+        t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
+    ))
     existing = set(await conn.fetchval(_EXISTING_COLUMNS, layout.regclass_text))
     missing = [f for f in fields if column_name(f) not in existing]
-    if missing:
-        adds = ", ".join(f"ADD COLUMN IF NOT EXISTS {column(f)} jsonb" for f in missing)
-        await conn.execute(f"ALTER TABLE {layout.qualified} {adds}")
+    adds = [f"ADD COLUMN IF NOT EXISTS {name} {kind}"
+            for name, kind in LATER_SYSTEM_COLUMNS.items() if name not in existing]
+    adds += [f"ADD COLUMN IF NOT EXISTS {column(f)} jsonb" for f in missing]
+    if adds:
+        await conn.execute(f"ALTER TABLE {layout.qualified} {', '.join(adds)}")
     if fields:
         await conn.execute(
             _REGISTER_FIELDS.format(registry=table(port, "sheet_columns")),

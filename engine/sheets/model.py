@@ -26,12 +26,13 @@ from ..codecs import FLOAT, INT, RAW, STR, USER_JSON, dict_of, list_of, optional
 from ..errors import InvalidInputError
 
 MAX_KEY_CHARS = 1024
+MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
 OUTCOME_STATUSES = ("completed", "failed")
 ROW_STATUSES = ("pending", "running", "enriched", "failed", "stale")
 FENCE_REASONS = (
     "stale_write_version", "unadmitted", "attempt_superseded", "already_completed", "missing",
 )
-BLOCK_REASONS = ("newer_run", "attempt_active")
+BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")
 DEFAULT_ROW_ERROR = "Row execution failed."
 
 
@@ -146,7 +147,7 @@ class AdmittedRow:
 class BlockedRow:
     key: str
     input_index: int
-    reason: Literal["newer_run", "attempt_active"]
+    reason: Literal["newer_run", "attempt_active", "gave_up"]
 
 
 @attrs.frozen
@@ -191,6 +192,13 @@ def _outcome_optional(kind: type, name: str):
     return check
 
 
+def _outcome_attempts(instance: Any, _attribute: object, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise InvalidInputError(
+            f"RowOutcome {instance.key!r}: attempts must be an integer from 1 to {MAX_ATTEMPTS}"
+        )
+
+
 def _outcome_index(instance: Any, _attribute: object, value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise InvalidInputError(
@@ -203,7 +211,8 @@ class RowOutcome:
     """The result of running the map function on one admitted row.
 
     `data` patches the row's cells (only the keys present); `cell_meta` maps field names to
-    objects merged into the row's cell meta; `error` is the failed row's message.
+    objects merged into the row's cell meta; `error` is the failed row's message; `attempts`
+    is how many calls of the function this outcome took (added to the row's `_attempts`).
     """
 
     key: str = attrs.field(validator=_outcome_key)
@@ -214,6 +223,7 @@ class RowOutcome:
         default=None, validator=_outcome_optional(dict, "cell_meta")
     )
     error: str | None = attrs.field(default=None, validator=_outcome_optional(str, "error"))
+    attempts: int = attrs.field(default=1, validator=_outcome_attempts)
 
 
 @attrs.frozen
@@ -294,7 +304,8 @@ CONTRACT = record(SheetContract, inputs=list_of(STR), outputs=list_of(STR))
 ATTEMPT = record(Attempt, attempt_id=STR, seq=INT, lease_s=FLOAT)
 CELL_POLICIES = dict_of(record(CellPolicy, stale_after_s=FLOAT))
 ROW_OUTCOME = record(RowOutcome, key=STR, status=STR, data=optional(USER_JSON),
-                     input_index=optional(INT), cell_meta=optional(USER_JSON), error=optional(STR))
+                     input_index=optional(INT), cell_meta=optional(USER_JSON), error=optional(STR),
+                     attempts=INT)
 _ADMITTED = record(AdmittedRow, key=STR, input_index=INT, row=RAW)
 ADMISSION = record(
     Admission, inserted=INT, skipped=INT, pending=list_of(_ADMITTED, as_tuple=True),

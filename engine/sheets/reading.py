@@ -3,8 +3,9 @@
 How it works
 - `read_rows` maps physical columns back to field names through the `sheet_columns` registry
   and returns one dict per row: every registered field under its own name, plus `_key`,
-  `_status`, `_error` and `_input_index` (a field whose name equals one of those four is shadowed
-  by the system value in these dicts). Rows are ordered by input index (nulls last), creation
+  `_status`, `_error`, `_input_index`, `_attempts` (calls of the map function, across runs) and
+  `_failed_runs` (runs in which the row failed) — a field whose name equals one of those is
+  shadowed by the system value in these dicts. Rows are ordered by input index (nulls last), creation
   time and key. With `run_id`, only rows last written by that run are read, and among them only
   the enriched ones if any exist, else only the failed ones if any exist, else all of them.
 - `summary` reads the counter rows; a sheet never written reads as all zeros. `summaries` reads
@@ -40,10 +41,12 @@ SELECT coalesce(array_agg(attname::text), '{}'::text[])
  WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
 """
 
+_POLICY_COLUMNS = ("_attempts", "_failed_runs")
+
 _ORDER = "ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC"
 
 _READ_ALL = """
-SELECT _key, _status, _error, _input_index{cols} FROM {t} {order} LIMIT $1 OFFSET $2
+SELECT _key, _status, _error, _input_index{policy}{cols} FROM {t} {order} LIMIT $1 OFFSET $2
 """
 
 _READ_RUN = """
@@ -53,7 +56,7 @@ WITH preferred AS (
                 WHEN EXISTS (SELECT 1 FROM {t} WHERE _run_id = $3 AND _status = 'failed')
                 THEN 'failed' END AS status
 )
-SELECT _key, _status, _error, _input_index{cols} FROM {t}
+SELECT _key, _status, _error, _input_index{policy}{cols} FROM {t}
  WHERE _run_id = $3
    AND ((SELECT status FROM preferred) IS NULL OR _status = (SELECT status FROM preferred))
  {order} LIMIT $1 OFFSET $2
@@ -119,11 +122,14 @@ async def read_rows(
         existing = set(await conn.fetchval(_EXISTING_COLUMNS, layout.qualified))
         pairs = [(f, c) for f, c in zip(info["fields"], info["columns"]) if c in existing]
         cols = "".join(f", {quote_ident(c)}::text AS c{i}" for i, (_, c) in enumerate(pairs))
+        policy = "".join(  # a sheet from before these columns reads as zeros (no DDL here)
+            f", {name}" if name in existing else f", 0 AS {name}" for name in _POLICY_COLUMNS
+        )
         if run_id is None:
-            sql = _READ_ALL.format(cols=cols, t=layout.qualified, order=_ORDER)
+            sql = _READ_ALL.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER)
             records = await conn.fetch(sql, limit, offset)
         else:
-            sql = _READ_RUN.format(cols=cols, t=layout.qualified, order=_ORDER)
+            sql = _READ_RUN.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER)
             records = await conn.fetch(sql, limit, offset, run_id.strip())
         out = []
         loads = canonical.loads
@@ -133,6 +139,8 @@ async def read_rows(
             row["_status"] = record["_status"]
             row["_error"] = record["_error"]
             row["_input_index"] = record["_input_index"]
+            row["_attempts"] = record["_attempts"]
+            row["_failed_runs"] = record["_failed_runs"]
             out.append(row)
         return out
 
