@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 
 from .errors import InvalidInputError
+from .limits import MAX_STORED_RECEIPT_KEY_BYTES, key_problem
 from .scopes import PlayScope, RunScope
 
 USER_RECEIPT_KIND = "receipt"
-MAX_KEY_CHARS = 1024
 
 
 def _encode(parts: list) -> bytes:
@@ -29,14 +29,22 @@ def _encode(parts: list) -> bytes:
 def check_user_key(key: object) -> str:
     if not isinstance(key, str):
         raise InvalidInputError(f"key must be a string, got {type(key).__name__}")
-    if not 1 <= len(key) <= MAX_KEY_CHARS:
-        raise InvalidInputError(f"key must have 1 to {MAX_KEY_CHARS} characters, got {len(key)}")
+    problem = key_problem(key)
+    if problem is not None:
+        raise InvalidInputError(f"key {problem}")
     return key
 
 
 def receipt_key(scope: PlayScope | RunScope, key: str) -> bytes:
-    """The stored key of a user's work receipt (only the scope's org and play are used)."""
-    return _encode([scope.org_id, scope.play, USER_RECEIPT_KIND, check_user_key(key)])
+    """The stored key of a user's work receipt (only the scope's org and play are used); its
+    size is checked against what the index holds (see `engine.limits`)."""
+    stored = _encode([scope.org_id, scope.play, USER_RECEIPT_KIND, check_user_key(key)])
+    if len(stored) > MAX_STORED_RECEIPT_KEY_BYTES:
+        raise InvalidInputError(
+            f"the stored receipt key (org, play and key as JSON) is {len(stored)} bytes, more "
+            f"than {MAX_STORED_RECEIPT_KEY_BYTES}: use a shorter key"
+        )
+    return stored
 
 
 def fact_key(scope: PlayScope, kind: str, run_id: str, *parts: str | int) -> bytes:

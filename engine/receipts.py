@@ -191,8 +191,11 @@ async def skip(port: Port, run: RunRef, key: str, output: Any = None) -> Receipt
 
 @action("receipts.fail", params={"run": RUN_REF, "key": STR, "error": STR}, result=RECEIPT)
 async def fail(port: Port, run: RunRef, key: str, error: str) -> Receipt:
-    """Record a failure; never overwrites a completed or skipped receipt."""
+    """Record a failure; never overwrites a completed or skipped receipt. NUL and lone
+    surrogates in `error` are stored as U+FFFD."""
     check_user_key(key)
     if not isinstance(error, str) or not error:
         raise InvalidInputError("error must be a non-empty string")
+    # NUL and lone surrogates cannot be stored as text: they become U+FFFD, as in jsonb.
+    error = canonical.normalize(error)
     return await _settle(port, run, key, FAILED, None, error, "AND r.status NOT IN (2, 4)")

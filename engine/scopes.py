@@ -1,7 +1,8 @@
 """Scopes: who a piece of durable state belongs to.
 
 `PlayScope` ⊂ `RunScope` ⊂ `MapScope`, each a frozen value whose parts are stripped of
-surrounding whitespace and never empty (`ScopeError` otherwise). Engine operations call
+surrounding whitespace and then obey the identifier limits of `engine.limits` (never empty,
+at most 256 UTF-8 bytes, no NUL, lone surrogate or control character; `ScopeError` otherwise). Engine operations call
 `check_scope(port, scope)` before any query so a scope can never reach another org's rows.
 Table namespaces are stored normalized (`normalize_namespace`).
 """
@@ -13,6 +14,7 @@ import re
 import attrs
 
 from .errors import ScopeError
+from .limits import identifier_problem
 
 _NAMESPACE_JUNK = re.compile(r"[^a-z0-9_]+")
 
@@ -22,8 +24,9 @@ def _part(name: str):
         if not isinstance(value, str):
             raise ScopeError(f"{name} must be a string, got {type(value).__name__}")
         stripped = value.strip()
-        if not stripped:
-            raise ScopeError(f"{name} must not be empty")
+        problem = identifier_problem(stripped)
+        if problem is not None:
+            raise ScopeError(f"{name} {problem}")
         return stripped
 
     return convert

@@ -29,6 +29,7 @@ import trio
 from . import pg, schema as schema_ddl
 from .embedded import resolve_dsn
 from .errors import EngineError, InvalidInputError, StoreUnavailableError, TenantUnavailableError
+from .limits import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
 from .sql import quote_ident
 
@@ -229,6 +230,25 @@ class Checkout:
         return False
 
 
+def check_tenant_names(org_id: object, schema: object, execution_role: object) -> None:
+    """`InvalidInputError` unless the org is an identifier and the schema and role names are
+    PostgreSQL names kept exactly (at most 63 UTF-8 bytes: longer ones are truncated by the
+    server, so two schemas would merge); see `engine.limits`."""
+    for name, value, max_bytes in (
+        ("org_id", org_id, MAX_IDENTIFIER_BYTES), ("schema", schema, MAX_NAME_BYTES),
+        ("execution_role", execution_role, MAX_NAME_BYTES),
+    ):
+        if value is None and name == "execution_role":
+            continue
+        if not isinstance(value, str):
+            raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}")
+        text = value.strip() if name == "org_id" else value
+        problem = identifier_problem(text, max_bytes) or (
+            None if text.strip() else "must not be blank")
+        if problem is not None:
+            raise InvalidInputError(f"{name} {problem}")
+
+
 @contextlib.asynccontextmanager
 async def open_tenant(
     org_id: str,
@@ -243,10 +263,7 @@ async def open_tenant(
 
     `dsn=None` uses `RUNPLANE_DSN`, else the embedded server (started on first use).
     """
-    if not isinstance(org_id, str) or not org_id.strip():
-        raise InvalidInputError("org_id must be a non-empty string")
-    if not isinstance(schema, str) or not schema.strip():
-        raise InvalidInputError("schema must be a non-empty string")
+    check_tenant_names(org_id, schema, execution_role)
     if max_connections < 1:
         raise InvalidInputError("max_connections must be at least 1")
     lane_limits = dict(DEFAULT_LANES if lanes is None else lanes)

@@ -142,11 +142,12 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
                                         headers=headers)
             assert refused.status_code == 413 and refused.json()["code"] == "body_too_large"
         async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
+            run = await runs.register(gateway, RunScope(tenant.org_id, PLAY, "small"))
             with pytest.raises(InvalidInputError, match="at most 20000 bytes"):
-                await runs.register(gateway, RunScope(tenant.org_id, PLAY, "x" * 30_000))
-            await runs.register(gateway, RunScope(tenant.org_id, PLAY, "small"))
+                await receipts.complete(gateway, run, "k", {"blob": "x" * 30_000})
         assert 0 < server.max_body_bytes < 20_000
     assert await count_rows(tenant, "runs") == 1
+    assert await count_rows(tenant, "work_receipts") == 0
 
 
 # Plumbing that takes a port but is no operation of its own: the statement and transaction

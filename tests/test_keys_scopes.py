@@ -9,7 +9,9 @@ from runplane.engine import MapScope, PlayScope, RunScope
 from runplane.engine.errors import InvalidInputError, ScopeError
 from runplane.engine.keys import decode_key, fact_key, receipt_key, run_key_range
 
-parts = st.text(min_size=1, max_size=12).filter(lambda s: s.strip() == s and s.strip())
+# Identifiers: no control characters or lone surrogates (SPEC §18), no surrounding whitespace.
+parts = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=12).filter(
+    lambda s: s.strip() == s and s.strip())
 
 
 def test_scope_parts_are_stripped_and_never_empty():

@@ -23,10 +23,11 @@ import attrs
 from .. import canonical
 from ..canonical import is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
+from ..limits import MAX_KEY_BYTES, key_problem
 from ..scopes import RunRef, check_scope, normalize_namespace
 
 from .model import (
-    DEFAULT_ROW_ERROR, MAX_KEY_CHARS, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,
+    DEFAULT_ROW_ERROR, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,
 )
 
 
@@ -63,11 +64,17 @@ class PreparedRows:
     skipped: int
 
 
+# A key this short is within both key limits whatever its characters (4 UTF-8 bytes at most
+# each), so the hot path checks only its length.
+ALWAYS_SAFE_KEY_CHARS = MAX_KEY_BYTES // 4
+
+
 def check_key(key: object, where: str) -> str:
     if not isinstance(key, str):
         raise InvalidInputError(f"{where}: key must be a string, got {type(key).__name__}")
-    if not 1 <= len(key) <= MAX_KEY_CHARS:
-        raise InvalidInputError(f"{where}: key must have 1 to {MAX_KEY_CHARS} characters")
+    problem = key_problem(key)
+    if problem is not None:
+        raise InvalidInputError(f"{where}: key {problem}")
     if not is_clean_str(key):
         raise InvalidInputError(f"{where}: key holds NUL or a lone surrogate")
     return key
@@ -195,7 +202,8 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
                 f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
             )
         key = outcome.key
-        if type(key) is not str or not 0 < len(key) <= MAX_KEY_CHARS or not is_clean_str(key):
+        if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
+                or not is_clean_str(key):
             check_key(key, f"outcomes[{i}]")
         status = outcome.status
         if status == "completed":

@@ -24,8 +24,8 @@ import attrs
 from .. import canonical
 from ..codecs import FLOAT, INT, RAW, STR, USER_JSON, dict_of, list_of, optional, record
 from ..errors import InvalidInputError
+from ..limits import key_problem
 
-MAX_KEY_CHARS = 1024
 MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
 OUTCOME_STATUSES = ("completed", "failed")
 ROW_STATUSES = ("pending", "running", "enriched", "failed", "stale")
@@ -170,8 +170,9 @@ class Admission:
 def _outcome_key(_instance: object, _attribute: object, value: object) -> None:
     if not isinstance(value, str):
         raise InvalidInputError(f"RowOutcome.key must be a string, got {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_KEY_CHARS:
-        raise InvalidInputError(f"RowOutcome.key must have 1 to {MAX_KEY_CHARS} characters")
+    problem = key_problem(value)
+    if problem is not None:
+        raise InvalidInputError(f"RowOutcome.key {problem}")
 
 
 def _outcome_status(instance: Any, _attribute: object, value: object) -> None:

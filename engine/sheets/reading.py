@@ -19,6 +19,7 @@ from .. import canonical
 from ..actions import action
 from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
+from ..limits import identifier_problem
 from ..pg import Connection
 from ..ports import Port, table, with_connection
 from ..scopes import PlayScope, check_scope
@@ -110,8 +111,13 @@ async def read_rows(
     """Rows of a sheet as dicts (see the module docstring); [] when the sheet does not exist."""
     check_scope(port, scope)
     _check_page(limit, offset)
-    if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
-        raise InvalidInputError("run_id must be a non-empty string or None")
+    if run_id is not None:
+        if not isinstance(run_id, str):
+            raise InvalidInputError("run_id must be a string or None")
+        run_id = run_id.strip()
+        problem = identifier_problem(run_id)
+        if problem is not None:
+            raise InvalidInputError(f"run_id {problem}")
     layout = layout_for(port, scope, table_namespace)
     registered = _REGISTERED.format(registry=table(port, "sheet_columns"))
 
@@ -130,7 +136,7 @@ async def read_rows(
             records = await conn.fetch(sql, limit, offset)
         else:
             sql = _READ_RUN.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER)
-            records = await conn.fetch(sql, limit, offset, run_id.strip())
+            records = await conn.fetch(sql, limit, offset, run_id)
         out = []
         loads = canonical.loads
         for record in records:
