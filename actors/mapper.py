@@ -7,8 +7,10 @@ How it works
 
 - The **source actor** turns the input into pages `(offset, rows)`: a list source is first
   staged as an array input by the sealer (so a wake replays byte-identical input) and read back
-  one sealed page at a time (through a gateway without array actions, the list is admitted
-  directly instead, with one warning); an async iterable is cut into pages as it arrives, the first of
+  one sealed page at a time. Two cases admit the list directly instead, as a streamed source:
+  a gateway without array actions (with one warning: a wake re-reads the caller's list), and a
+  run already retired — a wake of a finished run, whose staged input is gone and which nothing
+  will replay. An async iterable is cut into pages as it arrives, the first of
   `FIRST_PAGE_ROWS` rows (so work starts soon even on a slow source), each next one twice as
   large up to `page_rows` (large pages admit faster).
 - The **admission actor** admits one page per transaction (`engine.sheets.admit` with the page's
@@ -52,7 +54,7 @@ import trio
 from runplane.engine import canonical, sheets
 from runplane.engine.array_input import Occurrence
 from runplane.engine.errors import (
-    ArrayInputUnavailableError, EngineError, InvalidInputError, leaf_errors,
+    ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError, leaf_errors,
 )
 from runplane.engine.sheets import AdmittedRow, RowOutcome
 
@@ -93,7 +95,7 @@ async def replay_pages(staged: Any, pages_send, *, task_status=trio.TASK_STATUS_
 
 
 async def iterate_rows(items: Sequence[Any]) -> AsyncIterable[dict]:
-    """A list source as an async iterable of user rows (the fallback without array actions)."""
+    """A list source as an async iterable of user rows (when it is admitted without staging)."""
     for item in items:
         yield item.data if isinstance(item, Occurrence) else item
 
@@ -280,6 +282,12 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
             log.warning("map %s: the gateway has no array-input actions; the list is admitted "
                         "directly, and a wake will re-read the caller's list instead of staged "
                         "pages", plan.table_namespace)
+            source = iterate_rows(source)
+        except RetiredError:
+            # A wake of a run that already finished: its staged input is gone and nothing will
+            # replay it, so the caller's list is admitted as is (its finished rows are cached).
+            log.info("map %s: run %s is retired; admitting the list without staging",
+                     plan.table_namespace, run.run_id)
             source = iterate_rows(source)
     try:
         with unwrap_single_error():

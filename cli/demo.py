@@ -8,9 +8,11 @@ How it works
   the failed rows and most of them now succeed).
 - The run is hosted by an embedded supervisor (`sup.run`): when the body ends, the run's guard
   retires its staged input; anything it could not finish the supervisor drains.
+- The run id and the command that resumes the run are printed before the progress bars start.
 - `--crash-after N` cancels the run once N rows were executed: the outcomes already computed are
-  flushed (shielded) and the run id is printed; `--resume RUN_ID` wakes that run (same epoch),
-  replays its sealed input, and executes only the rows that did not finish.
+  flushed (shielded) and the resume command is printed again; `--resume RUN_ID` wakes that run
+  (same epoch), replays its sealed input, and executes only the rows that did not finish.
+- Rows the run left failed end the output with a table of the commonest errors.
 - Live progress uses rich progress bars (admitted, executed, completed, failed, cached); the
   final summary is a rich table.
 """
@@ -28,10 +30,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from runplane.engine import RunScope, open_tenant, runs, sheets
-from runplane.engine.errors import EngineError
-
 from runplane.actors import MapProgress, MapResult, open_supervisor
+from runplane.engine import RunScope, open_tenant, runs, sheets
+
+from .operators import UsageError, print_failure_summary
+from .terminal import say
 
 PLAY = "demo"
 TABLE = "companies"
@@ -77,7 +80,7 @@ class FakeEnrichment:
         self.calls += 1
         await trio.sleep(self.rng.uniform(0, 2 * self.latency_s))
         if self.rng.random() < self.fail_rate:
-            raise EnrichmentUnavailable(f"enrichment API timed out for {row['domain']}")
+            raise EnrichmentUnavailable("enrichment API timed out")
         digest = sum(map(ord, row["domain"]))
         employees = row["employees"]
         band = "<1M" if employees < 50 else "1M-50M" if employees < 2_000 else ">50M"
@@ -121,6 +124,7 @@ def summary_table(title: str, rows: list[tuple[str, Any]]) -> Table:
 
 
 async def run_demo(args: argparse.Namespace, console: Console) -> int:
+    """Run the demo; return how many rows this run left failed."""
     rows = companies(args.rows)
     tool = FakeEnrichment(latency_s=args.latency_ms / 1000, fail_rate=args.fail_rate)
     crash = trio.CancelScope()
@@ -136,56 +140,48 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
 
     async def body(run) -> MapResult:
         run_ref["run"] = run
-        return await run.map(TABLE, rows, tool, contract=CONTRACT,
-                             concurrency=args.concurrency, on_progress=on_progress)
+        await args.notice.started(run)  # a plain line before the bars take the terminal
+        with bars.progress:
+            return await run.map(TABLE, rows, tool, contract=CONTRACT,
+                                 concurrency=args.concurrency, on_progress=on_progress)
 
     started = time.perf_counter()
     async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
-        if args.resume is not None and not await run_exists(tenant, args.resume):
-            raise UnknownRun(f"no run {args.resume!r} of play {PLAY!r} to resume")
+        if args.resume is not None and await runs.get(
+                tenant, RunScope(tenant.org_id, PLAY, args.resume)) is None:
+            raise UsageError(f"no run {args.resume!r} of play {PLAY!r} to resume")
         async with open_supervisor(tenant) as sup:
             # A simulated crash cancels the run from outside, as a killed process would: the
             # run ends non-terminally and keeps its staged input for `--resume`.
-            with bars.progress, crash:
+            with crash:
                 result = await sup.run(PLAY, body, run_id=args.resume)
         elapsed = time.perf_counter() - started
         run = run_ref["run"]
+        if result is None:
+            executed = bars.last.executed if bars.last else 0
+            say(f"demo: crashed after {executed} executed rows (simulated); run id {run.run_id}")
+            say(f"resume with: {args.notice.resume_command}")
+            return 0
         summary = await sheets.summary(tenant, run.scope.play_scope, TABLE)
-    if result is None:
-        executed = bars.last.executed if bars.last else 0
-        print(f"demo: crashed after {executed} executed rows (simulated); run id {run.run_id}")
-        print(f"resume with: runplane demo --rows {args.rows} --resume {run.run_id}")
-        return 0
-    console.print(summary_table("runplane demo", [
-        ("run id", run.run_id),
-        ("epoch", run.epoch),
-        ("source rows", len(rows)),
-        ("admitted", result.admitted),
-        ("cached", result.cached),
-        ("executed", result.executed),
-        ("completed", result.completed),
-        ("failed", result.failed),
-        ("blocked", result.blocked),
-        ("fenced", result.fenced),
-        ("elapsed s", f"{elapsed:.2f}"),
-        ("rows/s", f"{len(rows) / elapsed:,.0f}" if elapsed > 0 else "-"),
-        ("sheet total", summary.total),
-        ("sheet enriched", summary.completed),
-        ("sheet failed", summary.failed),
-    ]))
-    print(f"demo: run {run.run_id} admitted {result.admitted} cached {result.cached} "
-          f"executed {result.executed} completed {result.completed} failed {result.failed}")
-    print("run retired; run `runplane demo` again to see the cache")
-    return 0
-
-
-class UnknownRun(EngineError):
-    """`--resume` named a run that was never started."""
-
-
-
-async def run_exists(tenant, run_id: str) -> bool:
-    """Whether the demo play has a registered run `run_id` (a blank id names none)."""
-    if not run_id.strip():
-        return False
-    return await runs.get(tenant, RunScope(tenant.org_id, PLAY, run_id)) is not None
+        console.print(summary_table("runplane demo", [
+            ("run id", run.run_id),
+            ("epoch", run.epoch),
+            ("source rows", len(rows)),
+            ("admitted", result.admitted),
+            ("cached", result.cached),
+            ("executed", result.executed),
+            ("completed", result.completed),
+            ("failed", result.failed),
+            ("blocked", result.blocked),
+            ("fenced", result.fenced),
+            ("elapsed s", f"{elapsed:.2f}"),
+            ("rows/s", f"{len(rows) / elapsed:,.0f}" if elapsed > 0 else "-"),
+            ("sheet total", summary.total),
+            ("sheet enriched", summary.completed),
+            ("sheet failed", summary.failed),
+        ]))
+        say(f"demo: run {run.run_id} admitted {result.admitted} cached {result.cached} "
+            f"executed {result.executed} completed {result.completed} failed {result.failed}")
+        failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
+    say("run retired; run `runplane demo` again to see the cache")
+    return failed

@@ -2,20 +2,24 @@
 
 Every command connects through `engine.open_tenant` (the embedded default, or `RUNPLANE_DSN`).
 Errors reach the user as one line on stderr and a non-zero exit status, never a traceback:
-engine errors exit 1, usage errors 2, an interrupt 130. Errors that come out of trio nurseries
-as exception groups are unwrapped to their first leaf for that line.
+engine errors and refusals exit 1, usage errors (bad arguments, unreadable input files) 2, rows
+that failed under `--fail-on-row-errors` 3, an interrupt 130. Errors that come out of trio
+nurseries as exception groups are unwrapped to their first leaf for that line. A run that ends
+any other way than success (interrupt, SIGTERM, a store failure, a failing play) also prints the
+command that resumes it (see `operators.RunNotice`). Printed text goes through
+`terminal.clean`: stored or user-supplied text never reaches the terminal with control
+characters in it.
 
-Commands: `demo` (the main job, see `actors.demo`), `run PLAY.py` (a user's play), `status`,
-`supervise`, `doctor`, `simulate`.
+Commands: `demo` (the main job, see `cli.demo`), `run PLAY.py` (a user's play), `status`,
+`failures`, `runs`, `supervise`, `doctor`, `simulate`. `status`, `failures`, `runs` and
+`doctor` are read-only: they open the tenant without bootstrap and create nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import inspect
-import json
 import os
 import signal
 import sys
@@ -24,11 +28,24 @@ from typing import Any, Callable
 
 import trio
 
-from runplane.engine import PlayScope, open_tenant
+from runplane.engine import PlayScope, open_tenant, sheets
 from runplane.engine.errors import EngineError, leaf_errors
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
+from runplane.engine.scopes import normalize_namespace
+
+from .inputs import InputFileError, read_input
+from .operators import (
+    CommandError,
+    RunNotice,
+    UsageError,
+    print_failure_summary,
+    show_failures,
+    show_runs,
+)
+from .terminal import say, warn
 
 DEFAULT_ORG = "local"
+ROW_ERRORS_EXIT = 3
 
 Command = Callable[[argparse.Namespace], int]
 COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -49,24 +66,46 @@ def command(name: str, help: str):
 
 def _tenant_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_DSN, else embedded)")
-    parser.add_argument("--org", default=os.environ.get("RUNPLANE_ORG", DEFAULT_ORG), help="org id")
-    parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"), help="tenant schema")
+    parser.add_argument("--org", default=os.environ.get("RUNPLANE_ORG", DEFAULT_ORG),
+                        help=f"org id (default: RUNPLANE_ORG, else {DEFAULT_ORG!r})")
+    parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"),
+                        help="tenant schema (default: RUNPLANE_SCHEMA, else 'runplane')")
+
+
+def _read_only(args: argparse.Namespace):
+    """The tenant of a read-only command: no bootstrap, nothing created."""
+    return open_tenant(args.org, args.dsn, schema=args.schema, bootstrap=False)
+
+
+def _row_error_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fail-on-row-errors", action="store_true",
+                        help=f"exit {ROW_ERRORS_EXIT} when any row of the run failed")
 
 
 # -- doctor -------------------------------------------------------------------------------------
-@command("doctor", "connect and report server version, schema status and permit lanes")(_tenant_options)
+@command("doctor", "connect and report the server, how to reach it with psql, schema status and permit lanes")(_tenant_options)
 def doctor(args: argparse.Namespace) -> int:
+    from .doctor import connection_lines
+
     async def main() -> None:
-        async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
+        async with _read_only(args) as tenant:
             version = await tenant.server_version()
             async with tenant.connection("receipts") as conn:
                 status = await schema_status(conn, tenant.schema)
-            print(f"server      PostgreSQL {version} at {tenant.host}")
-            state = "ok" if status == SCHEMA_VERSION else f"needs bootstrap (found {status})"
-            print(f"schema      {tenant.schema} version {status} ({state})")
-            print(f"org         {tenant.org_id}")
+                where = await connection_lines(conn, args.dsn or os.environ.get("RUNPLANE_DSN"))
+            say(f"server      PostgreSQL {version}")
+            for line in where:
+                say(line)
+            if status is None:
+                state = "absent; nothing created (the first `runplane run` or `demo` creates it)"
+            elif status == SCHEMA_VERSION:
+                state = f"version {status} (ok)"
+            else:
+                state = f"version {status} (the next `runplane run` or `demo` upgrades it)"
+            say(f"schema      {tenant.schema} {state}")
+            say(f"org         {tenant.org_id}")
             for name, stats in tenant.permits().items():
-                print(f"lane        {name:<12} limit {stats.limit}")
+                say(f"lane        {name:<12} limit {stats.limit}")
 
     run_trio(main)
     return 0
@@ -97,6 +136,7 @@ def simulate(args: argparse.Namespace) -> int:
 # -- demo ---------------------------------------------------------------------------------------
 def _demo_options(parser: argparse.ArgumentParser) -> None:
     _tenant_options(parser)
+    _row_error_options(parser)
     parser.add_argument("--rows", type=_positive, default=10_000, help="synthetic companies (default 10,000)")
     parser.add_argument("--concurrency", type=_positive, default=128, help="map workers (default 128)")
     parser.add_argument("--latency-ms", type=_non_negative, default=2.0, help="mean fake tool latency (default 2 ms)")
@@ -133,20 +173,22 @@ def demo(args: argparse.Namespace) -> int:
 
     from .demo import run_demo
 
-    return run_trio(run_demo, args, Console())
+    args.notice = RunNotice(args.argv, "--resume")
+    failed = run_trio(run_demo, args, Console())
+    return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
 
 
 # -- run ----------------------------------------------------------------------------------------
 def _run_options(parser: argparse.ArgumentParser) -> None:
     _tenant_options(parser)
+    _row_error_options(parser)
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
-    parser.add_argument("--run-id", default=None, help="wake this run instead of starting a new one")
-
-
-class UsageError(Exception):
-    """Bad command-line input that argparse could not see (a file's content, a missing function)."""
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
+    chosen.add_argument("--new-run-id", default=None, metavar="RUN_ID",
+                        help="start a new run with this id (default: a fresh time-ordered id)")
 
 
 def load_play(path: str) -> tuple[str, Callable[..., Any]]:
@@ -167,30 +209,21 @@ def load_play(path: str) -> tuple[str, Callable[..., Any]]:
     return str(getattr(module, "PLAY", file.stem)), play
 
 
-def read_rows(path: str | None) -> list[dict]:
-    if path is None:
-        return []
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"{path}: no such file")
-    if file.suffix == ".csv":
-        with file.open(newline="", encoding="utf-8") as handle:
-            return [dict(row) for row in csv.DictReader(handle)]
-    if file.suffix in (".jsonl", ".ndjson"):
-        rows = []
-        with file.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UsageError(f"{path}:{number}: invalid JSON: {exc.msg}") from exc
-                if not isinstance(row, dict):
-                    raise UsageError(f"{path}:{number}: each line must be a JSON object")
-                rows.append(row)
-        return rows
-    raise UsageError(f"{path}: input must be .csv or .jsonl")
+async def choose_run_id(tenant: Any, play: str, args: argparse.Namespace) -> str | None:
+    """The run to open: `--run-id` must exist, `--new-run-id` must not; None makes a fresh id."""
+    from runplane.engine import RunScope, runs
+
+    wanted = args.run_id or args.new_run_id
+    if wanted is None:
+        return None
+    known = await runs.get(tenant, RunScope(tenant.org_id, play, wanted))
+    if args.run_id is not None and known is None:
+        raise UsageError(f"no run {wanted!r} of play {play!r} to wake "
+                         f"(`--new-run-id {wanted}` starts a new run with that id)")
+    if args.new_run_id is not None and known is not None:
+        raise UsageError(f"run {wanted!r} of play {play!r} already exists "
+                         f"(`--run-id {wanted}` wakes it)")
+    return wanted
 
 
 @command("run", "run a play: `async def play(run, rows)` in PLAY.py")(_run_options)
@@ -198,18 +231,29 @@ def run_play(args: argparse.Namespace) -> int:
     from runplane.actors import open_run
 
     name, play = load_play(args.play_file)
-    rows = read_rows(args.input)
+    rows: list[dict] = []
+    if args.input is not None:
+        source = read_input(args.input)
+        if source.note is not None:
+            say(source.note)
+            return 0
+        rows = source.rows
+    play_name = args.play_name or name
+    notice = args.notice = RunNotice(args.argv, "--run-id")
 
-    async def main() -> Any:
+    async def main() -> int:
         async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
-            async with open_run(tenant, args.play_name or name, args.run_id) as run:
-                print(f"run {run.run_id} of play {run.play} (epoch {run.epoch}), {len(rows)} input rows")
-                return await play(run, rows)
+            run_id = await choose_run_id(tenant, play_name, args)
+            async with open_run(tenant, play_name, run_id) as run:
+                await notice.started(run)
+                say(f"{len(rows)} input rows")
+                result = await play(run, rows)
+            if result is not None:
+                say(describe_result(result))
+            return await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
 
-    result = run_trio(main)
-    if result is not None:
-        print(describe_result(result))
-    return 0
+    failed = run_trio(main)
+    return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
 
 
 def describe_result(result: Any) -> str:
@@ -230,34 +274,69 @@ def _status_options(parser: argparse.ArgumentParser) -> None:
 
 @command("status", "show a play's sheets (counters per table and column) and recent runs")(_status_options)
 def status(args: argparse.Namespace) -> int:
-    from runplane.engine import outbox, runs as engine_runs, sheets
-    from runplane.engine.scopes import normalize_namespace
+    from runplane.engine import outbox, runs
+
+    from .operators import require_schema
 
     async def main() -> int:
-        async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
+        async with _read_only(args) as tenant:
+            await require_schema(tenant)
             scope = PlayScope(tenant.org_id, args.play)
             summaries = await sheets.summaries(tenant, scope)
-            runs = await engine_runs.list_runs(tenant, scope, limit=10)
-            entries = await outbox.get_many(tenant, scope, [run.run_id for run in runs])
-            if not summaries and not runs:
-                print(f"play {scope.play!r} has no sheets and no runs", file=sys.stderr)
-                return 1
+            recent = await runs.list_runs(tenant, scope, limit=10)
+            if not summaries and not recent:
+                raise CommandError(f"play {scope.play!r} has no sheets and no runs "
+                                   f"in org {scope.org_id!r} (see --org / RUNPLANE_ORG)")
             if args.table is not None:
                 wanted = normalize_namespace(args.table)
                 if wanted not in summaries:
-                    print(f"play {scope.play!r} has no table {wanted!r}", file=sys.stderr)
-                    return 1
+                    raise CommandError(f"play {scope.play!r} has no table {wanted!r}")
                 summaries = {wanted: summaries[wanted]}
             for table, summary in summaries.items():
-                print(f"table {table}: total {summary.total}, queued {summary.queued}, "
-                      f"running {summary.running}, completed {summary.completed}, "
-                      f"failed {summary.failed}")
+                say(f"table {table}: total {summary.total}, queued {summary.queued}, "
+                    f"running {summary.running}, completed {summary.completed}, "
+                    f"failed {summary.failed}")
                 for field, column in sorted(summary.columns.items()):
-                    print(f"  column {field}: completed {column.completed}, failed {column.failed}")
-            for run in runs:
-                entry = entries.get(run.run_id)
-                print(f"run {run.run_id} epoch {run.epoch} outbox {entry.state if entry else '-'}")
+                    say(f"  column {field}: completed {column.completed}, failed {column.failed}")
+            entries = await outbox.get_many(tenant, scope, [info.run_id for info in recent])
+            for info in recent:
+                entry = entries.get(info.run_id)
+                say(f"run {info.run_id} epoch {info.epoch} outbox {entry.state if entry else '-'}")
         return 0
+
+    return run_trio(main)
+
+
+# -- failures -----------------------------------------------------------------------------------
+def _failures_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("play", help="play name")
+    parser.add_argument("table", help="table namespace")
+    parser.add_argument("--run", default=None, metavar="RUN_ID", help="only the rows this run left failed")
+    parser.add_argument("--limit", type=_positive, default=20, help="failed rows to list (default 20)")
+
+
+@command("failures", "list a table's failed rows and its most common errors")(_failures_options)
+def failures(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with _read_only(args) as tenant:
+            return await show_failures(tenant, args)
+
+    return run_trio(main)
+
+
+# -- runs ---------------------------------------------------------------------------------------
+def _runs_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("play", help="play name")
+    parser.add_argument("--limit", type=_positive, default=10, help="runs to list (default 10)")
+
+
+@command("runs", "list a play's recent runs: state, rows, and how to resume open ones")(_runs_options)
+def list_runs(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with _read_only(args) as tenant:
+            return await show_runs(tenant, args)
 
     return run_trio(main)
 
@@ -278,8 +357,8 @@ def supervise(args: argparse.Namespace) -> int:
         async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
             async with open_supervisor(tenant, poll_interval=args.poll,
                                        abandon_after_s=args.abandon_after) as sup:
-                print(f"supervising org {tenant.org_id} in schema {tenant.schema} "
-                      f"as {sup.owner} (Ctrl-C to stop)", flush=True)
+                say(f"supervising org {tenant.org_id} in schema {tenant.schema} "
+                    f"as {sup.owner} (Ctrl-C to stop)")
                 await trio.sleep_forever()
 
     run_trio(main)
@@ -291,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runplane", description="durable, idempotent map runs on PostgreSQL")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, configure, help) in COMMANDS.items():
-        configure(sub.add_parser(name, help=help, description=help))
+        # No abbreviations: the resume command is rebuilt from the exact option names.
+        configure(sub.add_parser(name, help=help, description=help, allow_abbrev=False))
     return parser
 
 
@@ -327,26 +407,41 @@ def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command and its arguments, for resume commands
+    args.notice = None
     handler = COMMANDS[args.command][0]
     try:
         return handler(args)
     except BaseException as raised:  # reported as one line below, or re-raised
         exc = leaf_errors(raised)[0]  # the first, unwrapped from nested groups
-        if isinstance(exc, KeyboardInterrupt):
-            print("runplane: interrupted", file=sys.stderr)
-            return 130
-        if isinstance(exc, UsageError):
-            print(f"runplane: {exc}", file=sys.stderr)
-            return 2
-        if isinstance(exc, EngineError):
-            print(f"runplane: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-        if isinstance(exc, OSError):
-            print(f"runplane: {exc}", file=sys.stderr)
-            return 1
-        if isinstance(exc, Exception) and args.command == "run":
-            print(f"runplane: the play failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-        raise
+        status = _report(exc, args.command)
+        if status is None:
+            raise
+        if args.notice is not None and args.notice.resume_command is not None:
+            warn(f"runplane: resume run {args.notice.run_id} with: {args.notice.resume_command}")
+        return status
 
+
+def _report(exc: BaseException, command_name: str) -> int | None:
+    """Print `exc` as one line and return the exit status, or None to let it through."""
+    if isinstance(exc, KeyboardInterrupt):
+        warn("runplane: interrupted")
+        return 130
+    if isinstance(exc, (UsageError, InputFileError)):
+        warn(f"runplane: {exc}")
+        return 2
+    if isinstance(exc, CommandError):
+        warn(f"runplane: {exc}")
+        return 1
+    if isinstance(exc, EngineError):
+        warn(f"runplane: {type(exc).__name__}: {exc}")
+        return 1
+    if isinstance(exc, OSError):
+        warn(f"runplane: {exc}")
+        return 1
+    if isinstance(exc, Exception) and command_name == "run":
+        warn(f"runplane: the play failed: {type(exc).__name__}: {exc}")
+        return 1
+    return None

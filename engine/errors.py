@@ -75,6 +75,11 @@ class TenantUnavailableError(EngineError):
     """
 
 
+class SchemaNotFoundError(EngineError):
+    """A tenant opened without bootstrap (`open_tenant(..., bootstrap=False)`, as read-only
+    commands open it) met a schema without runplane's tables. Nothing was created."""
+
+
 class TransactionStateUnknownError(EngineError):
     """An operation failed inside a transaction and its ROLLBACK failed or timed out.
 

@@ -7,6 +7,8 @@ One statement: insert-if-absent, else read the stored row.
 
 `get(port, RunScope)` and `list_runs(port, PlayScope)` read the registry back (the command
 line's run existence check and its recent-runs listing); they are plain reads.
+`record_command(port, RunScope, command)` stores how to resume a run (the command line records
+the command that started it, so `runplane runs` can print it for runs still open).
 """
 
 from __future__ import annotations
@@ -18,19 +20,25 @@ import time
 import attrs
 
 from .actions import action
-from .codecs import INT, PLAY_SCOPE, RUN_REF, RUN_SCOPE, TIMESTAMP, list_of, optional, record
+from .codecs import (INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TIMESTAMP, list_of,
+                     optional, record)
 from .errors import InvalidInputError
 from .ports import Port, sequence_literal, table, with_connection
 from .scopes import PlayScope, RunRef, RunScope, check_scope
 
 
+MAX_COMMAND_CHARS = 8192
+
+
 @attrs.frozen
 class RunInfo:
-    """A registered run as stored: its scope, its epoch and when it was first registered."""
+    """A registered run as stored: its scope, its epoch, when it was first registered and, if
+    recorded, the command that resumes it."""
 
     scope: RunScope
     epoch: int
     created_at: datetime.datetime
+    command: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -40,7 +48,8 @@ class RunInfo:
     def ref(self) -> RunRef:
         return RunRef(self.scope, self.epoch)
 
-RUN_INFO = record(RunInfo, scope=RUN_SCOPE, epoch=INT, created_at=TIMESTAMP)
+RUN_INFO = record(RunInfo, scope=RUN_SCOPE, epoch=INT, created_at=TIMESTAMP,
+                  command=optional(STR))
 
 _REGISTER = """
 WITH inserted AS (
@@ -56,12 +65,12 @@ SELECT epoch FROM {runs}
 """
 
 _GET = """
-SELECT org_id, play, run_id, epoch, created_at FROM {runs}
+SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
  WHERE org_id = $1 AND play = $2 AND run_id = $3
 """
 
 _LIST = """
-SELECT org_id, play, run_id, epoch, created_at FROM {runs}
+SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
  WHERE org_id = $1 AND play = $2 ORDER BY epoch DESC LIMIT $3
 """
 
@@ -82,7 +91,8 @@ async def register(port: Port, scope: RunScope) -> RunRef:
 
 
 def _info(row) -> RunInfo:
-    return RunInfo(RunScope(row["org_id"], row["play"], row["run_id"]), row["epoch"], row["created_at"])
+    return RunInfo(RunScope(row["org_id"], row["play"], row["run_id"]), row["epoch"],
+                   row["created_at"], row["command"])
 
 
 @action("runs.get", params={"scope": RUN_SCOPE}, result=optional(RUN_INFO), writes=False)
@@ -108,6 +118,24 @@ async def list_runs(port: Port, scope: PlayScope, *, limit: int = 10) -> list[Ru
         port, "receipts", lambda conn: conn.fetch(sql, scope.org_id, scope.play, limit)
     )
     return [_info(row) for row in rows]
+
+
+_RECORD_COMMAND = "UPDATE {runs} SET command = $4 WHERE org_id = $1 AND play = $2 AND run_id = $3"
+
+
+@action("runs.record_command", params={"scope": RUN_SCOPE, "command": STR}, result=NOTHING)
+async def record_command(port: Port, scope: RunScope, command: str) -> None:
+    """Store how to resume the run (a no-op for a run that is not registered)."""
+    check_scope(port, scope)
+    if not isinstance(command, str) or not command.strip() or len(command) > MAX_COMMAND_CHARS:
+        raise InvalidInputError(
+            f"command must be a non-empty string of at most {MAX_COMMAND_CHARS} characters"
+        )
+    sql = _RECORD_COMMAND.format(runs=table(port, "runs"))
+    await with_connection(
+        port, "receipts",
+        lambda conn: conn.execute(sql, scope.org_id, scope.play, scope.run_id, command),
+    )
 
 
 def new_run_id() -> str:

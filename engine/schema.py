@@ -5,13 +5,14 @@ advisory lock keyed by the schema name, so concurrent bootstraps serialize inste
 `CREATE ... IF NOT EXISTS` (which is not atomic in PostgreSQL). `schema_status` reads the stored
 version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here;
 `sheet_columns` is their registry (which physical column holds which field).
+Versions: 2 added `runs.command` (how to resume a run, recorded by the command line).
 """
 
 from __future__ import annotations
 
 from .sql import quote_ident
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -29,6 +30,7 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, play, run_id)
 );
+ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS command text;
 CREATE TABLE IF NOT EXISTS {s}.work_receipts (
     k bytea PRIMARY KEY,
     status smallint NOT NULL,

@@ -28,7 +28,13 @@ import trio
 
 from . import pg, schema as schema_ddl
 from .embedded import resolve_dsn
-from .errors import EngineError, InvalidInputError, StoreUnavailableError, TenantUnavailableError
+from .errors import (
+    EngineError,
+    InvalidInputError,
+    SchemaNotFoundError,
+    StoreUnavailableError,
+    TenantUnavailableError,
+)
 from .limits import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
 from .sql import quote_ident
@@ -38,11 +44,29 @@ CONNECT_RETRY_DELAYS = (0.25, 0.75, 1.5)
 MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
 
 
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN that cannot be parsed, with a reason that never quotes it (it may hold a
+    password); called before any connection attempt."""
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise InvalidInputError("the DSN is empty")
+    if "://" not in dsn:
+        return  # key=value form: the driver reports what it cannot use
+    try:
+        url = urllib.parse.urlsplit(dsn)
+        url.port  # noqa: B018 - parsing the port is the check
+    except ValueError as exc:
+        reason = str(exc).split(" as ", 1)[0]  # "Port could not be cast ... as '<text>'"
+        raise InvalidInputError(f"malformed DSN: {reason}") from None
+
+
 def describe_dsn(dsn: str) -> str:
     """`host:port/database` of a DSN (URL or key=value form), never its password."""
     host = port = database = None
     if "://" in dsn:
-        url = urllib.parse.urlsplit(dsn)
+        try:
+            url = urllib.parse.urlsplit(dsn)
+        except ValueError:
+            return "a malformed DSN"
         query = urllib.parse.parse_qs(url.query)
         host = url.hostname or (query.get("host") or [None])[0]
         try:
@@ -74,6 +98,7 @@ class Tenant:
     driver: pg.Driver = attrs.field(repr=False)
     execution_role: str | None = None
     max_connections: int = 8
+    bootstrap: bool = True
     lanes: Mapping[str, int] = attrs.field(factory=lambda: dict(DEFAULT_LANES))
     _lane_permits: dict[str, Permits] = attrs.field(init=False)
     _connection_permits: Permits = attrs.field(init=False)
@@ -146,7 +171,13 @@ class Tenant:
 
     # -- schema ----------------------------------------------------------------------------
     async def repair_schema(self) -> None:
-        """Re-run the idempotent bootstrap (called once after a missing relation or column)."""
+        """Re-run the idempotent bootstrap (called once after a missing relation or column);
+        a tenant opened with `bootstrap=False` creates nothing and raises instead."""
+        if not self.bootstrap:
+            raise SchemaNotFoundError(
+                f"schema {self.schema!r} lacks runplane tables; nothing was created "
+                "(a read-only command never creates a schema)"
+            )
         async with self._plain_connection() as conn:
             await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
 
@@ -258,10 +289,14 @@ async def open_tenant(
     max_connections: int = 8,
     lanes: Mapping[str, int] | None = None,
     execution_role: str | None = None,
+    bootstrap: bool = True,
 ) -> AsyncIterator[Tenant]:
     """Open a tenant: connect (fail fast), bootstrap the schema, yield the tenant, close the pool.
 
     `dsn=None` uses `RUNPLANE_DSN`, else the embedded server (started on first use).
+    `bootstrap=False` (read-only callers) runs no DDL at all: the schema is neither created nor
+    upgraded nor repaired (`repair_schema` raises `SchemaNotFoundError`); the caller checks
+    `schema.schema_status` itself.
     """
     check_tenant_names(org_id, schema, execution_role)
     if max_connections < 1:
@@ -271,6 +306,7 @@ async def open_tenant(
         if not isinstance(limit, int) or limit < 1:
             raise InvalidInputError(f"lane {name!r} needs a positive integer limit, got {limit!r}")
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    check_dsn(resolved)
     async with pg.open_driver() as driver:
         tenant = Tenant(
             org_id=org_id.strip(),
@@ -279,14 +315,16 @@ async def open_tenant(
             driver=driver,
             execution_role=execution_role,
             max_connections=max_connections,
+            bootstrap=bootstrap,
             lanes=lane_limits,
         )
         try:
-            await tenant.ensure_schema()
+            if bootstrap:
+                await tenant.ensure_schema()
             yield tenant
         finally:
             with trio.CancelScope(shield=True):
                 await tenant.aclose()
 
 
-__all__ = ["Tenant", "open_tenant", "describe_dsn", "DEFAULT_LANES", "EngineError"]
+__all__ = ["Tenant", "open_tenant", "describe_dsn", "check_dsn", "DEFAULT_LANES", "EngineError"]

@@ -75,9 +75,9 @@ def test_demo_crash_after_then_resume_does_not_redo_rows(schema, capsys):
 
 
 def test_resume_of_an_unknown_run_is_one_clear_line(schema, capsys):
-    assert main(["demo", "--rows", "10", "--schema", schema, "--resume", "nope"]) == 1
+    assert main(["demo", "--rows", "10", "--schema", schema, "--resume", "nope"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "runplane: UnknownRun: no run 'nope' of play 'demo' to resume"
+    assert err == "runplane: no run 'nope' of play 'demo' to resume\n"
 
 
 def test_run_a_play_file_with_csv_and_jsonl_input(schema, capsys):
@@ -95,7 +95,7 @@ def test_run_a_play_file_with_csv_and_jsonl_input(schema, capsys):
     assert "table companies: total 9, queued 0, running 0, completed 8, failed 1" in out
     assert "column tld: completed 8, failed 0" in out
     assert main(["status", "enrich-companies", "nope", "--schema", schema]) == 1
-    assert capsys.readouterr().err.strip() == "play 'enrich-companies' has no table 'nope'"
+    assert capsys.readouterr().err == "runplane: play 'enrich-companies' has no table 'nope'\n"
 
 
 def test_play_errors_and_bad_files_are_one_line(schema, capsys, tmp_path):
@@ -108,8 +108,12 @@ def test_play_errors_and_bad_files_are_one_line(schema, capsys, tmp_path):
     failing = tmp_path / "failing.py"
     failing.write_text("async def play(run, rows):\n    raise ValueError('bad config')\n")
     assert main(["run", str(failing), "--schema", schema]) == 1
-    err = capsys.readouterr().err
-    assert err.strip() == "runplane: the play failed: ValueError: bad config"
+    captured = capsys.readouterr()
+    run_id = re.search(r"^run (\S+) of play failing started", captured.out, re.MULTILINE).group(1)
+    assert captured.err == (
+        "runplane: the play failed: ValueError: bad config\n"
+        f"runplane: resume run {run_id} with: runplane run {failing} --schema {schema} "
+        f"--run-id {run_id}\n")
     bad_input = tmp_path / "rows.jsonl"
     bad_input.write_text('{"a": 1}\n[1, 2]\n')
     assert main(["run", str(failing), "--input", str(bad_input), "--schema", schema]) == 2

@@ -7,6 +7,7 @@ sheet. See the modules for how each part works.
 """
 
 from .admission import admit
+from .audit import ErrorCount, ErrorCounts, FailedRow, RunRows, error_counts, failed_rows, run_rows
 from .completion import complete
 from .layout import SheetLayout, ensure_sheet
 from .model import (
@@ -31,5 +32,6 @@ __all__ = [
     "SheetContract", "Attempt", "CellPolicy", "row_key", "ensure_sheet", "admit", "Admission",
     "AdmittedRow", "BlockedRow", "RowOutcome", "complete", "Completion", "FencedRow",
     "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
-    "SheetLayout",
+    "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
+    "ErrorCounts", "RunRows",
 ]

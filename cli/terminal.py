@@ -1,0 +1,58 @@
+"""What the command line prints: plain lines, flushed, free of control characters.
+
+Text that came from a user or from stored data (org, play, run ids, keys, cell values, error
+messages) can hold ANSI escape sequences, carriage returns or newlines that would repaint or
+forge a terminal's output. Every line the CLI prints goes through `clean`: tabs and line breaks
+become spaces, every other control character (C0, DEL, C1) is dropped. Lines are flushed as
+they are printed, so a redirected log shows them even if the process is killed a moment later.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from typing import Any, Iterable, TextIO
+
+_SPACING = re.compile(r"[\t\n\v\f\r]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def clean(text: Any) -> str:
+    """`text` as one printable line: line breaks and tabs become spaces, other controls go."""
+    return _CONTROL.sub("", _SPACING.sub(" ", str(text)))
+
+
+def say(line: Any = "", *, file: TextIO | None = None) -> None:
+    """Print one cleaned line and flush it."""
+    stream = sys.stdout if file is None else file
+    print(clean(line), file=stream, flush=True)
+
+
+def warn(line: Any) -> None:
+    say(line, file=sys.stderr)
+
+
+def shell_command(words: Iterable[str]) -> str:
+    """A command line a user can paste into a POSIX shell."""
+    return shlex.join(["runplane", *words])
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 row`, `2 rows`."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def table_lines(header: tuple[str, ...], rows: list[tuple[Any, ...]],
+                right: tuple[int, ...] = ()) -> list[str]:
+    """A plain text table: columns padded to their widest cleaned cell (at most 80 wide)."""
+    cells = [[clean(c) for c in header]] + [[clean(c) for c in row] for row in rows]
+    widths = [min(80, max(len(r[i]) for r in cells)) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        parts = []
+        for i, cell in enumerate(row):
+            cell = cell if len(cell) <= 80 else cell[:79] + "…"
+            parts.append(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]))
+        lines.append("  ".join(parts).rstrip())
+    return lines

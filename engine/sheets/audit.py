@@ -1,0 +1,229 @@
+"""Operator reads of sheets: failed rows, the commonest errors, rows per run.
+
+How it works
+- These are plain reads for people looking at a play (`runplane failures`, `runs`, the failure
+  table that ends `run` and `demo`): no lock, one snapshot per statement, nothing created. A
+  sheet that does not exist reads as empty, so a read-only caller never needs the schema
+  repaired. Each is an action (`engine.actions`), so it works through a gateway as well.
+- Inputs of a failed row are its registered fields that are not outputs; outputs are the fields
+  with a column counter row (`sheet_column_summary`: the contract's outputs and every output a
+  completion wrote).
+- Failed rows and error counts filter `_status = 'failed'` (optionally one run's rows: those it
+  wrote last); rows per run group by `_run_id`. None of these has an index of its own: each is
+  one scan of the sheet, fine for an operator command, never used on a run's hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .. import canonical
+from ..actions import action
+from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional, record
+from ..errors import InvalidInputError
+from ..pg import Connection
+from ..ports import Port, table, with_connection
+from ..scopes import PlayScope, check_scope
+from ..sql import quote_ident
+
+from .layout import LANE, layout_for
+
+
+@attrs.frozen
+class FailedRow:
+    """A failed row: its key, its input fields, the stored error and the calls it took."""
+
+    key: str
+    inputs: dict[str, Any]
+    error: str | None
+    run_id: str | None
+    input_index: int | None
+    attempts: int | None = None
+
+
+@attrs.frozen
+class ErrorCount:
+    """How many failed rows hold one error message (None: rows failed without a message)."""
+
+    error: str | None
+    count: int
+
+
+@attrs.frozen
+class ErrorCounts:
+    """The commonest error messages of a sheet's failed rows, with the totals behind them."""
+
+    failed: int
+    distinct: int
+    top: tuple[ErrorCount, ...]
+
+
+@attrs.frozen
+class RunRows:
+    """Rows of a sheet that a run wrote last, by status."""
+
+    pending: int = 0
+    running: int = 0
+    enriched: int = 0
+    failed: int = 0
+
+
+FAILED_ROW = record(FailedRow, key=STR, inputs=RAW, error=optional(STR), run_id=optional(STR),
+                    input_index=optional(INT), attempts=optional(INT))
+ERROR_COUNTS = record(ErrorCounts, failed=INT, distinct=INT,
+                      top=list_of(record(ErrorCount, error=optional(STR), count=INT), as_tuple=True))
+RUN_ROWS = record(RunRows, pending=INT, running=INT, enriched=INT, failed=INT)
+
+_INPUT_COLUMNS = """
+SELECT to_regclass($4) IS NOT NULL AS present,
+       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
+                  AND attname = '_attempts' AND NOT attisdropped) AS has_attempts,
+       coalesce(array_agg(r.field ORDER BY r.position, r.field)
+                FILTER (WHERE r.field IS NOT NULL), '{{}}') AS fields,
+       coalesce(array_agg(r.column_name ORDER BY r.position, r.field)
+                FILTER (WHERE r.field IS NOT NULL), '{{}}') AS columns
+  FROM (SELECT 1) AS one
+  LEFT JOIN {registry} AS r
+    ON r.org_id = $1 AND r.play = $2 AND r.table_namespace = $3
+   AND NOT EXISTS (SELECT 1 FROM {column_summary} AS c
+                    WHERE c.org_id = r.org_id AND c.play = r.play
+                      AND c.table_namespace = r.table_namespace AND c.field = r.field)
+"""
+
+_FAILED_ROWS = """
+SELECT _key, _error, _run_id, _input_index{attempts}{cols} FROM {t}
+ WHERE _status = 'failed' AND ($2::text IS NULL OR _run_id = $2::text)
+ ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC
+ LIMIT $1
+"""
+
+_ERROR_COUNTS = """
+WITH grouped AS (
+    SELECT _error AS error, count(*) AS n FROM {t}
+     WHERE _status = 'failed' AND ($1::text IS NULL OR _run_id = $1::text)
+     GROUP BY _error
+)
+SELECT error, n, (SELECT sum(n) FROM grouped)::bigint AS failed,
+       (SELECT count(*) FROM grouped) AS distinct_errors
+  FROM grouped ORDER BY n DESC, error ASC NULLS LAST LIMIT $2
+"""
+
+_RUN_ROWS = """
+SELECT _run_id,
+       count(*) FILTER (WHERE _status = 'pending') AS pending,
+       count(*) FILTER (WHERE _status = 'running') AS running,
+       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
+       count(*) FILTER (WHERE _status = 'failed') AS failed
+  FROM {t} WHERE _run_id = ANY($1::text[]) GROUP BY _run_id
+"""
+
+_PRESENT = "SELECT to_regclass($1) IS NOT NULL"
+
+
+def _check_limit(limit: object) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInputError(f"limit must be a positive integer, got {limit!r}")
+
+
+def _check_run_id(run_id: object) -> str | None:
+    if run_id is None:
+        return None
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise InvalidInputError("run_id must be a non-empty string or None")
+    return run_id.strip()
+
+
+@action("sheets.failed_rows", params={
+    "scope": PLAY_SCOPE, "table_namespace": STR, "run_id": optional(STR), "limit": INT,
+}, result=list_of(FAILED_ROW), writes=False)
+async def failed_rows(
+    port: Port, scope: PlayScope, table_namespace: str, *, run_id: str | None = None,
+    limit: int = 20,
+) -> list[FailedRow]:
+    """Up to `limit` failed rows in input order (only `run_id`'s when given)."""
+    check_scope(port, scope)
+    _check_limit(limit)
+    run_id = _check_run_id(run_id)
+    layout = layout_for(port, scope, table_namespace)
+    columns_sql = _INPUT_COLUMNS.format(
+        registry=table(port, "sheet_columns"),
+        column_summary=table(port, "sheet_column_summary"),
+    )
+
+    async def op(conn: Connection) -> list[FailedRow]:
+        info = await conn.fetchrow(columns_sql, *layout.counter_args, layout.qualified)
+        if not info["present"]:
+            return []
+        pairs = list(zip(info["fields"], info["columns"]))
+        cols = "".join(f", {quote_ident(c)}::text AS c{i}" for i, (_, c) in enumerate(pairs))
+        attempts = ", _attempts" if info["has_attempts"] else ""
+        sql = _FAILED_ROWS.format(attempts=attempts, cols=cols, t=layout.qualified)
+        records = await conn.fetch(sql, limit, run_id)
+        return [
+            FailedRow(
+                key=record["_key"],
+                inputs={field: canonical.loads(record[f"c{i}"])
+                        for i, (field, _) in enumerate(pairs) if record[f"c{i}"] is not None},
+                error=record["_error"],
+                run_id=record["_run_id"],
+                input_index=record["_input_index"],
+                attempts=record["_attempts"] if info["has_attempts"] else None,
+            )
+            for record in records
+        ]
+
+    return await with_connection(port, LANE, op)
+
+
+@action("sheets.error_counts", params={
+    "scope": PLAY_SCOPE, "table_namespace": STR, "run_id": optional(STR), "limit": INT,
+}, result=ERROR_COUNTS, writes=False)
+async def error_counts(
+    port: Port, scope: PlayScope, table_namespace: str, *, run_id: str | None = None,
+    limit: int = 5,
+) -> ErrorCounts:
+    """The `limit` commonest error messages of failed rows (only `run_id`'s when given)."""
+    check_scope(port, scope)
+    _check_limit(limit)
+    run_id = _check_run_id(run_id)
+    layout = layout_for(port, scope, table_namespace)
+
+    async def op(conn: Connection) -> ErrorCounts:
+        if not await conn.fetchval(_PRESENT, layout.qualified):
+            return ErrorCounts(0, 0, ())
+        records = await conn.fetch(_ERROR_COUNTS.format(t=layout.qualified), run_id, limit)
+        if not records:
+            return ErrorCounts(0, 0, ())
+        return ErrorCounts(
+            failed=records[0]["failed"],
+            distinct=records[0]["distinct_errors"],
+            top=tuple(ErrorCount(record["error"], record["n"]) for record in records),
+        )
+
+    return await with_connection(port, LANE, op)
+
+
+@action("sheets.run_rows", params={
+    "scope": PLAY_SCOPE, "table_namespace": STR, "run_ids": list_of(STR),
+}, result=dict_of(RUN_ROWS), writes=False)
+async def run_rows(
+    port: Port, scope: PlayScope, table_namespace: str, run_ids: list[str]
+) -> dict[str, RunRows]:
+    """Rows of the sheet each listed run wrote last, by status (runs with none are absent)."""
+    check_scope(port, scope)
+    layout = layout_for(port, scope, table_namespace)
+    run_ids = list(dict.fromkeys(run_ids))
+
+    async def op(conn: Connection) -> dict[str, RunRows]:
+        if not run_ids or not await conn.fetchval(_PRESENT, layout.qualified):
+            return {}
+        records = await conn.fetch(_RUN_ROWS.format(t=layout.qualified), run_ids)
+        return {
+            record["_run_id"]: RunRows(record["pending"], record["running"],
+                                       record["enriched"], record["failed"])
+            for record in records
+        }
+
+    return await with_connection(port, LANE, op)
