@@ -39,6 +39,13 @@ def test_failed_rows_end_the_run_with_the_top_errors_and_failures_lists_them(
     assert re.search(r"^  count  error\n      2  quota exceeded\n      1  timed out after 2 s$",
                      out, re.MULTILINE), out
     assert f"  see them: runplane failures ops things --run {first}" in out
+    # Column counters add up with the table's: a failed row's output cells count as failed.
+    assert main(["status", "ops", "things", "--schema", schema]) == 0
+    assert capsys.readouterr().out.splitlines()[:3] == [
+        "table things: total 5, queued 0, running 0, completed 2, failed 3",
+        "  column shout: completed 2, failed 3",
+        "  column size: completed 2, failed 3",
+    ]
     # The failed rows run again, fail again, and now the exit status says so.
     assert main([*args, "--fail-on-row-errors"]) == 3
     second, _ = started(capsys.readouterr().out)

@@ -269,9 +269,13 @@ async def test_cell_meta_and_failed_cells_and_error_default(tenant):
     ])
     stored = (await raw_rows(tenant, play_scope(tenant), NS, ["score"]))[key]
     assert stored["_status"] == "failed" and stored["_error"] == "Row execution failed."
-    assert stored["score"] == 4 and stored["_cell_meta"] == {"tag": {"status": "failed"}}
+    # Every output the row did not complete records the failure (merged with the outcome's
+    # own meta), so the column counters count the row's cells as failed.
+    failed_cell = {"status": "failed", "run_id": "r1"}
+    assert stored["score"] == 4 and stored["_cell_meta"] == {"score": failed_cell,
+                                                            "tag": failed_cell}
     s = await summary(tenant, play_scope(tenant), NS)
-    assert s.failed == 1 and s.columns["tag"].failed == 1
+    assert s.failed == 1 and s.columns["tag"].failed == 1 and s.columns["score"].failed == 1
     rerun = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
     assert [r.key for r in rerun.pending] == [key]
     await complete(tenant, run, NS, CONTRACT, [done(key, 5, "ok")])
@@ -280,6 +284,31 @@ async def test_cell_meta_and_failed_cells_and_error_default(tenant):
     assert stored["_cell_meta"]["score"]["run_id"] == "r1"
     s = await summary(tenant, play_scope(tenant), NS)
     assert s.columns["tag"] == type(s.columns["tag"])(1, 0)
+    assert s.columns["score"] == type(s.columns["score"])(1, 0)
+    await assert_counters(tenant)
+
+
+async def test_a_failed_row_counts_failed_cells_only_for_outputs_it_did_not_complete(tenant):
+    run = await new_run(tenant, PLAY, "r1")
+    key = (await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
+    await complete(tenant, run, NS, CONTRACT, [done(key, 2, "x")])
+    # A new output makes the enriched row run again; it fails: the new output's cell is failed,
+    # the cells it had completed stay completed.
+    wider = SheetContract(inputs=("name",), outputs=("score", "tag", "region"))
+    again = await new_run(tenant, PLAY, "r2")
+    assert [r.key for r in (await admit(tenant, again, NS, wider, [{"name": "a"}])).pending] == [key]
+    await complete(tenant, again, NS, wider, [RowOutcome(key, "failed", error="no region")])
+    meta = (await raw_rows(tenant, play_scope(tenant), NS))[key]["_cell_meta"]
+    assert meta["region"] == {"status": "failed", "run_id": "r2"}
+    assert meta["score"]["status"] == meta["tag"]["status"] == "completed"
+    s = await summary(tenant, play_scope(tenant), NS)
+    assert s.failed == 1 and s.completed == 0
+    assert {f: (c.completed, c.failed) for f, c in s.columns.items()} == {
+        "score": (1, 0), "tag": (1, 0), "region": (0, 1)}
+    await assert_counters(tenant)
+    await complete(tenant, again, NS, wider, [done(key, 2, "x", region="emea")])
+    s = await summary(tenant, play_scope(tenant), NS)
+    assert s.columns["region"] == type(s.columns["region"])(1, 0)
     await assert_counters(tenant)
 
 

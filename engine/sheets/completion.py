@@ -14,8 +14,10 @@ How it works
     * a failed outcome for an `enriched` row → `already_completed`;
     * otherwise applied: completed → `enriched`, the data keys present patched, cell meta of
       every output `{status: completed, run_id, completed_at}` (epoch seconds, server clock)
-      merged with the outcome's own cell meta; failed → `failed`, `_error` set, cells and cell
-      meta patched likewise but no output marked completed. The lease ends (`_attempt_expires_at`
+      merged with the outcome's own cell meta; failed → `failed`, `_error` set, cells patched
+      likewise, and cell meta of every output the row has not completed `{status: failed,
+      run_id}` (completed cells are kept), so column counters count a failed row's cells as
+      failed and add up with the table's. The lease ends (`_attempt_expires_at`
       cleared). A row already exactly so is not touched: an identical replay is committed
       without a physical change (a replay only differing in `completed_at` keeps the old one).
     * an applied outcome adds the calls it took (`RowOutcome.attempts`) to `_attempts`; a
@@ -129,14 +131,13 @@ class _Writer:
 
     def _counted(self, chunk: list[PreparedOutcome], failed: bool) -> list[str]:
         """Fields whose cell-meta status this chunk may move."""
-        meta_keys = {k for o in chunk for k in o.meta_keys}
-        return sorted(meta_keys if failed else meta_keys.union(self.base_fields))
+        return sorted({k for o in chunk for k in o.meta_keys}.union(self.base_fields))
 
     def _common(self, counted: list[str], failed: bool) -> list[Any]:
         return [
             self.run.epoch, self.run.run_id,
             self.attempt.attempt_id if self.attempt else None,
-            [] if failed else self.base_fields, counted, *self.layout.counter_args,
+            self.base_fields, counted, *self.layout.counter_args,
         ]
 
     async def exact(

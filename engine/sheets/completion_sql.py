@@ -22,20 +22,34 @@ from ..ports import Port, sequence_literal, table
 
 from .layout import BindParams, SheetLayout, column
 
-_BASE_META = """
-base AS MATERIALIZED (
-    SELECT coalesce(jsonb_object_agg(f, jsonb_build_object(
+# The cell-meta entry every output ($7) gets: completed outcomes mark it completed (with the
+# time); failed ones mark it failed, so column counters count a failed row's cells as failed.
+_COMPLETED_ENTRY = """jsonb_build_object(
                'status', 'completed', 'run_id', $5::text,
-               'completed_at', extract(epoch FROM now())::float8)), '{}'::jsonb) AS meta
+               'completed_at', extract(epoch FROM now())::float8)"""
+_FAILED_ENTRY = "jsonb_build_object('status', 'failed', 'run_id', $5::text)"
+
+
+def _base_meta(failed: bool) -> str:
+    entry = _FAILED_ENTRY if failed else _COMPLETED_ENTRY
+    return """
+base AS MATERIALIZED (
+    SELECT coalesce(jsonb_object_agg(f, """ + entry + """), '{}'::jsonb) AS meta
       FROM unnest($7::text[]) AS f
 )"""
 
-# The cell-meta patch of one outcome: the completed base, each field merged with the
-# outcome's own meta for it (completed outcomes); the outcome's own meta (failed ones).
-_COMPLETED_PATCH = """CASE WHEN i.meta IS NULL THEN b.meta ELSE b.meta || (
+
+# The cell-meta patch of one outcome: the base, each field merged with the outcome's own meta
+# for it.
+_PATCH = """CASE WHEN i.meta IS NULL THEN b.meta ELSE b.meta || (
     SELECT jsonb_object_agg(e.key, coalesce(b.meta -> e.key, '{}'::jsonb) || e.value)
       FROM jsonb_each(i.meta) AS e) END"""
-_FAILED_PATCH = "coalesce(i.meta, '{}'::jsonb)"
+
+# What of a failed outcome's patch applies: every cell the row has not completed (a failed
+# outcome never takes back a completed cell). A completed outcome's patch applies whole.
+_KEPT_BY_FAILED = """(SELECT coalesce(jsonb_object_agg(k.key, k.value), '{}'::jsonb)
+      FROM jsonb_each(p.patch) AS k
+     WHERE (s._cell_meta -> k.key ->> 'status') IS DISTINCT FROM 'completed')"""
 
 # New cell meta. A row already in the target status may be a replay: its fields recorded
 # identically but for `completed_at` keep the old entry. Other rows just take the patch.
@@ -44,8 +58,13 @@ _NEW_META = """CASE WHEN s._status = '{target}' THEN s._cell_meta || coalesce((
                WHEN jsonb_typeof(s._cell_meta -> e.key) = 'object'
                 AND (s._cell_meta -> e.key) - 'completed_at' = e.value - 'completed_at'
                THEN s._cell_meta -> e.key ELSE e.value END)
-      FROM jsonb_each(p.patch) AS e), '{{}}'::jsonb)
-    ELSE s._cell_meta || p.patch END"""
+      FROM jsonb_each({patch}) AS e), '{{}}'::jsonb)
+    ELSE s._cell_meta || {patch} END"""
+
+
+def _new_meta(target: str) -> str:
+    return _NEW_META.format(target=target,
+                            patch=_KEPT_BY_FAILED if target == "failed" else "p.patch")
 
 
 def _counter_ctes(
@@ -132,7 +151,7 @@ def _chunk_parts(
         cols=cols,
         target=target,
         already="WHEN s._status = 'enriched' THEN 'already_completed'" if failed else "",
-        patch=_FAILED_PATCH if failed else _COMPLETED_PATCH,
+        patch=_PATCH,
         version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
         sets=_POLICY_SETS[failed] + "".join(
             f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
@@ -185,9 +204,9 @@ def build_exact_sql(
     """The exact-key statement of one chunk.
 
     Binds: $1 keys, $2 data (one JSON array), $3 cell meta, $4 write version, $5 run id, $6 attempt id,
-    $7 fields marked completed, $8 fields whose cell counters may move, $9 org, $10 play,
-    $11 namespace, $12 errors, $13 calls each outcome took (NULL means 1), then one name per
-    data field.
+    $7 the outputs (each marked completed; failed where a failed outcome's row has not completed
+    it), $8 fields whose cell counters may move, $9 org, $10 play, $11 namespace, $12 errors,
+    $13 calls each outcome took (NULL means 1), then one name per data field.
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
     the sheet whatever the planner believes about its size.
     """
@@ -198,14 +217,14 @@ def build_exact_sql(
         for col, name in parts.cols
     )
     new_error = "i.error" if failed else "NULL::text"
-    new_meta = _NEW_META.format(target=target)
+    new_meta = _new_meta(target)
     return f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.error, u.attempts, u.ord
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
                       unnest($12::text[]), unnest($13::integer[]))
            WITH ORDINALITY AS u(key, data, meta, error, attempts, ord)
-),{_BASE_META},
+),{_base_meta(failed)},
 cur AS MATERIALIZED (
     SELECT i.ord, i.key, i.data, i.error, i.attempts, s._key IS NOT NULL AS found,
            s._status AS prev_status, s._write_version AS prev_version,
@@ -250,12 +269,12 @@ def build_exact_sql_returning_old(
     not_enriched = "AND t._status <> 'enriched'" if failed else ""
     new_error = "c.error" if failed else "NULL::text"
     new_meta = (
-        _NEW_META.format(target=target)
+        _new_meta(target)
         .replace("s._status", "t._status").replace("s._cell_meta", "t._cell_meta")
         .replace("p.patch", "c.patch")
     )
     return f"""
-WITH {_BASE_META.strip()},
+WITH {_base_meta(failed).strip()},
 source AS MATERIALIZED (
     SELECT i.key, i.data, i.error, i.attempts, i.ord, {parts.patch} AS patch
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
@@ -293,9 +312,9 @@ def build_insert_sql(
     """Insert completed outcomes whose rows are missing, as `enriched` rows of our version.
 
     Binds: $1 keys, $2 data (one JSON array), $3 cell meta, $4 write version, $5 run id, $6 attempt id,
-    $7 fields marked completed, $8 fields whose cell counters may move, $9 org, $10 play,
-    $11 namespace, $12 input indexes, $13 attempt seq, $14 calls each outcome took (NULL means
-    1), then one name per data field.
+    $7 the outputs (marked completed), $8 fields whose cell counters may move, $9 org,
+    $10 play, $11 namespace, $12 input indexes, $13 attempt seq, $14 calls each outcome took
+    (NULL means 1), then one name per data field.
     """
     names = BindParams(15)
     t = layout.qualified
@@ -313,12 +332,12 @@ WITH input AS MATERIALIZED (
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
                       unnest($12::bigint[]), unnest($14::integer[]))
            WITH ORDINALITY AS u(key, data, meta, idx, attempts, ord)
-),{_BASE_META},
+),{_base_meta(False)},
 inserted AS (
     INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
                      _attempt_seq, _attempts, _cell_meta{insert_cols})
     SELECT i.key, 'enriched', $5::text, $4::bigint, i.idx, $6::text, $13::integer,
-           coalesce(i.attempts, 1), {_COMPLETED_PATCH}{insert_vals}
+           coalesce(i.attempts, 1), {_PATCH}{insert_vals}
       FROM input i CROSS JOIN base b
     ON CONFLICT (_key) DO NOTHING
     RETURNING _key, _cell_meta
