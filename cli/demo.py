@@ -29,12 +29,13 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from runplane.actors import MapProgress, MapResult, open_supervisor
 from runplane.engine import RunScope, open_tenant, runs, sheets
 
 from .operators import UsageError, print_failure_summary
-from .terminal import say
+from .terminal import clean, say
 
 PLAY = "demo"
 TABLE = "companies"
@@ -119,7 +120,7 @@ def summary_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in rows:
-        table.add_row(name, str(value))
+        table.add_row(name, Text(clean(value)))  # plain text: no markup, no control characters
     return table
 
 

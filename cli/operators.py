@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from runplane.actors.retry import retry_transient
 from runplane.engine import PlayScope, outbox, runs, sheets
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
@@ -86,12 +87,13 @@ class RunNotice:
     resume_command: str | None = None
 
     async def started(self, run: Any) -> None:
-        """Record how to resume `run` and print its start line (flushed)."""
+        """Print `run`'s start line (flushed), then record how to resume it."""
         self.run_id = run.run_id
         self.resume_command = shell_command(resume_words(self.argv, self.wake_option, run.run_id))
-        await runs.record_command(run.port, run.scope, self.resume_command)
         say(f"run {run.run_id} of play {run.play} started (epoch {run.epoch}); "
             f"to resume it: {self.resume_command}")
+        await retry_transient(
+            lambda: runs.record_command(run.port, run.scope, self.resume_command))
 
 
 # -- schema checks for read-only commands ----------------------------------------------------

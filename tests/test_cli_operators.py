@@ -169,3 +169,50 @@ def test_run_id_wakes_existing_runs_only_and_a_finished_run_wakes_all_cached(
     assert main(["runs", "ops", "--schema", schema]) == 0
     assert re.search(r"^nightly +\d+ +\S+ \S+ +done +3 +0 +0$", capsys.readouterr().out,
                      re.MULTILINE)
+
+
+def test_ctrl_c_in_the_demo_prints_a_resume_command_that_finishes_with_cache_hits(
+        schema, dsn, tmp_path):
+    import subprocess
+
+    import trio
+
+    from runplane.engine import PlayScope, open_tenant, sheets
+
+    log = tmp_path / "demo.log"
+    proc = start_cli("demo", "--rows", "3000", "--schema", schema, "--fail-rate", "0",
+                     "--latency-ms", "20", "--concurrency", "4", stdout_path=log, env=cli_env())
+
+    async def enriched() -> int:
+        async with open_tenant("local", dsn, schema=schema, bootstrap=False) as tenant:
+            return (await sheets.summary(tenant, PlayScope("local", "demo"), "companies")).completed
+
+    async def wait_for_rows() -> None:
+        with trio.fail_after(120):
+            while await enriched() < 20:
+                await trio.sleep(0.2)
+
+    try:
+        wait_for_text(log, "to resume it:", proc)
+        trio.run(wait_for_rows)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    run_id = re.search(r"^run (\S+) of play demo started", log.read_text(), re.MULTILINE).group(1)
+    lines = err.splitlines()
+    assert lines[0] == "runplane: interrupted", err
+    prefix = f"runplane: resume run {run_id} with: "
+    assert lines[1].startswith(prefix) and len(lines) == 2, err
+    finished = trio.run(enriched)
+    assert 20 <= finished < 3000
+    # Pasted (made fast: later options win), it finishes the run; finished rows are cache hits.
+    resumed = subprocess.run([*pasted(lines[1][len(prefix):]), "--latency-ms", "0",
+                              "--concurrency", "32"], capture_output=True, text=True,
+                             env=cli_env(), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (f"demo: run {run_id} admitted 3000 cached {finished} executed {3000 - finished} "
+            f"completed {3000 - finished} failed 0") in resumed.stdout
