@@ -63,6 +63,9 @@ def test_demo_crash_after_then_resume_does_not_redo_rows(schema, capsys):
     assert match, out
     executed_before, run_id = int(match.group(1)), match.group(2)
     assert 100 <= executed_before < 300
+    resume = f"resume with: runplane demo --rows 300 --schema {schema} --fail-rate 0 " \
+             f"--concurrency 8 --resume {run_id}\n"
+    assert out.endswith(resume), out
     assert main([*args, "--resume", run_id]) == 0
     resumed = demo_line(capsys.readouterr().out)
     assert resumed["run"] == run_id
