@@ -6,7 +6,7 @@ attempt never overwrites newer results; counters (`summary`) always equal a COUN
 sheet. See the modules for how each part works.
 """
 
-from .admission import admit
+from .admission import admit, probe
 from .audit import ErrorCount, ErrorCounts, FailedRow, RunRows, error_counts, failed_rows, run_rows
 from .completion import complete
 from .layout import SheetLayout, ensure_sheet
@@ -22,6 +22,7 @@ from .model import (
     FencedRow,
     RowOutcome,
     SheetContract,
+    StagedPage,
     Summary,
     Timing,
 )
@@ -33,5 +34,5 @@ __all__ = [
     "AdmittedRow", "BlockedRow", "RowOutcome", "complete", "Completion", "FencedRow",
     "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
     "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
-    "ErrorCounts", "RunRows",
+    "ErrorCounts", "RunRows", "probe", "StagedPage",
 ]

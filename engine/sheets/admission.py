@@ -4,10 +4,11 @@ How it works
 - Rows are validated, normalized, keyed (`row_key`, or the explicit `keys`) and deduplicated in
   Python before any query (the first occurrence wins; later ones count as `skipped`).
 - Chunks of at most `ADMIT_CHUNK_ROWS` rows go to one statement each, all in one sheet write
-  transaction (`layout.run_sheet_transaction`). The statement inserts the new rows (`ON
-  CONFLICT DO NOTHING`), and only when some row already existed reads the existing rows from
-  its snapshot (which predates the inserts), decides their dispositions and re-admits the rows
-  that need it; it applies the exact counter deltas to `sheet_summary`, in one round trip:
+  transaction (`layout.run_sheet_transaction`). The statement (`admission_sql`) inserts the
+  new rows (`ON CONFLICT DO NOTHING`), and only when some row already existed reads the
+  existing rows from its snapshot (which predates the inserts), decides their dispositions and
+  re-admits the rows that need it; it applies the exact counter deltas to `sheet_summary`, in
+  one round trip:
     * absent → inserted `pending` (`running` under the attempt's lease);
     * `enriched` with every contract output present (not NULL, JSON null or "") and its cell
       meta status `completed`, and no cell stale under its `CellPolicy` → `completed`, a cache
@@ -24,23 +25,38 @@ How it works
   the server's clock only; policies for fields that are not contract outputs are ignored.
 - Cache hits are not touched: their `_run_id` stays the run that wrote them, so
   `read_rows(run_id=...)` lists only the rows a run (re)wrote itself.
+- `cache_hits="count"` returns cache hits as a count only (`Admission.cached`; `completed` is
+  empty): a page of hits costs a few bytes instead of its outputs. The default lists them with
+  their outputs, as SPEC §7 says.
+- `staged_page=StagedPage(...)`: the rows are those of a sealed array-input page of this run;
+  the statement reads their input cells from the stored page fact after checking it (see
+  `admission_sql`), so they are not sent again. A fact that is not the expected one writes
+  nothing and raises `CorruptFactError` (`RetiredError` once the run is retired).
+- `probe` answers "is every one of these rows already settled?" from keys alone, in one
+  read-only statement per chunk: when every row is a fresh cache hit or blocked it returns the
+  `Admission` a count-mode `admit` would have returned (nothing to write: admission touches
+  neither), otherwise None and the caller admits. It judges rows by the same SQL fragments as
+  admission, on the server's clock; its snapshot is a committed state, so its answer is the
+  one an admission at that instant would give.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from .. import canonical
+from .. import array_input, canonical
 from ..actions import action
+from ..array_input import facts
 from ..codecs import INT, RUN_REF, STR, USER_JSON, list_of, optional
-from ..errors import InvalidInputError
+from ..errors import CorruptFactError, InvalidInputError, MissingRelationError
 from ..pg import Connection
-from ..ports import Port, sequence_literal, table
+from ..ports import Port
 from ..scopes import RunRef, normalize_namespace
 
+from .admission_sql import CACHE_HITS_MODES, build_admit_sql, build_probe_sql
 from .inputs import PreparedRows, check_write, prepare_rows
-from .layout import BindParams, PhaseClock, SheetLayout, column, layout_for, run_sheet_transaction
+from .layout import LANE, PhaseClock, layout_for, run_sheet_transaction
 from .model import (
     Admission,
     AdmittedRow,
@@ -48,155 +64,14 @@ from .model import (
     BlockedRow,
     CellPolicy,
     SheetContract,
+    StagedPage,
     Timing,
     clean_field,
-    ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT,
+    ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, STAGED_PAGE,
 )
 
 ADMIT_CHUNK_ROWS = 10_000
 ADMIT_STATEMENT_TIMEOUT_MS = 120_000
-
-
-def build_admit_sql(
-    port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy]
-) -> tuple[str, list[Any]]:
-    """The admission statement of one chunk and its constant extra binds (after $1..$13).
-
-    Binds: $1 keys, $2 input indexes, $3 write version, $4 run id, $5 attempt id, $6 attempt
-    seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status, $12 the rows as
-    one JSON array (expanded beside the other arrays in `ROWS FROM`), $13 give up after this
-    many failed runs (NULL: never).
-    """
-    extra = BindParams(14)
-    t = layout.qualified
-    inputs = [(column(f), extra.add(f, "text")) for f in contract.inputs]
-    outputs = []
-    for f in contract.outputs:
-        name = extra.add(f, "text")
-        policy = policies.get(f)
-        seconds = extra.add(float(policy.stale_after_s), "float8") if policy else None
-        outputs.append((column(f), name, seconds))
-
-    cached_terms = ["s._status = 'enriched'"]
-    for i, (col, name, seconds) in enumerate(outputs):
-        cached_terms.append(
-            f"s.{col} IS NOT NULL AND s.{col} <> 'null'::jsonb AND s.{col} <> '\"\"'::jsonb"
-            f" AND (s._cell_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed'"
-        )
-        if seconds is not None:
-            cached_terms.append(
-                f"CASE WHEN jsonb_typeof(s._cell_meta -> {name} -> 'completed_at') = 'number'"
-                f" THEN (s._cell_meta -> {name} ->> 'completed_at')::float8"
-                f" >= extract(epoch FROM now())::float8 - {seconds} ELSE false END"
-            )
-    cached = " AND ".join(f"({term})" for term in cached_terms)
-    out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
-    in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
-    payload_unnest = ", jsonb_array_elements($12::jsonb)" if inputs else ""
-    unused_payload = "" if inputs else " WHERE $12::jsonb IS NULL OR true"
-    payload_alias = ", payload" if inputs else ""
-    insert_cols = "".join(f", {col}" for col, _ in inputs)
-    insert_vals = "".join(f", d.payload -> {name}" for _, name in inputs)
-    update_sets = "".join(f", {col} = d.payload -> {name}" for col, name in inputs)
-    update_diff = "".join(
-        f" OR d.p{i} IS DISTINCT FROM d.payload -> {name}" for i, (_, name) in enumerate(inputs)
-    )
-    completed_outputs = "".join(
-        f", (SELECT jsonb_agg(o{i} ORDER BY ord) FROM decided"
-        f" WHERE disposition = 'completed')::text AS o{i}"
-        for i in range(len(outputs))
-    )
-    lease = (
-        "CASE WHEN $5::text IS NULL THEN NULL::timestamptz"
-        " ELSE now() + make_interval(secs => $7::float8) END"
-    )
-    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
-    summary = table(port, "sheet_summary")
-    sql = f"""
-WITH input AS MATERIALIZED (
-    SELECT u.key, u.idx, u.ord{payload_alias}
-      FROM ROWS FROM (unnest($1::text[]), unnest($2::bigint[]){payload_unnest})
-           WITH ORDINALITY AS u(key, idx{payload_alias}, ord){unused_payload}
-),
-inserted AS (
-    INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
-                     _attempt_seq, _attempt_expires_at{insert_cols})
-    SELECT d.key, $11::text, $4::text, $3::bigint, d.idx, $5::text, $6::integer, {lease}{insert_vals}
-      FROM input d
-    ON CONFLICT (_key) DO NOTHING
-    RETURNING 1
-),
-cur AS MATERIALIZED (
-    SELECT i.*, s._status AS prev_status,
-           s._write_version AS prev_version, s._run_id AS prev_run, s._input_index AS prev_index,
-           s._attempt_id AS prev_attempt, s._attempt_expires_at AS prev_expires,
-           s._error AS prev_error, s._failed_runs AS prev_failed_runs,
-           coalesce({cached}, false) AS cached{out_cols}{in_cols}
-      FROM input i
-      JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
-     WHERE (SELECT count(*) FROM inserted) < (SELECT count(*) FROM input)
-),
-decided AS MATERIALIZED (
-    SELECT c.*,
-           CASE WHEN c.cached THEN 'completed'
-                WHEN c.prev_version > $3::bigint THEN 'newer_run'
-                WHEN c.prev_version = $3::bigint AND c.prev_status IN ('pending', 'running')
-                     AND c.prev_attempt IS NOT NULL AND c.prev_attempt IS DISTINCT FROM $5::text
-                     AND c.prev_expires > now() THEN 'attempt_active'
-                WHEN c.prev_status = 'failed' AND c.prev_failed_runs >= $13::integer
-                     THEN 'gave_up'
-                ELSE 'admit' END AS disposition
-      FROM cur c
-),
-readmitted AS (
-    UPDATE {t} AS t
-       SET _status = $11::text, _run_id = $4::text, _write_version = $3::bigint,
-           _input_index = d.idx, _attempt_id = $5::text, _attempt_seq = $6::integer,
-           _attempt_expires_at = {lease}, _error = NULL, _version = {version},
-           _updated_at = now(){update_sets}
-      FROM decided d
-     WHERE d.disposition = 'admit' AND t._key = d.key
-       AND ($5::text IS NOT NULL OR d.prev_attempt IS NOT NULL OR d.prev_error IS NOT NULL
-            OR d.prev_status IS DISTINCT FROM $11::text
-            OR d.prev_version IS DISTINCT FROM $3::bigint
-            OR d.prev_run IS DISTINCT FROM $4::text
-            OR d.prev_index IS DISTINCT FROM d.idx{update_diff})
-    RETURNING d.prev_status
-),
-delta AS (
-    SELECT (SELECT count(*) FROM inserted) AS ins, count(*) AS moved,
-           count(*) FILTER (WHERE prev_status = 'pending') AS was_pending,
-           count(*) FILTER (WHERE prev_status = 'running') AS was_running,
-           count(*) FILTER (WHERE prev_status = 'enriched') AS was_enriched,
-           count(*) FILTER (WHERE prev_status = 'failed') AS was_failed
-      FROM readmitted
-),
-summary AS (
-    UPDATE {summary} AS s
-       SET total = s.total + d.ins,
-           queued = s.queued - d.was_pending
-                    + CASE WHEN $11::text = 'pending' THEN d.ins + d.moved ELSE 0 END,
-           running = s.running - d.was_running
-                    + CASE WHEN $11::text = 'running' THEN d.ins + d.moved ELSE 0 END,
-           completed = s.completed - d.was_enriched,
-           failed = s.failed - d.was_failed,
-           updated_at = now()
-      FROM delta d
-     WHERE s.org_id = $8::text AND s.play = $9::text AND s.table_namespace = $10::text
-       AND (d.ins > 0 OR d.moved > 0)
-    RETURNING 1
-)
-SELECT (SELECT ins FROM delta) AS inserted,
-       (SELECT moved FROM delta) AS readmitted,
-       (SELECT count(*) FROM summary) AS summary_rows,
-       (SELECT array_agg(ord ORDER BY ord) FROM decided WHERE disposition = 'completed')
-           AS completed_ords{completed_outputs},
-       (SELECT array_agg(ord ORDER BY ord) FROM decided
-         WHERE disposition IN ('newer_run', 'attempt_active', 'gave_up')) AS blocked_ords,
-       (SELECT array_agg(disposition ORDER BY ord) FROM decided
-         WHERE disposition IN ('newer_run', 'attempt_active', 'gave_up')) AS blocked_reasons
-"""
-    return sql, extra.values
 
 
 def check_give_up_after(value: Any) -> None:
@@ -218,11 +93,33 @@ def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
     return out
 
 
+def _check_staged(run: RunRef, staged_page: Any, rows: Sequence[Any]) -> StagedPage:
+    if not isinstance(staged_page, StagedPage):
+        raise InvalidInputError("staged_page must be a StagedPage or None")
+    scope = staged_page.scope
+    if (scope.org_id, scope.play, scope.run_id) != (run.scope.org_id, run.scope.play, run.run_id):
+        raise InvalidInputError("staged_page must be an array input of the admitting run")
+    if not isinstance(rows, Sequence) or not 1 <= len(rows) <= array_input.MAX_PAGE_ROWS:
+        raise InvalidInputError(
+            f"with staged_page, rows must be the page's 1 to {array_input.MAX_PAGE_ROWS} rows"
+        )
+    return staged_page
+
+
+def _fact_keys(scope: Any, ordinal: int) -> tuple[bytes, bytes, bytes]:
+    """Page, seal and guard keys of an array input (see `engine.array_input.facts`)."""
+    return facts.page_key(scope, ordinal), facts.seal_key(scope), facts.guard_key(scope)
+
+
+class _PageRefused(Exception):
+    """The staged page fact was not the expected one; the transaction rolls back."""
+
+
 @action("sheets.admit", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
-    "give_up_after": optional(INT),
+    "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
 }, result=ADMISSION, deadline_s=30.0)
 async def admit(
     port: Port,
@@ -237,22 +134,36 @@ async def admit(
     cell_policies: Mapping[str, CellPolicy] | None = None,
     input_indexes: Sequence[int] | None = None,
     give_up_after: int | None = None,
+    cache_hits: str = "rows",
+    staged_page: StagedPage | None = None,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
     `input_indexes` (one per row) replaces `input_offset` + position as each row's input index.
+    `cache_hits="count"` counts cache hits instead of listing them; `staged_page` reads the
+    input cells from that sealed page of this run (`rows` are its rows, `input_offset` its
+    offset) instead of sending them.
     """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
     policies = _check_policies(cell_policies)
     check_give_up_after(give_up_after)
+    if cache_hits not in CACHE_HITS_MODES:
+        raise InvalidInputError(f"cache_hits must be one of {CACHE_HITS_MODES}, got {cache_hits!r}")
+    if staged_page is not None:
+        staged_page = _check_staged(run, staged_page, rows)
+        if input_indexes is not None:
+            raise InvalidInputError("staged_page and input_indexes cannot be combined")
     namespace = normalize_namespace(table_namespace)
     prepared = prepare_rows(
-        rows, namespace, input_offset=input_offset, keys=keys, need_texts=bool(contract.inputs),
-        input_indexes=input_indexes,
+        rows, namespace, input_offset=input_offset, keys=keys,
+        need_texts=bool(contract.inputs) and staged_page is None, input_indexes=input_indexes,
     )
     layout = layout_for(port, run.scope.play_scope, namespace)
-    sql, extra = build_admit_sql(port, layout, contract, policies)
+    sql, extra = build_admit_sql(
+        port, layout, contract, policies, cache_hits=cache_hits,  # type: ignore[arg-type]
+        source="payload" if staged_page is None else "page", give_up_after=give_up_after,
+    )
     status = "running" if attempt is not None else "pending"
     common = [
         run.epoch, run.run_id,
@@ -261,15 +172,34 @@ async def admit(
         float(attempt.lease_s) if attempt else 0.0,
         *layout.counter_args, status,
     ]
-    extra = [give_up_after, *extra]
     clock = PhaseClock()
     clock.add("prepare", time.perf_counter() - started)
     n = len(prepared.keys)
+    if staged_page is None:
+        chunks = [(low, min(low + ADMIT_CHUNK_ROWS, n)) for low in range(0, n, ADMIT_CHUNK_ROWS)]
+    else:
+        chunks = [(0, n)]
+        # One statement zips the page's rows positionally: a key (NULL for a duplicate) and an
+        # input index per page row; result ordinals are page positions.
+        page_keys: list[str | None] = [None] * len(rows)
+        index_of_position: list[int] = [-1] * len(rows)
+        for i, (key, index) in enumerate(zip(prepared.keys, prepared.indexes)):
+            page_keys[index - input_offset] = key
+            index_of_position[index - input_offset] = i
+        page_args = [
+            page_keys, [input_offset + position for position in range(len(rows))], *common,
+            *_fact_keys(staged_page.scope, staged_page.ordinal), staged_page.digest,
+            input_offset, len(rows), staged_page.ordinal,
+        ]
 
     async def op(conn: Connection, _server_version: int) -> list[Any]:
         results = []
-        for low in range(0, n, ADMIT_CHUNK_ROWS):
-            high = min(low + ADMIT_CHUNK_ROWS, n)
+        if staged_page is not None:
+            record = await clock.measure("statement", conn.fetchrow(sql, *page_args, *extra))
+            if not record["page_ok"]:
+                raise _PageRefused
+            return [(0, record)]
+        for low, high in chunks:
             args = [prepared.keys[low:high], prepared.indexes[low:high], *common]
             texts = prepared.texts
             args.append("[" + ",".join(texts[low:high]) + "]" if texts is not None else None)
@@ -279,10 +209,18 @@ async def admit(
 
     results = []
     if n:
-        results = await run_sheet_transaction(
-            port, layout, contract.fields, op, timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock,
-        )
-    admission = _build_admission(prepared, contract, results, run.epoch)
+        try:
+            results = await run_sheet_transaction(
+                port, layout, contract.fields, op, timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS,
+                clock=clock,
+            )
+        except _PageRefused:
+            await _explain_refused_page(port, staged_page)
+    if staged_page is None:
+        locate: Callable[[int, int], int] = lambda low, ord_: low + ord_ - 1
+    else:
+        locate = lambda _low, ord_: index_of_position[ord_ - 1]
+    admission = _build_admission(prepared, contract, results, run.epoch, cache_hits, locate)
     clock.add("total", time.perf_counter() - started)
     timings = tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items())
     return Admission(
@@ -293,34 +231,139 @@ async def admit(
         blocked=admission[3],
         write_version=run.epoch,
         timings=timings,
+        cached=admission[4],
     )
 
 
-def _build_admission(prepared: PreparedRows, contract: SheetContract, results, version: int):
+async def _explain_refused_page(port: Port, staged_page: StagedPage) -> None:
+    """Raise the error a refused staged page deserves: `RetiredError` when the run is retired
+    (from the manifest read), else `CorruptFactError`."""
+    manifest = await array_input.get_manifest(port, staged_page.scope)
+    if manifest.state != "sealed":
+        raise CorruptFactError(
+            f"array input {staged_page.scope.map_invocation_id!r} is not sealed; its page "
+            f"{staged_page.ordinal} cannot be admitted"
+        )
+    raise CorruptFactError(
+        f"array input page {staged_page.ordinal} of {staged_page.scope.map_invocation_id!r} "
+        "does not match the rows admitted from it (missing, altered or another page)"
+    )
+
+
+def _build_admission(prepared: PreparedRows, contract: SheetContract, results, version: int,
+                     cache_hits: str, locate: Callable[[int, int], int]):
+    """(inserted, pending, completed, blocked, cached) from the chunks' result records."""
     inserted = 0
+    cached = 0
     completed: list[AdmittedRow] = []
     blocked: list[BlockedRow] = []
     taken: set[int] = set()
+    pending_at: list[int] = []
     loads = canonical.loads
     for low, record in results:
         inserted += record["inserted"]
+        for ord_, reason in zip(record["blocked_ords"] or [], record["blocked_reasons"] or []):
+            i = locate(low, ord_)
+            blocked.append(BlockedRow(prepared.keys[i], prepared.indexes[i], reason))
+            taken.add(i)
+        if cache_hits == "count":
+            cached += record["cached"]
+            if record["inserted"] == record["input_rows"]:  # all new: nothing was looked up
+                pending_at.extend(range(low, low + record["input_rows"]))
+            else:
+                pending_at.extend(locate(low, ord_) for ord_ in record["pending_ords"] or [])
+            continue
         ords = record["completed_ords"] or []
         # each output column comes back as one JSON array (one decode per chunk and column)
         columns = [loads(record[f"o{i}"]) or [] for i in range(len(contract.outputs))]
         for j, ord_ in enumerate(ords):
-            i = low + ord_ - 1
+            i = locate(low, ord_)
             row = dict(prepared.rows[i])
             for field, values in zip(contract.outputs, columns):
                 row[field] = values[j]
             completed.append(AdmittedRow(prepared.keys[i], prepared.indexes[i], row))
             taken.add(i)
+        cached += len(ords)
+    if cache_hits == "count":
+        pending_at.sort()
+        pending = tuple(
+            AdmittedRow(prepared.keys[i], prepared.indexes[i], prepared.rows[i]) for i in pending_at
+        )
+    else:
+        pending = tuple(
+            AdmittedRow(key, index, row)
+            for i, (key, index, row) in enumerate(
+                zip(prepared.keys, prepared.indexes, prepared.rows))
+            if i not in taken
+        )
+    return inserted, pending, tuple(completed), tuple(blocked), cached
+
+
+@action("sheets.probe", params={
+    "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
+    "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
+    "cell_policies": optional(CELL_POLICIES), "give_up_after": optional(INT),
+}, result=optional(ADMISSION), deadline_s=30.0, writes=False)
+async def probe(
+    port: Port,
+    run: RunRef,
+    table_namespace: str,
+    contract: SheetContract,
+    rows: Sequence[dict],
+    *,
+    input_offset: int = 0,
+    keys: Sequence[str] | None = None,
+    attempt: Attempt | None = None,
+    cell_policies: Mapping[str, CellPolicy] | None = None,
+    give_up_after: int | None = None,
+) -> Admission | None:
+    """Settle `rows` from their keys alone, writing nothing.
+
+    Returns the `Admission` that `admit(..., cache_hits="count")` would return when every row is
+    a fresh cache hit or blocked (`pending` and `inserted` are then empty/0), or None when some
+    row needs admitting (new, failed, stale, pending…) — then call `admit`.
+    """
+    started = time.perf_counter()
+    check_write(port, run, contract, attempt)
+    policies = _check_policies(cell_policies)
+    check_give_up_after(give_up_after)
+    namespace = normalize_namespace(table_namespace)
+    prepared = prepare_rows(rows, namespace, input_offset=input_offset, keys=keys,
+                            need_texts=False)
+    layout = layout_for(port, run.scope.play_scope, namespace)
+    sql, extra = build_probe_sql(layout, contract, policies, give_up_after=give_up_after)
+    attempt_id = attempt.attempt_id if attempt else None
+    n = len(prepared.keys)
+    clock = PhaseClock()
+
+    async def op(conn: Connection) -> list[Any] | None:
+        results = []
+        for low in range(0, n, ADMIT_CHUNK_ROWS):
+            keys_chunk = prepared.keys[low:low + ADMIT_CHUNK_ROWS]
+            statement = conn.fetchrow(sql, keys_chunk, run.epoch, attempt_id, *extra)
+            record = await clock.measure("probe", statement)
+            if record["unsettled"]:
+                return None
+            results.append((low, record))
+        return results
+
+    try:
+        async with port.connection(LANE) as conn:
+            results = await op(conn)
+    except MissingRelationError:
+        return None  # no sheet table or column yet: nothing there is settled
+    if results is None:
+        return None
+    cached = 0
+    blocked: list[BlockedRow] = []
+    for low, record in results:
+        cached += record["cached"]
         for ord_, reason in zip(record["blocked_ords"] or [], record["blocked_reasons"] or []):
             i = low + ord_ - 1
             blocked.append(BlockedRow(prepared.keys[i], prepared.indexes[i], reason))
-            taken.add(i)
-    pending = tuple(
-        AdmittedRow(key, index, row)
-        for i, (key, index, row) in enumerate(zip(prepared.keys, prepared.indexes, prepared.rows))
-        if i not in taken
+    clock.add("total", time.perf_counter() - started)
+    return Admission(
+        inserted=0, skipped=prepared.skipped, pending=(), completed=(), blocked=tuple(blocked),
+        write_version=run.epoch,
+        timings=tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items()), cached=cached,
     )
-    return inserted, pending, tuple(completed), tuple(blocked)

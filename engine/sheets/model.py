@@ -22,9 +22,12 @@ from typing import Any, Literal, Mapping, Sequence
 import attrs
 
 from .. import canonical
-from ..codecs import FLOAT, INT, RAW, STR, USER_JSON, dict_of, list_of, optional, record
+from ..codecs import (
+    FLOAT, INT, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
+)
 from ..errors import InvalidInputError
 from ..limits import key_problem
+from ..scopes import MapScope
 
 MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
 OUTCOME_STATUSES = ("completed", "failed")
@@ -155,7 +158,9 @@ class Admission:
     """What `admit` did. `pending`, `completed` and `blocked` keep the input order.
 
     `inserted` counts new rows (also listed in `pending`); `skipped` counts duplicates of an
-    earlier row of the same call.
+    earlier row of the same call; `cached` counts the cache hits — the rows listed in
+    `completed`, or, when admission ran with `cache_hits="count"`, the hits it did not list
+    (`completed` is then empty).
     """
 
     inserted: int
@@ -165,6 +170,36 @@ class Admission:
     blocked: tuple[BlockedRow, ...]
     write_version: int
     timings: tuple[Timing, ...] = ()
+    cached: int = 0
+
+
+def _map_scope(_instance: object, _attribute: object, value: object) -> None:
+    if not isinstance(value, MapScope):
+        raise InvalidInputError(f"StagedPage.scope must be a MapScope, got {type(value).__name__}")
+
+
+def _ordinal(_instance: object, _attribute: object, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"StagedPage.ordinal must be an integer >= 0, got {value!r}")
+
+
+def _digest(_instance: object, _attribute: object, value: object) -> None:
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        raise InvalidInputError(f"StagedPage.digest must be 64 lowercase hex digits, got {value!r}")
+
+
+@attrs.frozen
+class StagedPage:
+    """A sealed array-input page of the admitting run (`engine.array_input`), named by its map
+    scope and ordinal, with the digest the caller computed for the rows it holds.
+
+    Admitting with `staged_page=` reads the input cells from this stored page fact in the same
+    statement that checks it, instead of receiving the rows again.
+    """
+
+    scope: MapScope = attrs.field(validator=_map_scope)
+    ordinal: int = attrs.field(validator=_ordinal)
+    digest: str = attrs.field(validator=_digest)
 
 
 def _outcome_key(_instance: object, _attribute: object, value: object) -> None:
@@ -312,8 +347,9 @@ ADMISSION = record(
     Admission, inserted=INT, skipped=INT, pending=list_of(_ADMITTED, as_tuple=True),
     completed=list_of(_ADMITTED, as_tuple=True),
     blocked=list_of(record(BlockedRow, key=STR, input_index=INT, reason=STR), as_tuple=True),
-    write_version=INT, timings=list_of(record(Timing, default=RAW), as_tuple=True),
+    write_version=INT, timings=list_of(record(Timing, default=RAW), as_tuple=True), cached=INT,
 )
+STAGED_PAGE = record(StagedPage, scope=MAP_SCOPE, ordinal=INT, digest=STR)
 COMPLETION = record(
     Completion, updated=INT, committed_keys=list_of(STR, as_tuple=True),
     fenced=list_of(record(FencedRow, key=STR, reason=STR, row_write_version=optional(INT)),

@@ -1,0 +1,304 @@
+"""The SQL of admission: one statement per chunk that decides and writes, and a read-only probe.
+
+How it works
+- Both statements judge an existing row by the same two fragments: `cached_predicate` (enriched,
+  every contract output present and its cell meta completed, no cell stale under its
+  `CellPolicy`, judged on the server's clock) and `disposition_case` (completed, newer_run,
+  attempt_active, gave_up, or admit; `new` when no row has the key). A probe therefore settles a row
+  exactly when the admission statement would have left it untouched.
+- The admission statement (`build_admit_sql`) takes the chunk's inputs from one of two sources:
+    * `payload`: the rows' canonical JSON, sent as one array and expanded beside keys and
+      indexes (`ROWS FROM`);
+    * `page`: a sealed array-input page fact of the run, read in the same statement. The page is
+      used only when the fact is the expected one (our run, kind, digest, ordinal, offset, row
+      count), the map's seal exists for that fingerprint and covers the ordinal, and the run
+      guard is open; otherwise the input is empty, nothing is written, and `page_ok` is false.
+      Its rows are zipped positionally with the key and index arrays (`ROWS FROM`), so each row
+      takes its input cells from `rows[i].data` of the stored fact: the rows never travel again.
+- Cache hits come back either as rows (their ordinals and one JSON array per output column,
+  the public default) or as a count (`count` mode: the pending rows' ordinals, the cached
+  count, the blocked rows — a few bytes for a page of hits).
+- `build_probe_sql` is one read-only statement over keys only: it counts cache hits and lists
+  blocked rows, and tells how many rows would need admission (new, or to be re-admitted).
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+from ..ports import Port, sequence_literal, table
+from ..array_input.facts import GUARD_IS_OPEN
+from .layout import BindParams, SheetLayout, column
+from .model import CellPolicy, SheetContract
+
+Source = Literal["payload", "page"]
+CacheHits = Literal["rows", "count"]
+CACHE_HITS_MODES = ("rows", "count")
+
+# Binds every admission statement shares ($1..$11); the source adds its own after them.
+PAYLOAD_BINDS = 1   # $12 rows JSON
+PAGE_BINDS = 7      # $12 page key, $13 seal key, $14 guard key, $15 digest, $16 offset,
+                    # $17 row count, $18 ordinal
+
+
+def output_binds(contract: SheetContract, policies: Mapping[str, CellPolicy],
+                 extra: BindParams) -> list[tuple[str, str, str | None]]:
+    """(column, field bind, stale-after bind or None) per contract output."""
+    outputs = []
+    for f in contract.outputs:
+        name = extra.add(f, "text")
+        policy = policies.get(f)
+        seconds = extra.add(float(policy.stale_after_s), "float8") if policy else None
+        outputs.append((column(f), name, seconds))
+    return outputs
+
+
+def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]]) -> str:
+    """True when the row `alias` is a fresh cache hit (never NULL)."""
+    terms = [f"{alias}._status = 'enriched'"]
+    for col, name, seconds in outputs:
+        terms.append(
+            f"{alias}.{col} IS NOT NULL AND {alias}.{col} <> 'null'::jsonb"
+            f" AND {alias}.{col} <> '\"\"'::jsonb"
+            f" AND ({alias}._cell_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed'"
+        )
+        if seconds is not None:
+            terms.append(
+                f"CASE WHEN jsonb_typeof({alias}._cell_meta -> {name} -> 'completed_at') = 'number'"
+                f" THEN ({alias}._cell_meta -> {name} ->> 'completed_at')::float8"
+                f" >= extract(epoch FROM now())::float8 - {seconds} ELSE false END"
+            )
+    return "coalesce(" + " AND ".join(f"({term})" for term in terms) + ", false)"
+
+
+BLOCKED = "('newer_run', 'attempt_active', 'gave_up')"
+
+
+def disposition_case(*, exists: str, cached: str, status: str, version: str, attempt: str,
+                     expires: str, failed_runs: str, our_version: str, our_attempt: str,
+                     give_up_after: str) -> str:
+    """The disposition of one input row, from expressions for the existing row's columns."""
+    return f"""CASE WHEN NOT {exists} THEN 'new'
+                WHEN {cached} THEN 'completed'
+                WHEN {version} > {our_version} THEN 'newer_run'
+                WHEN {version} = {our_version} AND {status} IN ('pending', 'running')
+                     AND {attempt} IS NOT NULL AND {attempt} IS DISTINCT FROM {our_attempt}
+                     AND {expires} > now() THEN 'attempt_active'
+                WHEN {status} = 'failed' AND {failed_runs} >= {give_up_after} THEN 'gave_up'
+                ELSE 'admit' END"""
+
+
+def _page_source(port: Port) -> tuple[str, str]:
+    """The `page` CTE (checked fact) and the `input` CTE zipping its rows with keys/indexes."""
+    receipts = table(port, "work_receipts")
+    guard_open = GUARD_IS_OPEN.format(g="g", run="$4::text")
+    page = f"""page AS MATERIALIZED (
+    SELECT h.rows
+      FROM {receipts} AS p
+      CROSS JOIN LATERAL jsonb_to_record(p.output) AS h(
+          kind text, source_fingerprint text, ordinal jsonb, "offset" jsonb, row_count jsonb,
+          digest text, rows jsonb)
+      JOIN {receipts} AS s ON s.k = $13::bytea
+      JOIN {receipts} AS g ON g.k = $14::bytea
+     WHERE p.k = $12::bytea AND p.status = 2 AND p.run_id = $4::text
+       AND h.kind = 'array_input_page' AND h.digest = $15::text
+       AND h."offset" = to_jsonb($16::bigint) AND h.row_count = to_jsonb($17::integer)
+       AND h.ordinal = to_jsonb($18::integer)
+       AND jsonb_typeof(h.rows) = 'array' AND jsonb_array_length(h.rows) = $17::integer
+       AND s.status = 2 AND s.run_id = $4::text AND s.output ->> 'kind' = 'array_input_seal'
+       AND s.output ->> 'source_fingerprint' = h.source_fingerprint
+       AND jsonb_typeof(s.output -> 'page_count') = 'number'
+       AND (s.output ->> 'page_count')::numeric > $18::integer
+       AND {guard_open}
+),"""
+    source = """input AS MATERIALIZED (
+    SELECT u.key, u.idx, u.ord, u.occ -> 'data' AS payload
+      FROM page, ROWS FROM (unnest($1::text[]), unnest($2::bigint[]), jsonb_array_elements(page.rows))
+           WITH ORDINALITY AS u(key, idx, occ, ord)
+     WHERE u.key IS NOT NULL
+)"""
+    return page, source
+
+
+def _payload_source(has_inputs: bool) -> str:
+    if has_inputs:
+        return """input AS MATERIALIZED (
+    SELECT u.key, u.idx, u.ord, u.payload
+      FROM ROWS FROM (unnest($1::text[]), unnest($2::bigint[]), jsonb_array_elements($12::jsonb))
+           WITH ORDINALITY AS u(key, idx, payload, ord)
+)"""
+    return """input AS MATERIALIZED (
+    SELECT u.key, u.idx, u.ord
+      FROM ROWS FROM (unnest($1::text[]), unnest($2::bigint[])) WITH ORDINALITY AS u(key, idx, ord)
+     WHERE $12::jsonb IS NULL OR true
+)"""
+
+
+def build_admit_sql(
+    port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
+    *, source: Source = "payload", cache_hits: CacheHits = "rows",
+    give_up_after: int | None = None,
+) -> tuple[str, list[Any]]:
+    """The admission statement of one chunk and its constant extra binds.
+
+    Binds: $1 keys, $2 input indexes, $3 write version, $4 run id, $5 attempt id, $6 attempt
+    seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status; then the
+    source's binds (`PAYLOAD_BINDS` or `PAGE_BINDS`, see `_page_source`); then the extras.
+    With the page source, keys may hold NULL for rows of the page not to admit (duplicates).
+    """
+    extra = BindParams(12 + (PAGE_BINDS if source == "page" else PAYLOAD_BINDS))
+    give_up = extra.add(give_up_after, "integer")
+    t = layout.qualified
+    inputs = [(column(f), extra.add(f, "text")) for f in contract.inputs]
+    outputs = output_binds(contract, policies, extra)
+    cached = cached_predicate("s", outputs)
+    out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
+    in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
+    if source == "page":
+        page_cte, input_cte = _page_source(port)
+        page_ok = "(SELECT count(*) FROM page) = 1"
+    else:
+        page_cte, input_cte = "", _payload_source(bool(inputs))
+        page_ok = "true"
+    insert_cols = "".join(f", {col}" for col, _ in inputs)
+    insert_vals = "".join(f", d.payload -> {name}" for _, name in inputs)
+    update_sets = "".join(f", {col} = d.payload -> {name}" for col, name in inputs)
+    update_diff = "".join(
+        f" OR d.p{i} IS DISTINCT FROM d.payload -> {name}" for i, (_, name) in enumerate(inputs)
+    )
+    if cache_hits == "rows":
+        hits = "".join(
+            f", (SELECT jsonb_agg(o{i} ORDER BY ord) FROM decided"
+            f" WHERE disposition = 'completed')::text AS o{i}"
+            for i in range(len(outputs))
+        )
+        hits = ("(SELECT array_agg(ord ORDER BY ord) FROM decided"
+                " WHERE disposition = 'completed') AS completed_ords" + hits)
+    else:
+        hits = ("(SELECT count(*) FROM decided WHERE disposition = 'completed') AS cached,"
+                " (SELECT array_agg(ord ORDER BY ord) FROM decided"
+                "   WHERE disposition IN ('new', 'admit')) AS pending_ords")
+    lease = (
+        "CASE WHEN $5::text IS NULL THEN NULL::timestamptz"
+        " ELSE now() + make_interval(secs => $7::float8) END"
+    )
+    disposition = disposition_case(
+        exists="c.prev_exists", cached="c.cached", status="c.prev_status",
+        version="c.prev_version", attempt="c.prev_attempt", expires="c.prev_expires",
+        failed_runs="c.prev_failed_runs", our_version="$3::bigint", our_attempt="$5::text",
+        give_up_after=give_up,
+    )
+    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
+    summary = table(port, "sheet_summary")
+    sql = f"""
+WITH {page_cte}
+{input_cte},
+inserted AS (
+    INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
+                     _attempt_seq, _attempt_expires_at{insert_cols})
+    SELECT d.key, $11::text, $4::text, $3::bigint, d.idx, $5::text, $6::integer, {lease}{insert_vals}
+      FROM input d
+    ON CONFLICT (_key) DO NOTHING
+    RETURNING 1
+),
+cur AS MATERIALIZED (
+    SELECT i.*, s._key IS NOT NULL AS prev_exists, s._status AS prev_status,
+           s._write_version AS prev_version, s._run_id AS prev_run, s._input_index AS prev_index,
+           s._attempt_id AS prev_attempt, s._attempt_expires_at AS prev_expires,
+           s._error AS prev_error, s._failed_runs AS prev_failed_runs,
+           {cached} AS cached{out_cols}{in_cols}
+      FROM input i
+      LEFT JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
+     WHERE (SELECT count(*) FROM inserted) < (SELECT count(*) FROM input)
+),
+decided AS MATERIALIZED (
+    SELECT c.*, {disposition} AS disposition
+      FROM cur c
+),
+readmitted AS (
+    UPDATE {t} AS t
+       SET _status = $11::text, _run_id = $4::text, _write_version = $3::bigint,
+           _input_index = d.idx, _attempt_id = $5::text, _attempt_seq = $6::integer,
+           _attempt_expires_at = {lease}, _error = NULL, _version = {version},
+           _updated_at = now(){update_sets}
+      FROM decided d
+     WHERE d.disposition = 'admit' AND t._key = d.key
+       AND ($5::text IS NOT NULL OR d.prev_attempt IS NOT NULL OR d.prev_error IS NOT NULL
+            OR d.prev_status IS DISTINCT FROM $11::text
+            OR d.prev_version IS DISTINCT FROM $3::bigint
+            OR d.prev_run IS DISTINCT FROM $4::text
+            OR d.prev_index IS DISTINCT FROM d.idx{update_diff})
+    RETURNING d.prev_status
+),
+delta AS (
+    SELECT (SELECT count(*) FROM inserted) AS ins, count(*) AS moved,
+           count(*) FILTER (WHERE prev_status = 'pending') AS was_pending,
+           count(*) FILTER (WHERE prev_status = 'running') AS was_running,
+           count(*) FILTER (WHERE prev_status = 'enriched') AS was_enriched,
+           count(*) FILTER (WHERE prev_status = 'failed') AS was_failed
+      FROM readmitted
+),
+summary AS (
+    UPDATE {summary} AS s
+       SET total = s.total + d.ins,
+           queued = s.queued - d.was_pending
+                    + CASE WHEN $11::text = 'pending' THEN d.ins + d.moved ELSE 0 END,
+           running = s.running - d.was_running
+                    + CASE WHEN $11::text = 'running' THEN d.ins + d.moved ELSE 0 END,
+           completed = s.completed - d.was_enriched,
+           failed = s.failed - d.was_failed,
+           updated_at = now()
+      FROM delta d
+     WHERE s.org_id = $8::text AND s.play = $9::text AND s.table_namespace = $10::text
+       AND (d.ins > 0 OR d.moved > 0)
+    RETURNING 1
+)
+SELECT {page_ok} AS page_ok,
+       (SELECT ins FROM delta) AS inserted,
+       (SELECT moved FROM delta) AS readmitted,
+       (SELECT count(*) FROM input) AS input_rows,
+       (SELECT count(*) FROM summary) AS summary_rows,
+       {hits},
+       (SELECT array_agg(ord ORDER BY ord) FROM decided
+         WHERE disposition IN {BLOCKED}) AS blocked_ords,
+       (SELECT array_agg(disposition ORDER BY ord) FROM decided
+         WHERE disposition IN {BLOCKED}) AS blocked_reasons
+"""
+    return sql, extra.values
+
+
+def build_probe_sql(
+    layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
+    *, give_up_after: int | None = None,
+) -> tuple[str, list[Any]]:
+    """The read-only probe of a chunk of keys and its constant extra binds.
+
+    Binds: $1 keys (unique), $2 write version, $3 attempt id; then the extras. Returns how many
+    keys would need admission (`unsettled`), the cache hits (`cached`) and the blocked rows'
+    ordinals and reasons.
+    """
+    extra = BindParams(4)
+    give_up = extra.add(give_up_after, "integer")
+    outputs = output_binds(contract, policies, extra)
+    disposition = disposition_case(
+        exists="(s._key IS NOT NULL)", cached=cached_predicate("s", outputs),
+        status="s._status", version="s._write_version", attempt="s._attempt_id",
+        expires="s._attempt_expires_at", failed_runs="s._failed_runs",
+        our_version="$2::bigint", our_attempt="$3::text", give_up_after=give_up,
+    )
+    sql = f"""
+WITH decided AS MATERIALIZED (
+    SELECT i.ord, {disposition} AS disposition
+      FROM unnest($1::text[]) WITH ORDINALITY AS i(key, ord)
+      LEFT JOIN LATERAL (SELECT * FROM {layout.qualified} AS s WHERE s._key = i.key LIMIT 1)
+           AS s ON true
+)
+SELECT count(*) FILTER (WHERE disposition IN ('new', 'admit')) AS unsettled,
+       count(*) FILTER (WHERE disposition = 'completed') AS cached,
+       array_agg(ord ORDER BY ord) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_ords,
+       array_agg(disposition ORDER BY ord) FILTER (WHERE disposition IN {BLOCKED})
+           AS blocked_reasons
+  FROM decided
+"""
+    return sql, extra.values
