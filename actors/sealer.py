@@ -6,12 +6,16 @@ How it works
     is proven to be the one staged (same fingerprint, row count and identities flag); a
     different list raises `ConflictError` (a wake never replays other input);
   * `absent` or `staging` → `begin` (idempotent; a different source raises `ConflictError`), then
-    the pages are put by `PUT_TASKS` putter actors that share one bounded channel of page drafts
-    (each `put_page` is its own transaction, so a putter holds a permit only for its page; a
+    the pages are put by `PUT_TASKS` putter actors that share one bounded channel of page
+    ordinals (each put is its own transaction, so a putter holds a permit only for its page; a
     re-put of a page that exists is a no-op), then `seal` verifies every page and writes the
     seal under the run guard.
-- Fingerprinting and pagination are CPU work (canonical encoding), done in a worker thread so
-  the run's other actors keep their event loop; no permit is held meanwhile.
+- The source is encoded once (`array_input.encode_source`: fingerprint, page cuts and each row's
+  canonical text in one pass), in a worker thread so the run's other actors keep their event
+  loop (no permit is held meanwhile); each putter builds its page fact from those texts
+  (`EncodedSource.page`: string joins and one hash, no JSON encoding) and puts it with
+  `put_encoded_page`. `stage_encoded` takes a source a caller already encoded (the mapper keeps
+  it to key and run the rows).
 - The run guard fences every write: once the run is retired, `begin`, `put_page` and `seal`
   raise `RetiredError`, including a seal whose released verification scan was overtaken by the
   retirement.
@@ -28,7 +32,6 @@ import attrs
 import trio
 
 from runplane.engine import array_input
-from runplane.engine.array_input import Occurrence
 from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import MapScope
@@ -57,57 +60,17 @@ class StagedArray:
                 lambda: array_input.read_page(self.port, self.scope, ordinal))
 
 
-def as_occurrences(items: Sequence[Any]) -> list[Occurrence]:
-    """Occurrences as given, or user rows (dicts) wrapped as occurrences without identity."""
-    occurrences = []
-    for index, item in enumerate(items):
-        if isinstance(item, Occurrence):
-            occurrences.append(item)
-        elif isinstance(item, dict):
-            occurrences.append(Occurrence(item))
-        else:
-            raise InvalidInputError(
-                f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
-            )
-    return occurrences
-
-
-def _describe(items: Sequence[Any]) -> tuple[str, bool, int]:
-    """What the begin fact records of a source: fingerprint, identities flag, row count."""
-    occurrences = as_occurrences(items)
-    identities = any(occ.source_identity is not None for occ in occurrences)
-    return array_input.source_fingerprint(occurrences), identities, len(occurrences)
-
-
-def _prepare(items: Sequence[Any]) -> tuple[str, list[Any], bool, int]:
-    occurrences = as_occurrences(items)
-    fingerprint, identities, source_rows = _describe(occurrences)
-    return fingerprint, list(array_input.paginate(occurrences)), identities, source_rows
-
-
-def check_same_source(scope: MapScope, manifest: Any, described: tuple[str, bool, int]) -> None:
-    """`ConflictError` unless the caller's source is the one sealed for `scope`."""
-    fingerprint, identities, source_rows = described
+def check_same_source(scope: MapScope, manifest: Any, source: Any) -> None:
+    """`ConflictError` unless the caller's (encoded) source is the one staged for `scope`."""
     if (manifest.source_fingerprint, manifest.has_source_identities, manifest.source_rows) != (
-        fingerprint, identities, source_rows
+        source.fingerprint, source.has_source_identities, source.source_rows
     ):
         raise ConflictError(
             f"the list given to map invocation {scope.map_invocation_id!r} of "
-            f"{scope.table_namespace!r} differs from the input staged for it ({source_rows} rows "
-            f"given, {manifest.source_rows} staged): a wake must pass the same list"
+            f"{scope.table_namespace!r} differs from the input staged for it "
+            f"({source.source_rows} rows given, {manifest.source_rows} staged): a wake must pass "
+            "the same list"
         )
-
-
-async def put_pages(port: Port, scope: MapScope, fingerprint: str, drafts_recv,
-                    *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A putter actor: put each page draft it receives (a permit only inside each put)."""
-    task_status.started()
-    async with drafts_recv:
-        async for draft in drafts_recv:
-            await retry_transient(lambda: array_input.put_page(
-                port, scope, source_fingerprint=fingerprint, ordinal=draft.ordinal,
-                offset=draft.offset, rows=draft.rows,
-            ))
 
 
 async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
@@ -118,26 +81,48 @@ async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
             f"occurrences must be a list, got {type(occurrences).__name__}"
         )
     manifest = await retry_transient(lambda: array_input.get_manifest(port, scope))
+    source = await trio.to_thread.run_sync(array_input.encode_source, occurrences)
+    return await stage_encoded(port, scope, source, manifest=manifest, put_tasks=put_tasks)
+
+
+async def put_pages(port: Port, scope: MapScope, source: Any, ordinals_recv,
+                    *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A putter actor: build and put each page whose ordinal it is sent (a permit only inside
+    each put)."""
+    task_status.started()
+    async with ordinals_recv:
+        async for ordinal in ordinals_recv:
+            offset, _count = source.cuts[ordinal]
+            page = source.page(ordinal)  # CPU: string joins and one hash, no JSON encoding
+            await retry_transient(lambda: array_input.put_encoded_page(
+                port, scope, source_fingerprint=source.fingerprint, ordinal=ordinal,
+                offset=offset, page=page,
+            ))
+
+
+async def stage_encoded(port: Port, scope: MapScope, source: Any, *, manifest: Any = None,
+                        put_tasks: int = PUT_TASKS) -> StagedArray:
+    """Stage (or resume) an encoded source; return it sealed. A `manifest` already read saves
+    a round trip. An input already sealed must be this source (`ConflictError` otherwise)."""
+    if manifest is None:
+        manifest = await retry_transient(lambda: array_input.get_manifest(port, scope))
     if manifest.state == "sealed":
-        check_same_source(scope, manifest, await trio.to_thread.run_sync(_describe, occurrences))
+        check_same_source(scope, manifest, source)
         return StagedArray(port, scope, manifest)
-    fingerprint, drafts, identities, source_rows = await trio.to_thread.run_sync(
-        _prepare, occurrences
-    )
     await retry_transient(lambda: array_input.begin(
-        port, scope, source_fingerprint=fingerprint, source_rows=source_rows,
-        has_source_identities=identities))
+        port, scope, source_fingerprint=source.fingerprint, source_rows=source.source_rows,
+        has_source_identities=source.has_source_identities))
     async with trio.open_nursery() as nursery:
-        # Capacity: a page draft per putter waiting, so a putter never idles between pages.
-        drafts_send, drafts_recv = trio.open_memory_channel(put_tasks)
-        async with drafts_recv:
+        # Capacity: an ordinal per putter waiting, so a putter never idles between pages.
+        ordinals_send, ordinals_recv = trio.open_memory_channel(put_tasks)
+        async with ordinals_recv:
             for _ in range(put_tasks):
-                await nursery.start(put_pages, port, scope, fingerprint, drafts_recv.clone())
-        async with drafts_send:
-            for draft in drafts:
-                await drafts_send.send(draft)
+                await nursery.start(put_pages, port, scope, source, ordinals_recv.clone())
+        async with ordinals_send:
+            for ordinal in range(source.page_count):
+                await ordinals_send.send(ordinal)
     await retry_transient(lambda: array_input.seal(
-        port, scope, source_fingerprint=fingerprint, source_rows=source_rows,
-        page_count=len(drafts), batch_size=SEAL_BATCH_PAGES))
+        port, scope, source_fingerprint=source.fingerprint, source_rows=source.source_rows,
+        page_count=source.page_count, batch_size=SEAL_BATCH_PAGES))
     return StagedArray(port, scope,
                        await retry_transient(lambda: array_input.get_manifest(port, scope)))

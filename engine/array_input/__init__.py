@@ -7,12 +7,14 @@ page in bounded batches and writes the seal under the locked guard) → `read_pa
 each page's digest) → `retire` (marks the retained run guard retired and deletes the run's
 facts at most 128 per call). `get_manifest` says where a map's staging stands.
 
-`pages` holds the values and the pure encoding; `facts` the keys, the guard and the
+`encode_source` encodes a whole list source once (fingerprint, page cuts, page facts on demand,
+and each row's canonical text), and `put_encoded_page` puts a page it encoded. `pages` holds the
+values and the pure encoding; `facts` the keys, the guard and the
 one-statement operations; `sealing` and `retirement` the two multi-step operations. Errors are typed
 (`engine.errors`); bad input is refused before any query.
 """
 
-from .facts import begin, get_manifest, put_page, read_page
+from .facts import begin, get_manifest, put_encoded_page, put_page, read_page
 from .pages import (
     MAX_PAGE_BYTES,
     MAX_PAGE_ROWS,
@@ -27,10 +29,12 @@ from .pages import (
     source_fingerprint,
 )
 from .retirement import retire
+from .source import EncodedSource, encode_source
 from .sealing import seal
 
 __all__ = [
     "Occurrence", "SourceIdentity", "PageDraft", "Page", "Manifest", "RetireResult",
     "source_fingerprint", "paginate", "get_manifest", "begin", "put_page", "seal", "read_page",
-    "retire", "MAX_PAGE_ROWS", "MAX_PAGE_BYTES", "RETIRE_BATCH_ROWS",
+    "retire", "MAX_PAGE_ROWS", "MAX_PAGE_BYTES", "RETIRE_BATCH_ROWS", "EncodedSource",
+    "encode_source", "put_encoded_page",
 ]

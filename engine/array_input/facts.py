@@ -343,6 +343,27 @@ async def put_page(
     P.check_count(ordinal, "ordinal")
     P.check_count(offset, "offset")
     page = P.encode_page(source_fingerprint, ordinal, offset, rows)
+    await put_encoded_page(port, scope, source_fingerprint=source_fingerprint, ordinal=ordinal,
+                           offset=offset, page=page)
+
+
+@action("array_input.put_encoded_page", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
+        "ordinal": INT, "offset": INT, "page": P.ENCODED_PAGE}, result=NOTHING)
+async def put_encoded_page(
+    port: Port, scope: MapScope, *, source_fingerprint: str, ordinal: int, offset: int,
+    page: P.EncodedPage,
+) -> None:
+    """`put_page` of a page fact already encoded by this package (`encode_page`, or
+    `EncodedSource.page`), so a source encoded once is not encoded again to be put."""
+    scope = map_scope(port, scope)
+    P.check_fingerprint(source_fingerprint)
+    P.check_count(ordinal, "ordinal")
+    P.check_count(offset, "offset")
+    if not isinstance(page, P.EncodedPage) or not 1 <= page.row_count <= P.MAX_PAGE_ROWS:
+        raise InvalidInputError("page must be an EncodedPage of 1 to 1000 rows")
+    if not page.is_page(source_fingerprint, ordinal, offset):
+        raise InvalidInputError(f"the encoded page is not page {ordinal} at offset {offset} of "
+                                "that source")
     end = offset + page.row_count
     P.check_count(end, "offset + len(rows)")
 

@@ -21,6 +21,7 @@ How it works
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any, Iterable, Literal, Sequence
 
@@ -250,7 +251,7 @@ def source_fingerprint(occurrences: Iterable[Occurrence | dict]) -> str:
     return hasher.hexdigest()
 
 
-def _fact_overhead(ordinal: int, offset: int, row_count: int) -> int:
+def fact_overhead(ordinal: int, offset: int, row_count: int) -> int:
     """Bytes of a page fact's canonical text outside its rows' own texts and separators."""
     head = f'{{"digest":"{"0" * 64}","kind":"{PAGE_KIND}","offset":{offset},"ordinal":{ordinal},' \
            f'"row_count":{row_count},"rows":[],"source_fingerprint":"{"0" * 64}"}}'
@@ -276,11 +277,11 @@ def paginate(occurrences: Iterable[Occurrence | dict]) -> list[PageDraft]:
         size = len(canonical_row(occurrence, path))
         if current and (
             len(current) >= MAX_PAGE_ROWS
-            or _fact_overhead(len(pages), offset, len(current) + 1) + current_bytes + 1 + size
+            or fact_overhead(len(pages), offset, len(current) + 1) + current_bytes + 1 + size
             > MAX_PAGE_BYTES
         ):
             flush()
-        if not current and _fact_overhead(len(pages), offset, 1) + size > MAX_PAGE_BYTES:
+        if not current and fact_overhead(len(pages), offset, 1) + size > MAX_PAGE_BYTES:
             raise InvalidInputError(
                 f"{path} alone needs {size} bytes of canonical JSON; a page fact holds at most "
                 f"{MAX_PAGE_BYTES} bytes"
@@ -297,9 +298,18 @@ def paginate(occurrences: Iterable[Occurrence | dict]) -> list[PageDraft]:
 
 @attrs.frozen
 class EncodedPage:
+    """A page fact as this module encodes it: canonical text, digest and row count."""
+
     text: str  # the page fact's canonical JSON, as stored
     digest: str
     row_count: int
+
+    def is_page(self, source_fingerprint: str, ordinal: int, offset: int) -> bool:
+        """Whether the fact's header names this page (canonical text has one exact shape)."""
+        head = (f'{{"digest":"{self.digest}","kind":"{PAGE_KIND}","offset":{offset},'
+                f'"ordinal":{ordinal},"row_count":{self.row_count},"rows":[')
+        return self.text.startswith(head) and self.text.endswith(
+            f'],"source_fingerprint":"{source_fingerprint}"}}')
 
 
 def _envelope_parts(source_fingerprint: str, ordinal: int, offset: int) -> tuple[bytes, bytes]:
@@ -336,6 +346,38 @@ def encode_page(
             f"rows: the page fact needs {size} bytes of canonical JSON; the limit is {MAX_PAGE_BYTES}"
         )
     return EncodedPage(head + rows_text + tail, digest, len(occurrences))
+
+
+def _encode_encoded_page(value: object, path: str) -> dict:
+    if not isinstance(value, EncodedPage):
+        raise InvalidInputError(f"{path} must be an EncodedPage")
+    return {"text": value.text, "digest": value.digest, "row_count": value.row_count}
+
+
+def _decode_encoded_page(value: object, path: str) -> EncodedPage:
+    """An encoded page from the wire is re-encoded from its rows (as `put_page` encodes rows)
+    and must come out identical, so the store only ever receives this module's encoding."""
+    if type(value) is not dict or value.keys() != {"text", "digest", "row_count"} \
+            or type(value["text"]) is not str:
+        raise InvalidInputError(f"{path} must be an object with text, digest and row_count")
+    try:
+        fact = json.loads(value["text"])
+    except ValueError as exc:
+        raise InvalidInputError(f"{path}.text is not JSON") from exc
+    if type(fact) is not dict or fact.keys() != _PAGE_FIELDS \
+            or not is_count(fact["ordinal"]) or not is_count(fact["offset"]) \
+            or type(fact["rows"]) is not list or type(fact["source_fingerprint"]) is not str:
+        raise InvalidInputError(f"{path}.text is not a page fact")
+    check_fingerprint(fact["source_fingerprint"], f"{path}.text.source_fingerprint")
+    page = encode_page(fact["source_fingerprint"], fact["ordinal"], fact["offset"],
+                       [_decode_occurrence(row, f"{path}.text.rows[{i}]")
+                        for i, row in enumerate(fact["rows"])])
+    if (page.text, page.digest, page.row_count) != (value["text"], value["digest"], value["row_count"]):
+        raise InvalidInputError(f"{path} is not the canonical encoding of its rows")
+    return page
+
+
+ENCODED_PAGE = Codec("encoded page", _encode_encoded_page, _decode_encoded_page)
 
 
 _PAGE_FIELDS = frozenset({"kind", "source_fingerprint", "ordinal", "offset", "row_count", "rows", "digest"})

@@ -45,6 +45,12 @@ def _key_of(namespace: str, row_text: str) -> str:
     return hashlib.sha256(f"{namespace}\n{row_text}".encode("utf-8")).hexdigest()[:32]
 
 
+def text_key(table_namespace: str, row_text: str) -> str:
+    """`row_key` of a row given as its canonical text (`canonical.stable_dumps` of the
+    normalized row), for callers that already encoded it."""
+    return _key_of(normalize_namespace(table_namespace), row_text)
+
+
 def row_key(row: Mapping[str, Any], table_namespace: str) -> str:
     """The stable identity of a row in a sheet: hash of normalized namespace and row."""
     if not isinstance(row, Mapping):

@@ -1,0 +1,79 @@
+"""`encode_source`: one encoding pass equals the per-call helpers it replaces (pure, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from runplane.engine import array_input as A
+from runplane.engine import canonical
+from runplane.engine.array_input.pages import encode_page
+from runplane.engine.errors import InvalidInputError
+from runplane.engine.sheets import row_key
+from runplane.engine.sheets.inputs import text_key
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
+datas = st.dictionaries(st.text(max_size=5), st.one_of(scalars, st.lists(scalars, max_size=3)),
+                        max_size=4)
+items = st.one_of(
+    datas,
+    st.builds(A.Occurrence, datas, st.none() | st.builds(A.SourceIdentity, st.text(min_size=1, max_size=6),
+                                                         st.integers(0, 10**9))),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(items, max_size=40))
+def test_encode_source_equals_fingerprint_paginate_and_encode_page(source):
+    encoded = A.encode_source(source)
+    assert encoded.fingerprint == A.source_fingerprint(source)
+    drafts = A.paginate(source)
+    assert encoded.page_count == len(drafts)
+    for draft in drafts:
+        assert encoded.cuts[draft.ordinal] == (draft.offset, len(draft.rows))
+        assert encoded.page(draft.ordinal) == encode_page(
+            encoded.fingerprint, draft.ordinal, draft.offset, draft.rows)
+        again = encoded.draft(draft.ordinal)
+        assert (again.ordinal, again.offset) == (draft.ordinal, draft.offset)
+        assert encode_page(encoded.fingerprint, again.ordinal, again.offset, again.rows) == \
+            encoded.page(draft.ordinal)
+    for item, row, text in zip(source, encoded.rows, encoded.texts):
+        data = item if isinstance(item, dict) else item.data
+        assert row == canonical.normalize(data) and row is not data
+        assert text == canonical.stable_dumps(row)
+        assert text_key("ns", text) == row_key(data, "ns")
+    assert encoded.has_source_identities == any(
+        isinstance(i, A.Occurrence) and i.source_identity is not None for i in source)
+
+
+def test_page_cuts_follow_both_limits():
+    rows = [{"i": i, "pad": "x" * 3000} for i in range(1200)]
+    encoded = A.encode_source(rows)
+    assert [count for _, count in encoded.cuts] == [len(d.rows) for d in A.paginate(rows)]
+    assert all(len(encoded.page(n).text.encode()) <= A.MAX_PAGE_BYTES for n in range(encoded.page_count))
+    with pytest.raises(InvalidInputError, match=r"rows\[1\]"):
+        A.encode_source([{"ok": 1}, {"big": "x" * A.MAX_PAGE_BYTES}])
+    with pytest.raises(InvalidInputError, match=r"rows\[0\]"):
+        A.encode_source(["not a row"])
+    with pytest.raises(InvalidInputError, match=r"rows\[0\]\.data"):
+        A.encode_source([{"bad": float("nan")}])
+
+
+def test_an_encoded_page_travels_only_as_its_canonical_encoding():
+    from runplane.engine.array_input.pages import ENCODED_PAGE
+
+    encoded = A.encode_source([{"name": f"n{i}", "v": [i, 1.5]} for i in range(5)])
+    page = encoded.page(0)
+    assert ENCODED_PAGE.decode(ENCODED_PAGE.encode(page, "page"), "page") == page
+    assert page.is_page(encoded.fingerprint, 0, 0) and not page.is_page(encoded.fingerprint, 1, 0)
+    wire = ENCODED_PAGE.encode(page, "page")
+    for forged in (
+        dict(wire, text=wire["text"].replace('"n1"', '"n9"')),   # rows no longer hash to digest
+        dict(wire, text=wire["text"].replace(":", ": ", 1)),    # not the canonical text
+        dict(wire, row_count=4),
+        dict(wire, text="[1]"),
+        dict(wire, text="{"),
+    ):
+        with pytest.raises(InvalidInputError):
+            ENCODED_PAGE.decode(forged, "page")
