@@ -20,6 +20,7 @@ from runplane.simulations import fast_admission
 from runplane.simulations.ports import CountingPort
 
 from .array_input_support import stage, tamper_page
+from .gateway_support import gateway, server  # noqa: F401  (fixtures)
 from .sheet_helpers import PLAY, counters_match, new_run, play_scope, raw_rows
 
 CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
@@ -168,3 +169,20 @@ def test_fast_admission_property_ci_sized(dsn):
     report = fast_admission.run(examples=12, seed=20260601, dsn=dsn)
     assert report.examples == 12
     assert report.ok, "\n".join(report.violations[:5])
+
+
+async def test_fast_admission_through_the_gateway_answers_as_direct(tenant, gateway):
+    await finished_sheet(tenant, 4)
+    run = await new_run(tenant, PLAY, "r2")
+    view = lambda a: (a.inserted, a.skipped, a.cached, a.completed,  # noqa: E731
+                      [(r.key, r.input_index, r.row) for r in a.pending], a.blocked)
+    settled = await probe(gateway, run, NS, CONTRACT, rows(4))
+    assert settled is not None and view(settled) == view(await probe(tenant, run, NS, CONTRACT, rows(4)))
+    assert await probe(gateway, run, NS, CONTRACT, rows(5)) is None
+    counted = await admit(gateway, run, NS, CONTRACT, rows(3), cache_hits="count")
+    assert (counted.cached, counted.completed, counted.pending) == (3, (), ())
+    source = rows(6)
+    scope, page = await staged_page(tenant, run, source)
+    staged = await admit(gateway, run, NS, CONTRACT, source, staged_page=page, cache_hits="count")
+    assert (staged.inserted, staged.cached) == (2, 4)
+    assert [(r.row["name"], r.input_index) for r in staged.pending] == [("r4", 4), ("r5", 5)]
