@@ -10,7 +10,6 @@ from runplane.cli import main
 from .cli_helpers import (
     cli_env,
     pasted,
-    run_cli,
     schema,  # noqa: F401 - fixture
     start_cli,
     wait_for_text,
@@ -80,7 +79,8 @@ def test_the_demo_ends_with_the_top_errors_and_fail_on_row_errors_exits_3(schema
     assert re.search(r"^     60  enrichment API timed out$", out, re.MULTILINE), out
 
 
-def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema, tmp_path):
+def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema, tmp_path,
+                                                                         capsys):
     play, rows = write_play(tmp_path, ["a", "bb", "ccc", "dddd"])
     log = tmp_path / "run.log"
     proc = start_cli("run", str(play), "--input", str(rows), "--schema", schema,
@@ -93,9 +93,8 @@ def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema
     run_id, command = started(content)
     assert command == (f"runplane run {play} --input {rows} --schema {schema} --run-id {run_id}")
 
-    listing = run_cli("runs", "ops", "--schema", schema)
-    assert listing.returncode == 0, listing.stderr
-    lines = listing.stdout.splitlines()
+    assert main(["runs", "ops", "--schema", schema]) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert re.match(r"run id +epoch +started +state +completed +failed +unfinished$", lines[0])
     assert re.match(rf"{run_id} +\d+ +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d +open +4 +0 +0$",
                     lines[1]), lines
@@ -108,9 +107,10 @@ def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema
     assert resumed.returncode == 0, resumed.stderr
     assert started(resumed.stdout)[0] == run_id
     assert "admitted 4, cached 4, completed 0, failed 0" in resumed.stdout
-    listing = run_cli("runs", "ops", "--schema", schema)
-    assert re.search(rf"^{run_id} +\d+ +\S+ \S+ +done +4 +0 +0$", listing.stdout, re.MULTILINE)
-    assert "resume" not in listing.stdout
+    assert main(["runs", "ops", "--schema", schema]) == 0
+    listing = capsys.readouterr().out
+    assert re.search(rf"^{run_id} +\d+ +\S+ \S+ +done +4 +0 +0$", listing, re.MULTILINE)
+    assert "resume" not in listing
 
 
 def test_sigterm_and_a_store_failure_print_the_resume_command(schema, tmp_path, capsys,
@@ -180,17 +180,20 @@ def test_ctrl_c_in_the_demo_prints_a_resume_command_that_finishes_with_cache_hit
     from runplane.engine import PlayScope, open_tenant, sheets
 
     log = tmp_path / "demo.log"
-    proc = start_cli("demo", "--rows", "3000", "--schema", schema, "--fail-rate", "0",
-                     "--latency-ms", "20", "--concurrency", "4", stdout_path=log, env=cli_env())
+    proc = start_cli("demo", "--rows", "1000", "--schema", schema, "--fail-rate", "0",
+                     "--latency-ms", "50", "--concurrency", "4", stdout_path=log, env=cli_env())
+
+    scope = PlayScope("local", "demo")
 
     async def enriched() -> int:
         async with open_tenant("local", dsn, schema=schema, bootstrap=False) as tenant:
-            return (await sheets.summary(tenant, PlayScope("local", "demo"), "companies")).completed
+            return (await sheets.summary(tenant, scope, "companies")).completed
 
     async def wait_for_rows() -> None:
-        with trio.fail_after(120):
-            while await enriched() < 20:
-                await trio.sleep(0.2)
+        async with open_tenant("local", dsn, schema=schema, bootstrap=False) as tenant:
+            with trio.fail_after(120):
+                while (await sheets.summary(tenant, scope, "companies")).completed < 20:
+                    await trio.sleep(0.1)
 
     try:
         wait_for_text(log, "to resume it:", proc)
@@ -208,11 +211,11 @@ def test_ctrl_c_in_the_demo_prints_a_resume_command_that_finishes_with_cache_hit
     prefix = f"runplane: resume run {run_id} with: "
     assert lines[1].startswith(prefix) and len(lines) == 2, err
     finished = trio.run(enriched)
-    assert 20 <= finished < 3000
+    assert 20 <= finished < 1000
     # Pasted (made fast: later options win), it finishes the run; finished rows are cache hits.
     resumed = subprocess.run([*pasted(lines[1][len(prefix):]), "--latency-ms", "0",
                               "--concurrency", "32"], capture_output=True, text=True,
                              env=cli_env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert (f"demo: run {run_id} admitted 3000 cached {finished} executed {3000 - finished} "
-            f"completed {3000 - finished} failed 0") in resumed.stdout
+    assert (f"demo: run {run_id} admitted 1000 cached {finished} executed {1000 - finished} "
+            f"completed {1000 - finished} failed 0") in resumed.stdout
