@@ -167,7 +167,8 @@ class Server:
     _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
     _latencies: list[float] = attrs.field(init=False, factory=list, repr=False)
     _period: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
-    _period_errors: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
+    _period_errors: collections.Counter = attrs.field(init=False, factory=collections.Counter,
+                                                      repr=False)
 
     # -- the application ---------------------------------------------------------------------
     def app(self) -> Starlette:
