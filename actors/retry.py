@@ -8,7 +8,8 @@ How it works
   write-once, reads are reads — so the actors retry them.
 - Retried: `StoreUnavailableError` (the connection failed; the call may or may not have been
   applied) and `TransactionStateUnknownError` (the rollback failed; same). Everything else
-  (bad input, conflicts, retirement, a missing relation after repair) is raised at once.
+  (bad input, conflicts, retirement, a missing relation after repair) is raised at once, and so
+  is `GatewayUnavailableError`: a gateway client has already retried through its own budgets.
 - `RETRY_DELAYS` are the waits before attempts 2, 3, …; each is jittered to [d/2, d] so peers
   that failed together do not retry together. The waits are cancellable.
 """
@@ -20,7 +21,9 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from runplane.engine.errors import StoreUnavailableError, TransactionStateUnknownError
+from runplane.engine.errors import (
+    GatewayUnavailableError, StoreUnavailableError, TransactionStateUnknownError,
+)
 
 T = TypeVar("T")
 
@@ -34,6 +37,8 @@ async def retry_transient(operation: Callable[[], Awaitable[T]], *,
     for delay in delays:
         try:
             return await operation()
+        except GatewayUnavailableError:
+            raise
         except TRANSIENT:
             await trio.sleep(delay / 2 + random.random() * delay / 2)
     return await operation()

@@ -32,8 +32,9 @@ from rich.table import Table
 from rich.text import Text
 
 from runplane.actors import MapProgress, MapResult, open_supervisor
-from runplane.engine import RunScope, open_tenant, runs, sheets
+from runplane.engine import RunScope, runs, sheets
 
+from .connect import open_port
 from .operators import UsageError, print_failure_summary
 from .terminal import clean, say
 
@@ -147,7 +148,7 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
                                  concurrency=args.concurrency, on_progress=on_progress)
 
     started = time.perf_counter()
-    async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
+    async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway
         if args.resume is not None and await runs.get(
                 tenant, RunScope(tenant.org_id, PLAY, args.resume)) is None:
             raise UsageError(f"no run {args.resume!r} of play {PLAY!r} to resume")

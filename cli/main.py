@@ -1,6 +1,8 @@
 """The `runplane` command line.
 
-Every command connects through `engine.open_tenant` (the embedded default, or `RUNPLANE_DSN`).
+Every command connects through `engine.open_tenant` (the embedded default, or `RUNPLANE_DSN`);
+`run`, `demo` and `status` can go through a gateway instead (`--gateway URL` or
+`RUNPLANE_GATEWAY_URL`, with the token in `RUNPLANE_TOKEN`), needing no database access at all.
 Errors reach the user as one line on stderr and a non-zero exit status, never a traceback:
 engine errors and refusals exit 1, usage errors (bad arguments, unreadable input files) 2, rows
 that failed under `--fail-on-row-errors` 3, an interrupt 130. Errors that come out of trio
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import logging
 import os
+import secrets
 import signal
 import sys
 from pathlib import Path
@@ -29,10 +33,12 @@ from typing import Any, Callable
 import trio
 
 from runplane.engine import PlayScope, open_tenant, sheets
+from runplane.engine.actions import RemotePort
 from runplane.engine.errors import EngineError, leaf_errors
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.scopes import normalize_namespace
 
+from .connect import open_port
 from .inputs import InputFileError, read_input
 from .operators import (
     CommandError,
@@ -72,9 +78,18 @@ def _tenant_options(parser: argparse.ArgumentParser) -> None:
                         help="tenant schema (default: RUNPLANE_SCHEMA, else 'runplane')")
 
 
+def _port_options(parser: argparse.ArgumentParser) -> None:
+    """A tenant's options, or a gateway to go through instead."""
+    _tenant_options(parser)
+    parser.add_argument("--gateway", default=os.environ.get("RUNPLANE_GATEWAY_URL") or None,
+                        metavar="URL", help="work through a gateway (default: RUNPLANE_GATEWAY_URL); "
+                        "the token comes from RUNPLANE_TOKEN, the org from the token")
+
+
 def _read_only(args: argparse.Namespace):
-    """The tenant of a read-only command: no bootstrap, nothing created."""
-    return open_tenant(args.org, args.dsn, schema=args.schema, bootstrap=False)
+    """The tenant of a read-only command: no bootstrap, nothing created (or, with `--gateway`,
+    the gateway)."""
+    return open_port(args, read_only=True)
 
 
 def _row_error_options(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +150,7 @@ def simulate(args: argparse.Namespace) -> int:
 
 # -- demo ---------------------------------------------------------------------------------------
 def _demo_options(parser: argparse.ArgumentParser) -> None:
-    _tenant_options(parser)
+    _port_options(parser)
     _row_error_options(parser)
     parser.add_argument("--rows", type=_positive, default=10_000, help="synthetic companies (default 10,000)")
     parser.add_argument("--concurrency", type=_positive, default=128, help="map workers (default 128)")
@@ -180,7 +195,7 @@ def demo(args: argparse.Namespace) -> int:
 
 # -- run ----------------------------------------------------------------------------------------
 def _run_options(parser: argparse.ArgumentParser) -> None:
-    _tenant_options(parser)
+    _port_options(parser)
     _row_error_options(parser)
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
@@ -242,7 +257,7 @@ def run_play(args: argparse.Namespace) -> int:
     notice = args.notice = RunNotice(args.argv, "--run-id")
 
     async def main() -> int:
-        async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
+        async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway
             run_id = await choose_run_id(tenant, play_name, args)
             async with open_run(tenant, play_name, run_id) as run:
                 await notice.started(run)
@@ -267,7 +282,7 @@ def describe_result(result: Any) -> str:
 
 # -- status -------------------------------------------------------------------------------------
 def _status_options(parser: argparse.ArgumentParser) -> None:
-    _tenant_options(parser)
+    _port_options(parser)
     parser.add_argument("play", help="play name")
     parser.add_argument("table", nargs="?", default=None, help="table namespace (default: all)")
 
@@ -280,7 +295,8 @@ def status(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _read_only(args) as tenant:
-            await require_schema(tenant)
+            if not isinstance(tenant, RemotePort):  # a gateway checks its own schema
+                await require_schema(tenant)
             scope = PlayScope(tenant.org_id, args.play)
             summaries = await sheets.summaries(tenant, scope)
             recent = await runs.list_runs(tenant, scope, limit=10)
@@ -362,6 +378,77 @@ def supervise(args: argparse.Namespace) -> int:
                 await trio.sleep_forever()
 
     run_trio(main)
+    return 0
+
+
+# -- the gateway: serve and token --------------------------------------------------------------
+SECRET_ENV = "RUNPLANE_GATEWAY_SECRET"
+
+
+def _serve_options(parser: argparse.ArgumentParser) -> None:
+    from runplane.engine.gateway import DEFAULT_BODY_LIMIT
+
+    parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_DSN, else embedded)")
+    parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"), help="tenant schema")
+    parser.add_argument("--bind", default="127.0.0.1:8787", metavar="HOST:PORT",
+                        help="where to listen (default 127.0.0.1:8787; port 0 picks a free one)")
+    parser.add_argument("--body-limit", type=_positive, default=DEFAULT_BODY_LIMIT, metavar="BYTES",
+                        help=f"largest request body accepted (default {DEFAULT_BODY_LIMIT:,})")
+    parser.add_argument("--no-array-actions", action="store_true",
+                        help="answer array-input actions as unsupported (an older gateway)")
+    parser.add_argument("--dev", action="store_true",
+                        help=f"without {SECRET_ENV}: a throwaway secret and a printed token for org local")
+    parser.add_argument("--log-interval", type=float, default=60.0, metavar="SECONDS",
+                        help="seconds between statistics log lines (default 60)")
+
+
+@command("serve", "serve the runtime actions over HTTP (the gateway) until interrupted")(_serve_options)
+def serve(args: argparse.Namespace) -> int:
+    from runplane.engine.gateway import mint_token, open_server
+
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        if not args.dev:
+            raise UsageError(f"{SECRET_ENV} is not set: the gateway needs a signing secret for its "
+                             "tokens (or pass --dev for a throwaway one)")
+        secret = secrets.token_urlsafe(32)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    async def main() -> None:
+        async with open_server(secret=secret, dsn=args.dsn, schema=args.schema, bind=args.bind,
+                               body_limit=args.body_limit, array_actions=not args.no_array_actions,
+                               log_interval_s=args.log_interval) as server:
+            actions = "off" if args.no_array_actions else "on"
+            print(f"gateway listening on {server.url} (schema {args.schema}, body limit "
+                  f"{server.body_limit:,} bytes, array actions {actions}; Ctrl-C to stop)", flush=True)
+            if args.dev:
+                print(f"dev token for org {DEFAULT_ORG}: {mint_token(secret, DEFAULT_ORG)}", flush=True)
+            await trio.sleep_forever()
+
+    run_trio(main)
+    return 0
+
+
+def _token_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--org", default=os.environ.get("RUNPLANE_ORG", DEFAULT_ORG), help="the one org the token acts for")
+    parser.add_argument("--play", action="append", default=None, metavar="PLAY",
+                        help="a play the token may touch (repeatable; default: every play)")
+    parser.add_argument("--action", action="append", default=None, metavar="ACTION",
+                        help="an action it may call, e.g. receipts.claim or sheets.* (repeatable; default: all)")
+    parser.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS", help="lifetime (default 3600)")
+
+
+@command("token", f"print a gateway token signed with {SECRET_ENV}")(_token_options)
+def token(args: argparse.Namespace) -> int:
+    from runplane.engine.gateway import mint_token
+
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        raise UsageError(f"{SECRET_ENV} is not set: a token is signed with the gateway's secret")
+    print(mint_token(secret, args.org, plays=args.play or ("*",), actions=args.action or ("*",),
+                     ttl_s=args.ttl))
     return 0
 
 

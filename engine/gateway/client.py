@@ -349,12 +349,11 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
                             need_texts=True, input_indexes=range(len(rows)))
     positions = prepared.indexes
     final = [indexes[p] for p in positions] if indexes is not None else [offset + p for p in positions]
-    fixed = action.encode_input({
-        name: value for name, value in arguments.items()
-        if name in ("run", "table_namespace", "contract", "attempt", "cell_policies",
-                    "give_up_after", "cache_hits")})
-    health = await gateway.health()
+    # Everything but the rows travels in every page (a new parameter of admit does too).
     arrays = ("rows", "keys", "input_indexes")
+    fixed = action.encode_input({name: value for name, value in arguments.items()
+                                 if name not in arrays and name != "input_offset"})
+    health = await gateway.health()
     room = paging.room_for_rows(fixed, arrays, health.body_limit, "rows")
     key_texts = [json.dumps(key, ensure_ascii=False) for key in prepared.keys]
     index_texts = [str(index) for index in final]
@@ -409,9 +408,8 @@ async def _send_complete(gateway: Gateway, action: Action, arguments: dict) -> C
     normalize_namespace(arguments["table_namespace"])
     prepared, input_rows = prepare_outcomes(arguments["outcomes"])
     budget = gateway._budget(action.name)
-    fixed = action.encode_input({
-        name: value for name, value in arguments.items()
-        if name in ("run", "table_namespace", "contract", "attempt")})
+    fixed = action.encode_input({name: value for name, value in arguments.items()
+                                 if name != "outcomes"})  # local parameters never travel
     health = await gateway.health()
     room = paging.room_for_rows(fixed, ("outcomes",), health.body_limit, "outcomes")
     texts = [_outcome_text(outcome) for outcome in prepared]

@@ -17,10 +17,10 @@ How it works
 - Per-org concurrency is what the tenant's lanes and connection cap allow, exactly as for
   in-process runners: requests wait FIFO for permits.
 - Writes are answered from a replay cache when their request id (one per client operation) was
-  already applied: a retry after a reply lost in the network returns the first answer, and a
-  retry arriving while the first attempt still runs waits for it. The cache is bounded by bytes
-  and age (`REPLAY_TTL_S`, longer than a client's unreachable budget); past it, the action's own
-  idempotence still applies nothing twice.
+  already applied for the same org, play and action: a retry after a reply lost in the network
+  returns the first answer, and a retry arriving while the first attempt still runs waits for it.
+  The cache is bounded by bytes and age (`REPLAY_TTL_S`, longer than a client's unreachable
+  budget); past it, the action's own idempotence still applies nothing twice.
 - Statistics: `requests` (count by action), `errors` (count by code), `max_body_bytes` (largest
   body accepted), and a log line every `log_interval_s` with requests by action, errors by code
   and p50/p99 latency. Tokens never reach a log line or an error message.
@@ -167,7 +167,8 @@ class Server:
     _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
     _latencies: list[float] = attrs.field(init=False, factory=list, repr=False)
     _period: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
-    _period_errors: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
+    _period_errors: collections.Counter = attrs.field(init=False, factory=collections.Counter,
+                                                      repr=False)
 
     # -- the application ---------------------------------------------------------------------
     def app(self) -> Starlette:
@@ -243,7 +244,7 @@ class Server:
 
         request_id = request.headers.get(protocol.REQUEST_ID_HEADER)
         if spec.writes and request_id:
-            return await self.replay.run((claims.org, name, request_id), compute)
+            return await self.replay.run((claims.org, play, name, request_id), compute)
         return await compute()
 
     async def _read_body(self, request: Request) -> bytes:

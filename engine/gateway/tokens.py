@@ -7,8 +7,9 @@ How it works
   `TokenClaims`, or raises `AuthError` (HTTP 401). Messages never contain the token.
 - `TokenClaims.check_action(action)` and `check_target(action, org, play)` raise `ScopeError`
   (HTTP 403) naming the claim that does not allow the request. `plays` and `actions` hold
-  exact names, `"*"` (anything), or for actions a family such as `"receipts.*"`. An action whose input names no play (an org-wide
-  outbox step such as `outbox.claim_due`) needs `plays` to allow every play (`"*"`).
+  exact names, `"*"` (anything), or for actions a family such as `"receipts.*"`. An action
+  whose input names no play (an org-wide outbox step such as `outbox.claim_due`) needs `plays`
+  to allow every play (`"*"`).
 The server verifies and checks before it reads the request body or runs any query.
 This module does no I/O.
 """

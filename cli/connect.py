@@ -1,0 +1,36 @@
+"""Where a command's engine operations go: a tenant's database, or a gateway.
+
+`open_port(args)` opens the tenant the options name (`--dsn`, `--org`, `--schema`), or, with
+`--gateway URL` (or `RUNPLANE_GATEWAY_URL`), a `Gateway` acting with the token in
+`RUNPLANE_TOKEN`: its org is the token's, and the command needs no database access at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from typing import Any, AsyncIterator
+
+from runplane.engine import open_tenant
+
+from .operators import UsageError
+
+
+@contextlib.asynccontextmanager
+async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> AsyncIterator[Any]:
+    """The tenant the options name (with `read_only`, one that bootstraps nothing), or with
+    `--gateway` a Gateway acting with RUNPLANE_TOKEN."""
+    if getattr(args, "gateway", None):
+        from runplane.engine.gateway import open_gateway
+
+        token = os.environ.get("RUNPLANE_TOKEN", "").strip()
+        if not token:
+            raise UsageError("--gateway needs a token in RUNPLANE_TOKEN "
+                             "(make one with `runplane token`)")
+        async with open_gateway(args.gateway, token) as gateway:
+            yield gateway
+    else:
+        async with open_tenant(args.org, args.dsn, schema=args.schema,
+                               bootstrap=not read_only) as tenant:
+            yield tenant
