@@ -25,6 +25,7 @@ from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, INT, USER_JSON, dict_of
 from .errors import InvalidInputError
 from .keys import check_user_key, receipt_key
 from .ports import Port, with_connection
+from .reissue import fetchrow_until_visible
 from .sql import qualified
 from .scopes import PlayScope, RunRef, check_scope
 
@@ -121,14 +122,11 @@ def _receipt(key: str, row: Any) -> Receipt:
     )
 
 
-async def _fetch_until_row(port: Port, sql: str, *args: Any) -> Any:
-    async def op(conn):
-        while True:
-            row = await conn.fetchrow(sql, *args)
-            if row is not None:
-                return row
-
-    return await with_connection(port, "receipts", op)
+async def _fetch_until_row(port: Port, key: str, sql: str, *args: Any) -> Any:
+    return await with_connection(
+        port, "receipts",
+        lambda conn: fetchrow_until_visible(conn, sql, args, what=f"receipt {key!r}"),
+    )
 
 
 @action("receipts.get", params={"scope": PLAY_SCOPE, "key": STR}, result=optional(RECEIPT),
@@ -157,7 +155,7 @@ async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = Fa
     check_scope(port, run)
     k = receipt_key(run.scope, key)
     sql = _statement(_CLAIM, port.schema)
-    row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, bool(reclaim_running))
+    row = await _fetch_until_row(port, key, sql, k, run.run_id, run.epoch, bool(reclaim_running))
     return Claim(row["disposition"], _receipt(key, row))
 
 
@@ -169,7 +167,7 @@ async def _settle(
     k = receipt_key(run.scope, key)
     text = None if output is None else canonical.stable_dumps(canonical.normalize(output, "output"))
     sql = _statement(_SETTLE, port.schema, extra_fence)
-    row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, status, text, error)
+    row = await _fetch_until_row(port, key, sql, k, run.run_id, run.epoch, status, text, error)
     return _receipt(key, row)
 
 

@@ -24,6 +24,7 @@ from .codecs import (INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TIMESTAM
                      optional, record)
 from .errors import InvalidInputError
 from .ports import Port, sequence_literal, table, with_connection
+from .reissue import fetchrow_until_visible
 from .scopes import PlayScope, RunRef, RunScope, check_scope
 
 
@@ -80,14 +81,10 @@ async def register(port: Port, scope: RunScope) -> RunRef:
     check_scope(port, scope)
     sql = _REGISTER.format(runs=table(port, "runs"), seq=sequence_literal(port, "run_epochs"))
 
-    async def op(conn):
-        # Empty only when a concurrent registration committed after our snapshot: read again.
-        while True:
-            epoch = await conn.fetchval(sql, scope.org_id, scope.play, scope.run_id)
-            if epoch is not None:
-                return epoch
-
-    return RunRef(scope, await with_connection(port, "receipts", op))
+    # No row only when a concurrent registration committed after our snapshot: issue it again.
+    row = await with_connection(port, "receipts", lambda conn: fetchrow_until_visible(
+        conn, sql, (scope.org_id, scope.play, scope.run_id), what=f"run {scope.run_id!r}"))
+    return RunRef(scope, row["epoch"])
 
 
 def _info(row) -> RunInfo:

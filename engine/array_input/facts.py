@@ -43,6 +43,7 @@ from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError
 from ..keys import fact_key
 from ..ports import Port, table, with_connection
+from ..reissue import NotVisible, fetchrow_until_visible
 from ..scopes import MapScope, RunScope, check_scope
 from . import pages as P
 
@@ -58,13 +59,8 @@ FACT_KINDS = (BEGIN_KIND, PAGE_KIND, SEAL_KIND)  # what retirement deletes
 GUARD_OPEN_TEXT = canonical.stable_dumps({"kind": GUARD_KIND, "retired": False})
 GUARD_RETIRED_TEXT = canonical.stable_dumps({"kind": GUARD_KIND, "retired": True})
 
-MAX_STATEMENT_ATTEMPTS = 16
 RECEIPTS_LANE = "receipts"
 RETIREMENT_LANE = "retirement"
-
-
-class NotVisible(Exception):
-    """A peer committed a row after our snapshot: issue the statement again."""
 
 
 # -- scopes and keys ---------------------------------------------------------------------------
@@ -171,18 +167,12 @@ def seal_output(status: Any, run_id: Any, output_text: str | None, scope: MapSco
 async def run_statement(
     port: Port, lane: str, sql: str, args: tuple, decide: Callable[[Any], T]
 ) -> T:
-    """Issue `sql` and let `decide(row)` name the outcome; re-issue while it is `NotVisible`."""
-
-    async def op(conn):
-        for _ in range(MAX_STATEMENT_ATTEMPTS):
-            row = await conn.fetchrow(sql, *args)
-            try:
-                return decide(row)
-            except NotVisible:
-                continue
-        raise ConflictError("array input facts kept changing under a concurrent writer; retry")
-
-    return await with_connection(port, lane, op)
+    """Issue `sql` and let `decide(row)` name the outcome; re-issued while it raises
+    `NotVisible`, a bounded number of times (`engine.reissue`)."""
+    return await with_connection(
+        port, lane,
+        lambda conn: fetchrow_until_visible(conn, sql, args, decide, what="array input facts"),
+    )
 
 
 # -- manifest ----------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from ..actions import action
 from ..codecs import RUN_SCOPE
-from ..errors import ConflictError
 from ..keys import run_key_range
 from ..ports import Port, table, with_connection
+from ..reissue import NotVisible, fetchrow_until_visible
 from ..scopes import RunScope
 from . import facts as F
 from .pages import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
@@ -101,23 +101,17 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
         if row["created"]:
             return row  # the run never staged: nothing to delete
         if row["g_status"] is None:
-            raise F.NotVisible  # a peer created the guard after our snapshot
+            raise NotVisible  # a peer created the guard after our snapshot
         F.guard_retired(row["g_status"], row["g_run"], row["g_output"], scope)  # corrupt → raise
         return row
 
     async def op(conn):
         # No BEGIN/COMMIT of ours: each statement is atomic on its own. Under an execution
         # role both run inside the checkout's transaction, which still holds the guard lock.
-        for _ in range(F.MAX_STATEMENT_ATTEMPTS):
-            row = await conn.fetchrow(retire_sql, guard, scope.run_id, F.GUARD_RETIRED_TEXT,
-                                      *ranges, RETIRE_BATCH_ROWS)
-            try:
-                row = decide(row)
-                break
-            except F.NotVisible:
-                continue
-        else:
-            raise ConflictError("the run guard kept changing under a concurrent writer; retry")
+        row = await fetchrow_until_visible(
+            conn, retire_sql, (guard, scope.run_id, F.GUARD_RETIRED_TEXT, *ranges, RETIRE_BATCH_ROWS),
+            decide, what="the run guard",
+        )
         deleted = row["deleted"]
         if row["created"] or row["seen_retired"] or deleted >= RETIRE_BATCH_ROWS:
             return RetireResult(done=deleted < RETIRE_BATCH_ROWS, deleted=deleted)

@@ -27,6 +27,7 @@ from ..actions import action
 from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..ports import Port, table, with_connection
+from ..reissue import NotVisible
 from ..scopes import MapScope
 from . import facts as F
 from . import pages as P
@@ -195,7 +196,7 @@ async def seal(
         if row["written"]:
             return
         if row["s_status"] is None:
-            raise F.NotVisible  # a peer's seal committed after our snapshot
+            raise NotVisible  # a peer's seal committed after our snapshot
         _matching_seal(row["s_status"], row["s_run"], row["s_output"], scope, expected)
 
     write_sql = _WRITE_SEAL.format(t=t, guard_open=F.GUARD_IS_OPEN.format(g="guard", run="$4"))
