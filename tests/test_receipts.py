@@ -38,6 +38,13 @@ async def count_receipts(tenant) -> int:
         return await conn.fetchval(f'SELECT count(*) FROM "{tenant.schema}".work_receipts')
 
 
+def test_receipt_statuses_are_the_stored_values_of_spec_5():
+    assert {status.name.lower(): int(status) for status in receipts.ReceiptStatus} == {
+        "pending": 0, "running": 1, "completed": 2, "failed": 3, "skipped": 4}
+    assert receipts.STATUS_NAMES == {0: "pending", 1: "running", 2: "completed", 3: "failed",
+                                     4: "skipped"}
+
+
 async def test_register_is_idempotent_and_later_runs_get_larger_epochs(tenant):
     first = await runs.register(tenant, scope("a"))
     again = await runs.register(tenant, scope("a"))

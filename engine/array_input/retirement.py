@@ -23,6 +23,7 @@ from ..actions import action
 from ..codecs import RUN_SCOPE
 from ..keys import run_key_range
 from ..ports import Port, table, with_connection
+from ..receipts import SQL_STATUSES
 from ..reissue import NotVisible, fetchrow_until_visible
 from ..scopes import RunScope
 from . import facts as F
@@ -41,7 +42,7 @@ def _candidates(t: str, run: str, ranges: list[str], limit: str) -> str:
 # $1 guard key, $2 run id, $3 retired guard output, $4..$9 key ranges, $10 batch limit
 _RETIRE = """
 WITH created AS (
-    INSERT INTO {t} (k, status, output, run_id) VALUES ($1, 2, $3::jsonb, $2)
+    INSERT INTO {t} (k, status, output, run_id) VALUES ($1, {COMPLETED}, $3::jsonb, $2)
     ON CONFLICT (k) DO NOTHING
     RETURNING k
 ), seen AS (
@@ -50,7 +51,7 @@ WITH created AS (
     SELECT k, status, run_id, output FROM {t} WHERE k = $1 FOR UPDATE
 ), valid AS (
     SELECT 1 FROM locked
-     WHERE status = 2 AND run_id = $2 AND output->>'kind' = 'array_input_guard'
+     WHERE status = {COMPLETED} AND run_id = $2 AND output->>'kind' = 'array_input_guard'
        AND jsonb_typeof(output->'retired') = 'boolean'
 ), marked AS (
     UPDATE {t} AS g SET output = $3::jsonb, updated_at = now()
@@ -92,7 +93,7 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
     t = table(port, "work_receipts")
     ranges = [bound for kind in F.FACT_KINDS for bound in run_key_range(scope.play_scope, kind, scope.run_id)]
     retire_sql = _RETIRE.format(
-        t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"))
+        t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"), **SQL_STATUSES)
     more_sql = _DELETE_MORE.format(
         t=t, candidates=_candidates(t, "$1", [f"${n}" for n in range(2, 8)], "$8"))
     guard = F.guard_key(scope)

@@ -60,9 +60,9 @@ WITH guard AS (
     SELECT status, run_id, output FROM {t} WHERE k = $2
 ), written AS (
     INSERT INTO {t} (k, status, output, run_id)
-    SELECT $3, 2, $8::jsonb, $4 FROM guard, begun
+    SELECT $3, {COMPLETED}, $8::jsonb, $4 FROM guard, begun
      WHERE {guard_open}
-       AND begun.status = 2 AND begun.run_id = $4 AND begun.output->>'kind' = 'array_input_begin'
+       AND begun.status = {COMPLETED} AND begun.run_id = $4 AND begun.output->>'kind' = 'array_input_begin'
        AND begun.output->>'source_fingerprint' = $5
        AND begun.output->'source_rows' = to_jsonb($6::bigint)
        AND begun.output->'has_source_identities' = to_jsonb($7::boolean)
@@ -199,7 +199,7 @@ async def seal(
             raise NotVisible  # a peer's seal committed after our snapshot
         _matching_seal(row["s_status"], row["s_run"], row["s_output"], scope, expected)
 
-    write_sql = _WRITE_SEAL.format(t=t, guard_open=F.GUARD_IS_OPEN.format(g="guard", run="$4"))
+    write_sql = F.fact_sql(_WRITE_SEAL, port, guard_run="$4")
     args = (F.guard_key(scope), F.begin_key(scope), F.seal_key(scope), scope.run_id,
             source_fingerprint, source_rows, identities, canonical.stable_dumps(output))
     await F.run_statement(port, F.RECEIPTS_LANE, write_sql, args, decide)
