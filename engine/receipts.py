@@ -25,7 +25,7 @@ from .actions import action
 from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, INT, USER_JSON, dict_of, list_of, optional, record
 from .errors import InvalidInputError
 from .keys import check_user_key, receipt_key
-from .ports import Port, with_connection
+from .ports import RECEIPTS_LANE, Port, with_connection
 from .reissue import fetchrow_until_visible
 from .sql import qualified
 from .scopes import PlayScope, RunRef, check_scope
@@ -138,7 +138,7 @@ def _receipt(key: str, row: Any) -> Receipt:
 
 async def _fetch_until_row(port: Port, key: str, sql: str, *args: Any) -> Any:
     return await with_connection(
-        port, "receipts",
+        port, RECEIPTS_LANE,
         lambda conn: fetchrow_until_visible(conn, sql, args, what=f"receipt {key!r}"),
     )
 
@@ -156,7 +156,7 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
     check_scope(port, scope)
     stored = {receipt_key(scope, key): key for key in dict.fromkeys(keys)}
     sql = _statement(_GET, port.schema)
-    rows = await with_connection(port, "receipts", lambda conn: conn.fetch(sql, list(stored)))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(sql, list(stored)))
     found = {bytes(row["k"]): row for row in rows}
     return {
         key: (_receipt(key, found[k]) if k in found else None) for k, key in stored.items()

@@ -42,7 +42,7 @@ from ..actions import action
 from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError
 from ..keys import fact_key
-from ..ports import Port, table, with_connection
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES, ReceiptStatus
 from ..reissue import NotVisible, fetchrow_until_visible
 from ..scopes import MapScope, RunScope, check_scope
@@ -59,8 +59,6 @@ FACT_KINDS = (BEGIN_KIND, PAGE_KIND, SEAL_KIND)  # what retirement deletes
 GUARD_OPEN_TEXT = canonical.stable_dumps({"kind": GUARD_KIND, "retired": False})
 GUARD_RETIRED_TEXT = canonical.stable_dumps({"kind": GUARD_KIND, "retired": True})
 
-RECEIPTS_LANE = "receipts"
-RETIREMENT_LANE = "retirement"
 
 
 # -- scopes and keys ---------------------------------------------------------------------------

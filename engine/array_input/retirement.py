@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..actions import action
 from ..codecs import RUN_SCOPE
 from ..keys import run_key_range
-from ..ports import Port, table, with_connection
+from ..ports import RETIREMENT_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES
 from ..reissue import NotVisible, fetchrow_until_visible
 from ..scopes import RunScope
@@ -121,4 +121,4 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
         total = deleted + more
         return RetireResult(done=total < RETIRE_BATCH_ROWS, deleted=total)
 
-    return await with_connection(port, F.RETIREMENT_LANE, op)
+    return await with_connection(port, RETIREMENT_LANE, op)

@@ -26,7 +26,7 @@ from .. import canonical
 from ..actions import action
 from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
-from ..ports import Port, table, with_connection
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..reissue import NotVisible
 from ..scopes import MapScope
 from . import facts as F
@@ -119,7 +119,7 @@ async def seal(
 
     # 1. guard, begin and an existing seal.
     start_args = (F.guard_key(scope), F.begin_key(scope), F.seal_key(scope))
-    row = await F.run_statement(port, F.RECEIPTS_LANE, _START.format(t=t), start_args, lambda r: r)
+    row = await F.run_statement(port, RECEIPTS_LANE, _START.format(t=t), start_args, lambda r: r)
     F.require_open(row["g_status"], row["g_run"], row["g_output"], scope)
     begun = F.begin_output(row["b_status"], row["b_run"], row["b_output"], scope)
     if (begun["source_fingerprint"], begun["source_rows"]) != (source_fingerprint, source_rows):
@@ -145,7 +145,7 @@ async def seal(
         ordinals = range(first, min(first + batch_size, page_count))
         keys = [F.page_key(scope, ordinal) for ordinal in ordinals]
         rows = await with_connection(
-            port, F.RECEIPTS_LANE,
+            port, RECEIPTS_LANE,
             lambda conn: conn.fetch(scan_sql, F.guard_key(scope), F.seal_key(scope), keys),
         )
         guard_row = next((r for r in rows if r["part"] == 0), None)
@@ -202,5 +202,5 @@ async def seal(
     write_sql = F.fact_sql(_WRITE_SEAL, port, guard_run="$4")
     args = (F.guard_key(scope), F.begin_key(scope), F.seal_key(scope), scope.run_id,
             source_fingerprint, source_rows, identities, canonical.stable_dumps(output))
-    await F.run_statement(port, F.RECEIPTS_LANE, write_sql, args, decide)
+    await F.run_statement(port, RECEIPTS_LANE, write_sql, args, decide)
 

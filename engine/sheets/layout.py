@@ -44,7 +44,7 @@ from ..actions import action
 from ..codecs import PLAY_SCOPE, STR, record
 from ..errors import InvalidInputError, MissingRelationError
 from ..pg import Connection
-from ..ports import Port, sequence_literal, table
+from ..ports import SHEET_LANE, Port, sequence_literal, table
 from ..scopes import PlayScope, check_scope, normalize_namespace
 from ..sql import quote_ident
 
@@ -52,7 +52,6 @@ from .model import CONTRACT, SheetContract
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
-LANE = "sheet"
 MAX_NAME_PREFIX = 36
 _JUNK = re.compile(r"[^a-z0-9_]+")
 
@@ -266,7 +265,7 @@ def _permit_wait_seconds(port: Any) -> float | None:
         return None
     try:
         stats = permits()
-        return sum(stats[name].wait_seconds for name in (LANE, "connections") if name in stats)
+        return sum(stats[name].wait_seconds for name in (SHEET_LANE, "connections") if name in stats)
     except Exception:  # telemetry only: a port without usable stats has no split
         return None
 
@@ -282,7 +281,7 @@ async def _transaction_once(
 ) -> T:
     waited_before = _permit_wait_seconds(port)
     started = time.perf_counter()
-    checkout = port.connection(LANE)
+    checkout = port.connection(SHEET_LANE)
     try:
         conn = await checkout.__aenter__()
     except BaseException:

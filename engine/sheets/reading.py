@@ -21,11 +21,11 @@ from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
 from ..limits import identifier_problem
 from ..pg import Connection
-from ..ports import Port, table, with_connection
+from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
-from .layout import LANE, layout_for
+from .layout import layout_for
 from .model import SUMMARY, ColumnSummary, Summary
 
 _REGISTERED = """
@@ -150,7 +150,7 @@ async def read_rows(
             out.append(row)
         return out
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
 
 
 @action("sheets.summary", params={"scope": PLAY_SCOPE, "table_namespace": STR}, result=SUMMARY,
@@ -171,7 +171,7 @@ async def summary(port: Port, scope: PlayScope, table_namespace: str) -> Summary
             columns={r["field"]: ColumnSummary(r["completed"], r["failed"]) for r in columns},
         )
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
 
 
 @action("sheets.summaries", params={"scope": PLAY_SCOPE}, result=dict_of(SUMMARY), writes=False)
@@ -200,4 +200,4 @@ async def summaries(port: Port, scope: PlayScope) -> dict[str, Summary]:
             for r in rows
         }
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
