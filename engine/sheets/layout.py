@@ -183,6 +183,11 @@ ON CONFLICT DO NOTHING
 """
 
 
+async def existing_columns(conn: Connection, layout: SheetLayout) -> set[str]:
+    """The physical columns the sheet's table has now (empty when the table does not exist)."""
+    return set(await conn.fetchval(_EXISTING_COLUMNS, layout.regclass_text))
+
+
 async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fields: Iterable[str]) -> None:
     """Create the sheet table and any missing field columns; register the fields.
 
@@ -193,7 +198,7 @@ async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fie
     await conn.execute(_CREATE_TABLE.format(
         t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
     ))
-    existing = set(await conn.fetchval(_EXISTING_COLUMNS, layout.regclass_text))
+    existing = await existing_columns(conn, layout)
     missing = [f for f in fields if column_name(f) not in existing]
     adds = [f"ADD COLUMN IF NOT EXISTS {name} {kind}"
             for name, kind in LATER_SYSTEM_COLUMNS.items() if name not in existing]
