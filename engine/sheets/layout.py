@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import time
 from typing import Any, Awaitable, Callable, Iterable, Literal, TypeVar
 
@@ -286,48 +285,35 @@ async def _transaction_once(
 ) -> T:
     waited_before = _permit_wait_seconds(port)
     started = time.perf_counter()
-    checkout = port.connection(SHEET_LANE)
+    checked_out = False
     try:
-        conn = await checkout.__aenter__()
+        async with port.connection(SHEET_LANE) as conn:
+            checked_out = True
+            elapsed = time.perf_counter() - started
+            waited_after = _permit_wait_seconds(port)
+            waited = 0.0
+            if waited_before is not None and waited_after is not None:
+                waited = min(max(waited_after - waited_before, 0.0), elapsed)
+            clock.add("permit_wait", waited)
+            clock.add("connect", elapsed - waited)
+            async with conn.transaction(on_phase=clock.add):
+                summary = table(port, "sheet_summary")
+                await conn.execute(_SETTINGS, str(timeout_ms))
+                if mode == "shared":
+                    server_version = await conn.fetchval(
+                        _LOCK_SHARED.format(summary=summary), layout.lock_key, *layout.counter_args
+                    )
+                else:
+                    await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
+                    await prepare_columns(conn, port, layout, fields)
+                    server_version = await conn.fetchval(
+                        _LOCK_SUMMARY.format(summary=summary), *layout.counter_args
+                    )
+                return await op(conn, server_version)
     except BaseException:
-        clock.add("connect", time.perf_counter() - started, failed=True)
+        if not checked_out:  # the checkout itself failed (re-raised below)
+            clock.add("connect", time.perf_counter() - started, failed=True)
         raise
-    elapsed = time.perf_counter() - started
-    waited_after = _permit_wait_seconds(port)
-    waited = 0.0
-    if waited_before is not None and waited_after is not None:
-        waited = min(max(waited_after - waited_before, 0.0), elapsed)
-    clock.add("permit_wait", waited)
-    clock.add("connect", elapsed - waited)
-    try:
-        transaction = conn.transaction()
-        await clock.measure("begin", transaction.__aenter__())
-        try:
-            summary = table(port, "sheet_summary")
-            await conn.execute(_SETTINGS, str(timeout_ms))
-            if mode == "shared":
-                server_version = await conn.fetchval(
-                    _LOCK_SHARED.format(summary=summary), layout.lock_key, *layout.counter_args
-                )
-            else:
-                await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
-                await prepare_columns(conn, port, layout, fields)
-                server_version = await conn.fetchval(
-                    _LOCK_SUMMARY.format(summary=summary), *layout.counter_args
-                )
-            result = await op(conn, server_version)
-        except BaseException as exc:
-            if not await transaction.__aexit__(type(exc), exc, exc.__traceback__):
-                raise
-            raise  # pragma: no cover - the transaction never swallows
-        await clock.measure("commit", transaction.__aexit__(None, None, None))
-    except BaseException:
-        exc_info = sys.exc_info()
-        if not await checkout.__aexit__(*exc_info):
-            raise
-        raise  # pragma: no cover
-    await checkout.__aexit__(None, None, None)
-    return result
 
 
 async def run_sheet_transaction(
