@@ -130,7 +130,7 @@ async def record_command(port: Port, scope: RunScope, command: str) -> None:
         )
     sql = _RECORD_COMMAND.format(runs=table(port, "runs"))
     await with_connection(
-        port, "receipts",
+        port, RECEIPTS_LANE,
         lambda conn: conn.execute(sql, scope.org_id, scope.play, scope.run_id, command),
     )
 
