@@ -51,6 +51,7 @@ from .model import CONTRACT, SheetContract
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
+LANE = SHEET_LANE  # the lane of every sheet checkout
 MAX_NAME_PREFIX = 36
 _JUNK = re.compile(r"[^a-z0-9_]+")
 
