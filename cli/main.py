@@ -35,6 +35,7 @@ import trio
 from runplane.engine import PlayScope, open_tenant, sheets
 from runplane.engine.actions import RemotePort
 from runplane.engine.errors import EngineError, leaf_errors
+from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.scopes import normalize_namespace
 
@@ -105,7 +106,7 @@ def doctor(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with _read_only(args) as tenant:
             version = await tenant.server_version()
-            async with tenant.connection("receipts") as conn:
+            async with tenant.connection(RECEIPTS_LANE) as conn:
                 status = await schema_status(conn, tenant.schema)
                 where = await connection_lines(conn, args.dsn or os.environ.get("RUNPLANE_DSN"))
             say(f"server      PostgreSQL {version}")

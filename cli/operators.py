@@ -27,6 +27,7 @@ import attrs
 
 from runplane.actors.retry import retry_transient
 from runplane.engine import PlayScope, outbox, runs, sheets
+from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
 
@@ -98,7 +99,7 @@ class RunNotice:
 
 # -- schema checks for read-only commands ----------------------------------------------------
 async def require_schema(tenant: Any) -> None:
-    async with tenant.connection("receipts") as conn:
+    async with tenant.connection(RECEIPTS_LANE) as conn:
         status = await schema_status(conn, tenant.schema)
     if status is None:
         raise CommandError(

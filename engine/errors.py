@@ -35,6 +35,13 @@ class ConflictError(EngineError):
     different page at an ordinal already written). Retrying the same request cannot help."""
 
 
+class RowNotVisibleError(ConflictError):
+    """A statement that inserts a row if absent and else reads it found neither, every time it
+    was issued (`engine.reissue.MAX_VISIBILITY_ATTEMPTS`): a concurrent writer kept inserting and
+    removing the row between our snapshots. Every such statement is idempotent, so unlike other
+    conflicts the same request issued again later can succeed."""
+
+
 class CorruptFactError(EngineError):
     """A stored fact is missing, malformed, or fails its digest check."""
 

@@ -35,13 +35,11 @@ import attrs
 from .actions import action
 from .codecs import (BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, NOTHING, dict_of, list_of,
                      optional, record)
-from .ports import Port, table, with_connection
+from .ports import RECEIPTS_LANE, RETIREMENT_LANE, Port, table, with_connection
 from .scopes import PlayScope, RunScope, check_scope
 
 OPEN, PENDING, DONE = "open", "pending", "done"
 State = Literal["open", "pending", "done"]
-LANE = "retirement"          # outbox work is background work ...
-FOREGROUND_LANE = "receipts"  # ... except recording a run as it opens
 
 
 @attrs.frozen
@@ -148,7 +146,7 @@ def _entry(row) -> OutboxEntry:
     )
 
 
-async def _execute(port: Port, template: str, *args, lane: str = LANE) -> str:
+async def _execute(port: Port, template: str, *args, lane: str = RETIREMENT_LANE) -> str:
     sql = template.format(t=table(port, "terminal_outbox"))
     return await with_connection(port, lane, lambda conn: conn.execute(sql, *args))
 
@@ -161,7 +159,7 @@ def _changed(status: str) -> bool:
 async def record_open(port: Port, scope: RunScope) -> None:
     """Record the run as `open` (a no-op when an entry exists in any state)."""
     check_scope(port, scope)
-    await _execute(port, _RECORD_OPEN, *_key(scope), lane=FOREGROUND_LANE)
+    await _execute(port, _RECORD_OPEN, *_key(scope), lane=RECEIPTS_LANE)
 
 
 @action("outbox.mark_pending", params={"scope": RUN_SCOPE, "owner": STR, "lease_s": FLOAT},
@@ -171,7 +169,7 @@ async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) 
     check_scope(port, scope)
     sql = _MARK_PENDING.format(t=table(port, "terminal_outbox"))
     state = await with_connection(
-        port, LANE, lambda conn: conn.fetchval(sql, *_key(scope), owner, float(lease_s))
+        port, RETIREMENT_LANE, lambda conn: conn.fetchval(sql, *_key(scope), owner, float(lease_s))
     )
     return state == PENDING
 
@@ -185,7 +183,7 @@ async def claim_due(
     sql = _CLAIM_DUE.format(t=table(port, "terminal_outbox"))
     abandon = None if abandon_after_s is None else float(abandon_after_s)
     rows = await with_connection(
-        port, LANE,
+        port, RETIREMENT_LANE,
         lambda conn: conn.fetch(sql, port.org_id, owner, int(limit), abandon, float(lease_s)),
     )
     return [_entry(row) for row in rows]
@@ -227,7 +225,7 @@ async def get(port: Port, scope: RunScope) -> OutboxEntry | None:
     """The run's outbox entry, or None when it has none."""
     check_scope(port, scope)
     sql = _GET.format(t=table(port, "terminal_outbox"))
-    row = await with_connection(port, LANE, lambda conn: conn.fetchrow(sql, *_key(scope)))
+    row = await with_connection(port, RETIREMENT_LANE, lambda conn: conn.fetchrow(sql, *_key(scope)))
     return None if row is None else _entry(row)
 
 
@@ -245,7 +243,7 @@ async def get_many(port: Port, scope: PlayScope, run_ids: Iterable[str]) -> dict
         return {}
     sql = _GET_MANY.format(t=table(port, "terminal_outbox"))
     rows = await with_connection(
-        port, LANE, lambda conn: conn.fetch(sql, scope.org_id, scope.play, ids)
+        port, RETIREMENT_LANE, lambda conn: conn.fetch(sql, scope.org_id, scope.play, ids)
     )
     entries = {row["run_id"]: _entry(row) for row in rows}
     return {run_id: entries[run_id] for run_id in ids if run_id in entries}

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 import asyncpg
 import trio
@@ -177,6 +178,22 @@ async def open_driver() -> AsyncIterator[Driver]:
 
 
 StatementHook = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+PhaseReport = Callable[[str, float, bool], None]  # (phase, seconds, failed)
+
+
+@contextlib.contextmanager
+def _timed(report: PhaseReport | None, phase: str) -> Iterator[None]:
+    """Report how long the block took, and whether it raised, to `report` (if any)."""
+    if report is None:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        report(phase, time.perf_counter() - started, True)
+        raise
+    report(phase, time.perf_counter() - started, False)
 
 
 class Connection:
@@ -251,8 +268,13 @@ class Connection:
 
     # -- transactions ----------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator["Connection"]:
-        """BEGIN…COMMIT, or a SAVEPOINT when already inside a transaction."""
+    async def transaction(self, *, on_phase: PhaseReport | None = None) -> AsyncIterator["Connection"]:
+        """BEGIN…COMMIT, or a SAVEPOINT when already inside a transaction.
+
+        `on_phase`, when given, is called as `on_phase(phase, seconds, failed)` after the
+        statement that opens the transaction (`"begin"`) and after the one that commits it
+        (`"commit"`), whether they succeeded or raised; a rollback is not reported.
+        """
         if self.in_transaction:
             name = f"runplane_sp_{self._depth}"
             begin, commit, rollback = (
@@ -260,7 +282,8 @@ class Connection:
             )
         else:
             begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
-        await self.execute(begin)
+        with _timed(on_phase, "begin"):
+            await self.execute(begin)
         self._depth += 1
         try:
             yield self
@@ -269,7 +292,8 @@ class Connection:
             await self._roll_back(rollback, exc)
             raise
         self._depth -= 1
-        await self._finish(commit)
+        with _timed(on_phase, "commit"):
+            await self._finish(commit)
 
     async def _finish(self, commit: str) -> None:
         with trio.CancelScope(shield=True, deadline=trio.current_time() + COMMIT_TIMEOUT) as scope:

@@ -14,6 +14,7 @@ this API can never name an internal fact.
 
 from __future__ import annotations
 
+import enum
 import functools
 from typing import Any, Iterable, Literal
 
@@ -24,13 +25,26 @@ from .actions import action
 from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, INT, USER_JSON, dict_of, list_of, optional, record
 from .errors import InvalidInputError
 from .keys import check_user_key, receipt_key
-from .ports import Port, with_connection
+from .ports import RECEIPTS_LANE, Port, with_connection
+from .reissue import fetchrow_until_visible
 from .sql import qualified
 from .scopes import PlayScope, RunRef, check_scope
 
-PENDING, RUNNING, COMPLETED, FAILED, SKIPPED = 0, 1, 2, 3, 4
-STATUS_NAMES = {PENDING: "pending", RUNNING: "running", COMPLETED: "completed", FAILED: "failed",
-                SKIPPED: "skipped"}
+
+
+class ReceiptStatus(enum.IntEnum):
+    """`work_receipts.status` (SPEC §5): the one definition Python and SQL text both use."""
+
+    PENDING = 0
+    RUNNING = 1
+    COMPLETED = 2
+    FAILED = 3
+    SKIPPED = 4
+
+
+# The names Receipt.status carries, and the values SQL templates write as `{COMPLETED}` etc.
+STATUS_NAMES = {int(status): status.name.lower() for status in ReceiptStatus}
+SQL_STATUSES = {status.name: int(status) for status in ReceiptStatus}
 
 Disposition = Literal["claimed", "reused", "running", "fenced"]
 
@@ -61,19 +75,19 @@ _COLUMNS = "status, output::text AS output, error, run_id, epoch"
 _CLAIM = """
 WITH claimed AS (
     INSERT INTO {t} AS r (k, status, output, error, run_id, epoch, updated_at)
-    VALUES ($1, 1, NULL, NULL, $2, $3, now())
+    VALUES ($1, {RUNNING}, NULL, NULL, $2, $3, now())
     ON CONFLICT (k) DO UPDATE
-       SET status = 1, output = NULL, error = NULL, run_id = EXCLUDED.run_id,
+       SET status = {RUNNING}, output = NULL, error = NULL, run_id = EXCLUDED.run_id,
            epoch = EXCLUDED.epoch, updated_at = now()
      WHERE coalesce(r.epoch, 0) <= EXCLUDED.epoch
-       AND (r.status IN (0, 3) OR ($4 AND r.status = 1))
+       AND (r.status IN ({PENDING}, {FAILED}) OR ($4 AND r.status = {RUNNING}))
     RETURNING {cols}
 )
 SELECT 'claimed' AS disposition, {cols} FROM claimed
 UNION ALL
-SELECT CASE WHEN status IN (2, 4) THEN 'reused'
+SELECT CASE WHEN status IN ({COMPLETED}, {SKIPPED}) THEN 'reused'
             WHEN coalesce(epoch, 0) > $3 THEN 'fenced'
-            WHEN status = 1 THEN 'running'
+            WHEN status = {RUNNING} THEN 'running'
             ELSE 'fenced' END,
        {cols}
   FROM {t} WHERE k = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
@@ -106,7 +120,8 @@ _GET = "SELECT k, {cols} FROM {t} WHERE k = ANY($1::bytea[])"
 def _statement(template: str, schema: str, extra_fence: str = "") -> str:
     """The statement text for a schema (memoized: formatting is on every call's path)."""
     return template.format(
-        cols=_COLUMNS, t=qualified(schema, "work_receipts"), extra_fence=extra_fence
+        cols=_COLUMNS, t=qualified(schema, "work_receipts"),
+        extra_fence=extra_fence.format(**SQL_STATUSES), **SQL_STATUSES,
     )
 
 
@@ -121,14 +136,11 @@ def _receipt(key: str, row: Any) -> Receipt:
     )
 
 
-async def _fetch_until_row(port: Port, sql: str, *args: Any) -> Any:
-    async def op(conn):
-        while True:
-            row = await conn.fetchrow(sql, *args)
-            if row is not None:
-                return row
-
-    return await with_connection(port, "receipts", op)
+async def _fetch_until_row(port: Port, key: str, sql: str, *args: Any) -> Any:
+    return await with_connection(
+        port, RECEIPTS_LANE,
+        lambda conn: fetchrow_until_visible(conn, sql, args, what=f"receipt {key!r}"),
+    )
 
 
 @action("receipts.get", params={"scope": PLAY_SCOPE, "key": STR}, result=optional(RECEIPT),
@@ -144,7 +156,7 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
     check_scope(port, scope)
     stored = {receipt_key(scope, key): key for key in dict.fromkeys(keys)}
     sql = _statement(_GET, port.schema)
-    rows = await with_connection(port, "receipts", lambda conn: conn.fetch(sql, list(stored)))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(sql, list(stored)))
     found = {bytes(row["k"]): row for row in rows}
     return {
         key: (_receipt(key, found[k]) if k in found else None) for k, key in stored.items()
@@ -157,19 +169,19 @@ async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = Fa
     check_scope(port, run)
     k = receipt_key(run.scope, key)
     sql = _statement(_CLAIM, port.schema)
-    row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, bool(reclaim_running))
+    row = await _fetch_until_row(port, key, sql, k, run.run_id, run.epoch, bool(reclaim_running))
     return Claim(row["disposition"], _receipt(key, row))
 
 
 async def _settle(
-    port: Port, run: RunRef, key: str, status: int, output: Any, error: str | None,
+    port: Port, run: RunRef, key: str, status: ReceiptStatus, output: Any, error: str | None,
     extra_fence: str = "",
 ) -> Receipt:
     check_scope(port, run)
     k = receipt_key(run.scope, key)
     text = None if output is None else canonical.stable_dumps(canonical.normalize(output, "output"))
     sql = _statement(_SETTLE, port.schema, extra_fence)
-    row = await _fetch_until_row(port, sql, k, run.run_id, run.epoch, status, text, error)
+    row = await _fetch_until_row(port, key, sql, k, run.run_id, run.epoch, int(status), text, error)
     return _receipt(key, row)
 
 
@@ -178,7 +190,7 @@ async def _settle(
 async def complete(port: Port, run: RunRef, key: str, output: Any) -> Receipt:
     """Store `output` as the completed result where our epoch is not older than the stored one."""
     check_user_key(key)
-    return await _settle(port, run, key, COMPLETED, output, None)
+    return await _settle(port, run, key, ReceiptStatus.COMPLETED, output, None)
 
 
 @action("receipts.skip", params={"run": RUN_REF, "key": STR, "output": USER_JSON},
@@ -186,7 +198,7 @@ async def complete(port: Port, run: RunRef, key: str, output: Any) -> Receipt:
 async def skip(port: Port, run: RunRef, key: str, output: Any = None) -> Receipt:
     """Mark the work skipped (with an optional output), fenced like `complete`."""
     check_user_key(key)
-    return await _settle(port, run, key, SKIPPED, output, None)
+    return await _settle(port, run, key, ReceiptStatus.SKIPPED, output, None)
 
 
 @action("receipts.fail", params={"run": RUN_REF, "key": STR, "error": STR}, result=RECEIPT)
@@ -198,4 +210,5 @@ async def fail(port: Port, run: RunRef, key: str, error: str) -> Receipt:
         raise InvalidInputError("error must be a non-empty string")
     # NUL and lone surrogates cannot be stored as text: they become U+FFFD, as in jsonb.
     error = canonical.normalize(error)
-    return await _settle(port, run, key, FAILED, None, error, "AND r.status NOT IN (2, 4)")
+    return await _settle(port, run, key, ReceiptStatus.FAILED, None, error,
+                         "AND r.status NOT IN ({COMPLETED}, {SKIPPED})")

@@ -23,7 +23,8 @@ from .actions import action
 from .codecs import (INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TIMESTAMP, list_of,
                      optional, record)
 from .errors import InvalidInputError
-from .ports import Port, sequence_literal, table, with_connection
+from .ports import RECEIPTS_LANE, Port, sequence_literal, table, with_connection
+from .reissue import fetchrow_until_visible
 from .scopes import PlayScope, RunRef, RunScope, check_scope
 
 
@@ -80,14 +81,10 @@ async def register(port: Port, scope: RunScope) -> RunRef:
     check_scope(port, scope)
     sql = _REGISTER.format(runs=table(port, "runs"), seq=sequence_literal(port, "run_epochs"))
 
-    async def op(conn):
-        # Empty only when a concurrent registration committed after our snapshot: read again.
-        while True:
-            epoch = await conn.fetchval(sql, scope.org_id, scope.play, scope.run_id)
-            if epoch is not None:
-                return epoch
-
-    return RunRef(scope, await with_connection(port, "receipts", op))
+    # No row only when a concurrent registration committed after our snapshot: issue it again.
+    row = await with_connection(port, RECEIPTS_LANE, lambda conn: fetchrow_until_visible(
+        conn, sql, (scope.org_id, scope.play, scope.run_id), what=f"run {scope.run_id!r}"))
+    return RunRef(scope, row["epoch"])
 
 
 def _info(row) -> RunInfo:
@@ -101,7 +98,7 @@ async def get(port: Port, scope: RunScope) -> RunInfo | None:
     check_scope(port, scope)
     sql = _GET.format(runs=table(port, "runs"))
     row = await with_connection(
-        port, "receipts", lambda conn: conn.fetchrow(sql, scope.org_id, scope.play, scope.run_id)
+        port, RECEIPTS_LANE, lambda conn: conn.fetchrow(sql, scope.org_id, scope.play, scope.run_id)
     )
     return None if row is None else _info(row)
 
@@ -115,7 +112,7 @@ async def list_runs(port: Port, scope: PlayScope, *, limit: int = 10) -> list[Ru
         raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
     sql = _LIST.format(runs=table(port, "runs"))
     rows = await with_connection(
-        port, "receipts", lambda conn: conn.fetch(sql, scope.org_id, scope.play, limit)
+        port, RECEIPTS_LANE, lambda conn: conn.fetch(sql, scope.org_id, scope.play, limit)
     )
     return [_info(row) for row in rows]
 
@@ -133,7 +130,7 @@ async def record_command(port: Port, scope: RunScope, command: str) -> None:
         )
     sql = _RECORD_COMMAND.format(runs=table(port, "runs"))
     await with_connection(
-        port, "receipts",
+        port, RECEIPTS_LANE,
         lambda conn: conn.execute(sql, scope.org_id, scope.play, scope.run_id, command),
     )
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from runplane.engine import PlayScope, RunScope, runs
 from runplane.engine.errors import EngineError
-from runplane.engine.ports import table
+from runplane.engine.ports import SHEET_LANE, table
 from runplane.engine.sheets import Attempt, RowOutcome, SheetContract, admit, complete, row_key
 from runplane.engine.sheets.layout import layout_for
 
@@ -67,7 +67,7 @@ async def snapshot_counts(port, scope: PlayScope, namespace: str) -> tuple[dict,
     import json
 
     layout = layout_for(port, scope, namespace)
-    async with port.connection("sheet") as conn:
+    async with port.connection(SHEET_LANE) as conn:
         present = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", layout.qualified)
         if not present:
             return dict(_ZERO), {}, dict(_ZERO), {}

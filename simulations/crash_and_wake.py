@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 from runplane.actors import open_run
 from runplane.engine import PlayScope, sheets
 from runplane.engine.errors import EngineError, RetiredError, StoreUnavailableError
+from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column, layout_for
 
 from .faults import Fault, FaultPlan, FaultyPort, fault_plans
@@ -312,7 +313,7 @@ async def check_final(example: Example) -> list[str]:
             break
     summary = await sheets.summary(tenant, scope, TABLE)
     layout = layout_for(tenant, scope, TABLE)
-    async with tenant.connection("sheet") as conn:
+    async with tenant.connection(SHEET_LANE) as conn:
         counts = await conn.fetchrow(
             f"SELECT count(*) AS total,"
             f" count(*) FILTER (WHERE _status = 'pending') AS queued,"

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from runplane.engine import MapScope, PlayScope, RunScope, array_input, runs, sheets
 from runplane.engine.array_input.pages import encode_page
+from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column_name, layout_for
 
 from .counters import counters_match
@@ -130,7 +131,7 @@ async def _build(tenant, namespace: str, plan: Plan, oldest, older, ours, newer)
     stale = [_key(i) for i in rows_in("stale")]
     if stale:
         layout = layout_for(tenant, PlayScope(ORG, PLAY), namespace)
-        async with tenant.connection("sheet") as conn:
+        async with tenant.connection(SHEET_LANE) as conn:
             await conn.execute(
                 f"""UPDATE {layout.qualified}
                        SET _cell_meta = jsonb_set(_cell_meta, '{{score,completed_at}}',
@@ -145,7 +146,7 @@ async def _stored(tenant, namespace: str) -> dict[str, tuple]:
     timestamps, lease instants)."""
     layout = layout_for(tenant, PlayScope(ORG, PLAY), namespace)
     cells = "".join(f', "{column_name(f)}"::text' for f in CONTRACT.fields)
-    async with tenant.connection("sheet") as conn:
+    async with tenant.connection(SHEET_LANE) as conn:
         records = await conn.fetch(
             f"""SELECT _key, _status, _run_id, _write_version, _input_index, _attempt_id,
                        _attempt_expires_at IS NULL, _error,

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from runplane.engine import PlayScope, RunScope, canonical, runs
 from runplane.engine.errors import EngineError
+from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets import (
     Attempt,
     CellPolicy,
@@ -191,7 +192,7 @@ class _Example:
 
 async def stored_rows(tenant) -> dict[str, StoredRow]:
     layout = layout_for(tenant, PlayScope(ORG, PLAY), NS)
-    async with tenant.connection("sheet") as conn:
+    async with tenant.connection(SHEET_LANE) as conn:
         if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", layout.qualified):
             return {}
         records = await conn.fetch(

@@ -31,6 +31,7 @@ from runplane.actors import open_run
 from runplane.engine import PlayScope, sheets
 from runplane.engine.array_input import Occurrence
 from runplane.engine.gateway import RetryPolicy, mint_token, open_gateway, open_server
+from runplane.engine.ports import RECEIPTS_LANE
 
 from .counters import counters_match
 from .harness import open_example_tenant, run_examples
@@ -149,7 +150,7 @@ async def _check_store(tenant: Any, plan: Plan, violations: list[str]) -> None:
     ok, why = await counters_match(tenant, scope, "things")
     if not ok:
         violations.append(why)
-    async with tenant.connection("receipts") as conn:
+    async with tenant.connection(RECEIPTS_LANE) as conn:
         left = await conn.fetchval(
             f'SELECT count(*) FROM "{tenant.schema}".work_receipts '
             "WHERE output->>'kind' IN ('array_input_begin', 'array_input_page', 'array_input_seal')")

@@ -26,6 +26,7 @@ import trio
 from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
 
 from runplane.engine import Tenant, open_tenant
+from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sql import quote_ident
 
 from . import resolve_dsn
@@ -50,7 +51,7 @@ async def open_example_tenant(org_id: str, dsn: str) -> AsyncIterator[Tenant]:
         try:
             yield tenant
         finally:
-            async with tenant.connection("sheet") as conn:
+            async with tenant.connection(SHEET_LANE) as conn:
                 await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
 
 

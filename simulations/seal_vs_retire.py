@@ -32,7 +32,7 @@ from runplane.engine import array_input as A
 from runplane.engine.array_input.facts import page_key
 from runplane.engine.errors import EngineError, RetiredError
 from runplane.engine.keys import decode_key
-from runplane.engine.ports import table
+from runplane.engine.ports import RECEIPTS_LANE, table
 
 from .array_model import ArrayModel, StoredFact
 from .faults import ALL_FAULT_KINDS, FaultPlan, FaultyPort, fault_plans
@@ -218,7 +218,7 @@ class _Example:
 
     async def tamper(self, ordinal: int, delay_ms: int) -> None:
         await trio.sleep(delay_ms / 1000)
-        async with self.tenant.connection("receipts") as conn:
+        async with self.tenant.connection(RECEIPTS_LANE) as conn:
             status = await conn.execute(
                 f"UPDATE {table(self.tenant, 'work_receipts')} "
                 "SET output = jsonb_set(output, '{rows,0,data,name}', '\"tampered\"'::jsonb) "
@@ -230,7 +230,7 @@ class _Example:
 
 
 async def _stored_facts(tenant) -> list[StoredFact]:
-    async with tenant.connection("receipts") as conn:
+    async with tenant.connection(RECEIPTS_LANE) as conn:
         rows = await conn.fetch(
             f"SELECT k, output::text AS output FROM {table(tenant, 'work_receipts')} "
             "WHERE run_id = $1 ORDER BY k", RUN.run_id,

@@ -9,7 +9,9 @@ import pytest
 import trio
 
 from runplane.engine import PlayScope, RunScope, receipts, runs
-from runplane.engine.errors import InvalidInputError, ScopeError
+from runplane.engine.errors import InvalidInputError, RowNotVisibleError, ScopeError
+from runplane.engine.keys import receipt_key
+from runplane.engine.reissue import MAX_VISIBILITY_ATTEMPTS
 
 
 class NoQueryPort:
@@ -34,6 +36,13 @@ def scope(run_id="r1"):
 async def count_receipts(tenant) -> int:
     async with tenant.connection("receipts") as conn:
         return await conn.fetchval(f'SELECT count(*) FROM "{tenant.schema}".work_receipts')
+
+
+def test_receipt_statuses_are_the_stored_values_of_spec_5():
+    assert {status.name.lower(): int(status) for status in receipts.ReceiptStatus} == {
+        "pending": 0, "running": 1, "completed": 2, "failed": 3, "skipped": 4}
+    assert receipts.STATUS_NAMES == {0: "pending", 1: "running", 2: "completed", 3: "failed",
+                                     4: "skipped"}
 
 
 async def test_register_is_idempotent_and_later_runs_get_larger_epochs(tenant):
@@ -171,4 +180,83 @@ async def test_bad_input_raises_before_any_query_and_writes_nothing(tenant):
         await runs.get(port, RunScope("other-org", "play", "r"))
     with pytest.raises(InvalidInputError, match="limit"):
         await runs.list_runs(port, PlayScope("org-test", "play"), limit=-1)
+    assert await count_receipts(tenant) == 0
+
+
+class RacingPeer:
+    """Before each of the first `races` claim statements of one key, a peer inserts that key's
+    receipt in an open transaction, lets our statement block on it, commits, and deletes the row
+    again once our statement answered: our statement meets the conflict but its snapshot
+    predates the row, so it returns no row (the READ COMMITTED case the re-issue covers)."""
+
+    def __init__(self, tenant, run, key, races):
+        self.tenant, self.races, self.statements = tenant, races, 0
+        self.k = receipt_key(run.scope, key)
+        self.t = f'"{tenant.schema}".work_receipts'
+
+    async def hook(self, sql, send):
+        if not sql.lstrip().startswith("WITH claimed"):
+            return await send()
+        self.statements += 1
+        if self.statements > self.races:
+            return await send()
+        answer = []
+        async with self.tenant.connection("sheet") as peer, self.tenant.connection("retirement") as watch:
+            await peer.execute("BEGIN")
+            await peer.execute(f"INSERT INTO {self.t} (k, status, output) VALUES ($1, 2, 'null')", self.k)
+
+            async def ours():
+                answer.append(await send())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ours)
+                while not await watch.fetchval(
+                    "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                ):
+                    await trio.sleep(0.005)
+                await peer.execute("COMMIT")
+            await peer.execute(f"DELETE FROM {self.t} WHERE k = $1", self.k)
+        return answer[0]
+
+
+@contextlib.asynccontextmanager
+async def racing(tenant, peer):
+    """The tenant, as a port whose receipts checkouts run `peer.hook` around every statement."""
+
+    class Port:
+        org_id, schema, outer_transaction = tenant.org_id, tenant.schema, False
+
+        @contextlib.asynccontextmanager
+        async def connection(self, lane):
+            async with tenant.connection(lane) as conn:
+                conn.statement_hook = peer.hook
+                try:
+                    yield conn
+                finally:
+                    conn.statement_hook = None
+
+        async def repair_schema(self):
+            await tenant.repair_schema()
+
+    yield Port()
+
+
+async def test_a_claim_reissues_while_a_peers_row_is_invisible_then_claims(tenant):
+    run = await runs.register(tenant, scope())
+    peer = RacingPeer(tenant, run, "k", races=3)
+    async with racing(tenant, peer) as port:
+        with trio.fail_after(30):
+            claim = await receipts.claim(port, run, "k")
+    assert claim.disposition == "claimed" and peer.statements == 4
+    assert (await receipts.get(tenant, run.scope.play_scope, "k")).status == "running"
+
+
+async def test_a_row_that_never_becomes_visible_stops_at_the_bound_with_a_typed_error(tenant):
+    run = await runs.register(tenant, scope())
+    peer = RacingPeer(tenant, run, "k", races=MAX_VISIBILITY_ATTEMPTS)
+    async with racing(tenant, peer) as port:
+        with trio.fail_after(60), pytest.raises(RowNotVisibleError, match="receipt 'k' kept changing"):
+            await receipts.claim(port, run, "k")
+    assert peer.statements == MAX_VISIBILITY_ATTEMPTS
     assert await count_receipts(tenant) == 0

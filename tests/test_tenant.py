@@ -167,6 +167,37 @@ async def test_nested_transactions_use_savepoints(tenant):
         assert await conn.fetchval(f'SELECT array_agg(v) FROM "{tenant.schema}".t') == [1]
 
 
+async def test_a_transaction_reports_its_begin_and_commit_phases(tenant):
+    phases = []
+
+    def report(phase, seconds, failed):
+        assert seconds >= 0
+        phases.append((phase, failed))
+
+    async def commit_fails(sql, send):
+        if sql in ("COMMIT", "RELEASE SAVEPOINT runplane_sp_1"):
+            raise StoreUnavailableError("lost at commit")
+        return await send()
+
+    async with tenant.connection("sheet") as conn:
+        async with conn.transaction(on_phase=report):
+            async with conn.transaction(on_phase=report):  # a savepoint reports the same way
+                await conn.fetchval("SELECT 1")
+        assert phases == [("begin", False), ("begin", False), ("commit", False), ("commit", False)]
+        phases.clear()
+        with pytest.raises(ZeroDivisionError):
+            async with conn.transaction(on_phase=report):
+                raise ZeroDivisionError
+        assert phases == [("begin", False)]  # a rollback is not a reported phase
+    async with tenant.connection("sheet") as conn:
+        phases.clear()
+        conn.statement_hook = commit_fails
+        with pytest.raises(StoreUnavailableError):
+            async with conn.transaction(on_phase=report):
+                await conn.fetchval("SELECT 1")
+        assert phases == [("begin", False), ("commit", True)]
+
+
 async def test_statement_timeouts_are_typed(tenant):
     async with tenant.connection("sheet") as conn:
         with pytest.raises(StatementTimeoutError) as info:

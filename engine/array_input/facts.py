@@ -42,13 +42,14 @@ from ..actions import action
 from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError
 from ..keys import fact_key
-from ..ports import Port, table, with_connection
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..receipts import SQL_STATUSES, ReceiptStatus
+from ..reissue import NotVisible, fetchrow_until_visible
 from ..scopes import MapScope, RunScope, check_scope
 from . import pages as P
 
 T = TypeVar("T")
 
-COMPLETED = 2
 GUARD_KIND = "array_input_guard"
 BEGIN_KIND = "array_input_begin"
 PAGE_KIND = P.PAGE_KIND
@@ -58,13 +59,6 @@ FACT_KINDS = (BEGIN_KIND, PAGE_KIND, SEAL_KIND)  # what retirement deletes
 GUARD_OPEN_TEXT = canonical.stable_dumps({"kind": GUARD_KIND, "retired": False})
 GUARD_RETIRED_TEXT = canonical.stable_dumps({"kind": GUARD_KIND, "retired": True})
 
-MAX_STATEMENT_ATTEMPTS = 16
-RECEIPTS_LANE = "receipts"
-RETIREMENT_LANE = "retirement"
-
-
-class NotVisible(Exception):
-    """A peer committed a row after our snapshot: issue the statement again."""
 
 
 # -- scopes and keys ---------------------------------------------------------------------------
@@ -109,7 +103,7 @@ def page_key(scope: MapScope, ordinal: int) -> bytes:
 def fact_output(status: Any, run_id: Any, output_text: str | None, scope, kind: str) -> dict:
     """The output of a present fact of `kind`, or `CorruptFactError` when it is malformed."""
     output = canonical.loads(output_text)
-    if status != COMPLETED or run_id != scope.run_id or type(output) is not dict \
+    if status != ReceiptStatus.COMPLETED or run_id != scope.run_id or type(output) is not dict \
             or output.get("kind") != kind:
         raise CorruptFactError(f"the {kind} fact of run {scope.run_id!r} is malformed")
     return output
@@ -171,18 +165,26 @@ def seal_output(status: Any, run_id: Any, output_text: str | None, scope: MapSco
 async def run_statement(
     port: Port, lane: str, sql: str, args: tuple, decide: Callable[[Any], T]
 ) -> T:
-    """Issue `sql` and let `decide(row)` name the outcome; re-issue while it is `NotVisible`."""
+    """Issue `sql` and let `decide(row)` name the outcome; re-issued while it raises
+    `NotVisible`, a bounded number of times (`engine.reissue`)."""
+    return await with_connection(
+        port, lane,
+        lambda conn: fetchrow_until_visible(conn, sql, args, decide, what="array input facts"),
+    )
 
-    async def op(conn):
-        for _ in range(MAX_STATEMENT_ATTEMPTS):
-            row = await conn.fetchrow(sql, *args)
-            try:
-                return decide(row)
-            except NotVisible:
-                continue
-        raise ConflictError("array input facts kept changing under a concurrent writer; retry")
 
-    return await with_connection(port, lane, op)
+def fact_sql(template: str, port: Port, *, guard_run: str | None = None) -> str:
+    """`template` for the port's schema: `{t}` is `work_receipts`, `{COMPLETED}` and the other
+    statuses their values, and `{guard_open}` the open-guard test on the CTE `guard` for the run
+    id parameter `guard_run` (e.g. `"$4"`)."""
+    parts: dict[str, Any] = dict(SQL_STATUSES, t=table(port, "work_receipts"))
+    if guard_run is not None:
+        parts["guard_open"] = GUARD_IS_OPEN.format(g="guard", run=guard_run, **SQL_STATUSES)
+    return template.format(**parts)
+
+
+GUARD_IS_OPEN = """{g}.status = {COMPLETED} AND {g}.run_id = {run} AND {g}.output->>'kind' = 'array_input_guard'
+       AND {g}.output->'retired' = 'false'::jsonb"""
 
 
 # -- manifest ----------------------------------------------------------------------------------
@@ -221,20 +223,17 @@ async def get_manifest(port: Port, scope: MapScope) -> P.Manifest:
             raise CorruptFactError(f"the seal of {scope.map_invocation_id!r} disagrees with its begin")
         return P.Manifest("sealed", *fields, seal["page_count"])
 
-    sql = MANIFEST_SQL.format(t=table(port, "work_receipts"))
+    sql = fact_sql(MANIFEST_SQL, port)
     args = (guard_key(scope), begin_key(scope), seal_key(scope))
     return await run_statement(port, RECEIPTS_LANE, sql, args, decide)
 
 
 # -- begin -------------------------------------------------------------------------------------
 
-GUARD_IS_OPEN = """{g}.status = 2 AND {g}.run_id = {run} AND {g}.output->>'kind' = 'array_input_guard'
-       AND {g}.output->'retired' = 'false'::jsonb"""
-
 # $1 guard key, $2 begin key, $3 open guard output, $4 run id, $5 begin output
 _BEGIN = """
 WITH created AS (
-    INSERT INTO {t} (k, status, output, run_id) VALUES ($1, 2, $3::jsonb, $4)
+    INSERT INTO {t} (k, status, output, run_id) VALUES ($1, {COMPLETED}, $3::jsonb, $4)
     ON CONFLICT (k) DO NOTHING
     RETURNING status, run_id, output
 ), locked AS (
@@ -243,7 +242,7 @@ WITH created AS (
     SELECT * FROM created UNION ALL SELECT * FROM locked
 ), written AS (
     INSERT INTO {t} (k, status, output, run_id)
-    SELECT $2, 2, $5::jsonb, $4 FROM guard WHERE {guard_open}
+    SELECT $2, {COMPLETED}, $5::jsonb, $4 FROM guard WHERE {guard_open}
     ON CONFLICT (k) DO NOTHING
     RETURNING 1
 )
@@ -288,7 +287,7 @@ async def begin(
                 f"{stored['source_rows']} rows with fingerprint {stored['source_fingerprint']}"
             )
 
-    sql = _BEGIN.format(t=table(port, "work_receipts"), guard_open=GUARD_IS_OPEN.format(g="guard", run="$4"))
+    sql = fact_sql(_BEGIN, port, guard_run="$4")
     args = (guard_key(scope), begin_key(scope), GUARD_OPEN_TEXT, scope.run_id,
             canonical.stable_dumps(expected))
     await run_statement(port, RECEIPTS_LANE, sql, args, decide)
@@ -304,9 +303,9 @@ WITH guard AS (
     SELECT status, run_id, output FROM {t} WHERE k = $2
 ), written AS (
     INSERT INTO {t} (k, status, output, run_id)
-    SELECT $4, 2, $8::jsonb, $5 FROM guard, begun
+    SELECT $4, {COMPLETED}, $8::jsonb, $5 FROM guard, begun
      WHERE {guard_open}
-       AND begun.status = 2 AND begun.run_id = $5 AND begun.output->>'kind' = 'array_input_begin'
+       AND begun.status = {COMPLETED} AND begun.run_id = $5 AND begun.output->>'kind' = 'array_input_begin'
        AND begun.output->>'source_fingerprint' = $6
        AND jsonb_typeof(begun.output->'source_rows') = 'number'
        AND $7::bigint <= (begun.output->>'source_rows')::numeric
@@ -381,14 +380,14 @@ async def put_encoded_page(
             if row["sealed"]:
                 raise ConflictError(f"array input is sealed without a page {ordinal}")
             raise NotVisible  # a peer wrote this page after our snapshot
-        if row["p_status"] != COMPLETED or row["p_run"] != scope.run_id or row["p_kind"] != PAGE_KIND:
+        if row["p_status"] != ReceiptStatus.COMPLETED or row["p_run"] != scope.run_id or row["p_kind"] != PAGE_KIND:
             raise CorruptFactError(f"the stored page {ordinal} is malformed")
         stored = (row["p_digest"], row["p_fingerprint"], row["p_ordinal"], row["p_offset"],
                   row["p_row_count"])
         if stored != (page.digest, source_fingerprint, str(ordinal), str(offset), str(page.row_count)):
             raise ConflictError(f"a different page {ordinal} is already stored (pages are immutable)")
 
-    sql = _PUT_PAGE.format(t=table(port, "work_receipts"), guard_open=GUARD_IS_OPEN.format(g="guard", run="$5"))
+    sql = fact_sql(_PUT_PAGE, port, guard_run="$5")
     args = (guard_key(scope), begin_key(scope), seal_key(scope), page_key(scope, ordinal),
             scope.run_id, source_fingerprint, end, page.text)
     await run_statement(port, RECEIPTS_LANE, sql, args, decide)
@@ -413,7 +412,7 @@ async def read_page(port: Port, scope: MapScope, ordinal: int) -> P.Page:
     """Page `ordinal` of a sealed input, its digest re-verified (`CorruptFactError` if not)."""
     scope = map_scope(port, scope)
     P.check_count(ordinal, "ordinal")
-    sql = _READ_PAGE.format(t=table(port, "work_receipts"))
+    sql = fact_sql(_READ_PAGE, port)
     args = (guard_key(scope), seal_key(scope), page_key(scope, ordinal))
     row = await run_statement(port, RECEIPTS_LANE, sql, args, lambda row: row)
     # The connection is back in the pool: decode and verify without holding a permit.

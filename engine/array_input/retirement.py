@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from ..actions import action
 from ..codecs import RUN_SCOPE
-from ..errors import ConflictError
 from ..keys import run_key_range
-from ..ports import Port, table, with_connection
+from ..ports import RETIREMENT_LANE, Port, table, with_connection
+from ..receipts import SQL_STATUSES
+from ..reissue import NotVisible, fetchrow_until_visible
 from ..scopes import RunScope
 from . import facts as F
 from .pages import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
@@ -41,7 +42,7 @@ def _candidates(t: str, run: str, ranges: list[str], limit: str) -> str:
 # $1 guard key, $2 run id, $3 retired guard output, $4..$9 key ranges, $10 batch limit
 _RETIRE = """
 WITH created AS (
-    INSERT INTO {t} (k, status, output, run_id) VALUES ($1, 2, $3::jsonb, $2)
+    INSERT INTO {t} (k, status, output, run_id) VALUES ($1, {COMPLETED}, $3::jsonb, $2)
     ON CONFLICT (k) DO NOTHING
     RETURNING k
 ), seen AS (
@@ -50,7 +51,7 @@ WITH created AS (
     SELECT k, status, run_id, output FROM {t} WHERE k = $1 FOR UPDATE
 ), valid AS (
     SELECT 1 FROM locked
-     WHERE status = 2 AND run_id = $2 AND output->>'kind' = 'array_input_guard'
+     WHERE status = {COMPLETED} AND run_id = $2 AND output->>'kind' = 'array_input_guard'
        AND jsonb_typeof(output->'retired') = 'boolean'
 ), marked AS (
     UPDATE {t} AS g SET output = $3::jsonb, updated_at = now()
@@ -92,7 +93,7 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
     t = table(port, "work_receipts")
     ranges = [bound for kind in F.FACT_KINDS for bound in run_key_range(scope.play_scope, kind, scope.run_id)]
     retire_sql = _RETIRE.format(
-        t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"))
+        t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"), **SQL_STATUSES)
     more_sql = _DELETE_MORE.format(
         t=t, candidates=_candidates(t, "$1", [f"${n}" for n in range(2, 8)], "$8"))
     guard = F.guard_key(scope)
@@ -101,23 +102,17 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
         if row["created"]:
             return row  # the run never staged: nothing to delete
         if row["g_status"] is None:
-            raise F.NotVisible  # a peer created the guard after our snapshot
+            raise NotVisible  # a peer created the guard after our snapshot
         F.guard_retired(row["g_status"], row["g_run"], row["g_output"], scope)  # corrupt → raise
         return row
 
     async def op(conn):
         # No BEGIN/COMMIT of ours: each statement is atomic on its own. Under an execution
         # role both run inside the checkout's transaction, which still holds the guard lock.
-        for _ in range(F.MAX_STATEMENT_ATTEMPTS):
-            row = await conn.fetchrow(retire_sql, guard, scope.run_id, F.GUARD_RETIRED_TEXT,
-                                      *ranges, RETIRE_BATCH_ROWS)
-            try:
-                row = decide(row)
-                break
-            except F.NotVisible:
-                continue
-        else:
-            raise ConflictError("the run guard kept changing under a concurrent writer; retry")
+        row = await fetchrow_until_visible(
+            conn, retire_sql, (guard, scope.run_id, F.GUARD_RETIRED_TEXT, *ranges, RETIRE_BATCH_ROWS),
+            decide, what="the run guard",
+        )
         deleted = row["deleted"]
         if row["created"] or row["seen_retired"] or deleted >= RETIRE_BATCH_ROWS:
             return RetireResult(done=deleted < RETIRE_BATCH_ROWS, deleted=deleted)
@@ -126,4 +121,4 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
         total = deleted + more
         return RetireResult(done=total < RETIRE_BATCH_ROWS, deleted=total)
 
-    return await with_connection(port, F.RETIREMENT_LANE, op)
+    return await with_connection(port, RETIREMENT_LANE, op)

@@ -26,7 +26,8 @@ from .. import canonical
 from ..actions import action
 from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
-from ..ports import Port, table, with_connection
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..reissue import NotVisible
 from ..scopes import MapScope
 from . import facts as F
 from . import pages as P
@@ -59,9 +60,9 @@ WITH guard AS (
     SELECT status, run_id, output FROM {t} WHERE k = $2
 ), written AS (
     INSERT INTO {t} (k, status, output, run_id)
-    SELECT $3, 2, $8::jsonb, $4 FROM guard, begun
+    SELECT $3, {COMPLETED}, $8::jsonb, $4 FROM guard, begun
      WHERE {guard_open}
-       AND begun.status = 2 AND begun.run_id = $4 AND begun.output->>'kind' = 'array_input_begin'
+       AND begun.status = {COMPLETED} AND begun.run_id = $4 AND begun.output->>'kind' = 'array_input_begin'
        AND begun.output->>'source_fingerprint' = $5
        AND begun.output->'source_rows' = to_jsonb($6::bigint)
        AND begun.output->'has_source_identities' = to_jsonb($7::boolean)
@@ -118,7 +119,7 @@ async def seal(
 
     # 1. guard, begin and an existing seal.
     start_args = (F.guard_key(scope), F.begin_key(scope), F.seal_key(scope))
-    row = await F.run_statement(port, F.RECEIPTS_LANE, _START.format(t=t), start_args, lambda r: r)
+    row = await F.run_statement(port, RECEIPTS_LANE, _START.format(t=t), start_args, lambda r: r)
     F.require_open(row["g_status"], row["g_run"], row["g_output"], scope)
     begun = F.begin_output(row["b_status"], row["b_run"], row["b_output"], scope)
     if (begun["source_fingerprint"], begun["source_rows"]) != (source_fingerprint, source_rows):
@@ -144,7 +145,7 @@ async def seal(
         ordinals = range(first, min(first + batch_size, page_count))
         keys = [F.page_key(scope, ordinal) for ordinal in ordinals]
         rows = await with_connection(
-            port, F.RECEIPTS_LANE,
+            port, RECEIPTS_LANE,
             lambda conn: conn.fetch(scan_sql, F.guard_key(scope), F.seal_key(scope), keys),
         )
         guard_row = next((r for r in rows if r["part"] == 0), None)
@@ -195,11 +196,11 @@ async def seal(
         if row["written"]:
             return
         if row["s_status"] is None:
-            raise F.NotVisible  # a peer's seal committed after our snapshot
+            raise NotVisible  # a peer's seal committed after our snapshot
         _matching_seal(row["s_status"], row["s_run"], row["s_output"], scope, expected)
 
-    write_sql = _WRITE_SEAL.format(t=t, guard_open=F.GUARD_IS_OPEN.format(g="guard", run="$4"))
+    write_sql = F.fact_sql(_WRITE_SEAL, port, guard_run="$4")
     args = (F.guard_key(scope), F.begin_key(scope), F.seal_key(scope), scope.run_id,
             source_fingerprint, source_rows, identities, canonical.stable_dumps(output))
-    await F.run_statement(port, F.RECEIPTS_LANE, write_sql, args, decide)
+    await F.run_statement(port, RECEIPTS_LANE, write_sql, args, decide)
 

@@ -24,11 +24,11 @@ from ..actions import action
 from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional, record
 from ..errors import InvalidInputError
 from ..pg import Connection
-from ..ports import Port, table, with_connection
+from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
-from .layout import LANE, layout_for
+from .layout import layout_for
 
 
 @attrs.frozen
@@ -174,7 +174,7 @@ async def failed_rows(
             for record in records
         ]
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
 
 
 @action("sheets.error_counts", params={
@@ -202,7 +202,7 @@ async def error_counts(
             top=tuple(ErrorCount(record["error"], record["n"]) for record in records),
         )
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
 
 
 @action("sheets.run_rows", params={
@@ -226,4 +226,4 @@ async def run_rows(
             for record in records
         }
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)

@@ -45,26 +45,29 @@ _PATCH = """CASE WHEN i.meta IS NULL THEN b.meta ELSE b.meta || (
     SELECT jsonb_object_agg(e.key, coalesce(b.meta -> e.key, '{}'::jsonb) || e.value)
       FROM jsonb_each(i.meta) AS e) END"""
 
-# What of a failed outcome's patch applies: every cell the row has not completed (a failed
-# outcome never takes back a completed cell). A completed outcome's patch applies whole.
-_KEPT_BY_FAILED = """(SELECT coalesce(jsonb_object_agg(k.key, k.value), '{}'::jsonb)
-      FROM jsonb_each(p.patch) AS k
-     WHERE (s._cell_meta -> k.key ->> 'status') IS DISTINCT FROM 'completed')"""
+def _kept_by_failed(row: str, patch: str) -> str:
+    """What of a failed outcome's patch `patch` applies to the stored row `row` (an alias):
+    every cell the row has not completed (a failed outcome never takes back a completed cell).
+    A completed outcome's patch applies whole."""
+    return f"""(SELECT coalesce(jsonb_object_agg(k.key, k.value), '{{}}'::jsonb)
+      FROM jsonb_each({patch}) AS k
+     WHERE ({row}._cell_meta -> k.key ->> 'status') IS DISTINCT FROM 'completed')"""
 
-# New cell meta. A row already in the target status may be a replay: its fields recorded
-# identically but for `completed_at` keep the old entry. Other rows just take the patch.
-_NEW_META = """CASE WHEN s._status = '{target}' THEN s._cell_meta || coalesce((
+
+def _new_meta(target: str, row: str, patch: str) -> str:
+    """New cell meta of the stored row `row` (an alias) for the outcome's patch expression
+    `patch`. A row already in the `target` status may be a replay: its fields recorded
+    identically but for `completed_at` keep the old entry. Other rows just take the patch (of a
+    failed outcome, what `_kept_by_failed` keeps)."""
+    if target == "failed":
+        patch = _kept_by_failed(row, patch)
+    return f"""CASE WHEN {row}._status = '{target}' THEN {row}._cell_meta || coalesce((
     SELECT jsonb_object_agg(e.key, CASE
-               WHEN jsonb_typeof(s._cell_meta -> e.key) = 'object'
-                AND (s._cell_meta -> e.key) - 'completed_at' = e.value - 'completed_at'
-               THEN s._cell_meta -> e.key ELSE e.value END)
+               WHEN jsonb_typeof({row}._cell_meta -> e.key) = 'object'
+                AND ({row}._cell_meta -> e.key) - 'completed_at' = e.value - 'completed_at'
+               THEN {row}._cell_meta -> e.key ELSE e.value END)
       FROM jsonb_each({patch}) AS e), '{{}}'::jsonb)
-    ELSE s._cell_meta || {patch} END"""
-
-
-def _new_meta(target: str) -> str:
-    return _NEW_META.format(target=target,
-                            patch=_KEPT_BY_FAILED if target == "failed" else "p.patch")
+    ELSE {row}._cell_meta || {patch} END"""
 
 
 def _counter_ctes(
@@ -217,7 +220,7 @@ def build_exact_sql(
         for col, name in parts.cols
     )
     new_error = "i.error" if failed else "NULL::text"
-    new_meta = _new_meta(target)
+    new_meta = _new_meta(target, row="s", patch="p.patch")
     return f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.error, u.attempts, u.ord
@@ -268,11 +271,7 @@ def build_exact_sql_returning_old(
     )
     not_enriched = "AND t._status <> 'enriched'" if failed else ""
     new_error = "c.error" if failed else "NULL::text"
-    new_meta = (
-        _new_meta(target)
-        .replace("s._status", "t._status").replace("s._cell_meta", "t._cell_meta")
-        .replace("p.patch", "c.patch")
-    )
+    new_meta = _new_meta(target, row="t", patch="c.patch")
     return f"""
 WITH {_base_meta(failed).strip()},
 source AS MATERIALIZED (

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import time
 from typing import Any, Awaitable, Callable, Iterable, Literal, TypeVar
 
@@ -44,7 +43,7 @@ from ..actions import action
 from ..codecs import PLAY_SCOPE, STR, record
 from ..errors import InvalidInputError, MissingRelationError
 from ..pg import Connection
-from ..ports import Port, sequence_literal, table
+from ..ports import SHEET_LANE, Port, sequence_literal, table
 from ..scopes import PlayScope, check_scope, normalize_namespace
 from ..sql import quote_ident
 
@@ -52,7 +51,7 @@ from .model import CONTRACT, SheetContract
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
-LANE = "sheet"
+LANE = SHEET_LANE  # the lane of every sheet checkout
 MAX_NAME_PREFIX = 36
 _JUNK = re.compile(r"[^a-z0-9_]+")
 
@@ -184,6 +183,11 @@ ON CONFLICT DO NOTHING
 """
 
 
+async def existing_columns(conn: Connection, layout: SheetLayout) -> set[str]:
+    """The physical columns the sheet's table has now (empty when the table does not exist)."""
+    return set(await conn.fetchval(_EXISTING_COLUMNS, layout.regclass_text))
+
+
 async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fields: Iterable[str]) -> None:
     """Create the sheet table and any missing field columns; register the fields.
 
@@ -194,7 +198,7 @@ async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fie
     await conn.execute(_CREATE_TABLE.format(
         t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
     ))
-    existing = set(await conn.fetchval(_EXISTING_COLUMNS, layout.regclass_text))
+    existing = await existing_columns(conn, layout)
     missing = [f for f in fields if column_name(f) not in existing]
     adds = [f"ADD COLUMN IF NOT EXISTS {name} {kind}"
             for name, kind in LATER_SYSTEM_COLUMNS.items() if name not in existing]
@@ -266,7 +270,7 @@ def _permit_wait_seconds(port: Any) -> float | None:
         return None
     try:
         stats = permits()
-        return sum(stats[name].wait_seconds for name in (LANE, "connections") if name in stats)
+        return sum(stats[name].wait_seconds for name in (SHEET_LANE, "connections") if name in stats)
     except Exception:  # telemetry only: a port without usable stats has no split
         return None
 
@@ -282,48 +286,35 @@ async def _transaction_once(
 ) -> T:
     waited_before = _permit_wait_seconds(port)
     started = time.perf_counter()
-    checkout = port.connection(LANE)
+    checked_out = False
     try:
-        conn = await checkout.__aenter__()
+        async with port.connection(SHEET_LANE) as conn:
+            checked_out = True
+            elapsed = time.perf_counter() - started
+            waited_after = _permit_wait_seconds(port)
+            waited = 0.0
+            if waited_before is not None and waited_after is not None:
+                waited = min(max(waited_after - waited_before, 0.0), elapsed)
+            clock.add("permit_wait", waited)
+            clock.add("connect", elapsed - waited)
+            async with conn.transaction(on_phase=clock.add):
+                summary = table(port, "sheet_summary")
+                await conn.execute(_SETTINGS, str(timeout_ms))
+                if mode == "shared":
+                    server_version = await conn.fetchval(
+                        _LOCK_SHARED.format(summary=summary), layout.lock_key, *layout.counter_args
+                    )
+                else:
+                    await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
+                    await prepare_columns(conn, port, layout, fields)
+                    server_version = await conn.fetchval(
+                        _LOCK_SUMMARY.format(summary=summary), *layout.counter_args
+                    )
+                return await op(conn, server_version)
     except BaseException:
-        clock.add("connect", time.perf_counter() - started, failed=True)
+        if not checked_out:  # the checkout itself failed (re-raised below)
+            clock.add("connect", time.perf_counter() - started, failed=True)
         raise
-    elapsed = time.perf_counter() - started
-    waited_after = _permit_wait_seconds(port)
-    waited = 0.0
-    if waited_before is not None and waited_after is not None:
-        waited = min(max(waited_after - waited_before, 0.0), elapsed)
-    clock.add("permit_wait", waited)
-    clock.add("connect", elapsed - waited)
-    try:
-        transaction = conn.transaction()
-        await clock.measure("begin", transaction.__aenter__())
-        try:
-            summary = table(port, "sheet_summary")
-            await conn.execute(_SETTINGS, str(timeout_ms))
-            if mode == "shared":
-                server_version = await conn.fetchval(
-                    _LOCK_SHARED.format(summary=summary), layout.lock_key, *layout.counter_args
-                )
-            else:
-                await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
-                await prepare_columns(conn, port, layout, fields)
-                server_version = await conn.fetchval(
-                    _LOCK_SUMMARY.format(summary=summary), *layout.counter_args
-                )
-            result = await op(conn, server_version)
-        except BaseException as exc:
-            if not await transaction.__aexit__(type(exc), exc, exc.__traceback__):
-                raise
-            raise  # pragma: no cover - the transaction never swallows
-        await clock.measure("commit", transaction.__aexit__(None, None, None))
-    except BaseException:
-        exc_info = sys.exc_info()
-        if not await checkout.__aexit__(*exc_info):
-            raise
-        raise  # pragma: no cover
-    await checkout.__aexit__(None, None, None)
-    return result
 
 
 async def run_sheet_transaction(

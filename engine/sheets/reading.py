@@ -21,11 +21,11 @@ from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
 from ..limits import identifier_problem
 from ..pg import Connection
-from ..ports import Port, table, with_connection
+from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
-from .layout import LANE, layout_for
+from .layout import existing_columns, layout_for
 from .model import SUMMARY, ColumnSummary, Summary
 
 _REGISTERED = """
@@ -34,12 +34,6 @@ SELECT to_regclass($4) IS NOT NULL AS present,
                   WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS fields,
        coalesce((SELECT array_agg(column_name ORDER BY position, field) FROM {registry}
                   WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS columns
-"""
-
-_EXISTING_COLUMNS = """
-SELECT coalesce(array_agg(attname::text), '{}'::text[])
-  FROM pg_attribute
- WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
 """
 
 _POLICY_COLUMNS = ("_attempts", "_failed_runs")
@@ -125,7 +119,7 @@ async def read_rows(
         info = await conn.fetchrow(registered, *layout.counter_args, layout.qualified)
         if not info["present"]:
             return []
-        existing = set(await conn.fetchval(_EXISTING_COLUMNS, layout.qualified))
+        existing = await existing_columns(conn, layout)
         pairs = [(f, c) for f, c in zip(info["fields"], info["columns"]) if c in existing]
         cols = "".join(f", {quote_ident(c)}::text AS c{i}" for i, (_, c) in enumerate(pairs))
         policy = "".join(  # a sheet from before these columns reads as zeros (no DDL here)
@@ -150,7 +144,7 @@ async def read_rows(
             out.append(row)
         return out
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
 
 
 @action("sheets.summary", params={"scope": PLAY_SCOPE, "table_namespace": STR}, result=SUMMARY,
@@ -171,7 +165,7 @@ async def summary(port: Port, scope: PlayScope, table_namespace: str) -> Summary
             columns={r["field"]: ColumnSummary(r["completed"], r["failed"]) for r in columns},
         )
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
 
 
 @action("sheets.summaries", params={"scope": PLAY_SCOPE}, result=dict_of(SUMMARY), writes=False)
@@ -200,4 +194,4 @@ async def summaries(port: Port, scope: PlayScope) -> dict[str, Summary]:
             for r in rows
         }
 
-    return await with_connection(port, LANE, op)
+    return await with_connection(port, SHEET_LANE, op)
