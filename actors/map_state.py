@@ -2,7 +2,9 @@
 
 How it works
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
-  attempt, sheet), what runs (`fn`, `concurrency`) and the pipeline's tuning. It is a frozen
+  attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
+  `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`) and the pipeline's
+  tuning. It is a frozen
   value, validated when it is built (an invalid map cannot start: `InvalidInputError` naming
   the argument, before any query), and it offers the two store calls the actors make,
   `admit` and `complete`, retried through transient faults (`actors.retry`).
@@ -13,8 +15,11 @@ How it works
     duplicates of rows still in flight (`inflight`: keys admitted and not yet written, bounded
     by the pipeline's channels);
   - workers: `open_batch` / `record` — each computed outcome enters the ledger as soon as it
-    exists;
+    exists; `pacer` (the rate limit's bucket) and `retries` (the delay queue of rows in
+    backoff, `actors.backoff`) are the map's own, changed only by its workers and releaser;
   - writer: `settle` — a written batch leaves the ledger and the in-flight set, and is counted;
+    a batch fenced as `stale_write_version` means a newer run took the map's rows: the state
+    is `superseded` from then on, and every actor stops handing rows to the function;
   - the map's `finally`: `take_unsettled` / `count_flushed` — what the ledger still holds was
     computed but never confirmed written; it is flushed, shielded, with a deadline.
 This module does no I/O of its own; `MapPlan.admit`/`complete` call `engine.sheets`.
@@ -26,6 +31,7 @@ import math
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import attrs
+import trio
 
 from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
@@ -35,6 +41,9 @@ from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
 )
 
+from .backoff import RetryQueue
+from .pacing import Pacer, open_pacer
+from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult, MapTally
 from .retry import retry_transient
 
@@ -67,6 +76,25 @@ def _callable(_instance: object, _attribute: object, value: object) -> None:
         raise InvalidInputError("fn must be an async function of one row")
 
 
+def _optional(kind: type, name: str):
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is not None and not isinstance(value, kind):
+            raise InvalidInputError(f"{name} must be a {kind.__name__} or None, got {value!r}")
+
+    return check
+
+
+def _timeout(_instance: object, _attribute: object, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value <= 0):
+        raise InvalidInputError(f"row_timeout_s must be a number of seconds > 0, got {value!r}")
+
+
+def _give_up_after(_instance: object, _attribute: object, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
+
+
 def _namespace(_instance: object, _attribute: object, value: object) -> None:
     if not isinstance(value, str):
         raise InvalidInputError("table_namespace must be a string")
@@ -89,12 +117,18 @@ class MapPlan:
     batch_rows: int = attrs.field(default=BATCH_ROWS, validator=_positive_int)
     batch_bytes: int = attrs.field(default=BATCH_BYTES, validator=_positive_int)
     flush_deadline_s: float = attrs.field(default=FLUSH_DEADLINE_S, validator=_seconds)
+    retry: RowRetry | None = attrs.field(default=None, validator=_optional(RowRetry, "retry"))
+    row_timeout_s: float | None = attrs.field(default=None, validator=_timeout)
+    rate_limit: RateLimit | None = attrs.field(
+        default=None, validator=_optional(RateLimit, "rate_limit"))
+    give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
 
     async def admit(self, rows: list[Any], input_offset: int) -> Admission:
         """Admit one page under the run's write version (retried through transient faults)."""
         return await retry_transient(lambda: sheets.admit(
             self.port, self.ref, self.table_namespace, self.contract, rows,
             input_offset=input_offset, attempt=self.attempt, cell_policies=self.cell_policies,
+            give_up_after=self.give_up_after,
         ))
 
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:
@@ -110,6 +144,9 @@ class MapState:
     """What one map changes while it runs; see the module docstring for who calls what."""
 
     tally: MapTally
+    pacer: Pacer | None = None
+    retries: RetryQueue | None = None
+    superseded_by_epoch: int | None = None
     _inflight: set[str] = attrs.field(init=False, factory=set)
     _ledger: dict[int, list[RowOutcome]] = attrs.field(init=False, factory=dict)
     _next_ticket: int = attrs.field(init=False, default=0)
@@ -117,6 +154,16 @@ class MapState:
     @classmethod
     def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
         return cls(MapTally(on_progress))
+
+    @classmethod
+    def for_plan(cls, plan: MapPlan,
+                 on_progress: Callable[[MapProgress], Any] | None) -> MapState:
+        return cls(MapTally(on_progress), pacer=open_pacer(plan.port, plan.rate_limit),
+                   retries=RetryQueue() if plan.retry is not None else None)
+
+    @property
+    def superseded(self) -> bool:
+        return self.superseded_by_epoch is not None
 
     # -- admission ---------------------------------------------------------------------------
     def take_admission(self, rows_in_page: int, admission: Admission) -> list[AdmittedRow]:
@@ -131,6 +178,17 @@ class MapState:
                                 dropped=len(admission.pending) - len(pending))
         return pending
 
+    async def hand_out(self, rows: int) -> None:
+        """Admission is about to send `rows` rows to the workers (waits while too many rows
+        wait out a backoff)."""
+        if self.retries is not None:
+            await self.retries.wait_for_room()
+            self.retries.hand_out(rows)
+
+    def end_admission(self) -> None:
+        if self.retries is not None:
+            self.retries.end_admission()
+
     # -- workers -----------------------------------------------------------------------------
     def open_batch(self) -> tuple[int, list[RowOutcome]]:
         """A ticket and the ledger's list for one worker batch's outcomes."""
@@ -144,6 +202,30 @@ class MapState:
         outcomes.append(outcome)
         self.tally.executed += 1
 
+    def close_empty_batch(self, ticket: int) -> None:
+        """A worker batch that produced no outcome (its rows were deferred or left)."""
+        self._ledger.pop(ticket, None)
+
+    def calls_so_far(self, key: str) -> int:
+        """Calls the row already had in this map (it is back from a backoff), else 0."""
+        return self.retries.calls_so_far(key) if self.retries is not None else 0
+
+    def count_call(self, calls: int) -> None:
+        self.tally.calls += 1
+        if calls > 1:
+            self.tally.retried += 1
+
+    def defer(self, row: AdmittedRow, calls: int, delay_s: float) -> None:
+        """The row's call failed and will be retried after `delay_s`, by whichever worker is
+        free then."""
+        assert self.retries is not None
+        self.retries.defer(row, calls, trio.current_time() + delay_s)
+
+    def resolve(self) -> None:
+        """A worker is done with a row (outcome recorded, deferred, or left)."""
+        if self.retries is not None:
+            self.retries.resolve()
+
     # -- the writer --------------------------------------------------------------------------
     def settle(self, tickets: Sequence[int], outcomes: list[RowOutcome],
                completion: Completion) -> None:
@@ -152,6 +234,19 @@ class MapState:
         for ticket in tickets:
             self._ledger.pop(ticket, None)
         self._inflight.difference_update(outcome.key for outcome in outcomes)
+        if not self.superseded:
+            newer = [row.row_write_version for row in completion.fenced
+                     if row.reason == "stale_write_version" and row.row_write_version is not None]
+            if newer:
+                self.supersede(max(newer))
+
+    def supersede(self, newer_epoch: int) -> None:
+        """A newer run took this map's rows: stop handing rows to the function."""
+        self.superseded_by_epoch = newer_epoch
+        self.tally.superseded = True
+        if self.retries is not None:
+            self.retries.stop()
+        self.tally.report()
 
     # -- the flush on the way out --------------------------------------------------------------
     def take_unsettled(self) -> list[RowOutcome]:
@@ -167,5 +262,5 @@ class MapState:
     def report(self) -> None:
         self.tally.report()
 
-    def result(self, map_invocation_id: str | None) -> MapResult:
-        return self.tally.result(map_invocation_id)
+    def result(self, map_invocation_id: str | None, superseded_by: str | None = None) -> MapResult:
+        return self.tally.result(map_invocation_id, superseded_by)

@@ -3,7 +3,9 @@
 How it works
 
     source ─pages─▶ admission ─row batches─▶ workers ×N ─outcome batches─▶ completer ─▶ writer
-                       │ cache hits, blocked rows go straight to the tally
+                       │ cache hits,           ▲      │ retries
+                       │ blocked rows          └─ releaser ◀─ delay queue (with a retry policy)
+                       ▼ straight to the tally
 
 - The **source actor** turns the input into pages `(offset, rows)`: a list source is first
   staged as an array input by the sealer (so a wake replays byte-identical input) and read back
@@ -23,6 +25,15 @@ How it works
   row's `_error`); a return value must be a dict of output fields (None means no fields) that
   `canonical.normalize` accepts, or the row fails with a message saying why. No permit is held
   while user code runs: permits are taken inside the engine calls, around database work only.
+- Row policies (`actors.policies`): before a call the worker takes a token from the map's
+  rate limit (`actors.pacing`); a call running past `row_timeout_s` is cancelled and fails
+  with `timed out after N s`; a failed call the retry policy retries is deferred to the delay
+  queue (`actors.backoff`) and the worker goes on with the next row — the **releaser** sends
+  it back to the workers when its backoff is over. The outcome records the calls the row took.
+- **Superseded**: once a completion comes back fenced as `stale_write_version` (a newer run of
+  the play took the rows), workers call the function for no further row (the calls in
+  progress finish — at most one per worker), admission stops reading pages, the delay queue
+  drops its rows, and what was computed is still written; the rows left are the newer run's.
 - The **completer** batches outcomes by rows, bytes and a short linger, and hands batches to
   the **writer** over an unbuffered channel (the next batch grows while one is written), which
   writes each with `engine.sheets.complete` and records fenced rows.
@@ -51,7 +62,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Seque
 
 import trio
 
-from runplane.engine import canonical, sheets
+from runplane.engine import canonical, runs, sheets
 from runplane.engine.array_input import Occurrence
 from runplane.engine.errors import (
     ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError, leaf_errors,
@@ -59,6 +70,7 @@ from runplane.engine.errors import (
 from runplane.engine.sheets import AdmittedRow, RowOutcome
 
 from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
+from .policies import RowTimeoutError
 from .progress import MapResult
 from .retry import retry_transient
 
@@ -77,21 +89,30 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
     async with pages_send:
         offset, page = 0, []
         size = min(FIRST_PAGE_ROWS, page_rows)
-        async for row in source:
-            page.append(row)
-            if len(page) >= size:
+        try:
+            async for row in source:
+                page.append(row)
+                if len(page) >= size:
+                    await pages_send.send((offset, page))
+                    offset, page = offset + len(page), []
+                    size = min(page_rows, 2 * size)
+            if page:
                 await pages_send.send((offset, page))
-                offset, page = offset + len(page), []
-                size = min(page_rows, 2 * size)
-        if page:
-            await pages_send.send((offset, page))
+        except trio.BrokenResourceError:
+            pass  # admission stopped reading: the map was superseded
 
 
 async def replay_pages(staged: Any, pages_send, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_send:
-        async for page in staged.pages():
-            await pages_send.send((page.offset, [occurrence_data(row) for row in page.rows]))
+        pages = staged.pages()
+        try:
+            async for page in pages:
+                await pages_send.send((page.offset, [occurrence_data(row) for row in page.rows]))
+        except trio.BrokenResourceError:
+            pass  # admission stopped reading: the map was superseded
+        finally:
+            await pages.aclose()
 
 
 async def iterate_rows(items: Sequence[Any]) -> AsyncIterable[dict]:
@@ -115,12 +136,19 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_recv, work_send:
-        async for offset, rows in pages_recv:
-            admission = await plan.admit(rows, offset)
-            pending = state.take_admission(len(rows), admission)
-            size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
-            for start in range(0, len(pending), size):
-                await work_send.send(pending[start:start + size])
+        try:
+            async for offset, rows in pages_recv:
+                if state.superseded:
+                    break
+                admission = await plan.admit(rows, offset)
+                pending = state.take_admission(len(rows), admission)
+                size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
+                for start in range(0, len(pending), size):
+                    batch = pending[start:start + size]
+                    await state.hand_out(len(batch))
+                    await work_send.send(batch)
+        finally:
+            state.end_admission()
 
 
 # -- workers -----------------------------------------------------------------------------------
@@ -129,26 +157,58 @@ def error_message(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
-async def execute_row(fn: Callable[[dict], Awaitable[Any]], admitted: AdmittedRow) -> RowOutcome:
-    """Run the user function on one row and turn what happens into a `RowOutcome`."""
+async def call_row(plan: MapPlan, admitted: AdmittedRow,
+                   calls: int) -> tuple[RowOutcome, Exception | None]:
+    """Call the user function once on a row: its outcome (the row's `calls`-th call), and the
+    exception the call raised (a `RowTimeoutError` when it ran past the row timeout) or None."""
+    key, index = admitted.key, admitted.input_index
     try:
-        data = await fn(admitted.row)
+        if plan.row_timeout_s is None:
+            data = await plan.fn(admitted.row)
+        else:
+            with trio.move_on_after(plan.row_timeout_s) as scope:
+                data = await plan.fn(admitted.row)
+            if scope.cancelled_caught:
+                raise RowTimeoutError(f"timed out after {plan.row_timeout_s:g} s")
     except Exception as exc:  # the row fails, the map goes on
-        return RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
-                          error=error_message(exc))
+        return RowOutcome(key, "failed", input_index=index, error=error_message(exc),
+                          attempts=calls), exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
         return RowOutcome(
-            admitted.key, "failed", input_index=admitted.input_index,
+            key, "failed", input_index=index, attempts=calls,
             error=f"map function returned {type(data).__name__}, expected a dict of outputs",
-        )
+        ), None
     try:
         data = canonical.normalize_fast(data, "output")  # as is, when already canonical
     except InvalidInputError as exc:
-        return RowOutcome(admitted.key, "failed", input_index=admitted.input_index,
-                          error=error_message(exc))
-    return RowOutcome(admitted.key, "completed", data=data, input_index=admitted.input_index)
+        return RowOutcome(key, "failed", input_index=index, error=error_message(exc),
+                          attempts=calls), None
+    return RowOutcome(key, "completed", data=data, input_index=index, attempts=calls), None
+
+
+async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowOutcome | None:
+    """One row under the map's policies: its outcome, or None when it is not finished here
+    (deferred to the delay queue for a retry, or left to the newer run that superseded us)."""
+    if state.superseded:
+        return None
+    calls = state.calls_so_far(admitted.key) + 1
+    if state.pacer is not None:
+        await state.pacer.take()
+        if state.superseded:
+            return None
+    state.count_call(calls)
+    outcome, error = await call_row(plan, admitted, calls)
+    if error is None:
+        return outcome
+    if isinstance(error, RowTimeoutError):
+        state.tally.timed_out += 1
+    retry = plan.retry
+    if retry is not None and retry.retries(error, calls) and not state.superseded:
+        state.defer(admitted, calls, retry.delay_s(calls))
+        return None
+    return outcome
 
 
 async def work(plan: MapPlan, state: MapState, work_recv, outcome_send,
@@ -158,9 +218,33 @@ async def work(plan: MapPlan, state: MapState, work_recv, outcome_send,
         async for batch in work_recv:
             ticket, outcomes = state.open_batch()
             for admitted in batch:
-                state.record(outcomes, await execute_row(plan.fn, admitted))
+                outcome = await run_row(plan, state, admitted)
+                if outcome is not None:
+                    state.record(outcomes, outcome)
+                state.resolve()
             state.report()
-            await outcome_send.send((ticket, outcomes))
+            if outcomes:
+                await outcome_send.send((ticket, outcomes))
+            else:  # every row was deferred or left: nothing to write
+                state.close_empty_batch(ticket)
+
+
+async def release_retries(state: MapState, work_send,
+                          *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Send rows whose backoff is over back to the workers; end when none can come back."""
+    queue = state.retries
+    assert queue is not None
+    task_status.started()
+    async with work_send:
+        while not queue.finished:
+            due = queue.take_due(trio.current_time())
+            for start in range(0, len(due), MAX_WORK_BATCH):
+                batch = due[start:start + MAX_WORK_BATCH]
+                queue.hand_out(len(batch))
+                await work_send.send(batch)
+            if not due:
+                with trio.move_on_at(queue.next_due):
+                    await queue.wait_for_change()
 
 
 # -- the completer and its writer --------------------------------------------------------------
@@ -269,7 +353,7 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
         raise InvalidInputError(
             f"source must be a list of rows or an async iterable, got {type(source).__name__}"
         )
-    state = MapState.observed_by(on_progress)
+    state = MapState.for_plan(plan, on_progress)
     staged = None
     if listed and map_invocation_id is None:
         map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
@@ -305,6 +389,8 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
                     for _ in range(plan.concurrency):
                         await nursery.start(work, plan, state, work_recv.clone(),
                                             outcome_send.clone())
+                if state.retries is not None:
+                    await nursery.start(release_retries, state, work_send.clone())
                 await nursery.start(admit_pages, plan, state, pages_recv, work_send)
                 if staged is not None:
                     await nursery.start(replay_pages, staged, pages_send)
@@ -313,4 +399,19 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
     finally:
         await flush_unsettled(plan, state)
     state.report()
-    return state.result(map_invocation_id)
+    return state.result(map_invocation_id, await newer_run_id(plan, state))
+
+
+async def newer_run_id(plan: MapPlan, state: MapState) -> str | None:
+    """The id of the run that superseded the map, for its result (None if not superseded, or
+    if the store cannot say: it is only reported)."""
+    if state.superseded_by_epoch is None:
+        return None
+    try:
+        newer = await retry_transient(lambda: runs.by_epoch(
+            plan.port, plan.ref.scope.play_scope, state.superseded_by_epoch))
+    except EngineError as exc:
+        log.warning("map %s: superseded by the run of epoch %d, whose id could not be read: %s",
+                    plan.table_namespace, state.superseded_by_epoch, exc)
+        return None
+    return None if newer is None else newer.run_id

@@ -3,8 +3,10 @@
 How it works
 - `MapTally` is written only by the actors of one map (all in one trio thread, so plain
   attribute updates are atomic between checkpoints). It counts what admission decided (admitted,
-  cached, blocked, skipped duplicates), what the workers ran (`executed`) and what the completer
-  made durable (completed, failed, fenced).
+  cached, blocked, skipped duplicates), what the workers ran (`executed` rows that got an
+  outcome; `calls` of the function, of which `retried` were retries and `timed_out` ran past
+  the row timeout) and what the completer made durable (completed, failed, fenced), and whether
+  a newer run took the map's rows (`superseded`).
 - `MapProgress` is a frozen snapshot for progress reporting; `MapResult` is the final answer of
   `run.map`. Both are values: holding one never pins the map's state.
 - Counting rules: `admitted` counts every source row admission settled (pending + cached +
@@ -40,12 +42,19 @@ class MapProgress:
     completed: int
     failed: int
     fenced: int
+    calls: int = 0
+    retried: int = 0
+    timed_out: int = 0
+    superseded: bool = False
 
 
 @attrs.frozen
 class MapResult:
     """What `run.map` did. `fenced_rows`/`blocked_rows` carry (up to a cap) the rows concerned;
-    `diagnostics` holds each completion batch's diagnostics in order."""
+    `diagnostics` holds each completion batch's diagnostics in order. `retried` counts the
+    extra calls retries made, `timed_out` the calls cancelled by the row timeout. `superseded`
+    is true when a newer run of the play took the map's rows (the map stopped early and left
+    them to it); `superseded_by` is that run's id when it could be read."""
 
     admitted: int
     cached: int
@@ -59,6 +68,10 @@ class MapResult:
     skipped: int = 0
     executed: int = 0
     map_invocation_id: str | None = None
+    retried: int = 0
+    timed_out: int = 0
+    superseded: bool = False
+    superseded_by: str | None = None
 
 
 @attrs.define(eq=False)
@@ -74,6 +87,10 @@ class MapTally:
     completed: int = 0
     failed: int = 0
     fenced: int = 0
+    calls: int = 0
+    retried: int = 0
+    timed_out: int = 0
+    superseded: bool = False
     diagnostics: list[Any] = attrs.field(factory=list)
     fenced_rows: list[Any] = attrs.field(factory=list)
     blocked_rows: list[Any] = attrs.field(factory=list)
@@ -117,7 +134,8 @@ class MapTally:
             source_rows=self.source_rows, admitted=self.admitted, pending=self.pending,
             cached=self.cached, blocked=self.blocked, skipped=self.skipped,
             executed=self.executed, completed=self.completed, failed=self.failed,
-            fenced=self.fenced,
+            fenced=self.fenced, calls=self.calls, retried=self.retried,
+            timed_out=self.timed_out, superseded=self.superseded,
         )
 
     def report(self) -> None:
@@ -129,11 +147,12 @@ class MapTally:
         except Exception:  # observational only
             log.exception("map progress callback failed")
 
-    def result(self, map_invocation_id: str | None) -> MapResult:
+    def result(self, map_invocation_id: str | None, superseded_by: str | None = None) -> MapResult:
         return MapResult(
             admitted=self.admitted, cached=self.cached, completed=self.completed,
             failed=self.failed, blocked=self.blocked, fenced=self.fenced,
             diagnostics=tuple(self.diagnostics), fenced_rows=tuple(self.fenced_rows),
             blocked_rows=tuple(self.blocked_rows), skipped=self.skipped, executed=self.executed,
-            map_invocation_id=map_invocation_id,
+            map_invocation_id=map_invocation_id, retried=self.retried,
+            timed_out=self.timed_out, superseded=self.superseded, superseded_by=superseded_by,
         )

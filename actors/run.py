@@ -46,6 +46,7 @@ from . import retirement
 from .hosting import is_terminal, open_hosting_nursery
 from .map_state import MapPlan
 from .mapper import map_rows
+from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult
 from .retry import retry_transient
 from .sealer import stage_array
@@ -126,15 +127,22 @@ class Run:
     async def map(self, table_namespace: str, source: Any, fn: Callable[[dict], Awaitable[Any]],
                   *, contract: SheetContract, concurrency: int = 16,
                   cell_policies: Mapping[str, CellPolicy] | None = None,
+                  retry: RowRetry | None = None, row_timeout_s: float | None = None,
+                  rate_limit: RateLimit | None = None, give_up_after: int | None = None,
                   on_progress: Callable[[MapProgress], Any] | None = None,
                   map_invocation_id: str | None = None, **tuning: Any) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
+        Row policies (`actors.policies`): `retry` retries a failed call in place after a
+        backoff; `row_timeout_s` cancels a call running longer (a failed attempt);
+        `rate_limit` bounds how fast calls start; `give_up_after=N` leaves out rows that
+        failed in N runs (blocked, reason `gave_up`).
         `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
         """
         plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
-                       concurrency, cell_policies, **tuning)
+                       concurrency, cell_policies, retry=retry, row_timeout_s=row_timeout_s,
+                       rate_limit=rate_limit, give_up_after=give_up_after, **tuning)
         return await map_rows(self, source, plan, on_progress=on_progress,
                               map_invocation_id=map_invocation_id)
 

@@ -42,6 +42,7 @@ ACTION_MODULES = (
     "runplane.engine.array_input",
     "runplane.engine.sheets",
     "runplane.engine.outbox",
+    "runplane.engine.rate_limits",
 )
 
 _REGISTRY: dict[str, "Action"] = {}

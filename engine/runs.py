@@ -5,8 +5,9 @@ the run is seen and returns the same epoch on every later call (a wake). Sequenc
 a later run always gets a larger epoch; every fenced write compares epochs, never run ids.
 One statement: insert-if-absent, else read the stored row.
 
-`get(port, RunScope)` and `list_runs(port, PlayScope)` read the registry back (the command
-line's run existence check and its recent-runs listing); they are plain reads.
+`get(port, RunScope)`, `by_epoch(port, PlayScope, epoch)` and `list_runs(port, PlayScope)` read
+the registry back (the command line's run existence check, the run a fence names, the
+recent-runs listing); they are plain reads.
 `record_command(port, RunScope, command)` stores how to resume a run (the command line records
 the command that started it, so `runplane runs` can print it for runs still open).
 """
@@ -70,6 +71,11 @@ SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
  WHERE org_id = $1 AND play = $2 AND run_id = $3
 """
 
+_BY_EPOCH = """
+SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
+ WHERE org_id = $1 AND play = $2 AND epoch = $3
+"""
+
 _LIST = """
 SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
  WHERE org_id = $1 AND play = $2 ORDER BY epoch DESC LIMIT $3
@@ -99,6 +105,20 @@ async def get(port: Port, scope: RunScope) -> RunInfo | None:
     sql = _GET.format(runs=table(port, "runs"))
     row = await with_connection(
         port, RECEIPTS_LANE, lambda conn: conn.fetchrow(sql, scope.org_id, scope.play, scope.run_id)
+    )
+    return None if row is None else _info(row)
+
+
+@action("runs.by_epoch", params={"scope": PLAY_SCOPE, "epoch": INT}, result=optional(RUN_INFO),
+        writes=False)
+async def by_epoch(port: Port, scope: PlayScope, epoch: int) -> RunInfo | None:
+    """The play's run holding fencing epoch `epoch` (a fence reports epochs), or None."""
+    check_scope(port, scope)
+    if isinstance(epoch, bool) or not isinstance(epoch, int):
+        raise InvalidInputError(f"epoch must be an integer, got {epoch!r}")
+    sql = _BY_EPOCH.format(runs=table(port, "runs"))
+    row = await with_connection(
+        port, "receipts", lambda conn: conn.fetchrow(sql, scope.org_id, scope.play, epoch)
     )
     return None if row is None else _info(row)
 

@@ -5,14 +5,15 @@ advisory lock keyed by the schema name, so concurrent bootstraps serialize inste
 `CREATE ... IF NOT EXISTS` (which is not atomic in PostgreSQL). `schema_status` reads the stored
 version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here;
 `sheet_columns` is their registry (which physical column holds which field).
-Versions: 2 added `runs.command` (how to resume a run, recorded by the command line).
+Versions: 2 added `runs.command` (how to resume a run, recorded by the command line); 3 added
+`rate_limits` (shared rate-limit buckets, `engine.rate_limits`).
 """
 
 from __future__ import annotations
 
 from .sql import quote_ident
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -83,6 +84,14 @@ CREATE TABLE IF NOT EXISTS {s}.terminal_outbox (
     created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, play, run_id)
+);
+CREATE TABLE IF NOT EXISTS {s}.rate_limits (
+    org_id text NOT NULL,
+    key text NOT NULL,
+    tokens float8 NOT NULL,
+    granted integer NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, key)
 );
 CREATE INDEX IF NOT EXISTS terminal_outbox_due
     ON {s}.terminal_outbox (next_attempt_at) WHERE state = 'pending';
