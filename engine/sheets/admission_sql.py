@@ -29,6 +29,7 @@ from typing import Any, Literal, Mapping
 
 from ..ports import Port, sequence_literal, table
 from ..array_input.facts import GUARD_IS_OPEN
+from ..receipts import SQL_STATUSES
 from .layout import BindParams, SheetLayout, column
 from .model import CellPolicy, SheetContract
 
@@ -92,7 +93,7 @@ def disposition_case(*, exists: str, cached: str, status: str, version: str, att
 def _page_source(port: Port) -> tuple[str, str]:
     """The `page` CTE (checked fact) and the `input` CTE zipping its rows with keys/indexes."""
     receipts = table(port, "work_receipts")
-    guard_open = GUARD_IS_OPEN.format(g="g", run="$4::text")
+    guard_open = GUARD_IS_OPEN.format(g="g", run="$4::text", **SQL_STATUSES)
     page = f"""page AS MATERIALIZED (
     SELECT h.rows
       FROM {receipts} AS p
@@ -101,12 +102,12 @@ def _page_source(port: Port) -> tuple[str, str]:
           digest text, rows jsonb)
       JOIN {receipts} AS s ON s.k = $13::bytea
       JOIN {receipts} AS g ON g.k = $14::bytea
-     WHERE p.k = $12::bytea AND p.status = 2 AND p.run_id = $4::text
+     WHERE p.k = $12::bytea AND p.status = {SQL_STATUSES["COMPLETED"]} AND p.run_id = $4::text
        AND h.kind = 'array_input_page' AND h.digest = $15::text
        AND h."offset" = to_jsonb($16::bigint) AND h.row_count = to_jsonb($17::integer)
        AND h.ordinal = to_jsonb($18::integer)
        AND jsonb_typeof(h.rows) = 'array' AND jsonb_array_length(h.rows) = $17::integer
-       AND s.status = 2 AND s.run_id = $4::text AND s.output ->> 'kind' = 'array_input_seal'
+       AND s.status = {SQL_STATUSES["COMPLETED"]} AND s.run_id = $4::text AND s.output ->> 'kind' = 'array_input_seal'
        AND s.output ->> 'source_fingerprint' = h.source_fingerprint
        AND jsonb_typeof(s.output -> 'page_count') = 'number'
        AND (s.output ->> 'page_count')::numeric > $18::integer
