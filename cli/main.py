@@ -38,6 +38,7 @@ from runplane.engine.errors import EngineError, leaf_errors
 from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.scopes import normalize_namespace
+from runplane.engine.sessions import password_probe, sweep_expired as sweep_expired_sessions
 
 from .connect import open_port
 from .inputs import InputFileError, read_input
@@ -122,6 +123,7 @@ def doctor(args: argparse.Namespace) -> int:
             say(f"org         {tenant.org_id}")
             for name, stats in tenant.permits().items():
                 say(f"lane        {name:<12} limit {stats.limit}")
+            say(f"sessions    {await password_probe(tenant)}")
 
     run_trio(main)
     return 0
@@ -376,7 +378,7 @@ def supervise(args: argparse.Namespace) -> int:
                                        abandon_after_s=args.abandon_after) as sup:
                 say(f"supervising org {tenant.org_id} in schema {tenant.schema} "
                     f"as {sup.owner} (Ctrl-C to stop)")
-                await trio.sleep_forever()
+                await sweep_expired_sessions(tenant)  # drops expired database sessions, forever
 
     run_trio(main)
     return 0

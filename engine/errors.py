@@ -58,6 +58,11 @@ class MissingRelationError(DatabaseError):
     """A relation or column is missing (SQLSTATE 42P01 / 42703): the schema may need repair."""
 
 
+class InsufficientPrivilegeError(DatabaseError):
+    """The login may not run a statement (SQLSTATE 42501): typically a scoped database session
+    (SPEC §17) reaching for DDL or for data outside its grants. Retrying cannot help."""
+
+
 class StatementTimeoutError(DatabaseError):
     """A statement ran past its statement timeout (SQLSTATE 57014) and was cancelled."""
 

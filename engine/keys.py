@@ -60,5 +60,13 @@ def run_key_range(scope: PlayScope, kind: str, run_id: str) -> tuple[bytes, byte
     return low, low + b"\xff"
 
 
+def kind_range(scope: PlayScope, kind: str, *, prefix: bool = False) -> tuple[bytes, bytes]:
+    """`[low, high)` holding every key of the scope's (org, play) whose kind is `kind` — or, with
+    `prefix`, whose kind starts with `kind` (the JSON string is left open after it)."""
+    low = _encode([scope.org_id, scope.play, kind])[:-1]
+    low = low[:-1] if prefix else low + b","
+    return low, low + b"\xff"
+
+
 def decode_key(stored: bytes) -> list:
     return json.loads(stored.decode("utf-8"))

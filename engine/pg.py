@@ -30,6 +30,7 @@ import trio_asyncio
 from .errors import (
     DatabaseError,
     EngineError,
+    InsufficientPrivilegeError,
     MissingRelationError,
     StatementTimeoutError,
     StoreUnavailableError,
@@ -59,6 +60,8 @@ def translate(exc: BaseException) -> EngineError:
             return MissingRelationError(message, sqlstate=sqlstate)
         if sqlstate == "57014":
             return StatementTimeoutError(message, sqlstate=sqlstate)
+        if sqlstate == "42501":
+            return InsufficientPrivilegeError(message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
     if isinstance(exc, asyncpg.exceptions.DataError):
         return DatabaseError(f"cannot encode a query argument: {exc}")

@@ -4,16 +4,20 @@
 advisory lock keyed by the schema name, so concurrent bootstraps serialize instead of racing on
 `CREATE ... IF NOT EXISTS` (which is not atomic in PostgreSQL). `schema_status` reads the stored
 version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here;
-`sheet_columns` is their registry (which physical column holds which field).
+`sheet_columns` is their registry (which physical column holds which field). The bootstrap also
+installs what scoped database sessions rely on (`engine.session_isolation`).
 Versions: 2 added `runs.command` (how to resume a run, recorded by the command line); 3 added
-`rate_limits` (shared rate-limit buckets, `engine.rate_limits`).
+`rate_limits` (shared rate-limit buckets, `engine.rate_limits`); 4 adds `session_scopes` and the
+row-level security policies of database sessions. An older schema is upgraded in place by the
+same idempotent bootstrap, with no manual step.
 """
 
 from __future__ import annotations
 
+from . import session_isolation
 from .sql import quote_ident
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -95,6 +99,20 @@ CREATE TABLE IF NOT EXISTS {s}.rate_limits (
 );
 CREATE INDEX IF NOT EXISTS terminal_outbox_due
     ON {s}.terminal_outbox (next_attempt_at) WHERE state = 'pending';
+CREATE TABLE IF NOT EXISTS {s}.session_scopes (
+    role_name text PRIMARY KEY,
+    org_id text NOT NULL,
+    play text NOT NULL,
+    table_namespace text NOT NULL,
+    operations text[] NOT NULL,
+    sheet_table text,
+    receipts_low bytea,
+    receipts_high bytea,
+    facts_low bytea,
+    facts_high bytea,
+    expires_at timestamptz NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """
@@ -122,6 +140,7 @@ async def bootstrap(conn, schema: str, execution_role: str | None = None) -> Non
             schema,
         )
         await conn.execute(bootstrap_sql(schema, execution_role))
+        await session_isolation.install(conn, schema)
 
 
 async def schema_status(conn, schema: str) -> str | None:

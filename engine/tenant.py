@@ -30,6 +30,7 @@ from . import pg, schema as schema_ddl
 from .embedded import resolve_dsn
 from .errors import (
     EngineError,
+    InsufficientPrivilegeError,
     InvalidInputError,
     SchemaNotFoundError,
     StoreUnavailableError,
@@ -180,14 +181,32 @@ class Tenant:
                 "(a read-only command never creates a schema)"
             )
         async with self._plain_connection() as conn:
-            await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
+            await self._bootstrap(conn)
 
     async def ensure_schema(self) -> None:
+        """Bootstrap unless the schema is current; a current schema costs two reads and no DDL
+        (so a login without DDL rights, such as a database session, can open it)."""
         async with self._plain_connection() as conn:
             status = await schema_ddl.schema_status(conn, self.schema)
             # Under an execution role the bootstrap also (re)grants the role its privileges.
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
-                await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
+                await self._bootstrap(conn)
+
+    async def _bootstrap(self, conn: pg.Connection) -> None:
+        try:
+            await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
+        except InsufficientPrivilegeError as exc:
+            raise InsufficientPrivilegeError(
+                f"schema {self.schema!r} needs DDL (a bootstrap, an upgrade or a missing relation) "
+                "that this login may not run, as with a database session: open the tenant once "
+                f"with the schema owner's credentials or through the gateway ({exc})",
+                sqlstate=exc.sqlstate,
+            ) from exc
+
+    def login_connection(self) -> contextlib.AbstractAsyncContextManager[pg.Connection]:
+        """A connection as the login user itself (no execution role, no lane; one tenant
+        permit): for DDL and for managing database sessions (`engine.sessions`)."""
+        return self._plain_connection()
 
     @contextlib.asynccontextmanager
     async def _plain_connection(self) -> AsyncIterator[pg.Connection]:

@@ -44,6 +44,7 @@ def test_doctor_reports_version_connection_schema_and_lanes(dsn):
     lines = {line[:12].strip(): line[12:] for line in result.stdout.splitlines()}
     assert lines["server"].startswith("PostgreSQL ")
     assert lines["schema"] == f"{schema} version {SCHEMA_VERSION} (ok)"
+    assert lines["sessions"].startswith("ok: a session role without its password was refused")
     for lane in ("sheet", "receipts", "retirement"):
         assert f"lane        {lane}" in result.stdout
     # The DSN without its password, ready for psql; this server is local (a unix socket), so

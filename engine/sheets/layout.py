@@ -41,7 +41,7 @@ import attrs
 
 from ..actions import action
 from ..codecs import PLAY_SCOPE, STR, record
-from ..errors import InvalidInputError, MissingRelationError
+from ..errors import InsufficientPrivilegeError, InvalidInputError, MissingRelationError
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, sequence_literal, table
 from ..scopes import PlayScope, check_scope, normalize_namespace
@@ -306,7 +306,14 @@ async def _transaction_once(
                     )
                 else:
                     await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
-                    await prepare_columns(conn, port, layout, fields)
+                    try:
+                        await prepare_columns(conn, port, layout, fields)
+                    except InsufficientPrivilegeError as exc:
+                        raise InsufficientPrivilegeError(
+                            f"sheet {layout.namespace!r} needs a new table or column, which this "
+                            "login may not create (a database session runs no DDL: let the gateway "
+                            f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
+                        ) from exc
                     server_version = await conn.fetchval(
                         _LOCK_SUMMARY.format(summary=summary), *layout.counter_args
                     )

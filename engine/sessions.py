@@ -1,0 +1,394 @@
+"""Scoped database sessions (SPEC §17): short-lived PostgreSQL logins that can touch only one
+org's play, table namespace and operations. What confines them is described in
+`engine.session_isolation`; this module mints, describes and drops them.
+
+How it works
+- `mint(tenant, scope, table_namespace, operations, ttl_s=…)` runs on the tenant's own login
+  (never under an execution role) in one transaction: it creates a role `runplane_s_<random>`
+  with LOGIN, a random password, `VALID UNTIL` now + ttl (the server's clock) and a small
+  `CONNECTION LIMIT`, makes it a member of `runplane_sessions` (INHERIT TRUE, SET FALSE), grants
+  exactly what the operations need, and records the scope in `session_scopes`. The password is
+  sent as a SCRAM-SHA-256 verifier computed here, so the plain password never reaches the server
+  or its logs. For `rows.*` the sheet table is created first (bare) when absent, so there is a
+  table to grant on; new columns are DDL, which a session never runs.
+- Operations and what they grant (plus USAGE on the schema and SELECT on `meta` and on its own
+  `session_scopes` row, which `open_tenant` and the policies read):
+    rows.read    SELECT on the sheet, its counters and its column registry rows
+    rows.upsert  SELECT, INSERT, UPDATE on the sheet and its counters; the row-version sequence
+    receipts     SELECT, INSERT, UPDATE on the play's user receipts
+    array_input  SELECT, INSERT, UPDATE, DELETE on the play's array-input facts
+- `drop_expired(tenant)` drops the roles of this schema whose `VALID UNTIL` has passed and that
+  have no open connection (a role in use is never dropped; it goes on a later sweep), with
+  everything they own or were granted, and their scope rows. The gateway and
+  `runplane supervise` call it periodically.
+- `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials.
+- `password_probe(tenant)` (for `runplane doctor`) creates a throwaway session role and tries to
+  log in with it without a password; it reports whether the server let it in.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import urllib.parse
+from typing import Any
+
+import attrs
+import trio
+
+from . import pg
+from .errors import DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError
+from .keys import USER_RECEIPT_KIND, kind_range
+from .scopes import PlayScope, check_scope, normalize_namespace
+from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
+from .sql import qualified, quote_ident
+
+OPERATIONS = ("rows.read", "rows.upsert", "receipts", "array_input")
+ROW_OPERATIONS = frozenset({"rows.read", "rows.upsert"})
+ROLE_PREFIX = "runplane_s_"
+DEFAULT_TTL_S = 600.0
+MAX_TTL_S = 24 * 3600.0
+DEFAULT_CONNECTION_LIMIT = 8
+ARRAY_FACT_KIND_PREFIX = "array_input_"
+SCRAM_ITERATIONS = 4096
+DROP_BATCH = 200
+SWEEP_INTERVAL_S = 60.0
+
+log = logging.getLogger("runplane.sessions")
+
+
+def _operations(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise InvalidInputError(f"operations must be a list of names from {list(OPERATIONS)}")
+    ops = set(value)
+    unknown = sorted(str(op) for op in ops - set(OPERATIONS))
+    if unknown:
+        raise InvalidInputError(f"operations: unknown {unknown}; allowed are {list(OPERATIONS)}")
+    if not ops:
+        raise InvalidInputError("operations must name at least one operation")
+    return tuple(op for op in OPERATIONS if op in ops)
+
+
+@attrs.frozen
+class SessionScope:
+    """What one session may touch: an org's play, one table namespace, some operations."""
+
+    org_id: str
+    play: str
+    table_namespace: str = attrs.field(converter=normalize_namespace)
+    operations: tuple[str, ...] = attrs.field(converter=_operations)
+
+    def covers(self, operations: Any) -> bool:
+        return set(_operations(operations)) <= set(self.operations)
+
+
+@attrs.frozen
+class MintedSession:
+    """A minted session role: its credentials, expiry (server clock) and scope."""
+
+    role: str
+    password: str = attrs.field(repr=False)
+    expires_at: datetime.datetime
+    scope: SessionScope
+    schema: str
+
+    def url(self, dsn: str) -> str:
+        return session_url(dsn, self.role, self.password)
+
+
+# -- credentials ------------------------------------------------------------------------------
+def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 5802 / 7677)."""
+    salt = os.urandom(16) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+    b64 = lambda raw: base64.b64encode(raw).decode("ascii")  # noqa: E731
+    return (f"SCRAM-SHA-256${iterations}:{b64(salt)}"
+            f"${b64(hashlib.sha256(client_key).digest())}:{b64(server_key)}")
+
+
+def session_url(dsn: str, user: str, password: str | None) -> str:
+    """`dsn` (a postgresql:// URL) with its user and password replaced; host, port, database
+    and other parameters kept. `password=None` leaves the password out."""
+    if "://" not in dsn:
+        raise InvalidInputError("database sessions need a postgresql:// URL DSN")
+    url = urllib.parse.urlsplit(dsn)
+    host = url.netloc.rpartition("@")[2]
+    userinfo = urllib.parse.quote(user, safe="")
+    if password is not None:
+        userinfo += ":" + urllib.parse.quote(password, safe="")
+    query = [(k, v) for k, v in urllib.parse.parse_qsl(url.query, keep_blank_values=True)
+             if k not in ("user", "password")]
+    return urllib.parse.urlunsplit(
+        url._replace(netloc=f"{userinfo}@{host}", query=urllib.parse.urlencode(query))
+    )
+
+
+def key_ranges(scope: SessionScope) -> dict[str, bytes | None]:
+    """The `work_receipts` key ranges of the scope's receipts and array facts (None when the
+    operations do not include them). See `engine.keys` for why these are exact."""
+    play = PlayScope(scope.org_id, scope.play)
+    out: dict[str, bytes | None] = dict.fromkeys(
+        ("receipts_low", "receipts_high", "facts_low", "facts_high"))
+    if "receipts" in scope.operations:
+        out["receipts_low"], out["receipts_high"] = kind_range(play, USER_RECEIPT_KIND)
+    if "array_input" in scope.operations:
+        out["facts_low"], out["facts_high"] = kind_range(play, ARRAY_FACT_KIND_PREFIX, prefix=True)
+    return out
+
+
+# -- minting ----------------------------------------------------------------------------------
+def _grants(schema: str, scope: SessionScope, sheet_table: str | None, role: str) -> list[str]:
+    r = quote_ident(role)
+    t = lambda name: qualified(schema, name)  # noqa: E731
+    out = [
+        f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {r}",
+        f"GRANT SELECT ON {t('meta')}, {t(SCOPES_TABLE)} TO {r}",
+    ]
+    ops = set(scope.operations)
+    counters = f"{t('sheet_summary')}, {t('sheet_column_summary')}"
+    if "rows.upsert" in ops:
+        out += [
+            f"GRANT SELECT, INSERT, UPDATE ON {t(sheet_table)}, {counters} TO {r}",
+            f"GRANT SELECT ON {t('sheet_columns')} TO {r}",
+            f"GRANT USAGE ON SEQUENCE {t('row_versions')} TO {r}",
+        ]
+    elif "rows.read" in ops:
+        out.append(f"GRANT SELECT ON {t(sheet_table)}, {counters}, {t('sheet_columns')} TO {r}")
+    if "array_input" in ops:
+        out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {t('work_receipts')} TO {r}")
+    elif "receipts" in ops:
+        out.append(f"GRANT SELECT, INSERT, UPDATE ON {t('work_receipts')} TO {r}")
+    return out
+
+
+_RECORD = """
+INSERT INTO {m} (role_name, org_id, play, table_namespace, operations, sheet_table,
+                  receipts_low, receipts_high, facts_low, facts_high, expires_at)
+VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, $10, $11)
+"""
+
+# One read before minting: the server's clock, its version, and whether what the session relies
+# on is in place (the group, every isolation policy, the sheet table). Commits of minting and
+# dropping are asynchronous: a role lost to a server crash only makes the runner mint again.
+_MINT_STATE = """
+SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL AS async_commit,
+       clock_timestamp() + make_interval(secs => $1::float8) AS expires_at,
+       current_setting('server_version_num')::integer AS version,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $2) AS group_present,
+       ($3::text IS NULL OR to_regclass($3) IS NOT NULL) AS sheet_present,
+       (SELECT count(*) FROM pg_catalog.pg_policy p
+          JOIN pg_catalog.pg_class c ON c.oid = p.polrelid
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $4
+           AND (c.relname::text, p.polname::text) IN (SELECT * FROM unnest($5::text[], $6::text[])))
+       + (SELECT count(*) FROM pg_catalog.pg_class c
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          WHERE n.nspname = $4 AND c.relname = ANY($5::text[]) AND c.relrowsecurity) AS installed
+"""
+
+
+async def _unavailable(conn: pg.Connection, schema: str, group_present: bool) -> InsufficientPrivilegeError:
+    if not group_present:
+        return InsufficientPrivilegeError(
+            f"database sessions are unavailable: the group role {GROUP} does not exist and the "
+            "login that bootstrapped the schema may not create roles")
+    missing = await missing_policies(conn, schema)
+    return InsufficientPrivilegeError(
+        f"database sessions are unavailable on schema {schema}: its isolation policies are "
+        f"missing ({', '.join(f'{t}.{p}' for t, p in missing[:3])}); open the tenant once "
+        "with a login that may create roles")
+
+
+async def mint(
+    tenant: Any,
+    scope: PlayScope,
+    table_namespace: str,
+    operations: Any,
+    *,
+    ttl_s: float = DEFAULT_TTL_S,
+    connection_limit: int = DEFAULT_CONNECTION_LIMIT,
+) -> MintedSession:
+    """Create a session role for `scope` (see the module docstring); checks input first."""
+    from .sheets import SheetContract, ensure_sheet
+    from .sheets.layout import layout_for
+
+    check_scope(tenant, scope)
+    grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not 0 < ttl_s <= MAX_TTL_S:
+        raise InvalidInputError(f"ttl_s must be a number of seconds in (0, {MAX_TTL_S:.0f}]")
+    if isinstance(connection_limit, bool) or not isinstance(connection_limit, int) \
+            or not 1 <= connection_limit <= 100:
+        raise InvalidInputError("connection_limit must be an integer from 1 to 100")
+    layout = None
+    if ROW_OPERATIONS & set(grant.operations):
+        layout = layout_for(tenant, scope, grant.table_namespace)
+    wanted = policies(tenant.schema)
+    tables = [t for t, _ in wanted]
+    expected = len(wanted) + len(set(tables))
+    role = ROLE_PREFIX + secrets.token_hex(10)
+    password = secrets.token_urlsafe(32)
+    verifier = await trio.to_thread.run_sync(scram_verifier, password)  # ~ms of PBKDF2
+    ranges = key_ranges(grant)
+    for _ in range(2):
+        async with tenant.login_connection() as conn:
+            async with conn.transaction():
+                state = await conn.fetchrow(
+                    _MINT_STATE, float(ttl_s), GROUP, layout and layout.qualified, tenant.schema,
+                    tables, [p for _, p in wanted])
+                if not state["group_present"] or state["installed"] != expected:
+                    raise await _unavailable(conn, tenant.schema, state["group_present"])
+                if state["sheet_present"]:
+                    expires_at = state["expires_at"]
+                    membership = " WITH INHERIT TRUE, SET FALSE" if state["version"] >= 160000 else ""
+                    await conn.execute(";\n".join([
+                        f"CREATE ROLE {quote_ident(role)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"
+                        f" NOREPLICATION NOBYPASSRLS INHERIT CONNECTION LIMIT {connection_limit}"
+                        f" VALID UNTIL '{expires_at.isoformat()}' PASSWORD '{verifier}'",
+                        f"GRANT {quote_ident(GROUP)} TO {quote_ident(role)}{membership}",
+                        *_grants(tenant.schema, grant, layout and layout.table, role),
+                    ]))
+                    await conn.execute(
+                        _RECORD.format(m=qualified(tenant.schema, SCOPES_TABLE)),
+                        role, grant.org_id, grant.play, grant.table_namespace,
+                        list(grant.operations), layout and layout.table,
+                        ranges["receipts_low"], ranges["receipts_high"],
+                        ranges["facts_low"], ranges["facts_high"], expires_at,
+                    )
+                    return MintedSession(role, password, expires_at, grant, tenant.schema)
+        # A session granted on rows needs its sheet table to exist: create it bare, then mint.
+        await ensure_sheet(tenant, scope, grant.table_namespace, SheetContract())
+    raise AssertionError("unreachable: the sheet table exists after ensure_sheet")
+
+
+# -- cleanup ----------------------------------------------------------------------------------
+_DROPPABLE = """
+SELECT m.role_name, m.sheet_table
+  FROM {m} AS m
+  LEFT JOIN pg_catalog.pg_roles AS r ON r.rolname = m.role_name
+ WHERE ($1 OR r.oid IS NULL OR r.rolvaliduntil < clock_timestamp())
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.usename = m.role_name)
+ ORDER BY m.expires_at
+ LIMIT $2
+   FOR UPDATE OF m SKIP LOCKED
+"""
+
+
+def _revokes(schema: str, roles: list[str], sheet_tables: list[str]) -> str:
+    rs = ", ".join(quote_ident(r) for r in roles)
+    tables = ", ".join(qualified(schema, t) for t in (
+        "meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
+        "sheet_columns", *sheet_tables))
+    return (f"REVOKE ALL ON SCHEMA {quote_ident(schema)} FROM {rs};\n"
+            f"REVOKE ALL ON TABLE {tables} FROM {rs};\n"
+            f"REVOKE ALL ON SEQUENCE {qualified(schema, 'row_versions')} FROM {rs}")
+
+
+async def _drop_roles(conn: pg.Connection, schema: str, roles: list[str], sheet_tables: list[str]) -> None:
+    """Drop `roles` with what they own and were granted (one savepoint, all or nothing)."""
+    async with conn.transaction():
+        existing = await conn.fetchval(
+            "SELECT coalesce(array_agg(rolname::text), '{}') FROM pg_catalog.pg_roles"
+            " WHERE rolname = ANY($1::text[])", roles)
+        if existing:
+            rs = ", ".join(quote_ident(r) for r in existing)
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"DROP OWNED BY {rs}")
+            except InsufficientPrivilegeError:
+                # Not a superuser: revoke what mint granted. A role that still owns something
+                # (a large object it made) then cannot be dropped; every sweep tries again.
+                present = await conn.fetchval(
+                    "SELECT coalesce(array_agg(t), '{}') FROM unnest($1::text[]) AS t"
+                    " WHERE to_regclass(quote_ident($2) || '.' || quote_ident(t)) IS NOT NULL",
+                    sheet_tables, schema)
+                await conn.execute(_revokes(schema, existing, list(present)))
+            await conn.execute(f"DROP ROLE {rs}")
+        await conn.execute(
+            f"DELETE FROM {qualified(schema, SCOPES_TABLE)} WHERE role_name = ANY($1::text[])", roles)
+
+
+async def drop_expired(tenant: Any, *, include_unexpired: bool = False, limit: int = 10_000) -> int:
+    """Drop this schema's expired session roles that have no open connection; return how many.
+
+    `include_unexpired` also drops unexpired ones that have no open connection when looked at
+    (one could log in right after): for tests, and for revoking a schema's sessions at once.
+    """
+    dropped = 0
+    sql = _DROPPABLE.format(m=qualified(tenant.schema, SCOPES_TABLE))
+    async with tenant.login_connection() as conn:
+        while dropped < limit:
+            async with conn.transaction():
+                await conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
+                rows = await conn.fetch(sql, include_unexpired, min(DROP_BATCH, limit - dropped))
+                if not rows:
+                    break
+                roles = [row["role_name"] for row in rows]
+                tables = sorted({row["sheet_table"] for row in rows if row["sheet_table"]})
+                try:
+                    await _drop_roles(conn, tenant.schema, roles, tables)
+                    done = len(roles)
+                except DatabaseError:
+                    done = 0  # one role is stuck (it still owns something): go one by one
+                    for role, table in [(r["role_name"], r["sheet_table"]) for r in rows]:
+                        try:
+                            await _drop_roles(conn, tenant.schema, [role], [table] if table else [])
+                            done += 1
+                        except DatabaseError:
+                            continue
+                dropped += done
+                if done < len(roles):
+                    break
+    return dropped
+
+
+async def sweep_expired(tenant: Any, *, interval_s: float = SWEEP_INTERVAL_S) -> None:
+    """Drop expired sessions now and every `interval_s` after, until cancelled (the gateway and
+    `runplane supervise` run this). A failed sweep is logged and tried again next time."""
+    while True:
+        try:
+            dropped = await drop_expired(tenant)
+            if dropped:
+                log.info("dropped %d expired database session role(s) in schema %s", dropped, tenant.schema)
+        except EngineError as exc:
+            log.warning("dropping expired database sessions failed (will retry): %s", exc)
+        await trio.sleep(interval_s)
+
+
+# -- doctor -----------------------------------------------------------------------------------
+async def password_probe(tenant: Any) -> str:
+    """One line for `runplane doctor`: whether a session role can log in without its password.
+
+    Creates a throwaway member of the group (no grants, valid for a minute), tries to connect as
+    it with no password, and drops it. Starts with "WARNING" when the server let it in.
+    """
+    role = ROLE_PREFIX + "probe_" + secrets.token_hex(6)
+    async with tenant.login_connection() as conn:
+        if not await group_exists(conn):
+            return f"sessions unavailable: no {GROUP} role (the login may not create roles)"
+        try:
+            await conn.execute(
+                f"CREATE ROLE {quote_ident(role)} LOGIN VALID UNTIL"
+                f" '{(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=1)).isoformat()}'"
+                f" PASSWORD '{scram_verifier(secrets.token_urlsafe(24))}' IN ROLE {quote_ident(GROUP)}")
+        except InsufficientPrivilegeError as exc:
+            return f"sessions cannot be checked: the login may not create roles ({exc})"
+    try:
+        try:
+            raw = await tenant.driver.connect(session_url(tenant.dsn, role, None), server_settings={})
+        except Exception as exc:  # any refusal is what we hope for; say which
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return f"ok: a session role without its password was refused ({reason})"
+        await pg.close_gracefully(raw, tenant.driver)
+        return (f"WARNING: a member of {GROUP} logged in WITHOUT a password; put "
+                f"'local all +{GROUP} scram-sha-256' and 'host all +{GROUP} 0.0.0.0/0 "
+                "scram-sha-256' ahead of any trust line in pg_hba.conf")
+    finally:
+        async with tenant.login_connection() as conn:
+            await conn.execute(f"DROP ROLE IF EXISTS {quote_ident(role)}")
