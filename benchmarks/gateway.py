@@ -7,6 +7,9 @@ the same PostgreSQL and schema as the direct side.
 1. `run.map` with a no-op function over `--rows` rows streamed from an async iterable, through
    the gateway vs direct, both in one run (the gateway side wakes the direct side's run id, so
    both write at the same epoch; each side writes its own sheet). Target ratio >= 0.5.
+   The same map through the gateway with `db_sessions=True` (SPEC §17: the gateway mints a
+   database session and the map's admission, completion and pages go straight to PostgreSQL
+   with it). Target ratio >= 0.9.
 2. Receipts one key at a time: claim + complete of `--keys` keys through the gateway vs direct.
    No target: each call through a gateway is one HTTP round trip (plus JSON on both ends) on top
    of the database round trip a direct call makes.
@@ -31,7 +34,7 @@ import trio  # noqa: E402
 
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
-from runplane.engine import open_tenant, receipts, sheets  # noqa: E402
+from runplane.engine import open_tenant, receipts, sessions, sheets  # noqa: E402
 from runplane.engine.gateway import mint_token, open_gateway, open_server  # noqa: E402
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
@@ -75,27 +78,35 @@ async def measure(dsn: str, url: str, schema: str, args: argparse.Namespace) -> 
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     token = mint_token(SECRET, ORG)
     map_ratios, direct_maps, gateway_maps = [], [], []
+    session_ratios, session_maps = [], []
     direct_keys, gateway_keys = [], []
     async with open_tenant(ORG, dsn, schema=schema) as tenant:
-        async with open_gateway(url, token) as gateway:
+        async with open_gateway(url, token) as gateway, \
+                open_gateway(url, token, db_sessions=True) as fast:
             for r in range(args.rounds):  # alternate which side goes first
-                sides = [("direct", tenant), ("gateway", gateway)]
+                sides = [("direct", tenant), ("gateway", gateway), ("sessions", fast)]
                 if r % 2:
                     sides.reverse()
                 rates = {}
                 for name, port in sides:
                     rates[name] = await map_rate(port, run_id, f"{name}_{r}", args.rows,
                                                  args.concurrency)
+                assert fast.db_sessions is not None and fast.db_sessions.disabled is None
                 direct_maps.append(rates["direct"])
                 gateway_maps.append(rates["gateway"])
+                session_maps.append(rates["sessions"])
                 map_ratios.append(rates["gateway"] / rates["direct"])
-                for name, port in sides:
+                session_ratios.append(rates["sessions"] / rates["direct"])
+                for name, port in [side for side in sides if side[0] != "sessions"]:
                     rate = await receipts_rate(port, run_id, args.keys, f"{name}-{r}")
                     (direct_keys if name == "direct" else gateway_keys).append(rate)
+        await sessions.drop_expired(tenant, include_unexpired=True)
     d, g = statistics.median(direct_maps), statistics.median(gateway_maps)
     print(f"run.map direct:  {d:,.0f} rows/s over {args.rows:,} rows (median of {args.rounds})")
     print(f"run.map gateway: {g:,.0f} rows/s")
     print(f"ratio gateway/direct (map): {statistics.median(map_ratios):.2f} (target >= 0.50)")
+    print(f"run.map gateway + db sessions: {statistics.median(session_maps):,.0f} rows/s")
+    print(f"ratio db sessions/direct (map): {statistics.median(session_ratios):.2f} (target >= 0.90)")
     dk, gk = statistics.median(direct_keys), statistics.median(gateway_keys)
     print(f"claim+complete direct:  {dk:,.0f} keys/s; gateway: {gk:,.0f} keys/s")
     print(f"ratio gateway/direct (claim+complete, one key at a time): {gk / dk:.2f} "

@@ -20,7 +20,8 @@ from .operators import UsageError
 @contextlib.asynccontextmanager
 async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> AsyncIterator[Any]:
     """The tenant the options name (with `read_only`, one that bootstraps nothing), or with
-    `--gateway` a Gateway acting with RUNPLANE_TOKEN."""
+    `--gateway` a Gateway acting with RUNPLANE_TOKEN (over database sessions with
+    `--db-sessions`)."""
     if getattr(args, "gateway", None):
         from runplane.engine.gateway import open_gateway
 
@@ -28,9 +29,12 @@ async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> Asy
         if not token:
             raise UsageError("--gateway needs a token in RUNPLANE_TOKEN "
                              "(make one with `runplane token`)")
-        async with open_gateway(args.gateway, token) as gateway:
+        async with open_gateway(args.gateway, token,
+                                db_sessions=getattr(args, "db_sessions", False)) as gateway:
             yield gateway
     else:
+        if getattr(args, "db_sessions", False):
+            raise UsageError("--db-sessions needs --gateway URL (or RUNPLANE_GATEWAY_URL)")
         async with open_tenant(args.org, args.dsn, schema=args.schema,
                                bootstrap=not read_only) as tenant:
             yield tenant

@@ -86,6 +86,9 @@ def _port_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway", default=os.environ.get("RUNPLANE_GATEWAY_URL") or None,
                         metavar="URL", help="work through a gateway (default: RUNPLANE_GATEWAY_URL); "
                         "the token comes from RUNPLANE_TOKEN, the org from the token")
+    parser.add_argument("--db-sessions", action="store_true",
+                        help="with --gateway: get short-lived database sessions from the gateway and "
+                        "run sheet, receipt and array-input work straight against PostgreSQL")
 
 
 def _read_only(args: argparse.Namespace):
@@ -403,6 +406,9 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
                         help=f"without {SECRET_ENV}: a throwaway secret and a printed token for org local")
     parser.add_argument("--log-interval", type=float, default=60.0, metavar="SECONDS",
                         help="seconds between statistics log lines (default 60)")
+    parser.add_argument("--session-dsn", default=None, metavar="URL",
+                        help="the postgresql:// address runners reach the database at, for the URLs "
+                        "of database sessions (default: the gateway's own DSN)")
 
 
 @command("serve", "serve the runtime actions over HTTP (the gateway) until interrupted")(_serve_options)
@@ -422,7 +428,8 @@ def serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with open_server(secret=secret, dsn=args.dsn, schema=args.schema, bind=args.bind,
                                body_limit=args.body_limit, array_actions=not args.no_array_actions,
-                               log_interval_s=args.log_interval) as server:
+                               log_interval_s=args.log_interval,
+                               session_dsn=args.session_dsn) as server:
             actions = "off" if args.no_array_actions else "on"
             print(f"gateway listening on {server.url} (schema {args.schema}, body limit "
                   f"{server.body_limit:,} bytes, array actions {actions}; Ctrl-C to stop)", flush=True)

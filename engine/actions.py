@@ -13,8 +13,10 @@ How it works
   definition is both sides: the gateway server dispatches from this registry and the client
   sends from it, and an operation cannot exist on one side only.
 - `local` names parameters that never travel (a callback such as `on_diagnostics`); the
-  client's handling of the action deals with them. Every other parameter after the port must
-  have a codec (checked at import).
+  client's handling of the action deals with them. `context` names parameters that never
+  travel either but that the server fills from the request: `claims` (the verified token) and
+  `session_dsn` (the DSN a database session's URL is built on); a direct call leaves them
+  None. Every other parameter after the port must have a codec (checked at import).
 - `actions()` imports the modules that define actions (`ACTION_MODULES`) and returns the
   registry, filled once at import time and never changed afterwards.
 - A new operation: decorate it, and add its module to `ACTION_MODULES` if it is a new one;
@@ -43,6 +45,7 @@ ACTION_MODULES = (
     "runplane.engine.sheets",
     "runplane.engine.outbox",
     "runplane.engine.rate_limits",
+    "runplane.engine.sessions",
 )
 
 _REGISTRY: dict[str, "Action"] = {}
@@ -73,6 +76,7 @@ class Action:
     local: tuple[str, ...] = ()
     deadline_s: float = DEFAULT_DEADLINE_S
     writes: bool = True
+    context: tuple[str, ...] = ()
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The call's arguments by name (the port excluded), as the caller passed them."""
@@ -107,20 +111,20 @@ class Action:
 
 def action(
     name: str, *, params: Mapping[str, Codec], result: Codec, local: tuple[str, ...] = (),
-    deadline_s: float = DEFAULT_DEADLINE_S, writes: bool = True,
+    deadline_s: float = DEFAULT_DEADLINE_S, writes: bool = True, context: tuple[str, ...] = (),
 ) -> Callable[[F], F]:
     """Register the decorated `async def op(port, ...)` as action `name` (see the module doc)."""
 
     def register(function: F) -> F:
         signature = inspect.signature(function)
         rest = list(signature.parameters)[1:]
-        uncovered = [p for p in rest if p not in params and p not in local]
+        uncovered = [p for p in rest if p not in params and p not in local and p not in context]
         if uncovered or set(params) - set(rest):
             raise TypeError(f"action {name}: parameters {rest} vs codecs {sorted(params)}")
         if name in _REGISTRY:
             raise TypeError(f"action {name} is registered twice")
         spec = Action(name, function, signature, dict(params), result, tuple(local),
-                      deadline_s, writes)
+                      deadline_s, writes, tuple(context))
         _REGISTRY[name] = spec
 
         @functools.wraps(function)

@@ -22,6 +22,11 @@ How it works
   everything they own or were granted, and their scope rows. The gateway and
   `runplane supervise` call it periodically.
 - `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials.
+- `create(port, play, table_namespace, operations, ttl_s, public_key)` is the gateway action
+  `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
+  to the runner's key when one is sent (`engine.jwe`). Through a gateway the token bounds it:
+  every action an operation stands for (`operation_actions()`) must be allowed, and the session
+  never outlives the token.
 - `password_probe(tenant)` (for `runplane doctor`) creates a throwaway session role and tries to
   log in with it without a password; it reports whether the server let it in.
 """
@@ -30,19 +35,23 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import hashlib
 import hmac
 import logging
 import os
 import secrets
+import time
 import urllib.parse
 from typing import Any
 
 import attrs
 import trio
 
-from . import pg
-from .errors import DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError
+from . import jwe, pg
+from .actions import action, actions
+from .codecs import FLOAT, RAW, STR, list_of, optional
+from .errors import AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError
 from .keys import USER_RECEIPT_KIND, kind_range
 from .scopes import PlayScope, check_scope, normalize_namespace
 from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
@@ -265,6 +274,69 @@ async def mint(
         # A session granted on rows needs its sheet table to exist: create it bare, then mint.
         await ensure_sheet(tenant, scope, grant.table_namespace, SheetContract())
     raise AssertionError("unreachable: the sheet table exists after ensure_sheet")
+
+
+# -- the gateway action ---------------------------------------------------------------------
+CREATE_ACTION = "db_sessions.create"
+# The actions each operation stands for: a token must allow all of them to get the operation.
+_SHEET_ACTIONS = {
+    "rows.read": ("sheets.read_rows", "sheets.summary", "sheets.probe", "sheets.failed_rows",
+                  "sheets.error_counts", "sheets.run_rows"),
+    "rows.upsert": ("sheets.admit", "sheets.complete"),
+}
+_ACTION_FAMILIES = {"receipts": "receipts.", "array_input": "array_input."}
+
+
+@functools.cache
+def operation_actions() -> dict[str, tuple[str, ...]]:
+    """`operation -> the registered actions it stands for`: the sheet reads or writes of one
+    sheet, and every action of the receipts and array-input families."""
+    registry = actions()
+    out = {op: tuple(name for name in names if name in registry) for op, names in _SHEET_ACTIONS.items()}
+    for op, prefix in _ACTION_FAMILIES.items():
+        out[op] = tuple(sorted(name for name in registry if name.startswith(prefix)))
+    return {op: out[op] for op in OPERATIONS}
+
+
+@action(CREATE_ACTION, params={"play": STR, "table_namespace": STR, "operations": list_of(STR),
+                               "ttl_s": FLOAT, "public_key": optional(RAW)},
+        result=RAW, context=("claims", "session_dsn"))
+async def create(port: Any, play: str, table_namespace: str, operations: Any,
+                 ttl_s: float = DEFAULT_TTL_S, public_key: Any = None, *,
+                 claims: Any = None, session_dsn: str | None = None) -> dict[str, Any]:
+    """Mint a session on the port's org and answer as SPEC §17 says: `expires_at`, `org`,
+    `play`, `table_namespace`, `operations`, `schema`, and `encrypted_postgres_url` (a JWE for
+    `public_key`) or, without a key, `postgres_url`.
+
+    Through a gateway (`claims` are the verified token's): every action an operation stands for
+    must be allowed by the token, and the session lives at most as long as the token.
+    """
+    scope = PlayScope(port.org_id, play)
+    grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
+    if public_key is not None:
+        jwe.load_public_jwk(public_key)
+    if claims is not None:
+        for name in (n for op in grant.operations for n in operation_actions()[op]):
+            claims.check_action(name)
+        if isinstance(ttl_s, (int, float)) and not isinstance(ttl_s, bool):
+            ttl_s = min(ttl_s, claims.exp - time.time())
+            if ttl_s <= 0:
+                raise AuthError("the token has expired")
+    minted = await mint(port, scope, grant.table_namespace, grant.operations, ttl_s=ttl_s)
+    expires_at = minted.expires_at.isoformat()
+    answer: dict[str, Any] = {
+        "expires_at": expires_at, "org": grant.org_id, "play": grant.play,
+        "table_namespace": grant.table_namespace, "operations": list(grant.operations),
+        "schema": minted.schema,
+    }
+    url = minted.url(session_dsn or port.dsn)
+    if public_key is None:
+        answer["postgres_url"] = url
+    else:
+        answer["encrypted_postgres_url"] = jwe.encrypt(
+            url.encode("utf-8"), public_key,
+            {"org": grant.org_id, "play": grant.play, "expires_at": expires_at})
+    return answer
 
 
 # -- cleanup ----------------------------------------------------------------------------------

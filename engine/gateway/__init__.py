@@ -7,6 +7,7 @@ database credentials (SPEC §11).
 `paging` keeps admission and completion under the body limit.
 """
 
+from .db_sessions import DbSession, create_db_session
 from .client import Gateway, GatewayStats, Health, RetryPolicy, open_gateway
 from .protocol import DEFAULT_BODY_LIMIT
 from .server import Server, open_server
@@ -14,5 +15,5 @@ from .tokens import TokenClaims, mint_token, verify_token
 
 __all__ = [
     "mint_token", "verify_token", "TokenClaims", "open_server", "Server", "open_gateway",
-    "Gateway", "GatewayStats", "Health", "RetryPolicy", "DEFAULT_BODY_LIMIT",
+    "Gateway", "GatewayStats", "create_db_session", "DbSession", "Health", "RetryPolicy", "DEFAULT_BODY_LIMIT",
 ]

@@ -25,6 +25,8 @@ How it works
 - `sheets.admit` and `sheets.complete` are validated, keyed and deduplicated here exactly as the
   engine would, then paged under the body limit (`engine.gateway.paging`) and their answers
   merged.
+- With `db_sessions=True`, the operations a database session covers run in-process over a pool
+  opened with a session's URL instead (`engine.gateway.db_sessions`); the rest go over HTTP.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ from ..sheets.completion import deliver_diagnostics
 from ..sheets.admission import check_give_up_after
 from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
 from ..sheets.model import Admission, Completion, CompletionDiagnostics, Timing
+from .. import pg
 from . import paging, protocol
+from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, token_operations
 from .tokens import unverified_org
 
 DEADLINE_MARGIN_S = 5.0
@@ -147,6 +151,9 @@ class Gateway(RemotePort):
     _permits: Permits = attrs.field(init=False, repr=False)
     _health: Health | None = attrs.field(init=False, default=None, repr=False)
     _health_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
+    db_sessions: SessionRouter | None = attrs.field(init=False, default=None, repr=False)
+    session_key: SessionKey | None = attrs.field(init=False, default=None, repr=False)
+    session_key_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self._permits = Permits("gateway", self.max_in_flight)
@@ -164,6 +171,10 @@ class Gateway(RemotePort):
 
     # -- actions -----------------------------------------------------------------------------
     async def send_action(self, action: Action, args: tuple, kwargs: dict) -> Any:
+        if self.db_sessions is not None:
+            result = await self.db_sessions.run(action, args, kwargs)
+            if result is not NOT_ROUTED:
+                return result
         arguments = action.bind(args, kwargs)
         sender = _SENDERS.get(action.name)
         if sender is not None:
@@ -467,8 +478,9 @@ _SENDERS: dict[str, Callable[[Gateway, Action, dict], Awaitable[Any]]] = {
 
 @contextlib.asynccontextmanager
 async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None,
-                       max_in_flight: int = 8) -> AsyncIterator[Gateway]:
-    """A `Gateway` to `url` (`http(s)://host:port`) acting with `token`, until the block ends."""
+                       max_in_flight: int = 8, db_sessions: bool = False) -> AsyncIterator[Gateway]:
+    """A `Gateway` to `url` (`http(s)://host:port`) acting with `token`, until the block ends;
+    with `db_sessions`, covered operations go straight to the database over sessions."""
     if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https") \
             or not urllib.parse.urlsplit(url).netloc:
         raise InvalidInputError(f"the gateway URL must be http(s)://host:port, got {url!r}")
@@ -481,5 +493,16 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
     org = unverified_org(token.strip())
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
     async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) as client:
-        yield Gateway(url.rstrip("/"), token.strip(), org, retry or RetryPolicy(), max_in_flight,
-                      client)
+        gateway = Gateway(url.rstrip("/"), token.strip(), org, retry or RetryPolicy(),
+                          max_in_flight, client)
+        if not db_sessions:
+            yield gateway
+            return
+        async with pg.open_driver() as driver:  # the event loop of the session pools
+            await session_key(gateway)  # this process's RSA key, made once, before any action
+            router = gateway.db_sessions = SessionRouter(gateway, driver, token_operations(token))
+            try:
+                yield gateway
+            finally:
+                gateway.db_sessions = None
+                await router.aclose()

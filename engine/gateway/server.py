@@ -14,6 +14,10 @@ How it works
   org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
   completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
   answered 503, so a client that gave up and retried never races a write of its earlier attempt.
+- Database sessions (SPEC §17): `db_sessions.create` is handed the verified claims (they bound
+  the operations a session gets and how long it lives) and builds the session's URL on
+  `session_dsn` (default: the server's own DSN; give the address runners reach the database
+  at). The first tenant's login drops the schema's expired session roles every minute.
 - Per-org concurrency is what the tenant's lanes and connection cap allow, exactly as for
   in-process runners: requests wait FIFO for permits.
 - Writes are answered from a replay cache when their request id (one per client operation) was
@@ -45,7 +49,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import pg
+from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
@@ -80,12 +84,16 @@ def runplane_version() -> str:
 
 
 def scope_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The org and play an action's input names (None, None for org-wide actions)."""
+    """The org and play an action's input names (None, None for org-wide actions); a bare
+    `play` (as `db_sessions.create` takes) is a play of the token's org."""
     for value in kwargs.values():
         if isinstance(value, RunRef):
             value = value.scope
         if isinstance(value, (PlayScope, RunScope, MapScope)):
             return value.org_id, value.play
+    play = kwargs.get("play")
+    if isinstance(play, str):
+        return None, play.strip()
     return None, None
 
 
@@ -156,6 +164,7 @@ class Server:
     body_limit: int = protocol.DEFAULT_BODY_LIMIT
     array_actions: bool = True
     tenant_options: Mapping[str, Any] = attrs.field(factory=dict)
+    session_dsn: str | None = attrs.field(default=None, repr=False)
     url: str = ""
     requests: collections.Counter = attrs.field(init=False, factory=collections.Counter)
     errors: collections.Counter = attrs.field(init=False, factory=collections.Counter)
@@ -164,6 +173,7 @@ class Server:
     _actions: Mapping[str, Action] = attrs.field(init=False, factory=actions, repr=False)
     _tenants: dict[str, _TenantSlot] = attrs.field(init=False, factory=dict, repr=False)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
+    _sweeping: bool = attrs.field(init=False, default=False, repr=False)
     _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
     _latencies: list[float] = attrs.field(init=False, factory=list, repr=False)
     _period: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
@@ -231,6 +241,8 @@ class Server:
         kwargs = spec.decode_input(payload)
         org, play = scope_of(kwargs)
         claims.check_target(name, org, play)
+        context = {"claims": claims, "session_dsn": self.session_dsn}
+        kwargs.update({param: context[param] for param in spec.context})
         tenant = await self._tenant(claims.org)
 
         async def compute() -> bytes:
@@ -278,7 +290,12 @@ class Server:
             async with open_tenant(org, self.dsn, schema=self.schema, **self.tenant_options) as tenant:
                 slot.tenant = tenant
                 slot.ready.set()
-                await self._closing.wait()
+                async with trio.open_nursery() as nursery:
+                    if not self._sweeping:  # one tenant's login drops the schema's expired sessions
+                        self._sweeping = True
+                        nursery.start_soon(sessions.sweep_expired, tenant)
+                    await self._closing.wait()
+                    nursery.cancel_scope.cancel()
         except EngineError as exc:
             slot.error = exc
             if self._tenants.get(org) is slot:
@@ -322,6 +339,7 @@ async def open_server(
     array_actions: bool = True,
     log_interval_s: float = 60.0,
     tenant_options: Mapping[str, Any] | None = None,
+    session_dsn: str | None = None,
 ) -> AsyncIterator[Server]:
     """Serve the gateway until the block ends (see the module docstring)."""
     if not isinstance(secret, str) or not secret:
@@ -330,7 +348,8 @@ async def open_server(
             or body_limit < protocol.PAGE_HEADROOM * 2:
         raise InvalidInputError(f"body_limit must be an integer >= {protocol.PAGE_HEADROOM * 2}")
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
-    server = Server(secret, resolved, schema, body_limit, array_actions, dict(tenant_options or {}))
+    server = Server(secret, resolved, schema, body_limit, array_actions, dict(tenant_options or {}),
+                    session_dsn)
     config = Config()
     config.bind = [bind]
     config.accesslog = None

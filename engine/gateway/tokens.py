@@ -57,7 +57,8 @@ def mint_token(secret: str, org: str, *, plays: Iterable[str] = ("*",),
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
-def _allows(patterns: tuple[str, ...], name: str) -> bool:
+def allows(patterns: tuple[str, ...], name: str) -> bool:
+    """Whether a claim's names (exact, `*`, or a family `x.*`) allow `name`."""
     for pattern in patterns:
         if pattern == "*" or pattern == name:
             return True
@@ -79,7 +80,7 @@ class TokenClaims:
 
     def check_action(self, action: str) -> None:
         """Raise `ScopeError` unless the `actions` claim allows `action`."""
-        if not _allows(self.actions, action):
+        if not allows(self.actions, action):
             raise ScopeError(f"the token's actions claim does not allow {action}")
 
     def check_target(self, action: str, org: str | None, play: str | None) -> None:

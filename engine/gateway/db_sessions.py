@@ -1,0 +1,275 @@
+"""Database sessions from the runner's side (SPEC §17): mint them through the gateway, and run
+engine operations directly against the database with them.
+
+How it works
+- `create_db_session(gateway, play, table_namespace, operations, ttl_s=600)` sends the action
+  `db_sessions.create` with the public half of an RSA key the gateway client made for this
+  process (once: when `open_gateway(..., db_sessions=True)` opens, else on first use; the
+  private half stays in memory), decrypts the JWE it gets back, checks that its
+  authenticated header names the org, play and expiry the answer names, and returns a
+  `DbSession`.
+- `SessionRouter` is what `open_gateway(..., db_sessions=True)` installs. For every action a
+  session operation covers (`engine.sessions.operation_actions()`) it picks a session by
+  (play, table namespace, operations): a fresh one from its cache, the one being minted by a
+  concurrent caller (one mint in flight per key, shared), or a new one. The operations asked
+  for are every session operation the token's claims allow, so one session serves a whole map
+  (sheet writes, array input, receipts). Actions that name no table namespace (receipts, run
+  retirement) use any fresh session of their play that covers them, else one minted for the
+  play alone (no sheet operations). A session is renewed when less than `RENEW_WITHIN_S`
+  remain; the pool of the one it replaces is closed once its last operation returns.
+- The operation then runs in-process on a pool opened with the session's URL (`Tenant` on the
+  gateway's event loop), exactly as with a direct tenant. What a session does not cover goes
+  over HTTP as usual: other actions (runs, outbox, `ensure_sheet`), and any single call the
+  session may not run (`InsufficientPrivilegeError`, e.g. a completion that must add a column).
+- When the database cannot be reached with a session's URL, or the gateway cannot mint, the
+  router logs one warning and sends everything over HTTP for the rest of the gateway's life.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+from typing import Any, Iterable
+
+import attrs
+import jwt
+import trio
+
+from .. import jwe, pg, sessions
+from ..actions import Action
+from ..errors import (
+    AuthError, DatabaseError, EngineError, GatewayUnavailableError, InsufficientPrivilegeError,
+    ScopeError, TenantUnavailableError,
+)
+from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
+from ..tenant import DEFAULT_LANES, Tenant
+from .tokens import allows
+
+log = logging.getLogger("runplane.gateway")
+
+RENEW_WITHIN_S = 60.0
+PLAY_NAMESPACE = "play"  # the namespace of sessions minted for play-wide operations only
+POOL_CONNECTIONS = sessions.DEFAULT_CONNECTION_LIMIT
+PLAY_WIDE = frozenset({"receipts", "array_input"})
+
+
+@attrs.frozen
+class DbSession:
+    """A minted session as the runner holds it (the URL decrypted)."""
+
+    postgres_url: str = attrs.field(repr=False)
+    expires_at: datetime.datetime
+    org: str
+    play: str
+    table_namespace: str
+    operations: tuple[str, ...]
+    schema: str
+
+    def remaining_s(self) -> float:
+        return (self.expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+
+
+@attrs.define(eq=False)
+class SessionKey:
+    """The RSA key a gateway client made for this process; the private half never leaves it."""
+
+    private: Any = attrs.field(repr=False)
+    public_jwk: dict
+
+
+async def session_key(gateway: Any) -> SessionKey:
+    """The gateway client's key pair, made on first use (in a worker thread: ~0.1 s)."""
+    async with gateway.session_key_lock:
+        if gateway.session_key is None:
+            private, public = await trio.to_thread.run_sync(jwe.generate_key)
+            gateway.session_key = SessionKey(private, public)
+    return gateway.session_key
+
+
+def open_answer(answer: Any, key: SessionKey, org: str, play: str) -> DbSession:
+    """The `DbSession` of a `db_sessions.create` answer, its URL decrypted and its header checked."""
+    try:
+        header, url = jwe.decrypt(answer["encrypted_postgres_url"], key.private)
+        session = DbSession(
+            url.decode("utf-8"), datetime.datetime.fromisoformat(answer["expires_at"]),
+            answer["org"], answer["play"], answer["table_namespace"],
+            tuple(answer["operations"]), answer["schema"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GatewayUnavailableError(f"the gateway's database session answer is malformed: {exc!r}") from None
+    if (header.get("org"), header.get("play"), header.get("expires_at")) != \
+            (session.org, session.play, answer["expires_at"]) or (session.org, session.play) != (org, play):
+        raise AuthError("the database session's authenticated header does not match its answer")
+    return session
+
+
+async def create_db_session(gateway: Any, play: str, table_namespace: str,
+                            operations: Iterable[str], *, ttl_s: float = sessions.DEFAULT_TTL_S) -> DbSession:
+    """Mint a database session through `gateway` (see the module docstring)."""
+    key = await session_key(gateway)
+    answer = await sessions.create(gateway, play, table_namespace, list(operations),
+                                   ttl_s=ttl_s, public_key=key.public_jwk)
+    return open_answer(answer, key, gateway.org_id, PlayScope(gateway.org_id, play).play)
+
+
+def token_operations(token: str) -> tuple[str, ...]:
+    """The session operations a token's claims allow (read without verifying: the gateway
+    checks again when minting)."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+        patterns = tuple(claims.get("actions") or ())
+    except (jwt.InvalidTokenError, TypeError):
+        return ()
+    if not allows(patterns, sessions.CREATE_ACTION):
+        return ()
+    return tuple(op for op, names in sessions.operation_actions().items()
+                 if all(allows(patterns, name) for name in names))
+
+
+@functools.cache
+def routed_actions() -> dict[str, str]:
+    """`action -> the session operation that covers it`."""
+    return {name: op for op, names in sessions.operation_actions().items() for name in names}
+
+
+def target(arguments: dict) -> tuple[str | None, str | None]:
+    """The play and (normalized) table namespace an action's arguments name."""
+    play = namespace = None
+    for value in arguments.values():
+        if isinstance(value, RunRef):
+            value = value.scope
+        if isinstance(value, (PlayScope, RunScope, MapScope)):
+            play = value.play
+            if isinstance(value, MapScope):
+                namespace = value.table_namespace
+    if isinstance(arguments.get("table_namespace"), str):
+        namespace = normalize_namespace(arguments["table_namespace"])
+    return play, namespace
+
+
+@attrs.define(eq=False)
+class _Pool:
+    """One session and the pool opened with its URL."""
+
+    session: DbSession
+    tenant: Tenant
+    users: int = 0
+    retired: bool = False
+
+    def fresh(self) -> bool:
+        return not self.retired and self.session.remaining_s() > RENEW_WITHIN_S
+
+
+NOT_ROUTED = object()
+
+
+@attrs.define(eq=False)
+class SessionRouter:
+    """Runs covered engine operations over database sessions (see the module docstring)."""
+
+    gateway: Any
+    driver: pg.Driver
+    operations: tuple[str, ...]
+    ttl_s: float = sessions.DEFAULT_TTL_S
+    mints: int = 0
+    disabled: str | None = None
+    _pools: dict[tuple, _Pool] = attrs.field(init=False, factory=dict)
+    _minting: dict[tuple, trio.Event] = attrs.field(init=False, factory=dict)
+
+    async def run(self, action: Action, args: tuple, kwargs: dict) -> Any:
+        """The action's result over a session, or `NOT_ROUTED` (send it over HTTP)."""
+        op = routed_actions().get(action.name)
+        if op is None or op not in self.operations or self.disabled is not None:
+            return NOT_ROUTED
+        play, namespace = target(action.bind(args, kwargs))
+        if play is None:
+            return NOT_ROUTED
+        pool = await self._pool(play, namespace, op)
+        if pool is None:
+            return NOT_ROUTED
+        pool.users += 1
+        try:
+            return await action.function(pool.tenant, *args, **kwargs)
+        except InsufficientPrivilegeError as exc:
+            log.info("database session: %s needs more than the session allows; sent over HTTP (%s)",
+                     action.name, exc)
+            return NOT_ROUTED
+        except TenantUnavailableError as exc:
+            self._disable(f"the database is not reachable with a session's URL ({exc})")
+            return NOT_ROUTED
+        finally:
+            pool.users -= 1
+            if pool.retired and pool.users == 0:
+                await _close(pool)
+
+    async def _pool(self, play: str, namespace: str | None, op: str) -> _Pool | None:
+        if namespace is None:
+            for (p, _, ops), pool in self._pools.items():
+                if p == play and op in ops and pool.fresh():
+                    return pool
+            namespace, ops = PLAY_NAMESPACE, tuple(o for o in self.operations if o in PLAY_WIDE)
+        else:
+            ops = self.operations
+        key = (play, namespace, ops)
+        while self.disabled is None:
+            pool = self._pools.get(key)
+            if pool is not None and pool.fresh():
+                return pool
+            minting = self._minting.get(key)
+            if minting is not None:
+                await minting.wait()
+                continue
+            done = self._minting[key] = trio.Event()
+            try:
+                return await self._mint(key)
+            finally:
+                del self._minting[key]
+                done.set()
+        return None
+
+    async def _mint(self, key: tuple) -> _Pool | None:
+        play, namespace, ops = key
+        try:
+            session = await create_db_session(self.gateway, play, namespace, ops, ttl_s=self.ttl_s)
+        except (ScopeError, AuthError):
+            return None  # over HTTP, this call meets the same refusal and raises it
+        except DatabaseError as exc:
+            if exc.sqlstate != "42501":
+                raise
+            self._disable(f"the gateway cannot mint database sessions ({exc})")
+            return None
+        self.mints += 1
+        tenant = Tenant(org_id=session.org, schema=session.schema, dsn=session.postgres_url,
+                        driver=self.driver, max_connections=POOL_CONNECTIONS, lanes=dict(DEFAULT_LANES))
+        try:
+            await tenant.ensure_schema()  # connects; a current schema needs no DDL
+        except EngineError as exc:
+            with trio.CancelScope(shield=True):
+                await tenant.aclose()
+            if isinstance(exc, TenantUnavailableError):
+                self._disable(f"the database is not reachable with a session's URL ({exc})")
+                return None
+            raise
+        old = self._pools.get(key)
+        pool = self._pools[key] = _Pool(session, tenant)
+        if old is not None:
+            old.retired = True
+            if old.users == 0:
+                await _close(old)
+        return pool
+
+    def _disable(self, reason: str) -> None:
+        if self.disabled is None:
+            self.disabled = reason
+            log.warning("database sessions off, everything goes over HTTP from now on: %s", reason)
+
+    async def aclose(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await _close(pool)
+
+
+async def _close(pool: _Pool) -> None:
+    pool.retired = True
+    with trio.CancelScope(shield=True):
+        await pool.tenant.aclose()
