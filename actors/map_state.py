@@ -37,6 +37,8 @@ from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
+from runplane.engine.sheets.inputs import outcome_fields_problem
+from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
 )
@@ -150,6 +152,7 @@ class MapState:
     _inflight: set[str] = attrs.field(init=False, factory=set)
     _ledger: dict[int, list[RowOutcome]] = attrs.field(init=False, factory=dict)
     _next_ticket: int = attrs.field(init=False, default=0)
+    _added_fields: set[str] = attrs.field(init=False, factory=set)
 
     @classmethod
     def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
@@ -164,6 +167,27 @@ class MapState:
     @property
     def superseded(self) -> bool:
         return self.superseded_by_epoch is not None
+
+    def storable(self, contract: SheetContract, outcome: RowOutcome) -> RowOutcome:
+        """`outcome`, or a failed one saying why its outputs cannot be stored (SPEC §18: bad
+        output names, or more fields than a sheet holds once this map's additions are counted):
+        such a row fails alone and the rest of its batch is written."""
+        if outcome.status != "completed" or not outcome.data:
+            return outcome
+        names = tuple(outcome.data)
+        problem = outcome_fields_problem(names)
+        if problem is None:
+            new = [n for n in names if n not in self._added_fields and n not in contract.fields]
+            total = len(contract.fields) + len(self._added_fields) + len(new)
+            if total > MAX_SHEET_FIELDS:
+                problem = (f"{len(new)} new output fields would make {total}; a sheet holds "
+                           f"at most {MAX_SHEET_FIELDS}")
+            else:
+                self._added_fields.update(new)
+        if problem is None:
+            return outcome
+        return RowOutcome(outcome.key, "failed", input_index=outcome.input_index,
+                          error=f"outputs cannot be stored: {problem}", attempts=outcome.attempts)
 
     # -- admission ---------------------------------------------------------------------------
     def take_admission(self, rows_in_page: int, admission: Admission) -> list[AdmittedRow]:

@@ -201,7 +201,7 @@ async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowO
     state.count_call(calls)
     outcome, error = await call_row(plan, admitted, calls)
     if error is None:
-        return outcome
+        return state.storable(plan.contract, outcome)
     if isinstance(error, RowTimeoutError):
         state.tally.timed_out += 1
     retry = plan.retry

@@ -7,8 +7,11 @@ version without taking the lock. Per-sheet tables are created by `engine.sheets`
 `sheet_columns` is their registry (which physical column holds which field). The bootstrap also
 installs what scoped database sessions rely on (`engine.session_isolation`).
 Versions: 2 added `runs.command` (how to resume a run, recorded by the command line); 3 added
-`rate_limits` (shared rate-limit buckets, `engine.rate_limits`); 4 adds `session_scopes` and the
-row-level security policies of database sessions. An older schema is upgraded in place by the
+`rate_limits` (shared rate-limit buckets, `engine.rate_limits`); 4 added `session_scopes` and the
+row-level security policies of database sessions; 5 makes physical names unique: one column per
+field in `sheet_columns` (a unique index on the column name, after dropping the later of any two
+registrations that already shared one) and one table per sheet (`sheet_summary.table_name`,
+unique, filled by the next write of each sheet). An older schema is upgraded in place by the
 same idempotent bootstrap, with no manual step.
 """
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 from . import session_isolation
 from .sql import quote_ident
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -75,6 +78,16 @@ CREATE TABLE IF NOT EXISTS {s}.sheet_columns (
     position integer NOT NULL,
     PRIMARY KEY (org_id, play, table_namespace, field)
 );
+ALTER TABLE {s}.sheet_summary ADD COLUMN IF NOT EXISTS table_name text;
+CREATE UNIQUE INDEX IF NOT EXISTS sheet_summary_table_name ON {s}.sheet_summary (table_name);
+DELETE FROM {s}.sheet_columns AS later
+ USING {s}.sheet_columns AS earlier
+ WHERE later.org_id = earlier.org_id AND later.play = earlier.play
+   AND later.table_namespace = earlier.table_namespace
+   AND later.column_name = earlier.column_name
+   AND (later.position, later.field) > (earlier.position, earlier.field);
+CREATE UNIQUE INDEX IF NOT EXISTS sheet_columns_column_name
+    ON {s}.sheet_columns (org_id, play, table_namespace, column_name);
 CREATE TABLE IF NOT EXISTS {s}.terminal_outbox (
     org_id text NOT NULL,
     play text NOT NULL,

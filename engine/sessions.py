@@ -245,6 +245,10 @@ async def mint(
     password = secrets.token_urlsafe(32)
     verifier = await trio.to_thread.run_sync(scram_verifier, password)  # ~ms of PBKDF2
     ranges = key_ranges(grant)
+    if layout is not None:
+        # Claims the sheet's table name first: a name another sheet holds (a hash collision)
+        # raises ConflictError here, so a role is never granted another sheet's table.
+        await ensure_sheet(tenant, scope, grant.table_namespace, SheetContract())
     for _ in range(2):
         async with tenant.login_connection() as conn:
             async with conn.transaction():

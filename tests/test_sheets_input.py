@@ -139,21 +139,22 @@ async def test_other_org_is_refused_before_any_query(setup):
 
 
 async def test_any_other_field_name_works(tenant):
-    odd_in = "_key"
-    odd_out = "x" * 80 + "\x00!"  # NUL is cleaned to U+FFFD like jsonb keys
-    contract = SheetContract(inputs=(odd_in, "Name", "name"), outputs=(odd_out, "_status"))
+    odd_in = "key with spaces, ✓ and \"quotes\""
+    odd_out = "x" * 80 + "\ud800!"  # a lone surrogate is cleaned to U+FFFD like jsonb keys
+    clean_out = "x" * 80 + "\ufffd!"
+    contract = SheetContract(inputs=(odd_in, "Name", "name"), outputs=(odd_out, "Status"))
     run = await new_run(tenant, "play", "r1")
     row = {odd_in: 1, "Name": 2, "name": 3}
     admission = await admit(tenant, run, NS, contract, [row])
     key = admission.pending[0].key
     assert key == row_key(row, NS)
     await complete(tenant, run, NS, contract, [
-        RowOutcome(key, "completed", {odd_out.replace("\x00", "\ufffd"): 4, "_status": 5})
+        RowOutcome(key, "completed", {clean_out: 4, "Status": 5})
     ])
     again = await admit(tenant, run, NS, contract, [row])
     assert [r.row for r in again.completed] == [
-        {"_key": 1, "Name": 2, "name": 3, "x" * 80 + "\ufffd!": 4, "_status": 5}
+        {odd_in: 1, "Name": 2, "name": 3, clean_out: 4, "Status": 5}
     ]
     read = (await read_rows(tenant, play_scope(tenant), NS))[0]
-    assert read["Name"] == 2 and read["name"] == 3 and read["x" * 80 + "\ufffd!"] == 4
-    assert read["_key"] == key and read["_status"] == "enriched"  # system values shadow fields
+    assert read["Name"] == 2 and read["name"] == 3 and read[clean_out] == 4
+    assert read["Status"] == 5 and read["_key"] == key and read["_status"] == "enriched"

@@ -56,7 +56,10 @@ from ..scopes import RunRef, normalize_namespace
 
 from .admission_sql import CACHE_HITS_MODES, build_admit_sql, build_probe_sql
 from .inputs import PreparedRows, check_write, prepare_rows
-from .layout import LANE, PhaseClock, layout_for, run_sheet_transaction
+from .layout import (
+    LANE, PhaseClock, SheetColumns, SheetTxn, column_name, layout_for, resolve_columns,
+    run_sheet_transaction,
+)
 from .model import (
     Admission,
     AdmittedRow,
@@ -160,10 +163,7 @@ async def admit(
         need_texts=bool(contract.inputs) and staged_page is None, input_indexes=input_indexes,
     )
     layout = layout_for(port, run.scope.play_scope, namespace)
-    sql, extra = build_admit_sql(
-        port, layout, contract, policies, cache_hits=cache_hits,  # type: ignore[arg-type]
-        source="payload" if staged_page is None else "page", give_up_after=give_up_after,
-    )
+    source = "payload" if staged_page is None else "page"
     status = "running" if attempt is not None else "pending"
     common = [
         run.epoch, run.run_id,
@@ -192,7 +192,11 @@ async def admit(
             input_offset, len(rows), staged_page.ordinal,
         ]
 
-    async def op(conn: Connection, _server_version: int) -> list[Any]:
+    async def op(conn: Connection, sheet: SheetTxn) -> list[Any]:
+        sql, extra = build_admit_sql(
+            port, layout, contract, policies, sheet.columns,
+            cache_hits=cache_hits, source=source, give_up_after=give_up_after,  # type: ignore[arg-type]
+        )
         results = []
         if staged_page is not None:
             record = await clock.measure("statement", conn.fetchrow(sql, *page_args, *extra))
@@ -331,17 +335,28 @@ async def probe(
     prepared = prepare_rows(rows, namespace, input_offset=input_offset, keys=keys,
                             need_texts=False)
     layout = layout_for(port, run.scope.play_scope, namespace)
-    sql, extra = build_probe_sql(layout, contract, policies, give_up_after=give_up_after)
     attempt_id = attempt.attempt_id if attempt else None
     n = len(prepared.keys)
     clock = PhaseClock()
+    # First-choice columns: right unless an output's name collided, which the statement itself
+    # tells (`columns_ok`); then the registry is read and the probe runs again.
+    columns = SheetColumns({f: column_name(f) for f in contract.outputs})
 
     async def op(conn: Connection) -> list[Any] | None:
+        nonlocal columns
+        sql, extra = build_probe_sql(port, layout, contract, policies, columns,
+                                     give_up_after=give_up_after)
         results = []
         for low in range(0, n, ADMIT_CHUNK_ROWS):
             keys_chunk = prepared.keys[low:low + ADMIT_CHUNK_ROWS]
             statement = conn.fetchrow(sql, keys_chunk, run.epoch, attempt_id, *extra)
             record = await clock.measure("probe", statement)
+            if not record["columns_ok"]:
+                resolved = await resolve_columns(conn, port, layout, contract.outputs)
+                if resolved is None or resolved == columns:
+                    return None  # an output has no column yet: nothing is settled
+                columns = resolved
+                return await op(conn)
             if record["unsettled"]:
                 return None
             results.append((low, record))

@@ -30,7 +30,7 @@ from typing import Any, Literal, Mapping
 from ..ports import Port, sequence_literal, table
 from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
-from .layout import BindParams, SheetLayout, column
+from .layout import COLUMNS_OF_FIELDS, BindParams, SheetColumns, SheetLayout
 from .model import CellPolicy, SheetContract
 
 Source = Literal["payload", "page"]
@@ -44,7 +44,7 @@ PAGE_BINDS = 7      # $12 page key, $13 seal key, $14 guard key, $15 digest, $16
 
 
 def output_binds(contract: SheetContract, policies: Mapping[str, CellPolicy],
-                 extra: BindParams) -> list[tuple[str, str, str | None]]:
+                 extra: BindParams, column: SheetColumns) -> list[tuple[str, str, str | None]]:
     """(column, field bind, stale-after bind or None) per contract output."""
     outputs = []
     for f in contract.outputs:
@@ -138,10 +138,11 @@ def _payload_source(has_inputs: bool) -> str:
 
 def build_admit_sql(
     port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
-    *, source: Source = "payload", cache_hits: CacheHits = "rows",
+    column: SheetColumns, *, source: Source = "payload", cache_hits: CacheHits = "rows",
     give_up_after: int | None = None,
 ) -> tuple[str, list[Any]]:
-    """The admission statement of one chunk and its constant extra binds.
+    """The admission statement of one chunk and its constant extra binds (`column` maps each
+    contract field to its registered column).
 
     Binds: $1 keys, $2 input indexes, $3 write version, $4 run id, $5 attempt id, $6 attempt
     seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status; then the
@@ -152,7 +153,7 @@ def build_admit_sql(
     give_up = extra.add(give_up_after, "integer")
     t = layout.qualified
     inputs = [(column(f), extra.add(f, "text")) for f in contract.inputs]
-    outputs = output_binds(contract, policies, extra)
+    outputs = output_binds(contract, policies, extra, column)
     cached = cached_predicate("s", outputs)
     out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
     in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
@@ -270,18 +271,25 @@ SELECT {page_ok} AS page_ok,
 
 
 def build_probe_sql(
-    layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
-    *, give_up_after: int | None = None,
+    port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
+    column: SheetColumns, *, give_up_after: int | None = None,
 ) -> tuple[str, list[Any]]:
     """The read-only probe of a chunk of keys and its constant extra binds.
 
     Binds: $1 keys (unique), $2 write version, $3 attempt id; then the extras. Returns how many
-    keys would need admission (`unsettled`), the cache hits (`cached`) and the blocked rows'
-    ordinals and reasons.
+    keys would need admission (`unsettled`), the cache hits (`cached`), the blocked rows'
+    ordinals and reasons, and `columns_ok`: whether `column` is what the registry says for
+    every output (the probe may be built from first-choice names before the registry is read;
+    its counts mean something only when this is true).
     """
     extra = BindParams(4)
     give_up = extra.add(give_up_after, "integer")
-    outputs = output_binds(contract, policies, extra)
+    outputs = output_binds(contract, policies, extra, column)
+    fields = extra.add(list(contract.outputs), "text[]")
+    expected = extra.add([column.names[f] for f in contract.outputs], "text[]")
+    registered = COLUMNS_OF_FIELDS.format(
+        fields=fields, registry=table(port, "sheet_columns"), org=extra.add(layout.org_id, "text"),
+        play=extra.add(layout.play, "text"), ns=extra.add(layout.namespace, "text"))
     disposition = disposition_case(
         exists="(s._key IS NOT NULL)", cached=cached_predicate("s", outputs),
         status="s._status", version="s._write_version", attempt="s._attempt_id",
@@ -295,7 +303,8 @@ WITH decided AS MATERIALIZED (
       LEFT JOIN LATERAL (SELECT * FROM {layout.qualified} AS s WHERE s._key = i.key LIMIT 1)
            AS s ON true
 )
-SELECT count(*) FILTER (WHERE disposition IN ('new', 'admit')) AS unsettled,
+SELECT {registered} = {expected} AS columns_ok,
+       count(*) FILTER (WHERE disposition IN ('new', 'admit')) AS unsettled,
        count(*) FILTER (WHERE disposition = 'completed') AS cached,
        array_agg(ord ORDER BY ord) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_ords,
        array_agg(disposition ORDER BY ord) FILTER (WHERE disposition IN {BLOCKED})

@@ -60,7 +60,7 @@ from .completion_sql import (
     build_insert_sql,
 )
 from .inputs import PreparedOutcome, check_write, prepare_outcomes
-from .layout import PhaseClock, SheetLayout, layout_for, run_sheet_transaction
+from .layout import PhaseClock, SheetLayout, SheetTxn, layout_for, run_sheet_transaction
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
     FencedRow, SheetContract,
@@ -127,7 +127,7 @@ class _Writer:
     attempt: Attempt | None
     base_fields: list[str]
     clock: PhaseClock
-    server_version: int = 0
+    sheet: SheetTxn | None = None  # set by each transaction attempt
 
     def _counted(self, chunk: list[PreparedOutcome], failed: bool) -> list[str]:
         """Fields whose cell-meta status this chunk may move."""
@@ -146,12 +146,13 @@ class _Writer:
     ) -> list[PreparedOutcome]:
         """Apply one chunk by exact key (`keys[i]` is the row for `chunk[i]`); return misses."""
         fields = sorted({k for o in chunk for k in o.data_keys})
+        assert self.sheet is not None
         build = (
-            build_exact_sql_returning_old if self.server_version >= RETURNING_OLD_SINCE
+            build_exact_sql_returning_old if self.sheet.server_version >= RETURNING_OLD_SINCE
             else build_exact_sql
         )
         counted = self._counted(chunk, failed)
-        sql = build(self.port, self.layout, fields, counted, failed)
+        sql = build(self.port, self.layout, self.sheet.columns, fields, counted, failed)
         args = [
             keys, _json_array([o.data_text for o in chunk]), _nullable([o.meta_text for o in chunk]),
             *self._common(counted, failed), _nullable([o.error for o in chunk]),
@@ -206,7 +207,8 @@ class _Writer:
         for chunk in _chunks(to_insert):
             fields = sorted({k for o in chunk for k in o.data_keys})
             counted = self._counted(chunk, False)
-            sql = build_insert_sql(self.port, self.layout, fields, counted)
+            assert self.sheet is not None
+            sql = build_insert_sql(self.port, self.layout, self.sheet.columns, fields, counted)
             args = [
                 [o.key for o in chunk], _json_array([o.data_text for o in chunk]),
                 _nullable([o.meta_text for o in chunk]), *self._common(counted, False),
@@ -253,8 +255,8 @@ async def complete(
     failed = [o for o in prepared if o.failed]
     all_keys = [o.key for o in prepared]
 
-    async def op(conn: Connection, server_version: int) -> _Tally:
-        writer.server_version = server_version
+    async def op(conn: Connection, sheet: SheetTxn) -> _Tally:
+        writer.sheet = sheet
         tally = _Tally()
         misses: list[PreparedOutcome] = []
         for chunk in _chunks(completed):

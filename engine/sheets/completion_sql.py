@@ -20,7 +20,7 @@ from typing import NamedTuple, Sequence
 
 from ..ports import Port, sequence_literal, table
 
-from .layout import BindParams, SheetLayout, column
+from .layout import BindParams, SheetColumns, SheetLayout
 
 # The cell-meta entry every output ($7) gets: completed outcomes mark it completed (with the
 # time); failed ones mark it failed, so column counters count a failed row's cells as failed.
@@ -143,7 +143,8 @@ class _ChunkParts(NamedTuple):
 
 
 def _chunk_parts(
-    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
+    counted: Sequence[str], failed: bool,
 ) -> _ChunkParts:
     names = BindParams(14)
     cols = [(column(f), names.add(f, "text")) for f in fields]
@@ -202,7 +203,8 @@ def _chunk_result(classified: str) -> str:
 
 
 def build_exact_sql(
-    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
+    counted: Sequence[str], failed: bool,
 ) -> str:
     """The exact-key statement of one chunk.
 
@@ -213,7 +215,7 @@ def build_exact_sql(
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
     the sheet whatever the planner believes about its size.
     """
-    parts = _chunk_parts(port, layout, fields, counted, failed)
+    parts = _chunk_parts(port, layout, column, fields, counted, failed)
     t, target = parts.table, parts.target
     data_changed = "".join(
         f" OR (i.data ? {name} AND s.{col} IS DISTINCT FROM i.data -> {name})"
@@ -254,7 +256,8 @@ applied AS (
 
 
 def build_exact_sql_returning_old(
-    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str], failed: bool
+    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
+    counted: Sequence[str], failed: bool,
 ) -> str:
     """The exact-key statement for PostgreSQL >= 18, with the binds of `build_exact_sql`.
 
@@ -263,7 +266,7 @@ def build_exact_sql_returning_old(
     statement's snapshot — and only when some row was not updated (a one-time filter), so the
     common all-applied chunk never probes the sheet twice.
     """
-    parts = _chunk_parts(port, layout, fields, counted, failed)
+    parts = _chunk_parts(port, layout, column, fields, counted, failed)
     t, target = parts.table, parts.target
     data_changed = "".join(
         f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})"
@@ -306,7 +309,8 @@ rest AS MATERIALIZED (
 
 
 def build_insert_sql(
-    port: Port, layout: SheetLayout, fields: Sequence[str], counted: Sequence[str]
+    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
+    counted: Sequence[str],
 ) -> str:
     """Insert completed outcomes whose rows are missing, as `enriched` rows of our version.
 

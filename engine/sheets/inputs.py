@@ -27,7 +27,8 @@ from ..limits import MAX_KEY_BYTES, key_problem
 from ..scopes import RunRef, check_scope, normalize_namespace
 
 from .model import (
-    DEFAULT_ROW_ERROR, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,
+    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,
+    field_problem, shown,
 )
 
 
@@ -192,6 +193,18 @@ canonical_dumps = _c_encoder(sort_keys=True)  # == canonical.stable_dumps on can
 patch_dumps = _c_encoder(sort_keys=False)
 
 
+def outcome_fields_problem(names: Sequence[str]) -> str | None:
+    """Why an outcome with these output keys cannot be stored, or None (SPEC §18: the row would
+    fail alone, so the map checks this before completing; `complete` refuses it)."""
+    if len(names) > MAX_SHEET_FIELDS:
+        return f"{len(names)} output fields; a sheet holds at most {MAX_SHEET_FIELDS}"
+    for name in names:
+        problem = field_problem(name)
+        if problem is not None:
+            return f"{shown(name)} {problem}"
+    return None
+
+
 def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], int]:
     """Validate and encode outcomes; duplicates collapse to the last one.
 
@@ -202,6 +215,7 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
         raise InvalidInputError("outcomes must be a sequence of RowOutcome")
     by_key: dict[str, PreparedOutcome] = {}
     dumps = patch_dumps
+    checked: set[tuple[str, ...]] = set()  # key sets already found valid (most outcomes share one)
     for i, outcome in enumerate(outcomes):
         if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
             raise InvalidInputError(
@@ -225,12 +239,19 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
             data = {}
         elif not is_canonical(data):
             data = normalize_fast(data, f"outcomes[{i}].data")
-        if "" in data:
-            raise InvalidInputError(f"outcomes[{i}].data: field name must not be empty")
+        data_keys = tuple(data)
+        if data_keys not in checked:
+            problem = outcome_fields_problem(data_keys)
+            if problem is not None:
+                raise InvalidInputError(f"outcomes[{i}].data: {problem}")
+            checked.add(data_keys)
         meta_text = None
         meta_keys: tuple[str, ...] = ()
         if outcome.cell_meta:
             meta = normalize_fast(outcome.cell_meta, f"outcomes[{i}].cell_meta")
+            problem = outcome_fields_problem(tuple(meta))
+            if problem is not None:
+                raise InvalidInputError(f"outcomes[{i}].cell_meta: {problem}")
             for name, value in meta.items():
                 if not name:
                     raise InvalidInputError(f"outcomes[{i}].cell_meta: field name must not be empty")
@@ -250,7 +271,7 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
         if key in by_key:
             del by_key[key]  # the last wins; it takes the position of its last occurrence
         by_key[key] = PreparedOutcome(
-            key, failed, outcome.input_index, data_text, meta_text, error, tuple(data),
+            key, failed, outcome.input_index, data_text, meta_text, error, data_keys,
             meta_keys, size, outcome.attempts,
         )
     return list(by_key.values()), len(outcomes)

@@ -2,10 +2,18 @@
 
 How it works
 - A sheet is one table per (org, play, normalized table namespace) in the tenant schema, named
-  `sheet_<namespace prefix>_<hash>`; each field is one `jsonb` column named
-  `f_<readable prefix>_<hash of the field>`. Both names are pure functions of their inputs,
-  at most 63 bytes, and can never collide with the system columns (which start with `_`).
-  `sheet_columns` records which column holds which field, so readers can map columns back.
+  `sheet_<namespace prefix>_<hash>`; each field is one `jsonb` column. Physical names are at
+  most 63 bytes and never collide with the system columns (which start with `_`).
+- Which column holds which field is decided by the sheet's column registry (`sheet_columns`),
+  never by a hash alone: a field's first choice is `f_<readable prefix>_<12 hex of its hash>`,
+  and when that name is already registered to another field (48 bits collide in seconds) the
+  extension allocates the next free candidate. A unique index on (sheet, column name) makes
+  the database refuse any sharing. Writers learn the mapping of the fields they touch from the
+  same statement that takes the sheet lock (no extra round trip); a field not registered yet
+  sends the writer down the exclusive path, which registers it.
+- Table names get the same guarantee: `sheet_summary.table_name` is unique, filled by the lock
+  statement, so two (org, play, namespace) whose table names collide are refused with
+  `ConflictError` (they would otherwise share one table); readers check the owner too.
   Tables leave 30% of each page free (fillfactor 70) so completions can update rows in place
   (HOT updates, no new index entry per row).
 - Every write transaction (`run_sheet_transaction`) first sets, for the transaction only: its
@@ -35,19 +43,23 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from typing import Any, Awaitable, Callable, Iterable, Literal, TypeVar
+import itertools
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Literal, Mapping, TypeVar
 
 import attrs
 
 from ..actions import action
 from ..codecs import PLAY_SCOPE, STR, record
-from ..errors import InsufficientPrivilegeError, InvalidInputError, MissingRelationError
+from ..errors import (
+    ConflictError, DatabaseError, InsufficientPrivilegeError, InvalidInputError,
+    MissingRelationError,
+)
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, sequence_literal, table
 from ..scopes import PlayScope, check_scope, normalize_namespace
 from ..sql import quote_ident
 
-from .model import CONTRACT, SheetContract
+from .model import CONTRACT, MAX_SHEET_FIELDS, SheetContract
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
@@ -83,10 +95,18 @@ def table_name(org_id: str, play: str, namespace: str) -> str:
     return f"sheet_{_readable(namespace) or 'x'}_{_hash(org_id, play, namespace)[:16]}"
 
 
-def column_name(field: str) -> str:
-    """The physical column of a field: `f_<readable>_<hash>` (never a system column)."""
+def column_name(field: str, n: int = 0) -> str:
+    """The `n`-th candidate physical column of a field: `f_<readable>_<hash>` (never a system
+    column). Candidate 0 is the first choice; which candidate a field holds is the registry's
+    to say (`prepare_columns`), never this function's."""
     readable = _readable(field)
-    return f"f_{readable}_{_hash(field)[:12]}" if readable else f"f_{_hash(field)[:12]}"
+    digest = _hash(field)[:12] if n == 0 else _hash(field, str(n))[:12]
+    return f"f_{readable}_{digest}" if readable else f"f_{digest}"
+
+
+def column_candidates(field: str) -> Iterator[str]:
+    """The physical names a field may take, in order of preference."""
+    return (column_name(field, n) for n in itertools.count())
 
 
 @attrs.frozen
@@ -130,8 +150,27 @@ class BindParams:
 
 
 def column(field: str) -> str:
-    """The quoted physical column of `field`."""
+    """The quoted first-choice column of `field` (what its column is unless it collided)."""
     return quote_ident(column_name(field))
+
+
+@attrs.frozen
+class SheetColumns:
+    """The registered physical column of each field a statement touches."""
+
+    names: Mapping[str, str]
+
+    def __call__(self, field: str) -> str:
+        """The quoted physical column of `field` (KeyError when not resolved: a bug)."""
+        return quote_ident(self.names[field])
+
+
+@attrs.frozen
+class SheetTxn:
+    """What a sheet write transaction learned when it took the sheet lock."""
+
+    server_version: int
+    columns: SheetColumns
 
 
 def layout_for(port: Port, scope: PlayScope, table_namespace: str) -> SheetLayout:
@@ -170,17 +209,28 @@ SELECT coalesce(array_agg(attname::text), '{}'::text[])
  WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
 """
 
+_REGISTERED_COLUMNS = """
+SELECT field, column_name FROM {registry}
+ WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+"""
+
+# No ON CONFLICT: under the exclusive lock nothing else registers, so a conflict is a bug that
+# must fail the transaction (the unique index on the column name is the last line of defence).
 _REGISTER_FIELDS = """
-INSERT INTO {registry} AS r (org_id, play, table_namespace, field, column_name, position)
+INSERT INTO {registry} (org_id, play, table_namespace, field, column_name, position)
 SELECT $1, $2, $3, u.field, u.column_name,
        (SELECT coalesce(max(position), 0) FROM {registry}
          WHERE org_id = $1 AND play = $2 AND table_namespace = $3) + u.ord
   FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS u(field, column_name, ord)
- WHERE NOT EXISTS (SELECT 1 FROM {registry} AS e
-                    WHERE e.org_id = $1 AND e.play = $2 AND e.table_namespace = $3
-                      AND e.field = u.field)
-ON CONFLICT DO NOTHING
 """
+
+# The registered columns of some fields, in their order (NULL for a field not registered).
+COLUMNS_OF_FIELDS = """ARRAY(SELECT c.column_name
+                  FROM unnest({fields}::text[]) WITH ORDINALITY AS u(field, ord)
+                  LEFT JOIN {registry} AS c
+                         ON c.org_id = {org} AND c.play = {play} AND c.table_namespace = {ns}
+                        AND c.field = u.field
+                 ORDER BY u.ord)"""
 
 
 async def existing_columns(conn: Connection, layout: SheetLayout) -> set[str]:
@@ -188,10 +238,48 @@ async def existing_columns(conn: Connection, layout: SheetLayout) -> set[str]:
     return set(await conn.fetchval(_EXISTING_COLUMNS, layout.regclass_text))
 
 
-async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fields: Iterable[str]) -> None:
-    """Create the sheet table and any missing field columns; register the fields.
+def allocate_columns(
+    fields: Iterable[str], registered: Mapping[str, str], existing: set[str]
+) -> dict[str, str]:
+    """Columns for the `fields` not in `registered` (field -> column), none shared.
 
-    Runs only under the sheet's exclusive advisory lock, inside the caller's transaction.
+    A field takes its first candidate unless another field holds that name; later candidates
+    must also be absent from the table (`existing`). The first candidate may already exist
+    unregistered: a sheet from before the registry recorded every column, whose column it is.
+    """
+    taken = set(registered.values())
+    out: dict[str, str] = {}
+    for field in fields:
+        if field in registered or field in out:
+            continue
+        for n, name in enumerate(column_candidates(field)):
+            if name not in taken and (n == 0 or name not in existing):
+                break
+        out[field] = name
+        taken.add(name)
+    return out
+
+
+async def resolve_columns(
+    conn: Connection, port: Port, layout: SheetLayout, fields: Iterable[str]
+) -> SheetColumns | None:
+    """The registered columns of `fields` (one read), or None when one is not registered."""
+    fields = list(fields)
+    sql = "SELECT " + COLUMNS_OF_FIELDS.format(
+        fields="$4", registry=table(port, "sheet_columns"), org="$1", play="$2", ns="$3")
+    names = await conn.fetchval(sql, *layout.counter_args, fields)
+    if any(name is None for name in names):
+        return None
+    return SheetColumns(dict(zip(fields, names)))
+
+
+async def prepare_columns(
+    conn: Connection, port: Port, layout: SheetLayout, fields: Iterable[str]
+) -> SheetColumns:
+    """Create the sheet table and any missing field columns; register the new fields.
+
+    Runs only under the sheet's exclusive advisory lock, inside the caller's transaction;
+    returns the registered column of every field in `fields`.
     """
     fields = list(dict.fromkeys(fields))
     later = "".join(f",\n    {name} {kind}" for name, kind in LATER_SYSTEM_COLUMNS.items())
@@ -199,17 +287,27 @@ async def prepare_columns(conn: Connection, port: Port, layout: SheetLayout, fie
         t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
     ))
     existing = await existing_columns(conn, layout)
-    missing = [f for f in fields if column_name(f) not in existing]
+    registry = table(port, "sheet_columns")
+    registered = {r["field"]: r["column_name"] for r in await conn.fetch(
+        _REGISTERED_COLUMNS.format(registry=registry), *layout.counter_args)}
+    new = allocate_columns(fields, registered, existing)
+    names = {**registered, **new}
+    if new and len(names) > MAX_SHEET_FIELDS:
+        raise InvalidInputError(
+            f"sheet {layout.namespace!r} would have {len(names)} fields; a sheet holds at most "
+            f"{MAX_SHEET_FIELDS}")
     adds = [f"ADD COLUMN IF NOT EXISTS {name} {kind}"
             for name, kind in LATER_SYSTEM_COLUMNS.items() if name not in existing]
-    adds += [f"ADD COLUMN IF NOT EXISTS {column(f)} jsonb" for f in missing]
+    adds += [f"ADD COLUMN IF NOT EXISTS {quote_ident(names[f])} jsonb"
+             for f in fields if names[f] not in existing]
     if adds:
         await conn.execute(f"ALTER TABLE {layout.qualified} {', '.join(adds)}")
-    if fields:
+    if new:
         await conn.execute(
-            _REGISTER_FIELDS.format(registry=table(port, "sheet_columns")),
-            *layout.counter_args, fields, [column_name(f) for f in fields],
+            _REGISTER_FIELDS.format(registry=registry),
+            *layout.counter_args, list(new), list(new.values()),
         )
+    return SheetColumns({f: names[f] for f in fields})
 
 
 # -- the write transaction --------------------------------------------------------------------
@@ -222,22 +320,48 @@ SELECT set_config('statement_timeout', $1, true),
        set_config('enable_mergejoin', 'off', true)
 """
 
+# Both lock statements upsert the sheet's summary row, claiming its table name (unique: a
+# colliding sheet fails with 23505 here, before touching any row). The shared one also reads the
+# registered columns of the fields ($6); registry rows never change once committed, so what its
+# snapshot shows is right, and a field it does not show sends the writer down the exclusive path.
 _LOCK_SHARED = """
-WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared($1::bigint) AS v)
-INSERT INTO {summary} AS s (org_id, play, table_namespace)
-SELECT $2, $3, $4 FROM sheet_lock
-ON CONFLICT (org_id, play, table_namespace) DO UPDATE SET updated_at = now()
-RETURNING current_setting('server_version_num')::integer
+WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared($1::bigint) AS v),
+claimed AS (
+    INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
+    SELECT $2, $3, $4, $5 FROM sheet_lock
+    ON CONFLICT (org_id, play, table_namespace)
+        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
+    RETURNING 1
+)
+SELECT current_setting('server_version_num')::integer AS server_version,
+       {columns} AS columns
 """
 
 _LOCK_EXCLUSIVE = "SELECT pg_advisory_xact_lock($1::bigint)"
 
 _LOCK_SUMMARY = """
-INSERT INTO {summary} AS s (org_id, play, table_namespace)
-VALUES ($1, $2, $3)
-ON CONFLICT (org_id, play, table_namespace) DO UPDATE SET updated_at = now()
+INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (org_id, play, table_namespace)
+    DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
 RETURNING current_setting('server_version_num')::integer
 """
+
+TABLE_NAME_CONSTRAINT = "sheet_summary_table_name"
+
+
+class _UnregisteredField(MissingRelationError):
+    """A field the writer needs has no registered column yet (retry under the exclusive lock)."""
+
+
+def _table_name_taken(exc: DatabaseError, layout: SheetLayout) -> ConflictError | None:
+    if exc.sqlstate == "23505" and TABLE_NAME_CONSTRAINT in str(exc):
+        return ConflictError(
+            f"sheet {layout.namespace!r} of play {layout.play!r} would share the table "
+            f"{layout.table} with another sheet (the names' hashes collide); use another "
+            "table namespace"
+        )
+    return None
 
 
 @attrs.define(eq=False)
@@ -279,7 +403,7 @@ async def _transaction_once(
     port: Port,
     layout: SheetLayout,
     fields: list[str],
-    op: Callable[[Connection, int], Awaitable[T]],
+    op: Callable[[Connection, SheetTxn], Awaitable[T]],
     mode: LockMode,
     timeout_ms: int,
     clock: PhaseClock,
@@ -298,29 +422,51 @@ async def _transaction_once(
             clock.add("permit_wait", waited)
             clock.add("connect", elapsed - waited)
             async with conn.transaction(on_phase=clock.add):
-                summary = table(port, "sheet_summary")
                 await conn.execute(_SETTINGS, str(timeout_ms))
-                if mode == "shared":
-                    server_version = await conn.fetchval(
-                        _LOCK_SHARED.format(summary=summary), layout.lock_key, *layout.counter_args
-                    )
-                else:
-                    await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
-                    try:
-                        await prepare_columns(conn, port, layout, fields)
-                    except InsufficientPrivilegeError as exc:
-                        raise InsufficientPrivilegeError(
-                            f"sheet {layout.namespace!r} needs a new table or column, which this "
-                            "login may not create (a database session runs no DDL: let the gateway "
-                            f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
-                        ) from exc
-                    server_version = await conn.fetchval(
-                        _LOCK_SUMMARY.format(summary=summary), *layout.counter_args
-                    )
-                return await op(conn, server_version)
+                sheet = await _lock_sheet(conn, port, layout, fields, mode)
+                return await op(conn, sheet)
     except BaseException:
         if not checked_out:  # the checkout itself failed (re-raised below)
             clock.add("connect", time.perf_counter() - started, failed=True)
+        raise
+
+
+async def _lock_sheet(
+    conn: Connection, port: Port, layout: SheetLayout, fields: list[str], mode: LockMode
+) -> SheetTxn:
+    """Take the sheet lock and claim its summary row; learn the columns of `fields`."""
+    summary = table(port, "sheet_summary")
+    try:
+        if mode == "shared":
+            columns = COLUMNS_OF_FIELDS.format(
+                fields="$6", registry=table(port, "sheet_columns"), org="$2", play="$3", ns="$4")
+            record = await conn.fetchrow(
+                _LOCK_SHARED.format(summary=summary, columns=columns),
+                layout.lock_key, *layout.counter_args, layout.table, fields,
+            )
+            names = record["columns"]
+            if any(name is None for name in names):
+                raise _UnregisteredField("a field has no registered column yet")
+            return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))))
+        await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
+        server_version = await conn.fetchval(
+            _LOCK_SUMMARY.format(summary=summary), *layout.counter_args, layout.table
+        )
+        try:
+            columns = await prepare_columns(conn, port, layout, fields)
+        except InsufficientPrivilegeError as exc:
+            raise InsufficientPrivilegeError(
+                f"sheet {layout.namespace!r} needs a new table or column, which this "
+                "login may not create (a database session runs no DDL: let the gateway "
+                f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
+            ) from exc
+        return SheetTxn(server_version, columns)
+    except MissingRelationError:
+        raise
+    except DatabaseError as exc:
+        conflict = _table_name_taken(exc, layout)
+        if conflict is not None:
+            raise conflict from exc
         raise
 
 
@@ -328,17 +474,16 @@ async def run_sheet_transaction(
     port: Port,
     layout: SheetLayout,
     fields: Iterable[str],
-    op: Callable[[Connection, int], Awaitable[T]],
+    op: Callable[[Connection, SheetTxn], Awaitable[T]],
     *,
     timeout_ms: int,
     clock: PhaseClock | None = None,
     mode: LockMode = "shared",
 ) -> T:
-    """Run `op(conn, server_version_num)` in one sheet write transaction (see the module
-    docstring).
+    """Run `op(conn, sheet)` in one sheet write transaction (see the module docstring).
 
-    `fields` are the fields whose columns `op` may reference; under the exclusive lock they are
-    created first. `op` must be safe to run again from scratch (it is, after a rollback).
+    `fields` are the fields whose columns `op` may reference (`sheet.columns(field)`); under the
+    exclusive lock they are created and registered first. `op` must be safe to run again from scratch (it is, after a rollback).
     """
     fields = list(fields)
     clock = clock if clock is not None else PhaseClock()
@@ -386,7 +531,7 @@ async def ensure_sheet(
     layout = layout_for(port, scope, table_namespace)
     sql = _ENSURE_COLUMN_COUNTERS.format(column_summary=table(port, "sheet_column_summary"))
 
-    async def op(conn: Connection, _server_version: int) -> None:
+    async def op(conn: Connection, _sheet: SheetTxn) -> None:
         if contract.outputs:
             await conn.execute(sql, *layout.counter_args, list(contract.outputs))
 

@@ -5,10 +5,17 @@ How it works
   field, so an invalid contract, attempt, policy or outcome cannot be built. Validation that
   needs a position (`rows[3]`, `outcomes[7].data.score`) happens in `prepare_rows` /
   `prepare_outcomes`, before any query.
-- Field names are cleaned the way jsonb cleans object keys (NUL and lone surrogates become
-  U+FFFD), so a contract field and the matching row key always name the same cell. Any other
-  non-empty string is a valid field name, including ones that start with `_` or exceed 63 bytes
-  (physical names are derived in `engine.sheets.layout`).
+- Field names (SPEC §18): 1 to `MAX_FIELD_CHARS` characters, not starting with `_` (the
+  system columns' prefix: `read_rows` returns `_key`, `_status`… beside the fields), and, in a
+  contract, no NUL; a lone surrogate is cleaned to U+FFFD the way jsonb cleans object keys, so a
+  contract field and the matching row key always name the same cell. Output keys in completion
+  data follow the same rules (their NUL is cleaned like any JSON text). Physical names are
+  allocated in `engine.sheets.layout`.
+- A sheet holds at most `MAX_SHEET_FIELDS` fields (contract and added ones together): a row
+  with every field set must fit one 8 KiB heap page once PostgreSQL has moved its large values
+  out of line (an 18-byte pointer each), and completion writes two target entries per field
+  (PostgreSQL allows 1,664 a statement). A contract past it is refused here, before any query;
+  a completion that would add fields past it is refused row by row.
 - Row keys and the validation and encoding of admission rows and outcomes live in
   `engine.sheets.inputs`.
 This module does no I/O.
@@ -39,12 +46,37 @@ BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")
 DEFAULT_ROW_ERROR = "Row execution failed."
 
 
+MAX_FIELD_CHARS = 256
+MAX_SHEET_FIELDS = 400
+
+
+def field_problem(name: str) -> str | None:
+    """Why `name` (a str) cannot be a field name, or None (NUL is the caller's to check)."""
+    if not name:
+        return "must not be empty"
+    if len(name) > MAX_FIELD_CHARS:
+        return f"must have at most {MAX_FIELD_CHARS} characters, got {len(name)}"
+    if name[0] == "_":
+        return "must not start with '_' (the prefix of the system columns)"
+    return None
+
+
+def shown(name: str) -> str:
+    """`field name 'x'`, the name cut short enough for an error message."""
+    if not name:
+        return "field name"
+    return "field name " + repr(name if len(name) <= 40 else name[:40] + "…")
+
+
 def clean_field(name: object, where: str) -> str:
-    """A field name as jsonb stores it as an object key; refuses non-strings and ''."""
+    """A contract field name, checked (see the module docstring) and cleaned as jsonb would."""
     if not isinstance(name, str):
         raise InvalidInputError(f"{where}: field name {name!r} is not a string")
-    if not name:
-        raise InvalidInputError(f"{where}: field name must not be empty")
+    if "\x00" in name:
+        raise InvalidInputError(f"{where}: {shown(name)} must not contain NUL")
+    problem = field_problem(name)
+    if problem is not None:
+        raise InvalidInputError(f"{where}: {shown(name)} {problem}")
     return canonical.normalize(name, where)
 
 
@@ -71,6 +103,11 @@ class SheetContract:
     outputs: tuple[str, ...] = attrs.field(converter=_fields("outputs"), default=())
 
     def __attrs_post_init__(self) -> None:
+        count = len(self.inputs) + len(self.outputs)
+        if count > MAX_SHEET_FIELDS:
+            raise InvalidInputError(
+                f"SheetContract has {count} fields; a sheet holds at most {MAX_SHEET_FIELDS}"
+            )
         both = set(self.inputs) & set(self.outputs)
         if both:
             raise InvalidInputError(

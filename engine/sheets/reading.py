@@ -2,7 +2,8 @@
 
 How it works
 - `read_rows` maps physical columns back to field names through the `sheet_columns` registry
-  and returns one dict per row: every registered field under its own name, plus `_key`,
+  (a table whose name another sheet holds is refused with `ConflictError`, never read) and
+  returns one dict per row: every registered field under its own name, plus `_key`,
   `_status`, `_error`, `_input_index`, `_attempts` (calls of the map function, across runs) and
   `_failed_runs` (runs in which the row failed) — a field whose name equals one of those is
   shadowed by the system value in these dicts. Rows are ordered by input index (nulls last), creation
@@ -18,7 +19,7 @@ from __future__ import annotations
 from .. import canonical
 from ..actions import action
 from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
-from ..errors import InvalidInputError
+from ..errors import ConflictError, InvalidInputError
 from ..limits import identifier_problem
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table, with_connection
@@ -30,6 +31,9 @@ from .model import SUMMARY, ColumnSummary, Summary
 
 _REGISTERED = """
 SELECT to_regclass($4) IS NOT NULL AS present,
+       EXISTS (SELECT 1 FROM {summary}
+                WHERE table_name = $5
+                  AND (org_id, play, table_namespace) <> ($1, $2, $3)) AS foreign_table,
        coalesce((SELECT array_agg(field ORDER BY position, field) FROM {registry}
                   WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS fields,
        coalesce((SELECT array_agg(column_name ORDER BY position, field) FROM {registry}
@@ -113,10 +117,16 @@ async def read_rows(
         if problem is not None:
             raise InvalidInputError(f"run_id {problem}")
     layout = layout_for(port, scope, table_namespace)
-    registered = _REGISTERED.format(registry=table(port, "sheet_columns"))
+    registered = _REGISTERED.format(
+        registry=table(port, "sheet_columns"), summary=table(port, "sheet_summary"))
 
     async def op(conn: Connection) -> list[dict]:
-        info = await conn.fetchrow(registered, *layout.counter_args, layout.qualified)
+        info = await conn.fetchrow(registered, *layout.counter_args, layout.qualified,
+                                   layout.table)
+        if info["foreign_table"]:  # another sheet's name collides with ours: never read it
+            raise ConflictError(
+                f"sheet {layout.namespace!r} of play {layout.play!r} has the table name of "
+                "another sheet (the names' hashes collide); it holds no rows of this one")
         if not info["present"]:
             return []
         existing = await existing_columns(conn, layout)
