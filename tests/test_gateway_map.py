@@ -153,7 +153,8 @@ async def test_paging_under_a_small_body_limit_changes_no_outcome(tenant):
             huge = source[:3] + [{"name": "big", "n": 1, "pad": "x" * limit}]
             with pytest.raises(InvalidInputError, match=r"rows\[3\]"):
                 await sheets.admit(gw, run, "t", CONTRACT, huge)
-            wide = sheets.SheetContract(inputs=("name",), outputs=tuple(f"o{i:05d}" for i in range(2000)))
+            wide = sheets.SheetContract(  # within the field limits, but a fixed part over the body limit
+                inputs=("name",), outputs=tuple(f"o{i:05d}" + "x" * 200 for i in range(300)))
             with pytest.raises(InvalidInputError, match="fixed part"):
                 await sheets.admit(gw, run, "t", wide, source[:1])
             assert sum(server.requests.values()) == sent
