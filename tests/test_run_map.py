@@ -425,9 +425,13 @@ async def test_a_map_rides_through_transient_store_faults(tenant):
     staging, admission and completion; every call is retried and the result is exact."""
     from runplane.simulations.faults import Fault, FaultPlan, FaultyPort
 
-    # A fault every 13th store boundary (longer than any one call), alternating kinds.
-    steps = [Fault("none" if i % 13 != 6 else "unavailable" if i % 26 == 6 else "lost_reply")
-             for i in range(200)]
+    # Faults spaced wider than any one call: a dropped connection every 38th store boundary,
+    # and half a cycle later three lost replies in a row (a lost reply cannot apply at a
+    # checkout or a BEGIN, so one of the three lands on a statement).
+    def kind(i: int) -> str:
+        return "unavailable" if i % 38 == 6 else "lost_reply" if i % 38 in (25, 26, 27) else "none"
+
+    steps = [Fault(kind(i)) for i in range(400)]
     port = FaultyPort(tenant, FaultPlan(steps))
     wrapped, calls = counting()
     async with open_run(port, "play") as run:
