@@ -176,3 +176,35 @@ async def test_an_old_gateway_without_array_actions_falls_back_to_direct_admissi
     warnings = [r for r in caplog.records if "re-read" in r.getMessage()]
     assert len(warnings) == 2  # one per map
     assert server.errors["unsupported_action"] >= 2
+
+
+async def test_admitted_rows_come_back_by_key_and_the_client_restores_them(tenant):
+    """With `runplane-rows: by-key` the server answers pending rows without their inputs (the
+    client has them); without it, in full. Either way `admit` through the gateway returns what
+    a direct admit does."""
+    import httpx
+
+    from runplane.engine.actions import actions
+    from runplane.engine.gateway import protocol
+
+    async with serving(tenant) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            run = await runs.register(gw, RunScope(tenant.org_id, "by-key", "r1"))
+            through = await sheets.admit(gw, run, "t", CONTRACT, rows(20))
+        direct_run = await runs.register(tenant, RunScope(tenant.org_id, "by-key-direct", "r1"))
+        direct = await sheets.admit(tenant, direct_run, "t", CONTRACT, rows(20))
+        assert [(r.key, r.input_index, r.row) for r in through.pending] == \
+            [(r.key, r.input_index, r.row) for r in direct.pending]
+        spec = actions()["sheets.admit"]
+        second = await runs.register(tenant, RunScope(tenant.org_id, "by-key", "r2"))
+        body = protocol.dumps(spec.encode_input({
+            "run": second, "table_namespace": "t2", "contract": CONTRACT, "rows": rows(3)}))
+        headers = {"authorization": f"Bearer {token_for(tenant)}",
+                   "content-type": "application/json"}
+        async with httpx.AsyncClient() as client:
+            url = f"{server.url}/v1/actions/sheets.admit"
+            slim = (await client.post(url, content=body, headers={
+                **headers, protocol.ROWS_HEADER: protocol.ROWS_BY_KEY})).json()["result"]
+            full = (await client.post(url, content=body, headers=headers)).json()["result"]
+        assert [row["row"] for row in slim["pending"]] == [{}, {}, {}]
+        assert [row["row"] for row in full["pending"]] == rows(3)

@@ -50,7 +50,7 @@ from ..scopes import normalize_namespace
 from ..sheets.completion import deliver_diagnostics
 from ..sheets.admission import check_give_up_after
 from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
-from ..sheets.model import Admission, Completion, CompletionDiagnostics, Timing
+from ..sheets.model import Admission, AdmittedRow, Completion, CompletionDiagnostics, Timing
 from .. import pg
 from . import paging, protocol
 from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, token_operations
@@ -187,7 +187,8 @@ class Gateway(RemotePort):
         body = protocol.dumps(action.encode_input(arguments))
         return action.result.decode(await self.post(action, body, budget), "result")
 
-    async def post(self, action: Action, body: bytes, budget: _Budget | None = None) -> Any:
+    async def post(self, action: Action, body: bytes, budget: _Budget | None = None,
+                   headers: Mapping[str, str] | None = None) -> Any:
         """POST an encoded input, retrying per the policy; the answer's `result`."""
         self.stats.operations += 1
         if budget is None:
@@ -198,7 +199,7 @@ class Gateway(RemotePort):
                 f"{action.name}: the input takes {len(body)} bytes; the gateway accepts at most "
                 f"{health.body_limit} bytes a request")
         headers = {"authorization": f"Bearer {self.token}", "content-type": "application/json",
-                   protocol.REQUEST_ID_HEADER: uuid.uuid4().hex}
+                   protocol.REQUEST_ID_HEADER: uuid.uuid4().hex, **(headers or {})}
         timeout = max(self.retry.request_timeout_s, action.deadline_s + DEADLINE_MARGIN_S)
         answer = await self._with_retries(
             action.name, budget, timeout,
@@ -333,6 +334,8 @@ def _exhausted(error: EngineError, name: str, attempts: int, where: str) -> Engi
 
 
 # -- paged actions ------------------------------------------------------------------------------
+_ROWS_BY_KEY = {protocol.ROWS_HEADER: protocol.ROWS_BY_KEY}
+
 async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admission:
     """`sheets.admit` in pages under the body limit, answers merged (see `paging`)."""
     started = time.perf_counter()
@@ -376,7 +379,10 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
         body = paging.page_body(fixed, [("rows", prepared.texts[start:end]),
                                         ("keys", key_texts[start:end]),
                                         ("input_indexes", index_texts[start:end])])
-        results.append(action.result.decode(await gateway.post(action, body), "result"))
+        answer = await gateway.post(action, body, headers=_ROWS_BY_KEY)
+        results.append(action.result.decode(answer, "result"))
+    # Pending rows come back by key (ROWS_HEADER): put back the rows this call sent.
+    row_of = dict(zip(prepared.keys, prepared.rows))
     for page in results:
         if page.write_version != run.epoch:
             raise EngineError(f"the gateway admitted a page at write version "
@@ -385,7 +391,8 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
     return Admission(
         inserted=sum(page.inserted for page in results),
         skipped=prepared.skipped + sum(page.skipped for page in results),
-        pending=tuple(row for page in results for row in page.pending),
+        pending=tuple(AdmittedRow(row.key, row.input_index, row_of[row.key])
+                      for page in results for row in page.pending),
         completed=tuple(row for page in results for row in page.completed),
         blocked=tuple(row for page in results for row in page.blocked),
         cached=sum(page.cached for page in results),

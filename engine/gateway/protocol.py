@@ -8,6 +8,10 @@ How it works
 - `ERRORS` is the one table both sides use: the server turns an exception into a code and a
   status (`error_status`), the client turns a code back into the same `engine.errors` class a
   direct call would have raised (`error_from`).
+- `ROWS_HEADER: by-key` on a `sheets.admit` request says the client keeps the rows it sent: the
+  server answers each pending row with its key and input index only (`row` is `{}`), and the
+  client puts its own copy back. Rows then cross the wire once; a server that ignores the
+  header answers in full, which the client treats the same way.
 - `REQUEST_ID_HEADER` carries one id per operation (the same on every retry of it): a server
   answers a retry of a write it already applied from its replay cache, so a reply lost after
   the commit changes nothing, not even the answer.
@@ -41,6 +45,8 @@ from ..errors import (
 ACTIONS_PATH = "/v1/actions/"
 HEALTH_PATH = "/v1/health"
 REQUEST_ID_HEADER = "runplane-request-id"
+ROWS_HEADER = "runplane-rows"
+ROWS_BY_KEY = "by-key"
 DEFAULT_BODY_LIMIT = 4_450_000
 PAGE_HEADROOM = 4 * 1024  # a paged request stays this far under the body limit
 

@@ -54,9 +54,12 @@ from ..actions import Action, actions
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
 from ..scopes import MapScope, PlayScope, RunRef, RunScope
+from ..sheets.model import AdmittedRow
 from ..tenant import Tenant, open_tenant
 from . import protocol
 from .tokens import verify_token
+
+ADMIT_ACTION = "sheets.admit"
 
 log = logging.getLogger("runplane.gateway")
 
@@ -245,6 +248,9 @@ class Server:
         kwargs.update({param: context[param] for param in spec.context})
         tenant = await self._tenant(claims.org)
 
+        rows_by_key = (name == ADMIT_ACTION
+                       and request.headers.get(protocol.ROWS_HEADER) == protocol.ROWS_BY_KEY)
+
         async def compute() -> bytes:
             with trio.move_on_after(spec.deadline_s) as deadline:
                 result = await spec.function(tenant, **kwargs)
@@ -252,6 +258,9 @@ class Server:
                 raise StoreUnavailableError(
                     f"{name} ran past the gateway's {spec.deadline_s:.0f} s deadline and was "
                     f"rolled back")
+            if rows_by_key:  # the client has these rows: send their keys and indexes only
+                result = attrs.evolve(result, pending=tuple(
+                    AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
             return protocol.dumps({"result": spec.result.encode(result, "result")})
 
         request_id = request.headers.get(protocol.REQUEST_ID_HEADER)
