@@ -15,6 +15,7 @@ from runplane.engine.sheets import (
     RowOutcome, SheetContract, admit, complete, ensure_sheet, probe, read_rows,
 )
 from runplane.engine.sheets import layout as layout_module
+from runplane.engine.sheets.audit import error_counts, failed_rows, run_rows
 from runplane.engine.sheets.layout import allocate_columns, column_name, layout_for
 from tests.sheet_helpers import PLAY, counters_match, new_run, play_scope
 
@@ -120,6 +121,11 @@ async def test_sheets_whose_table_names_collide_are_refused_not_mixed(tenant, mo
         await ensure_sheet(tenant, play_scope(tenant), "second", contract)
     with pytest.raises(ConflictError, match="collide"):
         await read_rows(tenant, play_scope(tenant), "second")
+    for read in (failed_rows, error_counts):
+        with pytest.raises(ConflictError, match="collide"):
+            await read(tenant, play_scope(tenant), "second")
+    with pytest.raises(ConflictError, match="collide"):
+        await run_rows(tenant, play_scope(tenant), "second", ["r1"])
     [row] = await read_rows(tenant, play_scope(tenant), "first")
     assert (row["name"], row["score"]) == ("x", 1)
 

@@ -28,7 +28,7 @@ from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
-from .layout import layout_for
+from .layout import FOREIGN_TABLE, foreign_table_error, layout_for, table_present
 
 
 @attrs.frozen
@@ -78,6 +78,7 @@ RUN_ROWS = record(RunRows, pending=INT, running=INT, enriched=INT, failed=INT)
 
 _INPUT_COLUMNS = """
 SELECT to_regclass($4) IS NOT NULL AS present,
+       {foreign} AS foreign_table,
        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
                   AND attname = '_attempts' AND NOT attisdropped) AS has_attempts,
        coalesce(array_agg(r.field ORDER BY r.position, r.field)
@@ -119,9 +120,6 @@ SELECT _run_id,
   FROM {t} WHERE _run_id = ANY($1::text[]) GROUP BY _run_id
 """
 
-_PRESENT = "SELECT to_regclass($1) IS NOT NULL"
-
-
 def _check_limit(limit: object) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidInputError(f"limit must be a positive integer, got {limit!r}")
@@ -150,10 +148,15 @@ async def failed_rows(
     columns_sql = _INPUT_COLUMNS.format(
         registry=table(port, "sheet_columns"),
         column_summary=table(port, "sheet_column_summary"),
+        foreign=FOREIGN_TABLE.format(summary=table(port, "sheet_summary"), t="$5", o="$1",
+                                     p="$2", n="$3"),
     )
 
     async def op(conn: Connection) -> list[FailedRow]:
-        info = await conn.fetchrow(columns_sql, *layout.counter_args, layout.qualified)
+        info = await conn.fetchrow(columns_sql, *layout.counter_args, layout.qualified,
+                                   layout.table)
+        if info["foreign_table"]:
+            raise foreign_table_error(layout)
         if not info["present"]:
             return []
         pairs = list(zip(info["fields"], info["columns"]))
@@ -191,7 +194,7 @@ async def error_counts(
     layout = layout_for(port, scope, table_namespace)
 
     async def op(conn: Connection) -> ErrorCounts:
-        if not await conn.fetchval(_PRESENT, layout.qualified):
+        if not await table_present(conn, port, layout):
             return ErrorCounts(0, 0, ())
         records = await conn.fetch(_ERROR_COUNTS.format(t=layout.qualified), run_id, limit)
         if not records:
@@ -217,7 +220,7 @@ async def run_rows(
     run_ids = list(dict.fromkeys(run_ids))
 
     async def op(conn: Connection) -> dict[str, RunRows]:
-        if not run_ids or not await conn.fetchval(_PRESENT, layout.qualified):
+        if not run_ids or not await table_present(conn, port, layout):
             return {}
         records = await conn.fetch(_RUN_ROWS.format(t=layout.qualified), run_ids)
         return {

@@ -233,6 +233,32 @@ COLUMNS_OF_FIELDS = """ARRAY(SELECT c.column_name
                  ORDER BY u.ord)"""
 
 
+# Whether another sheet holds this sheet's table name (`$t` the name, `$o $p $n` our sheet).
+FOREIGN_TABLE = """EXISTS (SELECT 1 FROM {summary} WHERE table_name = {t}
+                   AND (org_id, play, table_namespace) <> ({o}, {p}, {n}))"""
+
+_TABLE_PRESENT = """
+SELECT to_regclass($1) IS NOT NULL AS present,
+       """ + FOREIGN_TABLE.format(summary="{summary}", t="$2", o="$3", p="$4", n="$5") + """ AS foreign_table
+"""
+
+
+def foreign_table_error(layout: SheetLayout) -> ConflictError:
+    """What reading a sheet whose table name another sheet holds raises (never its rows)."""
+    return ConflictError(
+        f"sheet {layout.namespace!r} of play {layout.play!r} has the table name of another "
+        "sheet (the names' hashes collide); it holds no rows of this one")
+
+
+async def table_present(conn: Connection, port: Port, layout: SheetLayout) -> bool:
+    """Whether the sheet's table exists; `ConflictError` when it is another sheet's."""
+    record = await conn.fetchrow(_TABLE_PRESENT.format(summary=table(port, "sheet_summary")),
+                                 layout.qualified, layout.table, *layout.counter_args)
+    if record["foreign_table"]:
+        raise foreign_table_error(layout)
+    return record["present"]
+
+
 async def existing_columns(conn: Connection, layout: SheetLayout) -> set[str]:
     """The physical columns the sheet's table has now (empty when the table does not exist)."""
     return set(await conn.fetchval(_EXISTING_COLUMNS, layout.regclass_text))

@@ -19,21 +19,19 @@ from __future__ import annotations
 from .. import canonical
 from ..actions import action
 from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
-from ..errors import ConflictError, InvalidInputError
+from ..errors import InvalidInputError
 from ..limits import identifier_problem
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
-from .layout import existing_columns, layout_for
+from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
 from .model import SUMMARY, ColumnSummary, Summary
 
 _REGISTERED = """
 SELECT to_regclass($4) IS NOT NULL AS present,
-       EXISTS (SELECT 1 FROM {summary}
-                WHERE table_name = $5
-                  AND (org_id, play, table_namespace) <> ($1, $2, $3)) AS foreign_table,
+       {foreign} AS foreign_table,
        coalesce((SELECT array_agg(field ORDER BY position, field) FROM {registry}
                   WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS fields,
        coalesce((SELECT array_agg(column_name ORDER BY position, field) FROM {registry}
@@ -117,16 +115,14 @@ async def read_rows(
         if problem is not None:
             raise InvalidInputError(f"run_id {problem}")
     layout = layout_for(port, scope, table_namespace)
-    registered = _REGISTERED.format(
-        registry=table(port, "sheet_columns"), summary=table(port, "sheet_summary"))
+    registered = _REGISTERED.format(registry=table(port, "sheet_columns"), foreign=FOREIGN_TABLE.format(
+        summary=table(port, "sheet_summary"), t="$5", o="$1", p="$2", n="$3"))
 
     async def op(conn: Connection) -> list[dict]:
         info = await conn.fetchrow(registered, *layout.counter_args, layout.qualified,
                                    layout.table)
         if info["foreign_table"]:  # another sheet's name collides with ours: never read it
-            raise ConflictError(
-                f"sheet {layout.namespace!r} of play {layout.play!r} has the table name of "
-                "another sheet (the names' hashes collide); it holds no rows of this one")
+            raise foreign_table_error(layout)
         if not info["present"]:
             return []
         existing = await existing_columns(conn, layout)
