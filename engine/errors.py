@@ -87,6 +87,28 @@ class TenantUnavailableError(EngineError):
     """
 
 
+class TenantUnreachableError(TenantUnavailableError, StoreUnavailableError):
+    """A connect failed transiently (refused, reset, timed out, the server shutting down or
+    starting up) on every attempt of the connect ladder (SPEC §3).
+
+    Both a `TenantUnavailableError` (one connect failed) and a `StoreUnavailableError` (the
+    store is out of reach, a retry later may succeed): layers that ride out outages retry it."""
+
+
+class StoreOutageError(StoreUnavailableError):
+    """The store stayed out of reach for longer than the outage budget
+    (`open_tenant(..., outage_budget_s=...)`, `RUNPLANE_OUTAGE_BUDGET_S`): the operation was
+    retried meanwhile and never succeeded. `waited_s` is how long it was retried, `budget_s` the
+    budget. Not retried again by outer layers; a run that ends with it keeps its staged input,
+    and a wake finishes it."""
+
+    def __init__(self, message: str, *, waited_s: float = 0.0, budget_s: float = 0.0,
+                 sqlstate: str | None = None) -> None:
+        super().__init__(message, sqlstate=sqlstate)
+        self.waited_s = waited_s
+        self.budget_s = budget_s
+
+
 class SchemaNotFoundError(EngineError):
     """A tenant opened without bootstrap (`open_tenant(..., bootstrap=False)`, as read-only
     commands open it) met a schema without runplane's tables. Nothing was created."""
