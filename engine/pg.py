@@ -12,12 +12,15 @@ How it works
   did not end with the server's answer (cancelled mid-flight, a lost connection, a driver-state
   error, anything but an error the server reported) and a ROLLBACK that failed or ran past
   `ROLLBACK_TIMEOUT` mark it `broken`; broken connections are closed on release, never pooled.
-- A pooled connection can go stale while idle: when its backend is terminated, the driver may
-  read the server's farewell (which leaves its protocol busy, "another operation is in
-  progress") before it sees the socket close, so the pool cannot tell. The first statement of a
-  checkout of a pooled connection that the driver refuses before sending anything (a protocol
-  state or closed-connection error raised before the statement's first wait) is therefore run
-  again, once, on a fresh connection; nothing reached the server, so this is safe.
+- A connection can go stale while idle (in the pool, or between its connect and its first
+  statement): when its backend is terminated, the driver may read the server's farewell (which
+  leaves its protocol busy: "cannot switch to state 11; another operation (2) is in progress")
+  before it sees the socket close, so `is_closed()` cannot tell. The first statement of a
+  checkout that the driver refuses before sending anything (a protocol state or
+  closed-connection error raised before the statement's first wait) is therefore run again,
+  once, on a fresh connection; nothing reached the server and the checkout had no state yet,
+  so this is safe. Refused later, it raises `StoreUnavailableError` saying the server ended the
+  connection (the connection is broken, never reused).
 - Lost commit replies: before the COMMIT of a top-level transaction opened with `transaction()`,
   the transaction's id is read (`txid_current_if_assigned()`; read-only transactions have none).
   When the connection is lost before COMMIT's reply arrives, a fresh connection asks the server
@@ -95,9 +98,14 @@ def _is_driver_error(exc: BaseException) -> bool:
     )
 
 
-def _unsent_state_error(exc: BaseException) -> bool:
-    """The driver refused a statement because of the connection's state, before sending it."""
-    return isinstance(exc, (asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError)) and \
+def _unsent_state_error(exc: BaseException, *, before_first_wait: bool) -> bool:
+    """The driver refused a statement because of the connection's state, without executing it:
+    a protocol-state error (raised when the driver tries to switch its protocol state, before it
+    writes the statement; a parse/describe round trip may have preceded, which has no effect),
+    or a closed-connection error raised before the statement's first wait."""
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        return str(exc).startswith("cannot switch to state")
+    return before_first_wait and isinstance(exc, asyncpg.InterfaceError) and \
         not isinstance(exc, asyncpg.exceptions.DataError)
 
 
@@ -260,8 +268,8 @@ class Connection:
     raise or cancel before or after. Tests and simulations install hooks (see
     `simulations.ports`) to count round trips and inject faults; engine code never does.
 
-    `reconnect` (set when the raw connection came from the pool) replaces a stale pooled
-    connection on the checkout's first statement; `commit_status` reads a transaction's fate on
+    `reconnect` replaces a stale connection on the checkout's first statement (see the module
+    docstring); `commit_status` reads a transaction's fate on
     a fresh connection when a COMMIT's reply was lost (both supplied by the tenant).
     """
 
@@ -288,28 +296,31 @@ class Connection:
             raise StoreUnavailableError("connection was closed after an earlier failure")
         reconnect, self._reconnect = self._reconnect, None
         try:
-            try:
-                return await self._driver.step(getattr(self._raw, method)(*args, **(kwargs or {})))
-            except NotSent as not_sent:
-                if reconnect is None or not _unsent_state_error(not_sent.error):
-                    raise not_sent.error from None
-                # A stale pooled connection (see the module docstring): nothing was sent.
-                self._raw.terminate()
-                self._raw = await reconnect()
-                return await self._driver.step(getattr(self._raw, method)(*args, **(kwargs or {})))
-        except NotSent as not_sent:
-            exc = not_sent.error
-            self._fail(exc)
-            raise translate(exc) from exc
+            return await self._driver.step(getattr(self._raw, method)(*args, **(kwargs or {})))
         except trio.Cancelled:
             # The server may still be running the statement: the state is unknown.
             self.broken = True
             raise
-        except BaseException as exc:
+        except BaseException as raised:
+            exc, before_first_wait = (
+                (raised.error, True) if isinstance(raised, NotSent) else (raised, False))
             self._fail(exc)
-            if not _is_driver_error(exc):
-                raise
-            raise translate(exc) from exc
+            if not _unsent_state_error(exc, before_first_wait=before_first_wait):
+                if not _is_driver_error(exc):
+                    if exc is raised:
+                        raise
+                    raise exc from None
+                raise translate(exc) from exc
+            if reconnect is None:
+                raise StoreUnavailableError(
+                    f"the server ended the connection while it was idle; the statement was not "
+                    f"run ({exc})") from exc
+        # A stale connection, and the checkout's first statement (see the module docstring):
+        # nothing was run on it and nothing depends on it, so run the statement on a fresh one.
+        self._raw.terminate()
+        self._raw = await reconnect()
+        self.broken = False
+        return await self._send(method, args, kwargs)
 
     def _fail(self, exc: BaseException) -> None:
         """After a failed statement: keep the connection only when the server answered."""

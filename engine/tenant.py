@@ -14,8 +14,8 @@ How it works
   retrying an operation through a store outage before the run ends with `StoreOutageError`
   (see `actors.retry`); the connect ladder above bounds one connect, the budget a whole
   operation.
-- A pooled connection whose first statement the driver refuses unsent is replaced by a fresh
-  one (`engine.pg`); a lost COMMIT reply is resolved with `commit_status` on a fresh connection.
+- A connection whose first statement the driver refuses unsent (stale: its backend ended while
+  it was idle) is replaced by a fresh one (`engine.pg`); a lost COMMIT reply is resolved with `commit_status` on a fresh connection.
 - With an `execution_role`, each checkout opens a transaction and `SET LOCAL ROLE` before the
   caller sees the connection; the checkout commits on a clean exit and rolls back otherwise, so
   operations inside use savepoints (`outer_transaction` is true).
@@ -168,17 +168,17 @@ class Tenant:
             ) from None
         return Checkout(self, lane_permits)
 
-    def _wrap(self, raw: Any, pooled: bool) -> pg.Connection:
-        return pg.Connection(raw, self.driver, reconnect=self._connect if pooled else None,
-                             commit_status=self.commit_status)
-
     async def _checkout(self) -> pg.Connection:
-        """An idle pooled connection (replaceable if stale) or a new one."""
-        while self._idle:
+        """An idle pooled connection or a new one (replaced on its first statement if stale)."""
+        raw = None
+        while self._idle and raw is None:
             raw = self._idle.pop()
-            if not raw.is_closed():
-                return self._wrap(raw, True)
-        return self._wrap(await self._connect(), False)
+            if raw.is_closed():
+                raw = None
+        if raw is None:
+            raw = await self._connect()
+        return pg.Connection(raw, self.driver, reconnect=self._connect,
+                             commit_status=self.commit_status)
 
     async def commit_status(self, xid: str) -> str | None:
         """The fate of transaction `xid` (`committed`, `aborted`, or None when the server no
