@@ -18,7 +18,9 @@ How it works
   `outage_budget_s`), a call is retried with capped exponential backoff and jitter
   (`BACKOFF_INITIAL_S` doubling up to `BACKOFF_CAP_S`, each wait uniform in [d/2, d]) for as
   long as it has failed for less than the budget; then it raises `StoreOutageError`, chained
-  to the last failure. The watch tells observers (progress output) that the run is waiting for
+  to the last failure. From then on the run is ending: later calls under the same watch (the
+  shielded flush of computed outcomes, the run's guard) try once and do not wait. The watch
+  tells observers (progress output) that the run is waiting for
   the database and since when. Outside a run (the supervisor's drainer, which has its own
   backoff), `RETRY_DELAYS` are the waits before attempts 2, 3, …, jittered the same way.
 - Every wait is cancellable.
@@ -57,6 +59,7 @@ class OutageWatch:
     since: float | None = None    # trio time the current wait began (None: not waiting)
     outages: int = 0              # waits that ended with the database back
     waited_s: float = 0.0         # their total length
+    exhausted: bool = False       # a call ran out of budget: the run is ending
 
     def waiting_s(self) -> float | None:
         """Seconds the run has been waiting for the database, or None when it is not."""
@@ -138,7 +141,15 @@ async def _ride(operation: Callable[[], Awaitable[T]], watch: OutageWatch) -> T:
                     watch._begin(now)
                 failures += 1
                 waited = now - started
+                if watch.exhausted:
+                    raise StoreOutageError(
+                        f"the database is still out of reach and the run's outage budget of "
+                        f"{watch.budget_s:g}s is spent: {exc}",
+                        waited_s=waited, budget_s=watch.budget_s,
+                        sqlstate=getattr(exc, "sqlstate", None),
+                    ) from exc
                 if waited >= watch.budget_s:
+                    watch.exhausted = True
                     raise StoreOutageError(
                         f"the database stayed out of reach for {waited:.1f}s, past the outage "
                         f"budget of {watch.budget_s:g}s (RUNPLANE_OUTAGE_BUDGET_S): {exc}",
