@@ -160,3 +160,42 @@ async def test_an_outage_past_the_budget_ends_the_run_and_a_wake_finishes_it(ser
             assert sum(work.calls.values()) - done_before_wake == result.completed
             await assert_finished_once(tenant, rows)
             assert await outbox_state(tenant, run.run_id) == "done"
+
+
+def test_the_demo_waits_for_the_database_then_ends_with_the_resume_command(server, tmp_path):
+    """`runplane demo` with a 5 s budget: the server stops mid-run, the demo says it is waiting
+    for the database, ends with StoreOutageError and the resume command; once the server is
+    back, the pasted command finishes the run."""
+    import subprocess
+
+    from .cli_helpers import cli_env, pasted, start_cli, wait_for_text
+
+    schema = fresh_schema()
+    env = cli_env(RUNPLANE_DSN=server.dsn, RUNPLANE_OUTAGE_BUDGET_S="5")
+    log = tmp_path / "demo.log"
+    proc = start_cli("demo", "--rows", "20000", "--schema", schema, "--fail-rate", "0",
+                     "--latency-ms", "2", stdout_path=log, env=env)
+    try:
+        wait_for_text(log, "to resume it:", proc)
+        server.stop_now()
+        try:
+            _, err = proc.communicate(timeout=120)
+        finally:
+            server.start_now()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert proc.returncode == 1, (out, err)
+    assert "demo: waiting for the database (" in out, out
+    assert "runplane: StoreOutageError: " in err and "outage budget of 5s" in err, err
+    resume = [line for line in err.splitlines() if line.startswith("runplane: resume run ")]
+    assert len(resume) == 1, err
+    command = resume[0].split(" with: ", 1)[1]
+    again = subprocess.run(pasted(command), capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    line = [l for l in again.stdout.splitlines() if l.startswith("demo: run ")][-1]
+    fields = dict(zip(line.split()[3::2], line.split()[4::2]))
+    assert int(fields["cached"]) + int(fields["completed"]) == 20000, line
+    assert int(fields["failed"]) == 0, line
