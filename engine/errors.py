@@ -137,6 +137,24 @@ class ArrayInputUnavailableError(EngineError):
     `run.map` over a list then admits the list directly instead of staging it."""
 
 
+PUBLIC_NAMES = frozenset({
+    "EngineError", "ScopeError", "InvalidInputError", "RetiredError", "ConflictError",
+    "CorruptFactError", "StoreUnavailableError", "TenantUnavailableError",
+    "TransactionStateUnknownError", "AuthError", "GatewayUnavailableError",
+    "ArrayInputUnavailableError",
+})
+
+
+def public_name(exc: BaseException) -> str:
+    """The name of the nearest public class (SPEC §10) of an engine error, for messages: a
+    `TenantUnreachableError` reads as `TenantUnavailableError`, a `StoreOutageError` as
+    `StoreUnavailableError`; other exceptions keep their own name."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in PUBLIC_NAMES and cls.__module__ == __name__:
+            return cls.__name__
+    return type(exc).__name__
+
+
 def leaf_errors(exc: BaseException) -> list[BaseException]:
     """The exceptions inside (nested) exception groups, depth first, in the groups' order; an
     exception that is not a group is its own only leaf.

@@ -420,6 +420,7 @@ class Connection:
     async def _resolve_lost_commit(self, xid: str, lost: StoreUnavailableError) -> None:
         self.broken = True
         assert self._commit_status is not None
+        status: str | None = "in progress"
         try:
             with trio.CancelScope(shield=True,
                                   deadline=trio.current_time() + COMMIT_RESOLVE_TIMEOUT):

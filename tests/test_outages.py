@@ -165,7 +165,8 @@ async def test_an_outage_past_the_budget_ends_the_run_and_a_wake_finishes_it(ser
 def test_the_demo_waits_for_the_database_then_ends_with_the_resume_command(server, tmp_path):
     """`runplane demo` with a 5 s budget: the server stops mid-run, the demo says it is waiting
     for the database, ends with StoreOutageError and the resume command; once the server is
-    back, the pasted command finishes the run."""
+    back, the pasted command finishes the run. (The line names the public class,
+    StoreUnavailableError, of the StoreOutageError the run ended with.)"""
     import subprocess
 
     from .cli_helpers import cli_env, pasted, start_cli, wait_for_text
@@ -188,7 +189,7 @@ def test_the_demo_waits_for_the_database_then_ends_with_the_resume_command(serve
     out = log.read_text()
     assert proc.returncode == 1, (out, err)
     assert "demo: waiting for the database (" in out, out
-    assert "runplane: StoreOutageError: " in err and "outage budget of 5s" in err, err
+    assert "runplane: StoreUnavailableError: " in err and "outage budget of 5s" in err, err
     resume = [line for line in err.splitlines() if line.startswith("runplane: resume run ")]
     assert len(resume) == 1, err
     command = resume[0].split(" with: ", 1)[1]

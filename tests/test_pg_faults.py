@@ -190,3 +190,32 @@ async def test_a_map_whose_commit_replies_are_lost_finishes_every_row_once(dsn, 
             f"sum(_attempts) AS attempts FROM {layout.qualified}")
     assert (stored["n"], stored["done"], stored["attempts"]) == (len(rows), len(rows), len(rows))
     assert await counters_match(tenant, play_scope(tenant), "ns") == (True, "")
+
+
+async def test_under_an_execution_role_a_lost_commit_reply_of_the_checkout_is_resolved(
+        dsn, role_tenant):
+    """Under an execution role the checkout's own transaction commits the work of a
+    `transaction()` inside it (a savepoint): its lost reply is resolved the same way."""
+    counter = f'"{role_tenant.schema}".outage_counter'
+    async with role_tenant.login_connection() as conn:  # as the login: DDL and grants
+        await conn.execute(f"CREATE TABLE {counter} (n int NOT NULL)")
+        await conn.execute(f"INSERT INTO {counter} VALUES (0)")
+        await conn.execute(f'GRANT SELECT, UPDATE ON {counter} TO "{role_tenant.execution_role}"')
+    async with open_pg_proxy(dsn) as proxy:
+        async with open_tenant("org-test", proxy.dsn, schema=role_tenant.schema,
+                               execution_role=role_tenant.execution_role) as proxied:
+            calls = 0
+
+            async def bump() -> None:
+                nonlocal calls
+                calls += 1
+                async with proxied.connection("receipts") as conn:
+                    async with conn.transaction():
+                        await conn.execute(f"UPDATE {counter} SET n = n + 1")
+
+            proxy.drop_commit_reply = 1
+            await retry_transient(bump, watch=OutageWatch(10.0))
+            assert proxy.fired == {"drop_commit_reply": 1}
+            assert calls == 1
+    async with role_tenant.connection("receipts") as conn:
+        assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
