@@ -219,3 +219,32 @@ async def test_under_an_execution_role_a_lost_commit_reply_of_the_checkout_is_re
             assert calls == 1
     async with role_tenant.connection("receipts") as conn:
         assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
+
+
+async def test_the_supervisor_under_backend_termination_logs_no_driver_state_error(
+        dsn, tenant, caplog):
+    """The drainer polls the outbox every 10 ms while every runplane backend is terminated
+    every 100 ms, for 3 s: it backs off and goes on; a connection whose backend ended while it
+    was idle never surfaces the driver's "another operation is in progress"."""
+    import logging
+
+    from runplane.actors import open_supervisor
+
+    kill_sql = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'runplane' AND pid <> pg_backend_pid() "
+                "AND backend_type = 'client backend'")
+    killed = 0
+    async with open_tenant("org-test", dsn, schema=tenant.schema) as victim:
+        with caplog.at_level(logging.WARNING, logger="runplane.actors"):
+            async with open_supervisor(victim, poll_interval=0.01, backoff_base=0.01,
+                                       backoff_cap=0.05):
+                for _ in range(30):
+                    await trio.sleep(0.1)
+                    async with tenant.connection("sheet") as admin:
+                        killed += await admin.fetchval(kill_sql)
+        async with victim.connection("retirement") as conn:
+            assert await conn.fetchval("SELECT 1") == 1
+    assert killed > 0
+    leaked = [r.getMessage() for r in caplog.records if "another operation" in r.getMessage()
+              and "the server ended the connection while it was idle" not in r.getMessage()]
+    assert not leaked, leaked
