@@ -41,9 +41,11 @@ class PrivateServer:
         _commands.pg_ctl(args, pgdata=self.pgdata, user=self.system_user,
                          timeout=PG_CTL_TIMEOUT_S)
 
-    def stop_now(self) -> None:
-        """Stop the server (fast mode: sessions are terminated, 57P01). Blocking."""
-        self._pg_ctl(["-w", "-m", "fast", "stop"])
+    def stop_now(self, mode: str = "fast") -> None:
+        """Stop the server. Blocking. `fast`: sessions are terminated (57P01) and the server
+        shuts down cleanly; `immediate`: every process quits at once, as in a crash (57P02 or
+        a reset connection), and the next start runs crash recovery."""
+        self._pg_ctl(["-w", "-m", mode, "stop"])
         self.stops += 1
 
     def start_now(self) -> None:
@@ -54,15 +56,15 @@ class PrivateServer:
     def running(self) -> bool:
         return embedded_server(self.pgdata) is not None
 
-    async def stop(self) -> None:
-        await trio.to_thread.run_sync(self.stop_now)
+    async def stop(self, mode: str = "fast") -> None:
+        await trio.to_thread.run_sync(self.stop_now, mode)
 
     async def start(self) -> None:
         await trio.to_thread.run_sync(self.start_now)
 
-    async def outage(self, seconds: float) -> None:
+    async def outage(self, seconds: float, mode: str = "fast") -> None:
         """Stop, wait `seconds`, start."""
-        await self.stop()
+        await self.stop(mode)
         try:
             await trio.sleep(seconds)
         finally:

@@ -78,7 +78,8 @@ async def assert_finished_once(tenant, rows: int) -> None:
     assert await counters_match(tenant, play_scope(tenant, PLAY), TABLE) == (True, "")
 
 
-async def ride_out(server, *, outage_s: float, rows: int = 30_000, stop_after: int = 5_000):
+async def ride_out(server, *, outage_s: float, rows: int = 30_000, stop_after: int = 5_000,
+                   mode: str = "fast"):
     work = Map(rows, stop_after)
     seen: dict = {}
     with trio.fail_after(RUN_TIMEOUT_S):
@@ -87,7 +88,7 @@ async def ride_out(server, *, outage_s: float, rows: int = 30_000, stop_after: i
 
             async def outage() -> None:
                 await work.tripped.wait()
-                await server.stop()
+                await server.stop(mode)
                 await trio.sleep(outage_s)
                 seen["waiting_s"] = seen["run"].outage.waiting_s()  # the run is waiting
                 await server.start()
@@ -108,6 +109,12 @@ async def ride_out(server, *, outage_s: float, rows: int = 30_000, stop_after: i
 
 async def test_a_run_rides_out_a_five_second_server_restart(server):
     await ride_out(server, outage_s=5)
+
+
+async def test_a_run_rides_out_a_server_crash_and_its_recovery(server):
+    """Immediate shutdown: no farewell, commits in flight may or may not have happened; the
+    restart runs crash recovery. Nothing is lost or applied twice all the same."""
+    await ride_out(server, outage_s=3, mode="immediate")
 
 
 @pytest.mark.outage
