@@ -8,8 +8,9 @@ How it works
   the row timeout) and what the completer made durable (completed, failed, fenced), and whether
   a newer run took the map's rows (`superseded`).
 - `MapProgress` is a frozen snapshot for progress reporting (with `waiting_for_store_s`, how
-  long the run has been waiting for the database, from the run's `actors.retry.OutageWatch`); `MapResult` is the final answer of
-  `run.map`. Both are values: holding one never pins the map's state.
+  long the run has been waiting for the database, from the run's `actors.retry.OutageWatch`);
+  `MapResult` is the final answer of `run.map`. Both are values: holding one never pins the
+  map's state.
 - Counting rules: `admitted` counts every source row admission settled (pending + cached +
   blocked); `completed`/`failed` count outcomes a completion batch applied (not fenced);
   `fenced` counts outcomes the sheet refused. Row lists carried in the result (fenced and

@@ -15,7 +15,8 @@ How it works
   (see `actors.retry`); the connect ladder above bounds one connect, the budget a whole
   operation.
 - A connection whose first statement the driver refuses unsent (stale: its backend ended while
-  it was idle) is replaced by a fresh one (`engine.pg`); a lost COMMIT reply is resolved with `commit_status` on a fresh connection.
+  it was idle) is replaced by a fresh one (`engine.pg`); a lost COMMIT reply is resolved with
+  `commit_status` on a fresh connection.
 - With an `execution_role`, each checkout opens a transaction and `SET LOCAL ROLE` before the
   caller sees the connection; the checkout commits on a clean exit and rolls back otherwise, so
   operations inside use savepoints (`outer_transaction` is true).
@@ -51,6 +52,7 @@ from .sql import quote_ident
 
 DEFAULT_LANES: Mapping[str, int] = {SHEET_LANE: 6, RECEIPTS_LANE: 6, RETIREMENT_LANE: 2}
 CONNECT_RETRY_DELAYS = (0.25, 0.75, 1.5)
+MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
 DEFAULT_OUTAGE_BUDGET_S = 60.0
 OUTAGE_BUDGET_ENV = "RUNPLANE_OUTAGE_BUDGET_S"
 COMMIT_STATUS_POLL_S = 0.05  # while a lost COMMIT's transaction is still "in progress"
@@ -74,7 +76,6 @@ def outage_budget(value: object = None) -> float:
             or value == float("inf"):
         raise InvalidInputError(f"{source} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
-MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
 
 
 def check_dsn(dsn: str) -> None:

@@ -78,8 +78,9 @@ class PgProxy:
                 try:
                     async with trio.open_nursery() as nursery:
                         state = {"awaiting_commit_reply": False}
-                        nursery.start_soon(self._to_server, client, upstream, state, nursery.cancel_scope)
-                        nursery.start_soon(self._to_client, upstream, client, state, nursery.cancel_scope)
+                        cancel = nursery.cancel_scope
+                        nursery.start_soon(self._to_server, client, upstream, state, cancel)
+                        nursery.start_soon(self._to_client, upstream, client, state, cancel)
                 except BaseException as exc:  # a side went away: that ends the connection
                     if not all(isinstance(leaf, _GONE) for leaf in leaf_errors(exc)):
                         raise

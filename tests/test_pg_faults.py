@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from runplane.actors import open_run
 from runplane.actors.retry import OutageWatch, retry_transient
@@ -42,7 +43,8 @@ async def test_a_pooled_connection_whose_backend_was_terminated_while_idle_is_re
             with trio.fail_after(10):
                 while proxy.closes_held < 2:
                     await proxy.close_held.wait()
-            await trio.sleep(0.2)  # let the driver read the farewell; the close stays held
+            # The farewell is in the client's socket: let the driver read it (the close is held).
+            await trio.testing.wait_all_tasks_blocked(cushion=0.1)
             assert not probe.is_closed() and not stale.is_closed()
             # The forced state, shown on one of them through the bare driver:
             proxied._idle.remove(probe)
