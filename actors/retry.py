@@ -20,15 +20,17 @@ How it works
   long as it has failed for less than the budget; then it raises `StoreOutageError`, chained
   to the last failure. From then on the run is ending: later calls under the same watch (the
   shielded flush of computed outcomes, the run's guard) try once and do not wait. The watch
-  tells observers (progress output) that the run is waiting for
-  the database and since when. Outside a run (the supervisor's drainer, which has its own
-  backoff), `RETRY_DELAYS` are the waits before attempts 2, 3, …, jittered the same way.
+  tells observers (progress output) that the run is waiting for the database and since when,
+  and logs one warning when a wait begins and one when the database is back.
+- Outside a run (the supervisor's drainer, which has its own backoff), `RETRY_DELAYS` are the
+  waits before attempts 2, 3, …, jittered the same way.
 - Every wait is cancellable.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import random
 from typing import Awaitable, Callable, TypeVar
 
@@ -41,6 +43,8 @@ from runplane.engine.errors import (
 )
 
 T = TypeVar("T")
+
+log = logging.getLogger("runplane.actors")
 
 RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0)
 BACKOFF_INITIAL_S = 0.05
@@ -67,17 +71,20 @@ class OutageWatch:
             return None
         return max(0.0, trio.current_time() - self.since)
 
-    def _begin(self, at: float) -> None:
+    def _begin(self, at: float, error: BaseException) -> None:
         if self.waiting == 0:
             self.since = at
+            log.warning("waiting for the database (outage budget %gs): %s", self.budget_s, error)
         self.waiting += 1
 
     def _end(self, recovered: bool) -> None:
         self.waiting -= 1
         if self.waiting == 0 and self.since is not None:
             if recovered:
+                waited = trio.current_time() - self.since
                 self.outages += 1
-                self.waited_s += trio.current_time() - self.since
+                self.waited_s += waited
+                log.warning("the database is back after %.1fs; resuming", waited)
             self.since = None
 
 
@@ -138,7 +145,7 @@ async def _ride(operation: Callable[[], Awaitable[T]], watch: OutageWatch) -> T:
                 now = trio.current_time()
                 if started is None:
                     started = now
-                    watch._begin(now)
+                    watch._begin(now, exc)
                 failures += 1
                 waited = now - started
                 if watch.exhausted:

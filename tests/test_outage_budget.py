@@ -34,10 +34,15 @@ class Flaky:
         return "ok"
 
 
-async def test_a_call_inside_the_budget_waits_and_resumes(autojump_clock):
+async def test_a_call_inside_the_budget_waits_and_resumes(autojump_clock, caplog):
     watch = OutageWatch(budget_s=60)
     op = Flaky(failures=30)
-    assert await retry_transient(op, watch=watch) == "ok"
+    with caplog.at_level("WARNING", logger="runplane.actors"):
+        assert await retry_transient(op, watch=watch) == "ok"
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages  # one when the wait began, one when it ended
+    assert messages[0].startswith("waiting for the database (outage budget 60s): injected")
+    assert messages[1].startswith("the database is back after ")
     gaps = [b - a for a, b in zip(op.calls, op.calls[1:])]
     assert all(gap <= BACKOFF_CAP_S + 1e-9 for gap in gaps)  # capped
     assert gaps[-1] >= BACKOFF_CAP_S / 2                      # and grown to the cap
