@@ -16,11 +16,11 @@ How it works
   statement): when its backend is terminated, the driver may read the server's farewell (which
   leaves its protocol busy: "cannot switch to state 11; another operation (2) is in progress")
   before it sees the socket close, so `is_closed()` cannot tell. The first statement of a
-  checkout that the driver refuses before sending anything (a protocol state or
-  closed-connection error raised before the statement's first wait) is therefore run again,
-  once, on a fresh connection; nothing reached the server and the checkout had no state yet,
-  so this is safe. Refused later, it raises `StoreUnavailableError` saying the server ended the
-  connection (the connection is broken, never reused).
+  checkout that the driver refuses without running it (a protocol-state error, raised before
+  the statement is written — at most a side-effect-free parse went out — or a closed-connection
+  error raised before its first wait) is therefore run again, once, on a fresh connection;
+  nothing ran on the server and the checkout had no state yet, so this is safe. Refused later, it raises `StoreUnavailableError` ("the server ended the
+  connection before the statement ran"); the connection is broken, never reused.
 - Lost commit replies: before the COMMIT of a top-level transaction opened with `transaction()`,
   the transaction's id is read (`txid_current_if_assigned()`; read-only transactions have none).
   When the connection is lost before COMMIT's reply arrives, a fresh connection asks the server
@@ -313,8 +313,7 @@ class Connection:
                 raise translate(exc) from exc
             if reconnect is None:
                 raise StoreUnavailableError(
-                    f"the server ended the connection while it was idle; the statement was not "
-                    f"run ({exc})") from exc
+                    f"the server ended the connection before the statement ran ({exc})") from exc
         # A stale connection, and the checkout's first statement (see the module docstring):
         # nothing was run on it and nothing depends on it, so run the statement on a fresh one.
         self._raw.terminate()
