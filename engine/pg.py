@@ -27,7 +27,7 @@ How it works
   for that id's fate (`txid_status`): committed means the transaction took effect exactly once
   and `transaction()` returns normally; aborted raises `StoreUnavailableError` (nothing was
   applied, a retry is safe); an answer that cannot be had raises
-  `TransactionStateUnknownError`. The probe is not a statement of the operation, so the
+  `TransactionStateUnknownError`. A COMMIT that runs past `COMMIT_TIMEOUT` is resolved alike. The probe is not a statement of the operation, so the
   statement hook does not see it.
 - COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
   finishes and never waits forever.
@@ -411,13 +411,15 @@ class Connection:
         self._resolve_commit = False
         try:
             await self._finish("COMMIT")
-        except StoreUnavailableError as lost:
+        except (StoreUnavailableError, TransactionStateUnknownError) as lost:
             if xid is None:
                 raise
             await self._resolve_lost_commit(xid, lost)
 
-    async def _resolve_lost_commit(self, xid: str, lost: StoreUnavailableError) -> None:
-        self.broken = True
+    async def _resolve_lost_commit(self, xid: str, lost: EngineError) -> None:
+        """COMMIT's reply was lost, or it ran past `COMMIT_TIMEOUT`: read the fate of `xid` on
+        a fresh connection (this one is dropped first, so its backend finishes on its own)."""
+        self.close()
         assert self._commit_status is not None
         status: str | None = "in progress"
         try:
@@ -434,7 +436,7 @@ class Connection:
         if status == "aborted":
             raise StoreUnavailableError(
                 f"connection lost at COMMIT; the transaction was rolled back ({lost})",
-                sqlstate=lost.sqlstate,
+                sqlstate=getattr(lost, "sqlstate", None),
             ) from lost
         unknown = TimeoutError(f"transaction {xid} is {status or 'unknown to the server'}")
         raise TransactionStateUnknownError(

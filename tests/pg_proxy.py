@@ -9,6 +9,7 @@ Faults (each a count of how many times to fire; `fired` counts what happened):
   server has committed) both sides are closed instead of relaying it.
 - `drop_commit_request`: the COMMIT is not forwarded; both sides are closed (the server rolls
   the transaction back when it notices).
+- `delay_commit_reply`: the server's reply to the COMMIT is relayed `commit_reply_delay_s` late.
 - `hold_close` (a flag): when the server closes a connection, whatever it sent last is relayed
   but the client's side stays open until `release_close()`; `closes_held` counts them and
   `close_held` is set at each.
@@ -50,6 +51,8 @@ class PgProxy:
     dsn: str = ""
     drop_commit_reply: int = 0
     drop_commit_request: int = 0
+    delay_commit_reply: int = 0
+    commit_reply_delay_s: float = 1.0
     hold_close: bool = False
     fired: collections.Counter = attrs.field(factory=collections.Counter)
     connections: int = 0
@@ -77,7 +80,8 @@ class PgProxy:
             async with upstream:
                 try:
                     async with trio.open_nursery() as nursery:
-                        state = {"awaiting_commit_reply": False}
+                        state = {"awaiting_commit_reply": False,
+                                 "delaying_commit_reply": False}
                         cancel = nursery.cancel_scope
                         nursery.start_soon(self._to_server, client, upstream, state, cancel)
                         nursery.start_soon(self._to_client, upstream, client, state, cancel)
@@ -124,6 +128,9 @@ class PgProxy:
                     if self.drop_commit_reply > 0:
                         self.drop_commit_reply -= 1
                         state["awaiting_commit_reply"] = True
+                    elif self.delay_commit_reply > 0:
+                        self.delay_commit_reply -= 1
+                        state["delaying_commit_reply"] = True
                 out += message
             if out:
                 await upstream.send_all(out)
@@ -143,6 +150,10 @@ class PgProxy:
                 self.fired["drop_commit_reply"] += 1
                 cancel.cancel()
                 return
+            if state["delaying_commit_reply"]:
+                state["delaying_commit_reply"] = False
+                self.fired["delay_commit_reply"] += 1
+                await trio.sleep(self.commit_reply_delay_s)
             await client.send_all(data)
 
 

@@ -149,6 +149,32 @@ async def test_a_lost_commit_reply_is_detected_and_not_applied_twice(dsn, tenant
         assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
 
 
+async def test_a_commit_past_its_deadline_is_resolved_too(dsn, tenant, monkeypatch):
+    """The COMMIT's reply comes later than `COMMIT_TIMEOUT` (shortened here): the connection is
+    dropped and the transaction's fate read instead of retrying blindly."""
+    from runplane.engine import pg
+
+    monkeypatch.setattr(pg, "COMMIT_TIMEOUT", 0.3)
+    counter = await _counter_table(tenant)
+    async with open_pg_proxy(dsn) as proxy:
+        async with open_tenant("org-test", proxy.dsn, schema=tenant.schema) as proxied:
+            calls = 0
+
+            async def bump() -> None:
+                nonlocal calls
+                calls += 1
+                async with proxied.connection("receipts") as conn:
+                    async with conn.transaction():
+                        await conn.execute(f"UPDATE {counter} SET n = n + 1")
+
+            proxy.delay_commit_reply, proxy.commit_reply_delay_s = 1, 3.0
+            await retry_transient(bump, watch=OutageWatch(10.0))
+            assert proxy.fired == {"delay_commit_reply": 1}
+            assert calls == 1
+    async with tenant.connection("receipts") as conn:
+        assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
+
+
 async def test_a_lost_commit_request_is_rolled_back_and_retried_once(dsn, tenant):
     counter = await _counter_table(tenant)
     async with open_pg_proxy(dsn) as proxy:
