@@ -18,7 +18,9 @@ How it works
   `outage_budget_s`), a call is retried with capped exponential backoff and jitter
   (`BACKOFF_INITIAL_S` doubling up to `BACKOFF_CAP_S`, each wait uniform in [d/2, d]) for as
   long as it has failed for less than the budget; then it raises `StoreOutageError`, chained
-  to the last failure. From then on the run is ending: later calls under the same watch (the
+  to the last failure. The budget is checked between attempts, never by cutting one off: an
+  attempt includes one connect (its own ladder, SPEC §3), so a run ends at its first failure
+  past the budget. From then on the run is ending: later calls under the same watch (the
   shielded flush of computed outcomes, the run's guard) try once and do not wait. The watch
   tells observers (progress output) that the run is waiting for the database and since when,
   and logs one warning when a wait begins and one when the database is back.
