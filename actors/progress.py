@@ -7,8 +7,10 @@ How it works
   outcome; `calls` of the function, of which `retried` were retries and `timed_out` ran past
   the row timeout) and what the completer made durable (completed, failed, fenced), and whether
   a newer run took the map's rows (`superseded`).
-- `MapProgress` is a frozen snapshot for progress reporting; `MapResult` is the final answer of
-  `run.map`. Both are values: holding one never pins the map's state.
+- `MapProgress` is a frozen snapshot for progress reporting (with `waiting_for_store_s`, how
+  long the run has been waiting for the database, from the run's `actors.retry.OutageWatch`);
+  `MapResult` is the final answer of `run.map`. Both are values: holding one never pins the
+  map's state.
 - Counting rules: `admitted` counts every source row admission settled (pending + cached +
   blocked); `completed`/`failed` count outcomes a completion batch applied (not fenced);
   `fenced` counts outcomes the sheet refused. Row lists carried in the result (fenced and
@@ -22,6 +24,8 @@ import logging
 from typing import Any, Callable
 
 import attrs
+
+from .retry import current_watch
 
 log = logging.getLogger("runplane.actors")
 
@@ -46,6 +50,7 @@ class MapProgress:
     retried: int = 0
     timed_out: int = 0
     superseded: bool = False
+    waiting_for_store_s: float | None = None  # None: not waiting for the database
 
 
 @attrs.frozen
@@ -72,6 +77,12 @@ class MapResult:
     timed_out: int = 0
     superseded: bool = False
     superseded_by: str | None = None
+
+
+def waiting_for_store_s() -> float | None:
+    """How long the current run has been waiting for the database, or None."""
+    watch = current_watch()
+    return None if watch is None else watch.waiting_s()
 
 
 @attrs.define(eq=False)
@@ -136,6 +147,7 @@ class MapTally:
             executed=self.executed, completed=self.completed, failed=self.failed,
             fenced=self.fenced, calls=self.calls, retried=self.retried,
             timed_out=self.timed_out, superseded=self.superseded,
+            waiting_for_store_s=waiting_for_store_s(),
         )
 
     def report(self) -> None:

@@ -20,6 +20,10 @@ How it works
   one, and the outbox keeps the work. With `retire_on_exit=False` the entry stays `open` too:
   the caller keeps the staged input (for a later incarnation that ends terminally, or for a
   supervisor configured with `abandon_after_s`).
+- Outages: the run's store calls ride out a store outage for the tenant's `outage_budget_s`
+  (`actors.retry`; the run's `OutageWatch` is `run.outage`). A run that ends because the store
+  stayed away longer (`StoreOutageError`) ends like a crash, not terminally: its entry stays
+  `open` and its staged input kept, so a wake finishes it (the guard could not run anyway).
 - Bad arguments (an empty play or run id, an attempt that is not an `engine.sheets.Attempt`)
   raise before any query.
 """
@@ -34,7 +38,8 @@ import attrs
 import trio
 
 from runplane.engine import receipts, runs
-from runplane.engine.errors import EngineError, InvalidInputError
+from runplane.engine.errors import EngineError, InvalidInputError, StoreOutageError, leaf_errors
+from runplane.engine.tenant import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
 from runplane.engine.scopes import RunRef, RunScope, normalize_namespace
@@ -48,7 +53,7 @@ from .map_state import MapPlan
 from .mapper import map_rows
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult
-from .retry import retry_transient
+from .retry import OutageWatch, install_watch, reset_watch, retry_transient
 from .sealer import stage_array
 
 log = logging.getLogger("runplane.actors")
@@ -65,6 +70,7 @@ class Run:
     port: Port
     ref: RunRef
     attempt: Attempt | None = None
+    outage: OutageWatch = attrs.field(factory=lambda: OutageWatch(outage_budget()))
     _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
     _map_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
 
@@ -166,21 +172,32 @@ async def open_run(
     if attempt is not None and not isinstance(attempt, Attempt):
         raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
-    ref = await retry_transient(lambda: runs.register(tenant, scope))
-    await retry_transient(lambda: outbox.record_open(tenant, scope))
-    error: BaseException | None = None
-    run = Run(tenant, ref, attempt)
+    watch = OutageWatch(outage_budget(getattr(tenant, "outage_budget_s", None)))
+    token = install_watch(watch)  # the run's tasks inherit it
     try:
-        async with open_hosting_nursery() as nursery:
-            run._nursery = nursery
-            yield run
-    except BaseException as exc:  # classified, then re-raised unchanged
-        error = exc
-        raise
+        ref = await retry_transient(lambda: runs.register(tenant, scope))
+        await retry_transient(lambda: outbox.record_open(tenant, scope))
+        error: BaseException | None = None
+        run = Run(tenant, ref, attempt, outage=watch)
+        try:
+            async with open_hosting_nursery() as nursery:
+                run._nursery = nursery
+                yield run
+        except BaseException as exc:  # classified, then re-raised unchanged
+            error = exc
+            raise
+        finally:
+            run._nursery = None
+            if retire_on_exit and is_terminal(error) and not ended_by_outage(error):
+                await guard_retirement(tenant, scope, lease_s=lease_s)
     finally:
-        run._nursery = None
-        if retire_on_exit and is_terminal(error):
-            await guard_retirement(tenant, scope, lease_s=lease_s)
+        reset_watch(token)
+
+
+def ended_by_outage(error: BaseException | None) -> bool:
+    """The run ended because the store stayed away past the outage budget."""
+    return error is not None and any(
+        isinstance(leaf, StoreOutageError) for leaf in leaf_errors(error))
 
 
 async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFAULT_LEASE_S) -> bool:

@@ -14,7 +14,10 @@ How it works
   (same epoch), replays its sealed input, and executes only the rows that did not finish.
 - Rows the run left failed end the output with a table of the commonest errors.
 - Live progress uses rich progress bars (admitted, executed, completed, failed, cached); the
-  final summary is a rich table.
+  final summary is a rich table. While the run waits for the database (a store outage, ridden
+  out for `RUNPLANE_OUTAGE_BUDGET_S`, see `actors.retry`), a line says "waiting for the
+  database (N s)" (and again every `WAIT_REPORT_S`), and another when it is back; a longer
+  outage ends the run with `StoreOutageError` and the resume command.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from rich.table import Table
 from rich.text import Text
 
 from runplane.actors import MapProgress, MapResult, open_supervisor
+from runplane.actors.retry import OutageWatch
 from runplane.engine import RunScope, runs, sheets
+from runplane.engine.errors import leaf_errors
 
 from .connect import open_port
 from .operators import UsageError, print_failure_summary
@@ -47,6 +52,8 @@ CONTRACT = sheets.SheetContract(
 INDUSTRIES = ("software", "logistics", "biotech", "retail", "energy", "finance", "media")
 COUNTRIES = ("US", "DE", "FR", "GB", "JP", "BR", "IN", "CA")
 SYLLABLES = ("ac", "me", "zo", "ra", "ly", "ten", "vo", "qua", "nix", "par", "do", "sy")
+WAIT_POLL_S = 0.5     # how often the progress display looks at the run's outage watch
+WAIT_REPORT_S = 5.0   # a new "waiting for the database" line this often while waiting
 
 
 def company(index: int) -> dict:
@@ -98,6 +105,7 @@ class LiveBars:
     total: int
     tasks: dict[str, Any] = attrs.field(factory=dict)
     last: MapProgress | None = None
+    waiting_task: Any = None
 
     @classmethod
     def create(cls, console: Console, total: int) -> "LiveBars":
@@ -114,6 +122,30 @@ class LiveBars:
         self.last = snapshot
         for name, task in self.tasks.items():
             self.progress.update(task, completed=getattr(snapshot, name))
+
+    def _line(self, text: str) -> None:
+        self.progress.console.print(Text(text))
+
+    async def follow_outages(self, watch: OutageWatch) -> None:
+        """Show "waiting for the database (N s)" while the run waits for it (until cancelled)."""
+        reported: float | None = None  # the wait length last printed
+        longest = 0.0
+        while True:
+            waited = watch.waiting_s()
+            if waited is not None:
+                longest = waited
+                label = f"waiting for the database ({waited:.0f} s)"
+                if self.waiting_task is None:
+                    self.waiting_task = self.progress.add_task(label, total=None)
+                self.progress.update(self.waiting_task, description=label, visible=True)
+                if reported is None or waited - reported >= WAIT_REPORT_S:
+                    reported = waited
+                    self._line(f"demo: {label}; the outage budget is {watch.budget_s:g} s")
+            elif reported is not None:
+                self._line(f"demo: the database is back after {longest:.0f} s; resuming")
+                self.progress.update(self.waiting_task, visible=False)
+                reported = None
+            await trio.sleep(WAIT_POLL_S)
 
 
 def summary_table(title: str, rows: list[tuple[str, Any]]) -> Table:
@@ -144,8 +176,19 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
         run_ref["run"] = run
         await args.notice.started(run)  # a plain line before the bars take the terminal
         with bars.progress:
-            return await run.map(TABLE, rows, tool, contract=CONTRACT,
-                                 concurrency=args.concurrency, on_progress=on_progress)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(bars.follow_outages, run.outage)
+                    try:
+                        return await run.map(TABLE, rows, tool, contract=CONTRACT,
+                                             concurrency=args.concurrency, on_progress=on_progress)
+                    finally:
+                        nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:  # the map's own error, not a group of one
+                leaves = leaf_errors(group)
+                if len(leaves) == 1:
+                    raise leaves[0] from None
+                raise
 
     started = time.perf_counter()
     async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway

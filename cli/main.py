@@ -34,7 +34,7 @@ import trio
 
 from runplane.engine import PlayScope, open_tenant, sheets
 from runplane.engine.actions import RemotePort
-from runplane.engine.errors import EngineError, leaf_errors
+from runplane.engine.errors import EngineError, leaf_errors, public_name
 from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.scopes import normalize_namespace
@@ -533,7 +533,7 @@ def _report(exc: BaseException, command_name: str) -> int | None:
         warn(f"runplane: {exc}")
         return 1
     if isinstance(exc, EngineError):
-        warn(f"runplane: {type(exc).__name__}: {exc}")
+        warn(f"runplane: {public_name(exc)}: {exc}")
         return 1
     if isinstance(exc, OSError):
         warn(f"runplane: {exc}")

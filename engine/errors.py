@@ -87,6 +87,28 @@ class TenantUnavailableError(EngineError):
     """
 
 
+class TenantUnreachableError(TenantUnavailableError, StoreUnavailableError):
+    """A connect failed transiently (refused, reset, timed out, the server shutting down or
+    starting up) on every attempt of the connect ladder (SPEC §3).
+
+    Both a `TenantUnavailableError` (one connect failed) and a `StoreUnavailableError` (the
+    store is out of reach, a retry later may succeed): layers that ride out outages retry it."""
+
+
+class StoreOutageError(StoreUnavailableError):
+    """The store stayed out of reach for longer than the outage budget
+    (`open_tenant(..., outage_budget_s=...)`, `RUNPLANE_OUTAGE_BUDGET_S`): the operation was
+    retried meanwhile and never succeeded. `waited_s` is how long it was retried, `budget_s` the
+    budget. Not retried again by outer layers; a run that ends with it keeps its staged input,
+    and a wake finishes it."""
+
+    def __init__(self, message: str, *, waited_s: float = 0.0, budget_s: float = 0.0,
+                 sqlstate: str | None = None) -> None:
+        super().__init__(message, sqlstate=sqlstate)
+        self.waited_s = waited_s
+        self.budget_s = budget_s
+
+
 class SchemaNotFoundError(EngineError):
     """A tenant opened without bootstrap (`open_tenant(..., bootstrap=False)`, as read-only
     commands open it) met a schema without runplane's tables. Nothing was created."""
@@ -113,6 +135,24 @@ class ArrayInputUnavailableError(EngineError):
     """The gateway has no array-input actions (started with `--no-array-actions`, or older).
 
     `run.map` over a list then admits the list directly instead of staging it."""
+
+
+PUBLIC_NAMES = frozenset({
+    "EngineError", "ScopeError", "InvalidInputError", "RetiredError", "ConflictError",
+    "CorruptFactError", "StoreUnavailableError", "TenantUnavailableError",
+    "TransactionStateUnknownError", "AuthError", "GatewayUnavailableError",
+    "ArrayInputUnavailableError",
+})
+
+
+def public_name(exc: BaseException) -> str:
+    """The name of the nearest public class (SPEC §10) of an engine error, for messages: a
+    `TenantUnreachableError` reads as `TenantUnavailableError`, a `StoreOutageError` as
+    `StoreUnavailableError`; other exceptions keep their own name."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in PUBLIC_NAMES and cls.__module__ == __name__:
+            return cls.__name__
+    return type(exc).__name__
 
 
 def leaf_errors(exc: BaseException) -> list[BaseException]:

@@ -8,9 +8,27 @@ How it works
   model: `transaction()` issues BEGIN/COMMIT/ROLLBACK at depth zero and SAVEPOINT/RELEASE/ROLLBACK
   TO when already inside a transaction (which is always so under an execution role, where the
   checkout itself opened one).
-- Invariant: a connection goes back to the pool only in a known, idle state. A query cancelled
-  mid-flight, a lost connection, or a ROLLBACK that failed or ran past `ROLLBACK_TIMEOUT` marks it
-  `broken`; broken connections are closed on release, never pooled.
+- Invariant: a connection goes back to the pool only in a known, idle state. Any statement that
+  did not end with the server's answer (cancelled mid-flight, a lost connection, a driver-state
+  error, anything but an error the server reported) and a ROLLBACK that failed or ran past
+  `ROLLBACK_TIMEOUT` mark it `broken`; broken connections are closed on release, never pooled.
+- A connection can go stale while idle (in the pool, or between its connect and its first
+  statement): when its backend is terminated, the driver may read the server's farewell (which
+  leaves its protocol busy: "cannot switch to state 11; another operation (2) is in progress")
+  before it sees the socket close, so `is_closed()` cannot tell. The first statement of a
+  checkout that the driver refuses without running it (a protocol-state error, raised before
+  the statement is written — at most a side-effect-free parse went out — or a closed-connection
+  error raised before its first wait) is therefore run again, once, on a fresh connection;
+  nothing ran on the server and the checkout had no state yet, so this is safe. Refused later, it raises `StoreUnavailableError` ("the server ended the
+  connection before the statement ran"); the connection is broken, never reused.
+- Lost commit replies: before the COMMIT of a top-level transaction opened with `transaction()`,
+  the transaction's id is read (`txid_current_if_assigned()`; read-only transactions have none).
+  When the connection is lost before COMMIT's reply arrives, a fresh connection asks the server
+  for that id's fate (`txid_status`): committed means the transaction took effect exactly once
+  and `transaction()` returns normally; aborted raises `StoreUnavailableError` (nothing was
+  applied, a retry is safe); an answer that cannot be had raises
+  `TransactionStateUnknownError`. A COMMIT that runs past `COMMIT_TIMEOUT` is resolved alike. The probe is not a statement of the operation, so the
+  statement hook does not see it.
 - COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
   finishes and never waits forever.
 """
@@ -40,6 +58,7 @@ from .errors import (
 
 ROLLBACK_TIMEOUT = 1.0
 COMMIT_TIMEOUT = 10.0
+COMMIT_RESOLVE_TIMEOUT = 10.0  # reading a lost COMMIT's outcome on a fresh connection
 CONNECT_TIMEOUT = 5.0
 
 # SQLSTATEs that mean "the connection, not the statement, failed": retry on a fresh one.
@@ -79,6 +98,35 @@ def _is_driver_error(exc: BaseException) -> bool:
     )
 
 
+def _unsent_state_error(exc: BaseException, *, before_first_wait: bool) -> bool:
+    """The driver refused a statement because of the connection's state, without executing it:
+    a protocol-state error (raised when the driver tries to switch its protocol state, before it
+    writes the statement; a parse/describe round trip may have preceded, which has no effect),
+    or a closed-connection error raised before the statement's first wait."""
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        return str(exc).startswith("cannot switch to state")
+    return before_first_wait and isinstance(exc, asyncpg.InterfaceError) and \
+        not isinstance(exc, asyncpg.exceptions.DataError)
+
+
+def _server_answered(exc: BaseException) -> bool:
+    """A statement error the server reported, after which the connection is idle again."""
+    if isinstance(exc, asyncpg.exceptions.DataError):
+        return True  # an argument failed to encode before anything was sent
+    return (isinstance(exc, asyncpg.PostgresError)
+            and not isinstance(exc, asyncpg.PostgresConnectionError)
+            and getattr(exc, "sqlstate", None) not in TRANSIENT_SQLSTATES)
+
+
+class NotSent(Exception):
+    """Raised by `Driver.step` when the coroutine failed before its first wait: the driver
+    refused the statement without waiting for the server. `error` is the driver's error."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 def is_transient_connect_error(exc: BaseException) -> bool:
     """Connect failures worth another attempt: refused, reset, timed out, terminated, starting."""
     if isinstance(exc, asyncpg.PostgresError):
@@ -108,11 +156,13 @@ class Driver:
 
         Cancellation follows trio-asyncio's rule: the future being waited on is cancelled, the
         coroutine sees `asyncio.CancelledError` and unwinds, and this raises `trio.Cancelled`.
+        A failure before the coroutine's first wait is raised as `NotSent(error)`.
         """
         task = trio.lowlevel.current_task()
         raise_cancel = None
         to_send: Any = None
         to_throw: BaseException | None = None
+        first = True
         token = trio_asyncio.current_loop.set(self.loop)  # for asyncio.get_running_loop()
         try:
             while True:
@@ -127,6 +177,11 @@ class Driver:
                     if raise_cancel is not None:
                         raise_cancel()
                     raise
+                except Exception as exc:
+                    if first:
+                        raise NotSent(exc) from exc
+                    raise
+                first = False
                 to_send = None
                 if waited is None:  # a bare yield (asyncio.sleep(0)): let others run
                     await trio.lowlevel.cancel_shielded_checkpoint()
@@ -199,6 +254,12 @@ def _timed(report: PhaseReport | None, phase: str) -> Iterator[None]:
     report(phase, time.perf_counter() - started, False)
 
 
+Reconnect = Callable[[], Awaitable[Any]]        # a fresh raw connection
+CommitStatus = Callable[[str], Awaitable[str | None]]  # txid -> committed|aborted|in progress|None
+
+XID_PROBE = "SELECT txid_current_if_assigned()::text"
+
+
 class Connection:
     """One checked-out connection. Not shared between tasks; valid until its checkout ends.
 
@@ -206,60 +267,85 @@ class Connection:
     COMMIT and savepoints included); it must `await send()` to run the statement, and may delay,
     raise or cancel before or after. Tests and simulations install hooks (see
     `simulations.ports`) to count round trips and inject faults; engine code never does.
+
+    `reconnect` replaces a stale connection on the checkout's first statement (see the module
+    docstring); `commit_status` reads a transaction's fate on
+    a fresh connection when a COMMIT's reply was lost (both supplied by the tenant).
     """
 
-    def __init__(self, raw: Any, driver: Driver) -> None:
+    def __init__(self, raw: Any, driver: Driver, *, reconnect: Reconnect | None = None,
+                 commit_status: CommitStatus | None = None) -> None:
         self._raw = raw
         self._driver = driver
         self._depth = 0  # transactions/savepoints we opened
+        self._reconnect = reconnect  # cleared after the first statement
+        self._commit_status = commit_status
+        self._resolve_commit = False  # an explicit transaction() is open at the top level
         self.broken = False
         self.statement_hook: StatementHook | None = None
 
     # -- queries ---------------------------------------------------------------------------
-    async def _statement(self, sql: str, method: Callable[..., Any], *args: Any) -> Any:
+    async def _statement(self, sql: str, method: str, *args: Any, **kwargs: Any) -> Any:
         if self.statement_hook is None:
-            return await self._send(method, args)
-        return await self.statement_hook(sql, functools.partial(self._send, method, args))
+            return await self._send(method, args, kwargs)
+        return await self.statement_hook(sql, functools.partial(self._send, method, args, kwargs))
 
-    async def _send(self, method: Callable[..., Any], args: tuple) -> Any:
+    async def _send(self, method: str, args: tuple, kwargs: dict | None = None) -> Any:
         """Run one driver call; the one choke point every statement passes."""
         if self.broken:
             raise StoreUnavailableError("connection was closed after an earlier failure")
+        reconnect, self._reconnect = self._reconnect, None
         try:
-            return await self._driver.step(method(*args))
+            return await self._driver.step(getattr(self._raw, method)(*args, **(kwargs or {})))
         except trio.Cancelled:
             # The server may still be running the statement: the state is unknown.
             self.broken = True
             raise
-        except BaseException as exc:
-            if not _is_driver_error(exc):
-                raise
-            error = translate(exc)
-            if isinstance(error, StoreUnavailableError) or self._raw.is_closed():
-                self.broken = True
-            raise error from exc
+        except BaseException as raised:
+            exc, before_first_wait = (
+                (raised.error, True) if isinstance(raised, NotSent) else (raised, False))
+            self._fail(exc)
+            if not _unsent_state_error(exc, before_first_wait=before_first_wait):
+                if not _is_driver_error(exc):
+                    if exc is raised:
+                        raise
+                    raise exc from None
+                raise translate(exc) from exc
+            if reconnect is None:
+                raise StoreUnavailableError(
+                    f"the server ended the connection before the statement ran ({exc})") from exc
+        # A stale connection, and the checkout's first statement (see the module docstring):
+        # nothing was run on it and nothing depends on it, so run the statement on a fresh one.
+        self._raw.terminate()
+        self._raw = await reconnect()
+        self.broken = False
+        return await self._send(method, args, kwargs)
+
+    def _fail(self, exc: BaseException) -> None:
+        """After a failed statement: keep the connection only when the server answered."""
+        if not _server_answered(exc) or self._raw.is_closed():
+            self.broken = True
 
     async def execute(self, sql: str, *args: Any) -> str:
-        return await self._statement(sql, self._raw.execute, sql, *args)
+        return await self._statement(sql, "execute", sql, *args)
 
     async def fetch(self, sql: str, *args: Any) -> list[Record]:
-        return await self._statement(sql, self._raw.fetch, sql, *args)
+        return await self._statement(sql, "fetch", sql, *args)
 
     async def fetchrow(self, sql: str, *args: Any) -> Record | None:
-        return await self._statement(sql, self._raw.fetchrow, sql, *args)
+        return await self._statement(sql, "fetchrow", sql, *args)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
-        return await self._statement(sql, self._raw.fetchval, sql, *args)
+        return await self._statement(sql, "fetchval", sql, *args)
 
     async def copy_records(
         self, table: str, records: Sequence[Sequence[Any]], *, columns: Sequence[str], schema: str
     ) -> str:
         """COPY `records` into `schema.table` (binary protocol: the fastest bulk path)."""
-        copy = functools.partial(
-            self._raw.copy_records_to_table,
-            table, records=records, columns=list(columns), schema_name=schema,
+        return await self._statement(
+            f"COPY {schema}.{table}", "copy_records_to_table", table,
+            records=records, columns=list(columns), schema_name=schema,
         )
-        return await self._statement(f"COPY {schema}.{table}", copy)
 
     @property
     def in_transaction(self) -> bool:
@@ -270,24 +356,40 @@ class Connection:
         return self._raw.get_server_pid()
 
     # -- transactions ----------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def transaction(self, *, on_phase: PhaseReport | None = None) -> AsyncIterator["Connection"]:
+    def transaction(self, *, on_phase: PhaseReport | None = None
+                    ) -> contextlib.AbstractAsyncContextManager["Connection"]:
         """BEGIN…COMMIT, or a SAVEPOINT when already inside a transaction.
 
         `on_phase`, when given, is called as `on_phase(phase, seconds, failed)` after the
         statement that opens the transaction (`"begin"`) and after the one that commits it
         (`"commit"`), whether they succeeded or raised; a rollback is not reported.
+        A lost COMMIT reply is resolved (see the module docstring).
         """
-        if self.in_transaction:
+        return self._transaction(on_phase, resolve=True)
+
+    def checkout_transaction(self) -> contextlib.AbstractAsyncContextManager["Connection"]:
+        """The transaction a checkout opens under an execution role. Its COMMIT's reply is
+        resolved only when an explicit `transaction()` ran inside it (single statements are
+        idempotent by construction, and need no extra round trip)."""
+        return self._transaction(None, resolve=False)
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, on_phase: PhaseReport | None, *, resolve: bool
+                           ) -> AsyncIterator["Connection"]:
+        top = not self.in_transaction
+        if not top:
             name = f"runplane_sp_{self._depth}"
             begin, commit, rollback = (
                 f"SAVEPOINT {name}", f"RELEASE SAVEPOINT {name}", f"ROLLBACK TO SAVEPOINT {name}"
             )
         else:
             begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
+            self._resolve_commit = False
         with _timed(on_phase, "begin"):
             await self.execute(begin)
         self._depth += 1
+        if resolve:
+            self._resolve_commit = True
         try:
             yield self
         except BaseException as exc:
@@ -296,7 +398,51 @@ class Connection:
             raise
         self._depth -= 1
         with _timed(on_phase, "commit"):
-            await self._finish(commit)
+            if top:
+                await self._commit()
+            else:
+                await self._finish(commit)
+
+    async def _commit(self) -> None:
+        """COMMIT a top-level transaction, resolving a lost reply when asked to."""
+        xid = None
+        if self._resolve_commit and self._commit_status is not None:
+            xid = await self._send("fetchval", (XID_PROBE,))  # not an operation statement
+        self._resolve_commit = False
+        try:
+            await self._finish("COMMIT")
+        except (StoreUnavailableError, TransactionStateUnknownError) as lost:
+            if xid is None:
+                raise
+            await self._resolve_lost_commit(xid, lost)
+
+    async def _resolve_lost_commit(self, xid: str, lost: EngineError) -> None:
+        """COMMIT's reply was lost, or it ran past `COMMIT_TIMEOUT`: read the fate of `xid` on
+        a fresh connection (this one is dropped first, so its backend finishes on its own)."""
+        self.close()
+        assert self._commit_status is not None
+        status: str | None = "in progress"
+        try:
+            with trio.CancelScope(shield=True,
+                                  deadline=trio.current_time() + COMMIT_RESOLVE_TIMEOUT):
+                status = await self._commit_status(xid)
+        except EngineError as probe_error:
+            raise TransactionStateUnknownError(
+                f"COMMIT's reply was lost ({lost}) and its outcome could not be read "
+                f"({probe_error})", error=lost, rollback_error=probe_error,
+            ) from lost
+        if status == "committed":
+            return  # it took effect, exactly once
+        if status == "aborted":
+            raise StoreUnavailableError(
+                f"connection lost at COMMIT; the transaction was rolled back ({lost})",
+                sqlstate=getattr(lost, "sqlstate", None),
+            ) from lost
+        unknown = TimeoutError(f"transaction {xid} is {status or 'unknown to the server'}")
+        raise TransactionStateUnknownError(
+            f"COMMIT's reply was lost ({lost}) and the transaction's outcome is not known yet "
+            f"({unknown})", error=lost, rollback_error=unknown,
+        ) from lost
 
     async def _finish(self, commit: str) -> None:
         with trio.CancelScope(shield=True, deadline=trio.current_time() + COMMIT_TIMEOUT) as scope:

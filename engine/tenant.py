@@ -7,8 +7,16 @@ How it works
   connections. Lanes bound how much of the tenant one kind of work may hold: background
   retirement can never starve foreground sheet or receipt work.
 - Physical connects take at most `CONNECT_TIMEOUT` each; transient failures are retried after
-  250, 750 and 1500 ms; anything else fails at once with `TenantUnavailableError`, which names
-  the host and never the password.
+  250, 750 and 1500 ms, then raise `TenantUnreachableError` (a `TenantUnavailableError` that is
+  also a `StoreUnavailableError`, so layers that ride out outages retry it); anything else fails
+  at once with a plain `TenantUnavailableError`. Both name the host, never the password.
+- `outage_budget_s` (default `RUNPLANE_OUTAGE_BUDGET_S`, else 60 s) is how long the actors keep
+  retrying an operation through a store outage before the run ends with `StoreOutageError`
+  (see `actors.retry`); the connect ladder above bounds one connect, the budget a whole
+  operation.
+- A connection whose first statement the driver refuses unsent (stale: its backend ended while
+  it was idle) is replaced by a fresh one (`engine.pg`); a lost COMMIT reply is resolved with
+  `commit_status` on a fresh connection.
 - With an `execution_role`, each checkout opens a transaction and `SET LOCAL ROLE` before the
   caller sees the connection; the checkout commits on a clean exit and rolls back otherwise, so
   operations inside use savepoints (`outer_transaction` is true).
@@ -35,6 +43,7 @@ from .errors import (
     SchemaNotFoundError,
     StoreUnavailableError,
     TenantUnavailableError,
+    TenantUnreachableError,
 )
 from .limits import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
@@ -44,6 +53,29 @@ from .sql import quote_ident
 DEFAULT_LANES: Mapping[str, int] = {SHEET_LANE: 6, RECEIPTS_LANE: 6, RETIREMENT_LANE: 2}
 CONNECT_RETRY_DELAYS = (0.25, 0.75, 1.5)
 MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
+DEFAULT_OUTAGE_BUDGET_S = 60.0
+OUTAGE_BUDGET_ENV = "RUNPLANE_OUTAGE_BUDGET_S"
+COMMIT_STATUS_POLL_S = 0.05  # while a lost COMMIT's transaction is still "in progress"
+
+
+def outage_budget(value: object = None) -> float:
+    """The outage budget in seconds: `value`, else `RUNPLANE_OUTAGE_BUDGET_S`, else 60.
+    `InvalidInputError` unless it is a number >= 0 (0 ends a run at the first failed retry)."""
+    source = "outage_budget_s"
+    if value is None:
+        value = os.environ.get(OUTAGE_BUDGET_ENV) or None
+        source = OUTAGE_BUDGET_ENV
+        if value is None:
+            return DEFAULT_OUTAGE_BUDGET_S
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidInputError(f"{OUTAGE_BUDGET_ENV} must be a number of seconds, "
+                                    f"got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+            or value == float("inf"):
+        raise InvalidInputError(f"{source} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def check_dsn(dsn: str) -> None:
@@ -101,6 +133,7 @@ class Tenant:
     execution_role: str | None = None
     max_connections: int = 8
     bootstrap: bool = True
+    outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     lanes: Mapping[str, int] = attrs.field(factory=lambda: dict(DEFAULT_LANES))
     _lane_permits: dict[str, Permits] = attrs.field(init=False)
     _connection_permits: Permits = attrs.field(init=False)
@@ -136,12 +169,32 @@ class Tenant:
             ) from None
         return Checkout(self, lane_permits)
 
-    async def _checkout_raw(self) -> Any:
-        while self._idle:
+    async def _checkout(self) -> pg.Connection:
+        """An idle pooled connection or a new one (replaced on its first statement if stale)."""
+        raw = None
+        while self._idle and raw is None:
             raw = self._idle.pop()
-            if not raw.is_closed():
-                return raw
-        return await self._connect()
+            if raw.is_closed():
+                raw = None
+        if raw is None:
+            raw = await self._connect()
+        return pg.Connection(raw, self.driver, reconnect=self._connect,
+                             commit_status=self.commit_status)
+
+    async def commit_status(self, xid: str) -> str | None:
+        """The fate of transaction `xid` (`committed`, `aborted`, or None when the server no
+        longer knows it), read on a fresh connection once it is no longer `in progress` (a
+        backend whose client vanished finishes or aborts its transaction on its own)."""
+        raw = await self._connect()
+        try:
+            conn = pg.Connection(raw, self.driver)
+            while True:
+                status = await conn.fetchval("SELECT txid_status($1::bigint)", int(xid))
+                if status != "in progress":
+                    return status
+                await trio.sleep(COMMIT_STATUS_POLL_S)
+        finally:
+            await pg.close_gracefully(raw, self.driver)
 
     def _release(self, conn: pg.Connection) -> None:
         if conn.is_reusable() and not self._closed:
@@ -159,17 +212,18 @@ class Tenant:
             except BaseException as exc:
                 if not (isinstance(exc, Exception) and pg.is_transient_connect_error(exc)):
                     if isinstance(exc, Exception):
-                        raise self._unavailable(exc) from exc
+                        raise self._unavailable(exc, TenantUnavailableError) from exc
                     raise
                 last = exc
             if delay is not None:
                 await trio.sleep(delay)
         assert last is not None
-        raise self._unavailable(last) from last
+        raise self._unavailable(last, TenantUnreachableError) from last
 
-    def _unavailable(self, exc: BaseException) -> TenantUnavailableError:
+    def _unavailable(self, exc: BaseException, kind: type[TenantUnavailableError]
+                     ) -> TenantUnavailableError:
         reason = str(exc).replace(self.dsn, self.host) or type(exc).__name__
-        return TenantUnavailableError(f"cannot connect to {self.host}: {reason}")
+        return kind(f"cannot connect to {self.host}: {reason}")
 
     # -- schema ----------------------------------------------------------------------------
     async def repair_schema(self) -> None:
@@ -212,7 +266,7 @@ class Tenant:
     async def _plain_connection(self) -> AsyncIterator[pg.Connection]:
         """A connection as the login user (no role switch), for DDL; holds a tenant permit."""
         async with self._connection_permits.hold():
-            conn = pg.Connection(await self._checkout_raw(), self.driver)
+            conn = await self._checkout()
             try:
                 yield conn
             finally:
@@ -250,9 +304,9 @@ class Checkout:
             try:
                 if tenant._closed:
                     raise StoreUnavailableError("tenant is closed")
-                conn = self._conn = pg.Connection(await tenant._checkout_raw(), tenant.driver)
+                conn = self._conn = await tenant._checkout()
                 if tenant.execution_role is not None:
-                    self._role_tx = conn.transaction()
+                    self._role_tx = conn.checkout_transaction()
                     await self._role_tx.__aenter__()
                     try:
                         await conn.execute(f"SET LOCAL ROLE {quote_ident(tenant.execution_role)}")
@@ -310,6 +364,7 @@ async def open_tenant(
     lanes: Mapping[str, int] | None = None,
     execution_role: str | None = None,
     bootstrap: bool = True,
+    outage_budget_s: float | None = None,
 ) -> AsyncIterator[Tenant]:
     """Open a tenant: connect (fail fast), bootstrap the schema, yield the tenant, close the pool.
 
@@ -317,10 +372,13 @@ async def open_tenant(
     `bootstrap=False` (read-only callers) runs no DDL at all: the schema is neither created nor
     upgraded nor repaired (`repair_schema` raises `SchemaNotFoundError`); the caller checks
     `schema.schema_status` itself.
+    `outage_budget_s` (default `RUNPLANE_OUTAGE_BUDGET_S`, else 60) bounds how long runs on this
+    tenant ride out a store outage (see `actors.retry`); opening itself fails fast.
     """
     check_tenant_names(org_id, schema, execution_role)
     if max_connections < 1:
         raise InvalidInputError("max_connections must be at least 1")
+    budget = outage_budget(outage_budget_s)
     lane_limits = dict(DEFAULT_LANES if lanes is None else lanes)
     for name, limit in lane_limits.items():
         if not isinstance(limit, int) or limit < 1:
@@ -336,6 +394,7 @@ async def open_tenant(
             execution_role=execution_role,
             max_connections=max_connections,
             bootstrap=bootstrap,
+            outage_budget_s=budget,
             lanes=lane_limits,
         )
         try:
