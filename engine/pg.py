@@ -22,7 +22,9 @@ How it works
   nothing ran on the server and the checkout had no state yet, so this is safe. Refused later, it raises `StoreUnavailableError` ("the server ended the
   connection before the statement ran"); the connection is broken, never reused.
 - Lost commit replies: before the COMMIT of a top-level transaction opened with `transaction()`,
-  the transaction's id is read (`txid_current_if_assigned()`; read-only transactions have none).
+  the transaction's id is read (`txid_current_if_assigned()`; read-only transactions have none),
+  unless a statement of the transaction already returned it (`note_transaction_id`: the sheet
+  transactions' first statement does, saving the round trip).
   When the connection is lost before COMMIT's reply arrives, a fresh connection asks the server
   for that id's fate (`txid_status`): committed means the transaction took effect exactly once
   and `transaction()` returns normally; aborted raises `StoreUnavailableError` (nothing was
@@ -281,6 +283,7 @@ class Connection:
         self._reconnect = reconnect  # cleared after the first statement
         self._commit_status = commit_status
         self._resolve_commit = False  # an explicit transaction() is open at the top level
+        self._xid: str | None = None  # the open transaction's id, when a statement returned it
         self.broken = False
         self.statement_hook: StatementHook | None = None
 
@@ -347,6 +350,12 @@ class Connection:
             records=records, columns=list(columns), schema_name=schema,
         )
 
+    def note_transaction_id(self, xid: str) -> None:
+        """Tell the open top-level transaction its id (`txid_current()::text`, read by one of
+        its own statements), so that COMMIT needs no extra round trip to learn it."""
+        if self.in_transaction:
+            self._xid = xid
+
     @property
     def in_transaction(self) -> bool:
         return self._depth > 0 or self._raw.is_in_transaction()
@@ -385,6 +394,7 @@ class Connection:
         else:
             begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
             self._resolve_commit = False
+            self._xid = None
         with _timed(on_phase, "begin"):
             await self.execute(begin)
         self._depth += 1
@@ -407,8 +417,11 @@ class Connection:
         """COMMIT a top-level transaction, resolving a lost reply when asked to."""
         xid = None
         if self._resolve_commit and self._commit_status is not None:
-            xid = await self._send("fetchval", (XID_PROBE,))  # not an operation statement
+            xid = self._xid
+            if xid is None:
+                xid = await self._send("fetchval", (XID_PROBE,))  # not an operation statement
         self._resolve_commit = False
+        self._xid = None
         try:
             await self._finish("COMMIT")
         except (StoreUnavailableError, TransactionStateUnknownError) as lost:

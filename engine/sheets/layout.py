@@ -338,12 +338,15 @@ async def prepare_columns(
 
 # -- the write transaction --------------------------------------------------------------------
 # Transaction-local settings, sent before the lock so the lock wait is bounded by the timeout.
+# It also returns the transaction's id (every sheet transaction writes: it claims its summary
+# row), which spares COMMIT a round trip to learn it (`Connection.note_transaction_id`).
 _SETTINGS = """
 SELECT set_config('statement_timeout', $1, true),
        set_config('plan_cache_mode', 'force_custom_plan', true),
        set_config('work_mem', '32MB', true),
        set_config('enable_hashjoin', 'off', true),
-       set_config('enable_mergejoin', 'off', true)
+       set_config('enable_mergejoin', 'off', true),
+       txid_current()::text AS xid
 """
 
 # Both lock statements upsert the sheet's summary row, claiming its table name (unique: a
@@ -448,7 +451,8 @@ async def _transaction_once(
             clock.add("permit_wait", waited)
             clock.add("connect", elapsed - waited)
             async with conn.transaction(on_phase=clock.add):
-                await conn.execute(_SETTINGS, str(timeout_ms))
+                settings = await conn.fetchrow(_SETTINGS, str(timeout_ms))
+                conn.note_transaction_id(settings["xid"])
                 sheet = await _lock_sheet(conn, port, layout, fields, mode)
                 return await op(conn, sheet)
     except BaseException:
