@@ -18,9 +18,13 @@ How it works
     `lost_reply`  (opt-in, statements only) the statement runs, then the connection is dropped
                   and `StoreUnavailableError` raised: the caller cannot tell whether it applied.
   Faults that cannot apply (a cancel with no `cancellable()` scope, a lost reply at a checkout,
-  anything at COMMIT/ROLLBACK/RELEASE, which run shielded) become checkpoints and are not counted.
+  anything at COMMIT/ROLLBACK/RELEASE, which run shielded) become checkpoints and are not
+  counted as injected (`neutralized` counts them).
 - `injected` counts faults that were applied (delays, errors, cancellations), `by_kind` splits
-  them; simulations add these to their report.
+  them; simulations add these to their report. `drawn` counts the plan's faults of counted
+  kinds, `boundaries_met` the boundaries the port saw; `unfired` the drawn faults that never
+  applied (the actor finished first, or the fault was neutralized). `harness.unfired` turns a
+  port that drew faults but met no boundary at all (it was never wired in) into a violation.
 
 Typical use in a scenario (each hypothesis example in its own `trio.run`):
 
@@ -105,6 +109,9 @@ class _FaultHook:
     by_kind: collections.Counter = attrs.field(factory=collections.Counter)
     scopes: dict[trio.lowlevel.Task, list[trio.CancelScope]] = attrs.field(factory=dict)
 
+    neutralized: int = 0
+    boundaries_met: int = 0
+
     def next_fault(self) -> Fault:
         if self.position >= len(self.plan.steps):
             return NO_FAULT
@@ -112,6 +119,7 @@ class _FaultHook:
         return self.plan.steps[self.position - 1]
 
     async def at_boundary(self, boundary: Boundary) -> str | None:
+        self.boundaries_met += 1
         fault = self.next_fault()
         if fault.kind == "none":
             return None
@@ -119,6 +127,7 @@ class _FaultHook:
         if (boundary.kind == "query" and sql.startswith(_UNFAULTABLE_PREFIXES)) or (
             boundary.kind == "checkout" and fault.kind == "lost_reply"
         ):
+            self.neutralize(fault)
             await trio.lowlevel.checkpoint()
             return None
         if fault.kind == "lost_reply":
@@ -135,12 +144,17 @@ class _FaultHook:
         elif fault.kind == "cancel":
             stack = self.scopes.get(trio.lowlevel.current_task())
             if not stack:
+                self.neutralize(fault)
                 await trio.lowlevel.checkpoint()
                 return None
             self._count("cancel")
             stack[-1].cancel()
             await trio.lowlevel.checkpoint()  # raises Cancelled here, inside the call
         return None
+
+    def neutralize(self, fault: Fault) -> None:
+        if fault.kind in COUNTED_KINDS:
+            self.neutralized += 1
 
     def _count(self, kind: str) -> None:
         self.injected += 1
@@ -161,6 +175,20 @@ class FaultyPort(HookedPort):
     @property
     def by_kind(self) -> dict[str, int]:
         return dict(self.hook.by_kind)
+
+    @property
+    def drawn(self) -> int:
+        """Faults of counted kinds in the plan."""
+        return sum(1 for step in self.hook.plan.steps if step.kind in COUNTED_KINDS)
+
+    @property
+    def boundaries_met(self) -> int:
+        return self.hook.boundaries_met
+
+    @property
+    def unfired(self) -> int:
+        """Drawn faults that never applied (beyond the actor's last boundary, or neutralized)."""
+        return self.drawn - self.injected
 
     @contextlib.contextmanager
     def cancellable(self) -> Iterator[trio.CancelScope]:
