@@ -33,10 +33,9 @@ class SimulationReport:
         kinds = ""
         if self.fault_counts:
             kinds = " (" + ", ".join(f"{kind} {n}" for kind, n in sorted(self.fault_counts.items())) + ")"
-        shrunk = ""
+        shrunk = "".join(f"\n  {note}" for note in self.notes)
         if self.minimal is not None:
             plan, scheduler = self.minimal
-            shrunk = "".join(f"\n  {note}" for note in self.notes)
             shrunk += f"\n  minimal failing schedule: plan={plan!r}, scheduler={scheduler}"
         return (
             f"{self.scenario}: {self.examples} examples, {self.faults} faults injected{kinds}, "
