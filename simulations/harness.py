@@ -67,9 +67,10 @@ async def open_example_tenant(org_id: str, dsn: str) -> AsyncIterator[Tenant]:
                 await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
 
 
-# The scheduler's random source (verified in trio's `_core/_run.py`: `_r = random.Random()`,
-# used to shuffle each batch of runnable tasks). Registered so hypothesis restores it after
-# every example; seeded per example with the drawn `scheduler` value.
+# The scheduler's random source (verified in trio 0.35's `_core/_run.py`: `_r = random.Random()`;
+# once hypothesis is imported, trio's hypothesis plugin sets `_ALLOW_DETERMINISTIC_SCHEDULING`,
+# and each batch of runnable tasks is sorted by spawn order and shuffled with `_r`). Registered
+# so hypothesis restores it after every example; seeded per example with the drawn `scheduler`.
 SCHEDULER_RANDOM = trio_run._r
 register_random(SCHEDULER_RANDOM)
 SCHEDULER_SEEDS = st.integers(0, 2**32 - 1)
@@ -140,7 +141,9 @@ def run_examples(
         failures = group.subgroup(InvariantViolated)
         if failures is None:
             raise
-        record_failure(report, failures.exceptions[0], note=" (flaky on replay)")
+        while isinstance(failures, BaseExceptionGroup):
+            failures = failures.exceptions[0]
+        record_failure(report, failures, note=" (flaky on replay)")
     return report
 
 

@@ -81,6 +81,37 @@ def test_a_broken_invariant_fails_shrinks_and_replays_the_same_schedule(dsn):
     assert again.violations == report.violations
 
 
+def test_trio_schedules_from_the_registered_random_once_hypothesis_is_imported():
+    import trio._core._run as trio_run
+
+    assert trio_run._ALLOW_DETERMINISTIC_SCHEDULING  # trio's hypothesis plugin ran
+    assert SCHEDULER_RANDOM is trio_run._r
+
+    async def order_of_five(seed: int) -> list[int]:
+        order: list[int] = []
+
+        async def task(i: int) -> None:
+            await trio.lowlevel.checkpoint()
+            order.append(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(5):
+                nursery.start_soon(task, i)
+        return order
+
+    def run_seeded(seed: int) -> list[int]:
+        SCHEDULER_RANDOM.seed(seed)
+        return trio.run(order_of_five, seed)
+
+    state = SCHEDULER_RANDOM.getstate()
+    try:
+        orders = {seed: run_seeded(seed) for seed in range(20)}
+        assert all(run_seeded(seed) == order for seed, order in orders.items())  # replayable
+        assert len({tuple(order) for order in orders.values()}) > 1  # and the seed matters
+    finally:
+        SCHEDULER_RANDOM.setstate(state)
+
+
 def test_the_scheduler_seed_is_restored_after_a_replay(dsn):
     state = SCHEDULER_RANDOM.getstate()
     replay(broken_probe, dsn, ProbePlan(2, FaultPlan.quiet()), 12345)
