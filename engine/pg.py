@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import os
 import signal
 import time
@@ -189,21 +188,23 @@ StatementHook = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 # RUNPLANE_CRASH_AT_STATEMENT=k the process counts the statements it sends and kills itself with
 # SIGKILL just before the k-th (k=0: count only, see `statements_sent`).
 _CRASH_AT = os.environ.get("RUNPLANE_CRASH_AT_STATEMENT")
-_statements = itertools.count(1)
 _sent = 0
 
 
 def _crash_boundary(sql: str) -> None:
     global _sent
-    _sent = next(_statements)
+    _sent += 1
     if _sent == int(_CRASH_AT or 0):
-        os.write(2, f"crash-anywhere: SIGKILL before statement {_sent}: {' '.join(sql.split())[:100]}\n".encode())
+        where = " ".join(sql.split())[:100]
+        os.write(2, f"crash-anywhere: SIGKILL before statement {_sent}: {where}\n".encode())
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def statements_sent() -> int:
     """Statements this process sent, when RUNPLANE_CRASH_AT_STATEMENT is set (else 0)."""
     return _sent
+
+
 PhaseReport = Callable[[str, float, bool], None]  # (phase, seconds, failed)
 
 
