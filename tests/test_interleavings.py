@@ -34,6 +34,33 @@ def test_interleavings_are_every_multiset_permutation():
     assert len(list(interleavings({"A": 4, "B": 4}))) == 70
 
 
+async def test_a_step_waiting_on_a_lock_lets_the_other_session_proceed(tenant, dsn):
+    t = f'"{tenant.schema}".lock_probe'
+    async with tenant.connection("receipts") as conn:
+        await conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+        await conn.execute(f"INSERT INTO {t} VALUES (1, 'start')")
+
+    async def holder(port):  # UPDATE, COMMIT: holds the row lock between its two steps
+        async with port.connection("receipts") as conn:
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {t} SET v = v || ',A' WHERE id = 1")
+
+    async def waiter(port):  # UPDATE (waits for the holder's commit), then SELECT
+        async with port.connection("receipts") as conn:
+            await conn.execute(f"UPDATE {t} SET v = v || ',B' WHERE id = 1")
+            return await conn.fetchval(f"SELECT v FROM {t} WHERE id = 1")
+
+    sessions = [Session("A", holder), Session("B", waiter)]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_interleaver(tenant, dsn) as interleaver:
+            played = await interleaver.play(sessions, ("A", "B", "B", "A"))
+    # B's UPDATE blocked behind A's row lock, so B's SELECT could not go next: A's COMMIT ran
+    # instead, which let B's UPDATE finish and its SELECT run.
+    assert played.reordered and played.errors == {"A": None, "B": None}
+    assert [name for name, _ in played.granted] == ["A", "B", "A", "B"]
+    assert played.results["B"] == "start,A,B"
+
+
 async def enumerate_race(tenant, dsn, name, make_sessions, check) -> tuple[int, int]:
     """Play every interleaving of the sessions `make_sessions(i)` builds for interleaving i
     (fresh state each time); `check(i, played)` judges each. Returns (played, reordered)."""
