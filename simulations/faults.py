@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 from typing import Iterator, Literal
 
 import attrs
@@ -161,11 +162,30 @@ class _FaultHook:
         self.by_kind[kind] += 1
 
 
+# The fault ports made while `collect_ports()` is active (the harness tallies them per example).
+_COLLECTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("fault_ports", default=None)
+
+
+@contextlib.contextmanager
+def collect_ports() -> Iterator[list["FaultyPort"]]:
+    """Collect every `FaultyPort` made inside the block (trio.run copies the context, so ports
+    made inside a `trio.run` called in the block are collected too)."""
+    ports: list[FaultyPort] = []
+    token = _COLLECTED.set(ports)
+    try:
+        yield ports
+    finally:
+        _COLLECTED.reset(token)
+
+
 class FaultyPort(HookedPort):
     """A port that applies `plan` at every checkout and statement of `inner`."""
 
     def __init__(self, inner: Port, plan: FaultPlan) -> None:
         super().__init__(inner, _FaultHook(plan))
+        collected = _COLLECTED.get()
+        if collected is not None:
+            collected.append(self)
 
     @property
     def injected(self) -> int:
@@ -184,6 +204,11 @@ class FaultyPort(HookedPort):
     @property
     def boundaries_met(self) -> int:
         return self.hook.boundaries_met
+
+    @property
+    def neutralized(self) -> int:
+        """Drawn faults that fell where they cannot apply and became checkpoints."""
+        return self.hook.neutralized
 
     @property
     def unfired(self) -> int:

@@ -22,6 +22,9 @@ How it works
 - Regressions: a scenario lists the failing schedules found as `REGRESSIONS`, pairs
   `(plan, scheduler)`; each runs as an explicit `@example` before anything is drawn, in every
   run of the scenario (and so in every test run that runs it).
+- The fault ports an example makes (`faults.collect_ports`) are tallied into the report: faults
+  drawn, fired, neutralized (fell where they cannot apply) and not reached (the actor finished
+  first).
 - Scenarios call both from their own `run_example` and `run(examples, seed, dsn=None)`; the
   tests call a scenario's `run_example` directly to replay a pinned plan.
 """
@@ -42,6 +45,7 @@ from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sql import quote_ident
 
 from . import resolve_dsn
+from .faults import collect_ports
 from .report import SimulationReport
 
 
@@ -117,8 +121,14 @@ def run_examples(
     @given(plan=plans, scheduler=SCHEDULER_SEEDS)
     def example(plan: P, scheduler: int) -> None:
         SCHEDULER_RANDOM.seed(scheduler)
-        violations, faults = trio.run(run_example, dsn, plan)
+        with collect_ports() as ports:
+            violations, faults = trio.run(run_example, dsn, plan)
         report.examples += 1
+        for port in ports:
+            report.drawn_faults["drawn"] += port.drawn
+            report.drawn_faults["fired"] += port.injected
+            report.drawn_faults["neutralized"] += port.neutralized
+            report.drawn_faults["not reached"] += port.drawn - port.injected - port.neutralized
         if isinstance(faults, Mapping):
             report.fault_counts.update(faults)
             faults = sum(faults.values())

@@ -23,6 +23,8 @@ class SimulationReport:
     failing_examples: int = 0
     minimal: tuple[Any, int] | None = None
     notes: list[str] = attrs.field(factory=list)  # what hypothesis printed about the failure
+    # Faults of the examples' fault ports: drawn, fired, neutralized, not reached.
+    drawn_faults: collections.Counter = attrs.field(factory=collections.Counter)
 
     @property
     def ok(self) -> bool:
@@ -34,6 +36,9 @@ class SimulationReport:
         if self.fault_counts:
             kinds = " (" + ", ".join(f"{kind} {n}" for kind, n in sorted(self.fault_counts.items())) + ")"
         shrunk = "".join(f"\n  {note}" for note in self.notes)
+        if self.drawn_faults["drawn"]:
+            shrunk += "\n  port faults: " + ", ".join(
+                f"{n} {what}" for what, n in self.drawn_faults.items())
         if self.minimal is not None:
             plan, scheduler = self.minimal
             shrunk += f"\n  minimal failing schedule: plan={plan!r}, scheduler={scheduler}"

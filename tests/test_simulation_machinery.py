@@ -127,6 +127,10 @@ def test_a_clean_run_counts_examples_and_faults(dsn):
     assert report.ok and report.examples == 8 and report.minimal is None
     assert report.faults == sum(report.fault_counts.values())
     assert set(report.fault_counts) <= COUNTED_KINDS
+    # Every drawn fault is accounted for: fired, neutralized, or never reached.
+    tally = report.drawn_faults
+    assert tally["fired"] == report.faults
+    assert tally["drawn"] == tally["fired"] + tally["neutralized"] + tally["not reached"] > 0
 
 
 def test_a_crash_point_that_never_fires_fails_the_example(dsn):
