@@ -17,9 +17,11 @@ How it works
                   land (the adapter then discards the connection).
     `lost_reply`  (opt-in, statements only) the statement runs, then the connection is dropped
                   and `StoreUnavailableError` raised: the caller cannot tell whether it applied.
-  Faults that cannot apply (a cancel with no `cancellable()` scope, a lost reply at a checkout,
-  anything at COMMIT/ROLLBACK/RELEASE, which run shielded) become checkpoints and are not
-  counted as injected (`neutralized` counts them).
+  A fault that falls where it cannot apply — anything at COMMIT/ROLLBACK/RELEASE (they run
+  shielded), a lost reply at a checkout — is deferred: that boundary gets a checkpoint and the
+  fault applies at the port's next boundary instead (before the next step of the plan), so a
+  drawn fault is not silently lost. A cancel with no `cancellable()` scope becomes a checkpoint
+  (`neutralized` counts those).
 - `injected` counts faults that were applied (delays, errors, cancellations), `by_kind` splits
   them; simulations add these to their report. `drawn` counts the plan's faults of counted
   kinds, `boundaries_met` the boundaries the port saw; `unfired` the drawn faults that never
@@ -112,8 +114,12 @@ class _FaultHook:
 
     neutralized: int = 0
     boundaries_met: int = 0
+    deferred: Fault | None = None
 
     def next_fault(self) -> Fault:
+        if self.deferred is not None:
+            fault, self.deferred = self.deferred, None
+            return fault
         if self.position >= len(self.plan.steps):
             return NO_FAULT
         self.position += 1
@@ -128,7 +134,8 @@ class _FaultHook:
         if (boundary.kind == "query" and sql.startswith(_UNFAULTABLE_PREFIXES)) or (
             boundary.kind == "checkout" and fault.kind == "lost_reply"
         ):
-            self.neutralize(fault)
+            if fault.kind in COUNTED_KINDS:
+                self.deferred = fault  # applies at the next boundary
             await trio.lowlevel.checkpoint()
             return None
         if fault.kind == "lost_reply":
@@ -207,12 +214,13 @@ class FaultyPort(HookedPort):
 
     @property
     def neutralized(self) -> int:
-        """Drawn faults that fell where they cannot apply and became checkpoints."""
+        """Drawn cancels that found no `cancellable()` scope and became checkpoints."""
         return self.hook.neutralized
 
     @property
     def unfired(self) -> int:
-        """Drawn faults that never applied (beyond the actor's last boundary, or neutralized)."""
+        """Drawn faults that never applied (beyond the actor's last boundary, deferred past it,
+        or neutralized)."""
         return self.drawn - self.injected
 
     @contextlib.contextmanager

@@ -23,7 +23,7 @@ How it works
   `(plan, scheduler)`; each runs as an explicit `@example` before anything is drawn, in every
   run of the scenario (and so in every test run that runs it).
 - The fault ports an example makes (`faults.collect_ports`) are tallied into the report: faults
-  drawn, fired, neutralized (fell where they cannot apply) and not reached (the actor finished
+  drawn, fired, neutralized (a cancel with no cancellable scope) and not reached (the actor finished
   first).
 - Scenarios call both from their own `run_example` and `run(examples, seed, dsn=None)`; the
   tests call a scenario's `run_example` directly to replay a pinned plan.
