@@ -30,13 +30,15 @@ import os
 import random
 import signal
 import sys
-from typing import Any
+import uuid
 
 import trio
 
+from runplane.actors import open_supervisor
 from runplane.engine import PlayScope, RunScope, open_tenant, outbox, pg, sheets
 from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column, layout_for
+from runplane.engine.sql import quote_ident
 
 from . import resolve_dsn
 from .counters import counters_match
@@ -69,8 +71,6 @@ def expected(i: int) -> tuple[str, str | None, str | None]:
 # -- the child processes -----------------------------------------------------------------------
 async def play_child(dsn: str, schema: str, play: str, run_id: str) -> dict:
     """Run (or wake) the play under a supervisor; wait until its outbox entry is done."""
-    from runplane.actors import open_supervisor
-
     calls: list[int] = []
 
     async def enrich(row: dict) -> dict:
@@ -223,10 +223,6 @@ def choose_boundaries(total: int, examples: int, seed: int | None) -> list[int]:
 
 
 async def run_all(dsn: str, examples: int, seed: int | None) -> SimulationReport:
-    import uuid
-
-    from runplane.engine.sql import quote_ident
-
     report = SimulationReport(NAME)
     schema = f"sim_{uuid.uuid4().hex[:16]}"
     async with open_tenant(ORG, dsn, schema=schema) as tenant:
