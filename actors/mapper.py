@@ -70,6 +70,7 @@ from runplane.engine.errors import (
 from runplane.engine.sheets import AdmittedRow, RowOutcome
 
 from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
+from .phases import marked
 from .policies import RowTimeoutError
 from .progress import MapResult
 from .retry import retry_transient
@@ -132,6 +133,7 @@ def occurrence_data(occurrence: Any) -> dict:
 
 
 # -- the admission actor ---------------------------------------------------------------------
+@marked("admission")
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
@@ -303,6 +305,7 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
             await flush_send.send((tickets, outcomes))
 
 
+@marked("completion")
 async def write_outcomes(plan: MapPlan, state: MapState, flush_recv,
                          *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
@@ -311,6 +314,7 @@ async def write_outcomes(plan: MapPlan, state: MapState, flush_recv,
             state.settle(tickets, outcomes, await plan.complete(outcomes))
 
 
+@marked("flush")
 async def flush_unsettled(plan: MapPlan, state: MapState) -> None:
     """Write what was computed but not confirmed, shielded, within `plan.flush_deadline_s`."""
     outcomes = state.take_unsettled()

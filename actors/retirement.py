@@ -24,6 +24,7 @@ from runplane.engine.ports import Port
 from runplane.engine.scopes import RunScope
 
 from runplane.engine import outbox
+from .phases import marked
 from .retry import retry_transient
 
 
@@ -38,6 +39,7 @@ class RetirementOutcome:
     settled: bool = False
 
 
+@marked("retirement")
 async def retire_run(
     port: Port, scope: RunScope, *, owner: str | None = None, lease_s: float = 60.0
 ) -> RetirementOutcome:

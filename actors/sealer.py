@@ -36,6 +36,7 @@ from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import MapScope
 
+from .phases import marked
 from .retry import retry_transient
 
 PUT_TASKS = 3
@@ -85,6 +86,7 @@ async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
     return await stage_encoded(port, scope, source, manifest=manifest, put_tasks=put_tasks)
 
 
+@marked("staging")
 async def put_pages(port: Port, scope: MapScope, source: Any, ordinals_recv,
                     *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A putter actor: build and put each page whose ordinal it is sent (a permit only inside

@@ -40,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import signal
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
@@ -238,6 +240,28 @@ async def open_driver() -> AsyncIterator[Driver]:
 
 
 StatementHook = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+# Crash-anywhere harness only (`simulations.crash_anywhere` sets it in a child process): with
+# RUNPLANE_CRASH_AT_STATEMENT=k the process counts the statements it sends and kills itself with
+# SIGKILL just before the k-th (k=0: count only, see `statements_sent`).
+_CRASH_AT = os.environ.get("RUNPLANE_CRASH_AT_STATEMENT")
+_sent = 0
+
+
+def _crash_boundary(sql: str) -> None:
+    global _sent
+    _sent += 1
+    if _sent == int(_CRASH_AT or 0):
+        where = " ".join(sql.split())[:100]
+        os.write(2, f"crash-anywhere: SIGKILL before statement {_sent}: {where}\n".encode())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def statements_sent() -> int:
+    """Statements this process sent, when RUNPLANE_CRASH_AT_STATEMENT is set (else 0)."""
+    return _sent
+
+
 PhaseReport = Callable[[str, float, bool], None]  # (phase, seconds, failed)
 
 
@@ -289,6 +313,8 @@ class Connection:
 
     # -- queries ---------------------------------------------------------------------------
     async def _statement(self, sql: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if _CRASH_AT is not None:
+            _crash_boundary(sql)
         if self.statement_hook is None:
             return await self._send(method, args, kwargs)
         return await self.statement_hook(sql, functools.partial(self._send, method, args, kwargs))

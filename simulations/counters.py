@@ -28,7 +28,7 @@ from runplane.engine.sheets import Attempt, RowOutcome, SheetContract, admit, co
 from runplane.engine.sheets.layout import layout_for
 
 from .faults import FaultPlan, FaultyPort, fault_plans
-from .harness import open_example_tenant, run_examples
+from .harness import open_example_tenant, run_examples, unfired
 from .report import SimulationReport
 
 NAME = "counters"
@@ -171,7 +171,7 @@ def _row(i: int) -> dict:
 
 
 async def _act(tenant, actor: Actor, run_refs, stats: dict) -> None:
-    port = FaultyPort(tenant, actor.faults)
+    port = stats["ports"][actor.name] = FaultyPort(tenant, actor.faults)
     attempt = None
     if actor.attempt is not None:
         attempt = Attempt(f"{actor.name}-attempt", actor.attempt[0], lease_s=actor.attempt[1])
@@ -217,7 +217,7 @@ async def _watch(tenant, done: trio.Event, violations: list[str]) -> None:
 
 async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
     violations: list[str] = []
-    stats = {"faults": 0, "errors": 0}
+    stats: dict[str, Any] = {"faults": 0, "errors": 0, "ports": {}}
     async with open_example_tenant(ORG, dsn) as tenant:
         run_refs = [
             await runs.register(tenant, RunScope(ORG, PLAY, f"run-{i}"))
@@ -237,9 +237,16 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
         ok, detail = await counters_match(tenant, PlayScope(ORG, PLAY), NS)
         if not ok:
             violations.append(f"after the run: {detail}")
+        violations += unfired(stats["ports"])
         return violations, stats["faults"]
+
+
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
+# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+REGRESSIONS: list[tuple[Plan, int]] = []
 
 
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
-    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn,
+                        regressions=REGRESSIONS)

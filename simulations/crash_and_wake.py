@@ -8,9 +8,11 @@ How it works
   each — before a statement or after it applied with the reply lost — which the actors must
   ride through with their retries). Each example runs in its own `trio.run` on a
   fresh schema, bounded by `trio.fail_after`.
-- Crash points are counted per phase, recognised by the actor task that reaches a store
-  boundary: `staging` (the sealer's page putters), `admission`, `completion` (the completer's
-  writer, i.e. inside a completion batch), or `executed` (after n user-function calls). When the
+- Crash points are counted per phase, read from the phase mark (`actors.phases`) of the task
+  that reaches a store boundary: `staging` (the sealer's page putters), `admission`,
+  `completion` (the completer's writer, i.e. inside a completion batch), or `executed` (after n
+  user-function calls). The drawn crash point must fire (else the example fails: it would test
+  nothing), and so must a drawn `flush_fault` (hit at the flush's first checkout). When the
   point is reached the first incarnation is cancelled from outside, as a killed process would be;
   outcomes already computed are flushed by the map's shielded flush — or, with `flush_fault`,
   the store fails inside that flush and those outcomes are lost (their rows simply run again). In zombie mode the first
@@ -41,14 +43,14 @@ import attrs
 import trio
 from hypothesis import strategies as st
 
-from runplane.actors import open_run
+from runplane.actors import open_run, phases
 from runplane.engine import PlayScope, sheets
 from runplane.engine.errors import EngineError, RetiredError, StoreUnavailableError
 from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column, layout_for
 
 from .faults import Fault, FaultPlan, FaultyPort, fault_plans
-from .harness import open_example_tenant, run_examples
+from .harness import open_example_tenant, run_examples, unfired
 from .ports import HookedPort
 from .report import SimulationReport
 
@@ -59,7 +61,8 @@ CONTRACT = sheets.SheetContract(inputs=("name", "i"), outputs=("upper",))
 
 Phase = Literal["staging", "admission", "completion", "executed"]
 PHASES: tuple[Phase, ...] = ("staging", "admission", "completion", "executed")
-TASK_PHASES = {"put_pages": "staging", "admit_pages": "admission", "write_outcomes": "completion"}
+MIN_PHASE_BOUNDARIES = {"staging": 2, "admission": 6, "completion": 6}
+STORE_PHASES = frozenset({"staging", "admission", "completion"})  # counted at store boundaries
 
 
 @attrs.frozen
@@ -118,17 +121,24 @@ def plans(draw) -> Plan:
     failing = draw(st.frozensets(st.integers(0, rows - 1), max_size=min(rows, 8)), label="fail")
     phases = PHASES if source == "list" else PHASES[1:]
     phase = draw(st.sampled_from(phases), label="crash_phase")
-    # Store boundaries per phase are few (a checkout and a handful of statements per call):
-    # small counts land inside the phase; `executed` counts user-function calls.
-    most = rows if phase == "executed" else 12
+    # Store boundaries per phase are few (a checkout and a handful of statements per call); a
+    # drawn point must fire, so it stays within what the phase always reaches (measured: a page
+    # put is 2 boundaries, a page admission 6, a completion batch 6); `executed` counts
+    # user-function calls.
+    most = rows if phase == "executed" else MIN_PHASE_BOUNDARIES[phase]
+    crash_at = draw(st.integers(1, most), label="crash_at")
+    zombie = draw(st.booleans(), label="zombie")
+    # A flush fault needs computed outcomes to flush: inside a completion batch, or after the
+    # first user-function call returned.
+    flushes = phase == "completion" or (phase == "executed" and crash_at >= 2)
     return Plan(
         rows=rows,
         source=source,
         failing=failing,
         crash_phase=phase,
-        crash_at=draw(st.integers(1, most), label="crash_at"),
-        zombie=(zombie := draw(st.booleans(), label="zombie")),
-        flush_fault=not zombie and draw(st.booleans(), label="flush_fault"),
+        crash_at=crash_at,
+        zombie=zombie,
+        flush_fault=not zombie and flushes and draw(st.booleans(), label="flush_fault"),
         concurrency=draw(st.sampled_from((1, 4, 16)), label="concurrency"),
         first_faults=draw(FAULTS, label="first_faults"),
         wake_faults=draw(FAULTS, label="wake_faults"),
@@ -158,16 +168,25 @@ class CrashPoint:
         return False
 
     async def at_boundary(self, boundary) -> None:
-        name = trio.lowlevel.current_task().name
-        if self.fired and self.flush_fault and name.endswith("Example.first") \
+        phase = phases.current()
+        if self.fired and self.flush_fault and phase == "flush" \
                 and boundary.kind == "checkout" and not self.flush_faults:
-            # After the crash, the run body's task touches the store only to flush computed
-            # outcomes (shielded): the store fails there, and those outcomes are lost.
+            # After the crash, the shielded flush of computed outcomes: the store fails there,
+            # and those outcomes are lost.
             self.flush_faults += 1
             raise StoreUnavailableError("injected: store lost during the cancellation flush")
-        phase = next((p for suffix, p in TASK_PHASES.items() if name.endswith(suffix)), None)
-        if phase is not None and self.tick(phase):
+        if phase in STORE_PHASES and self.tick(phase):
             await trio.lowlevel.checkpoint()  # a cancellation lands here, inside the call
+
+    def unfired(self) -> list[str]:
+        """What was drawn and never happened: the crash point, or the flush fault."""
+        out = []
+        if not self.fired:
+            out.append(f"the crash point {self.phase}#{self.at} never fired "
+                       f"(the phase reached {self.counts[self.phase]})")
+        elif self.flush_fault and not self.flush_faults:
+            out.append("the drawn flush fault never fired (nothing was flushed)")
+        return out
 
 
 def expected(plan: Plan, i: int) -> tuple[str, str | None, str | None]:
@@ -290,6 +309,8 @@ async def play_example(example: Example) -> None:
         except RetiredError as exc:
             example.violations.append(f"the wake met RetiredError: {exc}")
     example.faults = first_port.injected + wake_port.injected + crash_point.flush_faults
+    example.violations.extend(crash_point.unfired())
+    example.violations.extend(unfired({"first": first_port, "wake": wake_port}))
     rerun = set(example.calls["wake"]) & finished_before
     if rerun:
         example.violations.append(
@@ -344,8 +365,14 @@ async def check_final(example: Example) -> list[str]:
     return out
 
 
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
+# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+REGRESSIONS: list[tuple[Plan, int]] = []
+
+
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
     # Injected store faults make the actors log warnings (a lost flush); keep the report clean.
     logging.getLogger("runplane.actors").setLevel(logging.ERROR)
-    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn,
+                        regressions=REGRESSIONS)

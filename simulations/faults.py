@@ -17,10 +17,16 @@ How it works
                   land (the adapter then discards the connection).
     `lost_reply`  (opt-in, statements only) the statement runs, then the connection is dropped
                   and `StoreUnavailableError` raised: the caller cannot tell whether it applied.
-  Faults that cannot apply (a cancel with no `cancellable()` scope, a lost reply at a checkout,
-  anything at COMMIT/ROLLBACK/RELEASE, which run shielded) become checkpoints and are not counted.
+  A fault that falls where it cannot apply — anything at COMMIT/ROLLBACK/RELEASE (they run
+  shielded), a lost reply at a checkout — is deferred: that boundary gets a checkpoint and the
+  fault applies at the port's next boundary instead (before the next step of the plan), so a
+  drawn fault is not silently lost. A cancel with no `cancellable()` scope becomes a checkpoint
+  (`neutralized` counts those).
 - `injected` counts faults that were applied (delays, errors, cancellations), `by_kind` splits
-  them; simulations add these to their report.
+  them; simulations add these to their report. `drawn` counts the plan's faults of counted
+  kinds, `boundaries_met` the boundaries the port saw; `unfired` the drawn faults that never
+  applied (the actor finished first, or the fault was neutralized). `harness.unfired` turns a
+  port that drew faults but met no boundary at all (it was never wired in) into a violation.
 
 Typical use in a scenario (each hypothesis example in its own `trio.run`):
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 from typing import Iterator, Literal
 
 import attrs
@@ -105,13 +112,21 @@ class _FaultHook:
     by_kind: collections.Counter = attrs.field(factory=collections.Counter)
     scopes: dict[trio.lowlevel.Task, list[trio.CancelScope]] = attrs.field(factory=dict)
 
+    neutralized: int = 0
+    boundaries_met: int = 0
+    deferred: Fault | None = None
+
     def next_fault(self) -> Fault:
+        if self.deferred is not None:
+            fault, self.deferred = self.deferred, None
+            return fault
         if self.position >= len(self.plan.steps):
             return NO_FAULT
         self.position += 1
         return self.plan.steps[self.position - 1]
 
     async def at_boundary(self, boundary: Boundary) -> str | None:
+        self.boundaries_met += 1
         fault = self.next_fault()
         if fault.kind == "none":
             return None
@@ -119,6 +134,8 @@ class _FaultHook:
         if (boundary.kind == "query" and sql.startswith(_UNFAULTABLE_PREFIXES)) or (
             boundary.kind == "checkout" and fault.kind == "lost_reply"
         ):
+            if fault.kind in COUNTED_KINDS:
+                self.deferred = fault  # applies at the next boundary
             await trio.lowlevel.checkpoint()
             return None
         if fault.kind == "lost_reply":
@@ -135,6 +152,7 @@ class _FaultHook:
         elif fault.kind == "cancel":
             stack = self.scopes.get(trio.lowlevel.current_task())
             if not stack:
+                self.neutralize(fault)
                 await trio.lowlevel.checkpoint()
                 return None
             self._count("cancel")
@@ -142,9 +160,29 @@ class _FaultHook:
             await trio.lowlevel.checkpoint()  # raises Cancelled here, inside the call
         return None
 
+    def neutralize(self, fault: Fault) -> None:
+        if fault.kind in COUNTED_KINDS:
+            self.neutralized += 1
+
     def _count(self, kind: str) -> None:
         self.injected += 1
         self.by_kind[kind] += 1
+
+
+# The fault ports made while `collect_ports()` is active (the harness tallies them per example).
+_COLLECTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("fault_ports", default=None)
+
+
+@contextlib.contextmanager
+def collect_ports() -> Iterator[list["FaultyPort"]]:
+    """Collect every `FaultyPort` made inside the block (trio.run copies the context, so ports
+    made inside a `trio.run` called in the block are collected too)."""
+    ports: list[FaultyPort] = []
+    token = _COLLECTED.set(ports)
+    try:
+        yield ports
+    finally:
+        _COLLECTED.reset(token)
 
 
 class FaultyPort(HookedPort):
@@ -152,6 +190,9 @@ class FaultyPort(HookedPort):
 
     def __init__(self, inner: Port, plan: FaultPlan) -> None:
         super().__init__(inner, _FaultHook(plan))
+        collected = _COLLECTED.get()
+        if collected is not None:
+            collected.append(self)
 
     @property
     def injected(self) -> int:
@@ -161,6 +202,26 @@ class FaultyPort(HookedPort):
     @property
     def by_kind(self) -> dict[str, int]:
         return dict(self.hook.by_kind)
+
+    @property
+    def drawn(self) -> int:
+        """Faults of counted kinds in the plan."""
+        return sum(1 for step in self.hook.plan.steps if step.kind in COUNTED_KINDS)
+
+    @property
+    def boundaries_met(self) -> int:
+        return self.hook.boundaries_met
+
+    @property
+    def neutralized(self) -> int:
+        """Drawn cancels that found no `cancellable()` scope and became checkpoints."""
+        return self.hook.neutralized
+
+    @property
+    def unfired(self) -> int:
+        """Drawn faults that never applied (beyond the actor's last boundary, deferred past it,
+        or neutralized)."""
+        return self.drawn - self.injected
 
     @contextlib.contextmanager
     def cancellable(self) -> Iterator[trio.CancelScope]:

@@ -43,7 +43,7 @@ from runplane.engine.sheets.layout import column, layout_for
 
 from .counters import counters_match
 from .faults import FaultPlan, FaultyPort, fault_plans
-from .harness import open_example_tenant, run_examples
+from .harness import open_example_tenant, run_examples, unfired
 from .report import SimulationReport
 from .sheet_model import AdmitCall, CompleteCall, SentOutcome, SheetHistory, StoredRow
 
@@ -136,9 +136,10 @@ class _Example:
     run_refs: list
     history: SheetHistory = attrs.field(factory=SheetHistory)
     faults: int = 0
+    ports: dict = attrs.field(factory=dict)
 
     async def act(self, actor: Actor) -> None:
-        port = FaultyPort(self.tenant, actor.faults)
+        port = self.ports[actor.name] = FaultyPort(self.tenant, actor.faults)
         attempt = Attempt(*actor.attempt) if actor.attempt else None
         run = self.run_refs[actor.run]
         try:
@@ -220,13 +221,19 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
                         nursery.start_soon(example.act, actor)
         except trio.TooSlowError:
             return [f"the example did not finish within {EXAMPLE_TIMEOUT}s"], example.faults
-        violations = example.history.check(await stored_rows(tenant))
+        violations = example.history.check(await stored_rows(tenant)) + unfired(example.ports)
         ok, detail = await counters_match(tenant, PlayScope(ORG, PLAY), NS)
         if not ok:
             violations.append(detail)
         return violations, example.faults
 
 
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
+# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+REGRESSIONS: list[tuple[Plan, int]] = []
+
+
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
-    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn,
+                        regressions=REGRESSIONS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 
+from typing import Any
+
 import attrs
 
 
@@ -16,6 +18,13 @@ class SimulationReport:
     faults: int = 0
     violations: list[str] = attrs.field(factory=list)
     fault_counts: collections.Counter = attrs.field(factory=collections.Counter)
+    # Examples that broke an invariant (the first one and its shrinking steps), and the minimal
+    # failing schedule, `(plan, scheduler seed)`, once hypothesis has shrunk it.
+    failing_examples: int = 0
+    minimal: tuple[Any, int] | None = None
+    notes: list[str] = attrs.field(factory=list)  # what hypothesis printed about the failure
+    # Faults of the examples' fault ports: drawn, fired, neutralized, not reached.
+    drawn_faults: collections.Counter = attrs.field(factory=collections.Counter)
 
     @property
     def ok(self) -> bool:
@@ -26,7 +35,14 @@ class SimulationReport:
         kinds = ""
         if self.fault_counts:
             kinds = " (" + ", ".join(f"{kind} {n}" for kind, n in sorted(self.fault_counts.items())) + ")"
+        shrunk = "".join(f"\n  {note}" for note in self.notes)
+        if self.drawn_faults["drawn"]:
+            shrunk += "\n  port faults: " + ", ".join(
+                f"{n} {what}" for what, n in self.drawn_faults.items())
+        if self.minimal is not None:
+            plan, scheduler = self.minimal
+            shrunk += f"\n  minimal failing schedule: plan={plan!r}, scheduler={scheduler}"
         return (
             f"{self.scenario}: {self.examples} examples, {self.faults} faults injected{kinds}, "
-            f"{verdict}"
+            f"{verdict}{shrunk}"
         )

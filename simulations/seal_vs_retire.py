@@ -36,7 +36,7 @@ from runplane.engine.ports import RECEIPTS_LANE, table
 
 from .array_model import ArrayModel, StoredFact
 from .faults import ALL_FAULT_KINDS, FaultPlan, FaultyPort, fault_plans
-from .harness import open_example_tenant, run_examples
+from .harness import open_example_tenant, run_examples, unfired
 from .report import SimulationReport
 
 NAME = "seal_vs_retire"
@@ -128,6 +128,7 @@ class _Example:
     plan: Plan
     model: ArrayModel
     faults: int = 0
+    ports: dict = attrs.field(factory=dict)
 
     async def call(self, actor: Actor, port: FaultyPort, op: str, fn) -> tuple[str, Any]:
         start = self.model.begin_call()
@@ -151,7 +152,7 @@ class _Example:
         return outcome, value
 
     async def act(self, actor: Actor) -> None:
-        port = FaultyPort(self.tenant, actor.faults)
+        port = self.ports[actor.name] = FaultyPort(self.tenant, actor.faults)
         try:
             await trio.sleep(actor.start_delay_ms / 1000)
             await getattr(self, f"_{actor.role}")(actor, port)
@@ -284,12 +285,18 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
         except trio.TooSlowError:
             return [f"a call hung: the example did not finish within {EXAMPLE_TIMEOUT}s"], \
                 example.faults
-        violations = model.check(await _stored_facts(tenant))
+        violations = model.check(await _stored_facts(tenant)) + unfired(example.ports)
         if model.retired_done_at() is not None:
             violations += await _probe_after_retirement(tenant, model)
         return violations, example.faults
 
 
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
+# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+REGRESSIONS: list[tuple[Plan, int]] = []
+
+
 def run(examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
-    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn,
+                        regressions=REGRESSIONS)

@@ -206,6 +206,12 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], dict[str, int]]:
     return violations, faults
 
 
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
+# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+REGRESSIONS: list[tuple[Plan, int]] = []
+
+
 def run(examples: int, seed: int | None, dsn: str | None = None):
     """Run `examples` hypothesis examples of the scenario; collect what they violate."""
-    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn)
+    return run_examples(NAME, plans(), run_example, examples=examples, seed=seed, dsn=dsn,
+                        regressions=REGRESSIONS)

@@ -61,13 +61,18 @@ async def test_cancel_without_a_cancellable_scope_is_a_checkpoint(tenant):
     assert port.by_kind == {"delay": 1}
 
 
-async def test_faults_at_commit_are_not_applied(tenant):
+async def test_a_fault_at_commit_is_deferred_to_the_next_boundary(tenant):
     plan = FaultPlan([Fault("none"), Fault("none"), Fault("none"), Fault("unavailable")])
     port = FaultyPort(tenant, plan)
     async with port.connection("receipts") as conn:
         async with conn.transaction():
             await conn.fetchval("SELECT 1")
     assert port.injected == 0
+    # Deferred to the port's next boundary: it fails the next checkout instead.
+    with pytest.raises(StoreUnavailableError):
+        async with port.connection("receipts"):
+            pass
+    assert port.by_kind == {"unavailable": 1} and port.neutralized == 0
 
 
 async def test_gated_port_parks_the_chosen_checkout_until_released(tenant):
