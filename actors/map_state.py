@@ -39,6 +39,7 @@ from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
+    StagedPage,
 )
 
 from .backoff import RetryQueue
@@ -123,12 +124,26 @@ class MapPlan:
         default=None, validator=_optional(RateLimit, "rate_limit"))
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
 
-    async def admit(self, rows: list[Any], input_offset: int) -> Admission:
-        """Admit one page under the run's write version (retried through transient faults)."""
+    async def admit(self, rows: list[Any], input_offset: int, *,
+                    keys: list[str] | None = None,
+                    staged_page: StagedPage | None = None) -> Admission:
+        """Admit one page under the run's write version, cache hits counted, not listed (from
+        its staged page fact when given; retried through transient faults)."""
         return await retry_transient(lambda: sheets.admit(
             self.port, self.ref, self.table_namespace, self.contract, rows,
-            input_offset=input_offset, attempt=self.attempt, cell_policies=self.cell_policies,
-            give_up_after=self.give_up_after,
+            input_offset=input_offset, keys=keys, attempt=self.attempt,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after,
+            cache_hits="count", staged_page=staged_page,
+        ))
+
+    async def probe(self, rows: list[Any], input_offset: int, *,
+                    keys: list[str] | None = None) -> Admission | None:
+        """The admission of a page whose every row is settled (a fresh cache hit or blocked),
+        from its keys in one read-only statement; None when some row needs admitting."""
+        return await retry_transient(lambda: sheets.probe(
+            self.port, self.ref, self.table_namespace, self.contract, rows,
+            input_offset=input_offset, keys=keys, attempt=self.attempt,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after,
         ))
 
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:

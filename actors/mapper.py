@@ -7,20 +7,24 @@ How it works
                        │ blocked rows          └─ releaser ◀─ delay queue (with a retry policy)
                        ▼ straight to the tally
 
-- The **source actor** turns the input into pages `(offset, rows)`: a list source is first
-  staged as an array input by the sealer (so a wake replays byte-identical input) and read back
-  one sealed page at a time. Two cases admit the list directly instead, as a streamed source:
-  a gateway without array actions (with one warning: a wake re-reads the caller's list), and a
-  run already retired — a wake of a finished run, whose staged input is gone and which nothing
-  will replay. An async iterable is cut into pages as it arrives, the first of
-  `FIRST_PAGE_ROWS` rows (so work starts soon even on a slow source), each next one twice as
-  large up to `page_rows` (large pages admit faster).
-- The **admission actor** admits one page per transaction (`engine.sheets.admit` with the page's
-  `input_offset`), counts cache hits and blocked rows, and splits the pending rows into small
-  batches so all workers get a share. Duplicates: the engine drops them within a page; a
-  later duplicate of a row still in flight in this map is dropped here (counted as skipped);
-  one whose first occurrence is already written is a cache hit (or, if that failed, is
-  re-admitted and runs again, as the engine re-admits failed rows).
+- The **source actor** turns the input into pages (`actors.list_source.SourcePage`): a list
+  source is encoded once (`ListSource`: canonical texts, row keys, the array input's page cuts)
+  and sent page by page, the rows being the encoded ones — byte-identical to the staged page
+  facts, so running them is replaying the staged input. An async iterable is cut into pages as
+  it arrives, the first of `FIRST_PAGE_ROWS` rows (so work starts soon even on a slow source),
+  each next one twice as large up to `page_rows` (large pages admit faster).
+- The **admission actor** first probes each page by its row keys (`sheets.probe`, one
+  read-only statement): when every row is settled — a fresh cache hit under the cell policies,
+  or blocked (newer run, another attempt's live lease, given up), exactly as admission would
+  decide — the page is counted and nothing is sent or written. Otherwise it admits the page in
+  one transaction (`engine.sheets.admit`, cache hits counted, not listed): a list source is
+  staged and sealed first (lazily, at the first page that needs admitting; see
+  `actors.list_source`) and admitted from its stored page fact, a streamed page with its rows.
+  After a page whose rows were all new the next page is admitted without a probe. Admission
+  splits the pending rows into small batches so all workers get a share. Duplicates: the engine
+  drops them within a page; a later duplicate of a row still in flight in this map is dropped
+  here (counted as skipped); one whose first occurrence is already written is a cache hit (or,
+  if that failed, is re-admitted and runs again, as the engine re-admits failed rows).
 - **Workers** call `await fn(row)`. An exception fails that row only (its message becomes the
   row's `_error`); a return value must be a dict of output fields (None means no fields) that
   `canonical.normalize` accepts, or the row fails with a message saying why. No permit is held
@@ -49,8 +53,9 @@ How it works
   simply replayed (an identical completion is idempotent).
 - Store calls are retried through transient faults (`actors.retry`): each is idempotent, and a
   map that raised would end its run terminally.
-- On a wake (same run id, same epoch), admission returns finished rows as cache hits, so only
-  unfinished rows run again.
+- On a wake (same run id, same epoch), admission counts finished rows as cache hits, so only
+  unfinished rows run again; a list source already staged is checked against the staged input
+  (`ConflictError` for a different list) and its pages are admitted from their facts.
 """
 
 from __future__ import annotations
@@ -63,12 +68,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Seque
 import trio
 
 from runplane.engine import canonical, runs, sheets
-from runplane.engine.array_input import Occurrence
-from runplane.engine.errors import (
-    ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError, leaf_errors,
-)
-from runplane.engine.sheets import AdmittedRow, RowOutcome
+from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
+from runplane.engine.sheets import Admission, AdmittedRow, RowOutcome
 
+from .list_source import ListSource, SourcePage
 from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
 from .policies import RowTimeoutError
 from .progress import MapResult
@@ -93,55 +96,55 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
             async for row in source:
                 page.append(row)
                 if len(page) >= size:
-                    await pages_send.send((offset, page))
+                    await pages_send.send(SourcePage(offset, page))
                     offset, page = offset + len(page), []
                     size = min(page_rows, 2 * size)
             if page:
-                await pages_send.send((offset, page))
+                await pages_send.send(SourcePage(offset, page))
         except trio.BrokenResourceError:
             pass  # admission stopped reading: the map was superseded
 
 
-async def replay_pages(staged: Any, pages_send, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def list_pages(listed: ListSource, pages_send,
+                     *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_send:
-        pages = staged.pages()
         try:
-            async for page in pages:
-                await pages_send.send((page.offset, [occurrence_data(row) for row in page.rows]))
+            for page in listed.pages():
+                await pages_send.send(page)
         except trio.BrokenResourceError:
             pass  # admission stopped reading: the map was superseded
-        finally:
-            await pages.aclose()
-
-
-async def iterate_rows(items: Sequence[Any]) -> AsyncIterable[dict]:
-    """A list source as an async iterable of user rows (when it is admitted without staging)."""
-    for item in items:
-        yield item.data if isinstance(item, Occurrence) else item
-
-
-def occurrence_data(occurrence: Any) -> dict:
-    """The user row of a staged occurrence."""
-    data = getattr(occurrence, "data", None)
-    if data is None and isinstance(occurrence, dict):
-        data = occurrence.get("data")
-    if not isinstance(data, dict):
-        raise InvalidInputError("staged occurrence has no data object")
-    return data
 
 
 # -- the admission actor ---------------------------------------------------------------------
+async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
+                     probe: bool) -> Admission:
+    """One page's admission: settled from its keys by a read-only probe when every row is (a
+    fresh cache hit or blocked, judged exactly as admission judges it), else admitted — from
+    its staged page fact for a list source (staging the list first), with its rows otherwise."""
+    if probe:
+        settled = await plan.probe(page.rows, page.offset, keys=page.keys)
+        if settled is not None:
+            return settled
+    staged = await listed.staged_page(page) if listed is not None else None
+    return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged)
+
+
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
+                      listed: ListSource | None = None,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_recv, work_send:
+        probe = True
         try:
-            async for offset, rows in pages_recv:
+            async for page in pages_recv:
                 if state.superseded:
                     break
-                admission = await plan.admit(rows, offset)
-                pending = state.take_admission(len(rows), admission)
+                admission = await admit_page(plan, page, listed, probe)
+                # A page whose rows were all new says the next ones likely are too: admit it
+                # without probing first (a probe only saves work when rows are settled).
+                probe = admission.inserted < len(page.rows)
+                pending = state.take_admission(len(page.rows), admission)
                 size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
                 for start in range(0, len(pending), size):
                     batch = pending[start:start + size]
@@ -347,32 +350,24 @@ def unwrap_single_error():
 async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
                    on_progress: Callable[[Any], Any] | None = None,
                    map_invocation_id: str | None = None) -> MapResult:
-    """Run the pipeline of `plan` over `source` (a list is staged first) and count it."""
+    """Run the pipeline of `plan` over `source` and count it (a list is encoded first and
+    staged before its first row is admitted)."""
     listed = isinstance(source, (list, tuple))
     if not listed and not hasattr(source, "__aiter__"):
         raise InvalidInputError(
             f"source must be a list of rows or an async iterable, got {type(source).__name__}"
         )
     state = MapState.for_plan(plan, on_progress)
-    staged = None
-    if listed and map_invocation_id is None:
-        map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
+    listed_source = None
+    if listed:
+        if map_invocation_id is None:
+            map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
+        scope = run.scope.map(plan.table_namespace, map_invocation_id)
+        listed_source = await ListSource.encode(plan.port, scope, source)
     await retry_transient(lambda: sheets.ensure_sheet(
         plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
-    if listed:
-        try:
-            staged = await run.stage_array(plan.table_namespace, map_invocation_id, list(source))
-        except ArrayInputUnavailableError:
-            log.warning("map %s: the gateway has no array-input actions; the list is admitted "
-                        "directly, and a wake will re-read the caller's list instead of staged "
-                        "pages", plan.table_namespace)
-            source = iterate_rows(source)
-        except RetiredError:
-            # A wake of a run that already finished: its staged input is gone and nothing will
-            # replay it, so the caller's list is admitted as is (its finished rows are cached).
-            log.info("map %s: run %s is retired; admitting the list without staging",
-                     plan.table_namespace, run.run_id)
-            source = iterate_rows(source)
+    if listed_source is not None:
+        await listed_source.open()
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:
@@ -391,9 +386,10 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
                                             outcome_send.clone())
                 if state.retries is not None:
                     await nursery.start(release_retries, state, work_send.clone())
-                await nursery.start(admit_pages, plan, state, pages_recv, work_send)
-                if staged is not None:
-                    await nursery.start(replay_pages, staged, pages_send)
+                await nursery.start(admit_pages, plan, state, pages_recv, work_send,
+                                    listed_source)
+                if listed_source is not None:
+                    await nursery.start(list_pages, listed_source, pages_send)
                 else:
                     await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:

@@ -100,10 +100,11 @@ class MapTally:
         pending = len(admission.pending) - dropped
         self.source_rows += rows_in_page
         self.pending += pending
-        self.cached += len(admission.completed)
+        cached = admission.cached or len(admission.completed)  # counted, or listed
+        self.cached += cached
         self.blocked += len(admission.blocked)
         self.skipped += admission.skipped + dropped
-        self.admitted += pending + len(admission.completed) + len(admission.blocked)
+        self.admitted += pending + cached + len(admission.blocked)
         room = MAX_CARRIED_ROWS - len(self.blocked_rows)
         if room > 0:
             self.blocked_rows.extend(admission.blocked[:room])
