@@ -22,6 +22,7 @@ How it works
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any, Sequence
 
@@ -33,7 +34,7 @@ from runplane.engine.errors import ArrayInputUnavailableError, RetiredError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import MapScope
 from runplane.engine.sheets import StagedPage
-from runplane.engine.sheets.inputs import text_key
+from runplane.engine.scopes import normalize_namespace
 
 from .retry import retry_transient
 from .sealer import stage_encoded
@@ -44,7 +45,10 @@ log = logging.getLogger("runplane.actors")
 def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
     """The encoded source and each row's sheet key (pure CPU, run in a worker thread)."""
     encoded = array_input.encode_source(items)
-    return encoded, [text_key(table_namespace, text) for text in encoded.texts]
+    prefix = f"{normalize_namespace(table_namespace)}\n".encode()
+    sha256 = hashlib.sha256
+    # == sheets.inputs.text_key for each text, with the namespace normalized once
+    return encoded, [sha256(prefix + text.encode()).hexdigest()[:32] for text in encoded.texts]
 
 
 @attrs.frozen
@@ -95,12 +99,21 @@ class ListSource:
     def source_rows(self) -> int:
         return self.encoded.source_rows
 
-    def pages(self):
-        """The pages in order, as `SourcePage`s (no copies: slices of the encoded rows)."""
+    def page_groups(self, group_rows: int):
+        """The pages in order, as lists of consecutive `SourcePage`s of at most `group_rows`
+        rows together (one page at least): rows and keys are slices of the encoded source."""
         rows, keys = self.encoded.rows, self.keys
+        group: list[SourcePage] = []
+        size = 0
         for ordinal, (offset, count) in enumerate(self.encoded.cuts):
-            yield SourcePage(offset, rows[offset:offset + count], keys[offset:offset + count],
-                             ordinal)
+            if group and size + count > group_rows:
+                yield group
+                group, size = [], 0
+            group.append(SourcePage(offset, rows[offset:offset + count],
+                                    keys[offset:offset + count], ordinal))
+            size += count
+        if group:
+            yield group
 
     async def ensure_staged(self) -> None:
         """Stage and seal the list unless it is (or cannot be)."""

@@ -4,7 +4,8 @@ How it works
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
   `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`) and the pipeline's
-  tuning. It is a frozen
+  tuning (`fast_admission=False` admits every page without probing it first, cache hits
+  listed and rows sent: the reference the fast path is tested against). It is a frozen
   value, validated when it is built (an invalid map cannot start: `InvalidInputError` naming
   the argument, before any query), and it offers the two store calls the actors make,
   `admit` and `complete`, retried through transient faults (`actors.retry`).
@@ -96,6 +97,11 @@ def _give_up_after(_instance: object, _attribute: object, value: object) -> None
         raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
 
 
+def _flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{attribute.name} must be True or False, got {value!r}")
+
+
 def _namespace(_instance: object, _attribute: object, value: object) -> None:
     if not isinstance(value, str):
         raise InvalidInputError("table_namespace must be a string")
@@ -123,17 +129,18 @@ class MapPlan:
     rate_limit: RateLimit | None = attrs.field(
         default=None, validator=_optional(RateLimit, "rate_limit"))
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
+    fast_admission: bool = attrs.field(default=True, validator=_flag)
 
     async def admit(self, rows: list[Any], input_offset: int, *,
-                    keys: list[str] | None = None,
-                    staged_page: StagedPage | None = None) -> Admission:
-        """Admit one page under the run's write version, cache hits counted, not listed (from
-        its staged page fact when given; retried through transient faults)."""
+                    keys: list[str] | None = None, staged_page: StagedPage | None = None,
+                    cache_hits: str = "count") -> Admission:
+        """Admit one page under the run's write version, cache hits counted (from its staged
+        page fact when given; retried through transient faults)."""
         return await retry_transient(lambda: sheets.admit(
             self.port, self.ref, self.table_namespace, self.contract, rows,
             input_offset=input_offset, keys=keys, attempt=self.attempt,
             cell_policies=self.cell_policies, give_up_after=self.give_up_after,
-            cache_hits="count", staged_page=staged_page,
+            cache_hits=cache_hits, staged_page=staged_page,
         ))
 
     async def probe(self, rows: list[Any], input_offset: int, *,

@@ -20,7 +20,9 @@ How it works
   one transaction (`engine.sheets.admit`, cache hits counted, not listed): a list source is
   staged and sealed first (lazily, at the first page that needs admitting; see
   `actors.list_source`) and admitted from its stored page fact, a streamed page with its rows.
-  After a page whose rows were all new the next page is admitted without a probe. Admission
+  Once a probe settled a page, the rest of the list's group of pages (`PROBE_GROUP_ROWS`) is
+  probed in one statement; if that does not settle, its pages go one by one. After a page
+  whose rows were all new the next page is admitted without a probe. Admission
   splits the pending rows into small batches so all workers get a share. Duplicates: the engine
   drops them within a page; a later duplicate of a row still in flight in this map is dropped
   here (counted as skipped); one whose first occurrence is already written is a cache hit (or,
@@ -83,6 +85,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
+PROBE_GROUP_ROWS = 10_000  # pages of a list source probed together once probes settle pages
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -96,11 +99,11 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
             async for row in source:
                 page.append(row)
                 if len(page) >= size:
-                    await pages_send.send(SourcePage(offset, page))
+                    await pages_send.send([SourcePage(offset, page)])
                     offset, page = offset + len(page), []
                     size = min(page_rows, 2 * size)
             if page:
-                await pages_send.send(SourcePage(offset, page))
+                await pages_send.send([SourcePage(offset, page)])
         except trio.BrokenResourceError:
             pass  # admission stopped reading: the map was superseded
 
@@ -110,46 +113,78 @@ async def list_pages(listed: ListSource, pages_send,
     task_status.started()
     async with pages_send:
         try:
-            for page in listed.pages():
-                await pages_send.send(page)
+            for group in listed.page_groups(PROBE_GROUP_ROWS):
+                await pages_send.send(group)
         except trio.BrokenResourceError:
             pass  # admission stopped reading: the map was superseded
 
 
 # -- the admission actor ---------------------------------------------------------------------
 async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
-                     probe: bool) -> Admission:
-    """One page's admission: settled from its keys by a read-only probe when every row is (a
-    fresh cache hit or blocked, judged exactly as admission judges it), else admitted — from
-    its staged page fact for a list source (staging the list first), with its rows otherwise."""
+                     probe: bool) -> tuple[Admission, bool]:
+    """One page's admission, and whether a probe settled it: settled from its keys by a
+    read-only probe when every row is (a fresh cache hit or blocked, judged exactly as admission
+    judges it), else admitted — from its staged page fact for a list source (staging the list
+    first), with its rows otherwise."""
+    if not plan.fast_admission:
+        if listed is not None:
+            await listed.ensure_staged()
+        return await plan.admit(page.rows, page.offset, cache_hits="rows"), False
     if probe:
         settled = await plan.probe(page.rows, page.offset, keys=page.keys)
         if settled is not None:
-            return settled
+            return settled, True
     staged = await listed.staged_page(page) if listed is not None else None
-    return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged)
+    return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged), False
+
+
+async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | None:
+    """Settle consecutive pages with one probe, or None (then each page goes on its own).
+    Pages with a key in common are never probed together: each page deduplicates its own rows,
+    so the counts stay exactly those of page-by-page admission."""
+    keys = [key for page in group for key in page.keys or ()]
+    rows = [row for page in group for row in page.rows]
+    if len(keys) != len(rows) or len(set(keys)) != sum(len(set(page.keys)) for page in group):
+        return None
+    return await plan.probe(rows, group[0].offset, keys=keys)
 
 
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                       listed: ListSource | None = None,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
+
+    async def hand_out(rows_in_page: int, admission: Admission) -> None:
+        pending = state.take_admission(rows_in_page, admission)
+        size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
+        for start in range(0, len(pending), size):
+            batch = pending[start:start + size]
+            await state.hand_out(len(batch))
+            await work_send.send(batch)
+
     async with pages_recv, work_send:
-        probe = True
+        probe = True     # probe a page before admitting it
+        settled = False  # the last probe settled its page: probe the next group of pages whole
         try:
-            async for page in pages_recv:
+            async for group in pages_recv:
+                position, grouping = 0, plan.fast_admission
+                while position < len(group) and not state.superseded:
+                    rest = group[position:]
+                    if settled and grouping and len(rest) > 1:
+                        admission = await probe_group(plan, rest)
+                        if admission is not None:
+                            await hand_out(sum(len(page.rows) for page in rest), admission)
+                            break
+                        grouping = False  # some page of the group needs admitting: go one by one
+                    page = group[position]
+                    position += 1
+                    admission, settled = await admit_page(plan, page, listed, probe)
+                    # A page whose rows were all new says the next ones likely are too: admit
+                    # it without probing first (a probe only saves work when rows are settled).
+                    probe = admission.inserted < len(page.rows)
+                    await hand_out(len(page.rows), admission)
                 if state.superseded:
                     break
-                admission = await admit_page(plan, page, listed, probe)
-                # A page whose rows were all new says the next ones likely are too: admit it
-                # without probing first (a probe only saves work when rows are settled).
-                probe = admission.inserted < len(page.rows)
-                pending = state.take_admission(len(page.rows), admission)
-                size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
-                for start in range(0, len(pending), size):
-                    batch = pending[start:start + size]
-                    await state.hand_out(len(batch))
-                    await work_send.send(batch)
         finally:
             state.end_admission()
 
