@@ -5,7 +5,8 @@ How it works
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
   `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`) and the pipeline's
   tuning (`fast_admission=False` admits every page without probing it first, cache hits
-  listed and rows sent: the reference the fast path is tested against). It is a frozen
+  listed and rows sent: the reference the fast path is tested against; `max_waiting_rows`
+  bounds the delay queue, see `actors.backoff`). It is a frozen
   value, validated when it is built (an invalid map cannot start: `InvalidInputError` naming
   the argument, before any query), and it offers the two store calls the actors make,
   `admit` and `complete`, retried through transient faults (`actors.retry`).
@@ -43,7 +44,7 @@ from runplane.engine.sheets import (
     StagedPage,
 )
 
-from .backoff import RetryQueue
+from .backoff import MAX_WAITING_ROWS, RetryQueue
 from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult, MapTally
@@ -130,6 +131,7 @@ class MapPlan:
         default=None, validator=_optional(RateLimit, "rate_limit"))
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
     fast_admission: bool = attrs.field(default=True, validator=_flag)
+    max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
 
     async def admit(self, rows: list[Any], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
@@ -180,8 +182,9 @@ class MapState:
     @classmethod
     def for_plan(cls, plan: MapPlan,
                  on_progress: Callable[[MapProgress], Any] | None) -> MapState:
-        return cls(MapTally(on_progress), pacer=open_pacer(plan.port, plan.rate_limit),
-                   retries=RetryQueue() if plan.retry is not None else None)
+        retries = RetryQueue(plan.max_waiting_rows) if plan.retry is not None else None
+        return cls(MapTally(on_progress, retries=retries),
+                   pacer=open_pacer(plan.port, plan.rate_limit), retries=retries)
 
     @property
     def superseded(self) -> bool:

@@ -46,6 +46,7 @@ class MapProgress:
     retried: int = 0
     timed_out: int = 0
     superseded: bool = False
+    waiting: int = 0  # rows waiting out a retry's backoff
 
 
 @attrs.frozen
@@ -91,6 +92,7 @@ class MapTally:
     retried: int = 0
     timed_out: int = 0
     superseded: bool = False
+    retries: Any = None  # the map's delay queue (`actors.backoff.RetryQueue`), if any
     diagnostics: list[Any] = attrs.field(factory=list)
     fenced_rows: list[Any] = attrs.field(factory=list)
     blocked_rows: list[Any] = attrs.field(factory=list)
@@ -137,6 +139,7 @@ class MapTally:
             executed=self.executed, completed=self.completed, failed=self.failed,
             fenced=self.fenced, calls=self.calls, retried=self.retried,
             timed_out=self.timed_out, superseded=self.superseded,
+            waiting=self.retries.waiting if self.retries is not None else 0,
         )
 
     def report(self) -> None:
