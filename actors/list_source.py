@@ -7,17 +7,22 @@ How it works
   worker runs are the encoded rows — byte-identical to what the staged page facts store, so
   running them *is* replaying the staged input (a wake passes the same list; the sealed
   manifest's fingerprint proves it, `ConflictError` otherwise).
-- Pages are the array input's pages (`cuts`), so page `k` of the map is page fact `k`.
-- Staging is lazy: the mapper's admission first probes a page by its keys (read-only); only
-  when some row of some page must be admitted does it call `ensure_staged`, which stages and
-  seals the whole list (`actors.sealer.stage_encoded`) before that page is admitted. A rerun
-  whose every row is already settled therefore writes no array input at all — nothing of it
-  will run, so nothing needs replaying. A map whose manifest is already `staging` or `sealed`
-  (a wake) is (re)staged at once, so a wake always checks the list against the staged one.
-- Once staged, a page is admitted from its stored fact (`StagedPage`: the rows are not sent
-  again). Two cases admit the list directly instead, as a streamed source would: a gateway
-  without array actions (one warning: a wake re-reads the caller's list), and a run already
-  retired (a wake of a finished run: its staged input is gone and nothing will replay it).
+- Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
+  `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page); on a wake (the
+  input was staged before the map began) one page each, admitted from its stored fact
+  (`StagedPage`: the rows are not sent again). A one-page unit of a sealed input is always
+  admitted from its fact.
+- Staging is lazy: the mapper's admission first probes a unit by its keys (read-only); only
+  when some row must be admitted does it stage. `start_staging` writes the begin fact — from
+  then on a wake must pass this very list (same fingerprint, `ConflictError` otherwise), so a
+  row may run — and puts and seals the pages in the background (in the map's nursery, so the
+  map ends only once the input is sealed) while admission goes on with the rows sent. A rerun
+  whose every row is already settled therefore writes no array input at all: nothing of it
+  runs, so nothing needs replaying. A map whose manifest is already `staging` or `sealed` (a
+  wake) is staged (resumed, or checked) before its first unit, at `open`.
+- Two cases admit the list directly instead, as a streamed source would: a gateway without
+  array actions (one warning: a wake re-reads the caller's list), and a run already retired (a
+  wake of a finished run: its staged input is gone and nothing will replay it).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from .retry import retry_transient
 from .sealer import stage_encoded
 
 log = logging.getLogger("runplane.actors")
+
+MAX_UNIT_PAGES = 5  # an admission unit of a list: at most this many pages (~5 MiB of input)
 
 
 def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
@@ -71,8 +78,10 @@ class ListSource:
     encoded: Any  # array_input.EncodedSource
     keys: list[str] = attrs.field(repr=False)
     manifest: Any = None
-    mode: str = "unstaged"  # unstaged → staged | direct
+    mode: str = "unstaged"  # unstaged → (staging →) staged | direct
+    replaying: bool = False  # staged before the map began: pages are admitted from facts
     _staging: trio.Lock = attrs.field(init=False, factory=trio.Lock)
+    _sealed: trio.Event = attrs.field(init=False, factory=trio.Event)
 
     @classmethod
     async def encode(cls, port: Port, scope: MapScope, items: Sequence[Any]) -> ListSource:
@@ -94,47 +103,113 @@ class ListSource:
             return
         if self.manifest.state != "absent":
             await self.ensure_staged()
+            self.replaying = self.mode == "staged"
 
     @property
     def source_rows(self) -> int:
         return self.encoded.source_rows
 
-    def page_groups(self, group_rows: int):
-        """The pages in order, as lists of consecutive `SourcePage`s of at most `group_rows`
-        rows together (one page at least): rows and keys are slices of the encoded source."""
+    def page_groups(self, group_rows: int, unit_rows: int):
+        """The source in order, as groups (lists) of admission units (`SourcePage`s).
+
+        A unit is one page when the input was staged before the map began (a wake: each page
+        is admitted from its fact), else consecutive pages up to `unit_rows` rows and
+        `MAX_UNIT_PAGES` pages (one page at least): one admission transaction each, as large
+        as a streamed page. Only a one-page unit carries its ordinal (it may be admitted from
+        its fact). A group holds consecutive units up to `group_rows` rows (one at least), the
+        reach of one probe. Rows and keys are slices of the encoded source.
+        """
         rows, keys = self.encoded.rows, self.keys
+        per_unit = 1 if self.replaying else MAX_UNIT_PAGES
+
+        def unit(first: int, pages: list[tuple[int, int]]) -> SourcePage:
+            offset = pages[0][0]
+            end = offset + sum(count for _, count in pages)
+            return SourcePage(offset, rows[offset:end], keys[offset:end],
+                              first if len(pages) == 1 else None)
+
         group: list[SourcePage] = []
-        size = 0
+        group_size = 0
+        pages: list[tuple[int, int]] = []
+        first = 0
         for ordinal, (offset, count) in enumerate(self.encoded.cuts):
-            if group and size + count > group_rows:
+            if pages and (len(pages) >= per_unit
+                          or sum(c for _, c in pages) + count > unit_rows):
+                done = unit(first, pages)
+                if group and group_size + len(done.rows) > group_rows:
+                    yield group
+                    group, group_size = [], 0
+                group.append(done)
+                group_size += len(done.rows)
+                pages = []
+            if not pages:
+                first = ordinal
+            pages.append((offset, count))
+        if pages:
+            done = unit(first, pages)
+            if group and group_size + len(done.rows) > group_rows:
                 yield group
-                group, size = [], 0
-            group.append(SourcePage(offset, rows[offset:offset + count],
-                                    keys[offset:offset + count], ordinal))
-            size += count
+                group = []
+            group.append(done)
         if group:
             yield group
 
     async def ensure_staged(self) -> None:
-        """Stage and seal the list unless it is (or cannot be)."""
+        """Stage and seal the list unless it is (or cannot be); waits for a staging that is
+        under way in the background."""
+        async with self._staging:
+            if self.mode == "unstaged":
+                await self._stage()
+        if self.mode == "staging":
+            await self._sealed.wait()
+
+    async def _stage(self) -> None:
+        try:
+            staged = await stage_encoded(self.port, self.scope, self.encoded,
+                                         manifest=self.manifest)
+        except ArrayInputUnavailableError:
+            self._admit_directly_no_arrays()
+            return
+        except RetiredError:
+            self._admit_directly_retired()
+            return
+        finally:
+            self._sealed.set()
+        self.manifest = staged.manifest
+        self.mode = "staged"
+
+    async def start_staging(self, nursery: trio.Nursery) -> None:
+        """Write the begin fact (so a wake must pass this very list), then put and seal the
+        pages in the background (`nursery`): rows may run meanwhile, their pages admitted with
+        their rows until the seal exists."""
         async with self._staging:
             if self.mode != "unstaged":
                 return
+            encoded = self.encoded
             try:
-                staged = await stage_encoded(self.port, self.scope, self.encoded,
-                                             manifest=self.manifest)
+                await retry_transient(lambda: array_input.begin(
+                    self.port, self.scope, source_fingerprint=encoded.fingerprint,
+                    source_rows=encoded.source_rows,
+                    has_source_identities=encoded.has_source_identities))
             except ArrayInputUnavailableError:
                 self._admit_directly_no_arrays()
                 return
             except RetiredError:
                 self._admit_directly_retired()
                 return
-            self.manifest = staged.manifest
-            self.mode = "staged"
+            self.mode = "staging"
+            self.manifest = None  # staging now: let the stager read it
+            nursery.start_soon(self._stage, name="stage_list")
 
-    async def staged_page(self, page: SourcePage) -> StagedPage | None:
-        """The staged page fact to admit `page` from (staging first), or None to send rows."""
-        await self.ensure_staged()
+    async def staged_page(self, page: SourcePage,
+                          nursery: trio.Nursery | None = None) -> StagedPage | None:
+        """The staged page fact to admit `page` from, or None to send its rows. The first call
+        starts staging: in the background with a `nursery` (None until it is sealed), else
+        waiting for the seal."""
+        if nursery is None:
+            await self.ensure_staged()
+        elif self.mode == "unstaged":
+            await self.start_staging(nursery)
         if self.mode != "staged" or page.ordinal is None:
             return None
         # CPU: one join and one hash of the page's texts, no JSON encoding

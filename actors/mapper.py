@@ -7,26 +7,29 @@ How it works
                        │ blocked rows          └─ releaser ◀─ delay queue (with a retry policy)
                        ▼ straight to the tally
 
-- The **source actor** turns the input into pages (`actors.list_source.SourcePage`): a list
-  source is encoded once (`ListSource`: canonical texts, row keys, the array input's page cuts)
-  and sent page by page, the rows being the encoded ones — byte-identical to the staged page
-  facts, so running them is replaying the staged input. An async iterable is cut into pages as
-  it arrives, the first of `FIRST_PAGE_ROWS` rows (so work starts soon even on a slow source),
-  each next one twice as large up to `page_rows` (large pages admit faster).
-- The **admission actor** first probes each page by its row keys (`sheets.probe`, one
+- The **source actor** turns the input into admission units (`actors.list_source.SourcePage`),
+  sent in groups: a list source is encoded once (`ListSource`: canonical texts, row keys, the
+  array input's page cuts) and cut into units of whole array-input pages (up to `page_rows`
+  rows), grouped up to `PROBE_GROUP_ROWS`; the rows are the encoded ones — byte-identical to
+  the staged page facts, so running them is replaying the staged input. An async iterable is
+  cut into pages as it arrives (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so
+  work starts soon even on a slow source), each next one twice as large up to `page_rows`
+  (large pages admit faster).
+- The **admission actor** first probes each unit by its row keys (`sheets.probe`, one
   read-only statement): when every row is settled — a fresh cache hit under the cell policies,
   or blocked (newer run, another attempt's live lease, given up), exactly as admission would
-  decide — the page is counted and nothing is sent or written. Otherwise it admits the page in
-  one transaction (`engine.sheets.admit`, cache hits counted, not listed): a list source is
-  staged and sealed first (lazily, at the first page that needs admitting; see
-  `actors.list_source`) and admitted from its stored page fact, a streamed page with its rows.
-  Once a probe settled a page, the rest of the list's group of pages (`PROBE_GROUP_ROWS`) is
-  probed in one statement; if that does not settle, its pages go one by one. After a page
-  whose rows were all new the next page is admitted without a probe. Admission
-  splits the pending rows into small batches so all workers get a share. Duplicates: the engine
-  drops them within a page; a later duplicate of a row still in flight in this map is dropped
-  here (counted as skipped); one whose first occurrence is already written is a cache hit (or,
-  if that failed, is re-admitted and runs again, as the engine re-admits failed rows).
+  decide — the unit is counted and nothing is sent or written. Otherwise it admits the unit in
+  one transaction (`engine.sheets.admit`, cache hits counted, not listed). A list source is
+  staged first (lazily, at the first unit that needs admitting: the begin fact is written, the
+  pages are put and sealed in the background; see `actors.list_source`); a one-page unit of a
+  sealed input is admitted from its stored page fact, other units with their rows. Once a probe
+  settled a unit, the rest of its group is probed in one statement; if that does not settle,
+  its units go one by one. After a unit whose rows were all new the next one is admitted
+  without a probe. Admission splits the pending rows into small batches so all workers get a
+  share. Duplicates: the engine drops them within a unit; a later duplicate of a row still in
+  flight in this map is dropped here (counted as skipped); one whose first occurrence is
+  already written is a cache hit (or, if that failed, is re-admitted and runs again, as the
+  engine re-admits failed rows).
 - **Workers** call `await fn(row)`. An exception fails that row only (its message becomes the
   row's `_error`); a return value must be a dict of output fields (None means no fields) that
   `canonical.normalize` accepts, or the row fails with a message saying why. No permit is held
@@ -108,12 +111,12 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
             pass  # admission stopped reading: the map was superseded
 
 
-async def list_pages(listed: ListSource, pages_send,
+async def list_pages(listed: ListSource, page_rows: int, pages_send,
                      *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_send:
         try:
-            for group in listed.page_groups(PROBE_GROUP_ROWS):
+            for group in listed.page_groups(PROBE_GROUP_ROWS, page_rows):
                 await pages_send.send(group)
         except trio.BrokenResourceError:
             pass  # admission stopped reading: the map was superseded
@@ -121,7 +124,7 @@ async def list_pages(listed: ListSource, pages_send,
 
 # -- the admission actor ---------------------------------------------------------------------
 async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
-                     probe: bool) -> tuple[Admission, bool]:
+                     probe: bool, background: trio.Nursery | None) -> tuple[Admission, bool]:
     """One page's admission, and whether a probe settled it: settled from its keys by a
     read-only probe when every row is (a fresh cache hit or blocked, judged exactly as admission
     judges it), else admitted — from its staged page fact for a list source (staging the list
@@ -134,7 +137,7 @@ async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
         settled = await plan.probe(page.rows, page.offset, keys=page.keys)
         if settled is not None:
             return settled, True
-    staged = await listed.staged_page(page) if listed is not None else None
+    staged = await listed.staged_page(page, background) if listed is not None else None
     return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged), False
 
 
@@ -150,7 +153,7 @@ async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | Non
 
 
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
-                      listed: ListSource | None = None,
+                      listed: ListSource | None = None, background: trio.Nursery | None = None,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
 
@@ -178,7 +181,7 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                         grouping = False  # some page of the group needs admitting: go one by one
                     page = group[position]
                     position += 1
-                    admission, settled = await admit_page(plan, page, listed, probe)
+                    admission, settled = await admit_page(plan, page, listed, probe, background)
                     # A page whose rows were all new says the next ones likely are too: admit
                     # it without probing first (a probe only saves work when rows are settled).
                     probe = admission.inserted < len(page.rows)
@@ -422,9 +425,9 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
                 if state.retries is not None:
                     await nursery.start(release_retries, state, work_send.clone())
                 await nursery.start(admit_pages, plan, state, pages_recv, work_send,
-                                    listed_source)
+                                    listed_source, nursery)
                 if listed_source is not None:
-                    await nursery.start(list_pages, listed_source, pages_send)
+                    await nursery.start(list_pages, listed_source, plan.page_rows, pages_send)
                 else:
                     await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:

@@ -34,7 +34,8 @@ class MapPlan:
     attempt: bool
     give_up_after: int | None
     listed: bool                # a list source (staged) or an async iterable
-    page_rows: int
+    page_rows: int              # rows per streamed page / admission unit of a list
+    fact_rows: int = 1000       # rows per array-input page of a list
 
 
 @st.composite
@@ -43,7 +44,7 @@ def map_plans(draw) -> MapPlan:
     n = len(states)
     admitted = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=2 * n)))
     return MapPlan(states, admitted, draw(st.booleans()), draw(st.sampled_from((None, 1, 2))),
-                   draw(st.booleans()), draw(st.integers(1, 4)))
+                   draw(st.booleans()), draw(st.integers(1, 6)), draw(st.integers(1, 3)))
 
 
 async def stream(rows):
@@ -93,7 +94,7 @@ async def compare(dsn: str, plan: MapPlan) -> list[str]:
                 await sim._build(tenant, namespace, plan, *ladder,
                                  key=lambda i, ns=namespace: sheets.row_key(sim._row(i), ns))
             # Small array-input pages and probe groups, so a short list spans several of each.
-            with mock.patch.object(array_source, "MAX_PAGE_ROWS", plan.page_rows), \
+            with mock.patch.object(array_source, "MAX_PAGE_ROWS", plan.fact_rows), \
                     mock.patch.object(mapper, "PROBE_GROUP_ROWS", 2 * plan.page_rows + 1):
                 slow = await run_map(tenant, plan, SLOW, fast=False)
                 fast = await run_map(tenant, plan, FAST, fast=True)
@@ -111,11 +112,13 @@ async def compare(dsn: str, plan: MapPlan) -> list[str]:
           suppress_health_check=list(HealthCheck))
 @given(plan=map_plans())
 @example(plan=MapPlan(("completed", "completed", "completed", "absent", "completed"),
-                      (0, 1, 2, 0, 3, 4), False, None, True, 2))
+                      (0, 1, 2, 0, 3, 4), False, None, True, 2, 1))
 @example(plan=MapPlan(("completed", "leased_live", "newer_pending", "failed_twice"),
-                      (0, 1, 2, 3, 3), False, 2, True, 1))
+                      (0, 1, 2, 3, 3), False, 2, True, 1, 1))
 @example(plan=MapPlan(("stale", "completed", "leased_expired", "pending_ours"),
                       (1, 0, 2, 3), True, None, False, 1))
+@example(plan=MapPlan(("completed",) * 6 + ("failed",), (0, 1, 2, 3, 4, 5, 6, 0),
+                      False, None, True, 4, 2))
 def test_fast_admission_of_run_map_equals_the_default(dsn, plan):
     violations = trio.run(compare, dsn, plan)
     assert not violations, "\n".join(violations)
@@ -143,7 +146,7 @@ async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
 
     async with open_run(port, "play", retire_on_exit=False) as rerun:
         port.reset()
-        result = await rerun.map("t", rows(2500), again, contract=CONTRACT)
+        result = await rerun.map("t", rows(2500), again, contract=CONTRACT, page_rows=1000)
     assert (result.admitted, result.cached, result.executed) == (2500, 2500, 0) and not calls
     sheet_table = layout_for(tenant, PlayScope(tenant.org_id, "play"), "t").qualified
     written = [sql for sql in port.statements
@@ -151,7 +154,7 @@ async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
                and (sheet_table in sql or "work_receipts" in sql)]
     assert written == [], written
     probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
-    assert len(probes) == 2  # page 0, then pages 1-2 together
+    assert len(probes) == 2  # page 0 (units of one page), then pages 1-2 together
     assert await fact_kinds(tenant, rerun.run_id) == []  # nothing staged: nothing will run
 
 
