@@ -1,12 +1,14 @@
 """A list source of `run.map`: encoded once, keyed once, staged only once some row must run.
 
 How it works
-- `ListSource.encode` encodes the caller's list once (`engine.array_input.encode_source`, in a
-  worker thread: no permit is held meanwhile): canonical texts, page cuts and fingerprint. Row
-  keys come from those texts (`sheets.text_key`, what admission would compute), and the rows a
-  worker runs are the encoded rows — byte-identical to what the staged page facts store, so
-  running them *is* replaying the staged input (a wake passes the same list; the sealed
-  manifest's fingerprint proves it, `ConflictError` otherwise).
+- A settled rerun needs no encoding: the mapper first probes the list's leading rows as given
+  (`rows_between`, read-only), and only at the first rows that are not all settled does it
+  call `encode`, which encodes the whole list once (`engine.array_input.encode_source`, in a
+  worker thread: no permit is held meanwhile) — a bad row raises `InvalidInputError` then,
+  before anything is written. Row keys come from the canonical texts (what admission would
+  compute), and the rows a worker runs are the encoded rows — byte-identical to what the
+  staged page facts store, so running them *is* replaying the staged input (a wake passes the
+  same list; the begin fact's fingerprint proves it, `ConflictError` otherwise).
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page); on a wake (the
   input was staged before the map began) one page each, admitted from its stored fact
@@ -35,7 +37,8 @@ import attrs
 import trio
 
 from runplane.engine import array_input
-from runplane.engine.errors import ArrayInputUnavailableError, RetiredError
+from runplane.engine.array_input import Occurrence
+from runplane.engine.errors import ArrayInputUnavailableError, InvalidInputError, RetiredError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import MapScope
 from runplane.engine.sheets import StagedPage
@@ -71,27 +74,43 @@ class SourcePage:
 
 @attrs.define(eq=False)
 class ListSource:
-    """An encoded list source and whether (and how) it is staged; see the module docstring."""
+    """A list source, encoded when first needed, and whether (and how) it is staged; see the
+    module docstring."""
 
     port: Port
     scope: MapScope
-    encoded: Any  # array_input.EncodedSource
-    keys: list[str] = attrs.field(repr=False)
+    items: list[Any] = attrs.field(repr=False)
+    encoded: Any = attrs.field(default=None, repr=False)  # array_input.EncodedSource
+    keys: list[str] | None = attrs.field(default=None, repr=False)
     manifest: Any = None
     mode: str = "unstaged"  # unstaged → (staging →) staged | direct
     replaying: bool = False  # staged before the map began: pages are admitted from facts
     _staging: trio.Lock = attrs.field(init=False, factory=trio.Lock)
     _sealed: trio.Event = attrs.field(init=False, factory=trio.Event)
 
-    @classmethod
-    async def encode(cls, port: Port, scope: MapScope, items: Sequence[Any]) -> ListSource:
-        """Encode `items` (bad rows raise `InvalidInputError` before any query)."""
-        encoded, keys = await trio.to_thread.run_sync(encode_and_key, list(items),
-                                                      scope.table_namespace)
-        return cls(port, scope, encoded, keys)
+    async def encode(self) -> None:
+        """Encode the list once (bad rows raise `InvalidInputError`, naming the row)."""
+        if self.encoded is None:
+            self.encoded, self.keys = await trio.to_thread.run_sync(
+                encode_and_key, self.items, self.scope.table_namespace)
+
+    def rows_between(self, low: int, high: int) -> list[dict]:
+        """The user rows of items `low` to `high` as given (for a probe before encoding)."""
+        rows = []
+        for index in range(low, min(high, len(self.items))):
+            item = self.items[index]
+            if type(item) is not dict:
+                if isinstance(item, Occurrence):
+                    item = item.data
+                elif not isinstance(item, dict):
+                    raise InvalidInputError(
+                        f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}")
+            rows.append(item)
+        return rows
 
     async def open(self) -> None:
-        """Read the manifest: a map already staged (a wake) is resumed or checked at once."""
+        """Read the manifest: a map already staged (a wake) is encoded and resumed or checked
+        at once."""
         try:
             self.manifest = await retry_transient(
                 lambda: array_input.get_manifest(self.port, self.scope))
@@ -102,14 +121,15 @@ class ListSource:
             self._admit_directly_no_arrays()
             return
         if self.manifest.state != "absent":
+            await self.encode()
             await self.ensure_staged()
             self.replaying = self.mode == "staged"
 
     @property
     def source_rows(self) -> int:
-        return self.encoded.source_rows
+        return len(self.items)
 
-    def page_groups(self, group_rows: int, unit_rows: int):
+    def page_groups(self, group_rows: int, unit_rows: int, start: int = 0):
         """The source in order, as groups (lists) of admission units (`SourcePage`s).
 
         A unit is one page when the input was staged before the map began (a wake: each page
@@ -117,7 +137,9 @@ class ListSource:
         `MAX_UNIT_PAGES` pages (one page at least): one admission transaction each, as large
         as a streamed page. Only a one-page unit carries its ordinal (it may be admitted from
         its fact). A group holds consecutive units up to `group_rows` rows (one at least), the
-        reach of one probe. Rows and keys are slices of the encoded source.
+        reach of one probe. Rows and keys are slices of the encoded source. Units begin at row
+        `start` (the rows before it were settled by probes): a page it cuts is a unit's first
+        part.
         """
         rows, keys = self.encoded.rows, self.keys
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
@@ -126,13 +148,18 @@ class ListSource:
             offset = pages[0][0]
             end = offset + sum(count for _, count in pages)
             return SourcePage(offset, rows[offset:end], keys[offset:end],
-                              first if len(pages) == 1 else None)
+                              first if len(pages) == 1 and first >= 0 else None)
 
         group: list[SourcePage] = []
         group_size = 0
         pages: list[tuple[int, int]] = []
         first = 0
         for ordinal, (offset, count) in enumerate(self.encoded.cuts):
+            if offset + count <= start:
+                continue
+            if offset < start:
+                first, pages = -1, [(start, offset + count - start)]  # part of a page
+                continue
             if pages and (len(pages) >= per_unit
                           or sum(c for _, c in pages) + count > unit_rows):
                 done = unit(first, pages)

@@ -88,7 +88,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
-PROBE_GROUP_ROWS = 10_000  # pages of a list source probed together once probes settle pages
+PROBE_GROUP_ROWS = 10_000  # rows of a list source probed together once probes settle rows ...
+FIRST_PROBE_ROWS = 1_000   # ... after a first probe of this many (a first run finds none)
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -107,17 +108,6 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
                     size = min(page_rows, 2 * size)
             if page:
                 await pages_send.send([SourcePage(offset, page)])
-        except trio.BrokenResourceError:
-            pass  # admission stopped reading: the map was superseded
-
-
-async def list_pages(listed: ListSource, page_rows: int, pages_send,
-                     *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    task_status.started()
-    async with pages_send:
-        try:
-            for group in listed.page_groups(PROBE_GROUP_ROWS, page_rows):
-                await pages_send.send(group)
         except trio.BrokenResourceError:
             pass  # admission stopped reading: the map was superseded
 
@@ -152,9 +142,28 @@ async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | Non
     return await plan.probe(rows, group[0].offset, keys=keys)
 
 
+async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
+                          hand_out: Callable[[int, Admission], Awaitable[None]]) -> int:
+    """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
+    the encoding); returns the first row not settled. A chunk with duplicates is left to the
+    units (they deduplicate unit by unit)."""
+    position, size = 0, FIRST_PROBE_ROWS
+    while position < listed.source_rows and not state.superseded:
+        rows = listed.rows_between(position, position + size)
+        admission = await plan.probe(rows, position)
+        if admission is None or admission.skipped:
+            break
+        await hand_out(len(rows), admission)
+        position += len(rows)
+        size = PROBE_GROUP_ROWS
+    return position
+
+
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                       listed: ListSource | None = None, background: trio.Nursery | None = None,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The admission actor: pages from `pages_recv` (a streamed source), or the units of
+    `listed` (a list source, read in place; `pages_recv` is then None)."""
     task_status.started()
 
     async def hand_out(rows_in_page: int, admission: Admission) -> None:
@@ -165,29 +174,48 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
             await state.hand_out(len(batch))
             await work_send.send(batch)
 
-    async with pages_recv, work_send:
-        probe = True     # probe a page before admitting it
-        settled = False  # the last probe settled its page: probe the next group of pages whole
+    probe = True     # probe a unit before admitting it
+    settled = False  # the last probe settled its unit: probe the rest of the group whole
+
+    async def admit_group(group: list[SourcePage]) -> None:
+        nonlocal probe, settled
+        position, grouping = 0, plan.fast_admission
+        while position < len(group) and not state.superseded:
+            rest = group[position:]
+            if settled and grouping and len(rest) > 1:
+                admission = await probe_group(plan, rest)
+                if admission is not None:
+                    await hand_out(sum(len(page.rows) for page in rest), admission)
+                    return
+                grouping = False  # some unit of the group needs admitting: go one by one
+            page = group[position]
+            position += 1
+            admission, settled = await admit_page(plan, page, listed, probe, background)
+            # A unit whose rows were all new says the next ones likely are too: admit it
+            # without probing first (a probe only saves work when rows are settled).
+            probe = admission.inserted < len(page.rows)
+            await hand_out(len(page.rows), admission)
+
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(work_send)
         try:
-            async for group in pages_recv:
-                position, grouping = 0, plan.fast_admission
-                while position < len(group) and not state.superseded:
-                    rest = group[position:]
-                    if settled and grouping and len(rest) > 1:
-                        admission = await probe_group(plan, rest)
-                        if admission is not None:
-                            await hand_out(sum(len(page.rows) for page in rest), admission)
-                            break
-                        grouping = False  # some page of the group needs admitting: go one by one
-                    page = group[position]
-                    position += 1
-                    admission, settled = await admit_page(plan, page, listed, probe, background)
-                    # A page whose rows were all new says the next ones likely are too: admit
-                    # it without probing first (a probe only saves work when rows are settled).
-                    probe = admission.inserted < len(page.rows)
-                    await hand_out(len(page.rows), admission)
-                if state.superseded:
-                    break
+            if listed is None:
+                await stack.enter_async_context(pages_recv)
+                async for group in pages_recv:
+                    if state.superseded:
+                        break
+                    await admit_group(group)
+                return
+            start = 0
+            if plan.fast_admission and listed.encoded is None:
+                start = await probe_unencoded(plan, state, listed, hand_out)
+                probe = False  # the rows at `start` were just probed: some need admitting
+            if start < listed.source_rows and not state.superseded:
+                await listed.encode()
+                for group in listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start):
+                    if state.superseded:
+                        break
+                    await admit_group(group)
         finally:
             state.end_admission()
 
@@ -401,7 +429,7 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
         if map_invocation_id is None:
             map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
         scope = run.scope.map(plan.table_namespace, map_invocation_id)
-        listed_source = await ListSource.encode(plan.port, scope, source)
+        listed_source = ListSource(plan.port, scope, list(source))
     await retry_transient(lambda: sheets.ensure_sheet(
         plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
     if listed_source is not None:
@@ -409,10 +437,10 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:
-                # Capacities: one page ahead of admission; about two batches per worker in each
+                # Capacities: one streamed page ahead of admission (a list is read in place);
+                # about two batches per worker in each
                 # direction; completion batches unbuffered (the batcher grows the next batch
                 # while the writer writes).
-                pages_send, pages_recv = trio.open_memory_channel(1)
                 work_send, work_recv = trio.open_memory_channel(2 * plan.concurrency)
                 outcome_send, outcome_recv = trio.open_memory_channel(2 * plan.concurrency)
                 flush_send, flush_recv = trio.open_memory_channel(0)
@@ -424,11 +452,12 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
                                             outcome_send.clone())
                 if state.retries is not None:
                     await nursery.start(release_retries, state, work_send.clone())
-                await nursery.start(admit_pages, plan, state, pages_recv, work_send,
-                                    listed_source, nursery)
-                if listed_source is not None:
-                    await nursery.start(list_pages, listed_source, plan.page_rows, pages_send)
+                if listed_source is not None:  # read in place: no source actor
+                    await nursery.start(admit_pages, plan, state, None, work_send,
+                                        listed_source, nursery)
                 else:
+                    pages_send, pages_recv = trio.open_memory_channel(1)
+                    await nursery.start(admit_pages, plan, state, pages_recv, work_send)
                     await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:
         await flush_unsettled(plan, state)

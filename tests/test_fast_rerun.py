@@ -5,6 +5,7 @@ finishes every row exactly once."""
 from __future__ import annotations
 
 import collections
+import os
 from unittest import mock
 
 import attrs
@@ -93,8 +94,9 @@ async def compare(dsn: str, plan: MapPlan) -> list[str]:
             for namespace in (SLOW, FAST):
                 await sim._build(tenant, namespace, plan, *ladder,
                                  key=lambda i, ns=namespace: sheets.row_key(sim._row(i), ns))
-            # Small array-input pages and probe groups, so a short list spans several of each.
+            # Small array-input pages, probes and probe groups: a short list spans several.
             with mock.patch.object(array_source, "MAX_PAGE_ROWS", plan.fact_rows), \
+                    mock.patch.object(mapper, "FIRST_PROBE_ROWS", plan.page_rows), \
                     mock.patch.object(mapper, "PROBE_GROUP_ROWS", 2 * plan.page_rows + 1):
                 slow = await run_map(tenant, plan, SLOW, fast=False)
                 fast = await run_map(tenant, plan, FAST, fast=True)
@@ -108,7 +110,7 @@ async def compare(dsn: str, plan: MapPlan) -> list[str]:
     return violations
 
 
-@settings(max_examples=25, database=None, deadline=None,
+@settings(max_examples=int(os.environ.get("RUNPLANE_FAST_RERUN_EXAMPLES", "25")), database=None, deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(plan=map_plans())
 @example(plan=MapPlan(("completed", "completed", "completed", "absent", "completed"),
