@@ -90,6 +90,7 @@ log = logging.getLogger("runplane.actors")
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
 PROBE_GROUP_ROWS = 10_000  # rows of a list source probed together once probes settle rows ...
 FIRST_PROBE_ROWS = 1_000   # ... after a first probe of this many (a first run finds none)
+PROBES_IN_FLIGHT = 2       # probes of a list's leading rows sent at once
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -145,18 +146,35 @@ async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | Non
 async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
                           hand_out: Callable[[int, Admission], Awaitable[None]]) -> int:
     """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
-    the encoding); returns the first row not settled. A chunk with duplicates is left to the
-    units (they deduplicate unit by unit)."""
-    position, size = 0, FIRST_PROBE_ROWS
-    while position < listed.source_rows and not state.superseded:
-        rows = listed.rows_between(position, position + size)
-        admission = await plan.probe(rows, position)
-        if admission is None or admission.skipped:
+    the encoding); returns the first row not settled. After a first probe of
+    `FIRST_PROBE_ROWS`, chunks of `PROBE_GROUP_ROWS` are probed `PROBES_IN_FLIGHT` at a time
+    (one is prepared while the server answers another; a probe writes nothing, so one past an
+    unsettled chunk is simply dropped). A chunk with duplicates is left to the units (they
+    deduplicate unit by unit)."""
+    n = listed.source_rows
+    bounds = [(0, min(n, FIRST_PROBE_ROWS))]
+    while bounds[-1][1] < n:
+        low = bounds[-1][1]
+        bounds.append((low, min(n, low + PROBE_GROUP_ROWS)))
+    settled_up_to = 0
+    for first in [0, *range(1, len(bounds), PROBES_IN_FLIGHT)]:
+        chunk = bounds[first:first + PROBES_IN_FLIGHT] if first else bounds[:1]
+        if state.superseded:
             break
-        await hand_out(len(rows), admission)
-        position += len(rows)
-        size = PROBE_GROUP_ROWS
-    return position
+        answers: list[Admission | None] = [None] * len(chunk)
+
+        async def probe(i: int, low: int, high: int) -> None:
+            answers[i] = await plan.probe(listed.rows_between(low, high), low)
+
+        async with trio.open_nursery() as nursery:
+            for i, (low, high) in enumerate(chunk):
+                nursery.start_soon(probe, i, low, high)
+        for (low, high), admission in zip(chunk, answers):
+            if admission is None or admission.skipped:
+                return settled_up_to
+            await hand_out(high - low, admission)
+            settled_up_to = high
+    return settled_up_to
 
 
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
