@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any, Sequence
+from typing import Any
 
 import attrs
 import trio

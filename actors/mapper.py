@@ -7,14 +7,17 @@ How it works
                        │ blocked rows          └─ releaser ◀─ delay queue (with a retry policy)
                        ▼ straight to the tally
 
-- The **source actor** turns the input into admission units (`actors.list_source.SourcePage`),
-  sent in groups: a list source is encoded once (`ListSource`: canonical texts, row keys, the
-  array input's page cuts) and cut into units of whole array-input pages (up to `page_rows`
-  rows), grouped up to `PROBE_GROUP_ROWS`; the rows are the encoded ones — byte-identical to
-  the staged page facts, so running them is replaying the staged input. An async iterable is
-  cut into pages as it arrives (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so
-  work starts soon even on a slow source), each next one twice as large up to `page_rows`
-  (large pages admit faster).
+- The input comes as admission units (`actors.list_source.SourcePage`), in groups. A list
+  source is read in place by admission (`ListSource`): its leading rows are first probed as
+  given (`FIRST_PROBE_ROWS`, then chunks of `PROBE_GROUP_ROWS`, `PROBES_IN_FLIGHT` at a
+  time) — a settled rerun ends there, never encoding the list; from the first rows not all
+  settled, the list is encoded once (canonical texts, row keys, the array input's page cuts)
+  and cut into units of whole array-input pages (up to `page_rows` rows), grouped up to
+  `PROBE_GROUP_ROWS`; the rows are the encoded ones — byte-identical to the staged page facts,
+  so running them is replaying the staged input. For an async iterable the **source actor**
+  cuts pages as rows arrive (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so work
+  starts soon even on a slow source), each next one twice as large up to `page_rows` (large
+  pages admit faster).
 - The **admission actor** first probes each unit by its row keys (`sheets.probe`, one
   read-only statement): when every row is settled — a fresh cache hit under the cell policies,
   or blocked (newer run, another attempt's live lease, given up), exactly as admission would
