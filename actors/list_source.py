@@ -129,51 +129,64 @@ class ListSource:
     def source_rows(self) -> int:
         return len(self.items)
 
-    def page_groups(self, group_rows: int, unit_rows: int, start: int = 0):
-        """The source in order, as groups (lists) of admission units (`SourcePage`s).
+    def page_groups(self, group_rows: int, unit_rows: int, start: int = 0,
+                    cut_at: frozenset[int] = frozenset()):
+        """The source from row `start` on, as groups (lists) of admission units (`SourcePage`).
 
         A unit is one page when the input was staged before the map began (a wake: each page
         is admitted from its fact), else consecutive pages up to `unit_rows` rows and
         `MAX_UNIT_PAGES` pages (one page at least): one admission transaction each, as large
-        as a streamed page. Only a one-page unit carries its ordinal (it may be admitted from
-        its fact). A group holds consecutive units up to `group_rows` rows (one at least), the
-        reach of one probe. Rows and keys are slices of the encoded source. Units begin at row
-        `start` (the rows before it were settled by probes): a page it cuts is a unit's first
-        part.
+        as a streamed page. A unit never spans a row offset in `cut_at` (nor `start`): a page
+        such an offset falls in is split there. Only a unit that is one whole page carries its
+        ordinal (it may be admitted from its fact). A group holds consecutive units up to
+        `group_rows` rows (one at least), the reach of one probe. Rows and keys are slices of
+        the encoded source.
         """
         rows, keys = self.encoded.rows, self.keys
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
+        cuts = sorted(offset for offset in cut_at if offset > start)
 
-        def unit(first: int, pages: list[tuple[int, int]]) -> SourcePage:
-            offset = pages[0][0]
-            end = offset + sum(count for _, count in pages)
-            return SourcePage(offset, rows[offset:end], keys[offset:end],
-                              first if len(pages) == 1 and first >= 0 else None)
+        def segments():
+            """(offset, count, ordinal or None for part of a page), split at the cuts."""
+            i = 0
+            for ordinal, (offset, count) in enumerate(self.encoded.cuts):
+                low, high = max(offset, start), offset + count
+                if high <= low:
+                    continue
+                while i < len(cuts) and cuts[i] <= low:
+                    i += 1
+                while i < len(cuts) and cuts[i] < high:
+                    yield low, cuts[i] - low, None
+                    low = cuts[i]
+                    i += 1
+                whole = low == offset and high == offset + count
+                yield low, high - low, ordinal if whole else None
 
+        cut_points = set(cuts)
         group: list[SourcePage] = []
         group_size = 0
-        pages: list[tuple[int, int]] = []
-        first = 0
-        for ordinal, (offset, count) in enumerate(self.encoded.cuts):
-            if offset + count <= start:
-                continue
-            if offset < start:
-                first, pages = -1, [(start, offset + count - start)]  # part of a page
-                continue
-            if pages and (len(pages) >= per_unit
-                          or sum(c for _, c in pages) + count > unit_rows):
-                done = unit(first, pages)
+        unit: list[tuple[int, int, int | None]] = []
+
+        def close() -> SourcePage:
+            low = unit[0][0]
+            high = low + sum(count for _, count, _ in unit)
+            ordinal = unit[0][2] if len(unit) == 1 else None
+            return SourcePage(low, rows[low:high], keys[low:high], ordinal)
+
+        for segment in segments():
+            low, count, _ = segment
+            if unit and (len(unit) >= per_unit or low in cut_points
+                         or sum(c for _, c, _ in unit) + count > unit_rows):
+                done = close()
                 if group and group_size + len(done.rows) > group_rows:
                     yield group
                     group, group_size = [], 0
                 group.append(done)
                 group_size += len(done.rows)
-                pages = []
-            if not pages:
-                first = ordinal
-            pages.append((offset, count))
-        if pages:
-            done = unit(first, pages)
+                unit = []
+            unit.append(segment)
+        if unit:
+            done = close()
             if group and group_size + len(done.rows) > group_rows:
                 yield group
                 group = []

@@ -146,19 +146,27 @@ async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | Non
     return await plan.probe(rows, group[0].offset, keys=keys)
 
 
+def probe_bounds(rows: int) -> list[tuple[int, int]]:
+    """The chunks a list's leading rows are probed in before it is encoded: `FIRST_PROBE_ROWS`,
+    then `PROBE_GROUP_ROWS` each. Admission units never span a chunk boundary, so a chunk a
+    probe settled is exactly the units it covers (see `probe_unencoded`)."""
+    bounds = [(0, min(rows, FIRST_PROBE_ROWS))]
+    while bounds[-1][1] < rows:
+        low = bounds[-1][1]
+        bounds.append((low, min(rows, low + PROBE_GROUP_ROWS)))
+    return bounds
+
+
 async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
                           hand_out: Callable[[int, Admission], Awaitable[None]]) -> int:
     """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
-    the encoding); returns the first row not settled. After a first probe of
-    `FIRST_PROBE_ROWS`, chunks of `PROBE_GROUP_ROWS` are probed `PROBES_IN_FLIGHT` at a time
-    (one is prepared while the server answers another; a probe writes nothing, so one past an
-    unsettled chunk is simply dropped). A chunk with duplicates is left to the units (they
-    deduplicate unit by unit)."""
-    n = listed.source_rows
-    bounds = [(0, min(n, FIRST_PROBE_ROWS))]
-    while bounds[-1][1] < n:
-        low = bounds[-1][1]
-        bounds.append((low, min(n, low + PROBE_GROUP_ROWS)))
+    the encoding); returns the first row not settled (a chunk boundary). Chunks after the first
+    are probed `PROBES_IN_FLIGHT` at a time (one is prepared while the server answers another;
+    a probe writes nothing, so one past an unsettled chunk is simply dropped). A chunk holding
+    a duplicate is left to the units (they deduplicate unit by unit, and a chunk may hold
+    several units); a duplicate of an earlier chunk's row is in another unit anyway, so it
+    counts as that unit's cache hit either way."""
+    bounds = probe_bounds(listed.source_rows)
     settled_up_to = 0
     for first in [0, *range(1, len(bounds), PROBES_IN_FLIGHT)]:
         chunk = bounds[first:first + PROBES_IN_FLIGHT] if first else bounds[:1]
@@ -233,7 +241,8 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                 probe = False  # the rows at `start` were just probed: some need admitting
             if start < listed.source_rows and not state.superseded:
                 await listed.encode()
-                for group in listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start):
+                cut_at = frozenset(low for low, _ in probe_bounds(listed.source_rows))
+                for group in listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start, cut_at):
                     if state.superseded:
                         break
                     await admit_group(group)

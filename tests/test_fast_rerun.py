@@ -121,6 +121,8 @@ async def compare(dsn: str, plan: MapPlan) -> list[str]:
                       (1, 0, 2, 3), True, None, False, 1))
 @example(plan=MapPlan(("completed",) * 6 + ("failed",), (0, 1, 2, 3, 4, 5, 6, 0),
                       False, None, True, 4, 2))
+@example(plan=MapPlan(("completed",), (0, 0), False, None, True, 1, 2))  # found: a duplicate
+# across two probes of the list's leading rows, inside one admission unit
 def test_fast_admission_of_run_map_equals_the_default(dsn, plan):
     violations = trio.run(compare, dsn, plan)
     assert not violations, "\n".join(violations)
@@ -213,3 +215,29 @@ async def test_a_wake_after_a_crash_in_a_fast_rerun_finishes_every_row_exactly_o
     ok, detail = await counters_match(tenant, PlayScope(tenant.org_id, "play"), "t")
     assert ok, detail
     assert await fact_kinds(tenant, run_id) == ["array_input_guard"]
+
+
+def test_list_units_cover_the_source_in_order_and_respect_the_cuts():
+    from runplane.actors.list_source import ListSource, encode_and_key
+    from runplane.engine import MapScope
+
+    items = [{"name": f"n{i}", "pad": "x" * ((i % 7) * 700 if i < 2000 else 0)} for i in range(3500)]
+    scope = MapScope("org", "play", "run", "t", "map-0")
+    listed = ListSource(None, scope, items)
+    listed.encoded, listed.keys = encode_and_key(items, "t")
+    pages = listed.encoded.cuts
+    assert any(count < 1000 for _, count in pages[:-1])  # cut by bytes too
+    for start, cut_at, unit_rows in ((0, frozenset(), 5000), (1000, frozenset({1000, 2500}), 1500),
+                                      (1234, frozenset({2000}), 700)):
+        units = [unit for group in listed.page_groups(2000, unit_rows, start, cut_at)
+                 for unit in group]
+        assert units[0].offset == start
+        assert [u.offset + len(u.rows) for u in units[:-1]] == [u.offset for u in units[1:]]
+        assert units[-1].offset + len(units[-1].rows) == len(items)
+        for unit in units:
+            assert len(unit.rows) <= max(unit_rows, 1000)
+            assert not any(unit.offset < cut < unit.offset + len(unit.rows) for cut in cut_at)
+            assert unit.rows == listed.encoded.rows[unit.offset:unit.offset + len(unit.rows)]
+            assert unit.keys == [sheets.row_key(row, "t") for row in unit.rows]
+            if unit.ordinal is not None:
+                assert (unit.offset, len(unit.rows)) == pages[unit.ordinal]
