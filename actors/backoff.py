@@ -9,8 +9,11 @@ How it works
   the releaser) and not yet resolved (written to an outcome, deferred, or left). The releaser
   ends — closing its side of the work channel, so the workers can end — once admission is done,
   nothing is out and nothing is waiting: no row can come back any more.
-- Memory: admission waits (`wait_for_room`) while `MAX_WAITING_ROWS` rows wait, so a source
-  whose every row fails cannot pile its rows up here.
+- Memory: admission waits (`wait_for_room`) while `limit` rows (the map's `max_waiting_rows`,
+  default `MAX_WAITING_ROWS`) wait, so a source whose every row fails cannot pile its rows up
+  here: only rows already handed out can still be deferred, so the queue never holds more than
+  `limit` plus the admission window (the rows in the work channel and in the workers' hands,
+  at most `3 × concurrency × MAX_WORK_BATCH`), whatever the source size.
 - Wake-ups are rare on purpose: the releaser is woken when a row is deferred earlier than
   everything waiting, when admission ends, when the last row out is resolved, or when the map is
   stopped — never once per row.
@@ -35,6 +38,7 @@ MAX_WAITING_ROWS = 10_000
 class RetryQueue:
     """Rows in backoff, by due time (see the module docstring)."""
 
+    limit: int = MAX_WAITING_ROWS
     out: int = 0
     admitting: bool = True
     stopped: bool = False
@@ -57,7 +61,7 @@ class RetryQueue:
         self._changed.unpark_all()
 
     async def wait_for_room(self) -> None:
-        while len(self._heap) >= MAX_WAITING_ROWS and not self.stopped:
+        while len(self._heap) >= self.limit and not self.stopped:
             await self._room.park()
 
     # -- workers --------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ How it works
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
   `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`) and the pipeline's
-  tuning. It is a frozen
+  tuning (`fast_admission=False` admits every page without probing it first, cache hits
+  listed and rows sent: the reference the fast path is tested against; `max_waiting_rows`
+  bounds the delay queue, see `actors.backoff`). It is a frozen
   value, validated when it is built (an invalid map cannot start: `InvalidInputError` naming
   the argument, before any query), and it offers the two store calls the actors make,
   `admit` and `complete`, retried through transient faults (`actors.retry`).
@@ -41,9 +43,10 @@ from runplane.engine.sheets.inputs import outcome_fields_problem
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
+    StagedPage,
 )
 
-from .backoff import RetryQueue
+from .backoff import MAX_WAITING_ROWS, RetryQueue
 from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult, MapTally
@@ -97,6 +100,11 @@ def _give_up_after(_instance: object, _attribute: object, value: object) -> None
         raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
 
 
+def _flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{attribute.name} must be True or False, got {value!r}")
+
+
 def _namespace(_instance: object, _attribute: object, value: object) -> None:
     if not isinstance(value, str):
         raise InvalidInputError("table_namespace must be a string")
@@ -124,13 +132,29 @@ class MapPlan:
     rate_limit: RateLimit | None = attrs.field(
         default=None, validator=_optional(RateLimit, "rate_limit"))
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
+    fast_admission: bool = attrs.field(default=True, validator=_flag)
+    max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
 
-    async def admit(self, rows: list[Any], input_offset: int) -> Admission:
-        """Admit one page under the run's write version (retried through transient faults)."""
+    async def admit(self, rows: list[Any], input_offset: int, *,
+                    keys: list[str] | None = None, staged_page: StagedPage | None = None,
+                    cache_hits: str = "count") -> Admission:
+        """Admit one page under the run's write version, cache hits counted (from its staged
+        page fact when given; retried through transient faults)."""
         return await retry_transient(lambda: sheets.admit(
             self.port, self.ref, self.table_namespace, self.contract, rows,
-            input_offset=input_offset, attempt=self.attempt, cell_policies=self.cell_policies,
-            give_up_after=self.give_up_after,
+            input_offset=input_offset, keys=keys, attempt=self.attempt,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after,
+            cache_hits=cache_hits, staged_page=staged_page,
+        ))
+
+    async def probe(self, rows: list[Any], input_offset: int, *,
+                    keys: list[str] | None = None) -> Admission | None:
+        """The admission of a page whose every row is settled (a fresh cache hit or blocked),
+        from its keys in one read-only statement; None when some row needs admitting."""
+        return await retry_transient(lambda: sheets.probe(
+            self.port, self.ref, self.table_namespace, self.contract, rows,
+            input_offset=input_offset, keys=keys, attempt=self.attempt,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after,
         ))
 
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:
@@ -161,8 +185,9 @@ class MapState:
     @classmethod
     def for_plan(cls, plan: MapPlan,
                  on_progress: Callable[[MapProgress], Any] | None) -> MapState:
-        return cls(MapTally(on_progress), pacer=open_pacer(plan.port, plan.rate_limit),
-                   retries=RetryQueue() if plan.retry is not None else None)
+        retries = RetryQueue(plan.max_waiting_rows) if plan.retry is not None else None
+        return cls(MapTally(on_progress, retries=retries),
+                   pacer=open_pacer(plan.port, plan.rate_limit), retries=retries)
 
     @property
     def superseded(self) -> bool:

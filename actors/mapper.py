@@ -7,20 +7,32 @@ How it works
                        │ blocked rows          └─ releaser ◀─ delay queue (with a retry policy)
                        ▼ straight to the tally
 
-- The **source actor** turns the input into pages `(offset, rows)`: a list source is first
-  staged as an array input by the sealer (so a wake replays byte-identical input) and read back
-  one sealed page at a time. Two cases admit the list directly instead, as a streamed source:
-  a gateway without array actions (with one warning: a wake re-reads the caller's list), and a
-  run already retired — a wake of a finished run, whose staged input is gone and which nothing
-  will replay. An async iterable is cut into pages as it arrives, the first of
-  `FIRST_PAGE_ROWS` rows (so work starts soon even on a slow source), each next one twice as
-  large up to `page_rows` (large pages admit faster).
-- The **admission actor** admits one page per transaction (`engine.sheets.admit` with the page's
-  `input_offset`), counts cache hits and blocked rows, and splits the pending rows into small
-  batches so all workers get a share. Duplicates: the engine drops them within a page; a
-  later duplicate of a row still in flight in this map is dropped here (counted as skipped);
-  one whose first occurrence is already written is a cache hit (or, if that failed, is
-  re-admitted and runs again, as the engine re-admits failed rows).
+- The input comes as admission units (`actors.list_source.SourcePage`), in groups. A list
+  source is read in place by admission (`ListSource`): its leading rows are first probed as
+  given (`FIRST_PROBE_ROWS`, then chunks of `PROBE_GROUP_ROWS`, `PROBES_IN_FLIGHT` at a
+  time) — a settled rerun ends there, never encoding the list; from the first rows not all
+  settled, the list is encoded once (canonical texts, row keys, the array input's page cuts)
+  and cut into units of whole array-input pages (up to `page_rows` rows), grouped up to
+  `PROBE_GROUP_ROWS`; the rows are the encoded ones — byte-identical to the staged page facts,
+  so running them is replaying the staged input. For an async iterable the **source actor**
+  cuts pages as rows arrive (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so work
+  starts soon even on a slow source), each next one twice as large up to `page_rows` (large
+  pages admit faster).
+- The **admission actor** first probes each unit by its row keys (`sheets.probe`, one
+  read-only statement): when every row is settled — a fresh cache hit under the cell policies,
+  or blocked (newer run, another attempt's live lease, given up), exactly as admission would
+  decide — the unit is counted and nothing is sent or written. Otherwise it admits the unit in
+  one transaction (`engine.sheets.admit`, cache hits counted, not listed). A list source is
+  staged first (lazily, at the first unit that needs admitting: the begin fact is written, the
+  pages are put and sealed in the background; see `actors.list_source`); a one-page unit of a
+  sealed input is admitted from its stored page fact, other units with their rows. Once a probe
+  settled a unit, the rest of its group is probed in one statement; if that does not settle,
+  its units go one by one. After a unit whose rows were all new the next one is admitted
+  without a probe. Admission splits the pending rows into small batches so all workers get a
+  share. Duplicates: the engine drops them within a unit; a later duplicate of a row still in
+  flight in this map is dropped here (counted as skipped); one whose first occurrence is
+  already written is a cache hit (or, if that failed, is re-admitted and runs again, as the
+  engine re-admits failed rows).
 - **Workers** call `await fn(row)`. An exception fails that row only (its message becomes the
   row's `_error`); a return value must be a dict of output fields (None means no fields) that
   `canonical.normalize` accepts, or the row fails with a message saying why. No permit is held
@@ -49,8 +61,9 @@ How it works
   simply replayed (an identical completion is idempotent).
 - Store calls are retried through transient faults (`actors.retry`): each is idempotent, and a
   map that raised would end its run terminally.
-- On a wake (same run id, same epoch), admission returns finished rows as cache hits, so only
-  unfinished rows run again.
+- On a wake (same run id, same epoch), admission counts finished rows as cache hits, so only
+  unfinished rows run again; a list source already staged is checked against the staged input
+  (`ConflictError` for a different list) and its pages are admitted from their facts.
 """
 
 from __future__ import annotations
@@ -63,12 +76,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Seque
 import trio
 
 from runplane.engine import canonical, runs, sheets
-from runplane.engine.array_input import Occurrence
-from runplane.engine.errors import (
-    ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError, leaf_errors,
-)
-from runplane.engine.sheets import AdmittedRow, RowOutcome
+from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
+from runplane.engine.sheets import Admission, AdmittedRow, RowOutcome
 
+from .list_source import ListSource, SourcePage
 from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
 from .phases import marked
 from .policies import RowTimeoutError
@@ -81,6 +92,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
+PROBE_GROUP_ROWS = 10_000  # rows of a list source probed together once probes settle rows ...
+FIRST_PROBE_ROWS = 1_000   # ... after a first probe of this many (a first run finds none)
+PROBES_IN_FLIGHT = 2       # probes of a list's leading rows sent at once
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -94,61 +108,146 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
             async for row in source:
                 page.append(row)
                 if len(page) >= size:
-                    await pages_send.send((offset, page))
+                    await pages_send.send([SourcePage(offset, page)])
                     offset, page = offset + len(page), []
                     size = min(page_rows, 2 * size)
             if page:
-                await pages_send.send((offset, page))
+                await pages_send.send([SourcePage(offset, page)])
         except trio.BrokenResourceError:
             pass  # admission stopped reading: the map was superseded
-
-
-async def replay_pages(staged: Any, pages_send, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    task_status.started()
-    async with pages_send:
-        pages = staged.pages()
-        try:
-            async for page in pages:
-                await pages_send.send((page.offset, [occurrence_data(row) for row in page.rows]))
-        except trio.BrokenResourceError:
-            pass  # admission stopped reading: the map was superseded
-        finally:
-            await pages.aclose()
-
-
-async def iterate_rows(items: Sequence[Any]) -> AsyncIterable[dict]:
-    """A list source as an async iterable of user rows (when it is admitted without staging)."""
-    for item in items:
-        yield item.data if isinstance(item, Occurrence) else item
-
-
-def occurrence_data(occurrence: Any) -> dict:
-    """The user row of a staged occurrence."""
-    data = getattr(occurrence, "data", None)
-    if data is None and isinstance(occurrence, dict):
-        data = occurrence.get("data")
-    if not isinstance(data, dict):
-        raise InvalidInputError("staged occurrence has no data object")
-    return data
 
 
 # -- the admission actor ---------------------------------------------------------------------
+async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
+                     probe: bool, background: trio.Nursery | None) -> tuple[Admission, bool]:
+    """One page's admission, and whether a probe settled it: settled from its keys by a
+    read-only probe when every row is (a fresh cache hit or blocked, judged exactly as admission
+    judges it), else admitted — from its staged page fact for a list source (staging the list
+    first), with its rows otherwise."""
+    if not plan.fast_admission:
+        if listed is not None:
+            await listed.ensure_staged()
+        return await plan.admit(page.rows, page.offset, cache_hits="rows"), False
+    if probe:
+        settled = await plan.probe(page.rows, page.offset, keys=page.keys)
+        if settled is not None:
+            return settled, True
+    staged = await listed.staged_page(page, background) if listed is not None else None
+    return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged), False
+
+
+async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | None:
+    """Settle consecutive pages with one probe, or None (then each page goes on its own).
+    Pages with a key in common are never probed together: each page deduplicates its own rows,
+    so the counts stay exactly those of page-by-page admission."""
+    keys = [key for page in group for key in page.keys or ()]
+    rows = [row for page in group for row in page.rows]
+    if len(keys) != len(rows) or len(set(keys)) != sum(len(set(page.keys)) for page in group):
+        return None
+    return await plan.probe(rows, group[0].offset, keys=keys)
+
+
+def probe_bounds(rows: int) -> list[tuple[int, int]]:
+    """The chunks a list's leading rows are probed in before it is encoded: `FIRST_PROBE_ROWS`,
+    then `PROBE_GROUP_ROWS` each. Admission units never span a chunk boundary, so a chunk a
+    probe settled is exactly the units it covers (see `probe_unencoded`)."""
+    bounds = [(0, min(rows, FIRST_PROBE_ROWS))]
+    while bounds[-1][1] < rows:
+        low = bounds[-1][1]
+        bounds.append((low, min(rows, low + PROBE_GROUP_ROWS)))
+    return bounds
+
+
+async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
+                          hand_out: Callable[[int, Admission], Awaitable[None]]) -> int:
+    """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
+    the encoding); returns the first row not settled (a chunk boundary). Chunks after the first
+    are probed `PROBES_IN_FLIGHT` at a time (one is prepared while the server answers another;
+    a probe writes nothing, so one past an unsettled chunk is simply dropped). A chunk holding
+    a duplicate is left to the units (they deduplicate unit by unit, and a chunk may hold
+    several units); a duplicate of an earlier chunk's row is in another unit anyway, so it
+    counts as that unit's cache hit either way."""
+    bounds = probe_bounds(listed.source_rows)
+    settled_up_to = 0
+    for first in [0, *range(1, len(bounds), PROBES_IN_FLIGHT)]:
+        chunk = bounds[first:first + PROBES_IN_FLIGHT] if first else bounds[:1]
+        if state.superseded:
+            break
+        answers: list[Admission | None] = [None] * len(chunk)
+
+        async def probe(i: int, low: int, high: int) -> None:
+            answers[i] = await plan.probe(listed.rows_between(low, high), low)
+
+        async with trio.open_nursery() as nursery:
+            for i, (low, high) in enumerate(chunk):
+                nursery.start_soon(probe, i, low, high)
+        for (low, high), admission in zip(chunk, answers):
+            if admission is None or admission.skipped:
+                return settled_up_to
+            await hand_out(high - low, admission)
+            settled_up_to = high
+    return settled_up_to
+
+
 @marked("admission")
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
+                      listed: ListSource | None = None, background: trio.Nursery | None = None,
                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The admission actor: pages from `pages_recv` (a streamed source), or the units of
+    `listed` (a list source, read in place; `pages_recv` is then None)."""
     task_status.started()
-    async with pages_recv, work_send:
+
+    async def hand_out(rows_in_page: int, admission: Admission) -> None:
+        pending = state.take_admission(rows_in_page, admission)
+        size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
+        for start in range(0, len(pending), size):
+            batch = pending[start:start + size]
+            await state.hand_out(len(batch))
+            await work_send.send(batch)
+
+    probe = True     # probe a unit before admitting it
+    settled = False  # the last probe settled its unit: probe the rest of the group whole
+
+    async def admit_group(group: list[SourcePage]) -> None:
+        nonlocal probe, settled
+        position, grouping = 0, plan.fast_admission
+        while position < len(group) and not state.superseded:
+            rest = group[position:]
+            if settled and grouping and len(rest) > 1:
+                admission = await probe_group(plan, rest)
+                if admission is not None:
+                    await hand_out(sum(len(page.rows) for page in rest), admission)
+                    return
+                grouping = False  # some unit of the group needs admitting: go one by one
+            page = group[position]
+            position += 1
+            admission, settled = await admit_page(plan, page, listed, probe, background)
+            # A unit whose rows were all new says the next ones likely are too: admit it
+            # without probing first (a probe only saves work when rows are settled).
+            probe = admission.inserted < len(page.rows)
+            await hand_out(len(page.rows), admission)
+
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(work_send)
         try:
-            async for offset, rows in pages_recv:
-                if state.superseded:
-                    break
-                admission = await plan.admit(rows, offset)
-                pending = state.take_admission(len(rows), admission)
-                size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
-                for start in range(0, len(pending), size):
-                    batch = pending[start:start + size]
-                    await state.hand_out(len(batch))
-                    await work_send.send(batch)
+            if listed is None:
+                await stack.enter_async_context(pages_recv)
+                async for group in pages_recv:
+                    if state.superseded:
+                        break
+                    await admit_group(group)
+                return
+            start = 0
+            if plan.fast_admission and listed.encoded is None:
+                start = await probe_unencoded(plan, state, listed, hand_out)
+                probe = False  # the rows at `start` were just probed: some need admitting
+            if start < listed.source_rows and not state.superseded:
+                await listed.encode()
+                cut_at = frozenset(low for low, _ in probe_bounds(listed.source_rows))
+                for group in listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start, cut_at):
+                    if state.superseded:
+                        break
+                    await admit_group(group)
         finally:
             state.end_admission()
 
@@ -351,39 +450,31 @@ def unwrap_single_error():
 async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
                    on_progress: Callable[[Any], Any] | None = None,
                    map_invocation_id: str | None = None) -> MapResult:
-    """Run the pipeline of `plan` over `source` (a list is staged first) and count it."""
+    """Run the pipeline of `plan` over `source` and count it (a list is encoded first and
+    staged before its first row is admitted)."""
     listed = isinstance(source, (list, tuple))
     if not listed and not hasattr(source, "__aiter__"):
         raise InvalidInputError(
             f"source must be a list of rows or an async iterable, got {type(source).__name__}"
         )
     state = MapState.for_plan(plan, on_progress)
-    staged = None
-    if listed and map_invocation_id is None:
-        map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
+    listed_source = None
+    if listed:
+        if map_invocation_id is None:
+            map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
+        scope = run.scope.map(plan.table_namespace, map_invocation_id)
+        listed_source = ListSource(plan.port, scope, list(source))
     await retry_transient(lambda: sheets.ensure_sheet(
         plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
-    if listed:
-        try:
-            staged = await run.stage_array(plan.table_namespace, map_invocation_id, list(source))
-        except ArrayInputUnavailableError:
-            log.warning("map %s: the gateway has no array-input actions; the list is admitted "
-                        "directly, and a wake will re-read the caller's list instead of staged "
-                        "pages", plan.table_namespace)
-            source = iterate_rows(source)
-        except RetiredError:
-            # A wake of a run that already finished: its staged input is gone and nothing will
-            # replay it, so the caller's list is admitted as is (its finished rows are cached).
-            log.info("map %s: run %s is retired; admitting the list without staging",
-                     plan.table_namespace, run.run_id)
-            source = iterate_rows(source)
+    if listed_source is not None:
+        await listed_source.open()
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:
-                # Capacities: one page ahead of admission; about two batches per worker in each
+                # Capacities: one streamed page ahead of admission (a list is read in place);
+                # about two batches per worker in each
                 # direction; completion batches unbuffered (the batcher grows the next batch
                 # while the writer writes).
-                pages_send, pages_recv = trio.open_memory_channel(1)
                 work_send, work_recv = trio.open_memory_channel(2 * plan.concurrency)
                 outcome_send, outcome_recv = trio.open_memory_channel(2 * plan.concurrency)
                 flush_send, flush_recv = trio.open_memory_channel(0)
@@ -395,10 +486,12 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
                                             outcome_send.clone())
                 if state.retries is not None:
                     await nursery.start(release_retries, state, work_send.clone())
-                await nursery.start(admit_pages, plan, state, pages_recv, work_send)
-                if staged is not None:
-                    await nursery.start(replay_pages, staged, pages_send)
+                if listed_source is not None:  # read in place: no source actor
+                    await nursery.start(admit_pages, plan, state, None, work_send,
+                                        listed_source, nursery)
                 else:
+                    pages_send, pages_recv = trio.open_memory_channel(1)
+                    await nursery.start(admit_pages, plan, state, pages_recv, work_send)
                     await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:
         await flush_unsettled(plan, state)

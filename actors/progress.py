@@ -51,6 +51,7 @@ class MapProgress:
     timed_out: int = 0
     superseded: bool = False
     waiting_for_store_s: float | None = None  # None: not waiting for the database
+    waiting: int = 0  # rows waiting out a retry's backoff
 
 
 @attrs.frozen
@@ -102,6 +103,7 @@ class MapTally:
     retried: int = 0
     timed_out: int = 0
     superseded: bool = False
+    retries: Any = None  # the map's delay queue (`actors.backoff.RetryQueue`), if any
     diagnostics: list[Any] = attrs.field(factory=list)
     fenced_rows: list[Any] = attrs.field(factory=list)
     blocked_rows: list[Any] = attrs.field(factory=list)
@@ -111,10 +113,11 @@ class MapTally:
         pending = len(admission.pending) - dropped
         self.source_rows += rows_in_page
         self.pending += pending
-        self.cached += len(admission.completed)
+        cached = admission.cached or len(admission.completed)  # counted, or listed
+        self.cached += cached
         self.blocked += len(admission.blocked)
         self.skipped += admission.skipped + dropped
-        self.admitted += pending + len(admission.completed) + len(admission.blocked)
+        self.admitted += pending + cached + len(admission.blocked)
         room = MAX_CARRIED_ROWS - len(self.blocked_rows)
         if room > 0:
             self.blocked_rows.extend(admission.blocked[:room])
@@ -148,6 +151,7 @@ class MapTally:
             fenced=self.fenced, calls=self.calls, retried=self.retried,
             timed_out=self.timed_out, superseded=self.superseded,
             waiting_for_store_s=waiting_for_store_s(),
+            waiting=self.retries.waiting if self.retries is not None else 0,
         )
 
     def report(self) -> None:

@@ -1,6 +1,7 @@
 """run.map against the engine calls it is made of, on the same server in the same run.
 
     python benchmarks/map.py [--rows 100000] [--rounds 1] [--rss-rows 1000000] [--concurrency 16]
+                             [--list-rows 100000] [--rerun-rows 10000,100000] [--parts ...]
 
 1. Throughput: `run.map` with a no-op function over `--rows` rows streamed from an async
    iterable, against the same rows pushed straight through `engine.sheets.admit` +
@@ -9,6 +10,20 @@
    (channels, workers, batching) on top of the two engine calls.
 2. Memory: peak RSS of a child process that streams `--rss-rows` rows through `run.map`
    (`resource.getrusage(RUSAGE_SELF).ru_maxrss`; target <= 300 MB whatever the source size).
+
+3. List vs stream (`--list-rows`, default 100,000): the first run of `run.map` over a list
+   (encoded once, staged, admitted from its page facts) against the same rows from an async
+   iterable, each into a fresh sheet; prints the time ratio list/stream (target <= 1.10).
+4. Reruns (`--rerun-rows`, default 10000,100000): a new run maps the unchanged list again over
+   the sheet a first run finished (every page is settled by a read-only probe); prints the time
+   ratio rerun/first run (target <= 0.15).
+5. Row policies: a retry policy that never fires on the no-op map (time ratio with/without,
+   target overhead <= 5 %), and the shared rate limiter's statements per 1,000 calls at
+   500 calls/s (`RateLimit(500, key=...)`, counted at the port; target <= 20).
+Each ratio is of medians over `--rounds` rounds (>= 3 for the figures in the README), sides
+alternating which goes first.
+
+`--parts` picks what runs (default all): throughput,rss,list,rerun,policies.
 
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
@@ -30,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 
 from _server import bench_dsn  # noqa: E402
-from runplane.actors import open_run  # noqa: E402
+from runplane.actors import RateLimit, RowRetry, open_run  # noqa: E402
+from runplane.simulations.ports import CountingPort  # noqa: E402
 from runplane.engine import open_tenant, sheets  # noqa: E402
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
@@ -117,12 +133,93 @@ async def rss_child(dsn: str, rows: int, concurrency: int) -> None:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+async def timed_map(tenant, table: str, source, **options) -> float:
+    """Seconds of one `run.map` call in a new run of its own (retirement not timed)."""
+    async with open_run(tenant, "bench") as run:
+        started = time.perf_counter()
+        result = await run.map(table, source, noop, contract=CONTRACT, **options)
+        elapsed = time.perf_counter() - started
+    assert result.completed + result.cached == result.admitted, result
+    return elapsed
+
+
+def ratio_line(label: str, top: list[float], bottom: list[float], target: str) -> None:
+    a, b = statistics.median(top), statistics.median(bottom)
+    print(f"{label}: {a:.3f} s / {b:.3f} s = {a / b:.3f} (median of {len(top)}; target {target})")
+
+
+async def with_schema(dsn: str, prefix: str, body) -> None:
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    async with open_tenant("bench", dsn, schema=schema) as tenant:
+        try:
+            await body(tenant)
+        finally:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def list_vs_stream(dsn: str, rows: int, rounds: int, concurrency: int) -> None:
+    async def body(tenant) -> None:
+        listed, streamed = [], []
+        for r in range(rounds):
+            sides = [("list", listed, lambda: [row(i) for i in range(rows)]),
+                     ("stream", streamed, lambda: stream(rows))]
+            for name, times, make in sides if r % 2 == 0 else reversed(sides):
+                times.append(await timed_map(tenant, f"{name}_{r}", make(),
+                                             concurrency=concurrency))
+        ratio_line(f"first run of {rows:,} rows, list / async iterable", listed, streamed,
+                   "<= 1.10")
+
+    await with_schema(dsn, "bench_list", body)
+
+
+async def rerun(dsn: str, rows: int, rounds: int, concurrency: int) -> None:
+    async def body(tenant) -> None:
+        firsts, reruns = [], []
+        for r in range(rounds):
+            source = [row(i) for i in range(rows)]
+            firsts.append(await timed_map(tenant, f"rerun_{r}", source, concurrency=concurrency))
+            reruns.append(await timed_map(tenant, f"rerun_{r}", source, concurrency=concurrency))
+        ratio_line(f"rerun of an unchanged {rows:,}-row list / its first run", reruns, firsts,
+                   "<= 0.15")
+
+    await with_schema(dsn, "bench_rerun", body)
+
+
+async def policies(dsn: str, rows: int, rounds: int, concurrency: int) -> None:
+    async def body(tenant) -> None:
+        plain, retrying = [], []
+        for r in range(rounds):
+            sides = [(plain, {}), (retrying, {"retry": RowRetry()})]
+            for times, options in sides if r % 2 == 0 else reversed(sides):
+                name = "retry" if options else "plain"
+                times.append(await timed_map(tenant, f"{name}_{r}", stream(rows),
+                                             concurrency=concurrency, **options))
+        ratio_line(f"no-op map of {rows:,} streamed rows, with a retry policy that never fires"
+                   " / without", retrying, plain, "<= 1.05")
+        port = CountingPort(tenant)
+        calls = 1500
+        limit = RateLimit(500, key="bench-shared")
+        started = time.perf_counter()
+        await timed_map(port, "limited", stream(calls), concurrency=concurrency, rate_limit=limit)
+        elapsed = time.perf_counter() - started
+        leases = sum(1 for sql in port.statements if "rate_limits" in sql)
+        print(f"shared rate limit at 500 calls/s: {leases} lease statements for {calls:,} calls"
+              f" = {1000 * leases / calls:.1f} per 1,000 calls (target <= 20;"
+              f" {calls / elapsed:,.0f} calls/s including the first burst)")
+
+    await with_schema(dsn, "bench_policies", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--rss-rows", type=int, default=1_000_000, help="0 skips the RSS run")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--list-rows", type=int, default=100_000)
+    parser.add_argument("--rerun-rows", default="10000,100000")
+    parser.add_argument("--parts", default="throughput,rss,list,rerun,policies")
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -130,8 +227,17 @@ def main() -> None:
     if args.rss_child:
         trio.run(rss_child, dsn, args.rss_rows, args.concurrency)
         return
-    trio.run(throughput, dsn, args.rows, args.rounds, args.concurrency)
-    if args.rss_rows:
+    parts = set(args.parts.split(","))
+    if "throughput" in parts:
+        trio.run(throughput, dsn, args.rows, args.rounds, args.concurrency)
+    if "list" in parts:
+        trio.run(list_vs_stream, dsn, args.list_rows, args.rounds, args.concurrency)
+    if "rerun" in parts:
+        for rows in map(int, args.rerun_rows.split(",")):
+            trio.run(rerun, dsn, rows, args.rounds, args.concurrency)
+    if "policies" in parts:
+        trio.run(policies, dsn, args.rows, args.rounds, args.concurrency)
+    if "rss" in parts and args.rss_rows:
         child = subprocess.run(
             [sys.executable, __file__, "--rss-child", "--rss-rows", str(args.rss_rows),
              "--concurrency", str(args.concurrency), "--dsn", dsn],

@@ -13,9 +13,16 @@ How it works
   flushed (shielded) and the resume command is printed again; `--resume RUN_ID` wakes that run
   (same epoch), replays its sealed input, and executes only the rows that did not finish.
 - Rows the run left failed end the output with a table of the commonest errors.
-- Live progress uses rich progress bars (admitted, executed, completed, failed, cached); the
-  final summary is a rich table. While the run waits for the database (a store outage, ridden
-  out for `RUNPLANE_OUTAGE_BUDGET_S`, see `actors.retry`), a line says "waiting for the
+- Row policies show at work: `--retries N` retries a failed tool call up to N times (a
+  `RowRetry` with a short backoff, only for the tool's transient error), so the ~2% failures
+  mostly turn into completions; `--rate PER_SECOND` bounds how fast tool calls start (a
+  `RateLimit`). The `calls` bar counts tool calls and shows retries and the current call rate
+  (calls in the last `RATE_WINDOW_S`).
+- Two overlapping demos: the newer run takes the rows, the older one's completions come back
+  fenced, and it stops early and says which run superseded it.
+- Live progress uses rich progress bars (admitted, executed, completed, failed, cached, calls);
+  the final summary is a rich table. While the run waits for the database (a store outage,
+  ridden out for `RUNPLANE_OUTAGE_BUDGET_S`, see `actors.retry`), a line says "waiting for the
   database (N s)" (and again every `WAIT_REPORT_S`), and another when it is back; a longer
   outage ends the run with `StoreOutageError` and the resume command.
 """
@@ -23,6 +30,7 @@ How it works
 from __future__ import annotations
 
 import argparse
+import collections
 import random
 import time
 from typing import Any
@@ -34,7 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from runplane.actors import MapProgress, MapResult, open_supervisor
+from runplane.actors import MapProgress, MapResult, RateLimit, RowRetry, open_supervisor
 from runplane.actors.retry import OutageWatch
 from runplane.engine import RunScope, runs, sheets
 from runplane.engine.errors import leaf_errors
@@ -54,6 +62,7 @@ COUNTRIES = ("US", "DE", "FR", "GB", "JP", "BR", "IN", "CA")
 SYLLABLES = ("ac", "me", "zo", "ra", "ly", "ten", "vo", "qua", "nix", "par", "do", "sy")
 WAIT_POLL_S = 0.5     # how often the progress display looks at the run's outage watch
 WAIT_REPORT_S = 5.0   # a new "waiting for the database" line this often while waiting
+RATE_WINDOW_S = 1.0  # the calls bar's rate: calls started in about the last second
 
 
 def company(index: int) -> dict:
@@ -106,22 +115,51 @@ class LiveBars:
     tasks: dict[str, Any] = attrs.field(factory=dict)
     last: MapProgress | None = None
     waiting_task: Any = None
+    recent: collections.deque = attrs.field(factory=collections.deque)  # (time, calls)
 
     @classmethod
     def create(cls, console: Console, total: int) -> "LiveBars":
         progress = Progress(
             TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, transient=False,
+            TimeElapsedColumn(), TextColumn("{task.fields[note]}"), console=console,
+            transient=False,
         )
         bars = cls(progress, total)
-        for name in ("admitted", "executed", "completed", "failed", "cached"):
-            bars.tasks[name] = progress.add_task(name, total=total)
+        for name in ("admitted", "executed", "completed", "failed", "cached", "calls"):
+            bars.tasks[name] = progress.add_task(name, total=total, note="")
         return bars
+
+    def call_rate(self, calls: int) -> float:
+        """Calls a second over about the last `RATE_WINDOW_S`."""
+        now = time.monotonic()
+        self.recent.append((now, calls))
+        while len(self.recent) > 2 and now - self.recent[1][0] >= RATE_WINDOW_S:
+            self.recent.popleft()
+        then, before = self.recent[0]
+        return (calls - before) / (now - then) if now > then else 0.0
 
     def update(self, snapshot: MapProgress) -> None:
         self.last = snapshot
         for name, task in self.tasks.items():
-            self.progress.update(task, completed=getattr(snapshot, name))
+            if name != "calls":
+                self.progress.update(task, completed=getattr(snapshot, name))
+        note = f"{snapshot.retried} retries, {self.call_rate(snapshot.calls):,.0f} calls/s"
+        if snapshot.superseded:
+            note += ", superseded: stopping"
+        self.progress.update(self.tasks["calls"], completed=snapshot.calls,
+                             total=max(self.total, snapshot.calls), note=note)
+
+
+def row_policies(args: argparse.Namespace) -> dict[str, Any]:
+    """`run.map`'s row policies from `--retries` and `--rate`."""
+    policies: dict[str, Any] = {}
+    retries = getattr(args, "retries", 0)
+    if retries:
+        policies["retry"] = RowRetry(max_attempts=retries + 1, initial_s=0.05,
+                                     max_interval_s=1.0, retry_on=(EnrichmentUnavailable,))
+    if getattr(args, "rate", None) is not None:
+        policies["rate_limit"] = RateLimit(args.rate)
+    return policies
 
     def _line(self, text: str) -> None:
         self.progress.console.print(Text(text))
@@ -181,7 +219,8 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
                     nursery.start_soon(bars.follow_outages, run.outage)
                     try:
                         return await run.map(TABLE, rows, tool, contract=CONTRACT,
-                                             concurrency=args.concurrency, on_progress=on_progress)
+                                             concurrency=args.concurrency, on_progress=on_progress,
+                                             **row_policies(args))
                     finally:
                         nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:  # the map's own error, not a group of one
@@ -219,6 +258,10 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
             ("failed", result.failed),
             ("blocked", result.blocked),
             ("fenced", result.fenced),
+            ("tool calls", bars.last.calls if bars.last else 0),
+            ("retried", result.retried),
+            *([("superseded by", result.superseded_by or "a newer run")]
+              if result.superseded else []),
             ("elapsed s", f"{elapsed:.2f}"),
             ("rows/s", f"{len(rows) / elapsed:,.0f}" if elapsed > 0 else "-"),
             ("sheet total", summary.total),
@@ -227,6 +270,12 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
         ]))
         say(f"demo: run {run.run_id} admitted {result.admitted} cached {result.cached} "
             f"executed {result.executed} completed {result.completed} failed {result.failed}")
+        if result.retried:
+            say(f"demo: {result.retried} retried tool calls")
+        if result.superseded:
+            say(f"demo: run {run.run_id} was superseded by run "
+                f"{result.superseded_by or '(id unknown)'}: it stopped early and left the "
+                "remaining rows to that run")
         failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
     say("run retired; run `runplane demo` again to see the cache")
     return failed

@@ -165,12 +165,30 @@ def _demo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--crash-after", type=_positive, default=None, metavar="N",
                         help="cancel the run after N executed rows and print its id")
     parser.add_argument("--resume", default=None, metavar="RUN_ID", help="wake a crashed run and finish it")
+    parser.add_argument("--retries", type=_count, default=0, metavar="N",
+                        help="retry a failed tool call up to N times, with backoff (default 0)")
+    parser.add_argument("--rate", type=_rate, default=None, metavar="PER_SECOND",
+                        help="start at most this many tool calls a second (default: no limit)")
 
 
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 100, got {text}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of calls a second > 0, got {text}")
     return value
 
 

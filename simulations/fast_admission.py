@@ -91,8 +91,10 @@ def _row(i: int, changed: bool = False) -> dict:
     return {"name": f"row-{i}", "v": 1 if changed else 0}
 
 
-async def _build(tenant, namespace: str, plan: Plan, oldest, older, ours, newer) -> None:
-    """Put every row of the plan into its drawn state in the sheet `namespace`."""
+async def _build(tenant, namespace: str, plan: Plan, oldest, older, ours, newer,
+                 key=_key) -> None:
+    """Put every row of the plan into its drawn state in the sheet `namespace` (row `i` has
+    the key `key(i)`, by default an explicit one both sheets share)."""
     by_state: dict[str, list[int]] = {}
     for i, state in enumerate(plan.states):
         by_state.setdefault(state, []).append(i)
@@ -103,12 +105,12 @@ async def _build(tenant, namespace: str, plan: Plan, oldest, older, ours, newer)
     async def admit(run, numbers, attempt=None):
         if numbers:
             await sheets.admit(tenant, run, namespace, CONTRACT, [_row(i) for i in numbers],
-                               keys=[_key(i) for i in numbers], attempt=attempt)
+                               keys=[key(i) for i in numbers], attempt=attempt)
 
     async def complete(run, numbers, *, failed=False, data=None):
         if numbers:
             outcomes = [
-                sheets.RowOutcome(_key(i), "failed" if failed else "completed",
+                sheets.RowOutcome(key(i), "failed" if failed else "completed",
                                   data if data is not None else {"score": i, "tag": f"t{i}"},
                                   error="boom" if failed else None)
                 for i in numbers
@@ -128,7 +130,7 @@ async def _build(tenant, namespace: str, plan: Plan, oldest, older, ours, newer)
     await admit(ours, rows_in("leased_expired"), sheets.Attempt("other", 1, lease_s=0.0))
     await admit(newer, rows_in("newer_pending", "newer_completed"))
     await complete(newer, rows_in("newer_completed"))
-    stale = [_key(i) for i in rows_in("stale")]
+    stale = [key(i) for i in rows_in("stale")]
     if stale:
         layout = layout_for(tenant, PlayScope(ORG, PLAY), namespace)
         async with tenant.connection(SHEET_LANE) as conn:

@@ -144,6 +144,43 @@ async def test_a_row_in_a_long_backoff_does_not_stall_the_map(tenant):
     assert statuses == {"enriched": 1000, "pending": 1}
 
 
+async def test_the_delay_queue_is_bounded_by_the_admission_window_not_the_input(tenant):
+    """Every row's first call fails and waits an hour. Admission stops handing rows out once
+    `max_waiting_rows` rows wait, so the queue holds at most that plus the admission window
+    (rows in the work channel and in the workers' hands), and admission reads at most a page
+    more: far from the whole 5,000-row input. Once the map is idle, it is cancelled."""
+    concurrency, limit, page_rows, total = 2, 50, 100, 5000
+    window = 3 * concurrency * MAX_WORK_BATCH
+    snapshots = []
+    full = trio.Event()
+
+    async def fn(row):
+        raise Flaky("try again in an hour")
+
+    def on_progress(snapshot):
+        snapshots.append(snapshot)
+        if snapshot.waiting >= limit:
+            full.set()
+
+    async with open_run(tenant, "play", retire_on_exit=False) as run:
+        async def watch(cancel_scope):
+            await full.wait()
+            await trio.testing.wait_all_tasks_blocked(cushion=0.2)  # the map is parked
+            cancel_scope.cancel()
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch, nursery.cancel_scope)
+                await run.map("t", aiter_rows(rows(total)), fn, contract=CONTRACT,
+                              concurrency=concurrency, page_rows=page_rows,
+                              max_waiting_rows=limit, on_progress=on_progress,
+                              retry=RowRetry(max_attempts=2, initial_s=3600, jitter=False))
+    assert full.is_set()
+    assert max(s.waiting for s in snapshots) <= limit + window
+    assert snapshots[-1].source_rows <= limit + window + 2 * page_rows < total
+    assert all(s.completed == s.failed == 0 for s in snapshots)
+
+
 async def test_give_up_after_blocks_a_row_that_failed_in_that_many_runs(tenant):
     calls: collections.Counter = collections.Counter()
 

@@ -1,0 +1,267 @@
+"""A list source of `run.map`: encoded once, keyed once, staged only once some row must run.
+
+How it works
+- A settled rerun needs no encoding: the mapper first probes the list's leading rows as given
+  (`rows_between`, read-only), and only at the first rows that are not all settled does it
+  call `encode`, which encodes the whole list once (`engine.array_input.encode_source`, in a
+  worker thread: no permit is held meanwhile) — a bad row raises `InvalidInputError` then,
+  before anything is written. Row keys come from the canonical texts (what admission would
+  compute), and the rows a worker runs are the encoded rows — byte-identical to what the
+  staged page facts store, so running them *is* replaying the staged input (a wake passes the
+  same list; the begin fact's fingerprint proves it, `ConflictError` otherwise).
+- Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
+  `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page); on a wake (the
+  input was staged before the map began) one page each, admitted from its stored fact
+  (`StagedPage`: the rows are not sent again). A one-page unit of a sealed input is always
+  admitted from its fact.
+- Staging is lazy: the mapper's admission first probes a unit by its keys (read-only); only
+  when some row must be admitted does it stage. `start_staging` writes the begin fact — from
+  then on a wake must pass this very list (same fingerprint, `ConflictError` otherwise), so a
+  row may run — and puts and seals the pages in the background (in the map's nursery, so the
+  map ends only once the input is sealed) while admission goes on with the rows sent. A rerun
+  whose every row is already settled therefore writes no array input at all: nothing of it
+  runs, so nothing needs replaying. A map whose manifest is already `staging` or `sealed` (a
+  wake) is staged (resumed, or checked) before its first unit, at `open`.
+- Two cases admit the list directly instead, as a streamed source would: a gateway without
+  array actions (one warning: a wake re-reads the caller's list), and a run already retired (a
+  wake of a finished run: its staged input is gone and nothing will replay it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+import attrs
+import trio
+
+from runplane.engine import array_input
+from runplane.engine.array_input import Occurrence
+from runplane.engine.errors import ArrayInputUnavailableError, InvalidInputError, RetiredError
+from runplane.engine.ports import Port
+from runplane.engine.scopes import MapScope
+from runplane.engine.sheets import StagedPage
+from runplane.engine.scopes import normalize_namespace
+
+from .retry import retry_transient
+from .sealer import stage_encoded
+
+log = logging.getLogger("runplane.actors")
+
+MAX_UNIT_PAGES = 5  # an admission unit of a list: at most this many pages (~5 MiB of input)
+
+
+def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
+    """The encoded source and each row's sheet key (pure CPU, run in a worker thread)."""
+    encoded = array_input.encode_source(items)
+    prefix = f"{normalize_namespace(table_namespace)}\n".encode()
+    sha256 = hashlib.sha256
+    # == sheets.inputs.text_key for each text, with the namespace normalized once
+    return encoded, [sha256(prefix + text.encode()).hexdigest()[:32] for text in encoded.texts]
+
+
+@attrs.frozen
+class SourcePage:
+    """One page for admission: its rows, their input offset, and for a list source the row
+    keys and the page's ordinal in the staged input."""
+
+    offset: int
+    rows: list[dict]
+    keys: list[str] | None = None
+    ordinal: int | None = None
+
+
+@attrs.define(eq=False)
+class ListSource:
+    """A list source, encoded when first needed, and whether (and how) it is staged; see the
+    module docstring."""
+
+    port: Port
+    scope: MapScope
+    items: list[Any] = attrs.field(repr=False)
+    encoded: Any = attrs.field(default=None, repr=False)  # array_input.EncodedSource
+    keys: list[str] | None = attrs.field(default=None, repr=False)
+    manifest: Any = None
+    mode: str = "unstaged"  # unstaged → (staging →) staged | direct
+    replaying: bool = False  # staged before the map began: pages are admitted from facts
+    _staging: trio.Lock = attrs.field(init=False, factory=trio.Lock)
+    _sealed: trio.Event = attrs.field(init=False, factory=trio.Event)
+
+    async def encode(self) -> None:
+        """Encode the list once (bad rows raise `InvalidInputError`, naming the row)."""
+        if self.encoded is None:
+            self.encoded, self.keys = await trio.to_thread.run_sync(
+                encode_and_key, self.items, self.scope.table_namespace)
+
+    def rows_between(self, low: int, high: int) -> list[dict]:
+        """The user rows of items `low` to `high` as given (for a probe before encoding)."""
+        rows = []
+        for index in range(low, min(high, len(self.items))):
+            item = self.items[index]
+            if type(item) is not dict:
+                if isinstance(item, Occurrence):
+                    item = item.data
+                elif not isinstance(item, dict):
+                    raise InvalidInputError(
+                        f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}")
+            rows.append(item)
+        return rows
+
+    async def open(self) -> None:
+        """Read the manifest: a map already staged (a wake) is encoded and resumed or checked
+        at once."""
+        try:
+            self.manifest = await retry_transient(
+                lambda: array_input.get_manifest(self.port, self.scope))
+        except RetiredError:
+            self._admit_directly_retired()
+            return
+        except ArrayInputUnavailableError:
+            self._admit_directly_no_arrays()
+            return
+        if self.manifest.state != "absent":
+            await self.encode()
+            await self.ensure_staged()
+            self.replaying = self.mode == "staged"
+
+    @property
+    def source_rows(self) -> int:
+        return len(self.items)
+
+    def page_groups(self, group_rows: int, unit_rows: int, start: int = 0,
+                    cut_at: frozenset[int] = frozenset()):
+        """The source from row `start` on, as groups (lists) of admission units (`SourcePage`).
+
+        A unit is one page when the input was staged before the map began (a wake: each page
+        is admitted from its fact), else consecutive pages up to `unit_rows` rows and
+        `MAX_UNIT_PAGES` pages (one page at least): one admission transaction each, as large
+        as a streamed page. A unit never spans a row offset in `cut_at` (nor `start`): a page
+        such an offset falls in is split there. Only a unit that is one whole page carries its
+        ordinal (it may be admitted from its fact). A group holds consecutive units up to
+        `group_rows` rows (one at least), the reach of one probe. Rows and keys are slices of
+        the encoded source.
+        """
+        rows, keys = self.encoded.rows, self.keys
+        per_unit = 1 if self.replaying else MAX_UNIT_PAGES
+        cuts = sorted(offset for offset in cut_at if offset > start)
+
+        def segments():
+            """(offset, count, ordinal or None for part of a page), split at the cuts."""
+            i = 0
+            for ordinal, (offset, count) in enumerate(self.encoded.cuts):
+                low, high = max(offset, start), offset + count
+                if high <= low:
+                    continue
+                while i < len(cuts) and cuts[i] <= low:
+                    i += 1
+                while i < len(cuts) and cuts[i] < high:
+                    yield low, cuts[i] - low, None
+                    low = cuts[i]
+                    i += 1
+                whole = low == offset and high == offset + count
+                yield low, high - low, ordinal if whole else None
+
+        cut_points = set(cuts)
+        group: list[SourcePage] = []
+        group_size = 0
+        unit: list[tuple[int, int, int | None]] = []
+
+        def close() -> SourcePage:
+            low = unit[0][0]
+            high = low + sum(count for _, count, _ in unit)
+            ordinal = unit[0][2] if len(unit) == 1 else None
+            return SourcePage(low, rows[low:high], keys[low:high], ordinal)
+
+        for segment in segments():
+            low, count, _ = segment
+            if unit and (len(unit) >= per_unit or low in cut_points
+                         or sum(c for _, c, _ in unit) + count > unit_rows):
+                done = close()
+                if group and group_size + len(done.rows) > group_rows:
+                    yield group
+                    group, group_size = [], 0
+                group.append(done)
+                group_size += len(done.rows)
+                unit = []
+            unit.append(segment)
+        if unit:
+            done = close()
+            if group and group_size + len(done.rows) > group_rows:
+                yield group
+                group = []
+            group.append(done)
+        if group:
+            yield group
+
+    async def ensure_staged(self) -> None:
+        """Stage and seal the list unless it is (or cannot be); waits for a staging that is
+        under way in the background."""
+        async with self._staging:
+            if self.mode == "unstaged":
+                await self._stage()
+        if self.mode == "staging":
+            await self._sealed.wait()
+
+    async def _stage(self) -> None:
+        try:
+            staged = await stage_encoded(self.port, self.scope, self.encoded,
+                                         manifest=self.manifest)
+        except ArrayInputUnavailableError:
+            self._admit_directly_no_arrays()
+            return
+        except RetiredError:
+            self._admit_directly_retired()
+            return
+        finally:
+            self._sealed.set()
+        self.manifest = staged.manifest
+        self.mode = "staged"
+
+    async def start_staging(self, nursery: trio.Nursery) -> None:
+        """Write the begin fact (so a wake must pass this very list), then put and seal the
+        pages in the background (`nursery`): rows may run meanwhile, their pages admitted with
+        their rows until the seal exists."""
+        async with self._staging:
+            if self.mode != "unstaged":
+                return
+            encoded = self.encoded
+            try:
+                await retry_transient(lambda: array_input.begin(
+                    self.port, self.scope, source_fingerprint=encoded.fingerprint,
+                    source_rows=encoded.source_rows,
+                    has_source_identities=encoded.has_source_identities))
+            except ArrayInputUnavailableError:
+                self._admit_directly_no_arrays()
+                return
+            except RetiredError:
+                self._admit_directly_retired()
+                return
+            self.mode = "staging"
+            self.manifest = None  # staging now: let the stager read it
+            nursery.start_soon(self._stage, name="stage_list")
+
+    async def staged_page(self, page: SourcePage,
+                          nursery: trio.Nursery | None = None) -> StagedPage | None:
+        """The staged page fact to admit `page` from, or None to send its rows. The first call
+        starts staging: in the background with a `nursery` (None until it is sealed), else
+        waiting for the seal."""
+        if nursery is None:
+            await self.ensure_staged()
+        elif self.mode == "unstaged":
+            await self.start_staging(nursery)
+        if self.mode != "staged" or page.ordinal is None:
+            return None
+        # CPU: one join and one hash of the page's texts, no JSON encoding
+        return StagedPage(self.scope, page.ordinal, self.encoded.page(page.ordinal).digest)
+
+    def _admit_directly_no_arrays(self) -> None:
+        self.mode = "direct"
+        log.warning("map %s: the gateway has no array-input actions; the list is admitted "
+                    "directly, and a wake will re-read the caller's list instead of staged "
+                    "pages", self.scope.table_namespace)
+
+    def _admit_directly_retired(self) -> None:
+        self.mode = "direct"
+        log.info("map %s: run %s is retired; admitting the list without staging",
+                 self.scope.table_namespace, self.scope.run_id)
