@@ -150,17 +150,6 @@ class LiveBars:
                              total=max(self.total, snapshot.calls), note=note)
 
 
-def row_policies(args: argparse.Namespace) -> dict[str, Any]:
-    """`run.map`'s row policies from `--retries` and `--rate`."""
-    policies: dict[str, Any] = {}
-    retries = getattr(args, "retries", 0)
-    if retries:
-        policies["retry"] = RowRetry(max_attempts=retries + 1, initial_s=0.05,
-                                     max_interval_s=1.0, retry_on=(EnrichmentUnavailable,))
-    if getattr(args, "rate", None) is not None:
-        policies["rate_limit"] = RateLimit(args.rate)
-    return policies
-
     def _line(self, text: str) -> None:
         self.progress.console.print(Text(text))
 
@@ -184,6 +173,18 @@ def row_policies(args: argparse.Namespace) -> dict[str, Any]:
                 self.progress.update(self.waiting_task, visible=False)
                 reported = None
             await trio.sleep(WAIT_POLL_S)
+
+
+def row_policies(args: argparse.Namespace) -> dict[str, Any]:
+    """`run.map`'s row policies from `--retries` and `--rate`."""
+    policies: dict[str, Any] = {}
+    retries = getattr(args, "retries", 0)
+    if retries:
+        policies["retry"] = RowRetry(max_attempts=retries + 1, initial_s=0.05,
+                                     max_interval_s=1.0, retry_on=(EnrichmentUnavailable,))
+    if getattr(args, "rate", None) is not None:
+        policies["rate_limit"] = RateLimit(args.rate)
+    return policies
 
 
 def summary_table(title: str, rows: list[tuple[str, Any]]) -> Table:
