@@ -163,7 +163,7 @@ class LiveBars:
                 longest = waited
                 label = f"waiting for the database ({waited:.0f} s)"
                 if self.waiting_task is None:
-                    self.waiting_task = self.progress.add_task(label, total=None)
+                    self.waiting_task = self.progress.add_task(label, total=None, note="")
                 self.progress.update(self.waiting_task, description=label, visible=True)
                 if reported is None or waited - reported >= WAIT_REPORT_S:
                     reported = waited

@@ -195,7 +195,7 @@ def test_the_demo_waits_for_the_database_then_ends_with_the_resume_command(serve
             proc.kill()
     out = log.read_text()
     assert proc.returncode == 1, (out, err)
-    assert "demo: waiting for the database (" in out, out
+    assert "demo: waiting for the database (" in out, (out, err)
     assert "runplane: StoreUnavailableError: " in err and "outage budget of 5s" in err, err
     resume = [line for line in err.splitlines() if line.startswith("runplane: resume run ")]
     assert len(resume) == 1, err
