@@ -176,7 +176,8 @@ class MapState:
     _inflight: set[str] = attrs.field(init=False, factory=set)
     _ledger: dict[int, list[RowOutcome]] = attrs.field(init=False, factory=dict)
     _next_ticket: int = attrs.field(init=False, default=0)
-    _added_fields: set[str] = attrs.field(init=False, factory=set)
+    _added_fields: set[str] = attrs.field(init=False, factory=set)  # outputs beyond the contract
+    _storable_names: set[tuple[str, ...]] = attrs.field(init=False, factory=set)
 
     @classmethod
     def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
@@ -196,21 +197,25 @@ class MapState:
     def storable(self, contract: SheetContract, outcome: RowOutcome) -> RowOutcome:
         """`outcome`, or a failed one saying why its outputs cannot be stored (SPEC §18: bad
         output names, or more fields than a sheet holds once this map's additions are counted):
-        such a row fails alone and the rest of its batch is written."""
+        such a row fails alone and the rest of its batch is written. Most rows share one set of
+        output names: a set already accepted costs one lookup."""
         if outcome.status != "completed" or not outcome.data:
             return outcome
         names = tuple(outcome.data)
+        if names in self._storable_names:
+            return outcome
         problem = outcome_fields_problem(names)
         if problem is None:
-            new = [n for n in names if n not in self._added_fields and n not in contract.fields]
-            total = len(contract.fields) + len(self._added_fields) + len(new)
+            known = set(contract.fields) | self._added_fields
+            new = [n for n in names if n not in known]
+            total = len(known) + len(new)
             if total > MAX_SHEET_FIELDS:
                 problem = (f"{len(new)} new output fields would make {total}; a sheet holds "
                            f"at most {MAX_SHEET_FIELDS}")
             else:
                 self._added_fields.update(new)
-        if problem is None:
-            return outcome
+                self._storable_names.add(names)
+                return outcome
         return RowOutcome(outcome.key, "failed", input_index=outcome.input_index,
                           error=f"outputs cannot be stored: {problem}", attempts=outcome.attempts)
 

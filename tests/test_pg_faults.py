@@ -126,25 +126,31 @@ async def _counter_table(tenant) -> str:
     return name
 
 
+async def bump_once_through_a_lost_commit_reply(proxy, proxied, counter: str) -> None:
+    """Run `n = n + 1` in a transaction whose COMMIT reply the proxy drops, under the outage
+    retry: the bump must have been called exactly once (its commit was resolved, not re-run)."""
+    calls = 0
+
+    async def bump() -> None:
+        nonlocal calls
+        calls += 1
+        async with proxied.connection("receipts") as conn:
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {counter} SET n = n + 1")
+
+    proxy.drop_commit_reply = 1
+    await retry_transient(bump, watch=OutageWatch(10.0))
+    assert proxy.fired == {"drop_commit_reply": 1}
+    assert calls == 1
+
+
 async def test_a_lost_commit_reply_is_detected_and_not_applied_twice(dsn, tenant):
     """A non-idempotent transaction (n = n + 1): the server commits, the reply never arrives.
     The transaction's fate is read on a fresh connection: committed, so it is not run again."""
     counter = await _counter_table(tenant)
     async with open_pg_proxy(dsn) as proxy:
         async with open_tenant("org-test", proxy.dsn, schema=tenant.schema) as proxied:
-            calls = 0
-
-            async def bump() -> None:
-                nonlocal calls
-                calls += 1
-                async with proxied.connection("receipts") as conn:
-                    async with conn.transaction():
-                        await conn.execute(f"UPDATE {counter} SET n = n + 1")
-
-            proxy.drop_commit_reply = 1
-            await retry_transient(bump, watch=OutageWatch(10.0))
-            assert proxy.fired == {"drop_commit_reply": 1}
-            assert calls == 1
+            await bump_once_through_a_lost_commit_reply(proxy, proxied, counter)
     async with tenant.connection("receipts") as conn:
         assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
 
@@ -237,19 +243,7 @@ async def test_under_an_execution_role_a_lost_commit_reply_of_the_checkout_is_re
     async with open_pg_proxy(dsn) as proxy:
         async with open_tenant("org-test", proxy.dsn, schema=role_tenant.schema,
                                execution_role=role_tenant.execution_role) as proxied:
-            calls = 0
-
-            async def bump() -> None:
-                nonlocal calls
-                calls += 1
-                async with proxied.connection("receipts") as conn:
-                    async with conn.transaction():
-                        await conn.execute(f"UPDATE {counter} SET n = n + 1")
-
-            proxy.drop_commit_reply = 1
-            await retry_transient(bump, watch=OutageWatch(10.0))
-            assert proxy.fired == {"drop_commit_reply": 1}
-            assert calls == 1
+            await bump_once_through_a_lost_commit_reply(proxy, proxied, counter)
     async with role_tenant.connection("receipts") as conn:
         assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
 
@@ -280,3 +274,33 @@ async def test_the_supervisor_under_backend_termination_logs_no_driver_state_err
     leaked = [r.getMessage() for r in caplog.records if "another operation" in r.getMessage()
               and "the server ended the connection before the statement ran" not in r.getMessage()]
     assert not leaked, leaked
+
+
+async def test_a_sheet_transaction_learns_its_id_without_the_extra_probe(tenant, monkeypatch):
+    """Resolving a lost COMMIT needs the transaction's id: a plain transaction reads it with one
+    more statement before COMMIT; a sheet transaction gets it from its first statement, so it
+    sends no such probe."""
+    from runplane.engine import pg, runs, sheets
+    from runplane.engine.scopes import RunScope
+
+    sent: list[str] = []
+    real = pg.Connection._send
+
+    async def recording(self, method, args, kwargs=None):
+        if args and isinstance(args[0], str):
+            sent.append(args[0])
+        return await real(self, method, args, kwargs)
+
+    monkeypatch.setattr(pg.Connection, "_send", recording)
+    counter = await _counter_table(tenant)
+    async with tenant.connection("receipts") as conn:
+        async with conn.transaction():
+            await conn.execute(f"UPDATE {counter} SET n = n + 1")
+    assert sent.count(pg.XID_PROBE) == 1
+    run = await runs.register(tenant, RunScope(tenant.org_id, "play", "r1"))
+    contract = SheetContract(inputs=("name",), outputs=("score",))
+    sent.clear()
+    admission = await sheets.admit(tenant, run, "ns", contract, [{"name": "a"}])
+    await sheets.complete(tenant, run, "ns", contract, [
+        sheets.RowOutcome(admission.pending[0].key, "completed", {"score": 1})])
+    assert "COMMIT" in sent and pg.XID_PROBE not in sent
