@@ -9,10 +9,10 @@ How it works
 
 - The input comes as admission units (`actors.list_source.SourcePage`), in groups. A list
   source is read in place by admission (`ListSource`): its leading rows are first probed as
-  given (`FIRST_PROBE_ROWS`, then chunks of `PROBE_GROUP_ROWS`, `PROBES_IN_FLIGHT` at a
-  time) — a settled rerun ends there, never encoding the list; from the first rows not all
-  settled, the list is encoded once (canonical texts, row keys, the array input's page cuts)
-  and cut into units of whole array-input pages (up to `page_rows` rows), grouped up to
+  given (`FIRST_PROBE_ROWS`, then chunks of `LEADING_PROBE_ROWS` through a window of
+  `PROBES_IN_FLIGHT`) — a settled rerun ends there, never encoding the list; from the first
+  rows not all settled, the list is encoded once (canonical texts, row keys, the array input's
+  page cuts) and cut into units of whole array-input pages (up to `page_rows` rows), grouped up to
   `PROBE_GROUP_ROWS`; the rows are the encoded ones — byte-identical to the staged page facts,
   so running them is replaying the staged input. For an async iterable the **source actor**
   cuts pages as rows arrive (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so work
@@ -92,9 +92,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
-PROBE_GROUP_ROWS = 10_000  # rows of a list source probed together once probes settle rows ...
-FIRST_PROBE_ROWS = 1_000   # ... after a first probe of this many (a first run finds none)
-PROBES_IN_FLIGHT = 2       # probes of a list's leading rows sent at once
+PROBE_GROUP_ROWS = 10_000   # rows of an encoded list probed together once probes settle rows
+# A list's leading rows, probed before encoding: a first probe of FIRST_PROBE_ROWS (a first run
+# finds none), then chunks of LEADING_PROBE_ROWS (a unit's 5 full pages, so no unit is cut
+# short), PROBES_IN_FLIGHT at once (one is keyed while the server answers another).
+FIRST_PROBE_ROWS = 1_000
+LEADING_PROBE_ROWS = 5_000
+PROBES_IN_FLIGHT = 2
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -149,41 +153,62 @@ async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | Non
 
 def probe_bounds(rows: int) -> list[tuple[int, int]]:
     """The chunks a list's leading rows are probed in before it is encoded: `FIRST_PROBE_ROWS`,
-    then `PROBE_GROUP_ROWS` each. Admission units never span a chunk boundary, so a chunk a
+    then `LEADING_PROBE_ROWS` each. Admission units never span a chunk boundary, so a chunk a
     probe settled is exactly the units it covers (see `probe_unencoded`)."""
     bounds = [(0, min(rows, FIRST_PROBE_ROWS))]
     while bounds[-1][1] < rows:
         low = bounds[-1][1]
-        bounds.append((low, min(rows, low + PROBE_GROUP_ROWS)))
+        bounds.append((low, min(rows, low + LEADING_PROBE_ROWS)))
     return bounds
 
 
 async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
                           hand_out: Callable[[int, Admission], Awaitable[None]]) -> int:
     """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
-    the encoding); returns the first row not settled (a chunk boundary). Chunks after the first
-    are probed `PROBES_IN_FLIGHT` at a time (one is prepared while the server answers another;
-    a probe writes nothing, so one past an unsettled chunk is simply dropped). A chunk holding
-    a duplicate is left to the units (they deduplicate unit by unit, and a chunk may hold
-    several units); a duplicate of an earlier chunk's row is in another unit anyway, so it
-    counts as that unit's cache hit either way."""
+    the encoding); returns the first row not settled (a chunk boundary).
+
+    The first chunk is probed alone (a first run stops there). The others go through a window
+    of `PROBES_IN_FLIGHT`: a probe is started as soon as an earlier one is answered, so one
+    chunk is keyed (CPU, in `sheets.probe`) while the server answers another. Answers are
+    taken in order; at the first chunk not settled no further probe starts, and the ones
+    already started are let finish and dropped (a probe writes nothing; not cancelling it
+    keeps its connection). A chunk holding a duplicate is left to the units (they deduplicate
+    unit by unit, and a chunk may hold several units); a duplicate of an earlier chunk's row is
+    in another unit anyway, so it counts as that unit's cache hit either way."""
     bounds = probe_bounds(listed.source_rows)
-    settled_up_to = 0
-    for first in [0, *range(1, len(bounds), PROBES_IN_FLIGHT)]:
-        chunk = bounds[first:first + PROBES_IN_FLIGHT] if first else bounds[:1]
-        if state.superseded:
-            break
-        answers: list[Admission | None] = [None] * len(chunk)
+    first = await plan.probe(listed.rows_between(*bounds[0]), 0)
+    if first is None or first.skipped:
+        return 0
+    await hand_out(bounds[0][1], first)
+    settled_up_to = bounds[0][1]
+    rest = bounds[1:]
+    answers: list[Admission | None] = [None] * len(rest)
+    answered = [trio.Event() for _ in rest]
+    window = trio.Semaphore(PROBES_IN_FLIGHT)
+    stop = False
 
-        async def probe(i: int, low: int, high: int) -> None:
-            answers[i] = await plan.probe(listed.rows_between(low, high), low)
+    async def probe(i: int) -> None:
+        try:
+            answers[i] = await plan.probe(listed.rows_between(*rest[i]), rest[i][0])
+        finally:
+            answered[i].set()
 
-        async with trio.open_nursery() as nursery:
-            for i, (low, high) in enumerate(chunk):
-                nursery.start_soon(probe, i, low, high)
-        for (low, high), admission in zip(chunk, answers):
-            if admission is None or admission.skipped:
-                return settled_up_to
+    async def launch(nursery: trio.Nursery) -> None:
+        for i in range(len(rest)):
+            await window.acquire()
+            if stop:
+                return
+            nursery.start_soon(probe, i)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(launch, nursery)
+        for i, (low, high) in enumerate(rest):
+            await answered[i].wait()
+            admission = answers[i]
+            stop = state.superseded or admission is None or bool(admission.skipped)
+            window.release()
+            if stop:
+                break
             await hand_out(high - low, admission)
             settled_up_to = high
     return settled_up_to

