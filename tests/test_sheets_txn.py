@@ -144,11 +144,30 @@ async def test_ensure_sheet_waits_for_shared_writers_on_the_exclusive_lock(tenan
             nursery.start_soon(shared_writer)
             await parked.wait_reached()
             nursery.start_soon(extend)
-            while not await _waiting_for_a_lock(tenant, "advisory"):
+            # the summary row the writer claimed, then the exclusive lock
+            while not await _waiting_for_a_lock(tenant):
                 await trio.sleep(0.01)
             assert "layout" not in done
             parked.release()
     assert done["writer"].committed_keys == (key,)
+    assert set((await summary(tenant, scope, NS)).columns) == {"score", "later"}
+
+
+async def test_ensure_sheet_of_a_known_contract_takes_the_shared_lock_and_sends_no_ddl(tenant):
+    """Every map starts with `ensure_sheet`: once its fields are registered it creates nothing
+    and takes the shared lock (BEGIN, settings, lock, column counters, COMMIT)."""
+    scope = play_scope(tenant)
+    await ensure_sheet(tenant, scope, NS, CONTRACT)
+    counted = CountingPort(tenant)
+    await ensure_sheet(counted, scope, NS, CONTRACT)
+    sent = " ".join(counted.statements)
+    assert "pg_advisory_xact_lock_shared" in sent and "pg_advisory_xact_lock(" not in sent
+    assert "CREATE TABLE" not in sent and "ALTER TABLE" not in sent, counted.statements
+    assert counted.round_trips == 5, counted.statements
+    wider = SheetContract(inputs=("name",), outputs=("score", "later"))
+    counted.reset()
+    await ensure_sheet(counted, scope, NS, wider)  # a new field: the exclusive path adds it
+    assert "pg_advisory_xact_lock(" in " ".join(counted.statements)
     assert set((await summary(tenant, scope, NS)).columns) == {"score", "later"}
 
 

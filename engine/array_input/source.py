@@ -100,7 +100,12 @@ def _identity_text(occurrence: Occurrence, path: str) -> str | None:
 
 def encode_source(items: Sequence[Occurrence | dict]) -> EncodedSource:
     """Encode a list source once; `InvalidInputError` naming the item for anything malformed or
-    a row that alone exceeds a page."""
+    a row that alone exceeds a page.
+
+    The hot path per row: one canonical check, one copy, one encoding; the page's bytes limit
+    is checked against a bound of the fact's overhead fixed per page (the exact overhead is
+    computed only for a row near the limit), and the fingerprint hashes a page's rows at once.
+    """
     if not isinstance(items, (list, tuple)):
         raise InvalidInputError(f"a list source must be a list, got {type(items).__name__}")
     hasher = hashlib.sha256()
@@ -108,44 +113,53 @@ def encode_source(items: Sequence[Occurrence | dict]) -> EncodedSource:
     texts: list[str] = []
     identities: list[str | None] = []
     cuts: list[tuple[int, int]] = []
-    offset = count = size = 0  # the page being cut: first row, rows, rows' bytes + commas
+    page: list[bytes] = []  # the stored rows of the page being cut
+    offset = size = 0  # the page being cut: first row, rows' bytes + commas
+    room = MAX_PAGE_BYTES - fact_overhead(0, 0, MAX_PAGE_ROWS)  # for rows, whatever the count
     dumps = canonical.stable_dumps
+    is_canonical = canonical.is_canonical
+
+    def cut() -> None:
+        nonlocal offset, size, room, page
+        hasher.update(b"\n".join(page) + b"\n")
+        cuts.append((offset, len(page)))
+        offset, size, page = offset + len(page), 0, []
+        room = MAX_PAGE_BYTES - fact_overhead(len(cuts), offset, MAX_PAGE_ROWS)
+
     for index, item in enumerate(items):
-        path = f"rows[{index}]"
         if type(item) is dict:
             data, identity = item, None
         elif isinstance(item, Occurrence):
-            data, identity = item.data, _identity_text(item, path)
+            data, identity = item.data, _identity_text(item, f"rows[{index}]")
         elif isinstance(item, dict):
             data, identity = item, None
         else:
             raise InvalidInputError(
-                f"{path} must be a dict or an Occurrence, got {type(item).__name__}"
+                f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
             )
-        clean = dict(data) if canonical.is_canonical(data) else canonical.normalize_fast(
-            data, f"{path}.data")
+        clean = dict(data) if is_canonical(data) else canonical.normalize_fast(
+            data, f"rows[{index}].data")
         text = dumps(clean)
-        stored = f'{{"data":{text}}}' if identity is None else \
-            f'{{"data":{text},"source_identity":{identity}}}'
-        encoded = stored.encode()
-        hasher.update(encoded)
-        hasher.update(b"\n")
-        row_bytes = len(encoded)
-        if count and (count >= MAX_PAGE_ROWS or fact_overhead(len(cuts), offset, count + 1)
-                      + size + 1 + row_bytes > MAX_PAGE_BYTES):
-            cuts.append((offset, count))
-            offset, count, size = offset + count, 0, 0
-        if not count and fact_overhead(len(cuts), offset, 1) + row_bytes > MAX_PAGE_BYTES:
+        stored = (f'{{"data":{text}}}' if identity is None else
+                  f'{{"data":{text},"source_identity":{identity}}}').encode()
+        row_bytes = len(stored)
+        count = len(page)
+        if count and (count >= MAX_PAGE_ROWS or size + 1 + row_bytes > room and fact_overhead(
+                len(cuts), offset, count + 1) + size + 1 + row_bytes > MAX_PAGE_BYTES):
+            cut()
+            count = 0
+        if not count and row_bytes > room and \
+                fact_overhead(len(cuts), offset, 1) + row_bytes > MAX_PAGE_BYTES:
             raise InvalidInputError(
-                f"{path} alone needs {row_bytes} bytes of canonical JSON; a page fact holds at "
-                f"most {MAX_PAGE_BYTES} bytes"
+                f"rows[{index}] alone needs {row_bytes} bytes of canonical JSON; a page fact "
+                f"holds at most {MAX_PAGE_BYTES} bytes"
             )
         size += row_bytes + (1 if count else 0)
-        count += 1
+        page.append(stored)
         rows.append(clean)
         texts.append(text)
         identities.append(identity)
-    if count:
-        cuts.append((offset, count))
+    if page:
+        cut()
     return EncodedSource(hasher.hexdigest(), rows, texts, identities, tuple(cuts),
                          any(identity is not None for identity in identities))

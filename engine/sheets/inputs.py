@@ -148,7 +148,10 @@ def prepare_rows(
         if keys is None:
             key = _key_of(namespace, text)
         else:
-            key = check_key(keys[position], f"keys[{position}]")
+            key = keys[position]
+            if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
+                    or not is_clean_str(key):
+                check_key(key, f"keys[{position}]")
         if key in seen:
             continue
         seen.add(key)

@@ -553,7 +553,10 @@ async def ensure_sheet(
 ) -> SheetLayout:
     """Create the sheet table, its contract columns and its counter rows (idempotent).
 
-    Runs under the sheet's exclusive lock; returns where the sheet lives.
+    Returns where the sheet lives. A sheet whose contract fields all have registered columns
+    (every map after the first: its table exists, since fields are registered in the
+    transaction that creates it) takes only the shared lock, so a map starting does not wait
+    for the writers of the sheet; otherwise (or with no fields to tell) the exclusive lock.
     """
     check_scope(port, scope)
     if not isinstance(contract, SheetContract):
@@ -567,6 +570,6 @@ async def ensure_sheet(
 
     await run_sheet_transaction(
         port, layout, contract.fields, op, timeout_ms=ENSURE_STATEMENT_TIMEOUT_MS,
-        mode="exclusive",
+        mode="shared" if contract.fields else "exclusive",
     )
     return layout
