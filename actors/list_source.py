@@ -64,12 +64,13 @@ def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[st
 @attrs.frozen
 class SourcePage:
     """One page for admission: its rows, their input offset, and for a list source the row
-    keys and the page's ordinal in the staged input."""
+    keys, the rows' canonical texts and the page's ordinal in the staged input."""
 
     offset: int
     rows: list[dict]
     keys: list[str] | None = None
     ordinal: int | None = None
+    texts: list[str] | None = None
 
 
 @attrs.define(eq=False)
@@ -139,10 +140,10 @@ class ListSource:
         as a streamed page. A unit never spans a row offset in `cut_at` (nor `start`): a page
         such an offset falls in is split there. Only a unit that is one whole page carries its
         ordinal (it may be admitted from its fact). A group holds consecutive units up to
-        `group_rows` rows (one at least), the reach of one probe. Rows and keys are slices of
-        the encoded source.
+        `group_rows` rows (one at least), the reach of one probe. Rows, keys and texts are
+        slices of the encoded source.
         """
-        rows, keys = self.encoded.rows, self.keys
+        rows, keys, texts = self.encoded.rows, self.keys, self.encoded.texts
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
         cuts = sorted(offset for offset in cut_at if offset > start)
 
@@ -171,7 +172,7 @@ class ListSource:
             low = unit[0][0]
             high = low + sum(count for _, count, _ in unit)
             ordinal = unit[0][2] if len(unit) == 1 else None
-            return SourcePage(low, rows[low:high], keys[low:high], ordinal)
+            return SourcePage(low, rows[low:high], keys[low:high], ordinal, texts[low:high])
 
         for segment in segments():
             low, count, _ = segment

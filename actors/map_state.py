@@ -137,14 +137,15 @@ class MapPlan:
 
     async def admit(self, rows: list[Any], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
-                    cache_hits: str = "count") -> Admission:
+                    cache_hits: str = "count", texts: list[str] | None = None) -> Admission:
         """Admit one page under the run's write version, cache hits counted (from its staged
-        page fact when given; retried through transient faults)."""
+        page fact when given; with the rows' canonical texts when a list source has them;
+        retried through transient faults)."""
         return await retry_transient(lambda: sheets.admit(
             self.port, self.ref, self.table_namespace, self.contract, rows,
             input_offset=input_offset, keys=keys, attempt=self.attempt,
             cell_policies=self.cell_policies, give_up_after=self.give_up_after,
-            cache_hits=cache_hits, staged_page=staged_page,
+            cache_hits=cache_hits, staged_page=staged_page, texts=texts,
         ))
 
     async def probe(self, rows: list[Any], input_offset: int, *,

@@ -137,7 +137,8 @@ async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
         if settled is not None:
             return settled, True
     staged = await listed.staged_page(page, background) if listed is not None else None
-    return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged), False
+    return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged,
+                            texts=page.texts if staged is None else None), False
 
 
 async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | None:

@@ -20,8 +20,9 @@
 5. Row policies: a retry policy that never fires on the no-op map (time ratio with/without,
    target overhead <= 5 %), and the shared rate limiter's statements per 1,000 calls at
    500 calls/s (`RateLimit(500, key=...)`, counted at the port; target <= 20).
-Each ratio is of medians over `--rounds` rounds (>= 3 for the figures in the README), sides
-alternating which goes first.
+Each ratio of parts 3-5 is the median over `--rounds` rounds (>= 3 for the figures in the
+README) of the ratio within a round, whose two sides run back to back, alternating which goes
+first (a load swing between rounds, common on these machines, cancels out).
 
 `--parts` picks what runs (default all): throughput,rss,list,rerun,policies.
 
@@ -144,8 +145,13 @@ async def timed_map(tenant, table: str, source, **options) -> float:
 
 
 def ratio_line(label: str, top: list[float], bottom: list[float], target: str) -> None:
+    """The median of the rounds' ratios (each round's two sides ran back to back, so a swing
+    in the machine's load between rounds cancels out), with each side's median time."""
+    ratios = [a / b for a, b in zip(top, bottom)]
     a, b = statistics.median(top), statistics.median(bottom)
-    print(f"{label}: {a:.3f} s / {b:.3f} s = {a / b:.3f} (median of {len(top)}; target {target})")
+    shown = ", ".join(f"{r:.3f}" for r in ratios)
+    print(f"{label}: {statistics.median(ratios):.3f} (median of {len(ratios)} rounds' ratios"
+          f" [{shown}]; medians {a:.3f} s / {b:.3f} s; target {target})")
 
 
 async def with_schema(dsn: str, prefix: str, body) -> None:

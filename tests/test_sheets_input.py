@@ -46,6 +46,9 @@ BAD_ADMISSIONS = [
     ({"rows": [{"name": "a"}], "cell_policies": {"": CellPolicy(1)}}, "field name must not be empty"),
     ({"rows": [{"name": "a"}], "cell_policies": {"score": 5}}, "cell_policies"),
     ({"rows": "not rows"}, "rows must be"),
+    ({"rows": [{"name": "a"}], "texts": ['{"name":"a"}']}, "texts can only be given with keys"),
+    ({"rows": [{"name": "a"}], "keys": ["k"], "texts": []}, "texts must be a sequence"),
+    ({"rows": [{"name": "a"}], "keys": ["k"], "texts": [5]}, "texts[0]"),
 ]
 
 
@@ -158,3 +161,26 @@ async def test_any_other_field_name_works(tenant):
     read = (await read_rows(tenant, play_scope(tenant), NS))[0]
     assert read["Name"] == 2 and read["name"] == 3 and read[clean_out] == 4
     assert read["Status"] == 5 and read["_key"] == key and read["_status"] == "enriched"
+
+
+async def test_rows_admitted_with_their_encoded_texts_store_what_encoding_them_stores(tenant):
+    """A list source hands admission the texts it encoded (`texts=`): the sheet holds exactly
+    what admitting the rows alone would store."""
+    from runplane.actors.list_source import encode_and_key
+
+    contract = SheetContract(inputs=("name", "extra"), outputs=("score",))
+    rows = [{"name": f"n{i}", "extra": None if i % 2 else [i, {"é": 1.5, "z": "\u2028"}]}
+            for i in range(5)]
+    encoded, keys = encode_and_key(rows, "with_texts")
+    run = await new_run(tenant, "play", "r1")
+    given = await admit(tenant, run, "with_texts", contract, encoded.rows, keys=keys,
+                        texts=encoded.texts)
+    plain = await admit(tenant, run, "without_texts", contract, rows)
+    assert [r.key for r in given.pending] == [row_key(r, "with_texts") for r in rows]
+    assert [r.row for r in given.pending] == [r.row for r in plain.pending]
+
+    async def cells(namespace):
+        stored = await raw_rows(tenant, play_scope(tenant), namespace, ["name", "extra"])
+        return sorted((row["name"], str(row["extra"])) for row in stored.values())
+
+    assert await cells("with_texts") == await cells("without_texts")

@@ -356,17 +356,19 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
     if arguments.get("staged_page") is not None:
         # One sealed page (at most 1,000 rows, its fact at most 1 MiB): one request, unpaged;
         # the server checks it and reads the rows' inputs from the stored fact.
-        body = protocol.dumps(action.encode_input(arguments))
+        body = protocol.dumps(action.encode_input(
+            {name: value for name, value in arguments.items() if name != "texts"}))
         return action.result.decode(await gateway.post(action, body), "result")
     # Positions ride in as input indexes, so every unique row keeps its place in the call.
     prepared = prepare_rows(rows, namespace, input_offset=0, keys=arguments.get("keys"),
-                            need_texts=True, input_indexes=range(len(rows)))
+                            need_texts=True, input_indexes=range(len(rows)),
+                            texts=arguments.get("texts"))
     positions = prepared.indexes
     final = [indexes[p] for p in positions] if indexes is not None else [offset + p for p in positions]
     # Everything but the rows travels in every page (a new parameter of admit does too).
     arrays = ("rows", "keys", "input_indexes")
     fixed = action.encode_input({name: value for name, value in arguments.items()
-                                 if name not in arrays and name != "input_offset"})
+                                 if name not in arrays and name not in ("input_offset", "texts")})
     health = await gateway.health()
     room = paging.room_for_rows(fixed, arrays, health.body_limit, "rows")
     key_texts = [json.dumps(key, ensure_ascii=False) for key in prepared.keys]

@@ -123,6 +123,7 @@ class _PageRefused(Exception):
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
+    "texts": optional(list_of(STR)),
 }, result=ADMISSION, deadline_s=30.0)
 async def admit(
     port: Port,
@@ -139,13 +140,16 @@ async def admit(
     give_up_after: int | None = None,
     cache_hits: str = "rows",
     staged_page: StagedPage | None = None,
+    texts: Sequence[str] | None = None,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
     `input_indexes` (one per row) replaces `input_offset` + position as each row's input index.
     `cache_hits="count"` counts cache hits instead of listing them; `staged_page` reads the
     input cells from that sealed page of this run (`rows` are its rows, `input_offset` its
-    offset) instead of sending them.
+    offset) instead of sending them. `texts` (with `keys`) are the rows' canonical texts, from
+    a caller that encoded them already (`engine.array_input.encode_source`): taken at the
+    caller's word, as `keys` are, so the rows are not encoded again.
     """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
@@ -161,6 +165,7 @@ async def admit(
     prepared = prepare_rows(
         rows, namespace, input_offset=input_offset, keys=keys,
         need_texts=bool(contract.inputs) and staged_page is None, input_indexes=input_indexes,
+        texts=texts,
     )
     layout = layout_for(port, run.scope.play_scope, namespace)
     source = "payload" if staged_page is None else "page"

@@ -106,12 +106,16 @@ def prepare_rows(
     need_texts: bool,
     input_indexes: Sequence[Any] | None = None,
     keep_rows: bool = True,
+    texts: Sequence[Any] | None = None,
 ) -> PreparedRows:
     """Validate, normalize, key and deduplicate admission rows; raise before any query.
 
     A row's input index is `input_offset` + its position, or `input_indexes[position]` when
     those are given (a gateway client sends a deduplicated page of a larger call). With
     `keep_rows=False` (a probe: keys alone) `rows` of the result is empty and no row is copied.
+    `texts` (only with `keys`) are the rows' canonical texts from a caller that encoded them
+    already (`engine.array_input.encode_source`): the rows are then taken as they are —
+    normalized, and the caller's own — and not encoded again.
     """
     if isinstance(input_offset, bool) or not isinstance(input_offset, int) or input_offset < 0:
         raise InvalidInputError(f"input_offset must be an integer >= 0, got {input_offset!r}")
@@ -124,6 +128,12 @@ def prepare_rows(
             raise InvalidInputError(
                 f"keys has {len(keys)} entries but rows has {len(rows)}; they must match"
             )
+    if texts is not None:
+        if keys is None:
+            raise InvalidInputError("texts can only be given with keys")
+        if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence) \
+                or len(texts) != len(rows):
+            raise InvalidInputError("texts must be a sequence as long as rows")
     if input_indexes is not None:
         check_input_indexes(input_indexes, len(rows))
     elif keys is None and not need_texts and not keep_rows:
@@ -136,15 +146,21 @@ def prepare_rows(
     out_keys: list[str] = []
     out_indexes: list[int] = []
     out_rows: list[dict] = []
-    texts: list[str] | None = [] if (need_texts or keys is None) else None
+    given = texts
+    out_texts: list[str] | None = [] if (need_texts or keys is None) else None
     for position, row in enumerate(rows):
         if type(row) is not dict and not isinstance(row, dict):
             raise InvalidInputError(f"rows[{position}] must be a dict, got {type(row).__name__}")
-        if is_canonical(row):
-            clean = dict(row) if keep_rows else row
+        if given is not None:
+            clean, text = row, given[position]
+            if type(text) is not str:
+                raise InvalidInputError(f"texts[{position}] must be a string")
         else:
-            clean = normalize_fast(row, f"rows[{position}]")
-        text = dumps(clean) if texts is not None else None
+            if is_canonical(row):
+                clean = dict(row) if keep_rows else row
+            else:
+                clean = normalize_fast(row, f"rows[{position}]")
+            text = dumps(clean) if out_texts is not None else None
         if keys is None:
             key = _key_of(namespace, text)
         else:
@@ -160,10 +176,11 @@ def prepare_rows(
             input_offset + position if input_indexes is None else input_indexes[position])
         if keep_rows:
             out_rows.append(clean)
-        if texts is not None:
-            texts.append(text)
+        if out_texts is not None:
+            out_texts.append(text)
     return PreparedRows(
-        out_keys, out_indexes, out_rows, texts if need_texts else None, len(rows) - len(out_keys)
+        out_keys, out_indexes, out_rows, out_texts if need_texts else None,
+        len(rows) - len(out_keys),
     )
 
 
