@@ -38,11 +38,13 @@ import trio
 
 from runplane.engine import array_input
 from runplane.engine.array_input import Occurrence
-from runplane.engine.errors import ArrayInputUnavailableError, InvalidInputError, RetiredError
+from runplane.engine import sheets
+from runplane.engine.errors import (
+    ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError,
+)
 from runplane.engine.ports import Port
-from runplane.engine.scopes import MapScope
+from runplane.engine.scopes import MapScope, PlayScope, normalize_namespace
 from runplane.engine.sheets import StagedPage
-from runplane.engine.scopes import normalize_namespace
 
 from .retry import retry_transient
 from .sealer import stage_encoded
@@ -85,6 +87,7 @@ class ListSource:
     keys: list[str] | None = attrs.field(default=None, repr=False)
     manifest: Any = None
     mode: str = "unstaged"  # unstaged → (staging →) staged | direct
+    sheet_rows: int | None = None  # rows in the sheet as the map began (a hint; None: unknown)
     replaying: bool = False  # staged before the map began: pages are admitted from facts
     _staging: trio.Lock = attrs.field(init=False, factory=trio.Lock)
     _sealed: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -94,6 +97,17 @@ class ListSource:
         if self.encoded is None:
             self.encoded, self.keys = await trio.to_thread.run_sync(
                 encode_and_key, self.items, self.scope.table_namespace)
+
+    async def count_sheet_rows(self, scope: PlayScope) -> None:
+        """Read how many rows the sheet holds (`sheet_rows`), a hint for probing: a sheet with
+        none settles nothing. Unknown if the read fails (probing then goes on as without it)."""
+        try:
+            counters = await sheets.summary(self.port, scope, self.scope.table_namespace)
+        except EngineError as exc:
+            log.debug("map %s: the sheet's counters could not be read (%s)",
+                      self.scope.table_namespace, exc)
+            return
+        self.sheet_rows = counters.total
 
     def rows_between(self, low: int, high: int) -> list[dict]:
         """The user rows of items `low` to `high` as given (for a probe before encoding)."""

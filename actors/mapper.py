@@ -168,15 +168,20 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
     the encoding); returns the first row not settled (a chunk boundary).
 
-    The first chunk is probed alone (a first run stops there). The others go through a window
-    of `PROBES_IN_FLIGHT`: a probe is started as soon as an earlier one is answered, so one
-    chunk is keyed (CPU, in `sheets.probe`) while the server answers another. Answers are
-    taken in order; at the first chunk not settled no further probe starts, and the ones
+    Nothing is probed when the sheet held no row as the map began (`ListSource.sheet_rows`: a
+    first run). Otherwise the first chunk is probed alone (a first run into a sheet of other
+    rows stops there), then the others go through a window of `PROBES_IN_FLIGHT`: a probe is
+    started as soon as an earlier one is answered, so one chunk is keyed (CPU, in
+    `sheets.probe`) while the server answers another. (Probing the first chunk in the window
+    too was slower: its answer waits while the next chunk is keyed.) Answers are taken in
+    order; at the first chunk not settled no further probe starts, and the ones
     already started are let finish and dropped (a probe writes nothing; not cancelling it
     keeps its connection). A chunk holding a duplicate is left to the units (they deduplicate
     unit by unit, and a chunk may hold several units); a duplicate of an earlier chunk's row is
     in another unit anyway, so it counts as that unit's cache hit either way."""
     bounds = probe_bounds(listed.source_rows)
+    if listed.sheet_rows == 0:
+        return 0  # the sheet was empty when the map began: nothing can be settled
     first = await plan.probe(listed.rows_between(*bounds[0]), 0)
     if first is None or first.skipped:
         return 0
@@ -490,10 +495,17 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
             map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
         scope = run.scope.map(plan.table_namespace, map_invocation_id)
         listed_source = ListSource(plan.port, scope, list(source))
-    await retry_transient(lambda: sheets.ensure_sheet(
-        plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
-    if listed_source is not None:
-        await listed_source.open()
+
+    async def ensure_sheet() -> None:
+        await retry_transient(lambda: sheets.ensure_sheet(
+            plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
+
+    async with trio.open_nursery() as nursery:  # three independent reads and writes at once
+        nursery.start_soon(ensure_sheet)
+        if listed_source is not None:
+            nursery.start_soon(listed_source.open)
+            if plan.fast_admission:
+                nursery.start_soon(listed_source.count_sheet_rows, run.scope.play_scope)
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:

@@ -171,6 +171,7 @@ class SheetTxn:
 
     server_version: int
     columns: SheetColumns
+    exclusive: bool = False  # under the exclusive lock (the table and columns were prepared)
 
 
 def layout_for(port: Port, scope: PlayScope, table_namespace: str) -> SheetLayout:
@@ -490,7 +491,7 @@ async def _lock_sheet(
                 "login may not create (a database session runs no DDL: let the gateway "
                 f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
             ) from exc
-        return SheetTxn(server_version, columns)
+        return SheetTxn(server_version, columns, exclusive=True)
     except MissingRelationError:
         raise
     except DatabaseError as exc:
@@ -539,6 +540,18 @@ SELECT $1, $2, $3, f FROM unnest($4::text[]) AS f
 ON CONFLICT DO NOTHING
 """
 
+# The shared path's one statement: the counters, and whether the table has every later system
+# column (false when it has none, or does not exist: the exclusive path creates what is missing).
+_ENSURE_SHARED = """
+WITH counters AS (
+    INSERT INTO {column_summary} (org_id, play, table_namespace, field)
+    SELECT $1, $2, $3, f FROM unnest($4::text[]) AS f
+    ON CONFLICT DO NOTHING
+)
+SELECT count(*) = cardinality($6::text[]) FROM pg_attribute
+ WHERE attrelid = to_regclass($5) AND attname = ANY($6::text[]) AND NOT attisdropped
+"""
+
 ENSURE_STATEMENT_TIMEOUT_MS = 60_000
 
 
@@ -562,10 +575,18 @@ async def ensure_sheet(
     if not isinstance(contract, SheetContract):
         raise InvalidInputError("contract must be a SheetContract")
     layout = layout_for(port, scope, table_namespace)
-    sql = _ENSURE_COLUMN_COUNTERS.format(column_summary=table(port, "sheet_column_summary"))
+    column_summary = table(port, "sheet_column_summary")
+    sql = _ENSURE_COLUMN_COUNTERS.format(column_summary=column_summary)
+    shared_sql = _ENSURE_SHARED.format(column_summary=column_summary)
+    later = list(LATER_SYSTEM_COLUMNS)
 
-    async def op(conn: Connection, _sheet: SheetTxn) -> None:
-        if contract.outputs:
+    async def op(conn: Connection, sheet: SheetTxn) -> None:
+        if not sheet.exclusive:
+            complete = await conn.fetchval(shared_sql, *layout.counter_args,
+                                           list(contract.outputs), layout.regclass_text, later)
+            if not complete:
+                raise MissingRelationError("the sheet's table lacks a system column")
+        elif contract.outputs:
             await conn.execute(sql, *layout.counter_args, list(contract.outputs))
 
     await run_sheet_transaction(
