@@ -54,13 +54,18 @@ log = logging.getLogger("runplane.actors")
 MAX_UNIT_PAGES = 5  # an admission unit of a list: at most this many pages (~5 MiB of input)
 
 
-def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
-    """The encoded source and each row's sheet key (pure CPU, run in a worker thread)."""
-    encoded = array_input.encode_source(items)
+def text_keys(texts: list[str], table_namespace: str) -> list[str]:
+    """The sheet key of each canonical row text (== `sheets.inputs.text_key` of each, with the
+    namespace normalized once)."""
     prefix = f"{normalize_namespace(table_namespace)}\n".encode()
     sha256 = hashlib.sha256
-    # == sheets.inputs.text_key for each text, with the namespace normalized once
-    return encoded, [sha256(prefix + text.encode()).hexdigest()[:32] for text in encoded.texts]
+    return [sha256(prefix + text.encode()).hexdigest()[:32] for text in texts]
+
+
+def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
+    """The encoded source and each row's sheet key (pure CPU)."""
+    encoded = array_input.encode_source(items)
+    return encoded, text_keys(encoded.texts, table_namespace)
 
 
 @attrs.frozen
@@ -84,7 +89,7 @@ class ListSource:
     scope: MapScope
     items: list[Any] = attrs.field(repr=False)
     encoded: Any = attrs.field(default=None, repr=False)  # array_input.EncodedSource
-    keys: list[str] | None = attrs.field(default=None, repr=False)
+    keys: list[str] | None = attrs.field(default=None, repr=False)  # all keys, if computed
     manifest: Any = None
     mode: str = "unstaged"  # unstaged → (staging →) staged | direct
     sheet_rows: int | None = None  # rows in the sheet as the map began (a hint; None: unknown)
@@ -93,10 +98,11 @@ class ListSource:
     _sealed: trio.Event = attrs.field(init=False, factory=trio.Event)
 
     async def encode(self) -> None:
-        """Encode the list once (bad rows raise `InvalidInputError`, naming the row)."""
+        """Encode the list once, in a worker thread (bad rows raise `InvalidInputError`, naming
+        the row). Keys are computed unit by unit as admission reaches them (`page_groups`), so
+        the first row waits for the encoding only."""
         if self.encoded is None:
-            self.encoded, self.keys = await trio.to_thread.run_sync(
-                encode_and_key, self.items, self.scope.table_namespace)
+            self.encoded = await trio.to_thread.run_sync(array_input.encode_source, self.items)
 
     async def count_sheet_rows(self, scope: PlayScope) -> None:
         """Read how many rows the sheet holds (`sheet_rows`), a hint for probing: a sheet with
@@ -157,7 +163,8 @@ class ListSource:
         `group_rows` rows (one at least), the reach of one probe. Rows, keys and texts are
         slices of the encoded source.
         """
-        rows, keys, texts = self.encoded.rows, self.keys, self.encoded.texts
+        rows, texts = self.encoded.rows, self.encoded.texts
+        namespace = self.scope.table_namespace
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
         cuts = sorted(offset for offset in cut_at if offset > start)
 
@@ -186,7 +193,9 @@ class ListSource:
             low = unit[0][0]
             high = low + sum(count for _, count, _ in unit)
             ordinal = unit[0][2] if len(unit) == 1 else None
-            return SourcePage(low, rows[low:high], keys[low:high], ordinal, texts[low:high])
+            keys = self.keys[low:high] if self.keys is not None else \
+                text_keys(texts[low:high], namespace)
+            return SourcePage(low, rows[low:high], keys, ordinal, texts[low:high])
 
         for segment in segments():
             low, count, _ = segment

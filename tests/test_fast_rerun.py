@@ -163,6 +163,41 @@ async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
     assert await fact_kinds(tenant, rerun.run_id) == []  # nothing staged: nothing will run
 
 
+async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_there(tenant):
+    """The leading rows are probed chunk by chunk through the window; the first chunk not
+    settled stops the probing (a probe already in flight is dropped) and the list is admitted
+    from that chunk on: only the changed row runs."""
+    async def fn(row):
+        return {"upper": row["name"].upper()}
+
+    async with open_run(tenant, "play") as first:
+        await first.map("t", rows(3000), fn, contract=CONTRACT, page_rows=500)
+    changed = rows(3000)
+    changed[1800] = {"name": "changed"}
+    calls = []
+
+    async def again(row):
+        calls.append(row["name"])
+        return {"upper": "again"}
+
+    port = CountingPort(tenant)
+    sheet_table = layout_for(tenant, PlayScope(tenant.org_id, "play"), "t").qualified
+    with mock.patch.object(mapper, "FIRST_PROBE_ROWS", 200), \
+            mock.patch.object(mapper, "LEADING_PROBE_ROWS", 500):
+        async with open_run(port, "play") as rerun:
+            port.reset()
+            result = await rerun.map("t", changed, again, contract=CONTRACT, page_rows=500)
+    assert (result.admitted, result.cached, result.executed) == (3000, 2999, 1)
+    assert calls == ["changed"]
+    probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
+    # Leading probes: [0,200) alone, then through the window [200,700) ... [1700,2200), the
+    # first not settled: 5, and [2200,2700) if the window started it before that answer was
+    # read (dropped). Then the units from 1700: [1700,2200) admitted without a probe (its
+    # chunk was just probed), [2200,2700) probed (the last unit was not all new) and settled,
+    # so the rest of its group in one: 2. Probing on past the change would send 2 more.
+    assert len(probes) in (5 + 2, 6 + 2), port.statements
+
+
 async def test_a_wake_after_a_crash_in_a_fast_rerun_finishes_every_row_exactly_once(tenant):
     """A first run leaves rows 2000-2999 failed. A rerun probes pages 0-1 settled, stages the
     list at page 2, runs 100 of its rows (and hangs in others), and is cancelled. The wake finds
@@ -189,7 +224,11 @@ async def test_a_wake_after_a_crash_in_a_fast_rerun_finishes_every_row_exactly_o
             await trio.sleep_forever()
         finished[row["name"]] += 1
         if len(finished) == 100:
-            crash.cancel()  # the 100th outcome is computed: the process dies now
+            # The list is staged in the background while rows run: let the seal land (a crash
+            # before it is another case: the wake resumes staging), then the process dies.
+            while "array_input_seal" not in await fact_kinds(tenant, run_id):
+                await trio.sleep(0.01)
+            crash.cancel()
         return {"upper": row["name"].upper()}
 
     with trio.CancelScope() as crash:
