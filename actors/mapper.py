@@ -500,12 +500,13 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
         await retry_transient(lambda: sheets.ensure_sheet(
             plan.port, run.scope.play_scope, plan.table_namespace, plan.contract))
 
-    async with trio.open_nursery() as nursery:  # three independent reads and writes at once
-        nursery.start_soon(ensure_sheet)
-        if listed_source is not None:
-            nursery.start_soon(listed_source.open)
-            if plan.fast_admission:
-                nursery.start_soon(listed_source.count_sheet_rows, run.scope.play_scope)
+    with unwrap_single_error():  # three independent reads and writes at once
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ensure_sheet)
+            if listed_source is not None:
+                nursery.start_soon(listed_source.open)
+                if plan.fast_admission:
+                    nursery.start_soon(listed_source.count_sheet_rows, run.scope.play_scope)
     try:
         with unwrap_single_error():
             async with trio.open_nursery() as nursery:
