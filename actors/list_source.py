@@ -6,9 +6,13 @@ How it works
   call `encode`, which encodes the whole list once (`engine.array_input.encode_source`, in a
   worker thread: no permit is held meanwhile) — a bad row raises `InvalidInputError` then,
   before anything is written. Row keys come from the canonical texts (what admission would
-  compute), and the rows a worker runs are the encoded rows — byte-identical to what the
+  compute; unit by unit, as admission reaches them), a unit is admitted with the texts so
+  admission does not encode its rows again, and the rows a worker runs are the encoded rows —
+  byte-identical to what the
   staged page facts store, so running them *is* replaying the staged input (a wake passes the
   same list; the begin fact's fingerprint proves it, `ConflictError` otherwise).
+- The map reads the sheet's row count as it begins (`count_sheet_rows`): a list going into an
+  empty sheet is not probed at all.
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page); on a wake (the
   input was staged before the map began) one page each, admitted from its stored fact

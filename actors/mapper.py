@@ -25,10 +25,10 @@ How it works
   one transaction (`engine.sheets.admit`, cache hits counted, not listed). A list source is
   staged first (lazily, at the first unit that needs admitting: the begin fact is written, the
   pages are put and sealed in the background; see `actors.list_source`); a one-page unit of a
-  sealed input is admitted from its stored page fact, other units with their rows. Once a probe
-  settled a unit, the rest of its group is probed in one statement; if that does not settle,
-  its units go one by one. After a unit whose rows were all new the next one is admitted
-  without a probe. Admission splits the pending rows into small batches so all workers get a
+  sealed input is admitted from its stored page fact, other units with their rows (and their
+  canonical texts, from the list's encoding). Once a probe settled a unit, the rest of its
+  group is probed in one statement; if that does not settle, its units go one by one. After a
+  unit whose rows were all new the next one is admitted without a probe. Admission splits the pending rows into small batches so all workers get a
   share. Duplicates: the engine drops them within a unit; a later duplicate of a row still in
   flight in this map is dropped here (counted as skipped); one whose first occurrence is
   already written is a cache hit (or, if that failed, is re-admitted and runs again, as the
