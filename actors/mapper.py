@@ -169,25 +169,31 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     the encoding); returns the first row not settled (a chunk boundary).
 
     Nothing is probed when the sheet held no row as the map began (`ListSource.sheet_rows`: a
-    first run). Otherwise the first chunk is probed alone (a first run into a sheet of other
-    rows stops there), then the others go through a window of `PROBES_IN_FLIGHT`: a probe is
-    started as soon as an earlier one is answered, so one chunk is keyed (CPU, in
-    `sheets.probe`) while the server answers another. (Probing the first chunk in the window
-    too was slower: its answer waits while the next chunk is keyed.) Answers are taken in
-    order; at the first chunk not settled no further probe starts, and the ones
-    already started are let finish and dropped (a probe writes nothing; not cancelling it
-    keeps its connection). A chunk holding a duplicate is left to the units (they deduplicate
-    unit by unit, and a chunk may hold several units); a duplicate of an earlier chunk's row is
-    in another unit anyway, so it counts as that unit's cache hit either way."""
+    first run). When it holds as many rows as the list (likely a rerun), every chunk goes
+    through a window of `PROBES_IN_FLIGHT`, the first two as one; otherwise the first chunk is
+    probed alone first (a first run into a sheet of other rows stops there). In the window a
+    probe is started as soon as an earlier one is answered, so one chunk is keyed (CPU, in
+    `sheets.probe`) while the server answers another. Answers are taken in order; at the
+    first chunk not settled no further probe starts, and the ones already started are let
+    finish and dropped (a probe writes nothing; not cancelling it keeps its connection). A
+    chunk holding a duplicate is left to the units (they deduplicate unit by unit, and a chunk
+    may hold several units); a duplicate of an earlier chunk's row is in another unit anyway,
+    so it counts as that unit's cache hit either way."""
     bounds = probe_bounds(listed.source_rows)
     if listed.sheet_rows == 0:
         return 0  # the sheet was empty when the map began: nothing can be settled
-    first = await plan.probe(listed.rows_between(*bounds[0]), 0)
-    if first is None or first.skipped:
-        return 0
-    await hand_out(bounds[0][1], first)
-    settled_up_to = bounds[0][1]
-    rest = bounds[1:]
+    settled_up_to = 0
+    if listed.sheet_rows is not None and listed.sheet_rows >= listed.source_rows:
+        # Likely a rerun: every chunk goes through the window, the first two as one (a small
+        # first chunk would only wait there while the next one is keyed).
+        rest = [(0, bounds[1][1]), *bounds[2:]] if len(bounds) > 1 else bounds
+    else:
+        first = await plan.probe(listed.rows_between(*bounds[0]), 0)
+        if first is None or first.skipped:
+            return 0
+        await hand_out(bounds[0][1], first)
+        settled_up_to = bounds[0][1]
+        rest = bounds[1:]
     answers: list[Admission | None] = [None] * len(rest)
     answered = [trio.Event() for _ in rest]
     window = trio.Semaphore(PROBES_IN_FLIGHT)
