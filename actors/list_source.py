@@ -8,9 +8,9 @@ How it works
   before anything is written. Row keys come from the canonical texts (what admission would
   compute; unit by unit, as admission reaches them), a unit is admitted with the texts so
   admission does not encode its rows again, and the rows a worker runs are the encoded rows —
-  byte-identical to what the
-  staged page facts store, so running them *is* replaying the staged input (a wake passes the
-  same list; the begin fact's fingerprint proves it, `ConflictError` otherwise).
+  byte-identical to what the staged page facts store, so running them *is* replaying the
+  staged input (a wake passes the same list; the begin fact's fingerprint proves it,
+  `ConflictError` otherwise).
 - The map reads the sheet's row count as it begins (`count_sheet_rows`): a list going into an
   empty sheet is not probed at all.
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
@@ -40,9 +40,8 @@ from typing import Any
 import attrs
 import trio
 
-from runplane.engine import array_input
+from runplane.engine import array_input, sheets
 from runplane.engine.array_input import Occurrence
-from runplane.engine import sheets
 from runplane.engine.errors import (
     ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError,
 )

@@ -9,15 +9,15 @@ How it works
 
 - The input comes as admission units (`actors.list_source.SourcePage`), in groups. A list
   source is read in place by admission (`ListSource`): its leading rows are first probed as
-  given (`FIRST_PROBE_ROWS`, then chunks of `LEADING_PROBE_ROWS` through a window of
-  `PROBES_IN_FLIGHT`) — a settled rerun ends there, never encoding the list; from the first
-  rows not all settled, the list is encoded once (canonical texts, row keys, the array input's
-  page cuts) and cut into units of whole array-input pages (up to `page_rows` rows), grouped up to
-  `PROBE_GROUP_ROWS`; the rows are the encoded ones — byte-identical to the staged page facts,
-  so running them is replaying the staged input. For an async iterable the **source actor**
-  cuts pages as rows arrive (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so work
-  starts soon even on a slow source), each next one twice as large up to `page_rows` (large
-  pages admit faster).
+  given (in chunks through a window of `PROBES_IN_FLIGHT`; see `probe_unencoded`) — a settled
+  rerun ends there, never encoding the list; from the first rows not all settled, the list is
+  encoded once (canonical texts, row keys, the array input's page cuts) and cut into units of
+  whole array-input pages (up to `page_rows` rows), grouped up to `PROBE_GROUP_ROWS`; the
+  rows are the encoded ones — byte-identical to the staged page facts, so running them is
+  replaying the staged input. For an async iterable the **source actor** cuts pages as rows
+  arrive (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so work starts soon even
+  on a slow source), each next one twice as large up to `page_rows` (large pages admit
+  faster).
 - The **admission actor** first probes each unit by its row keys (`sheets.probe`, one
   read-only statement): when every row is settled — a fresh cache hit under the cell policies,
   or blocked (newer run, another attempt's live lease, given up), exactly as admission would
@@ -28,11 +28,11 @@ How it works
   sealed input is admitted from its stored page fact, other units with their rows (and their
   canonical texts, from the list's encoding). Once a probe settled a unit, the rest of its
   group is probed in one statement; if that does not settle, its units go one by one. After a
-  unit whose rows were all new the next one is admitted without a probe. Admission splits the pending rows into small batches so all workers get a
-  share. Duplicates: the engine drops them within a unit; a later duplicate of a row still in
-  flight in this map is dropped here (counted as skipped); one whose first occurrence is
-  already written is a cache hit (or, if that failed, is re-admitted and runs again, as the
-  engine re-admits failed rows).
+  unit whose rows were all new the next one is admitted without a probe. Admission splits the
+  pending rows into small batches so all workers get a share. Duplicates: the engine drops
+  them within a unit; a later duplicate of a row still in flight in this map is dropped here
+  (counted as skipped); one whose first occurrence is already written is a cache hit (or, if
+  that failed, is re-admitted and runs again, as the engine re-admits failed rows).
 - **Workers** call `await fn(row)`. An exception fails that row only (its message becomes the
   row's `_error`); a return value must be a dict of output fields (None means no fields) that
   `canonical.normalize` accepts, or the row fails with a message saying why. No permit is held
@@ -93,9 +93,9 @@ log = logging.getLogger("runplane.actors")
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
 PROBE_GROUP_ROWS = 10_000   # rows of an encoded list probed together once probes settle rows
-# A list's leading rows, probed before encoding: a first probe of FIRST_PROBE_ROWS (a first run
-# finds none), then chunks of LEADING_PROBE_ROWS (a unit's 5 full pages, so no unit is cut
-# short), PROBES_IN_FLIGHT at once (one is keyed while the server answers another).
+# A list's leading rows, probed before encoding: chunks of FIRST_PROBE_ROWS (a first run into
+# a sheet of other rows stops after it), then of LEADING_PROBE_ROWS (a unit's 5 full pages, so
+# no unit is cut short), PROBES_IN_FLIGHT at once (one is keyed while the server answers another).
 FIRST_PROBE_ROWS = 1_000
 LEADING_PROBE_ROWS = 5_000
 PROBES_IN_FLIGHT = 2

@@ -375,8 +375,8 @@ async def probe(
     if results is None:
         return None
     cached = sum(record["cached"] for record in results)
-    reasons = {key: reason for record in results
-               for key, reason in zip(record["blocked_keys"] or (), record["blocked_reasons"] or ())}
+    reasons = {key: reason for record in results for key, reason in
+               zip(record["blocked_keys"] or (), record["blocked_reasons"] or ())}
     blocked = [BlockedRow(key, index, reasons[key])
                for key, index in zip(prepared.keys, prepared.indexes) if key in reasons] \
         if reasons else []
