@@ -165,6 +165,39 @@ async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
     assert await fact_kinds(tenant, rerun.run_id) == []  # nothing staged: nothing will run
 
 
+async def test_a_rerun_whose_sheet_counters_cannot_be_read_still_probes(tenant, monkeypatch):
+    """The sheet's row count is only a hint: when it cannot be read, the list is probed as if
+    the sheet held other rows (the first chunk alone, then the window), and settles the same."""
+    from runplane.actors import list_source
+    from runplane.engine.errors import StoreUnavailableError
+
+    async with open_run(tenant, "play") as first:
+        await first.map("t", rows(2500), _upper, contract=CONTRACT)
+
+    async def unreadable(*_args, **_kwargs):
+        raise StoreUnavailableError("counters unreadable")
+
+    monkeypatch.setattr(list_source.sheets, "summary", unreadable)
+    port = CountingPort(tenant)
+    calls = []
+
+    async def again(row):
+        calls.append(row)
+        return {"upper": "changed"}
+
+    async with open_run(port, "play", retire_on_exit=False) as rerun:
+        port.reset()
+        result = await rerun.map("t", rows(2500), again, contract=CONTRACT)
+    assert (result.admitted, result.cached, result.executed) == (2500, 2500, 0) and not calls
+    sheet_table = layout_for(tenant, PlayScope(tenant.org_id, "play"), "t").qualified
+    probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
+    assert len(probes) == 2  # [0,1000) alone, then [1000,2500)
+
+
+async def _upper(row):
+    return {"upper": row["name"].upper()}
+
+
 async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_there(tenant):
     """The leading rows are probed chunk by chunk through the window; the first chunk not
     settled stops the probing (a probe already in flight is dropped) and the list is admitted

@@ -126,22 +126,27 @@ async def _counter_table(tenant) -> str:
     return name
 
 
+class Bump:
+    """`n = n + 1` on the counter table in one transaction through `port`, counting its calls."""
+
+    def __init__(self, port, counter: str) -> None:
+        self.port, self.counter, self.calls = port, counter, 0
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        async with self.port.connection("receipts") as conn:
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {self.counter} SET n = n + 1")
+
+
 async def bump_once_through_a_lost_commit_reply(proxy, proxied, counter: str) -> None:
     """Run `n = n + 1` in a transaction whose COMMIT reply the proxy drops, under the outage
     retry: the bump must have been called exactly once (its commit was resolved, not re-run)."""
-    calls = 0
-
-    async def bump() -> None:
-        nonlocal calls
-        calls += 1
-        async with proxied.connection("receipts") as conn:
-            async with conn.transaction():
-                await conn.execute(f"UPDATE {counter} SET n = n + 1")
-
+    bump = Bump(proxied, counter)
     proxy.drop_commit_reply = 1
     await retry_transient(bump, watch=OutageWatch(10.0))
     assert proxy.fired == {"drop_commit_reply": 1}
-    assert calls == 1
+    assert bump.calls == 1
 
 
 async def test_a_lost_commit_reply_is_detected_and_not_applied_twice(dsn, tenant):
@@ -164,19 +169,11 @@ async def test_a_commit_past_its_deadline_is_resolved_too(dsn, tenant, monkeypat
     counter = await _counter_table(tenant)
     async with open_pg_proxy(dsn) as proxy:
         async with open_tenant("org-test", proxy.dsn, schema=tenant.schema) as proxied:
-            calls = 0
-
-            async def bump() -> None:
-                nonlocal calls
-                calls += 1
-                async with proxied.connection("receipts") as conn:
-                    async with conn.transaction():
-                        await conn.execute(f"UPDATE {counter} SET n = n + 1")
-
+            bump = Bump(proxied, counter)
             proxy.delay_commit_reply, proxy.commit_reply_delay_s = 1, 3.0
             await retry_transient(bump, watch=OutageWatch(10.0))
             assert proxy.fired == {"delay_commit_reply": 1}
-            assert calls == 1
+            assert bump.calls == 1
     async with tenant.connection("receipts") as conn:
         assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
 
@@ -185,21 +182,13 @@ async def test_a_lost_commit_request_is_rolled_back_and_retried_once(dsn, tenant
     counter = await _counter_table(tenant)
     async with open_pg_proxy(dsn) as proxy:
         async with open_tenant("org-test", proxy.dsn, schema=tenant.schema) as proxied:
-            calls = 0
-
-            async def bump() -> None:
-                nonlocal calls
-                calls += 1
-                async with proxied.connection("receipts") as conn:
-                    async with conn.transaction():
-                        await conn.execute(f"UPDATE {counter} SET n = n + 1")
-
+            bump = Bump(proxied, counter)
             proxy.drop_commit_request = 1
             with pytest.raises(StoreUnavailableError, match="rolled back"):
                 await bump()
             await retry_transient(bump, watch=OutageWatch(10.0))
             assert proxy.fired == {"drop_commit_request": 1}
-            assert calls == 2
+            assert bump.calls == 2
     async with tenant.connection("receipts") as conn:
         assert await conn.fetchval(f"SELECT n FROM {counter}") == 1
 

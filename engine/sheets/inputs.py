@@ -187,7 +187,7 @@ def prepare_rows(
 def _probe_keys(rows: Sequence[Any], namespace: str) -> list[str] | None:
     """The keys of `rows` when every row is a canonical dict and no two are alike, else None
     (then the general loop of `prepare_rows` keys them, or refuses one naming it). A probe's
-    hot path: no copies, and `map` instead of a Python loop per step (a quarter less CPU)."""
+    hot path: no copies, and `map` instead of a Python loop per step."""
     if not all([type(row) is dict for row in rows]) or not all(map(is_canonical, rows)):
         return None
     prefix = f"{namespace}\n".encode()
