@@ -136,12 +136,15 @@ def rows(n: int) -> list[dict]:
     return [{"name": f"r{i}"} for i in range(n)]
 
 
-async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
-    async def fn(row):
-        return {"upper": row["name"].upper()}
+async def _upper(row):
+    return {"upper": row["name"].upper()}
 
+
+async def settled_rerun(tenant, n: int, **options):
+    """Map `rows(n)` once, then again in a new run through a counting port whose function must
+    never be called; returns the rerun's result, its statements, its run id and the probes."""
     async with open_run(tenant, "play") as first:
-        await first.map("t", rows(2500), fn, contract=CONTRACT)
+        await first.map("t", rows(n), _upper, contract=CONTRACT)
     port = CountingPort(tenant)
     calls = []
 
@@ -151,18 +154,23 @@ async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
 
     async with open_run(port, "play", retire_on_exit=False) as rerun:
         port.reset()
-        result = await rerun.map("t", rows(2500), again, contract=CONTRACT, page_rows=1000)
-    assert (result.admitted, result.cached, result.executed) == (2500, 2500, 0) and not calls
+        result = await rerun.map("t", rows(n), again, contract=CONTRACT, **options)
+    assert (result.admitted, result.cached, result.executed) == (n, n, 0) and not calls
     sheet_table = layout_for(tenant, PlayScope(tenant.org_id, "play"), "t").qualified
-    written = [sql for sql in port.statements
+    probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
+    return port.statements, rerun.run_id, sheet_table, probes
+
+
+async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
+    statements, run_id, sheet_table, probes = await settled_rerun(tenant, 2500, page_rows=1000)
+    written = [sql for sql in statements
                if ("INSERT" in sql or "UPDATE" in sql)
                and (sheet_table in sql or "work_receipts" in sql)]
     assert written == [], written
-    probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
     # one: the sheet holds as many rows as the list, so the first probe takes both leading
     # chunks ([0,1000) and [1000,2500))
     assert len(probes) == 1
-    assert await fact_kinds(tenant, rerun.run_id) == []  # nothing staged: nothing will run
+    assert await fact_kinds(tenant, run_id) == []  # nothing staged: nothing will run
 
 
 async def test_a_rerun_whose_sheet_counters_cannot_be_read_still_probes(tenant, monkeypatch):
@@ -171,31 +179,12 @@ async def test_a_rerun_whose_sheet_counters_cannot_be_read_still_probes(tenant, 
     from runplane.actors import list_source
     from runplane.engine.errors import StoreUnavailableError
 
-    async with open_run(tenant, "play") as first:
-        await first.map("t", rows(2500), _upper, contract=CONTRACT)
-
     async def unreadable(*_args, **_kwargs):
         raise StoreUnavailableError("counters unreadable")
 
-    monkeypatch.setattr(list_source.sheets, "summary", unreadable)
-    port = CountingPort(tenant)
-    calls = []
-
-    async def again(row):
-        calls.append(row)
-        return {"upper": "changed"}
-
-    async with open_run(port, "play", retire_on_exit=False) as rerun:
-        port.reset()
-        result = await rerun.map("t", rows(2500), again, contract=CONTRACT)
-    assert (result.admitted, result.cached, result.executed) == (2500, 2500, 0) and not calls
-    sheet_table = layout_for(tenant, PlayScope(tenant.org_id, "play"), "t").qualified
-    probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
+    monkeypatch.setattr(list_source.sheets, "summary", unreadable)  # both maps: unknown
+    _, _, _, probes = await settled_rerun(tenant, 2500)
     assert len(probes) == 2  # [0,1000) alone, then [1000,2500)
-
-
-async def _upper(row):
-    return {"upper": row["name"].upper()}
 
 
 async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_there(tenant):
