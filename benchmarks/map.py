@@ -24,7 +24,11 @@ Each ratio of parts 3-5 is the median over `--rounds` rounds (>= 3 for the figur
 README) of the ratio within a round, whose two sides run back to back, alternating which goes
 first (a load swing between rounds, common on these machines, cancels out).
 
-`--parts` picks what runs (default all): throughput,rss,list,rerun,policies.
+6. Analyzed (`--rows`): a first map into a fresh sheet, `ANALYZE`, then a tenth as many new
+   rows and their rerun (`benchmarks/analyzed.py`); prints the new rows' per-row cost against
+   the first map's (target <= 1.5), so no figure above hides behind a never-analyzed schema.
+
+`--parts` picks what runs (default all): throughput,rss,list,rerun,policies,analyzed.
 
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
@@ -46,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 
 from _server import bench_dsn  # noqa: E402
+import analyzed  # noqa: E402
 from runplane.actors import RateLimit, RowRetry, open_run  # noqa: E402
 from runplane.simulations.ports import CountingPort  # noqa: E402
 from runplane.engine import open_tenant, sheets  # noqa: E402
@@ -225,7 +230,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--list-rows", type=int, default=100_000)
     parser.add_argument("--rerun-rows", default="10000,100000")
-    parser.add_argument("--parts", default="throughput,rss,list,rerun,policies")
+    parser.add_argument("--parts", default="throughput,rss,list,rerun,policies,analyzed")
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -243,6 +248,9 @@ def main() -> None:
             trio.run(rerun, dsn, rows, args.rounds, args.concurrency)
     if "policies" in parts:
         trio.run(policies, dsn, args.rows, args.rounds, args.concurrency)
+    if "analyzed" in parts:
+        ratios = [trio.run(analyzed.measure, dsn, args.rows) for _ in range(args.rounds)]
+        analyzed.report(args.rows, args.rounds, [n for n, _ in ratios], [r for _, r in ratios])
     if "rss" in parts and args.rss_rows:
         child = subprocess.run(
             [sys.executable, __file__, "--rss-child", "--rss-rows", str(args.rss_rows),

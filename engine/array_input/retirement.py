@@ -29,6 +29,9 @@ from ..scopes import RunScope
 from . import facts as F
 from .pages import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
 
+# Every statement here reaches `work_receipts` by key: a constant key, a key range, or the
+# array of doomed keys (`k = ANY(ARRAY(...))`, an index lookup per key whatever the statistics
+# say; a join `USING doomed` could be planned as a walk over the whole table).
 def _candidates(t: str, run: str, ranges: list[str], limit: str) -> str:
     """Up to `limit` keys of the run's begin, page and seal facts, by key-prefix range."""
     parts = [
@@ -55,16 +58,15 @@ WITH created AS (
        AND jsonb_typeof(output->'retired') = 'boolean'
 ), marked AS (
     UPDATE {t} AS g SET output = $3::jsonb, updated_at = now()
-      FROM locked
-     WHERE g.k = locked.k AND EXISTS (SELECT 1 FROM valid)
-       AND locked.output->'retired' = 'false'::jsonb
+     WHERE g.k = $1 AND EXISTS (SELECT 1 FROM valid)
+       AND (SELECT output->'retired' FROM locked) = 'false'::jsonb
     RETURNING g.k
 ), doomed AS (
     {candidates}
      WHERE EXISTS (SELECT 1 FROM valid)
      ORDER BY k LIMIT $10
 ), deleted AS (
-    DELETE FROM {t} AS f USING doomed WHERE f.k = doomed.k RETURNING 1
+    DELETE FROM {t} AS f WHERE f.k = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM created) AS created,
        (SELECT output->'retired' = 'true'::jsonb FROM seen) AS seen_retired,
@@ -80,7 +82,7 @@ WITH doomed AS (
     {candidates}
      ORDER BY k LIMIT $8
 ), deleted AS (
-    DELETE FROM {t} AS f USING doomed WHERE f.k = doomed.k RETURNING 1
+    DELETE FROM {t} AS f WHERE f.k = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1
 )
 SELECT count(*) FROM deleted
 """

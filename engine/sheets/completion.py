@@ -53,7 +53,6 @@ from ..ports import Port
 from ..scopes import RunRef, normalize_namespace
 
 from .completion_sql import (
-    _JOINS_ON,
     _REPAIR_TARGETS,
     build_exact_sql,
     build_exact_sql_returning_old,
@@ -180,7 +179,6 @@ class _Writer:
         indexed = [(i, o) for i, o in enumerate(misses) if o.input_index is not None]
         targets: dict[int, str] = {}
         if indexed:
-            await conn.execute(_JOINS_ON)
             rows = await self.clock.measure("insert_missing", conn.fetch(
                 _REPAIR_TARGETS.format(t=self.layout.qualified),
                 [i for i, _ in indexed], [o.input_index for _, o in indexed],

@@ -213,7 +213,9 @@ def build_exact_sql(
     it), $8 fields whose cell counters may move, $9 org, $10 play, $11 namespace, $12 errors,
     $13 calls each outcome took (NULL means 1), then one name per data field.
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
-    the sheet whatever the planner believes about its size.
+    the sheet whatever the planner believes about its size; the UPDATE's only condition on the
+    sheet alone is the key (the version fence compares with `cur`, whose unfenced rows have
+    `prev_version` = ours: see `build_exact_sql_returning_old` for why no bind may appear there).
     """
     parts = _chunk_parts(port, layout, column, fields, counted, failed)
     t, target = parts.table, parts.target
@@ -249,7 +251,7 @@ applied AS (
            _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
       FROM cur c
      WHERE c.found AND c.fence IS NULL AND c.changed
-       AND t._key = c.key AND t._write_version = $4::bigint
+       AND t._key = c.key AND t._write_version = c.prev_version
     RETURNING c.prev_status, c.prev_meta, c.new_meta
 ),{parts.counters}
 {_chunk_result("cur")}"""
@@ -262,7 +264,13 @@ def build_exact_sql_returning_old(
     """The exact-key statement for PostgreSQL >= 18, with the binds of `build_exact_sql`.
 
     The fenced UPDATE probes each row once and returns the old status and cell meta for the
-    counters (`RETURNING old.*`). Rows it did not update are classified afterwards from the
+    counters (`RETURNING old.*`). Its only condition on the sheet alone is the key: every fence
+    compares the row with a column of `source` (`our_version`, `our_attempt`, `kept_status`),
+    never with a bind. A condition such as `_write_version = $4` would be estimated from the
+    sheet's statistics (a version newer than the last `ANALYZE` matches "no row"), and the
+    planner would scan the sheet for those few rows and join each to the whole chunk: a chunk
+    of 10,000 rows then costs 10,000 times the rows of our version. As join conditions they
+    are checked on the row each key probe found. Rows it did not update are classified afterwards from the
     statement's snapshot — and only when some row was not updated (a one-time filter), so the
     common all-applied chunk never probes the sheet twice.
     """
@@ -272,13 +280,14 @@ def build_exact_sql_returning_old(
         f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})"
         for col, name in parts.cols
     )
-    not_enriched = "AND t._status <> 'enriched'" if failed else ""
+    not_enriched = "AND t._status <> c.kept_status" if failed else ""
     new_error = "c.error" if failed else "NULL::text"
     new_meta = _new_meta(target, row="t", patch="c.patch")
     return f"""
 WITH {_base_meta(failed).strip()},
 source AS MATERIALIZED (
-    SELECT i.key, i.data, i.error, i.attempts, i.ord, {parts.patch} AS patch
+    SELECT i.key, i.data, i.error, i.attempts, i.ord, {parts.patch} AS patch,
+           $4::bigint AS our_version, $6::text AS our_attempt, 'enriched'::text AS kept_status
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
                       unnest($12::text[]), unnest($13::integer[]))
            WITH ORDINALITY AS i(key, data, meta, error, attempts, ord)
@@ -289,8 +298,8 @@ applied AS (
        SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = {new_meta},
            _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
       FROM source c
-     WHERE t._key = c.key AND t._write_version = $4::bigint
-       AND ($6::text IS NULL OR t._attempt_id IS NULL OR t._attempt_id = $6::text)
+     WHERE t._key = c.key AND t._write_version = c.our_version
+       AND (c.our_attempt IS NULL OR t._attempt_id IS NULL OR t._attempt_id = c.our_attempt)
        {not_enriched}
        AND (t._status IS DISTINCT FROM '{target}' OR t._error IS DISTINCT FROM {new_error}{data_changed}
             OR {new_meta} IS DISTINCT FROM t._cell_meta)
@@ -354,14 +363,16 @@ SELECT (SELECT array_agg(_key) FROM inserted) AS inserted_keys,
 """
 
 
-# The repair joins on (write version, input index), which no index covers: let the planner
-# hash it (the sheet transaction turned hash and merge joins off for its key probes).
-_JOINS_ON = "SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on"
-
+# The rows of our version at the missing outcomes' input indexes: one lookup per index through
+# the sheet's row-order index (its leading column). `OFFSET 0` keeps each lookup a subquery run
+# per input index, so the planner cannot turn the whole into a scan of the sheet filtered by
+# version (estimated from statistics that may not know our version yet).
 _REPAIR_TARGETS = """
 SELECT u.ord, s._key
   FROM unnest($1::bigint[], $2::bigint[]) AS u(ord, idx)
-  JOIN {t} s ON s._write_version = $3::bigint AND s._input_index = u.idx
- WHERE s._key <> ALL($4::text[])
+  CROSS JOIN LATERAL (SELECT s._key FROM {t} AS s
+                       WHERE s._input_index = u.idx AND s._write_version = $3::bigint
+                         AND s._key <> ALL($4::text[])
+                      OFFSET 0) AS s
  ORDER BY u.ord, s._key
 """

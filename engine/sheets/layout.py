@@ -15,14 +15,16 @@ How it works
   statement, so two (org, play, namespace) whose table names collide are refused with
   `ConflictError` (they would otherwise share one table); readers check the owner too.
   Tables leave 30% of each page free (fillfactor 70) so completions can update rows in place
-  (HOT updates, no new index entry per row).
+  (HOT updates, no new index entry per row). Besides the primary key a sheet has one index, on
+  its row order (`ORDER_INDEX_COLUMNS`); an older sheet gets it the way it gets later system
+  columns (below).
 - Every write transaction (`run_sheet_transaction`) first sets, for the transaction only: its
   statement timeout (sent on its own, so even the lock waits below are bounded);
   `plan_cache_mode = force_custom_plan` (a generic plan cannot see the sizes of the unnest
   arrays and may pick a join that rescans the sheet per row); `work_mem` of 32 MB (a
   10,000-row chunk's CTEs stay in memory); hash and merge joins off (every join of these
   statements is a batch of primary-key probes, and hashing the whole sheet per chunk costs more
-  than probing; the input-index repair, the one join on a non-key column, turns them back on).
+  than probing; the input-index repair looks rows up through the row-order index).
   Then one statement takes the sheet's advisory lock and locks the sheet's `sheet_summary` row
   (creating it if absent). Holding the summary row serializes the writers of one sheet: each
   later statement of the transaction sees every earlier writer committed, so counter deltas
@@ -128,6 +130,12 @@ class SheetLayout:
         return self.qualified
 
     @property
+    def order_index(self) -> str:
+        """The qualified name of the sheet's row-order index (`ORDER_INDEX_COLUMNS`); at most
+        63 bytes unqualified (a table name is at most 59)."""
+        return f"{quote_ident(self.schema)}.{quote_ident(self.table + '_ord')}"
+
+    @property
     def lock_key(self) -> int:
         digest = hashlib.sha256(f"runplane.sheet\x00{self.schema}\x00{self.table}".encode()).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
@@ -203,6 +211,13 @@ CREATE TABLE IF NOT EXISTS {t} (
     _updated_at timestamptz NOT NULL DEFAULT now(){later}
 ) WITH (fillfactor = 70)
 """
+
+# The sheet's one index besides its primary key: the row order of reads (input index, nulls
+# last, then creation, then key), which keyset pages walk, and the lookup by input index of the
+# completion's repair path. No column in it changes when a row completes, so completions stay
+# HOT updates (no new index entry per row).
+ORDER_INDEX_COLUMNS = "_input_index, _created_at, _key"
+_CREATE_ORDER_INDEX = "CREATE INDEX IF NOT EXISTS {name} ON {t} ({columns})"
 
 _EXISTING_COLUMNS = """
 SELECT coalesce(array_agg(attname::text), '{}'::text[])
@@ -313,6 +328,8 @@ async def prepare_columns(
     await conn.execute(_CREATE_TABLE.format(
         t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
     ))
+    await conn.execute(_CREATE_ORDER_INDEX.format(
+        name=quote_ident(layout.table + "_ord"), t=layout.qualified, columns=ORDER_INDEX_COLUMNS))
     existing = await existing_columns(conn, layout)
     registry = table(port, "sheet_columns")
     registered = {r["field"]: r["column_name"] for r in await conn.fetch(
@@ -541,14 +558,15 @@ ON CONFLICT DO NOTHING
 """
 
 # The shared path's one statement: the counters, and whether the table has every later system
-# column (false when it has none, or does not exist: the exclusive path creates what is missing).
+# column and the row-order index (false when it lacks one, or does not exist: the exclusive path
+# creates what is missing).
 _ENSURE_SHARED = """
 WITH counters AS (
     INSERT INTO {column_summary} (org_id, play, table_namespace, field)
     SELECT $1, $2, $3, f FROM unnest($4::text[]) AS f
     ON CONFLICT DO NOTHING
 )
-SELECT count(*) = cardinality($6::text[]) FROM pg_attribute
+SELECT count(*) = cardinality($6::text[]) AND to_regclass($7) IS NOT NULL FROM pg_attribute
  WHERE attrelid = to_regclass($5) AND attname = ANY($6::text[]) AND NOT attisdropped
 """
 
@@ -583,9 +601,10 @@ async def ensure_sheet(
     async def op(conn: Connection, sheet: SheetTxn) -> None:
         if not sheet.exclusive:
             complete = await conn.fetchval(shared_sql, *layout.counter_args,
-                                           list(contract.outputs), layout.regclass_text, later)
+                                           list(contract.outputs), layout.regclass_text, later,
+                                           layout.order_index)
             if not complete:
-                raise MissingRelationError("the sheet's table lacks a system column")
+                raise MissingRelationError("the sheet's table lacks a system column or index")
         elif contract.outputs:
             await conn.execute(sql, *layout.counter_args, list(contract.outputs))
 
