@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 from importlib import metadata
@@ -53,21 +52,23 @@ from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
-from ..scopes import MapScope, PlayScope, RunRef, RunScope
+from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
+from ..sheets.inputs import prepare_rows
 from ..sheets.model import AdmittedRow
 from ..tenant import Tenant, open_tenant
-from . import protocol
+from . import guards, protocol
+from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
 from .tokens import verify_token
 
 ADMIT_ACTION = "sheets.admit"
 
 log = logging.getLogger("runplane.gateway")
 
-REPLAY_TTL_S = 900.0
-REPLAY_MAX_BYTES = 256 * 1024 * 1024
 DEADLINE_RETRY_AFTER_MS = 1000
 SHUTDOWN_GRACE_S = 5.0
 MAX_LATENCY_SAMPLES = 100_000
+OFF_LOOP_BYTES = 64 * 1024  # bodies this large are decoded in a worker thread
+DECODE_THREADS = 2
 
 
 class Refusal(Exception):
@@ -100,53 +101,25 @@ def scope_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
-@attrs.define(eq=False)
-class ReplayCache:
-    """Answers of applied writes by (org, request id), bounded by bytes and age."""
-
-    max_bytes: int = REPLAY_MAX_BYTES
-    ttl_s: float = REPLAY_TTL_S
-    _done: "collections.OrderedDict[tuple, tuple[float, bytes]]" = attrs.field(
-        init=False, factory=collections.OrderedDict)
-    _running: dict[tuple, trio.Event] = attrs.field(init=False, factory=dict)
-    _bytes: int = attrs.field(init=False, default=0)
-    hits: int = attrs.field(init=False, default=0)
-
-    def _lookup(self, key: tuple) -> bytes | None:
-        entry = self._done.get(key)
-        if entry is None:
-            return None
-        if entry[0] < trio.current_time():
-            return None
-        return entry[1]
-
-    def _store(self, key: tuple, body: bytes) -> None:
-        now = trio.current_time()
-        self._done[key] = (now + self.ttl_s, body)
-        self._bytes += len(body)
-        while self._done and (self._bytes > self.max_bytes or next(iter(self._done.values()))[0] < now):
-            _, (_, old) = self._done.popitem(last=False)
-            self._bytes -= len(old)
-
-    async def run(self, key: tuple, compute) -> bytes:
-        """The cached answer for `key`, or `await compute()` (stored when it returns)."""
-        while True:
-            hit = self._lookup(key)
-            if hit is not None:
-                self.hits += 1
-                return hit
-            running = self._running.get(key)
-            if running is None:
-                break
-            await running.wait()
-        done = self._running[key] = trio.Event()
-        try:
-            body = await compute()
-            self._store(key, body)
-            return body
-        finally:
-            del self._running[key]
-            done.set()
+def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
+    """Decode and check a body; for an admission also validate, normalize, key and encode its
+    rows here (the engine then takes them as they are), ignoring any `texts` the client sent:
+    the input cells stored are always the rows' own canonical texts. Answers the keyword
+    arguments and the number of duplicate rows dropped (the answer's `skipped` adds them)."""
+    kwargs = spec.decode_input(guards.loads(raw, spec.name))
+    if spec.name != ADMIT_ACTION:
+        return kwargs, 0
+    kwargs.pop("texts", None)
+    if not kwargs["contract"].inputs or kwargs.get("staged_page") is not None:
+        return kwargs, 0
+    rows = kwargs["rows"]
+    prepared = prepare_rows(
+        rows, normalize_namespace(kwargs["table_namespace"]),
+        input_offset=kwargs.get("input_offset", 0), keys=kwargs.get("keys"), need_texts=True,
+        input_indexes=kwargs.get("input_indexes"))
+    kwargs.update(rows=prepared.rows, keys=prepared.keys, texts=prepared.texts,
+                  input_indexes=prepared.indexes)
+    return kwargs, prepared.skipped
 
 
 @attrs.define(eq=False)
@@ -173,6 +146,9 @@ class Server:
     errors: collections.Counter = attrs.field(init=False, factory=collections.Counter)
     max_body_bytes: int = attrs.field(init=False, default=0)
     replay: ReplayCache = attrs.field(init=False, factory=ReplayCache)
+    run_check: guards.RunCheck = attrs.field(init=False, factory=guards.RunCheck)
+    _decoding: trio.CapacityLimiter = attrs.field(
+        init=False, factory=lambda: trio.CapacityLimiter(DECODE_THREADS), repr=False)
     _actions: Mapping[str, Action] = attrs.field(init=False, factory=actions, repr=False)
     _tenants: dict[str, _TenantSlot] = attrs.field(init=False, factory=dict, repr=False)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
@@ -198,8 +174,9 @@ class Server:
     async def _action(self, request: Request) -> Response:
         started = trio.current_time()
         name = request.path_params["action"]
-        self.requests[name] += 1
-        self._period[name] += 1
+        counted = guards.bucket(name, self._actions)
+        self.requests[counted] += 1
+        self._period[counted] += 1
         try:
             body = await self._answer(name, request)
             return Response(body, media_type="application/json")
@@ -212,7 +189,7 @@ class Server:
                 extra["retry_after_ms"] = DEADLINE_RETRY_AFTER_MS
             return self._error(name, str(exc), code, status, **extra)
         except Exception:
-            log.exception("gateway: action %s failed unexpectedly", name)
+            log.exception("gateway: action %s failed unexpectedly", guards.printable(counted))
             return self._error(name, "internal error in the gateway", "internal", 500)
         finally:
             if len(self._latencies) < MAX_LATENCY_SAMPLES:
@@ -237,11 +214,7 @@ class Server:
             raise Refusal(f"Unsupported action: {name}", *protocol.UNSUPPORTED_ACTION)
         claims.check_action(name)
         raw = await self._read_body(request)
-        try:
-            payload = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidInputError(f"{name}: the body is not JSON: {exc}") from None
-        kwargs = spec.decode_input(payload)
+        kwargs, skipped = await self._decode(spec, raw)
         org, play = scope_of(kwargs)
         claims.check_target(name, org, play)
         context = {"claims": claims, "session_dsn": self.session_dsn}
@@ -253,11 +226,15 @@ class Server:
 
         async def compute() -> bytes:
             with trio.move_on_after(spec.deadline_s) as deadline:
+                for run in guards.run_refs(kwargs):  # a forged run is refused before any write
+                    await self.run_check.check(tenant, run)
                 result = await spec.function(tenant, **kwargs)
             if deadline.cancelled_caught:
                 raise StoreUnavailableError(
                     f"{name} ran past the gateway's {spec.deadline_s:.0f} s deadline and was "
                     f"rolled back")
+            if skipped:  # duplicates dropped while the rows were prepared off the event loop
+                result = attrs.evolve(result, skipped=result.skipped + skipped)
             if rows_by_key:  # the client has these rows: send their keys and indexes only
                 result = attrs.evolve(result, pending=tuple(
                     AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
@@ -265,8 +242,16 @@ class Server:
 
         request_id = request.headers.get(protocol.REQUEST_ID_HEADER)
         if spec.writes and request_id:
-            return await self.replay.run((claims.org, play, name, request_id), compute)
+            digest = guards.request_digest(raw, claims, "by-key" if rows_by_key else "")
+            return await self.replay.run((claims.org, play, name, request_id), digest, compute)
         return await compute()
+
+    async def _decode(self, spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
+        """The action's keyword arguments from a body (a large body in a worker thread, so
+        other requests go on meanwhile), and the number of duplicate rows dropped."""
+        if len(raw) < OFF_LOOP_BYTES:
+            return decode_body(spec, raw)
+        return await trio.to_thread.run_sync(decode_body, spec, raw, limiter=self._decoding)
 
     async def _read_body(self, request: Request) -> bytes:
         chunks = []
