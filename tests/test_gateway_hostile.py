@@ -134,3 +134,45 @@ async def test_a_small_read_completes_while_a_large_admission_is_decoded(tenant,
             release.set()
     assert results["read"].epoch == run.epoch
     assert len(results["admitted"].pending) == 2000
+
+
+async def test_texts_that_disagree_with_the_rows_are_not_stored(tenant, server):
+    """The input cells stored are the rows' own canonical texts, whatever `texts` says."""
+    run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "texts"))
+    body = {"run": _run_body(tenant, "texts", run.epoch), "table_namespace": "t",
+            "contract": {"inputs": ["name"], "outputs": ["upper"]},
+            "rows": [{"name": "a"}, {"name": "b"}, {"name": "a"}], "keys": ["k1", "k2", "k1"],
+            "texts": ['{"name":"evil"}', '{"name":"worse"}', '{"name":"evil"}']}
+    async with httpx.AsyncClient() as client:
+        answer = await _post(client, server, "sheets.admit", body, token_for(tenant))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["skipped"] == 1  # the duplicate key still counts as skipped
+    stored = await sheets.read_rows(tenant, PlayScope(tenant.org_id, PLAY), "t")
+    assert sorted((row["_key"], row["name"]) for row in stored) == [("k1", "a"), ("k2", "b")]
+
+
+async def test_reading_a_page_of_an_unsealed_input_is_a_conflict(tenant, gateway):
+    from runplane.engine import MapScope, array_input
+
+    from .array_input_support import occurrences, stage
+
+    run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "unsealed"))
+    scope = MapScope(tenant.org_id, PLAY, run.run_id, "t", "map-1")
+    await stage(tenant, scope, occurrences(3), seal=False)
+    with pytest.raises(ConflictError, match="not sealed"):
+        await array_input.read_page(gateway, scope, 0)
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 5000 + "]" * 5000,
+    '{"scope": ' * 2000 + "1" + "}" * 2000,
+    '{"scope": {"org_id": "org-test", "play": "p"}, "epoch": NaN}',
+    '{"scope": {"org_id": "org-test", "play": "p"}, "epoch": 9223372036854775808}',
+    '{"scope": {"org_id": "org-test", "play": "p"}, "epoch": 1e999}',
+])
+async def test_hostile_json_is_a_400(tenant, server, text):
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(
+            f"{server.url}/v1/actions/runs.by_epoch", content=text.encode(),
+            headers={"authorization": f"Bearer {token_for(tenant)}"})
+    assert answer.status_code == 400 and answer.json()["code"] == "invalid_input", answer.text
