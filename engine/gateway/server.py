@@ -122,6 +122,18 @@ def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
     return kwargs, prepared.skipped
 
 
+def encode_result(spec: Action, result: Any, skipped: int, rows_by_key: bool) -> bytes:
+    """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
+    answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
+    their keys and indexes only."""
+    if skipped:
+        result = attrs.evolve(result, skipped=result.skipped + skipped)
+    if rows_by_key:
+        result = attrs.evolve(result, pending=tuple(
+            AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
+    return protocol.dumps({"result": spec.result.encode(result, "result")})
+
+
 @attrs.define(eq=False)
 class _TenantSlot:
     ready: trio.Event = attrs.field(factory=trio.Event)
@@ -233,12 +245,11 @@ class Server:
                 raise StoreUnavailableError(
                     f"{name} ran past the gateway's {spec.deadline_s:.0f} s deadline and was "
                     f"rolled back")
-            if skipped:  # duplicates dropped while the rows were prepared off the event loop
-                result = attrs.evolve(result, skipped=result.skipped + skipped)
-            if rows_by_key:  # the client has these rows: send their keys and indexes only
-                result = attrs.evolve(result, pending=tuple(
-                    AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
-            return protocol.dumps({"result": spec.result.encode(result, "result")})
+            if len(raw) < OFF_LOOP_BYTES:
+                return encode_result(spec, result, skipped, rows_by_key)
+            # a large request's answer is large too: encode it off the event loop as well
+            return await trio.to_thread.run_sync(encode_result, spec, result, skipped, rows_by_key,
+                                                 limiter=self._decoding)
 
         request_id = request.headers.get(protocol.REQUEST_ID_HEADER)
         if spec.writes and request_id:
