@@ -3,7 +3,8 @@ registered action with hostile values in every field.
 
 The walk starts from real bodies: a map, the operators' reads and the runners' steps go through
 a gateway once while the server keeps the first body of each action (a few actions no workload
-sends are written out below). Then every value in every body (up to `MAX_PATHS` an action) is
+sends are written out below). Then every value in every body (every field; of a list, its first
+two items) is
 replaced, one at a time, by each hostile value:
 - `ALWAYS_REFUSED` (raw NaN and Infinity, a number past a float, nesting past the decoder,
   integers past int64, a lone surrogate, 1e308): no field takes them outside user data, so each
@@ -29,7 +30,7 @@ from .gateway_support import FAST_RETRY, server, token_for  # noqa: F401
 
 PLAY = "fuzz-play"
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper",))
-MAX_PATHS = 24
+MAX_PATHS = 40
 NESTED = "[" * 1200 + "]" * 1200
 ALWAYS_REFUSED = ("NaN", "Infinity", "-Infinity", "1e400", NESTED, str(2**63),
                   str(-(2**63) - 1), str(2**64), json.dumps("x\ud800"), "1e308")
@@ -123,7 +124,9 @@ def _cases(bodies):
     marker = "@@HOSTILE@@"
     for name in sorted(bodies):
         body = bodies[name]
-        for path in list(_paths(body))[1:MAX_PATHS + 1]:
+        paths = list(_paths(body))[1:]
+        assert len(paths) <= MAX_PATHS, f"{name}: raise MAX_PATHS to walk all {len(paths)} fields"
+        for path in paths:
             text = json.dumps(_with(body, path, marker))
             user = _is_user_data(path)
             for value in ALWAYS_REFUSED + EDGES:
