@@ -3,9 +3,8 @@ registered action with hostile values in every field.
 
 The walk starts from real bodies: a map, the operators' reads and the runners' steps go through
 a gateway once while the server keeps the first body of each action (a few actions no workload
-sends are written out below). Then every value in every body (every field; of a list, its first
-two items) is
-replaced, one at a time, by each hostile value:
+sends are written out below). Then every value in every body (every field; of a list, its
+first two items) is replaced, one at a time, by each hostile value:
 - `ALWAYS_REFUSED` (raw NaN and Infinity, a number past a float, nesting past the decoder,
   integers past int64, a lone surrogate, 1e308): no field takes them outside user data, so each
   must answer 4xx, and the tenant's tables (their contents hashed) and the database's roles are
