@@ -176,3 +176,17 @@ async def test_hostile_json_is_a_400(tenant, server, text):
             f"{server.url}/v1/actions/runs.by_epoch", content=text.encode(),
             headers={"authorization": f"Bearer {token_for(tenant)}"})
     assert answer.status_code == 400 and answer.json()["code"] == "invalid_input", answer.text
+
+
+async def test_a_write_for_a_run_never_registered_is_refused(tenant, gateway):
+    from runplane.engine import array_input, outbox
+
+    ghost = RunScope(tenant.org_id, PLAY, "ghost")
+    with pytest.raises(ConflictError, match="not registered"):
+        await outbox.record_open(gateway, ghost)
+    with pytest.raises(ConflictError, match="not registered"):
+        await array_input.begin(gateway, ghost.map("t", "m"), source_fingerprint="f" * 64,
+                                source_rows=1, has_source_identities=False)
+    assert await count_rows(tenant, "work_receipts") == 0
+    assert await count_rows(tenant, "terminal_outbox") == 0
+    assert await outbox.get(gateway, ghost) is None  # a read of it is still answered

@@ -12,7 +12,8 @@ How it works
   the cache, even while the first attempt is still running.
 - `RunCheck.check(tenant, run)` refuses a `RunRef` that does not name a registered run of its
   org and play with that epoch (`ConflictError`, before the action runs, so nothing is
-  written). A registered run's epoch never changes, so a positive answer is cached (bounded,
+  written); a write naming a run by scope alone (`RunScope`, `MapScope`: staging, the outbox)
+  is refused the same way when that run was never registered. A registered run's epoch never changes, so a positive answer is cached (bounded,
   oldest out first): a run costs one extra read on its first request through this gateway,
   none afterwards. A negative answer is never cached (the run may be registered next).
 - `bucket(name, known)` is the counter key of an action name: the name itself when it is a
@@ -34,7 +35,7 @@ import trio
 
 from .. import runs
 from ..errors import ConflictError, InvalidInputError
-from ..scopes import RunRef
+from ..scopes import MapScope, RunRef, RunScope
 
 UNKNOWN_ACTION = "(unknown action)"
 REPLAY_TTL_S = 900.0
@@ -158,9 +159,10 @@ class RunCheck:
         init=False, factory=collections.OrderedDict)
     lookups: int = attrs.field(init=False, default=0)
 
-    async def check(self, port: Any, run: RunRef) -> None:
-        scope = run.scope
-        key = (scope.org_id, scope.play, scope.run_id, run.epoch)
+    async def check(self, port: Any, run: RunRef | RunScope) -> None:
+        """Refuse `run` unless it is registered (with its epoch, for a `RunRef`)."""
+        scope, epoch = (run.scope, run.epoch) if isinstance(run, RunRef) else (run, None)
+        key = (scope.org_id, scope.play, scope.run_id, epoch)
         if key in self._known:
             return
         self.lookups += 1
@@ -169,7 +171,7 @@ class RunCheck:
             raise ConflictError(
                 f"run {printable(scope.run_id)!r} of play {printable(scope.play)!r} is not "
                 f"registered; register it (runs.register) before writing for it")
-        if info.epoch != run.epoch:
+        if epoch is not None and info.epoch != epoch:
             raise ConflictError(
                 f"run {printable(scope.run_id)!r} of play {printable(scope.play)!r} holds epoch "
                 f"{info.epoch}, not {run.epoch}")
@@ -178,6 +180,13 @@ class RunCheck:
             self._known.popitem(last=False)
 
 
-def run_refs(kwargs: Mapping[str, Any]) -> list[RunRef]:
-    """Every `RunRef` among an action's decoded inputs."""
-    return [value for value in kwargs.values() if isinstance(value, RunRef)]
+def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScope]:
+    """The runs an action's decoded inputs name: every `RunRef`, and for a write every run
+    named by scope alone (a `RunScope`, or the run of a `MapScope`)."""
+    found: list[RunRef | RunScope] = []
+    for value in kwargs.values():
+        if isinstance(value, RunRef):
+            found.append(value)
+        elif writes and isinstance(value, (RunScope, MapScope)):
+            found.append(RunScope(value.org_id, value.play, value.run_id))
+    return found

@@ -9,8 +9,10 @@ How it works
   (413); a missing, invalid or expired token (401); an unknown action, or an array-input action
   on a server started with `array_actions=False` (400 `unsupported_action`); an action the
   token's `actions` claim does not allow (403); a body that grows past the limit while it is
-  read (413, the rest is never read); a malformed input (400); a scope whose org or play the
-  token does not allow (403). Only then does the action run, against the tenant of the token's
+  read (413, the rest is never read); a malformed input (400: strict JSON, values bounded to
+  what the database holds, see `guards` and `codecs`); a scope whose org or play the token does
+  not allow (403); a run (`RunRef`) that is not registered for that org and play with that
+  epoch (409, `guards.RunCheck`). Only then does the action run, against the tenant of the token's
   org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
   completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
   answered 503, so a client that gave up and retried never races a write of its earlier attempt.
@@ -21,13 +23,20 @@ How it works
 - Per-org concurrency is what the tenant's lanes and connection cap allow, exactly as for
   in-process runners: requests wait FIFO for permits.
 - Writes are answered from a replay cache when their request id (one per client operation) was
-  already applied for the same org, play and action: a retry after a reply lost in the network
-  returns the first answer, and a retry arriving while the first attempt still runs waits for it.
+  already applied for the same org, play and action with the same body and token claims: a
+  retry after a reply lost in the network returns the first answer, and a retry arriving while
+  the first attempt still runs waits for it; the same id with another body or token is a 409.
   The cache is bounded by bytes and age (`REPLAY_TTL_S`, longer than a client's unreachable
   budget); past it, the action's own idempotence still applies nothing twice.
-- Statistics: `requests` (count by action), `errors` (count by code), `max_body_bytes` (largest
+- A body of `OFF_LOOP_BYTES` or more is decoded in a worker thread (at most `DECODE_THREADS` at
+  once), an admission's rows validated, normalized, keyed and encoded there too, and the answer
+  to such a request encoded there as well: a 4 MB admission does not hold the event loop that
+  serves every other org's requests.
+- Statistics: `requests` (count by known action; unknown names share one bucket, so made-up
+  names cannot grow the server's state), `errors` (count by code), `max_body_bytes` (largest
   body accepted), and a log line every `log_interval_s` with requests by action, errors by code
-  and p50/p99 latency. Tokens never reach a log line or an error message.
+  and p50/p99 latency. Tokens never reach a log line or an error message, and text from a
+  request reaches one only escaped (`guards.printable`).
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - 
 from .tokens import verify_token
 
 ADMIT_ACTION = "sheets.admit"
+REGISTER_ACTION = "runs.register"
 
 log = logging.getLogger("runplane.gateway")
 
@@ -238,7 +248,8 @@ class Server:
 
         async def compute() -> bytes:
             with trio.move_on_after(spec.deadline_s) as deadline:
-                for run in guards.run_refs(kwargs):  # a forged run is refused before any write
+                checked = spec.writes and name != REGISTER_ACTION  # registering names a new run
+                for run in guards.named_runs(kwargs, checked):  # refused before any write
                     await self.run_check.check(tenant, run)
                 result = await spec.function(tenant, **kwargs)
             if deadline.cancelled_caught:
