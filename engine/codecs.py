@@ -12,12 +12,19 @@ How it works
 - User data (rows, outputs) is never walked by the codec: `USER_JSON` encodes through
   `canonical.normalize_fast` (the same refusals, with the same paths, as a direct call) and
   decodes as given; `RAW` passes trusted JSON (what a server answered) through both ways.
+- What a server decodes is bounded to what the database can hold, so a hostile body is a 400,
+  never a database error: `INT` is a 64-bit integer (`INT32` for 32-bit columns), `FLOAT` a
+  finite number within ±`MAX_FLOAT` (NaN, infinities and 1e308 intervals are refused), `STR`
+  holds no lone surrogate (UTF-8 cannot encode one) and `TEXT` is a `STR` without NUL either
+  (for text stored as is; fields the engine normalizes, such as a failure's message, stay `STR`).
 This module does no I/O.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
+import re
 from typing import Any, Callable
 
 import attrs
@@ -48,10 +55,58 @@ def _typed(name: str, check: Callable[[Any], bool], convert: Callable[[Any], Any
     return Codec(name, code, code)
 
 
-STR = _typed("a string", lambda v: type(v) is str)
-INT = _typed("an integer", lambda v: type(v) is int)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_FLOAT = 1e12  # seconds, rates and bursts: 31,000 years of seconds, far past any real value
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _str_decode(value: Any, path: str) -> str:
+    if type(value) is not str:
+        raise InvalidInputError(f"{path} must be a string, got {type(value).__name__}")
+    if not value.isascii() and _SURROGATE.search(value) is not None:
+        raise InvalidInputError(f"{path} holds a lone surrogate")
+    return value
+
+
+def _text_decode(value: Any, path: str) -> str:
+    value = _str_decode(value, path)
+    if "\x00" in value:
+        raise InvalidInputError(f"{path} holds NUL, which text cannot store")
+    return value
+
+
+def _int_between(low: int, high: int, what: str) -> Codec:
+    def code(value: Any, path: str) -> int:
+        if type(value) is not int:
+            raise InvalidInputError(f"{path} must be an integer, got {type(value).__name__}")
+        if not low <= value <= high:
+            raise InvalidInputError(f"{path} must be {what} (from {low} to {high}), got {value}")
+        return value
+
+    return Codec(f"an integer ({what})", code, code)
+
+
+def _float_encode(value: Any, path: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise InvalidInputError(f"{path} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _float_decode(value: Any, path: str) -> float:
+    if type(value) not in (int, float):
+        raise InvalidInputError(f"{path} must be a number, got {type(value).__name__}")
+    if not -MAX_FLOAT <= value <= MAX_FLOAT:  # NaN fails both comparisons
+        raise InvalidInputError(f"{path} must be a finite number within ±{MAX_FLOAT:g}, got {value!r}")
+    return float(value)
+
+
+STR = Codec("a string", _typed("a string", lambda v: type(v) is str).encode, _str_decode)
+TEXT = Codec("a string without NUL", _text_decode, _text_decode)
+INT = _int_between(INT64_MIN, INT64_MAX, "a 64-bit integer")
+INT32 = _int_between(INT32_MIN, INT32_MAX, "a 32-bit integer")
 BOOL = _typed("a boolean", lambda v: type(v) is bool)
-FLOAT = _typed("a number", lambda v: type(v) in (int, float), float)
+FLOAT = Codec("a number", _float_encode, _float_decode)
 NOTHING = Codec("null", lambda _v, _path: None, lambda _v, _path: None)
 RAW = Codec("JSON", lambda v, _path: v, lambda v, _path: v)
 USER_JSON = Codec("user JSON", canonical.normalize_fast, lambda v, _path: v)

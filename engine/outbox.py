@@ -33,8 +33,9 @@ from typing import Iterable, Literal
 import attrs
 
 from .actions import action
-from .codecs import (BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, NOTHING, dict_of, list_of,
+from .codecs import (BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, NOTHING, dict_of, list_of,
                      optional, record)
+from .errors import InvalidInputError
 from .ports import RECEIPTS_LANE, RETIREMENT_LANE, Port, table, with_connection
 from .scopes import PlayScope, RunScope, check_scope
 
@@ -162,7 +163,7 @@ async def record_open(port: Port, scope: RunScope) -> None:
     await _execute(port, _RECORD_OPEN, *_key(scope), lane=RECEIPTS_LANE)
 
 
-@action("outbox.mark_pending", params={"scope": RUN_SCOPE, "owner": STR, "lease_s": FLOAT},
+@action("outbox.mark_pending", params={"scope": RUN_SCOPE, "owner": TEXT, "lease_s": FLOAT},
         result=BOOL)
 async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
     """Flip the entry to `pending` leased to `owner`; False when it was already `done`."""
@@ -174,12 +175,14 @@ async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) 
     return state == PENDING
 
 
-@action("outbox.claim_due", params={"owner": STR, "limit": INT, "lease_s": FLOAT,
+@action("outbox.claim_due", params={"owner": TEXT, "limit": INT, "lease_s": FLOAT,
         "abandon_after_s": optional(FLOAT)}, result=list_of(OUTBOX_ENTRY))
 async def claim_due(
     port: Port, owner: str, *, limit: int, lease_s: float, abandon_after_s: float | None = None
 ) -> list[OutboxEntry]:
     """Lease up to `limit` due entries of the port's org to `owner` (skipping locked ones)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
     sql = _CLAIM_DUE.format(t=table(port, "terminal_outbox"))
     abandon = None if abandon_after_s is None else float(abandon_after_s)
     rows = await with_connection(
@@ -189,21 +192,21 @@ async def claim_due(
     return [_entry(row) for row in rows]
 
 
-@action("outbox.renew", params={"scope": RUN_SCOPE, "owner": STR, "lease_s": FLOAT}, result=BOOL)
+@action("outbox.renew", params={"scope": RUN_SCOPE, "owner": TEXT, "lease_s": FLOAT}, result=BOOL)
 async def renew(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
     """Extend our lease; False when we no longer hold it."""
     check_scope(port, scope)
     return _changed(await _execute(port, _RENEW, *_key(scope), owner, float(lease_s)))
 
 
-@action("outbox.mark_done", params={"scope": RUN_SCOPE, "owner": STR}, result=BOOL)
+@action("outbox.mark_done", params={"scope": RUN_SCOPE, "owner": TEXT}, result=BOOL)
 async def mark_done(port: Port, scope: RunScope, owner: str) -> bool:
     """Settle the entry as `done`; False when we no longer held its lease."""
     check_scope(port, scope)
     return _changed(await _execute(port, _MARK_DONE, *_key(scope), owner))
 
 
-@action("outbox.retry_later", params={"scope": RUN_SCOPE, "owner": STR, "error": STR,
+@action("outbox.retry_later", params={"scope": RUN_SCOPE, "owner": TEXT, "error": TEXT,
         "delay_s": FLOAT}, result=BOOL)
 async def retry_later(port: Port, scope: RunScope, owner: str, error: str, delay_s: float) -> bool:
     """Release the lease, record the error and make the entry due again after `delay_s`."""
@@ -213,7 +216,7 @@ async def retry_later(port: Port, scope: RunScope, owner: str, error: str, delay
     )
 
 
-@action("outbox.release", params={"scope": RUN_SCOPE, "owner": STR}, result=NOTHING)
+@action("outbox.release", params={"scope": RUN_SCOPE, "owner": TEXT}, result=NOTHING)
 async def release(port: Port, scope: RunScope, owner: str) -> None:
     """Give the lease up so another drainer may claim the entry at once."""
     check_scope(port, scope)
@@ -229,7 +232,7 @@ async def get(port: Port, scope: RunScope) -> OutboxEntry | None:
     return None if row is None else _entry(row)
 
 
-@action("outbox.get_many", params={"scope": PLAY_SCOPE, "run_ids": list_of(STR)},
+@action("outbox.get_many", params={"scope": PLAY_SCOPE, "run_ids": list_of(TEXT)},
         result=dict_of(OUTBOX_ENTRY), writes=False)
 async def get_many(port: Port, scope: PlayScope, run_ids: Iterable[str]) -> dict[str, OutboxEntry]:
     """The outbox entries of the play's runs `run_ids`, by run id, in one query.

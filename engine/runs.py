@@ -21,7 +21,7 @@ import time
 import attrs
 
 from .actions import action
-from .codecs import (INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TIMESTAMP, list_of,
+from .codecs import (INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of,
                      optional, record)
 from .errors import InvalidInputError
 from .ports import RECEIPTS_LANE, Port, sequence_literal, table, with_connection
@@ -140,7 +140,7 @@ async def list_runs(port: Port, scope: PlayScope, *, limit: int = 10) -> list[Ru
 _RECORD_COMMAND = "UPDATE {runs} SET command = $4 WHERE org_id = $1 AND play = $2 AND run_id = $3"
 
 
-@action("runs.record_command", params={"scope": RUN_SCOPE, "command": STR}, result=NOTHING)
+@action("runs.record_command", params={"scope": RUN_SCOPE, "command": TEXT}, result=NOTHING)
 async def record_command(port: Port, scope: RunScope, command: str) -> None:
     """Store how to resume the run (a no-op for a run that is not registered)."""
     check_scope(port, scope)

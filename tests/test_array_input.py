@@ -179,7 +179,7 @@ async def test_empty_source_seals_with_no_pages(tenant):
 
 async def test_read_page_requires_the_seal_and_a_sealed_ordinal(tenant):
     fingerprint, _ = await stage(tenant, SCOPE, occurrences(3), seal=False)
-    with pytest.raises(CorruptFactError, match="not sealed"):
+    with pytest.raises(ConflictError, match="not sealed"):
         await A.read_page(tenant, SCOPE, 0)
     await A.seal(tenant, SCOPE, source_fingerprint=fingerprint, source_rows=3, page_count=1)
     with pytest.raises(ConflictError):

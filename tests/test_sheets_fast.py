@@ -6,7 +6,7 @@ import pytest
 
 from runplane.engine import MapScope, array_input
 from runplane.engine.array_input.pages import encode_page
-from runplane.engine.errors import CorruptFactError, InvalidInputError, RetiredError
+from runplane.engine.errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError
 from runplane.engine.sheets import (
     CellPolicy,
     RowOutcome,
@@ -142,7 +142,7 @@ async def test_an_unsealed_or_retired_page_is_refused(tenant):
     fingerprint, drafts = await stage(tenant, scope, [array_input.Occurrence(r) for r in source],
                                       seal=False)
     page = StagedPage(scope, 0, encode_page(fingerprint, 0, 0, drafts[0].rows).digest)
-    with pytest.raises(CorruptFactError, match="not sealed"):
+    with pytest.raises(ConflictError, match="not sealed"):
         await admit(tenant, run, NS, CONTRACT, source, staged_page=page)
     await array_input.seal(tenant, scope, source_fingerprint=fingerprint, source_rows=3,
                            page_count=1)

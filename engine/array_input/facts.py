@@ -418,7 +418,8 @@ async def read_page(port: Port, scope: MapScope, ordinal: int) -> P.Page:
     # The connection is back in the pool: decode and verify without holding a permit.
     require_open(row["g_status"], row["g_run"], row["g_output"], scope)
     if row["s_status"] is None:
-        raise CorruptFactError(f"array input {scope.map_invocation_id!r} is not sealed")
+        raise ConflictError(f"array input {scope.map_invocation_id!r} is not sealed: its pages are "
+                            f"read once it is")  # a state, not corruption: a 409
     seal = seal_output(row["s_status"], row["s_run"], row["s_output"], scope)
     if ordinal >= seal["page_count"]:
         raise ConflictError(f"page {ordinal} is beyond the {seal['page_count']} sealed pages")

@@ -9,8 +9,10 @@ How it works
   (413); a missing, invalid or expired token (401); an unknown action, or an array-input action
   on a server started with `array_actions=False` (400 `unsupported_action`); an action the
   token's `actions` claim does not allow (403); a body that grows past the limit while it is
-  read (413, the rest is never read); a malformed input (400); a scope whose org or play the
-  token does not allow (403). Only then does the action run, against the tenant of the token's
+  read (413, the rest is never read); a malformed input (400: strict JSON, values bounded to
+  what the database holds, see `guards` and `codecs`); a scope whose org or play the token does
+  not allow (403); a run (`RunRef`) that is not registered for that org and play with that
+  epoch (409, `guards.RunCheck`). Only then does the action run, against the tenant of the token's
   org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
   completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
   answered 503, so a client that gave up and retried never races a write of its earlier attempt.
@@ -21,20 +23,26 @@ How it works
 - Per-org concurrency is what the tenant's lanes and connection cap allow, exactly as for
   in-process runners: requests wait FIFO for permits.
 - Writes are answered from a replay cache when their request id (one per client operation) was
-  already applied for the same org, play and action: a retry after a reply lost in the network
-  returns the first answer, and a retry arriving while the first attempt still runs waits for it.
+  already applied for the same org, play and action with the same body and token claims: a
+  retry after a reply lost in the network returns the first answer, and a retry arriving while
+  the first attempt still runs waits for it; the same id with another body or token is a 409.
   The cache is bounded by bytes and age (`REPLAY_TTL_S`, longer than a client's unreachable
   budget); past it, the action's own idempotence still applies nothing twice.
-- Statistics: `requests` (count by action), `errors` (count by code), `max_body_bytes` (largest
+- A body of `OFF_LOOP_BYTES` or more is decoded in a worker thread (at most `DECODE_THREADS` at
+  once), an admission's rows validated, normalized, keyed and encoded there too, and the answer
+  to such a request encoded there as well: a 4 MB admission does not hold the event loop that
+  serves every other org's requests.
+- Statistics: `requests` (count by known action; unknown names share one bucket, so made-up
+  names cannot grow the server's state), `errors` (count by code), `max_body_bytes` (largest
   body accepted), and a log line every `log_interval_s` with requests by action, errors by code
-  and p50/p99 latency. Tokens never reach a log line or an error message.
+  and p50/p99 latency. Tokens never reach a log line or an error message, and text from a
+  request reaches one only escaped (`guards.printable`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 from importlib import metadata
@@ -53,21 +61,24 @@ from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
-from ..scopes import MapScope, PlayScope, RunRef, RunScope
+from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
+from ..sheets.inputs import prepare_rows
 from ..sheets.model import AdmittedRow
 from ..tenant import Tenant, open_tenant
-from . import protocol
+from . import guards, protocol
+from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
 from .tokens import verify_token
 
 ADMIT_ACTION = "sheets.admit"
+REGISTER_ACTION = "runs.register"
 
 log = logging.getLogger("runplane.gateway")
 
-REPLAY_TTL_S = 900.0
-REPLAY_MAX_BYTES = 256 * 1024 * 1024
 DEADLINE_RETRY_AFTER_MS = 1000
 SHUTDOWN_GRACE_S = 5.0
 MAX_LATENCY_SAMPLES = 100_000
+OFF_LOOP_BYTES = 64 * 1024  # bodies this large are decoded in a worker thread
+DECODE_THREADS = 2
 
 
 class Refusal(Exception):
@@ -100,53 +111,37 @@ def scope_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
-@attrs.define(eq=False)
-class ReplayCache:
-    """Answers of applied writes by (org, request id), bounded by bytes and age."""
+def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
+    """Decode and check a body; for an admission also validate, normalize, key and encode its
+    rows here (the engine then takes them as they are), ignoring any `texts` the client sent:
+    the input cells stored are always the rows' own canonical texts. Answers the keyword
+    arguments and the number of duplicate rows dropped (the answer's `skipped` adds them)."""
+    kwargs = spec.decode_input(guards.loads(raw, spec.name))
+    if spec.name != ADMIT_ACTION:
+        return kwargs, 0
+    kwargs.pop("texts", None)
+    if not kwargs["contract"].inputs or kwargs.get("staged_page") is not None:
+        return kwargs, 0
+    rows = kwargs["rows"]
+    prepared = prepare_rows(
+        rows, normalize_namespace(kwargs["table_namespace"]),
+        input_offset=kwargs.get("input_offset", 0), keys=kwargs.get("keys"), need_texts=True,
+        input_indexes=kwargs.get("input_indexes"))
+    kwargs.update(rows=prepared.rows, keys=prepared.keys, texts=prepared.texts,
+                  input_indexes=prepared.indexes)
+    return kwargs, prepared.skipped
 
-    max_bytes: int = REPLAY_MAX_BYTES
-    ttl_s: float = REPLAY_TTL_S
-    _done: "collections.OrderedDict[tuple, tuple[float, bytes]]" = attrs.field(
-        init=False, factory=collections.OrderedDict)
-    _running: dict[tuple, trio.Event] = attrs.field(init=False, factory=dict)
-    _bytes: int = attrs.field(init=False, default=0)
-    hits: int = attrs.field(init=False, default=0)
 
-    def _lookup(self, key: tuple) -> bytes | None:
-        entry = self._done.get(key)
-        if entry is None:
-            return None
-        if entry[0] < trio.current_time():
-            return None
-        return entry[1]
-
-    def _store(self, key: tuple, body: bytes) -> None:
-        now = trio.current_time()
-        self._done[key] = (now + self.ttl_s, body)
-        self._bytes += len(body)
-        while self._done and (self._bytes > self.max_bytes or next(iter(self._done.values()))[0] < now):
-            _, (_, old) = self._done.popitem(last=False)
-            self._bytes -= len(old)
-
-    async def run(self, key: tuple, compute) -> bytes:
-        """The cached answer for `key`, or `await compute()` (stored when it returns)."""
-        while True:
-            hit = self._lookup(key)
-            if hit is not None:
-                self.hits += 1
-                return hit
-            running = self._running.get(key)
-            if running is None:
-                break
-            await running.wait()
-        done = self._running[key] = trio.Event()
-        try:
-            body = await compute()
-            self._store(key, body)
-            return body
-        finally:
-            del self._running[key]
-            done.set()
+def encode_result(spec: Action, result: Any, skipped: int, rows_by_key: bool) -> bytes:
+    """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
+    answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
+    their keys and indexes only."""
+    if skipped:
+        result = attrs.evolve(result, skipped=result.skipped + skipped)
+    if rows_by_key:
+        result = attrs.evolve(result, pending=tuple(
+            AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
+    return protocol.dumps({"result": spec.result.encode(result, "result")})
 
 
 @attrs.define(eq=False)
@@ -173,6 +168,9 @@ class Server:
     errors: collections.Counter = attrs.field(init=False, factory=collections.Counter)
     max_body_bytes: int = attrs.field(init=False, default=0)
     replay: ReplayCache = attrs.field(init=False, factory=ReplayCache)
+    run_check: guards.RunCheck = attrs.field(init=False, factory=guards.RunCheck)
+    _decoding: trio.CapacityLimiter = attrs.field(
+        init=False, factory=lambda: trio.CapacityLimiter(DECODE_THREADS), repr=False)
     _actions: Mapping[str, Action] = attrs.field(init=False, factory=actions, repr=False)
     _tenants: dict[str, _TenantSlot] = attrs.field(init=False, factory=dict, repr=False)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
@@ -198,8 +196,9 @@ class Server:
     async def _action(self, request: Request) -> Response:
         started = trio.current_time()
         name = request.path_params["action"]
-        self.requests[name] += 1
-        self._period[name] += 1
+        counted = guards.bucket(name, self._actions)
+        self.requests[counted] += 1
+        self._period[counted] += 1
         try:
             body = await self._answer(name, request)
             return Response(body, media_type="application/json")
@@ -212,7 +211,7 @@ class Server:
                 extra["retry_after_ms"] = DEADLINE_RETRY_AFTER_MS
             return self._error(name, str(exc), code, status, **extra)
         except Exception:
-            log.exception("gateway: action %s failed unexpectedly", name)
+            log.exception("gateway: action %s failed unexpectedly", guards.printable(counted))
             return self._error(name, "internal error in the gateway", "internal", 500)
         finally:
             if len(self._latencies) < MAX_LATENCY_SAMPLES:
@@ -237,11 +236,7 @@ class Server:
             raise Refusal(f"Unsupported action: {name}", *protocol.UNSUPPORTED_ACTION)
         claims.check_action(name)
         raw = await self._read_body(request)
-        try:
-            payload = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidInputError(f"{name}: the body is not JSON: {exc}") from None
-        kwargs = spec.decode_input(payload)
+        kwargs, skipped = await self._decode(spec, raw)
         org, play = scope_of(kwargs)
         claims.check_target(name, org, play)
         context = {"claims": claims, "session_dsn": self.session_dsn}
@@ -253,20 +248,32 @@ class Server:
 
         async def compute() -> bytes:
             with trio.move_on_after(spec.deadline_s) as deadline:
+                checked = spec.writes and name != REGISTER_ACTION  # registering names a new run
+                for run in guards.named_runs(kwargs, checked):  # refused before any write
+                    await self.run_check.check(tenant, run)
                 result = await spec.function(tenant, **kwargs)
             if deadline.cancelled_caught:
                 raise StoreUnavailableError(
                     f"{name} ran past the gateway's {spec.deadline_s:.0f} s deadline and was "
                     f"rolled back")
-            if rows_by_key:  # the client has these rows: send their keys and indexes only
-                result = attrs.evolve(result, pending=tuple(
-                    AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
-            return protocol.dumps({"result": spec.result.encode(result, "result")})
+            if len(raw) < OFF_LOOP_BYTES:
+                return encode_result(spec, result, skipped, rows_by_key)
+            # a large request's answer is large too: encode it off the event loop as well
+            return await trio.to_thread.run_sync(encode_result, spec, result, skipped, rows_by_key,
+                                                 limiter=self._decoding)
 
         request_id = request.headers.get(protocol.REQUEST_ID_HEADER)
         if spec.writes and request_id:
-            return await self.replay.run((claims.org, play, name, request_id), compute)
+            digest = guards.request_digest(raw, claims, "by-key" if rows_by_key else "")
+            return await self.replay.run((claims.org, play, name, request_id), digest, compute)
         return await compute()
+
+    async def _decode(self, spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
+        """The action's keyword arguments from a body (a large body in a worker thread, so
+        other requests go on meanwhile), and the number of duplicate rows dropped."""
+        if len(raw) < OFF_LOOP_BYTES:
+            return decode_body(spec, raw)
+        return await trio.to_thread.run_sync(decode_body, spec, raw, limiter=self._decoding)
 
     async def _read_body(self, request: Request) -> bytes:
         chunks = []

@@ -48,8 +48,8 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import array_input, canonical
 from ..actions import action
 from ..array_input import facts
-from ..codecs import INT, RUN_REF, STR, USER_JSON, list_of, optional
-from ..errors import CorruptFactError, InvalidInputError, MissingRelationError
+from ..codecs import INT, INT32_MAX, RUN_REF, STR, USER_JSON, list_of, optional
+from ..errors import ConflictError, CorruptFactError, InvalidInputError, MissingRelationError
 from ..pg import Connection
 from ..ports import Port
 from ..scopes import RunRef, normalize_namespace
@@ -78,8 +78,10 @@ ADMIT_STATEMENT_TIMEOUT_MS = 120_000
 
 
 def check_give_up_after(value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value <= INT32_MAX):
+        raise InvalidInputError(
+            f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
 
 def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
@@ -246,10 +248,11 @@ async def admit(
 
 async def _explain_refused_page(port: Port, staged_page: StagedPage) -> None:
     """Raise the error a refused staged page deserves: `RetiredError` when the run is retired
-    (from the manifest read), else `CorruptFactError`."""
+    (from the manifest read), `ConflictError` when the input is not sealed, else
+    `CorruptFactError`."""
     manifest = await array_input.get_manifest(port, staged_page.scope)
-    if manifest.state != "sealed":
-        raise CorruptFactError(
+    if manifest.state != "sealed":  # a state the caller can see, not corruption: a 409
+        raise ConflictError(
             f"array input {staged_page.scope.map_invocation_id!r} is not sealed; its page "
             f"{staged_page.ordinal} cannot be admitted"
         )

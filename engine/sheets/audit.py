@@ -21,7 +21,7 @@ import attrs
 
 from .. import canonical
 from ..actions import action
-from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional, record
+from ..codecs import INT, PLAY_SCOPE, RAW, STR, TEXT, dict_of, list_of, optional, record
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table, with_connection
@@ -209,7 +209,7 @@ async def error_counts(
 
 
 @action("sheets.run_rows", params={
-    "scope": PLAY_SCOPE, "table_namespace": STR, "run_ids": list_of(STR),
+    "scope": PLAY_SCOPE, "table_namespace": STR, "run_ids": list_of(TEXT),
 }, result=dict_of(RUN_ROWS), writes=False)
 async def run_rows(
     port: Port, scope: PlayScope, table_namespace: str, run_ids: list[str]

@@ -139,10 +139,10 @@ def _non_empty_str(name: str):
     return check
 
 
-def _non_negative_int(name: str):
+def _non_negative_int(name: str, high: int = 2**63 - 1):
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            raise InvalidInputError(f"{name} must be an integer from 0 to {high}, got {value!r}")
 
     return check
 
@@ -156,7 +156,7 @@ class Attempt:
     """
 
     attempt_id: str = attrs.field(validator=_non_empty_str("Attempt.attempt_id"))
-    seq: int = attrs.field(validator=_non_negative_int("Attempt.seq"))
+    seq: int = attrs.field(validator=_non_negative_int("Attempt.seq", 2**31 - 1))  # an integer column
     lease_s: float = attrs.field(default=300.0, validator=_non_negative_number("Attempt.lease_s"))
 
 

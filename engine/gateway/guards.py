@@ -1,0 +1,192 @@
+"""What the gateway checks so that one org's requests cannot hurt another's: no I/O here but
+the registered-run lookup.
+
+How it works
+- `loads(raw, what)` decodes a request body as strict JSON: `NaN`, `Infinity` and numbers that
+  overflow a float are refused, and so is nesting too deep for the decoder (Python's decoder
+  raises `RecursionError` past about 1,000 levels), all as `InvalidInputError` (400).
+- `ReplayCache` answers a retried write from the first attempt's answer, but only when the
+  retry is the same request: entries are keyed by (org, play, action, request id) and hold a
+  digest of the body and of the token's claims (`request_digest`). The same id with another
+  body or another token's claims is refused with `ConflictError` (409), never answered from
+  the cache, even while the first attempt is still running.
+- `RunCheck.check(tenant, run)` refuses a `RunRef` that does not name a registered run of its
+  org and play with that epoch (`ConflictError`, before the action runs, so nothing is
+  written); a write naming a run by scope alone (`RunScope`, `MapScope`: staging, the outbox)
+  is refused the same way when that run was never registered. A registered run's epoch never changes, so a positive answer is cached (bounded,
+  oldest out first): a run costs one extra read on its first request through this gateway,
+  none afterwards. A negative answer is never cached (the run may be registered next).
+- `bucket(name, known)` is the counter key of an action name: the name itself when it is a
+  registered action, else one shared bucket, so unauthenticated requests for made-up names
+  cannot grow the server's state or its log line. `printable(text)` escapes what a request
+  put in a log line (newlines, control characters) and cuts it short.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import math
+from typing import Any, Awaitable, Callable, Mapping
+
+import attrs
+import trio
+
+from .. import runs
+from ..errors import ConflictError, InvalidInputError
+from ..scopes import MapScope, RunRef, RunScope
+
+UNKNOWN_ACTION = "(unknown action)"
+REPLAY_TTL_S = 900.0
+REPLAY_MAX_BYTES = 256 * 1024 * 1024
+RUN_CHECK_ENTRIES = 100_000
+LOG_TEXT_CHARS = 120
+
+
+def _refuse_constant(text: str) -> Any:
+    raise InvalidInputError(f"{text} is not a JSON number the gateway accepts")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidInputError(f"the number {text[:40]} is too large for a float")
+    return value
+
+
+def loads(raw: bytes, what: str) -> Any:
+    """The JSON value of a request body, or `InvalidInputError` (see the module docstring)."""
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise InvalidInputError(f"{what}: the body is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"{what}: the body is not JSON: {exc}") from None
+
+
+def bucket(name: str, known: Mapping[str, Any]) -> str:
+    return name if name in known else UNKNOWN_ACTION
+
+
+def printable(text: str) -> str:
+    """`text` safe for one log line: control characters escaped, at most `LOG_TEXT_CHARS`."""
+    short = text[:LOG_TEXT_CHARS]
+    escaped = short.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return escaped + ("..." if len(text) > LOG_TEXT_CHARS else "")
+
+
+def request_digest(raw: bytes, claims: Any, extra: str = "") -> bytes:
+    """A digest of what makes two requests the same: the body, the token's claims (every
+    claim, so a token with other rights or another id is another request) and `extra`
+    (headers that change the answer)."""
+    digest = hashlib.sha256()
+    for part in (repr(attrs.astuple(claims)).encode("utf-8"), extra.encode("utf-8"), raw):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.digest()
+
+
+@attrs.define(eq=False)
+class ReplayCache:
+    """Answers of applied writes, bounded by bytes and age (see the module docstring)."""
+
+    max_bytes: int = REPLAY_MAX_BYTES
+    ttl_s: float = REPLAY_TTL_S
+    _done: "collections.OrderedDict[tuple, tuple[float, bytes, bytes]]" = attrs.field(
+        init=False, factory=collections.OrderedDict)
+    _running: dict[tuple, tuple[bytes, trio.Event]] = attrs.field(init=False, factory=dict)
+    _bytes: int = attrs.field(init=False, default=0)
+    hits: int = attrs.field(init=False, default=0)
+    mismatches: int = attrs.field(init=False, default=0)
+
+    def _refuse(self, key: tuple) -> ConflictError:
+        self.mismatches += 1
+        return ConflictError(
+            f"{key[2]}: request id {printable(str(key[3]))!r} was already used for another "
+            f"request (another body or another token); send a new id for a new request")
+
+    def _lookup(self, key: tuple, digest: bytes) -> bytes | None:
+        entry = self._done.get(key)
+        if entry is None or entry[0] < trio.current_time():
+            return None
+        if entry[1] != digest:
+            raise self._refuse(key)
+        return entry[2]
+
+    def _store(self, key: tuple, digest: bytes, body: bytes) -> None:
+        now = trio.current_time()
+        old = self._done.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old[2])
+        self._done[key] = (now + self.ttl_s, digest, body)
+        self._bytes += len(body)
+        while self._done and (self._bytes > self.max_bytes or next(iter(self._done.values()))[0] < now):
+            _, (_, _, dropped) = self._done.popitem(last=False)
+            self._bytes -= len(dropped)
+
+    async def run(self, key: tuple, digest: bytes, compute: Callable[[], Awaitable[bytes]]) -> bytes:
+        """The cached answer for `key` (when `digest` matches), or `await compute()` (stored
+        when it returns); `ConflictError` when `key` was used with another digest."""
+        while True:
+            hit = self._lookup(key, digest)
+            if hit is not None:
+                self.hits += 1
+                return hit
+            running = self._running.get(key)
+            if running is None:
+                break
+            if running[0] != digest:
+                raise self._refuse(key)
+            await running[1].wait()
+        done = trio.Event()
+        self._running[key] = (digest, done)
+        try:
+            body = await compute()
+            self._store(key, digest, body)
+            return body
+        finally:
+            del self._running[key]
+            done.set()
+
+
+@attrs.define(eq=False)
+class RunCheck:
+    """Registered runs already seen, by (org, play, run id, epoch) (see the module docstring)."""
+
+    max_entries: int = RUN_CHECK_ENTRIES
+    _known: "collections.OrderedDict[tuple, None]" = attrs.field(
+        init=False, factory=collections.OrderedDict)
+    lookups: int = attrs.field(init=False, default=0)
+
+    async def check(self, port: Any, run: RunRef | RunScope) -> None:
+        """Refuse `run` unless it is registered (with its epoch, for a `RunRef`)."""
+        scope, epoch = (run.scope, run.epoch) if isinstance(run, RunRef) else (run, None)
+        key = (scope.org_id, scope.play, scope.run_id, epoch)
+        if key in self._known:
+            return
+        self.lookups += 1
+        info = await runs.get(port, scope)
+        if info is None:
+            raise ConflictError(
+                f"run {printable(scope.run_id)!r} of play {printable(scope.play)!r} is not "
+                f"registered; register it (runs.register) before writing for it")
+        if epoch is not None and info.epoch != epoch:
+            raise ConflictError(
+                f"run {printable(scope.run_id)!r} of play {printable(scope.play)!r} holds epoch "
+                f"{info.epoch}, not {run.epoch}")
+        self._known[key] = None
+        while len(self._known) > self.max_entries:
+            self._known.popitem(last=False)
+
+
+def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScope]:
+    """The runs an action's decoded inputs name: every `RunRef`, and for a write every run
+    named by scope alone (a `RunScope`, or the run of a `MapScope`)."""
+    found: list[RunRef | RunScope] = []
+    for value in kwargs.values():
+        if isinstance(value, RunRef):
+            found.append(value)
+        elif writes and isinstance(value, (RunScope, MapScope)):
+            found.append(RunScope(value.org_id, value.play, value.run_id))
+    return found
