@@ -93,6 +93,7 @@ class _Reader:
         self.path, self.kind, self.stream = path, kind, stream
         self.pos, self.line, self.header = pos, line, header
         self.row_line = line  # the line the last row began on
+        self.rows_from = (pos, line)  # where the rows begin (past a CSV header once read)
         self.blank = True  # every line so far was blank
 
     def lines(self) -> Iterator[str]:
@@ -129,6 +130,7 @@ class _Reader:
                             f"(columns {seen[name]} and {position})")
                     seen[name] = position
                 self.header = header = tuple(header)
+                self.rows_from = (self.pos, self.line)
             width = len(header)
             first = self.line + 1
             for record in records:
@@ -179,8 +181,10 @@ def _check(path: str, kind: str) -> InputFile:
         current: list[Any] = [None]
 
         def indexed_rows() -> Iterator[dict]:
-            end, line = reader.pos, reader.line
+            end = line = 0
             for number, row in enumerate(reader.rows()):
+                if number == 0:
+                    end, line = reader.rows_from
                 if not first_rows or number - first_rows[-1] >= BLOCK_ROWS \
                         or end - starts[-1] >= BLOCK_BYTES:
                     first_rows.append(number)

@@ -95,3 +95,13 @@ def test_paged_rows_index_slice_and_iterate_by_spans():
     assert paged_rows.reads == [(0, 1000), (1000, 2000), (2000, 2500)]
     with pytest.raises(IndexError):
         paged_rows[2500]
+
+
+def test_a_page_that_reads_back_differently_from_its_scan_is_refused():
+    rows = [{"i": i} for i in range(2500)]
+    paged_rows = CountingRows(rows, scan_source(rows))
+    paged = encode_source(paged_rows)
+    assert paged.span(0, 3) == ([{"i": 0}, {"i": 1}, {"i": 2}], ['{"i":0}', '{"i":1}', '{"i":2}'])
+    rows[1500] = {"i": -1}  # the storage changed after the scan
+    with pytest.raises(InvalidInputError, match="rows 1000 to 1999 of the source read back"):
+        paged.page(1)

@@ -22,7 +22,8 @@ How it works
   checking pass computed) keeps only the fingerprint and the page cuts — the same ones a list
   of the same rows gets, so a list and the file share keys, pages and staged input — and a
   page's rows and texts are read and encoded again when a page or span is asked for (a few
-  recent pages are kept). Memory is then bounded by a few pages whatever the source's size.
+  recent pages are kept), and must hash as that page did in the scan (`InvalidInputError`
+  otherwise: the staged input is never other rows than the fingerprint's). Memory is then bounded by a few pages whatever the source's size.
 This module does no I/O of its own (a `PagedRows` may read its storage).
 """
 
@@ -64,6 +65,9 @@ class SourceShape:
     source_rows: int
     cuts: tuple[tuple[int, int], ...]
     has_source_identities: bool
+    # SHA-256 of each page's stored rows (as the fingerprint hashes them), from a scan: a page
+    # read back later must be these very rows.
+    page_digests: tuple[bytes, ...] = ()
 
 
 class PagedRows(Sequence):
@@ -212,13 +216,17 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
     page: list[bytes] = []  # the stored rows of the page being cut
     offset = size = 0  # the page being cut: first row, rows' bytes + commas
     any_identity = False
+    page_digests: list[bytes] = []
     room = MAX_PAGE_BYTES - fact_overhead(0, 0, MAX_PAGE_ROWS)  # for rows, whatever the count
     dumps = canonical.stable_dumps
     is_canonical = canonical.is_canonical
 
     def cut() -> None:
         nonlocal offset, size, room, page
-        hasher.update(b"\n".join(page) + b"\n")
+        blob = b"\n".join(page) + b"\n"
+        hasher.update(blob)
+        if not keep:
+            page_digests.append(hashlib.sha256(blob).digest())
         cuts.append((offset, len(page)))
         offset, size, page = offset + len(page), 0, []
         room = MAX_PAGE_BYTES - fact_overhead(len(cuts), offset, MAX_PAGE_ROWS)
@@ -263,7 +271,8 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
         cut()
     if keep:
         any_identity = any(identity is not None for identity in identities)
-    shape = SourceShape(hasher.hexdigest(), offset, tuple(cuts), any_identity)
+    shape = SourceShape(hasher.hexdigest(), offset, tuple(cuts), any_identity,
+                        tuple(page_digests))
     return shape, rows, texts, identities
 
 
@@ -318,6 +327,12 @@ class PagedSource:
         _shape, rows, texts, identities = _encode(items, keep=True)
         encoded = EncodedSource(self.shape.fingerprint, rows, texts, identities,
                                 ((0, count),), self.shape.has_source_identities)
+        if self.shape.page_digests:
+            stored = "\n".join(encoded._stored_texts(0, count)) + "\n"
+            if hashlib.sha256(stored.encode()).digest() != self.shape.page_digests[ordinal]:
+                raise InvalidInputError(
+                    f"rows {offset} to {offset + count - 1} of the source read back "
+                    "differently than when it was scanned (was it changed?)")
         with self._lock:
             self._pages[ordinal] = encoded
             while len(self._pages) > CACHED_PAGES:
