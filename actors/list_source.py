@@ -26,6 +26,10 @@ How it works
   whose every row is already settled therefore writes no array input at all: nothing of it
   runs, so nothing needs replaying. A map whose manifest is already `staging` or `sealed` (a
   wake) is staged (resumed, or checked) before its first unit, at `open`.
+- A `PagedRows` source (a read-only sequence backed by a file, say) is a list source too, never
+  copied into a list: its encoding is a `PagedSource` (fingerprint and page cuts from the
+  source's checking pass, equal to a list's of the same rows), whose units read and encode
+  their pages when admission reaches them, so memory stays a few pages whatever its size.
 - Two cases admit the list directly instead, as a streamed source would: a gateway without
   array actions (one warning: a wake re-reads the caller's list), and a run already retired (a
   wake of a finished run: its staged input is gone and nothing will replay it).
@@ -90,8 +94,8 @@ class ListSource:
 
     port: Port
     scope: MapScope
-    items: list[Any] = attrs.field(repr=False)
-    encoded: Any = attrs.field(default=None, repr=False)  # array_input.EncodedSource
+    items: list[Any] | array_input.PagedRows = attrs.field(repr=False)
+    encoded: Any = attrs.field(default=None, repr=False)  # EncodedSource or PagedSource
     keys: list[str] | None = attrs.field(default=None, repr=False)  # all keys, if computed
     manifest: Any = None
     mode: str = "unstaged"  # unstaged → (staging →) staged | direct
@@ -121,8 +125,10 @@ class ListSource:
     def rows_between(self, low: int, high: int) -> list[dict]:
         """The user rows of items `low` to `high` as given (for a probe before encoding)."""
         rows = []
-        for index in range(low, min(high, len(self.items))):
-            item = self.items[index]
+        high = min(high, len(self.items))
+        given = self.items[low:high] if isinstance(self.items, array_input.PagedRows) else \
+            (self.items[index] for index in range(low, high))
+        for index, item in enumerate(given, low):
             if type(item) is not dict:
                 if isinstance(item, Occurrence):
                     item = item.data
@@ -164,9 +170,8 @@ class ListSource:
         such an offset falls in is split there. Only a unit that is one whole page carries its
         ordinal (it may be admitted from its fact). A group holds consecutive units up to
         `group_rows` rows (one at least), the reach of one probe. Rows, keys and texts are
-        slices of the encoded source.
+        spans of the encoded source.
         """
-        rows, texts = self.encoded.rows, self.encoded.texts
         namespace = self.scope.table_namespace
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
         cuts = sorted(offset for offset in cut_at if offset > start)
@@ -196,9 +201,9 @@ class ListSource:
             low = unit[0][0]
             high = low + sum(count for _, count, _ in unit)
             ordinal = unit[0][2] if len(unit) == 1 else None
-            keys = self.keys[low:high] if self.keys is not None else \
-                text_keys(texts[low:high], namespace)
-            return SourcePage(low, rows[low:high], keys, ordinal, texts[low:high])
+            rows, texts = self.encoded.span(low, high)
+            keys = self.keys[low:high] if self.keys is not None else text_keys(texts, namespace)
+            return SourcePage(low, rows, keys, ordinal, texts)
 
         for segment in segments():
             low, count, _ = segment

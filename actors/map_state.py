@@ -39,6 +39,7 @@ from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
+from runplane.engine.sheets.completion import input_fields_problem
 from runplane.engine.sheets.inputs import outcome_fields_problem
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets import (
@@ -196,8 +197,9 @@ class MapState:
         return self.superseded_by_epoch is not None
 
     def storable(self, contract: SheetContract, outcome: RowOutcome) -> RowOutcome:
-        """`outcome`, or a failed one saying why its outputs cannot be stored (SPEC §18: bad
-        output names, or more fields than a sheet holds once this map's additions are counted):
+        """`outcome`, or a failed one saying why its outputs cannot be stored (bad output names,
+        an output named like a contract input, which would write over the input cell, or more
+        fields than a sheet holds once this map's additions are counted):
         such a row fails alone and the rest of its batch is written. Most rows share one set of
         output names: a set already accepted costs one lookup."""
         if outcome.status != "completed" or not outcome.data:
@@ -205,7 +207,7 @@ class MapState:
         names = tuple(outcome.data)
         if names in self._storable_names:
             return outcome
-        problem = outcome_fields_problem(names)
+        problem = outcome_fields_problem(names) or input_fields_problem(names, contract.inputs)
         if problem is None:
             known = set(contract.fields) | self._added_fields
             new = [n for n in names if n not in known]

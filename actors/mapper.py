@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Seque
 
 import trio
 
-from runplane.engine import canonical, runs, sheets
+from runplane.engine import array_input, canonical, runs, sheets
 from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
 from runplane.engine.sheets import Admission, AdmittedRow, RowOutcome
 
@@ -489,7 +489,7 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
                    map_invocation_id: str | None = None) -> MapResult:
     """Run the pipeline of `plan` over `source` and count it (a list is encoded first and
     staged before its first row is admitted)."""
-    listed = isinstance(source, (list, tuple))
+    listed = isinstance(source, (list, tuple, array_input.PagedRows))
     if not listed and not hasattr(source, "__aiter__"):
         raise InvalidInputError(
             f"source must be a list of rows or an async iterable, got {type(source).__name__}"
@@ -500,7 +500,8 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
         if map_invocation_id is None:
             map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
         scope = run.scope.map(plan.table_namespace, map_invocation_id)
-        listed_source = ListSource(plan.port, scope, list(source))
+        listed_source = ListSource(plan.port, scope, source if isinstance(
+            source, array_input.PagedRows) else list(source))  # a PagedRows is read in place
 
     async def ensure_sheet() -> None:
         await retry_transient(lambda: sheets.ensure_sheet(

@@ -1,39 +1,58 @@
-"""Input files of `runplane run --input`: CSV and JSON lines, read into rows or one clear error.
+"""Input files of `runplane run --input`: CSV and JSON lines, checked in one streamed pass, then
+read back page by page.
 
 How it works
-- A file is read whole as bytes and decoded as `utf-8-sig` (a byte-order mark is not part of
-  the first header or the first line); a byte that is not UTF-8 is reported with its line.
+- `read_input` checks the whole file before anything connects, holding one row at a time: it
+  decodes each line as UTF-8 (a byte-order mark opening the file is not part of the first
+  header or line; a byte that is not UTF-8 is reported with its line and column), parses the
+  rows, and runs them through the array input's encoding pass (`array_input.scan_source`), so
+  a row that `run.map` would refuse (a value jsonb cannot hold, a row alone past the 1 MiB page
+  limit) is refused here, naming its line, before a run is registered. Every error is an
+  `InputFileError` whose text starts with `FILE:LINE:` (or `FILE:` when no line applies).
+- The pass keeps only the file's shape (the row count, the fingerprint and page cuts a list of
+  the same rows gets) and an index of blocks: for every `BLOCK_ROWS` rows (or `BLOCK_BYTES` of
+  file) the first row, its byte offset and line, and a digest of the block's bytes. The rows a
+  play receives are a `FileRows`: a read-only sequence (`len()` from the pass; indexing,
+  slicing and iteration read the blocks they need, checking their digests — a file changed
+  since the check is refused with `InvalidInputError`) that `run.map` stages like a list,
+  reading a page at a time. Memory is a few pages, whatever the file's size.
 - CSV: the first record is the header; each later record is a row `{header: cell}` of strings
   (a short record leaves its missing cells null; a long one, or a header naming a column twice,
-  is refused). Cells up to the array-input page limit (`MAX_PAGE_BYTES`, 1 MiB) are accepted:
-  the csv module's own 128 KiB field limit is raised for the read and restored afterwards.
-- JSON lines: one JSON object per non-blank line. Values PostgreSQL's jsonb cannot hold (NaN,
-  Infinity, numbers that overflow to infinity, integers past the digit limit, nesting past the
-  depth limit) are refused naming the line and the field as the file spells it (`score`,
-  `meta.tags[2]`, `["odd key"]`).
-- Every error is an `InputFileError` whose text starts with `FILE:LINE:` (or `FILE:` when no
-  line applies). An empty file, a file of blank lines, or a CSV with a header and no rows is
-  not an error: `read_input` returns no rows and `InputFile.note` says why, and the command
-  ends without starting a run.
-This module does no database I/O; the CLI calls it before connecting.
+  is refused; blank lines are skipped). Cells up to the page limit (`MAX_PAGE_BYTES`) are
+  accepted: the csv module's own 128 KiB field limit is raised to it for the process.
+- JSON lines: one JSON object per non-blank line (lines end at "\n" only). Values PostgreSQL's
+  jsonb cannot hold (NaN, Infinity, numbers that overflow to infinity, integers past the digit
+  limit, nesting past the depth limit) are refused naming the line and the field as the file
+  spells it (`score`, `meta.tags[2]`, `["odd key"]`).
+- An empty file, a file of blank lines, or a CSV with a header and no rows is not an error:
+  `read_input` returns no rows and `InputFile.note` says why, and the command ends without
+  starting a run.
+This module does no database I/O; the CLI calls `read_input` before connecting.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
+import hashlib
 import io
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator, Sequence
 
 import attrs
 
 from runplane.engine import canonical
-from runplane.engine.array_input import MAX_PAGE_BYTES
+from runplane.engine.array_input import MAX_PAGE_BYTES, PagedRows, SourceShape, scan_source
 from runplane.engine.errors import InvalidInputError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
+_BOM = b"\xef\xbb\xbf"
+
+BLOCK_ROWS = 500          # a block of the index: at most this many rows ...
+BLOCK_BYTES = 256 * 1024  # ... and it ends after the row that reaches this many bytes
+READ_CHUNK = 1 << 20      # the digest pass reads the file in chunks of this size
 
 
 class InputFileError(Exception):
@@ -44,105 +63,231 @@ class InputFileError(Exception):
 class InputFile:
     """The rows of an input file; `note` says why there are none when the file holds none."""
 
-    rows: list[dict]
+    rows: Sequence[dict]
     note: str | None = None
 
 
 def read_input(path: str) -> InputFile:
+    """Check `path` fully (see the module docstring): its rows as a `FileRows`, or no rows and
+    a note, or `InputFileError`."""
     file = Path(path)
     if not file.is_file():
         raise InputFileError(f"{path}: no such file")
     suffix = file.suffix.lower()
     if suffix not in (".csv", ".jsonl", ".ndjson"):
         raise InputFileError(f"{path}: input must be .csv or .jsonl")
-    text = _decode(path, file.read_bytes())
-    if not text.strip():
-        return InputFile([], f"{path}: the file is empty; nothing to run")
-    if suffix == ".csv":
-        return _read_csv(path, text)
-    return _read_json_lines(path, text)
+    kind = "csv" if suffix == ".csv" else "jsonl"
+    if kind == "csv" and csv.field_size_limit() < MAX_PAGE_BYTES:
+        csv.field_size_limit(MAX_PAGE_BYTES)
+    return _check(path, kind)
 
 
-def _decode(path: str, raw: bytes) -> str:
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
-        at = exc.start + bom
-        line = raw.count(b"\n", 0, at) + 1
-        column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
-        raise InputFileError(
-            f"{path}:{line}: byte 0x{raw[at]:02x} at column {column} is not UTF-8 "
-            "(save the file as UTF-8)"
-        ) from None
+# -- reading records ---------------------------------------------------------------------------
+class _Reader:
+    """Rows from a binary stream of the file's lines, starting at byte `pos` after `line`
+    lines; `pos` and `line` follow what was consumed, so right after a row is yielded they
+    are the end of that row (the csv module reads no line ahead of a record)."""
 
+    def __init__(self, path: str, kind: str, stream: IO[bytes], pos: int, line: int,
+                 header: tuple[str, ...] | None) -> None:
+        self.path, self.kind, self.stream = path, kind, stream
+        self.pos, self.line, self.header = pos, line, header
+        self.row_line = line  # the line the last row began on
+        self.rows_from = (pos, line)  # where the rows begin (past a CSV header once read)
+        self.blank = True  # every line so far was blank
 
-# -- CSV ---------------------------------------------------------------------------------------
-def _read_csv(path: str, text: str) -> InputFile:
-    previous_limit = csv.field_size_limit()
-    csv.field_size_limit(MAX_PAGE_BYTES)
-    try:
-        reader = csv.reader(io.StringIO(text, newline=""))
+    def lines(self) -> Iterator[str]:
+        for raw in self.stream:
+            bom = 3 if self.pos == 0 and raw.startswith(_BOM) else 0
+            self.pos += len(raw)
+            self.line += 1
+            try:
+                text = raw[bom:].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputFileError(
+                    f"{self.path}:{self.line}: byte 0x{raw[bom + exc.start]:02x} at column "
+                    f"{bom + exc.start + 1} is not UTF-8 (save the file as UTF-8)") from None
+            if self.blank and text.strip():
+                self.blank = False
+            yield text
+
+    def rows(self) -> Iterator[dict]:
+        return self._csv_rows() if self.kind == "csv" else self._json_rows()
+
+    def _csv_rows(self) -> Iterator[dict]:
+        records = csv.reader(self.lines())
         try:
-            header = next(reader)
-            rows = []
-            seen: dict[str, int] = {}
-            for position, name in enumerate(header, 1):
-                if name in seen:
-                    raise InputFileError(
-                        f"{path}:{reader.line_num}: the header names column {name!r} twice "
-                        f"(columns {seen[name]} and {position})"
-                    )
-                seen[name] = position
-            for record in reader:
+            header = self.header
+            if header is None:
+                header = next((record for record in records if record), None)
+                if header is None:
+                    return
+                seen: dict[str, int] = {}
+                for position, name in enumerate(header, 1):
+                    if name in seen:
+                        raise InputFileError(
+                            f"{self.path}:{self.line}: the header names column {name!r} twice "
+                            f"(columns {seen[name]} and {position})")
+                    seen[name] = position
+                self.header = header = tuple(header)
+                self.rows_from = (self.pos, self.line)
+            width = len(header)
+            first = self.line + 1
+            for record in records:
                 if not record:
+                    first = self.line + 1
                     continue  # a blank line
-                if len(record) > len(header):
+                if len(record) > width:
                     raise InputFileError(
-                        f"{path}:{reader.line_num}: {len(record)} cells, but the header has "
-                        f"{len(header)} columns"
-                    )
+                        f"{self.path}:{self.line}: {len(record)} cells, but the header has "
+                        f"{width} columns")
                 row = dict(zip(header, record))
                 for name in header[len(record):]:
                     row[name] = None
-                rows.append(row)
+                self.row_line = first
+                yield row
+                first = self.line + 1
         except csv.Error as exc:
             message = str(exc)
             if message.startswith("field larger than field limit"):
                 message = f"a cell is larger than {MAX_PAGE_BYTES:,} bytes (the page limit)"
-            raise InputFileError(f"{path}:{reader.line_num}: {message}") from None
-    finally:
-        csv.field_size_limit(previous_limit)
-    if not rows:
-        return InputFile([], f"{path}: a header and no rows; nothing to run")
-    return InputFile(rows)
+            raise InputFileError(f"{self.path}:{self.line}: {message}") from None
+
+    def _json_rows(self) -> Iterator[dict]:
+        for text in self.lines():
+            if not text.strip():
+                continue
+            where = f"{self.path}:{self.line}"
+            try:
+                row = json.loads(text[:-1] if text.endswith("\n") else text)
+            except json.JSONDecodeError as exc:
+                raise InputFileError(
+                    f"{where}: invalid JSON at column {exc.colno}: {exc.msg}") from None
+            except ValueError as exc:  # e.g. an integer past Python's digit limit
+                raise InputFileError(f"{where}: {exc}") from None
+            if not isinstance(row, dict):
+                raise InputFileError(f"{where}: each line must be a JSON object")
+            self.row_line = self.line
+            yield row
 
 
-# -- JSON lines --------------------------------------------------------------------------------
-def _read_json_lines(path: str, text: str) -> InputFile:
-    rows = []
-    # Lines end at "\n" only: JSON strings may hold U+2028 and friends, which splitlines() splits.
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
+# -- the checking pass -------------------------------------------------------------------------
+def _check(path: str, kind: str) -> InputFile:
+    with open(path, "rb") as stream:
+        reader = _Reader(path, kind, stream, 0, 0, None)
+        first_rows: list[int] = []
+        starts: list[int] = []
+        lines: list[int] = []
+        current: list[Any] = [None]
+
+        def indexed_rows() -> Iterator[dict]:
+            end = line = 0
+            for number, row in enumerate(reader.rows()):
+                if number == 0:
+                    end, line = reader.rows_from
+                if not first_rows or number - first_rows[-1] >= BLOCK_ROWS \
+                        or end - starts[-1] >= BLOCK_BYTES:
+                    first_rows.append(number)
+                    starts.append(end)
+                    lines.append(line)
+                current[0] = row
+                yield row
+                end, line = reader.pos, reader.line
+
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputFileError(
-                f"{path}:{number}: invalid JSON at column {exc.colno}: {exc.msg}"
-            ) from None
-        except ValueError as exc:  # e.g. an integer past Python's digit limit
-            raise InputFileError(f"{path}:{number}: {exc}") from None
-        if not isinstance(row, dict):
-            raise InputFileError(f"{path}:{number}: each line must be a JSON object")
-        try:
-            canonical.normalize(row, "row")
+            shape = scan_source(indexed_rows())
         except InvalidInputError as exc:
-            raise InputFileError(f"{path}:{number}: {refusal(row, str(exc))}") from None
-        rows.append(row)
-    if not rows:
-        return InputFile([], f"{path}: no rows (only blank lines); nothing to run")
-    return InputFile(rows)
+            raise InputFileError(
+                f"{path}:{reader.row_line}: {_why_refused(current[0], str(exc))}") from None
+        end = reader.pos
+    if reader.blank:
+        return InputFile([], f"{path}: the file is empty; nothing to run")
+    if shape.source_rows == 0:
+        return InputFile([], f"{path}: a header and no rows; nothing to run")
+    digests = _block_digests(path, starts, end)
+    return InputFile(FileRows(path, kind, reader.header, shape, first_rows, starts, lines,
+                              digests, end))
+
+
+def _why_refused(row: Any, message: str) -> str:
+    """A row the encoding refused: the field jsonb cannot hold, or the row's size."""
+    try:
+        canonical.normalize(row, "row")
+    except InvalidInputError as exc:
+        return refusal(row, str(exc))
+    return "the row " + re.sub(r"^rows\[\d+\] ", "", message)
+
+
+def _digest() -> Any:
+    return hashlib.blake2b(digest_size=16)
+
+
+def _block_digests(path: str, starts: list[int], end: int) -> list[bytes]:
+    digests = []
+    with open(path, "rb") as stream:
+        for i, start in enumerate(starts):
+            stop = starts[i + 1] if i + 1 < len(starts) else end
+            stream.seek(start)
+            hasher, left = _digest(), stop - start
+            while left:
+                chunk = stream.read(min(left, READ_CHUNK))
+                if not chunk:
+                    raise InputFileError(f"{path}: the file changed while it was checked")
+                hasher.update(chunk)
+                left -= len(chunk)
+            digests.append(hasher.digest())
+    return digests
+
+
+# -- the rows a play receives ------------------------------------------------------------------
+class FileRows(PagedRows):
+    """The rows of a checked input file, read from it a span at a time (see the module
+    docstring); a read-only sequence that `run.map` stages like a list."""
+
+    def __init__(self, path: str, kind: str, header: tuple[str, ...] | None, shape: SourceShape,
+                 first_rows: list[int], starts: list[int], lines: list[int],
+                 digests: list[bytes], end: int) -> None:
+        self.path, self.kind, self.header, self._shape = path, kind, header, shape
+        self._first_rows, self._starts, self._lines = first_rows, starts, lines
+        self._digests, self._end = digests, end
+
+    def __len__(self) -> int:
+        return self._shape.source_rows
+
+    def __repr__(self) -> str:
+        return f"FileRows({self.path!r}, {len(self)} rows)"
+
+    def shape(self) -> SourceShape:
+        return self._shape
+
+    def read_span(self, low: int, high: int) -> list[dict]:
+        high = min(high, len(self))
+        if low >= high:
+            return []
+        first = bisect.bisect_right(self._first_rows, low) - 1
+        last = bisect.bisect_right(self._first_rows, high - 1) - 1
+        start = self._starts[first]
+        stop = self._starts[last + 1] if last + 1 < len(self._starts) else self._end
+        with open(self.path, "rb") as stream:
+            stream.seek(start)
+            data = stream.read(stop - start)
+        for block in range(first, last + 1):
+            block_stop = self._starts[block + 1] if block + 1 < len(self._starts) else self._end
+            hasher = _digest()
+            hasher.update(data[self._starts[block] - start:block_stop - start])
+            if len(data) != stop - start or hasher.digest() != self._digests[block]:
+                raise InvalidInputError(
+                    f"{self.path} changed after it was checked (near line "
+                    f"{self._lines[block] + 1}); run the command again")
+        reader = _Reader(self.path, self.kind, io.BytesIO(data), start, self._lines[first],
+                         self.header)
+        rows = []
+        for number, row in enumerate(reader.rows(), self._first_rows[first]):
+            if number >= high:
+                break
+            if number >= low:
+                rows.append(row)
+        return rows
 
 
 def refusal(row: dict, fallback: str) -> str:

@@ -8,7 +8,8 @@ each page's digest) → `retire` (marks the retained run guard retired and delet
 facts at most 128 per call). `get_manifest` says where a map's staging stands.
 
 `encode_source` encodes a whole list source once (fingerprint, page cuts, page facts on demand,
-and each row's canonical text), and `put_encoded_page` puts a page it encoded. `pages` holds the
+and each row's canonical text; a `PagedRows` source, too large to hold, page by page), and
+`put_encoded_page` puts a page it encoded. `pages` holds the
 values and the pure encoding; `facts` the keys, the guard and the
 one-statement operations; `sealing` and `retirement` the two multi-step operations. Errors are typed
 (`engine.errors`); bad input is refused before any query.
@@ -29,12 +30,15 @@ from .pages import (
     source_fingerprint,
 )
 from .retirement import retire
-from .source import EncodedSource, encode_source
+from .source import (
+    EncodedSource, PagedRows, PagedSource, SourceShape, encode_source, scan_source,
+)
 from .sealing import seal
 
 __all__ = [
     "Occurrence", "SourceIdentity", "PageDraft", "Page", "Manifest", "RetireResult",
     "source_fingerprint", "paginate", "get_manifest", "begin", "put_page", "seal", "read_page",
     "retire", "MAX_PAGE_ROWS", "MAX_PAGE_BYTES", "RETIRE_BATCH_ROWS", "EncodedSource",
-    "encode_source", "put_encoded_page",
+    "encode_source", "put_encoded_page", "PagedRows", "PagedSource", "SourceShape",
+    "scan_source",
 ]

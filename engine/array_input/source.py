@@ -15,14 +15,27 @@ How it works
       `encode_page` of that draft), so a whole source's facts never sit in memory at once.
 - `texts[i]` is the canonical text of row `i`'s data — what a sheet's row key hashes — and
   `rows[i]` the normalized data a map function receives: byte-identical to what a page fact of
-  this source stores, so running `rows[i]` *is* replaying the staged input.
-This module does no I/O.
+  this source stores, so running `rows[i]` *is* replaying the staged input. `span(low, high)`
+  gives both for a range of rows.
+- A source too large to hold (a `PagedRows`: a read-only sequence backed by a file, say) is
+  encoded as a `PagedSource` instead: one pass (`scan_source`, or the shape the source's own
+  checking pass computed) keeps only the fingerprint and the page cuts — the same ones a list
+  of the same rows gets, so a list and the file share keys, pages and staged input — and a
+  page's rows and texts are read and encoded again when a page or span is asked for (a few
+  recent pages are kept), and must hash as that page did in the scan (`InvalidInputError`
+  otherwise: the staged input is never other rows than the fingerprint's). Memory is then bounded by a few pages whatever the source's size.
+This module does no I/O of its own (a `PagedRows` may read its storage).
 """
 
 from __future__ import annotations
 
+import abc
+import bisect
+import collections
 import hashlib
-from typing import Sequence
+import operator
+import threading
+from typing import Any, Iterable, Iterator, Sequence
 
 import attrs
 
@@ -38,6 +51,71 @@ from .pages import (
     fact_overhead,
     page_digest,
 )
+
+
+CACHED_PAGES = 8  # pages of a PagedSource kept encoded (admission units and putters share them)
+
+
+@attrs.frozen
+class SourceShape:
+    """What one encoding pass over a source keeps: its fingerprint, row count, page cuts
+    (`(offset, row_count)` of each page) and whether any row has a source identity."""
+
+    fingerprint: str
+    source_rows: int
+    cuts: tuple[tuple[int, int], ...]
+    has_source_identities: bool
+    # SHA-256 of each page's stored rows (as the fingerprint hashes them), from a scan: a page
+    # read back later must be these very rows.
+    page_digests: tuple[bytes, ...] = ()
+
+
+class PagedRows(Sequence):
+    """A read-only sequence of rows kept outside memory (a file, say), read a span at a time.
+
+    A subclass gives `__len__` and `read_span(low, high)` (rows `low` to `high - 1`, as dicts
+    or `Occurrence`s), and may give `shape()`, the `SourceShape` its own checking pass
+    computed (None: `encode_source` scans it). Indexing, slicing and iteration read spans."""
+
+    SPAN_ROWS = MAX_PAGE_ROWS
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def read_span(self, low: int, high: int) -> list[Any]: ...
+
+    def shape(self) -> SourceShape | None:
+        return None
+
+    def __getitem__(self, index: Any) -> Any:
+        size = len(self)
+        if isinstance(index, slice):
+            low, high, step = index.indices(size)
+            if step == 1:
+                return self.read_span(low, high) if high > low else []
+            return [self[i] for i in range(low, high, step)]
+        position = operator.index(index)
+        if position < 0:
+            position += size
+        if not 0 <= position < size:
+            raise IndexError("row index out of range")
+        return self.read_span(position, position + 1)[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        size = len(self)
+        for low in range(0, size, self.SPAN_ROWS):
+            yield from self.read_span(low, min(size, low + self.SPAN_ROWS))
+
+
+def _page_fact(fingerprint: str, ordinal: int, offset: int, stored: list[str]) -> EncodedPage:
+    """A page fact's canonical text and digest from its rows' stored texts."""
+    rows_text = "[" + ",".join(stored) + "]"
+    digest = page_digest(fingerprint, ordinal, offset, rows_text.encode())
+    head = (f'{{"digest":"{digest}","kind":"{PAGE_KIND}","offset":{offset},'
+            f'"ordinal":{ordinal},"row_count":{len(stored)},"rows":')
+    tail = f',"source_fingerprint":"{fingerprint}"}}'
+    return EncodedPage(head + rows_text + tail, digest, len(stored))
 
 
 @attrs.frozen
@@ -67,16 +145,14 @@ class EncodedSource:
             for i in range(offset, offset + count)
         ]
 
+    def span(self, low: int, high: int) -> tuple[list[dict], list[str]]:
+        """The normalized rows `low` to `high - 1` and their canonical texts."""
+        return self.rows[low:high], self.texts[low:high]
+
     def page(self, ordinal: int) -> EncodedPage:
         """Page `ordinal`'s fact: its canonical text and digest (as `encode_page` makes them)."""
         offset, count = self.cuts[ordinal]
-        rows_text = "[" + ",".join(self._stored_texts(offset, count)) + "]"
-        rows_utf8 = rows_text.encode()
-        digest = page_digest(self.fingerprint, ordinal, offset, rows_utf8)
-        head = (f'{{"digest":"{digest}","kind":"{PAGE_KIND}","offset":{offset},'
-                f'"ordinal":{ordinal},"row_count":{count},"rows":')
-        tail = f',"source_fingerprint":"{self.fingerprint}"}}'
-        return EncodedPage(head + rows_text + tail, digest, count)
+        return _page_fact(self.fingerprint, ordinal, offset, self._stored_texts(offset, count))
 
     def draft(self, ordinal: int) -> PageDraft:
         """Page `ordinal` as occurrences (for callers of the public `put_page`)."""
@@ -98,16 +174,40 @@ def _identity_text(occurrence: Occurrence, path: str) -> str | None:
     return canonical.stable_dumps({"dataset_id": dataset_id, "row_index": identity.row_index})
 
 
-def encode_source(items: Sequence[Occurrence | dict]) -> EncodedSource:
+def encode_source(items: Sequence[Occurrence | dict]) -> EncodedSource | PagedSource:
     """Encode a list source once; `InvalidInputError` naming the item for anything malformed or
-    a row that alone exceeds a page.
+    a row that alone exceeds a page. A `PagedRows` source becomes a `PagedSource` (its shape
+    from its own checking pass, or from one scan)."""
+    if isinstance(items, PagedRows):
+        shape = items.shape()
+        if shape is None:
+            shape = scan_source(items)
+        if shape.source_rows != len(items):
+            raise InvalidInputError(
+                f"the source's shape counts {shape.source_rows} rows but it holds {len(items)}")
+        return PagedSource(shape, items)
+    if not isinstance(items, (list, tuple)):
+        raise InvalidInputError(f"a list source must be a list, got {type(items).__name__}")
+    shape, rows, texts, identities = _encode(items, keep=True)
+    return EncodedSource(shape.fingerprint, rows, texts, identities, shape.cuts,
+                         shape.has_source_identities)
+
+
+def scan_source(items: Iterable[Occurrence | dict]) -> SourceShape:
+    """One encoding pass over `items` (any iterable, read once) that keeps only its shape: the
+    fingerprint and page cuts `encode_source` would give a list of the same rows. Refuses what
+    `encode_source` refuses, naming the item by its position."""
+    return _encode(items, keep=False)[0]
+
+
+def _encode(items: Iterable[Occurrence | dict], keep: bool
+            ) -> tuple[SourceShape, list[dict], list[str], list[str | None]]:
+    """The one encoding pass; rows, texts and identities are kept only with `keep`.
 
     The hot path per row: one canonical check, one copy, one encoding; the page's bytes limit
     is checked against a bound of the fact's overhead fixed per page (the exact overhead is
     computed only for a row near the limit), and the fingerprint hashes a page's rows at once.
     """
-    if not isinstance(items, (list, tuple)):
-        raise InvalidInputError(f"a list source must be a list, got {type(items).__name__}")
     hasher = hashlib.sha256()
     rows: list[dict] = []
     texts: list[str] = []
@@ -115,13 +215,18 @@ def encode_source(items: Sequence[Occurrence | dict]) -> EncodedSource:
     cuts: list[tuple[int, int]] = []
     page: list[bytes] = []  # the stored rows of the page being cut
     offset = size = 0  # the page being cut: first row, rows' bytes + commas
+    any_identity = False
+    page_digests: list[bytes] = []
     room = MAX_PAGE_BYTES - fact_overhead(0, 0, MAX_PAGE_ROWS)  # for rows, whatever the count
     dumps = canonical.stable_dumps
     is_canonical = canonical.is_canonical
 
     def cut() -> None:
         nonlocal offset, size, room, page
-        hasher.update(b"\n".join(page) + b"\n")
+        blob = b"\n".join(page) + b"\n"
+        hasher.update(blob)
+        if not keep:
+            page_digests.append(hashlib.sha256(blob).digest())
         cuts.append((offset, len(page)))
         offset, size, page = offset + len(page), 0, []
         room = MAX_PAGE_BYTES - fact_overhead(len(cuts), offset, MAX_PAGE_ROWS)
@@ -137,8 +242,8 @@ def encode_source(items: Sequence[Occurrence | dict]) -> EncodedSource:
             raise InvalidInputError(
                 f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
             )
-        clean = dict(data) if is_canonical(data) else canonical.normalize_fast(
-            data, f"rows[{index}].data")
+        clean = (dict(data) if keep else data) if is_canonical(data) else \
+            canonical.normalize_fast(data, f"rows[{index}].data")
         text = dumps(clean)
         stored = (f'{{"data":{text}}}' if identity is None else
                   f'{{"data":{text},"source_identity":{identity}}}').encode()
@@ -156,10 +261,106 @@ def encode_source(items: Sequence[Occurrence | dict]) -> EncodedSource:
             )
         size += row_bytes + (1 if count else 0)
         page.append(stored)
-        rows.append(clean)
-        texts.append(text)
-        identities.append(identity)
+        if keep:
+            rows.append(clean)
+            texts.append(text)
+            identities.append(identity)
+        elif identity is not None:
+            any_identity = True
     if page:
         cut()
-    return EncodedSource(hasher.hexdigest(), rows, texts, identities, tuple(cuts),
-                         any(identity is not None for identity in identities))
+    if keep:
+        any_identity = any(identity is not None for identity in identities)
+    shape = SourceShape(hasher.hexdigest(), offset, tuple(cuts), any_identity,
+                        tuple(page_digests))
+    return shape, rows, texts, identities
+
+
+@attrs.define(eq=False)
+class PagedSource:
+    """A `PagedRows` source encoded page by page (see the module docstring): the same
+    fingerprint, cuts, page facts, rows and texts as an `EncodedSource` of the same rows,
+    with only `CACHED_PAGES` pages held at a time."""
+
+    shape: SourceShape
+    rows_source: PagedRows = attrs.field(repr=False)
+    _offsets: list[int] = attrs.field(init=False, repr=False)
+    _pages: collections.OrderedDict = attrs.field(init=False, repr=False,
+                                                  factory=collections.OrderedDict)
+    _lock: threading.Lock = attrs.field(init=False, repr=False, factory=threading.Lock)
+
+    def __attrs_post_init__(self) -> None:
+        self._offsets = [offset for offset, _ in self.shape.cuts]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.shape.fingerprint
+
+    @property
+    def source_rows(self) -> int:
+        return self.shape.source_rows
+
+    @property
+    def cuts(self) -> tuple[tuple[int, int], ...]:
+        return self.shape.cuts
+
+    @property
+    def page_count(self) -> int:
+        return len(self.shape.cuts)
+
+    @property
+    def has_source_identities(self) -> bool:
+        return self.shape.has_source_identities
+
+    def _page(self, ordinal: int) -> EncodedSource:
+        """Page `ordinal`'s rows read and encoded (kept among the last `CACHED_PAGES`)."""
+        with self._lock:
+            cached = self._pages.get(ordinal)
+            if cached is not None:
+                self._pages.move_to_end(ordinal)
+                return cached
+        offset, count = self.shape.cuts[ordinal]
+        items = self.rows_source.read_span(offset, offset + count)
+        if len(items) != count:
+            raise InvalidInputError(
+                f"rows {offset} to {offset + count - 1} of the source read as {len(items)} rows")
+        _shape, rows, texts, identities = _encode(items, keep=True)
+        encoded = EncodedSource(self.shape.fingerprint, rows, texts, identities,
+                                ((0, count),), self.shape.has_source_identities)
+        if self.shape.page_digests:
+            stored = "\n".join(encoded._stored_texts(0, count)) + "\n"
+            if hashlib.sha256(stored.encode()).digest() != self.shape.page_digests[ordinal]:
+                raise InvalidInputError(
+                    f"rows {offset} to {offset + count - 1} of the source read back "
+                    "differently than when it was scanned (was it changed?)")
+        with self._lock:
+            self._pages[ordinal] = encoded
+            while len(self._pages) > CACHED_PAGES:
+                self._pages.popitem(last=False)
+        return encoded
+
+    def span(self, low: int, high: int) -> tuple[list[dict], list[str]]:
+        """The normalized rows `low` to `high - 1` and their canonical texts, page by page."""
+        rows: list[dict] = []
+        texts: list[str] = []
+        ordinal = max(0, bisect.bisect_right(self._offsets, low) - 1)
+        while low < high and ordinal < len(self._offsets):
+            offset, count = self.shape.cuts[ordinal]
+            page = self._page(ordinal)
+            start, stop = low - offset, min(high, offset + count) - offset
+            rows += page.rows[start:stop]
+            texts += page.texts[start:stop]
+            low, ordinal = offset + stop, ordinal + 1
+        return rows, texts
+
+    def page(self, ordinal: int) -> EncodedPage:
+        """Page `ordinal`'s fact: its canonical text and digest (as `encode_page` makes them)."""
+        offset, count = self.shape.cuts[ordinal]
+        return _page_fact(self.shape.fingerprint, ordinal, offset,
+                          self._page(ordinal)._stored_texts(0, count))
+
+    def draft(self, ordinal: int) -> PageDraft:
+        """Page `ordinal` as occurrences (for callers of the public `put_page`)."""
+        offset, _count = self.shape.cuts[ordinal]
+        draft = self._page(ordinal).draft(0)
+        return PageDraft(ordinal, offset, draft.rows)

@@ -28,6 +28,10 @@ How it works
   (fields outside the contract get their columns first, see `layout`). On PostgreSQL >= 18
   the statement is one fenced UPDATE per chunk returning the old status and cell meta
   (`RETURNING old.*`); older servers read the rows first and update from that snapshot.
+- An outcome whose data holds a field named like one of the contract's inputs is refused with
+  `InvalidInputError` before any query (it would write over the input cell, and the row would
+  then look completed for its original key); a map fails such a row alone instead
+  (`input_fields_problem`).
 - Keys that no row has are repaired afterwards (never in the exact-key statement, so the common
   path never scans by input index): an outcome whose `input_index` matches a row of our write
   version (whose key is not among this call's keys) is applied to that row through the same
@@ -60,9 +64,10 @@ from .completion_sql import (
 )
 from .inputs import PreparedOutcome, check_write, prepare_outcomes
 from .layout import PhaseClock, SheetLayout, SheetTxn, layout_for, run_sheet_transaction
+from ..errors import InvalidInputError
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
-    FencedRow, SheetContract,
+    FencedRow, SheetContract, shown,
 )
 
 log = logging.getLogger("runplane.sheets")
@@ -73,6 +78,32 @@ COMPLETE_STATEMENT_TIMEOUT_MS = 60_000
 
 # PostgreSQL 18 added `RETURNING old.*`: from then on the one-probe statement is used.
 RETURNING_OLD_SINCE = 180000
+
+
+def input_fields_problem(names: Sequence[str], inputs: Sequence[str]) -> str | None:
+    """Why outputs with these names cannot be stored beside these contract inputs, or None:
+    an output named like an input would write over the input cell."""
+    clash = [name for name in names if name in inputs]
+    if not clash:
+        return None
+    return f"{shown(clash[0])} is an input of the contract; an output cannot be named like an input"
+
+
+def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[Any],
+                           inputs: tuple[str, ...]) -> None:
+    """Refuse (before any query) an outcome whose data names a contract input, naming the
+    outcome by its position (the last occurrence of its key: the one that would be written)."""
+    if not inputs:
+        return
+    checked: set[tuple[str, ...]] = set()  # most outcomes share one set of names
+    for outcome in prepared:
+        if outcome.data_keys in checked:
+            continue
+        problem = input_fields_problem(outcome.data_keys, inputs)
+        if problem is not None:
+            position = max(i for i, given in enumerate(outcomes) if given.key == outcome.key)
+            raise InvalidInputError(f"outcomes[{position}].data: {problem}")
+        checked.add(outcome.data_keys)
 
 
 def _json_array(texts: list[str]) -> str:
@@ -243,6 +274,7 @@ async def complete(
     check_write(port, run, contract, attempt)
     namespace = normalize_namespace(table_namespace)
     prepared, input_rows = prepare_outcomes(outcomes)
+    _check_no_input_fields(prepared, outcomes, contract.inputs)
     inputs = set(contract.inputs)
     data_fields = {k for o in prepared for k in o.data_keys}
     base_fields = sorted(set(contract.outputs) | (data_fields - inputs))
