@@ -225,6 +225,45 @@ def test_the_encrypted_url_decrypts_only_with_the_clients_key_and_authenticates_
         jwe.decrypt(".".join([jwe.b64url(b'{"alg":"dir","enc":"A256GCM"}'), *parts[1:]]), private)
 
 
+def test_the_jwe_is_the_standard_wire_format_a_client_can_open_by_hand():
+    """A client with only `cryptography` opens what we send: RSA-OAEP-SHA256 unwraps the
+    content key, AES-256-GCM with the encoded header as additional data opens the payload."""
+    import base64
+    import json
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    def unb64(text: str) -> bytes:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+    private, public = jwe.generate_key()
+    token = jwe.encrypt(b"postgresql://u:p@host/db", public, {"org": "acme", "play": "p",
+                                                              "expires_at": "2030-01-01"})
+    encoded_header, wrapped, iv, ciphertext, tag = token.split(".")
+    assert json.loads(unb64(encoded_header))["alg"] == "RSA-OAEP-256"
+    raw_private = serialization.load_pem_private_key(private.as_pem(private=True), password=None)
+    oaep = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+    content_key = raw_private.decrypt(unb64(wrapped), oaep)
+    plaintext = AESGCM(content_key).decrypt(unb64(iv), unb64(ciphertext) + unb64(tag),
+                                            encoded_header.encode("ascii"))
+    assert plaintext == b"postgresql://u:p@host/db"
+
+    # And the other way round: a JWE assembled by hand with those primitives decrypts.
+    import os
+
+    raw_public = raw_private.public_key()
+    header = jwe.b64url(json.dumps({"alg": "RSA-OAEP-256", "enc": "A256GCM", "org": "acme"},
+                                   separators=(",", ":")).encode())
+    key, nonce = AESGCM.generate_key(bit_length=256), os.urandom(12)
+    sealed = AESGCM(key).encrypt(nonce, b"by hand", header.encode("ascii"))
+    by_hand = ".".join((header, jwe.b64url(raw_public.encrypt(key, oaep)), jwe.b64url(nonce),
+                        jwe.b64url(sealed[:-16]), jwe.b64url(sealed[-16:])))
+    assert jwe.decrypt(by_hand, private) == (
+        {"alg": "RSA-OAEP-256", "enc": "A256GCM", "org": "acme"}, b"by hand")
+
+
 def test_public_keys_are_checked_member_by_member():
     _, public = jwe.generate_key()
     for bad, member in (({**public, "kty": "EC"}, "kty"), ({**public, "n": "AQAB"}, "2048"),
