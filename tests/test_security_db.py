@@ -1,0 +1,126 @@
+"""Tenants cannot hurt each other through the database: what a session role plants, locks or
+keeps open never reaches runplane's own statements or another org.
+
+Every attack here is plain SQL run with a real minted session URL against the real server.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from runplane.engine import open_tenant, sessions
+from runplane.engine.runs import register
+from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.sheets import RowOutcome, admit, complete, read_rows, summary
+from runplane.engine.sql import quote_ident
+
+from .session_helpers import CONTRACT, NAMESPACE, admin_tenant, seed, session_tenant, unique
+
+# -- search-path capture -----------------------------------------------------------------------
+# Functions named like builtins runplane's statements call, with argument types that match a
+# call better than pg_catalog's polymorphic or wider versions do (so, on a search path that
+# reaches the planting schema, PostgreSQL would pick them), plus same-signature ones and views
+# named like runplane's tables. Each one records that it ran in `captured`.
+_PLANTS = """
+CREATE TABLE {p}.captured (what text);
+GRANT ALL ON {p}.captured TO PUBLIC;
+CREATE FUNCTION {p}.runplane_capture(what text) RETURNS boolean LANGUAGE sql VOLATILE
+    AS $$ INSERT INTO {p}.captured VALUES (what) RETURNING true $$;
+CREATE FUNCTION {p}.unnest(text[]) RETURNS SETOF text LANGUAGE sql
+    AS $$ SELECT x FROM pg_catalog.unnest($1) AS x WHERE {p}.runplane_capture('unnest(text[])') $$;
+CREATE FUNCTION {p}.unnest(bytea[]) RETURNS SETOF bytea LANGUAGE sql
+    AS $$ SELECT x FROM pg_catalog.unnest($1) AS x WHERE {p}.runplane_capture('unnest(bytea[])') $$;
+CREATE FUNCTION {p}.unnest(bigint[]) RETURNS SETOF bigint LANGUAGE sql
+    AS $$ SELECT x FROM pg_catalog.unnest($1) AS x WHERE {p}.runplane_capture('unnest(bigint[])') $$;
+CREATE FUNCTION {p}.unnest(integer[]) RETURNS SETOF integer LANGUAGE sql
+    AS $$ SELECT x FROM pg_catalog.unnest($1) AS x WHERE {p}.runplane_capture('unnest(int[])') $$;
+CREATE FUNCTION {p}.unnest(jsonb[]) RETURNS SETOF jsonb LANGUAGE sql
+    AS $$ SELECT x FROM pg_catalog.unnest($1) AS x WHERE {p}.runplane_capture('unnest(jsonb[])') $$;
+CREATE FUNCTION {p}.unnest(text[], text[]) RETURNS TABLE (a text, b text) LANGUAGE sql
+    AS $$ SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) WHERE {p}.runplane_capture('unnest(text[],text[])') $$;
+CREATE FUNCTION {p}.cardinality(text[]) RETURNS integer LANGUAGE sql
+    AS $$ SELECT pg_catalog.cardinality($1) WHERE {p}.runplane_capture('cardinality') $$;
+CREATE FUNCTION {p}.to_jsonb(bigint) RETURNS jsonb LANGUAGE sql
+    AS $$ SELECT pg_catalog.to_jsonb($1) WHERE {p}.runplane_capture('to_jsonb(bigint)') $$;
+CREATE FUNCTION {p}.to_jsonb(integer) RETURNS jsonb LANGUAGE sql
+    AS $$ SELECT pg_catalog.to_jsonb($1) WHERE {p}.runplane_capture('to_jsonb(int)') $$;
+CREATE FUNCTION {p}.to_jsonb(boolean) RETURNS jsonb LANGUAGE sql
+    AS $$ SELECT pg_catalog.to_jsonb($1) WHERE {p}.runplane_capture('to_jsonb(bool)') $$;
+CREATE FUNCTION {p}.hashtextextended(text, integer) RETURNS bigint LANGUAGE sql
+    AS $$ SELECT pg_catalog.hashtextextended($1, $2) WHERE {p}.runplane_capture('hashtextextended') $$;
+CREATE FUNCTION {p}.jsonb_array_elements(text) RETURNS SETOF jsonb LANGUAGE sql
+    AS $$ SELECT x FROM pg_catalog.jsonb_array_elements($1::jsonb) AS x
+          WHERE {p}.runplane_capture('jsonb_array_elements') $$;
+CREATE FUNCTION {p}.jsonb_typeof(text) RETURNS text LANGUAGE sql
+    AS $$ SELECT pg_catalog.jsonb_typeof($1::jsonb) WHERE {p}.runplane_capture('jsonb_typeof') $$;
+CREATE FUNCTION {p}.now() RETURNS timestamptz LANGUAGE sql
+    AS $$ SELECT pg_catalog.now() WHERE {p}.runplane_capture('now') $$;
+CREATE FUNCTION {p}.lower(text) RETURNS text LANGUAGE sql
+    AS $$ SELECT pg_catalog.lower($1) WHERE {p}.runplane_capture('lower') $$;
+CREATE FUNCTION {p}.txid_status(integer) RETURNS text LANGUAGE sql
+    AS $$ SELECT pg_catalog.txid_status($1) WHERE {p}.runplane_capture('txid_status') $$;
+CREATE FUNCTION {p}.runplane_capture_append(bigint[], bigint) RETURNS bigint[] LANGUAGE sql
+    AS $$ SELECT pg_catalog.array_append($1, $2) WHERE {p}.runplane_capture('array_agg(bigint)') $$;
+CREATE AGGREGATE {p}.array_agg(bigint) (sfunc = {p}.runplane_capture_append, stype = bigint[]);
+CREATE FUNCTION {p}.runplane_capture_text(text[], text) RETURNS text[] LANGUAGE sql
+    AS $$ SELECT pg_catalog.array_append($1, $2) WHERE {p}.runplane_capture('array_agg(text)') $$;
+CREATE AGGREGATE {p}.array_agg(text) (sfunc = {p}.runplane_capture_text, stype = text[]);
+CREATE FUNCTION {p}.runplane_capture_eq(bytea, text) RETURNS boolean LANGUAGE sql
+    AS $$ SELECT {p}.runplane_capture('=(bytea,text)') $$;
+CREATE OPERATOR {p}.= (leftarg = bytea, rightarg = text, function = {p}.runplane_capture_eq);
+"""
+
+# Views named like runplane's tables (only where no such table exists: in `public`).
+_PLANTED_VIEWS = """
+CREATE VIEW {p}.meta AS SELECT 'schema_version'::text AS key, '0'::text AS value
+    WHERE {p}.runplane_capture('view meta');
+CREATE VIEW {p}.session_scopes AS SELECT ''::text AS role_name
+    WHERE {p}.runplane_capture('view session_scopes');
+"""
+
+
+async def captured(admin, where: str) -> list[str]:
+    async with admin.login_connection() as conn:
+        return list(await conn.fetchval(
+            f"SELECT coalesce(pg_catalog.array_agg(DISTINCT what ORDER BY what), '{{}}') FROM {where}.captured"))
+
+
+@pytest.mark.parametrize("plant_in", ["public", "tenant schema"])
+async def test_functions_a_session_plants_never_run_in_runplanes_statements(dsn, plant_in):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        scope = PlayScope(org, "play")
+        await seed(admin, "play")  # the sheet exists before the session plants anything
+        minted = await sessions.mint(admin, scope, NAMESPACE, ["rows.read"])
+        where = "public" if plant_in == "public" else quote_ident(admin.schema)
+        async with admin.login_connection() as conn:
+            # As on PostgreSQL 14 and older, where `public` is writable by everyone; the tenant
+            # schema stands for any schema on runplane's path a session could write.
+            await conn.execute(f"GRANT CREATE ON SCHEMA {where} TO {quote_ident(minted.role)}")
+        try:
+            async with session_tenant(dsn, minted) as session:
+                async with session.login_connection() as conn:
+                    await conn.execute(_PLANTS.format(p=where))
+                    if plant_in == "public":
+                        await conn.execute(_PLANTED_VIEWS.format(p=where))
+            assert await captured(admin, where) == []
+            # The owner's work: a fresh login, the bootstrap, admission and completion (seed
+            # again, as a new run), reads, minting and dropping sessions.
+            async with open_tenant(org, dsn, schema=admin.schema) as fresh:
+                await fresh.repair_schema()
+                await seed(fresh, "other-play")
+                run = await register(fresh, RunScope(org, "play", "run-2"))
+                admission = await admit(fresh, run, NAMESPACE, CONTRACT, [{"name": "new"}])
+                await complete(fresh, run, NAMESPACE, CONTRACT, [
+                    RowOutcome(key=admission.pending[0].key, status="completed", data={"score": 1})])
+                assert len(await read_rows(fresh, scope, NAMESPACE)) == 4
+                assert (await summary(fresh, scope, NAMESPACE)).completed == 4
+                other = await sessions.mint(fresh, scope, NAMESPACE, sessions.OPERATIONS)
+                async with session_tenant(dsn, other) as session:
+                    assert len(await read_rows(session, scope, NAMESPACE)) == 4
+            assert await captured(admin, where) == []
+        finally:
+            async with admin.login_connection() as conn:
+                await conn.execute(f"DROP OWNED BY {quote_ident(minted.role)}")
+                await conn.execute(f"REVOKE CREATE ON SCHEMA {where} FROM {quote_ident(minted.role)}")
