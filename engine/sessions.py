@@ -17,10 +17,9 @@ How it works
     rows.upsert  SELECT, INSERT, UPDATE on the sheet and its counters; the row-version sequence
     receipts     SELECT, INSERT, UPDATE on the play's user receipts
     array_input  SELECT, INSERT, UPDATE, DELETE on the play's array-input facts
-- `drop_expired(tenant)` drops the roles of this schema whose `VALID UNTIL` has passed and that
-  have no open connection (a role in use is never dropped; it goes on a later sweep), with
-  everything they own or were granted, and their scope rows. The gateway and
-  `runplane supervise` call it periodically.
+- `drop_expired(tenant)` / `sweep_expired(tenant)` (`engine.session_sweep`) end the open
+  connections of expired session roles and drop them; the gateway and `runplane supervise`
+  sweep periodically.
 - `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials.
 - `create(port, play, table_namespace, operations, ttl_s, public_key)` is the gateway action
   `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
@@ -54,6 +53,7 @@ from .codecs import FLOAT, RAW, STR, list_of, optional
 from .errors import AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError
 from .keys import USER_RECEIPT_KIND, kind_range
 from .scopes import PlayScope, check_scope, normalize_namespace
+from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
 from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
 from .sql import qualified, quote_ident
 
@@ -65,8 +65,6 @@ MAX_TTL_S = 24 * 3600.0
 DEFAULT_CONNECTION_LIMIT = 8
 ARRAY_FACT_KIND_PREFIX = "array_input_"
 SCRAM_ITERATIONS = 4096
-DROP_BATCH = 200
-SWEEP_INTERVAL_S = 60.0
 
 log = logging.getLogger("runplane.sessions")
 
@@ -341,100 +339,6 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
             url.encode("utf-8"), public_key,
             {"org": grant.org_id, "play": grant.play, "expires_at": expires_at})
     return answer
-
-
-# -- cleanup ----------------------------------------------------------------------------------
-_DROPPABLE = """
-SELECT m.role_name, m.sheet_table
-  FROM {m} AS m
-  LEFT JOIN pg_catalog.pg_roles AS r ON r.rolname = m.role_name
- WHERE ($1 OR r.oid IS NULL OR r.rolvaliduntil < clock_timestamp())
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.usename = m.role_name)
- ORDER BY m.expires_at
- LIMIT $2
-   FOR UPDATE OF m SKIP LOCKED
-"""
-
-
-def _revokes(schema: str, roles: list[str], sheet_tables: list[str]) -> str:
-    rs = ", ".join(quote_ident(r) for r in roles)
-    tables = ", ".join(qualified(schema, t) for t in (
-        "meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
-        "sheet_columns", *sheet_tables))
-    return (f"REVOKE ALL ON SCHEMA {quote_ident(schema)} FROM {rs};\n"
-            f"REVOKE ALL ON TABLE {tables} FROM {rs};\n"
-            f"REVOKE ALL ON SEQUENCE {qualified(schema, 'row_versions')} FROM {rs}")
-
-
-async def _drop_roles(conn: pg.Connection, schema: str, roles: list[str], sheet_tables: list[str]) -> None:
-    """Drop `roles` with what they own and were granted (one savepoint, all or nothing)."""
-    async with conn.transaction():
-        existing = await conn.fetchval(
-            "SELECT coalesce(array_agg(rolname::text), '{}') FROM pg_catalog.pg_roles"
-            " WHERE rolname = ANY($1::text[])", roles)
-        if existing:
-            rs = ", ".join(quote_ident(r) for r in existing)
-            try:
-                async with conn.transaction():
-                    await conn.execute(f"DROP OWNED BY {rs}")
-            except InsufficientPrivilegeError:
-                # Not a superuser: revoke what mint granted. A role that still owns something
-                # (a large object it made) then cannot be dropped; every sweep tries again.
-                present = await conn.fetchval(
-                    "SELECT coalesce(array_agg(t), '{}') FROM unnest($1::text[]) AS t"
-                    " WHERE to_regclass(quote_ident($2) || '.' || quote_ident(t)) IS NOT NULL",
-                    sheet_tables, schema)
-                await conn.execute(_revokes(schema, existing, list(present)))
-            await conn.execute(f"DROP ROLE {rs}")
-        await conn.execute(
-            f"DELETE FROM {qualified(schema, SCOPES_TABLE)} WHERE role_name = ANY($1::text[])", roles)
-
-
-async def drop_expired(tenant: Any, *, include_unexpired: bool = False, limit: int = 10_000) -> int:
-    """Drop this schema's expired session roles that have no open connection; return how many.
-
-    `include_unexpired` also drops unexpired ones that have no open connection when looked at
-    (one could log in right after): for tests, and for revoking a schema's sessions at once.
-    """
-    dropped = 0
-    sql = _DROPPABLE.format(m=qualified(tenant.schema, SCOPES_TABLE))
-    async with tenant.login_connection() as conn:
-        while dropped < limit:
-            async with conn.transaction():
-                await conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
-                rows = await conn.fetch(sql, include_unexpired, min(DROP_BATCH, limit - dropped))
-                if not rows:
-                    break
-                roles = [row["role_name"] for row in rows]
-                tables = sorted({row["sheet_table"] for row in rows if row["sheet_table"]})
-                try:
-                    await _drop_roles(conn, tenant.schema, roles, tables)
-                    done = len(roles)
-                except DatabaseError:
-                    done = 0  # one role is stuck (it still owns something): go one by one
-                    for role, table in [(r["role_name"], r["sheet_table"]) for r in rows]:
-                        try:
-                            await _drop_roles(conn, tenant.schema, [role], [table] if table else [])
-                            done += 1
-                        except DatabaseError:
-                            continue
-                dropped += done
-                if done < len(roles):
-                    break
-    return dropped
-
-
-async def sweep_expired(tenant: Any, *, interval_s: float = SWEEP_INTERVAL_S) -> None:
-    """Drop expired sessions now and every `interval_s` after, until cancelled (the gateway and
-    `runplane supervise` run this). A failed sweep is logged and tried again next time."""
-    while True:
-        try:
-            dropped = await drop_expired(tenant)
-            if dropped:
-                log.info("dropped %d expired database session role(s) in schema %s", dropped, tenant.schema)
-        except EngineError as exc:
-            log.warning("dropping expired database sessions failed (will retry): %s", exc)
-        await trio.sleep(interval_s)
 
 
 # -- doctor -----------------------------------------------------------------------------------

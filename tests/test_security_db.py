@@ -6,16 +6,21 @@ Every attack here is plain SQL run with a real minted session URL against the re
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 
 from runplane.engine import open_tenant, sessions
+from runplane.engine.errors import StoreUnavailableError
 from runplane.engine.runs import register
 from runplane.engine.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome, admit, complete, read_rows, summary
-from runplane.engine.sql import quote_ident
+from runplane.engine.sql import qualified, quote_ident
 
-from .session_helpers import CONTRACT, NAMESPACE, admin_tenant, seed, session_tenant, unique
+from .session_helpers import (
+    CONTRACT, NAMESPACE, admin_tenant, seed, session_roles, session_tenant, unique,
+)
 
 # -- search-path capture -----------------------------------------------------------------------
 # Functions named like builtins runplane's statements call, with argument types that match a
@@ -124,3 +129,32 @@ async def test_functions_a_session_plants_never_run_in_runplanes_statements(dsn,
             async with admin.login_connection() as conn:
                 await conn.execute(f"DROP OWNED BY {quote_ident(minted.role)}")
                 await conn.execute(f"REVOKE CREATE ON SCHEMA {where} FROM {quote_ident(minted.role)}")
+
+
+# -- expiry is real ----------------------------------------------------------------------------
+async def expire(admin, role: str) -> None:
+    """Move `role`'s VALID UNTIL into the past, as time would."""
+    async with admin.login_connection() as conn:
+        await conn.execute(f"ALTER ROLE {quote_ident(role)} VALID UNTIL '2000-01-01'")
+
+
+async def test_the_sweep_cuts_a_connection_opened_before_expiry_then_drops_the_role(dsn):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        scope = PlayScope(org, "play")
+        await seed(admin, "play")
+        minted = await sessions.mint(admin, scope, NAMESPACE, ["rows.read"])
+        async with session_tenant(dsn, minted) as session:
+            with pytest.raises(StoreUnavailableError):
+                async with session.connection("sheet") as conn:
+                    assert await conn.fetchval("SELECT 1") == 1
+                    await expire(admin, minted.role)
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(functools.partial(
+                            sessions.sweep_expired, admin, interval_s=0.05))
+                        with trio.fail_after(20):
+                            while minted.role in await session_roles(admin):
+                                await trio.sleep(0.05)
+                        nursery.cancel_scope.cancel()
+                    await conn.fetch(f"SELECT * FROM {qualified(admin.schema, 'sheet_summary')}")
+        assert await session_roles(admin) == []
