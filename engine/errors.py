@@ -131,6 +131,15 @@ class AuthError(EngineError):
     """A gateway refused the token: missing, malformed, badly signed or expired (HTTP 401)."""
 
 
+class TooManySessionsError(EngineError):
+    """The org already holds as many live database sessions as the server allows (HTTP 429).
+    `retry_after_s` is how long until the oldest of them expires."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ArrayInputUnavailableError(EngineError):
     """The gateway has no array-input actions (started with `--no-array-actions`, or older).
 

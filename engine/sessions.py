@@ -50,7 +50,10 @@ import trio
 from . import jwe, pg
 from .actions import action, actions
 from .codecs import FLOAT, RAW, STR, list_of, optional
-from .errors import AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError
+from .errors import (
+    AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError,
+    TooManySessionsError,
+)
 from .keys import USER_RECEIPT_KIND, kind_range
 from .scopes import PlayScope, check_scope, normalize_namespace
 from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
@@ -63,6 +66,14 @@ ROLE_PREFIX = "runplane_s_"
 DEFAULT_TTL_S = 600.0
 MAX_TTL_S = 24 * 3600.0
 DEFAULT_CONNECTION_LIMIT = 8
+DEFAULT_SESSIONS_PER_ORG = 4
+SESSIONS_PER_ORG_ENV = "RUNPLANE_SESSIONS_PER_ORG"
+# Defaults every session role's logins start with: a runaway or hostile statement, lock wait or
+# open transaction of a session ends on its own (a session may lower them, or raise them; what
+# keeps other orgs unaffected is that it cannot lock what they use).
+ROLE_SETTINGS = (("statement_timeout", "60s"), ("lock_timeout", "10s"),
+                 ("idle_in_transaction_session_timeout", "60s"))
+MAX_JWK_BITS = 8192
 ARRAY_FACT_KIND_PREFIX = "array_input_"
 SCRAM_ITERATIONS = 4096
 
@@ -200,6 +211,16 @@ SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL AS async_commit
           WHERE n.nspname = $4 AND c.relname = ANY($5::text[]) AND c.relrowsecurity) AS installed
 """
 
+# Mints of one schema take turns (a mint is a few milliseconds), so the live sessions an org
+# holds are counted exactly; sessions themselves cannot take this lock mode on the table.
+_LIVE_SESSIONS = """
+SELECT count(*) AS live,
+       extract(epoch FROM min(r.rolvaliduntil) - clock_timestamp())::float8 AS first_expiry_s
+  FROM {m} AS m
+  JOIN pg_catalog.pg_roles AS r ON r.rolname = m.role_name
+ WHERE m.org_id = $1 AND r.rolvaliduntil > clock_timestamp()
+"""
+
 
 async def _unavailable(conn: pg.Connection, schema: str, group_present: bool) -> InsufficientPrivilegeError:
     if not group_present:
@@ -213,6 +234,29 @@ async def _unavailable(conn: pg.Connection, schema: str, group_present: bool) ->
         "with a login that may create roles")
 
 
+def sessions_per_org() -> int:
+    """The most live sessions one org may hold: `RUNPLANE_SESSIONS_PER_ORG`, else 4."""
+    raw = os.environ.get(SESSIONS_PER_ORG_ENV, "")
+    if not raw:
+        return DEFAULT_SESSIONS_PER_ORG
+    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
+        raise InvalidInputError(f"{SESSIONS_PER_ORG_ENV} must be an integer from 1 to 10000")
+    return int(raw)
+
+
+async def _check_room(conn: pg.Connection, schema: str, org_id: str, max_sessions: int) -> None:
+    """Refuse with `TooManySessionsError` when the org holds `max_sessions` live sessions."""
+    m = qualified(schema, SCOPES_TABLE)
+    await conn.execute(f"LOCK TABLE {m} IN SHARE ROW EXCLUSIVE MODE")
+    row = await conn.fetchrow(_LIVE_SESSIONS.format(m=m), org_id)
+    if row["live"] >= max_sessions:
+        wait = max(1.0, float(row["first_expiry_s"] or 1.0))
+        raise TooManySessionsError(
+            f"org {org_id!r} already holds {row['live']} live database sessions (at most "
+            f"{max_sessions}); the next one can be minted in {wait:.0f} s",
+            retry_after_s=wait)
+
+
 async def mint(
     tenant: Any,
     scope: PlayScope,
@@ -221,8 +265,11 @@ async def mint(
     *,
     ttl_s: float = DEFAULT_TTL_S,
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
+    max_sessions: int | None = None,
 ) -> MintedSession:
-    """Create a session role for `scope` (see the module docstring); checks input first."""
+    """Create a session role for `scope` (see the module docstring); checks input first.
+    At most `max_sessions` (default `sessions_per_org()`) live sessions per org: past it,
+    `TooManySessionsError`."""
     from .sheets import SheetContract, ensure_sheet
     from .sheets.layout import layout_for
 
@@ -233,6 +280,10 @@ async def mint(
     if isinstance(connection_limit, bool) or not isinstance(connection_limit, int) \
             or not 1 <= connection_limit <= 100:
         raise InvalidInputError("connection_limit must be an integer from 1 to 100")
+    if max_sessions is None:
+        max_sessions = sessions_per_org()
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+        raise InvalidInputError("max_sessions must be a positive integer")
     layout = None
     if ROW_OPERATIONS & set(grant.operations):
         layout = layout_for(tenant, scope, grant.table_namespace)
@@ -256,6 +307,7 @@ async def mint(
                 if not state["group_present"] or state["installed"] != expected:
                     raise await _unavailable(conn, tenant.schema, state["group_present"])
                 if state["sheet_present"]:
+                    await _check_room(conn, tenant.schema, grant.org_id, max_sessions)
                     expires_at = state["expires_at"]
                     membership = " WITH INHERIT TRUE, SET FALSE" if state["version"] >= 160000 else ""
                     await conn.execute(";\n".join([
@@ -263,6 +315,8 @@ async def mint(
                         f" NOREPLICATION NOBYPASSRLS INHERIT CONNECTION LIMIT {connection_limit}"
                         f" VALID UNTIL '{expires_at.isoformat()}' PASSWORD '{verifier}'",
                         f"GRANT {quote_ident(GROUP)} TO {quote_ident(role)}{membership}",
+                        *(f"ALTER ROLE {quote_ident(role)} SET {name} = '{value}'"
+                          for name, value in ROLE_SETTINGS),
                         *_grants(tenant.schema, grant, layout and layout.table, role),
                     ]))
                     await conn.execute(
@@ -300,6 +354,17 @@ def operation_actions() -> dict[str, tuple[str, ...]]:
     return {op: out[op] for op in OPERATIONS}
 
 
+def _check_public_key(public_key: Any) -> None:
+    """Refuse a key the answer could not be encrypted to, before any role exists."""
+    key = jwe.load_public_jwk(public_key)
+    if key.key_size > MAX_JWK_BITS:
+        raise InvalidInputError(f"public_key.n must be an RSA modulus of at most {MAX_JWK_BITS} bits")
+    try:
+        jwe.encrypt(b"probe", public_key)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInputError(f"public_key cannot encrypt: {exc}") from None
+
+
 @action(CREATE_ACTION, params={"play": STR, "table_namespace": STR, "operations": list_of(STR),
                                "ttl_s": FLOAT, "public_key": optional(RAW)},
         result=RAW, context=("claims", "session_dsn"))
@@ -316,7 +381,7 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
     scope = PlayScope(port.org_id, play)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
     if public_key is not None:
-        jwe.load_public_jwk(public_key)
+        _check_public_key(public_key)
     if claims is not None:
         for name in (n for op in grant.operations for n in operation_actions()[op]):
             claims.check_action(name)

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import functools
 
+import httpx
 import pytest
 import trio
 
 from runplane.engine import open_tenant, sessions
+from runplane.engine.jwe import b64url
 from runplane.engine.errors import StoreUnavailableError
 from runplane.engine.runs import register
 from runplane.engine.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome, admit, complete, read_rows, summary
 from runplane.engine.sql import qualified, quote_ident
 
+from .gateway_support import serving, token_for
 from .session_helpers import (
     CONTRACT, NAMESPACE, admin_tenant, seed, session_roles, session_tenant, unique,
 )
@@ -158,3 +161,81 @@ async def test_the_sweep_cuts_a_connection_opened_before_expiry_then_drops_the_r
                         nursery.cancel_scope.cancel()
                     await conn.fetch(f"SELECT * FROM {qualified(admin.schema, 'sheet_summary')}")
         assert await session_roles(admin) == []
+
+
+# -- bounded sessions ------------------------------------------------------------------------
+async def test_an_org_holds_at_most_four_live_sessions_and_the_fifth_mint_gets_429(dsn):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        async with serving(admin) as server:
+            headers = {"authorization": f"Bearer {token_for(admin)}"}
+            body = {"play": "play", "table_namespace": NAMESPACE, "operations": ["rows.read"]}
+            url = f"{server.url}/v1/actions/db_sessions.create"
+            async with httpx.AsyncClient() as client:
+                for _ in range(sessions.DEFAULT_SESSIONS_PER_ORG):
+                    assert (await client.post(url, json=body, headers=headers)).status_code == 200
+                refused = await client.post(url, json=body, headers=headers)
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["code"] == "too_many_sessions"
+                assert 0 < refused.json()["retry_after_ms"] <= 600_000
+                roles = await session_roles(admin)
+                assert len(roles) == sessions.DEFAULT_SESSIONS_PER_ORG  # nothing was minted
+                async with open_tenant(unique("other"), dsn, schema=admin.schema) as other:
+                    await sessions.mint(other, PlayScope(other.org_id, "play"), NAMESPACE,
+                                        ["rows.read"])  # another org is not affected
+                await expire(admin, roles[0])
+                assert (await client.post(url, json=body, headers=headers)).status_code == 200
+                assert (await client.post(url, json=body, headers=headers)).status_code == 429
+                await sessions.drop_expired(admin)
+                await expire(admin, roles[1])
+                await sessions.drop_expired(admin)
+                assert (await client.post(url, json=body, headers=headers)).status_code == 200
+
+
+async def test_a_session_role_has_a_connection_limit_and_timeouts_of_its_own(dsn):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        minted = await sessions.mint(admin, PlayScope(org, "play"), NAMESPACE, ["rows.read"])
+        async with admin.login_connection() as conn:
+            row = await conn.fetchrow(
+                "SELECT rolconnlimit, rolconfig FROM pg_catalog.pg_roles WHERE rolname = $1",
+                minted.role)
+        assert row["rolconnlimit"] == sessions.DEFAULT_CONNECTION_LIMIT
+        assert {"statement_timeout=60s", "lock_timeout=10s",
+                "idle_in_transaction_session_timeout=60s"} <= set(row["rolconfig"])
+        async with session_tenant(dsn, minted) as session:
+            async with session.login_connection() as conn:
+                assert await conn.fetchval("SHOW lock_timeout") == "10s"
+
+
+@pytest.mark.parametrize("bits", [16_384])
+async def test_an_oversized_public_key_is_refused_with_400_before_a_role_is_minted(dsn, bits):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        members = await group_members(admin)
+        async with serving(admin) as server:
+            headers = {"authorization": f"Bearer {token_for(admin)}"}
+            n = (1 << (bits - 1)) + 1  # an odd modulus of `bits` bits
+            bad_keys = [
+                {"kty": "RSA", "n": b64url(n.to_bytes(bits // 8, "big")), "e": "AQAB"},
+                {"kty": "RSA", "n": "!!", "e": "AQAB"},
+                {"kty": "RSA", "e": "AQAB"},
+                {"kty": "RSA", "n": b64url((1 << 2047 | 1).to_bytes(256, "big")), "e": "AA"},
+            ]
+            async with httpx.AsyncClient() as client:
+                for key in bad_keys:
+                    body = {"play": "play", "table_namespace": NAMESPACE,
+                            "operations": ["rows.read"], "public_key": key}
+                    answer = await client.post(f"{server.url}/v1/actions/db_sessions.create",
+                                               json=body, headers=headers)
+                    assert answer.status_code == 400, answer.text
+            assert await session_roles(admin) == []
+            assert await group_members(admin) == members
+
+
+async def group_members(admin) -> int:
+    """How many roles of the cluster are session roles (members of the group)."""
+    async with admin.login_connection() as conn:
+        return await conn.fetchval(
+            "SELECT count(*) FROM pg_catalog.pg_auth_members m"
+            " JOIN pg_catalog.pg_roles g ON g.oid = m.roleid WHERE g.rolname = $1", sessions.GROUP)

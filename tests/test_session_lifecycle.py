@@ -106,7 +106,7 @@ async def expire_all(tenant) -> None:
 
 async def mint_many(admin, scope, shapes, count: int) -> None:
     for i in range(count):
-        await sessions.mint(admin, scope, NAMESPACE, shapes[i % len(shapes)])
+        await sessions.mint(admin, scope, NAMESPACE, shapes[i % len(shapes)], max_sessions=1000)
 
 
 async def test_a_thousand_mint_and_expire_cycles_leave_the_catalog_as_it_was(dsn):
