@@ -131,9 +131,16 @@ def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int 
             f"${b64(hashlib.sha256(client_key).digest())}:{b64(server_key)}")
 
 
+# What a session URL keeps of the gateway's DSN: where the server is and how to reach it over
+# TLS. Everything else (sslpassword, passfile, options, client certificates, ...) belongs to the
+# gateway's own login and never travels to a runner.
+URL_PARAMETERS = frozenset({"host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert",
+                            "sslnegotiation", "sslcrl", "target_session_attrs"})
+
+
 def session_url(dsn: str, user: str, password: str | None) -> str:
-    """`dsn` (a postgresql:// URL) with its user and password replaced; host, port, database
-    and other parameters kept. `password=None` leaves the password out."""
+    """`dsn` (a postgresql:// URL) with its user and password replaced, keeping only its hosts,
+    ports, database and TLS mode (`URL_PARAMETERS`). `password=None` leaves the password out."""
     if "://" not in dsn:
         raise InvalidInputError("database sessions need a postgresql:// URL DSN")
     url = urllib.parse.urlsplit(dsn)
@@ -142,9 +149,9 @@ def session_url(dsn: str, user: str, password: str | None) -> str:
     if password is not None:
         userinfo += ":" + urllib.parse.quote(password, safe="")
     query = [(k, v) for k, v in urllib.parse.parse_qsl(url.query, keep_blank_values=True)
-             if k not in ("user", "password")]
+             if k in URL_PARAMETERS]
     return urllib.parse.urlunsplit(
-        url._replace(netloc=f"{userinfo}@{host}", query=urllib.parse.urlencode(query))
+        url._replace(netloc=f"{userinfo}@{host}", query=urllib.parse.urlencode(query), fragment="")
     )
 
 

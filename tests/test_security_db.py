@@ -7,6 +7,7 @@ Every attack here is plain SQL run with a real minted session URL against the re
 from __future__ import annotations
 
 import functools
+import urllib.parse
 
 import httpx
 import pytest
@@ -239,3 +240,17 @@ async def group_members(admin) -> int:
         return await conn.fetchval(
             "SELECT count(*) FROM pg_catalog.pg_auth_members m"
             " JOIN pg_catalog.pg_roles g ON g.oid = m.roleid WHERE g.rolname = $1", sessions.GROUP)
+
+
+# -- what a session URL carries ----------------------------------------------------------------
+def test_a_session_url_keeps_only_where_the_server_is_and_its_tls_mode():
+    dsn = ("postgresql://gateway:secret@db.example:6432,db2.example:6433/prod"
+           "?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslpassword=keypass&passfile=/home/g/.pgpass"
+           "&options=-c%20search_path%3Devil&sslcert=/g/cert&sslkey=/g/key&application_name=gw")
+    url = sessions.session_url(dsn, "runplane_s_1", "pw")
+    parts = urllib.parse.urlsplit(url)
+    assert parts.netloc == "runplane_s_1:pw@db.example:6432,db2.example:6433"
+    assert parts.path == "/prod"
+    assert dict(urllib.parse.parse_qsl(parts.query)) == {
+        "sslmode": "verify-full", "sslrootcert": "/etc/ca.pem"}
+    assert "secret" not in url and "keypass" not in url
