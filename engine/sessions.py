@@ -16,7 +16,9 @@ How it works
     rows.read    SELECT on the sheet, its counters and its column registry rows
     rows.upsert  SELECT, INSERT, UPDATE on the sheet and its counters; the row-version sequence
     receipts     SELECT, INSERT, UPDATE on the play's user receipts
-    array_input  SELECT, INSERT, UPDATE, DELETE on the play's array-input facts
+    array_input  SELECT, INSERT, UPDATE on the play's array-input facts (retiring them, which
+                 deletes, goes over the gateway)
+  On shared tables these are column privileges, so a session cannot LOCK them (see `_grants`).
 - `drop_expired(tenant)` / `sweep_expired(tenant)` (`engine.session_sweep`) end the open
   connections of expired session roles and drop them; the gateway and `runplane supervise`
   sweep periodically.
@@ -169,34 +171,56 @@ def key_ranges(scope: SessionScope) -> dict[str, bytes | None]:
 
 
 # -- minting ----------------------------------------------------------------------------------
-def _grants(schema: str, scope: SessionScope, sheet_table: str | None, role: str) -> list[str]:
+SHARED_TABLES = ("meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
+                 "sheet_columns")
+
+_COLUMNS = """
+SELECT c.relname::text AS table_name, array_agg(a.attname::text ORDER BY a.attnum) AS columns
+  FROM pg_catalog.pg_attribute a
+  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) AND a.attnum > 0 AND NOT a.attisdropped
+ GROUP BY c.relname
+"""
+
+
+def _grants(schema: str, scope: SessionScope, sheet_table: str | None, role: str,
+            columns: dict[str, list[str]]) -> list[str]:
+    """The GRANTs of a session. On the tables every org shares they are column privileges
+    (naming every column): they allow the same statements, but LOCK TABLE needs a privilege
+    on the table itself, so a session can never lock a shared table. No DELETE anywhere (it
+    exists only for whole tables): retiring array facts goes over the gateway."""
     r = quote_ident(role)
     t = lambda name: qualified(schema, name)  # noqa: E731
-    out = [
-        f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {r}",
-        f"GRANT SELECT ON {t('meta')}, {t(SCOPES_TABLE)} TO {r}",
-    ]
+
+    def on(privileges: str, name: str) -> str:
+        cols = "(" + ", ".join(quote_ident(c) for c in columns[name]) + ")"
+        listed = ", ".join(f"{p} {cols}" for p in privileges.split(", "))
+        return f"GRANT {listed} ON {t(name)} TO {r}"
+
+    out = [f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {r}",
+           on("SELECT", "meta"), on("SELECT", SCOPES_TABLE)]
     ops = set(scope.operations)
-    counters = f"{t('sheet_summary')}, {t('sheet_column_summary')}"
     if "rows.upsert" in ops:
         out += [
-            f"GRANT SELECT, INSERT, UPDATE ON {t(sheet_table)}, {counters} TO {r}",
-            f"GRANT SELECT ON {t('sheet_columns')} TO {r}",
+            f"GRANT SELECT, INSERT, UPDATE ON {t(sheet_table)} TO {r}",
+            on("SELECT, INSERT, UPDATE", "sheet_summary"),
+            on("SELECT, INSERT, UPDATE", "sheet_column_summary"),
+            on("SELECT", "sheet_columns"),
             f"GRANT USAGE ON SEQUENCE {t('row_versions')} TO {r}",
         ]
     elif "rows.read" in ops:
-        out.append(f"GRANT SELECT ON {t(sheet_table)}, {counters}, {t('sheet_columns')} TO {r}")
-    if "array_input" in ops:
-        out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {t('work_receipts')} TO {r}")
-    elif "receipts" in ops:
-        out.append(f"GRANT SELECT, INSERT, UPDATE ON {t('work_receipts')} TO {r}")
+        out += [f"GRANT SELECT ON {t(sheet_table)} TO {r}", on("SELECT", "sheet_summary"),
+                on("SELECT", "sheet_column_summary"), on("SELECT", "sheet_columns")]
+    if ops & {"receipts", "array_input"}:
+        out.append(on("SELECT, INSERT, UPDATE", "work_receipts"))
     return out
 
 
 _RECORD = """
 INSERT INTO {m} (role_name, org_id, play, table_namespace, operations, sheet_table,
-                  receipts_low, receipts_high, facts_low, facts_high, expires_at)
-VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, $10, $11)
+                  receipts_low, receipts_high, facts_low, facts_high, expires_at, sheet_lock_key)
+VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, $10, $11, $12)
 """
 
 # One read before minting: the server's clock, its version, and whether what the session relies
@@ -278,7 +302,7 @@ async def mint(
     At most `max_sessions` (default `sessions_per_org()`) live sessions per org: past it,
     `TooManySessionsError`."""
     from .sheets import SheetContract, ensure_sheet
-    from .sheets.layout import layout_for
+    from .sheets.layout import layout_for, sheet_lock_key
 
     check_scope(tenant, scope)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
@@ -315,6 +339,8 @@ async def mint(
                     raise await _unavailable(conn, tenant.schema, state["group_present"])
                 if state["sheet_present"]:
                     await _check_room(conn, tenant.schema, grant.org_id, max_sessions)
+                    columns = {row["table_name"]: row["columns"] for row in await conn.fetch(
+                        _COLUMNS, tenant.schema, list(SHARED_TABLES))}
                     expires_at = state["expires_at"]
                     membership = " WITH INHERIT TRUE, SET FALSE" if state["version"] >= 160000 else ""
                     await conn.execute(";\n".join([
@@ -324,7 +350,7 @@ async def mint(
                         f"GRANT {quote_ident(GROUP)} TO {quote_ident(role)}{membership}",
                         *(f"ALTER ROLE {quote_ident(role)} SET {name} = '{value}'"
                           for name, value in ROLE_SETTINGS),
-                        *_grants(tenant.schema, grant, layout and layout.table, role),
+                        *_grants(tenant.schema, grant, layout and layout.table, role, columns),
                     ]))
                     await conn.execute(
                         _RECORD.format(m=qualified(tenant.schema, SCOPES_TABLE)),
@@ -332,6 +358,7 @@ async def mint(
                         list(grant.operations), layout and layout.table,
                         ranges["receipts_low"], ranges["receipts_high"],
                         ranges["facts_low"], ranges["facts_high"], expires_at,
+                        layout and sheet_lock_key(tenant, layout),
                     )
                     return MintedSession(role, password, expires_at, grant, tenant.schema)
         # A session granted on rows needs its sheet table to exist: create it bare, then mint.

@@ -139,6 +139,9 @@ class Tenant:
     _connection_permits: Permits = attrs.field(init=False)
     _idle: list[Any] = attrs.field(init=False, factory=list)
     _closed: bool = attrs.field(init=False, default=False)
+    # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
+    lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
+    sheet_lock_keys: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
@@ -245,6 +248,7 @@ class Tenant:
             # Under an execution role the bootstrap also (re)grants the role its privileges.
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
                 await self._bootstrap(conn)
+            self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
 
     async def _bootstrap(self, conn: pg.Connection) -> None:
         try:

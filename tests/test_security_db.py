@@ -7,23 +7,26 @@ Every attack here is plain SQL run with a real minted session URL against the re
 from __future__ import annotations
 
 import functools
+import hashlib
 import urllib.parse
 
 import httpx
 import pytest
 import trio
 
-from runplane.engine import open_tenant, sessions
+from runplane.engine import open_tenant, pg, sessions
 from runplane.engine.jwe import b64url
-from runplane.engine.errors import StoreUnavailableError
+from runplane.engine.errors import InsufficientPrivilegeError, StatementTimeoutError, StoreUnavailableError
 from runplane.engine.runs import register
 from runplane.engine.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome, admit, complete, read_rows, summary
+from runplane.engine.sheets.layout import layout_for, sheet_lock_key
 from runplane.engine.sql import qualified, quote_ident
 
 from .gateway_support import serving, token_for
 from .session_helpers import (
-    CONTRACT, NAMESPACE, admin_tenant, seed, session_roles, session_tenant, unique,
+    CONTRACT, NAMESPACE, admin_tenant, drop_all_sessions, seed, session_roles, session_tenant,
+    unique,
 )
 
 # -- search-path capture -----------------------------------------------------------------------
@@ -254,3 +257,78 @@ def test_a_session_url_keeps_only_where_the_server_is_and_its_tls_mode():
     assert dict(urllib.parse.parse_qsl(parts.query)) == {
         "sslmode": "verify-full", "sslrootcert": "/etc/ca.pem"}
     assert "secret" not in url and "keypass" not in url
+
+
+# -- lock-outs ---------------------------------------------------------------------------------
+SHARED = ("meta", "session_scopes", "work_receipts", "sheet_summary", "sheet_column_summary",
+          "sheet_columns", "runs", "terminal_outbox", "rate_limits", "lock_secret")
+
+
+async def test_no_session_can_lock_a_shared_table_or_read_the_lock_secret(dsn):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        await seed(admin, "play")
+        scope = PlayScope(org, "play")
+        for operations in (["rows.read"], ["rows.upsert"], ["receipts"], ["array_input"]):
+            minted = await sessions.mint(admin, scope, NAMESPACE, operations)
+            async with session_tenant(dsn, minted) as session:
+                async with session.login_connection() as conn:
+                    for name in SHARED:
+                        for mode in ("ACCESS SHARE", "ROW EXCLUSIVE", "ACCESS EXCLUSIVE"):
+                            with pytest.raises(InsufficientPrivilegeError):
+                                async with conn.transaction():
+                                    await conn.execute(
+                                        f"LOCK TABLE {qualified(admin.schema, name)} IN {mode} MODE")
+                    with pytest.raises(InsufficientPrivilegeError):
+                        await conn.fetch(f"SELECT * FROM {qualified(admin.schema, 'lock_secret')}")
+            await drop_all_sessions(admin)
+
+
+async def test_a_session_holding_the_lock_keys_it_can_compute_stalls_no_other_org(dsn):
+    victim_org, attacker_org = unique("victim"), unique("attacker")
+    async with admin_tenant(dsn, victim_org) as victim:
+        seeded = await seed(victim, "play")
+        victim_layout = layout_for(victim, seeded["scope"], NAMESPACE)
+        async with open_tenant(attacker_org, dsn, schema=victim.schema) as attacker_admin:
+            attacker_scope = PlayScope(attacker_org, "play")
+            await seed(attacker_admin, "play")
+            minted = await sessions.mint(attacker_admin, attacker_scope, NAMESPACE, sessions.OPERATIONS)
+        # Every key a session could derive from public names: the historical derivation, and
+        # hashes of the names it can see.
+        names = f"runplane.sheet\x00{victim.schema}\x00{victim_layout.table}"
+        guesses = [int.from_bytes(hashlib.sha256(names.encode()).digest()[:8], "big", signed=True)]
+        async with session_tenant(dsn, minted) as session:
+            # Its own sheet's key is the one runplane uses (its writes coordinate with others').
+            own = layout_for(session, attacker_scope, NAMESPACE)
+            assert sheet_lock_key(session, own) == sheet_lock_key(victim, own)
+            assert sheet_lock_key(victim, victim_layout) not in guesses
+            async with session.login_connection() as conn:
+                guesses.append(await conn.fetchval(
+                    "SELECT hashtextextended($1, 0)", f"{victim.schema}.{victim_layout.table}"))
+                for key in guesses:
+                    await conn.fetchval("SELECT pg_advisory_lock($1::bigint)", key)
+                with trio.fail_after(60):  # a stall would hit the lock timeout and fail below
+                    run = await register(victim, RunScope(victim_org, "play", "run-2"))
+                    admission = await admit(victim, run, NAMESPACE, CONTRACT, [{"name": "late"}])
+                    await complete(victim, run, NAMESPACE, CONTRACT, [RowOutcome(
+                        key=admission.pending[0].key, status="completed", data={"score": 1})])
+                await conn.fetchval("SELECT pg_advisory_unlock_all()")
+        assert (await summary(victim, seeded["scope"], NAMESPACE)).completed == 4
+
+
+async def test_runplanes_own_lock_waits_end_with_a_retryable_timeout(dsn, monkeypatch):
+    org = unique("org")
+    monkeypatch.setattr(pg, "LOCK_TIMEOUT", "200ms")
+    async with admin_tenant(dsn, org) as admin:
+        seeded = await seed(admin, "play")
+        layout = layout_for(admin, seeded["scope"], NAMESPACE)
+        run = await register(admin, RunScope(org, "play", "run-2"))
+        async with open_tenant(unique("holder"), dsn, schema=admin.schema) as holder:
+            async with holder.login_connection() as blocker:
+                async with blocker.transaction():
+                    await blocker.execute("SELECT pg_advisory_xact_lock($1::bigint)",
+                                          sheet_lock_key(admin, layout))
+                    with trio.fail_after(60), pytest.raises(StatementTimeoutError) as raised:
+                        await admit(admin, run, NAMESPACE, CONTRACT, [{"name": "waits"}])
+        assert raised.value.sqlstate == "55P03"
+        assert len(await read_rows(admin, seeded["scope"], NAMESPACE)) == 3  # nothing written
