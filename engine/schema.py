@@ -163,10 +163,17 @@ def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
 async def bootstrap(conn, schema: str, execution_role: str | None = None) -> None:
     """Create or upgrade the schema; idempotent and serialized across processes."""
     async with conn.transaction():
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
-            schema,
-        )
+        # Keyed by the lock secret once the schema has one, so no session can hold bootstraps
+        # off; a schema without one yet is locked by name (every process then agrees on that).
+        secret = await _readable_secret(conn, schema)
+        if secret is None:
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
+                schema,
+            )
+        else:
+            await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)",
+                               derive_lock_key(secret, "runplane.bootstrap", schema))
         await conn.execute(bootstrap_sql(schema, execution_role))
         await conn.execute(
             f"INSERT INTO {qualified(schema, LOCK_SECRET_TABLE)} (secret) VALUES ($1)"
@@ -193,14 +200,22 @@ def derive_lock_key(secret: bytes, *parts: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-async def lock_material(conn, schema: str) -> tuple[bytes | None, dict[str, int]]:
-    """`(secret, {})` for a login that may read the schema's lock secret; for a database
-    session, `(None, {its sheet table: its key})` from its own scope row."""
+async def _readable_secret(conn, schema: str) -> bytes | None:
+    """The schema's lock secret, or None (no such table or row yet, or not ours to read)."""
     secret_table = qualified(schema, LOCK_SECRET_TABLE)
     readable = await conn.fetchval(
         "SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)", secret_table)
-    if readable:
-        return await conn.fetchval(f"SELECT secret FROM {secret_table}"), {}
+    if not readable:
+        return None
+    return await conn.fetchval(f"SELECT secret FROM {secret_table}")
+
+
+async def lock_material(conn, schema: str) -> tuple[bytes | None, dict[str, int]]:
+    """`(secret, {})` for a login that may read the schema's lock secret; for a database
+    session, `(None, {its sheet table: its key})` from its own scope row."""
+    secret = await _readable_secret(conn, schema)
+    if secret is not None:
+        return secret, {}
     try:
         rows = await conn.fetch(
             f"SELECT sheet_table, sheet_lock_key FROM {qualified(schema, 'session_scopes')}"

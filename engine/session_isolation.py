@@ -18,7 +18,8 @@ The choice, and why
     `session_scopes` — one row per session role, written only by the login that mints sessions
     (a session may read its own row, never write any). Deletes are further restricted to array
     facts (retirement), so no session ever deletes a receipt. The scope values are scalar
-    subqueries, so PostgreSQL evaluates them once per statement (InitPlans), not once per row;
+    subqueries, so PostgreSQL evaluates them once per statement (InitPlans), not once per row.
+    A session's summary row may only name its own sheet's table;
   - `runs`, `terminal_outbox` and every other table: no grant at all.
 - The group has no privileges of its own. Session roles are members WITH INHERIT TRUE, SET FALSE
   (PostgreSQL 16+), so they cannot even `SET ROLE runplane_sessions`.
@@ -72,6 +73,13 @@ def policies(schema: str) -> dict[tuple[str, str], str]:
             f"CREATE POLICY {POLICY_PREFIX}session_scope ON {t} AS RESTRICTIVE FOR ALL TO {group}"
             f" USING {condition} WITH CHECK {condition}"
         )
+    # A session writes its own summary row, whose table name must be its own sheet's: it can
+    # never claim (squat) the table name of another org's sheet.
+    own_table = f"(table_name IS NULL OR table_name = {_scope(m, 'sheet_table')})"
+    out["sheet_summary", POLICY_PREFIX + "session_table_name"] = (
+        f"CREATE POLICY {POLICY_PREFIX}session_table_name ON {qualified(schema, 'sheet_summary')}"
+        f" AS RESTRICTIVE FOR ALL TO {group} USING (true) WITH CHECK {own_table}"
+    )
     for name in RECEIPT_SCOPED_TABLES:
         out[name, POLICY_PREFIX + "session_deletes"] = (
             f"CREATE POLICY {POLICY_PREFIX}session_deletes ON {qualified(schema, name)}"

@@ -332,3 +332,27 @@ async def test_runplanes_own_lock_waits_end_with_a_retryable_timeout(dsn, monkey
                         await admit(admin, run, NAMESPACE, CONTRACT, [{"name": "waits"}])
         assert raised.value.sqlstate == "55P03"
         assert len(await read_rows(admin, seeded["scope"], NAMESPACE)) == 3  # nothing written
+
+
+async def test_a_session_holds_no_bootstrap_off_and_claims_no_other_sheets_table_name(dsn):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        seeded = await seed(admin, "play")
+        minted = await sessions.mint(admin, seeded["scope"], NAMESPACE, ["rows.upsert"])
+        victim = layout_for(admin, PlayScope(unique("victim"), "play"), NAMESPACE)
+        summary_table = qualified(admin.schema, "sheet_summary")
+        async with session_tenant(dsn, minted) as session:
+            async with session.login_connection() as conn:
+                await conn.fetchval("SELECT pg_advisory_lock(hashtextextended($1, 0))",
+                                    f"runplane.bootstrap:{admin.schema}")
+                with trio.fail_after(60):
+                    await admin.repair_schema()  # the bootstrap, not held off
+                for sql in (f"UPDATE {summary_table} SET table_name = $1",
+                            f"INSERT INTO {summary_table} (org_id, play, table_namespace, table_name)"
+                            f" VALUES ('{org}', 'play', 'other', $1)"):
+                    with pytest.raises(InsufficientPrivilegeError):
+                        await conn.execute(sql, victim.table)
+                await conn.fetchval("SELECT pg_advisory_unlock_all()")
+        async with admin.login_connection() as conn:
+            assert await conn.fetchval(
+                f"SELECT count(*) FROM {summary_table} WHERE table_name = $1", victim.table) == 0
