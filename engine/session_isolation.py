@@ -124,6 +124,60 @@ async def missing_policies(conn: Connection, schema: str) -> list[tuple[str, str
     return missing
 
 
+# Per-table statistics (row counts, writes, scans of every table in the database) are open to
+# everyone by default: the `pg_stat_get_*(oid)` functions and the views built on them
+# (`pg_stat_user_tables`, `pg_statio_all_indexes`, ...). A superuser bootstrap takes them from
+# PUBLIC and gives them to `pg_read_all_stats` (so `pg_monitor` keeps them). What stays readable
+# (`pg_class.reltuples` and `relpages`, table names) is listed in docs/operations.md.
+STATISTICS_READER = "pg_read_all_stats"
+
+_STATISTICS_OPEN = """
+SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)
+       AND has_function_privilege($1, 'pg_catalog.pg_stat_get_live_tuples(oid)', 'EXECUTE')
+"""
+
+_CLOSE_STATISTICS = """
+DO $$
+DECLARE
+  fns regprocedure[];
+  names text[];
+  f regprocedure;
+  v regclass;
+BEGIN
+  SELECT array_agg(p.oid::regprocedure), array_agg(DISTINCT p.proname::text)
+    INTO fns, names
+    FROM pg_catalog.pg_proc p
+   WHERE p.pronamespace = 'pg_catalog'::regnamespace
+     AND p.proname LIKE 'pg\\_stat\\_get\\_%'
+     AND p.proname NOT LIKE 'pg\\_stat\\_get\\_db\\_%'
+     AND p.proname NOT LIKE 'pg\\_stat\\_get\\_subscription%'
+     AND p.pronargs = 1 AND p.proargtypes[0] = 'oid'::regtype;
+  FOREACH f IN ARRAY fns LOOP
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO {reader}', f);
+  END LOOP;
+  FOR v IN SELECT c.oid::regclass FROM pg_catalog.pg_class c
+            WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'v'
+              AND EXISTS (SELECT 1 FROM unnest(names) AS n
+                           WHERE pg_catalog.pg_get_viewdef(c.oid) LIKE '%' || n || '(%')
+  LOOP
+    EXECUTE format('REVOKE SELECT ON %s FROM PUBLIC', v);
+    EXECUTE format('GRANT SELECT ON %s TO {reader}', v);
+  END LOOP;
+END $$
+"""
+
+
+async def close_statistics(conn: Connection) -> bool:
+    """Take per-table statistics from PUBLIC (see above), when this login is a superuser and
+    they are still open; True when it did."""
+    if not await conn.fetchval(_STATISTICS_OPEN, GROUP):
+        return False
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('runplane.statistics', 0))")
+    await conn.execute(_CLOSE_STATISTICS.format(reader=quote_ident(STATISTICS_READER)))
+    return True
+
+
 async def install(conn: Connection, schema: str) -> bool:
     """Create the group (when allowed) and the policies, after the schema's tables (the scope
     table among them) exist; idempotent, and lock-light when already installed (it only reads the
@@ -136,6 +190,7 @@ async def install(conn: Connection, schema: str) -> bool:
         await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('runplane.sessions_group', 0))")
         if not await group_exists(conn):
             await conn.execute(f"CREATE ROLE {quote_ident(GROUP)} NOLOGIN")
+    await close_statistics(conn)
     wanted = policies(schema)
     for name, policy in await missing_policies(conn, schema):
         if policy == "rls":

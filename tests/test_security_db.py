@@ -356,3 +356,35 @@ async def test_a_session_holds_no_bootstrap_off_and_claims_no_other_sheets_table
         async with admin.login_connection() as conn:
             assert await conn.fetchval(
                 f"SELECT count(*) FROM {summary_table} WHERE table_name = $1", victim.table) == 0
+
+
+# -- statistics --------------------------------------------------------------------------------
+async def test_a_session_reads_no_per_table_statistics_of_other_orgs_sheets(dsn):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        seeded = await seed(admin, "play")
+        sheet = layout_for(admin, seeded["scope"], NAMESPACE)
+        minted = await sessions.mint(admin, PlayScope(org, "other-play"), NAMESPACE, ["rows.read"])
+        async with session_tenant(dsn, minted) as session:
+            async with session.login_connection() as conn:
+                for sql in ("SELECT n_live_tup FROM pg_catalog.pg_stat_user_tables",
+                            "SELECT n_tup_ins FROM pg_catalog.pg_stat_all_tables",
+                            "SELECT heap_blks_read FROM pg_catalog.pg_statio_user_tables",
+                            "SELECT idx_scan FROM pg_catalog.pg_stat_user_indexes",
+                            "SELECT n_tup_ins FROM pg_catalog.pg_stat_xact_user_tables"):
+                    with pytest.raises(InsufficientPrivilegeError):
+                        await conn.fetch(sql)
+                for fn in ("pg_stat_get_live_tuples", "pg_stat_get_tuples_inserted",
+                           "pg_stat_get_xact_tuples_inserted", "pg_stat_get_numscans"):
+                    with pytest.raises(InsufficientPrivilegeError):
+                        await conn.fetchval(f"SELECT pg_catalog.{fn}($1::regclass)", sheet.qualified)
+                # What stays open: the server's own activity view, and the catalog.
+                assert await conn.fetchval("SELECT count(*) FROM pg_catalog.pg_stat_activity") >= 1
+        async with admin.login_connection() as conn:  # the owner and pg_monitor keep them
+            assert await conn.fetchval(
+                "SELECT n_live_tup FROM pg_catalog.pg_stat_user_tables"
+                " WHERE schemaname = $1 AND relname = $2", admin.schema, sheet.table) is not None
+            assert await conn.fetchval(
+                "SELECT has_table_privilege('pg_monitor', 'pg_catalog.pg_stat_user_tables', 'SELECT')"
+                " AND has_function_privilege('pg_monitor', 'pg_catalog.pg_stat_get_live_tuples(oid)',"
+                " 'EXECUTE')")
