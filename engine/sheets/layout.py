@@ -112,8 +112,7 @@ def column_candidates(field: str) -> Iterator[str]:
 
 @attrs.frozen
 class SheetLayout:
-    """Where one sheet lives: its table and counters identity (its advisory lock key is
-    `sheet_lock_key`'s to say)."""
+    """Where one sheet lives: its table, counters identity and advisory lock key."""
 
     schema: str
     org_id: str
@@ -128,6 +127,11 @@ class SheetLayout:
     @property
     def regclass_text(self) -> str:
         return self.qualified
+
+    @property
+    def lock_key(self) -> int:
+        digest = hashlib.sha256(f"runplane.sheet\x00{self.schema}\x00{self.table}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
 
     @property
     def counter_args(self) -> tuple[str, str, str]:
@@ -186,15 +190,14 @@ def sheet_lock_key(port: Any, layout: SheetLayout) -> int:
     """The sheet's advisory-lock key: derived with the schema's lock secret (what the port read
     when it opened), so no one without it can tell which key guards which sheet; a database
     session, which may not read the secret, was given its own sheet's key. A port that has
-    neither (opened without a schema check) falls back to a key of public names."""
+    neither (opened without a schema check) falls back to `layout.lock_key`, of public names."""
     given = (getattr(port, "sheet_lock_keys", None) or {}).get(layout.table)
     if given is not None:
         return given
     secret = getattr(port, "lock_secret", None)
     if secret is not None:
         return derive_lock_key(secret, "runplane.sheet", layout.schema, layout.table)
-    digest = hashlib.sha256(f"runplane.sheet\x00{layout.schema}\x00{layout.table}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    return layout.lock_key
 
 
 # -- DDL (exclusive lock only) ----------------------------------------------------------------
