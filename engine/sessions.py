@@ -10,7 +10,10 @@ How it works
   exactly what the operations need, and records the scope in `session_scopes`. The password is
   sent as a SCRAM-SHA-256 verifier computed here, so the plain password never reaches the server
   or its logs. For `rows.*` the sheet table is created first (bare) when absent, so there is a
-  table to grant on; new columns are DDL, which a session never runs.
+  table to grant on; new columns are DDL, which a session never runs. The role starts with
+  `ROLE_SETTINGS` (statement, lock and idle-in-transaction timeouts) and, when it has a sheet,
+  its scope row carries the sheet's advisory-lock key (the one key it may know). An org holds
+  at most `sessions_per_org()` live sessions (`engine.session_limits`).
 - Operations and what they grant (plus USAGE on the schema and SELECT on `meta` and on its own
   `session_scopes` row, which `open_tenant` and the policies read):
     rows.read    SELECT on the sheet, its counters and its column registry rows
@@ -22,7 +25,8 @@ How it works
 - `drop_expired(tenant)` / `sweep_expired(tenant)` (`engine.session_sweep`) end the open
   connections of expired session roles and drop them; the gateway and `runplane supervise`
   sweep periodically.
-- `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials.
+- `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials,
+  keeping only where the server is and its TLS settings (`URL_PARAMETERS`).
 - `create(port, play, table_namespace, operations, ttl_s, public_key)` is the gateway action
   `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
   to the runner's key when one is sent (`engine.jwe`). Through a gateway the token bounds it:
@@ -58,6 +62,9 @@ from .errors import (
 )
 from .keys import USER_RECEIPT_KIND, kind_range
 from .scopes import PlayScope, check_scope, normalize_namespace
+from .session_limits import (  # noqa: F401  (public names)
+    DEFAULT_SESSIONS_PER_ORG, SESSIONS_PER_ORG_ENV, check_public_key, check_room, sessions_per_org,
+)
 from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
 from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
 from .sql import qualified, quote_ident
@@ -68,14 +75,12 @@ ROLE_PREFIX = "runplane_s_"
 DEFAULT_TTL_S = 600.0
 MAX_TTL_S = 24 * 3600.0
 DEFAULT_CONNECTION_LIMIT = 8
-DEFAULT_SESSIONS_PER_ORG = 4
-SESSIONS_PER_ORG_ENV = "RUNPLANE_SESSIONS_PER_ORG"
-# Defaults every session role's logins start with: a runaway or hostile statement, lock wait or
+# Defaults every session role's logins start with: a runaway statement, lock wait or
 # open transaction of a session ends on its own (a session may lower them, or raise them; what
 # keeps other orgs unaffected is that it cannot lock what they use).
 ROLE_SETTINGS = (("statement_timeout", "60s"), ("lock_timeout", "10s"),
                  ("idle_in_transaction_session_timeout", "60s"))
-MAX_JWK_BITS = 8192
+
 ARRAY_FACT_KIND_PREFIX = "array_input_"
 SCRAM_ITERATIONS = 4096
 
@@ -242,16 +247,6 @@ SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL AS async_commit
           WHERE n.nspname = $4 AND c.relname = ANY($5::text[]) AND c.relrowsecurity) AS installed
 """
 
-# Mints of one schema take turns (a mint is a few milliseconds), so the live sessions an org
-# holds are counted exactly; sessions themselves cannot take this lock mode on the table.
-_LIVE_SESSIONS = """
-SELECT count(*) AS live,
-       extract(epoch FROM min(r.rolvaliduntil) - clock_timestamp())::float8 AS first_expiry_s
-  FROM {m} AS m
-  JOIN pg_catalog.pg_roles AS r ON r.rolname = m.role_name
- WHERE m.org_id = $1 AND r.rolvaliduntil > clock_timestamp()
-"""
-
 
 async def _unavailable(conn: pg.Connection, schema: str, group_present: bool) -> InsufficientPrivilegeError:
     if not group_present:
@@ -265,29 +260,6 @@ async def _unavailable(conn: pg.Connection, schema: str, group_present: bool) ->
         "with a login that may create roles")
 
 
-def sessions_per_org() -> int:
-    """The most live sessions one org may hold: `RUNPLANE_SESSIONS_PER_ORG`, else 4."""
-    raw = os.environ.get(SESSIONS_PER_ORG_ENV, "")
-    if not raw:
-        return DEFAULT_SESSIONS_PER_ORG
-    if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
-        raise InvalidInputError(f"{SESSIONS_PER_ORG_ENV} must be an integer from 1 to 10000")
-    return int(raw)
-
-
-async def _check_room(conn: pg.Connection, schema: str, org_id: str, max_sessions: int) -> None:
-    """Refuse with `TooManySessionsError` when the org holds `max_sessions` live sessions."""
-    m = qualified(schema, SCOPES_TABLE)
-    await conn.execute(f"LOCK TABLE {m} IN SHARE ROW EXCLUSIVE MODE")
-    row = await conn.fetchrow(_LIVE_SESSIONS.format(m=m), org_id)
-    if row["live"] >= max_sessions:
-        wait = max(1.0, float(row["first_expiry_s"] or 1.0))
-        raise TooManySessionsError(
-            f"org {org_id!r} already holds {row['live']} live database sessions (at most "
-            f"{max_sessions}); the next one can be minted in {wait:.0f} s",
-            retry_after_s=wait)
-
-
 async def mint(
     tenant: Any,
     scope: PlayScope,
@@ -299,8 +271,8 @@ async def mint(
     max_sessions: int | None = None,
 ) -> MintedSession:
     """Create a session role for `scope` (see the module docstring); checks input first.
-    At most `max_sessions` (default `sessions_per_org()`) live sessions per org: past it,
-    `TooManySessionsError`."""
+    At most `max_sessions` (default `session_limits.sessions_per_org()`) live sessions per
+    org: past it, `TooManySessionsError`."""
     from .sheets import SheetContract, ensure_sheet
     from .sheets.layout import layout_for, sheet_lock_key
 
@@ -338,7 +310,7 @@ async def mint(
                 if not state["group_present"] or state["installed"] != expected:
                     raise await _unavailable(conn, tenant.schema, state["group_present"])
                 if state["sheet_present"]:
-                    await _check_room(conn, tenant.schema, grant.org_id, max_sessions)
+                    await check_room(conn, tenant.schema, grant.org_id, max_sessions)
                     columns = {row["table_name"]: row["columns"] for row in await conn.fetch(
                         _COLUMNS, tenant.schema, list(SHARED_TABLES))}
                     expires_at = state["expires_at"]
@@ -388,17 +360,6 @@ def operation_actions() -> dict[str, tuple[str, ...]]:
     return {op: out[op] for op in OPERATIONS}
 
 
-def _check_public_key(public_key: Any) -> None:
-    """Refuse a key the answer could not be encrypted to, before any role exists."""
-    key = jwe.load_public_jwk(public_key)
-    if key.key_size > MAX_JWK_BITS:
-        raise InvalidInputError(f"public_key.n must be an RSA modulus of at most {MAX_JWK_BITS} bits")
-    try:
-        jwe.encrypt(b"probe", public_key)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise InvalidInputError(f"public_key cannot encrypt: {exc}") from None
-
-
 @action(CREATE_ACTION, params={"play": STR, "table_namespace": STR, "operations": list_of(STR),
                                "ttl_s": FLOAT, "public_key": optional(RAW)},
         result=RAW, context=("claims", "session_dsn"))
@@ -415,7 +376,7 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
     scope = PlayScope(port.org_id, play)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
     if public_key is not None:
-        _check_public_key(public_key)
+        check_public_key(public_key)
     if claims is not None:
         for name in (n for op in grant.operations for n in operation_actions()[op]):
             claims.check_action(name)

@@ -14,16 +14,19 @@ import httpx
 import pytest
 import trio
 
-from runplane.engine import open_tenant, pg, sessions
+from runplane.engine import open_tenant, pg, receipts, sessions
+from runplane.engine.gateway import open_gateway
 from runplane.engine.jwe import b64url
-from runplane.engine.errors import InsufficientPrivilegeError, StatementTimeoutError, StoreUnavailableError
+from runplane.engine.errors import (
+    InsufficientPrivilegeError, StatementTimeoutError, StoreUnavailableError,
+)
 from runplane.engine.runs import register
 from runplane.engine.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome, admit, complete, read_rows, summary
 from runplane.engine.sheets.layout import layout_for, sheet_lock_key
 from runplane.engine.sql import qualified, quote_ident
 
-from .gateway_support import serving, token_for
+from .gateway_support import FAST_RETRY, serving, token_for
 from .session_helpers import (
     CONTRACT, NAMESPACE, admin_tenant, drop_all_sessions, seed, session_roles, session_tenant,
     unique,
@@ -388,3 +391,20 @@ async def test_a_session_reads_no_per_table_statistics_of_other_orgs_sheets(dsn)
                 "SELECT has_table_privilege('pg_monitor', 'pg_catalog.pg_stat_user_tables', 'SELECT')"
                 " AND has_function_privilege('pg_monitor', 'pg_catalog.pg_stat_get_live_tuples(oid)',"
                 " 'EXECUTE')")
+
+
+async def test_a_runner_refused_a_session_sends_that_work_over_http(dsn, monkeypatch):
+    monkeypatch.setenv(sessions.SESSIONS_PER_ORG_ENV, "1")
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        await sessions.mint(admin, PlayScope(org, "play"), NAMESPACE, ["receipts"])  # the one
+        async with serving(admin) as server:
+            async with open_gateway(server.url, token_for(admin), retry=FAST_RETRY,
+                                    db_sessions=True) as gateway:
+                run = await register(gateway, RunScope(org, "play", "run-1"))
+                claim = await receipts.claim(gateway, run, "k")
+                assert claim.disposition == "claimed"
+                assert gateway.db_sessions.disabled is None  # refused for now, not switched off
+            assert server.errors["too_many_sessions"] == 1
+            assert server.requests["receipts.claim"] == 1  # it went over HTTP
+        assert len(await session_roles(admin)) == 1
