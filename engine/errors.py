@@ -74,6 +74,11 @@ class StoreUnavailableError(DatabaseError):
     """
 
 
+class LockTimeoutError(StoreUnavailableError):
+    """A statement waited for a lock past its bound (SQLSTATE 55P03) and gave up: nothing it
+    would have done was applied, and a retry later may succeed."""
+
+
 class GatewayUnavailableError(StoreUnavailableError):
     """A gateway could not be reached, or kept answering with a retryable failure, until one of
     the client's retry budgets ran out (the message says which, and the gateway's URL; never

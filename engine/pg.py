@@ -53,6 +53,7 @@ from .errors import (
     DatabaseError,
     EngineError,
     InsufficientPrivilegeError,
+    LockTimeoutError,
     MissingRelationError,
     StatementTimeoutError,
     StoreUnavailableError,
@@ -69,10 +70,6 @@ CONNECT_TIMEOUT = 5.0
 # function, operator, type or table another role creates in `public` or elsewhere can stand in
 # for a builtin one (a better-matching `public.unnest(text[])` would otherwise win).
 PINNED_SEARCH_PATH = "pg_catalog, pg_temp"
-# How long any statement waits for a lock before it gives up with a retryable
-# `StatementTimeoutError` (SQLSTATE 55P03): a lock someone holds for long never pins one of our
-# connections and permits for a whole deadline. Transaction-local settings may lower it.
-LOCK_TIMEOUT = "10s"
 
 # SQLSTATEs that mean "the connection, not the statement, failed": retry on a fresh one.
 TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004"})
@@ -90,8 +87,10 @@ def translate(exc: BaseException) -> EngineError:
             return StoreUnavailableError(message, sqlstate=sqlstate)
         if sqlstate in MISSING_RELATION_SQLSTATES:
             return MissingRelationError(message, sqlstate=sqlstate)
-        if sqlstate in ("57014", "55P03"):  # statement timeout, lock wait past lock_timeout
+        if sqlstate == "57014":
             return StatementTimeoutError(message, sqlstate=sqlstate)
+        if sqlstate == "55P03":  # a lock wait past its lock_timeout: retryable
+            return LockTimeoutError(message, sqlstate=sqlstate)
         if sqlstate == "42501":
             return InsufficientPrivilegeError(message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
@@ -219,10 +218,8 @@ class Driver:
 
     async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> Any:
         """One physical connect attempt; raises the driver's error untranslated. The search
-        path and lock timeout are pinned (`PINNED_SEARCH_PATH`, `LOCK_TIMEOUT`) whatever the
-        DSN or the role's defaults say."""
-        settings = {**server_settings, "search_path": PINNED_SEARCH_PATH,
-                    "lock_timeout": LOCK_TIMEOUT}
+        path is pinned (`PINNED_SEARCH_PATH`) whatever the DSN or the role's defaults say."""
+        settings = {**server_settings, "search_path": PINNED_SEARCH_PATH}
         return await self.call(
             asyncpg.connect(
                 dsn, timeout=CONNECT_TIMEOUT, server_settings=settings,

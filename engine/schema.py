@@ -31,6 +31,7 @@ from .sql import qualified, quote_ident
 
 SCHEMA_VERSION = "6"
 LOCK_SECRET_TABLE = "lock_secret"
+BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -174,6 +175,11 @@ async def bootstrap(conn, schema: str, execution_role: str | None = None) -> Non
         else:
             await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)",
                                derive_lock_key(secret, "runplane.bootstrap", schema))
+        # DDL on a shared table waits for every open transaction that touched it, and every
+        # later statement on the table queues behind that wait: bound it, so a transaction left
+        # open (a session's, say) costs other orgs at most this long, and the bootstrap fails
+        # with a retryable `LockTimeoutError` instead.
+        await conn.execute("SELECT set_config('lock_timeout', $1, true)", BOOTSTRAP_LOCK_TIMEOUT)
         await conn.execute(bootstrap_sql(schema, execution_role))
         await conn.execute(
             f"INSERT INTO {qualified(schema, LOCK_SECRET_TABLE)} (secret) VALUES ($1)"

@@ -14,11 +14,12 @@ import httpx
 import pytest
 import trio
 
-from runplane.engine import open_tenant, pg, receipts, sessions
+from runplane.engine import open_tenant, receipts, sessions
+from runplane.engine import schema as schema_ddl
 from runplane.engine.gateway import open_gateway
 from runplane.engine.jwe import b64url
 from runplane.engine.errors import (
-    InsufficientPrivilegeError, StatementTimeoutError, StoreUnavailableError,
+    InsufficientPrivilegeError, LockTimeoutError, StoreUnavailableError,
 )
 from runplane.engine.runs import register
 from runplane.engine.scopes import PlayScope, RunScope
@@ -319,22 +320,26 @@ async def test_a_session_holding_the_lock_keys_it_can_compute_stalls_no_other_or
         assert (await summary(victim, seeded["scope"], NAMESPACE)).completed == 4
 
 
-async def test_runplanes_own_lock_waits_end_with_a_retryable_timeout(dsn, monkeypatch):
+async def test_a_transaction_a_session_leaves_open_costs_the_bootstrap_a_bounded_retryable_wait(
+        dsn, monkeypatch):
+    monkeypatch.setattr(schema_ddl, "BOOTSTRAP_LOCK_TIMEOUT", "200ms")
     org = unique("org")
-    monkeypatch.setattr(pg, "LOCK_TIMEOUT", "200ms")
     async with admin_tenant(dsn, org) as admin:
         seeded = await seed(admin, "play")
-        layout = layout_for(admin, seeded["scope"], NAMESPACE)
-        run = await register(admin, RunScope(org, "play", "run-2"))
-        async with open_tenant(unique("holder"), dsn, schema=admin.schema) as holder:
-            async with holder.login_connection() as blocker:
-                async with blocker.transaction():
-                    await blocker.execute("SELECT pg_advisory_xact_lock($1::bigint)",
-                                          sheet_lock_key(admin, layout))
-                    with trio.fail_after(60), pytest.raises(StatementTimeoutError) as raised:
-                        await admit(admin, run, NAMESPACE, CONTRACT, [{"name": "waits"}])
-        assert raised.value.sqlstate == "55P03"
-        assert len(await read_rows(admin, seeded["scope"], NAMESPACE)) == 3  # nothing written
+        minted = await sessions.mint(admin, seeded["scope"], NAMESPACE, ["rows.read"])
+        async with session_tenant(dsn, minted) as session:
+            async with session.login_connection() as conn:
+                async with conn.transaction():  # holds its read lock on the shared counters
+                    await conn.fetch(f"SELECT * FROM {qualified(admin.schema, 'sheet_summary')}")
+                    with trio.fail_after(60), pytest.raises(LockTimeoutError) as raised:
+                        await admin.repair_schema()  # ALTER TABLE waits for the session...
+                    assert isinstance(raised.value, StoreUnavailableError)  # (retryable)
+                    # ...and gave up, so another org's writes do not queue behind it.
+                    async with open_tenant(unique("other"), dsn, schema=admin.schema) as other:
+                        with trio.fail_after(60):
+                            await seed(other, "play")
+                        assert (await summary(other, PlayScope(other.org_id, "play"),
+                                              NAMESPACE)).completed == 3
 
 
 async def test_a_session_holds_no_bootstrap_off_and_claims_no_other_sheets_table_name(dsn):
