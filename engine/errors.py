@@ -155,7 +155,7 @@ PUBLIC_NAMES = frozenset({
     "EngineError", "ScopeError", "InvalidInputError", "RetiredError", "ConflictError",
     "CorruptFactError", "StoreUnavailableError", "TenantUnavailableError",
     "TransactionStateUnknownError", "AuthError", "GatewayUnavailableError",
-    "ArrayInputUnavailableError",
+    "ArrayInputUnavailableError", "TooManySessionsError",
 })
 
 
