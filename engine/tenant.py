@@ -241,7 +241,7 @@ class Tenant:
             await self._bootstrap(conn)
 
     async def ensure_schema(self) -> None:
-        """Bootstrap unless the schema is current; a current schema costs two reads and no DDL
+        """Bootstrap unless the schema is current; a current schema costs a few reads and no DDL
         (so a login without DDL rights, such as a database session, can open it)."""
         async with self._plain_connection() as conn:
             status = await schema_ddl.schema_status(conn, self.schema)
