@@ -52,7 +52,7 @@ from starlette.routing import Route
 from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
-from ..errors import EngineError, InvalidInputError, StoreUnavailableError, TooManySessionsError
+from ..errors import EngineError, InvalidInputError, StoreUnavailableError
 from ..scopes import MapScope, PlayScope, RunRef, RunScope
 from ..sheets.model import AdmittedRow
 from ..tenant import Tenant, open_tenant
@@ -210,7 +210,7 @@ class Server:
             extra: dict[str, Any] = {"sqlstate": getattr(exc, "sqlstate", None)}
             if status == 503:
                 extra["retry_after_ms"] = DEADLINE_RETRY_AFTER_MS
-            elif isinstance(exc, TooManySessionsError):
+            elif getattr(exc, "retry_after_s", None) is not None:  # TooManySessionsError
                 extra["retry_after_ms"] = round(exc.retry_after_s * 1000)
             return self._error(name, str(exc), code, status, **extra)
         except Exception:
