@@ -58,10 +58,13 @@ async def check_room(conn: pg.Connection, schema: str, org_id: str, max_sessions
 
 def check_public_key(public_key: Any) -> None:
     """Refuse a key the answer could not be encrypted to, before any role exists."""
-    key = jwe.load_public_jwk(public_key)
-    if key.key_size > MAX_JWK_BITS:
+    jwe.load_public_jwk(public_key)  # names the member that is wrong
+    bits = int.from_bytes(jwe.b64url_decode(public_key["n"], "public_key.n"), "big").bit_length()
+    if bits > MAX_JWK_BITS:
         raise InvalidInputError(f"public_key.n must be an RSA modulus of at most {MAX_JWK_BITS} bits")
     try:
         jwe.encrypt(b"probe", public_key)
-    except (ValueError, TypeError, OverflowError) as exc:
+    except InvalidInputError:
+        raise
+    except Exception as exc:  # whatever the cryptography refuses, the runner's key is at fault
         raise InvalidInputError(f"public_key cannot encrypt: {exc}") from None
