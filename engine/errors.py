@@ -74,6 +74,11 @@ class StoreUnavailableError(DatabaseError):
     """
 
 
+class LockTimeoutError(StoreUnavailableError):
+    """A statement waited for a lock past its bound (SQLSTATE 55P03) and gave up: nothing it
+    would have done was applied, and a retry later may succeed."""
+
+
 class GatewayUnavailableError(StoreUnavailableError):
     """A gateway could not be reached, or kept answering with a retryable failure, until one of
     the client's retry budgets ran out (the message says which, and the gateway's URL; never
@@ -131,6 +136,15 @@ class AuthError(EngineError):
     """A gateway refused the token: missing, malformed, badly signed or expired (HTTP 401)."""
 
 
+class TooManySessionsError(EngineError):
+    """The org already holds as many live database sessions as the server allows (HTTP 429).
+    `retry_after_s` is how long until the oldest of them expires."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ArrayInputUnavailableError(EngineError):
     """The gateway has no array-input actions (started with `--no-array-actions`, or older).
 
@@ -141,7 +155,7 @@ PUBLIC_NAMES = frozenset({
     "EngineError", "ScopeError", "InvalidInputError", "RetiredError", "ConflictError",
     "CorruptFactError", "StoreUnavailableError", "TenantUnavailableError",
     "TransactionStateUnknownError", "AuthError", "GatewayUnavailableError",
-    "ArrayInputUnavailableError",
+    "ArrayInputUnavailableError", "TooManySessionsError",
 })
 
 

@@ -53,6 +53,7 @@ from .errors import (
     DatabaseError,
     EngineError,
     InsufficientPrivilegeError,
+    LockTimeoutError,
     MissingRelationError,
     StatementTimeoutError,
     StoreUnavailableError,
@@ -64,6 +65,11 @@ ROLLBACK_TIMEOUT = 1.0
 COMMIT_TIMEOUT = 10.0
 COMMIT_RESOLVE_TIMEOUT = 10.0  # reading a lost COMMIT's outcome on a fresh connection
 CONNECT_TIMEOUT = 5.0
+# Every connection searches only the system catalog (then its own temporary objects, which no
+# other backend sees): runplane's statements qualify every table with the tenant schema, so no
+# function, operator, type or table another role creates in `public` or elsewhere can stand in
+# for a builtin one (a better-matching `public.unnest(text[])` would otherwise win).
+PINNED_SEARCH_PATH = "pg_catalog, pg_temp"
 
 # SQLSTATEs that mean "the connection, not the statement, failed": retry on a fresh one.
 TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004"})
@@ -83,6 +89,8 @@ def translate(exc: BaseException) -> EngineError:
             return MissingRelationError(message, sqlstate=sqlstate)
         if sqlstate == "57014":
             return StatementTimeoutError(message, sqlstate=sqlstate)
+        if sqlstate == "55P03":  # a lock wait past its lock_timeout: retryable
+            return LockTimeoutError(message, sqlstate=sqlstate)
         if sqlstate == "42501":
             return InsufficientPrivilegeError(message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
@@ -209,10 +217,12 @@ class Driver:
             trio_asyncio.current_loop.reset(token)
 
     async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> Any:
-        """One physical connect attempt; raises the driver's error untranslated."""
+        """One physical connect attempt; raises the driver's error untranslated. The search
+        path is pinned (`PINNED_SEARCH_PATH`) whatever the DSN or the role's defaults say."""
+        settings = {**server_settings, "search_path": PINNED_SEARCH_PATH}
         return await self.call(
             asyncpg.connect(
-                dsn, timeout=CONNECT_TIMEOUT, server_settings=server_settings,
+                dsn, timeout=CONNECT_TIMEOUT, server_settings=settings,
                 statement_cache_size=256,
             )
         )

@@ -11,16 +11,27 @@ Versions: 2 added `runs.command` (how to resume a run, recorded by the command l
 row-level security policies of database sessions; 5 makes physical names unique: one column per
 field in `sheet_columns` (a unique index on the column name, after dropping the later of any two
 registrations that already shared one) and one table per sheet (`sheet_summary.table_name`,
-unique, filled by the next write of each sheet). An older schema is upgraded in place by the
-same idempotent bootstrap, with no manual step.
+unique, filled by the next write of each sheet); 6 adds `lock_secret` (one random value no
+session may read: sheet advisory-lock keys are derived from it, so a session cannot compute and
+hold another sheet's key) and `session_scopes.sheet_lock_key` (the one key a session needs: its
+own sheet's). An older schema is upgraded in place by the same idempotent bootstrap, with no
+manual step; processes of version 5 and 6 running side by side during an upgrade take
+different keys for the same sheet (writers of one sheet still serialize on its summary row).
 """
 
 from __future__ import annotations
 
-from . import session_isolation
-from .sql import quote_ident
+import hashlib
+import hmac
+import secrets
 
-SCHEMA_VERSION = "5"
+from . import session_isolation
+from .errors import InsufficientPrivilegeError
+from .sql import qualified, quote_ident
+
+SCHEMA_VERSION = "6"
+LOCK_SECRET_TABLE = "lock_secret"
+BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -126,6 +137,11 @@ CREATE TABLE IF NOT EXISTS {s}.session_scopes (
     expires_at timestamptz NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE TABLE IF NOT EXISTS {s}.lock_secret (
+    id boolean PRIMARY KEY DEFAULT true CHECK (id),
+    secret bytea NOT NULL
+);
+ALTER TABLE {s}.session_scopes ADD COLUMN IF NOT EXISTS sheet_lock_key bigint;
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """
@@ -148,11 +164,26 @@ def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
 async def bootstrap(conn, schema: str, execution_role: str | None = None) -> None:
     """Create or upgrade the schema; idempotent and serialized across processes."""
     async with conn.transaction():
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
-            schema,
-        )
+        # Keyed by the lock secret once the schema has one, so no session can hold bootstraps
+        # off; a schema without one yet is locked by name (every process then agrees on that).
+        secret = await _readable_secret(conn, schema)
+        if secret is None:
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
+                schema,
+            )
+        else:
+            await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)",
+                               derive_lock_key(secret, "runplane.bootstrap", schema))
+        # DDL on a shared table waits for every open transaction that touched it, and every
+        # later statement on the table queues behind that wait: bound it, so a transaction left
+        # open (a session's, say) costs other orgs at most this long, and the bootstrap fails
+        # with a retryable `LockTimeoutError` instead.
+        await conn.execute("SELECT set_config('lock_timeout', $1, true)", BOOTSTRAP_LOCK_TIMEOUT)
         await conn.execute(bootstrap_sql(schema, execution_role))
+        await conn.execute(
+            f"INSERT INTO {qualified(schema, LOCK_SECRET_TABLE)} (secret) VALUES ($1)"
+            " ON CONFLICT DO NOTHING", secrets.token_bytes(32))
         await session_isolation.install(conn, schema)
 
 
@@ -166,3 +197,35 @@ async def schema_status(conn, schema: str) -> str | None:
     return await conn.fetchval(
         f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'"
     )
+
+
+def derive_lock_key(secret: bytes, *parts: str) -> int:
+    """A signed 64-bit advisory-lock key for `parts`, keyed by the schema's lock secret: without
+    the secret nobody can tell which key guards what."""
+    digest = hmac.new(secret, "\x00".join(parts).encode("utf-8"), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def _readable_secret(conn, schema: str) -> bytes | None:
+    """The schema's lock secret, or None (no such table or row yet, or not ours to read)."""
+    secret_table = qualified(schema, LOCK_SECRET_TABLE)
+    readable = await conn.fetchval(
+        "SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)", secret_table)
+    if not readable:
+        return None
+    return await conn.fetchval(f"SELECT secret FROM {secret_table}")
+
+
+async def lock_material(conn, schema: str) -> tuple[bytes | None, dict[str, int]]:
+    """`(secret, {})` for a login that may read the schema's lock secret; for a database
+    session, `(None, {its sheet table: its key})` from its own scope row."""
+    secret = await _readable_secret(conn, schema)
+    if secret is not None:
+        return secret, {}
+    try:
+        rows = await conn.fetch(
+            f"SELECT sheet_table, sheet_lock_key FROM {qualified(schema, 'session_scopes')}"
+            " WHERE role_name = current_user AND sheet_lock_key IS NOT NULL")
+    except InsufficientPrivilegeError:
+        return None, {}
+    return None, {row["sheet_table"]: row["sheet_lock_key"] for row in rows}

@@ -139,6 +139,9 @@ class Tenant:
     _connection_permits: Permits = attrs.field(init=False)
     _idle: list[Any] = attrs.field(init=False, factory=list)
     _closed: bool = attrs.field(init=False, default=False)
+    # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
+    lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
+    sheet_lock_keys: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
@@ -238,13 +241,14 @@ class Tenant:
             await self._bootstrap(conn)
 
     async def ensure_schema(self) -> None:
-        """Bootstrap unless the schema is current; a current schema costs two reads and no DDL
+        """Bootstrap unless the schema is current; a current schema costs a few reads and no DDL
         (so a login without DDL rights, such as a database session, can open it)."""
         async with self._plain_connection() as conn:
             status = await schema_ddl.schema_status(conn, self.schema)
             # Under an execution role the bootstrap also (re)grants the role its privileges.
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
                 await self._bootstrap(conn)
+            self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
 
     async def _bootstrap(self, conn: pg.Connection) -> None:
         try:
