@@ -128,6 +128,11 @@ class SheetLayout:
         return self.qualified
 
     @property
+    def order_index(self) -> str:
+        """The index of the sheet's row order (at most 63 bytes: the table name is at most 59)."""
+        return f"{self.table}_ord"
+
+    @property
     def lock_key(self) -> int:
         digest = hashlib.sha256(f"runplane.sheet\x00{self.schema}\x00{self.table}".encode()).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
@@ -203,6 +208,10 @@ CREATE TABLE IF NOT EXISTS {t} (
     _updated_at timestamptz NOT NULL DEFAULT now(){later}
 ) WITH (fillfactor = 70)
 """
+
+# The sheet's row order (input index, nulls last; creation; key): datasets page through it by
+# keyset. Created with the table, and on an older sheet the next time its columns are prepared.
+_CREATE_ORDER_INDEX = "CREATE INDEX IF NOT EXISTS {index} ON {t} (_input_index, _created_at, _key)"
 
 _EXISTING_COLUMNS = """
 SELECT coalesce(array_agg(attname::text), '{}'::text[])
@@ -313,6 +322,8 @@ async def prepare_columns(
     await conn.execute(_CREATE_TABLE.format(
         t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
     ))
+    await conn.execute(_CREATE_ORDER_INDEX.format(
+        index=quote_ident(layout.order_index), t=layout.qualified))
     existing = await existing_columns(conn, layout)
     registry = table(port, "sheet_columns")
     registered = {r["field"]: r["column_name"] for r in await conn.fetch(
