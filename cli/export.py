@@ -11,8 +11,8 @@ How it works
   - `csv`: a header row, then a column a field (in the sheet's order) plus `_key`, `_status`,
     `_error`; strings as they are, other values as JSON text, a missing value empty; UTF-8;
   - `parquet` (needs the `frames` extra): the same columns, typed by each field's kind
-    (`engine.sheets.frames`: nested values as JSON text), one row group per
-    `ROW_GROUP_ROWS` rows.
+    (`engine.sheets.frames`: nested values as JSON text); each page becomes Arrow columns as it
+    arrives, and every `ROW_GROUP_ROWS` rows are written as one row group.
 - A progress bar (rows written, rows/s) goes to stderr only when stderr is a terminal.
 """
 
@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import csv
 import io
+import os
 import sys
 from typing import Any, AsyncIterator, BinaryIO
 
@@ -140,22 +141,29 @@ async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
 
 
 async def _parquet(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
+    pa = frames.require("pyarrow", "--format parquet")
     pq = frames.require("pyarrow.parquet", "--format parquet")
     kinds = await ds.field_kinds()
+    schema = frames.arrow_schema(kinds)
     written = 0
-    pending: list[dict] = []
-    with pq.ParquetWriter(out, frames.arrow_schema(kinds)) as writer:
+    batches: list[Any] = []  # each page as columns as soon as it arrives (compact)
+
+    def flush(writer: Any) -> None:
+        nonlocal written, batches
+        rows = sum(b.num_rows for b in batches)
+        writer.write_table(pa.Table.from_batches(batches, schema=schema),
+                           row_group_size=ROW_GROUP_ROWS)
+        written += rows
+        progress.advance(rows)
+        batches = []
+
+    with pq.ParquetWriter(out, schema) as writer:
         async for rows in _rows(ds):
-            pending += rows
-            if len(pending) >= ROW_GROUP_ROWS:
-                writer.write_batch(frames.record_batch(kinds, pending))
-                written += len(pending)
-                progress.advance(len(pending))
-                pending = []
-        if pending or not written:
-            writer.write_batch(frames.record_batch(kinds, pending))
-            written += len(pending)
-            progress.advance(len(pending))
+            batches.append(frames.record_batch(kinds, rows))
+            if sum(b.num_rows for b in batches) >= ROW_GROUP_ROWS:
+                flush(writer)
+        if batches or not written:
+            flush(writer)
     return written
 
 
@@ -164,6 +172,10 @@ WRITERS = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet}
 
 async def export(args: argparse.Namespace) -> int:
     if args.format == "parquet":
+        # Arrow's system allocator (chosen before pyarrow is first imported) hands freed
+        # buffers back, where its default one keeps tens of MB of arenas: the peak stays near
+        # one row group.
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
         try:
             frames.require("pyarrow", "--format parquet")
         except ImportError as exc:

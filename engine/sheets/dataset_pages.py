@@ -6,8 +6,8 @@ How it works
   that order, `LIMIT n`. A `PageCursor` is the last row's (input index, created, key). Rows
   with an input index come first (`(_input_index, _created_at, _key) > cursor`), then rows
   without one (`_input_index IS NULL AND (_created_at, _key) > cursor`); one statement reads
-  both ranges (`UNION ALL` under one `LIMIT`: the second range is read only when the first
-  runs out).
+  both ranges (`UNION ALL` merged in order under one `LIMIT`: the second range is read past
+  its first row only when the first runs out).
 - Each row comes back as JSON text built by the server: the fields under their own names (SQL
   NULL and JSON null both read as null), then `_key`, `_status`, `_error`, `_input_index`,
   `_attempts`, `_failed_runs` — the same dict `read_rows` gives. A page is one text, its rows
@@ -49,19 +49,17 @@ SELECT to_regclass($4) IS NOT NULL AS present,
                   WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS columns
 """
 
-# One page: the rows of the ranges after the cursor, their JSON lines joined, and the new cursor.
+# One page: the rows of the ranges after the cursor (merged in the sheet's order, so the
+# aggregates read them presorted: no sort), their JSON lines joined, and the last row's cursor.
 _PAGE = """
-WITH page AS (
-    SELECT * FROM (
+SELECT count(*) AS rows,
+       string_agg(line, E'\\n' ORDER BY i, c, k) AS text,
+       (array_agg(i ORDER BY i, c, k))[count(*)] AS i,
+       (array_agg(c ORDER BY i, c, k))[count(*)] AS c,
+       (array_agg(k ORDER BY i, c, k))[count(*)] AS k
+  FROM (SELECT * FROM (
     {ranges}
-    ) AS ranges LIMIT {limit}
-)
-SELECT (SELECT count(*) FROM page) AS rows,
-       (SELECT string_agg(line, E'\\n' ORDER BY i ASC NULLS LAST, c, k) FROM page) AS text,
-       last.i, last.c, last.k
-  FROM (SELECT 1) AS one
-  LEFT JOIN LATERAL (SELECT i, c, k FROM page ORDER BY i DESC NULLS FIRST, c DESC, k DESC
-                      LIMIT 1) AS last ON true
+  ) AS ranges ORDER BY i, c, k LIMIT {limit}) AS page
 """
 
 _RANGE = """(SELECT _input_index AS i, _created_at AS c, _key AS k, {line} AS line FROM {t}
@@ -175,9 +173,9 @@ def _line(read: SheetRead, binds: BindParams) -> str:
     opening = "," if parts else "{"
     policy = [f"{name}::text" if name in read.policy else "'0'" for name in POLICY_COLUMNS]
     parts.append(
-        f"'{opening}\"_key\":' || to_jsonb(_key)::text"
-        " || ',\"_status\":' || to_jsonb(_status)::text"
-        " || ',\"_error\":' || coalesce(to_jsonb(_error)::text, 'null')"
+        f"'{opening}\"_key\":' || to_json(_key)::text"
+        " || ',\"_status\":' || to_json(_status)::text"
+        " || ',\"_error\":' || coalesce(to_json(_error)::text, 'null')"
         " || ',\"_input_index\":' || coalesce(_input_index::text, 'null')"
         f" || ',\"_attempts\":' || {policy[0]} || ',\"_failed_runs\":' || {policy[1]} || '}}'")
     return " || ".join(parts)
