@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import attrs
 import pytest
 import trio
 
@@ -90,6 +91,15 @@ async def test_pages_follow_the_sheet_order_with_unindexed_rows_last(tenant):
         assert seen == rows, page_rows
 
 
+def literal(value) -> str:
+    """A bind value as SQL text, for `EXECUTE` of a prepared statement (test data only)."""
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(literal(v) for v in value) + "]"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 async def test_a_page_is_one_index_range_scan_on_a_big_sheet(tenant):
     scope = play_scope(tenant)
     await fill(tenant, 20_000)
@@ -98,11 +108,25 @@ async def test_a_page_is_one_index_range_scan_on_a_big_sheet(tenant):
         await conn.execute(f"ANALYZE {layout.qualified}")
         read = await resolve(conn, tenant, layout, Filters())
         first = await sheets.dataset_pages.fetch_page(conn, read, Filters(), None, 1000)
-        for after in (None, first.after):
-            sql, values = page_statement(read, Filters(), after, 1000)
-            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *values))
-            assert f"Index Scan using {layout.order_index}" in plan, plan
-            assert "Seq Scan" not in plan, plan
+        # Custom plans (as sent), then generic ones (what a prepared statement may switch to
+        # after five runs): every one walks the order index, none scans or sorts the sheet.
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            for filters in (Filters(), Filters(status="failed", run_id="r1")):
+                for after in (None, first.after, attrs.evolve(first.after, input_index=None)):
+                    sql, values = page_statement(read, filters, after, 1000)
+                    custom = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *values))
+                    await conn.execute("PREPARE page_plan AS " + sql)
+                    generic = "\n".join(r[0] for r in await conn.fetch(
+                        f"EXPLAIN EXECUTE page_plan({', '.join(map(literal, values))})"))
+                    await conn.execute("DEALLOCATE page_plan")
+                    for plan in (custom, generic):
+                        assert f"Index Scan using {layout.order_index}" in plan, plan
+                        assert "Seq Scan" not in plan, plan
+                        assert not any(line.strip().startswith("->  Sort") or
+                                       line.startswith("Sort") for line in plan.splitlines()), plan
+        finally:
+            await conn.execute("RESET plan_cache_mode")
 
 
 async def test_iteration_under_a_concurrent_writer_has_no_duplicates_and_no_gaps(tenant):

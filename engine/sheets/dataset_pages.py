@@ -11,7 +11,8 @@ How it works
 - Each row comes back as JSON text built by the server: the fields under their own names (SQL
   NULL and JSON null both read as null), then `_key`, `_status`, `_error`, `_input_index`,
   `_attempts`, `_failed_runs` — the same dict `read_rows` gives. A page is one text, its rows
-  joined by newlines (jsonb and JSON strings never hold a raw newline), with the next cursor.
+  joined by newlines (jsonb and JSON strings never hold a raw newline), with the next cursor
+  (the last row's order columns, which come back beside each line).
 - Why it is stable while other runs write: nothing moves a row in this order except a re-admission
   at another input index, so a row present when iteration began is read exactly once unless that
   happens; rows added behind the cursor are not read, rows added ahead of it are.
@@ -49,17 +50,11 @@ SELECT to_regclass($4) IS NOT NULL AS present,
                   WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS columns
 """
 
-# One page: the rows of the ranges after the cursor (merged in the sheet's order, so the
-# aggregates read them presorted: no sort), their JSON lines joined, and the last row's cursor.
+# One page: the rows of the ranges after the cursor, merged in the sheet's order.
 _PAGE = """
-SELECT count(*) AS rows,
-       string_agg(line, E'\\n' ORDER BY i, c, k) AS text,
-       (array_agg(i ORDER BY i, c, k))[count(*)] AS i,
-       (array_agg(c ORDER BY i, c, k))[count(*)] AS c,
-       (array_agg(k ORDER BY i, c, k))[count(*)] AS k
-  FROM (SELECT * FROM (
+SELECT i, c, k, line FROM (
     {ranges}
-  ) AS ranges ORDER BY i, c, k LIMIT {limit}) AS page
+) AS ranges ORDER BY i, c, k LIMIT {limit}
 """
 
 _RANGE = """(SELECT _input_index AS i, _created_at AS c, _key AS k, {line} AS line FROM {t}
@@ -222,11 +217,12 @@ async def fetch_page(conn: Connection, read: SheetRead, filters: Filters,
     if not read.present:
         return DatasetPage(0, "", None)
     sql, values = page_statement(read, filters, after, limit)
-    record_ = await conn.fetchrow(sql, *values)
-    if not record_["rows"]:
+    records = await conn.fetch(sql, *values)
+    if not records:
         return DatasetPage(0, "", None)
-    return DatasetPage(record_["rows"], record_["text"],
-                       PageCursor(record_["i"], record_["c"], record_["k"]))
+    last = records[-1]
+    return DatasetPage(len(records), "\n".join([r[3] for r in records]),
+                       PageCursor(last[0], last[1], last[2]))
 
 
 def count_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
