@@ -21,7 +21,7 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import attrs
 
@@ -33,8 +33,8 @@ from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from . import frames
 from .dataset_pages import (
-    CURSOR, PAGE, DatasetPage, Filters, PageCursor, SheetRead, check_filters, check_page_rows,
-    count_statement, fetch_page, resolve,
+    CURSOR, PAGE, RAW_LINES, DatasetPage, Filters, PageCursor, SheetRead, check_filters,
+    check_page_rows, count_statement, fetch_page, lines_statement, resolve,
 )
 from .layout import layout_for
 
@@ -115,9 +115,9 @@ async def field_kinds(port: Port, scope: PlayScope, table_namespace: str, *,
 
     async def op(conn: Connection) -> dict[str, str]:
         read = await resolve(conn, port, layout, filters)
-        kinds = dict.fromkeys((f for f in (filters.fields or ())), "null")
-        if not read.present or not read.pairs:
-            return kinds | {f: "null" for f, _ in read.pairs}
+        kinds = dict.fromkeys(filters.fields or (), "null") | {f: "null" for f, _ in read.pairs}
+        if not read.pairs:
+            return kinds
         sql, values = frames.kinds_statement(read, filters)
         record = await conn.fetchrow(sql, *values)
         for i, (field, _) in enumerate(read.pairs):
@@ -166,16 +166,23 @@ class Dataset:
     async def pages(self, page_rows: int = 1000) -> AsyncIterator[DatasetPage]:
         """The keyset pages, each one statement (see the module docstring)."""
         check_page_rows(page_rows)
+        next_page = await self._pager(page_rows)
+        after = None
+        while True:
+            page = await next_page(after)
+            if page.rows:
+                yield page
+            if page.rows < page_rows:
+                return
+            after = page.after
+
+    async def _pager(self, page_rows: int) -> Callable[[PageCursor | None], Awaitable[DatasetPage]]:
+        """How to read the page after a cursor: through the port's `sheets.read_page` action
+        when it is remote, else one statement on a connection, the columns read once."""
         if isinstance(self.port, RemotePort):
-            after = None
-            while True:
-                page = await read_page(self.port, self.scope, self.table_namespace, after=after,
-                                       limit=page_rows, **self._args(), fields=self._fields_arg())
-                if page.rows:
-                    yield page
-                if page.rows < page_rows:
-                    return
-                after = page.after
+            return lambda after: read_page(
+                self.port, self.scope, self.table_namespace, after=after, limit=page_rows,
+                **self._args(), fields=self._fields_arg())
         check_scope(self.port, self.scope)
         layout = layout_for(self.port, self.scope, self.table_namespace)
 
@@ -183,17 +190,30 @@ class Dataset:
             return await resolve(conn, self.port, layout, self.filters)
 
         read = await with_connection(self.port, SHEET_LANE, resolve_once)
-        after = None
-        while True:
-            async def op(conn: Connection) -> DatasetPage:
-                return await fetch_page(conn, read, self.filters, after, page_rows)
 
-            page = await with_connection(self.port, SHEET_LANE, op)
-            if page.rows:
-                yield page
-            if page.rows < page_rows:
-                return
-            after = page.after
+        async def next_page(after: PageCursor | None) -> DatasetPage:
+            return await with_connection(self.port, SHEET_LANE, lambda conn: fetch_page(
+                conn, read, self.filters, after, page_rows))
+
+        return next_page
+
+    async def copy_lines(self, output: Callable[[bytes], Awaitable[Any]]) -> bool:
+        """Every matching row's JSON line (UTF-8, newline-terminated) in the sheet's order,
+        handed to `output` in chunks by one `COPY ... TO STDOUT`: one statement, one snapshot,
+        the text built by the server. False (nothing read) on a remote port, which pages."""
+        if isinstance(self.port, RemotePort):
+            return False
+        check_scope(self.port, self.scope)
+        layout = layout_for(self.port, self.scope, self.table_namespace)
+
+        async def op(conn: Connection) -> None:
+            read = await resolve(conn, self.port, layout, self.filters)
+            if read.present:
+                sql, values = lines_statement(read, self.filters)
+                await conn.copy_out(sql, *values, output=output, **RAW_LINES)
+
+        await with_connection(self.port, SHEET_LANE, op)
+        return True
 
     async def iterate(self, page_rows: int = 1000) -> AsyncIterator[dict]:
         """Every matching row as a dict (as `read_rows` gives), page by page."""

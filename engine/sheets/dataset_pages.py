@@ -225,6 +225,23 @@ async def fetch_page(conn: Connection, read: SheetRead, filters: Filters,
                        PageCursor(last[0], last[1], last[2]))
 
 
+# Every matching row's JSON line in the sheet's order, in one statement (for `COPY ... TO STDOUT`).
+_ALL_LINES = "SELECT {line} FROM {t} WHERE {where} ORDER BY _input_index, _created_at, _key"
+
+# COPY's CSV format with a quote and a delimiter that JSON text never holds raw (control
+# characters are escaped in JSON), and no newline inside a line: each line comes out verbatim.
+RAW_LINES = {"format": "csv", "delimiter": "\x02", "quote": "\x01"}
+
+
+def lines_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
+    """One statement of every matching row's JSON line, in the sheet's order."""
+    binds = BindParams(1)
+    line = _line(read, binds)
+    where = filter_sql(filters, binds) or ["true"]
+    return _ALL_LINES.format(line=line, t=read.layout.qualified, where=" AND ".join(where)), \
+        binds.values
+
+
 def count_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
     binds = BindParams(1)
     where = filter_sql(filters, binds) or ["true"]
