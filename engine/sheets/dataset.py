@@ -13,7 +13,8 @@ How it works
   all). Rows added behind the cursor are not read. The columns read are fixed when iteration
   begins (a field added meanwhile is not read).
 - `count`, `peek`, `materialize`, `to_arrow` and `to_pandas` build on it; the last two need
-  the `frames` extra (`engine.sheets.frames`).
+  the `frames` extra (`engine.sheets.frames`). `copy_lines` is the bulk path for a direct
+  port: every row's JSON line in one `COPY (SELECT …) TO STDOUT` (one statement, one snapshot).
 - Through a gateway the pages travel as the action `sheets.read_page` (each request resolves the
   columns and reads one page) and the count as `sheets.count`; over a database session
   (`rows.read`) the same actions run against the database directly.
