@@ -367,7 +367,8 @@ def failures(args: argparse.Namespace) -> int:
 
 
 # -- export (see cli.export) --------------------------------------------------------------------
-command("export", export_command.HELP)(lambda parser: (_port_options(parser), export_command.options(parser)))(
+command("export", export_command.HELP)(
+    lambda parser: (_port_options(parser), export_command.options(parser)))(
     lambda args: run_trio(export_command.export, args))
 
 

@@ -145,3 +145,20 @@ async def test_parquet_without_the_frames_extra_names_the_extra(tenant, tmp_path
     assert done.returncode == 1
     assert done.stderr.decode() == ("runplane: --format parquet needs pyarrow: install the extra "
                                     "with `pip install 'runplane[frames]'`\n")
+
+
+async def test_failures_lists_the_failed_rows_in_the_sheet_order(tenant):
+    await fill(tenant, 300)
+    failed = await sheets.dataset(tenant, play_scope(tenant), NS, status="failed").materialize()
+    assert len(failed) > 5
+    done = await trio.run_process(
+        [*RUNPLANE, "failures", PLAY, NS, "--dsn", tenant.dsn, "--org", tenant.org_id,
+         "--schema", tenant.schema, "--limit", "5"],
+        capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode("utf-8").splitlines()
+    assert lines[0] == f"{len(failed)} failed rows in table {NS} of play {PLAY} (first 5):"
+    listed = [line.split()[0] for line in lines[2:7]]
+    assert listed == [row["_key"] for row in failed[:5]]
+    name = json.dumps(failed[0]["name"], ensure_ascii=False)
+    assert lines[2].endswith(f'{{"n": {failed[0]["n"]}, "name": {name}}}'), lines[2]
