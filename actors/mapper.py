@@ -73,6 +73,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Sequence
 
+import attrs
 import trio
 
 from runplane.engine import array_input, canonical, runs, sheets
@@ -542,7 +543,9 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
     finally:
         await flush_unsettled(plan, state)
     state.report()
-    return state.result(map_invocation_id, await newer_run_id(plan, state))
+    result = state.result(map_invocation_id, await newer_run_id(plan, state))
+    return attrs.evolve(result, dataset=sheets.dataset(
+        plan.port, plan.ref.scope.play_scope, plan.table_namespace, run_id=plan.ref.scope.run_id))
 
 
 async def newer_run_id(plan: MapPlan, state: MapState) -> str | None:

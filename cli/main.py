@@ -40,6 +40,7 @@ from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sessions import password_probe, sweep_expired as sweep_expired_sessions
 
+from . import export as export_command
 from .connect import open_port
 from .inputs import InputFileError, read_input
 from .operators import (
@@ -363,6 +364,12 @@ def failures(args: argparse.Namespace) -> int:
             return await show_failures(tenant, args)
 
     return run_trio(main)
+
+
+# -- export (see cli.export) --------------------------------------------------------------------
+command("export", export_command.HELP)(
+    lambda parser: (_port_options(parser), export_command.options(parser)))(
+    lambda args: run_trio(export_command.export, args))
 
 
 # -- runs ---------------------------------------------------------------------------------------

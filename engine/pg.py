@@ -386,6 +386,26 @@ class Connection:
             records=records, columns=list(columns), schema_name=schema,
         )
 
+    async def copy_out(self, sql: str, *args: Any, output: Callable[[bytes], Awaitable[Any]],
+                       **options: Any) -> str:
+        """`COPY (sql) TO STDOUT`, each chunk handed to `output` as it arrives (constant
+        memory); `options` are COPY's (`format`, `delimiter`, `quote`, ...). It runs as an
+        asyncio task (asyncpg's COPY needs one), so `output` must not call trio."""
+        if self.broken:
+            raise StoreUnavailableError("connection was closed after an earlier failure")
+        self._reconnect = None
+        try:
+            return await self._driver.call(
+                self._raw.copy_from_query(sql, *args, output=output, **options))
+        except trio.Cancelled:
+            self.broken = True  # the server may still be sending: the state is unknown
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            if _is_driver_error(exc):
+                raise translate(exc) from exc
+            raise
+
     def note_transaction_id(self, xid: str) -> None:
         """Tell the open top-level transaction its id (`txid_current()::text`, read by one of
         its own statements), so that COMMIT needs no extra round trip to learn it."""

@@ -343,7 +343,8 @@ CREATE_ACTION = "db_sessions.create"
 # The actions each operation stands for: a token must allow all of them to get the operation.
 _SHEET_ACTIONS = {
     "rows.read": ("sheets.read_rows", "sheets.summary", "sheets.probe", "sheets.failed_rows",
-                  "sheets.error_counts", "sheets.run_rows"),
+                  "sheets.error_counts", "sheets.run_rows", "sheets.read_page", "sheets.count",
+                  "sheets.field_kinds"),
     "rows.upsert": ("sheets.admit", "sheets.complete"),
 }
 _ACTION_FAMILIES = {"receipts": "receipts.", "array_input": "array_input."}

@@ -9,6 +9,8 @@ sheet. See the modules for how each part works.
 from .admission import admit, probe
 from .audit import ErrorCount, ErrorCounts, FailedRow, RunRows, error_counts, failed_rows, run_rows
 from .completion import complete
+from .dataset import Dataset, count, dataset, field_kinds, read_page
+from .dataset_pages import DatasetPage, PageCursor
 from .layout import SheetLayout, ensure_sheet
 from .model import (
     Admission,
@@ -35,4 +37,5 @@ __all__ = [
     "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
     "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
     "ErrorCounts", "RunRows", "probe", "StagedPage",
+    "dataset", "Dataset", "read_page", "count", "field_kinds", "DatasetPage", "PageCursor",
 ]
