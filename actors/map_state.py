@@ -3,7 +3,8 @@
 How it works
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
-  `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`) and the pipeline's
+  `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`), `force` (recompute
+  rows older runs enriched, see `engine.sheets.admit`) and the pipeline's
   tuning (`fast_admission=False` admits every page without probing it first, cache hits
   listed and rows sent: the reference the fast path is tested against; `max_waiting_rows`
   bounds the delay queue, see `actors.backoff`). It is a frozen
@@ -134,6 +135,7 @@ class MapPlan:
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
     fast_admission: bool = attrs.field(default=True, validator=_flag)
     max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
+    force: bool = attrs.field(default=False, validator=_flag)
 
     async def admit(self, rows: list[Any], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
@@ -145,7 +147,7 @@ class MapPlan:
             self.port, self.ref, self.table_namespace, self.contract, rows,
             input_offset=input_offset, keys=keys, attempt=self.attempt,
             cell_policies=self.cell_policies, give_up_after=self.give_up_after,
-            cache_hits=cache_hits, staged_page=staged_page, texts=texts,
+            cache_hits=cache_hits, staged_page=staged_page, texts=texts, force=self.force,
         ))
 
     async def probe(self, rows: list[Any], input_offset: int, *,
@@ -155,7 +157,7 @@ class MapPlan:
         return await retry_transient(lambda: sheets.probe(
             self.port, self.ref, self.table_namespace, self.contract, rows,
             input_offset=input_offset, keys=keys, attempt=self.attempt,
-            cell_policies=self.cell_policies, give_up_after=self.give_up_after,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after, force=self.force,
         ))
 
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:

@@ -64,7 +64,7 @@ async def analyze(tenant, target: int | None) -> None:
 
 async def hot_paths(port, round_no: int) -> None:
     """One of each hot path through `port`: new rows from a list and a stream, a rerun that
-    finds cache hits and failed rows, a completion that repairs and one that inserts, reads,
+    finds cache hits and failed rows, a forced map, a completion that repairs and one that inserts, reads,
     receipts, and retirement as the runs end."""
     base = SHEET_ROWS + round_no * 20_000
     async with open_run(port, "play") as run:
@@ -73,6 +73,8 @@ async def hot_paths(port, round_no: int) -> None:
                       contract=CONTRACT)
     async with open_run(port, "play") as run:
         await run.map(NS, rows("c", 0, 10_000), fail_tenths, contract=CONTRACT)
+        # A forced map: the probe and admission re-admit rows earlier runs enriched.
+        await run.map(NS, rows("c", 10_000, 11_000), fail_tenths, contract=CONTRACT, force=True)
         ref = run.ref
         claim = await receipts.claim(port, ref, f"receipt-{round_no}")
         assert claim.disposition == "claimed", claim

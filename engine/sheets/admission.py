@@ -48,7 +48,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .. import array_input, canonical
 from ..actions import action
 from ..array_input import facts
-from ..codecs import INT, RUN_REF, STR, USER_JSON, list_of, optional
+from ..codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import CorruptFactError, InvalidInputError, MissingRelationError
 from ..pg import Connection
 from ..ports import Port
@@ -80,6 +80,11 @@ ADMIT_STATEMENT_TIMEOUT_MS = 120_000
 def check_give_up_after(value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
+
+
+def check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
@@ -123,7 +128,7 @@ class _PageRefused(Exception):
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
-    "texts": optional(list_of(STR)),
+    "texts": optional(list_of(STR)), "force": BOOL,
 }, result=ADMISSION, deadline_s=30.0)
 async def admit(
     port: Port,
@@ -141,6 +146,7 @@ async def admit(
     cache_hits: str = "rows",
     staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
+    force: bool = False,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -150,9 +156,12 @@ async def admit(
     offset) instead of sending them. `texts` (with `keys`) are the rows' canonical texts, from
     a caller that encoded them already (`engine.array_input.encode_source`): taken at the
     caller's word, as `keys` are, so the rows are not encoded again.
+    `force=True` re-admits enriched rows an older write version wrote (they run again); rows
+    our version already enriched stay cache hits, so a wake of a forced run resumes it.
     """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
+    check_flag("force", force)
     policies = _check_policies(cell_policies)
     check_give_up_after(give_up_after)
     if cache_hits not in CACHE_HITS_MODES:
@@ -201,6 +210,7 @@ async def admit(
         sql, extra = build_admit_sql(
             port, layout, contract, policies, sheet.columns,
             cache_hits=cache_hits, source=source, give_up_after=give_up_after,  # type: ignore[arg-type]
+            force=force,
         )
         results = []
         if staged_page is not None:
@@ -311,7 +321,7 @@ def _build_admission(prepared: PreparedRows, contract: SheetContract, results, v
 @action("sheets.probe", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
-    "cell_policies": optional(CELL_POLICIES), "give_up_after": optional(INT),
+    "cell_policies": optional(CELL_POLICIES), "give_up_after": optional(INT), "force": BOOL,
 }, result=optional(ADMISSION), deadline_s=30.0, writes=False)
 async def probe(
     port: Port,
@@ -325,15 +335,18 @@ async def probe(
     attempt: Attempt | None = None,
     cell_policies: Mapping[str, CellPolicy] | None = None,
     give_up_after: int | None = None,
+    force: bool = False,
 ) -> Admission | None:
     """Settle `rows` from their keys alone, writing nothing.
 
     Returns the `Admission` that `admit(..., cache_hits="count")` would return when every row is
     a fresh cache hit or blocked (`pending` and `inserted` are then empty/0), or None when some
-    row needs admitting (new, failed, stale, pending…) — then call `admit`.
+    row needs admitting (new, failed, stale, pending…) — then call `admit`. `force` judges
+    rows as `admit(..., force=True)` does.
     """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
+    check_flag("force", force)
     policies = _check_policies(cell_policies)
     check_give_up_after(give_up_after)
     namespace = normalize_namespace(table_namespace)
@@ -350,7 +363,7 @@ async def probe(
     async def op(conn: Connection) -> list[Any] | None:
         nonlocal columns
         sql, extra = build_probe_sql(port, layout, contract, policies, columns,
-                                     give_up_after=give_up_after)
+                                     give_up_after=give_up_after, force=force)
         results = []
         for low in range(0, n, ADMIT_CHUNK_ROWS):
             keys_chunk = sorted(prepared.keys[low:low + ADMIT_CHUNK_ROWS])
