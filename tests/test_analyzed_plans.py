@@ -76,6 +76,10 @@ async def hot_paths(port, round_no: int) -> None:
         # A forced map: the probe and admission re-admit rows earlier runs enriched.
         await run.map(NS, rows("c", 10_000, 11_000), fail_tenths, contract=CONTRACT, force=True)
         ref = run.ref
+        forced = await sheets.complete(port, ref, NS, CONTRACT, [RowOutcome(
+            sheets.row_key(rows("c", 10_001, 10_002)[0], NS), "failed", error="x")],
+            force_failed=True)
+        assert forced.updated == 1, forced
         claim = await receipts.claim(port, ref, f"receipt-{round_no}")
         assert claim.disposition == "claimed", claim
         await receipts.complete(port, ref, f"receipt-{round_no}", {"done": True})

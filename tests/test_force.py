@@ -119,3 +119,49 @@ def test_demo_force_recomputes_the_cached_rows(dsn, monkeypatch, capsys):
     assert main([*args, "--force"]) == 0
     forced = demo_line(capsys.readouterr().out)
     assert (forced["cached"], forced["executed"], forced["completed"]) == (0, 100, 100)
+
+
+@pytest.fixture(params=["returning_old", "snapshot_join"])
+def completion_path(request, monkeypatch):
+    """Both exact-key completion statements: PostgreSQL >= 18 `RETURNING old` and the snapshot
+    join of older servers."""
+    from runplane.engine.sheets import completion
+
+    if request.param == "snapshot_join":
+        monkeypatch.setattr(completion, "RETURNING_OLD_SINCE", 10**9)
+    return request.param
+
+
+async def test_force_failed_replaces_an_enriched_row_and_its_cells_count_failed(
+        tenant, completion_path):
+    contract = SheetContract(inputs=("name",), outputs=("score", "tag"))
+    run = await new_run(tenant, PLAY, "r1")
+    admission = await admit(tenant, run, NS, contract, [{"name": "a"}, {"name": "b"}])
+    a, b = (r.key for r in admission.pending)
+    await complete(tenant, run, NS, contract, [
+        RowOutcome(a, "completed", {"score": 1, "tag": "x"}),
+        RowOutcome(b, "completed", {"score": 2, "tag": "y"})])
+    plain = await complete(tenant, run, NS, contract, [RowOutcome(a, "failed", error="late")])
+    assert [f.reason for f in plain.fenced] == ["already_completed"]
+    forced = await complete(tenant, run, NS, contract, [RowOutcome(a, "failed", error="bad data")],
+                            force_failed=True)
+    assert forced.committed_keys == (a,) and forced.fenced == () and forced.updated == 1
+    stored = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
+    assert stored[a]["_status"] == "failed" and stored[a]["_error"] == "bad data"
+    assert {f: m["status"] for f, m in stored[a]["_cell_meta"].items()} == {
+        "score": "failed", "tag": "failed"}
+    assert stored[b]["_status"] == "enriched"
+    s = await summary(tenant, play_scope(tenant), NS)
+    assert (s.completed, s.failed) == (1, 1)
+    assert (s.columns["score"].completed, s.columns["score"].failed) == (1, 1)
+    assert (s.columns["tag"].completed, s.columns["tag"].failed) == (1, 1)
+    await assert_counters(tenant)
+    again = await complete(tenant, run, NS, contract, [RowOutcome(a, "failed", error="bad data")],
+                           force_failed=True)
+    assert again.committed_keys == (a,) and again.updated == 0  # an identical replay
+    newer = await new_run(tenant, PLAY, "r2")
+    await admit(tenant, newer, NS, contract, [{"name": "b"}], force=True)
+    fenced = await complete(tenant, run, NS, contract, [RowOutcome(b, "failed", error="x")],
+                            force_failed=True)
+    assert [f.reason for f in fenced.fenced] == ["stale_write_version"]  # still fenced by version
+    await assert_counters(tenant)

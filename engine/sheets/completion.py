@@ -11,7 +11,8 @@ How it works
     * `_write_version` newer than ours → fenced `stale_write_version`; older → `unadmitted`;
     * with an attempt, a row leased to another attempt → `attempt_superseded` (our own lease
       still counts as ours after it expired);
-    * a failed outcome for an `enriched` row → `already_completed`;
+    * a failed outcome for an `enriched` row → `already_completed`, unless `force_failed`: then
+      it applies, and every output it marks becomes a failed cell (completed ones included);
     * otherwise applied: completed → `enriched`, the data keys present patched, cell meta of
       every output `{status: completed, run_id, completed_at}` (epoch seconds, server clock)
       merged with the outcome's own cell meta; failed → `failed`, `_error` set, cells patched
@@ -47,7 +48,8 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from ..actions import action
-from ..codecs import RUN_REF, STR, list_of, optional
+from ..codecs import BOOL, RUN_REF, STR, list_of, optional
+from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port
 from ..scopes import RunRef, normalize_namespace
@@ -126,6 +128,7 @@ class _Writer:
     attempt: Attempt | None
     base_fields: list[str]
     clock: PhaseClock
+    force_failed: bool = False
     sheet: SheetTxn | None = None  # set by each transaction attempt
 
     def _counted(self, chunk: list[PreparedOutcome], failed: bool) -> list[str]:
@@ -151,7 +154,8 @@ class _Writer:
             else build_exact_sql
         )
         counted = self._counted(chunk, failed)
-        sql = build(self.port, self.layout, self.sheet.columns, fields, counted, failed)
+        sql = build(self.port, self.layout, self.sheet.columns, fields, counted, failed,
+                    force_failed=failed and self.force_failed)
         args = [
             keys, _json_array([o.data_text for o in chunk]), _nullable([o.meta_text for o in chunk]),
             *self._common(counted, failed), _nullable([o.error for o in chunk]),
@@ -226,7 +230,7 @@ class _Writer:
 
 @action("sheets.complete", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT,
-    "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT),
+    "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT), "force_failed": BOOL,
 }, result=COMPLETION, local=("on_diagnostics",), deadline_s=75.0)
 async def complete(
     port: Port,
@@ -237,10 +241,15 @@ async def complete(
     *,
     attempt: Attempt | None = None,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    force_failed: bool = False,
 ) -> Completion:
-    """Write `outcomes` into the sheet under the run's write version (see module docstring)."""
+    """Write `outcomes` into the sheet under the run's write version (see module docstring).
+    `force_failed=True` lets a failed outcome replace an enriched row of our write version:
+    its completed cells become failed cells."""
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
+    if not isinstance(force_failed, bool):
+        raise InvalidInputError(f"force_failed must be True or False, got {force_failed!r}")
     namespace = normalize_namespace(table_namespace)
     prepared, input_rows = prepare_outcomes(outcomes)
     inputs = set(contract.inputs)
@@ -248,7 +257,7 @@ async def complete(
     base_fields = sorted(set(contract.outputs) | (data_fields - inputs))
     layout = layout_for(port, run.scope.play_scope, namespace)
     clock = PhaseClock()
-    writer = _Writer(port, layout, run, attempt, base_fields, clock)
+    writer = _Writer(port, layout, run, attempt, base_fields, clock, force_failed)
     completed = [o for o in prepared if not o.failed]
     failed = [o for o in prepared if o.failed]
     all_keys = [o.key for o in prepared]
