@@ -106,8 +106,10 @@ class Run:
         return self._nursery
 
     # -- work receipts -------------------------------------------------------------------------
-    async def claim(self, key: str, *, reclaim_running: bool = False) -> Claim:
-        return await receipts.claim(self.port, self.ref, key, reclaim_running=reclaim_running)
+    async def claim(self, key: str, *, reclaim_running: bool = False,
+                    lease_s: float = receipts.DEFAULT_LEASE_S) -> Claim:
+        return await receipts.claim(self.port, self.ref, key, reclaim_running=reclaim_running,
+                                    lease_s=lease_s)
 
     async def complete(self, key: str, output: Any) -> Receipt:
         return await receipts.complete(self.port, self.ref, key, output)

@@ -11,7 +11,9 @@ Versions: 2 added `runs.command` (how to resume a run, recorded by the command l
 row-level security policies of database sessions; 5 makes physical names unique: one column per
 field in `sheet_columns` (a unique index on the column name, after dropping the later of any two
 registrations that already shared one) and one table per sheet (`sheet_summary.table_name`,
-unique, filled by the next write of each sheet). An older schema is upgraded in place by the
+unique, filled by the next write of each sheet); 6 adds work-receipt leases
+(`work_receipts.lease_expires_at`: a running receipt whose lease has expired may be claimed
+again). An older schema is upgraded in place by the
 same idempotent bootstrap, with no manual step.
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 from . import session_isolation
 from .sql import quote_ident
 
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -126,6 +128,9 @@ CREATE TABLE IF NOT EXISTS {s}.session_scopes (
     expires_at timestamptz NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+-- version 6: work-receipt leases (engine.receipts). NULL on receipts claimed before: never expires.
+ALTER TABLE {s}.work_receipts ADD COLUMN IF NOT EXISTS lease_expires_at timestamptz;
+-- end of version 6
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """
