@@ -34,13 +34,15 @@ How it works
   version (whose key is not among this call's keys) is applied to that row through the same
   statement; a completed outcome left unmatched is inserted `enriched`; a failed one is fenced
   `missing`.
-- `on_diagnostics(CompletionDiagnostics)` is observational: what it raises is logged and never
-  changes the result.
+- `on_diagnostics(CompletionDiagnostics)` (a plain or async callable) is observational and
+  never delays or changes the result: the diagnostics are queued for the tenant's background
+  task (`engine.diagnostics`; bounded, oldest dropped) and `complete` returns at once; what the
+  sink raises is logged. A port with no such queue running delivers inline. With no sink, one
+  JSON line per completion is logged at DEBUG.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from typing import Any, Callable, Sequence
@@ -48,6 +50,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from ..actions import action
+from ..diagnostics import DiagnosticsQueue, call_sink, log_diagnostics
 from ..codecs import BOOL, RUN_REF, STR, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
@@ -289,8 +292,14 @@ async def complete(
         diagnostics = _diagnostics(
             clock, outcome, input_rows, prepared, tally, time.perf_counter() - started
         )
-        if on_diagnostics is not None:
-            await deliver_diagnostics(on_diagnostics, diagnostics)
+        if on_diagnostics is None:
+            log_diagnostics(diagnostics)
+        else:
+            queue = getattr(port, "diagnostics", None)
+            if isinstance(queue, DiagnosticsQueue) and queue.running:
+                queue.put(on_diagnostics, diagnostics)
+            else:
+                await deliver_diagnostics(on_diagnostics, diagnostics)
     return Completion(
         updated=tally.updated,
         committed_keys=tuple(k for k in all_keys if k in tally.committed),
@@ -323,10 +332,5 @@ def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int, prepared, tal
 
 
 async def deliver_diagnostics(sink: Callable[[CompletionDiagnostics], Any], diagnostics) -> None:
-    """Hand diagnostics to the sink; its failures are logged, never raised."""
-    try:
-        result = sink(diagnostics)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        log.exception("sheet completion diagnostics sink failed; the result is unaffected")
+    """Hand diagnostics to the sink now; its failures are logged, never raised."""
+    await call_sink(sink, diagnostics)
