@@ -64,7 +64,7 @@ async def analyze(tenant, target: int | None) -> None:
 
 async def hot_paths(port, round_no: int) -> None:
     """One of each hot path through `port`: new rows from a list and a stream, a rerun that
-    finds cache hits and failed rows, a forced map, a completion that repairs and one that inserts, reads,
+    finds cache hits and failed rows, a forced map, appends, a replace (last round), a completion that repairs and one that inserts, reads,
     receipts, and retirement as the runs end."""
     base = SHEET_ROWS + round_no * 20_000
     async with open_run(port, "play") as run:
@@ -102,6 +102,14 @@ async def hot_paths(port, round_no: int) -> None:
         staged = await sheets.admit(port, ref, NS, CONTRACT, source, staged_page=page,
                                     cache_hits="count")
         assert staged.inserted == len(source)
+        # Appends: input indexes continue from the sheet's largest; a retry finds its rows.
+        appended = rows("a", base + 17_000, base + 17_100)
+        for _ in range(2):
+            await sheets.append_rows(port, ref, NS, CONTRACT, appended,
+                                     idempotency_key=f"append-{round_no}")
+        if round_no == 2:  # the last round: the sheet's rows replaced (emptied, then admitted)
+            replaced = await sheets.replace_rows(port, ref, NS, CONTRACT, rows("r", 0, 1_000))
+            assert replaced.inserted == 1_000
 
 
 @pytest.fixture(params=["returning_old", "snapshot_join"])

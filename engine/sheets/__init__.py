@@ -28,11 +28,12 @@ from .model import (
 )
 from .inputs import row_key
 from .reading import read_rows, summaries, summary
+from .writes import append_rows, replace_rows
 
 __all__ = [
     "SheetContract", "Attempt", "CellPolicy", "row_key", "ensure_sheet", "admit", "Admission",
     "AdmittedRow", "BlockedRow", "RowOutcome", "complete", "Completion", "FencedRow",
     "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
     "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
-    "ErrorCounts", "RunRows", "probe", "StagedPage",
+    "ErrorCounts", "RunRows", "probe", "StagedPage", "append_rows", "replace_rows",
 ]

@@ -43,7 +43,9 @@ How it works
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import attrs
 
 from .. import array_input, canonical
 from ..actions import action
@@ -176,6 +178,30 @@ async def admit(
         need_texts=bool(contract.inputs) and staged_page is None, input_indexes=input_indexes,
         texts=texts,
     )
+    return await admit_prepared(
+        port, run, namespace, contract, prepared, started=started, attempt=attempt,
+        policies=policies, give_up_after=give_up_after, cache_hits=cache_hits,
+        staged_page=staged_page, page_rows=rows, input_offset=input_offset, force=force,
+    )
+
+
+# What a write mode runs first in the admission's transaction (`engine.sheets.writes`): it may
+# change the sheet and returns how much to add to every row's input index.
+Prelude = Callable[[Connection, SheetTxn], Awaitable[int]]
+
+
+async def admit_prepared(
+    port: Port, run: RunRef, namespace: str, contract: SheetContract, prepared: PreparedRows, *,
+    started: float, attempt: Attempt | None = None,
+    policies: Mapping[str, CellPolicy] | None = None,
+    give_up_after: int | None = None, cache_hits: str = "rows",
+    staged_page: StagedPage | None = None, page_rows: Sequence[Any] = (), input_offset: int = 0,
+    force: bool = False, prelude: Prelude | None = None,
+) -> Admission:
+    """`admit` after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
+    staged page) runs first in the same transaction; what it returns shifts every input index."""
+    rows = page_rows
+    policies = policies or {}
     layout = layout_for(port, run.scope.play_scope, namespace)
     source = "payload" if staged_page is None else "page"
     status = "running" if attempt is not None else "pending"
@@ -206,6 +232,8 @@ async def admit(
             input_offset, len(rows), staged_page.ordinal,
         ]
 
+    shift = [0]
+
     async def op(conn: Connection, sheet: SheetTxn) -> list[Any]:
         sql, extra = build_admit_sql(
             port, layout, contract, policies, sheet.columns,
@@ -218,8 +246,12 @@ async def admit(
             if not record["page_ok"]:
                 raise _PageRefused
             return [(0, record)]
+        indexes = prepared.indexes
+        if prelude is not None:
+            shift[0] = await clock.measure("prelude", prelude(conn, sheet))
+            indexes = [index + shift[0] for index in indexes]
         for low, high in chunks:
-            args = [prepared.keys[low:high], prepared.indexes[low:high], *common]
+            args = [prepared.keys[low:high], indexes[low:high], *common]
             texts = prepared.texts
             args.append("[" + ",".join(texts[low:high]) + "]" if texts is not None else None)
             statement = conn.fetchrow(sql, *args, *extra)
@@ -227,7 +259,7 @@ async def admit(
         return results
 
     results = []
-    if n:
+    if n or prelude is not None:
         try:
             results = await run_sheet_transaction(
                 port, layout, contract.fields, op, timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS,
@@ -239,6 +271,8 @@ async def admit(
         locate: Callable[[int, int], int] = lambda low, ord_: low + ord_ - 1
     else:
         locate = lambda _low, ord_: index_of_position[ord_ - 1]
+    if shift[0]:
+        prepared = attrs.evolve(prepared, indexes=[index + shift[0] for index in prepared.indexes])
     admission = _build_admission(prepared, contract, results, run.epoch, cache_hits, locate)
     clock.add("total", time.perf_counter() - started)
     timings = tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items())
