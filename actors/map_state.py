@@ -14,7 +14,9 @@ How it works
 - `MapState` is everything the map changes while it runs, owned by `map_rows` and changed only
   by its actors (all in one trio thread, so plain updates are atomic between checkpoints). Its
   methods are named after the actor that calls them:
-  - admission: `take_admission` — counts the page and returns the rows to run, dropping later
+  - admission: `note_reuse` — the keys of units with cache hits, which the map records as
+    the rows its run reused (one statement at its end, `engine.sheets.record_reuse`);
+    `take_admission` — counts the page and returns the rows to run, dropping later
     duplicates of rows still in flight (`inflight`: keys admitted and not yet written, bounded
     by the pipeline's channels);
   - workers: `open_batch` / `record` — each computed outcome enters the ledger as soon as it
@@ -40,7 +42,9 @@ from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
-from runplane.engine.sheets.inputs import outcome_fields_problem
+from runplane.engine.scopes import normalize_namespace
+from runplane.engine.sheets.admission import probe_keyed
+from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
@@ -160,6 +164,20 @@ class MapPlan:
             cell_policies=self.cell_policies, give_up_after=self.give_up_after, force=self.force,
         ))
 
+    async def probe_keyed(self, rows: list[Any], input_offset: int, *,
+                          keys: list[str] | None = None) -> tuple[Admission | None, list[str]]:
+        """`probe`, and the keys of the probed rows (for the reuse the map records)."""
+        return await retry_transient(lambda: probe_keyed(
+            self.port, self.ref, self.table_namespace, self.contract, rows,
+            input_offset=input_offset, keys=keys, attempt=self.attempt,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after, force=self.force,
+        ))
+
+    def row_keys(self, rows: list[Any]) -> list[str]:
+        """The keys admission gives `rows` (a streamed page's, whose keys were not computed)."""
+        return prepare_rows(rows, normalize_namespace(self.table_namespace), input_offset=0,
+                            keys=None, need_texts=False, keep_rows=False).keys
+
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:
         """Write outcomes, fenced by the run's write version (retried through transient faults)."""
         return await retry_transient(lambda: sheets.complete(
@@ -181,6 +199,7 @@ class MapState:
     _next_ticket: int = attrs.field(init=False, default=0)
     _added_fields: set[str] = attrs.field(init=False, factory=set)  # outputs beyond the contract
     _storable_names: set[tuple[str, ...]] = attrs.field(init=False, factory=set)
+    reused_keys: list[str] = attrs.field(init=False, factory=list)  # see `note_reuse`
 
     @classmethod
     def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
@@ -223,6 +242,11 @@ class MapState:
                           error=f"outputs cannot be stored: {problem}", attempts=outcome.attempts)
 
     # -- admission ---------------------------------------------------------------------------
+    def note_reuse(self, keys: list[str]) -> None:
+        """Admission: the keys of a unit in which cache hits were found (a superset of the rows
+        reused; `engine.sheets.reuse` says why that is exact), recorded once the map ends."""
+        self.reused_keys.extend(keys)
+
     def take_admission(self, rows_in_page: int, admission: Admission) -> list[AdmittedRow]:
         """Count one admitted page; return its pending rows that are not already in flight.
 

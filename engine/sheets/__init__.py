@@ -28,6 +28,7 @@ from .model import (
 )
 from .inputs import row_key
 from .reading import read_rows, summaries, summary
+from .reuse import record_reuse
 from .writes import append_rows, replace_rows
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
     "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
     "ErrorCounts", "RunRows", "probe", "StagedPage", "append_rows", "replace_rows",
+    "record_reuse",
 ]

@@ -48,7 +48,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import attrs
 
 from .. import array_input, canonical
-from ..actions import action
+from ..actions import RemotePort, action
 from ..array_input import facts
 from ..codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import CorruptFactError, InvalidInputError, MissingRelationError
@@ -378,6 +378,30 @@ async def probe(
     row needs admitting (new, failed, stale, pending…) — then call `admit`. `force` judges
     rows as `admit(..., force=True)` does.
     """
+    settled, _keys = await probe_keyed(
+        port, run, table_namespace, contract, rows, input_offset=input_offset, keys=keys,
+        attempt=attempt, cell_policies=cell_policies, give_up_after=give_up_after, force=force)
+    return settled
+
+
+async def probe_keyed(
+    port: Port, run: RunRef, table_namespace: str, contract: SheetContract,
+    rows: Sequence[dict], *, input_offset: int = 0, keys: Sequence[str] | None = None,
+    attempt: Attempt | None = None, cell_policies: Mapping[str, CellPolicy] | None = None,
+    give_up_after: int | None = None, force: bool = False,
+) -> tuple[Admission | None, list[str]]:
+    """`probe`, and the rows' keys (deduplicated) it computed or was given: a map records the
+    keys of the rows it reused (`engine.sheets.reuse`) without keying them twice. Through a
+    remote port the keys are computed here and the action `sheets.probe` is sent."""
+    if isinstance(port, RemotePort):
+        if keys is None:
+            keys = prepare_rows(rows, normalize_namespace(table_namespace),
+                                input_offset=input_offset, keys=None, need_texts=False,
+                                keep_rows=False).keys
+        settled = await probe(port, run, table_namespace, contract, rows,
+                              input_offset=input_offset, keys=keys, attempt=attempt,
+                              cell_policies=cell_policies, give_up_after=give_up_after, force=force)
+        return settled, list(dict.fromkeys(keys))
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
     check_flag("force", force)
@@ -418,9 +442,9 @@ async def probe(
         async with port.connection(LANE) as conn:
             results = await op(conn)
     except MissingRelationError:
-        return None  # no sheet table or column yet: nothing there is settled
+        return None, prepared.keys  # no sheet table or column yet: nothing there is settled
     if results is None:
-        return None
+        return None, prepared.keys
     cached = sum(record["cached"] for record in results)
     reasons = {key: reason for record in results for key, reason in
                zip(record["blocked_keys"] or (), record["blocked_reasons"] or ())}
@@ -432,4 +456,4 @@ async def probe(
         inserted=0, skipped=prepared.skipped, pending=(), completed=(), blocked=tuple(blocked),
         write_version=run.epoch,
         timings=tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items()), cached=cached,
-    )
+    ), prepared.keys

@@ -7,8 +7,9 @@ How it works
   `_status`, `_error`, `_input_index`, `_attempts` (calls of the map function, across runs) and
   `_failed_runs` (runs in which the row failed) — a field whose name equals one of those is
   shadowed by the system value in these dicts. Rows are ordered by input index (nulls last), creation
-  time and key. With `run_id`, only rows last written by that run are read, and among them only
-  the enriched ones if any exist, else only the failed ones if any exist, else all of them.
+  time and key. With `run_id`, only that run's rows are read — those it last wrote and the
+  cache hits it reused (`engine.sheets.reuse`) — and among them only the enriched ones if any
+  exist, else only the failed ones if any exist, else all of them.
 - `summary` reads the counter rows; a sheet never written reads as all zeros. `summaries` reads
   the counters of every sheet of a play at once (the command line's status). All are plain
   reads: no lock, one snapshot per statement.
@@ -28,6 +29,7 @@ from ..sql import quote_ident
 
 from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
 from .model import SUMMARY, ColumnSummary, Summary
+from .reuse import MEMBERS
 
 _REGISTERED = """
 SELECT to_regclass($4) IS NOT NULL AS present,
@@ -46,16 +48,21 @@ _READ_ALL = """
 SELECT _key, _status, _error, _input_index{policy}{cols} FROM {t} {order} LIMIT $1 OFFSET $2
 """
 
+# A run's rows: those it wrote, and those it reused (`reuse.MEMBERS`).
 _READ_RUN = """
-WITH preferred AS (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM {t} WHERE _run_id = $3 AND _status = 'enriched')
-                THEN 'enriched'
-                WHEN EXISTS (SELECT 1 FROM {t} WHERE _run_id = $3 AND _status = 'failed')
-                THEN 'failed' END AS status
+WITH {members},
+members AS MATERIALIZED (
+    SELECT * FROM {t} WHERE _run_id = $3
+    UNION ALL
+    SELECT * FROM reused
+),
+preferred AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM members WHERE _status = 'enriched') THEN 'enriched'
+                WHEN EXISTS (SELECT 1 FROM members WHERE _status = 'failed') THEN 'failed'
+           END AS status
 )
-SELECT _key, _status, _error, _input_index{policy}{cols} FROM {t}
- WHERE _run_id = $3
-   AND ((SELECT status FROM preferred) IS NULL OR _status = (SELECT status FROM preferred))
+SELECT _key, _status, _error, _input_index{policy}{cols} FROM members
+ WHERE (SELECT status FROM preferred) IS NULL OR _status = (SELECT status FROM preferred)
  {order} LIMIT $1 OFFSET $2
 """
 
@@ -135,8 +142,10 @@ async def read_rows(
             sql = _READ_ALL.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER)
             records = await conn.fetch(sql, limit, offset)
         else:
-            sql = _READ_RUN.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER)
-            records = await conn.fetch(sql, limit, offset, run_id)
+            members = MEMBERS.format(reuse=table(port, "sheet_reuse"), t=layout.qualified)
+            sql = _READ_RUN.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER,
+                                   members=members.strip())
+            records = await conn.fetch(sql, limit, offset, run_id, *layout.counter_args)
         out = []
         loads = canonical.loads
         for record in records:

@@ -1,0 +1,75 @@
+"""Cache hits belong to the run that reused them, recorded without touching the rows.
+
+How it works
+- A rerun that finds rows already enriched leaves them as they are: their `_run_id`, write
+  version, outputs and cell meta stay those of the run that wrote them (reused cells keep
+  status `completed` and count as completed). What it records instead is a membership: one
+  `sheet_reuse` row per map (`record_reuse`, one INSERT), holding the keys of the admission
+  units in which it found cache hits, and the run's epoch.
+- The keys may be a superset of the rows reused (a unit with one hit records all its keys):
+  a reader keeps only the rows that are `enriched` with a write version older than the run's
+  epoch. After the run's admission, no older run can write a row of its input (completion is
+  fenced by write version), so those rows are exactly its cache hits; a row a newer run has
+  rewritten since is that run's, not this one's.
+- `read_rows(run_id=R)` reads R's own rows and, through `MEMBERS`, the rows R reused, each by
+  a primary-key lookup from the recorded keys.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..actions import action
+from ..codecs import INT, RUN_REF, STR, list_of
+from ..errors import InvalidInputError
+from ..ports import SHEET_LANE, Port, table, with_connection
+from ..scopes import RunRef, check_scope, normalize_namespace
+
+from ..canonical import is_clean_str
+from .inputs import ALWAYS_SAFE_KEY_CHARS, check_key
+
+# $1 org, $2 play, $3 namespace, $4 run id, $5 epoch, $6 keys
+_RECORD = """
+INSERT INTO {reuse} (org_id, play, table_namespace, run_id, epoch, keys)
+VALUES ($1, $2, $3, $4, $5, $6::text[])
+"""
+
+# The rows run $3 reused, from the recorded keys (each found by its primary key), for
+# `read_rows`: `{reuse}` the membership table, `{t}` the sheet; $4 org, $5 play, $6 namespace.
+MEMBERS = """
+reused_keys AS MATERIALIZED (
+    SELECT DISTINCT u.key, r.epoch
+      FROM {reuse} AS r CROSS JOIN LATERAL unnest(r.keys) AS u(key)
+     WHERE r.org_id = $4 AND r.play = $5 AND r.table_namespace = $6 AND r.run_id = $3
+),
+reused AS MATERIALIZED (
+    SELECT s.*
+      FROM reused_keys AS k
+      CROSS JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = k.key LIMIT 1) AS s
+     WHERE s._status = 'enriched' AND s._write_version < k.epoch
+       AND s._run_id IS DISTINCT FROM $3
+)"""
+
+
+@action("sheets.record_reuse", params={
+    "run": RUN_REF, "table_namespace": STR, "keys": list_of(STR),
+}, result=INT)
+async def record_reuse(port: Port, run: RunRef, table_namespace: str, keys: Sequence[str]) -> int:
+    """Record that `run` reused the enriched rows among `keys` (one statement); returns how
+    many keys were recorded (0 writes nothing)."""
+    check_scope(port, run)
+    namespace = normalize_namespace(table_namespace)
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise InvalidInputError("keys must be a list of row keys")
+    unique = list(dict.fromkeys(keys))
+    for i, key in enumerate(unique):
+        if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
+                or not is_clean_str(key):
+            check_key(key, f"keys[{i}]")
+    if not unique:
+        return 0
+    sql = _RECORD.format(reuse=table(port, "sheet_reuse"))
+    scope = run.scope
+    await with_connection(port, SHEET_LANE, lambda conn: conn.execute(
+        sql, scope.org_id, scope.play, namespace, scope.run_id, run.epoch, unique))
+    return len(unique)
