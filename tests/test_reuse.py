@@ -95,3 +95,19 @@ async def test_record_reuse_checks_keys_and_writes_nothing_for_none(tenant):
     with pytest.raises(InvalidInputError):
         await record_reuse(tenant, run, NS, ["ok", ""])
     assert await record_reuse(tenant, run, NS, ["a", "a", "b"]) == 2
+
+
+async def test_keys_that_are_not_row_keys_are_recorded_as_text(tenant):
+    from runplane.engine.sheets import RowOutcome, admit, complete
+    from tests.sheet_helpers import new_run
+
+    first = await new_run(tenant, PLAY, "first")
+    keys = ["A" * 32, "a" * 31, "é-key", "f" * 32]
+    await admit(tenant, first, NS, CONTRACT, [{"name": k} for k in keys], keys=keys)
+    await complete(tenant, first, NS, CONTRACT, [RowOutcome(k, "completed", {"score": 1})
+                                                for k in keys])
+    rerun = await new_run(tenant, PLAY, "rerun")
+    assert await record_reuse(tenant, rerun, NS, keys) == 4
+    assert set(await keys_of(tenant, "rerun")) == set(keys)
+    assert await record_reuse(tenant, rerun, NS, ["f" * 32, "0" * 32]) == 2  # as digests
+    assert set(await keys_of(tenant, "rerun")) == set(keys)  # "000…" has no row
