@@ -56,6 +56,7 @@ from .errors import (
     MissingRelationError,
     StatementTimeoutError,
     StoreUnavailableError,
+    RollbackFailedError,
     TransactionStateUnknownError,
     leaf_errors,
 )
@@ -510,7 +511,7 @@ class Connection:
             return
         self.broken = True
         if isinstance(exc, Exception):
-            raise TransactionStateUnknownError(
+            raise RollbackFailedError(
                 f"operation failed ({exc!r}) and {rollback} failed too ({rollback_error!r}); "
                 "connection closed",
                 error=exc,

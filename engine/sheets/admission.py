@@ -23,8 +23,8 @@ How it works
       kept. Rows already exactly so are left untouched.
 - Cell meta `completed_at` is epoch seconds from the server clock, so staleness is judged on
   the server's clock only; policies for fields that are not contract outputs are ignored.
-- Cache hits are not touched: their `_run_id` stays the run that wrote them, so
-  `read_rows(run_id=...)` lists only the rows a run (re)wrote itself.
+- Cache hits are not touched: their `_run_id` stays the run that wrote them; a map records
+  the rows its run reused apart (`engine.sheets.reuse`), and `read_rows(run_id=...)` lists both.
 - `cache_hits="count"` returns cache hits as a count only (`Admission.cached`; `completed` is
   empty): a page of hits costs a few bytes instead of its outputs. The default lists them with
   their outputs, as SPEC §7 says.

@@ -92,10 +92,16 @@ SELECT table_namespace, field, completed, failed FROM {column_summary}
 _COUNTERS = ("total", "queued", "running", "completed", "failed")
 
 
-def _check_page(limit: object, offset: object) -> None:
+MAX_READ_ROWS = 10_000
+
+
+def _check_page(limit: object, offset: object) -> int:
+    """The limit to use (clamped to 1..`MAX_READ_ROWS`); `InvalidInputError` for a limit or
+    offset that is no integer >= 0."""
     for name, value in (("limit", limit), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+    return min(max(limit, 1), MAX_READ_ROWS)  # type: ignore[type-var]
 
 
 @action("sheets.read_rows", params={
@@ -111,9 +117,10 @@ async def read_rows(
     limit: int = 1000,
     offset: int = 0,
 ) -> list[dict]:
-    """Rows of a sheet as dicts (see the module docstring); [] when the sheet does not exist."""
+    """Rows of a sheet as dicts (see the module docstring); [] when the sheet does not exist.
+    `limit` is clamped to 1..10,000 rows: page through larger sheets with `offset`."""
     check_scope(port, scope)
-    _check_page(limit, offset)
+    limit = _check_page(limit, offset)
     if run_id is not None:
         if not isinstance(run_id, str):
             raise InvalidInputError("run_id must be a string or None")
