@@ -43,7 +43,7 @@ from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
 from runplane.engine.scopes import normalize_namespace
-from runplane.engine.sheets.admission import probe_keyed
+from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets import (

@@ -156,7 +156,7 @@ NOT_OPERATIONS = {
     "runplane.engine.array_input.facts.run_statement",
     "runplane.engine.sheets.layout.run_sheet_transaction",
     "runplane.engine.sheets.admission.admit_prepared",  # the write modes' shared admission
-    "runplane.engine.sheets.admission.probe_keyed",  # `sheets.probe` (an action) and its keys
+    "runplane.engine.sheets.probing.probe_keyed",  # `sheets.probe` (an action) and its keys
 }
 
 

@@ -6,7 +6,8 @@ attempt never overwrites newer results; counters (`summary`) always equal a COUN
 sheet. See the modules for how each part works.
 """
 
-from .admission import admit, probe
+from .admission import admit
+from .probing import probe
 from .audit import ErrorCount, ErrorCounts, FailedRow, RunRows, error_counts, failed_rows, run_rows
 from .completion import complete
 from .layout import SheetLayout, ensure_sheet
