@@ -3,7 +3,9 @@
 Admission (`admit`) puts rows in under the run's write version (its epoch) and tells which need
 running; completion (`complete`) writes outcomes back, fenced so a stale run or a superseded
 attempt never overwrites newer results; counters (`summary`) always equal a COUNT over the
-sheet. See the modules for how each part works.
+sheet; `append_rows` and `replace_rows` are the write modes besides admission's upsert
+(`writes`); a map records the rows its run reused (`record_reuse`, `reuse`). See the modules
+for how each part works.
 """
 
 from .admission import admit
