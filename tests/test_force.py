@@ -12,6 +12,7 @@ from runplane.cli import main
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import RowOutcome, SheetContract, admit, complete, probe, summary
 from tests.sheet_helpers import PLAY, counters_match, new_run, play_scope, raw_rows
+from tests.test_cli import demo_line, schema  # noqa: F401  (the CLI's schema fixture)
 
 CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
 NS = "forced"
@@ -108,11 +109,7 @@ async def test_run_map_with_force_recomputes_every_row_once(tenant):
     await assert_counters(tenant)
 
 
-def test_demo_force_recomputes_the_cached_rows(dsn, monkeypatch, capsys):
-    from tests.test_cli import demo_line, fresh_schema
-
-    monkeypatch.setenv("RUNPLANE_DSN", dsn)
-    schema = fresh_schema()
+def test_demo_force_recomputes_the_cached_rows(schema, capsys):
     args = ["demo", "--rows", "100", "--schema", schema, "--fail-rate", "0"]
     assert main(args) == 0
     capsys.readouterr()

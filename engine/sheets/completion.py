@@ -50,8 +50,8 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from ..actions import action
-from ..diagnostics import DiagnosticsQueue, call_sink, log_diagnostics
 from ..codecs import BOOL, RUN_REF, STR, list_of, optional
+from ..diagnostics import DiagnosticsQueue, call_sink, log_diagnostics
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port
