@@ -10,8 +10,9 @@ How it works
   so the actors retry them.
 - Retried: `StoreUnavailableError` (the connection failed or could not be made, the server is
   shutting down or starting up; the call may or may not have been applied) and
-  `TransactionStateUnknownError` (the rollback failed, or a lost COMMIT's outcome could not be
-  read; same). Everything else (bad input, conflicts, retirement, a missing relation after
+  `TransactionStateUnknownError` when a lost COMMIT's outcome could not be read (same; every
+  operation is idempotent). A failed rollback (`RollbackFailedError`) is never retried: what
+  the failed operation left is unknown. Everything else (bad input, conflicts, retirement, a missing relation after
   repair) is raised at once, and so are `GatewayUnavailableError` (a gateway client has already
   retried through its own budgets) and `StoreOutageError` (an inner retry's budget ran out).
 - Inside a run (`open_run` installs the run's `OutageWatch`, with the tenant's
@@ -40,7 +41,7 @@ import attrs
 import trio
 
 from runplane.engine.errors import (
-    GatewayUnavailableError, StoreOutageError, StoreUnavailableError,
+    GatewayUnavailableError, RollbackFailedError, StoreOutageError, StoreUnavailableError,
     TransactionStateUnknownError,
 )
 
@@ -52,7 +53,7 @@ RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0)
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_CAP_S = 2.0
 TRANSIENT = (StoreUnavailableError, TransactionStateUnknownError)
-NOT_RETRIED = (GatewayUnavailableError, StoreOutageError)
+NOT_RETRIED = (GatewayUnavailableError, StoreOutageError, RollbackFailedError)
 
 
 @attrs.define(eq=False)

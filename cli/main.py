@@ -168,6 +168,7 @@ def _demo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", default=None, metavar="RUN_ID", help="wake a crashed run and finish it")
     parser.add_argument("--retries", type=_count, default=0, metavar="N",
                         help="retry a failed tool call up to N times, with backoff (default 0)")
+    parser.add_argument("--force", action="store_true", help="recompute rows earlier runs enriched")
     parser.add_argument("--rate", type=_rate, default=None, metavar="PER_SECOND",
                         help="start at most this many tool calls a second (default: no limit)")
 
@@ -224,6 +225,7 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     _row_error_options(parser)
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
+    parser.add_argument("--force", action="store_true", help="every run.map recomputes rows earlier runs enriched")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
@@ -284,7 +286,7 @@ def run_play(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway
             run_id = await choose_run_id(tenant, play_name, args)
-            async with open_run(tenant, play_name, run_id) as run:
+            async with open_run(tenant, play_name, run_id, force=args.force) as run:
                 await notice.started(run)
                 say(f"{len(rows)} input rows")
                 result = await play(run, rows)

@@ -132,6 +132,12 @@ class TransactionStateUnknownError(EngineError):
         self.rollback_error = rollback_error
 
 
+class RollbackFailedError(TransactionStateUnknownError):
+    """The state is unknown because the ROLLBACK after a failed operation failed or timed out
+    (not because a COMMIT's reply was lost). Never retried: what the failed operation left is
+    not known, so the caller decides (the actors raise it at once)."""
+
+
 class AuthError(EngineError):
     """A gateway refused the token: missing, malformed, badly signed or expired (HTTP 401)."""
 
@@ -154,7 +160,7 @@ class ArrayInputUnavailableError(EngineError):
 PUBLIC_NAMES = frozenset({
     "EngineError", "ScopeError", "InvalidInputError", "RetiredError", "ConflictError",
     "CorruptFactError", "StoreUnavailableError", "TenantUnavailableError",
-    "TransactionStateUnknownError", "AuthError", "GatewayUnavailableError",
+    "TransactionStateUnknownError", "RollbackFailedError", "AuthError", "GatewayUnavailableError",
     "ArrayInputUnavailableError", "TooManySessionsError",
 })
 

@@ -57,6 +57,7 @@ from .errors import (
     MissingRelationError,
     StatementTimeoutError,
     StoreUnavailableError,
+    RollbackFailedError,
     TransactionStateUnknownError,
     leaf_errors,
 )
@@ -540,7 +541,7 @@ class Connection:
             return
         self.broken = True
         if isinstance(exc, Exception):
-            raise TransactionStateUnknownError(
+            raise RollbackFailedError(
                 f"operation failed ({exc!r}) and {rollback} failed too ({rollback_error!r}); "
                 "connection closed",
                 error=exc,

@@ -22,6 +22,8 @@ How it works
   operations inside use savepoints (`outer_transaction` is true).
 - A connection that `engine.pg` marked broken (cancelled query, lost connection, failed
   rollback) is closed at release, never pooled.
+- `tenant.diagnostics` is the tenant's queue of completion diagnostics for sinks, drained by a
+  task the tenant owns from open to close (`engine.diagnostics`): a sink never delays a write.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import attrs
 import trio
 
 from . import pg, schema as schema_ddl
+from .diagnostics import DiagnosticsQueue
 from .embedded import resolve_dsn
 from .errors import (
     EngineError,
@@ -135,6 +138,7 @@ class Tenant:
     bootstrap: bool = True
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     lanes: Mapping[str, int] = attrs.field(factory=lambda: dict(DEFAULT_LANES))
+    diagnostics: DiagnosticsQueue = attrs.field(factory=DiagnosticsQueue)
     _lane_permits: dict[str, Permits] = attrs.field(init=False)
     _connection_permits: Permits = attrs.field(init=False)
     _idle: list[Any] = attrs.field(init=False, factory=list)
@@ -401,12 +405,14 @@ async def open_tenant(
             outage_budget_s=budget,
             lanes=lane_limits,
         )
+        tenant.diagnostics.open()
         try:
             if bootstrap:
                 await tenant.ensure_schema()
             yield tenant
         finally:
             with trio.CancelScope(shield=True):
+                await tenant.diagnostics.close()
                 await tenant.aclose()
 
 
