@@ -122,6 +122,14 @@ def _server_answered(exc: BaseException) -> bool:
             and getattr(exc, "sqlstate", None) not in TRANSIENT_SQLSTATES)
 
 
+class LoopCancelledError(ConnectionAbortedError):
+    """The asyncio side cancelled a driver call that trio did not cancel: the event loop is
+    shutting down or closed, or the driver cancelled its own future while tearing a connection
+    down. The connection is gone; to everything above this module it is a lost connection
+    (`StoreUnavailableError`), never an `asyncio.CancelledError`, which is a BaseException and
+    would pass through every `except Exception` on its way out."""
+
+
 class NotSent(Exception):
     """Raised by `Driver.step` when the coroutine failed before its first wait: the driver
     refused the statement without waiting for the server. `error` is the driver's error."""
@@ -153,13 +161,24 @@ class Driver:
         self.loop = loop
 
     async def call(self, coro: Any) -> Any:
-        return await self.loop.run_aio_coroutine(coro)
+        """Run `coro` as an asyncio Task on the loop. A cancellation that trio did not ask for
+        (the loop shutting down, or the driver cancelling its own work in teardown) is raised
+        as `LoopCancelledError`, a driver error, never as `asyncio.CancelledError`."""
+        if self.loop.is_closed():
+            coro.close()
+            raise LoopCancelledError("the connection's event loop is closed")
+        try:
+            return await self.loop.run_aio_coroutine(coro)
+        except asyncio.CancelledError as exc:
+            raise LoopCancelledError(
+                "the event loop cancelled the call (it is shutting down)") from exc
 
     async def step(self, coro: Any) -> Any:
         """Run an asyncio coroutine to completion in the current trio task.
 
         Cancellation follows trio-asyncio's rule: the future being waited on is cancelled, the
         coroutine sees `asyncio.CancelledError` and unwinds, and this raises `trio.Cancelled`.
+        An `asyncio.CancelledError` that trio did not cause is raised as `LoopCancelledError`.
         A failure before the coroutine's first wait is raised as `NotSent(error)`.
         """
         task = trio.lowlevel.current_task()
@@ -177,10 +196,12 @@ class Driver:
                         waited, to_throw = coro.throw(to_throw), None
                 except StopIteration as stop:
                     return stop.value
-                except asyncio.CancelledError:
+                except asyncio.CancelledError as exc:
                     if raise_cancel is not None:
-                        raise_cancel()
-                    raise
+                        raise_cancel()  # trio cancelled us: raise trio.Cancelled
+                    raise LoopCancelledError(
+                        "the driver cancelled the statement (its connection or loop is "
+                        "closing)") from exc
                 except Exception as exc:
                     if first:
                         raise NotSent(exc) from exc
@@ -345,7 +366,7 @@ class Connection:
                     f"the server ended the connection before the statement ran ({exc})") from exc
         # A stale connection, and the checkout's first statement (see the module docstring):
         # nothing was run on it and nothing depends on it, so run the statement on a fresh one.
-        self._raw.terminate()
+        terminate(self._raw)
         self._raw = await reconnect()
         self.broken = False
         return await self._send(method, args, kwargs)
@@ -524,20 +545,36 @@ class Connection:
     def close(self) -> None:
         """Close at once without a round trip (the server rolls back what was open)."""
         self.broken = True
-        if not self._raw.is_closed():
-            self._raw.terminate()
+        terminate(self._raw)
 
     @property
     def raw(self) -> Any:
         return self._raw
 
 
+def terminate(raw: Any) -> None:
+    """Drop a driver connection at once, without a round trip; never raises. When its event
+    loop is already closed the driver cannot schedule its own cleanup, so the socket is closed
+    here (the server sees the client go and rolls back what was open)."""
+    try:
+        if not raw.is_closed():
+            raw.terminate()
+    except Exception:  # its loop is closed: close the socket ourselves
+        transport = getattr(raw, "_transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
 async def close_gracefully(raw: Any, driver: Driver, timeout: float = 2.0) -> None:
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout) as scope:
+    """Close a driver connection politely (Terminate message, wait for the server to hang up)
+    within `timeout`, else drop it. Never raises, whatever state the connection is in: being
+    closed by someone else, cancelled mid-statement, its backend terminated, or its event loop
+    shutting down."""
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout):
         try:
             await driver.call(raw.close(timeout=timeout))
-        except BaseException as exc:  # closing is best effort; fall back to terminate
-            if not (_is_driver_error(exc) or isinstance(exc, trio.Cancelled)):
-                raise
-    if scope.cancelled_caught or not raw.is_closed():
-        raw.terminate()
+        except Exception:  # closing is best effort; what failed is dropped below
+            pass
+    terminate(raw)
