@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import os
 import signal
@@ -230,13 +231,50 @@ class Driver:
             trio_asyncio.current_loop.reset(token)
 
     async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> Any:
-        """One physical connect attempt; raises the driver's error untranslated."""
+        """One physical connect attempt; raises the driver's error untranslated. It waits at
+        most `CONNECT_TIMEOUT`, and never past the deadline of `connects_until`."""
+        timeout = connect_timeout()
+        if timeout <= 0:
+            raise asyncio.TimeoutError("no connect attempt: the caller's deadline has passed")
         return await self.call(
             asyncpg.connect(
-                dsn, timeout=CONNECT_TIMEOUT, server_settings=server_settings,
+                dsn, timeout=timeout, server_settings=server_settings,
                 statement_cache_size=256,
             )
         )
+
+
+_connect_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "runplane_connect_deadline", default=None)
+
+
+@contextlib.contextmanager
+def connects_until(deadline: float | None) -> Iterator[None]:
+    """Connect attempts made in the block (by this task and the tasks it starts) wait no later
+    than trio time `deadline`, and the connect ladder's pauses are cut to it; past it a connect
+    fails at once, as a timed-out one. A run's outage budget is kept this way: connects that
+    time out count against it, they do not stretch it."""
+    token = _connect_deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _connect_deadline.reset(token)
+
+
+def connect_timeout() -> float:
+    """How long the next connect attempt may wait (<= 0: it may not start)."""
+    deadline = _connect_deadline.get()
+    if deadline is None:
+        return CONNECT_TIMEOUT
+    return min(CONNECT_TIMEOUT, deadline - trio.current_time())
+
+
+def ladder_delay(delay: float) -> float:
+    """The pause before the connect ladder's next attempt, cut to the `connects_until` deadline."""
+    deadline = _connect_deadline.get()
+    if deadline is None:
+        return delay
+    return max(0.0, min(delay, deadline - trio.current_time()))
 
 
 @contextlib.asynccontextmanager
@@ -567,7 +605,7 @@ def terminate(raw: Any) -> None:
                 sock.close()
 
 
-async def close_gracefully(raw: Any, driver: Driver, timeout: float = 2.0) -> None:
+async def close_gracefully(raw: Any, driver: Driver, timeout: float = 1.0) -> None:
     """Close a driver connection politely (Terminate message, wait for the server to hang up)
     within `timeout`, else drop it. Never raises, whatever state the connection is in: being
     closed by someone else, cancelled mid-statement, its backend terminated, or its event loop

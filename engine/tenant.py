@@ -216,7 +216,7 @@ class Tenant:
                     raise
                 last = exc
             if delay is not None:
-                await trio.sleep(delay)
+                await trio.sleep(pg.ladder_delay(delay))  # cut to a run's outage budget
         assert last is not None
         raise self._unavailable(last, TenantUnreachableError) from last
 
@@ -279,8 +279,9 @@ class Tenant:
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
-        for raw in idle:
-            await pg.close_gracefully(raw, self.driver)
+        async with trio.open_nursery() as nursery:  # at once: a blackholed server costs one timeout
+            for raw in idle:
+                nursery.start_soon(pg.close_gracefully, raw, self.driver)
 
 
 class Checkout:
