@@ -73,16 +73,42 @@ MISSING_RELATION_SQLSTATES = frozenset({"42P01", "42703"})
 Record = Any  # rows are read-only mappings/tuples: row["col"] or row[0]
 
 
-def translate(exc: BaseException) -> EngineError:
-    """Map a driver or transport error to ours (the caller chains it with `from`)."""
+# A promotion or failover in progress: the server went read-only under us (a demoted primary,
+# or a standby reached before its promotion) — the writable server is coming, wait for it.
+FAILOVER_SQLSTATES = frozenset({"25006"})
+STATEMENT_TIMEOUT = "57014"
+
+
+def is_outage(sqlstate: str | None, *, connection_lost: bool, server_changed: bool = False
+              ) -> bool:
+    """Whether a failed statement means the database is away (an outage: retried within the
+    run's outage budget) rather than an error of the statement.
+
+    Outages: the connection was lost or could not be made (08xxx, resets: `connection_lost`),
+    the server is shutting down, crashing or starting (57P01/57P02/57P03), or it is read-only
+    because a failover is under way (25006). A statement timeout (57014) is an outage only when
+    the connection dropped with it or the server changed (another system identifier or
+    postmaster start time) — a promotion cuts statements short — and otherwise the timeout it
+    says. Everything else is the statement's own error."""
+    if connection_lost or server_changed:
+        return True
+    return sqlstate in TRANSIENT_SQLSTATES or sqlstate in FAILOVER_SQLSTATES
+
+
+def translate(exc: BaseException, *, connection_lost: bool = False) -> EngineError:
+    """Map a driver or transport error to ours (the caller chains it with `from`);
+    `connection_lost`: the connection was closed by the time the error arrived."""
     if isinstance(exc, asyncpg.PostgresError):
         sqlstate = getattr(exc, "sqlstate", None)
         message = f"{exc} (SQLSTATE {sqlstate})"
-        if sqlstate in TRANSIENT_SQLSTATES or isinstance(exc, asyncpg.PostgresConnectionError):
+        lost = connection_lost or isinstance(exc, asyncpg.PostgresConnectionError)
+        if is_outage(sqlstate, connection_lost=lost):
+            if sqlstate == STATEMENT_TIMEOUT:
+                message = f"{message}; the connection dropped with it"
             return StoreUnavailableError(message, sqlstate=sqlstate)
         if sqlstate in MISSING_RELATION_SQLSTATES:
             return MissingRelationError(message, sqlstate=sqlstate)
-        if sqlstate == "57014":
+        if sqlstate == STATEMENT_TIMEOUT:
             return StatementTimeoutError(message, sqlstate=sqlstate)
         if sqlstate == "42501":
             return InsufficientPrivilegeError(message, sqlstate=sqlstate)
@@ -120,7 +146,8 @@ def _server_answered(exc: BaseException) -> bool:
         return True  # an argument failed to encode before anything was sent
     return (isinstance(exc, asyncpg.PostgresError)
             and not isinstance(exc, asyncpg.PostgresConnectionError)
-            and getattr(exc, "sqlstate", None) not in TRANSIENT_SQLSTATES)
+            and getattr(exc, "sqlstate", None) not in TRANSIENT_SQLSTATES
+            and getattr(exc, "sqlstate", None) not in FAILOVER_SQLSTATES)
 
 
 class LoopCancelledError(ConnectionAbortedError):
@@ -144,6 +171,8 @@ def is_transient_connect_error(exc: BaseException) -> bool:
     """Connect failures worth another attempt: refused, reset, timed out, terminated, starting."""
     if isinstance(exc, asyncpg.PostgresError):
         return getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES
+    if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
+        return True  # no host is writable yet: a failover is under way
     return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError, asyncpg.InterfaceError))
 
 
@@ -398,7 +427,7 @@ class Connection:
                     if exc is raised:
                         raise
                     raise exc from None
-                raise translate(exc) from exc
+                raise translate(exc, connection_lost=self._raw.is_closed()) from exc
             if reconnect is None:
                 raise StoreUnavailableError(
                     f"the server ended the connection before the statement ran ({exc})") from exc
