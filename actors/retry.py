@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import random
 from typing import Awaitable, Callable, Iterator, TypeVar
 
@@ -87,6 +88,8 @@ class OutageWatch:
         now = trio.current_time()
         if ending:
             return now + ENDING_ATTEMPT_S
+        if self.since is None and self.budget_s <= 0:
+            return math.inf  # a zero budget ends the run at its first failure, never sooner
         return (now if self.since is None else min(now, self.since)) + self.budget_s
 
     def waiting_s(self) -> float | None:
@@ -198,7 +201,7 @@ async def _ride(operation: Callable[[], Awaitable[T]], watch: OutageWatch) -> T:
             with trio.CancelScope(deadline=cut_at) as cut:
                 watch._attempts[cut] = attempt_at
                 try:
-                    with pg.connects_until(cut_at):
+                    with pg.connects_until(None if cut_at == math.inf else cut_at):
                         result = await operation()
                 except NOT_RETRIED:
                     raise

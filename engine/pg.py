@@ -314,7 +314,7 @@ async def open_driver() -> AsyncIterator[Driver]:
     unwrapped so callers can catch one typed error.
     """
     loop = trio_asyncio.current_loop.get()
-    if loop is not None:
+    if loop is not None and not loop.is_closed():
         yield Driver(loop)
         return
     try:

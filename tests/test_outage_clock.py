@@ -11,15 +11,19 @@ import subprocess
 import sys
 import time
 
+import pytest
 import trio
 
 from runplane.actors import open_run
+from runplane.actors.retry import OutageWatch, retry_transient
 from runplane.actors.run import ended_by_outage
 from runplane.engine import open_tenant, sheets
+from runplane.engine.errors import StoreOutageError
 
 from .cli_helpers import cli_env, start_cli, wait_for_text
 from .conftest import fresh_schema
 from .pg_proxy import open_pg_proxy
+from .test_outage_budget import Flaky
 
 BUDGET_S = 3.0
 BOUND_S = 2.0  # the run ends within this of its budget
@@ -136,3 +140,28 @@ async def test_ctrl_c_during_an_outage_exits_within_two_seconds_with_the_resume_
     assert proc.returncode == 130, err
     assert [line for line in err.splitlines() if line.startswith("runplane: resume run ")], err
     assert exit_s < BOUND_S, exit_s
+
+
+async def test_a_zero_budget_never_cuts_an_attempt_that_has_not_failed(autojump_clock):
+    watch = OutageWatch(budget_s=0)
+
+    async def slow() -> str:
+        await trio.sleep(30)  # a slow answer is an answer
+        return "ok"
+
+    assert await retry_transient(slow, watch=watch) == "ok"
+    with pytest.raises(StoreOutageError):
+        await retry_transient(Flaky(failures=1), watch=watch)
+
+
+async def test_an_attempt_left_unanswered_for_the_budget_is_an_outage(autojump_clock):
+    watch = OutageWatch(budget_s=5)
+
+    async def hangs() -> str:
+        await trio.sleep_forever()
+
+    started = trio.current_time()
+    with pytest.raises(StoreOutageError, match="cut off at the budget"):
+        await retry_transient(hangs, watch=watch)
+    assert trio.current_time() - started == pytest.approx(5)
+    assert watch.exhausted
