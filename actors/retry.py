@@ -25,12 +25,12 @@ How it works
   `engine.pg.connects_until`) never wait past that. An attempt cut off raises
   `StoreOutageError` like a failure past the budget (a store call is one short batch: one that
   the database leaves unanswered for the whole budget is an outage, as over a network that
-  drops packets). From then on the run is
-  ending: later calls under the same watch (the shielded flush of computed outcomes, the run's
-  guard) try once, for at most `ENDING_ATTEMPT_S`, and do not wait. The same holds inside
-  `hurry_if_waiting()` while the run waits for the database (the flush of a map cancelled
-  during an outage: Ctrl-C then exits at once instead of flushing against a database that is
-  away). The watch
+  drops packets). From then on the run is ending: later calls under the same watch (the
+  shielded flush of computed outcomes, the run's guard) try once, for at most
+  `ENDING_ATTEMPT_S`, and do not wait. The same holds inside `hurry_if_waiting()` while the run
+  waits for the database (the flush of a map cancelled during an outage: Ctrl-C then exits at
+  once instead of flushing against a database that is away). An outage ends when a call
+  answers again; calls that gave up (cancelled) leave it under way. The watch
   tells observers (progress output) that the run is waiting for the database and since when,
   and logs one warning when a wait begins and one when the database is back.
 - Outside a run (the supervisor's drainer, which has its own backoff), `RETRY_DELAYS` are the
@@ -125,7 +125,7 @@ class OutageWatch:
         self.since = None
         if not self.exhausted:
             for scope, began in self._attempts.items():
-                scope.deadline = began + self.budget_s
+                scope.deadline = began + self.budget_s if self.budget_s > 0 else math.inf
 
 
 _watch: contextvars.ContextVar[OutageWatch | None] = contextvars.ContextVar(

@@ -33,6 +33,15 @@ How it works
   statement hook does not see it.
 - COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
   finishes and never waits forever.
+- Cancellation crosses the bridge one way only: trio cancels, the asyncio future is cancelled,
+  trio sees `trio.Cancelled`. An `asyncio.CancelledError` that trio did not ask for (the event
+  loop shutting down under a call, the driver cancelling its own futures in teardown) would
+  escape every `except Exception` as a BaseException; it is raised as `LoopCancelledError`, a
+  lost connection. Closing (`close_gracefully`, `terminate`) never raises, whatever state the
+  connection or its loop is in.
+- Outages vs errors (`is_outage`): lost connections, shutdown/startup (57P0x) and a server gone
+  read-only under a failover (25006) are outages, which runs retry within their budget; a
+  statement timeout is one only when its connection dropped with it.
 """
 
 from __future__ import annotations
