@@ -9,7 +9,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine import open_tenant, pg, sheets
-from runplane.engine.errors import EngineError
+from runplane.engine.errors import EngineError, leaf_errors
 from runplane.engine.gateway import RetryPolicy, open_gateway
 
 from .gateway_support import serving, token_for
@@ -35,8 +35,9 @@ async def map_until_cancelled(port, play: str, source: list[dict]) -> None:
     try:
         async with open_run(port, play) as run:
             await run.map("things", source, enrich, contract=CONTRACT, concurrency=8)
-    except Exception:  # the server went away under the map: its own typed failure
-        pass
+    except Exception as exc:  # the server went away under the map: its own typed failure
+        if not all(isinstance(leaf, EngineError) for leaf in leaf_errors(exc)):
+            raise
 
 
 def escaped(errors: list[BaseException]) -> list[str]:
