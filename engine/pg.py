@@ -86,6 +86,13 @@ Record = Any  # rows are read-only mappings/tuples: row["col"] or row[0]
 # or a standby reached before its promotion) — the writable server is coming, wait for it.
 FAILOVER_SQLSTATES = frozenset({"25006"})
 STATEMENT_TIMEOUT = "57014"
+# Which server this is: a failover or a restart changes it. Reading pg_control_system() may
+# need a role that can read server state; the start time alone still tells a restart or
+# another server (`SERVER_START`).
+SERVER_IDENTITY = ("SELECT system_identifier::text || '/' || pg_postmaster_start_time()::text"
+                   " FROM pg_control_system()")
+SERVER_START = "SELECT '?/' || pg_postmaster_start_time()::text"
+SERVER_CHANGE_PROBE_TIMEOUT = 5.0
 
 
 def is_outage(sqlstate: str | None, *, connection_lost: bool, server_changed: bool = False
@@ -104,16 +111,19 @@ def is_outage(sqlstate: str | None, *, connection_lost: bool, server_changed: bo
     return sqlstate in TRANSIENT_SQLSTATES or sqlstate in FAILOVER_SQLSTATES
 
 
-def translate(exc: BaseException, *, connection_lost: bool = False) -> EngineError:
+def translate(exc: BaseException, *, connection_lost: bool = False,
+              server_changed: bool = False) -> EngineError:
     """Map a driver or transport error to ours (the caller chains it with `from`);
-    `connection_lost`: the connection was closed by the time the error arrived."""
+    `connection_lost`: the connection was closed by the time the error arrived;
+    `server_changed`: the DSN reaches another server than before (see `is_outage`)."""
     if isinstance(exc, asyncpg.PostgresError):
         sqlstate = getattr(exc, "sqlstate", None)
         message = f"{exc} (SQLSTATE {sqlstate})"
         lost = connection_lost or isinstance(exc, asyncpg.PostgresConnectionError)
-        if is_outage(sqlstate, connection_lost=lost):
+        if is_outage(sqlstate, connection_lost=lost, server_changed=server_changed):
             if sqlstate == STATEMENT_TIMEOUT:
-                message = f"{message}; the connection dropped with it"
+                message = (f"{message}; the server changed (failover or restart)"
+                           if server_changed else f"{message}; the connection dropped with it")
             return StoreUnavailableError(message, sqlstate=sqlstate)
         if sqlstate in MISSING_RELATION_SQLSTATES:
             return MissingRelationError(message, sqlstate=sqlstate)
@@ -379,6 +389,7 @@ def _timed(report: PhaseReport | None, phase: str) -> Iterator[None]:
 
 Reconnect = Callable[[], Awaitable[Any]]        # a fresh raw connection
 CommitStatus = Callable[[str], Awaitable[str | None]]  # txid -> committed|aborted|in progress|None
+ServerChanged = Callable[[], Awaitable[bool]]  # is the DSN's server another one than at open?
 
 XID_PROBE = "SELECT txid_current_if_assigned()::text"
 
@@ -397,12 +408,14 @@ class Connection:
     """
 
     def __init__(self, raw: Any, driver: Driver, *, reconnect: Reconnect | None = None,
-                 commit_status: CommitStatus | None = None) -> None:
+                 commit_status: CommitStatus | None = None,
+                 server_changed: ServerChanged | None = None) -> None:
         self._raw = raw
         self._driver = driver
         self._depth = 0  # transactions/savepoints we opened
         self._reconnect = reconnect  # cleared after the first statement
         self._commit_status = commit_status
+        self._server_changed = server_changed
         self._resolve_commit = False  # an explicit transaction() is open at the top level
         self._xid: str | None = None  # the open transaction's id, when a statement returned it
         self.broken = False
@@ -436,7 +449,12 @@ class Connection:
                     if exc is raised:
                         raise
                     raise exc from None
-                raise translate(exc, connection_lost=self._raw.is_closed()) from exc
+                lost = self._raw.is_closed()
+                changed = not lost and getattr(exc, "sqlstate", None) == STATEMENT_TIMEOUT \
+                    and await self._probe_server_changed()
+                if changed:
+                    self.broken = True
+                raise translate(exc, connection_lost=lost, server_changed=changed) from exc
             if reconnect is None:
                 raise StoreUnavailableError(
                     f"the server ended the connection before the statement ran ({exc})") from exc
@@ -446,6 +464,18 @@ class Connection:
         self._raw = await reconnect()
         self.broken = False
         return await self._send(method, args, kwargs)
+
+    async def _probe_server_changed(self) -> bool:
+        """After a statement timeout on a live connection: did the server change under it (a
+        failover behind a proxy or pooler)? A server that cannot be asked counts as changed."""
+        if self._server_changed is None:
+            return False
+        with trio.move_on_after(SERVER_CHANGE_PROBE_TIMEOUT):
+            try:
+                return await self._server_changed()
+            except EngineError:
+                return True
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         """After a failed statement: keep the connection only when the server answered."""

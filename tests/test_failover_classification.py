@@ -9,6 +9,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine import open_tenant
+from runplane.engine.errors import StatementTimeoutError, StoreUnavailableError
 from runplane.engine.pg import is_outage
 
 from .outage_support import private_server, remove_private_server
@@ -78,3 +79,29 @@ async def test_a_run_rides_out_a_server_that_is_read_only_for_a_while(server):
             assert (result.completed, result.failed) == (rows, 0)
             assert len(work.calls) == rows and set(work.calls.values()) == {1}
             await assert_finished_once(tenant, rows)
+
+
+async def timed_out_statement(tenant) -> None:
+    async with tenant.connection("sheet") as conn:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL statement_timeout = '100ms'")
+            await conn.execute("SELECT pg_sleep(2)")
+
+
+async def test_a_statement_timeout_is_an_outage_only_once_the_server_changed(server):
+    with trio.fail_after(120):
+        async with open_tenant("org-timeout", server.dsn, schema=fresh_schema()) as tenant:
+            # the same server: the timeout it says
+            with pytest.raises(StatementTimeoutError):
+                await timed_out_statement(tenant)
+            # the server restarted (another postmaster start time) while the connection that
+            # timed out stayed open: an outage, retried within the budget
+            await server.stop()
+            await server.start()
+            with pytest.raises(StoreUnavailableError, match="the server changed") as caught:
+                await timed_out_statement(tenant)
+            assert not isinstance(caught.value, StatementTimeoutError)
+            assert caught.value.sqlstate == "57014"
+            # the server is the same as at the last look again: the timeout it says
+            with pytest.raises(StatementTimeoutError):
+                await timed_out_statement(tenant)
