@@ -89,7 +89,7 @@ from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
 from .phases import marked
 from .policies import RowTimeoutError
 from .progress import MapResult
-from .retry import retry_transient
+from .retry import hurry_if_waiting, retry_transient
 
 if TYPE_CHECKING:
     from .run import Run
@@ -475,7 +475,8 @@ async def flush_unsettled(plan: MapPlan, state: MapState) -> None:
     if not outcomes:
         return
     deadline_s = plan.flush_deadline_s
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + deadline_s) as scope:
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + deadline_s) as scope, \
+            hurry_if_waiting():  # during an outage: one short try, no waiting out the budget
         try:
             for start in range(0, len(outcomes), plan.batch_rows):
                 chunk = outcomes[start:start + plan.batch_rows]

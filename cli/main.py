@@ -106,7 +106,7 @@ def _row_error_options(parser: argparse.ArgumentParser) -> None:
 # -- doctor -------------------------------------------------------------------------------------
 @command("doctor", "connect and report the server, how to reach it with psql, schema status and permit lanes")(_tenant_options)
 def doctor(args: argparse.Namespace) -> int:
-    from .doctor import connection_lines
+    from .doctor import connection_lines, outage_line
 
     async def main() -> None:
         async with _read_only(args) as tenant:
@@ -125,6 +125,7 @@ def doctor(args: argparse.Namespace) -> int:
                 state = f"version {status} (the next `runplane run` or `demo` upgrades it)"
             say(f"schema      {tenant.schema} {state}")
             say(f"org         {tenant.org_id}")
+            say(outage_line(tenant))
             for name, stats in tenant.permits().items():
                 say(f"lane        {name:<12} limit {stats.limit}")
             say(f"sessions    {await password_probe(tenant)}")

@@ -146,6 +146,7 @@ class Tenant:
     # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
     lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
     sheet_lock_keys: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+    _server: str | None = attrs.field(init=False, default=None)  # pg.SERVER_IDENTITY at open
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
@@ -186,7 +187,8 @@ class Tenant:
         if raw is None:
             raw = await self._connect()
         return pg.Connection(raw, self.driver, reconnect=self._connect,
-                             commit_status=self.commit_status)
+                             commit_status=self.commit_status,
+                             server_changed=self.server_changed)
 
     async def commit_status(self, xid: str) -> str | None:
         """The fate of transaction `xid` (`committed`, `aborted`, or None when the server no
@@ -200,6 +202,29 @@ class Tenant:
                 if status != "in progress":
                     return status
                 await trio.sleep(COMMIT_STATUS_POLL_S)
+        finally:
+            await pg.close_gracefully(raw, self.driver)
+
+    async def note_server(self) -> None:
+        """Remember which server the DSN reaches now (see `server_changed`)."""
+        self._server = await self._server_identity()
+
+    async def server_changed(self) -> bool:
+        """Whether the server the DSN reaches now is another one than when this tenant last
+        looked (at open, or at the last call): another system identifier or postmaster start
+        time, i.e. a failover or a restart. Read on a fresh connection; unknown before: False."""
+        now = await self._server_identity()
+        before, self._server = self._server, now
+        return before is not None and now != before
+
+    async def _server_identity(self) -> str:
+        raw = await self._connect()
+        try:
+            conn = pg.Connection(raw, self.driver)
+            try:
+                return await conn.fetchval(pg.SERVER_IDENTITY)
+            except InsufficientPrivilegeError:
+                return await conn.fetchval(pg.SERVER_START)
         finally:
             await pg.close_gracefully(raw, self.driver)
 
@@ -223,7 +248,7 @@ class Tenant:
                     raise
                 last = exc
             if delay is not None:
-                await trio.sleep(delay)
+                await trio.sleep(pg.ladder_delay(delay))  # cut to a run's outage budget
         assert last is not None
         raise self._unavailable(last, TenantUnreachableError) from last
 
@@ -287,8 +312,9 @@ class Tenant:
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
-        for raw in idle:
-            await pg.close_gracefully(raw, self.driver)
+        async with trio.open_nursery() as nursery:  # at once: a blackholed server costs one timeout
+            for raw in idle:
+                nursery.start_soon(pg.close_gracefully, raw, self.driver)
 
 
 class Checkout:
@@ -409,6 +435,8 @@ async def open_tenant(
         try:
             if bootstrap:
                 await tenant.ensure_schema()
+            with contextlib.suppress(EngineError):  # best effort: only statement timeouts use it
+                await tenant.note_server()
             yield tenant
         finally:
             with trio.CancelScope(shield=True):
