@@ -7,8 +7,11 @@ Errors reach the user as one line on stderr and a non-zero exit status, never a 
 engine errors and refusals exit 1, usage errors (bad arguments, unreadable input files) 2, rows
 that failed under `--fail-on-row-errors` 3, an interrupt 130. Errors that come out of trio
 nurseries as exception groups are unwrapped to their first leaf for that line. A run that ends
-any other way than success (interrupt, SIGTERM, a store failure, a failing play) also prints the
-command that resumes it (see `operators.RunNotice`). Printed text goes through
+any other way than success (interrupt, SIGTERM, a store failure, a failing play, a simulated
+crash) exits non-zero and prints the command that resumes it on stderr (see
+`operators.RunNotice`). A second or third Ctrl-C while the command winds down only says it is
+stopping; `--json` (status, runs, failures, run) prints one JSON document on stdout and the
+human lines on stderr (see `terminal`). Printed text goes through
 `terminal.clean`: stored or user-supplied text never reaches the terminal with control
 characters in it.
 
@@ -50,7 +53,7 @@ from .operators import (
     show_failures,
     show_runs,
 )
-from .terminal import say, warn
+from .terminal import emit_json, json_output, say, warn
 
 DEFAULT_ORG = "local"
 ROW_ERRORS_EXIT = 3
@@ -95,6 +98,11 @@ def _read_only(args: argparse.Namespace):
     """The tenant of a read-only command: no bootstrap, nothing created (or, with `--gateway`,
     the gateway)."""
     return open_port(args, read_only=True)
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document on stdout (other lines go to stderr)")
 
 
 def _row_error_options(parser: argparse.ArgumentParser) -> None:
@@ -221,8 +229,11 @@ def demo(args: argparse.Namespace) -> int:
 def _run_options(parser: argparse.ArgumentParser) -> None:
     _port_options(parser)
     _row_error_options(parser)
+    _json_option(parser)
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
+    parser.add_argument("--no-input", action="store_true",
+                        help="run a play that reads its own data (rows is an empty list)")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
@@ -271,6 +282,9 @@ def run_play(args: argparse.Namespace) -> int:
 
     name, play = load_play(args.play_file)
     rows: list[dict] = []
+    if args.input is None and not args.no_input:
+        raise UsageError("no input: pass --input FILE.csv|.jsonl (or --no-input for a play "
+                         "that reads its own data)")
     if args.input is not None:
         source = read_input(args.input)
         if source.note is not None:
@@ -289,10 +303,26 @@ def run_play(args: argparse.Namespace) -> int:
                 result = await play(run, rows)
             if result is not None:
                 say(describe_result(result))
-            return await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
+            failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
+            if args.json:
+                emit_json(run_document(run, notice, result, failed))
+            return failed
 
     failed = run_trio(main)
     return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
+
+
+def run_document(run: Any, notice: RunNotice, result: Any, failed: int) -> dict[str, Any]:
+    """`run --json`: the run and what its play returned (a MapResult's counts)."""
+    from runplane.actors import MapResult
+
+    returned: Any = None if result is None else repr(result)
+    if isinstance(result, MapResult):
+        returned = {name: getattr(result, name) for name in (
+            "admitted", "cached", "completed", "failed", "blocked", "fenced", "skipped",
+            "executed", "retried", "timed_out", "superseded", "superseded_by")}
+    return {"run_id": run.run_id, "play": run.play, "epoch": run.epoch, "status": "finished",
+            "result": returned, "failed_rows": failed, "resume_command": notice.resume_command}
 
 
 def describe_result(result: Any) -> str:
@@ -307,6 +337,7 @@ def describe_result(result: Any) -> str:
 # -- status -------------------------------------------------------------------------------------
 def _status_options(parser: argparse.ArgumentParser) -> None:
     _port_options(parser)
+    _json_option(parser)
     parser.add_argument("play", help="play name")
     parser.add_argument("table", nargs="?", default=None, help="table namespace (default: all)")
 
@@ -332,19 +363,37 @@ def status(args: argparse.Namespace) -> int:
                 if wanted not in summaries:
                     raise CommandError(f"play {scope.play!r} has no table {wanted!r}")
                 summaries = {wanted: summaries[wanted]}
+            entries = await outbox.get_many(tenant, scope, [info.run_id for info in recent])
+            if args.json:
+                emit_json(status_document(scope, summaries, recent, entries))
+                return 0
             for table, summary in summaries.items():
                 say(f"table {table}: total {summary.total}, queued {summary.queued}, "
                     f"running {summary.running}, completed {summary.completed}, "
                     f"failed {summary.failed}")
                 for field, column in sorted(summary.columns.items()):
                     say(f"  column {field}: completed {column.completed}, failed {column.failed}")
-            entries = await outbox.get_many(tenant, scope, [info.run_id for info in recent])
             for info in recent:
                 entry = entries.get(info.run_id)
                 say(f"run {info.run_id} epoch {info.epoch} outbox {entry.state if entry else '-'}")
         return 0
 
     return run_trio(main)
+
+
+def status_document(scope: PlayScope, summaries: dict, recent: list, entries: dict) -> dict:
+    """`status --json`: the counters of each table and column, and the recent runs."""
+    tables = {
+        table: {"total": s.total, "queued": s.queued, "running": s.running,
+                "completed": s.completed, "failed": s.failed,
+                "columns": {field: {"completed": c.completed, "failed": c.failed}
+                            for field, c in sorted(s.columns.items())}}
+        for table, s in summaries.items()
+    }
+    runs = [{"run_id": info.run_id, "epoch": info.epoch,
+             "outbox": entries[info.run_id].state if info.run_id in entries else None}
+            for info in recent]
+    return {"org": scope.org_id, "play": scope.play, "tables": tables, "runs": runs}
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -354,6 +403,7 @@ def _failures_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("table", help="table namespace")
     parser.add_argument("--run", default=None, metavar="RUN_ID", help="only the rows this run left failed")
     parser.add_argument("--limit", type=_positive, default=20, help="failed rows to list (default 20)")
+    _json_option(parser)
 
 
 @command("failures", "list a table's failed rows and its most common errors")(_failures_options)
@@ -370,6 +420,7 @@ def _runs_options(parser: argparse.ArgumentParser) -> None:
     _tenant_options(parser)
     parser.add_argument("play", help="play name")
     parser.add_argument("--limit", type=_positive, default=10, help="runs to list (default 10)")
+    _json_option(parser)
 
 
 @command("runs", "list a play's recent runs: state, rows, and how to resume open ones")(_runs_options)
@@ -483,11 +534,21 @@ def token(args: argparse.Namespace) -> int:
 # -- entry point --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runplane", description="durable, idempotent map runs on PostgreSQL")
+    parser.add_argument("--version", action="version", version=f"runplane {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, configure, help) in COMMANDS.items():
         # No abbreviations: the resume command is rebuilt from the exact option names.
         configure(sub.add_parser(name, help=help, description=help, allow_abbrev=False))
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runplane")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
@@ -505,14 +566,18 @@ def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
         async def watch(scope: trio.CancelScope) -> None:
             nonlocal interrupted
             async for _ in signals:
+                if interrupted:  # a second Ctrl-C: the first one is being honoured
+                    warn("runplane: stopping (writing what was computed); please wait")
+                    continue
                 interrupted = True
                 scope.cancel()
-                return
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch, nursery.cancel_scope)
-                result = await async_fn(*args)
+                work = trio.CancelScope()
+                nursery.start_soon(watch, work)
+                with work:
+                    result = await async_fn(*args)
                 nursery.cancel_scope.cancel()
         if interrupted:
             raise KeyboardInterrupt
@@ -522,10 +587,12 @@ def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None  # the process's own command (not a call from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # the command and its arguments, for resume commands
     args.notice = None
+    json_output(getattr(args, "json", False))
     handler = COMMANDS[args.command][0]
     try:
         return handler(args)
@@ -534,9 +601,17 @@ def main(argv: list[str] | None = None) -> int:
         status = _report(exc, args.command)
         if status is None:
             raise
-        if args.notice is not None and args.notice.resume_command is not None:
-            warn(f"runplane: resume run {args.notice.run_id} with: {args.notice.resume_command}")
+        notice = args.notice
+        if notice is not None and notice.resume_command is not None:
+            warn(f"runplane: resume run {notice.run_id} with: {notice.resume_command}")
+            if getattr(args, "json", False):
+                emit_json({"run_id": notice.run_id, "status": "unfinished", "exit_status": status,
+                           "error": str(exc), "resume_command": notice.resume_command})
         return status
+    finally:
+        json_output(False)
+        if process:  # the exit handlers (stopping the embedded server) run without Ctrl-C
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _report(exc: BaseException, command_name: str) -> int | None:

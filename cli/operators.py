@@ -31,7 +31,7 @@ from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
 
-from .terminal import plural, say, shell_command, table_lines
+from .terminal import emit_json, plural, say, shell_command, table_lines
 
 WAKE_OPTIONS = ("--run-id", "--new-run-id", "--resume", "--crash-after")
 TOP_ERRORS = 5
@@ -39,6 +39,11 @@ TOP_ERRORS = 5
 
 class CommandError(Exception):
     """A command refused to go on (an unknown schema, play or table): exit 1."""
+
+
+class RunUnfinished(CommandError):
+    """A run ended without finishing (a simulated crash, rows left to do): exit 1, with the
+    command that resumes it on stderr."""
 
 
 class UsageError(Exception):
@@ -154,6 +159,15 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
     table = await require_table(tenant, scope, args.table)
     counts = await sheets.error_counts(tenant, scope, table, run_id=args.run, limit=TOP_ERRORS)
     of_run = f" of run {args.run}" if args.run else ""
+    if getattr(args, "json", False):
+        rows = await sheets.failed_rows(tenant, scope, table, run_id=args.run, limit=args.limit)
+        emit_json({
+            "play": scope.play, "table": table, "run_id": args.run, "failed": counts.failed,
+            "rows": [{"key": row.key, "attempts": row.attempts, "error": row.error,
+                      "inputs": row.inputs} for row in rows],
+            "errors": [{"count": top.count, "error": top.error} for top in counts.top],
+        })
+        return 0
     if not counts.failed:
         say(f"no failed rows{of_run} in table {table} of play {scope.play}")
         return 0
@@ -202,6 +216,13 @@ async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
             STATES.get(entry.state, entry.state) if entry is not None else "open",
             rows.enriched, rows.failed, rows.pending + rows.running,
         ))
+    if getattr(args, "json", False):
+        emit_json({"play": scope.play, "runs": [
+            {"run_id": row[0], "epoch": row[1], "started": info.created_at.isoformat(),
+             "state": row[3], "completed": row[4], "failed": row[5], "unfinished": row[6],
+             "resume_command": info.command if row[3] == "open" else None}
+            for info, row in zip(recent, listing)]})
+        return 0
     header = ("run id", "epoch", "started", "state", "completed", "failed", "unfinished")
     for line in table_lines(header, listing, right=(1, 4, 5, 6)):
         say(line)
