@@ -53,6 +53,7 @@ from .map_state import MapPlan
 from .mapper import map_rows
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult
+from .row_functions import as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
 from .sealer import stage_array
 
@@ -73,6 +74,9 @@ class Run:
     outage: OutageWatch = attrs.field(factory=lambda: OutageWatch(outage_budget()))
     _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
     _map_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+    # (table namespace, result) of each map that stopped early, for the command line
+    stopped_early_maps: list[tuple[str, MapResult]] = attrs.field(init=False, factory=list,
+                                                                   repr=False)
 
     @property
     def scope(self) -> RunScope:
@@ -136,21 +140,31 @@ class Run:
                   retry: RowRetry | None = None, row_timeout_s: float | None = None,
                   rate_limit: RateLimit | None = None, give_up_after: int | None = None,
                   on_progress: Callable[[MapProgress], Any] | None = None,
-                  map_invocation_id: str | None = None, **tuning: Any) -> MapResult:
+                  map_invocation_id: str | None = None, fail_fast: bool | int = True,
+                  **tuning: Any) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
         Row policies (`actors.policies`): `retry` retries a failed call in place after a
         backoff; `row_timeout_s` cancels a call running longer (a failed attempt);
         `rate_limit` bounds how fast calls start; `give_up_after=N` leaves out rows that
         failed in N runs (blocked, reason `gave_up`).
+        `fn` may be a plain function: each call then runs in a worker thread, at most
+        `concurrency` at once (`actors.row_functions`). `fail_fast` (default on, the first 20
+        rows; a number sets how many) stops the map early when those rows all failed for one
+        cause from the function: `MapResult.stopped_early`, the run's `stopped_early_maps`.
         `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
         """
-        plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
-                       concurrency, cell_policies, retry=retry, row_timeout_s=row_timeout_s,
-                       rate_limit=rate_limit, give_up_after=give_up_after, **tuning)
-        return await map_rows(self, source, plan, on_progress=on_progress,
-                              map_invocation_id=map_invocation_id)
+        plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract,
+                       as_row_caller(fn, concurrency), concurrency, cell_policies, retry=retry,
+                       row_timeout_s=row_timeout_s, rate_limit=rate_limit,
+                       give_up_after=give_up_after, fail_fast_rows=fail_fast_rows(fail_fast),
+                       **tuning)
+        result = await map_rows(self, source, plan, on_progress=on_progress,
+                                map_invocation_id=map_invocation_id)
+        if result.stopped_early:
+            self.stopped_early_maps.append((normalize_namespace(table_namespace), result))
+        return result
 
     async def stage_array(self, table_namespace: str, map_invocation_id: str, occurrences: Any):
         """Stage (or, on a wake, resume or replay) an array input; see `actors.sealer`."""

@@ -48,6 +48,7 @@ from .inputs import InputFileError, read_input
 from .operators import (
     CommandError,
     RunNotice,
+    StoppedEarly,
     UsageError,
     print_failure_summary,
     show_failures,
@@ -303,6 +304,15 @@ def run_play(args: argparse.Namespace) -> int:
                 result = await play(run, rows)
             if result is not None:
                 say(describe_result(result))
+            if run.stopped_early_maps:  # the cause once, not a table of the same error
+                if args.json:
+                    emit_json({**run_document(run, notice, result, None),
+                               "status": "stopped_early"})
+                raise StoppedEarly("; ".join(
+                    f"map {table} stopped early: {stopped.stop_reason}"
+                    for table, stopped in run.stopped_early_maps)
+                    + ". Fix the function and run again (run.map(..., fail_fast=False) "
+                    "runs every row whatever fails)")
             failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
             if args.json:
                 emit_json(run_document(run, notice, result, failed))
@@ -312,7 +322,7 @@ def run_play(args: argparse.Namespace) -> int:
     return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
 
 
-def run_document(run: Any, notice: RunNotice, result: Any, failed: int) -> dict[str, Any]:
+def run_document(run: Any, notice: RunNotice, result: Any, failed: int | None) -> dict[str, Any]:
     """`run --json`: the run and what its play returned (a MapResult's counts)."""
     from runplane.actors import MapResult
 
@@ -320,7 +330,8 @@ def run_document(run: Any, notice: RunNotice, result: Any, failed: int) -> dict[
     if isinstance(result, MapResult):
         returned = {name: getattr(result, name) for name in (
             "admitted", "cached", "completed", "failed", "blocked", "fenced", "skipped",
-            "executed", "retried", "timed_out", "superseded", "superseded_by")}
+            "executed", "retried", "timed_out", "superseded", "superseded_by", "stopped_early",
+        "stop_reason")}
     return {"run_id": run.run_id, "play": run.play, "epoch": run.epoch, "status": "finished",
             "result": returned, "failed_rows": failed, "resume_command": notice.resume_command}
 
@@ -602,7 +613,8 @@ def main(argv: list[str] | None = None) -> int:
         if status is None:
             raise
         notice = args.notice
-        if notice is not None and notice.resume_command is not None:
+        if (notice is not None and notice.resume_command is not None
+                and getattr(exc, "resumable", True)):
             warn(f"runplane: resume run {notice.run_id} with: {notice.resume_command}")
             if getattr(args, "json", False):
                 emit_json({"run_id": notice.run_id, "status": "unfinished", "exit_status": status,

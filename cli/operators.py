@@ -46,6 +46,13 @@ class RunUnfinished(CommandError):
     command that resumes it on stderr."""
 
 
+class StoppedEarly(CommandError):
+    """A map of the run stopped early, its function broken for every row it tried: exit 1.
+    The run itself finished (no resume command); the next run runs the rows left."""
+
+    resumable = False
+
+
 class UsageError(Exception):
     """Bad command-line input argparse could not see (a file's content, a missing function, a
     run id that does not exist or already does): exit 2."""

@@ -118,3 +118,47 @@ def test_repeated_ctrl_c_prints_no_traceback(schema, tmp_path):
     assert proc.wait(timeout=60) == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "runplane: interrupted" in err and "resume run" in err
+
+
+BROKEN_PLAY = '''
+import threading
+
+from runplane.engine.sheets import SheetContract
+
+PLAY = "broken"
+CONTRACT = SheetContract(inputs=("name",), outputs=("size",))
+
+
+def measure(row):  # a plain def: it runs in a worker thread
+    assert threading.current_thread() is not threading.main_thread()
+    if row["name"].startswith("x"):
+        return len(row["name"])  # a bad return value: not a dict
+    return {"size": len(row["name"])}
+
+
+async def play(run, rows):
+    return await run.map("things", rows, measure, contract=CONTRACT, concurrency=4)
+'''
+
+
+def test_a_plain_function_runs_and_a_function_broken_for_every_row_stops_early(schema, tmp_path):
+    play = tmp_path / "broken_play.py"
+    play.write_text(BROKEN_PLAY)
+    good = tmp_path / "good.csv"
+    good.write_text("name\n" + "".join(f"n{i}\n" for i in range(30)))
+    done = run_cli("run", str(play), "--input", str(good), "--schema", schema)
+    assert done.returncode == 0, done.stderr
+    assert "completed 30, failed 0" in done.stdout
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name\n" + "".join(f"x{i}\n" for i in range(300)))
+    done = run_cli("run", str(play), "--input", str(bad), "--schema", schema)
+    assert done.returncode == 1, done
+    assert done.stderr.count("stopped early") == 1, done.stderr
+    assert ("runplane: map things stopped early: the first 20 rows all failed with map "
+            "function returned int, expected a dict of outputs") in done.stderr
+    assert "resume" not in done.stderr  # the run finished; the next run runs the rows left
+    assert "distinct error" not in done.stdout  # the error is shown once, not as a table
+    status = run_cli("status", "broken", "things", "--schema", schema, "--json")
+    table = json.loads(status.stdout)["tables"]["things"]
+    assert table["total"] == 330 and table["completed"] == 30 and table["failed"] < 100
