@@ -94,6 +94,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
+HAND_ON_S = 0.5            # a slow worker batch hands its outcomes on after this long, and reports
 PROBE_GROUP_ROWS = 10_000   # rows of an encoded list probed together once probes settle rows
 # A list's leading rows, probed before encoding: chunks of FIRST_PROBE_ROWS (a first run into
 # a sheet of other rows stops after it), then of LEADING_PROBE_ROWS (a unit's 5 full pages, so
@@ -360,11 +361,19 @@ async def work(plan: MapPlan, state: MapState, work_recv, outcome_send,
     async with work_recv, outcome_send:
         async for batch in work_recv:
             ticket, outcomes = state.open_batch()
+            opened = trio.current_time()
             for admitted in batch:
                 outcome = await run_row(plan, state, admitted)
                 if outcome is not None:
                     state.record(outcomes, outcome)
                 state.resolve()
+                if outcomes and trio.current_time() - opened >= HAND_ON_S:
+                    # A slow function: what is done is written (and shown) now, not when the
+                    # whole batch is.
+                    state.report()
+                    await outcome_send.send((ticket, outcomes))
+                    ticket, outcomes = state.open_batch()
+                    opened = trio.current_time()
             state.report()
             if outcomes:
                 await outcome_send.send((ticket, outcomes))

@@ -52,6 +52,7 @@ from .hosting import is_terminal, open_hosting_nursery
 from .map_state import MapPlan
 from .mapper import map_rows
 from .policies import RateLimit, RowRetry
+from .history import MapRecorder
 from .progress import MapProgress, MapResult
 from .row_functions import as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
@@ -77,6 +78,8 @@ class Run:
     # (table namespace, result) of each map that stopped early, for the command line
     stopped_early_maps: list[tuple[str, MapResult]] = attrs.field(init=False, factory=list,
                                                                    repr=False)
+    _stream_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+    _observer: Callable[[str, MapProgress], Any] | None = attrs.field(default=None, repr=False)
 
     @property
     def scope(self) -> RunScope:
@@ -107,6 +110,20 @@ class Run:
         if self._nursery is None:
             raise RuntimeError("the run is closed")
         return self._nursery
+
+    def observe_progress(self, observer: Callable[[str, MapProgress], Any] | None) -> None:
+        """Also hand every map's progress snapshots to `observer(table_namespace, snapshot)`
+        (the command line's progress display); None stops it."""
+        self._observer = observer
+
+    def _map_key(self, table_namespace: str, listed: bool, map_invocation_id: str | None) -> str:
+        """The map's key in the run history: its map invocation id, or `stream-N`."""
+        if map_invocation_id is not None:
+            return map_invocation_id
+        namespace = normalize_namespace(table_namespace)
+        ordinal = self._stream_ordinals.get(namespace, 0)
+        self._stream_ordinals[namespace] = ordinal + 1
+        return f"stream-{ordinal}"
 
     # -- work receipts -------------------------------------------------------------------------
     async def claim(self, key: str, *, reclaim_running: bool = False) -> Claim:
@@ -160,8 +177,43 @@ class Run:
                        row_timeout_s=row_timeout_s, rate_limit=rate_limit,
                        give_up_after=give_up_after, fail_fast_rows=fail_fast_rows(fail_fast),
                        **tuning)
-        result = await map_rows(self, source, plan, on_progress=on_progress,
-                                map_invocation_id=map_invocation_id)
+        listed = isinstance(source, (list, tuple))
+        if not listed and not hasattr(source, "__aiter__"):  # refused before the history write
+            raise InvalidInputError(
+                f"source must be a list of rows or an async iterable, got {type(source).__name__}")
+        if listed and map_invocation_id is None:
+            map_invocation_id = self.next_map_invocation_id(table_namespace)
+        recorder = MapRecorder(self.port, self.scope,
+                               self._map_key(table_namespace, listed, map_invocation_id),
+                               normalize_namespace(table_namespace))
+        observers: list[Callable[[MapProgress], Any]] = [recorder.observe]
+        if self._observer is not None:
+            observer, namespace = self._observer, recorder.table_namespace
+            observers.append(lambda snapshot: observer(namespace, snapshot))
+        if on_progress is not None:
+            observers.append(on_progress)
+
+        def observe(snapshot: MapProgress) -> None:
+            for f in observers:
+                f(snapshot)
+
+        beat = trio.CancelScope()
+
+        async def heartbeat() -> None:
+            with beat:
+                await recorder.heartbeat()
+
+        self._live_nursery().start_soon(heartbeat)
+        try:
+            result = await map_rows(self, source, plan, on_progress=observe,
+                                    map_invocation_id=map_invocation_id)
+        except Exception:
+            beat.cancel()
+            await recorder.finish(None, "failed")
+            raise
+        finally:
+            beat.cancel()
+        await recorder.finish(result)
         if result.stopped_early:
             self.stopped_early_maps.append((normalize_namespace(table_namespace), result))
         return result

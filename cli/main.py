@@ -35,12 +35,10 @@ from typing import Any, Callable
 
 import trio
 
-from runplane.engine import PlayScope, open_tenant, sheets
-from runplane.engine.actions import RemotePort
+from runplane.engine import open_tenant
 from runplane.engine.errors import EngineError, leaf_errors, public_name
 from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
-from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sessions import password_probe, sweep_expired as sweep_expired_sessions
 
 from .connect import open_port
@@ -52,7 +50,6 @@ from .operators import (
     UsageError,
     print_failure_summary,
     show_failures,
-    show_runs,
 )
 from .terminal import emit_json, json_output, say, warn
 
@@ -235,6 +232,8 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
     parser.add_argument("--no-input", action="store_true",
                         help="run a play that reads its own data (rows is an empty list)")
+    parser.add_argument("--progress-every", type=_non_negative, default=10.0, metavar="SECONDS",
+                        help="without a terminal on stderr: a progress line this often (default 10)")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
@@ -281,6 +280,8 @@ async def choose_run_id(tenant: Any, play: str, args: argparse.Namespace) -> str
 def run_play(args: argparse.Namespace) -> int:
     from runplane.actors import open_run
 
+    from .progress import RunProgress, with_progress
+
     name, play = load_play(args.play_file)
     rows: list[dict] = []
     if args.input is None and not args.no_input:
@@ -301,7 +302,9 @@ def run_play(args: argparse.Namespace) -> int:
             async with open_run(tenant, play_name, run_id) as run:
                 await notice.started(run)
                 say(f"{len(rows)} input rows")
-                result = await play(run, rows)
+                progress = RunProgress(interval_s=args.progress_every,
+                                       input_rows=len(rows) if isinstance(rows, list) else None)
+                result = await with_progress(run, progress, lambda: play(run, rows))
             if result is not None:
                 say(describe_result(result))
             if run.stopped_early_maps:  # the cause once, not a table of the same error
@@ -351,60 +354,24 @@ def _status_options(parser: argparse.ArgumentParser) -> None:
     _json_option(parser)
     parser.add_argument("play", help="play name")
     parser.add_argument("table", nargs="?", default=None, help="table namespace (default: all)")
+    parser.add_argument("--watch", action="store_true",
+                        help="refresh every second with rate and time left, until Ctrl-C")
 
 
 @command("status", "show a play's sheets (counters per table and column) and recent runs")(_status_options)
 def status(args: argparse.Namespace) -> int:
-    from runplane.engine import outbox, runs
-
-    from .operators import require_schema
+    from .status import show_status
 
     async def main() -> int:
         async with _read_only(args) as tenant:
-            if not isinstance(tenant, RemotePort):  # a gateway checks its own schema
-                await require_schema(tenant)
-            scope = PlayScope(tenant.org_id, args.play)
-            summaries = await sheets.summaries(tenant, scope)
-            recent = await runs.list_runs(tenant, scope, limit=10)
-            if not summaries and not recent:
-                raise CommandError(f"play {scope.play!r} has no sheets and no runs "
-                                   f"in org {scope.org_id!r} (see --org / RUNPLANE_ORG)")
-            if args.table is not None:
-                wanted = normalize_namespace(args.table)
-                if wanted not in summaries:
-                    raise CommandError(f"play {scope.play!r} has no table {wanted!r}")
-                summaries = {wanted: summaries[wanted]}
-            entries = await outbox.get_many(tenant, scope, [info.run_id for info in recent])
-            if args.json:
-                emit_json(status_document(scope, summaries, recent, entries))
-                return 0
-            for table, summary in summaries.items():
-                say(f"table {table}: total {summary.total}, queued {summary.queued}, "
-                    f"running {summary.running}, completed {summary.completed}, "
-                    f"failed {summary.failed}")
-                for field, column in sorted(summary.columns.items()):
-                    say(f"  column {field}: completed {column.completed}, failed {column.failed}")
-            for info in recent:
-                entry = entries.get(info.run_id)
-                say(f"run {info.run_id} epoch {info.epoch} outbox {entry.state if entry else '-'}")
-        return 0
+            return await show_status(tenant, args)
 
-    return run_trio(main)
-
-
-def status_document(scope: PlayScope, summaries: dict, recent: list, entries: dict) -> dict:
-    """`status --json`: the counters of each table and column, and the recent runs."""
-    tables = {
-        table: {"total": s.total, "queued": s.queued, "running": s.running,
-                "completed": s.completed, "failed": s.failed,
-                "columns": {field: {"completed": c.completed, "failed": c.failed}
-                            for field, c in sorted(s.columns.items())}}
-        for table, s in summaries.items()
-    }
-    runs = [{"run_id": info.run_id, "epoch": info.epoch,
-             "outbox": entries[info.run_id].state if info.run_id in entries else None}
-            for info in recent]
-    return {"org": scope.org_id, "play": scope.play, "tables": tables, "runs": runs}
+    try:
+        return run_trio(main)
+    except KeyboardInterrupt:
+        if args.watch:  # Ctrl-C is how a watch ends
+            return 0
+        raise
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -430,12 +397,16 @@ def failures(args: argparse.Namespace) -> int:
 def _runs_options(parser: argparse.ArgumentParser) -> None:
     _tenant_options(parser)
     parser.add_argument("play", help="play name")
+    parser.add_argument("run_id", nargs="?", default=None, metavar="RUN_ID",
+                        help="show this run in detail: each map's counts, state and duration")
     parser.add_argument("--limit", type=_positive, default=10, help="runs to list (default 10)")
     _json_option(parser)
 
 
-@command("runs", "list a play's recent runs: state, rows, and how to resume open ones")(_runs_options)
+@command("runs", "list a play's recent runs (what each did, how to resume open ones), or show one")(_runs_options)
 def list_runs(args: argparse.Namespace) -> int:
+    from .history import show_runs
+
     async def main() -> int:
         async with _read_only(args) as tenant:
             return await show_runs(tenant, args)

@@ -9,9 +9,8 @@ How it works
   by the option that wakes this run; a `--dsn` holding a password is left out (the resume
   command must not print it). On any end other than success, `main` prints that command.
 - `print_failure_summary` is the top-5 table of a run's failed rows that `run` and `demo` end
-  with; `failures` lists failed rows and the commonest errors of one table; `runs` lists a
-  play's recent runs with their state (open, retiring, done), the rows each wrote last, and
-  the resume command of open ones.
+  with; `failures` lists failed rows and the commonest errors of one table (`runs`, what each
+  run did, is `cli.history`).
 - Read-only commands open the tenant with `bootstrap=False` and check the schema first
   (`require_schema`), so a mistyped `--schema` is one line and creates nothing.
 """
@@ -26,7 +25,7 @@ from typing import Any
 import attrs
 
 from runplane.actors.retry import retry_transient
-from runplane.engine import PlayScope, outbox, runs, sheets
+from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
@@ -191,54 +190,4 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
     say(f"most common errors ({counts.distinct} distinct, top {min(TOP_ERRORS, counts.distinct)}):")
     for line in error_table(counts):
         say(line)
-    return 0
-
-
-# -- runs -------------------------------------------------------------------------------------
-STATES = {"open": "open", "pending": "retiring", "done": "done"}
-
-
-async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
-    await require_schema(tenant)
-    scope = PlayScope(tenant.org_id, args.play)
-    recent = await runs.list_runs(tenant, scope, limit=args.limit)
-    if not recent:
-        raise CommandError(f"play {scope.play!r} has no runs")
-    ids = [info.run_id for info in recent]
-    entries = await outbox.get_many(tenant, scope, ids)
-    totals = {run_id: sheets.RunRows() for run_id in ids}
-    for table in await play_tables(tenant, scope):
-        for run_id, rows in (await sheets.run_rows(tenant, scope, table, ids)).items():
-            total = totals[run_id]
-            totals[run_id] = sheets.RunRows(
-                total.pending + rows.pending, total.running + rows.running,
-                total.enriched + rows.enriched, total.failed + rows.failed,
-            )
-    listing = []
-    for info in recent:
-        rows = totals[info.run_id]
-        entry = entries.get(info.run_id)
-        listing.append((
-            info.run_id, info.epoch, info.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
-            STATES.get(entry.state, entry.state) if entry is not None else "open",
-            rows.enriched, rows.failed, rows.pending + rows.running,
-        ))
-    if getattr(args, "json", False):
-        emit_json({"play": scope.play, "runs": [
-            {"run_id": row[0], "epoch": row[1], "started": info.created_at.isoformat(),
-             "state": row[3], "completed": row[4], "failed": row[5], "unfinished": row[6],
-             "resume_command": info.command if row[3] == "open" else None}
-            for info, row in zip(recent, listing)]})
-        return 0
-    header = ("run id", "epoch", "started", "state", "completed", "failed", "unfinished")
-    for line in table_lines(header, listing, right=(1, 4, 5, 6)):
-        say(line)
-    for info, row in zip(recent, listing):
-        if row[3] != "open":
-            continue
-        command = info.command or (
-            f"(started from Python: wake it with actors.open_run(tenant, "
-            f"{scope.play!r}, {info.run_id!r}))"
-        )
-        say(f"resume {info.run_id}: {command}")
     return 0

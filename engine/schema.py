@@ -11,7 +11,8 @@ Versions: 2 added `runs.command` (how to resume a run, recorded by the command l
 row-level security policies of database sessions; 5 makes physical names unique: one column per
 field in `sheet_columns` (a unique index on the column name, after dropping the later of any two
 registrations that already shared one) and one table per sheet (`sheet_summary.table_name`,
-unique, filled by the next write of each sheet). An older schema is upgraded in place by the
+unique, filled by the next write of each sheet); 6 added `run_maps`, the run history (what
+each map of each run did, `engine.history`). An older schema is upgraded in place by the
 same idempotent bootstrap, with no manual step.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from . import session_isolation
 from .sql import quote_ident
 
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -126,6 +127,30 @@ CREATE TABLE IF NOT EXISTS {s}.session_scopes (
     expires_at timestamptz NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+-- version 6: run history (engine.history) ------------------------------------------------
+CREATE TABLE IF NOT EXISTS {s}.run_maps (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    map_key text NOT NULL,
+    table_namespace text NOT NULL,
+    state text NOT NULL,
+    started_at timestamptz NOT NULL,
+    ended_at timestamptz,
+    source_rows bigint NOT NULL DEFAULT 0,
+    admitted bigint NOT NULL DEFAULT 0,
+    cached bigint NOT NULL DEFAULT 0,
+    completed bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    blocked bigint NOT NULL DEFAULT 0,
+    retried bigint NOT NULL DEFAULT 0,
+    running bigint NOT NULL DEFAULT 0,
+    stop_reason text,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, run_id, map_key)
+);
+CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = 'running';
+-- end of version 6 -----------------------------------------------------------------------------
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """

@@ -95,8 +95,9 @@ def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema
 
     assert main(["runs", "ops", "--schema", schema]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert re.match(r"run id +epoch +started +state +completed +failed +unfinished$", lines[0])
-    assert re.match(rf"{run_id} +\d+ +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d +open +4 +0 +0$",
+    assert re.match(r"run id +epoch +started +state +took +admitted +cached +completed +failed "
+                    r"+retried +unfinished$", lines[0])
+    assert re.match(rf"{run_id} +\d+ +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d +open +\S+ s +4 +0 +4 +0 +0 +0$",
                     lines[1]), lines
     assert lines[2] == f"resume {run_id}: {command}"
 
@@ -109,7 +110,8 @@ def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema
     assert "admitted 4, cached 4, completed 0, failed 0" in resumed.stdout
     assert main(["runs", "ops", "--schema", schema]) == 0
     listing = capsys.readouterr().out
-    assert re.search(rf"^{run_id} +\d+ +\S+ \S+ +done +4 +0 +0$", listing, re.MULTILINE)
+    assert re.search(rf"^{run_id} +\d+ +\S+ \S+ +done +\S+ s +4 +4 +0 +0 +0 +0$", listing,
+                     re.MULTILINE), listing  # the wake's own counts: every row was cached
     assert "resume" not in listing
 
 
@@ -167,8 +169,8 @@ def test_run_id_wakes_existing_runs_only_and_a_finished_run_wakes_all_cached(
     assert started(out)[0] == "nightly"
     assert "admitted 3, cached 3, completed 0, failed 0" in out
     assert main(["runs", "ops", "--schema", schema]) == 0
-    assert re.search(r"^nightly +\d+ +\S+ \S+ +done +3 +0 +0$", capsys.readouterr().out,
-                     re.MULTILINE)
+    assert re.search(r"^nightly +\d+ +\S+ \S+ +done +\S+ s +3 +3 +0 +0 +0 +0$",
+                     capsys.readouterr().out, re.MULTILINE)
 
 
 def test_ctrl_c_in_the_demo_prints_a_resume_command_that_finishes_with_cache_hits(
