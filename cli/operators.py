@@ -9,7 +9,8 @@ How it works
   by the option that wakes this run; a `--dsn` holding a password is left out (the resume
   command must not print it). On any end other than success, `main` prints that command.
 - `print_failure_summary` is the top-5 table of a run's failed rows that `run` and `demo` end
-  with; `failures` lists failed rows and the commonest errors of one table (`runs`, what each
+  with, their messages grouped by cause (`cli.causes`: numbers, quoted values and keys
+  masked, one example each); `failures` lists failed rows and the commonest errors of one table (`runs`, what each
   run did, is `cli.history`).
 - Read-only commands open the tenant with `bootstrap=False` and check the schema first
   (`require_schema`), so a mistyped `--schema` is one line and creates nothing.
@@ -30,6 +31,7 @@ from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
 
+from .causes import MESSAGES_READ, ErrorCause, group_errors
 from .terminal import emit_json, plural, say, shell_command, table_lines
 
 WAKE_OPTIONS = ("--run-id", "--new-run-id", "--resume", "--crash-after")
@@ -132,24 +134,33 @@ async def require_table(tenant: Any, scope: PlayScope, table: str) -> str:
 
 
 # -- failures ---------------------------------------------------------------------------------
-def error_table(counts: sheets.ErrorCounts) -> list[str]:
-    rows = [(top.count, "(no message)" if top.error is None else top.error)
-            for top in counts.top]
+def error_table(causes: list[ErrorCause]) -> list[str]:
+    """The top causes, one example message each (and how many other messages it stands for)."""
+    rows = [(cause.count, ("(no message)" if cause.example is None else cause.example)
+             + (f"  (+{cause.variants - 1} like it)" if cause.variants > 1 else ""))
+            for cause in causes[:TOP_ERRORS]]
     return ["  " + line for line in table_lines(("count", "error"), rows, right=(0,))]
 
 
+async def error_causes(tenant: Any, scope: PlayScope, table: str,
+                       run_id: str | None) -> tuple[int, list[ErrorCause]]:
+    """How many rows failed, and their messages grouped by cause (see `cli.causes`)."""
+    counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=MESSAGES_READ)
+    return counts.failed, group_errors((top.error, top.count) for top in counts.top)
+
+
 async def print_failure_summary(tenant: Any, scope: PlayScope, run_id: str) -> int:
-    """The top errors of the rows `run_id` left failed, per table; returns how many failed."""
+    """The top error causes of the rows `run_id` left failed, per table; returns how many
+    failed."""
     failed = 0
     for table in await play_tables(tenant, scope):
-        counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=TOP_ERRORS)
-        if not counts.failed:
+        count, causes = await error_causes(tenant, scope, table, run_id)
+        if not count:
             continue
-        failed += counts.failed
-        shown = min(TOP_ERRORS, counts.distinct)
-        say(f"{plural(counts.failed, 'failed row')} in table {table}, "
-            f"{plural(counts.distinct, 'distinct error')} (top {shown}):")
-        for line in error_table(counts):
+        failed += count
+        say(f"{plural(count, 'failed row')} in table {table}, "
+            f"{plural(len(causes), 'cause')} (top {min(TOP_ERRORS, len(causes))}):")
+        for line in error_table(causes):
             say(line)
         say(f"  see them: {shell_command(['failures', scope.play, table, '--run', run_id])}")
     return failed
@@ -163,23 +174,24 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
     await require_schema(tenant)
     scope = PlayScope(tenant.org_id, args.play)
     table = await require_table(tenant, scope, args.table)
-    counts = await sheets.error_counts(tenant, scope, table, run_id=args.run, limit=TOP_ERRORS)
+    failed, causes = await error_causes(tenant, scope, table, args.run)
     of_run = f" of run {args.run}" if args.run else ""
     if getattr(args, "json", False):
         rows = await sheets.failed_rows(tenant, scope, table, run_id=args.run, limit=args.limit)
         emit_json({
-            "play": scope.play, "table": table, "run_id": args.run, "failed": counts.failed,
+            "play": scope.play, "table": table, "run_id": args.run, "failed": failed,
             "rows": [{"key": row.key, "attempts": row.attempts, "error": row.error,
                       "inputs": row.inputs} for row in rows],
-            "errors": [{"count": top.count, "error": top.error} for top in counts.top],
+            "errors": [{"count": cause.count, "error": cause.example, "pattern": cause.pattern,
+                        "variants": cause.variants} for cause in causes],
         })
         return 0
-    if not counts.failed:
+    if not failed:
         say(f"no failed rows{of_run} in table {table} of play {scope.play}")
         return 0
     rows = await sheets.failed_rows(tenant, scope, table, run_id=args.run, limit=args.limit)
-    say(f"{plural(counts.failed, 'failed row')}{of_run} in table {table} of play {scope.play}"
-        + (f" (first {len(rows)})" if len(rows) < counts.failed else "") + ":")
+    say(f"{plural(failed, 'failed row')}{of_run} in table {table} of play {scope.play}"
+        + (f" (first {len(rows)})" if len(rows) < failed else "") + ":")
     listing = [
         (row.key, "-" if row.attempts is None else row.attempts, row.error or "(no message)",
          _inputs_text(row.inputs))
@@ -187,7 +199,7 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
     ]
     for line in table_lines(("key", "attempts", "error", "inputs"), listing, right=(1,)):
         say("  " + line)
-    say(f"most common errors ({counts.distinct} distinct, top {min(TOP_ERRORS, counts.distinct)}):")
-    for line in error_table(counts):
+    say(f"most common errors ({plural(len(causes), 'cause')}, top {min(TOP_ERRORS, len(causes))}):")
+    for line in error_table(causes):
         say(line)
     return 0

@@ -34,7 +34,7 @@ def test_failed_rows_end_the_run_with_the_top_errors_and_failures_lists_them(
     out = capsys.readouterr().out
     first, _ = started(out)
     assert "admitted 5, cached 0, completed 2, failed 3, blocked 0, fenced 0" in out
-    assert "3 failed rows in table things, 2 distinct errors (top 2):" in out
+    assert "3 failed rows in table things, 2 causes (top 2):" in out
     assert re.search(r"^  count  error\n      2  quota exceeded\n      1  timed out after 2 s$",
                      out, re.MULTILINE), out
     assert f"  see them: runplane failures ops things --run {first}" in out
@@ -57,7 +57,7 @@ def test_failed_rows_end_the_run_with_the_top_errors_and_failures_lists_them(
                         ("slow1", "timed out after 2 s")):
         assert re.search(rf"^  [0-9a-f]+ +\S+ +{error} +{{\"name\": \"{name}\"}}$", out,
                          re.MULTILINE), out
-    assert "most common errors (2 distinct, top 2):" in out
+    assert "most common errors (2 causes, top 2):" in out
     assert main(["failures", "ops", "things", "--schema", schema, "--limit", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("3 failed rows in table things of play ops (first 1):\n"), out
@@ -75,7 +75,7 @@ def test_the_demo_ends_with_the_top_errors_and_fail_on_row_errors_exits_3(schema
     args = ["demo", "--rows", "60", "--schema", schema, "--fail-rate", "1", "--latency-ms", "0"]
     assert main([*args, "--fail-on-row-errors"]) == 3
     out = capsys.readouterr().out
-    assert "60 failed rows in table companies, 1 distinct error (top 1):" in out
+    assert "60 failed rows in table companies, 1 cause (top 1):" in out
     assert re.search(r"^     60  enrichment API timed out$", out, re.MULTILINE), out
 
 
