@@ -138,6 +138,22 @@ def doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- psql ---------------------------------------------------------------------------------------
+def _psql_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_DSN, else embedded)")
+    parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"),
+                        help="tenant schema, first on psql's search_path (default: RUNPLANE_SCHEMA, else 'runplane')")
+    parser.add_argument("psql_args", nargs=argparse.REMAINDER, metavar="-- PSQL_ARGS",
+                        help="passed to psql, e.g. -- -c 'SELECT * FROM runs'")
+
+
+@command("psql", "a psql session on the database, keeping the embedded server up while it lasts")(_psql_options)
+def psql(args: argparse.Namespace) -> int:
+    from .psql import run_psql
+
+    return run_psql(args)
+
+
 # -- simulate -----------------------------------------------------------------------------------
 def _simulate_options(parser: argparse.ArgumentParser) -> None:
     from runplane import simulations
