@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
-import logging
 import os
 import secrets
 import signal
@@ -488,9 +487,9 @@ def serve(args: argparse.Namespace) -> int:
             raise UsageError(f"{SECRET_ENV} is not set: the gateway needs a signing secret for its "
                              "tokens (or pass --dev for a throwaway one)")
         secret = secrets.token_urlsafe(32)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from .serving import address_in_use, configure_logging
+
+    configure_logging()  # the embedded server's lines go to a file in RUNPLANE_HOME
 
     async def main() -> None:
         async with open_server(secret=secret, dsn=args.dsn, schema=args.schema, bind=args.bind,
@@ -504,7 +503,13 @@ def serve(args: argparse.Namespace) -> int:
                 print(f"dev token for org {DEFAULT_ORG}: {mint_token(secret, DEFAULT_ORG)}", flush=True)
             await trio.sleep_forever()
 
-    run_trio(main)
+    try:
+        run_trio(main)
+    except BaseException as raised:  # a taken address is one line naming it
+        problem = address_in_use(raised, args.bind)
+        if problem is None:
+            raise
+        raise CommandError(problem) from None
     return 0
 
 
