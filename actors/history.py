@@ -6,7 +6,8 @@ How it works
   one about every `HEARTBEAT_S` seconds while it changed (state `running`; `running` counts the
   rows admitted to run and not yet given an outcome), so another terminal's `runplane status`
   sees rows in flight. When the map returns, `finish` writes its final counts (`finished`,
-  `stopped_early` or `superseded`); a map that raised is written as `failed`. A cancelled map
+  `stopped_early` or `superseded`); a map that raised is written as `failed` (unless the store
+  is away: then, like a crash, it is left to the wake). A cancelled map
   (a crash, Ctrl-C) writes nothing more: its row stays `running` with its last counters, and a
   wake that runs the map again replaces them.
 - History is a record, never a reason to fail: a write that fails is logged and dropped (the

@@ -38,7 +38,8 @@ import attrs
 import trio
 
 from runplane.engine import receipts, runs
-from runplane.engine.errors import EngineError, InvalidInputError, StoreOutageError, leaf_errors
+from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
+                                     StoreUnavailableError, leaf_errors)
 from runplane.engine.tenant import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
@@ -207,6 +208,8 @@ class Run:
         try:
             result = await map_rows(self, source, plan, on_progress=observe,
                                     map_invocation_id=map_invocation_id)
+        except StoreUnavailableError:
+            raise  # the store is away: the entry stays `running`, like a crash, for the wake
         except Exception:
             beat.cancel()
             await recorder.finish(None, "failed")
