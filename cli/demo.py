@@ -144,6 +144,8 @@ class LiveBars:
         for name, task in self.tasks.items():
             if name != "calls":
                 self.progress.update(task, completed=getattr(snapshot, name))
+        running = max(0, snapshot.pending - snapshot.executed)  # rows in flight
+        self.progress.update(self.tasks["admitted"], note=f"{running:,} running")
         note = f"{snapshot.retried} retries, {self.call_rate(snapshot.calls):,.0f} calls/s"
         if snapshot.superseded:
             note += ", superseded: stopping"
