@@ -238,9 +238,8 @@ class MapState:
         the first occurrence's outcome completes the row.
         """
         pending = [row for row in admission.pending if row.key not in self._inflight]
-        if self.fail_fast is not None and (
-                admission.cached or admission.completed or len(admission.pending) > admission.inserted):
-            self.fail_fast.disarm()  # rows that ran before: their failures may be the data's
+        if self.fail_fast is not None and (admission.cached or admission.completed):
+            self.fail_fast.disarm()  # the function worked on this sheet: failures may be the data's
         self._inflight.update(row.key for row in pending)
         self.tally.on_admission(rows_in_page, admission,
                                 dropped=len(admission.pending) - len(pending))

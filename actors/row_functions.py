@@ -14,8 +14,9 @@ How it works
   raised, or the same bad return value (not a dict, outputs that cannot be stored) — the map
   stops early: the function is broken, and calling it on every other row would only repeat its
   side effects. One completed row, or two causes, disarms it for the rest of the map; so does a
-  row that ran before (a cache hit, or a failed or unfinished row admitted again): a rerun runs
-  the rows that failed, whose failures may be their data's, not the function's.
+  cache hit (the function worked on this sheet before: a rerun runs the rows that failed, whose
+  failures may be their data's). A rerun of a map that stopped early, its function still
+  broken, finds no cache hit and stops again.
   `run.map(..., fail_fast=False)` turns it off; `fail_fast=N` watches the first N rows.
 """
 

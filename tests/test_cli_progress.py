@@ -93,7 +93,7 @@ def test_a_run_on_a_terminal_shows_live_bars_on_stderr(schema, tmp_path):
 
 
 def test_status_watch_shows_rows_in_flight_with_rate_and_eta(schema, tmp_path):
-    play, rows = slow_play(tmp_path, [f"n{i}" for i in range(60)])
+    play, rows = slow_play(tmp_path, [f"n{i}" for i in range(80)])
     run_log = tmp_path / "run.log"
     runner = start_cli("run", str(play), "--input", str(rows), "--schema", schema,
                        stdout_path=run_log, env=cli_env(ROW_DELAY_S="0.2"))
@@ -122,7 +122,7 @@ def test_status_watch_shows_rows_in_flight_with_rate_and_eta(schema, tmp_path):
     assert watcher.stderr.read() == ""
     final = json.loads(run_cli("status", "slow", "--schema", schema, "--json").stdout)
     assert final["tables"]["things"]["running"] == 0  # nothing in flight once the run ended
-    assert final["tables"]["things"]["completed"] == 60
+    assert final["tables"]["things"]["completed"] == 80
 
 
 def test_runs_keeps_what_each_run_did_and_shows_one_in_detail(schema, tmp_path):

@@ -142,3 +142,18 @@ async def test_a_rerun_of_rows_that_failed_before_is_not_stopped(tenant):
     async with open_run(tenant, "play") as run:  # only the 50 failed rows run, and fail again
         again = await run.map("t", rows(100), fails_on_odd, contract=CONTRACT, concurrency=2)
     assert (again.cached, again.failed, again.stopped_early) == (50, 50, False)
+
+
+async def test_a_rerun_with_the_function_still_broken_stops_again(tenant):
+    calls = 0
+
+    async def broken(row):
+        nonlocal calls
+        calls += 1
+        raise TypeError("still broken")
+
+    for _ in range(2):
+        calls = 0
+        async with open_run(tenant, "play") as run:
+            result = await run.map("t", rows(300), broken, contract=CONTRACT, concurrency=2)
+        assert result.stopped_early and calls < 100  # the failed rows admitted again trip it too
