@@ -74,7 +74,7 @@ async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
     await require_schema(tenant)
     scope = PlayScope(tenant.org_id, args.play)
     if getattr(args, "run_id", None):
-        return await show_run(tenant, scope, args.run_id, args.json)
+        return await show_run(tenant, scope, args.run_id, args)
     recent = await runs.list_runs(tenant, scope, limit=args.limit)
     if not recent:
         raise CommandError(f"play {scope.play!r} has no runs")
@@ -96,7 +96,7 @@ async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
         })
     if args.json:
         emit_json({"play": scope.play, "runs": [
-            {**row, "started": row["started"].isoformat()} for row in listing]})
+            {**row, "started": row["started"].isoformat()} for row in listing]}, args.json_stream)
         return 0
     header = ("run id", "epoch", "started", "state", "took", *DONE, "unfinished")
     rows = [(row["run_id"], row["epoch"],
@@ -116,7 +116,7 @@ async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-async def show_run(tenant: Any, scope: PlayScope, run_id: str, as_json: bool) -> int:
+async def show_run(tenant: Any, scope: PlayScope, run_id: str, args: argparse.Namespace) -> int:
     info = await runs.get(tenant, RunScope(scope.org_id, scope.play, run_id))
     if info is None:
         raise CommandError(f"play {scope.play!r} has no run {run_id!r}")
@@ -132,11 +132,11 @@ async def show_run(tenant: Any, scope: PlayScope, run_id: str, as_json: bool) ->
              "started": e.record.started_at.isoformat(), "stop_reason": e.record.stop_reason}
             for e in entries]
     resume = info.command if state == "open" else None
-    if as_json:
+    if args.json:
         emit_json({"play": scope.play, "run_id": run_id, "epoch": info.epoch,
                    "started": info.created_at.isoformat(), "state": state,
                    "duration_s": span_s(entries), "unfinished": unfinished,
-                   "resume_command": resume, "maps": maps})
+                   "resume_command": resume, "maps": maps}, args.json_stream)
         return 0
     say(f"run {run_id} of play {scope.play}: {state}, epoch {info.epoch}, started "
         f"{info.created_at.astimezone():%Y-%m-%d %H:%M:%S}, took {duration(span_s(entries))}, "

@@ -23,6 +23,7 @@ Commands: `demo` (the main job, see `cli.demo`), `run PLAY.py` (a user's play), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -50,7 +51,7 @@ from .operators import (
     print_failure_summary,
     show_failures,
 )
-from .terminal import emit_json, json_output, say, warn
+from .terminal import emit_json, say, warn
 
 DEFAULT_ORG = "local"
 ROW_ERRORS_EXIT = 3
@@ -325,7 +326,7 @@ def run_play(args: argparse.Namespace) -> int:
             if run.stopped_early_maps:  # the cause once, not a table of the same error
                 if args.json:
                     emit_json({**run_document(run, notice, result, None),
-                               "status": "stopped_early"})
+                               "status": "stopped_early"}, args.json_stream)
                 raise StoppedEarly("; ".join(
                     f"map {table} stopped early: {stopped.stop_reason}"
                     for table, stopped in run.stopped_early_maps)
@@ -333,7 +334,7 @@ def run_play(args: argparse.Namespace) -> int:
                     "runs every row whatever fails)")
             failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
             if args.json:
-                emit_json(run_document(run, notice, result, failed))
+                emit_json(run_document(run, notice, result, failed), args.json_stream)
             return failed
 
     failed = run_trio(main)
@@ -595,10 +596,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # the command and its arguments, for resume commands
     args.notice = None
-    json_output(getattr(args, "json", False))
+    args.json_stream = sys.stdout  # with --json, the one document goes here ...
+    human = contextlib.redirect_stdout(sys.stderr) if getattr(args, "json", False) else None
     handler = COMMANDS[args.command][0]
     try:
-        return handler(args)
+        if human is None:
+            return handler(args)
+        with human:  # ... and every other line to stderr
+            return handler(args)
     except BaseException as raised:  # reported as one line below, or re-raised
         exc = leaf_errors(raised)[0]  # the first, unwrapped from nested groups
         status = _report(exc, args.command)
@@ -610,10 +615,10 @@ def main(argv: list[str] | None = None) -> int:
             warn(f"runplane: resume run {notice.run_id} with: {notice.resume_command}")
             if getattr(args, "json", False):
                 emit_json({"run_id": notice.run_id, "status": "unfinished", "exit_status": status,
-                           "error": str(exc), "resume_command": notice.resume_command})
+                           "error": str(exc), "resume_command": notice.resume_command},
+                          args.json_stream)
         return status
     finally:
-        json_output(False)
         if process:  # the exit handlers (stopping the embedded server) run without Ctrl-C
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 

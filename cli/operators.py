@@ -184,7 +184,7 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
                       "inputs": row.inputs} for row in rows],
             "errors": [{"count": cause.count, "error": cause.example, "pattern": cause.pattern,
                         "variants": cause.variants} for cause in causes],
-        })
+        }, args.json_stream)
         return 0
     if not failed:
         say(f"no failed rows{of_run} in table {table} of play {scope.play}")

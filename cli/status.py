@@ -92,7 +92,7 @@ async def show_status(port: Any, args: argparse.Namespace) -> int:
         return await watch_status(port, scope, args.table)
     entries = await outbox.get_many(port, scope, [info.run_id for info in recent])
     if args.json:
-        emit_json(status_document(scope, counts, recent, entries))
+        emit_json(status_document(scope, counts, recent, entries), args.json_stream)
         return 0
     for name, c in counts.items():
         say(table_line(name, c))

@@ -6,8 +6,9 @@ forge a terminal's output. Every line the CLI prints goes through `clean`: tabs 
 become spaces, every other control character (C0, DEL, C1) is dropped. Lines are flushed as
 they are printed, so a redirected log shows them even if the process is killed a moment later.
 
-Scripting: with `--json` (`json_output()`) the human lines go to stderr and stdout carries only
-the one JSON document `emit_json` prints. A reader that closed stdout (`runplane status | head
+Scripting: with `--json` the command runs with `sys.stdout` redirected to stderr (see
+`cli.main`), so its human lines go there, and stdout carries only the one JSON document
+`emit_json` writes to the real stdout it is handed. A reader that closed stdout (`runplane status | head
 -1`) ends nothing: the rest of stdout goes to /dev/null and the command finishes as it would have
 (a run keeps running to its end, with no resume hint), quietly.
 """
@@ -30,19 +31,9 @@ def clean(text: Any) -> str:
     return _CONTROL.sub("", _SPACING.sub(" ", str(text)))
 
 
-_human_to_stderr = False
-
-
-def json_output(enabled: bool = True) -> None:
-    """From now on, `say` without `file` prints to stderr: stdout is for `emit_json` only."""
-    global _human_to_stderr
-    _human_to_stderr = enabled
-
-
 def say(line: Any = "", *, file: TextIO | None = None) -> None:
     """Print one cleaned line and flush it."""
-    stream = file if file is not None else sys.stderr if _human_to_stderr else sys.stdout
-    write(clean(line) + "\n", stream)
+    write(clean(line) + "\n", sys.stdout if file is None else file)
 
 
 def write(text: str, stream: TextIO) -> None:
@@ -65,9 +56,9 @@ def stdout_gone() -> None:
         pass
 
 
-def emit_json(document: Any) -> None:
-    """The command's one JSON document, on stdout."""
-    write(json.dumps(document, ensure_ascii=False, default=str, indent=2) + "\n", sys.stdout)
+def emit_json(document: Any, stream: TextIO) -> None:
+    """The command's one JSON document, on `stream` (the real stdout)."""
+    write(json.dumps(document, ensure_ascii=False, default=str, indent=2) + "\n", stream)
 
 
 def warn(line: Any) -> None:

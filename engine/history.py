@@ -55,6 +55,20 @@ class MapRecord:
     running: int = 0
     stop_reason: str | None = None
 
+    def __attrs_post_init__(self) -> None:  # an invalid record cannot be built
+        if self.state not in MAP_STATES:
+            raise InvalidInputError(
+                f"state must be one of {', '.join(MAP_STATES)}, got {self.state!r}")
+        for name in ("map_key", "table_namespace"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+                raise InvalidInputError(
+                    f"{name} must be a non-empty string of at most {MAX_TEXT} characters")
+        for name in COUNTERS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+
     @property
     def duration_s(self) -> float | None:
         if self.ended_at is None:
@@ -111,26 +125,12 @@ SELECT {_COLUMNS} FROM {{run_maps}}
 """
 
 
-def _check(record: MapRecord) -> None:
-    if not isinstance(record, MapRecord):
-        raise InvalidInputError(f"record must be a MapRecord, got {type(record).__name__}")
-    if record.state not in MAP_STATES:
-        raise InvalidInputError(f"state must be one of {', '.join(MAP_STATES)}, got {record.state!r}")
-    for name in ("map_key", "table_namespace"):
-        value = getattr(record, name)
-        if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
-            raise InvalidInputError(f"{name} must be a non-empty string of at most {MAX_TEXT} characters")
-    for name in COUNTERS:
-        value = getattr(record, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
-
-
 @action("history.record_map", params={"scope": RUN_SCOPE, "record": MAP_RECORD}, result=NOTHING)
 async def record_map(port: Port, scope: RunScope, record: MapRecord) -> None:
     """Write what a map of run `scope` did (so far); one upsert."""
     check_scope(port, scope)
-    _check(record)
+    if not isinstance(record, MapRecord):
+        raise InvalidInputError(f"record must be a MapRecord, got {type(record).__name__}")
     reason = None if record.stop_reason is None else record.stop_reason[:MAX_TEXT]
     sql = _RECORD.format(run_maps=table(port, "run_maps"))
     await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(

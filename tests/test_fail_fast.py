@@ -157,3 +157,4 @@ async def test_a_rerun_with_the_function_still_broken_stops_again(tenant):
         async with open_run(tenant, "play") as run:
             result = await run.map("t", rows(300), broken, contract=CONTRACT, concurrency=2)
         assert result.stopped_early and calls < 100  # the failed rows admitted again trip it too
+
