@@ -46,7 +46,6 @@ from .inputs import InputFileError, read_input
 from .operators import (
     CommandError,
     RunNotice,
-    StoppedEarly,
     UsageError,
     print_failure_summary,
     show_failures,
@@ -297,6 +296,7 @@ def run_play(args: argparse.Namespace) -> int:
     from runplane.actors import open_run
 
     from .progress import RunProgress, with_progress
+    from .results import describe_result, run_document, stopped_early
 
     name, play = load_play(args.play_file)
     rows: list[dict] = []
@@ -327,11 +327,7 @@ def run_play(args: argparse.Namespace) -> int:
                 if args.json:
                     emit_json({**run_document(run, notice, result, None),
                                "status": "stopped_early"}, args.json_stream)
-                raise StoppedEarly("; ".join(
-                    f"map {table} stopped early: {stopped.stop_reason}"
-                    for table, stopped in run.stopped_early_maps)
-                    + ". Fix the function and run again (run.map(..., fail_fast=False) "
-                    "runs every row whatever fails)")
+                raise stopped_early(run)
             failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
             if args.json:
                 emit_json(run_document(run, notice, result, failed), args.json_stream)
@@ -339,29 +335,6 @@ def run_play(args: argparse.Namespace) -> int:
 
     failed = run_trio(main)
     return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
-
-
-def run_document(run: Any, notice: RunNotice, result: Any, failed: int | None) -> dict[str, Any]:
-    """`run --json`: the run and what its play returned (a MapResult's counts)."""
-    from runplane.actors import MapResult
-
-    returned: Any = None if result is None else repr(result)
-    if isinstance(result, MapResult):
-        returned = {name: getattr(result, name) for name in (
-            "admitted", "cached", "completed", "failed", "blocked", "fenced", "skipped",
-            "executed", "retried", "timed_out", "superseded", "superseded_by", "stopped_early",
-        "stop_reason")}
-    return {"run_id": run.run_id, "play": run.play, "epoch": run.epoch, "status": "finished",
-            "result": returned, "failed_rows": failed, "resume_command": notice.resume_command}
-
-
-def describe_result(result: Any) -> str:
-    from runplane.actors import MapResult
-
-    if isinstance(result, MapResult):
-        return (f"admitted {result.admitted}, cached {result.cached}, completed {result.completed}, "
-                f"failed {result.failed}, blocked {result.blocked}, fenced {result.fenced}")
-    return repr(result)
 
 
 # -- status -------------------------------------------------------------------------------------
