@@ -25,7 +25,7 @@ def test_the_readme_psql_recipe_works_on_the_embedded_default(tmp_path):
     play, rows = write_play(tmp_path, ["a", "bad1", "bb"])
     done = run_cli("run", str(play), "--input", str(rows), env=env)
     assert done.returncode == 0, done.stderr
-    assert embedded_server(home / "pg") is None  # the run ended: nothing keeps the server up
+    wait_until_stopped(home / "pg")  # the run ended: nothing keeps the server up
 
     # The README's line as written: psql gets a server that stays up for its session, and the
     # tenant's tables without a schema prefix.
@@ -36,7 +36,11 @@ def test_the_readme_psql_recipe_works_on_the_embedded_default(tmp_path):
         session.stdout
     failing = run_cli("psql", "--", "-Xc", "SELECT 1/0", env=env)
     assert failing.returncode != 0 and "division by zero" in failing.stderr  # psql's status
+    wait_until_stopped(home / "pg")  # the last user left: the server stopped
+
+
+def wait_until_stopped(pgdata) -> None:
     deadline = time.monotonic() + 30
-    while embedded_server(home / "pg") is not None and time.monotonic() < deadline:
+    while embedded_server(pgdata) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert embedded_server(home / "pg") is None  # the last user left: the server stopped
+    assert embedded_server(pgdata) is None

@@ -68,8 +68,9 @@ async def test_a_crashed_map_keeps_its_last_counts_until_the_wake_replaces_them(
             async def crash_when_running():
                 await started.wait()
                 scope = PlayScope(tenant.org_id, "play")
-                while not await history.live_maps(tenant, scope):
-                    await trio.sleep(0.05)  # the heartbeat wrote the running entry
+                while not any(entry.record.completed for entry in
+                              await history.live_maps(tenant, scope)):
+                    await trio.sleep(0.05)  # until a heartbeat wrote some completed rows
                 nursery.cancel_scope.cancel()  # a crash: the run is cancelled mid-map
 
             nursery.start_soon(crash_when_running)
@@ -79,6 +80,7 @@ async def test_a_crashed_map_keeps_its_last_counts_until_the_wake_replaces_them(
     scope = PlayScope(tenant.org_id, "play")
     [crashed] = await history.list_maps(tenant, scope, [run_id])
     assert crashed.record.state == "running" and crashed.record.ended_at is None
+    assert crashed.record.completed > 0  # its last counts
     async with open_run(tenant, "play", run_id) as woken:  # the wake finishes the map
 
         async def fast(row):
