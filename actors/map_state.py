@@ -57,6 +57,7 @@ from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult, MapTally
 from .retry import retry_transient
+from .row_functions import FailFast, failure_cause
 
 PAGE_ROWS = 5000           # rows admitted per transaction for a streamed source, at most ...
 FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first rows run soon
@@ -141,6 +142,7 @@ class MapPlan:
     fast_admission: bool = attrs.field(default=True, validator=_flag)
     max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
     force: bool = attrs.field(default=False, validator=_flag)
+    fail_fast_rows: int | None = attrs.field(default=None, validator=_optional(int, "fail_fast"))
 
     async def admit(self, rows: list[Any], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
@@ -195,6 +197,7 @@ class MapState:
     pacer: Pacer | None = None
     retries: RetryQueue | None = None
     superseded_by_epoch: int | None = None
+    fail_fast: FailFast | None = None
     _inflight: set[str] = attrs.field(init=False, factory=set)
     _ledger: dict[int, list[RowOutcome]] = attrs.field(init=False, factory=dict)
     _next_ticket: int = attrs.field(init=False, default=0)
@@ -210,12 +213,19 @@ class MapState:
     def for_plan(cls, plan: MapPlan,
                  on_progress: Callable[[MapProgress], Any] | None) -> MapState:
         retries = RetryQueue(plan.max_waiting_rows) if plan.retry is not None else None
+        watch = FailFast(plan.fail_fast_rows) if plan.fail_fast_rows is not None else None
         return cls(MapTally(on_progress, retries=retries),
-                   pacer=open_pacer(plan.port, plan.rate_limit), retries=retries)
+                   pacer=open_pacer(plan.port, plan.rate_limit), retries=retries,
+                   fail_fast=watch)
 
     @property
     def superseded(self) -> bool:
         return self.superseded_by_epoch is not None
+
+    @property
+    def stopping(self) -> bool:
+        """No more rows go to the function: a newer run took them, or the map stopped early."""
+        return self.superseded_by_epoch is not None or self.tally.stopped_early
 
     def storable(self, contract: SheetContract, outcome: RowOutcome) -> RowOutcome:
         """`outcome`, or a failed one saying why its outputs cannot be stored (bad output names,
@@ -256,6 +266,8 @@ class MapState:
         the first occurrence's outcome completes the row.
         """
         pending = [row for row in admission.pending if row.key not in self._inflight]
+        if self.fail_fast is not None and (admission.cached or admission.completed):
+            self.fail_fast.disarm()  # the function worked on this sheet: failures may be the data's
         self._inflight.update(row.key for row in pending)
         self.tally.on_admission(rows_in_page, admission,
                                 dropped=len(admission.pending) - len(pending))
@@ -303,6 +315,19 @@ class MapState:
         free then."""
         assert self.retries is not None
         self.retries.defer(row, calls, trio.current_time() + delay_s)
+
+    def observe(self, outcome: RowOutcome, error: BaseException | None) -> None:
+        """A row's final outcome, for the fail-fast watch: the map stops early when its first
+        rows all failed for one cause from the function."""
+        if self.fail_fast is None or self.stopping:
+            return
+        cause = failure_cause(outcome.status, error, outcome.error)
+        if self.fail_fast.observe(cause, outcome.error):
+            self.tally.stopped_early = True
+            self.tally.stop_reason = self.fail_fast.reason()
+            if self.retries is not None:
+                self.retries.stop()
+            self.tally.report()
 
     def resolve(self) -> None:
         """A worker is done with a row (outcome recorded, deferred, or left)."""

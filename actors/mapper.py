@@ -46,6 +46,8 @@ How it works
   the play took the rows), workers call the function for no further row (the calls in
   progress finish — at most one per worker), admission stops reading pages, the delay queue
   drops its rows, and what was computed is still written; the rows left are the newer run's.
+  A map whose first rows all failed for one cause from the function **stops early** the same
+  way (`actors.row_functions`); the rows left stay pending for the next run.
 - The **completer** batches outcomes by rows, bytes and a short linger, and hands batches to
   the **writer** over an unbuffered channel (the next batch grows while one is written), which
   writes each with `engine.sheets.complete` and records fenced rows.
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
+HAND_ON_S = 0.5            # a slow worker batch hands its outcomes on after this long, and reports
 PROBE_GROUP_ROWS = 10_000   # rows of an encoded list probed together once probes settle rows
 # A list's leading rows, probed before encoding: chunks of FIRST_PROBE_ROWS (a first run into
 # a sheet of other rows stops after it), then of LEADING_PROBE_ROWS (a unit's 5 full pages, so
@@ -123,7 +126,7 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
             if page:
                 await pages_send.send([SourcePage(offset, page)])
         except trio.BrokenResourceError:
-            pass  # admission stopped reading: the map was superseded
+            pass  # admission stopped reading: the map was superseded or stopped early
 
 
 # -- the admission actor ---------------------------------------------------------------------
@@ -228,7 +231,7 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
         for i, (low, high) in enumerate(rest):
             await answered[i].wait()
             admission, keys = answers[i]
-            stop = state.superseded or admission is None or bool(admission.skipped)
+            stop = state.stopping or admission is None or bool(admission.skipped)
             window.release()
             if stop:
                 break
@@ -262,7 +265,7 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
     async def admit_group(group: list[SourcePage]) -> None:
         nonlocal probe, settled
         position, grouping = 0, plan.fast_admission
-        while position < len(group) and not state.superseded:
+        while position < len(group) and not state.stopping:
             rest = group[position:]
             if settled and grouping and len(rest) > 1:
                 admission = await probe_group(plan, rest)
@@ -288,7 +291,7 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
             if listed is None:
                 await stack.enter_async_context(pages_recv)
                 async for group in pages_recv:
-                    if state.superseded:
+                    if state.stopping:
                         break
                     await admit_group(group)
                 return
@@ -296,11 +299,11 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
             if plan.fast_admission and listed.encoded is None:
                 start = await probe_unencoded(plan, state, listed, hand_out)
                 probe = False  # the rows at `start` were just probed: some need admitting
-            if start < listed.source_rows and not state.superseded:
+            if start < listed.source_rows and not state.stopping:
                 await listed.encode()
                 cut_at = frozenset(low for low, _ in probe_bounds(listed.source_rows))
                 for group in listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start, cut_at):
-                    if state.superseded:
+                    if state.stopping:
                         break
                     await admit_group(group)
         finally:
@@ -347,23 +350,26 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
 async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowOutcome | None:
     """One row under the map's policies: its outcome, or None when it is not finished here
     (deferred to the delay queue for a retry, or left to the newer run that superseded us)."""
-    if state.superseded:
+    if state.stopping:
         return None
     calls = state.calls_so_far(admitted.key) + 1
     if state.pacer is not None:
         await state.pacer.take()
-        if state.superseded:
+        if state.stopping:
             return None
     state.count_call(calls)
     outcome, error = await call_row(plan, admitted, calls)
     if error is None:
-        return state.storable(plan.contract, outcome)
+        outcome = state.storable(plan.contract, outcome)
+        state.observe(outcome, None)
+        return outcome
     if isinstance(error, RowTimeoutError):
         state.tally.timed_out += 1
     retry = plan.retry
-    if retry is not None and retry.retries(error, calls) and not state.superseded:
+    if retry is not None and retry.retries(error, calls) and not state.stopping:
         state.defer(admitted, calls, retry.delay_s(calls))
         return None
+    state.observe(outcome, error)
     return outcome
 
 
@@ -373,11 +379,19 @@ async def work(plan: MapPlan, state: MapState, work_recv, outcome_send,
     async with work_recv, outcome_send:
         async for batch in work_recv:
             ticket, outcomes = state.open_batch()
+            opened = trio.current_time()
             for admitted in batch:
                 outcome = await run_row(plan, state, admitted)
                 if outcome is not None:
                     state.record(outcomes, outcome)
                 state.resolve()
+                if outcomes and trio.current_time() - opened >= HAND_ON_S:
+                    # A slow function: what is done is written (and shown) now, not when the
+                    # whole batch is.
+                    state.report()
+                    await outcome_send.send((ticket, outcomes))
+                    ticket, outcomes = state.open_batch()
+                    opened = trio.current_time()
             state.report()
             if outcomes:
                 await outcome_send.send((ticket, outcomes))

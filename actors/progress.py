@@ -52,6 +52,7 @@ class MapProgress:
     superseded: bool = False
     waiting_for_store_s: float | None = None  # None: not waiting for the database
     waiting: int = 0  # rows waiting out a retry's backoff
+    stopped_early: bool = False
 
 
 @attrs.frozen
@@ -60,7 +61,9 @@ class MapResult:
     `diagnostics` holds each completion batch's diagnostics in order. `retried` counts the
     extra calls retries made, `timed_out` the calls cancelled by the row timeout. `superseded`
     is true when a newer run of the play took the map's rows (the map stopped early and left
-    them to it); `superseded_by` is that run's id when it could be read."""
+    them to it); `superseded_by` is that run's id when it could be read. `stopped_early` is true
+    when the map's first rows all failed for one cause from the function (see
+    `actors.row_functions.FailFast`); `stop_reason` then says which, once."""
 
     admitted: int
     cached: int
@@ -80,6 +83,8 @@ class MapResult:
     superseded_by: str | None = None
     # The rows of the map's table that this run wrote (`engine.sheets.Dataset`).
     dataset: Any = attrs.field(default=None, eq=False, repr=False)
+    stopped_early: bool = False
+    stop_reason: str | None = None
 
 
 def waiting_for_store_s() -> float | None:
@@ -105,6 +110,8 @@ class MapTally:
     retried: int = 0
     timed_out: int = 0
     superseded: bool = False
+    stopped_early: bool = False
+    stop_reason: str | None = None
     retries: Any = None  # the map's delay queue (`actors.backoff.RetryQueue`), if any
     diagnostics: list[Any] = attrs.field(factory=list)
     fenced_rows: list[Any] = attrs.field(factory=list)
@@ -154,6 +161,7 @@ class MapTally:
             timed_out=self.timed_out, superseded=self.superseded,
             waiting_for_store_s=waiting_for_store_s(),
             waiting=self.retries.waiting if self.retries is not None else 0,
+            stopped_early=self.stopped_early,
         )
 
     def report(self) -> None:
@@ -173,4 +181,5 @@ class MapTally:
             blocked_rows=tuple(self.blocked_rows), skipped=self.skipped, executed=self.executed,
             map_invocation_id=map_invocation_id, retried=self.retried,
             timed_out=self.timed_out, superseded=self.superseded, superseded_by=superseded_by,
+            stopped_early=self.stopped_early, stop_reason=self.stop_reason,
         )

@@ -38,7 +38,8 @@ import attrs
 import trio
 
 from runplane.engine import receipts, runs
-from runplane.engine.errors import EngineError, InvalidInputError, StoreOutageError, leaf_errors
+from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
+                                     StoreUnavailableError, leaf_errors)
 from runplane.engine.tenant import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
@@ -52,7 +53,9 @@ from .hosting import is_terminal, open_hosting_nursery
 from .map_state import MapPlan
 from .mapper import map_rows
 from .policies import RateLimit, RowRetry
+from .history import MapRecorder
 from .progress import MapProgress, MapResult
+from .row_functions import as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
 from .sealer import stage_array
 
@@ -74,6 +77,11 @@ class Run:
     force: bool = False  # the default of `map(force=...)`: set by `open_run(force=True)`
     _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
     _map_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+    # (table namespace, result) of each map that stopped early, for the command line
+    stopped_early_maps: list[tuple[str, MapResult]] = attrs.field(init=False, factory=list,
+                                                                   repr=False)
+    _stream_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+    _observer: Callable[[str, MapProgress], Any] | None = attrs.field(default=None, repr=False)
 
     @property
     def scope(self) -> RunScope:
@@ -104,6 +112,20 @@ class Run:
         if self._nursery is None:
             raise RuntimeError("the run is closed")
         return self._nursery
+
+    def observe_progress(self, observer: Callable[[str, MapProgress], Any] | None) -> None:
+        """Also hand every map's progress snapshots to `observer(table_namespace, snapshot)`
+        (the command line's progress display); None stops it."""
+        self._observer = observer
+
+    def _map_key(self, table_namespace: str, listed: bool, map_invocation_id: str | None) -> str:
+        """The map's key in the run history: its map invocation id, or `stream-N`."""
+        if map_invocation_id is not None:
+            return map_invocation_id
+        namespace = normalize_namespace(table_namespace)
+        ordinal = self._stream_ordinals.get(namespace, 0)
+        self._stream_ordinals[namespace] = ordinal + 1
+        return f"stream-{ordinal}"
 
     # -- work receipts -------------------------------------------------------------------------
     async def claim(self, key: str, *, reclaim_running: bool = False,
@@ -140,6 +162,7 @@ class Run:
                   rate_limit: RateLimit | None = None, give_up_after: int | None = None,
                   on_progress: Callable[[MapProgress], Any] | None = None,
                   map_invocation_id: str | None = None, force: bool | None = None,
+                  fail_fast: bool | int = True,
                   **tuning: Any) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
@@ -149,15 +172,60 @@ class Run:
         failed in N runs (blocked, reason `gave_up`). `force=True` recomputes the rows earlier
         runs enriched (the rows this run enriched already stay, so a wake resumes); None takes
         the run's default (`open_run(..., force=...)`).
+        `fn` may be a plain function: each call then runs in a worker thread, at most
+        `concurrency` at once (`actors.row_functions`). `fail_fast` (default on, the first 20
+        rows; a number sets how many) stops the map early when those rows all failed for one
+        cause from the function: `MapResult.stopped_early`, the run's `stopped_early_maps`.
         `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
         """
-        plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
-                       concurrency, cell_policies, retry=retry, row_timeout_s=row_timeout_s,
-                       rate_limit=rate_limit, give_up_after=give_up_after,
+        plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract,
+                       as_row_caller(fn, concurrency), concurrency, cell_policies, retry=retry,
+                       row_timeout_s=row_timeout_s, rate_limit=rate_limit,
+                       give_up_after=give_up_after, fail_fast_rows=fail_fast_rows(fail_fast),
                        force=self.force if force is None else force, **tuning)
-        return await map_rows(self, source, plan, on_progress=on_progress,
-                              map_invocation_id=map_invocation_id)
+        listed = isinstance(source, (list, tuple))
+        if not listed and not hasattr(source, "__aiter__"):  # refused before the history write
+            raise InvalidInputError(
+                f"source must be a list of rows or an async iterable, got {type(source).__name__}")
+        if listed and map_invocation_id is None:
+            map_invocation_id = self.next_map_invocation_id(table_namespace)
+        recorder = MapRecorder(self.port, self.scope,
+                               self._map_key(table_namespace, listed, map_invocation_id),
+                               normalize_namespace(table_namespace))
+        observers: list[Callable[[MapProgress], Any]] = [recorder.observe]
+        if self._observer is not None:
+            observer, namespace = self._observer, recorder.table_namespace
+            observers.append(lambda snapshot: observer(namespace, snapshot))
+        if on_progress is not None:
+            observers.append(on_progress)
+
+        def observe(snapshot: MapProgress) -> None:
+            for f in observers:
+                f(snapshot)
+
+        beat = trio.CancelScope()
+
+        async def heartbeat() -> None:
+            with beat:
+                await recorder.heartbeat()
+
+        self._live_nursery().start_soon(heartbeat)
+        try:
+            result = await map_rows(self, source, plan, on_progress=observe,
+                                    map_invocation_id=map_invocation_id)
+        except StoreUnavailableError:
+            raise  # the store is away: the entry stays `running`, like a crash, for the wake
+        except Exception:
+            beat.cancel()
+            await recorder.finish(None, "failed")
+            raise
+        finally:
+            beat.cancel()
+        await recorder.finish(result)
+        if result.stopped_early:
+            self.stopped_early_maps.append((normalize_namespace(table_namespace), result))
+        return result
 
     async def stage_array(self, table_namespace: str, map_invocation_id: str, occurrences: Any):
         """Stage (or, on a wake, resume or replay) an array input; see `actors.sealer`."""

@@ -10,7 +10,8 @@ How it works
   retires its staged input; anything it could not finish the supervisor drains.
 - The run id and the command that resumes the run are printed before the progress bars start.
 - `--crash-after N` cancels the run once N rows were executed: the outcomes already computed are
-  flushed (shielded) and the resume command is printed again; `--resume RUN_ID` wakes that run
+  flushed (shielded), and the command exits 1 with the resume command on stderr, as any run that
+  ends unfinished does; `--resume RUN_ID` wakes that run
   (same epoch), replays its sealed input, and executes only the rows that did not finish.
 - Rows the run left failed end the output with a table of the commonest errors.
 - Row policies show at work: `--retries N` retries a failed tool call up to N times (a
@@ -48,7 +49,7 @@ from runplane.engine import RunScope, runs, sheets
 from runplane.engine.errors import leaf_errors
 
 from .connect import open_port
-from .operators import UsageError, print_failure_summary
+from .operators import RunUnfinished, UsageError, print_failure_summary
 from .terminal import clean, say
 
 PLAY = "demo"
@@ -143,6 +144,8 @@ class LiveBars:
         for name, task in self.tasks.items():
             if name != "calls":
                 self.progress.update(task, completed=getattr(snapshot, name))
+        running = max(0, snapshot.pending - snapshot.executed)  # rows in flight
+        self.progress.update(self.tasks["admitted"], note=f"{running:,} running")
         note = f"{snapshot.retried} retries, {self.call_rate(snapshot.calls):,.0f} calls/s"
         if snapshot.superseded:
             note += ", superseded: stopping"
@@ -223,6 +226,7 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
                     try:
                         return await run.map(TABLE, rows, tool, contract=CONTRACT,
                                              concurrency=args.concurrency, on_progress=on_progress,
+                                             fail_fast=False,  # its failures are random by design
                                              **row_policies(args))
                     finally:
                         nursery.cancel_scope.cancel()
@@ -247,8 +251,8 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
         if result is None:
             executed = bars.last.executed if bars.last else 0
             say(f"demo: crashed after {executed} executed rows (simulated); run id {run.run_id}")
-            say(f"resume with: {args.notice.resume_command}")
-            return 0
+            raise RunUnfinished(f"run {run.run_id} stopped after {executed} executed rows "
+                                "(--crash-after: a simulated crash)")
         summary = await sheets.summary(tenant, run.scope.play_scope, TABLE)
         console.print(summary_table("runplane demo", [
             ("run id", run.run_id),

@@ -7,8 +7,11 @@ Errors reach the user as one line on stderr and a non-zero exit status, never a 
 engine errors and refusals exit 1, usage errors (bad arguments, unreadable input files) 2, rows
 that failed under `--fail-on-row-errors` 3, an interrupt 130. Errors that come out of trio
 nurseries as exception groups are unwrapped to their first leaf for that line. A run that ends
-any other way than success (interrupt, SIGTERM, a store failure, a failing play) also prints the
-command that resumes it (see `operators.RunNotice`). Printed text goes through
+any other way than success (interrupt, SIGTERM, a store failure, a failing play, a simulated
+crash) exits non-zero and prints the command that resumes it on stderr (see
+`operators.RunNotice`). A second or third Ctrl-C while the command winds down only says it is
+stopping; `--json` (status, runs, failures, run) prints one JSON document on stdout and the
+human lines on stderr (see `terminal`). Printed text goes through
 `terminal.clean`: stored or user-supplied text never reaches the terminal with control
 characters in it.
 
@@ -20,9 +23,9 @@ Commands: `demo` (the main job, see `cli.demo`), `run PLAY.py` (a user's play), 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
-import logging
 import os
 import secrets
 import signal
@@ -32,12 +35,10 @@ from typing import Any, Callable
 
 import trio
 
-from runplane.engine import PlayScope, open_tenant, sheets
-from runplane.engine.actions import RemotePort
+from runplane.engine import open_tenant
 from runplane.engine.errors import EngineError, leaf_errors, public_name
 from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
-from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sessions import password_probe, sweep_expired as sweep_expired_sessions
 
 from . import export as export_command
@@ -49,9 +50,8 @@ from .operators import (
     UsageError,
     print_failure_summary,
     show_failures,
-    show_runs,
 )
-from .terminal import say, warn
+from .terminal import emit_json, say, warn
 
 DEFAULT_ORG = "local"
 ROW_ERRORS_EXIT = 3
@@ -98,6 +98,11 @@ def _read_only(args: argparse.Namespace):
     return open_port(args, read_only=True)
 
 
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document on stdout (other lines go to stderr)")
+
+
 def _row_error_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on-row-errors", action="store_true",
                         help=f"exit {ROW_ERRORS_EXIT} when any row of the run failed")
@@ -132,6 +137,22 @@ def doctor(args: argparse.Namespace) -> int:
 
     run_trio(main)
     return 0
+
+
+# -- psql ---------------------------------------------------------------------------------------
+def _psql_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_DSN, else embedded)")
+    parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"),
+                        help="tenant schema, first on psql's search_path (default: RUNPLANE_SCHEMA, else 'runplane')")
+    parser.add_argument("psql_args", nargs=argparse.REMAINDER, metavar="-- PSQL_ARGS",
+                        help="passed to psql, e.g. -- -c 'SELECT * FROM runs'")
+
+
+@command("psql", "a psql session on the database, keeping the embedded server up while it lasts")(_psql_options)
+def psql(args: argparse.Namespace) -> int:
+    from .psql import run_psql
+
+    return run_psql(args)
 
 
 # -- simulate -----------------------------------------------------------------------------------
@@ -224,9 +245,14 @@ def demo(args: argparse.Namespace) -> int:
 def _run_options(parser: argparse.ArgumentParser) -> None:
     _port_options(parser)
     _row_error_options(parser)
+    _json_option(parser)
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
     parser.add_argument("--force", action="store_true", help="every run.map recomputes rows earlier runs enriched")
+    parser.add_argument("--no-input", action="store_true",
+                        help="run a play that reads its own data (rows is an empty list)")
+    parser.add_argument("--progress-every", type=_non_negative, default=10.0, metavar="SECONDS",
+                        help="without a terminal on stderr: a progress line this often (default 10)")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
@@ -273,8 +299,14 @@ async def choose_run_id(tenant: Any, play: str, args: argparse.Namespace) -> str
 def run_play(args: argparse.Namespace) -> int:
     from runplane.actors import open_run
 
+    from .progress import RunProgress, with_progress
+    from .results import describe_result, run_document, stopped_early
+
     name, play = load_play(args.play_file)
     rows: list[dict] = []
+    if args.input is None and not args.no_input:
+        raise UsageError("no input: pass --input FILE.csv|.jsonl (or --no-input for a play "
+                         "that reads its own data)")
     if args.input is not None:
         source = read_input(args.input)
         if source.note is not None:
@@ -290,65 +322,49 @@ def run_play(args: argparse.Namespace) -> int:
             async with open_run(tenant, play_name, run_id, force=args.force) as run:
                 await notice.started(run)
                 say(f"{len(rows)} input rows")
-                result = await play(run, rows)
+                progress = RunProgress(interval_s=args.progress_every,
+                                       input_rows=len(rows) if isinstance(rows, list) else None)
+                result = await with_progress(run, progress, lambda: play(run, rows))
             if result is not None:
                 say(describe_result(result))
-            return await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
+            if run.stopped_early_maps:  # the cause once, not a table of the same error
+                if args.json:
+                    emit_json({**run_document(run, notice, result, None),
+                               "status": "stopped_early"}, args.json_stream)
+                raise stopped_early(run)
+            failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
+            if args.json:
+                emit_json(run_document(run, notice, result, failed), args.json_stream)
+            return failed
 
     failed = run_trio(main)
     return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
 
 
-def describe_result(result: Any) -> str:
-    from runplane.actors import MapResult
-
-    if isinstance(result, MapResult):
-        return (f"admitted {result.admitted}, cached {result.cached}, completed {result.completed}, "
-                f"failed {result.failed}, blocked {result.blocked}, fenced {result.fenced}")
-    return repr(result)
-
-
 # -- status -------------------------------------------------------------------------------------
 def _status_options(parser: argparse.ArgumentParser) -> None:
     _port_options(parser)
+    _json_option(parser)
     parser.add_argument("play", help="play name")
     parser.add_argument("table", nargs="?", default=None, help="table namespace (default: all)")
+    parser.add_argument("--watch", action="store_true",
+                        help="refresh every second with rate and time left, until Ctrl-C")
 
 
 @command("status", "show a play's sheets (counters per table and column) and recent runs")(_status_options)
 def status(args: argparse.Namespace) -> int:
-    from runplane.engine import outbox, runs
-
-    from .operators import require_schema
+    from .status import show_status
 
     async def main() -> int:
         async with _read_only(args) as tenant:
-            if not isinstance(tenant, RemotePort):  # a gateway checks its own schema
-                await require_schema(tenant)
-            scope = PlayScope(tenant.org_id, args.play)
-            summaries = await sheets.summaries(tenant, scope)
-            recent = await runs.list_runs(tenant, scope, limit=10)
-            if not summaries and not recent:
-                raise CommandError(f"play {scope.play!r} has no sheets and no runs "
-                                   f"in org {scope.org_id!r} (see --org / RUNPLANE_ORG)")
-            if args.table is not None:
-                wanted = normalize_namespace(args.table)
-                if wanted not in summaries:
-                    raise CommandError(f"play {scope.play!r} has no table {wanted!r}")
-                summaries = {wanted: summaries[wanted]}
-            for table, summary in summaries.items():
-                say(f"table {table}: total {summary.total}, queued {summary.queued}, "
-                    f"running {summary.running}, completed {summary.completed}, "
-                    f"failed {summary.failed}")
-                for field, column in sorted(summary.columns.items()):
-                    say(f"  column {field}: completed {column.completed}, failed {column.failed}")
-            entries = await outbox.get_many(tenant, scope, [info.run_id for info in recent])
-            for info in recent:
-                entry = entries.get(info.run_id)
-                say(f"run {info.run_id} epoch {info.epoch} outbox {entry.state if entry else '-'}")
-        return 0
+            return await show_status(tenant, args)
 
-    return run_trio(main)
+    try:
+        return run_trio(main)
+    except KeyboardInterrupt:
+        if args.watch:  # Ctrl-C is how a watch ends
+            return 0
+        raise
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -358,6 +374,7 @@ def _failures_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("table", help="table namespace")
     parser.add_argument("--run", default=None, metavar="RUN_ID", help="only the rows this run left failed")
     parser.add_argument("--limit", type=_positive, default=20, help="failed rows to list (default 20)")
+    _json_option(parser)
 
 
 @command("failures", "list a table's failed rows and its most common errors")(_failures_options)
@@ -379,11 +396,16 @@ command("export", export_command.HELP)(
 def _runs_options(parser: argparse.ArgumentParser) -> None:
     _tenant_options(parser)
     parser.add_argument("play", help="play name")
+    parser.add_argument("run_id", nargs="?", default=None, metavar="RUN_ID",
+                        help="show this run in detail: each map's counts, state and duration")
     parser.add_argument("--limit", type=_positive, default=10, help="runs to list (default 10)")
+    _json_option(parser)
 
 
-@command("runs", "list a play's recent runs: state, rows, and how to resume open ones")(_runs_options)
+@command("runs", "list a play's recent runs (what each did, how to resume open ones), or show one")(_runs_options)
 def list_runs(args: argparse.Namespace) -> int:
+    from .history import show_runs
+
     async def main() -> int:
         async with _read_only(args) as tenant:
             return await show_runs(tenant, args)
@@ -449,9 +471,9 @@ def serve(args: argparse.Namespace) -> int:
             raise UsageError(f"{SECRET_ENV} is not set: the gateway needs a signing secret for its "
                              "tokens (or pass --dev for a throwaway one)")
         secret = secrets.token_urlsafe(32)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from .serving import address_in_use, configure_logging
+
+    configure_logging()  # the embedded server's lines go to a file in RUNPLANE_HOME
 
     async def main() -> None:
         async with open_server(secret=secret, dsn=args.dsn, schema=args.schema, bind=args.bind,
@@ -465,7 +487,13 @@ def serve(args: argparse.Namespace) -> int:
                 print(f"dev token for org {DEFAULT_ORG}: {mint_token(secret, DEFAULT_ORG)}", flush=True)
             await trio.sleep_forever()
 
-    run_trio(main)
+    try:
+        run_trio(main)
+    except BaseException as raised:  # a taken address is one line naming it
+        problem = address_in_use(raised, args.bind)
+        if problem is None:
+            raise
+        raise CommandError(problem) from None
     return 0
 
 
@@ -493,11 +521,21 @@ def token(args: argparse.Namespace) -> int:
 # -- entry point --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runplane", description="durable, idempotent map runs on PostgreSQL")
+    parser.add_argument("--version", action="version", version=f"runplane {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, configure, help) in COMMANDS.items():
         # No abbreviations: the resume command is rebuilt from the exact option names.
         configure(sub.add_parser(name, help=help, description=help, allow_abbrev=False))
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runplane")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
@@ -515,14 +553,18 @@ def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
         async def watch(scope: trio.CancelScope) -> None:
             nonlocal interrupted
             async for _ in signals:
+                if interrupted:  # a second Ctrl-C: the first one is being honoured
+                    warn("runplane: stopping (writing what was computed); please wait")
+                    continue
                 interrupted = True
                 scope.cancel()
-                return
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch, nursery.cancel_scope)
-                result = await async_fn(*args)
+                work = trio.CancelScope()
+                nursery.start_soon(watch, work)
+                with work:
+                    result = await async_fn(*args)
                 nursery.cancel_scope.cancel()
         if interrupted:
             raise KeyboardInterrupt
@@ -532,21 +574,36 @@ def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None  # the process's own command (not a call from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # the command and its arguments, for resume commands
     args.notice = None
+    args.json_stream = sys.stdout  # with --json, the one document goes here ...
+    human = contextlib.redirect_stdout(sys.stderr) if getattr(args, "json", False) else None
     handler = COMMANDS[args.command][0]
     try:
-        return handler(args)
+        if human is None:
+            return handler(args)
+        with human:  # ... and every other line to stderr
+            return handler(args)
     except BaseException as raised:  # reported as one line below, or re-raised
         exc = leaf_errors(raised)[0]  # the first, unwrapped from nested groups
         status = _report(exc, args.command)
         if status is None:
             raise
-        if args.notice is not None and args.notice.resume_command is not None:
-            warn(f"runplane: resume run {args.notice.run_id} with: {args.notice.resume_command}")
+        notice = args.notice
+        if (notice is not None and notice.resume_command is not None
+                and getattr(exc, "resumable", True)):
+            warn(f"runplane: resume run {notice.run_id} with: {notice.resume_command}")
+            if getattr(args, "json", False):
+                emit_json({"run_id": notice.run_id, "status": "unfinished", "exit_status": status,
+                           "error": str(exc), "resume_command": notice.resume_command},
+                          args.json_stream)
         return status
+    finally:
+        if process:  # the exit handlers (stopping the embedded server) run without Ctrl-C
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _report(exc: BaseException, command_name: str) -> int | None:

@@ -9,9 +9,9 @@ How it works
   by the option that wakes this run; a `--dsn` holding a password is left out (the resume
   command must not print it). On any end other than success, `main` prints that command.
 - `print_failure_summary` is the top-5 table of a run's failed rows that `run` and `demo` end
-  with; `failures` lists failed rows and the commonest errors of one table; `runs` lists a
-  play's recent runs with their state (open, retiring, done), the rows each wrote last, and
-  the resume command of open ones.
+  with, their messages grouped by cause (`cli.causes`: numbers, quoted values and keys
+  masked, one example each); `failures` lists failed rows and the commonest errors of one table (`runs`, what each
+  run did, is `cli.history`).
 - Read-only commands open the tenant with `bootstrap=False` and check the schema first
   (`require_schema`), so a mistyped `--schema` is one line and creates nothing.
 """
@@ -26,12 +26,13 @@ from typing import Any
 import attrs
 
 from runplane.actors.retry import retry_transient
-from runplane.engine import PlayScope, outbox, runs, sheets
+from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
 
-from .terminal import plural, say, shell_command, table_lines
+from .causes import MESSAGES_READ, ErrorCause, group_errors
+from .terminal import emit_json, plural, say, shell_command, table_lines
 
 WAKE_OPTIONS = ("--run-id", "--new-run-id", "--resume", "--crash-after")
 TOP_ERRORS = 5
@@ -39,6 +40,18 @@ TOP_ERRORS = 5
 
 class CommandError(Exception):
     """A command refused to go on (an unknown schema, play or table): exit 1."""
+
+
+class RunUnfinished(CommandError):
+    """A run ended without finishing (a simulated crash, rows left to do): exit 1, with the
+    command that resumes it on stderr."""
+
+
+class StoppedEarly(CommandError):
+    """A map of the run stopped early, its function broken for every row it tried: exit 1.
+    The run itself finished (no resume command); the next run runs the rows left."""
+
+    resumable = False
 
 
 class UsageError(Exception):
@@ -121,24 +134,33 @@ async def require_table(tenant: Any, scope: PlayScope, table: str) -> str:
 
 
 # -- failures ---------------------------------------------------------------------------------
-def error_table(counts: sheets.ErrorCounts) -> list[str]:
-    rows = [(top.count, "(no message)" if top.error is None else top.error)
-            for top in counts.top]
+def error_table(causes: list[ErrorCause]) -> list[str]:
+    """The top causes, one example message each (and how many other messages it stands for)."""
+    rows = [(cause.count, ("(no message)" if cause.example is None else cause.example)
+             + (f"  (+{cause.variants - 1} like it)" if cause.variants > 1 else ""))
+            for cause in causes[:TOP_ERRORS]]
     return ["  " + line for line in table_lines(("count", "error"), rows, right=(0,))]
 
 
+async def error_causes(tenant: Any, scope: PlayScope, table: str,
+                       run_id: str | None) -> tuple[int, list[ErrorCause]]:
+    """How many rows failed, and their messages grouped by cause (see `cli.causes`)."""
+    counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=MESSAGES_READ)
+    return counts.failed, group_errors((top.error, top.count) for top in counts.top)
+
+
 async def print_failure_summary(tenant: Any, scope: PlayScope, run_id: str) -> int:
-    """The top errors of the rows `run_id` left failed, per table; returns how many failed."""
+    """The top error causes of the rows `run_id` left failed, per table; returns how many
+    failed."""
     failed = 0
     for table in await play_tables(tenant, scope):
-        counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=TOP_ERRORS)
-        if not counts.failed:
+        count, causes = await error_causes(tenant, scope, table, run_id)
+        if not count:
             continue
-        failed += counts.failed
-        shown = min(TOP_ERRORS, counts.distinct)
-        say(f"{plural(counts.failed, 'failed row')} in table {table}, "
-            f"{plural(counts.distinct, 'distinct error')} (top {shown}):")
-        for line in error_table(counts):
+        failed += count
+        say(f"{plural(count, 'failed row')} in table {table}, "
+            f"{plural(len(causes), 'cause')} (top {min(TOP_ERRORS, len(causes))}):")
+        for line in error_table(causes):
             say(line)
         say(f"  see them: {shell_command(['failures', scope.play, table, '--run', run_id])}")
     return failed
@@ -152,18 +174,28 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
     await require_schema(tenant)
     scope = PlayScope(tenant.org_id, args.play)
     table = await require_table(tenant, scope, args.table)
-    counts = await sheets.error_counts(tenant, scope, table, run_id=args.run, limit=TOP_ERRORS)
+    failed, causes = await error_causes(tenant, scope, table, args.run)
     of_run = f" of run {args.run}" if args.run else ""
-    if not counts.failed:
+    if getattr(args, "json", False):
+        rows = await sheets.failed_rows(tenant, scope, table, run_id=args.run, limit=args.limit)
+        emit_json({
+            "play": scope.play, "table": table, "run_id": args.run, "failed": failed,
+            "rows": [{"key": row.key, "attempts": row.attempts, "error": row.error,
+                      "inputs": row.inputs} for row in rows],
+            "errors": [{"count": cause.count, "error": cause.example, "pattern": cause.pattern,
+                        "variants": cause.variants} for cause in causes],
+        }, args.json_stream)
+        return 0
+    if not failed:
         say(f"no failed rows{of_run} in table {table} of play {scope.play}")
         return 0
     # The failed rows in the sheet's order, paged through the dataset; a field with no column
     # counters is an input (outputs have them).
     outputs = set((await sheets.summaries(tenant, scope))[table].columns)
-    failed = sheets.dataset(tenant, scope, table, status="failed", run_id=args.run)
-    rows = await failed.materialize(limit=args.limit)
-    say(f"{plural(counts.failed, 'failed row')}{of_run} in table {table} of play {scope.play}"
-        + (f" (first {len(rows)})" if len(rows) < counts.failed else "") + ":")
+    listed = sheets.dataset(tenant, scope, table, status="failed", run_id=args.run)
+    rows = await listed.materialize(limit=args.limit)
+    say(f"{plural(failed, 'failed row')}{of_run} in table {table} of play {scope.play}"
+        + (f" (first {len(rows)})" if len(rows) < failed else "") + ":")
     listing = [
         (row["_key"], row["_attempts"], row["_error"] or "(no message)", _inputs_text({
             field: value for field, value in row.items()
@@ -172,50 +204,7 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
     ]
     for line in table_lines(("key", "attempts", "error", "inputs"), listing, right=(1,)):
         say("  " + line)
-    say(f"most common errors ({counts.distinct} distinct, top {min(TOP_ERRORS, counts.distinct)}):")
-    for line in error_table(counts):
+    say(f"most common errors ({plural(len(causes), 'cause')}, top {min(TOP_ERRORS, len(causes))}):")
+    for line in error_table(causes):
         say(line)
-    return 0
-
-
-# -- runs -------------------------------------------------------------------------------------
-STATES = {"open": "open", "pending": "retiring", "done": "done"}
-
-
-async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
-    await require_schema(tenant)
-    scope = PlayScope(tenant.org_id, args.play)
-    recent = await runs.list_runs(tenant, scope, limit=args.limit)
-    if not recent:
-        raise CommandError(f"play {scope.play!r} has no runs")
-    ids = [info.run_id for info in recent]
-    entries = await outbox.get_many(tenant, scope, ids)
-    totals = {run_id: sheets.RunRows() for run_id in ids}
-    for table in await play_tables(tenant, scope):
-        for run_id, rows in (await sheets.run_rows(tenant, scope, table, ids)).items():
-            total = totals[run_id]
-            totals[run_id] = sheets.RunRows(
-                total.pending + rows.pending, total.running + rows.running,
-                total.enriched + rows.enriched, total.failed + rows.failed,
-            )
-    listing = []
-    for info in recent:
-        rows = totals[info.run_id]
-        entry = entries.get(info.run_id)
-        listing.append((
-            info.run_id, info.epoch, info.created_at.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
-            STATES.get(entry.state, entry.state) if entry is not None else "open",
-            rows.enriched, rows.failed, rows.pending + rows.running,
-        ))
-    header = ("run id", "epoch", "started", "state", "completed", "failed", "unfinished")
-    for line in table_lines(header, listing, right=(1, 4, 5, 6)):
-        say(line)
-    for info, row in zip(recent, listing):
-        if row[3] != "open":
-            continue
-        command = info.command or (
-            f"(started from Python: wake it with actors.open_run(tenant, "
-            f"{scope.play!r}, {info.run_id!r}))"
-        )
-        say(f"resume {info.run_id}: {command}")
     return 0

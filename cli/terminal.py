@@ -5,10 +5,18 @@ messages) can hold ANSI escape sequences, carriage returns or newlines that woul
 forge a terminal's output. Every line the CLI prints goes through `clean`: tabs and line breaks
 become spaces, every other control character (C0, DEL, C1) is dropped. Lines are flushed as
 they are printed, so a redirected log shows them even if the process is killed a moment later.
+
+Scripting: with `--json` the command runs with `sys.stdout` redirected to stderr (see
+`cli.main`), so its human lines go there, and stdout carries only the one JSON document
+`emit_json` writes to the real stdout it is handed. A reader that closed stdout (`runplane status | head
+-1`) ends nothing: the rest of stdout goes to /dev/null and the command finishes as it would have
+(a run keeps running to its end, with no resume hint), quietly.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import sys
@@ -25,8 +33,32 @@ def clean(text: Any) -> str:
 
 def say(line: Any = "", *, file: TextIO | None = None) -> None:
     """Print one cleaned line and flush it."""
-    stream = sys.stdout if file is None else file
-    print(clean(line), file=stream, flush=True)
+    write(clean(line) + "\n", sys.stdout if file is None else file)
+
+
+def write(text: str, stream: TextIO) -> None:
+    """Write and flush `text`; a closed pipe on stdout sends the rest of stdout to /dev/null."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        if stream is sys.stdout or stream is sys.__stdout__:
+            stdout_gone()
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away: point stdout at /dev/null (also for the flush at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a captured stream): nothing to redirect
+        pass
+
+
+def emit_json(document: Any, stream: TextIO) -> None:
+    """The command's one JSON document, on `stream` (the real stdout)."""
+    write(json.dumps(document, ensure_ascii=False, default=str, indent=2) + "\n", stream)
 
 
 def warn(line: Any) -> None:

@@ -82,7 +82,7 @@ RETURNING state
 _CLAIM_DUE = """
 WITH due AS (
     SELECT org_id, play, run_id FROM {t}
-     WHERE org_id = $1
+     WHERE org_id = $1 AND ($6::text[] IS NULL OR play = ANY($6::text[]))
        AND (state = 'pending'
             OR (state = 'open' AND $4::float8 IS NOT NULL
                 AND updated_at < now() - make_interval(secs => $4::float8)))
@@ -176,18 +176,26 @@ async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) 
 
 
 @action("outbox.claim_due", params={"owner": TEXT, "limit": INT, "lease_s": FLOAT,
-        "abandon_after_s": optional(FLOAT)}, result=list_of(OUTBOX_ENTRY))
+        "abandon_after_s": optional(FLOAT), "plays": optional(list_of(STR))},
+        result=list_of(OUTBOX_ENTRY))
 async def claim_due(
-    port: Port, owner: str, *, limit: int, lease_s: float, abandon_after_s: float | None = None
+    port: Port, owner: str, *, limit: int, lease_s: float, abandon_after_s: float | None = None,
+    plays: list[str] | None = None,
 ) -> list[OutboxEntry]:
-    """Lease up to `limit` due entries of the port's org to `owner` (skipping locked ones)."""
+    """Lease up to `limit` due entries of the port's org to `owner` (skipping locked ones);
+    with `plays`, only entries of those plays (a gateway token for some plays drains those)."""
+    if plays is not None and (not isinstance(plays, (list, tuple)) or not plays
+                              or not all(isinstance(p, str) for p in plays)):
+        raise InvalidInputError("plays must be a non-empty list of play names, or None")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
     sql = _CLAIM_DUE.format(t=table(port, "terminal_outbox"))
     abandon = None if abandon_after_s is None else float(abandon_after_s)
+    wanted = None if plays is None else list(plays)
     rows = await with_connection(
         port, RETIREMENT_LANE,
-        lambda conn: conn.fetch(sql, port.org_id, owner, int(limit), abandon, float(lease_s)),
+        lambda conn: conn.fetch(sql, port.org_id, owner, int(limit), abandon, float(lease_s),
+                                wanted),
     )
     return [_entry(row) for row in rows]
 

@@ -19,6 +19,7 @@ manual step; processes of version 5 and 6 running side by side during an upgrade
 different keys for the same sheet (writers of one sheet still serialize on its summary row);
 7 adds work-receipt leases (`work_receipts.lease_expires_at`: a running receipt whose lease
 has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused).
+8 adds `run_maps`, the run history (what each map of each run did, `engine.history`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from . import session_isolation
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "7"
+SCHEMA_VERSION = "8"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -162,6 +163,30 @@ CREATE TABLE IF NOT EXISTS {s}.sheet_reuse (
 );
 ALTER TABLE {s}.sheet_reuse ALTER COLUMN digests SET STORAGE EXTERNAL;
 -- end of version 7
+-- version 8: run history (engine.history) ------------------------------------------------
+CREATE TABLE IF NOT EXISTS {s}.run_maps (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    map_key text NOT NULL,
+    table_namespace text NOT NULL,
+    state text NOT NULL,
+    started_at timestamptz NOT NULL,
+    ended_at timestamptz,
+    source_rows bigint NOT NULL DEFAULT 0,
+    admitted bigint NOT NULL DEFAULT 0,
+    cached bigint NOT NULL DEFAULT 0,
+    completed bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    blocked bigint NOT NULL DEFAULT 0,
+    retried bigint NOT NULL DEFAULT 0,
+    running bigint NOT NULL DEFAULT 0,
+    stop_reason text,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, run_id, map_key)
+);
+CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = 'running';
+-- end of version 8 -----------------------------------------------------------------------------
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """

@@ -57,15 +57,16 @@ def test_demo_runs_and_a_rerun_shows_the_cache(schema, capsys):
 
 def test_demo_crash_after_then_resume_does_not_redo_rows(schema, capsys):
     args = ["demo", "--rows", "300", "--schema", schema, "--fail-rate", "0", "--concurrency", "8"]
-    assert main([*args, "--crash-after", "100"]) == 0
-    out = capsys.readouterr().out
+    assert main([*args, "--crash-after", "100"]) == 1  # a run that ends unfinished
+    captured = capsys.readouterr()
+    out = captured.out
     match = re.search(r"demo: crashed after (\d+) executed rows \(simulated\); run id (\S+)", out)
     assert match, out
     executed_before, run_id = int(match.group(1)), match.group(2)
     assert 100 <= executed_before < 300
-    resume = f"resume with: runplane demo --rows 300 --schema {schema} --fail-rate 0 " \
+    resume = f"with: runplane demo --rows 300 --schema {schema} --fail-rate 0 " \
              f"--concurrency 8 --resume {run_id}\n"
-    assert out.endswith(resume), out
+    assert captured.err.endswith(resume), captured.err
     assert main([*args, "--resume", run_id]) == 0
     resumed = demo_line(capsys.readouterr().out)
     assert resumed["run"] == run_id
@@ -110,13 +111,13 @@ def test_play_errors_and_bad_files_are_one_line(schema, capsys, tmp_path):
     assert "defines no `async def play(run, rows)`" in capsys.readouterr().err
     failing = tmp_path / "failing.py"
     failing.write_text("async def play(run, rows):\n    raise ValueError('bad config')\n")
-    assert main(["run", str(failing), "--schema", schema]) == 1
+    assert main(["run", str(failing), "--schema", schema, "--no-input"]) == 1
     captured = capsys.readouterr()
     run_id = re.search(r"^run (\S+) of play failing started", captured.out, re.MULTILINE).group(1)
     assert captured.err == (
         "runplane: the play failed: ValueError: bad config\n"
         f"runplane: resume run {run_id} with: runplane run {failing} --schema {schema} "
-        f"--run-id {run_id}\n")
+        f"--no-input --run-id {run_id}\n")
     bad_input = tmp_path / "rows.jsonl"
     bad_input.write_text('{"a": 1}\n[1, 2]\n')
     assert main(["run", str(failing), "--input", str(bad_input), "--schema", schema]) == 2

@@ -34,7 +34,7 @@ def test_failed_rows_end_the_run_with_the_top_errors_and_failures_lists_them(
     out = capsys.readouterr().out
     first, _ = started(out)
     assert "admitted 5, cached 0, completed 2, failed 3, blocked 0, fenced 0" in out
-    assert "3 failed rows in table things, 2 distinct errors (top 2):" in out
+    assert "3 failed rows in table things, 2 causes (top 2):" in out
     assert re.search(r"^  count  error\n      2  quota exceeded\n      1  timed out after 2 s$",
                      out, re.MULTILINE), out
     assert f"  see them: runplane failures ops things --run {first}" in out
@@ -57,7 +57,7 @@ def test_failed_rows_end_the_run_with_the_top_errors_and_failures_lists_them(
                         ("slow1", "timed out after 2 s")):
         assert re.search(rf"^  [0-9a-f]+ +\S+ +{error} +{{\"name\": \"{name}\"}}$", out,
                          re.MULTILINE), out
-    assert "most common errors (2 distinct, top 2):" in out
+    assert "most common errors (2 causes, top 2):" in out
     assert main(["failures", "ops", "things", "--schema", schema, "--limit", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("3 failed rows in table things of play ops (first 1):\n"), out
@@ -75,7 +75,7 @@ def test_the_demo_ends_with_the_top_errors_and_fail_on_row_errors_exits_3(schema
     args = ["demo", "--rows", "60", "--schema", schema, "--fail-rate", "1", "--latency-ms", "0"]
     assert main([*args, "--fail-on-row-errors"]) == 3
     out = capsys.readouterr().out
-    assert "60 failed rows in table companies, 1 distinct error (top 1):" in out
+    assert "60 failed rows in table companies, 1 cause (top 1):" in out
     assert re.search(r"^     60  enrichment API timed out$", out, re.MULTILINE), out
 
 
@@ -95,8 +95,9 @@ def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema
 
     assert main(["runs", "ops", "--schema", schema]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert re.match(r"run id +epoch +started +state +completed +failed +unfinished$", lines[0])
-    assert re.match(rf"{run_id} +\d+ +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d +open +4 +0 +0$",
+    assert re.match(r"run id +epoch +started +state +took +admitted +cached +completed +failed "
+                    r"+retried +unfinished$", lines[0])
+    assert re.match(rf"{run_id} +\d+ +\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d +open +\S+ s +4 +0 +4 +0 +0 +0$",
                     lines[1]), lines
     assert lines[2] == f"resume {run_id}: {command}"
 
@@ -109,7 +110,8 @@ def test_a_run_id_survives_kill_9_and_its_resume_command_finishes_the_run(schema
     assert "admitted 4, cached 4, completed 0, failed 0" in resumed.stdout
     assert main(["runs", "ops", "--schema", schema]) == 0
     listing = capsys.readouterr().out
-    assert re.search(rf"^{run_id} +\d+ +\S+ \S+ +done +4 +0 +0$", listing, re.MULTILINE)
+    assert re.search(rf"^{run_id} +\d+ +\S+ \S+ +done +\S+ s +4 +4 +0 +0 +0 +0$", listing,
+                     re.MULTILINE), listing  # the wake's own counts: every row was cached
     assert "resume" not in listing
 
 
@@ -167,8 +169,8 @@ def test_run_id_wakes_existing_runs_only_and_a_finished_run_wakes_all_cached(
     assert started(out)[0] == "nightly"
     assert "admitted 3, cached 3, completed 0, failed 0" in out
     assert main(["runs", "ops", "--schema", schema]) == 0
-    assert re.search(r"^nightly +\d+ +\S+ \S+ +done +3 +0 +0$", capsys.readouterr().out,
-                     re.MULTILINE)
+    assert re.search(r"^nightly +\d+ +\S+ \S+ +done +\S+ s +3 +3 +0 +0 +0 +0$",
+                     capsys.readouterr().out, re.MULTILINE)
 
 
 def test_ctrl_c_in_the_demo_prints_a_resume_command_that_finishes_with_cache_hits(

@@ -54,7 +54,7 @@ from ..sheets.model import Admission, AdmittedRow, Completion, CompletionDiagnos
 from .. import pg
 from . import paging, protocol
 from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, token_operations
-from .tokens import unverified_org
+from .tokens import unverified_org, unverified_plays
 
 DEADLINE_MARGIN_S = 5.0
 COMPLETION_ACTION = "sheets.complete"
@@ -157,6 +157,11 @@ class Gateway(RemotePort):
 
     def __attrs_post_init__(self) -> None:
         self._permits = Permits("gateway", self.max_in_flight)
+
+    @property
+    def token_plays(self) -> tuple[str, ...] | None:
+        """The plays the token allows (None: every play); an outbox drainer works on these."""
+        return unverified_plays(self.token)
 
     # -- the Port surface ------------------------------------------------------------------
     def connection(self, lane: str):

@@ -116,6 +116,19 @@ def verify_token(secret: str, token: str | None) -> TokenClaims:
         raise AuthError("invalid token: malformed claims") from None
 
 
+def unverified_plays(token: str) -> tuple[str, ...] | None:
+    """The plays a token allows, read without checking its signature; None for every play (or
+    a token that cannot be read: the gateway's answer will say why)."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError:
+        return None
+    plays = claims.get("plays")
+    if not isinstance(plays, list) or "*" in plays or not all(isinstance(p, str) for p in plays):
+        return None
+    return tuple(plays)
+
+
 def unverified_org(token: str) -> str:
     """The org a token names, read without checking its signature (a client learns its org this
     way; the gateway verifies every request)."""

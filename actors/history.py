@@ -1,0 +1,104 @@
+"""A map's entry in the run history (`engine.history`), written while it runs and when it ends.
+
+How it works
+- `MapRecorder` belongs to one `run.map`. It sees every progress snapshot of the map (a cheap
+  assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
+  one about every `HEARTBEAT_S` seconds while it changed (state `running`; `running` counts the
+  rows admitted to run and not yet given an outcome), so another terminal's `runplane status`
+  sees rows in flight. When the map returns, `finish` writes its final counts (`finished`,
+  `stopped_early` or `superseded`); a map that raised is written as `failed` (unless the store
+  is away: then, like a crash, it is left to the wake). A cancelled map
+  (a crash, Ctrl-C) writes nothing more: its row stays `running` with its last counters, and a
+  wake that runs the map again replaces them.
+- History is a record, never a reason to fail: a write that fails is logged and dropped (the
+  next heartbeat or a later run writes again). The final write is shielded with a short
+  deadline so a map that just ended is recorded even as its run is being cancelled.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+import attrs
+import trio
+
+from runplane.engine import history
+from runplane.engine.errors import EngineError
+from runplane.engine.scopes import RunScope
+
+from .progress import MapProgress, MapResult
+
+log = logging.getLogger("runplane.actors")
+
+HEARTBEAT_S = 1.0
+FINAL_DEADLINE_S = 5.0
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def in_flight(snapshot: MapProgress) -> int:
+    """Rows admitted to run that have no outcome yet (queued for a worker, being called, or
+    waiting out a retry's backoff)."""
+    return max(0, snapshot.pending - snapshot.executed)
+
+
+@attrs.define(eq=False)
+class MapRecorder:
+    port: Any
+    scope: RunScope
+    map_key: str
+    table_namespace: str
+    started_at: datetime.datetime = attrs.field(factory=now)
+    latest: MapProgress | None = None
+    written: MapProgress | None = None
+
+    def observe(self, snapshot: MapProgress) -> None:
+        self.latest = snapshot
+
+    def _record(self, state: str, snapshot: MapProgress | None, *, ended: bool = False,
+                stop_reason: str | None = None) -> history.MapRecord:
+        counts: dict[str, int] = {}
+        if snapshot is not None:
+            counts = {name: getattr(snapshot, name) for name in (
+                "source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried")}
+            counts["running"] = in_flight(snapshot) if state == "running" else 0
+        return history.MapRecord(self.map_key, self.table_namespace, state, self.started_at,
+                                 now() if ended else None, stop_reason=stop_reason, **counts)
+
+    async def _write(self, record: history.MapRecord, level: int = logging.DEBUG) -> None:
+        try:
+            await history.record_map(self.port, self.scope, record)
+        except EngineError as exc:  # the next heartbeat, or a later run, writes again
+            log.log(level, "run %s: map %s: run history not written: %s",
+                    self.scope.run_id, self.table_namespace, exc)
+
+    async def heartbeat(self) -> None:
+        """Write the latest snapshot while it changes, until cancelled."""
+        await self._write(self._record("running", self.latest))
+        while True:
+            await trio.sleep(HEARTBEAT_S)
+            if self.latest is not None and self.latest != self.written:
+                self.written = self.latest
+                await self._write(self._record("running", self.latest))
+
+    async def finish(self, result: MapResult | None, state: str | None = None) -> None:
+        """The map's last entry: its result's counts, or `state` (`failed`) with the last
+        snapshot's."""
+        if result is not None:
+            state = ("stopped_early" if result.stopped_early else
+                     "superseded" if result.superseded else "finished")
+            snapshot = self.latest
+            record = history.MapRecord(
+                self.map_key, self.table_namespace, state, self.started_at, now(),
+                source_rows=snapshot.source_rows if snapshot is not None else result.admitted,
+                admitted=result.admitted, cached=result.cached, completed=result.completed,
+                failed=result.failed, blocked=result.blocked, retried=result.retried,
+                stop_reason=result.stop_reason)
+        else:
+            record = self._record(state or "failed", self.latest, ended=True)
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S):
+            await self._write(record, logging.WARNING)

@@ -1,0 +1,180 @@
+"""Progress of `runplane run` and `runplane status --watch`.
+
+How it works
+- `RunProgress` follows every map of a run (`run.observe_progress`). When stderr is a terminal
+  it shows live rich bars on stderr, one per map: rows settled of the rows to do, rate, time
+  left, and the counts (admitted, running — rows admitted and not yet given an outcome —
+  completed, failed, cached, retries). Otherwise (a log, CI) it writes one plain line per map
+  every `interval_s` seconds (10 by default), and a last one when the run ends if it printed
+  any (a run shorter than that prints none).
+- `Rates` turns successive counts into rows a second over about the last `WINDOW_S` seconds,
+  and a time left from it; both progress displays use it.
+- `watch_status` is `runplane status PLAY --watch`: every second it reads the play's sheet
+  counters and its running maps' rows in flight (`engine.history.live_maps`) from the
+  database, and shows each table with its rate and time left (a redrawn screen on a terminal,
+  a block of lines a refresh otherwise), until interrupted.
+- stdout stays the command's: progress never writes there.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+import attrs
+import trio
+
+from runplane.actors import MapProgress
+
+from .terminal import clean, write
+
+WINDOW_S = 10.0
+
+
+def in_flight(snapshot: MapProgress) -> int:
+    return max(0, snapshot.pending - snapshot.executed)
+
+
+def settled(snapshot: MapProgress) -> int:
+    return snapshot.completed + snapshot.failed + snapshot.cached + snapshot.blocked
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+@attrs.define(eq=False)
+class Rates:
+    """Rows a second of a growing count, over about the last `WINDOW_S` seconds."""
+
+    clock: Callable[[], float] = time.monotonic
+    samples: collections.deque = attrs.field(factory=collections.deque)
+
+    def add(self, count: int) -> float:
+        now = self.clock()
+        self.samples.append((now, count))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_S:
+            self.samples.popleft()
+        then, before = self.samples[0]
+        return (count - before) / (now - then) if now > then else 0.0
+
+    @staticmethod
+    def eta(left: int, rate: float) -> float | None:
+        if left <= 0:
+            return 0.0
+        return left / rate if rate > 0 else None
+
+
+def progress_line(table: str, snapshot: MapProgress, total: int, rate: float) -> str:
+    done = settled(snapshot)
+    return (f"progress {table}: {done:,}/{total:,} rows (admitted {snapshot.admitted:,}, "
+            f"running {in_flight(snapshot):,}, completed {snapshot.completed:,}, "
+            f"failed {snapshot.failed:,}, cached {snapshot.cached:,}, "
+            f"retries {snapshot.retried:,}); {rate:,.0f} rows/s, "
+            f"ETA {duration(Rates.eta(total - done, rate))}")
+
+
+@attrs.define(eq=False)
+class RunProgress:
+    """Live bars (a terminal) or a line every `interval_s` (otherwise) for a run's maps."""
+
+    stream: TextIO = attrs.field(factory=lambda: sys.stderr)
+    interval_s: float = 10.0
+    input_rows: int | None = None  # the rows given to the play, when known
+    live: bool = attrs.field(default=None)
+    latest: dict[str, MapProgress] = attrs.field(factory=dict)
+    rates: dict[str, Rates] = attrs.field(factory=dict)
+    _progress: Any = None
+    _tasks: dict[str, Any] = attrs.field(factory=dict)
+    _lines_printed: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.live is None:
+            self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def total(self, snapshot: MapProgress) -> int:
+        if self.input_rows is not None and snapshot.source_rows <= self.input_rows:
+            return self.input_rows
+        return max(snapshot.source_rows, settled(snapshot))
+
+    def update(self, table: str, snapshot: MapProgress) -> None:
+        self.latest[table] = snapshot
+        if self._progress is None:
+            return
+        rate = self.rates.setdefault(table, Rates()).add(settled(snapshot))
+        total = self.total(snapshot)
+        note = (f"admitted {snapshot.admitted:,} · running {in_flight(snapshot):,} · "
+                f"completed {snapshot.completed:,} · failed {snapshot.failed:,} · "
+                f"cached {snapshot.cached:,} · retries {snapshot.retried:,} · {rate:,.0f} rows/s")
+        if table not in self._tasks:
+            self._tasks[table] = self._progress.add_task(clean(table), total=total, note="")
+        self._progress.update(self._tasks[table], completed=settled(snapshot), total=total,
+                              note=note)
+
+    def __enter__(self) -> "RunProgress":
+        if self.live:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self._progress = Progress(
+                TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                TextColumn("{task.fields[note]}"),
+                console=Console(file=self.stream), transient=False)
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        elif self._lines_printed:  # a log that showed progress ends with where it got
+            self.print_lines()
+
+    def print_lines(self) -> None:
+        for table, snapshot in self.latest.items():
+            rate = self.rates.setdefault(table, Rates()).add(settled(snapshot))
+            write(clean(progress_line(table, snapshot, self.total(snapshot), rate)) + "\n",
+                  self.stream)
+
+    async def report_periodically(self) -> None:
+        """Without a terminal: the progress lines every `interval_s`, until cancelled."""
+        if self.live:
+            return
+        while True:
+            await trio.sleep(self.interval_s)
+            self.print_lines()
+            self._lines_printed = bool(self.latest)
+
+
+async def with_progress(run: Any, progress: RunProgress, body: Callable[[], Any]) -> Any:
+    """`await body()` with `progress` following the run's maps (its periodic lines ticking in
+    the run's nursery, stopped when the body ends)."""
+    run.observe_progress(progress.update)
+    ticker = trio.CancelScope()
+
+    async def tick() -> None:
+        with ticker:
+            await progress.report_periodically()
+
+    with progress:
+        run.start_soon(tick)
+        try:
+            return await body()
+        finally:
+            ticker.cancel()
+            run.observe_progress(None)

@@ -1,0 +1,170 @@
+"""Run history: what each map of each run did, kept in the tenant's `run_maps` table.
+
+How it works
+- One row per map of a run, keyed by the run and the map's key (its map invocation id, such as
+  `map-0` for a list source, or `stream-N` for the N-th async-iterable map of the run):
+  the table namespace, the map's state, its counters (source rows, admitted, cached,
+  completed, failed, blocked, retried, and `running`: rows admitted and not yet written) and
+  when it started, was last written and ended.
+- `record_map` writes it in one upsert. A running map writes it about once a second (state
+  `running`, so `runplane status --watch` sees rows in flight from another terminal) and once
+  more when it ends (`finished`, `stopped_early`, `superseded` or `failed`). A crashed map's row
+  stays `running` with its last counters until a wake of the run runs the map again and
+  replaces them with its own.
+- `list_maps` reads the rows of some runs of a play (`runplane runs`, `runs PLAY RUN_ID`);
+  `live_maps` reads the running maps of a play written in the last `LIVE_S` seconds (its rows in
+  flight, for `status`). Each row carries `age_s`, seconds since it was last written, measured
+  by the server's clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import attrs
+
+from .actions import action
+from .codecs import FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TIMESTAMP, list_of, optional, record
+from .errors import InvalidInputError
+from .ports import RECEIPTS_LANE, Port, table, with_connection
+from .scopes import PlayScope, RunScope, check_scope
+
+MAP_STATES = ("running", "finished", "stopped_early", "superseded", "failed")
+COUNTERS = ("source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried",
+            "running")
+LIVE_S = 10.0  # a running map's row older than this is a crashed one
+MAX_TEXT = 2000
+
+
+@attrs.frozen
+class MapRecord:
+    """What one map of a run did (so far, while `state` is `running`)."""
+
+    map_key: str
+    table_namespace: str
+    state: str
+    started_at: datetime.datetime
+    ended_at: datetime.datetime | None = None
+    source_rows: int = 0
+    admitted: int = 0
+    cached: int = 0
+    completed: int = 0
+    failed: int = 0
+    blocked: int = 0
+    retried: int = 0
+    running: int = 0
+    stop_reason: str | None = None
+
+    def __attrs_post_init__(self) -> None:  # an invalid record cannot be built
+        if self.state not in MAP_STATES:
+            raise InvalidInputError(
+                f"state must be one of {', '.join(MAP_STATES)}, got {self.state!r}")
+        for name in ("map_key", "table_namespace"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+                raise InvalidInputError(
+                    f"{name} must be a non-empty string of at most {MAX_TEXT} characters")
+        for name in COUNTERS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()
+
+
+MAP_RECORD = record(MapRecord, map_key=STR, table_namespace=STR, state=STR, started_at=TIMESTAMP,
+                    ended_at=optional(TIMESTAMP), source_rows=INT, admitted=INT, cached=INT,
+                    completed=INT, failed=INT, blocked=INT, retried=INT, running=INT,
+                    stop_reason=optional(STR))
+
+
+@attrs.frozen
+class StoredMap:
+    """A `run_maps` row as read back: the run it belongs to, its record, its age."""
+
+    run_id: str
+    record: MapRecord
+    age_s: float
+
+
+STORED_MAP = record(StoredMap, run_id=STR, record=MAP_RECORD, age_s=FLOAT)
+
+_RECORD = """
+INSERT INTO {run_maps} AS m (org_id, play, run_id, map_key, table_namespace, state, started_at,
+                             ended_at, source_rows, admitted, cached, completed, failed,
+                             blocked, retried, running, stop_reason, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, now())
+ON CONFLICT (org_id, play, run_id, map_key) DO UPDATE SET
+    table_namespace = EXCLUDED.table_namespace, state = EXCLUDED.state,
+    started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
+    source_rows = EXCLUDED.source_rows, admitted = EXCLUDED.admitted, cached = EXCLUDED.cached,
+    completed = EXCLUDED.completed, failed = EXCLUDED.failed, blocked = EXCLUDED.blocked,
+    retried = EXCLUDED.retried, running = EXCLUDED.running, stop_reason = EXCLUDED.stop_reason,
+    updated_at = now()
+"""
+
+_COLUMNS = """run_id, map_key, table_namespace, state, started_at, ended_at, source_rows, admitted,
+       cached, completed, failed, blocked, retried, running, stop_reason,
+       extract(epoch FROM now() - updated_at)::float8 AS age_s"""
+
+_LIST = f"""
+SELECT {_COLUMNS} FROM {{run_maps}}
+ WHERE org_id = $1 AND play = $2 AND run_id = ANY($3::text[])
+ ORDER BY run_id, started_at, map_key
+"""
+
+_LIVE = f"""
+SELECT {_COLUMNS} FROM {{run_maps}}
+ WHERE org_id = $1 AND play = $2 AND state = 'running'
+   AND updated_at > now() - make_interval(secs => $3)
+ ORDER BY started_at
+"""
+
+
+@action("history.record_map", params={"scope": RUN_SCOPE, "record": MAP_RECORD}, result=NOTHING)
+async def record_map(port: Port, scope: RunScope, record: MapRecord) -> None:
+    """Write what a map of run `scope` did (so far); one upsert."""
+    check_scope(port, scope)
+    if not isinstance(record, MapRecord):
+        raise InvalidInputError(f"record must be a MapRecord, got {type(record).__name__}")
+    reason = None if record.stop_reason is None else record.stop_reason[:MAX_TEXT]
+    sql = _RECORD.format(run_maps=table(port, "run_maps"))
+    await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
+        sql, scope.org_id, scope.play, scope.run_id, record.map_key, record.table_namespace,
+        record.state, record.started_at, record.ended_at,
+        *(getattr(record, name) for name in COUNTERS), reason))
+
+
+def _stored(row) -> StoredMap:
+    fields = {name: row[name] for name in (
+        "map_key", "table_namespace", "state", "started_at", "ended_at", *COUNTERS,
+        "stop_reason")}
+    return StoredMap(row["run_id"], MapRecord(**fields), row["age_s"])
+
+
+@action("history.list_maps", params={"scope": PLAY_SCOPE, "run_ids": list_of(STR)},
+        result=list_of(STORED_MAP), writes=False)
+async def list_maps(port: Port, scope: PlayScope, run_ids: list[str]) -> list[StoredMap]:
+    """The maps of these runs of the play, each run's in the order they started."""
+    check_scope(port, scope)
+    if not isinstance(run_ids, (list, tuple)) or not all(isinstance(r, str) for r in run_ids):
+        raise InvalidInputError("run_ids must be a list of run ids")
+    sql = _LIST.format(run_maps=table(port, "run_maps"))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
+        sql, scope.org_id, scope.play, list(run_ids)))
+    return [_stored(row) for row in rows]
+
+
+@action("history.live_maps", params={"scope": PLAY_SCOPE}, result=list_of(STORED_MAP),
+        writes=False)
+async def live_maps(port: Port, scope: PlayScope) -> list[StoredMap]:
+    """The play's maps running now: state `running`, written in the last `LIVE_S` seconds."""
+    check_scope(port, scope)
+    sql = _LIVE.format(run_maps=table(port, "run_maps"))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
+        sql, scope.org_id, scope.play, LIVE_S))
+    return [_stored(row) for row in rows]

@@ -1,0 +1,92 @@
+"""The run history: each map's entry while it runs, when it ends, and after a crash."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import trio
+
+from runplane.actors import open_run
+from runplane.engine import history, sheets
+from runplane.engine.errors import InvalidInputError
+from runplane.engine.scopes import PlayScope
+
+CONTRACT = sheets.SheetContract(inputs=("name",), outputs=("upper",))
+
+
+def rows(n: int) -> list[dict]:
+    return [{"name": f"r{i}"} for i in range(n)]
+
+
+def test_a_record_cannot_be_built_invalid():
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert history.MapRecord("map-0", "t", "finished", now, completed=3).completed == 3
+    for bad in ({"state": "exploded"}, {"completed": -1}, {"map_key": ""}):
+        with pytest.raises(InvalidInputError):
+            history.MapRecord(**{"map_key": "map-0", "table_namespace": "t", "state": "running",
+                                 "started_at": now, **bad})
+
+
+async def test_each_map_records_what_it_did(tenant):
+    async def fn(row):
+        if row["name"].endswith("3"):
+            raise ValueError("no")
+        return {"upper": row["name"].upper()}
+
+    async def stream():
+        for row in rows(7):
+            yield row
+
+    async with open_run(tenant, "play") as run:
+        await run.map("t", rows(30), fn, contract=CONTRACT)
+        await run.map("Other Table", stream(), fn, contract=CONTRACT)
+    scope = PlayScope(tenant.org_id, "play")
+    stored = await history.list_maps(tenant, scope, [run.run_id, "no-such-run"])
+    by_key = {(entry.record.table_namespace, entry.record.map_key): entry.record
+              for entry in stored}
+    listed, streamed = by_key[("t", "map-0")], by_key[("other_table", "stream-0")]
+    assert (listed.state, listed.admitted, listed.completed, listed.failed, listed.running) == (
+        "finished", 30, 27, 3, 0)
+    assert (streamed.state, streamed.admitted, streamed.completed, streamed.failed) == (
+        "finished", 7, 6, 1)
+    assert listed.duration_s is not None and listed.duration_s >= 0
+    assert await history.live_maps(tenant, scope) == []  # nothing is running now
+
+
+async def test_a_crashed_map_keeps_its_last_counts_until_the_wake_replaces_them(tenant):
+    started = trio.Event()
+    run_id = None
+
+    async def slow(row):
+        started.set()
+        await trio.sleep(0.01)
+        return {"upper": row["name"].upper()}
+
+    with trio.move_on_after(30):
+        async with trio.open_nursery() as nursery:
+            async def crash_when_running():
+                await started.wait()
+                scope = PlayScope(tenant.org_id, "play")
+                while not any(entry.record.completed for entry in
+                              await history.live_maps(tenant, scope)):
+                    await trio.sleep(0.05)  # until a heartbeat wrote some completed rows
+                nursery.cancel_scope.cancel()  # a crash: the run is cancelled mid-map
+
+            nursery.start_soon(crash_when_running)
+            async with open_run(tenant, "play") as run:
+                run_id = run.run_id
+                await run.map("t", rows(2000), slow, contract=CONTRACT, concurrency=2)
+    scope = PlayScope(tenant.org_id, "play")
+    [crashed] = await history.list_maps(tenant, scope, [run_id])
+    assert crashed.record.state == "running" and crashed.record.ended_at is None
+    assert crashed.record.completed > 0  # its last counts
+    async with open_run(tenant, "play", run_id) as woken:  # the wake finishes the map
+
+        async def fast(row):
+            return {"upper": row["name"].upper()}
+
+        result = await woken.map("t", rows(2000), fast, contract=CONTRACT)
+    [entry] = await history.list_maps(tenant, scope, [run_id])
+    assert (entry.record.state, entry.record.admitted) == ("finished", 2000)
+    assert entry.record.cached == result.cached > 0  # what finished before the crash
