@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 import attrs
 import trio
 
-from runplane.engine import receipts, runs
+from runplane.engine import array_input, receipts, runs
 from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
                                      StoreUnavailableError, leaf_errors)
 from runplane.engine.tenant import outage_budget
@@ -184,7 +184,7 @@ class Run:
                        row_timeout_s=row_timeout_s, rate_limit=rate_limit,
                        give_up_after=give_up_after, fail_fast_rows=fail_fast_rows(fail_fast),
                        force=self.force if force is None else force, **tuning)
-        listed = isinstance(source, (list, tuple))
+        listed = isinstance(source, (list, tuple, array_input.PagedRows))
         if not listed and not hasattr(source, "__aiter__"):  # refused before the history write
             raise InvalidInputError(
                 f"source must be a list of rows or an async iterable, got {type(source).__name__}")

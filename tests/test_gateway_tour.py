@@ -11,7 +11,7 @@ import subprocess
 import trio
 
 from runplane.actors import open_supervisor
-from runplane.engine import outbox
+from runplane.engine import outbox, runs
 from runplane.engine.gateway import open_gateway
 from runplane.engine.scopes import RunScope
 
@@ -23,6 +23,7 @@ async def test_a_token_for_some_plays_drains_those_plays_without_complaint(tenan
                                                                            caplog):
     mine, theirs = RunScope(tenant.org_id, "demo", "r1"), RunScope(tenant.org_id, "other", "r2")
     for scope in (mine, theirs):  # two finished runs whose retirement was left to a drainer
+        await runs.register(tenant, scope)  # as every real run is, before its outbox entry
         await outbox.record_open(tenant, scope)
         await outbox.mark_pending(tenant, scope, "a-gone-process", 0.0)
     token = token_for(tenant, plays=("demo",))
