@@ -24,7 +24,7 @@ import datetime
 import attrs
 
 from .actions import action
-from .codecs import FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TIMESTAMP, list_of, optional, record
+from .codecs import FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of, optional, record
 from .errors import InvalidInputError
 from .ports import RECEIPTS_LANE, Port, table, with_connection
 from .scopes import PlayScope, RunScope, check_scope
@@ -53,7 +53,9 @@ class MapRecord:
     blocked: int = 0
     retried: int = 0
     running: int = 0
-    stop_reason: str | None = None
+    # A user's error text: NUL (which text columns cannot store) becomes U+FFFD.
+    stop_reason: str | None = attrs.field(
+        default=None, converter=lambda v: v.replace("\x00", "\ufffd") if isinstance(v, str) else v)
 
     def __attrs_post_init__(self) -> None:  # an invalid record cannot be built
         if self.state not in MAP_STATES:
@@ -61,9 +63,10 @@ class MapRecord:
                 f"state must be one of {', '.join(MAP_STATES)}, got {self.state!r}")
         for name in ("map_key", "table_namespace"):
             value = getattr(self, name)
-            if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+            if not isinstance(value, str) or not value or len(value) > MAX_TEXT or "\x00" in value:
                 raise InvalidInputError(
-                    f"{name} must be a non-empty string of at most {MAX_TEXT} characters")
+                    f"{name} must be a non-empty string without NUL of at most {MAX_TEXT} "
+                    "characters")
         for name in COUNTERS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -76,7 +79,7 @@ class MapRecord:
         return (self.ended_at - self.started_at).total_seconds()
 
 
-MAP_RECORD = record(MapRecord, map_key=STR, table_namespace=STR, state=STR, started_at=TIMESTAMP,
+MAP_RECORD = record(MapRecord, map_key=TEXT, table_namespace=TEXT, state=TEXT, started_at=TIMESTAMP,
                     ended_at=optional(TIMESTAMP), source_rows=INT, admitted=INT, cached=INT,
                     completed=INT, failed=INT, blocked=INT, retried=INT, running=INT,
                     stop_reason=optional(STR))
@@ -146,7 +149,7 @@ def _stored(row) -> StoredMap:
     return StoredMap(row["run_id"], MapRecord(**fields), row["age_s"])
 
 
-@action("history.list_maps", params={"scope": PLAY_SCOPE, "run_ids": list_of(STR)},
+@action("history.list_maps", params={"scope": PLAY_SCOPE, "run_ids": list_of(TEXT)},
         result=list_of(STORED_MAP), writes=False)
 async def list_maps(port: Port, scope: PlayScope, run_ids: list[str]) -> list[StoredMap]:
     """The maps of these runs of the play, each run's in the order they started."""

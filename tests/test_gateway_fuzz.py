@@ -21,7 +21,7 @@ import uuid
 import httpx
 
 from runplane.actors import open_run
-from runplane.engine import PlayScope, RunScope, outbox, rate_limits, receipts, runs, sheets
+from runplane.engine import PlayScope, RunScope, history, outbox, rate_limits, receipts, runs, sheets
 from runplane.engine.actions import actions
 from runplane.engine.gateway import open_gateway, server as server_module
 
@@ -36,7 +36,7 @@ ALWAYS_REFUSED = ("NaN", "Infinity", "-Infinity", "1e400", NESTED, str(2**63),
 EDGES = (str(2**31), str(-(2**31) - 1), json.dumps("a\x00b"), json.dumps(""), "true", "{}", "[]")
 # Fields holding user data (rows, outputs, pages, a runner's public key): anything JSON is
 # theirs, so they only get the edges.
-USER_DATA = ("rows", "output", "outcomes.*.data", "outcomes.*.cell_meta", "page", "public_key")
+USER_DATA = ("rows", "output", "outputs", "outcomes.*.data", "outcomes.*.cell_meta", "page", "public_key")
 HANDWRITTEN = {  # actions no workload below sends
     "db_sessions.create": {"play": PLAY, "table_namespace": "things",
                            "operations": ["rows.read"], "ttl_s": 60.0},
@@ -89,6 +89,19 @@ async def _workload(tenant, gw) -> None:
     await outbox.get(gw, ref.scope)
     await outbox.get_many(gw, scope, [ref.run_id])
     await rate_limits.lease(gw, tenant.org_id, "bucket", per_second=1.0, burst=5.0, want=1)
+    await receipts.complete_many(gw, ref, {"k4": {"v": 4}})
+    await receipts.claim(gw, ref, "k5")
+    await receipts.release(gw, ref, ["k5"])
+    await sheets.append_rows(gw, ref, "appended", CONTRACT, [{"name": "a", "n": 1}],
+                             idempotency_key="i1")
+    await sheets.replace_rows(gw, ref, "replaced", CONTRACT, [{"name": "b", "n": 2}])
+    await sheets.count(gw, scope, "things", status="failed", run_id=ref.run_id)
+    await sheets.field_kinds(gw, scope, "things", fields=["upper"])
+    page = await sheets.read_page(gw, scope, "things", limit=5, fields=["upper"])
+    await sheets.read_page(gw, scope, "things", after=page.after, limit=5, status="enriched")
+    await sheets.record_reuse(gw, ref, "things", [admitted.pending[0].key])
+    await history.list_maps(gw, scope, [ref.run_id])
+    await history.live_maps(gw, scope)
 
 
 def _paths(value, prefix=()):
