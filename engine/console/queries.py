@@ -1,0 +1,396 @@
+"""The console's reads: runs, a run's maps and their counters, a table's rows, failed rows.
+
+How it works
+- Every read checks out a connection on the tenant's `console` lane (a small limit of its own,
+  so people looking at pages never take permits from runs) and runs in a read-only transaction
+  with a short statement timeout: the console cannot write, and a read that would take long is
+  cut off instead of holding a connection.
+- Every statement is bounded: listings take `LIMIT` and page by keyset (runs by epoch, sheet
+  rows in the sheet's row order `(_input_index, _created_at, _key)`, which the row-order index
+  serves). Rows whose input index is null come last, read by a second statement on
+  `(_created_at, _key)` once the indexed rows are exhausted, so each statement stays an index
+  range.
+- Counters (`sheet_summary`, `sheet_column_summary`) are one primary-key range each: the live
+  stream reads only those. Per-run figures (rows a run wrote last by status, retries, timeouts,
+  top errors) filter a sheet by `_run_id` or `_status`, which no index serves: they scan the
+  sheet, bounded by the statement timeout, and are read when a page loads, never per second.
+- The caller passes the org (and checks the viewer may see it and the play) before any read;
+  every statement filters by org and play, so a page can only show what its viewer may see.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Awaitable, Callable, TypeVar
+
+import attrs
+
+from ..pg import Connection
+from ..ports import CONSOLE_LANE, Port, table
+from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
+from ..sql import quote_ident
+
+T = TypeVar("T")
+
+STATEMENT_TIMEOUT_MS = 3000
+RUNS_PAGE = 50
+ROWS_PAGE = 50
+MAX_TABLES = 50
+MAX_FIELDS = 64
+TOP_ERRORS = 5
+STATES = {"open": "open", "pending": "retiring", "done": "done"}
+TIMEOUT_PREFIX = "timed out after"
+
+
+async def read(port: Port, operation: Callable[[Connection], Awaitable[T]]) -> T:
+    """Run `operation` on a console-lane connection in a read-only, time-bounded transaction."""
+    async with port.connection(CONSOLE_LANE) as conn:
+        async with conn.transaction():
+            await conn.execute("SET TRANSACTION READ ONLY; "
+                               f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+            return await operation(conn)
+
+
+# -- runs -------------------------------------------------------------------------------------
+@attrs.frozen
+class RunRow:
+    org_id: str
+    play: str
+    run_id: str
+    epoch: int
+    started: datetime.datetime
+    state: str
+    settled: datetime.datetime | None
+    command: str | None
+    rows: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        end = self.settled if self.state != "open" and self.settled else datetime.datetime.now(
+            datetime.timezone.utc)
+        return max(0.0, (end - self.started).total_seconds())
+
+
+_RUNS = """
+SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
+       coalesce(o.state, 'open') AS state, o.updated_at AS settled
+  FROM {runs} AS r
+  LEFT JOIN {outbox} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
+ WHERE ($1::text IS NULL OR r.org_id = $1::text)
+   AND ($2::text[] IS NULL OR r.play = ANY($2::text[]))
+   AND ($3::text IS NULL OR r.play = $3::text)
+   AND ($4::text IS NULL OR coalesce(o.state, 'open') = $4::text)
+   AND ($5::bigint IS NULL OR r.epoch < $5::bigint)
+ ORDER BY r.epoch DESC
+ LIMIT $6
+"""
+
+_RUN = """
+SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
+       coalesce(o.state, 'open') AS state, o.updated_at AS settled
+  FROM {runs} AS r
+  LEFT JOIN {outbox} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
+ WHERE r.org_id = $1 AND r.play = $2 AND r.run_id = $3
+"""
+
+_RUN_ROWS = """
+SELECT _run_id,
+       count(*) FILTER (WHERE _status = 'pending') AS pending,
+       count(*) FILTER (WHERE _status = 'running') AS running,
+       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
+       count(*) FILTER (WHERE _status = 'failed') AS failed
+  FROM {t} WHERE _run_id = ANY($1::text[]) GROUP BY _run_id
+"""
+
+_TABLES = """
+SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary}
+ WHERE org_id = $1 AND play = $2 ORDER BY table_namespace LIMIT {limit}
+"""
+
+_PRESENT = "SELECT to_regclass($1) IS NOT NULL AS present, {foreign} AS foreign_table"
+
+STATUS_NAMES = ("pending", "running", "enriched", "failed")
+_STATE_FILTER = {"open": "open", "retiring": "pending", "done": "done"}
+
+
+def _run_row(record: Any) -> RunRow:
+    return RunRow(record["org_id"], record["play"], record["run_id"], record["epoch"],
+                  record["created_at"], STATES.get(record["state"], record["state"]),
+                  record["settled"], record["command"])
+
+
+def layout(port: Port, org: str, play: str, namespace: str) -> SheetLayout:
+    return SheetLayout(port.schema, org, play, namespace, table_name(org, play, namespace))
+
+
+async def _present(conn: Connection, port: Port, sheet: SheetLayout) -> bool:
+    """Whether the sheet's table exists and is this sheet's own (never read another's)."""
+    sql = _PRESENT.format(foreign=FOREIGN_TABLE.format(
+        summary=table(port, "sheet_summary"), t="$2", o="$3", p="$4", n="$5"))
+    record = await conn.fetchrow(sql, sheet.qualified, sheet.table, *sheet.counter_args)
+    return bool(record["present"]) and not record["foreign_table"]
+
+
+async def _rows_by_run(conn: Connection, port: Port, org: str, play: str,
+                       run_ids: list[str]) -> dict[str, dict[str, int]]:
+    """Rows each run wrote last, by status, summed over the play's tables (one scan each)."""
+    totals: dict[str, dict[str, int]] = {}
+    tables = await conn.fetch(_TABLES.format(summary=table(port, "sheet_summary"),
+                                             limit=MAX_TABLES), org, play)
+    for info in tables:
+        sheet = layout(port, org, play, info["table_namespace"])
+        if not await _present(conn, port, sheet):
+            continue
+        for record in await conn.fetch(_RUN_ROWS.format(t=sheet.qualified), run_ids):
+            counts = totals.setdefault(record["_run_id"], dict.fromkeys(STATUS_NAMES, 0))
+            for name in STATUS_NAMES:
+                counts[name] += record[name]
+    return totals
+
+
+async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | None,
+                    play: str | None = None, state: str | None = None,
+                    before_epoch: int | None = None, limit: int = RUNS_PAGE,
+                    with_rows: bool = True) -> list[RunRow]:
+    """Runs newest first (`org` None: every org; `plays` None: every play), one keyset page."""
+    sql = _RUNS.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
+
+    async def op(conn: Connection) -> list[RunRow]:
+        records = await conn.fetch(sql, org, list(plays) if plays is not None else None, play,
+                                   _STATE_FILTER.get(state) if state else None, before_epoch,
+                                   limit)
+        found = [_run_row(record) for record in records]
+        if with_rows:
+            groups: dict[tuple[str, str], list[str]] = {}
+            for run in found:
+                groups.setdefault((run.org_id, run.play), []).append(run.run_id)
+            for (group_org, group_play), ids in groups.items():
+                counts = await _rows_by_run(conn, port, group_org, group_play, ids)
+                for run in found:
+                    if run.org_id == group_org and run.play == group_play:
+                        run.rows.update(counts.get(run.run_id, {}))
+        return found
+
+    return await read(port, op)
+
+
+# -- one run ----------------------------------------------------------------------------------
+@attrs.frozen
+class TableCounters:
+    namespace: str
+    total: int
+    queued: int
+    running: int
+    completed: int
+    failed: int
+    updated: datetime.datetime | None = None
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
+
+
+@attrs.frozen
+class RunTable:
+    """One map's table as a run sees it: the table's counters and this run's own figures."""
+
+    counters: TableCounters
+    rows: dict[str, int]
+    retries: int
+    timeouts: int
+    top_errors: list[tuple[str | None, int]]
+
+
+_RUN_TABLE = """
+SELECT count(*) FILTER (WHERE _status = 'pending') AS pending,
+       count(*) FILTER (WHERE _status = 'running') AS running,
+       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
+       count(*) FILTER (WHERE _status = 'failed') AS failed,
+       coalesce(sum(greatest(_attempts - 1, 0)), 0)::bigint AS retries,
+       count(*) FILTER (WHERE _status = 'failed' AND starts_with(_error, $2)) AS timeouts
+  FROM {t} WHERE _run_id = $1
+"""
+
+_TOP_ERRORS = """
+SELECT _error AS error, count(*) AS n FROM {t}
+ WHERE _status = 'failed' AND ($1::text IS NULL OR _run_id = $1::text)
+ GROUP BY _error ORDER BY n DESC, error ASC NULLS LAST LIMIT {limit}
+"""
+
+
+def _counters(record: Any) -> TableCounters:
+    return TableCounters(record["table_namespace"], record["total"], record["queued"],
+                         record["running"], record["completed"], record["failed"],
+                         record["updated_at"])
+
+
+async def get_run(port: Port, org: str, play: str, run_id: str) -> RunRow | None:
+    sql = _RUN.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
+
+    async def op(conn: Connection) -> RunRow | None:
+        record = await conn.fetchrow(sql, org, play, run_id)
+        return None if record is None else _run_row(record)
+
+    return await read(port, op)
+
+
+async def counters(port: Port, org: str, play: str) -> list[TableCounters]:
+    """The counters of the play's tables (at most `MAX_TABLES`): what the live stream reads."""
+    sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+    return await read(port, lambda conn: _fetch_counters(conn, sql, org, play))
+
+
+async def _fetch_counters(conn: Connection, sql: str, org: str, play: str) -> list[TableCounters]:
+    return [_counters(record) for record in await conn.fetch(sql, org, play)]
+
+
+async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTable]:
+    """Each table of the play with this run's rows by status, retries, timeouts, top errors."""
+    sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+
+    async def op(conn: Connection) -> list[RunTable]:
+        out = []
+        for info in await _fetch_counters(conn, sql, org, play):
+            sheet = layout(port, org, play, info.namespace)
+            if not await _present(conn, port, sheet):
+                out.append(RunTable(info, dict.fromkeys(STATUS_NAMES, 0), 0, 0, []))
+                continue
+            mine = await conn.fetchrow(_RUN_TABLE.format(t=sheet.qualified), run_id,
+                                       TIMEOUT_PREFIX)
+            errors = await conn.fetch(_TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS),
+                                      run_id)
+            out.append(RunTable(info, {name: mine[name] for name in STATUS_NAMES},
+                                mine["retries"], mine["timeouts"],
+                                [(r["error"], r["n"]) for r in errors]))
+        return out
+
+    return await read(port, op)
+
+
+# -- a table's rows -----------------------------------------------------------------------------
+@attrs.frozen
+class Cursor:
+    """Where a page of rows ends, in the sheet's row order."""
+
+    input_index: int | None
+    created: str
+    key: str
+
+
+@attrs.frozen
+class RowsPage:
+    fields: list[str]
+    outputs: set[str]
+    rows: list[dict[str, Any]]
+    next: Cursor | None
+    columns: list[tuple[str, int, int]]
+    counters: TableCounters | None
+
+
+_FIELDS = """
+SELECT r.field, r.column_name,
+       EXISTS (SELECT 1 FROM {column_summary} AS c WHERE c.org_id = r.org_id AND c.play = r.play
+                  AND c.table_namespace = r.table_namespace AND c.field = r.field) AS output
+  FROM {registry} AS r
+ WHERE r.org_id = $1 AND r.play = $2 AND r.table_namespace = $3
+ ORDER BY r.position, r.field LIMIT {limit}
+"""
+
+_COLUMN_COUNTERS = """
+SELECT field, completed, failed FROM {column_summary}
+ WHERE org_id = $1 AND play = $2 AND table_namespace = $3 ORDER BY field LIMIT {limit}
+"""
+
+_ONE_TABLE = """
+SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary}
+ WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+"""
+
+_ROWS = """
+SELECT _key, _status, _error, _input_index, _created_at::text AS created, _attempts{cols}
+  FROM {t}
+ WHERE {where} AND ($1::text IS NULL OR _status = $1::text)
+   AND ($2::text IS NULL OR starts_with(_key, $2::text))
+ ORDER BY _input_index, _created_at, _key LIMIT $3
+"""
+
+_INDEXED_FIRST = "_input_index IS NOT NULL"
+_INDEXED_AFTER = "(_input_index, _created_at, _key) > ($4::bigint, $5::text::timestamptz, $6::text)"
+_UNINDEXED_FIRST = "_input_index IS NULL"
+_UNINDEXED_AFTER = "_input_index IS NULL AND (_created_at, _key) > ($4::text::timestamptz, $5::text)"
+
+
+async def table_exists(port: Port, org: str, play: str, namespace: str) -> TableCounters | None:
+    sql = _ONE_TABLE.format(summary=table(port, "sheet_summary"))
+
+    async def op(conn: Connection) -> TableCounters | None:
+        record = await conn.fetchrow(sql, org, play, namespace)
+        return None if record is None else _counters(record)
+
+    return await read(port, op)
+
+
+async def rows_page(port: Port, org: str, play: str, namespace: str, *,
+                    status: str | None = None, key_prefix: str | None = None,
+                    after: Cursor | None = None, limit: int = ROWS_PAGE) -> RowsPage:
+    """One keyset page of a sheet's rows in row order, with its fields and counters."""
+    sheet = layout(port, org, play, namespace)
+    fields_sql = _FIELDS.format(registry=table(port, "sheet_columns"),
+                                column_summary=table(port, "sheet_column_summary"),
+                                limit=MAX_FIELDS)
+    columns_sql = _COLUMN_COUNTERS.format(column_summary=table(port, "sheet_column_summary"),
+                                          limit=MAX_FIELDS)
+    one_sql = _ONE_TABLE.format(summary=table(port, "sheet_summary"))
+
+    async def op(conn: Connection) -> RowsPage:
+        record = await conn.fetchrow(one_sql, *sheet.counter_args)
+        info = None if record is None else _counters(record)
+        registered = await conn.fetch(fields_sql, *sheet.counter_args)
+        columns = [(r["field"], r["completed"], r["failed"])
+                   for r in await conn.fetch(columns_sql, *sheet.counter_args)]
+        fields = [r["field"] for r in registered]
+        outputs = {r["field"] for r in registered if r["output"]}
+        if info is None or not await _present(conn, port, sheet):
+            return RowsPage(fields, outputs, [], None, columns, info)
+        cols = "".join(f", {quote_ident(r['column_name'])}::text AS c{i}"
+                       for i, r in enumerate(registered))
+        found: list[Any] = []
+        if after is None or after.input_index is not None:
+            where, extra = ((_INDEXED_FIRST, ()) if after is None else
+                            (_INDEXED_AFTER, (after.input_index, after.created, after.key)))
+            found = list(await conn.fetch(_ROWS.format(cols=cols, t=sheet.qualified, where=where),
+                                          status, key_prefix, limit + 1, *extra))
+        if len(found) <= limit:
+            last_null = after if after is not None and after.input_index is None else None
+            where, extra = ((_UNINDEXED_FIRST, ()) if last_null is None else
+                            (_UNINDEXED_AFTER, (last_null.created, last_null.key)))
+            found += await conn.fetch(_ROWS.format(cols=cols, t=sheet.qualified, where=where),
+                                      status, key_prefix, limit + 1 - len(found), *extra)
+        rows = []
+        for r in found[:limit]:
+            row = {field: r[f"c{i}"] for i, field in enumerate(fields)}
+            row.update(_key=r["_key"], _status=r["_status"], _error=r["_error"],
+                       _input_index=r["_input_index"], _attempts=r["_attempts"],
+                       _created=r["created"])
+            rows.append(row)
+        following = None
+        if len(found) > limit:
+            last = rows[-1]
+            following = Cursor(last["_input_index"], last["_created"], last["_key"])
+        return RowsPage(fields, outputs, rows, following, columns, info)
+
+    return await read(port, op)
+
+
+async def top_errors(port: Port, org: str, play: str, namespace: str,
+                     run_id: str | None = None) -> list[tuple[str | None, int]]:
+    """The commonest error messages of the table's failed rows (a scan, time-bounded)."""
+    sheet = layout(port, org, play, namespace)
+
+    async def op(conn: Connection) -> list[tuple[str | None, int]]:
+        if not await _present(conn, port, sheet):
+            return []
+        sql = _TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS)
+        return [(r["error"], r["n"]) for r in await conn.fetch(sql, run_id)]
+
+    return await read(port, op)
