@@ -205,3 +205,16 @@ async def test_console_refuses_network_binds_and_missing_schemas(dsn):
 
 def test_tenants_have_a_small_console_lane():
     assert DEFAULT_LANES["console"] == 2
+
+
+def test_a_missing_chromium_skips_the_browser_tests_except_under_ci(monkeypatch):
+    from .browser_support import chromium_path
+
+    monkeypatch.delenv("RUNPLANE_CHROMIUM", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
+        chromium_path()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install -y chromium"):
+        chromium_path()
