@@ -131,21 +131,66 @@ async def _present(conn: Connection, port: Port, sheet: SheetLayout) -> bool:
     return bool(record["present"]) and not record["foreign_table"]
 
 
-async def _rows_by_run(conn: Connection, port: Port, org: str, play: str,
-                       run_ids: list[str]) -> dict[str, dict[str, int]]:
-    """Rows each run wrote last, by status, summed over the play's tables (one scan each)."""
-    totals: dict[str, dict[str, int]] = {}
-    tables = await conn.fetch(_TABLES.format(summary=table(port, "sheet_summary"),
-                                             limit=MAX_TABLES), org, play)
-    for info in tables:
-        sheet = layout(port, org, play, info["table_namespace"])
-        if not await _present(conn, port, sheet):
-            continue
-        for record in await conn.fetch(_RUN_ROWS.format(t=sheet.qualified), run_ids):
-            counts = totals.setdefault(record["_run_id"], dict.fromkeys(STATUS_NAMES, 0))
-            for name in STATUS_NAMES:
-                counts[name] += record[name]
-    return totals
+_GROUP_TABLES = """
+SELECT s.org_id, s.play, s.table_namespace FROM unnest($1::text[], $2::text[]) AS g(org_id, play)
+  CROSS JOIN LATERAL (SELECT org_id, play, table_namespace FROM {summary}
+                       WHERE org_id = g.org_id AND play = g.play
+                       ORDER BY table_namespace LIMIT {limit}) AS s
+"""
+
+_PRESENT_MANY = """
+SELECT n.i, to_regclass(n.qualified) IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM {summary} AS s WHERE s.table_name = n.name
+                          AND (s.org_id, s.play, s.table_namespace) <> (n.org_id, n.play, n.ns))
+       AS ours
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+       WITH ORDINALITY AS n(org_id, play, ns, qualified, name, i)
+"""
+
+
+async def own_tables(conn: Connection, port: Port, sheets: list[SheetLayout]) -> list[SheetLayout]:
+    """Those of `sheets` whose tables exist and are their own (never another sheet's), in one
+    statement."""
+    if not sheets:
+        return []
+    records = await conn.fetch(
+        _PRESENT_MANY.format(summary=table(port, "sheet_summary")),
+        [s.org_id for s in sheets], [s.play for s in sheets], [s.namespace for s in sheets],
+        [s.qualified for s in sheets], [s.table for s in sheets])
+    ours = {r["i"] for r in records if r["ours"]}
+    return [s for i, s in enumerate(sheets, 1) if i in ours]
+
+
+async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> None:
+    """Fill each run's rows by status (rows it wrote last, summed over its play's tables): three
+    statements for the whole page, the last one scanning each table of the page's plays."""
+    groups = sorted({(run.org_id, run.play) for run in runs})
+    if not groups:
+        return
+    tables = await conn.fetch(_GROUP_TABLES.format(summary=table(port, "sheet_summary"),
+                                                   limit=MAX_TABLES),
+                              [g[0] for g in groups], [g[1] for g in groups])
+    present = await own_tables(conn, port, [
+        layout(port, r["org_id"], r["play"], r["table_namespace"]) for r in tables])
+    if not present:
+        return
+    ids = {(run.org_id, run.play): [] for run in runs}
+    for run in runs:
+        ids[(run.org_id, run.play)].append(run.run_id)
+    args: list[Any] = []
+    parts = []
+    for sheet in present:
+        args.append(ids[(sheet.org_id, sheet.play)])
+        parts.append(f"(SELECT $%d::text AS org_id, $%d::text AS play, q.* FROM ("
+                     % (len(args) + 1, len(args) + 2)
+                     + _RUN_ROWS.format(t=sheet.qualified).replace("$1", f"${len(args)}")
+                     + ") AS q)")
+        args += [sheet.org_id, sheet.play]
+    by_run = {(run.org_id, run.play, run.run_id): run for run in runs}
+    for record in await conn.fetch("\nUNION ALL\n".join(parts), *args):
+        run = by_run[(record["org_id"], record["play"], record["_run_id"])]
+        for name in STATUS_NAMES:
+            run.rows[name] = run.rows.get(name, 0) + record[name]
 
 
 async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | None,
@@ -161,14 +206,7 @@ async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | Non
                                    limit)
         found = [_run_row(record) for record in records]
         if with_rows:
-            groups: dict[tuple[str, str], list[str]] = {}
-            for run in found:
-                groups.setdefault((run.org_id, run.play), []).append(run.run_id)
-            for (group_org, group_play), ids in groups.items():
-                counts = await _rows_by_run(conn, port, group_org, group_play, ids)
-                for run in found:
-                    if run.org_id == group_org and run.play == group_play:
-                        run.rows.update(counts.get(run.run_id, {}))
+            await _rows_by_run(conn, port, found)
         return found
 
     return await read(port, op)

@@ -4,7 +4,8 @@ How it works
 - `console_app(console)` is an ASGI application meant to be mounted at `/ui` (the gateway mounts
   it next to its actions; `runplane console` serves it alone). Every answer carries a
   Content-Security-Policy that allows scripts, styles and connections from the console's own
-  origin only (no inline script or style), `nosniff`, no framing and no caching.
+  origin only (no inline script or style), `nosniff`, no framing and no caching, plus a
+  `Server-Timing: app;dur=MS` header: the time the console took to produce the answer.
 - Without a valid session cookie, a page redirects to `/ui/login` and a data endpoint (`/ui/api/…`,
   `/ui/live/…`) answers 401: neither reads anything. With one, the org a request names (the
   viewer's own, or `?org=` for a viewer of every org) and its play are checked against the
@@ -86,9 +87,13 @@ def console_app(console: Console) -> Any:
     ])
 
     async def secured(scope: Any, receive: Any, send: Any) -> None:
+        started = trio.current_time()
+
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
-                message = dict(message, headers=[*message.get("headers", []), *SECURITY_HEADERS])
+                timing = f"app;dur={(trio.current_time() - started) * 1000:.1f}".encode()
+                message = dict(message, headers=[*message.get("headers", []), *SECURITY_HEADERS,
+                                                 (b"server-timing", timing)])
             await send(message)
 
         await app(scope, receive, with_headers)
