@@ -11,7 +11,8 @@ How it works
 - `print_failure_summary` is the top-5 table of a run's failed rows that `run` and `demo` end
   with; `failures` lists failed rows and the commonest errors of one table; `runs` lists a
   play's recent runs with their state (open, retiring, done), the rows each wrote last, and
-  the resume command of open ones.
+  the resume command of open ones (and, when `RUNPLANE_CONSOLE_URL` names a web console, each
+  run's page there).
 - Read-only commands open the tenant with `bootstrap=False` and check the schema first
   (`require_schema`), so a mistyped `--schema` is one line and creates nothing.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.parse
 from typing import Any
 
@@ -213,4 +215,8 @@ async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
             f"{scope.play!r}, {info.run_id!r}))"
         )
         say(f"resume {info.run_id}: {command}")
+    console = os.environ.get("RUNPLANE_CONSOLE_URL", "").strip().rstrip("/")
+    for info in recent if console else ():  # a page of the web console per run
+        say(f"console {info.run_id}: {console}/ui/runs/{urllib.parse.quote(scope.play, safe='')}/"
+            f"{urllib.parse.quote(info.run_id, safe='')}?org={urllib.parse.quote(scope.org_id)}")
     return 0

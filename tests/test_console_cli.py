@@ -44,3 +44,40 @@ async def test_console_command_prints_a_link_that_works_once(tenant):
     finally:
         child.send_signal(signal.SIGINT)
         assert child.wait(timeout=30) == 130
+
+
+def test_runs_prints_each_runs_console_page_when_a_console_is_configured(dsn, monkeypatch,
+                                                                           capsys):
+    import trio
+
+    from runplane.actors import open_run
+    from runplane.engine import open_tenant
+
+    from .conftest import fresh_schema
+    from .console_support import CONTRACT, upper
+
+    schema = fresh_schema()
+
+    async def make() -> str:
+        async with open_tenant("acme", dsn, schema=schema) as tenant:
+            async with open_run(tenant, "my play") as run:
+                await run.map("t", [{"name": "a"}], upper, contract=CONTRACT)
+                return run.run_id
+
+    async def drop() -> None:
+        async with open_tenant("acme", dsn, schema=schema) as tenant:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    run_id = trio.run(make)
+    try:
+        args = ["runs", "my play", "--dsn", dsn, "--org", "acme", "--schema", schema]
+        monkeypatch.delenv("RUNPLANE_CONSOLE_URL", raising=False)
+        assert main(args) == 0
+        assert "console" not in capsys.readouterr().out
+        monkeypatch.setenv("RUNPLANE_CONSOLE_URL", "http://127.0.0.1:8788/")
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert f"console {run_id}: http://127.0.0.1:8788/ui/runs/my%20play/{run_id}?org=acme" in out
+    finally:
+        trio.run(drop)
