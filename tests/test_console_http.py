@@ -16,7 +16,7 @@ from runplane.engine.gateway import mint_token
 from runplane.engine.tenant import DEFAULT_LANES
 
 from .conftest import fresh_schema
-from .console_support import (EVIL, OTHER_ORG, OTHER_SECRET, SECRET, client, cookie_header,
+from .console_support import (OTHER_ORG, OTHER_SECRET, SECRET, client, cookie_header,
                               login_token, run_ids, seed)
 from .gateway_support import serving
 

@@ -21,7 +21,8 @@ import urllib.parse
 from importlib import resources
 from typing import Any, Iterable
 
-from .queries import Cursor, RowsPage, RunRow, RunTable, TableCounters
+from .queries import RunRow, RunTable, TableCounters
+from .rows import Cursor, RowsPage
 
 VALUE_CHARS = 200
 BAR_WIDTH = 600
@@ -122,7 +123,7 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
                                       f"tenant, {run.play!r}, {run.run_id!r}))")
             resume.append(f'<li><a href="{link}"><code>{esc(run.run_id)}</code></a>: '
                           f'<code>{esc(command)}</code></li>')
-    filters = (f'<form class="filters" method="get" action="/ui/">'
+    filters = ('<form class="filters" method="get" action="/ui/">'
                + (f'<label>org<input name="org" value="{esc(org or "")}"></label>' if show_org else "")
                + f'<label>play{_options("play", plays, play)}</label>'
                f'<label>state{_options("state", ("open", "retiring", "done"), state)}</label>'

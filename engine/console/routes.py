@@ -35,7 +35,7 @@ from starlette.routing import Route
 from ..errors import AuthError, EngineError, ScopeError
 from ..ports import Port
 from ..scopes import PlayScope, RunScope, normalize_namespace
-from . import pages, queries
+from . import pages, queries, rows
 from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
 
 LIVE_INTERVAL_S = 1.0
@@ -287,8 +287,8 @@ class _Handlers:
         history: dict[str, collections.deque] = {}
         try:
             while not self.c.closing.is_set():
-                tables = await queries.counters(port, run.org_id, run.play)
-                now = await queries.get_run(port, run.org_id, run.play, run.run_id) or run
+                now, tables = await queries.live(port, run.org_id, run.play, run.run_id)
+                now = now or run
                 at = trio.current_time()
                 payload = {"state": now.state, "duration_s": now.duration_s, "tables": []}
                 for t in tables:
@@ -312,7 +312,7 @@ class _Handlers:
             raise ValueError("status")
         key = None if failed_only else (params.get("key") or None)
         after = _cursor(params.get("after"))
-        page = await queries.rows_page(port, org, play, namespace, status=status,
+        page = await rows.rows_page(port, org, play, namespace, status=status,
                                        key_prefix=key, after=after)
         if page.counters is None:
             raise NotFound()
@@ -328,7 +328,7 @@ class _Handlers:
     async def failures(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             port, org, play, namespace, page, _, _ = await self._page(request, viewer, True)
-            errors = await queries.top_errors(port, org, play, namespace)
+            errors = await rows.top_errors(port, org, play, namespace)
             return _html(pages.failures_page(org, play, namespace, page, errors,
                                              show_org=viewer.org is None))
         return await self.guarded(request, False, render)
@@ -346,7 +346,7 @@ class _Handlers:
         return JSONResponse({"fields": page.fields, "rows": page.rows, "next": following})
 
 
-def _cursor(text: str | None) -> queries.Cursor | None:
+def _cursor(text: str | None) -> rows.Cursor | None:
     if not text:
         return None
     try:
@@ -356,7 +356,7 @@ def _cursor(text: str | None) -> queries.Cursor | None:
     if (index is not None and (isinstance(index, bool) or not isinstance(index, int))) \
             or not isinstance(created, str) or not isinstance(key, str) or len(created) > 64:
         raise ValueError("after")
-    return queries.Cursor(index, created, key)
+    return rows.Cursor(index, created, key)
 
 
 def _plain(_inst: Any, _field: Any, value: Any) -> Any:
