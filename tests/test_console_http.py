@@ -62,6 +62,8 @@ async def test_without_a_session_nothing_is_shown(gateway_url, seeded):
 
 async def test_login_needs_a_valid_token_that_allows_the_console_reads(tenant, gateway_url):
     async with client(gateway_url) as http:
+        huge = await login_token(http, "x" * 20_000)
+        assert huge.status_code == 413 and "set-cookie" not in huge.headers
         bad = await login_token(http, "not-a-token")
         assert bad.status_code == 401 and "set-cookie" not in bad.headers
         other_secret = await login_token(http, mint_token("another-secret-" + "y" * 32, tenant.org_id))

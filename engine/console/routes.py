@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 from importlib import resources
 from typing import Any, Awaitable, Callable
 
@@ -38,8 +39,11 @@ from ..scopes import PlayScope, RunScope, normalize_namespace
 from . import pages, queries, rows
 from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
 
+log = logging.getLogger("runplane.console")
+
 LIVE_INTERVAL_S = 1.0
 MAX_STREAMS = 32
+MAX_LOGIN_BYTES = 16 * 1024  # a login form holds one token; larger bodies are never read
 RATE_WINDOW = 61  # samples kept per table: one minute of per-second rates
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -160,6 +164,12 @@ class _Handlers:
             if api:
                 return JSONResponse({"error": "bad request", "code": "invalid_input"}, 400)
             return _html(pages.message_page("Bad request", "The address is malformed."), 400)
+        except EngineError as exc:  # the store is down, or a read ran past its time limit
+            log.warning("console: a read failed: %s", type(exc).__name__)
+            text = "The store did not answer in time; try again."
+            if api:
+                return JSONResponse({"error": text, "code": "store_unavailable"}, 503)
+            return _html(pages.message_page("Unavailable", text), 503)
 
     # -- login ---------------------------------------------------------------------------------
     async def login_form(self, request: Request) -> Response:
@@ -173,6 +183,10 @@ class _Handlers:
         return self._logged_in(session)
 
     async def login(self, request: Request) -> Response:
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit() or int(declared) > MAX_LOGIN_BYTES:
+            return _html(pages.login_page(token_login=self.c.token_login,
+                                          message="the login form is too large"), 413)
         form = await request.form(max_files=0, max_fields=4)
         token = form.get("token")
         try:
@@ -287,7 +301,12 @@ class _Handlers:
         history: dict[str, collections.deque] = {}
         try:
             while not self.c.closing.is_set():
-                now, tables = await queries.live(port, run.org_id, run.play, run.run_id)
+                try:
+                    now, tables = await queries.live(port, run.org_id, run.play, run.run_id)
+                except EngineError:  # an outage: skip this tick, the next one tries again
+                    with trio.move_on_after(LIVE_INTERVAL_S):
+                        await self.c.closing.wait()
+                    continue
                 now = now or run
                 at = trio.current_time()
                 payload = {"state": now.state, "duration_s": now.duration_s, "tables": []}
