@@ -220,3 +220,60 @@ def test_a_missing_chromium_skips_the_browser_tests_except_under_ci(monkeypatch)
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="apt-get install -y chromium"):
         chromium_path()
+
+
+async def test_keyset_pages_cross_into_rows_without_an_input_index(tenant, seeded):
+    from runplane.engine.console import queries, rows
+
+    sheet = queries.layout(tenant, tenant.org_id, "alpha", "t")
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f"UPDATE {sheet.qualified} SET _input_index = NULL "
+                           "WHERE _input_index % 5 = 0")
+        expected = await conn.fetchval(f"SELECT count(*) FROM {sheet.qualified}")
+    seen, after, pages = [], None, 0
+    while True:
+        page = await rows.rows_page(tenant, tenant.org_id, "alpha", "t", after=after, limit=7)
+        seen += [(row["_input_index"], row["_key"]) for row in page.rows]
+        pages += 1
+        after = page.next
+        if after is None:
+            break
+    assert len(seen) == len({key for _, key in seen}) == expected == 64
+    indexed = [index for index, _ in seen if index is not None]
+    assert indexed == sorted(indexed) and all(index is None for index, _ in seen[len(indexed):])
+    assert pages == 10
+    failed = await rows.rows_page(tenant, tenant.org_id, "alpha", "t", status="failed")
+    assert {row["_status"] for row in failed.rows} == {"failed"} and len(failed.rows) == 3
+
+
+async def test_a_scan_that_takes_too_long_shows_unknown_figures_not_an_error(tenant, gateway_url,
+                                                                            seeded):
+    from runplane.engine.console import queries
+
+    sheet = queries.layout(tenant, tenant.org_id, "alpha", "t")
+    locked, release = trio.Event(), trio.Event()
+
+    async def hold_the_sheet() -> None:  # an exclusive lock makes every scan of it wait
+        async with tenant.connection("retirement") as conn:
+            async with conn.transaction():
+                await conn.execute(f"LOCK TABLE {sheet.qualified} IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hold_the_sheet)
+        await locked.wait()
+        try:
+            runs = await queries.list_runs(tenant, org=tenant.org_id, plays=("alpha",))
+            assert [run.rows for run in runs] == [None]
+            (table,) = await queries.run_tables(tenant, tenant.org_id, "alpha", seeded.alpha_run)
+            assert table.rows is None and table.counters.completed == 61
+            async with client(gateway_url) as http:
+                await login_token(http, mint_token(SECRET, tenant.org_id))
+                for path in ("/ui/?play=alpha", f"/ui/runs/alpha/{seeded.alpha_run}"):
+                    page = await http.get(path)
+                    assert page.status_code == 200 and "counting took too long" in page.text
+        finally:
+            release.set()
+    runs = await queries.list_runs(tenant, org=tenant.org_id, plays=("alpha",))
+    assert runs[0].rows["enriched"] == 61

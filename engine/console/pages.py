@@ -25,6 +25,7 @@ from .queries import RunRow, RunTable, TableCounters
 from .rows import Cursor, RowsPage
 
 VALUE_CHARS = 200
+UNKNOWN = '<span class="muted" title="counting took too long">…</span>'
 BAR_WIDTH = 600
 CHART_W, CHART_H = 240, 48
 _FRAME = string.Template(resources.files(__package__).joinpath("templates/base.html")
@@ -112,8 +113,8 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
         cells = [esc(run.play), f'<a href="{link}"><code>{esc(run.run_id)}</code></a>',
                  f'<span class="state-{esc(run.state)}">{esc(run.state)}</span>',
                  f'<td class="num">{run.epoch}', when(run.started), duration(run.duration_s)]
-        cells += [f'<td class="num">{run.rows.get(s, 0)}' for s in
-                  ("pending", "running", "enriched", "failed")]
+        cells += [f'<td class="num">{UNKNOWN if run.rows is None else run.rows.get(s, 0)}'
+                  for s in ("pending", "running", "enriched", "failed")]
         if show_org:
             cells.insert(0, esc(run.org_id))
         lines.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}" for c in cells)
@@ -193,7 +194,7 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
         c = t.counters
         errors = "".join(
             f'<tr><td class="num">{n}</td><td>{esc(shorten(e) if e is not None else "(no message)")}</td></tr>'
-            for e, n in t.top_errors)
+            for e, n in t.top_errors or ())
         links = (f'<a href="{table_url("tables", org, run.play, c.namespace, show_org)}">rows</a> · '
                  f'<a href="{table_url("failures", org, run.play, c.namespace, show_org)}">failures</a>')
         parts.append(
@@ -205,10 +206,14 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
             + _stat("ETA", "eta", "-") + "</div>"
             f'<div class="stats"><div>{chart([])}</div></div>'
             '<div class="stats">'
-            + "".join(_stat(f"this run: {name}", f"run_{name}", t.rows.get(name, 0))
+            + "".join(_stat(f"this run: {name}", f"run_{name}",
+                            "…" if t.rows is None else t.rows.get(name, 0))
                       for name in ("pending", "running", "enriched", "failed"))
-            + _stat("retries", "retries", t.retries) + _stat("timeouts", "timeouts", t.timeouts)
+            + _stat("retries", "retries", "…" if t.retries is None else t.retries)
+            + _stat("timeouts", "timeouts", "…" if t.timeouts is None else t.timeouts)
             + "</div>"
+            + ('<p class="muted">This run\'s own figures: counting took too long (a large sheet); '
+               'the counters above stay live.</p>' if t.rows is None else "")
             + (f'<h3>Top errors of this run</h3><table class="errors"><tr><th class="num">rows</th>'
                f'<th>error</th></tr>{errors}</table>' if errors else "")
             + "</section>")
@@ -269,7 +274,7 @@ def _next_link(kind: str, org: str, play: str, namespace: str, show_org: bool,
 
 
 def failures_page(org: str, play: str, namespace: str, page: RowsPage,
-                  errors: list[tuple[str | None, int]], *, show_org: bool) -> str:
+                  errors: list[tuple[str | None, int]] | None, *, show_org: bool) -> str:
     inputs = [f for f in page.fields if f not in page.outputs]
     lines = []
     for r in page.rows:
@@ -284,9 +289,11 @@ def failures_page(org: str, play: str, namespace: str, page: RowsPage,
             f'<th>error</th><th>inputs</th></tr></thead><tbody>{"".join(lines)}</tbody></table>'
             if lines else '<p class="muted">No failed rows.</p>')
     top = "".join(f'<tr><td class="num">{n}</td><td>{esc(shorten(e) if e is not None else "(no message)")}</td></tr>'
-                  for e, n in errors)
+                  for e, n in errors or ())
     top_table = (f'<h2>Most common errors</h2><table class="errors"><tr><th class="num">rows</th>'
                  f'<th>error</th></tr>{top}</table>' if top else "")
+    if errors is None:
+        top_table = f"<h2>Most common errors</h2><p>{UNKNOWN} (counting them took too long)</p>"
     more = _next_link("failures", org, play, namespace, show_org, page.next)
     back = f'<p><a href="{table_url("tables", org, play, namespace, show_org)}">all rows</a></p>'
     body = f"<h1>Failures of table {esc(namespace)} of play {esc(play)}</h1>{back}{grid}{more}{top_table}"

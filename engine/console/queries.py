@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import attrs
 
+from ..errors import StatementTimeoutError
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
@@ -32,6 +33,7 @@ from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
 T = TypeVar("T")
 
 STATEMENT_TIMEOUT_MS = 3000
+SCAN_TIMEOUT_MS = 1000  # a per-run figure that scans a sheet gives up sooner, and shows "…"
 RUNS_PAGE = 50
 ROWS_PAGE = 50
 MAX_TABLES = 50
@@ -50,6 +52,17 @@ async def read(port: Port, operation: Callable[[Connection], Awaitable[T]]) -> T
             return await operation(conn)
 
 
+async def scan(conn: Connection, sql: str, *args: Any) -> list[Any] | None:
+    """A statement that scans a sheet, in a savepoint under `SCAN_TIMEOUT_MS`: its records, or
+    None when it ran past that (the page then shows the figure as unknown)."""
+    try:
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL statement_timeout = {SCAN_TIMEOUT_MS}")
+            return await conn.fetch(sql, *args)
+    except StatementTimeoutError:
+        return None
+
+
 # -- runs -------------------------------------------------------------------------------------
 @attrs.frozen
 class RunRow:
@@ -61,7 +74,7 @@ class RunRow:
     state: str
     settled: datetime.datetime | None
     command: str | None
-    rows: dict[str, int] = attrs.field(factory=dict)
+    rows: dict[str, int] | None = attrs.field(factory=dict)  # None: counting took too long
 
     @property
     def duration_s(self) -> float:
@@ -160,19 +173,20 @@ async def own_tables(conn: Connection, port: Port, sheets: list[SheetLayout]) ->
     return [s for i, s in enumerate(sheets, 1) if i in ours]
 
 
-async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> None:
+async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> bool:
     """Fill each run's rows by status (rows it wrote last, summed over its play's tables): three
-    statements for the whole page, the last one scanning each table of the page's plays."""
+    statements for the whole page, the last one scanning each table of the page's plays; False
+    when that scan ran past `SCAN_TIMEOUT_MS`."""
     groups = sorted({(run.org_id, run.play) for run in runs})
     if not groups:
-        return
+        return True
     tables = await conn.fetch(_GROUP_TABLES.format(summary=table(port, "sheet_summary"),
                                                    limit=MAX_TABLES),
                               [g[0] for g in groups], [g[1] for g in groups])
     present = await own_tables(conn, port, [
         layout(port, r["org_id"], r["play"], r["table_namespace"]) for r in tables])
     if not present:
-        return
+        return True
     ids = {(run.org_id, run.play): [] for run in runs}
     for run in runs:
         ids[(run.org_id, run.play)].append(run.run_id)
@@ -180,15 +194,19 @@ async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> No
     parts = []
     for sheet in present:
         n = len(args)  # this table's binds: $n+1 its runs' ids, $n+2 the org, $n+3 the play
-        scan = _RUN_ROWS.format(t=sheet.qualified).replace("$1", f"${n + 1}")
+        one = _RUN_ROWS.format(t=sheet.qualified).replace("$1", f"${n + 1}")
         parts.append(f"(SELECT ${n + 2}::text AS org_id, ${n + 3}::text AS play, q.* "
-                     f"FROM ({scan}) AS q)")
+                     f"FROM ({one}) AS q)")
         args += [ids[(sheet.org_id, sheet.play)], sheet.org_id, sheet.play]
     by_run = {(run.org_id, run.play, run.run_id): run for run in runs}
-    for record in await conn.fetch("\nUNION ALL\n".join(parts), *args):
-        run = by_run[(record["org_id"], record["play"], record["_run_id"])]
+    records = await scan(conn, "\nUNION ALL\n".join(parts), *args)
+    if records is None:
+        return False
+    for record in records:
+        counts = by_run[(record["org_id"], record["play"], record["_run_id"])].rows
         for name in STATUS_NAMES:
-            run.rows[name] = run.rows.get(name, 0) + record[name]
+            counts[name] = counts.get(name, 0) + record[name]
+    return True
 
 
 async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | None,
@@ -203,8 +221,8 @@ async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | Non
                                    _STATE_FILTER.get(state) if state else None, before_epoch,
                                    limit)
         found = [_run_row(record) for record in records]
-        if with_rows:
-            await _rows_by_run(conn, port, found)
+        if with_rows and not await _rows_by_run(conn, port, found):
+            return [attrs.evolve(run, rows=None) for run in found]
         return found
 
     return await read(port, op)
@@ -231,10 +249,10 @@ class RunTable:
     """One map's table as a run sees it: the table's counters and this run's own figures."""
 
     counters: TableCounters
-    rows: dict[str, int]
-    retries: int
-    timeouts: int
-    top_errors: list[tuple[str | None, int]]
+    rows: dict[str, int] | None  # None (and the rest None): reading them took too long
+    retries: int | None
+    timeouts: int | None
+    top_errors: list[tuple[str | None, int]] | None
 
 
 _RUN_TABLE = """
@@ -305,10 +323,13 @@ async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTa
             if not await _present(conn, port, sheet):
                 out.append(RunTable(info, dict.fromkeys(STATUS_NAMES, 0), 0, 0, []))
                 continue
-            mine = await conn.fetchrow(_RUN_TABLE.format(t=sheet.qualified), run_id,
-                                       TIMEOUT_PREFIX)
-            errors = await conn.fetch(_TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS),
-                                      run_id)
+            found = await scan(conn, _RUN_TABLE.format(t=sheet.qualified), run_id, TIMEOUT_PREFIX)
+            errors = None if found is None else await scan(
+                conn, _TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS), run_id)
+            if found is None or errors is None:
+                out.append(RunTable(info, None, None, None, None))
+                continue
+            mine = found[0]
             out.append(RunTable(info, {name: mine[name] for name in STATUS_NAMES},
                                 mine["retries"], mine["timeouts"],
                                 [(r["error"], r["n"]) for r in errors]))

@@ -17,7 +17,7 @@ from ..pg import Connection
 from ..ports import Port, table
 from ..sql import quote_ident
 from .queries import (MAX_FIELDS, ROWS_PAGE, TOP_ERRORS, TableCounters, _TOP_ERRORS, _counters,
-                      _present, layout, read)
+                      _present, layout, read, scan)
 
 @attrs.frozen
 class Cursor:
@@ -134,14 +134,15 @@ async def rows_page(port: Port, org: str, play: str, namespace: str, *,
 
 
 async def top_errors(port: Port, org: str, play: str, namespace: str,
-                     run_id: str | None = None) -> list[tuple[str | None, int]]:
-    """The commonest error messages of the table's failed rows (a scan, time-bounded)."""
+                     run_id: str | None = None) -> list[tuple[str | None, int]] | None:
+    """The commonest error messages of the table's failed rows (a scan under the console's scan
+    timeout; None when it ran past it)."""
     sheet = layout(port, org, play, namespace)
 
-    async def op(conn: Connection) -> list[tuple[str | None, int]]:
+    async def op(conn: Connection) -> list[tuple[str | None, int]] | None:
         if not await _present(conn, port, sheet):
             return []
-        sql = _TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS)
-        return [(r["error"], r["n"]) for r in await conn.fetch(sql, run_id)]
+        found = await scan(conn, _TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS), run_id)
+        return None if found is None else [(r["error"], r["n"]) for r in found]
 
     return await read(port, op)
