@@ -277,3 +277,28 @@ async def test_a_scan_that_takes_too_long_shows_unknown_figures_not_an_error(ten
             release.set()
     runs = await queries.list_runs(tenant, org=tenant.org_id, plays=("alpha",))
     assert runs[0].rows["enriched"] == 61
+
+
+async def test_live_streams_are_limited_per_org(tenant, gateway_url, seeded, monkeypatch):
+    from runplane.engine.console import routes
+
+    monkeypatch.setattr(routes, "MAX_STREAMS", 1)
+    path = f"/ui/live/runs/alpha/{seeded.alpha_run}"
+    async with client(gateway_url) as mine, client(gateway_url) as other:
+        await login_token(mine, mint_token(SECRET, tenant.org_id))
+        await login_token(other, mint_token(SECRET, OTHER_ORG))
+        async def keep_reading(started: trio.Event) -> None:
+            async with mine.stream("GET", path) as first:
+                async for line in first.aiter_lines():
+                    if line.startswith("data:"):
+                        started.set()
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                started = trio.Event()
+                nursery.start_soon(keep_reading, started)
+                await started.wait()
+                assert (await mine.get(path)).status_code == 503  # this org's one stream is open
+                async with other.stream("GET", f"/ui/live/runs/alpha/{seeded.other_run}") as theirs:
+                    assert theirs.status_code == 200  # another org still gets its own
+                nursery.cancel_scope.cancel()

@@ -14,7 +14,8 @@ How it works
 - The live stream (`/ui/live/runs/<play>/<run_id>`, server-sent events) reads the play's
   counters once per `LIVE_INTERVAL_S` and sends each table's counters, its rows per second over
   the last minute (from the samples this stream took) and an ETA. At most `MAX_STREAMS` streams
-  are open at once; they end when the server shuts down.
+  per org are open at once (one org's open pages cannot take another's streams); they end when
+  the server shuts down.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
 log = logging.getLogger("runplane.console")
 
 LIVE_INTERVAL_S = 1.0
-MAX_STREAMS = 32
+MAX_STREAMS = 16  # per org
 MAX_LOGIN_BYTES = 16 * 1024  # a login form holds one token; larger bodies are never read
 RATE_WINDOW = 61  # samples kept per table: one minute of per-second rates
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -68,7 +69,7 @@ class Console:
     token_login: bool
     default_org: str = "local"
     closing: trio.Event = attrs.field(factory=trio.Event)
-    streams: int = attrs.field(init=False, default=0)
+    streams: collections.Counter = attrs.field(init=False, factory=collections.Counter)
 
 
 def console_app(console: Console) -> Any:
@@ -291,13 +292,13 @@ class _Handlers:
     async def live(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             port, run = await self._run(request, viewer)
-            if self.c.streams >= MAX_STREAMS:
+            if self.c.streams[run.org_id] >= MAX_STREAMS:
                 return JSONResponse({"error": "too many live streams", "code": "busy"}, 503)
             return EventSourceResponse(self._progress(port, run), ping=15)
         return await self.guarded(request, True, render)
 
     async def _progress(self, port: Port, run: queries.RunRow) -> Any:
-        self.c.streams += 1
+        self.c.streams[run.org_id] += 1
         history: dict[str, collections.deque] = {}
         try:
             while not self.c.closing.is_set():
@@ -318,7 +319,7 @@ class _Handlers:
                 with trio.move_on_after(LIVE_INTERVAL_S):
                     await self.c.closing.wait()
         finally:
-            self.c.streams -= 1
+            self.c.streams[run.org_id] -= 1
 
     # -- a table and its failures ----------------------------------------------------------------
     async def _page(self, request: Request, viewer: Viewer, failed_only: bool):
