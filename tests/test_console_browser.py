@@ -51,6 +51,9 @@ def logged_in(browser, url: str, token: str):
     page = context.new_page()
     page.dialogs = []
     page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+    page.violations = []  # the Content-Security-Policy refusing anything the pages use
+    page.on("console", lambda message: page.violations.append(message.text)
+            if "Content Security Policy" in message.text else None)
     page.goto(url + "/ui/")
     assert page.url.endswith("/ui/login")
     page.fill("textarea[name=token]", token)
@@ -100,6 +103,7 @@ def test_a_running_maps_counts_rise_without_a_reload(world, browser, tmp_path):
         assert float(width) > 0
         assert page.get_attribute("svg.chart polyline", "points")
         page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+        assert page.violations == []
     finally:
         context.close()
 
@@ -125,7 +129,7 @@ def test_open_a_failing_rows_error_and_values_stay_text(world, browser, tmp_path
         page.screenshot(path=str(tmp_path / "table.png"), full_page=True)
         page.click("#next")
         assert "after=" in page.url and "r050" in page.inner_text("#rows")
-        assert page.dialogs == []
+        assert page.dialogs == [] and page.violations == []
     finally:
         context.close()
 
