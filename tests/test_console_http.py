@@ -183,6 +183,10 @@ async def test_console_command_server_one_time_link_and_every_org(tenant, seeded
             assert seen == {seeded.alpha_run, seeded.beta_run, seeded.other_run}
             other = await http.get(f"/ui/tables/alpha/t?org={OTHER_ORG}")
             assert OTHER_SECRET in other.text
+            # its pool has the console lane only: every page and endpoint reads on that lane
+            for path in [*pages_of(seeded), *data_of(seeded)[:-1]]:
+                response = await http.get(path, params={"org": tenant.org_id})
+                assert response.status_code == 200, path
             assert (await http.post("/ui/login", data={"token": "x"})).status_code == 401
         async with client(server.url) as http:
             again = await http.get(link.removeprefix(server.url))
@@ -302,3 +306,13 @@ async def test_live_streams_are_limited_per_org(tenant, gateway_url, seeded, mon
                 async with other.stream("GET", f"/ui/live/runs/alpha/{seeded.other_run}") as theirs:
                     assert theirs.status_code == 200  # another org still gets its own
                 nursery.cancel_scope.cancel()
+
+
+async def test_console_reads_cannot_write(tenant, seeded):
+    from runplane.engine.console import queries
+    from runplane.engine.errors import DatabaseError
+
+    sql = f'INSERT INTO "{tenant.schema}".meta (key, value) VALUES ($1, $2)'
+    with pytest.raises(DatabaseError, match="read-only"):
+        await queries.read(tenant, lambda conn: conn.execute(sql, "console", "wrote"))
+    assert tenant.permits()["console"].acquired == 1
