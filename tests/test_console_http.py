@@ -165,7 +165,7 @@ async def test_live_stream_sends_counters(tenant, gateway_url, seeded):
                 async for line in stream.aiter_lines():
                     if line.startswith("data:"):
                         events.append(json.loads(line[5:]))
-                        if len(events) == 2:
+                        if len(events) == 1:
                             break
         (table,) = events[-1]["tables"]
         assert table["table"] == "t" and table["completed"] == 61 and table["failed"] == 3
@@ -316,3 +316,26 @@ async def test_console_reads_cannot_write(tenant, seeded):
     with pytest.raises(DatabaseError, match="read-only"):
         await queries.read(tenant, lambda conn: conn.execute(sql, "console", "wrote"))
     assert tenant.permits()["console"].acquired == 1
+
+
+async def test_runs_page_by_epoch_keyset_with_filters(tenant, gateway_url, seeded):
+    from runplane.engine import runs
+    from runplane.engine.scopes import RunScope
+
+    for i in range(60):
+        await runs.register(tenant, RunScope(tenant.org_id, "many", f"run-{i:02d}"))
+    async with client(gateway_url) as http:
+        await login_token(http, mint_token(SECRET, tenant.org_id))
+        first = (await http.get("/ui/api/runs", params={"play": "many"})).json()
+        assert [r["run_id"] for r in first["runs"]] == [f"run-{i:02d}" for i in range(59, 9, -1)]
+        second = (await http.get("/ui/api/runs", params={"play": "many",
+                                                          "before": first["next_before"]})).json()
+        assert [r["run_id"] for r in second["runs"]] == [f"run-{i:02d}" for i in range(9, -1, -1)]
+        assert second["next_before"] is None
+        assert 'id="older"' in (await http.get("/ui/?play=many")).text
+        done = (await http.get("/ui/api/runs", params={"state": "done"})).json()["runs"]
+        assert {r["run_id"] for r in done} == {seeded.alpha_run, seeded.beta_run}
+        open_runs = (await http.get("/ui/api/runs", params={"state": "open"})).json()["runs"]
+        assert len(open_runs) == 50 and all(r["resume"] is None or r["state"] == "open"
+                                            for r in open_runs)
+        assert (await http.get("/ui/api/runs", params={"state": "nope"})).status_code == 400

@@ -104,8 +104,8 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
             "enriched", "failed"]
     if show_org:
         head.insert(0, "org")
-    ths = "".join(f'<th{" class=num" if h in ("epoch", "pending", "running", "enriched", "failed") else ""}>{h}</th>'
-                  for h in head)
+    numeric = ("epoch", "pending", "running", "enriched", "failed")
+    ths = "".join(f'<th class="num">{h}</th>' if h in numeric else f"<th>{h}</th>" for h in head)
     lines = []
     resume = []
     for run in runs:
@@ -131,7 +131,8 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
                '<button type="submit">Filter</button></form>')
     table = (f'<table id="runs"><thead><tr>{ths}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
              if lines else '<p class="muted">No runs.</p>')
-    more = (f'<p class="pager"><a href="{q("/ui/", org=org if show_org else None, play=play, state=state, before=next_epoch)}">Older runs →</a></p>'
+    older = q("/ui/", org=org if show_org else None, play=play, state=state, before=next_epoch)
+    more = (f'<p class="pager"><a id="older" href="{older}">Older runs →</a></p>'
             if next_epoch is not None else "")
     open_runs = (f'<h2>Resume open runs</h2><ul class="resume">{"".join(resume)}</ul>'
                  if resume else "")

@@ -12,10 +12,10 @@ How it works
   viewer before any query; what the viewer may not see answers 404, exactly like what does not
   exist, so a page never tells another org's names apart from made-up ones.
 - The live stream (`/ui/live/runs/<play>/<run_id>`, server-sent events) reads the play's
-  counters once per `LIVE_INTERVAL_S` and sends each table's counters, its rows per second over
-  the last minute (from the samples this stream took) and an ETA. At most `MAX_STREAMS` streams
-  per org are open at once (one org's open pages cannot take another's streams); they end when
-  the server shuts down.
+  counters once per `LIVE_INTERVAL_S` while the run is open (`IDLE_INTERVAL_S` after) and
+  sends each table's counters, its rows per second over the last minute (from the samples this
+  stream took) and an ETA. At most `MAX_STREAMS` streams per org are open at once (one org's
+  open pages cannot take another's streams); they end when the server shuts down.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
 
 log = logging.getLogger("runplane.console")
 
-LIVE_INTERVAL_S = 1.0
+LIVE_INTERVAL_S = 1.0  # while the run is open
+IDLE_INTERVAL_S = 5.0  # once it is retiring or done
 MAX_STREAMS = 16  # per org
 MAX_LOGIN_BYTES = 16 * 1024  # a login form holds one token; larger bodies are never read
 RATE_WINDOW = 61  # samples kept per table: one minute of per-second rates
@@ -316,7 +317,8 @@ class _Handlers:
                     samples.append((at, t.done))
                     payload["tables"].append(_live_table(t, samples))
                 yield {"event": "progress", "data": json.dumps(payload)}
-                with trio.move_on_after(LIVE_INTERVAL_S):
+                pause = LIVE_INTERVAL_S if now.state == "open" else IDLE_INTERVAL_S
+                with trio.move_on_after(pause):
                     await self.c.closing.wait()
         finally:
             self.c.streams[run.org_id] -= 1
