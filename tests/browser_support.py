@@ -15,6 +15,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine import open_tenant
+from runplane.engine.console import open_console
 from runplane.engine.gateway import mint_token, open_server
 
 from .conftest import fresh_schema
@@ -43,6 +44,7 @@ class LiveConsole:
     alpha_run: str
     other_run: str
     live_run: str
+    console_link: str  # `runplane console`'s one-time login link (a console of every org)
 
 
 async def _slow(row: dict) -> dict:
@@ -54,7 +56,8 @@ async def _serve(dsn: str, schema: str, ready: queue.Queue, stop: trio.Event) ->
     async with open_tenant(ORG, dsn, schema=schema) as tenant:
         try:
             seeded = await seed(tenant)
-            async with open_server(secret=SECRET, dsn=dsn, schema=schema) as server:
+            async with open_server(secret=SECRET, dsn=dsn, schema=schema) as server, \
+                    open_console(dsn=dsn, schema=schema, bind="127.0.0.1:0") as console:
                 async with open_run(tenant, "live", retire_on_exit=False) as run:
                     async with trio.open_nursery() as nursery:
                         rows = [{"name": f"live-{i:06d}"} for i in range(LIVE_ROWS)]
@@ -62,7 +65,7 @@ async def _serve(dsn: str, schema: str, ready: queue.Queue, stop: trio.Event) ->
                                                            concurrency=4))
                         ready.put(LiveConsole(
                             server.url, mint_token(SECRET, ORG), mint_token(SECRET, OTHER_ORG),
-                            seeded.alpha_run, seeded.other_run, run.run_id))
+                            seeded.alpha_run, seeded.other_run, run.run_id, console.login_url()))
                         await stop.wait()
                         nursery.cancel_scope.cancel()
         finally:

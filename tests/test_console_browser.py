@@ -157,3 +157,29 @@ def test_another_orgs_token_sees_none_of_it(world, browser, tmp_path):
         assert page.url.endswith("/ui/login")
     finally:
         context.close()
+
+
+def test_the_console_commands_one_time_link_logs_in_once(world, browser, tmp_path):
+    _, live = world
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(live.console_link)
+        assert page.url.endswith("/ui/")
+        text = page.inner_text("#runs")  # every org, with an org column
+        assert live.alpha_run in text and live.other_run in text and "org-other" in text
+        page.screenshot(path=str(tmp_path / "console-runs.png"), full_page=True)
+        page.click(f"text={live.other_run}")
+        page.wait_for_url(re.compile(r"org=org-other"))
+        assert "org-other" in page.inner_text("main")
+    finally:
+        context.close()
+    again = browser.new_context()
+    try:
+        page = again.new_page()
+        response = page.goto(live.console_link)
+        assert response.status == 401 and "already used" in page.inner_text("main")
+        page.goto(live.console_link.split("/ui/")[0] + "/ui/")
+        assert page.url.endswith("/ui/login")
+    finally:
+        again.close()
