@@ -3,7 +3,8 @@
 How it works
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
-  `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`) and the pipeline's
+  `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`), `force` (recompute
+  rows older runs enriched, see `engine.sheets.admit`) and the pipeline's
   tuning (`fast_admission=False` admits every page without probing it first, cache hits
   listed and rows sent: the reference the fast path is tested against; `max_waiting_rows`
   bounds the delay queue, see `actors.backoff`). It is a frozen
@@ -13,7 +14,9 @@ How it works
 - `MapState` is everything the map changes while it runs, owned by `map_rows` and changed only
   by its actors (all in one trio thread, so plain updates are atomic between checkpoints). Its
   methods are named after the actor that calls them:
-  - admission: `take_admission` — counts the page and returns the rows to run, dropping later
+  - admission: `note_reuse` — the keys of units with cache hits, which the map records as
+    the rows its run reused (one statement at its end, `engine.sheets.record_reuse`);
+    `take_admission` — counts the page and returns the rows to run, dropping later
     duplicates of rows still in flight (`inflight`: keys admitted and not yet written, bounded
     by the pipeline's channels);
   - workers: `open_batch` / `record` — each computed outcome enters the ledger as soon as it
@@ -39,8 +42,10 @@ from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
+from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sheets.completion import input_fields_problem
-from runplane.engine.sheets.inputs import outcome_fields_problem
+from runplane.engine.sheets.probing import probe_keyed
+from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
@@ -135,6 +140,7 @@ class MapPlan:
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
     fast_admission: bool = attrs.field(default=True, validator=_flag)
     max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
+    force: bool = attrs.field(default=False, validator=_flag)
 
     async def admit(self, rows: list[Any], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
@@ -146,7 +152,7 @@ class MapPlan:
             self.port, self.ref, self.table_namespace, self.contract, rows,
             input_offset=input_offset, keys=keys, attempt=self.attempt,
             cell_policies=self.cell_policies, give_up_after=self.give_up_after,
-            cache_hits=cache_hits, staged_page=staged_page, texts=texts,
+            cache_hits=cache_hits, staged_page=staged_page, texts=texts, force=self.force,
         ))
 
     async def probe(self, rows: list[Any], input_offset: int, *,
@@ -156,8 +162,22 @@ class MapPlan:
         return await retry_transient(lambda: sheets.probe(
             self.port, self.ref, self.table_namespace, self.contract, rows,
             input_offset=input_offset, keys=keys, attempt=self.attempt,
-            cell_policies=self.cell_policies, give_up_after=self.give_up_after,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after, force=self.force,
         ))
+
+    async def probe_keyed(self, rows: list[Any], input_offset: int, *,
+                          keys: list[str] | None = None) -> tuple[Admission | None, list[str]]:
+        """`probe`, and the keys of the probed rows (for the reuse the map records)."""
+        return await retry_transient(lambda: probe_keyed(
+            self.port, self.ref, self.table_namespace, self.contract, rows,
+            input_offset=input_offset, keys=keys, attempt=self.attempt,
+            cell_policies=self.cell_policies, give_up_after=self.give_up_after, force=self.force,
+        ))
+
+    def row_keys(self, rows: list[Any]) -> list[str]:
+        """The keys admission gives `rows` (a streamed page's, whose keys were not computed)."""
+        return prepare_rows(rows, normalize_namespace(self.table_namespace), input_offset=0,
+                            keys=None, need_texts=False, keep_rows=False).keys
 
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:
         """Write outcomes, fenced by the run's write version (retried through transient faults)."""
@@ -180,6 +200,7 @@ class MapState:
     _next_ticket: int = attrs.field(init=False, default=0)
     _added_fields: set[str] = attrs.field(init=False, factory=set)  # outputs beyond the contract
     _storable_names: set[tuple[str, ...]] = attrs.field(init=False, factory=set)
+    reused_keys: list[str] = attrs.field(init=False, factory=list)  # see `note_reuse`
 
     @classmethod
     def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
@@ -223,6 +244,11 @@ class MapState:
                           error=f"outputs cannot be stored: {problem}", attempts=outcome.attempts)
 
     # -- admission ---------------------------------------------------------------------------
+    def note_reuse(self, keys: list[str]) -> None:
+        """Admission: the keys of a unit in which cache hits were found (a superset of the rows
+        reused; `engine.sheets.reuse` says why that is exact), recorded once the map ends."""
+        self.reused_keys.extend(keys)
+
     def take_admission(self, rows_in_page: int, admission: Admission) -> list[AdmittedRow]:
         """Count one admitted page; return its pending rows that are not already in flight.
 

@@ -61,6 +61,10 @@ How it works
   simply replayed (an identical completion is idempotent).
 - Store calls are retried through transient faults (`actors.retry`): each is idempotent, and a
   map that raised would end its run terminally.
+- **Reuse**: the keys of every unit in which admission found cache hits are kept
+  (`MapState.note_reuse`) and recorded as the run's when the map ends, in one statement
+  (`engine.sheets.record_reuse`): `read_rows(run_id=...)` then lists the rows the run reused,
+  which stay untouched (their run, write version and cells are those of the run that wrote them).
 - On a wake (same run id, same epoch), admission counts finished rows as cache hits, so only
   unfinished rows run again; a list source already staged is checked against the staged input
   (`ConflictError` for a different list) and its pages are admitted from their facts.
@@ -73,6 +77,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, AsyncIterable, Awaitable, Callable, Sequence
 
+import attrs
 import trio
 
 from runplane.engine import array_input, canonical, runs, sheets
@@ -84,7 +89,7 @@ from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
 from .phases import marked
 from .policies import RowTimeoutError
 from .progress import MapResult
-from .retry import retry_transient
+from .retry import hurry_if_waiting, retry_transient
 
 if TYPE_CHECKING:
     from .run import Run
@@ -123,22 +128,26 @@ async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
 
 # -- the admission actor ---------------------------------------------------------------------
 async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
-                     probe: bool, background: trio.Nursery | None) -> tuple[Admission, bool]:
-    """One page's admission, and whether a probe settled it: settled from its keys by a
-    read-only probe when every row is (a fresh cache hit or blocked, judged exactly as admission
-    judges it), else admitted — from its staged page fact for a list source (staging the list
-    first), with its rows otherwise."""
+                     probe: bool, background: trio.Nursery | None
+                     ) -> tuple[Admission, bool, list[str] | None]:
+    """One page's admission, whether a probe settled it, and the keys of its cache hits (a
+    superset: all its keys when known) or None: settled from its keys by a read-only probe when
+    every row is (a fresh cache hit or blocked, judged exactly as admission judges it), else
+    admitted — from its staged page fact for a list source (staging the list first), with its
+    rows otherwise."""
     if not plan.fast_admission:
         if listed is not None:
             await listed.ensure_staged()
-        return await plan.admit(page.rows, page.offset, cache_hits="rows"), False
+        admission = await plan.admit(page.rows, page.offset, cache_hits="rows")
+        return admission, False, [row.key for row in admission.completed]
     if probe:
-        settled = await plan.probe(page.rows, page.offset, keys=page.keys)
+        settled, keys = await plan.probe_keyed(page.rows, page.offset, keys=page.keys)
         if settled is not None:
-            return settled, True
+            return settled, True, keys
     staged = await listed.staged_page(page, background) if listed is not None else None
-    return await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged,
-                            texts=page.texts if staged is None else None), False
+    admission = await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged,
+                                 texts=page.texts if staged is None else None)
+    return admission, False, page.keys
 
 
 async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | None:
@@ -188,20 +197,22 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
         # first chunk would only wait there while the next one is keyed).
         rest = [(0, bounds[1][1]), *bounds[2:]] if len(bounds) > 1 else bounds
     else:
-        first = await plan.probe(listed.rows_between(*bounds[0]), 0)
+        first, keys = await plan.probe_keyed(listed.rows_between(*bounds[0]), 0)
         if first is None or first.skipped:
             return 0
+        if first.cached:
+            state.note_reuse(keys)
         await hand_out(bounds[0][1], first)
         settled_up_to = bounds[0][1]
         rest = bounds[1:]
-    answers: list[Admission | None] = [None] * len(rest)
+    answers: list[tuple[Admission | None, list[str]]] = [(None, [])] * len(rest)
     answered = [trio.Event() for _ in rest]
     window = trio.Semaphore(PROBES_IN_FLIGHT)
     stop = False
 
     async def probe(i: int) -> None:
         try:
-            answers[i] = await plan.probe(listed.rows_between(*rest[i]), rest[i][0])
+            answers[i] = await plan.probe_keyed(listed.rows_between(*rest[i]), rest[i][0])
         finally:
             answered[i].set()
 
@@ -216,11 +227,14 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
         nursery.start_soon(launch, nursery)
         for i, (low, high) in enumerate(rest):
             await answered[i].wait()
-            admission = answers[i]
+            admission, keys = answers[i]
             stop = state.superseded or admission is None or bool(admission.skipped)
             window.release()
             if stop:
                 break
+            assert admission is not None
+            if admission.cached:
+                state.note_reuse(keys)
             await hand_out(high - low, admission)
             settled_up_to = high
     return settled_up_to
@@ -253,12 +267,16 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
             if settled and grouping and len(rest) > 1:
                 admission = await probe_group(plan, rest)
                 if admission is not None:
+                    if admission.cached:
+                        state.note_reuse([key for page in rest for key in page.keys or ()])
                     await hand_out(sum(len(page.rows) for page in rest), admission)
                     return
                 grouping = False  # some unit of the group needs admitting: go one by one
             page = group[position]
             position += 1
-            admission, settled = await admit_page(plan, page, listed, probe, background)
+            admission, settled, keys = await admit_page(plan, page, listed, probe, background)
+            if admission.cached:
+                state.note_reuse(keys if keys is not None else plan.row_keys(page.rows))
             # A unit whose rows were all new says the next ones likely are too: admit it
             # without probing first (a probe only saves work when rows are settled).
             probe = admission.inserted < len(page.rows)
@@ -457,7 +475,8 @@ async def flush_unsettled(plan: MapPlan, state: MapState) -> None:
     if not outcomes:
         return
     deadline_s = plan.flush_deadline_s
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + deadline_s) as scope:
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + deadline_s) as scope, \
+            hurry_if_waiting():  # during an outage: one short try, no waiting out the budget
         try:
             for start in range(0, len(outcomes), plan.batch_rows):
                 chunk = outcomes[start:start + plan.batch_rows]
@@ -541,8 +560,24 @@ async def map_rows(run: Run, source: Sequence[Any] | AsyncIterable[Any], plan: M
                     await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:
         await flush_unsettled(plan, state)
+    await record_reuse(plan, state)
     state.report()
-    return state.result(map_invocation_id, await newer_run_id(plan, state))
+    result = state.result(map_invocation_id, await newer_run_id(plan, state))
+    return attrs.evolve(result, dataset=sheets.dataset(
+        plan.port, plan.ref.scope.play_scope, plan.table_namespace, run_id=plan.ref.scope.run_id))
+
+
+async def record_reuse(plan: MapPlan, state: MapState) -> None:
+    """Record the rows this map found as cache hits as its run's (one statement; see
+    `engine.sheets.reuse`). A failure is logged: the map's rows and result stand without it."""
+    if not state.reused_keys:
+        return
+    try:
+        await retry_transient(lambda: sheets.record_reuse(
+            plan.port, plan.ref, plan.table_namespace, state.reused_keys))
+    except EngineError as exc:
+        log.warning("map %s: the rows it reused could not be recorded for run %s: %s",
+                    plan.table_namespace, plan.ref.run_id, exc)
 
 
 async def newer_run_id(plan: MapPlan, state: MapState) -> str | None:

@@ -78,6 +78,8 @@ class MapResult:
     timed_out: int = 0
     superseded: bool = False
     superseded_by: str | None = None
+    # The rows of the map's table that this run wrote (`engine.sheets.Dataset`).
+    dataset: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 def waiting_for_store_s() -> float | None:

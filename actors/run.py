@@ -71,6 +71,7 @@ class Run:
     ref: RunRef
     attempt: Attempt | None = None
     outage: OutageWatch = attrs.field(factory=lambda: OutageWatch(outage_budget()))
+    force: bool = False  # the default of `map(force=...)`: set by `open_run(force=True)`
     _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
     _map_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
 
@@ -105,8 +106,10 @@ class Run:
         return self._nursery
 
     # -- work receipts -------------------------------------------------------------------------
-    async def claim(self, key: str, *, reclaim_running: bool = False) -> Claim:
-        return await receipts.claim(self.port, self.ref, key, reclaim_running=reclaim_running)
+    async def claim(self, key: str, *, reclaim_running: bool = False,
+                    lease_s: float = receipts.DEFAULT_LEASE_S) -> Claim:
+        return await receipts.claim(self.port, self.ref, key, reclaim_running=reclaim_running,
+                                    lease_s=lease_s)
 
     async def complete(self, key: str, output: Any) -> Receipt:
         return await receipts.complete(self.port, self.ref, key, output)
@@ -136,19 +139,23 @@ class Run:
                   retry: RowRetry | None = None, row_timeout_s: float | None = None,
                   rate_limit: RateLimit | None = None, give_up_after: int | None = None,
                   on_progress: Callable[[MapProgress], Any] | None = None,
-                  map_invocation_id: str | None = None, **tuning: Any) -> MapResult:
+                  map_invocation_id: str | None = None, force: bool | None = None,
+                  **tuning: Any) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
         Row policies (`actors.policies`): `retry` retries a failed call in place after a
         backoff; `row_timeout_s` cancels a call running longer (a failed attempt);
         `rate_limit` bounds how fast calls start; `give_up_after=N` leaves out rows that
-        failed in N runs (blocked, reason `gave_up`).
+        failed in N runs (blocked, reason `gave_up`). `force=True` recomputes the rows earlier
+        runs enriched (the rows this run enriched already stay, so a wake resumes); None takes
+        the run's default (`open_run(..., force=...)`).
         `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
         """
         plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
                        concurrency, cell_policies, retry=retry, row_timeout_s=row_timeout_s,
-                       rate_limit=rate_limit, give_up_after=give_up_after, **tuning)
+                       rate_limit=rate_limit, give_up_after=give_up_after,
+                       force=self.force if force is None else force, **tuning)
         return await map_rows(self, source, plan, on_progress=on_progress,
                               map_invocation_id=map_invocation_id)
 
@@ -167,8 +174,12 @@ async def open_run(
     attempt: Attempt | None = None,
     retire_on_exit: bool = True,
     lease_s: float = DEFAULT_LEASE_S,
+    force: bool = False,
 ) -> AsyncIterator[Run]:
-    """Register (or wake) a run and host the body in its nursery; retire it if it ends terminally."""
+    """Register (or wake) a run and host the body in its nursery; retire it if it ends terminally.
+    `force=True` makes every `run.map` of the body recompute rows earlier runs enriched."""
+    if not isinstance(force, bool):
+        raise InvalidInputError(f"force must be True or False, got {force!r}")
     if attempt is not None and not isinstance(attempt, Attempt):
         raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
@@ -178,7 +189,7 @@ async def open_run(
         ref = await retry_transient(lambda: runs.register(tenant, scope))
         await retry_transient(lambda: outbox.record_open(tenant, scope))
         error: BaseException | None = None
-        run = Run(tenant, ref, attempt, outage=watch)
+        run = Run(tenant, ref, attempt, outage=watch, force=force)
         try:
             async with open_hosting_nursery() as nursery:
                 run._nursery = nursery

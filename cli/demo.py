@@ -184,6 +184,8 @@ def row_policies(args: argparse.Namespace) -> dict[str, Any]:
                                      max_interval_s=1.0, retry_on=(EnrichmentUnavailable,))
     if getattr(args, "rate", None) is not None:
         policies["rate_limit"] = RateLimit(args.rate)
+    if getattr(args, "force", False):
+        policies["force"] = True
     return policies
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import urllib.parse
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 from runplane.engine.embedded import EmbeddedServer, default_pgdata, embedded_server
 from runplane.engine.errors import DatabaseError
+from runplane.engine.tenant import OUTAGE_BUDGET_ENV
 
 
 def without_password(dsn: str) -> str:
@@ -69,3 +71,11 @@ async def connection_lines(conn: Any, dsn: str | None) -> list[str]:
         f"data dir    {data_dir or 'not visible to this login'}",
         f"server pid  {pid}",
     ]
+
+
+def outage_line(tenant: Any) -> str:
+    """The `outage` line: the outage budget runs on this tenant get, and where it comes from."""
+    source = (f"from {OUTAGE_BUDGET_ENV}" if os.environ.get(OUTAGE_BUDGET_ENV)
+              else f"the default; set {OUTAGE_BUDGET_ENV} to change it")
+    return (f"outage      budget {tenant.outage_budget_s:g}s ({source}): a run waits this long "
+            "for a database that is away, then ends with its resume command")

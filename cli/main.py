@@ -40,6 +40,7 @@ from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sessions import password_probe, sweep_expired as sweep_expired_sessions
 
+from . import export as export_command
 from .connect import open_port
 from .inputs import InputFileError, read_input
 from .operators import (
@@ -105,7 +106,7 @@ def _row_error_options(parser: argparse.ArgumentParser) -> None:
 # -- doctor -------------------------------------------------------------------------------------
 @command("doctor", "connect and report the server, how to reach it with psql, schema status and permit lanes")(_tenant_options)
 def doctor(args: argparse.Namespace) -> int:
-    from .doctor import connection_lines
+    from .doctor import connection_lines, outage_line
 
     async def main() -> None:
         async with _read_only(args) as tenant:
@@ -124,6 +125,7 @@ def doctor(args: argparse.Namespace) -> int:
                 state = f"version {status} (the next `runplane run` or `demo` upgrades it)"
             say(f"schema      {tenant.schema} {state}")
             say(f"org         {tenant.org_id}")
+            say(outage_line(tenant))
             for name, stats in tenant.permits().items():
                 say(f"lane        {name:<12} limit {stats.limit}")
             say(f"sessions    {await password_probe(tenant)}")
@@ -167,6 +169,7 @@ def _demo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", default=None, metavar="RUN_ID", help="wake a crashed run and finish it")
     parser.add_argument("--retries", type=_count, default=0, metavar="N",
                         help="retry a failed tool call up to N times, with backoff (default 0)")
+    parser.add_argument("--force", action="store_true", help="recompute rows earlier runs enriched")
     parser.add_argument("--rate", type=_rate, default=None, metavar="PER_SECOND",
                         help="start at most this many tool calls a second (default: no limit)")
 
@@ -223,6 +226,7 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     _row_error_options(parser)
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
+    parser.add_argument("--force", action="store_true", help="every run.map recomputes rows earlier runs enriched")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
@@ -283,7 +287,7 @@ def run_play(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway
             run_id = await choose_run_id(tenant, play_name, args)
-            async with open_run(tenant, play_name, run_id) as run:
+            async with open_run(tenant, play_name, run_id, force=args.force) as run:
                 await notice.started(run)
                 say(f"{len(rows)} input rows")
                 result = await play(run, rows)
@@ -363,6 +367,12 @@ def failures(args: argparse.Namespace) -> int:
             return await show_failures(tenant, args)
 
     return run_trio(main)
+
+
+# -- export (see cli.export) --------------------------------------------------------------------
+command("export", export_command.HELP)(
+    lambda parser: (_port_options(parser), export_command.options(parser)))(
+    lambda args: run_trio(export_command.export, args))
 
 
 # -- runs ---------------------------------------------------------------------------------------

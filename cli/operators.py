@@ -159,12 +159,17 @@ async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
     if not counts.failed:
         say(f"no failed rows{of_run} in table {table} of play {scope.play}")
         return 0
-    rows = await sheets.failed_rows(tenant, scope, table, run_id=args.run, limit=args.limit)
+    # The failed rows in the sheet's order, paged through the dataset; a field with no column
+    # counters is an input (outputs have them).
+    outputs = set((await sheets.summaries(tenant, scope))[table].columns)
+    failed = sheets.dataset(tenant, scope, table, status="failed", run_id=args.run)
+    rows = await failed.materialize(limit=args.limit)
     say(f"{plural(counts.failed, 'failed row')}{of_run} in table {table} of play {scope.play}"
         + (f" (first {len(rows)})" if len(rows) < counts.failed else "") + ":")
     listing = [
-        (row.key, "-" if row.attempts is None else row.attempts, row.error or "(no message)",
-         _inputs_text(row.inputs))
+        (row["_key"], row["_attempts"], row["_error"] or "(no message)", _inputs_text({
+            field: value for field, value in row.items()
+            if not field.startswith("_") and field not in outputs and value is not None}))
         for row in rows
     ]
     for line in table_lines(("key", "attempts", "error", "inputs"), listing, right=(1,)):

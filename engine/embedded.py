@@ -219,10 +219,10 @@ def _psql(uri: str, sql: str) -> str:
 def _reload_and_wait(uri: str) -> None:
     """Reload the configuration and wait until a new connection reports the new load time
     (new connections are then authenticated by the new pg_hba.conf)."""
-    before = _psql(uri, "SELECT pg_conf_load_time()")
-    _psql(uri, "SELECT pg_reload_conf()")
+    before = _psql(uri, "SELECT pg_catalog.pg_conf_load_time()")
+    _psql(uri, "SELECT pg_catalog.pg_reload_conf()")
     deadline = time.monotonic() + RELOAD_WAIT_S
-    while _psql(uri, "SELECT pg_conf_load_time()") == before:
+    while _psql(uri, "SELECT pg_catalog.pg_conf_load_time()") == before:
         if time.monotonic() > deadline:
             raise TenantUnavailableError("the embedded PostgreSQL did not reload pg_hba.conf")
         time.sleep(0.05)

@@ -74,6 +74,11 @@ class StoreUnavailableError(DatabaseError):
     """
 
 
+class LockTimeoutError(StoreUnavailableError):
+    """A statement waited for a lock past its bound (SQLSTATE 55P03) and gave up: nothing it
+    would have done was applied, and a retry later may succeed."""
+
+
 class GatewayUnavailableError(StoreUnavailableError):
     """A gateway could not be reached, or kept answering with a retryable failure, until one of
     the client's retry budgets ran out (the message says which, and the gateway's URL; never
@@ -127,8 +132,23 @@ class TransactionStateUnknownError(EngineError):
         self.rollback_error = rollback_error
 
 
+class RollbackFailedError(TransactionStateUnknownError):
+    """The state is unknown because the ROLLBACK after a failed operation failed or timed out
+    (not because a COMMIT's reply was lost). Never retried: what the failed operation left is
+    not known, so the caller decides (the actors raise it at once)."""
+
+
 class AuthError(EngineError):
     """A gateway refused the token: missing, malformed, badly signed or expired (HTTP 401)."""
+
+
+class TooManySessionsError(EngineError):
+    """The org already holds as many live database sessions as the server allows (HTTP 429).
+    `retry_after_s` is how long until the oldest of them expires."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ArrayInputUnavailableError(EngineError):
@@ -140,8 +160,8 @@ class ArrayInputUnavailableError(EngineError):
 PUBLIC_NAMES = frozenset({
     "EngineError", "ScopeError", "InvalidInputError", "RetiredError", "ConflictError",
     "CorruptFactError", "StoreUnavailableError", "TenantUnavailableError",
-    "TransactionStateUnknownError", "AuthError", "GatewayUnavailableError",
-    "ArrayInputUnavailableError",
+    "TransactionStateUnknownError", "RollbackFailedError", "AuthError", "GatewayUnavailableError",
+    "ArrayInputUnavailableError", "TooManySessionsError",
 })
 
 

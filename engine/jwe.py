@@ -1,36 +1,48 @@
 """JWE compact serialization for one purpose: a database session's URL sent to the runner that
-asked for it (SPEC §17). Pure: no I/O.
+asked for it. Pure: no I/O.
 
-How it works (RFC 7516 / 7518, the one algorithm pair we accept)
+How it works (RFC 7516 / 7518, through `joserfc`; the one algorithm pair we accept)
 - The runner makes an RSA key pair for its process (`generate_key`), keeps the private key in
   memory and sends the public half as a JWK `{"kty": "RSA", "n", "e"}`.
-- `encrypt` draws a fresh 256-bit content key and a 96-bit IV, encrypts the plaintext with
-  AES-256-GCM (`enc` `A256GCM`) using the ASCII of the encoded protected header as additional
-  authenticated data, and wraps the content key with RSA-OAEP-SHA256 (`alg` `RSA-OAEP-256`).
-  Extra header members (the session's `org`, `play`, `expires_at`) ride in the protected header,
-  so they are authenticated together with the ciphertext.
+- `encrypt` seals the plaintext with `alg` `RSA-OAEP-256` (the content key wrapped with
+  RSA-OAEP-SHA256) and `enc` `A256GCM` (AES-256-GCM with the encoded protected header as
+  additional authenticated data). Extra header members (the session's `org`, `play`,
+  `expires_at`) ride in the protected header, so they are authenticated with the ciphertext.
 - `decrypt` refuses any other `alg`/`enc` and any tampering (`InvalidInputError`); it returns
   the protected header and the plaintext.
+- The public JWK is checked member by member here (kty, base64url, a modulus of at least 2048
+  bits, a usable exponent) so a bad key is refused with a message naming the member, before the
+  library sees it. `tests/test_session_lifecycle.py` decrypts our output with plain
+  `cryptography` primitives, so the wire format is the standard one whatever library makes it.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 from typing import Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from joserfc import jwe as _jwe
+from joserfc.errors import JoseError
+from joserfc.jwk import RSAKey
+from joserfc.registry import HeaderParameter
 
 from .errors import InvalidInputError
 
 ALG = "RSA-OAEP-256"
 ENC = "A256GCM"
 MIN_KEY_BITS = 2048
-_OAEP = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+# The header members a session's JWE carries besides alg and enc (authenticated, not secret).
+_REGISTRY = _jwe.JWERegistry(
+    algorithms=[ALG, ENC],
+    header_registry={
+        "org": HeaderParameter("the session's org", "str"),
+        "play": HeaderParameter("the session's play", "str"),
+        "expires_at": HeaderParameter("when the session expires", "str"),
+    },
+)
+
+PrivateKey = RSAKey
 
 
 def b64url(data: bytes) -> str:
@@ -46,22 +58,14 @@ def b64url_decode(text: str, what: str) -> bytes:
         raise InvalidInputError(f"{what} is not base64url text") from exc
 
 
-def _int_b64(value: int) -> str:
-    return b64url(value.to_bytes((value.bit_length() + 7) // 8, "big"))
-
-
-def generate_key(bits: int = 2048) -> tuple[rsa.RSAPrivateKey, dict[str, str]]:
+def generate_key(bits: int = 2048) -> tuple[PrivateKey, dict[str, str]]:
     """A fresh RSA key pair: the private key (keep it in memory) and its public JWK."""
-    private = rsa.generate_private_key(public_exponent=65537, key_size=bits)
-    return private, public_jwk(private.public_key())
+    private = RSAKey.generate_key(bits)
+    public = private.as_dict(private=False)
+    return private, {"kty": "RSA", "n": public["n"], "e": public["e"]}
 
 
-def public_jwk(key: rsa.RSAPublicKey) -> dict[str, str]:
-    numbers = key.public_numbers()
-    return {"kty": "RSA", "n": _int_b64(numbers.n), "e": _int_b64(numbers.e)}
-
-
-def load_public_jwk(jwk: Any) -> rsa.RSAPublicKey:
+def load_public_jwk(jwk: Any) -> RSAKey:
     """The RSA public key of a JWK; `InvalidInputError` naming the member that is wrong."""
     if not isinstance(jwk, dict) or jwk.get("kty") != "RSA":
         raise InvalidInputError('public_key must be a JWK object with "kty": "RSA"')
@@ -72,8 +76,8 @@ def load_public_jwk(jwk: Any) -> rsa.RSAPublicKey:
     if e < 3 or e % 2 == 0:
         raise InvalidInputError("public_key.e is not a usable RSA exponent")
     try:
-        return rsa.RSAPublicNumbers(e, n).public_key()
-    except ValueError as exc:
+        return RSAKey.import_key({"kty": "RSA", "n": jwk["n"], "e": jwk["e"]})
+    except (JoseError, ValueError) as exc:
         raise InvalidInputError(f"public_key is not a valid RSA key: {exc}") from exc
 
 
@@ -81,40 +85,23 @@ def encrypt(plaintext: bytes, jwk: Any, header: dict[str, Any] | None = None) ->
     """The JWE compact serialization of `plaintext` for the holder of `jwk`'s private key."""
     key = load_public_jwk(jwk)
     protected = {"alg": ALG, "enc": ENC, **(header or {})}
-    encoded_header = b64url(json.dumps(protected, separators=(",", ":"), sort_keys=True).encode())
-    content_key = AESGCM.generate_key(bit_length=256)
-    iv = os.urandom(12)
-    sealed = AESGCM(content_key).encrypt(iv, plaintext, encoded_header.encode("ascii"))
-    ciphertext, tag = sealed[:-16], sealed[-16:]
-    wrapped = key.encrypt(content_key, _OAEP)
-    return ".".join((encoded_header, b64url(wrapped), b64url(iv), b64url(ciphertext), b64url(tag)))
+    return _jwe.encrypt_compact(protected, plaintext, key, registry=_REGISTRY)
 
 
-def decrypt(token: str, private_key: rsa.RSAPrivateKey) -> tuple[dict[str, Any], bytes]:
+def decrypt(token: str, private_key: PrivateKey) -> tuple[dict[str, Any], bytes]:
     """`(protected header, plaintext)`; `InvalidInputError` for anything but an intact JWE
     made for this key with `RSA-OAEP-256` + `A256GCM`."""
     parts = token.split(".") if isinstance(token, str) else []
     if len(parts) != 5:
         raise InvalidInputError("not a JWE compact serialization (five dot-separated parts)")
-    encoded_header, wrapped, iv, ciphertext, tag = parts
     try:
-        header = json.loads(b64url_decode(encoded_header, "JWE header"))
+        header = json.loads(b64url_decode(parts[0], "JWE header"))
     except ValueError as exc:
         raise InvalidInputError("the JWE header is not JSON") from exc
     if not isinstance(header, dict) or header.get("alg") != ALG or header.get("enc") != ENC:
         raise InvalidInputError(f"the JWE must use alg {ALG} and enc {ENC}")
-    iv_bytes = b64url_decode(iv, "JWE iv")
-    if len(iv_bytes) != 12:
-        raise InvalidInputError("the JWE iv must be 96 bits")
     try:
-        content_key = private_key.decrypt(b64url_decode(wrapped, "JWE encrypted key"), _OAEP)
-        if len(content_key) != 32:
-            raise ValueError("content key is not 256 bits")
-        plaintext = AESGCM(content_key).decrypt(
-            iv_bytes,
-            b64url_decode(ciphertext, "JWE ciphertext") + b64url_decode(tag, "JWE tag"),
-            encoded_header.encode("ascii"),
-        )
-    except (ValueError, InvalidTag) as exc:
+        sealed = _jwe.decrypt_compact(token, private_key, registry=_REGISTRY)
+    except (JoseError, ValueError) as exc:
         raise InvalidInputError("the JWE does not decrypt with this key (wrong key or tampered)") from exc
-    return header, plaintext
+    return dict(sealed.protected), sealed.plaintext

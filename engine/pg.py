@@ -33,12 +33,22 @@ How it works
   statement hook does not see it.
 - COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
   finishes and never waits forever.
+- Cancellation crosses the bridge one way only: trio cancels, the asyncio future is cancelled,
+  trio sees `trio.Cancelled`. An `asyncio.CancelledError` that trio did not ask for (the event
+  loop shutting down under a call, the driver cancelling its own futures in teardown) would
+  escape every `except Exception` as a BaseException; it is raised as `LoopCancelledError`, a
+  lost connection. Closing (`close_gracefully`, `terminate`) never raises, whatever state the
+  connection or its loop is in.
+- Outages vs errors (`is_outage`): lost connections, shutdown/startup (57P0x) and a server gone
+  read-only under a failover (25006) are outages, which runs retry within their budget; a
+  statement timeout is one only when its connection dropped with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import os
 import signal
@@ -53,9 +63,11 @@ from .errors import (
     DatabaseError,
     EngineError,
     InsufficientPrivilegeError,
+    LockTimeoutError,
     MissingRelationError,
     StatementTimeoutError,
     StoreUnavailableError,
+    RollbackFailedError,
     TransactionStateUnknownError,
     leaf_errors,
 )
@@ -64,6 +76,11 @@ ROLLBACK_TIMEOUT = 1.0
 COMMIT_TIMEOUT = 10.0
 COMMIT_RESOLVE_TIMEOUT = 10.0  # reading a lost COMMIT's outcome on a fresh connection
 CONNECT_TIMEOUT = 5.0
+# Every connection searches only the system catalog (then its own temporary objects, which no
+# other backend sees): runplane's statements qualify every table with the tenant schema, so no
+# function, operator, type or table another role creates in `public` or elsewhere can stand in
+# for a builtin one (a better-matching `public.unnest(text[])` would otherwise win).
+PINNED_SEARCH_PATH = "pg_catalog, pg_temp"
 
 # SQLSTATEs that mean "the connection, not the statement, failed": retry on a fresh one.
 TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004"})
@@ -72,17 +89,55 @@ MISSING_RELATION_SQLSTATES = frozenset({"42P01", "42703"})
 Record = Any  # rows are read-only mappings/tuples: row["col"] or row[0]
 
 
-def translate(exc: BaseException) -> EngineError:
-    """Map a driver or transport error to ours (the caller chains it with `from`)."""
+# A promotion or failover in progress: the server went read-only under us (a demoted primary,
+# or a standby reached before its promotion) — the writable server is coming, wait for it.
+FAILOVER_SQLSTATES = frozenset({"25006"})
+STATEMENT_TIMEOUT = "57014"
+# Which server this is: a failover or a restart changes it. Reading pg_control_system() may
+# need a role that can read server state; the start time alone still tells a restart or
+# another server (`SERVER_START`).
+SERVER_IDENTITY = ("SELECT system_identifier::text || '/' || pg_postmaster_start_time()::text"
+                   " FROM pg_control_system()")
+SERVER_START = "SELECT '?/' || pg_postmaster_start_time()::text"
+SERVER_CHANGE_PROBE_TIMEOUT = 5.0
+
+
+def is_outage(sqlstate: str | None, *, connection_lost: bool, server_changed: bool = False
+              ) -> bool:
+    """Whether a failed statement means the database is away (an outage: retried within the
+    run's outage budget) rather than an error of the statement.
+
+    Outages: the connection was lost or could not be made (08xxx, resets: `connection_lost`),
+    the server is shutting down, crashing or starting (57P01/57P02/57P03), or it is read-only
+    because a failover is under way (25006). A statement timeout (57014) is an outage only when
+    the connection dropped with it or the server changed (another system identifier or
+    postmaster start time) — a promotion cuts statements short — and otherwise the timeout it
+    says. Everything else is the statement's own error."""
+    if connection_lost or server_changed:
+        return True
+    return sqlstate in TRANSIENT_SQLSTATES or sqlstate in FAILOVER_SQLSTATES
+
+
+def translate(exc: BaseException, *, connection_lost: bool = False,
+              server_changed: bool = False) -> EngineError:
+    """Map a driver or transport error to ours (the caller chains it with `from`);
+    `connection_lost`: the connection was closed by the time the error arrived;
+    `server_changed`: the DSN reaches another server than before (see `is_outage`)."""
     if isinstance(exc, asyncpg.PostgresError):
         sqlstate = getattr(exc, "sqlstate", None)
         message = f"{exc} (SQLSTATE {sqlstate})"
-        if sqlstate in TRANSIENT_SQLSTATES or isinstance(exc, asyncpg.PostgresConnectionError):
+        lost = connection_lost or isinstance(exc, asyncpg.PostgresConnectionError)
+        if is_outage(sqlstate, connection_lost=lost, server_changed=server_changed):
+            if sqlstate == STATEMENT_TIMEOUT:
+                message = (f"{message}; the server changed (failover or restart)"
+                           if server_changed else f"{message}; the connection dropped with it")
             return StoreUnavailableError(message, sqlstate=sqlstate)
         if sqlstate in MISSING_RELATION_SQLSTATES:
             return MissingRelationError(message, sqlstate=sqlstate)
-        if sqlstate == "57014":
+        if sqlstate == STATEMENT_TIMEOUT:
             return StatementTimeoutError(message, sqlstate=sqlstate)
+        if sqlstate == "55P03":  # a lock wait past its lock_timeout: retryable
+            return LockTimeoutError(message, sqlstate=sqlstate)
         if sqlstate == "42501":
             return InsufficientPrivilegeError(message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
@@ -119,7 +174,16 @@ def _server_answered(exc: BaseException) -> bool:
         return True  # an argument failed to encode before anything was sent
     return (isinstance(exc, asyncpg.PostgresError)
             and not isinstance(exc, asyncpg.PostgresConnectionError)
-            and getattr(exc, "sqlstate", None) not in TRANSIENT_SQLSTATES)
+            and getattr(exc, "sqlstate", None) not in TRANSIENT_SQLSTATES
+            and getattr(exc, "sqlstate", None) not in FAILOVER_SQLSTATES)
+
+
+class LoopCancelledError(ConnectionAbortedError):
+    """The asyncio side cancelled a driver call that trio did not cancel: the event loop is
+    shutting down or closed, or the driver cancelled its own future while tearing a connection
+    down. The connection is gone; to everything above this module it is a lost connection
+    (`StoreUnavailableError`), never an `asyncio.CancelledError`, which is a BaseException and
+    would pass through every `except Exception` on its way out."""
 
 
 class NotSent(Exception):
@@ -135,6 +199,8 @@ def is_transient_connect_error(exc: BaseException) -> bool:
     """Connect failures worth another attempt: refused, reset, timed out, terminated, starting."""
     if isinstance(exc, asyncpg.PostgresError):
         return getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES
+    if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
+        return True  # no host is writable yet: a failover is under way
     return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError, asyncpg.InterfaceError))
 
 
@@ -153,13 +219,24 @@ class Driver:
         self.loop = loop
 
     async def call(self, coro: Any) -> Any:
-        return await self.loop.run_aio_coroutine(coro)
+        """Run `coro` as an asyncio Task on the loop. A cancellation that trio did not ask for
+        (the loop shutting down, or the driver cancelling its own work in teardown) is raised
+        as `LoopCancelledError`, a driver error, never as `asyncio.CancelledError`."""
+        if self.loop.is_closed():
+            coro.close()
+            raise LoopCancelledError("the connection's event loop is closed")
+        try:
+            return await self.loop.run_aio_coroutine(coro)
+        except asyncio.CancelledError as exc:
+            raise LoopCancelledError(
+                "the event loop cancelled the call (it is shutting down)") from exc
 
     async def step(self, coro: Any) -> Any:
         """Run an asyncio coroutine to completion in the current trio task.
 
         Cancellation follows trio-asyncio's rule: the future being waited on is cancelled, the
         coroutine sees `asyncio.CancelledError` and unwinds, and this raises `trio.Cancelled`.
+        An `asyncio.CancelledError` that trio did not cause is raised as `LoopCancelledError`.
         A failure before the coroutine's first wait is raised as `NotSent(error)`.
         """
         task = trio.lowlevel.current_task()
@@ -177,10 +254,12 @@ class Driver:
                         waited, to_throw = coro.throw(to_throw), None
                 except StopIteration as stop:
                     return stop.value
-                except asyncio.CancelledError:
+                except asyncio.CancelledError as exc:
                     if raise_cancel is not None:
-                        raise_cancel()
-                    raise
+                        raise_cancel()  # trio cancelled us: raise trio.Cancelled
+                    raise LoopCancelledError(
+                        "the driver cancelled the statement (its connection or loop is "
+                        "closing)") from exc
                 except Exception as exc:
                     if first:
                         raise NotSent(exc) from exc
@@ -209,13 +288,52 @@ class Driver:
             trio_asyncio.current_loop.reset(token)
 
     async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> Any:
-        """One physical connect attempt; raises the driver's error untranslated."""
+        """One physical connect attempt; raises the driver's error untranslated. It waits at
+        most `CONNECT_TIMEOUT`, and never past the deadline of `connects_until`. The search path
+        is pinned (`PINNED_SEARCH_PATH`) whatever the DSN or the role's defaults say."""
+        timeout = connect_timeout()
+        if timeout <= 0:
+            raise asyncio.TimeoutError("no connect attempt: the caller's deadline has passed")
+        settings = {**server_settings, "search_path": PINNED_SEARCH_PATH}
         return await self.call(
             asyncpg.connect(
-                dsn, timeout=CONNECT_TIMEOUT, server_settings=server_settings,
+                dsn, timeout=timeout, server_settings=settings,
                 statement_cache_size=256,
             )
         )
+
+
+_connect_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "runplane_connect_deadline", default=None)
+
+
+@contextlib.contextmanager
+def connects_until(deadline: float | None) -> Iterator[None]:
+    """Connect attempts made in the block (by this task and the tasks it starts) wait no later
+    than trio time `deadline`, and the connect ladder's pauses are cut to it; past it a connect
+    fails at once, as a timed-out one. A run's outage budget is kept this way: connects that
+    time out count against it, they do not stretch it."""
+    token = _connect_deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _connect_deadline.reset(token)
+
+
+def connect_timeout() -> float:
+    """How long the next connect attempt may wait (<= 0: it may not start)."""
+    deadline = _connect_deadline.get()
+    if deadline is None:
+        return CONNECT_TIMEOUT
+    return min(CONNECT_TIMEOUT, deadline - trio.current_time())
+
+
+def ladder_delay(delay: float) -> float:
+    """The pause before the connect ladder's next attempt, cut to the `connects_until` deadline."""
+    deadline = _connect_deadline.get()
+    if deadline is None:
+        return delay
+    return max(0.0, min(delay, deadline - trio.current_time()))
 
 
 @contextlib.asynccontextmanager
@@ -226,7 +344,7 @@ async def open_driver() -> AsyncIterator[Driver]:
     unwrapped so callers can catch one typed error.
     """
     loop = trio_asyncio.current_loop.get()
-    if loop is not None:
+    if loop is not None and not loop.is_closed():
         yield Driver(loop)
         return
     try:
@@ -282,6 +400,7 @@ def _timed(report: PhaseReport | None, phase: str) -> Iterator[None]:
 
 Reconnect = Callable[[], Awaitable[Any]]        # a fresh raw connection
 CommitStatus = Callable[[str], Awaitable[str | None]]  # txid -> committed|aborted|in progress|None
+ServerChanged = Callable[[], Awaitable[bool]]  # is the DSN's server another one than at open?
 
 XID_PROBE = "SELECT txid_current_if_assigned()::text"
 
@@ -300,12 +419,14 @@ class Connection:
     """
 
     def __init__(self, raw: Any, driver: Driver, *, reconnect: Reconnect | None = None,
-                 commit_status: CommitStatus | None = None) -> None:
+                 commit_status: CommitStatus | None = None,
+                 server_changed: ServerChanged | None = None) -> None:
         self._raw = raw
         self._driver = driver
         self._depth = 0  # transactions/savepoints we opened
         self._reconnect = reconnect  # cleared after the first statement
         self._commit_status = commit_status
+        self._server_changed = server_changed
         self._resolve_commit = False  # an explicit transaction() is open at the top level
         self._xid: str | None = None  # the open transaction's id, when a statement returned it
         self.broken = False
@@ -339,16 +460,33 @@ class Connection:
                     if exc is raised:
                         raise
                     raise exc from None
-                raise translate(exc) from exc
+                lost = self._raw.is_closed()
+                changed = not lost and getattr(exc, "sqlstate", None) == STATEMENT_TIMEOUT \
+                    and await self._probe_server_changed()
+                if changed:
+                    self.broken = True
+                raise translate(exc, connection_lost=lost, server_changed=changed) from exc
             if reconnect is None:
                 raise StoreUnavailableError(
                     f"the server ended the connection before the statement ran ({exc})") from exc
         # A stale connection, and the checkout's first statement (see the module docstring):
         # nothing was run on it and nothing depends on it, so run the statement on a fresh one.
-        self._raw.terminate()
+        terminate(self._raw)
         self._raw = await reconnect()
         self.broken = False
         return await self._send(method, args, kwargs)
+
+    async def _probe_server_changed(self) -> bool:
+        """After a statement timeout on a live connection: did the server change under it (a
+        failover behind a proxy or pooler)? A server that cannot be asked counts as changed."""
+        if self._server_changed is None:
+            return False
+        with trio.move_on_after(SERVER_CHANGE_PROBE_TIMEOUT):
+            try:
+                return await self._server_changed()
+            except EngineError:
+                return True
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         """After a failed statement: keep the connection only when the server answered."""
@@ -375,6 +513,26 @@ class Connection:
             f"COPY {schema}.{table}", "copy_records_to_table", table,
             records=records, columns=list(columns), schema_name=schema,
         )
+
+    async def copy_out(self, sql: str, *args: Any, output: Callable[[bytes], Awaitable[Any]],
+                       **options: Any) -> str:
+        """`COPY (sql) TO STDOUT`, each chunk handed to `output` as it arrives (constant
+        memory); `options` are COPY's (`format`, `delimiter`, `quote`, ...). It runs as an
+        asyncio task (asyncpg's COPY needs one), so `output` must not call trio."""
+        if self.broken:
+            raise StoreUnavailableError("connection was closed after an earlier failure")
+        self._reconnect = None
+        try:
+            return await self._driver.call(
+                self._raw.copy_from_query(sql, *args, output=output, **options))
+        except trio.Cancelled:
+            self.broken = True  # the server may still be sending: the state is unknown
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            if _is_driver_error(exc):
+                raise translate(exc) from exc
+            raise
 
     def note_transaction_id(self, xid: str) -> None:
         """Tell the open top-level transaction its id (`txid_current()::text`, read by one of
@@ -510,7 +668,7 @@ class Connection:
             return
         self.broken = True
         if isinstance(exc, Exception):
-            raise TransactionStateUnknownError(
+            raise RollbackFailedError(
                 f"operation failed ({exc!r}) and {rollback} failed too ({rollback_error!r}); "
                 "connection closed",
                 error=exc,
@@ -524,20 +682,36 @@ class Connection:
     def close(self) -> None:
         """Close at once without a round trip (the server rolls back what was open)."""
         self.broken = True
-        if not self._raw.is_closed():
-            self._raw.terminate()
+        terminate(self._raw)
 
     @property
     def raw(self) -> Any:
         return self._raw
 
 
-async def close_gracefully(raw: Any, driver: Driver, timeout: float = 2.0) -> None:
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout) as scope:
+def terminate(raw: Any) -> None:
+    """Drop a driver connection at once, without a round trip; never raises. When its event
+    loop is already closed the driver cannot schedule its own cleanup, so the socket is closed
+    here (the server sees the client go and rolls back what was open)."""
+    try:
+        if not raw.is_closed():
+            raw.terminate()
+    except Exception:  # its loop is closed: close the socket ourselves
+        transport = getattr(raw, "_transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+async def close_gracefully(raw: Any, driver: Driver, timeout: float = 1.0) -> None:
+    """Close a driver connection politely (Terminate message, wait for the server to hang up)
+    within `timeout`, else drop it. Never raises, whatever state the connection is in: being
+    closed by someone else, cancelled mid-statement, its backend terminated, or its event loop
+    shutting down."""
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout):
         try:
             await driver.call(raw.close(timeout=timeout))
-        except BaseException as exc:  # closing is best effort; fall back to terminate
-            if not (_is_driver_error(exc) or isinstance(exc, trio.Cancelled)):
-                raise
-    if scope.cancelled_caught or not raw.is_closed():
-        raw.terminate()
+        except Exception:  # closing is best effort; what failed is dropped below
+            pass
+    terminate(raw)

@@ -8,6 +8,11 @@ completed or skipped receipt; an identical replay changes nothing. The statement
 only when a concurrent insert of the same key committed after our snapshot; we then issue it
 again, which sees that row through the conflict path.
 
+Leases: `claim` leases a running receipt for `lease_s` seconds (`lease_expires_at`); a running
+receipt whose lease has expired is claimable again by the same or a newer run, as a pending one
+is (receipts claimed before leases existed have none and never expire). `complete_many` settles
+many keys in one statement; `release` hands a run's running receipts back as pending.
+
 Keys are user strings (1–1024 characters) stored under the play's scope with kind `receipt`, so
 this API can never name an internal fact.
 """
@@ -16,17 +21,17 @@ from __future__ import annotations
 
 import enum
 import functools
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 import attrs
 
 from . import canonical
 from .actions import action
-from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, INT, USER_JSON, dict_of, list_of, optional, record
-from .errors import InvalidInputError
+from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, FLOAT, INT, USER_JSON, dict_of, list_of, optional, record
+from .errors import InvalidInputError, RowNotVisibleError
 from .keys import check_user_key, receipt_key
 from .ports import RECEIPTS_LANE, Port, with_connection
-from .reissue import fetchrow_until_visible
+from .reissue import MAX_VISIBILITY_ATTEMPTS, fetchrow_until_visible
 from .sql import qualified
 from .scopes import PlayScope, RunRef, check_scope
 
@@ -72,15 +77,21 @@ CLAIM = record(Claim, disposition=STR, receipt=RECEIPT)
 
 _COLUMNS = "status, output::text AS output, error, run_id, epoch"
 
+DEFAULT_LEASE_S = 300.0
+MAX_LEASE_S = 7 * 24 * 3600.0
+
+# $1 key, $2 run id, $3 epoch, $4 reclaim running, $5 lease seconds
 _CLAIM = """
 WITH claimed AS (
-    INSERT INTO {t} AS r (k, status, output, error, run_id, epoch, updated_at)
-    VALUES ($1, {RUNNING}, NULL, NULL, $2, $3, now())
+    INSERT INTO {t} AS r (k, status, output, error, run_id, epoch, updated_at, lease_expires_at)
+    VALUES ($1, {RUNNING}, NULL, NULL, $2, $3, now(), now() + make_interval(secs => $5::float8))
     ON CONFLICT (k) DO UPDATE
        SET status = {RUNNING}, output = NULL, error = NULL, run_id = EXCLUDED.run_id,
-           epoch = EXCLUDED.epoch, updated_at = now()
+           epoch = EXCLUDED.epoch, updated_at = now(),
+           lease_expires_at = EXCLUDED.lease_expires_at
      WHERE coalesce(r.epoch, 0) <= EXCLUDED.epoch
-       AND (r.status IN ({PENDING}, {FAILED}) OR ($4 AND r.status = {RUNNING}))
+       AND (r.status IN ({PENDING}, {FAILED})
+            OR (r.status = {RUNNING} AND ($4 OR r.lease_expires_at <= now())))
     RETURNING {cols}
 )
 SELECT 'claimed' AS disposition, {cols} FROM claimed
@@ -100,7 +111,8 @@ WITH applied AS (
     VALUES ($1, $4, $5::jsonb, $6, $2, $3, now())
     ON CONFLICT (k) DO UPDATE
        SET status = EXCLUDED.status, output = EXCLUDED.output, error = EXCLUDED.error,
-           run_id = EXCLUDED.run_id, epoch = EXCLUDED.epoch, updated_at = now()
+           run_id = EXCLUDED.run_id, epoch = EXCLUDED.epoch, updated_at = now(),
+           lease_expires_at = NULL
      WHERE coalesce(r.epoch, 0) <= EXCLUDED.epoch
        {extra_fence}
        AND (r.status, r.output, r.error, r.run_id, r.epoch)
@@ -163,13 +175,25 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
     }
 
 
-@action("receipts.claim", params={"run": RUN_REF, "key": STR, "reclaim_running": BOOL},
-        result=CLAIM)
-async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = False) -> Claim:
+def _check_lease(lease_s: Any) -> float:
+    if (isinstance(lease_s, bool) or not isinstance(lease_s, (int, float))
+            or not 0 < lease_s <= MAX_LEASE_S):
+        raise InvalidInputError(f"lease_s must be a number of seconds in (0, {MAX_LEASE_S:g}],"
+                                f" got {lease_s!r}")
+    return float(lease_s)
+
+
+@action("receipts.claim", params={"run": RUN_REF, "key": STR, "reclaim_running": BOOL,
+                                  "lease_s": FLOAT}, result=CLAIM)
+async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = False,
+                lease_s: float = DEFAULT_LEASE_S) -> Claim:
+    """Take the work of `key` for `lease_s` seconds (see the module docstring for who wins)."""
     check_scope(port, run)
+    lease = _check_lease(lease_s)
     k = receipt_key(run.scope, key)
     sql = _statement(_CLAIM, port.schema)
-    row = await _fetch_until_row(port, key, sql, k, run.run_id, run.epoch, bool(reclaim_running))
+    row = await _fetch_until_row(port, key, sql, k, run.run_id, run.epoch, bool(reclaim_running),
+                                 lease)
     return Claim(row["disposition"], _receipt(key, row))
 
 
@@ -212,3 +236,95 @@ async def fail(port: Port, run: RunRef, key: str, error: str) -> Receipt:
     error = canonical.normalize(error)
     return await _settle(port, run, key, ReceiptStatus.FAILED, None, error,
                          "AND r.status NOT IN ({COMPLETED}, {SKIPPED})")
+
+
+# $1 keys (sorted, so concurrent batches lock in one order), $2 outputs (JSON texts), $3 run id,
+# $4 epoch. Each stored row is reached by its key (`LATERAL … LIMIT 1`).
+_COMPLETE_MANY = """
+WITH input AS MATERIALIZED (
+    SELECT u.k, u.output::jsonb AS output
+      FROM ROWS FROM (unnest($1::bytea[]), unnest($2::text[])) AS u(k, output)
+),
+applied AS (
+    INSERT INTO {t} AS r (k, status, output, error, run_id, epoch, updated_at)
+    SELECT i.k, {COMPLETED}, i.output, NULL, $3, $4, now() FROM input i ORDER BY i.k
+    ON CONFLICT (k) DO UPDATE
+       SET status = EXCLUDED.status, output = EXCLUDED.output, error = NULL,
+           run_id = EXCLUDED.run_id, epoch = EXCLUDED.epoch, updated_at = now(),
+           lease_expires_at = NULL
+     WHERE coalesce(r.epoch, 0) <= EXCLUDED.epoch
+       AND (r.status, r.output, r.error, r.run_id, r.epoch)
+           IS DISTINCT FROM (EXCLUDED.status, EXCLUDED.output, EXCLUDED.error,
+                             EXCLUDED.run_id, EXCLUDED.epoch)
+    RETURNING k, {cols}
+)
+SELECT k, {cols} FROM applied
+UNION ALL
+SELECT s.k, s.status, s.output::text AS output, s.error, s.run_id, s.epoch
+  FROM input i
+  CROSS JOIN LATERAL (SELECT * FROM {t} AS s WHERE s.k = i.k LIMIT 1) AS s
+ WHERE NOT EXISTS (SELECT 1 FROM applied a WHERE a.k = i.k)
+"""
+
+# $1 keys, $2 run id, $3 epoch
+_RELEASE = """
+UPDATE {t} AS r SET status = {PENDING}, lease_expires_at = NULL, updated_at = now()
+ WHERE r.k = ANY($1::bytea[]) AND r.status = {RUNNING} AND r.run_id = $2 AND r.epoch = $3
+RETURNING r.k
+"""
+
+
+@action("receipts.complete_many", params={"run": RUN_REF, "outputs": dict_of(USER_JSON)},
+        result=dict_of(RECEIPT))
+async def complete_many(port: Port, run: RunRef, outputs: Mapping[str, Any]) -> dict[str, Receipt]:
+    """`complete` for every key of `outputs` in one statement: the receipt of each key as
+    stored afterwards (ours, or the newer one that fenced us), in the mapping's order."""
+    check_scope(port, run)
+    if not isinstance(outputs, Mapping):
+        raise InvalidInputError("outputs must map receipt keys to outputs")
+    texts: dict[bytes, tuple[str, str | None]] = {}
+    for key, output in outputs.items():
+        check_user_key(key)
+        text = None if output is None else canonical.stable_dumps(
+            canonical.normalize(output, f"outputs[{key!r}]"))
+        texts[receipt_key(run.scope, key)] = (key, text)
+    sql = _statement(_COMPLETE_MANY, port.schema)
+    found: dict[str, Receipt] = {}
+
+    async def settle(conn: Any) -> None:
+        todo = sorted(texts)
+        for _ in range(MAX_VISIBILITY_ATTEMPTS):  # see `engine.reissue`: a peer's late insert
+            rows = await conn.fetch(sql, todo, [texts[k][1] for k in todo], run.run_id, run.epoch)
+            for row in rows:
+                key = texts[bytes(row["k"])][0]
+                found[key] = _receipt(key, row)
+            todo = [k for k in todo if texts[k][0] not in found]
+            if not todo:
+                return
+        raise RowNotVisibleError(f"{len(todo)} receipts kept changing under a concurrent writer;"
+                                 " retry")
+
+    if texts:
+        await with_connection(port, RECEIPTS_LANE, settle)
+    return {key: found[key] for key in outputs}
+
+
+@action("receipts.release", params={"run": RUN_REF, "keys": list_of(STR)}, result=list_of(STR))
+async def release(port: Port, run: RunRef, keys: Iterable[str]) -> list[str]:
+    """Return the run's `running` receipts among `keys` to `pending` (claimable at once by
+    anyone the epochs allow); the keys released, in first-seen order. Receipts of other runs,
+    or not running, are left as they are."""
+    check_scope(port, run)
+    if isinstance(keys, str):
+        raise InvalidInputError("keys must be a list of receipt keys, not a string")
+    stored: dict[bytes, str] = {}
+    for key in keys:
+        check_user_key(key)
+        stored[receipt_key(run.scope, key)] = key
+    if not stored:
+        return []
+    sql = _statement(_RELEASE, port.schema)
+    rows = await with_connection(port, RECEIPTS_LANE,
+                                 lambda conn: conn.fetch(sql, list(stored), run.run_id, run.epoch))
+    released = {bytes(row["k"]) for row in rows}
+    return [key for k, key in stored.items() if k in released]

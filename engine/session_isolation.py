@@ -18,7 +18,8 @@ The choice, and why
     `session_scopes` — one row per session role, written only by the login that mints sessions
     (a session may read its own row, never write any). Deletes are further restricted to array
     facts (retirement), so no session ever deletes a receipt. The scope values are scalar
-    subqueries, so PostgreSQL evaluates them once per statement (InitPlans), not once per row;
+    subqueries, so PostgreSQL evaluates them once per statement (InitPlans), not once per row.
+    A session's summary row may only name its own sheet's table;
   - `runs`, `terminal_outbox` and every other table: no grant at all.
 - The group has no privileges of its own. Session roles are members WITH INHERIT TRUE, SET FALSE
   (PostgreSQL 16+), so they cannot even `SET ROLE runplane_sessions`.
@@ -72,6 +73,13 @@ def policies(schema: str) -> dict[tuple[str, str], str]:
             f"CREATE POLICY {POLICY_PREFIX}session_scope ON {t} AS RESTRICTIVE FOR ALL TO {group}"
             f" USING {condition} WITH CHECK {condition}"
         )
+    # A session writes its own summary row, whose table name must be its own sheet's: it can
+    # never claim (squat) the table name of another org's sheet.
+    own_table = f"(table_name IS NULL OR table_name = {_scope(m, 'sheet_table')})"
+    out["sheet_summary", POLICY_PREFIX + "session_table_name"] = (
+        f"CREATE POLICY {POLICY_PREFIX}session_table_name ON {qualified(schema, 'sheet_summary')}"
+        f" AS RESTRICTIVE FOR ALL TO {group} USING (true) WITH CHECK {own_table}"
+    )
     for name in RECEIPT_SCOPED_TABLES:
         out[name, POLICY_PREFIX + "session_deletes"] = (
             f"CREATE POLICY {POLICY_PREFIX}session_deletes ON {qualified(schema, name)}"
@@ -116,6 +124,60 @@ async def missing_policies(conn: Connection, schema: str) -> list[tuple[str, str
     return missing
 
 
+# Per-table statistics (row counts, writes, scans of every table in the database) are open to
+# everyone by default: the `pg_stat_get_*(oid)` functions and the views built on them
+# (`pg_stat_user_tables`, `pg_statio_all_indexes`, ...). A superuser bootstrap takes them from
+# PUBLIC and gives them to `pg_read_all_stats` (so `pg_monitor` keeps them). What stays readable
+# (`pg_class.reltuples` and `relpages`, table names) is listed in docs/operations.md.
+STATISTICS_READER = "pg_read_all_stats"
+
+_STATISTICS_OPEN = """
+SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)
+       AND has_function_privilege($1, 'pg_catalog.pg_stat_get_live_tuples(oid)', 'EXECUTE')
+"""
+
+_CLOSE_STATISTICS = """
+DO $$
+DECLARE
+  fns regprocedure[];
+  names text[];
+  f regprocedure;
+  v regclass;
+BEGIN
+  SELECT array_agg(p.oid::regprocedure), array_agg(DISTINCT p.proname::text)
+    INTO fns, names
+    FROM pg_catalog.pg_proc p
+   WHERE p.pronamespace = 'pg_catalog'::regnamespace
+     AND p.proname LIKE 'pg\\_stat\\_get\\_%'
+     AND p.proname NOT LIKE 'pg\\_stat\\_get\\_db\\_%'
+     AND p.proname NOT LIKE 'pg\\_stat\\_get\\_subscription%'
+     AND p.pronargs = 1 AND p.proargtypes[0] = 'oid'::regtype;
+  FOREACH f IN ARRAY fns LOOP
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO {reader}', f);
+  END LOOP;
+  FOR v IN SELECT c.oid::regclass FROM pg_catalog.pg_class c
+            WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'v'
+              AND EXISTS (SELECT 1 FROM unnest(names) AS n
+                           WHERE pg_catalog.pg_get_viewdef(c.oid) LIKE '%' || n || '(%')
+  LOOP
+    EXECUTE format('REVOKE SELECT ON %s FROM PUBLIC', v);
+    EXECUTE format('GRANT SELECT ON %s TO {reader}', v);
+  END LOOP;
+END $$
+"""
+
+
+async def close_statistics(conn: Connection) -> bool:
+    """Take per-table statistics from PUBLIC (see above), when this login is a superuser and
+    they are still open; True when it did."""
+    if not await conn.fetchval(_STATISTICS_OPEN, GROUP):
+        return False
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('runplane.statistics', 0))")
+    await conn.execute(_CLOSE_STATISTICS.format(reader=quote_ident(STATISTICS_READER)))
+    return True
+
+
 async def install(conn: Connection, schema: str) -> bool:
     """Create the group (when allowed) and the policies, after the schema's tables (the scope
     table among them) exist; idempotent, and lock-light when already installed (it only reads the
@@ -128,6 +190,7 @@ async def install(conn: Connection, schema: str) -> bool:
         await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('runplane.sessions_group', 0))")
         if not await group_exists(conn):
             await conn.execute(f"CREATE ROLE {quote_ident(GROUP)} NOLOGIN")
+    await close_statistics(conn)
     wanted = policies(schema)
     for name, policy in await missing_policies(conn, schema):
         if policy == "rls":

@@ -10,18 +10,23 @@ How it works
   exactly what the operations need, and records the scope in `session_scopes`. The password is
   sent as a SCRAM-SHA-256 verifier computed here, so the plain password never reaches the server
   or its logs. For `rows.*` the sheet table is created first (bare) when absent, so there is a
-  table to grant on; new columns are DDL, which a session never runs.
+  table to grant on; new columns are DDL, which a session never runs. The role starts with
+  `ROLE_SETTINGS` (statement, lock and idle-in-transaction timeouts) and, when it has a sheet,
+  its scope row carries the sheet's advisory-lock key (the one key it may know). An org holds
+  at most `sessions_per_org()` live sessions (`engine.session_limits`).
 - Operations and what they grant (plus USAGE on the schema and SELECT on `meta` and on its own
   `session_scopes` row, which `open_tenant` and the policies read):
     rows.read    SELECT on the sheet, its counters and its column registry rows
     rows.upsert  SELECT, INSERT, UPDATE on the sheet and its counters; the row-version sequence
     receipts     SELECT, INSERT, UPDATE on the play's user receipts
-    array_input  SELECT, INSERT, UPDATE, DELETE on the play's array-input facts
-- `drop_expired(tenant)` drops the roles of this schema whose `VALID UNTIL` has passed and that
-  have no open connection (a role in use is never dropped; it goes on a later sweep), with
-  everything they own or were granted, and their scope rows. The gateway and
-  `runplane supervise` call it periodically.
-- `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials.
+    array_input  SELECT, INSERT, UPDATE on the play's array-input facts (retiring them, which
+                 deletes, goes over the gateway)
+  On shared tables these are column privileges, so a session cannot LOCK them (see `_grants`).
+- `drop_expired(tenant)` / `sweep_expired(tenant)` (`engine.session_sweep`) end the open
+  connections of expired session roles and drop them; the gateway and `runplane supervise`
+  sweep periodically.
+- `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials,
+  keeping only where the server is and its TLS settings (`URL_PARAMETERS`).
 - `create(port, play, table_namespace, operations, ttl_s, public_key)` is the gateway action
   `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
   to the runner's key when one is sent (`engine.jwe`). Through a gateway the token bounds it:
@@ -51,9 +56,16 @@ import trio
 from . import jwe, pg
 from .actions import action, actions
 from .codecs import FLOAT, RAW, STR, list_of, optional
-from .errors import AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError
+from .errors import (
+    AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError,
+    TooManySessionsError,
+)
 from .keys import USER_RECEIPT_KIND, kind_range
 from .scopes import PlayScope, check_scope, normalize_namespace
+from .session_limits import (  # noqa: F401  (public names)
+    DEFAULT_SESSIONS_PER_ORG, SESSIONS_PER_ORG_ENV, check_public_key, check_room, sessions_per_org,
+)
+from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
 from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
 from .sql import qualified, quote_ident
 
@@ -63,10 +75,14 @@ ROLE_PREFIX = "runplane_s_"
 DEFAULT_TTL_S = 600.0
 MAX_TTL_S = 24 * 3600.0
 DEFAULT_CONNECTION_LIMIT = 8
+# Defaults every session role's logins start with: a runaway statement, lock wait or
+# open transaction of a session ends on its own (a session may lower them, or raise them; what
+# keeps other orgs unaffected is that it cannot lock what they use).
+ROLE_SETTINGS = (("statement_timeout", "60s"), ("lock_timeout", "10s"),
+                 ("idle_in_transaction_session_timeout", "60s"))
+
 ARRAY_FACT_KIND_PREFIX = "array_input_"
 SCRAM_ITERATIONS = 4096
-DROP_BATCH = 200
-SWEEP_INTERVAL_S = 60.0
 
 log = logging.getLogger("runplane.sessions")
 
@@ -122,9 +138,16 @@ def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int 
             f"${b64(hashlib.sha256(client_key).digest())}:{b64(server_key)}")
 
 
+# What a session URL keeps of the gateway's DSN: where the server is and how to reach it over
+# TLS. Everything else (sslpassword, passfile, options, client certificates, ...) belongs to the
+# gateway's own login and never travels to a runner.
+URL_PARAMETERS = frozenset({"host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert",
+                            "sslnegotiation", "sslcrl", "target_session_attrs"})
+
+
 def session_url(dsn: str, user: str, password: str | None) -> str:
-    """`dsn` (a postgresql:// URL) with its user and password replaced; host, port, database
-    and other parameters kept. `password=None` leaves the password out."""
+    """`dsn` (a postgresql:// URL) with its user and password replaced, keeping only its hosts,
+    ports, database and TLS mode (`URL_PARAMETERS`). `password=None` leaves the password out."""
     if "://" not in dsn:
         raise InvalidInputError("database sessions need a postgresql:// URL DSN")
     url = urllib.parse.urlsplit(dsn)
@@ -133,9 +156,9 @@ def session_url(dsn: str, user: str, password: str | None) -> str:
     if password is not None:
         userinfo += ":" + urllib.parse.quote(password, safe="")
     query = [(k, v) for k, v in urllib.parse.parse_qsl(url.query, keep_blank_values=True)
-             if k not in ("user", "password")]
+             if k in URL_PARAMETERS]
     return urllib.parse.urlunsplit(
-        url._replace(netloc=f"{userinfo}@{host}", query=urllib.parse.urlencode(query))
+        url._replace(netloc=f"{userinfo}@{host}", query=urllib.parse.urlencode(query), fragment="")
     )
 
 
@@ -153,34 +176,56 @@ def key_ranges(scope: SessionScope) -> dict[str, bytes | None]:
 
 
 # -- minting ----------------------------------------------------------------------------------
-def _grants(schema: str, scope: SessionScope, sheet_table: str | None, role: str) -> list[str]:
+SHARED_TABLES = ("meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
+                 "sheet_columns")
+
+_COLUMNS = """
+SELECT c.relname::text AS table_name, array_agg(a.attname::text ORDER BY a.attnum) AS columns
+  FROM pg_catalog.pg_attribute a
+  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) AND a.attnum > 0 AND NOT a.attisdropped
+ GROUP BY c.relname
+"""
+
+
+def _grants(schema: str, scope: SessionScope, sheet_table: str | None, role: str,
+            columns: dict[str, list[str]]) -> list[str]:
+    """The GRANTs of a session. On the tables every org shares they are column privileges
+    (naming every column): they allow the same statements, but LOCK TABLE needs a privilege
+    on the table itself, so a session can never lock a shared table. No DELETE anywhere (it
+    exists only for whole tables): retiring array facts goes over the gateway."""
     r = quote_ident(role)
     t = lambda name: qualified(schema, name)  # noqa: E731
-    out = [
-        f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {r}",
-        f"GRANT SELECT ON {t('meta')}, {t(SCOPES_TABLE)} TO {r}",
-    ]
+
+    def on(privileges: str, name: str) -> str:
+        cols = "(" + ", ".join(quote_ident(c) for c in columns[name]) + ")"
+        listed = ", ".join(f"{p} {cols}" for p in privileges.split(", "))
+        return f"GRANT {listed} ON {t(name)} TO {r}"
+
+    out = [f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {r}",
+           on("SELECT", "meta"), on("SELECT", SCOPES_TABLE)]
     ops = set(scope.operations)
-    counters = f"{t('sheet_summary')}, {t('sheet_column_summary')}"
     if "rows.upsert" in ops:
         out += [
-            f"GRANT SELECT, INSERT, UPDATE ON {t(sheet_table)}, {counters} TO {r}",
-            f"GRANT SELECT ON {t('sheet_columns')} TO {r}",
+            f"GRANT SELECT, INSERT, UPDATE ON {t(sheet_table)} TO {r}",
+            on("SELECT, INSERT, UPDATE", "sheet_summary"),
+            on("SELECT, INSERT, UPDATE", "sheet_column_summary"),
+            on("SELECT", "sheet_columns"),
             f"GRANT USAGE ON SEQUENCE {t('row_versions')} TO {r}",
         ]
     elif "rows.read" in ops:
-        out.append(f"GRANT SELECT ON {t(sheet_table)}, {counters}, {t('sheet_columns')} TO {r}")
-    if "array_input" in ops:
-        out.append(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {t('work_receipts')} TO {r}")
-    elif "receipts" in ops:
-        out.append(f"GRANT SELECT, INSERT, UPDATE ON {t('work_receipts')} TO {r}")
+        out += [f"GRANT SELECT ON {t(sheet_table)} TO {r}", on("SELECT", "sheet_summary"),
+                on("SELECT", "sheet_column_summary"), on("SELECT", "sheet_columns")]
+    if ops & {"receipts", "array_input"}:
+        out.append(on("SELECT, INSERT, UPDATE", "work_receipts"))
     return out
 
 
 _RECORD = """
 INSERT INTO {m} (role_name, org_id, play, table_namespace, operations, sheet_table,
-                  receipts_low, receipts_high, facts_low, facts_high, expires_at)
-VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, $10, $11)
+                  receipts_low, receipts_high, facts_low, facts_high, expires_at, sheet_lock_key)
+VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8, $9, $10, $11, $12)
 """
 
 # One read before minting: the server's clock, its version, and whether what the session relies
@@ -223,10 +268,13 @@ async def mint(
     *,
     ttl_s: float = DEFAULT_TTL_S,
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
+    max_sessions: int | None = None,
 ) -> MintedSession:
-    """Create a session role for `scope` (see the module docstring); checks input first."""
+    """Create a session role for `scope` (see the module docstring); checks input first.
+    At most `max_sessions` (default `session_limits.sessions_per_org()`) live sessions per
+    org: past it, `TooManySessionsError`."""
     from .sheets import SheetContract, ensure_sheet
-    from .sheets.layout import layout_for
+    from .sheets.layout import layout_for, sheet_lock_key
 
     check_scope(tenant, scope)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
@@ -235,6 +283,10 @@ async def mint(
     if isinstance(connection_limit, bool) or not isinstance(connection_limit, int) \
             or not 1 <= connection_limit <= 100:
         raise InvalidInputError("connection_limit must be an integer from 1 to 100")
+    if max_sessions is None:
+        max_sessions = sessions_per_org()
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+        raise InvalidInputError("max_sessions must be a positive integer")
     layout = None
     if ROW_OPERATIONS & set(grant.operations):
         layout = layout_for(tenant, scope, grant.table_namespace)
@@ -258,6 +310,9 @@ async def mint(
                 if not state["group_present"] or state["installed"] != expected:
                     raise await _unavailable(conn, tenant.schema, state["group_present"])
                 if state["sheet_present"]:
+                    await check_room(conn, tenant.schema, grant.org_id, max_sessions)
+                    columns = {row["table_name"]: row["columns"] for row in await conn.fetch(
+                        _COLUMNS, tenant.schema, list(SHARED_TABLES))}
                     expires_at = state["expires_at"]
                     membership = " WITH INHERIT TRUE, SET FALSE" if state["version"] >= 160000 else ""
                     await conn.execute(";\n".join([
@@ -265,7 +320,9 @@ async def mint(
                         f" NOREPLICATION NOBYPASSRLS INHERIT CONNECTION LIMIT {connection_limit}"
                         f" VALID UNTIL '{expires_at.isoformat()}' PASSWORD '{verifier}'",
                         f"GRANT {quote_ident(GROUP)} TO {quote_ident(role)}{membership}",
-                        *_grants(tenant.schema, grant, layout and layout.table, role),
+                        *(f"ALTER ROLE {quote_ident(role)} SET {name} = '{value}'"
+                          for name, value in ROLE_SETTINGS),
+                        *_grants(tenant.schema, grant, layout and layout.table, role, columns),
                     ]))
                     await conn.execute(
                         _RECORD.format(m=qualified(tenant.schema, SCOPES_TABLE)),
@@ -273,6 +330,7 @@ async def mint(
                         list(grant.operations), layout and layout.table,
                         ranges["receipts_low"], ranges["receipts_high"],
                         ranges["facts_low"], ranges["facts_high"], expires_at,
+                        layout and sheet_lock_key(tenant, layout),
                     )
                     return MintedSession(role, password, expires_at, grant, tenant.schema)
         # A session granted on rows needs its sheet table to exist: create it bare, then mint.
@@ -285,7 +343,8 @@ CREATE_ACTION = "db_sessions.create"
 # The actions each operation stands for: a token must allow all of them to get the operation.
 _SHEET_ACTIONS = {
     "rows.read": ("sheets.read_rows", "sheets.summary", "sheets.probe", "sheets.failed_rows",
-                  "sheets.error_counts", "sheets.run_rows"),
+                  "sheets.error_counts", "sheets.run_rows", "sheets.read_page", "sheets.count",
+                  "sheets.field_kinds"),
     "rows.upsert": ("sheets.admit", "sheets.complete"),
 }
 _ACTION_FAMILIES = {"receipts": "receipts.", "array_input": "array_input."}
@@ -318,7 +377,7 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
     scope = PlayScope(port.org_id, play)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
     if public_key is not None:
-        jwe.load_public_jwk(public_key)
+        check_public_key(public_key)
     if claims is not None:
         for name in (n for op in grant.operations for n in operation_actions()[op]):
             claims.check_action(name)
@@ -341,100 +400,6 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
             url.encode("utf-8"), public_key,
             {"org": grant.org_id, "play": grant.play, "expires_at": expires_at})
     return answer
-
-
-# -- cleanup ----------------------------------------------------------------------------------
-_DROPPABLE = """
-SELECT m.role_name, m.sheet_table
-  FROM {m} AS m
-  LEFT JOIN pg_catalog.pg_roles AS r ON r.rolname = m.role_name
- WHERE ($1 OR r.oid IS NULL OR r.rolvaliduntil < clock_timestamp())
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.usename = m.role_name)
- ORDER BY m.expires_at
- LIMIT $2
-   FOR UPDATE OF m SKIP LOCKED
-"""
-
-
-def _revokes(schema: str, roles: list[str], sheet_tables: list[str]) -> str:
-    rs = ", ".join(quote_ident(r) for r in roles)
-    tables = ", ".join(qualified(schema, t) for t in (
-        "meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
-        "sheet_columns", *sheet_tables))
-    return (f"REVOKE ALL ON SCHEMA {quote_ident(schema)} FROM {rs};\n"
-            f"REVOKE ALL ON TABLE {tables} FROM {rs};\n"
-            f"REVOKE ALL ON SEQUENCE {qualified(schema, 'row_versions')} FROM {rs}")
-
-
-async def _drop_roles(conn: pg.Connection, schema: str, roles: list[str], sheet_tables: list[str]) -> None:
-    """Drop `roles` with what they own and were granted (one savepoint, all or nothing)."""
-    async with conn.transaction():
-        existing = await conn.fetchval(
-            "SELECT coalesce(array_agg(rolname::text), '{}') FROM pg_catalog.pg_roles"
-            " WHERE rolname = ANY($1::text[])", roles)
-        if existing:
-            rs = ", ".join(quote_ident(r) for r in existing)
-            try:
-                async with conn.transaction():
-                    await conn.execute(f"DROP OWNED BY {rs}")
-            except InsufficientPrivilegeError:
-                # Not a superuser: revoke what mint granted. A role that still owns something
-                # (a large object it made) then cannot be dropped; every sweep tries again.
-                present = await conn.fetchval(
-                    "SELECT coalesce(array_agg(t), '{}') FROM unnest($1::text[]) AS t"
-                    " WHERE to_regclass(quote_ident($2) || '.' || quote_ident(t)) IS NOT NULL",
-                    sheet_tables, schema)
-                await conn.execute(_revokes(schema, existing, list(present)))
-            await conn.execute(f"DROP ROLE {rs}")
-        await conn.execute(
-            f"DELETE FROM {qualified(schema, SCOPES_TABLE)} WHERE role_name = ANY($1::text[])", roles)
-
-
-async def drop_expired(tenant: Any, *, include_unexpired: bool = False, limit: int = 10_000) -> int:
-    """Drop this schema's expired session roles that have no open connection; return how many.
-
-    `include_unexpired` also drops unexpired ones that have no open connection when looked at
-    (one could log in right after): for tests, and for revoking a schema's sessions at once.
-    """
-    dropped = 0
-    sql = _DROPPABLE.format(m=qualified(tenant.schema, SCOPES_TABLE))
-    async with tenant.login_connection() as conn:
-        while dropped < limit:
-            async with conn.transaction():
-                await conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
-                rows = await conn.fetch(sql, include_unexpired, min(DROP_BATCH, limit - dropped))
-                if not rows:
-                    break
-                roles = [row["role_name"] for row in rows]
-                tables = sorted({row["sheet_table"] for row in rows if row["sheet_table"]})
-                try:
-                    await _drop_roles(conn, tenant.schema, roles, tables)
-                    done = len(roles)
-                except DatabaseError:
-                    done = 0  # one role is stuck (it still owns something): go one by one
-                    for role, table in [(r["role_name"], r["sheet_table"]) for r in rows]:
-                        try:
-                            await _drop_roles(conn, tenant.schema, [role], [table] if table else [])
-                            done += 1
-                        except DatabaseError:
-                            continue
-                dropped += done
-                if done < len(roles):
-                    break
-    return dropped
-
-
-async def sweep_expired(tenant: Any, *, interval_s: float = SWEEP_INTERVAL_S) -> None:
-    """Drop expired sessions now and every `interval_s` after, until cancelled (the gateway and
-    `runplane supervise` run this). A failed sweep is logged and tried again next time."""
-    while True:
-        try:
-            dropped = await drop_expired(tenant)
-            if dropped:
-                log.info("dropped %d expired database session role(s) in schema %s", dropped, tenant.schema)
-        except EngineError as exc:
-            log.warning("dropping expired database sessions failed (will retry): %s", exc)
-        await trio.sleep(interval_s)
 
 
 # -- doctor -----------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ How it works
   operations inside use savepoints (`outer_transaction` is true).
 - A connection that `engine.pg` marked broken (cancelled query, lost connection, failed
   rollback) is closed at release, never pooled.
+- `tenant.diagnostics` is the tenant's queue of completion diagnostics for sinks, drained by a
+  task the tenant owns from open to close (`engine.diagnostics`): a sink never delays a write.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import attrs
 import trio
 
 from . import pg, schema as schema_ddl
+from .diagnostics import DiagnosticsQueue
 from .embedded import resolve_dsn
 from .errors import (
     EngineError,
@@ -136,10 +139,15 @@ class Tenant:
     bootstrap: bool = True
     outage_budget_s: float = DEFAULT_OUTAGE_BUDGET_S
     lanes: Mapping[str, int] = attrs.field(factory=lambda: dict(DEFAULT_LANES))
+    diagnostics: DiagnosticsQueue = attrs.field(factory=DiagnosticsQueue)
     _lane_permits: dict[str, Permits] = attrs.field(init=False)
     _connection_permits: Permits = attrs.field(init=False)
     _idle: list[Any] = attrs.field(init=False, factory=list)
     _closed: bool = attrs.field(init=False, default=False)
+    # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
+    lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
+    sheet_lock_keys: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+    _server: str | None = attrs.field(init=False, default=None)  # pg.SERVER_IDENTITY at open
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
@@ -180,7 +188,8 @@ class Tenant:
         if raw is None:
             raw = await self._connect()
         return pg.Connection(raw, self.driver, reconnect=self._connect,
-                             commit_status=self.commit_status)
+                             commit_status=self.commit_status,
+                             server_changed=self.server_changed)
 
     async def commit_status(self, xid: str) -> str | None:
         """The fate of transaction `xid` (`committed`, `aborted`, or None when the server no
@@ -194,6 +203,29 @@ class Tenant:
                 if status != "in progress":
                     return status
                 await trio.sleep(COMMIT_STATUS_POLL_S)
+        finally:
+            await pg.close_gracefully(raw, self.driver)
+
+    async def note_server(self) -> None:
+        """Remember which server the DSN reaches now (see `server_changed`)."""
+        self._server = await self._server_identity()
+
+    async def server_changed(self) -> bool:
+        """Whether the server the DSN reaches now is another one than when this tenant last
+        looked (at open, or at the last call): another system identifier or postmaster start
+        time, i.e. a failover or a restart. Read on a fresh connection; unknown before: False."""
+        now = await self._server_identity()
+        before, self._server = self._server, now
+        return before is not None and now != before
+
+    async def _server_identity(self) -> str:
+        raw = await self._connect()
+        try:
+            conn = pg.Connection(raw, self.driver)
+            try:
+                return await conn.fetchval(pg.SERVER_IDENTITY)
+            except InsufficientPrivilegeError:
+                return await conn.fetchval(pg.SERVER_START)
         finally:
             await pg.close_gracefully(raw, self.driver)
 
@@ -217,7 +249,7 @@ class Tenant:
                     raise
                 last = exc
             if delay is not None:
-                await trio.sleep(delay)
+                await trio.sleep(pg.ladder_delay(delay))  # cut to a run's outage budget
         assert last is not None
         raise self._unavailable(last, TenantUnreachableError) from last
 
@@ -239,13 +271,14 @@ class Tenant:
             await self._bootstrap(conn)
 
     async def ensure_schema(self) -> None:
-        """Bootstrap unless the schema is current; a current schema costs two reads and no DDL
+        """Bootstrap unless the schema is current; a current schema costs a few reads and no DDL
         (so a login without DDL rights, such as a database session, can open it)."""
         async with self._plain_connection() as conn:
             status = await schema_ddl.schema_status(conn, self.schema)
             # Under an execution role the bootstrap also (re)grants the role its privileges.
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
                 await self._bootstrap(conn)
+            self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
 
     async def _bootstrap(self, conn: pg.Connection) -> None:
         try:
@@ -280,8 +313,9 @@ class Tenant:
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
-        for raw in idle:
-            await pg.close_gracefully(raw, self.driver)
+        async with trio.open_nursery() as nursery:  # at once: a blackholed server costs one timeout
+            for raw in idle:
+                nursery.start_soon(pg.close_gracefully, raw, self.driver)
 
 
 class Checkout:
@@ -398,12 +432,16 @@ async def open_tenant(
             outage_budget_s=budget,
             lanes=lane_limits,
         )
+        tenant.diagnostics.open()
         try:
             if bootstrap:
                 await tenant.ensure_schema()
+            with contextlib.suppress(EngineError):  # best effort: only statement timeouts use it
+                await tenant.note_server()
             yield tenant
         finally:
             with trio.CancelScope(shield=True):
+                await tenant.diagnostics.close()
                 await tenant.aclose()
 
 

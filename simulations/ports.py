@@ -84,6 +84,14 @@ class HookedPort:
     def outer_transaction(self) -> bool:
         return self.inner.outer_transaction
 
+    @property
+    def lock_secret(self) -> bytes | None:  # sheet lock keys are the inner port's
+        return getattr(self.inner, "lock_secret", None)
+
+    @property
+    def sheet_lock_keys(self) -> dict[str, int]:
+        return getattr(self.inner, "sheet_lock_keys", None) or {}
+
     async def repair_schema(self) -> None:
         await self.inner.repair_schema()
 

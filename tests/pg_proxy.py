@@ -10,6 +10,10 @@ Faults (each a count of how many times to fire; `fired` counts what happened):
 - `drop_commit_request`: the COMMIT is not forwarded; both sides are closed (the server rolls
   the transaction back when it notices).
 - `delay_commit_reply`: the server's reply to the COMMIT is relayed `commit_reply_delay_s` late.
+- `blackhole` (a flag, `set_blackhole(True/False)`): nothing passes either way while it is
+  set — new connections are accepted and never answered (a connect times out), bytes on open
+  ones are held (statements hang) and delivered when it is lifted, as over a network that
+  drops packets for a while.
 - `hold_close` (a flag): when the server closes a connection, whatever it sent last is relayed
   but the client's side stays open until `release_close()`; `closes_held` counts them and
   `close_held` is set at each.
@@ -54,11 +58,29 @@ class PgProxy:
     delay_commit_reply: int = 0
     commit_reply_delay_s: float = 1.0
     hold_close: bool = False
+    blackhole: bool = False
+    _open: trio.Event = attrs.field(factory=trio.Event)
+    _live: set = attrs.field(factory=set)
     fired: collections.Counter = attrs.field(factory=collections.Counter)
     connections: int = 0
     closes_held: int = 0
     close_held: trio.Event = attrs.field(factory=trio.Event)
     _release: trio.Event = attrs.field(factory=trio.Event)
+
+    def set_blackhole(self, on: bool, *, sever: bool = False) -> None:
+        """Start or lift the blackhole; `sever` also drops every open connection (as when the
+        server's address moves to a host that does not answer)."""
+        self.blackhole = on
+        if sever:
+            for scope in list(self._live):
+                scope.cancel()
+        if not on:
+            self._open.set()
+            self._open = trio.Event()
+
+    async def _pass(self) -> None:
+        while self.blackhole:
+            await self._open.wait()
 
     def release_close(self) -> None:
         self._release.set()
@@ -73,27 +95,35 @@ class PgProxy:
     async def handle(self, client: trio.SocketStream) -> None:
         self.connections += 1
         async with client:
+            if self.blackhole:
+                self.fired["blackhole_connect"] += 1
+                await self._pass()
             try:
                 upstream = await self._open_upstream()
             except OSError:
                 return
             async with upstream:
+                cancel = None
                 try:
                     async with trio.open_nursery() as nursery:
                         state = {"awaiting_commit_reply": False,
                                  "delaying_commit_reply": False}
                         cancel = nursery.cancel_scope
+                        self._live.add(cancel)
                         nursery.start_soon(self._to_server, client, upstream, state, cancel)
                         nursery.start_soon(self._to_client, upstream, client, state, cancel)
                 except BaseException as exc:  # a side went away: that ends the connection
                     if not all(isinstance(leaf, _GONE) for leaf in leaf_errors(exc)):
                         raise
+                finally:
+                    self._live.discard(cancel)
 
     async def _to_server(self, client, upstream, state, cancel: trio.CancelScope) -> None:
         buffer = b""
         typed = False
         while True:
             data = await client.receive_some(_BUFFER)
+            await self._pass()
             if not data:
                 cancel.cancel()
                 return
@@ -138,6 +168,7 @@ class PgProxy:
     async def _to_client(self, upstream, client, state, cancel: trio.CancelScope) -> None:
         while True:
             data = await upstream.receive_some(_BUFFER)
+            await self._pass()
             if not data:
                 if self.hold_close:
                     self.closes_held += 1
@@ -173,4 +204,5 @@ async def open_pg_proxy(dsn: str) -> AsyncIterator[PgProxy]:
             yield proxy
         finally:
             proxy.release_close()
+            proxy.set_blackhole(False)
             nursery.cancel_scope.cancel()

@@ -64,7 +64,7 @@ async def analyze(tenant, target: int | None) -> None:
 
 async def hot_paths(port, round_no: int) -> None:
     """One of each hot path through `port`: new rows from a list and a stream, a rerun that
-    finds cache hits and failed rows, a completion that repairs and one that inserts, reads,
+    finds cache hits and failed rows, a forced map, appends, a replace (last round), a completion that repairs and one that inserts, reads,
     receipts, and retirement as the runs end."""
     base = SHEET_ROWS + round_no * 20_000
     async with open_run(port, "play") as run:
@@ -73,7 +73,13 @@ async def hot_paths(port, round_no: int) -> None:
                       contract=CONTRACT)
     async with open_run(port, "play") as run:
         await run.map(NS, rows("c", 0, 10_000), fail_tenths, contract=CONTRACT)
+        # A forced map: the probe and admission re-admit rows earlier runs enriched.
+        await run.map(NS, rows("c", 10_000, 11_000), fail_tenths, contract=CONTRACT, force=True)
         ref = run.ref
+        forced = await sheets.complete(port, ref, NS, CONTRACT, [RowOutcome(
+            sheets.row_key(rows("c", 10_001, 10_002)[0], NS), "failed", error="x")],
+            force_failed=True)
+        assert forced.updated == 1, forced
         claim = await receipts.claim(port, ref, f"receipt-{round_no}")
         assert claim.disposition == "claimed", claim
         await receipts.complete(port, ref, f"receipt-{round_no}", {"done": True})
@@ -96,6 +102,14 @@ async def hot_paths(port, round_no: int) -> None:
         staged = await sheets.admit(port, ref, NS, CONTRACT, source, staged_page=page,
                                     cache_hits="count")
         assert staged.inserted == len(source)
+        # Appends: input indexes continue from the sheet's largest; a retry finds its rows.
+        appended = rows("a", base + 17_000, base + 17_100)
+        for _ in range(2):
+            await sheets.append_rows(port, ref, NS, CONTRACT, appended,
+                                     idempotency_key=f"append-{round_no}")
+        if round_no == 2:  # the last round: the sheet's rows replaced (emptied, then admitted)
+            replaced = await sheets.replace_rows(port, ref, NS, CONTRACT, rows("r", 0, 1_000))
+            assert replaced.inserted == 1_000
 
 
 @pytest.fixture(params=["returning_old", "snapshot_join"])

@@ -155,6 +155,8 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
 NOT_OPERATIONS = {
     "runplane.engine.array_input.facts.run_statement",
     "runplane.engine.sheets.layout.run_sheet_transaction",
+    "runplane.engine.sheets.admission.admit_prepared",  # the write modes' shared admission
+    "runplane.engine.sheets.probing.probe_keyed",  # `sheets.probe` (an action) and its keys
 }
 
 

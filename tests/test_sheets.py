@@ -410,6 +410,7 @@ async def test_diagnostics_sink_failures_never_change_the_result(tenant, caplog)
 
     result = await complete(tenant, run, NS, CONTRACT, [done(key)], on_diagnostics=broken_sink)
     assert result.committed_keys == (key,)
+    await tenant.diagnostics.wait_idle()  # delivered by the tenant's background task
     assert seen == [result.diagnostics]
     assert seen[0].outcome == "succeeded" and seen[0].updated_rows == 1
     assert "diagnostics sink failed" in caplog.text
@@ -420,6 +421,7 @@ async def test_diagnostics_sink_failures_never_change_the_result(tenant, caplog)
 
     again = await complete(tenant, run, NS, CONTRACT, [done(key)], on_diagnostics=async_sink)
     assert again.committed_keys == (key,)
+    await tenant.diagnostics.wait_idle()
 
 
 async def test_explicit_keys_refresh_inputs_and_order_puts_missing_indexes_last(tenant):

@@ -52,9 +52,11 @@ async def test_attempts_add_up_across_runs_and_a_replay_adds_nothing(tenant):
 async def test_a_row_inserted_by_completion_records_its_attempts(tenant):
     run = await new_run(tenant, PLAY, "r1")
     await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
+    # Outputs only: an outcome may not write an input cell (it would overwrite the input).
     await complete(tenant, run, NS, CONTRACT,
-                   [RowOutcome("k-new", "completed", {"name": "n", "score": 1}, attempts=4)])
-    assert (await stored(tenant))["n"]["_attempts"] == 4
+                   [RowOutcome("k-new", "completed", {"score": 1}, attempts=4)])
+    (row,) = await read_rows(tenant, play_scope(tenant), NS)
+    assert (row["_key"], row["_attempts"]) == ("k-new", 4)
 
 
 async def test_give_up_after_counts_failed_runs_not_wakes(tenant):

@@ -20,7 +20,7 @@ from runplane.engine.sheets import (
     summary,
 )
 from runplane.engine.sheets import completion as completion_module
-from runplane.engine.sheets.layout import layout_for
+from runplane.engine.sheets.layout import layout_for, sheet_lock_key
 from runplane.simulations.ports import CountingPort, GatedPort
 from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 
@@ -50,7 +50,8 @@ async def test_statement_timeout_bounds_a_lock_wait_and_writes_nothing(tenant, m
     before = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     async with tenant.connection("retirement") as blocker:
         async with blocker.transaction():
-            await blocker.execute("SELECT pg_advisory_xact_lock($1::bigint)", layout.lock_key)
+            await blocker.execute("SELECT pg_advisory_xact_lock($1::bigint)",
+                                  sheet_lock_key(tenant, layout))
             with trio.fail_after(10), pytest.raises(StatementTimeoutError):
                 await complete(tenant, run, NS, CONTRACT, [RowOutcome(key, "completed", {"score": 1})])
     assert await raw_rows(tenant, play_scope(tenant), NS, ["score"]) == before

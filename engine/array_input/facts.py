@@ -212,11 +212,11 @@ async def get_manifest(port: Port, scope: MapScope) -> P.Manifest:
             if row["s_status"] is not None:
                 raise CorruptFactError(f"{scope.map_invocation_id!r} has a seal but no begin fact")
             return P.Manifest("absent")
-        if row["g_status"] is None:
-            raise CorruptFactError(f"run {scope.run_id!r} has a begin fact but no run guard")
         begin = begin_output(row["b_status"], row["b_run"], row["b_output"], scope)
         fields = (begin["source_fingerprint"], begin["source_rows"], begin["has_source_identities"])
-        if row["s_status"] is None:
+        if row["g_status"] is None or row["s_status"] is None:
+            # No run guard (or no seal): not sealed, so still staging, whatever else is stored;
+            # the writes that need the guard check it themselves.
             return P.Manifest("staging", *fields)
         seal = seal_output(row["s_status"], row["s_run"], row["s_output"], scope)
         if (seal["source_fingerprint"], seal["source_rows"], seal["has_source_identities"]) != fields:

@@ -23,6 +23,9 @@ How it works
   session may not run (`InsufficientPrivilegeError`, e.g. a completion that must add a column).
 - When the database cannot be reached with a session's URL, or the gateway cannot mint, the
   router logs one warning and sends everything over HTTP for the rest of the gateway's life.
+  When the gateway refuses a mint because the org holds as many live sessions as it allows
+  (`TooManySessionsError`, HTTP 429), the work of that key goes over HTTP until the
+  `retry_after_ms` the gateway named has passed; then the router tries to mint again.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from .. import jwe, pg, sessions
 from ..actions import Action
 from ..errors import (
     AuthError, DatabaseError, EngineError, GatewayUnavailableError, InsufficientPrivilegeError,
-    ScopeError, TenantUnavailableError,
+    ScopeError, TenantUnavailableError, TooManySessionsError,
 )
 from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
 from ..tenant import DEFAULT_LANES, Tenant
@@ -175,6 +178,7 @@ class SessionRouter:
     disabled: str | None = None
     _pools: dict[tuple, _Pool] = attrs.field(init=False, factory=dict)
     _minting: dict[tuple, trio.Event] = attrs.field(init=False, factory=dict)
+    _refused_until: dict[tuple, float] = attrs.field(init=False, factory=dict)
 
     async def run(self, action: Action, args: tuple, kwargs: dict) -> Any:
         """The action's result over a session, or `NOT_ROUTED` (send it over HTTP)."""
@@ -215,6 +219,8 @@ class SessionRouter:
             pool = self._pools.get(key)
             if pool is not None and pool.fresh():
                 return pool
+            if self._refused_until.get(key, 0.0) > trio.current_time():
+                return None
             minting = self._minting.get(key)
             if minting is not None:
                 await minting.wait()
@@ -233,6 +239,10 @@ class SessionRouter:
             session = await create_db_session(self.gateway, play, namespace, ops, ttl_s=self.ttl_s)
         except (ScopeError, AuthError):
             return None  # over HTTP, this call meets the same refusal and raises it
+        except TooManySessionsError as exc:
+            log.info("database session refused (%s); this work goes over HTTP for now", exc)
+            self._refused_until[key] = trio.current_time() + exc.retry_after_s
+            return None
         except DatabaseError as exc:
             if exc.sqlstate != "42501":
                 raise

@@ -39,6 +39,7 @@ from ..errors import (
     StatementTimeoutError,
     StoreUnavailableError,
     TenantUnavailableError,
+    TooManySessionsError,
     TransactionStateUnknownError,
 )
 
@@ -65,6 +66,7 @@ ERRORS: tuple[tuple[str, int, type[EngineError]], ...] = (
     ("statement_timeout", 500, StatementTimeoutError),
     ("database_error", 500, DatabaseError),
     ("array_input_unavailable", 400, ArrayInputUnavailableError),
+    ("too_many_sessions", 429, TooManySessionsError),
     ("internal", 500, EngineError),
 )
 UNSUPPORTED_ACTION = ("unsupported_action", 400)
@@ -98,6 +100,8 @@ def error_body(message: str, code: str, action: str | None, **extra: Any) -> byt
 
 def is_retryable(status: int, payload: dict) -> bool:
     """Whether an answered failure is worth another attempt (SPEC §11)."""
+    if payload.get("code") == "too_many_sessions":
+        return False  # the caller sends that work over HTTP instead of waiting
     if status in RETRYABLE_STATUSES:
         return True
     return status == 500 and payload.get("code") not in ("transaction_state_unknown", "corrupt_fact") \
@@ -137,6 +141,8 @@ def error_from(status: int, payload: dict, action: str, where: str) -> EngineErr
                     rollback_error=EngineError("reported by the gateway"))
             if issubclass(cls, DatabaseError):
                 return cls(message, sqlstate=payload.get("sqlstate"))
+            if cls is TooManySessionsError:
+                return cls(message, retry_after_s=retry_after_s(payload, None) or 1.0)
             return cls(message)
     if status in RETRYABLE_STATUSES:
         return GatewayUnavailableError(f"{where} answered HTTP {status}: {message}")

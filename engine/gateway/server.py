@@ -214,6 +214,8 @@ class Server:
             extra: dict[str, Any] = {"sqlstate": getattr(exc, "sqlstate", None)}
             if status == 503:
                 extra["retry_after_ms"] = DEADLINE_RETRY_AFTER_MS
+            elif getattr(exc, "retry_after_s", None) is not None:  # TooManySessionsError
+                extra["retry_after_ms"] = round(exc.retry_after_s * 1000)
             return self._error(name, str(exc), code, status, **extra)
         except Exception:
             log.exception("gateway: action %s failed unexpectedly", guards.printable(counted))

@@ -23,8 +23,8 @@ How it works
       kept. Rows already exactly so are left untouched.
 - Cell meta `completed_at` is epoch seconds from the server clock, so staleness is judged on
   the server's clock only; policies for fields that are not contract outputs are ignored.
-- Cache hits are not touched: their `_run_id` stays the run that wrote them, so
-  `read_rows(run_id=...)` lists only the rows a run (re)wrote itself.
+- Cache hits are not touched: their `_run_id` stays the run that wrote them; a map records
+  the rows its run reused apart (`engine.sheets.reuse`), and `read_rows(run_id=...)` lists both.
 - `cache_hits="count"` returns cache hits as a count only (`Admission.cached`; `completed` is
   empty): a page of hits costs a few bytes instead of its outputs. The default lists them with
   their outputs, as SPEC §7 says.
@@ -32,34 +32,31 @@ How it works
   the statement reads their input cells from the stored page fact after checking it (see
   `admission_sql`), so they are not sent again. A fact that is not the expected one writes
   nothing and raises `CorruptFactError` (`RetiredError` once the run is retired).
-- `probe` answers "is every one of these rows already settled?" from keys alone, in one
-  read-only statement per chunk: when every row is a fresh cache hit or blocked it returns the
-  `Admission` a count-mode `admit` would have returned (nothing to write: admission touches
-  neither), otherwise None and the caller admits. It judges rows by the same SQL fragments as
-  admission, on the server's clock; its snapshot is a committed state, so its answer is the
-  one an admission at that instant would give.
+- `probe` (`probing`) answers "is every one of these rows already settled?" from keys alone,
+  judging them by the same SQL fragments as admission.
+- `admit_prepared` is admission after its checks; the write modes (`writes`) run it with a
+  prelude in the same transaction.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import attrs
 
 from .. import array_input, canonical
 from ..actions import action
 from ..array_input import facts
-from ..codecs import INT, INT32_MAX, RUN_REF, STR, USER_JSON, list_of, optional
+from ..codecs import BOOL, INT, INT32_MAX, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, MissingRelationError
 from ..pg import Connection
 from ..ports import Port
 from ..scopes import RunRef, normalize_namespace
 
-from .admission_sql import CACHE_HITS_MODES, build_admit_sql, build_probe_sql
+from .admission_sql import CACHE_HITS_MODES, build_admit_sql
 from .inputs import PreparedRows, check_write, prepare_rows
-from .layout import (
-    LANE, PhaseClock, SheetColumns, SheetTxn, column_name, layout_for, resolve_columns,
-    run_sheet_transaction,
-)
+from .layout import PhaseClock, SheetTxn, layout_for, run_sheet_transaction
 from .model import (
     Admission,
     AdmittedRow,
@@ -84,7 +81,12 @@ def check_give_up_after(value: Any) -> None:
             f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
 
-def _check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
+def check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be True or False, got {value!r}")
+
+
+def check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
     if cell_policies is None:
         return {}
     if not isinstance(cell_policies, Mapping):
@@ -125,7 +127,7 @@ class _PageRefused(Exception):
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
-    "texts": optional(list_of(STR)),
+    "texts": optional(list_of(STR)), "force": BOOL,
 }, result=ADMISSION, deadline_s=30.0)
 async def admit(
     port: Port,
@@ -143,6 +145,7 @@ async def admit(
     cache_hits: str = "rows",
     staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
+    force: bool = False,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -152,10 +155,13 @@ async def admit(
     offset) instead of sending them. `texts` (with `keys`) are the rows' canonical texts, from
     a caller that encoded them already (`engine.array_input.encode_source`): taken at the
     caller's word, as `keys` are, so the rows are not encoded again.
+    `force=True` re-admits enriched rows an older write version wrote (they run again); rows
+    our version already enriched stay cache hits, so a wake of a forced run resumes it.
     """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
-    policies = _check_policies(cell_policies)
+    check_flag("force", force)
+    policies = check_policies(cell_policies)
     check_give_up_after(give_up_after)
     if cache_hits not in CACHE_HITS_MODES:
         raise InvalidInputError(f"cache_hits must be one of {CACHE_HITS_MODES}, got {cache_hits!r}")
@@ -169,6 +175,30 @@ async def admit(
         need_texts=bool(contract.inputs) and staged_page is None, input_indexes=input_indexes,
         texts=texts,
     )
+    return await admit_prepared(
+        port, run, namespace, contract, prepared, started=started, attempt=attempt,
+        policies=policies, give_up_after=give_up_after, cache_hits=cache_hits,
+        staged_page=staged_page, page_rows=rows, input_offset=input_offset, force=force,
+    )
+
+
+# What a write mode runs first in the admission's transaction (`engine.sheets.writes`): it may
+# change the sheet and returns how much to add to every row's input index.
+Prelude = Callable[[Connection, SheetTxn], Awaitable[int]]
+
+
+async def admit_prepared(
+    port: Port, run: RunRef, namespace: str, contract: SheetContract, prepared: PreparedRows, *,
+    started: float, attempt: Attempt | None = None,
+    policies: Mapping[str, CellPolicy] | None = None,
+    give_up_after: int | None = None, cache_hits: str = "rows",
+    staged_page: StagedPage | None = None, page_rows: Sequence[Any] = (), input_offset: int = 0,
+    force: bool = False, prelude: Prelude | None = None,
+) -> Admission:
+    """`admit` after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
+    staged page) runs first in the same transaction; what it returns shifts every input index."""
+    rows = page_rows
+    policies = policies or {}
     layout = layout_for(port, run.scope.play_scope, namespace)
     source = "payload" if staged_page is None else "page"
     status = "running" if attempt is not None else "pending"
@@ -199,10 +229,13 @@ async def admit(
             input_offset, len(rows), staged_page.ordinal,
         ]
 
+    shift = [0]
+
     async def op(conn: Connection, sheet: SheetTxn) -> list[Any]:
         sql, extra = build_admit_sql(
             port, layout, contract, policies, sheet.columns,
             cache_hits=cache_hits, source=source, give_up_after=give_up_after,  # type: ignore[arg-type]
+            force=force,
         )
         results = []
         if staged_page is not None:
@@ -210,8 +243,12 @@ async def admit(
             if not record["page_ok"]:
                 raise _PageRefused
             return [(0, record)]
+        indexes = prepared.indexes
+        if prelude is not None:
+            shift[0] = await clock.measure("prelude", prelude(conn, sheet))
+            indexes = [index + shift[0] for index in indexes]
         for low, high in chunks:
-            args = [prepared.keys[low:high], prepared.indexes[low:high], *common]
+            args = [prepared.keys[low:high], indexes[low:high], *common]
             texts = prepared.texts
             args.append("[" + ",".join(texts[low:high]) + "]" if texts is not None else None)
             statement = conn.fetchrow(sql, *args, *extra)
@@ -219,7 +256,7 @@ async def admit(
         return results
 
     results = []
-    if n:
+    if n or prelude is not None:
         try:
             results = await run_sheet_transaction(
                 port, layout, contract.fields, op, timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS,
@@ -231,6 +268,8 @@ async def admit(
         locate: Callable[[int, int], int] = lambda low, ord_: low + ord_ - 1
     else:
         locate = lambda _low, ord_: index_of_position[ord_ - 1]
+    if shift[0]:
+        prepared = attrs.evolve(prepared, indexes=[index + shift[0] for index in prepared.indexes])
     admission = _build_admission(prepared, contract, results, run.epoch, cache_hits, locate)
     clock.add("total", time.perf_counter() - started)
     timings = tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items())
@@ -309,83 +348,3 @@ def _build_admission(prepared: PreparedRows, contract: SheetContract, results, v
             if i not in taken
         )
     return inserted, pending, tuple(completed), tuple(blocked), cached
-
-
-@action("sheets.probe", params={
-    "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
-    "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
-    "cell_policies": optional(CELL_POLICIES), "give_up_after": optional(INT),
-}, result=optional(ADMISSION), deadline_s=30.0, writes=False)
-async def probe(
-    port: Port,
-    run: RunRef,
-    table_namespace: str,
-    contract: SheetContract,
-    rows: Sequence[dict],
-    *,
-    input_offset: int = 0,
-    keys: Sequence[str] | None = None,
-    attempt: Attempt | None = None,
-    cell_policies: Mapping[str, CellPolicy] | None = None,
-    give_up_after: int | None = None,
-) -> Admission | None:
-    """Settle `rows` from their keys alone, writing nothing.
-
-    Returns the `Admission` that `admit(..., cache_hits="count")` would return when every row is
-    a fresh cache hit or blocked (`pending` and `inserted` are then empty/0), or None when some
-    row needs admitting (new, failed, stale, pending…) — then call `admit`.
-    """
-    started = time.perf_counter()
-    check_write(port, run, contract, attempt)
-    policies = _check_policies(cell_policies)
-    check_give_up_after(give_up_after)
-    namespace = normalize_namespace(table_namespace)
-    prepared = prepare_rows(rows, namespace, input_offset=input_offset, keys=keys,
-                            need_texts=False, keep_rows=False)
-    layout = layout_for(port, run.scope.play_scope, namespace)
-    attempt_id = attempt.attempt_id if attempt else None
-    n = len(prepared.keys)
-    clock = PhaseClock()
-    # First-choice columns: right unless an output's name collided, which the statement itself
-    # tells (`columns_ok`); then the registry is read and the probe runs again.
-    columns = SheetColumns({f: column_name(f) for f in contract.outputs})
-
-    async def op(conn: Connection) -> list[Any] | None:
-        nonlocal columns
-        sql, extra = build_probe_sql(port, layout, contract, policies, columns,
-                                     give_up_after=give_up_after)
-        results = []
-        for low in range(0, n, ADMIT_CHUNK_ROWS):
-            keys_chunk = sorted(prepared.keys[low:low + ADMIT_CHUNK_ROWS])
-            statement = conn.fetchrow(sql, keys_chunk, run.epoch, attempt_id, *extra)
-            record = await clock.measure("probe", statement)
-            if not record["columns_ok"]:
-                resolved = await resolve_columns(conn, port, layout, contract.outputs)
-                if resolved is None or resolved == columns:
-                    return None  # an output has no column yet: nothing is settled
-                columns = resolved
-                return await op(conn)
-            if record["unsettled"]:
-                return None
-            results.append(record)
-        return results
-
-    try:
-        async with port.connection(LANE) as conn:
-            results = await op(conn)
-    except MissingRelationError:
-        return None  # no sheet table or column yet: nothing there is settled
-    if results is None:
-        return None
-    cached = sum(record["cached"] for record in results)
-    reasons = {key: reason for record in results for key, reason in
-               zip(record["blocked_keys"] or (), record["blocked_reasons"] or ())}
-    blocked = [BlockedRow(key, index, reasons[key])
-               for key, index in zip(prepared.keys, prepared.indexes) if key in reasons] \
-        if reasons else []
-    clock.add("total", time.perf_counter() - started)
-    return Admission(
-        inserted=0, skipped=prepared.skipped, pending=(), completed=(), blocked=tuple(blocked),
-        write_version=run.epoch,
-        timings=tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items()), cached=cached,
-    )

@@ -56,9 +56,14 @@ def output_binds(contract: SheetContract, policies: Mapping[str, CellPolicy],
     return outputs
 
 
-def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]]) -> str:
-    """True when the row `alias` is a fresh cache hit (never NULL)."""
+def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
+                     forced_version: str | None = None) -> str:
+    """True when the row `alias` is a fresh cache hit (never NULL). With `forced_version` (the
+    bind of our write version, under `force=True`) only a row our version wrote counts: a forced
+    run recomputes what older runs wrote, and a wake of it keeps what it recomputed already."""
     terms = [f"{alias}._status = 'enriched'"]
+    if forced_version is not None:
+        terms.append(f"{alias}._write_version = {forced_version}")
     for col, name, seconds in outputs:
         terms.append(
             f"{alias}.{col} IS NOT NULL AND {alias}.{col} <> 'null'::jsonb"
@@ -140,7 +145,7 @@ def _payload_source(has_inputs: bool) -> str:
 def build_admit_sql(
     port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
     column: SheetColumns, *, source: Source = "payload", cache_hits: CacheHits = "rows",
-    give_up_after: int | None = None,
+    give_up_after: int | None = None, force: bool = False,
 ) -> tuple[str, list[Any]]:
     """The admission statement of one chunk and its constant extra binds (`column` maps each
     contract field to its registered column).
@@ -155,7 +160,7 @@ def build_admit_sql(
     t = layout.qualified
     inputs = [(column(f), extra.add(f, "text")) for f in contract.inputs]
     outputs = output_binds(contract, policies, extra, column)
-    cached = cached_predicate("s", outputs)
+    cached = cached_predicate("s", outputs, forced_version="$3::bigint" if force else None)
     out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
     in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
     if source == "page":
@@ -273,7 +278,7 @@ SELECT {page_ok} AS page_ok,
 
 def build_probe_sql(
     port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
-    column: SheetColumns, *, give_up_after: int | None = None,
+    column: SheetColumns, *, give_up_after: int | None = None, force: bool = False,
 ) -> tuple[str, list[Any]]:
     """The read-only probe of a chunk of keys and its constant extra binds.
 
@@ -298,7 +303,8 @@ def build_probe_sql(
         fields=fields, registry=table(port, "sheet_columns"), org=extra.add(layout.org_id, "text"),
         play=extra.add(layout.play, "text"), ns=extra.add(layout.namespace, "text"))
     disposition = disposition_case(
-        exists="true", cached=cached_predicate("s", outputs),
+        exists="true",
+        cached=cached_predicate("s", outputs, forced_version="$2::bigint" if force else None),
         status="s._status", version="s._write_version", attempt="s._attempt_id",
         expires="s._attempt_expires_at", failed_runs="s._failed_runs",
         our_version="$2::bigint", our_attempt="$3::text", give_up_after=give_up,

@@ -11,7 +11,8 @@ How it works
     * `_write_version` newer than ours → fenced `stale_write_version`; older → `unadmitted`;
     * with an attempt, a row leased to another attempt → `attempt_superseded` (our own lease
       still counts as ours after it expired);
-    * a failed outcome for an `enriched` row → `already_completed`;
+    * a failed outcome for an `enriched` row → `already_completed`, unless `force_failed`: then
+      it applies, and every output it marks becomes a failed cell (completed ones included);
     * otherwise applied: completed → `enriched`, the data keys present patched, cell meta of
       every output `{status: completed, run_id, completed_at}` (epoch seconds, server clock)
       merged with the outcome's own cell meta; failed → `failed`, `_error` set, cells patched
@@ -37,13 +38,15 @@ How it works
   version (whose key is not among this call's keys) is applied to that row through the same
   statement; a completed outcome left unmatched is inserted `enriched`; a failed one is fenced
   `missing`.
-- `on_diagnostics(CompletionDiagnostics)` is observational: what it raises is logged and never
-  changes the result.
+- `on_diagnostics(CompletionDiagnostics)` (a plain or async callable) is observational and
+  never delays or changes the result: the diagnostics are queued for the tenant's background
+  task (`engine.diagnostics`; bounded, oldest dropped) and `complete` returns at once; what the
+  sink raises is logged. A port with no such queue running delivers inline. With no sink, one
+  JSON line per completion is logged at DEBUG.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from typing import Any, Callable, Sequence
@@ -51,7 +54,9 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from ..actions import action
-from ..codecs import RUN_REF, STR, list_of, optional
+from ..codecs import BOOL, RUN_REF, STR, list_of, optional
+from ..diagnostics import DiagnosticsQueue, call_sink, log_diagnostics
+from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port
 from ..scopes import RunRef, normalize_namespace
@@ -157,6 +162,7 @@ class _Writer:
     attempt: Attempt | None
     base_fields: list[str]
     clock: PhaseClock
+    force_failed: bool = False
     sheet: SheetTxn | None = None  # set by each transaction attempt
 
     def _counted(self, chunk: list[PreparedOutcome], failed: bool) -> list[str]:
@@ -182,7 +188,8 @@ class _Writer:
             else build_exact_sql
         )
         counted = self._counted(chunk, failed)
-        sql = build(self.port, self.layout, self.sheet.columns, fields, counted, failed)
+        sql = build(self.port, self.layout, self.sheet.columns, fields, counted, failed,
+                    force_failed=failed and self.force_failed)
         args = [
             keys, _json_array([o.data_text for o in chunk]), _nullable([o.meta_text for o in chunk]),
             *self._common(counted, failed), _nullable([o.error for o in chunk]),
@@ -257,7 +264,7 @@ class _Writer:
 
 @action("sheets.complete", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT,
-    "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT),
+    "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT), "force_failed": BOOL,
 }, result=COMPLETION, local=("on_diagnostics",), deadline_s=75.0)
 async def complete(
     port: Port,
@@ -268,10 +275,15 @@ async def complete(
     *,
     attempt: Attempt | None = None,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    force_failed: bool = False,
 ) -> Completion:
-    """Write `outcomes` into the sheet under the run's write version (see module docstring)."""
+    """Write `outcomes` into the sheet under the run's write version (see module docstring).
+    `force_failed=True` lets a failed outcome replace an enriched row of our write version:
+    its completed cells become failed cells."""
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
+    if not isinstance(force_failed, bool):
+        raise InvalidInputError(f"force_failed must be True or False, got {force_failed!r}")
     namespace = normalize_namespace(table_namespace)
     prepared, input_rows = prepare_outcomes(outcomes)
     _check_no_input_fields(prepared, outcomes, contract.inputs)
@@ -280,7 +292,7 @@ async def complete(
     base_fields = sorted(set(contract.outputs) | (data_fields - inputs))
     layout = layout_for(port, run.scope.play_scope, namespace)
     clock = PhaseClock()
-    writer = _Writer(port, layout, run, attempt, base_fields, clock)
+    writer = _Writer(port, layout, run, attempt, base_fields, clock, force_failed)
     completed = [o for o in prepared if not o.failed]
     failed = [o for o in prepared if o.failed]
     all_keys = [o.key for o in prepared]
@@ -312,8 +324,14 @@ async def complete(
         diagnostics = _diagnostics(
             clock, outcome, input_rows, prepared, tally, time.perf_counter() - started
         )
-        if on_diagnostics is not None:
-            await deliver_diagnostics(on_diagnostics, diagnostics)
+        if on_diagnostics is None:
+            log_diagnostics(diagnostics)
+        else:
+            queue = getattr(port, "diagnostics", None)
+            if isinstance(queue, DiagnosticsQueue) and queue.running:
+                queue.put(on_diagnostics, diagnostics)
+            else:
+                await deliver_diagnostics(on_diagnostics, diagnostics)
     return Completion(
         updated=tally.updated,
         committed_keys=tuple(k for k in all_keys if k in tally.committed),
@@ -346,10 +364,5 @@ def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int, prepared, tal
 
 
 async def deliver_diagnostics(sink: Callable[[CompletionDiagnostics], Any], diagnostics) -> None:
-    """Hand diagnostics to the sink; its failures are logged, never raised."""
-    try:
-        result = sink(diagnostics)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        log.exception("sheet completion diagnostics sink failed; the result is unaffected")
+    """Hand diagnostics to the sink now; its failures are logged, never raised."""
+    await call_sink(sink, diagnostics)

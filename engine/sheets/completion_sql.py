@@ -54,12 +54,13 @@ def _kept_by_failed(row: str, patch: str) -> str:
      WHERE ({row}._cell_meta -> k.key ->> 'status') IS DISTINCT FROM 'completed')"""
 
 
-def _new_meta(target: str, row: str, patch: str) -> str:
+def _new_meta(target: str, row: str, patch: str, *, force_failed: bool = False) -> str:
     """New cell meta of the stored row `row` (an alias) for the outcome's patch expression
     `patch`. A row already in the `target` status may be a replay: its fields recorded
     identically but for `completed_at` keep the old entry. Other rows just take the patch (of a
-    failed outcome, what `_kept_by_failed` keeps)."""
-    if target == "failed":
+    failed outcome, what `_kept_by_failed` keeps; all of it when `force_failed`: its completed
+    cells become failed ones)."""
+    if target == "failed" and not force_failed:
         patch = _kept_by_failed(row, patch)
     return f"""CASE WHEN {row}._status = '{target}' THEN {row}._cell_meta || coalesce((
     SELECT jsonb_object_agg(e.key, CASE
@@ -144,7 +145,7 @@ class _ChunkParts(NamedTuple):
 
 def _chunk_parts(
     port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
-    counted: Sequence[str], failed: bool,
+    counted: Sequence[str], failed: bool, force_failed: bool = False,
 ) -> _ChunkParts:
     names = BindParams(14)
     cols = [(column(f), names.add(f, "text")) for f in fields]
@@ -154,7 +155,8 @@ def _chunk_parts(
         table=layout.qualified,
         cols=cols,
         target=target,
-        already="WHEN s._status = 'enriched' THEN 'already_completed'" if failed else "",
+        already=("WHEN s._status = 'enriched' THEN 'already_completed'"
+                 if failed and not force_failed else ""),
         patch=_PATCH,
         version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
         sets=_POLICY_SETS[failed] + "".join(
@@ -204,7 +206,7 @@ def _chunk_result(classified: str) -> str:
 
 def build_exact_sql(
     port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
-    counted: Sequence[str], failed: bool,
+    counted: Sequence[str], failed: bool, *, force_failed: bool = False,
 ) -> str:
     """The exact-key statement of one chunk.
 
@@ -212,19 +214,21 @@ def build_exact_sql(
     $7 the outputs (each marked completed; failed where a failed outcome's row has not completed
     it), $8 fields whose cell counters may move, $9 org, $10 play, $11 namespace, $12 errors,
     $13 calls each outcome took (NULL means 1), then one name per data field.
+    With `force_failed` a failed outcome also applies to an enriched row, and every output it
+    marks becomes a failed cell (completed ones included).
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
     the sheet whatever the planner believes about its size; the UPDATE's only condition on the
     sheet alone is the key (the version fence compares with `cur`, whose unfenced rows have
     `prev_version` = ours: see `build_exact_sql_returning_old` for why no bind may appear there).
     """
-    parts = _chunk_parts(port, layout, column, fields, counted, failed)
+    parts = _chunk_parts(port, layout, column, fields, counted, failed, force_failed)
     t, target = parts.table, parts.target
     data_changed = "".join(
         f" OR (i.data ? {name} AND s.{col} IS DISTINCT FROM i.data -> {name})"
         for col, name in parts.cols
     )
     new_error = "i.error" if failed else "NULL::text"
-    new_meta = _new_meta(target, row="s", patch="p.patch")
+    new_meta = _new_meta(target, row="s", patch="p.patch", force_failed=force_failed)
     return f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.error, u.attempts, u.ord
@@ -259,7 +263,7 @@ applied AS (
 
 def build_exact_sql_returning_old(
     port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
-    counted: Sequence[str], failed: bool,
+    counted: Sequence[str], failed: bool, *, force_failed: bool = False,
 ) -> str:
     """The exact-key statement for PostgreSQL >= 18, with the binds of `build_exact_sql`.
 
@@ -274,15 +278,15 @@ def build_exact_sql_returning_old(
     statement's snapshot — and only when some row was not updated (a one-time filter), so the
     common all-applied chunk never probes the sheet twice.
     """
-    parts = _chunk_parts(port, layout, column, fields, counted, failed)
+    parts = _chunk_parts(port, layout, column, fields, counted, failed, force_failed)
     t, target = parts.table, parts.target
     data_changed = "".join(
         f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})"
         for col, name in parts.cols
     )
-    not_enriched = "AND t._status <> c.kept_status" if failed else ""
+    not_enriched = "AND t._status <> c.kept_status" if failed and not force_failed else ""
     new_error = "c.error" if failed else "NULL::text"
-    new_meta = _new_meta(target, row="t", patch="c.patch")
+    new_meta = _new_meta(target, row="t", patch="c.patch", force_failed=force_failed)
     return f"""
 WITH {_base_meta(failed).strip()},
 source AS MATERIALIZED (

@@ -58,6 +58,7 @@ from ..errors import (
 )
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, sequence_literal, table
+from ..schema import derive_lock_key
 from ..scopes import PlayScope, check_scope, normalize_namespace
 from ..sql import quote_ident
 
@@ -191,6 +192,20 @@ def layout_for(port: Port, scope: PlayScope, table_namespace: str) -> SheetLayou
         namespace=namespace,
         table=table_name(scope.org_id, scope.play, namespace),
     )
+
+
+def sheet_lock_key(port: Any, layout: SheetLayout) -> int:
+    """The sheet's advisory-lock key: derived with the schema's lock secret (what the port read
+    when it opened), so no one without it can tell which key guards which sheet; a database
+    session, which may not read the secret, was given its own sheet's key. A port that has
+    neither (opened without a schema check) falls back to `layout.lock_key`, of public names."""
+    given = (getattr(port, "sheet_lock_keys", None) or {}).get(layout.table)
+    if given is not None:
+        return given
+    secret = getattr(port, "lock_secret", None)
+    if secret is not None:
+        return derive_lock_key(secret, "runplane.sheet", layout.schema, layout.table)
+    return layout.lock_key
 
 
 # -- DDL (exclusive lock only) ----------------------------------------------------------------
@@ -490,13 +505,13 @@ async def _lock_sheet(
                 fields="$6", registry=table(port, "sheet_columns"), org="$2", play="$3", ns="$4")
             record = await conn.fetchrow(
                 _LOCK_SHARED.format(summary=summary, columns=columns),
-                layout.lock_key, *layout.counter_args, layout.table, fields,
+                sheet_lock_key(port, layout), *layout.counter_args, layout.table, fields,
             )
             names = record["columns"]
             if any(name is None for name in names):
                 raise _UnregisteredField("a field has no registered column yet")
             return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))))
-        await conn.execute(_LOCK_EXCLUSIVE, layout.lock_key)
+        await conn.execute(_LOCK_EXCLUSIVE, sheet_lock_key(port, layout))
         server_version = await conn.fetchval(
             _LOCK_SUMMARY.format(summary=summary), *layout.counter_args, layout.table
         )

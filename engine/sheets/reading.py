@@ -7,8 +7,9 @@ How it works
   `_status`, `_error`, `_input_index`, `_attempts` (calls of the map function, across runs) and
   `_failed_runs` (runs in which the row failed) — a field whose name equals one of those is
   shadowed by the system value in these dicts. Rows are ordered by input index (nulls last), creation
-  time and key. With `run_id`, only rows last written by that run are read, and among them only
-  the enriched ones if any exist, else only the failed ones if any exist, else all of them.
+  time and key. With `run_id`, only that run's rows are read — those it last wrote and the
+  cache hits it reused (`engine.sheets.reuse`) — and among them only the enriched ones if any
+  exist, else only the failed ones if any exist, else all of them.
 - `summary` reads the counter rows; a sheet never written reads as all zeros. `summaries` reads
   the counters of every sheet of a play at once (the command line's status). All are plain
   reads: no lock, one snapshot per statement.
@@ -28,6 +29,7 @@ from ..sql import quote_ident
 
 from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
 from .model import SUMMARY, ColumnSummary, Summary
+from .reuse import MEMBERS
 
 _REGISTERED = """
 SELECT to_regclass($4) IS NOT NULL AS present,
@@ -46,16 +48,21 @@ _READ_ALL = """
 SELECT _key, _status, _error, _input_index{policy}{cols} FROM {t} {order} LIMIT $1 OFFSET $2
 """
 
+# A run's rows: those it wrote, and those it reused (`reuse.MEMBERS`).
 _READ_RUN = """
-WITH preferred AS (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM {t} WHERE _run_id = $3 AND _status = 'enriched')
-                THEN 'enriched'
-                WHEN EXISTS (SELECT 1 FROM {t} WHERE _run_id = $3 AND _status = 'failed')
-                THEN 'failed' END AS status
+WITH {members},
+members AS MATERIALIZED (
+    SELECT * FROM {t} WHERE _run_id = $3
+    UNION ALL
+    SELECT * FROM reused
+),
+preferred AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM members WHERE _status = 'enriched') THEN 'enriched'
+                WHEN EXISTS (SELECT 1 FROM members WHERE _status = 'failed') THEN 'failed'
+           END AS status
 )
-SELECT _key, _status, _error, _input_index{policy}{cols} FROM {t}
- WHERE _run_id = $3
-   AND ((SELECT status FROM preferred) IS NULL OR _status = (SELECT status FROM preferred))
+SELECT _key, _status, _error, _input_index{policy}{cols} FROM members
+ WHERE (SELECT status FROM preferred) IS NULL OR _status = (SELECT status FROM preferred)
  {order} LIMIT $1 OFFSET $2
 """
 
@@ -85,10 +92,16 @@ SELECT table_namespace, field, completed, failed FROM {column_summary}
 _COUNTERS = ("total", "queued", "running", "completed", "failed")
 
 
-def _check_page(limit: object, offset: object) -> None:
+MAX_READ_ROWS = 10_000
+
+
+def _check_page(limit: object, offset: object) -> int:
+    """The limit to use (clamped to 1..`MAX_READ_ROWS`); `InvalidInputError` for a limit or
+    offset that is no integer >= 0."""
     for name, value in (("limit", limit), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+    return min(max(limit, 1), MAX_READ_ROWS)  # type: ignore[type-var]
 
 
 @action("sheets.read_rows", params={
@@ -104,9 +117,10 @@ async def read_rows(
     limit: int = 1000,
     offset: int = 0,
 ) -> list[dict]:
-    """Rows of a sheet as dicts (see the module docstring); [] when the sheet does not exist."""
+    """Rows of a sheet as dicts (see the module docstring); [] when the sheet does not exist.
+    `limit` is clamped to 1..10,000 rows: page through larger sheets with `offset`."""
     check_scope(port, scope)
-    _check_page(limit, offset)
+    limit = _check_page(limit, offset)
     if run_id is not None:
         if not isinstance(run_id, str):
             raise InvalidInputError("run_id must be a string or None")
@@ -135,8 +149,10 @@ async def read_rows(
             sql = _READ_ALL.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER)
             records = await conn.fetch(sql, limit, offset)
         else:
-            sql = _READ_RUN.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER)
-            records = await conn.fetch(sql, limit, offset, run_id)
+            members = MEMBERS.format(reuse=table(port, "sheet_reuse"), t=layout.qualified)
+            sql = _READ_RUN.format(cols=cols, policy=policy, t=layout.qualified, order=_ORDER,
+                                   members=members.strip())
+            records = await conn.fetch(sql, limit, offset, run_id, *layout.counter_args)
         out = []
         loads = canonical.loads
         for record in records:

@@ -1,0 +1,207 @@
+"""`runplane export PLAY TABLE`: a table's rows out as JSON lines, CSV or Parquet, streaming.
+
+How it works
+- Read-only: the tenant is opened without bootstrap and the schema, play and table are checked
+  first (`operators.require_schema`, `require_table`), so a missing one is one line, exit 1, and
+  nothing is created — not even the output file. With `--gateway` the same reads go through it.
+- Rows come from `engine.sheets.dataset` in keyset pages and are written as each page arrives,
+  so memory stays flat whatever the table's size:
+  - `jsonl` (the default): each row as `read_rows` gives it, one JSON object a line, exactly the
+    text the server built, written without decoding. Straight from the database it is one
+    `COPY (SELECT …) TO STDOUT` (one snapshot: rows written meanwhile are not in it); through a
+    gateway, keyset pages;
+  - `csv`: a header row, then a column a field (in the sheet's order) plus `_key`, `_status`,
+    `_error`; strings as they are, other values as JSON text, a missing value empty; UTF-8;
+  - `parquet` (needs the `frames` extra): the same columns, typed by each field's kind
+    (`engine.sheets.frames`: nested values as JSON text); each page becomes Arrow columns as it
+    arrives, and every `ROW_GROUP_ROWS` rows are written as one row group.
+- A progress bar (rows written, rows/s) goes to stderr only when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import os
+import sys
+from typing import Any, AsyncIterator, BinaryIO
+
+from runplane.engine import PlayScope, sheets
+from runplane.engine.actions import RemotePort
+from runplane.engine.sheets import frames
+
+from .connect import open_port
+from .operators import CommandError, require_schema, require_table
+
+HELP = "write a table's rows to a file or stdout as JSON lines, CSV or Parquet (streaming)"
+FORMATS = ("jsonl", "csv", "parquet")
+PAGE_ROWS = 2000
+ROW_GROUP_ROWS = 20_000
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("play", help="play name")
+    parser.add_argument("table", help="table namespace")
+    parser.add_argument("--format", choices=FORMATS, default="jsonl",
+                        help="output format (default: jsonl)")
+    parser.add_argument("--output", default="-", metavar="FILE",
+                        help="file to write (default: -, stdout)")
+    parser.add_argument("--status", choices=sheets.dataset_pages.STATUSES, default=None,
+                        help="only rows of this status")
+    parser.add_argument("--run", default=None, metavar="RUN_ID", help="only the rows this run wrote")
+    parser.add_argument("--fields", default=None, metavar="A,B",
+                        help="only these fields, in this order (default: every field)")
+
+
+def csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if type(value) is str else frames.json_text(value)
+
+
+@contextlib.contextmanager
+def _output(path: str):
+    if path == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+    else:
+        with open(path, "wb") as out:
+            yield out
+
+
+class _Progress:
+    """Rows written and rows/s on stderr, when stderr is a terminal (else nothing)."""
+
+    def __init__(self, total: int | None) -> None:
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+                TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]} rows/s"),
+                                TimeElapsedColumn(), console=Console(stderr=True),
+                                transient=False)
+            self.task = self.bar.add_task("export", total=total, rate="-")
+
+    def __enter__(self) -> "_Progress":
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def advance(self, rows: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, rows)
+            task = self.bar.tasks[0]
+            speed = task.completed / task.elapsed if task.elapsed else 0
+            self.bar.update(self.task, rate=f"{speed:,.0f}")
+
+
+async def _jsonl(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
+    written = 0
+
+    async def chunk(data: bytes) -> None:
+        nonlocal written
+        out.write(data)
+        rows = data.count(b"\n")
+        written += rows
+        progress.advance(rows)
+
+    if await ds.copy_lines(chunk):  # straight from the database: one COPY
+        return written
+    async for page in ds.pages(PAGE_ROWS):
+        out.write(page.text.encode("utf-8"))
+        out.write(b"\n")
+        written += page.rows
+        progress.advance(page.rows)
+    return written
+
+
+async def _rows(ds: sheets.Dataset) -> AsyncIterator[list[dict]]:
+    loads = frames.loads
+    async for page in ds.pages(PAGE_ROWS):
+        yield [loads(line) for line in page.lines()]
+
+
+async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=False)
+    writer = csv.writer(text)
+    header: list[str] | None = None
+    written = 0
+    try:
+        async for rows in _rows(ds):
+            if header is None:
+                header = [k for k in rows[0] if k not in frames.SYSTEM_KEYS]
+                header += list(frames.TABLE_SYSTEM_COLUMNS)
+                writer.writerow(header)
+            writer.writerows([csv_cell(row.get(name)) for name in header] for row in rows)
+            written += len(rows)
+            progress.advance(len(rows))
+        if header is None:
+            writer.writerow([*(await ds.field_kinds()), *frames.TABLE_SYSTEM_COLUMNS])
+        text.flush()
+    finally:
+        text.detach()  # the caller owns (and closes) the binary stream
+    return written
+
+
+async def _parquet(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
+    pa = frames.require("pyarrow", "--format parquet")
+    pq = frames.require("pyarrow.parquet", "--format parquet")
+    kinds = await ds.field_kinds()
+    schema = frames.arrow_schema(kinds)
+    written = 0
+    batches: list[Any] = []  # each page as columns as soon as it arrives (compact)
+
+    def flush(writer: Any) -> None:
+        nonlocal written, batches
+        rows = sum(b.num_rows for b in batches)
+        writer.write_table(pa.Table.from_batches(batches, schema=schema),
+                           row_group_size=ROW_GROUP_ROWS)
+        written += rows
+        progress.advance(rows)
+        batches = []
+
+    with pq.ParquetWriter(out, schema) as writer:
+        async for rows in _rows(ds):
+            batches.append(frames.record_batch(kinds, rows))
+            if sum(b.num_rows for b in batches) >= ROW_GROUP_ROWS:
+                flush(writer)
+        if batches or not written:
+            flush(writer)
+    return written
+
+
+WRITERS = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet}
+
+
+async def export(args: argparse.Namespace) -> int:
+    if args.format == "parquet":
+        # Arrow's system allocator (chosen before pyarrow is first imported) hands freed
+        # buffers back, where its default one keeps tens of MB of arenas: the peak stays near
+        # one row group.
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+        try:
+            frames.require("pyarrow", "--format parquet")
+        except ImportError as exc:
+            raise CommandError(str(exc)) from None
+    fields = None if args.fields is None else [f.strip() for f in args.fields.split(",")]
+    async with open_port(args, read_only=True) as port:
+        if not isinstance(port, RemotePort):  # a gateway checks its own schema
+            await require_schema(port)
+        scope = PlayScope(port.org_id, args.play)
+        table = await require_table(port, scope, args.table)
+        ds = sheets.dataset(port, scope, table, status=args.status, run_id=args.run,
+                            fields=fields)
+        await ds.peek(1)  # unknown fields are refused before the output is opened
+        total = await ds.count() if sys.stderr.isatty() else None
+        with _output(args.output) as out, _Progress(total) as progress:
+            await WRITERS[args.format](ds, out, progress)
+    return 0

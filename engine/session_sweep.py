@@ -1,0 +1,157 @@
+"""Dropping database sessions once they expire (`engine.sessions` mints them).
+
+How it works
+- `drop_expired(tenant)` picks this schema's session roles whose `VALID UNTIL` has passed (or
+  whose role is gone), terminates every connection still open under them
+  (`pg_terminate_backend`, waiting up to `TERMINATE_WAIT_MS` for each backend to exit: an
+  expired session keeps no connection that still reads or writes), then drops the roles with
+  everything they own or were granted, and their scope rows. The login needs to be a
+  superuser, a member of `pg_signal_backend`, or to have privileges of the session roles (the
+  login that created them, PostgreSQL 16+); when it may not signal them it says so in the log
+  and drops only the roles that have no open connection.
+- `include_unexpired` also drops unexpired roles that have no open connection when looked at
+  (for tests, and for revoking a schema's sessions at once); their connections are not cut.
+- `sweep_expired(tenant)` runs `drop_expired` every `SWEEP_INTERVAL_S` until cancelled: the
+  gateway and `runplane supervise` run it, so an expired session's connections end within one
+  interval of its expiry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from . import pg
+from .errors import DatabaseError, EngineError, InsufficientPrivilegeError
+from .session_isolation import SCOPES_TABLE
+from .sql import qualified, quote_ident
+
+DROP_BATCH = 200
+SWEEP_INTERVAL_S = 60.0
+TERMINATE_WAIT_MS = 5_000
+
+log = logging.getLogger("runplane.sessions")
+
+_DROPPABLE = """
+SELECT m.role_name, m.sheet_table,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.usename = m.role_name)
+           AS connected
+  FROM {m} AS m
+  LEFT JOIN pg_catalog.pg_roles AS r ON r.rolname = m.role_name
+ WHERE (r.oid IS NULL OR r.rolvaliduntil < clock_timestamp()
+        OR ($1 AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a
+                                WHERE a.usename = m.role_name)))
+ ORDER BY m.expires_at
+ LIMIT $2
+   FOR UPDATE OF m SKIP LOCKED
+"""
+
+# Terminates the roles' backends and waits for each to exit; the count is of those that did not.
+_TERMINATE = """
+SELECT count(*) FILTER (WHERE NOT pg_catalog.pg_terminate_backend(a.pid, $2::bigint))
+  FROM pg_catalog.pg_stat_activity AS a
+ WHERE a.usename = ANY($1::text[]) AND a.pid <> pg_catalog.pg_backend_pid()
+"""
+
+
+def _revokes(schema: str, roles: list[str], sheet_tables: list[str]) -> str:
+    rs = ", ".join(quote_ident(r) for r in roles)
+    tables = ", ".join(qualified(schema, t) for t in (
+        "meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
+        "sheet_columns", *sheet_tables))
+    return (f"REVOKE ALL ON SCHEMA {quote_ident(schema)} FROM {rs};\n"
+            f"REVOKE ALL ON TABLE {tables} FROM {rs};\n"
+            f"REVOKE ALL ON SEQUENCE {qualified(schema, 'row_versions')} FROM {rs}")
+
+
+async def _drop_roles(conn: pg.Connection, schema: str, roles: list[str], sheet_tables: list[str]) -> None:
+    """Drop `roles` with what they own and were granted (one savepoint, all or nothing)."""
+    async with conn.transaction():
+        existing = await conn.fetchval(
+            "SELECT coalesce(array_agg(rolname::text), '{}') FROM pg_catalog.pg_roles"
+            " WHERE rolname = ANY($1::text[])", roles)
+        if existing:
+            rs = ", ".join(quote_ident(r) for r in existing)
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"DROP OWNED BY {rs}")
+            except InsufficientPrivilegeError:
+                # Not a superuser: revoke what mint granted. A role that still owns something
+                # (a large object it made) then cannot be dropped; every sweep tries again.
+                present = await conn.fetchval(
+                    "SELECT coalesce(array_agg(t), '{}') FROM unnest($1::text[]) AS t"
+                    " WHERE to_regclass(quote_ident($2) || '.' || quote_ident(t)) IS NOT NULL",
+                    sheet_tables, schema)
+                await conn.execute(_revokes(schema, existing, list(present)))
+            await conn.execute(f"DROP ROLE {rs}")
+        await conn.execute(
+            f"DELETE FROM {qualified(schema, SCOPES_TABLE)} WHERE role_name = ANY($1::text[])", roles)
+
+
+async def _terminate(conn: pg.Connection, rows: list[Any]) -> list[Any]:
+    """End the connections of the expired roles among `rows`; return the rows to drop (those
+    whose connections are gone, or that had none)."""
+    connected = [r["role_name"] for r in rows if r["connected"]]
+    if not connected:
+        return rows
+    try:
+        async with conn.transaction():
+            stuck = await conn.fetchval(_TERMINATE, connected, TERMINATE_WAIT_MS)
+    except InsufficientPrivilegeError as exc:
+        log.warning("cannot end the connections of expired database sessions (grant the login "
+                    "pg_signal_backend): %s", exc)
+        return [r for r in rows if not r["connected"]]
+    if stuck:
+        log.warning("%d connection(s) of expired database sessions did not end within %d ms; "
+                    "their roles are dropped on a later sweep", stuck, TERMINATE_WAIT_MS)
+        return [r for r in rows if not r["connected"]]
+    return rows
+
+
+async def drop_expired(tenant: Any, *, include_unexpired: bool = False, limit: int = 10_000) -> int:
+    """Cut the connections of this schema's expired session roles and drop them; return how
+    many roles were dropped (see the module docstring)."""
+    dropped = 0
+    sql = _DROPPABLE.format(m=qualified(tenant.schema, SCOPES_TABLE))
+    async with tenant.login_connection() as conn:
+        while dropped < limit:
+            async with conn.transaction():
+                await conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
+                rows = await conn.fetch(sql, include_unexpired, min(DROP_BATCH, limit - dropped))
+                if not rows:
+                    break
+                droppable = await _terminate(conn, list(rows))
+                roles = [row["role_name"] for row in droppable]
+                tables = sorted({row["sheet_table"] for row in droppable if row["sheet_table"]})
+                done = 0
+                if roles:
+                    try:
+                        await _drop_roles(conn, tenant.schema, roles, tables)
+                        done = len(roles)
+                    except DatabaseError:
+                        # One role is stuck (it still owns something): go one by one.
+                        for role, table in [(r["role_name"], r["sheet_table"]) for r in droppable]:
+                            try:
+                                await _drop_roles(conn, tenant.schema, [role], [table] if table else [])
+                                done += 1
+                            except DatabaseError:
+                                continue
+                dropped += done
+                if done < len(rows):
+                    break
+    return dropped
+
+
+async def sweep_expired(tenant: Any, *, interval_s: float = SWEEP_INTERVAL_S) -> None:
+    """Drop expired sessions now and every `interval_s` after, until cancelled (the gateway and
+    `runplane supervise` run this). A failed sweep is logged and tried again next time."""
+    while True:
+        try:
+            dropped = await drop_expired(tenant)
+            if dropped:
+                log.info("dropped %d expired database session role(s) in schema %s", dropped, tenant.schema)
+        except EngineError as exc:
+            log.warning("dropping expired database sessions failed (will retry): %s", exc)
+        await trio.sleep(interval_s)

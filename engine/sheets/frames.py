@@ -1,0 +1,125 @@
+"""Rows as columns: the Arrow shape of a dataset (for `to_arrow` and Parquet export).
+
+How it works
+- A field's kind comes from the values the sheet holds for the rows read (one scan,
+  `kinds_statement`): `string` (only strings), `integer` (only integral numbers within int64),
+  `float` (other numbers), `boolean`, `json` (objects, arrays or a mix of kinds: the column
+  holds each value's JSON text) and `null` (no value at all: a string column of nulls). A
+  missing output is null in every kind.
+- The columns are the fields in the sheet's order, then `_key`, `_status`, `_error` (the same
+  columns a CSV export has).
+- A value that no longer fits its column's kind (a concurrent run wrote another type after the
+  kinds were read) raises `ConflictError` rather than being changed; a string or null column
+  takes any value as its JSON text.
+- `pyarrow` and `pandas` come with the `frames` extra; `require` imports them or raises one
+  `ImportError` line naming the extra. This module imports neither at import time and does no
+  I/O.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any, Mapping
+
+from ..errors import ConflictError
+from ..sql import quote_ident
+from .dataset_pages import Filters, SheetRead, filter_sql
+from .layout import BindParams
+
+KINDS = ("string", "integer", "float", "boolean", "json", "null")
+SYSTEM_KEYS = ("_key", "_status", "_error", "_input_index", "_attempts", "_failed_runs")
+TABLE_SYSTEM_COLUMNS = ("_key", "_status", "_error")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+loads = json.loads
+
+
+def require(module: str, what: str) -> Any:
+    """Import `module` (pyarrow or pandas), or raise one line naming the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{what} needs {module}: install the extra with "
+                          "`pip install 'runplane[frames]'`") from None
+
+
+def kinds_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
+    """One scan giving, per field i, its JSON types (`t<i>`) and whether its numbers are all
+    integral within int64 (`n<i>`)."""
+    binds = BindParams(1)
+    where = filter_sql(filters, binds) or ["true"]
+    columns = []
+    for i, (_, column) in enumerate(read.pairs):
+        c = quote_ident(column)
+        columns.append(
+            f"array_agg(DISTINCT jsonb_typeof({c})) AS t{i}, "
+            f"bool_and(CASE WHEN jsonb_typeof({c}) = 'number' THEN {c}::numeric = "
+            f"trunc({c}::numeric) AND {c}::numeric BETWEEN {INT64_MIN} AND {INT64_MAX} "
+            f"ELSE true END) AS n{i}")
+    sql = f"SELECT {', '.join(columns)} FROM {read.layout.qualified} WHERE {' AND '.join(where)}"
+    return sql, binds.values
+
+
+def kind_of(types: list[str | None] | None, integral: bool | None) -> str:
+    """A field's kind from the JSON types its values have."""
+    present = {t for t in (types or ()) if t not in (None, "null")}
+    if not present:
+        return "null"
+    if present == {"string"}:
+        return "string"
+    if present == {"number"}:
+        return "integer" if integral else "float"
+    if present == {"boolean"}:
+        return "boolean"
+    return "json"
+
+
+def json_text(value: Any) -> str:
+    """A value as compact JSON text (UTF-8, not ASCII-escaped)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def arrow_schema(kinds: Mapping[str, str]) -> Any:
+    pa = require("pyarrow", "Arrow output")
+    types = {"string": pa.string(), "integer": pa.int64(), "float": pa.float64(),
+             "boolean": pa.bool_(), "json": pa.string(), "null": pa.string()}
+    return pa.schema([pa.field(name, types[kind]) for name, kind in kinds.items()]
+                     + [pa.field(name, pa.string()) for name in TABLE_SYSTEM_COLUMNS])
+
+
+def _misfit(field: str, kind: str, value: Any) -> ConflictError:
+    return ConflictError(f"field {field!r} holds a {type(value).__name__} where its column "
+                         f"is {kind} (a run wrote it during the read); read it again")
+
+
+def column_values(field: str, kind: str, values: list[Any]) -> list[Any]:
+    """`values` as the column of `kind` holds them (see the module docstring)."""
+    if kind in ("string", "null"):
+        return [v if v is None or type(v) is str else json_text(v) for v in values]
+    if kind == "json":
+        return [None if v is None else json_text(v) for v in values]
+    out: list[Any] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif kind == "integer" and type(v) is int and INT64_MIN <= v <= INT64_MAX:
+            out.append(v)
+        elif kind == "float" and type(v) in (int, float):
+            out.append(float(v))
+        elif kind == "boolean" and type(v) is bool:
+            out.append(v)
+        else:
+            raise _misfit(field, kind, v)
+    return out
+
+
+def record_batch(kinds: Mapping[str, str], rows: list[dict]) -> Any:
+    """One Arrow record batch of `rows` (dicts as `Dataset.iterate` gives them)."""
+    pa = require("pyarrow", "Arrow output")
+    arrays = [column_values(field, kind, [row.get(field) for row in rows])
+              for field, kind in kinds.items()]
+    arrays += [[row[name] for row in rows] for name in TABLE_SYSTEM_COLUMNS]
+    schema = arrow_schema(kinds)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(a, type=t) for a, t in zip(arrays, schema.types)], schema=schema)
+

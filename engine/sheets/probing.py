@@ -1,0 +1,139 @@
+"""The probe: settle rows from their keys alone, in one read-only statement per chunk.
+
+How it works
+- When every row is a fresh cache hit or blocked it returns the `Admission` a count-mode
+  `admit` would have returned (nothing to write: admission touches neither), otherwise None
+  and the caller admits. It judges rows by the same SQL fragments as admission
+  (`admission_sql`), on the server's clock; its snapshot is a committed state, so its answer is
+  the one an admission at that instant would give.
+- `probe_keyed` is the same probe that also hands back the rows' keys it computed (the mapper
+  records the keys of the rows it reused without keying them twice).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+from ..actions import RemotePort, action
+from ..codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
+from ..errors import MissingRelationError
+from ..pg import Connection
+from ..ports import Port
+from ..scopes import RunRef, normalize_namespace
+
+from .admission import ADMIT_CHUNK_ROWS, check_policies, check_flag, check_give_up_after
+from .admission_sql import build_probe_sql
+from .inputs import check_write, prepare_rows
+from .layout import LANE, PhaseClock, SheetColumns, column_name, layout_for, resolve_columns
+from .model import (
+    ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, Admission, Attempt, BlockedRow, CellPolicy,
+    SheetContract, Timing,
+)
+
+
+@action("sheets.probe", params={
+    "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
+    "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
+    "cell_policies": optional(CELL_POLICIES), "give_up_after": optional(INT), "force": BOOL,
+}, result=optional(ADMISSION), deadline_s=30.0, writes=False)
+async def probe(
+    port: Port,
+    run: RunRef,
+    table_namespace: str,
+    contract: SheetContract,
+    rows: Sequence[dict],
+    *,
+    input_offset: int = 0,
+    keys: Sequence[str] | None = None,
+    attempt: Attempt | None = None,
+    cell_policies: Mapping[str, CellPolicy] | None = None,
+    give_up_after: int | None = None,
+    force: bool = False,
+) -> Admission | None:
+    """Settle `rows` from their keys alone, writing nothing.
+
+    Returns the `Admission` that `admit(..., cache_hits="count")` would return when every row is
+    a fresh cache hit or blocked (`pending` and `inserted` are then empty/0), or None when some
+    row needs admitting (new, failed, stale, pending…) — then call `admit`. `force` judges
+    rows as `admit(..., force=True)` does.
+    """
+    settled, _keys = await probe_keyed(
+        port, run, table_namespace, contract, rows, input_offset=input_offset, keys=keys,
+        attempt=attempt, cell_policies=cell_policies, give_up_after=give_up_after, force=force)
+    return settled
+
+
+async def probe_keyed(
+    port: Port, run: RunRef, table_namespace: str, contract: SheetContract,
+    rows: Sequence[dict], *, input_offset: int = 0, keys: Sequence[str] | None = None,
+    attempt: Attempt | None = None, cell_policies: Mapping[str, CellPolicy] | None = None,
+    give_up_after: int | None = None, force: bool = False,
+) -> tuple[Admission | None, list[str]]:
+    """`probe`, and the rows' keys (deduplicated) it computed or was given: a map records the
+    keys of the rows it reused (`engine.sheets.reuse`) without keying them twice. Through a
+    remote port the keys are computed here and the action `sheets.probe` is sent."""
+    if isinstance(port, RemotePort):
+        if keys is None:
+            keys = prepare_rows(rows, normalize_namespace(table_namespace),
+                                input_offset=input_offset, keys=None, need_texts=False,
+                                keep_rows=False).keys
+        settled = await probe(port, run, table_namespace, contract, rows,
+                              input_offset=input_offset, keys=keys, attempt=attempt,
+                              cell_policies=cell_policies, give_up_after=give_up_after, force=force)
+        return settled, list(dict.fromkeys(keys))
+    started = time.perf_counter()
+    check_write(port, run, contract, attempt)
+    check_flag("force", force)
+    policies = check_policies(cell_policies)
+    check_give_up_after(give_up_after)
+    namespace = normalize_namespace(table_namespace)
+    prepared = prepare_rows(rows, namespace, input_offset=input_offset, keys=keys,
+                            need_texts=False, keep_rows=False)
+    layout = layout_for(port, run.scope.play_scope, namespace)
+    attempt_id = attempt.attempt_id if attempt else None
+    n = len(prepared.keys)
+    clock = PhaseClock()
+    # First-choice columns: right unless an output's name collided, which the statement itself
+    # tells (`columns_ok`); then the registry is read and the probe runs again.
+    columns = SheetColumns({f: column_name(f) for f in contract.outputs})
+
+    async def op(conn: Connection) -> list[Any] | None:
+        nonlocal columns
+        sql, extra = build_probe_sql(port, layout, contract, policies, columns,
+                                     give_up_after=give_up_after, force=force)
+        results = []
+        for low in range(0, n, ADMIT_CHUNK_ROWS):
+            keys_chunk = sorted(prepared.keys[low:low + ADMIT_CHUNK_ROWS])
+            statement = conn.fetchrow(sql, keys_chunk, run.epoch, attempt_id, *extra)
+            record = await clock.measure("probe", statement)
+            if not record["columns_ok"]:
+                resolved = await resolve_columns(conn, port, layout, contract.outputs)
+                if resolved is None or resolved == columns:
+                    return None  # an output has no column yet: nothing is settled
+                columns = resolved
+                return await op(conn)
+            if record["unsettled"]:
+                return None
+            results.append(record)
+        return results
+
+    try:
+        async with port.connection(LANE) as conn:
+            results = await op(conn)
+    except MissingRelationError:
+        return None, prepared.keys  # no sheet table or column yet: nothing there is settled
+    if results is None:
+        return None, prepared.keys
+    cached = sum(record["cached"] for record in results)
+    reasons = {key: reason for record in results for key, reason in
+               zip(record["blocked_keys"] or (), record["blocked_reasons"] or ())}
+    blocked = [BlockedRow(key, index, reasons[key])
+               for key, index in zip(prepared.keys, prepared.indexes) if key in reasons] \
+        if reasons else []
+    clock.add("total", time.perf_counter() - started)
+    return Admission(
+        inserted=0, skipped=prepared.skipped, pending=(), completed=(), blocked=tuple(blocked),
+        write_version=run.epoch,
+        timings=tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items()), cached=cached,
+    ), prepared.keys

@@ -1,0 +1,167 @@
+"""The outage budget is a wall-clock bound: a run whose database stops answering — connects that
+time out rather than being refused, statements left hanging — ends within 2 s of its budget,
+and a map cancelled during an outage (Ctrl-C) exits at once instead of flushing against a
+database that is away. The faults come from `tests.pg_proxy`'s blackhole."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+
+from runplane.actors import open_run
+from runplane.actors.retry import OutageWatch, retry_transient
+from runplane.actors.run import ended_by_outage
+from runplane.engine import open_tenant, sheets
+from runplane.engine.errors import StoreOutageError
+
+from .cli_helpers import cli_env, start_cli, wait_for_text
+from .conftest import fresh_schema
+from .pg_proxy import open_pg_proxy
+from .test_outage_budget import Flaky
+
+BUDGET_S = 3.0
+BOUND_S = 2.0  # the run ends within this of its budget
+CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper",))
+
+
+def rows(n: int) -> list[dict]:
+    return [{"name": f"row-{i}", "n": i} for i in range(n)]
+
+
+async def blackholed_run(dsn: str, *, sever: bool, cancel_after_s: float | None = None):
+    """Run a long map through a proxy, blackhole the proxy once 300 rows are done, and report
+    (the error the run ended with, seconds from the blackhole to the run's end, the proxy)."""
+    outcome: dict = {}
+    async with open_pg_proxy(dsn) as proxy:
+        async with open_tenant("org-clock", proxy.dsn, schema=fresh_schema(),
+                               outage_budget_s=BUDGET_S) as tenant:
+            progressed = trio.Event()
+
+            async def enrich(row: dict) -> dict:
+                if row["n"] >= 300:
+                    progressed.set()
+                await trio.sleep(0.002)
+                return {"upper": row["name"].upper()}
+
+            async def run_it(cancel_scope: trio.CancelScope) -> None:
+                with cancel_scope:
+                    try:
+                        async with open_run(tenant, "clock") as run:
+                            await run.map("things", rows(50_000), enrich, contract=CONTRACT,
+                                          concurrency=8)
+                    except Exception as exc:  # noqa: BLE001 - the test inspects it
+                        outcome["error"] = exc
+                outcome["ended"] = trio.current_time()
+
+            scope = trio.CancelScope()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_it, scope)
+                await progressed.wait()
+                proxy.set_blackhole(True, sever=sever)
+                cut = trio.current_time()
+                if cancel_after_s is not None:
+                    await trio.sleep(cancel_after_s)
+                    cut = trio.current_time()
+                    scope.cancel()  # what Ctrl-C does to the command
+            elapsed = outcome["ended"] - cut
+            # the tenant closes against the blackhole, too: it must not hang
+            closing = trio.current_time()
+        closed_s = trio.current_time() - closing
+        proxy.set_blackhole(False)
+    return outcome.get("error"), elapsed, closed_s, proxy
+
+
+async def test_connects_that_time_out_count_against_the_budget(dsn):
+    # every open connection is dropped and every new connect goes unanswered (times out)
+    error, elapsed, closed_s, proxy = await blackholed_run(dsn, sever=True)
+    print(f"run ended {elapsed:.2f}s after the blackhole (budget {BUDGET_S}s); "
+          f"tenant closed in {closed_s:.2f}s")
+    assert ended_by_outage(error), repr(error)
+    assert proxy.fired["blackhole_connect"] >= 1  # connects did time out
+    assert elapsed < BUDGET_S + BOUND_S, elapsed
+
+
+async def test_statements_left_unanswered_count_against_the_budget(dsn):
+    # open connections stay open but nothing comes back: no error ever arrives
+    error, elapsed, closed_s, _ = await blackholed_run(dsn, sever=False)
+    print(f"run ended {elapsed:.2f}s after the blackhole (budget {BUDGET_S}s); "
+          f"tenant closed in {closed_s:.2f}s")
+    assert ended_by_outage(error), repr(error)
+    assert elapsed < BUDGET_S + BOUND_S, elapsed
+
+
+async def test_a_map_cancelled_during_an_outage_ends_at_once(dsn):
+    error, elapsed, closed_s, _ = await blackholed_run(dsn, sever=True, cancel_after_s=1.0)
+    print(f"cancelled run ended {elapsed:.2f}s after its cancellation; "
+          f"tenant closed in {closed_s:.2f}s")
+    assert error is None, repr(error)  # cancelled, not failed: the run stays open to resume
+    assert elapsed + closed_s < BOUND_S, (elapsed, closed_s)
+
+
+def test_doctor_prints_the_outage_budget_in_force(dsn):
+    from .test_doctor import run_doctor
+
+    default = run_doctor(env_dsn=dsn)
+    assert default.returncode == 0, default.stderr
+    assert "outage      budget 60s (the default; set RUNPLANE_OUTAGE_BUDGET_S" in default.stdout
+    env = dict(os.environ, RUNPLANE_DSN=dsn, RUNPLANE_OUTAGE_BUDGET_S="7.5")
+    given = subprocess.run([sys.executable, "-m", "runplane.cli", "doctor"], capture_output=True,
+                           text=True, env=env, timeout=60)
+    assert given.returncode == 0, given.stderr
+    assert "outage      budget 7.5s (from RUNPLANE_OUTAGE_BUDGET_S)" in given.stdout
+
+
+async def test_ctrl_c_during_an_outage_exits_within_two_seconds_with_the_resume_command(
+        dsn, tmp_path):
+    async with open_pg_proxy(dsn) as proxy:
+        log = tmp_path / "demo.log"
+        proc = start_cli("demo", "--rows", "20000", "--schema", fresh_schema(), "--fail-rate",
+                         "0", "--latency-ms", "2", stdout_path=log,
+                         env=cli_env(RUNPLANE_DSN=proxy.dsn))  # the default 60 s budget
+        try:
+            await trio.to_thread.run_sync(wait_for_text, log, "to resume it:", proc)
+            proxy.set_blackhole(True, sever=True)
+            await trio.to_thread.run_sync(wait_for_text, log, "waiting for the database (", proc)
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            await trio.to_thread.run_sync(proc.wait, 60)
+            exit_s = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    err = proc.stderr.read()
+    print(f"Ctrl-C during an outage: the process exited {exit_s:.2f}s later")
+    assert proc.returncode == 130, err
+    assert [line for line in err.splitlines() if line.startswith("runplane: resume run ")], err
+    assert exit_s < BOUND_S, exit_s
+
+
+async def test_a_zero_budget_never_cuts_an_attempt_that_has_not_failed(autojump_clock):
+    watch = OutageWatch(budget_s=0)
+
+    async def slow() -> str:
+        await trio.sleep(30)  # a slow answer is an answer
+        return "ok"
+
+    assert await retry_transient(slow, watch=watch) == "ok"
+    with pytest.raises(StoreOutageError):
+        await retry_transient(Flaky(failures=1), watch=watch)
+
+
+async def test_an_attempt_left_unanswered_for_the_budget_is_an_outage(autojump_clock):
+    watch = OutageWatch(budget_s=5)
+
+    async def hangs() -> str:
+        await trio.sleep_forever()
+
+    started = trio.current_time()
+    with pytest.raises(StoreOutageError, match="cut off at the budget"):
+        await retry_transient(hangs, watch=watch)
+    assert trio.current_time() - started == pytest.approx(5)
+    assert watch.exhausted

@@ -1,0 +1,47 @@
+"""Force, reuse, write modes and receipt batches through a gateway answer as direct calls do."""
+
+from __future__ import annotations
+
+import collections
+
+from runplane.actors import open_run
+from runplane.engine import receipts, sheets
+
+from .gateway_support import gateway, server  # noqa: F401
+from .sheet_helpers import counters_match, play_scope
+
+CONTRACT = sheets.SheetContract(inputs=("name",), outputs=("score",))
+NS = "through"
+
+
+async def test_force_reuse_and_write_modes_through_a_gateway(tenant, gateway):
+    calls: collections.Counter = collections.Counter()
+
+    async def fn(row):
+        calls[row["name"]] += 1
+        return {"score": 1}
+
+    rows = [{"name": f"n{i}"} for i in range(200)]
+    async with open_run(gateway, "play", "first") as run:
+        await run.map(NS, rows, fn, contract=CONTRACT)
+    async with open_run(gateway, "play", "second") as run:
+        assert (await run.map(NS, rows, fn, contract=CONTRACT)).cached == 200
+        found = await sheets.read_rows(gateway, run.scope.play_scope, NS, run_id="second")
+        assert len(found) == 200  # the rows it reused
+    async with open_run(gateway, "play", "third", force=True) as run:
+        assert (await run.map(NS, rows, fn, contract=CONTRACT)).completed == 200
+        appended = await sheets.append_rows(gateway, run.ref, NS, CONTRACT, rows[:2],
+                                            idempotency_key="k")
+        assert [r.input_index for r in appended.pending] == [200, 201]
+        claimed = await receipts.claim(gateway, run.ref, "r", lease_s=30)
+        assert claimed.disposition == "claimed"
+        assert await receipts.release(gateway, run.ref, ["r"]) == ["r"]
+        done = await receipts.complete_many(gateway, run.ref, {"r": 1, "s": 2})
+        assert {k: r.output for k, r in done.items()} == {"r": 1, "s": 2}
+    assert set(calls.values()) == {2}
+    ok, detail = await counters_match(tenant, play_scope(tenant), NS)
+    assert ok, detail
+    async with open_run(gateway, "play", "fourth") as run:
+        replaced = await sheets.replace_rows(gateway, run.ref, NS, CONTRACT, rows[:3])
+        assert replaced.inserted == 3
+    assert (await sheets.summary(tenant, play_scope(tenant), NS)).total == 3
