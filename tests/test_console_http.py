@@ -3,6 +3,8 @@ the one-time link, keyset pages and the live stream."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import pytest
@@ -16,7 +18,7 @@ from runplane.engine.gateway import mint_token
 from runplane.engine.tenant import DEFAULT_LANES
 
 from .conftest import fresh_schema
-from .console_support import (OTHER_ORG, OTHER_SECRET, SECRET, client, cookie_header,
+from .console_support import (EVIL, OTHER_ORG, OTHER_SECRET, SECRET, client, cookie_header,
                               login_token, run_ids, seed)
 from .gateway_support import serving
 
@@ -28,7 +30,8 @@ def pages_of(seeded) -> list[str]:
 
 def data_of(seeded) -> list[str]:
     return ["/ui/api/runs", f"/ui/api/runs/alpha/{seeded.alpha_run}", "/ui/api/tables/alpha/t",
-            "/ui/api/failures/alpha/t", f"/ui/live/runs/alpha/{seeded.alpha_run}"]
+            "/ui/api/failures/alpha/t", "/ui/export/alpha/t.jsonl", "/ui/export/alpha/t.csv",
+            f"/ui/live/runs/alpha/{seeded.alpha_run}"]
 
 
 @pytest.fixture
@@ -101,6 +104,7 @@ async def test_a_token_sees_exactly_its_org_and_plays(tenant, gateway_url, seede
             assert response.status_code == 404, path
             assert OTHER_SECRET not in response.text and "beta-row" not in response.text
         for path in (f"/ui/api/runs/beta/{seeded.beta_run}", "/ui/api/failures/beta/u",
+                     "/ui/export/beta/u.jsonl", f"/ui/export/alpha/t.csv?org={OTHER_ORG}",
                      f"/ui/live/runs/beta/{seeded.beta_run}", f"/ui/api/runs?org={OTHER_ORG}",
                      f"/ui/live/runs/alpha/{seeded.other_run}?org={OTHER_ORG}"):
             assert (await http.get(path)).status_code == 404, path
@@ -152,7 +156,7 @@ async def test_table_pages_by_keyset_with_filters(tenant, gateway_url, seeded):
         html = (await http.get("/ui/failures/alpha/t")).text
         assert "<details>" in html and "no data for bad0" in html
         html = (await http.get("/ui/tables/alpha/t")).text
-        assert 'id="next"' in html and 'id="export-placeholder"' in html
+        assert 'id="next"' in html and 'href="/ui/export/alpha/t.csv"' in html
 
 
 async def test_live_stream_sends_counters(tenant, gateway_url, seeded):
@@ -339,3 +343,22 @@ async def test_runs_page_by_epoch_keyset_with_filters(tenant, gateway_url, seede
         assert len(open_runs) == 50 and all(r["resume"] is None or r["state"] == "open"
                                             for r in open_runs)
         assert (await http.get("/ui/api/runs", params={"state": "nope"})).status_code == 400
+
+
+async def test_exports_stream_a_tables_rows_as_json_lines_and_csv(tenant, gateway_url, seeded):
+    async with client(gateway_url) as http:
+        await login_token(http, mint_token(SECRET, tenant.org_id, plays=("alpha",)))
+        lines = (await http.get("/ui/export/alpha/t.jsonl")).text.splitlines()
+        found = [json.loads(line) for line in lines]
+        assert len(found) == 64 and len({row["_key"] for row in found}) == 64
+        assert found[0]["name"] == EVIL  # row order: input index first
+        response = await http.get("/ui/export/alpha/t.csv?status=failed")
+        assert response.headers["content-type"].startswith("text/csv")
+        assert 'filename="alpha-t.csv"' in response.headers["content-disposition"]
+        table = list(csv.reader(io.StringIO(response.text)))
+        assert table[0][-3:] == ["_key", "_status", "_error"] and "name" in table[0]
+        assert len(table) == 4 and {row[table[0].index("_status")] for row in table[1:]} == {"failed"}
+        assert (await http.get("/ui/export/alpha/t.parquet")).status_code == 400
+        assert (await http.get("/ui/export/alpha/nope.csv")).status_code == 404
+        assert (await http.get("/ui/export/alpha/t.csv?status=bogus")).status_code == 400
+        assert OTHER_SECRET not in (await http.get("/ui/export/alpha/t.jsonl")).text

@@ -239,11 +239,11 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
     columns_table = (f'<h2>Column counters</h2><table class="columns"><tr><th>field</th>'
                      f'<th class="num">completed</th><th class="num">failed</th></tr>{columns}</table>'
                      if columns else "")
-    export = ("<h2>Export</h2><p>" + " · ".join(f'<a href="{esc(url)}">{esc(name)}</a>'
-                                                 for name, url in exports) + "</p>") if exports else (
-        '<h2>Export</h2><p class="notice" id="export-placeholder">Export links appear here once '
-        'the export endpoint (<code>/ui/export/…</code>) is available; meanwhile use '
-        f'<code>runplane export {esc(play)} {esc(namespace)}</code>.</p>')
+    export = ('<h2>Export</h2><p id="exports">' + " · ".join(
+        f'<a href="{url}" download>{esc(name)}</a>' for name, url in exports)
+        + (" (the rows shown by the status filter)" if status else "")
+        + f' · Parquet: <code>runplane export {esc(play)} {esc(namespace)} --format parquet</code>'
+        '</p>')
     filters = (f'<form class="filters" method="get" action="/ui/tables/{esc(seg(play))}/{esc(seg(namespace))}">'
                + (f'<input type="hidden" name="org" value="{esc(org)}">' if show_org else "")
                + f'<label>status{_options("status", ("pending", "running", "enriched", "failed"), status)}</label>'

@@ -31,13 +31,14 @@ import trio
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (HTMLResponse, JSONResponse, RedirectResponse, Response,
+                                 StreamingResponse)
 from starlette.routing import Route
 
 from ..errors import AuthError, EngineError, ScopeError
 from ..ports import Port
 from ..scopes import PlayScope, RunScope, normalize_namespace
-from . import pages, queries, rows
+from . import export, pages, queries, rows
 from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
 
 log = logging.getLogger("runplane.console")
@@ -90,6 +91,7 @@ def console_app(console: Console) -> Any:
         Route("/api/tables/{play}/{table}", h.api_table, methods=["GET"]),
         Route("/api/failures/{play}/{table}", h.api_failures, methods=["GET"]),
         Route("/live/runs/{play}/{run_id}", h.live, methods=["GET"]),
+        Route("/export/{play}/{table}.{fmt}", h.export, methods=["GET"]),
     ])
 
     async def secured(scope: Any, receive: Any, send: Any) -> None:
@@ -343,9 +345,32 @@ class _Handlers:
     async def table(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             _, org, play, namespace, page, status, key = await self._page(request, viewer, False)
-            return _html(pages.table_page(org, play, namespace, page, show_org=viewer.org is None,
-                                          status=status, key=key, exports=[]))
+            show_org = viewer.org is None
+            links = [(label, pages.q(f"/ui/export/{pages.seg(play)}/{pages.seg(namespace)}.{fmt}",
+                                     org=org if show_org else None, status=status))
+                     for label, fmt in (("JSON lines", "jsonl"), ("CSV", "csv"))]
+            return _html(pages.table_page(org, play, namespace, page, show_org=show_org,
+                                          status=status, key=key, exports=links))
         return await self.guarded(request, False, render)
+
+    async def export(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            org, play = self.play(request, viewer)
+            namespace = self.namespace(request)
+            fmt = request.path_params["fmt"]
+            status = request.query_params.get("status") or None
+            if fmt not in export.FORMATS or status not in (None, *STATUSES):
+                raise ValueError("format or status")
+            port = await self.c.port_for(org)
+            if await rows.table_exists(port, org, play, namespace) is None:
+                raise NotFound()
+            name = f"{play}-{namespace}.{fmt}".encode("ascii", "replace").decode()
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            return StreamingResponse(
+                export.export_chunks(port, org, play, namespace, fmt, status),
+                media_type=export.FORMATS[fmt],
+                headers={"content-disposition": f'attachment; filename="{safe}"'})
+        return await self.guarded(request, True, render)
 
     async def failures(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
