@@ -96,12 +96,14 @@ def test_a_running_maps_counts_rise_without_a_reload(world, browser, tmp_path):
             }""", arg=[first], timeout=30_000)
         assert page.evaluate("window.__notReloaded") is True
         page.wait_for_function(
-            "document.querySelector('section[data-map=\"t\"] [data-field=\"rate\"]')"
+            "() => document.querySelector('section[data-map=\"t\"] [data-field=\"rate\"]')"
             ".textContent !== '-'", timeout=10_000)
         assert float(page.inner_text('section[data-map="t"] [data-field="rate"]')) > 0
         width = page.get_attribute('section[data-map="t"] rect[data-seg="enriched"]', "width")
         assert float(width) > 0
-        assert page.get_attribute("svg.chart polyline", "points")
+        page.wait_for_function(  # three samples drawn: the chart has a line
+            "() => document.querySelector('svg.chart polyline').getAttribute('points')"
+            ".split(' ').length >= 3", timeout=15_000)
         page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
         assert page.violations == []
     finally:

@@ -8,7 +8,8 @@ How it works
   order) plus `_key`, `_status`, `_error`, strings as they are and other values as JSON text.
   Parquet needs the `frames` extra and a file: `runplane export --format parquet`.
 - The reads go through `ConsolePort`, which puts every checkout on the console's own permit
-  lane, so an export competes with the console's pages, never with runs.
+  lane, so an export competes with the console's pages, never with runs, and which never
+  repairs a schema (the console runs no DDL).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, AsyncIterator
 
 import attrs
 
+from ..errors import SchemaNotFoundError
 from ..ports import CONSOLE_LANE, Port
 from ..scopes import PlayScope
 from ..sheets import dataset, frames
@@ -46,7 +48,9 @@ class ConsolePort:
         return self.tenant.connection(CONSOLE_LANE)
 
     async def repair_schema(self) -> None:
-        await self.tenant.repair_schema()
+        """The console never runs DDL: a missing relation is an error here, not a repair."""
+        raise SchemaNotFoundError(f"schema {self.schema!r} lacks runplane tables; the console "
+                                  "reads only and created nothing")
 
 
 def _cell(value: Any) -> str:
