@@ -184,7 +184,7 @@ class _Handlers:
             session = self.c.sessions.redeem(code)
         except AuthError as exc:
             return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 401)
-        return self._logged_in(session)
+        return self._logged_in(request, session)
 
     async def login(self, request: Request) -> Response:
         declared = request.headers.get("content-length", "")
@@ -201,11 +201,12 @@ class _Handlers:
             return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 401)
         except ScopeError as exc:
             return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 403)
-        return self._logged_in(session)
+        return self._logged_in(request, session)
 
-    def _logged_in(self, session: str) -> Response:
+    def _logged_in(self, request: Request, session: str) -> Response:
         response = RedirectResponse("/ui/", status_code=303)
-        response.set_cookie(COOKIE, session, path=COOKIE_PATH, httponly=True, samesite="strict")
+        response.set_cookie(COOKIE, session, path=COOKIE_PATH, httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")  # Secure behind TLS
         return response
 
     async def logout(self, request: Request) -> Response:
