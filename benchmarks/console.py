@@ -3,8 +3,8 @@ runs page over 10,000 runs.
 
     python benchmarks/console.py [--rows 100000] [--rounds 2] [--runs 10000] [--parts ...]
 
-1. Streaming (`--rows`, default 100,000): inside one run, `run.map` with a no-op function over
-   `--rows` rows into a fresh sheet, alternately with nobody looking and with the console
+1. Streaming (`--rows`, default 100,000): `run.map` with a no-op function over `--rows` rows,
+   each time a new run of a new play, alternately with nobody looking and with the console
    (`runplane console`'s server, in the same process) open on the run's page: the page loaded
    as the map starts (it scans the sheet once for the run's own figures), then its live stream
    read for the whole map (one counters read a second). Prints rows/s of both and the ratio
@@ -101,17 +101,17 @@ async def streaming(dsn: str, rows: int, rounds: int) -> None:
             async with open_console(dsn=dsn, schema=schema, bind="127.0.0.1:0") as server:
                 http = await logged_in(server)
                 without, with_console, ratios, events = [], [], [], 0
-                async with open_run(tenant, "bench") as run:
-                    for r in range(rounds):
-                        order = (False, True) if r % 2 == 0 else (True, False)
-                        got = {}
-                        for looking in order:
-                            got[looking] = await one_map(run, f"t_{r}_{int(looking)}", rows,
+                for r in range(rounds):
+                    order = (False, True) if r % 2 == 0 else (True, False)
+                    got = {}
+                    for looking in order:  # each side: a new run of its own play, one map
+                        async with open_run(tenant, f"bench_{r}_{int(looking)}") as run:
+                            got[looking] = await one_map(run, "t", rows,
                                                          http if looking else None)
-                        without.append(got[False][0])
-                        with_console.append(got[True][0])
-                        events += got[True][1]
-                        ratios.append(got[True][0] / got[False][0])
+                    without.append(got[False][0])
+                    with_console.append(got[True][0])
+                    events += got[True][1]
+                    ratios.append(got[True][0] / got[False][0])
                 await http.aclose()
             print(f"run.map, no-op fn, {rows:,} rows: {statistics.median(without):,.0f} rows/s "
                   f"without the console, {statistics.median(with_console):,.0f} rows/s with it "

@@ -313,26 +313,38 @@ async def _fetch_counters(conn: Connection, sql: str, org: str, play: str) -> li
 
 
 async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTable]:
-    """Each table of the play with this run's rows by status, retries, timeouts, top errors."""
+    """Each table of the play with this run's rows by status, retries, timeouts, top errors:
+    two scanning statements for all the tables together (figures, then errors), each under
+    `SCAN_TIMEOUT_MS`, so one page load costs the database at most twice that."""
     sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
 
     async def op(conn: Connection) -> list[RunTable]:
+        infos = await _fetch_counters(conn, sql, org, play)
+        sheets = [layout(port, org, play, info.namespace) for info in infos]
+        present = await own_tables(conn, port, sheets)
+        figures = errors = None
+        if present:
+            figures = await scan(conn, "\nUNION ALL\n".join(
+                f"(SELECT {i}::int AS i, q.* FROM ({_RUN_TABLE.format(t=s.qualified)}) AS q)"
+                for i, s in enumerate(present)), run_id, TIMEOUT_PREFIX)
+        if figures is not None:
+            errors = await scan(conn, "\nUNION ALL\n".join(
+                f"(SELECT {i}::int AS i, q.* FROM ("
+                f"{_TOP_ERRORS.format(t=s.qualified, limit=TOP_ERRORS)}) AS q)"
+                for i, s in enumerate(present)), run_id)
+        where = {s.namespace: i for i, s in enumerate(present)}
         out = []
-        for info in await _fetch_counters(conn, sql, org, play):
-            sheet = layout(port, org, play, info.namespace)
-            if not await _present(conn, port, sheet):
+        for info in infos:
+            i = where.get(info.namespace)
+            if i is None:
                 out.append(RunTable(info, dict.fromkeys(STATUS_NAMES, 0), 0, 0, []))
-                continue
-            found = await scan(conn, _RUN_TABLE.format(t=sheet.qualified), run_id, TIMEOUT_PREFIX)
-            errors = None if found is None else await scan(
-                conn, _TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS), run_id)
-            if found is None or errors is None:
+            elif figures is None or errors is None:
                 out.append(RunTable(info, None, None, None, None))
-                continue
-            mine = found[0]
-            out.append(RunTable(info, {name: mine[name] for name in STATUS_NAMES},
-                                mine["retries"], mine["timeouts"],
-                                [(r["error"], r["n"]) for r in errors]))
+            else:
+                mine = next(r for r in figures if r["i"] == i)
+                out.append(RunTable(info, {name: mine[name] for name in STATUS_NAMES},
+                                    mine["retries"], mine["timeouts"],
+                                    [(r["error"], r["n"]) for r in errors if r["i"] == i]))
         return out
 
     return await read(port, op)
