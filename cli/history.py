@@ -15,6 +15,8 @@ How it works
 from __future__ import annotations
 
 import argparse
+import os
+import urllib.parse
 from typing import Any
 
 from runplane.engine import PlayScope, history, outbox, runs, sheets
@@ -113,6 +115,11 @@ async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
             f"(started from Python: wake it with actors.open_run(tenant, "
             f"{scope.play!r}, {row['run_id']!r}))")
         say(f"resume {row['run_id']}: {command}")
+    console = os.environ.get("RUNPLANE_CONSOLE_URL", "").strip().rstrip("/")
+    for row in listing if console else ():  # a page of the web console per run
+        say(f"console {row['run_id']}: {console}/ui/runs/"
+            f"{urllib.parse.quote(scope.play, safe='')}/"
+            f"{urllib.parse.quote(row['run_id'], safe='')}?org={urllib.parse.quote(scope.org_id)}")
     return 0
 
 

@@ -518,6 +518,12 @@ def token(args: argparse.Namespace) -> int:
     return 0
 
 
+from . import console as _console  # noqa: E402 - `runplane console`, the web console
+
+command("console", "serve the web console on loopback, behind a one-time login link")(
+    _console.configure)(_console.console)
+
+
 # -- entry point --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runplane", description="durable, idempotent map runs on PostgreSQL")

@@ -11,7 +11,8 @@ How it works
 - `print_failure_summary` is the top-5 table of a run's failed rows that `run` and `demo` end
   with, their messages grouped by cause (`cli.causes`: numbers, quoted values and keys
   masked, one example each); `failures` lists failed rows and the commonest errors of one table (`runs`, what each
-  run did, is `cli.history`).
+  run did, is `cli.history`; with `RUNPLANE_CONSOLE_URL` set it also prints each
+  run's page in the web console).
 - Read-only commands open the tenant with `bootstrap=False` and check the schema first
   (`require_schema`), so a mistyped `--schema` is one line and creates nothing.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.parse
 from typing import Any
 

@@ -23,7 +23,8 @@ T = TypeVar("T")
 SHEET_LANE = "sheet"            # sheets: admission, completion, reads
 RECEIPTS_LANE = "receipts"      # runs, receipts and array-input facts (foreground)
 RETIREMENT_LANE = "retirement"  # retirement and the terminal outbox (background)
-LANES = (SHEET_LANE, RECEIPTS_LANE, RETIREMENT_LANE)
+CONSOLE_LANE = "console"        # the web console's read-only, bounded reads (small)
+LANES = (SHEET_LANE, RECEIPTS_LANE, RETIREMENT_LANE, CONSOLE_LANE)
 
 
 @runtime_checkable

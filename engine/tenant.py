@@ -50,10 +50,11 @@ from .errors import (
 )
 from .limits import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
-from .ports import RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE
+from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE
 from .sql import quote_ident
 
-DEFAULT_LANES: Mapping[str, int] = {SHEET_LANE: 6, RECEIPTS_LANE: 6, RETIREMENT_LANE: 2}
+DEFAULT_LANES: Mapping[str, int] = {SHEET_LANE: 6, RECEIPTS_LANE: 6, RETIREMENT_LANE: 2,
+                                     CONSOLE_LANE: 2}
 CONNECT_RETRY_DELAYS = (0.25, 0.75, 1.5)
 MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
 DEFAULT_OUTAGE_BUDGET_S = 60.0

@@ -164,7 +164,9 @@ def _engine_operations():
     """Every public async function of the engine whose first parameter is a port."""
     found = {}
     for info in pkgutil.walk_packages(engine.__path__, "runplane.engine."):
-        if ".gateway" in info.name or info.name.endswith((".pg", ".tenant", ".ports")):
+        # the gateway and the web console serve actions and pages; they are not operations
+        if ".gateway" in info.name or ".console" in info.name \
+                or info.name.endswith((".pg", ".tenant", ".ports")):
             continue
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():

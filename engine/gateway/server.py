@@ -55,7 +55,7 @@ from hypercorn.trio import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from .. import pg, sessions
 from ..actions import Action, actions
@@ -175,6 +175,7 @@ class Server:
     _tenants: dict[str, _TenantSlot] = attrs.field(init=False, factory=dict, repr=False)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
     _sweeping: bool = attrs.field(init=False, default=False, repr=False)
+    console: Any = attrs.field(init=False, default=None, repr=False)
     _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
     _latencies: list[float] = attrs.field(init=False, factory=list, repr=False)
     _period: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
@@ -183,9 +184,13 @@ class Server:
 
     # -- the application ---------------------------------------------------------------------
     def app(self) -> Starlette:
+        from ..console import Console, Sessions, console_app  # the web console, at /ui
+
+        self.console = Console(Sessions(self.secret), self._tenant, token_login=True)
         return Starlette(routes=[
             Route(protocol.HEALTH_PATH, self._health, methods=["GET"]),
             Route(protocol.ACTIONS_PATH + "{action}", self._action, methods=["POST"]),
+            Mount("/ui", app=console_app(self.console)),
         ])
 
     async def _health(self, _request: Request) -> Response:
@@ -399,6 +404,8 @@ async def open_server(
                 yield server
             finally:
                 shutdown.set()
+                if server.console is not None:
+                    server.console.closing.set()  # live streams end at once
                 with trio.move_on_after(SHUTDOWN_GRACE_S + 1):
                     await served.wait()  # requests in flight finish first
                 server._nursery = None

@@ -1,0 +1,41 @@
+"""`runplane console`: the web console on loopback, behind a one-time login link.
+
+Reads `--dsn` / `RUNPLANE_DSN` (else the embedded server) and `--schema` / `RUNPLANE_SCHEMA` like
+every command, opens the store read-only (nothing is created), serves `/ui/` on `--bind`
+(loopback only; default 127.0.0.1:8788) and prints the login link
+`http://HOST:PORT/ui/login?once=CODE` as one flushed line with the port actually bound. The link
+works once and opens a session that sees every org.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import trio
+
+DEFAULT_BIND = "127.0.0.1:8788"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_DSN, else embedded)")
+    parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"),
+                        help="tenant schema (default: RUNPLANE_SCHEMA, else 'runplane')")
+    parser.add_argument("--bind", default=DEFAULT_BIND, metavar="HOST:PORT",
+                        help=f"loopback address to listen on (default {DEFAULT_BIND}; port 0 picks a free one)")
+
+
+def console(args: argparse.Namespace) -> int:
+    from runplane.engine.console import open_console
+
+    from .main import run_trio
+
+    async def main() -> None:
+        async with open_console(dsn=args.dsn, schema=args.schema, bind=args.bind) as server:
+            print(f"console listening on {server.url}/ui/ (schema {args.schema}; Ctrl-C to "
+                  "stop); open this link to log in (it works once):", flush=True)
+            print(server.login_url(), flush=True)
+            await trio.sleep_forever()
+
+    run_trio(main)
+    return 0

@@ -1,0 +1,83 @@
+"""The console's exports: a table's rows as JSON lines or CSV, streamed to the browser.
+
+How it works
+- `/ui/export/<play>/<table>.jsonl` and `.csv` (optionally `?status=`) read the sheet through
+  `engine.sheets.dataset` in keyset pages of `PAGE_ROWS` rows and send each page as it arrives,
+  so an export of any size holds one page in memory. The formats are those of `runplane export`:
+  JSON lines are the rows as `read_rows` gives them; CSV has a column a field (in the sheet's
+  order) plus `_key`, `_status`, `_error`, strings as they are and other values as JSON text.
+  Parquet needs the `frames` extra and a file: `runplane export --format parquet`.
+- The reads go through `ConsolePort`, which puts every checkout on the console's own permit
+  lane, so an export competes with the console's pages, never with runs, and which never
+  repairs a schema (the console runs no DDL).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any, AsyncIterator
+
+import attrs
+
+from ..errors import SchemaNotFoundError
+from ..ports import CONSOLE_LANE, Port
+from ..scopes import PlayScope
+from ..sheets import dataset, frames
+
+PAGE_ROWS = 1000
+FORMATS = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/csv; charset=utf-8"}
+
+
+@attrs.define(eq=False)
+class ConsolePort:
+    """`tenant` seen as org `org_id`, with every checkout on the console lane."""
+
+    tenant: Any = attrs.field(repr=False)
+    org_id: str
+
+    @property
+    def schema(self) -> str:
+        return self.tenant.schema
+
+    @property
+    def outer_transaction(self) -> bool:
+        return self.tenant.outer_transaction
+
+    def connection(self, _lane: str) -> Any:
+        return self.tenant.connection(CONSOLE_LANE)
+
+    async def repair_schema(self) -> None:
+        """The console never runs DDL: a missing relation is an error here, not a repair."""
+        raise SchemaNotFoundError(f"schema {self.schema!r} lacks runplane tables; the console "
+                                  "reads only and created nothing")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if type(value) is str else frames.json_text(value)
+
+
+async def export_chunks(port: Port, org: str, play: str, namespace: str, fmt: str,
+                        status: str | None) -> AsyncIterator[bytes]:
+    """The export's bytes, a page at a time."""
+    rows = dataset(ConsolePort(port, org), PlayScope(org, play), namespace, status=status)
+    header: list[str] | None = None
+    async for page in rows.pages(PAGE_ROWS):
+        if fmt == "jsonl":
+            yield (page.text + "\n").encode("utf-8")
+            continue
+        found = [frames.loads(line) for line in page.lines()]
+        out = io.StringIO()
+        writer = csv.writer(out)
+        if header is None:
+            header = [k for k in found[0] if k not in frames.SYSTEM_KEYS]
+            header += list(frames.TABLE_SYSTEM_COLUMNS)
+            writer.writerow(header)
+        writer.writerows([_cell(row.get(name)) for name in header] for row in found)
+        yield out.getvalue().encode("utf-8")
+    if fmt == "csv" and header is None:
+        out = io.StringIO()
+        csv.writer(out).writerow([*(await rows.field_kinds()), *frames.TABLE_SYSTEM_COLUMNS])
+        yield out.getvalue().encode("utf-8")

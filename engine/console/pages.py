@@ -1,0 +1,301 @@
+"""The console's HTML: every page rendered on the server, every user value escaped.
+
+How it works
+- Pages are the `templates/base.html` frame around a body built here. Every value that comes
+  from the store or the request goes through `esc` (text and attribute values alike), so a row
+  value `<script>…` is shown as text; the frame loads one stylesheet and one script from
+  `/ui/static/`, and the Content-Security-Policy the routes send forbids any inline script.
+- Progress bars and the rows-per-second chart are inline SVG (no inline styles, so the policy
+  can forbid those too); pages work without JavaScript, the script only keeps a run page live.
+- Links are root-relative (`/ui/…`); the org rides along as `?org=` only where a viewer may see
+  every org.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import string
+import urllib.parse
+from importlib import resources
+from typing import Any, Iterable
+
+from .queries import RunRow, RunTable, TableCounters
+from .rows import Cursor, RowsPage
+
+VALUE_CHARS = 200
+UNKNOWN = '<span class="muted" title="counting took too long">…</span>'
+BAR_WIDTH = 600
+CHART_W, CHART_H = 240, 48
+_FRAME = string.Template(resources.files(__package__).joinpath("templates/base.html")
+                         .read_text(encoding="utf-8"))
+
+
+def esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def q(path: str, **params: Any) -> str:
+    """A root-relative URL with its query (None values left out), escaped for an attribute."""
+    pairs = {k: v for k, v in params.items() if v not in (None, "")}
+    return esc(path + ("?" + urllib.parse.urlencode(pairs) if pairs else ""))
+
+
+def seg(text: str) -> str:
+    return urllib.parse.quote(text, safe="")
+
+
+def frame(title: str, body: str, *, logged_in: bool = True) -> str:
+    nav = ('<nav><a href="/ui/">Runs</a></nav><form method="post" action="/ui/logout">'
+           '<button type="submit">Log out</button></form>') if logged_in else ""
+    return _FRAME.substitute(title=esc(title), nav=nav, body=body)
+
+
+def when(value: datetime.datetime | None) -> str:
+    return "-" if value is None else value.astimezone(datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def shorten(text: str | None, limit: int = VALUE_CHARS) -> str:
+    if text is None:
+        return ""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _options(name: str, values: Iterable[str], chosen: str | None) -> str:
+    items = ['<option value="">any</option>'] + [
+        f'<option value="{esc(v)}"{" selected" if v == chosen else ""}>{esc(v)}</option>'
+        for v in values]
+    return f'<select name="{name}">{"".join(items)}</select>'
+
+
+# -- login --------------------------------------------------------------------------------------
+def login_page(*, token_login: bool, message: str | None = None) -> str:
+    problem = f'<p class="error">{esc(message)}</p>' if message else ""
+    if token_login:
+        form = ('<form method="post" action="/ui/login"><label for="token">Gateway token</label>'
+                '<textarea id="token" name="token" required autocomplete="off"></textarea>'
+                '<p><button type="submit">Log in</button></p></form>')
+    else:
+        form = ("<p>Open the one-time login link that <code>runplane console</code> printed "
+                "when it started (each link works once; restart the console for a new one).</p>")
+    body = f'<div class="login"><h1>Log in</h1>{problem}{form}</div>'
+    return frame("Log in", body, logged_in=False)
+
+
+def message_page(title: str, text: str) -> str:
+    return frame(title, f"<h1>{esc(title)}</h1><p>{esc(text)}</p>")
+
+
+# -- runs ---------------------------------------------------------------------------------------
+def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str | None,
+              state: str | None, plays: list[str], next_epoch: int | None) -> str:
+    head = ["play", "run id", "state", "epoch", "started", "duration", "pending", "running",
+            "enriched", "failed"]
+    if show_org:
+        head.insert(0, "org")
+    numeric = ("epoch", "pending", "running", "enriched", "failed")
+    ths = "".join(f'<th class="num">{h}</th>' if h in numeric else f"<th>{h}</th>" for h in head)
+    lines = []
+    resume = []
+    for run in runs:
+        link = run_url(run.org_id, run.play, run.run_id, show_org)
+        cells = [esc(run.play), f'<a href="{link}"><code>{esc(run.run_id)}</code></a>',
+                 f'<span class="state-{esc(run.state)}">{esc(run.state)}</span>',
+                 f'<td class="num">{run.epoch}', when(run.started), duration(run.duration_s)]
+        cells += [f'<td class="num">{UNKNOWN if run.rows is None else run.rows.get(s, 0)}'
+                  for s in ("pending", "running", "enriched", "failed")]
+        if show_org:
+            cells.insert(0, esc(run.org_id))
+        lines.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}" for c in cells)
+                     + "</tr>")
+        if run.state == "open":
+            command = run.command or (f"(started from Python: wake it with actors.open_run("
+                                      f"tenant, {run.play!r}, {run.run_id!r}))")
+            resume.append(f'<li><a href="{link}"><code>{esc(run.run_id)}</code></a>: '
+                          f'<code>{esc(command)}</code></li>')
+    filters = ('<form class="filters" method="get" action="/ui/">'
+               + (f'<label>org<input name="org" value="{esc(org or "")}"></label>' if show_org else "")
+               + f'<label>play{_options("play", plays, play)}</label>'
+               f'<label>state{_options("state", ("open", "retiring", "done"), state)}</label>'
+               '<button type="submit">Filter</button></form>')
+    table = (f'<table id="runs"><thead><tr>{ths}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
+             if lines else '<p class="muted">No runs.</p>')
+    older = q("/ui/", org=org if show_org else None, play=play, state=state, before=next_epoch)
+    more = (f'<p class="pager"><a id="older" href="{older}">Older runs →</a></p>'
+            if next_epoch is not None else "")
+    open_runs = (f'<h2>Resume open runs</h2><ul class="resume">{"".join(resume)}</ul>'
+                 if resume else "")
+    return frame("Runs", f"<h1>Runs</h1>{filters}{table}{more}{open_runs}")
+
+
+def run_url(org: str, play: str, run_id: str, show_org: bool) -> str:
+    return q(f"/ui/runs/{seg(play)}/{seg(run_id)}", org=org if show_org else None)
+
+
+def table_url(kind: str, org: str, play: str, namespace: str, show_org: bool, **params: Any) -> str:
+    return q(f"/ui/{kind}/{seg(play)}/{seg(namespace)}", org=org if show_org else None, **params)
+
+
+# -- one run --------------------------------------------------------------------------------------
+def bar(c: TableCounters) -> str:
+    total = max(c.total, c.queued + c.running + c.completed + c.failed, 1)
+    x = 0.0
+    rects = [f'<rect class="track" x="0" y="0" width="{BAR_WIDTH}" height="14"/>']
+    for name, value in (("enriched", c.completed), ("failed", c.failed),
+                        ("running", c.running), ("pending", c.queued)):
+        width = BAR_WIDTH * value / total
+        rects.append(f'<rect class="{name}" data-seg="{name}" x="{x:.1f}" y="0" '
+                     f'width="{width:.1f}" height="14"/>')
+        x += width
+    return (f'<svg class="bar" viewBox="0 0 {BAR_WIDTH} 14" width="{BAR_WIDTH}" height="14" '
+            f'role="img" aria-label="progress">{"".join(rects)}</svg>')
+
+
+def chart(series: list[float]) -> str:
+    top = max(series + [1.0])
+    step = CHART_W / 59
+    points = " ".join(f"{CHART_W - (len(series) - 1 - i) * step:.1f},"
+                      f"{CHART_H - 2 - (CHART_H - 4) * v / top:.1f}"
+                      for i, v in enumerate(series))
+    return (f'<svg class="chart" viewBox="0 0 {CHART_W} {CHART_H}" width="{CHART_W}" '
+            f'height="{CHART_H}" role="img" aria-label="rows per second, last minute">'
+            f'<rect class="frame" x="0" y="0" width="{CHART_W}" height="{CHART_H}"/>'
+            f'<polyline points="{points}"/></svg>')
+
+
+def _stat(label: str, field: str, value: Any) -> str:
+    return f'<div><span>{esc(label)}</span><b data-field="{field}">{esc(value)}</b></div>'
+
+
+def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: str) -> str:
+    org = run.org_id
+    parts = [f'<h1>Run <code>{esc(run.run_id)}</code> of play {esc(run.play)}</h1>',
+             '<div class="stats">', _stat("org", "org", org),
+             _stat("state", "state", run.state), _stat("epoch", "epoch", run.epoch),
+             _stat("started", "started", when(run.started)),
+             _stat("duration", "duration", duration(run.duration_s)), "</div>"]
+    if run.state == "open" and run.command:
+        parts.append(f'<p>Resume: <code>{esc(run.command)}</code></p>')
+    parts.append('<p class="legend"><i class="enriched"></i>enriched<i class="failed"></i>failed'
+                 '<i class="running"></i>running<i class="pending"></i>queued</p>')
+    if not tables:
+        parts.append('<p class="muted">This play has no tables yet.</p>')
+    for t in tables:
+        c = t.counters
+        errors = "".join(
+            f'<tr><td class="num">{n}</td><td>{esc(shorten(e) if e is not None else "(no message)")}</td></tr>'
+            for e, n in t.top_errors or ())
+        links = (f'<a href="{table_url("tables", org, run.play, c.namespace, show_org)}">rows</a> · '
+                 f'<a href="{table_url("failures", org, run.play, c.namespace, show_org)}">failures</a>')
+        parts.append(
+            f'<section class="map" data-map="{esc(c.namespace)}"><h2>Table {esc(c.namespace)}</h2>'
+            f'<p>{links}</p>{bar(c)}<div class="stats">'
+            + _stat("total", "total", c.total) + _stat("queued", "queued", c.queued)
+            + _stat("running", "running", c.running) + _stat("enriched", "completed", c.completed)
+            + _stat("failed", "failed", c.failed) + _stat("rows/s (last minute)", "rate", "-")
+            + _stat("ETA", "eta", "-") + "</div>"
+            f'<div class="stats"><div>{chart([])}</div></div>'
+            '<div class="stats">'
+            + "".join(_stat(f"this run: {name}", f"run_{name}",
+                            "…" if t.rows is None else t.rows.get(name, 0))
+                      for name in ("pending", "running", "enriched", "failed"))
+            + _stat("retries", "retries", "…" if t.retries is None else t.retries)
+            + _stat("timeouts", "timeouts", "…" if t.timeouts is None else t.timeouts)
+            + "</div>"
+            + ('<p class="muted">This run\'s own figures: counting took too long (a large sheet); '
+               'the counters above stay live.</p>' if t.rows is None else "")
+            + (f'<h3>Top errors of this run</h3><table class="errors"><tr><th class="num">rows</th>'
+               f'<th>error</th></tr>{errors}</table>' if errors else "")
+            + "</section>")
+    body = f'<div id="live" data-live="{esc(live_url)}">{"".join(parts)}</div>'
+    return frame(f"Run {run.run_id}", body)
+
+
+# -- a table and its failures -------------------------------------------------------------------
+def _value(text: str | None) -> str:
+    return '<span class="muted">∅</span>' if text is None else f"<code>{esc(shorten(text))}</code>"
+
+
+def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org: bool,
+               status: str | None, key: str | None, exports: list[tuple[str, str]]) -> str:
+    c = page.counters
+    counts = "" if c is None else (
+        '<div class="stats">' + _stat("total", "total", c.total) + _stat("queued", "queued", c.queued)
+        + _stat("running", "running", c.running) + _stat("enriched", "completed", c.completed)
+        + _stat("failed", "failed", c.failed) + "</div>" + bar(c))
+    columns = "".join(f'<tr><td>{esc(f)}</td><td class="num">{done}</td><td class="num">{failed}</td></tr>'
+                      for f, done, failed in page.columns)
+    columns_table = (f'<h2>Column counters</h2><table class="columns"><tr><th>field</th>'
+                     f'<th class="num">completed</th><th class="num">failed</th></tr>{columns}</table>'
+                     if columns else "")
+    export = ('<h2>Export</h2><p id="exports">' + " · ".join(
+        f'<a href="{url}" download>{esc(name)}</a>' for name, url in exports)
+        + (" (the rows shown by the status filter)" if status else "")
+        + f' · Parquet: <code>runplane export {esc(play)} {esc(namespace)} --format parquet</code>'
+        '</p>')
+    filters = (f'<form class="filters" method="get" action="/ui/tables/{esc(seg(play))}/{esc(seg(namespace))}">'
+               + (f'<input type="hidden" name="org" value="{esc(org)}">' if show_org else "")
+               + f'<label>status{_options("status", ("pending", "running", "enriched", "failed"), status)}</label>'
+               f'<label>key starts with<input name="key" value="{esc(key or "")}"></label>'
+               '<button type="submit">Filter</button></form>')
+    head = "".join(f"<th>{esc(f)}</th>" for f in page.fields)
+    rows = "".join(
+        f'<tr><td><code>{esc(r["_key"])}</code></td><td>{esc(r["_status"])}</td>'
+        f'<td class="num">{esc(r["_attempts"])}</td>'
+        + "".join(f"<td>{_value(r.get(f))}</td>" for f in page.fields)
+        + f'<td>{esc(shorten(r["_error"]))}</td></tr>' for r in page.rows)
+    grid = (f'<table id="rows"><thead><tr><th>key</th><th>status</th><th class="num">attempts</th>'
+            f'{head}<th>error</th></tr></thead><tbody>{rows}</tbody></table>'
+            if page.rows else '<p class="muted">No rows.</p>')
+    more = _next_link("tables", org, play, namespace, show_org, page.next, status=status, key=key)
+    links = (f'<p><a href="{table_url("failures", org, play, namespace, show_org)}">failures</a></p>')
+    body = (f"<h1>Table {esc(namespace)} of play {esc(play)}</h1>{links}{counts}{filters}{grid}"
+            f"{more}{columns_table}{export}")
+    return frame(f"Table {namespace}", body)
+
+
+def _next_link(kind: str, org: str, play: str, namespace: str, show_org: bool,
+               cursor: Cursor | None, **params: Any) -> str:
+    if cursor is None:
+        return ""
+    after = json.dumps([cursor.input_index, cursor.created, cursor.key], separators=(",", ":"))
+    url = table_url(kind, org, play, namespace, show_org, after=after, **params)
+    return f'<p class="pager"><a id="next" href="{url}">Next page →</a></p>'
+
+
+def failures_page(org: str, play: str, namespace: str, page: RowsPage,
+                  errors: list[tuple[str | None, int]] | None, *, show_org: bool) -> str:
+    inputs = [f for f in page.fields if f not in page.outputs]
+    lines = []
+    for r in page.rows:
+        shown = {f: r.get(f) for f in inputs if r.get(f) is not None}
+        text = "{" + ", ".join(f"{json.dumps(f)}: {v}" for f, v in shown.items()) + "}"
+        error = r["_error"] or "(no message)"
+        lines.append(
+            f'<tr><td><code>{esc(r["_key"])}</code></td><td class="num">{esc(r["_attempts"])}</td>'
+            f'<td><details><summary>{esc(shorten(error, 80))}</summary><pre class="mono">'
+            f'{esc(error)}</pre></details></td><td><code>{esc(shorten(text, 400))}</code></td></tr>')
+    grid = (f'<table id="failures"><thead><tr><th>key</th><th class="num">attempts</th>'
+            f'<th>error</th><th>inputs</th></tr></thead><tbody>{"".join(lines)}</tbody></table>'
+            if lines else '<p class="muted">No failed rows.</p>')
+    top = "".join(f'<tr><td class="num">{n}</td><td>{esc(shorten(e) if e is not None else "(no message)")}</td></tr>'
+                  for e, n in errors or ())
+    top_table = (f'<h2>Most common errors</h2><table class="errors"><tr><th class="num">rows</th>'
+                 f'<th>error</th></tr>{top}</table>' if top else "")
+    if errors is None:
+        top_table = f"<h2>Most common errors</h2><p>{UNKNOWN} (counting them took too long)</p>"
+    more = _next_link("failures", org, play, namespace, show_org, page.next)
+    back = f'<p><a href="{table_url("tables", org, play, namespace, show_org)}">all rows</a></p>'
+    body = f"<h1>Failures of table {esc(namespace)} of play {esc(play)}</h1>{back}{grid}{more}{top_table}"
+    return frame(f"Failures of {namespace}", body)

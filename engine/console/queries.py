@@ -1,0 +1,350 @@
+"""The console's reads: runs, a run's maps and their counters, a table's rows, failed rows.
+
+How it works
+- Every read checks out a connection on the tenant's `console` lane (a small limit of its own,
+  so people looking at pages never take permits from runs) and runs in a read-only transaction
+  with a short statement timeout: the console cannot write, and a read that would take long is
+  cut off instead of holding a connection.
+- Every statement is bounded: listings take `LIMIT` and page by keyset (runs by epoch, sheet
+  rows in the sheet's row order `(_input_index, _created_at, _key)`, which the row-order index
+  serves). Rows whose input index is null come last, read by a second statement on
+  `(_created_at, _key)` once the indexed rows are exhausted, so each statement stays an index
+  range.
+- Counters (`sheet_summary`, `sheet_column_summary`) are one primary-key range each: the live
+  stream reads only those. Per-run figures (rows a run wrote last by status, retries, timeouts,
+  top errors) filter a sheet by `_run_id` or `_status`, which no index serves: they scan the
+  sheet, bounded by the statement timeout, and are read when a page loads, never per second.
+- The caller passes the org (and checks the viewer may see it and the play) before any read;
+  every statement filters by org and play, so a page can only show what its viewer may see.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Awaitable, Callable, TypeVar
+
+import attrs
+
+from ..errors import StatementTimeoutError
+from ..pg import Connection
+from ..ports import CONSOLE_LANE, Port, table
+from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
+
+T = TypeVar("T")
+
+STATEMENT_TIMEOUT_MS = 3000
+SCAN_TIMEOUT_MS = 1000  # a per-run figure that scans a sheet gives up sooner, and shows "…"
+RUNS_PAGE = 50
+ROWS_PAGE = 50
+MAX_TABLES = 50
+MAX_FIELDS = 64
+TOP_ERRORS = 5
+STATES = {"open": "open", "pending": "retiring", "done": "done"}
+TIMEOUT_PREFIX = "timed out after"
+
+
+async def read(port: Port, operation: Callable[[Connection], Awaitable[T]]) -> T:
+    """Run `operation` on a console-lane connection in a read-only, time-bounded transaction."""
+    async with port.connection(CONSOLE_LANE) as conn:
+        async with conn.transaction():
+            await conn.execute("SET TRANSACTION READ ONLY; "
+                               f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+            return await operation(conn)
+
+
+async def scan(conn: Connection, sql: str, *args: Any) -> list[Any] | None:
+    """A statement that scans a sheet, in a savepoint under `SCAN_TIMEOUT_MS`: its records, or
+    None when it ran past that (the page then shows the figure as unknown)."""
+    try:
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL statement_timeout = {SCAN_TIMEOUT_MS}")
+            return await conn.fetch(sql, *args)
+    except StatementTimeoutError:
+        return None
+
+
+# -- runs -------------------------------------------------------------------------------------
+@attrs.frozen
+class RunRow:
+    org_id: str
+    play: str
+    run_id: str
+    epoch: int
+    started: datetime.datetime
+    state: str
+    settled: datetime.datetime | None
+    command: str | None
+    rows: dict[str, int] | None = attrs.field(factory=dict)  # None: counting took too long
+
+    @property
+    def duration_s(self) -> float:
+        end = self.settled if self.state != "open" and self.settled else datetime.datetime.now(
+            datetime.timezone.utc)
+        return max(0.0, (end - self.started).total_seconds())
+
+
+_RUNS = """
+SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
+       coalesce(o.state, 'open') AS state, o.updated_at AS settled
+  FROM {runs} AS r
+  LEFT JOIN {outbox} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
+ WHERE ($1::text IS NULL OR r.org_id = $1::text)
+   AND ($2::text[] IS NULL OR r.play = ANY($2::text[]))
+   AND ($3::text IS NULL OR r.play = $3::text)
+   AND ($4::text IS NULL OR coalesce(o.state, 'open') = $4::text)
+   AND ($5::bigint IS NULL OR r.epoch < $5::bigint)
+ ORDER BY r.epoch DESC
+ LIMIT $6
+"""
+
+_RUN = """
+SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
+       coalesce(o.state, 'open') AS state, o.updated_at AS settled
+  FROM {runs} AS r
+  LEFT JOIN {outbox} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
+ WHERE r.org_id = $1 AND r.play = $2 AND r.run_id = $3
+"""
+
+_RUN_ROWS = """
+SELECT _run_id,
+       count(*) FILTER (WHERE _status = 'pending') AS pending,
+       count(*) FILTER (WHERE _status = 'running') AS running,
+       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
+       count(*) FILTER (WHERE _status = 'failed') AS failed
+  FROM {t} WHERE _run_id = ANY($1::text[]) GROUP BY _run_id
+"""
+
+_TABLES = """
+SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary}
+ WHERE org_id = $1 AND play = $2 ORDER BY table_namespace LIMIT {limit}
+"""
+
+_PRESENT = "SELECT to_regclass($1) IS NOT NULL AS present, {foreign} AS foreign_table"
+
+STATUS_NAMES = ("pending", "running", "enriched", "failed")
+_STATE_FILTER = {"open": "open", "retiring": "pending", "done": "done"}
+
+
+def _run_row(record: Any) -> RunRow:
+    return RunRow(record["org_id"], record["play"], record["run_id"], record["epoch"],
+                  record["created_at"], STATES.get(record["state"], record["state"]),
+                  record["settled"], record["command"])
+
+
+def layout(port: Port, org: str, play: str, namespace: str) -> SheetLayout:
+    return SheetLayout(port.schema, org, play, namespace, table_name(org, play, namespace))
+
+
+async def _present(conn: Connection, port: Port, sheet: SheetLayout) -> bool:
+    """Whether the sheet's table exists and is this sheet's own (never read another's)."""
+    sql = _PRESENT.format(foreign=FOREIGN_TABLE.format(
+        summary=table(port, "sheet_summary"), t="$2", o="$3", p="$4", n="$5"))
+    record = await conn.fetchrow(sql, sheet.qualified, sheet.table, *sheet.counter_args)
+    return bool(record["present"]) and not record["foreign_table"]
+
+
+_GROUP_TABLES = """
+SELECT s.org_id, s.play, s.table_namespace FROM unnest($1::text[], $2::text[]) AS g(org_id, play)
+  CROSS JOIN LATERAL (SELECT org_id, play, table_namespace FROM {summary}
+                       WHERE org_id = g.org_id AND play = g.play
+                       ORDER BY table_namespace LIMIT {limit}) AS s
+"""
+
+_PRESENT_MANY = """
+SELECT n.i, to_regclass(n.qualified) IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM {summary} AS s WHERE s.table_name = n.name
+                          AND (s.org_id, s.play, s.table_namespace) <> (n.org_id, n.play, n.ns))
+       AS ours
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+       WITH ORDINALITY AS n(org_id, play, ns, qualified, name, i)
+"""
+
+
+async def own_tables(conn: Connection, port: Port, sheets: list[SheetLayout]) -> list[SheetLayout]:
+    """Those of `sheets` whose tables exist and are their own (never another sheet's), in one
+    statement."""
+    if not sheets:
+        return []
+    records = await conn.fetch(
+        _PRESENT_MANY.format(summary=table(port, "sheet_summary")),
+        [s.org_id for s in sheets], [s.play for s in sheets], [s.namespace for s in sheets],
+        [s.qualified for s in sheets], [s.table for s in sheets])
+    ours = {r["i"] for r in records if r["ours"]}
+    return [s for i, s in enumerate(sheets, 1) if i in ours]
+
+
+async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> bool:
+    """Fill each run's rows by status (rows it wrote last, summed over its play's tables): three
+    statements for the whole page, the last one scanning each table of the page's plays; False
+    when that scan ran past `SCAN_TIMEOUT_MS`."""
+    groups = sorted({(run.org_id, run.play) for run in runs})
+    if not groups:
+        return True
+    tables = await conn.fetch(_GROUP_TABLES.format(summary=table(port, "sheet_summary"),
+                                                   limit=MAX_TABLES),
+                              [g[0] for g in groups], [g[1] for g in groups])
+    present = await own_tables(conn, port, [
+        layout(port, r["org_id"], r["play"], r["table_namespace"]) for r in tables])
+    if not present:
+        return True
+    ids = {(run.org_id, run.play): [] for run in runs}
+    for run in runs:
+        ids[(run.org_id, run.play)].append(run.run_id)
+    args: list[Any] = []
+    parts = []
+    for sheet in present:
+        n = len(args)  # this table's binds: $n+1 its runs' ids, $n+2 the org, $n+3 the play
+        one = _RUN_ROWS.format(t=sheet.qualified).replace("$1", f"${n + 1}")
+        parts.append(f"(SELECT ${n + 2}::text AS org_id, ${n + 3}::text AS play, q.* "
+                     f"FROM ({one}) AS q)")
+        args += [ids[(sheet.org_id, sheet.play)], sheet.org_id, sheet.play]
+    by_run = {(run.org_id, run.play, run.run_id): run for run in runs}
+    records = await scan(conn, "\nUNION ALL\n".join(parts), *args)
+    if records is None:
+        return False
+    for record in records:
+        counts = by_run[(record["org_id"], record["play"], record["_run_id"])].rows
+        for name in STATUS_NAMES:
+            counts[name] = counts.get(name, 0) + record[name]
+    return True
+
+
+async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | None,
+                    play: str | None = None, state: str | None = None,
+                    before_epoch: int | None = None, limit: int = RUNS_PAGE,
+                    with_rows: bool = True) -> list[RunRow]:
+    """Runs newest first (`org` None: every org; `plays` None: every play), one keyset page."""
+    sql = _RUNS.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
+
+    async def op(conn: Connection) -> list[RunRow]:
+        records = await conn.fetch(sql, org, list(plays) if plays is not None else None, play,
+                                   _STATE_FILTER.get(state) if state else None, before_epoch,
+                                   limit)
+        found = [_run_row(record) for record in records]
+        if with_rows and not await _rows_by_run(conn, port, found):
+            return [attrs.evolve(run, rows=None) for run in found]
+        return found
+
+    return await read(port, op)
+
+
+# -- one run ----------------------------------------------------------------------------------
+@attrs.frozen
+class TableCounters:
+    namespace: str
+    total: int
+    queued: int
+    running: int
+    completed: int
+    failed: int
+    updated: datetime.datetime | None = None
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
+
+
+@attrs.frozen
+class RunTable:
+    """One map's table as a run sees it: the table's counters and this run's own figures."""
+
+    counters: TableCounters
+    rows: dict[str, int] | None  # None (and the rest None): reading them took too long
+    retries: int | None
+    timeouts: int | None
+    top_errors: list[tuple[str | None, int]] | None
+
+
+_RUN_TABLE = """
+SELECT count(*) FILTER (WHERE _status = 'pending') AS pending,
+       count(*) FILTER (WHERE _status = 'running') AS running,
+       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
+       count(*) FILTER (WHERE _status = 'failed') AS failed,
+       coalesce(sum(greatest(_attempts - 1, 0)), 0)::bigint AS retries,
+       count(*) FILTER (WHERE _status = 'failed' AND starts_with(_error, $2)) AS timeouts
+  FROM {t} WHERE _run_id = $1
+"""
+
+_TOP_ERRORS = """
+SELECT _error AS error, count(*) AS n FROM {t}
+ WHERE _status = 'failed' AND ($1::text IS NULL OR _run_id = $1::text)
+ GROUP BY _error ORDER BY n DESC, error ASC NULLS LAST LIMIT {limit}
+"""
+
+
+def _counters(record: Any) -> TableCounters:
+    return TableCounters(record["table_namespace"], record["total"], record["queued"],
+                         record["running"], record["completed"], record["failed"],
+                         record["updated_at"])
+
+
+async def get_run(port: Port, org: str, play: str, run_id: str) -> RunRow | None:
+    sql = _RUN.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
+
+    async def op(conn: Connection) -> RunRow | None:
+        record = await conn.fetchrow(sql, org, play, run_id)
+        return None if record is None else _run_row(record)
+
+    return await read(port, op)
+
+
+async def counters(port: Port, org: str, play: str) -> list[TableCounters]:
+    """The counters of the play's tables (at most `MAX_TABLES`): what the live stream reads."""
+    sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+    return await read(port, lambda conn: _fetch_counters(conn, sql, org, play))
+
+
+async def live(port: Port, org: str, play: str, run_id: str
+               ) -> tuple[RunRow | None, list[TableCounters]]:
+    """The run and its play's counters, in one read (the live stream's tick)."""
+    run_sql = _RUN.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
+    tables_sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+
+    async def op(conn: Connection) -> tuple[RunRow | None, list[TableCounters]]:
+        record = await conn.fetchrow(run_sql, org, play, run_id)
+        return (None if record is None else _run_row(record),
+                await _fetch_counters(conn, tables_sql, org, play))
+
+    return await read(port, op)
+
+
+async def _fetch_counters(conn: Connection, sql: str, org: str, play: str) -> list[TableCounters]:
+    return [_counters(record) for record in await conn.fetch(sql, org, play)]
+
+
+async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTable]:
+    """Each table of the play with this run's rows by status, retries, timeouts, top errors:
+    two scanning statements for all the tables together (figures, then errors), each under
+    `SCAN_TIMEOUT_MS`, so one page load costs the database at most twice that."""
+    sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+
+    async def op(conn: Connection) -> list[RunTable]:
+        infos = await _fetch_counters(conn, sql, org, play)
+        sheets = [layout(port, org, play, info.namespace) for info in infos]
+        present = await own_tables(conn, port, sheets)
+        figures = errors = None
+        if present:
+            figures = await scan(conn, "\nUNION ALL\n".join(
+                f"(SELECT {i}::int AS i, q.* FROM ({_RUN_TABLE.format(t=s.qualified)}) AS q)"
+                for i, s in enumerate(present)), run_id, TIMEOUT_PREFIX)
+        if figures is not None:
+            errors = await scan(conn, "\nUNION ALL\n".join(
+                f"(SELECT {i}::int AS i, q.* FROM ("
+                f"{_TOP_ERRORS.format(t=s.qualified, limit=TOP_ERRORS)}) AS q)"
+                for i, s in enumerate(present)), run_id)
+        where = {s.namespace: i for i, s in enumerate(present)}
+        out = []
+        for info in infos:
+            i = where.get(info.namespace)
+            if i is None:
+                out.append(RunTable(info, dict.fromkeys(STATUS_NAMES, 0), 0, 0, []))
+            elif figures is None or errors is None:
+                out.append(RunTable(info, None, None, None, None))
+            else:
+                mine = next(r for r in figures if r["i"] == i)
+                out.append(RunTable(info, {name: mine[name] for name in STATUS_NAMES},
+                                    mine["retries"], mine["timeouts"],
+                                    [(r["error"], r["n"]) for r in errors if r["i"] == i]))
+        return out
+
+    return await read(port, op)

@@ -1,0 +1,432 @@
+"""The console's HTTP routes under `/ui/`: pages, data endpoints, the live stream, login.
+
+How it works
+- `console_app(console)` is an ASGI application meant to be mounted at `/ui` (the gateway mounts
+  it next to its actions; `runplane console` serves it alone). Every answer carries a
+  Content-Security-Policy that allows scripts, styles and connections from the console's own
+  origin only (no inline script or style), `nosniff`, no framing and no caching, plus a
+  `Server-Timing: app;dur=MS` header: the time the console took to produce the answer.
+- Without a valid session cookie, a page redirects to `/ui/login` and a data endpoint (`/ui/api/…`,
+  `/ui/live/…`) answers 401: neither reads anything. With one, the org a request names (the
+  viewer's own, or `?org=` for a viewer of every org) and its play are checked against the
+  viewer before any query; what the viewer may not see answers 404, exactly like what does not
+  exist, so a page never tells another org's names apart from made-up ones.
+- The live stream (`/ui/live/runs/<play>/<run_id>`, server-sent events) reads the play's
+  counters once per `LIVE_INTERVAL_S` while the run is open (`IDLE_INTERVAL_S` after) and
+  sends each table's counters, its rows per second over the last minute (from the samples this
+  stream took) and an ETA. At most `MAX_STREAMS` streams per org are open at once (one org's
+  open pages cannot take another's streams); they end when the server shuts down.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from importlib import resources
+from typing import Any, Awaitable, Callable
+
+import attrs
+import trio
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (HTMLResponse, JSONResponse, RedirectResponse, Response,
+                                 StreamingResponse)
+from starlette.routing import Route
+
+from ..errors import AuthError, EngineError, ScopeError
+from ..ports import Port
+from ..scopes import PlayScope, RunScope, normalize_namespace
+from . import export, pages, queries, rows
+from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
+
+log = logging.getLogger("runplane.console")
+
+LIVE_INTERVAL_S = 1.0  # while the run is open
+IDLE_INTERVAL_S = 5.0  # once it is retiring or done
+MAX_STREAMS = 16  # per org
+MAX_LOGIN_BYTES = 16 * 1024  # a login form holds one token; larger bodies are never read
+RATE_WINDOW = 61  # samples kept per table: one minute of per-second rates
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"),
+                    (b"cache-control", b"no-store")]
+STATIC_TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
+STATUSES = ("pending", "running", "enriched", "failed")
+
+
+class NotFound(Exception):
+    """Nothing to show: absent, or not the viewer's to see."""
+
+
+@attrs.define(eq=False)
+class Console:
+    """What the console serves from: sessions, and the store of an org (`port_for`)."""
+
+    sessions: Sessions
+    port_for: Callable[[str], Awaitable[Port]]
+    token_login: bool
+    default_org: str = "local"
+    closing: trio.Event = attrs.field(factory=trio.Event)
+    streams: collections.Counter = attrs.field(init=False, factory=collections.Counter)
+
+
+def console_app(console: Console) -> Any:
+    """The ASGI application of the console, to mount at `/ui`."""
+    h = _Handlers(console)
+    app = Starlette(routes=[
+        Route("/", h.runs, methods=["GET"]),
+        Route("/login", h.login_form, methods=["GET"]),
+        Route("/login", h.login, methods=["POST"]),
+        Route("/logout", h.logout, methods=["POST"]),
+        Route("/static/{name}", h.static, methods=["GET"]),
+        Route("/runs/{play}/{run_id}", h.run, methods=["GET"]),
+        Route("/tables/{play}/{table}", h.table, methods=["GET"]),
+        Route("/failures/{play}/{table}", h.failures, methods=["GET"]),
+        Route("/api/runs", h.api_runs, methods=["GET"]),
+        Route("/api/runs/{play}/{run_id}", h.api_run, methods=["GET"]),
+        Route("/api/tables/{play}/{table}", h.api_table, methods=["GET"]),
+        Route("/api/failures/{play}/{table}", h.api_failures, methods=["GET"]),
+        Route("/live/runs/{play}/{run_id}", h.live, methods=["GET"]),
+        Route("/export/{play}/{table}.{fmt}", h.export, methods=["GET"]),
+    ])
+
+    async def secured(scope: Any, receive: Any, send: Any) -> None:
+        started = trio.current_time()
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                timing = f"app;dur={(trio.current_time() - started) * 1000:.1f}".encode()
+                message = dict(message, headers=[*message.get("headers", []), *SECURITY_HEADERS,
+                                                 (b"server-timing", timing)])
+            await send(message)
+
+        await app(scope, receive, with_headers)
+
+    return secured
+
+
+def _html(body: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status)
+
+
+def _static(name: str) -> bytes | None:
+    if name not in ("console.css", "console.js"):
+        return None
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+class _Handlers:
+    def __init__(self, console: Console) -> None:
+        self.c = console
+
+    # -- who is asking -------------------------------------------------------------------------
+    def viewer(self, request: Request) -> Viewer | None:
+        return self.c.sessions.viewer(request.cookies.get(COOKIE))
+
+    def org(self, request: Request, viewer: Viewer) -> str:
+        asked = request.query_params.get("org") or None
+        if viewer.org is not None:
+            if asked not in (None, viewer.org):
+                raise NotFound()
+            return viewer.org
+        return asked or self.c.default_org
+
+    def play(self, request: Request, viewer: Viewer) -> tuple[str, str]:
+        org = self.org(request, viewer)
+        try:
+            scope = PlayScope(org, request.path_params["play"])
+        except EngineError:
+            raise NotFound() from None
+        if not viewer.sees(scope.org_id, scope.play):
+            raise NotFound()
+        return scope.org_id, scope.play
+
+    def namespace(self, request: Request) -> str:
+        try:
+            return normalize_namespace(request.path_params["table"])
+        except EngineError:
+            raise NotFound() from None
+
+    async def guarded(self, request: Request, api: bool,
+                      render: Callable[[Viewer], Awaitable[Response]]) -> Response:
+        viewer = self.viewer(request)
+        if viewer is None:
+            if api:
+                return JSONResponse({"error": "log in first", "code": "unauthenticated"}, 401)
+            return RedirectResponse("/ui/login", status_code=303)
+        try:
+            return await render(viewer)
+        except NotFound:
+            if api:
+                return JSONResponse({"error": "not found", "code": "not_found"}, 404)
+            return _html(pages.message_page("Not found", "Nothing here for this login."), 404)
+        except ValueError:
+            if api:
+                return JSONResponse({"error": "bad request", "code": "invalid_input"}, 400)
+            return _html(pages.message_page("Bad request", "The address is malformed."), 400)
+        except EngineError as exc:  # the store is down, or a read ran past its time limit
+            log.warning("console: a read failed: %s", type(exc).__name__)
+            text = "The store did not answer in time; try again."
+            if api:
+                return JSONResponse({"error": text, "code": "store_unavailable"}, 503)
+            return _html(pages.message_page("Unavailable", text), 503)
+
+    # -- login ---------------------------------------------------------------------------------
+    async def login_form(self, request: Request) -> Response:
+        code = request.query_params.get("once")
+        if code is None:
+            return _html(pages.login_page(token_login=self.c.token_login))
+        try:
+            session = self.c.sessions.redeem(code)
+        except AuthError as exc:
+            return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 401)
+        return self._logged_in(request, session)
+
+    async def login(self, request: Request) -> Response:
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit() or int(declared) > MAX_LOGIN_BYTES:
+            return _html(pages.login_page(token_login=self.c.token_login,
+                                          message="the login form is too large"), 413)
+        form = await request.form(max_files=0, max_fields=4)
+        token = form.get("token")
+        try:
+            if not isinstance(token, str):
+                raise AuthError("paste a gateway token")
+            session = self.c.sessions.login(token)
+        except AuthError as exc:
+            return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 401)
+        except ScopeError as exc:
+            return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 403)
+        return self._logged_in(request, session)
+
+    def _logged_in(self, request: Request, session: str) -> Response:
+        response = RedirectResponse("/ui/", status_code=303)
+        response.set_cookie(COOKIE, session, path=COOKIE_PATH, httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https")  # Secure behind TLS
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        self.c.sessions.logout(request.cookies.get(COOKIE))
+        response = RedirectResponse("/ui/login", status_code=303)
+        response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
+        return response
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        body = _static(name)
+        if body is None:
+            return Response("not found", status_code=404)
+        return Response(body, media_type=STATIC_TYPES[name.rsplit(".", 1)[1]])
+
+    # -- runs ------------------------------------------------------------------------------------
+    async def _runs(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+        params = request.query_params
+        org = params.get("org") or None
+        if viewer.org is not None:
+            if org not in (None, viewer.org):
+                raise NotFound()
+            org = viewer.org
+        play = params.get("play") or None
+        state = params.get("state") or None
+        if state not in (None, "open", "retiring", "done"):
+            raise ValueError("state")
+        before = params.get("before")
+        before_epoch = int(before) if before else None
+        port = await self.c.port_for(org or self.c.default_org)
+        found = await queries.list_runs(port, org=org, plays=viewer.play_filter, play=play,
+                                        state=state, before_epoch=before_epoch,
+                                        limit=queries.RUNS_PAGE + 1)
+        following = found[queries.RUNS_PAGE - 1].epoch if len(found) > queries.RUNS_PAGE else None
+        return {"org": org, "play": play, "state": state, "runs": found[:queries.RUNS_PAGE],
+                "next": following}
+
+    async def runs(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            got = await self._runs(request, viewer)
+            plays = sorted({run.play for run in got["runs"]} | (
+                set() if viewer.every_play else set(viewer.plays)))
+            return _html(pages.runs_page(got["runs"], show_org=viewer.org is None, org=got["org"],
+                                         play=got["play"], state=got["state"], plays=plays,
+                                         next_epoch=got["next"]))
+        return await self.guarded(request, False, render)
+
+    async def api_runs(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            got = await self._runs(request, viewer)
+            return JSONResponse({"runs": [_run_json(run) for run in got["runs"]],
+                                 "next_before": got["next"]})
+        return await self.guarded(request, True, render)
+
+    # -- a run -------------------------------------------------------------------------------------
+    async def _run(self, request: Request, viewer: Viewer) -> tuple[Port, queries.RunRow]:
+        org, play = self.play(request, viewer)
+        try:
+            run_id = RunScope(org, play, request.path_params["run_id"]).run_id
+        except EngineError:
+            raise NotFound() from None
+        port = await self.c.port_for(org)
+        run = await queries.get_run(port, org, play, run_id)
+        if run is None:
+            raise NotFound()
+        return port, run
+
+    async def run(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            port, run = await self._run(request, viewer)
+            tables = await queries.run_tables(port, run.org_id, run.play, run.run_id)
+            show_org = viewer.org is None
+            live = pages.q(f"/ui/live/runs/{pages.seg(run.play)}/{pages.seg(run.run_id)}",
+                           org=run.org_id if show_org else None)
+            return _html(pages.run_page(run, tables, show_org=show_org,
+                                        live_url=live.replace("&amp;", "&")))
+        return await self.guarded(request, False, render)
+
+    async def api_run(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            port, run = await self._run(request, viewer)
+            tables = await queries.counters(port, run.org_id, run.play)
+            return JSONResponse({"run": _run_json(run),
+                                 "tables": [attrs.asdict(t, value_serializer=_plain) for t in tables]})
+        return await self.guarded(request, True, render)
+
+    async def live(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            port, run = await self._run(request, viewer)
+            if self.c.streams[run.org_id] >= MAX_STREAMS:
+                return JSONResponse({"error": "too many live streams", "code": "busy"}, 503)
+            return EventSourceResponse(self._progress(port, run), ping=15)
+        return await self.guarded(request, True, render)
+
+    async def _progress(self, port: Port, run: queries.RunRow) -> Any:
+        self.c.streams[run.org_id] += 1
+        history: dict[str, collections.deque] = {}
+        try:
+            while not self.c.closing.is_set():
+                try:
+                    now, tables = await queries.live(port, run.org_id, run.play, run.run_id)
+                except EngineError:  # an outage: skip this tick, the next one tries again
+                    with trio.move_on_after(LIVE_INTERVAL_S):
+                        await self.c.closing.wait()
+                    continue
+                now = now or run
+                at = trio.current_time()
+                payload = {"state": now.state, "duration_s": now.duration_s, "tables": []}
+                for t in tables:
+                    samples = history.setdefault(t.namespace, collections.deque(maxlen=RATE_WINDOW))
+                    samples.append((at, t.done))
+                    payload["tables"].append(_live_table(t, samples))
+                yield {"event": "progress", "data": json.dumps(payload)}
+                pause = LIVE_INTERVAL_S if now.state == "open" else IDLE_INTERVAL_S
+                with trio.move_on_after(pause):
+                    await self.c.closing.wait()
+        finally:
+            self.c.streams[run.org_id] -= 1
+
+    # -- a table and its failures ----------------------------------------------------------------
+    async def _page(self, request: Request, viewer: Viewer, failed_only: bool):
+        org, play = self.play(request, viewer)
+        namespace = self.namespace(request)
+        port = await self.c.port_for(org)
+        params = request.query_params
+        status = "failed" if failed_only else (params.get("status") or None)
+        if status not in (None, *STATUSES):
+            raise ValueError("status")
+        key = None if failed_only else (params.get("key") or None)
+        after = _cursor(params.get("after"))
+        page = await rows.rows_page(port, org, play, namespace, status=status,
+                                       key_prefix=key, after=after)
+        if page.counters is None:
+            raise NotFound()
+        return port, org, play, namespace, page, status, key
+
+    async def table(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            _, org, play, namespace, page, status, key = await self._page(request, viewer, False)
+            show_org = viewer.org is None
+            links = [(label, pages.q(f"/ui/export/{pages.seg(play)}/{pages.seg(namespace)}.{fmt}",
+                                     org=org if show_org else None, status=status))
+                     for label, fmt in (("JSON lines", "jsonl"), ("CSV", "csv"))]
+            return _html(pages.table_page(org, play, namespace, page, show_org=show_org,
+                                          status=status, key=key, exports=links))
+        return await self.guarded(request, False, render)
+
+    async def export(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            org, play = self.play(request, viewer)
+            namespace = self.namespace(request)
+            fmt = request.path_params["fmt"]
+            status = request.query_params.get("status") or None
+            if fmt not in export.FORMATS or status not in (None, *STATUSES):
+                raise ValueError("format or status")
+            port = await self.c.port_for(org)
+            if await rows.table_exists(port, org, play, namespace) is None:
+                raise NotFound()
+            name = f"{play}-{namespace}.{fmt}".encode("ascii", "replace").decode()
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            return StreamingResponse(
+                export.export_chunks(port, org, play, namespace, fmt, status),
+                media_type=export.FORMATS[fmt],
+                headers={"content-disposition": f'attachment; filename="{safe}"'})
+        return await self.guarded(request, True, render)
+
+    async def failures(self, request: Request) -> Response:
+        async def render(viewer: Viewer) -> Response:
+            port, org, play, namespace, page, _, _ = await self._page(request, viewer, True)
+            errors = await rows.top_errors(port, org, play, namespace)
+            return _html(pages.failures_page(org, play, namespace, page, errors,
+                                             show_org=viewer.org is None))
+        return await self.guarded(request, False, render)
+
+    async def api_table(self, request: Request) -> Response:
+        return await self.guarded(request, True, lambda v: self._api_page(request, v, False))
+
+    async def api_failures(self, request: Request) -> Response:
+        return await self.guarded(request, True, lambda v: self._api_page(request, v, True))
+
+    async def _api_page(self, request: Request, viewer: Viewer, failed_only: bool) -> Response:
+        _, _, _, _, page, _, _ = await self._page(request, viewer, failed_only)
+        following = None if page.next is None else [page.next.input_index, page.next.created,
+                                                    page.next.key]
+        return JSONResponse({"fields": page.fields, "rows": page.rows, "next": following})
+
+
+def _cursor(text: str | None) -> rows.Cursor | None:
+    if not text:
+        return None
+    try:
+        index, created, key = json.loads(text)
+    except (TypeError, ValueError):
+        raise ValueError("after") from None
+    if (index is not None and (isinstance(index, bool) or not isinstance(index, int))) \
+            or not isinstance(created, str) or not isinstance(key, str) or len(created) > 64:
+        raise ValueError("after")
+    return rows.Cursor(index, created, key)
+
+
+def _plain(_inst: Any, _field: Any, value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def _run_json(run: queries.RunRow) -> dict[str, Any]:
+    return {"org": run.org_id, "play": run.play, "run_id": run.run_id, "epoch": run.epoch,
+            "state": run.state, "started": run.started.isoformat(),
+            "duration_s": round(run.duration_s, 3), "rows": run.rows,
+            "resume": run.command if run.state == "open" else None}
+
+
+def _live_table(t: queries.TableCounters, samples: collections.deque) -> dict[str, Any]:
+    points = list(samples)
+    series = [max(0.0, (b[1] - a[1]) / (b[0] - a[0])) if b[0] > a[0] else 0.0
+              for a, b in zip(points, points[1:])]
+    span = points[-1][0] - points[0][0]
+    rate = (points[-1][1] - points[0][1]) / span if span > 0 else 0.0
+    remaining = max(0, t.total - t.done)
+    eta = remaining / rate if rate > 0 and remaining else (0.0 if not remaining else None)
+    return {"table": t.namespace, "total": t.total, "queued": t.queued, "running": t.running,
+            "completed": t.completed, "failed": t.failed, "rate": round(rate, 2),
+            "eta_s": None if eta is None else round(eta, 1),
+            "series": [round(v, 2) for v in series]}

@@ -1,0 +1,148 @@
+"""The console's reads of one sheet: a keyset page of its rows, its column counters and the
+commonest errors of its failed rows (see `queries` for how every console read is bounded).
+
+Rows come in the sheet's row order `(_input_index, _created_at, _key)`, which the row-order index
+serves; rows whose input index is null come last, read by a second statement on
+`(_created_at, _key)` once the indexed rows are exhausted, so each statement stays an index range.
+A status filter or a key prefix narrows a page without changing its order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..pg import Connection
+from ..ports import Port, table
+from ..sql import quote_ident
+from .queries import (MAX_FIELDS, ROWS_PAGE, TOP_ERRORS, TableCounters, _TOP_ERRORS, _counters,
+                      _present, layout, read, scan)
+
+@attrs.frozen
+class Cursor:
+    """Where a page of rows ends, in the sheet's row order."""
+
+    input_index: int | None
+    created: str
+    key: str
+
+
+@attrs.frozen
+class RowsPage:
+    fields: list[str]
+    outputs: set[str]
+    rows: list[dict[str, Any]]
+    next: Cursor | None
+    columns: list[tuple[str, int, int]]
+    counters: TableCounters | None
+
+
+_FIELDS = """
+SELECT r.field, r.column_name,
+       EXISTS (SELECT 1 FROM {column_summary} AS c WHERE c.org_id = r.org_id AND c.play = r.play
+                  AND c.table_namespace = r.table_namespace AND c.field = r.field) AS output
+  FROM {registry} AS r
+ WHERE r.org_id = $1 AND r.play = $2 AND r.table_namespace = $3
+ ORDER BY r.position, r.field LIMIT {limit}
+"""
+
+_COLUMN_COUNTERS = """
+SELECT field, completed, failed FROM {column_summary}
+ WHERE org_id = $1 AND play = $2 AND table_namespace = $3 ORDER BY field LIMIT {limit}
+"""
+
+_ONE_TABLE = """
+SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary}
+ WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+"""
+
+_ROWS = """
+SELECT _key, _status, _error, _input_index, _created_at::text AS created, _attempts{cols}
+  FROM {t}
+ WHERE {where} AND ($1::text IS NULL OR _status = $1::text)
+   AND ($2::text IS NULL OR starts_with(_key, $2::text))
+ ORDER BY _input_index, _created_at, _key LIMIT $3
+"""
+
+_INDEXED_FIRST = "_input_index IS NOT NULL"
+_INDEXED_AFTER = "(_input_index, _created_at, _key) > ($4::bigint, $5::text::timestamptz, $6::text)"
+_UNINDEXED_FIRST = "_input_index IS NULL"
+_UNINDEXED_AFTER = "_input_index IS NULL AND (_created_at, _key) > ($4::text::timestamptz, $5::text)"
+
+
+async def table_exists(port: Port, org: str, play: str, namespace: str) -> TableCounters | None:
+    sql = _ONE_TABLE.format(summary=table(port, "sheet_summary"))
+
+    async def op(conn: Connection) -> TableCounters | None:
+        record = await conn.fetchrow(sql, org, play, namespace)
+        return None if record is None else _counters(record)
+
+    return await read(port, op)
+
+
+async def rows_page(port: Port, org: str, play: str, namespace: str, *,
+                    status: str | None = None, key_prefix: str | None = None,
+                    after: Cursor | None = None, limit: int = ROWS_PAGE) -> RowsPage:
+    """One keyset page of a sheet's rows in row order, with its fields and counters."""
+    sheet = layout(port, org, play, namespace)
+    fields_sql = _FIELDS.format(registry=table(port, "sheet_columns"),
+                                column_summary=table(port, "sheet_column_summary"),
+                                limit=MAX_FIELDS)
+    columns_sql = _COLUMN_COUNTERS.format(column_summary=table(port, "sheet_column_summary"),
+                                          limit=MAX_FIELDS)
+    one_sql = _ONE_TABLE.format(summary=table(port, "sheet_summary"))
+
+    async def op(conn: Connection) -> RowsPage:
+        record = await conn.fetchrow(one_sql, *sheet.counter_args)
+        info = None if record is None else _counters(record)
+        registered = await conn.fetch(fields_sql, *sheet.counter_args)
+        columns = [(r["field"], r["completed"], r["failed"])
+                   for r in await conn.fetch(columns_sql, *sheet.counter_args)]
+        fields = [r["field"] for r in registered]
+        outputs = {r["field"] for r in registered if r["output"]}
+        if info is None or not await _present(conn, port, sheet):
+            return RowsPage(fields, outputs, [], None, columns, info)
+        cols = "".join(f", {quote_ident(r['column_name'])}::text AS c{i}"
+                       for i, r in enumerate(registered))
+        found: list[Any] = []
+        if after is None or after.input_index is not None:
+            where, extra = ((_INDEXED_FIRST, ()) if after is None else
+                            (_INDEXED_AFTER, (after.input_index, after.created, after.key)))
+            found = list(await conn.fetch(_ROWS.format(cols=cols, t=sheet.qualified, where=where),
+                                          status, key_prefix, limit + 1, *extra))
+        if len(found) <= limit:
+            last_null = after if after is not None and after.input_index is None else None
+            where, extra = ((_UNINDEXED_FIRST, ()) if last_null is None else
+                            (_UNINDEXED_AFTER, (last_null.created, last_null.key)))
+            found += await conn.fetch(_ROWS.format(cols=cols, t=sheet.qualified, where=where),
+                                      status, key_prefix, limit + 1 - len(found), *extra)
+        rows = []
+        for r in found[:limit]:
+            row = {field: r[f"c{i}"] for i, field in enumerate(fields)}
+            row.update(_key=r["_key"], _status=r["_status"], _error=r["_error"],
+                       _input_index=r["_input_index"], _attempts=r["_attempts"],
+                       _created=r["created"])
+            rows.append(row)
+        following = None
+        if len(found) > limit:
+            last = rows[-1]
+            following = Cursor(last["_input_index"], last["_created"], last["_key"])
+        return RowsPage(fields, outputs, rows, following, columns, info)
+
+    return await read(port, op)
+
+
+async def top_errors(port: Port, org: str, play: str, namespace: str,
+                     run_id: str | None = None) -> list[tuple[str | None, int]] | None:
+    """The commonest error messages of the table's failed rows (a scan under the console's scan
+    timeout; None when it ran past it)."""
+    sheet = layout(port, org, play, namespace)
+
+    async def op(conn: Connection) -> list[tuple[str | None, int]] | None:
+        if not await _present(conn, port, sheet):
+            return []
+        found = await scan(conn, _TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS), run_id)
+        return None if found is None else [(r["error"], r["n"]) for r in found]
+
+    return await read(port, op)

@@ -1,0 +1,99 @@
+"""`open_console`: the console served alone, for every org, on loopback only.
+
+How it works
+- Opens one read-only tenant pool (no bootstrap: nothing is created; a schema without runplane
+  tables is refused at start) whose only lane is the console's, and serves `console_app` at
+  `/ui` with Hypercorn's trio worker. Every org's runs are read through that pool: the console's
+  statements name the org themselves.
+- The bind must be a loopback address (127.0.0.0/8, ::1 or localhost): the one-time link is the
+  only login, so the console is never offered to the network.
+- `ConsoleServer.login_url()` makes a new one-time link `http://HOST:PORT/ui/login?once=CODE`
+  (valid once, for a session that sees every org).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from typing import AsyncIterator
+
+import attrs
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from ..errors import InvalidInputError, SchemaNotFoundError
+from ..ports import CONSOLE_LANE, Port
+from ..schema import schema_status
+from ..tenant import open_tenant
+from .auth import Sessions
+from .routes import Console, console_app
+
+POOL_ORG = "console"
+LANE_LIMIT = 2
+SHUTDOWN_GRACE_S = 2.0
+
+
+def check_loopback(bind: str) -> None:
+    """`InvalidInputError` unless `bind` (HOST:PORT) names a loopback host."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidInputError(f"--bind must be HOST:PORT, got {bind!r}")
+    host = host.strip("[]")
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise InvalidInputError(
+            f"the console binds to loopback only (127.0.0.1, ::1 or localhost), not {host!r}; "
+            "to serve it to a network, use `runplane serve`, where gateway tokens log in")
+
+
+@attrs.define(eq=False)
+class ConsoleServer:
+    console: Console
+    url: str = ""
+
+    def login_url(self) -> str:
+        return f"{self.url}/ui/login?once={self.console.sessions.new_code()}"
+
+
+@contextlib.asynccontextmanager
+async def open_console(*, dsn: str | None = None, schema: str = "runplane",
+                       bind: str = "127.0.0.1:8788") -> AsyncIterator[ConsoleServer]:
+    """Serve the console until the block ends (see the module docstring)."""
+    check_loopback(bind)
+    async with open_tenant(POOL_ORG, dsn, schema=schema, bootstrap=False,
+                           lanes={CONSOLE_LANE: LANE_LIMIT}, max_connections=LANE_LIMIT) as tenant:
+        async with tenant.connection(CONSOLE_LANE) as conn:
+            if await schema_status(conn, schema) is None:
+                raise SchemaNotFoundError(
+                    f"schema {schema!r} has no runplane tables (check --schema or "
+                    "RUNPLANE_SCHEMA); nothing was created")
+
+        async def port_for(_org: str) -> Port:
+            return tenant
+
+        console = Console(Sessions(), port_for, token_login=False)
+        app = Starlette(routes=[Mount("/ui", app=console_app(console))])
+        config = Config()
+        config.bind = [bind]
+        config.accesslog = None
+        config.loglevel = "WARNING"
+        config.graceful_timeout = SHUTDOWN_GRACE_S
+        shutdown = trio.Event()
+        server = ConsoleServer(console)
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(lambda task_status: serve(
+                app, config, shutdown_trigger=shutdown.wait, task_status=task_status))
+            server.url = binds[0]
+            try:
+                yield server
+            finally:
+                console.closing.set()
+                shutdown.set()
