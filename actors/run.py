@@ -136,7 +136,8 @@ class Run:
                   retry: RowRetry | None = None, row_timeout_s: float | None = None,
                   rate_limit: RateLimit | None = None, give_up_after: int | None = None,
                   on_progress: Callable[[MapProgress], Any] | None = None,
-                  map_invocation_id: str | None = None, **tuning: Any) -> MapResult:
+                  map_invocation_id: str | None = None, workers: int | None = None,
+                  shared: bool = False, **tuning: Any) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
         Row policies (`actors.policies`): `retry` retries a failed call in place after a
@@ -145,10 +146,19 @@ class Run:
         failed in N runs (blocked, reason `gave_up`).
         `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
+        `workers=N` spreads the map over N local worker processes, `shared=True` publishes
+        it for workers started elsewhere (`runplane worker`); see `actors.shared_map`.
         """
+        lease_s = tuning.pop("lease_s", None) if workers is not None or shared else None
         plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
                        concurrency, cell_policies, retry=retry, row_timeout_s=row_timeout_s,
                        rate_limit=rate_limit, give_up_after=give_up_after, **tuning)
+        if workers is not None or shared:
+            from .shared_map import map_shared
+
+            return await map_shared(self, source, plan, workers=workers, shared=shared,
+                                    map_invocation_id=map_invocation_id,
+                                    **({} if lease_s is None else {"lease_s": lease_s}))
         return await map_rows(self, source, plan, on_progress=on_progress,
                               map_invocation_id=map_invocation_id)
 

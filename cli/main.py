@@ -560,3 +560,6 @@ def _report(exc: BaseException, command_name: str) -> int | None:
         warn(f"runplane: the play failed: {type(exc).__name__}: {exc}")
         return 1
     return None
+
+
+from . import worker as _worker  # noqa: E402,F401  (registers `runplane worker`)

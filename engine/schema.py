@@ -11,7 +11,8 @@ Versions: 2 added `runs.command` (how to resume a run, recorded by the command l
 row-level security policies of database sessions; 5 makes physical names unique: one column per
 field in `sheet_columns` (a unique index on the column name, after dropping the later of any two
 registrations that already shared one) and one table per sheet (`sheet_summary.table_name`,
-unique, filled by the next write of each sheet). An older schema is upgraded in place by the
+unique, filled by the next write of each sheet); 6 added shared maps (`shared_maps`,
+`shared_units`, `shared_workers`; `engine.shared_maps`). An older schema is upgraded in place by the
 same idempotent bootstrap, with no manual step.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from . import session_isolation
 from .sql import quote_ident
 
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 
 _DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -125,6 +126,52 @@ CREATE TABLE IF NOT EXISTS {s}.session_scopes (
     facts_high bytea,
     expires_at timestamptz NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
+);
+-- Shared maps (engine.shared_maps), from version 6: a published map, its units (slices of
+-- staged pages, handed out as leases) and the workers that joined the play's maps.
+CREATE TABLE IF NOT EXISTS {s}.shared_maps (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    map_invocation_id text NOT NULL,
+    epoch bigint NOT NULL,
+    table_namespace text NOT NULL,
+    config jsonb NOT NULL,
+    function text NOT NULL,
+    play_digest text NOT NULL,
+    state text NOT NULL DEFAULT 'waiting',
+    units integer NOT NULL,
+    lease_s float8 NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, run_id, map_invocation_id)
+);
+CREATE INDEX IF NOT EXISTS shared_maps_live ON {s}.shared_maps (org_id, play)
+    WHERE state IN ('waiting', 'open');
+CREATE TABLE IF NOT EXISTS {s}.shared_units (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    map_invocation_id text NOT NULL,
+    unit integer NOT NULL,
+    page integer NOT NULL,
+    low integer NOT NULL,
+    row_count integer NOT NULL,
+    done boolean NOT NULL DEFAULT false,
+    holder text,
+    claims integer NOT NULL DEFAULT 0,
+    expires_at timestamptz,
+    counters jsonb,
+    PRIMARY KEY (org_id, play, run_id, map_invocation_id, unit)
+);
+CREATE TABLE IF NOT EXISTS {s}.shared_workers (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    worker_id text NOT NULL,
+    pid integer NOT NULL,
+    host text NOT NULL,
+    units_done integer NOT NULL DEFAULT 0,
+    seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, worker_id)
 );
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -1,0 +1,76 @@
+"""`runplane worker PLAY.py`: join the open shared maps of a play and run their rows.
+
+The worker connects like every command (`--dsn` / `RUNPLANE_DSN`, `--org`, `--schema`), loads
+the play file, and serves the play's shared maps (`actors.shared_worker.serve_play`) until
+interrupted, or with `--exit-when-idle` until no waiting or open shared map of the play has a
+unit not done (waiting up to 60 s for one to appear). The play name is the file's `PLAY`, else
+its stem, unless `--play` says otherwise. A play file that differs from the one a map was
+published with, or that lacks its function, is refused with one line naming both (exit 1).
+Through a gateway (`--gateway`) workers are not supported yet: use a DSN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .connect import open_port
+from .main import _positive, _tenant_options, command, run_trio
+from .operators import UsageError
+from .terminal import say
+
+
+def _worker_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("--gateway", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("play_file", metavar="PLAY.py",
+                        help="the play file whose function the shared maps run")
+    parser.add_argument("--play", dest="play_name", default=None,
+                        help="play name (default: PLAY in the file, else its stem)")
+    parser.add_argument("--concurrency", type=_positive, default=None,
+                        help="rows run at once (default: the map's concurrency)")
+    parser.add_argument("--exit-when-idle", action="store_true",
+                        help="exit once no shared map of the play has work left")
+
+
+def play_name_of(path: str) -> str:
+    """The play name a file declares (`PLAY = "..."` at the top level), else its stem."""
+    import ast
+
+    file = Path(path)
+    try:
+        tree = ast.parse(file.read_bytes())
+    except (OSError, SyntaxError):
+        return file.stem
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "PLAY"
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node.value.value
+    return file.stem
+
+
+@command("worker", "join the open shared maps of a play and run their rows")(_worker_options)
+def worker(args: argparse.Namespace) -> int:
+    from runplane.actors.shared_worker import serve_play
+
+    if args.gateway:
+        raise UsageError("runplane worker does not go through a gateway yet: give --dsn "
+                         "or RUNPLANE_DSN")
+    if not Path(args.play_file).is_file():
+        raise UsageError(f"{args.play_file}: no such file")
+    if args.dsn is None and "RUNPLANE_DSN" in os.environ:
+        args.dsn = os.environ["RUNPLANE_DSN"]
+    play = args.play_name or play_name_of(args.play_file)
+
+    async def main() -> int:
+        async with open_port(args) as tenant:
+            units = await serve_play(tenant, play, args.play_file,
+                                     concurrency=args.concurrency,
+                                     exit_when_idle=args.exit_when_idle)
+        say(f"worker {os.getpid()}: {units} units done")
+        return 0
+
+    return run_trio(main)
+
