@@ -38,6 +38,7 @@ import attrs
 import trio
 
 from runplane.engine import receipts, runs
+from runplane.engine.array_input import PagedRows
 from runplane.engine.errors import EngineError, InvalidInputError, StoreOutageError, leaf_errors
 from runplane.engine.tenant import outage_budget
 from runplane.engine.ports import Port
@@ -149,6 +150,10 @@ class Run:
         `workers=N` spreads the map over N local worker processes, `shared=True` publishes
         it for workers started elsewhere (`runplane worker`); see `actors.shared_map`.
         """
+        if workers is None and not shared and isinstance(source, (list, PagedRows)):
+            from .shared_map import default_workers
+
+            workers = default_workers.get()
         lease_s = tuning.pop("lease_s", None) if workers is not None or shared else None
         plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
                        concurrency, cell_policies, retry=retry, row_timeout_s=row_timeout_s,

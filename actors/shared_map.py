@@ -24,6 +24,7 @@ How it works
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import subprocess
@@ -53,6 +54,11 @@ CLOSE_DEADLINE_S = 5.0
 STOP_WORKERS_S = 5.0
 
 
+# `runplane run PLAY.py --workers N`: list-source maps of the play run with N local workers.
+default_workers: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "runplane_default_workers", default=None)
+
+
 class SharedMapError(EngineError):
     """A shared map could not finish: every local worker exited while units remained."""
 
@@ -80,7 +86,8 @@ async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
     identity = function_identity(plan.fn)
     port = run.port
     scope = run.scope.map(plan.table_namespace, map_invocation_id)
-    encoded = await trio.to_thread.run_sync(array_input.encode_source, list(source))
+    items = source if isinstance(source, array_input.PagedRows) else list(source)
+    encoded = await trio.to_thread.run_sync(array_input.encode_source, items)
     await retry_transient(lambda: sheets.ensure_sheet(
         port, run.scope.play_scope, plan.table_namespace, plan.contract))
     await stage_encoded(port, scope, encoded)
@@ -104,7 +111,7 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
                      shared: bool, lease_s: float = sm.LEASE_S,
                      map_invocation_id: str | None = None) -> MapResult:
     """Run `plan` over the list `source` as a shared map (see the module docstring)."""
-    if not isinstance(source, (list, tuple)):
+    if not isinstance(source, (list, tuple, array_input.PagedRows)):
         raise InvalidInputError("a shared map's source must be a list of rows, got "
                                 f"{type(source).__name__}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
@@ -116,7 +123,7 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
     function_identity(plan.fn)  # refuse a function workers cannot find, before any write
     if map_invocation_id is None:
         map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
-    if not source:
+    if len(source) == 0:
         return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id)
     await publish_map(run, source, plan, map_invocation_id, lease_s)
     finished = False
@@ -129,11 +136,12 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
                 for _ in range(workers):
                     processes.append(await nursery.start(_keep_worker, command, env))
                 await wait_for_workers(run, map_invocation_id, workers)
-            await retry_transient(lambda: sm.open_map(run.port, run.ref, map_invocation_id))
+            await retry_transient(lambda: sm.set_state(
+                run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
             status = await _wait_done(run, map_invocation_id, processes if not shared else [])
             finished = True
-            await retry_transient(lambda: sm.close_map(
-                run.port, run.ref, map_invocation_id, sm.DONE))
+            await retry_transient(lambda: sm.set_state(
+                run.port, run.ref, map_invocation_id, sm.DONE, sm.LIVE))
             # Idle local workers exit on their own once the map is closed; any still running
             # after a grace period are terminated.
             nursery.cancel_scope.deadline = trio.current_time() + STOP_WORKERS_S
@@ -189,7 +197,7 @@ async def _wait_done(run: Run, map_invocation_id: str,
 async def _cancel_map(run: Run, map_invocation_id: str) -> None:
     with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_DEADLINE_S):
         try:
-            await sm.close_map(run.port, run.ref, map_invocation_id, sm.CANCELLED)
+            await sm.set_state(run.port, run.ref, map_invocation_id, sm.CANCELLED, sm.LIVE)
         except EngineError as exc:
             log.warning("shared map %s: could not be marked cancelled (its leases will "
                         "expire): %s", map_invocation_id, exc)

@@ -224,6 +224,8 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
+    parser.add_argument("--workers", type=_positive, default=None, metavar="N",
+                        help="run the play's list-source maps on N local worker processes")
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
     chosen.add_argument("--new-run-id", default=None, metavar="RUN_ID",
@@ -281,6 +283,10 @@ def run_play(args: argparse.Namespace) -> int:
     notice = args.notice = RunNotice(args.argv, "--run-id")
 
     async def main() -> int:
+        if args.workers is not None:
+            from runplane.actors.shared_map import default_workers
+
+            default_workers.set(args.workers)
         async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway
             run_id = await choose_run_id(tenant, play_name, args)
             async with open_run(tenant, play_name, run_id) as run:

@@ -46,6 +46,7 @@ ACTION_MODULES = (
     "runplane.engine.outbox",
     "runplane.engine.rate_limits",
     "runplane.engine.sessions",
+    "runplane.engine.shared_maps",
 )
 
 _REGISTRY: dict[str, "Action"] = {}

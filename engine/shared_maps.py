@@ -5,8 +5,8 @@ How it works
   namespace, its configuration: contract and row policies as JSON, the function's qualified
   name, the play file's digest) and one `shared_units` row per unit: a slice of at most
   `UNIT_ROWS` rows of one staged page (page ordinal, first input index, row count). A map is
-  published `waiting`; `open_map` lets workers claim (the coordinator opens it once its
-  workers joined); `close_map` ends it `done` or `cancelled`. Publishing again (a wake) keeps
+  published `waiting`; `set_state` opens it (workers may claim; the coordinator opens it once
+  its workers joined) and closes it, `done` or `cancelled`. Publishing again (a wake) keeps
   the units and their done marks and makes a cancelled map waiting again.
 - Workers `join` (one row in `shared_workers`, its heartbeat `seen_at`). `claim_units` takes,
   in one statement, free or expired units of an open map (`FOR UPDATE SKIP LOCKED`), at most
@@ -39,16 +39,19 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
+from .actions import action
+from .codecs import BOOL, FLOAT, INT, NOTHING, RAW, RUN_REF, STR, dict_of, list_of, optional, record
 from .errors import InvalidInputError, LeaseLostError
 from .pg import Connection
 from .ports import RECEIPTS_LANE, Port, table, with_connection
-from .scopes import RunRef, RunScope
+from .scopes import RunRef, RunScope, check_scope
 
 UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
 MAX_CLAIM = 8         # units one claim takes, at most
 LEASE_S = 30.0        # a unit's lease ...
 RENEW_S = 10.0        # ... renewed this often while its rows run
 WAITING, OPEN, DONE, CANCELLED = "waiting", "open", "done", "cancelled"
+LIVE = (WAITING, OPEN)  # the states a map can be opened or closed from
 COUNTERS = ("rows", "cached", "blocked", "skipped", "executed", "completed", "failed",
             "fenced", "calls", "retried", "timed_out")
 
@@ -85,6 +88,26 @@ class MapStatus:
     units: int
     done: int
     counters: Mapping[str, int]
+
+
+@attrs.frozen
+class WorkerInfo:
+    """A worker that joined a play's shared maps."""
+
+    worker_id: str
+    pid: int
+    host: str
+    units_done: int
+    seen_s_ago: float
+
+
+SHARED_MAP = record(SharedMap, ref=RUN_REF, map_invocation_id=STR, table_namespace=STR,
+                    config=RAW, function=STR, play_digest=STR, state=STR, lease_s=FLOAT)
+UNIT_LEASE = record(UnitLease, unit=INT, page=INT, low=INT, row_count=INT, holder=STR,
+                    claims=INT)
+MAP_STATUS = record(MapStatus, state=optional(STR), units=INT, done=INT, counters=dict_of(INT))
+WORKER_INFO = record(WorkerInfo, worker_id=STR, pid=INT, host=STR, units_done=INT,
+                     seen_s_ago=FLOAT)
 
 
 def plan_units(cuts: Sequence[tuple[int, int]], unit_rows: int = UNIT_ROWS) -> list[tuple[int, int, int]]:
@@ -125,10 +148,15 @@ SELECT 1
 """
 
 
+@action("shared_maps.publish", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "table_namespace": STR, "config": RAW,
+    "function": STR, "play_digest": STR, "units": list_of(list_of(INT)), "lease_s": FLOAT,
+}, result=NOTHING)
 async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespace: str, *,
                   config: Mapping[str, Any], function: str, play_digest: str,
                   units: Sequence[tuple[int, int, int]], lease_s: float = LEASE_S) -> None:
     """Publish a map and its units (see the module docstring); idempotent."""
+    check_scope(port, ref)
     if not units:
         raise InvalidInputError("a shared map needs at least one unit")
     if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and lease_s > 0):
@@ -148,21 +176,20 @@ UPDATE {maps} SET state = $5
 """
 
 
+@action("shared_maps.set_state", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "state": STR, "from_states": list_of(STR),
+}, result=BOOL)
 async def set_state(port: Port, ref: RunRef, map_invocation_id: str, state: str,
                     from_states: Sequence[str]) -> bool:
     """Move the map to `state` if it is in one of `from_states`; whether it moved."""
+    check_scope(port, ref)
+    if state not in (WAITING, OPEN, DONE, CANCELLED):
+        raise InvalidInputError(f"state must be waiting, open, done or cancelled, got {state!r}")
     sql = _SET_STATE.format(maps=table(port, "shared_maps"))
     status = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
         sql, *_map_key(ref, map_invocation_id), state, list(from_states)))
     return not status.endswith(" 0")
 
-
-async def open_map(port: Port, ref: RunRef, map_invocation_id: str) -> bool:
-    return await set_state(port, ref, map_invocation_id, OPEN, (WAITING,))
-
-
-async def close_map(port: Port, ref: RunRef, map_invocation_id: str, state: str) -> bool:
-    return await set_state(port, ref, map_invocation_id, state, (WAITING, OPEN))
 
 
 _JOIN = """
@@ -171,6 +198,7 @@ ON CONFLICT (org_id, play, worker_id) DO UPDATE SET seen_at = now()
 """
 
 
+@action("shared_maps.join", params={"play": STR, "worker_id": STR}, result=NOTHING)
 async def join(port: Port, play: str, worker_id: str) -> None:
     """Register the worker with the play's maps (again: a heartbeat)."""
     sql = _JOIN.format(workers=table(port, "shared_workers"))
@@ -185,8 +213,11 @@ SELECT count(*) FROM {workers} AS w JOIN {maps} AS m ON m.org_id = w.org_id AND 
 """
 
 
+@action("shared_maps.workers_joined", params={"ref": RUN_REF, "map_invocation_id": STR},
+        result=INT, writes=False)
 async def workers_joined(port: Port, ref: RunRef, map_invocation_id: str) -> int:
     """Workers of the play seen since the map was published."""
+    check_scope(port, ref)
     sql = _JOINED.format(workers=table(port, "shared_workers"), maps=table(port, "shared_maps"))
     return await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
         sql, *_map_key(ref, map_invocation_id)))
@@ -200,6 +231,8 @@ SELECT run_id, epoch, map_invocation_id, table_namespace, config::text AS config
 """
 
 
+@action("shared_maps.live_maps", params={"play": STR}, result=list_of(SHARED_MAP),
+        writes=False)
 async def live_maps(port: Port, play: str) -> list[SharedMap]:
     """The play's maps that are waiting or open, oldest first."""
     sql = _LIVE_MAPS.format(maps=table(port, "shared_maps"))
@@ -241,10 +274,14 @@ RETURNING u.unit, u.page, u.low, u.row_count, u.holder, u.claims
 """
 
 
+@action("shared_maps.claim_units", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "limit": INT,
+}, result=list_of(UNIT_LEASE))
 async def claim_units(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str, *,
                       limit: int = MAX_CLAIM) -> list[UnitLease]:
     """Lease free or expired units of an open map to the worker (its fair share, at most
     `limit`), in unit order; none when the map is not open or nothing is claimable."""
+    check_scope(port, ref)
     sql = _CLAIM.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
                         workers=table(port, "shared_workers"))
     rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
@@ -269,16 +306,20 @@ SELECT coalesce(array_agg(unit), '{{}}') FROM renewed
 """
 
 
+@action("shared_maps.renew", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "leases": list_of(UNIT_LEASE),
+}, result=list_of(INT))
 async def renew(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
-                leases: Sequence[UnitLease]) -> set[int]:
+                leases: Sequence[UnitLease]) -> list[int]:
     """Extend the worker's leases of one map; the units it still holds (none once the map is
     no longer open)."""
+    check_scope(port, ref)
     sql = _RENEW.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
                         workers=table(port, "shared_workers"))
     held = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
         sql, *_map_key(ref, map_invocation_id), worker_id, [lease.unit for lease in leases],
         [lease.holder for lease in leases]))
-    return set(held)
+    return sorted(held)
 
 
 _FINISH = """
@@ -339,9 +380,13 @@ SELECT c.key, sum(c.value::bigint) AS total
 """
 
 
+@action("shared_maps.map_status", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "counters": BOOL,
+}, result=MAP_STATUS, writes=False)
 async def map_status(port: Port, ref: RunRef, map_invocation_id: str, *,
                      counters: bool = False) -> MapStatus:
     """The map's state and units done; with `counters`, the sums of the done units' counters."""
+    check_scope(port, ref)
     key = _map_key(ref, map_invocation_id)
     status_sql = _STATUS.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
     sums_sql = _SUMS.format(units=table(port, "shared_units"))
@@ -366,6 +411,7 @@ SELECT count(*) FROM {maps} AS m JOIN {units} AS u
 """
 
 
+@action("shared_maps.units_remaining", params={"play": STR}, result=INT, writes=False)
 async def units_remaining(port: Port, play: str) -> int:
     """Units not done of the play's waiting or open maps."""
     sql = _REMAINING.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
@@ -374,14 +420,18 @@ async def units_remaining(port: Port, play: str) -> int:
 
 
 _WORKERS = """
-SELECT worker_id, pid, host, units_done, seen_at FROM {workers}
+SELECT worker_id, pid, host, units_done,
+       extract(epoch FROM now() - seen_at)::float8 AS seen_s_ago FROM {workers}
  WHERE org_id = $1 AND play = $2 ORDER BY worker_id
 """
 
 
-async def workers(port: Port, play: str) -> list[dict]:
+@action("shared_maps.workers", params={"play": STR}, result=list_of(WORKER_INFO),
+        writes=False)
+async def workers(port: Port, play: str) -> list[WorkerInfo]:
     """The workers that joined the play's maps (pid, host, units done, last seen)."""
     sql = _WORKERS.format(workers=table(port, "shared_workers"))
     rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
         sql, port.org_id, play))
-    return [dict(row) for row in rows]
+    return [WorkerInfo(r["worker_id"], r["pid"], r["host"], r["units_done"], r["seen_s_ago"])
+            for r in rows]

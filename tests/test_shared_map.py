@@ -88,7 +88,7 @@ async def test_an_expired_holders_completion_is_rolled_back(tenant):
 
         plan = MapPlan(tenant, run.ref, None, "nums", CONTRACT, tag_pid)
         await publish_map(run, rows, plan, mid, lease_s=0.5)
-        await sm.open_map(tenant, run.ref, mid)
+        await sm.set_state(tenant, run.ref, mid, sm.OPEN, (sm.WAITING,))
         shared = (await sm.live_maps(tenant, PLAY))[0]
         old = MapWorker(tenant, "old", shared, worker_plan(tenant, shared, tag_pid, 4),
                         trio.CapacityLimiter(4), renew_s=60)
@@ -109,6 +109,6 @@ async def test_an_expired_holders_completion_is_rolled_back(tenant):
                    for row in stored.values())
         status = await sm.map_status(tenant, run.ref, mid, counters=True)
         assert status.done == 1 and status.counters["completed"] == 10
-        await sm.close_map(tenant, run.ref, mid, sm.DONE)
+        await sm.set_state(tenant, run.ref, mid, sm.DONE, sm.LIVE)
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why
