@@ -129,3 +129,42 @@ def test_run_with_workers_spreads_the_play_over_local_workers(schema):
         assert [(m["state"], m["units"]) for m in maps] == [("done", 1)] and units == 1
 
     trio.run(check, os.environ["RUNPLANE_DSN"])
+
+
+async def test_cancelling_the_coordinator_stops_every_worker_nothing_half_written(tenant, dsn):
+    rows = [{"n": i} for i in range(6000)]  # twelve units
+    workers = [await start_worker(tenant, dsn) for _ in range(2)]
+    try:
+        with trio.fail_after(120):
+            with trio.CancelScope() as cancelled:
+                async with open_run(tenant, PLAY) as run:
+
+                    async def cancel_after_first_unit() -> None:
+                        while (await sm.map_status(tenant, run.ref, "map-0")).done < 1:
+                            await trio.sleep(0.1)
+                        cancelled.cancel()
+
+                    run.start_soon(cancel_after_first_unit)
+                    await run.map("nums", rows, slow_tag, contract=CONTRACT, shared=True,
+                                  lease_s=3.0)
+            assert cancelled.cancelled_caught
+            for worker in workers:  # they stop on their own: the map is cancelled
+                await worker.wait()
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.kill()
+    assert [w.returncode for w in workers] == [0, 0]
+    status = await sm.map_status(tenant, run.ref, "map-0", counters=True)
+    assert status.state == "cancelled" and 1 <= status.done < status.units
+    stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n",))
+    enriched = sorted(row["n"] for row in stored.values() if row["_status"] == "enriched")
+    # whole units only: every enriched row belongs to a unit marked done, and the other way round
+    async with tenant.connection("sheet") as conn:
+        done_units = await conn.fetch(
+            f'SELECT low, row_count FROM "{tenant.schema}".shared_units WHERE done')
+    assert enriched == sorted(n for u in done_units for n in range(u["low"],
+                                                                  u["low"] + u["row_count"]))
+    assert status.counters["completed"] == len(enriched)
+    ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
+    assert ok, why
