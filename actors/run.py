@@ -138,7 +138,7 @@ class Run:
                   rate_limit: RateLimit | None = None, give_up_after: int | None = None,
                   on_progress: Callable[[MapProgress], Any] | None = None,
                   map_invocation_id: str | None = None, workers: int | None = None,
-                  shared: bool = False, **tuning: Any) -> MapResult:
+                  shared: bool = False, executor: Any = None, **tuning: Any) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
         Row policies (`actors.policies`): `retry` retries a failed call in place after a
@@ -149,12 +149,18 @@ class Run:
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
         `workers=N` spreads the map over N local worker processes, `shared=True` publishes
         it for workers started elsewhere (`runplane worker`); see `actors.shared_map`.
+        `executor="processes"` (or an `actors.executors` executor) runs a synchronous `fn`
+        in a process pool or on a Dask cluster.
         """
         if workers is None and not shared and isinstance(source, (list, PagedRows)):
             from .shared_map import default_workers
 
             workers = default_workers.get()
         lease_s = tuning.pop("lease_s", None) if workers is not None or shared else None
+        if executor is not None:
+            from .executors import executor_for
+
+            fn = executor_for(executor).bind(fn)
         plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract, fn,
                        concurrency, cell_policies, retry=retry, row_timeout_s=row_timeout_s,
                        rate_limit=rate_limit, give_up_after=give_up_after, **tuning)
@@ -162,7 +168,7 @@ class Run:
             from .shared_map import map_shared
 
             return await map_shared(self, source, plan, workers=workers, shared=shared,
-                                    map_invocation_id=map_invocation_id,
+                                    map_invocation_id=map_invocation_id, executor=executor,
                                     **({} if lease_s is None else {"lease_s": lease_s}))
         return await map_rows(self, source, plan, on_progress=on_progress,
                               map_invocation_id=map_invocation_id)

@@ -46,7 +46,8 @@ def file_digest(path: str | Path) -> str:
 
 
 def function_identity(fn: Callable[..., Any]) -> FunctionIdentity:
-    target = inspect.unwrap(fn)
+    """Where workers find `fn` (the user's function behind an executor's binding)."""
+    target = inspect.unwrap(getattr(fn, "__runplane_function__", fn))
     qualname = getattr(target, "__qualname__", None)
     try:
         path = inspect.getsourcefile(target)
@@ -71,7 +72,8 @@ def _resolve_type(name: str) -> type:
     return target
 
 
-def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: str) -> dict:
+def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: str,
+                  executor: dict | None = None) -> dict:
     """The JSON configuration of a shared map from its `MapPlan`."""
     retry = plan.retry
     limit = plan.rate_limit
@@ -93,6 +95,7 @@ def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: 
         },
         "give_up_after": plan.give_up_after,
         "play_file": play_file,
+        "executor": executor,
     }
 
 
@@ -106,6 +109,7 @@ class MapConfig:
     rate_limit: RateLimit | None
     give_up_after: int | None
     play_file: str
+    executor: Mapping[str, Any] | None = None
 
 
 def decode_config(config: Mapping[str, Any]) -> MapConfig:
@@ -128,6 +132,7 @@ def decode_config(config: Mapping[str, Any]) -> MapConfig:
             limit["per_second"], limit["burst"], limit["key"]),
         give_up_after=config.get("give_up_after"),
         play_file=config.get("play_file", ""),
+        executor=config.get("executor"),
     )
 
 

@@ -37,6 +37,7 @@ from runplane.engine import array_input, sheets
 from runplane.engine import shared_maps as sm
 from runplane.engine.errors import EngineError, InvalidInputError
 
+from .executors import executor_config
 from .map_state import MapPlan
 from .progress import MapResult
 from .retry import retry_transient
@@ -81,7 +82,7 @@ def worker_environment(port: Any) -> dict[str, str]:
 
 
 async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
-                      map_invocation_id: str, lease_s: float) -> int:
+                      map_invocation_id: str, lease_s: float, executor: Any = None) -> int:
     """Stage the list, ensure the sheet and publish the map; its number of units."""
     identity = function_identity(plan.fn)
     port = run.port
@@ -93,7 +94,7 @@ async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
     await stage_encoded(port, scope, encoded)
     units = sm.plan_units(encoded.cuts)
     config = encode_config(plan, run_id=run.run_id, map_invocation_id=map_invocation_id,
-                           play_file=identity.path)
+                           play_file=identity.path, executor=executor_config(executor))
     await retry_transient(lambda: sm.publish(
         port, run.ref, map_invocation_id, plan.table_namespace, config=config,
         function=identity.qualname, play_digest=identity.digest, units=units, lease_s=lease_s))
@@ -109,7 +110,7 @@ async def wait_for_workers(run: Run, map_invocation_id: str, workers: int) -> No
 
 async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | None,
                      shared: bool, lease_s: float = sm.LEASE_S,
-                     map_invocation_id: str | None = None) -> MapResult:
+                     map_invocation_id: str | None = None, executor: Any = None) -> MapResult:
     """Run `plan` over the list `source` as a shared map (see the module docstring)."""
     if not isinstance(source, (list, tuple, array_input.PagedRows)):
         raise InvalidInputError("a shared map's source must be a list of rows, got "
@@ -121,11 +122,12 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
         raise InvalidInputError("a shared map needs workers=N or shared=True")
     env = worker_environment(run.port) if workers else None
     function_identity(plan.fn)  # refuse a function workers cannot find, before any write
+    executor_config(executor)
     if map_invocation_id is None:
         map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
     if len(source) == 0:
         return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id)
-    await publish_map(run, source, plan, map_invocation_id, lease_s)
+    await publish_map(run, source, plan, map_invocation_id, lease_s, executor)
     finished = False
     try:
         async with trio.open_nursery() as nursery:

@@ -192,6 +192,10 @@ class MapWorker:
 def worker_plan(port: Port, shared: sm.SharedMap, fn: Callable[..., Any],
                 concurrency: int | None) -> MapPlan:
     config = decode_config(shared.config)
+    if config.executor is not None:  # a process pool of the worker's own
+        from .executors import ProcessExecutor
+
+        fn = ProcessExecutor(config.executor.get("max_workers")).bind(fn)
     return MapPlan(port, shared.ref, None, shared.table_namespace, config.contract, fn,
                    concurrency or config.concurrency, config.cell_policies, retry=config.retry,
                    row_timeout_s=config.row_timeout_s, rate_limit=config.rate_limit,

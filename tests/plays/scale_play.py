@@ -29,3 +29,19 @@ def burn(row):
 
 async def noop(row):
     return {"ok": 1}
+
+
+def die_on_7(row):
+    """The pool process running row 7 dies (exit code 3)."""
+    if row["n"] == 7:
+        os._exit(3)
+    return {"pid": os.getpid(), "double": row["n"] * 2}
+
+
+def hang_on_3(row):
+    """Row 3 never returns by itself."""
+    if row["n"] == 3:
+        import time
+
+        time.sleep(600)
+    return {"pid": os.getpid(), "double": row["n"] * 2}
