@@ -156,7 +156,8 @@ class Run:
             from .shared_map import default_workers
 
             workers = default_workers.get()
-        lease_s = tuning.pop("lease_s", None) if workers is not None or shared else None
+        shared_tuning = {name: tuning.pop(name) for name in ("lease_s", "unit_rows")
+                         if name in tuning} if workers is not None or shared else {}
         if executor is not None:
             from .executors import executor_for
 
@@ -169,7 +170,7 @@ class Run:
 
             return await map_shared(self, source, plan, workers=workers, shared=shared,
                                     map_invocation_id=map_invocation_id, executor=executor,
-                                    **({} if lease_s is None else {"lease_s": lease_s}))
+                                    **shared_tuning)
         return await map_rows(self, source, plan, on_progress=on_progress,
                               map_invocation_id=map_invocation_id)
 

@@ -82,7 +82,8 @@ def worker_environment(port: Any) -> dict[str, str]:
 
 
 async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
-                      map_invocation_id: str, lease_s: float, executor: Any = None) -> int:
+                      map_invocation_id: str, lease_s: float, executor: Any = None,
+                      unit_rows: int = sm.UNIT_ROWS) -> int:
     """Stage the list, ensure the sheet and publish the map; its number of units."""
     identity = function_identity(plan.fn)
     port = run.port
@@ -92,7 +93,7 @@ async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
     await retry_transient(lambda: sheets.ensure_sheet(
         port, run.scope.play_scope, plan.table_namespace, plan.contract))
     await stage_encoded(port, scope, encoded)
-    units = sm.plan_units(encoded.cuts)
+    units = sm.plan_units(encoded.cuts, unit_rows)
     config = encode_config(plan, run_id=run.run_id, map_invocation_id=map_invocation_id,
                            play_file=identity.path, executor=executor_config(executor))
     await retry_transient(lambda: sm.publish(
@@ -110,7 +111,8 @@ async def wait_for_workers(run: Run, map_invocation_id: str, workers: int) -> No
 
 async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | None,
                      shared: bool, lease_s: float = sm.LEASE_S,
-                     map_invocation_id: str | None = None, executor: Any = None) -> MapResult:
+                     map_invocation_id: str | None = None, executor: Any = None,
+                     unit_rows: int = sm.UNIT_ROWS) -> MapResult:
     """Run `plan` over the list `source` as a shared map (see the module docstring)."""
     if not isinstance(source, (list, tuple, array_input.PagedRows)):
         raise InvalidInputError("a shared map's source must be a list of rows, got "
@@ -127,7 +129,11 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
         map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
     if len(source) == 0:
         return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id)
-    await publish_map(run, source, plan, map_invocation_id, lease_s, executor)
+    if isinstance(unit_rows, bool) or not isinstance(unit_rows, int) or \
+            not 1 <= unit_rows <= sm.UNIT_ROWS:
+        raise InvalidInputError(f"unit_rows must be an integer from 1 to {sm.UNIT_ROWS}, "
+                                f"got {unit_rows!r}")
+    await publish_map(run, source, plan, map_invocation_id, lease_s, executor, unit_rows)
     finished = False
     try:
         async with trio.open_nursery() as nursery:

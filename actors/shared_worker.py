@@ -13,7 +13,9 @@ How it works
   written.
 - A unit: its staged page is read (`array_input.read_page`, kept while the next unit is on the
   same page), its rows are admitted under the unit's own `Attempt` (the lease's holder id,
-  with a row lease of 0 s: the unit's lease guards the rows),
+  with a row lease of 0 s: the unit's lease guards the rows) in a transaction that also checks
+  the lease (`shared_maps.unit_guard`: a holder whose unit was taken over cannot take its rows
+  back),
   run under the map's row policies (rate limit, row timeout, retries in place; `give_up_after`
   at admission), and completed in one `sheets.complete` whose transaction also checks the
   lease and marks the unit done with its counters (`shared_maps.unit_guard`). A completion
@@ -24,7 +26,7 @@ How it works
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import attrs
 import trio
@@ -103,6 +105,10 @@ class MapWorker:
     renew_s: float
     pacer: Any = None
     units_run: int = 0
+    # Fault injection (simulations): awaited at each stage of a unit ("claimed", "admitted",
+    # "computed", "completed") with the lease and, once completed, the outcomes written.
+    fault: Callable[[str, sm.UnitLease, Any], Awaitable[None]] | None = None
+    renewing: bool = True  # a simulation stalls a worker's renewals to let its leases expire
     _page: tuple[int, Any] | None = None
     _held: dict[int, tuple[sm.UnitLease, trio.CancelScope]] = attrs.field(factory=dict)
 
@@ -120,18 +126,26 @@ class MapWorker:
     async def run_unit(self, lease: sm.UnitLease) -> bool:
         """Admit, run and complete one unit; False when its lease was lost meanwhile."""
         plan = self.plan
+        await self._stage("claimed", lease)
         rows = await self.read_rows(lease)
         # The unit's lease is what keeps other workers off its rows; the rows' own attempt
         # lease is admitted expired, so a row whose holder died is never blocked for the new
         # holder of its unit (a late write of the old holder is still fenced: the rows are
         # re-admitted to the new attempt).
         attempt = Attempt(lease.holder, lease.claims, 0.0)
-        admission = await retry_transient(lambda: sheets.admit(
-            self.port, plan.ref, plan.table_namespace, plan.contract, rows,
-            input_offset=lease.low, attempt=attempt, cell_policies=plan.cell_policies,
-            give_up_after=plan.give_up_after, cache_hits="count"))
+        check = sm.unit_guard(self.port, plan.ref, self.shared.map_invocation_id,
+                              self.worker_id, lease, None)
+        try:
+            admission = await retry_transient(lambda: sheets.admit(
+                self.port, plan.ref, plan.table_namespace, plan.contract, rows,
+                input_offset=lease.low, attempt=attempt, cell_policies=plan.cell_policies,
+                give_up_after=plan.give_up_after, cache_hits="count", within=check))
+        except LeaseLostError as exc:
+            log.info("worker %s: %s", self.worker_id, exc)
+            return False
         tally = UnitTally(rows=len(rows), cached=admission.cached or len(admission.completed),
                           blocked=len(admission.blocked), skipped=admission.skipped)
+        await self._stage("admitted", lease)
         outcomes: list[RowOutcome] = []
 
         async def one(admitted: AdmittedRow) -> None:
@@ -143,6 +157,7 @@ class MapWorker:
         async with trio.open_nursery() as nursery:
             for admitted in admission.pending:
                 nursery.start_soon(one, admitted)
+        await self._stage("computed", lease)
         guard = sm.unit_guard(self.port, plan.ref, self.shared.map_invocation_id,
                               self.worker_id, lease,
                               lambda committed, fenced: tally.counters(outcomes, committed, fenced))
@@ -154,12 +169,19 @@ class MapWorker:
             log.info("worker %s: %s", self.worker_id, exc)
             return False
         self.units_run += 1
+        await self._stage("completed", lease, outcomes)
         return True
+
+    async def _stage(self, stage: str, lease: sm.UnitLease, detail: Any = None) -> None:
+        if self.fault is not None:
+            await self.fault(stage, lease, detail)
 
     async def renew_leases(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
             await trio.sleep(self.renew_s)
+            if not self.renewing:
+                continue
             leases = [lease for lease, _ in self._held.values()]
             held = await retry_transient(lambda: sm.renew(
                 self.port, self.plan.ref, self.shared.map_invocation_id, self.worker_id, leases))

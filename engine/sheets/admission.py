@@ -43,7 +43,7 @@ How it works
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from .. import array_input, canonical
 from ..actions import action
@@ -126,7 +126,7 @@ class _PageRefused(Exception):
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
     "texts": optional(list_of(STR)),
-}, result=ADMISSION, deadline_s=30.0)
+}, result=ADMISSION, local=("within",), deadline_s=30.0)
 async def admit(
     port: Port,
     run: RunRef,
@@ -143,6 +143,7 @@ async def admit(
     cache_hits: str = "rows",
     staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
+    within: Callable[[Connection, frozenset[str], dict], Awaitable[None]] | None = None,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -152,6 +153,8 @@ async def admit(
     offset) instead of sending them. `texts` (with `keys`) are the rows' canonical texts, from
     a caller that encoded them already (`engine.array_input.encode_source`): taken at the
     caller's word, as `keys` are, so the rows are not encoded again.
+    `within(conn, frozenset(), {})` runs last inside the admission's transaction (a shared
+    map's unit lease check): what it raises rolls the admission back.
     """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
@@ -216,6 +219,8 @@ async def admit(
             args.append("[" + ",".join(texts[low:high]) + "]" if texts is not None else None)
             statement = conn.fetchrow(sql, *args, *extra)
             results.append((low, await clock.measure("statement", statement)))
+        if within is not None:
+            await within(conn, frozenset(), {})
         return results
 
     results = []
