@@ -342,20 +342,39 @@ SELECT count(*) FROM finished
 """
 
 
+# The lease check of a unit's admission: the unit must still be ours (and its map open); the
+# row lock (FOR SHARE) keeps claims off it until the admission commits.
+_CHECK = """
+SELECT count(*) FROM (
+    SELECT 1 FROM {units} AS u
+      JOIN {maps} AS m ON m.org_id = u.org_id AND m.play = u.play AND m.run_id = u.run_id
+                      AND m.map_invocation_id = u.map_invocation_id
+     WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
+       AND u.unit = $5 AND u.holder = $6 AND NOT u.done AND m.state = 'open'
+       FOR SHARE OF u
+) AS held
+"""
+
+
 def unit_guard(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
                lease: UnitLease, counters: Callable[[frozenset[str], dict], Mapping[str, int]] | None
                ) -> Callable[[Connection, frozenset[str], dict], Awaitable[None]]:
-    """The `within` hook of a unit's completion (see the module docstring): with `counters`
-    (a function of the completion's committed keys and fenced rows) the unit is marked done
-    with what it returns; without, the lease is only checked and renewed."""
-    sql = _FINISH.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
-                         workers=table(port, "shared_workers"))
+    """The `within` hook of a unit's admission or completion (see the module docstring): with
+    `counters` (a function of the completion's committed keys and fenced rows) the unit is
+    marked done with what it returns; without, the lease is only checked (and the unit's row
+    locked until the transaction ends)."""
+    tables = dict(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
+                  workers=table(port, "shared_workers"))
+    finish, check = _FINISH.format(**tables), _CHECK.format(**tables)
+    key = _map_key(ref, map_invocation_id)
 
     async def within(conn: Connection, committed: frozenset[str], fenced: dict) -> None:
-        done = counters is not None
-        text = json.dumps(dict(counters(committed, fenced))) if done else None
-        held = await conn.fetchval(sql, *_map_key(ref, map_invocation_id), lease.unit,
-                                   lease.holder, done, text, worker_id)
+        if counters is None:
+            held = await conn.fetchval(check, *key, lease.unit, lease.holder)
+        else:
+            text = json.dumps(dict(counters(committed, fenced)))
+            held = await conn.fetchval(finish, *key, lease.unit, lease.holder, True, text,
+                                       worker_id)
         if not held:
             raise LeaseLostError(f"unit {lease.unit} of map {map_invocation_id!r} is no longer "
                                  f"held by {lease.holder!r}")
