@@ -7,8 +7,8 @@ How it works
   missing function refuses, `ConflictError`), then serve it while it has claimable units.
   With `exit_when_idle` it waits up to `idle_wait_s` for a map to appear and returns once no
   waiting or open map of the play has a unit not done; otherwise it runs until cancelled.
-- `serve_map` claims units in batches (one statement, its fair share) and runs them one after
-  the other; a renewer renews the batch's leases every `renew_s` and cancels the work of a unit
+- `MapWorker.serve` claims units in batches (one statement, its fair share) and runs them in
+  claim order, `UNITS_IN_FLIGHT` at once; a renewer renews the batch's leases every `renew_s` and cancels the work of a unit
   no longer held (taken over, or the map cancelled or closed): its rows stop, nothing of it is
   written.
 - A unit: its staged page is read (`array_input.read_page`, kept while the next unit is on the
@@ -48,6 +48,7 @@ log = logging.getLogger("runplane.actors")
 
 POLL_S = 0.5
 IDLE_WAIT_S = 60.0
+UNITS_IN_FLIGHT = 2  # units one worker runs at once (a SIGKILL loses at most their outcomes)
 
 
 @attrs.define(eq=False)
@@ -111,8 +112,13 @@ class MapWorker:
     renewing: bool = True  # a simulation stalls a worker's renewals to let its leases expire
     _page: tuple[int, Any] | None = None
     _held: dict[int, tuple[sm.UnitLease, trio.CancelScope]] = attrs.field(factory=dict)
+    _reading: trio.Lock = attrs.field(factory=trio.Lock)
 
     async def read_rows(self, lease: sm.UnitLease) -> list[dict]:
+        async with self._reading:  # units in flight of one page read it once
+            return await self._read_rows(lease)
+
+    async def _read_rows(self, lease: sm.UnitLease) -> list[dict]:
         if self._page is None or self._page[0] != lease.page:
             scope = self.plan.ref.scope.map(self.shared.table_namespace,
                                             self.shared.map_invocation_id)
@@ -148,15 +154,20 @@ class MapWorker:
         await self._stage("admitted", lease)
         outcomes: list[RowOutcome] = []
 
-        async def one(admitted: AdmittedRow) -> None:
+        pending = iter(admission.pending)
+
+        async def run_rows() -> None:
+            # One of the unit's row tasks: holds a slot of the worker's concurrency while it
+            # takes rows one after the other (a task and a slot per row cost more than a
+            # no-op call).
             async with self.limiter:
-                outcome = await run_row(plan, self.pacer, admitted, tally)
-            outcomes.append(outcome)
-            tally.executed += 1
+                for admitted in pending:
+                    outcomes.append(await run_row(plan, self.pacer, admitted, tally))
+                    tally.executed += 1
 
         async with trio.open_nursery() as nursery:
-            for admitted in admission.pending:
-                nursery.start_soon(one, admitted)
+            for _ in range(min(plan.concurrency, len(admission.pending))):
+                nursery.start_soon(run_rows)
         await self._stage("computed", lease)
         guard = sm.unit_guard(self.port, plan.ref, self.shared.map_invocation_id,
                               self.worker_id, lease,
@@ -192,21 +203,37 @@ class MapWorker:
                     scope.cancel()
 
     async def serve(self) -> int:
-        """Claim and run units until none is claimable; the units this worker finished."""
+        """Claim and run units until none is claimable; the units this worker finished.
+
+        Units run in claim order, up to `UNITS_IN_FLIGHT` at once (one unit's completion
+        overlaps the next one's admission and rows); the next batch is claimed once the last
+        unit of the current one has started."""
         self.pacer = open_pacer(self.port, self.plan.rate_limit)
+        in_flight = trio.Semaphore(UNITS_IN_FLIGHT)
+
+        async def run_one(lease: sm.UnitLease, scope: trio.CancelScope) -> None:
+            try:
+                with scope:
+                    await self.run_unit(lease)
+            finally:
+                self._held.pop(lease.unit, None)
+                in_flight.release()
+
         async with trio.open_nursery() as nursery:
             await nursery.start(self.renew_leases)
-            while True:
-                leases = await retry_transient(lambda: sm.claim_units(
-                    self.port, self.plan.ref, self.shared.map_invocation_id, self.worker_id))
-                if not leases:
-                    break
-                scopes = {lease.unit: trio.CancelScope() for lease in leases}
-                self._held = {lease.unit: (lease, scopes[lease.unit]) for lease in leases}
-                for lease in leases:
-                    with scopes[lease.unit]:
-                        await self.run_unit(lease)
-                    self._held.pop(lease.unit, None)
+            async with trio.open_nursery() as units:
+                while True:
+                    leases = await retry_transient(lambda: sm.claim_units(
+                        self.port, self.plan.ref, self.shared.map_invocation_id,
+                        self.worker_id))
+                    if not leases:
+                        break
+                    scopes = {lease.unit: trio.CancelScope() for lease in leases}
+                    self._held.update({lease.unit: (lease, scopes[lease.unit])
+                                       for lease in leases})
+                    for lease in leases:
+                        await in_flight.acquire()
+                        units.start_soon(run_one, lease, scopes[lease.unit])
             nursery.cancel_scope.cancel()
         return self.units_run
 

@@ -348,6 +348,7 @@ def status(args: argparse.Namespace) -> int:
             for info in recent:
                 entry = entries.get(info.run_id)
                 say(f"run {info.run_id} epoch {info.epoch} outbox {entry.state if entry else '-'}")
+            await _worker.show_workers(tenant, scope.play)
         return 0
 
     return run_trio(main)

@@ -34,6 +34,20 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
                         help="exit once no shared map of the play has work left")
 
 
+LIVE_WORKER_S = 60.0  # `runplane status` lists the workers seen this recently
+
+
+async def show_workers(port, play: str) -> None:
+    """`runplane status`: the workers of the play's shared maps seen lately (pid, host, units
+    done)."""
+    from runplane.engine import shared_maps
+
+    for worker in await shared_maps.workers(port, play):
+        if worker.seen_s_ago <= LIVE_WORKER_S:
+            say(f"worker pid {worker.pid} on {worker.host}: {worker.units_done} units done "
+                f"(seen {worker.seen_s_ago:.0f} s ago)")
+
+
 def play_name_of(path: str) -> str:
     """The play name a file declares (`PLAY = "..."` at the top level), else its stem."""
     import ast

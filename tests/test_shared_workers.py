@@ -117,6 +117,9 @@ def test_run_with_workers_spreads_the_play_over_local_workers(schema):
     done = run_cli("run", "examples/enrich_companies.py", "--input", "examples/companies.csv",
                    "--workers", "2", env=env)
     assert done.returncode == 0, done.stderr
+    shown = run_cli("status", "enrich-companies", env=env)
+    workers = [line for line in shown.stdout.splitlines() if line.startswith("worker pid ")]
+    assert len(workers) == 2 and sum("1 units done" in line for line in workers) == 1, shown.stdout
 
     async def check(dsn) -> None:
         from runplane.engine import open_tenant
