@@ -15,17 +15,13 @@ How it works
   the unit's rows are admitted under, so a holder whose lease was taken over is fenced by the
   sheet too (`attempt_superseded`).
 - `renew` extends the caller's leases of one map (and its heartbeat) in one statement and says
-  which units it still holds; none when the map is no longer open (cancelled: the worker
-  stops its rows).
-- `unit_guard` is what a worker hands to `sheets.complete(within=...)`: inside the completion's
-  transaction it checks that the caller still holds the unit of an open map and renews the
-  lease, or — for the unit's last completion — marks it done with the counters the worker
-  recorded. When the unit is not held any more it raises `LeaseLostError`, so the whole
-  completion rolls back: an expired holder's late write never lands. Since the done mark
-  shares the transaction of the last completion, a unit is done exactly when its rows are
-  written, and its counters are recorded exactly once.
-- `map_counters` sums the counters of the done units (what the workers recorded) and counts
-  units done, for the coordinator's result.
+  which units it still holds: none once the map is no longer open (the worker stops its rows).
+- `unit_guard` is the `within` hook a worker hands to a unit's `sheets.admit` (it checks the
+  caller still holds the unit of an open map, locking the unit's row until commit) and to its
+  `sheets.complete` (it marks the unit done with the counters the worker recorded). A unit not
+  held any more raises `LeaseLostError` and the whole transaction rolls back: an expired
+  holder's late write never lands, and a unit's counters are recorded exactly once, with the
+  rows they count. `map_status` sums the done units' counters for the coordinator's result.
 Every statement reaches its rows by primary-key prefix (org, play, run, map): never the sheet.
 """
 
@@ -48,8 +44,7 @@ from .scopes import RunRef, RunScope, check_scope
 
 UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
 MAX_CLAIM = 8         # units one claim takes, at most
-LEASE_S = 30.0        # a unit's lease ...
-RENEW_S = 10.0        # ... renewed this often while its rows run
+LEASE_S = 30.0        # a unit's lease (workers renew it every third of it while rows run)
 WAITING, OPEN, DONE, CANCELLED = "waiting", "open", "done", "cancelled"
 LIVE = (WAITING, OPEN)  # the states a map can be opened or closed from
 COUNTERS = ("rows", "cached", "blocked", "skipped", "executed", "completed", "failed",
@@ -359,10 +354,8 @@ SELECT count(*) FROM (
 def unit_guard(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
                lease: UnitLease, counters: Callable[[frozenset[str], dict], Mapping[str, int]] | None
                ) -> Callable[[Connection, frozenset[str], dict], Awaitable[None]]:
-    """The `within` hook of a unit's admission or completion (see the module docstring): with
-    `counters` (a function of the completion's committed keys and fenced rows) the unit is
-    marked done with what it returns; without, the lease is only checked (and the unit's row
-    locked until the transaction ends)."""
+    """The `within` hook of a unit's admission (no `counters`: the lease is checked) or of its
+    completion (`counters(committed, fenced)`: the unit is marked done with them)."""
     tables = dict(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
                   workers=table(port, "shared_workers"))
     finish, check = _FINISH.format(**tables), _CHECK.format(**tables)

@@ -171,3 +171,65 @@ async def test_cancelling_the_coordinator_stops_every_worker_nothing_half_writte
     assert status.counters["completed"] == len(enriched)
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why
+
+
+def test_a_dead_coordinator_is_woken_and_its_workers_carry_on(schema):
+    """SIGKILL the coordinator of `run --workers 2` mid-map: its workers finish the map; a wake
+    (`--run-id`) returns the exact result."""
+    from .cli_helpers import RUNPLANE, run_cli
+
+    env = cli_env(RUNPLANE_SCHEMA=schema)
+    play = str(Path(__file__).parent / "plays" / "wake_play.py")
+    coordinator = subprocess.Popen([*RUNPLANE, "run", play, "--workers", "2",
+                                    "--new-run-id", "wake-1"], env=env, cwd=ROOT,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def progress(dsn, wanted: str):
+        from runplane.engine import open_tenant
+
+        async with open_tenant("local", dsn, schema=schema) as tenant:
+            with trio.fail_after(120):
+                while True:
+                    async with tenant.connection("sheet") as conn:
+                        done, units = await conn.fetchrow(
+                            f'SELECT count(*) FILTER (WHERE done), count(*) '
+                            f'FROM "{schema}".shared_units')
+                    if (wanted == "some" and done > 0) or (wanted == "all" and units
+                                                           and done == units):
+                        return
+                    await trio.sleep(0.1)
+
+    dsn = os.environ["RUNPLANE_DSN"]
+    try:
+        trio.run(progress, dsn, "some")
+        coordinator.kill()  # SIGKILL: no cleanup, the map stays open
+        coordinator.wait()
+        trio.run(progress, dsn, "all")  # the orphaned workers finish it
+        woken = run_cli("run", play, "--workers", "2", "--run-id", "wake-1", env=env)
+        assert woken.returncode == 0, woken.stderr
+        assert "admitted 3000, cached 0, completed 3000, failed 0" in woken.stdout, woken.stdout
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+
+    async def check(dsn) -> None:
+        from runplane.engine import open_tenant
+
+        async with open_tenant("local", dsn, schema=schema) as tenant:
+            async with tenant.connection("sheet") as conn:
+                state = await conn.fetchval(f'SELECT state FROM "{schema}".shared_maps')
+            assert state == "done"
+            rows = await sheet_state_of(tenant, "scale-wake")
+            assert [(r["_status"], r["_attempts"]) for r in rows] == [("enriched", 1)] * 3000
+            ok, why = await counters_match(tenant, play_scope(tenant, "scale-wake"), "nums")
+            assert ok, why
+
+    trio.run(check, dsn)
+
+
+async def sheet_state_of(tenant, play: str):
+    from runplane.engine.sheets.layout import layout_for
+
+    layout = layout_for(tenant, play_scope(tenant, play), "nums")
+    async with tenant.connection("sheet") as conn:
+        return await conn.fetch(f"SELECT _status, _attempts FROM {layout.qualified}")
