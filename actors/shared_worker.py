@@ -17,9 +17,10 @@ How it works
   the lease (`shared_maps.unit_guard`: a holder whose unit was taken over cannot take its rows
   back),
   run under the map's row policies (rate limit, row timeout, retries in place; `give_up_after`
-  at admission), and completed in one `sheets.complete` whose transaction also checks the
-  lease and marks the unit done with its counters (`shared_maps.unit_guard`). A completion
-  that finds the lease lost rolls back (`LeaseLostError`): the unit is the new holder's.
+  at admission), and completed in one transaction that also checks the lease and marks the
+  unit done with its counters (`engine.shared_units`: actions, so a worker behind a gateway
+  works the same). A completion that finds the lease lost rolls back (`LeaseLostError`): the
+  unit is the new holder's.
   No permit is held while the function runs; at most `concurrency` rows run at once.
 """
 
@@ -31,11 +32,11 @@ from typing import Any, Awaitable, Callable
 import attrs
 import trio
 
-from runplane.engine import array_input, sheets
+from runplane.engine import array_input, shared_units
 from runplane.engine import shared_maps as sm
 from runplane.engine.errors import LeaseLostError
 from runplane.engine.ports import Port
-from runplane.engine.sheets import AdmittedRow, Attempt, RowOutcome
+from runplane.engine.sheets import AdmittedRow, RowOutcome
 
 from .map_state import MapPlan
 from .mapper import call_row
@@ -53,7 +54,7 @@ UNITS_IN_FLIGHT = 2  # units one worker runs at once (a SIGKILL loses at most th
 
 @attrs.define(eq=False)
 class UnitTally:
-    """What one unit did, recorded with its done mark."""
+    """What one unit did (besides what its completion applies), recorded with its done mark."""
 
     rows: int = 0
     cached: int = 0
@@ -63,13 +64,6 @@ class UnitTally:
     calls: int = 0
     retried: int = 0
     timed_out: int = 0
-
-    def counters(self, outcomes: list[RowOutcome], committed: frozenset[str],
-                 fenced: dict) -> dict[str, int]:
-        completed = sum(1 for o in outcomes if o.status == "completed" and o.key in committed)
-        failed = sum(1 for o in outcomes if o.status == "failed" and o.key in committed)
-        return {**attrs.asdict(self), "completed": completed, "failed": failed,
-                "fenced": len(fenced)}
 
 
 async def run_row(plan: MapPlan, pacer: Any, admitted: AdmittedRow,
@@ -134,18 +128,11 @@ class MapWorker:
         plan = self.plan
         await self._stage("claimed", lease)
         rows = await self.read_rows(lease)
-        # The unit's lease is what keeps other workers off its rows; the rows' own attempt
-        # lease is admitted expired, so a row whose holder died is never blocked for the new
-        # holder of its unit (a late write of the old holder is still fenced: the rows are
-        # re-admitted to the new attempt).
-        attempt = Attempt(lease.holder, lease.claims, 0.0)
-        check = sm.unit_guard(self.port, plan.ref, self.shared.map_invocation_id,
-                              self.worker_id, lease, None)
         try:
-            admission = await retry_transient(lambda: sheets.admit(
-                self.port, plan.ref, plan.table_namespace, plan.contract, rows,
-                input_offset=lease.low, attempt=attempt, cell_policies=plan.cell_policies,
-                give_up_after=plan.give_up_after, cache_hits="count", within=check))
+            admission = await retry_transient(lambda: shared_units.admit_unit(
+                self.port, plan.ref, self.shared.map_invocation_id, self.worker_id, lease,
+                plan.table_namespace, plan.contract, rows, cell_policies=plan.cell_policies,
+                give_up_after=plan.give_up_after))
         except LeaseLostError as exc:
             log.info("worker %s: %s", self.worker_id, exc)
             return False
@@ -169,13 +156,10 @@ class MapWorker:
             for _ in range(min(plan.concurrency, len(admission.pending))):
                 nursery.start_soon(run_rows)
         await self._stage("computed", lease)
-        guard = sm.unit_guard(self.port, plan.ref, self.shared.map_invocation_id,
-                              self.worker_id, lease,
-                              lambda committed, fenced: tally.counters(outcomes, committed, fenced))
         try:
-            await retry_transient(lambda: sheets.complete(
-                self.port, plan.ref, plan.table_namespace, plan.contract, outcomes,
-                attempt=attempt, within=guard))
+            await retry_transient(lambda: shared_units.complete_unit(
+                self.port, plan.ref, self.shared.map_invocation_id, self.worker_id, lease,
+                plan.table_namespace, plan.contract, outcomes, attrs.asdict(tally)))
         except LeaseLostError as exc:
             log.info("worker %s: %s", self.worker_id, exc)
             return False

@@ -1,12 +1,11 @@
 """`runplane worker PLAY.py`: join the open shared maps of a play and run their rows.
 
-The worker connects like every command (`--dsn` / `RUNPLANE_DSN`, `--org`, `--schema`), loads
-the play file, and serves the play's shared maps (`actors.shared_worker.serve_play`) until
+The worker connects like every command (`--dsn` / `RUNPLANE_DSN`, `--org`, `--schema`; or
+`--gateway URL` with the token in `RUNPLANE_TOKEN`, and `--db-sessions`), loads the play file, and serves the play's shared maps (`actors.shared_worker.serve_play`) until
 interrupted, or with `--exit-when-idle` until no waiting or open shared map of the play has a
 unit not done (waiting up to 60 s for one to appear). The play name is the file's `PLAY`, else
 its stem, unless `--play` says otherwise. A play file that differs from the one a map was
 published with, or that lacks its function, is refused with one line naming both (exit 1).
-Through a gateway (`--gateway`) workers are not supported yet: use a DSN.
 """
 
 from __future__ import annotations
@@ -16,14 +15,13 @@ import os
 from pathlib import Path
 
 from .connect import open_port
-from .main import _positive, _tenant_options, command, run_trio
+from .main import _port_options, _positive, command, run_trio
 from .operators import UsageError
 from .terminal import say
 
 
 def _worker_options(parser: argparse.ArgumentParser) -> None:
-    _tenant_options(parser)
-    parser.add_argument("--gateway", default=None, help=argparse.SUPPRESS)
+    _port_options(parser)
     parser.add_argument("play_file", metavar="PLAY.py",
                         help="the play file whose function the shared maps run")
     parser.add_argument("--play", dest="play_name", default=None,
@@ -69,9 +67,6 @@ def play_name_of(path: str) -> str:
 def worker(args: argparse.Namespace) -> int:
     from runplane.actors.shared_worker import serve_play
 
-    if args.gateway:
-        raise UsageError("runplane worker does not go through a gateway yet: give --dsn "
-                         "or RUNPLANE_DSN")
     if not Path(args.play_file).is_file():
         raise UsageError(f"{args.play_file}: no such file")
     if args.dsn is None and "RUNPLANE_DSN" in os.environ:

@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from runplane.actors import open_run
 from runplane.actors.shared_worker import MapWorker, worker_plan
-from runplane.engine import PlayScope, canonical, sheets
+from runplane.engine import PlayScope, canonical, shared_units
 from runplane.engine import shared_maps as sm
 from runplane.engine.errors import LeaseLostError
-from runplane.engine.sheets import Attempt, SheetContract
+from runplane.engine.sheets import SheetContract
 from runplane.engine.sheets.layout import column, layout_for
 
 from .counters import counters_match
@@ -141,12 +141,9 @@ async def _worker(tenant, plan: Plan, index: int, spec: WorkerPlan, faults: Faul
             worker.renewing = True
         elif spec.fault == "lost_reply":
             faults.lost_replies += 1
-            attempt = Attempt(lease.holder, lease.claims, 0.0)
-            guard = sm.unit_guard(tenant, shared.ref, shared.map_invocation_id, worker_id, lease,
-                                  lambda committed, fenced: {"completed": 10**6})
-            try:
-                await sheets.complete(tenant, shared.ref, NS, CONTRACT, outcomes,
-                                      attempt=attempt, within=guard)
+            try:  # the same completion again, as after a lost reply
+                await shared_units.complete_unit(tenant, shared.ref, shared.map_invocation_id,
+                                                 worker_id, lease, NS, CONTRACT, outcomes, {})
             except LeaseLostError:
                 return
             faults.violations.append(f"{name}: a replayed completion of unit {lease.unit} "

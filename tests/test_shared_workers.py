@@ -16,6 +16,7 @@ from runplane.actors.shared_map import publish_map
 from runplane.engine import shared_maps as sm
 
 from .cli_helpers import cli_env, schema  # noqa: F401  (a fixture)
+from .gateway_support import server  # noqa: F401  (a fixture)
 from .plays.scale_play import slow_tag, tag_pid
 from .sheet_helpers import counters_match, play_scope, raw_rows
 from .test_shared_map import CONTRACT, PLAY, sheet_state
@@ -233,3 +234,33 @@ async def sheet_state_of(tenant, play: str):
     layout = layout_for(tenant, play_scope(tenant, play), "nums")
     async with tenant.connection("sheet") as conn:
         return await conn.fetch(f"SELECT _status, _attempts FROM {layout.qualified}")
+
+
+async def test_a_worker_through_a_gateway_runs_a_shared_map(tenant, server):
+    """A worker with only a gateway URL and a token (no DSN) joins a shared map."""
+    from .gateway_support import token_for
+
+    env = cli_env(RUNPLANE_TOKEN=token_for(tenant))
+    for name in ("RUNPLANE_DSN", "RUNPLANE_SCHEMA", "RUNPLANE_ORG"):
+        env.pop(name, None)
+    worker = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "runplane.cli", "worker", str(PLAY_FILE), "--gateway", server.url,
+         "--exit-when-idle", "--concurrency", "8"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT)
+    try:
+        with trio.fail_after(120):
+            async with open_run(tenant, PLAY) as run:
+                result = await run.map("nums", [{"n": i} for i in range(1200)], tag_pid,
+                                       contract=CONTRACT, shared=True)
+            await worker.wait()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+    assert worker.returncode == 0
+    stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n", "pid"))
+    assert {row["pid"] for row in stored.values()} == {worker.pid}
+    assert [r["_attempts"] for r in await sheet_state(tenant, "nums")] == [1] * 1200
+    assert (result.completed, result.failed, result.cached) == (1200, 0, 0)
+    ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
+    assert ok, why
