@@ -6,12 +6,14 @@ coordinator's `MapResult` against the sheet, counters against COUNT(*).
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from runplane.actors import open_run
 from runplane.engine import shared_maps as sm
-from runplane.engine.errors import InvalidInputError
-from runplane.engine.sheets import SheetContract
+from runplane.engine import shared_units
+from runplane.engine.errors import InvalidInputError, LeaseLostError
+from runplane.engine.sheets import RowOutcome, SheetContract
 from runplane.engine.sheets.layout import layout_for
 
 from .plays.scale_play import tag_pid
@@ -75,9 +77,9 @@ async def test_a_function_workers_cannot_find_is_refused_before_any_write(tenant
             f'SELECT count(*) FROM "{tenant.schema}".shared_maps') == 0
 
 
-async def test_an_expired_holders_completion_is_rolled_back(tenant):
-    """A holder whose lease was taken over cannot write: its completion raises
-    `LeaseLostError` and nothing of it lands; the new holder's completion does."""
+async def test_an_expired_holders_writes_are_rolled_back(tenant):
+    """A holder whose lease was taken over cannot write: its admission (and, below, its
+    completion) raises `LeaseLostError` and nothing of it lands; the new holder's does."""
     from runplane.actors.shared_worker import MapWorker, worker_plan
 
     rows = [{"n": i} for i in range(10)]
@@ -99,16 +101,22 @@ async def test_an_expired_holders_completion_is_rolled_back(tenant):
         await trio.sleep(0.7)  # the old lease expires
         [taken] = await sm.claim_units(tenant, run.ref, mid, "new")
         assert taken.holder != lease.holder and taken.claims == 2
-        assert await old.run_unit(lease) is False  # rolled back: lease lost
-        stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("pid",))
-        assert all(row["_attempt_id"] == lease.holder and row["_status"] == "running"
-                   for row in stored.values())
+        assert await old.run_unit(lease) is False  # its admission rolled back: lease lost
+        assert await raw_rows(tenant, play_scope(tenant, PLAY), "nums") == {}
         assert await new.run_unit(taken) is True
         stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("pid",))
         assert all(row["_status"] == "enriched" and row["_attempt_id"] == taken.holder
                    for row in stored.values())
         status = await sm.map_status(tenant, run.ref, mid, counters=True)
         assert status.done == 1 and status.counters["completed"] == 10
+        # The old holder's completion, computed before it lost the lease, cannot land either.
+        outcomes = [RowOutcome(key, "completed", {"pid": -1, "double": -1}, input_index=index)
+                    for key, index in ((k, r["_input_index"]) for k, r in stored.items())]
+        with pytest.raises(LeaseLostError):
+            await shared_units.complete_unit(tenant, run.ref, mid, "old", lease, "nums",
+                                             CONTRACT, outcomes, {})
+        after = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("pid",))
+        assert after == stored
         await sm.set_state(tenant, run.ref, mid, sm.DONE, sm.LIVE)
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why
