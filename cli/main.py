@@ -383,7 +383,9 @@ def _runs_options(parser: argparse.ArgumentParser) -> None:
 def list_runs(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with _read_only(args) as tenant:
-            return await show_runs(tenant, args)
+            status = await show_runs(tenant, args)
+            await _worker.show_workers(tenant, args.play)
+            return status
 
     return run_trio(main)
 

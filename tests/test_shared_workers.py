@@ -121,6 +121,8 @@ def test_run_with_workers_spreads_the_play_over_local_workers(schema):
     shown = run_cli("status", "enrich-companies", env=env)
     workers = [line for line in shown.stdout.splitlines() if line.startswith("worker pid ")]
     assert len(workers) == 2 and sum("1 units done" in line for line in workers) == 1, shown.stdout
+    listed = run_cli("runs", "enrich-companies", env=env)
+    assert sum(line.startswith("worker pid ") for line in listed.stdout.splitlines()) == 2
 
     async def check(dsn) -> None:
         from runplane.engine import open_tenant
