@@ -1,5 +1,6 @@
 """runplane's actors: runs as trio nurseries of actors, and the embedded supervisor."""
 
+from .executors import DaskExecutor, ProcessExecutor
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult
 from .run import Run, open_run
@@ -8,5 +9,5 @@ from .supervisor import Supervisor, open_supervisor
 
 __all__ = [
     "open_run", "Run", "MapResult", "MapProgress", "StagedArray", "open_supervisor", "Supervisor",
-    "RowRetry", "RateLimit",
+    "RowRetry", "RateLimit", "ProcessExecutor", "DaskExecutor",
 ]

@@ -162,8 +162,8 @@ class Run:
                   rate_limit: RateLimit | None = None, give_up_after: int | None = None,
                   on_progress: Callable[[MapProgress], Any] | None = None,
                   map_invocation_id: str | None = None, force: bool | None = None,
-                  fail_fast: bool | int = True,
-                  **tuning: Any) -> MapResult:
+                  fail_fast: bool | int = True, workers: int | None = None,
+                  shared: bool = False, executor: Any = None, **tuning: Any) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
         Row policies (`actors.policies`): `retry` retries a failed call in place after a
@@ -178,12 +178,32 @@ class Run:
         cause from the function: `MapResult.stopped_early`, the run's `stopped_early_maps`.
         `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
+        `workers=N` spreads the map over N local worker processes, `shared=True` publishes
+        it for workers started elsewhere (`runplane worker`); see `actors.shared_map`.
+        `executor="processes"` (or an `actors.executors` executor) runs a synchronous `fn`
+        in a process pool or on a Dask cluster.
         """
+        if workers is None and not shared and isinstance(source, (list, array_input.PagedRows)):
+            from .shared_map import default_workers
+
+            workers = default_workers.get()
+        shared_tuning = {name: tuning.pop(name) for name in ("lease_s", "unit_rows")
+                         if name in tuning} if workers is not None or shared else {}
+        if executor is not None:
+            from .executors import executor_for
+
+            fn = executor_for(executor).bind(fn)
         plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract,
                        as_row_caller(fn, concurrency), concurrency, cell_policies, retry=retry,
                        row_timeout_s=row_timeout_s, rate_limit=rate_limit,
                        give_up_after=give_up_after, fail_fast_rows=fail_fast_rows(fail_fast),
                        force=self.force if force is None else force, **tuning)
+        if workers is not None or shared:
+            from .shared_map import map_shared
+
+            return await map_shared(self, source, plan, workers=workers, shared=shared,
+                                    map_invocation_id=map_invocation_id, executor=executor,
+                                    **shared_tuning)
         listed = isinstance(source, (list, tuple, array_input.PagedRows))
         if not listed and not hasattr(source, "__aiter__"):  # refused before the history write
             raise InvalidInputError(

@@ -254,6 +254,8 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress-every", type=_non_negative, default=10.0, metavar="SECONDS",
                         help="without a terminal on stderr: a progress line this often (default 10)")
     parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
+    parser.add_argument("--workers", type=_positive, default=None, metavar="N",
+                        help="run the play's list-source maps on N local worker processes")
     chosen = parser.add_mutually_exclusive_group()
     chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
     chosen.add_argument("--new-run-id", default=None, metavar="RUN_ID",
@@ -317,6 +319,10 @@ def run_play(args: argparse.Namespace) -> int:
     notice = args.notice = RunNotice(args.argv, "--run-id")
 
     async def main() -> int:
+        if args.workers is not None:
+            from runplane.actors.shared_map import default_workers
+
+            default_workers.set(args.workers)
         async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway
             run_id = await choose_run_id(tenant, play_name, args)
             async with open_run(tenant, play_name, run_id, force=args.force) as run:
@@ -408,7 +414,10 @@ def list_runs(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _read_only(args) as tenant:
-            return await show_runs(tenant, args)
+            status = await show_runs(tenant, args)
+            if not getattr(args, "json", False):  # one JSON document with --json
+                await _worker.show_workers(tenant, args.play)
+            return status
 
     return run_trio(main)
 
@@ -633,3 +642,6 @@ def _report(exc: BaseException, command_name: str) -> int | None:
         warn(f"runplane: the play failed: {type(exc).__name__}: {exc}")
         return 1
     return None
+
+
+from . import worker as _worker  # noqa: E402,F401  (registers `runplane worker`)

@@ -101,6 +101,9 @@ async def show_status(port: Any, args: argparse.Namespace) -> int:
     for info in recent:
         entry = entries.get(info.run_id)
         say(f"run {info.run_id} epoch {info.epoch} outbox {entry.state if entry else '-'}")
+    from .worker import show_workers  # the workers of the play's shared maps
+
+    await show_workers(port, scope.play)
     return 0
 
 

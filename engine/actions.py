@@ -47,6 +47,8 @@ ACTION_MODULES = (
     "runplane.engine.rate_limits",
     "runplane.engine.sessions",
     "runplane.engine.history",
+    "runplane.engine.shared_maps",
+    "runplane.engine.shared_units",
 )
 
 _REGISTRY: dict[str, "Action"] = {}

@@ -42,6 +42,12 @@ class RowNotVisibleError(ConflictError):
     conflicts the same request issued again later can succeed."""
 
 
+class LeaseLostError(ConflictError):
+    """A shared map's unit is no longer held by the caller (its lease expired and another
+    worker took it over, or the map was cancelled or closed): the caller's completion of that
+    unit was rolled back, and the unit's rows are the new holder's."""
+
+
 class CorruptFactError(EngineError):
     """A stored fact is missing, malformed, or fails its digest check."""
 

@@ -72,6 +72,20 @@ from .errors import (
     leaf_errors,
 )
 
+
+def _plain_asyncio_outside_trio() -> None:
+    """Importing trio_asyncio makes `asyncio.new_event_loop()` build its own (synchronous
+    trio) loop in every thread outside trio; asyncio libraries that run their own loop in a
+    thread of ours (a `distributed.Client`, for the Dask executor) need a plain asyncio loop
+    there. Threads that set a policy of their own still get it; trio contexts are unchanged."""
+    from trio_asyncio import _loop
+
+    if _loop._FakedPolicy.policy is None:
+        _loop._FakedPolicy.policy = asyncio.DefaultEventLoopPolicy()
+
+
+_plain_asyncio_outside_trio()
+
 ROLLBACK_TIMEOUT = 1.0
 COMMIT_TIMEOUT = 10.0
 COMMIT_RESOLVE_TIMEOUT = 10.0  # reading a lost COMMIT's outcome on a fresh connection

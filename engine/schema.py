@@ -20,6 +20,7 @@ different keys for the same sheet (writers of one sheet still serialize on its s
 7 adds work-receipt leases (`work_receipts.lease_expires_at`: a running receipt whose lease
 has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused).
 8 adds `run_maps`, the run history (what each map of each run did, `engine.history`).
+9 adds shared maps (`shared_maps`, `shared_units`, `shared_workers`; `engine.shared_maps`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from . import session_isolation
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "8"
+SCHEMA_VERSION = "9"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -187,6 +188,52 @@ CREATE TABLE IF NOT EXISTS {s}.run_maps (
 );
 CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = 'running';
 -- end of version 8 -----------------------------------------------------------------------------
+-- Shared maps (engine.shared_maps), from version 9: a published map, its units (slices of
+-- staged pages, handed out as leases) and the workers that joined the play's maps.
+CREATE TABLE IF NOT EXISTS {s}.shared_maps (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    map_invocation_id text NOT NULL,
+    epoch bigint NOT NULL,
+    table_namespace text NOT NULL,
+    config jsonb NOT NULL,
+    function text NOT NULL,
+    play_digest text NOT NULL,
+    state text NOT NULL DEFAULT 'waiting',
+    units integer NOT NULL,
+    lease_s float8 NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, run_id, map_invocation_id)
+);
+CREATE INDEX IF NOT EXISTS shared_maps_live ON {s}.shared_maps (org_id, play)
+    WHERE state IN ('waiting', 'open');
+CREATE TABLE IF NOT EXISTS {s}.shared_units (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    map_invocation_id text NOT NULL,
+    unit integer NOT NULL,
+    page integer NOT NULL,
+    low integer NOT NULL,
+    row_count integer NOT NULL,
+    done boolean NOT NULL DEFAULT false,
+    holder text,
+    claims integer NOT NULL DEFAULT 0,
+    expires_at timestamptz,
+    counters jsonb,
+    PRIMARY KEY (org_id, play, run_id, map_invocation_id, unit)
+);
+CREATE TABLE IF NOT EXISTS {s}.shared_workers (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    worker_id text NOT NULL,
+    pid integer NOT NULL,
+    host text NOT NULL,
+    units_done integer NOT NULL DEFAULT 0,
+    seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, worker_id)
+);
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """

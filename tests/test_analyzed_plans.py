@@ -12,6 +12,8 @@ the batch's side, whatever the estimates say.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 
@@ -20,13 +22,17 @@ from runplane.engine import MapScope, array_input, receipts, sheets
 from runplane.engine.array_input.pages import encode_page
 from runplane.engine.sheets import RowOutcome, SheetContract, StagedPage
 
+from runplane.actors.shared_worker import serve_play
+
 from .array_input_support import stage
+from .plays.scale_play import noop
 from .plan_support import PlanPort, scans_off_index
 
 CONTRACT = SheetContract(inputs=("name", "n"), outputs=("ok",))
 NS = "analyzed"
 SHEET_ROWS = 200_000
 FILLER_RECEIPTS = 200_000
+SHARED_PLAY = str(Path(__file__).parent / "plays" / "scale_play.py")
 
 
 def rows(tag: str, start: int, stop: int) -> list[dict]:
@@ -64,8 +70,9 @@ async def analyze(tenant, target: int | None) -> None:
 
 async def hot_paths(port, round_no: int) -> None:
     """One of each hot path through `port`: new rows from a list and a stream, a rerun that
-    finds cache hits and failed rows, a forced map, appends, a replace (last round), a completion that repairs and one that inserts, reads,
-    receipts, and retirement as the runs end."""
+    finds cache hits and failed rows, a forced map, appends, a replace (last round), a
+    completion that repairs and one that inserts, reads, receipts, retirement as the runs
+    end, and a shared map served by a worker."""
     base = SHEET_ROWS + round_no * 20_000
     async with open_run(port, "play") as run:
         await run.map(NS, rows("c", base, base + 10_000), fail_tenths, contract=CONTRACT)
@@ -110,6 +117,15 @@ async def hot_paths(port, round_no: int) -> None:
         if round_no == 2:  # the last round: the sheet's rows replaced (emptied, then admitted)
             replaced = await sheets.replace_rows(port, ref, NS, CONTRACT, rows("r", 0, 1_000))
             assert replaced.inserted == 1_000
+    # A shared map: its units admitted and completed by a worker, with the lease check in the
+    # admission and the done mark in the completion.
+    async with open_run(port, "play") as run:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: serve_play(port, "play", SHARED_PLAY, exit_when_idle=True,
+                                                  poll_s=0.05))
+            shared = await run.map(NS, rows("s", base + 17_000, base + 18_000), noop,
+                                   contract=CONTRACT, shared=True)
+    assert shared.completed == 1_000, shared
 
 
 @pytest.fixture(params=["returning_old", "snapshot_join"])

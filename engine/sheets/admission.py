@@ -128,7 +128,7 @@ class _PageRefused(Exception):
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
     "texts": optional(list_of(STR)), "force": BOOL,
-}, result=ADMISSION, deadline_s=30.0)
+}, result=ADMISSION, local=("within",), deadline_s=30.0)
 async def admit(
     port: Port,
     run: RunRef,
@@ -146,6 +146,7 @@ async def admit(
     staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
     force: bool = False,
+    within: Callable[[Connection, frozenset[str], dict], Awaitable[None]] | None = None,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -157,6 +158,8 @@ async def admit(
     caller's word, as `keys` are, so the rows are not encoded again.
     `force=True` re-admits enriched rows an older write version wrote (they run again); rows
     our version already enriched stay cache hits, so a wake of a forced run resumes it.
+    `within(conn, frozenset(), {})` runs last inside the admission's transaction (a shared
+    map's unit lease check): what it raises rolls the admission back.
     """
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
@@ -253,6 +256,8 @@ async def admit_prepared(
             args.append("[" + ",".join(texts[low:high]) + "]" if texts is not None else None)
             statement = conn.fetchrow(sql, *args, *extra)
             results.append((low, await clock.measure("statement", statement)))
+        if within is not None:
+            await within(conn, frozenset(), {})
         return results
 
     results = []

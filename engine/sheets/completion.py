@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import attrs
 
@@ -265,7 +265,7 @@ class _Writer:
 @action("sheets.complete", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT,
     "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT), "force_failed": BOOL,
-}, result=COMPLETION, local=("on_diagnostics",), deadline_s=75.0)
+}, result=COMPLETION, local=("on_diagnostics", "within"), deadline_s=75.0)
 async def complete(
     port: Port,
     run: RunRef,
@@ -276,10 +276,16 @@ async def complete(
     attempt: Attempt | None = None,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
     force_failed: bool = False,
+    within: Callable[[Connection, frozenset[str], dict[str, FencedRow]], Awaitable[None]]
+    | None = None,
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring).
+
     `force_failed=True` lets a failed outcome replace an enriched row of our write version:
-    its completed cells become failed cells."""
+    its completed cells become failed cells. `within(conn, committed_keys, fenced)` runs
+    last inside the completion's transaction (a shared map's unit lease check and done
+    mark): what it raises rolls the whole completion back. It may run more than once (the
+    transaction is retried from scratch)."""
     started = time.perf_counter()
     check_write(port, run, contract, attempt)
     if not isinstance(force_failed, bool):
@@ -309,12 +315,14 @@ async def complete(
             )
         if misses:
             await writer.repair(conn, misses, all_keys, tally)
+        if within is not None:
+            await within(conn, frozenset(tally.committed), dict(tally.fenced))
         return tally
 
     tally = _Tally()
     outcome = "failed"
     try:
-        if prepared:
+        if prepared or within is not None:
             fields = list(dict.fromkeys([*contract.fields, *sorted(data_fields)]))
             tally = await run_sheet_transaction(
                 port, layout, fields, op, timeout_ms=COMPLETE_STATEMENT_TIMEOUT_MS, clock=clock,

@@ -1,0 +1,184 @@
+"""What a shared map tells its workers: the map's configuration as JSON, and the function.
+
+How it works
+- `function_identity(fn)` names the map's function as a worker finds it: the play file that
+  defines it (its source file), its qualified name in that file, and the file's digest
+  (SHA-256 of its bytes). A function defined inside another function cannot be found by name:
+  `InvalidInputError` before anything is written.
+- `encode_config(plan)` is the map's contract and row policies as JSON (exception types of a
+  retry policy by module and qualified name); `decode_config` rebuilds them in a worker. An
+  unkeyed `RateLimit` becomes one limit for the whole map across its workers (keyed by run and
+  map).
+- `load_function(path, qualname)` loads a play file as a module of its own (its folder first on
+  `sys.path`, like `python PLAY.py`) and finds the function; `check_published` refuses, with
+  one line naming both, a play file whose digest differs from the published one or that has
+  no such function (`ConflictError`).
+This module does no I/O but reading the play file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import attrs
+
+from runplane.engine.errors import ConflictError, InvalidInputError
+from runplane.engine.sheets import CellPolicy, SheetContract
+
+from .policies import RateLimit, RowRetry
+
+
+@attrs.frozen
+class FunctionIdentity:
+    path: str
+    qualname: str
+    digest: str
+
+
+def file_digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def function_identity(fn: Callable[..., Any]) -> FunctionIdentity:
+    """Where workers find `fn` (the user's function behind an executor's binding)."""
+    target = inspect.unwrap(getattr(fn, "__runplane_function__", fn))
+    qualname = getattr(target, "__qualname__", None)
+    try:
+        path = inspect.getsourcefile(target)
+    except TypeError:
+        path = None
+    if not qualname or "<locals>" in qualname or "<lambda>" in qualname or path is None:
+        raise InvalidInputError(
+            "fn of a shared map must be a function defined at the top level of a play file, "
+            f"so workers can find it by name; got {fn!r}")
+    return FunctionIdentity(str(Path(path).resolve()), qualname, file_digest(path))
+
+
+def _type_name(kind: type) -> str:
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def _resolve_type(name: str) -> type:
+    module_name, _, qualname = name.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: str,
+                  executor: dict | None = None) -> dict:
+    """The JSON configuration of a shared map from its `MapPlan`."""
+    retry = plan.retry
+    limit = plan.rate_limit
+    return {
+        "contract": {"inputs": list(plan.contract.inputs), "outputs": list(plan.contract.outputs)},
+        "concurrency": plan.concurrency,
+        "cell_policies": {field: policy.stale_after_s
+                          for field, policy in (plan.cell_policies or {}).items()},
+        "retry": None if retry is None else {
+            "max_attempts": retry.max_attempts, "initial_s": retry.initial_s,
+            "backoff": retry.backoff, "max_interval_s": retry.max_interval_s,
+            "jitter": retry.jitter, "retry_on": [_type_name(t) for t in retry.retry_on],
+            "give_up_on": [_type_name(t) for t in retry.give_up_on],
+        },
+        "row_timeout_s": plan.row_timeout_s,
+        "rate_limit": None if limit is None else {
+            "per_second": limit.per_second, "burst": limit.burst,
+            "key": limit.key or f"shared-map:{run_id}:{map_invocation_id}",
+        },
+        "give_up_after": plan.give_up_after,
+        "play_file": play_file,
+        "executor": executor,
+    }
+
+
+@attrs.frozen
+class MapConfig:
+    contract: SheetContract
+    concurrency: int
+    cell_policies: Mapping[str, CellPolicy] | None
+    retry: RowRetry | None
+    row_timeout_s: float | None
+    rate_limit: RateLimit | None
+    give_up_after: int | None
+    play_file: str
+    executor: Mapping[str, Any] | None = None
+
+
+def decode_config(config: Mapping[str, Any]) -> MapConfig:
+    retry = config.get("retry")
+    limit = config.get("rate_limit")
+    return MapConfig(
+        contract=SheetContract(tuple(config["contract"]["inputs"]),
+                               tuple(config["contract"]["outputs"])),
+        concurrency=int(config.get("concurrency") or 16),
+        cell_policies={field: CellPolicy(s) for field, s in config["cell_policies"].items()}
+        or None,
+        retry=None if retry is None else RowRetry(
+            max_attempts=retry["max_attempts"], initial_s=retry["initial_s"],
+            backoff=retry["backoff"], max_interval_s=retry["max_interval_s"],
+            jitter=retry["jitter"],
+            retry_on=tuple(_resolve_type(n) for n in retry["retry_on"]),
+            give_up_on=tuple(_resolve_type(n) for n in retry["give_up_on"])),
+        row_timeout_s=config.get("row_timeout_s"),
+        rate_limit=None if limit is None else RateLimit(
+            limit["per_second"], limit["burst"], limit["key"]),
+        give_up_after=config.get("give_up_after"),
+        play_file=config.get("play_file", ""),
+        executor=config.get("executor"),
+    )
+
+
+@attrs.define(eq=False)
+class PlayFile:
+    """A play file loaded once by a worker: its digest and its module."""
+
+    path: str
+    digest: str
+    module: Any
+
+    @classmethod
+    def load(cls, path: str) -> PlayFile:
+        file = Path(path).resolve()
+        if not file.is_file():
+            raise InvalidInputError(f"{path}: no such play file")
+        digest = file_digest(file)
+        name = f"runplane_worker_play_{digest[:12]}"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, file)
+            if spec is None or spec.loader is None:
+                raise InvalidInputError(f"{path}: not a Python file")
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, str(file.parent))
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return cls(str(file), digest, module)
+
+    def find(self, qualname: str) -> Callable[..., Any] | None:
+        target: Any = self.module
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                return None
+        return target if callable(target) else None
+
+
+def check_published(play: PlayFile, map_name: str, function: str, digest: str) -> Callable:
+    """The published function from `play`, or `ConflictError` naming both sides."""
+    if play.digest != digest:
+        raise ConflictError(
+            f"play file {play.path} (digest {play.digest[:12]}) differs from the one shared map "
+            f"{map_name} was published with (digest {digest[:12]}); refusing to join")
+    fn = play.find(function)
+    if fn is None:
+        raise ConflictError(f"play file {play.path} has no function {function!r}, which shared "
+                            f"map {map_name} runs; refusing to join")
+    return fn

@@ -1,0 +1,211 @@
+"""The coordinator of a shared map: `run.map(..., workers=N)` and `run.map(..., shared=True)`.
+
+How it works
+- The source must be a list (an array input): it is encoded and staged like any list source
+  (`actors.sealer.stage_encoded`; a wake finds it staged and checks it is the same list), the
+  sheet is ensured, and the map is published (`engine.shared_maps.publish`) with its units —
+  slices of at most `UNIT_ROWS` rows of each staged page — its configuration, the function's
+  qualified name and the play file's digest (`actors.shared_config`).
+- With `workers=N` the coordinator starts N local `runplane worker` processes, which inherit
+  its connection (DSN, schema, org, through the environment) and the play file; it waits until
+  N workers joined (or `JOIN_WAIT_S`) and then opens the map, so the first claims split the
+  units fairly. It runs no rows itself. With `shared=True` it opens the map at once and starts
+  no worker: workers anywhere join it.
+- It then polls the map until every unit is done and closes it `done`; its `MapResult` is the
+  sum of the counters the workers recorded with each unit's done mark (in the transaction of
+  the unit's last completion), so it is exact whoever ran the rows. If every local worker
+  exits while units remain (and the map is not shared), the map is cancelled and
+  `SharedMapError` says how the workers ended.
+- When the coordinating run is cancelled or fails, the map is closed `cancelled` (shielded,
+  with a deadline): every worker stops that map's rows at its next renewal (within a lease
+  period) and its completions roll back, so nothing is half-written; local workers are then
+  terminated.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any, Sequence
+
+import trio
+
+from runplane.engine import array_input, sheets
+from runplane.engine import shared_maps as sm
+from runplane.engine.errors import EngineError, InvalidInputError
+
+from .executors import executor_config
+from .map_state import MapPlan
+from .progress import MapResult
+from .retry import retry_transient
+from .sealer import stage_encoded
+from .shared_config import encode_config, function_identity
+
+if TYPE_CHECKING:
+    from .run import Run
+
+log = logging.getLogger("runplane.actors")
+
+JOIN_WAIT_S = 10.0
+POLL_S = 0.2
+CLOSE_DEADLINE_S = 5.0
+STOP_WORKERS_S = 5.0
+
+
+# `runplane run PLAY.py --workers N`: list-source maps of the play run with N local workers.
+default_workers: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "runplane_default_workers", default=None)
+
+
+class SharedMapError(EngineError):
+    """A shared map could not finish: every local worker exited while units remained."""
+
+
+def worker_command(play_file: str, play: str, concurrency: int) -> list[str]:
+    return [sys.executable, "-m", "runplane.cli", "worker", play_file, "--play", play,
+            "--concurrency", str(concurrency), "--exit-when-idle"]
+
+
+def worker_environment(port: Any) -> dict[str, str]:
+    """The connection a local worker inherits: the coordinator's DSN, schema and org."""
+    dsn = getattr(port, "dsn", None)
+    if dsn is None:
+        raise InvalidInputError("workers=N needs a direct database connection (a tenant); "
+                                "through a gateway, publish with shared=True and start "
+                                "`runplane worker` yourself")
+    env = dict(os.environ)
+    env.update(RUNPLANE_DSN=dsn, RUNPLANE_SCHEMA=port.schema, RUNPLANE_ORG=port.org_id)
+    return env
+
+
+async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
+                      map_invocation_id: str, lease_s: float, executor: Any = None,
+                      unit_rows: int = sm.UNIT_ROWS) -> int:
+    """Stage the list, ensure the sheet and publish the map; its number of units."""
+    identity = function_identity(plan.fn)
+    port = run.port
+    scope = run.scope.map(plan.table_namespace, map_invocation_id)
+    items = source if isinstance(source, array_input.PagedRows) else list(source)
+    encoded = await trio.to_thread.run_sync(array_input.encode_source, items)
+    await retry_transient(lambda: sheets.ensure_sheet(
+        port, run.scope.play_scope, plan.table_namespace, plan.contract))
+    await stage_encoded(port, scope, encoded)
+    units = sm.plan_units(encoded.cuts, unit_rows)
+    config = encode_config(plan, run_id=run.run_id, map_invocation_id=map_invocation_id,
+                           play_file=identity.path, executor=executor_config(executor))
+    await retry_transient(lambda: sm.publish(
+        port, run.ref, map_invocation_id, plan.table_namespace, config=config,
+        function=identity.qualname, play_digest=identity.digest, units=units, lease_s=lease_s))
+    return len(units)
+
+
+async def wait_for_workers(run: Run, map_invocation_id: str, workers: int) -> None:
+    with trio.move_on_after(JOIN_WAIT_S):
+        while await retry_transient(lambda: sm.workers_joined(
+                run.port, run.ref, map_invocation_id)) < workers:
+            await trio.sleep(POLL_S)
+
+
+async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | None,
+                     shared: bool, lease_s: float = sm.LEASE_S,
+                     map_invocation_id: str | None = None, executor: Any = None,
+                     unit_rows: int = sm.UNIT_ROWS) -> MapResult:
+    """Run `plan` over the list `source` as a shared map (see the module docstring)."""
+    if not isinstance(source, (list, tuple, array_input.PagedRows)):
+        raise InvalidInputError("a shared map's source must be a list of rows, got "
+                                f"{type(source).__name__}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise InvalidInputError(f"workers must be a positive integer, got {workers!r}")
+    if workers is None and not shared:
+        raise InvalidInputError("a shared map needs workers=N or shared=True")
+    env = worker_environment(run.port) if workers else None
+    function_identity(plan.fn)  # refuse a function workers cannot find, before any write
+    executor_config(executor)
+    if map_invocation_id is None:
+        map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
+    if len(source) == 0:
+        return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id)
+    if isinstance(unit_rows, bool) or not isinstance(unit_rows, int) or \
+            not 1 <= unit_rows <= sm.UNIT_ROWS:
+        raise InvalidInputError(f"unit_rows must be an integer from 1 to {sm.UNIT_ROWS}, "
+                                f"got {unit_rows!r}")
+    await publish_map(run, source, plan, map_invocation_id, lease_s, executor, unit_rows)
+    finished = False
+    try:
+        async with trio.open_nursery() as nursery:
+            processes: list[trio.Process] = []
+            if workers:
+                identity = function_identity(plan.fn)
+                command = worker_command(identity.path, run.play, plan.concurrency)
+                for _ in range(workers):
+                    processes.append(await nursery.start(_keep_worker, command, env))
+                await wait_for_workers(run, map_invocation_id, workers)
+            await retry_transient(lambda: sm.set_state(
+                run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
+            status = await _wait_done(run, map_invocation_id, processes if not shared else [])
+            finished = True
+            await retry_transient(lambda: sm.set_state(
+                run.port, run.ref, map_invocation_id, sm.DONE, sm.LIVE))
+            # Idle local workers exit on their own once the map is closed; any still running
+            # after a grace period are terminated.
+            nursery.cancel_scope.deadline = trio.current_time() + STOP_WORKERS_S
+    finally:
+        if not finished:
+            await _cancel_map(run, map_invocation_id)
+    counters = status.counters
+    return MapResult(
+        admitted=counters["rows"] - counters["skipped"], cached=counters["cached"],
+        completed=counters["completed"], failed=counters["failed"], blocked=counters["blocked"],
+        fenced=counters["fenced"], skipped=counters["skipped"], executed=counters["executed"],
+        map_invocation_id=map_invocation_id, retried=counters["retried"],
+        timed_out=counters["timed_out"])
+
+
+async def _keep_worker(command: list[str], env: dict[str, str],
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run one local worker; terminate it (then kill it) when the map's scope is cancelled."""
+    process = await trio.lowlevel.open_process(command, env=env, stdin=subprocess.DEVNULL)
+    task_status.started(process)
+    try:
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            with trio.CancelScope(shield=True):
+                process.terminate()
+                with trio.move_on_after(STOP_WORKERS_S):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+
+
+async def _wait_done(run: Run, map_invocation_id: str,
+                     processes: list[trio.Process]) -> sm.MapStatus:
+    while True:
+        status = await retry_transient(lambda: sm.map_status(
+            run.port, run.ref, map_invocation_id))
+        if status.done >= status.units:
+            return await retry_transient(lambda: sm.map_status(
+                run.port, run.ref, map_invocation_id, counters=True))
+        if status.state not in (sm.WAITING, sm.OPEN):
+            raise SharedMapError(f"shared map {map_invocation_id!r} was {status.state} with "
+                                 f"{status.units - status.done} units not done")
+        if processes and all(p.returncode is not None for p in processes):
+            codes = sorted({p.returncode for p in processes})
+            raise SharedMapError(
+                f"every local worker of shared map {map_invocation_id!r} exited (status "
+                f"{', '.join(map(str, codes))}) with {status.units - status.done} units not done")
+        await trio.sleep(POLL_S)
+
+
+async def _cancel_map(run: Run, map_invocation_id: str) -> None:
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_DEADLINE_S):
+        try:
+            await sm.set_state(run.port, run.ref, map_invocation_id, sm.CANCELLED, sm.LIVE)
+        except EngineError as exc:
+            log.warning("shared map %s: could not be marked cancelled (its leases will "
+                        "expire): %s", map_invocation_id, exc)

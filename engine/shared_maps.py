@@ -1,0 +1,449 @@
+"""Shared maps: one map's units handed out as leases to many worker processes.
+
+How it works
+- `publish` writes, in one statement, the map's row in `shared_maps` (run, map, epoch, table
+  namespace, its configuration: contract and row policies as JSON, the function's qualified
+  name, the play file's digest) and one `shared_units` row per unit: a slice of at most
+  `UNIT_ROWS` rows of one staged page (page ordinal, first input index, row count). A map is
+  published `waiting`; `set_state` opens it (workers may claim; the coordinator opens it once
+  its workers joined) and closes it, `done` or `cancelled`. Publishing again (a wake) keeps
+  the units and their done marks and makes a cancelled map waiting again.
+- Workers `join` (one row in `shared_workers`, its heartbeat `seen_at`). `claim_units` takes,
+  in one statement, free or expired units of an open map (`FOR UPDATE SKIP LOCKED`), at most
+  `ceil(claimable units / live workers)` and at most `MAX_CLAIM`, so every live worker gets a
+  share. Each claim names a fresh holder (`worker/unit/claim number`), which is the attempt id
+  the unit's rows are admitted under, so a holder whose lease was taken over is fenced by the
+  sheet too (`attempt_superseded`).
+- `renew` extends the caller's leases of one map (and its heartbeat) in one statement and says
+  which units it still holds: none once the map is no longer open (the worker stops its rows).
+- `unit_guard` is the `within` hook a worker hands to a unit's `sheets.admit` (it checks the
+  caller still holds the unit of an open map, locking the unit's row until commit) and to its
+  `sheets.complete` (it marks the unit done with the counters the worker recorded). A unit not
+  held any more raises `LeaseLostError` and the whole transaction rolls back: an expired
+  holder's late write never lands, and a unit's counters are recorded exactly once, with the
+  rows they count. `map_status` sums the done units' counters for the coordinator's result.
+Every statement reaches its rows by primary-key prefix (org, play, run, map): never the sheet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import attrs
+
+from .actions import action
+from .codecs import BOOL, FLOAT, INT, NOTHING, RAW, RUN_REF, STR, dict_of, list_of, optional, record
+from .errors import InvalidInputError, LeaseLostError
+from .pg import Connection
+from .ports import RECEIPTS_LANE, Port, table, with_connection
+from .scopes import RunRef, RunScope, check_scope
+
+UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
+MAX_CLAIM = 8         # units one claim takes, at most
+LEASE_S = 30.0        # a unit's lease (workers renew it every third of it while rows run)
+WAITING, OPEN, DONE, CANCELLED = "waiting", "open", "done", "cancelled"
+LIVE = (WAITING, OPEN)  # the states a map can be opened or closed from
+COUNTERS = ("rows", "cached", "blocked", "skipped", "executed", "completed", "failed",
+            "fenced", "calls", "retried", "timed_out")
+
+
+@attrs.frozen
+class SharedMap:
+    """A published map as a worker reads it."""
+
+    ref: RunRef
+    map_invocation_id: str
+    table_namespace: str
+    config: Mapping[str, Any]
+    function: str
+    play_digest: str
+    state: str
+    lease_s: float
+
+
+@attrs.frozen
+class UnitLease:
+    """A claimed unit: rows `low…low+row_count-1` of staged page `page`, held by `holder`."""
+
+    unit: int
+    page: int
+    low: int
+    row_count: int
+    holder: str
+    claims: int
+
+
+@attrs.frozen
+class MapStatus:
+    state: str | None  # None: no such map
+    units: int
+    done: int
+    counters: Mapping[str, int]
+
+
+@attrs.frozen
+class WorkerInfo:
+    """A worker that joined a play's shared maps."""
+
+    worker_id: str
+    pid: int
+    host: str
+    units_done: int
+    seen_s_ago: float
+
+
+SHARED_MAP = record(SharedMap, ref=RUN_REF, map_invocation_id=STR, table_namespace=STR,
+                    config=RAW, function=STR, play_digest=STR, state=STR, lease_s=FLOAT)
+UNIT_LEASE = record(UnitLease, unit=INT, page=INT, low=INT, row_count=INT, holder=STR,
+                    claims=INT)
+MAP_STATUS = record(MapStatus, state=optional(STR), units=INT, done=INT, counters=dict_of(INT))
+WORKER_INFO = record(WorkerInfo, worker_id=STR, pid=INT, host=STR, units_done=INT,
+                     seen_s_ago=FLOAT)
+
+
+def plan_units(cuts: Sequence[tuple[int, int]], unit_rows: int = UNIT_ROWS) -> list[tuple[int, int, int]]:
+    """(page, low, row_count) of each unit of a staged input whose pages are `cuts`
+    ((offset, rows) each): every page cut into slices of at most `unit_rows` rows."""
+    units = []
+    for page, (offset, count) in enumerate(cuts):
+        for low in range(offset, offset + count, unit_rows):
+            units.append((page, low, min(unit_rows, offset + count - low)))
+    return units
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def _map_key(ref: RunRef, map_invocation_id: str) -> tuple[str, str, str, str]:
+    scope = ref.scope
+    return scope.org_id, scope.play, scope.run_id, map_invocation_id
+
+
+_PUBLISH = """
+WITH published AS (
+    INSERT INTO {maps} AS m (org_id, play, run_id, map_invocation_id, epoch, table_namespace,
+                             config, function, play_digest, state, units, lease_s)
+    VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, 'waiting', cardinality($10::int[]), $14)
+    ON CONFLICT (org_id, play, run_id, map_invocation_id) DO UPDATE
+       SET state = 'waiting', config = EXCLUDED.config, function = EXCLUDED.function,
+           play_digest = EXCLUDED.play_digest, lease_s = EXCLUDED.lease_s
+     WHERE m.state = 'cancelled'
+), units AS (
+    INSERT INTO {units} (org_id, play, run_id, map_invocation_id, unit, page, low, row_count)
+    SELECT $1, $2, $3, $4, t.unit, t.page, t.low, t.row_count
+      FROM unnest($10::int[], $11::int[], $12::int[], $13::int[]) AS t(unit, page, low, row_count)
+    ON CONFLICT DO NOTHING
+)
+SELECT 1
+"""
+
+
+@action("shared_maps.publish", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "table_namespace": STR, "config": RAW,
+    "function": STR, "play_digest": STR, "units": list_of(list_of(INT)), "lease_s": FLOAT,
+}, result=NOTHING)
+async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespace: str, *,
+                  config: Mapping[str, Any], function: str, play_digest: str,
+                  units: Sequence[tuple[int, int, int]], lease_s: float = LEASE_S) -> None:
+    """Publish a map and its units (see the module docstring); idempotent."""
+    check_scope(port, ref)
+    if not units:
+        raise InvalidInputError("a shared map needs at least one unit")
+    if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and lease_s > 0):
+        raise InvalidInputError(f"lease_s must be a number of seconds > 0, got {lease_s!r}")
+    sql = _PUBLISH.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
+    args = (*_map_key(ref, map_invocation_id), ref.epoch, table_namespace,
+            json.dumps(dict(config), sort_keys=True), function, play_digest,
+            list(range(len(units))), [u[0] for u in units], [u[1] for u in units],
+            [u[2] for u in units], float(lease_s))
+    await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(sql, *args))
+
+
+_SET_STATE = """
+UPDATE {maps} SET state = $5
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4
+   AND state = ANY($6::text[])
+"""
+
+
+@action("shared_maps.set_state", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "state": STR, "from_states": list_of(STR),
+}, result=BOOL)
+async def set_state(port: Port, ref: RunRef, map_invocation_id: str, state: str,
+                    from_states: Sequence[str]) -> bool:
+    """Move the map to `state` if it is in one of `from_states`; whether it moved."""
+    check_scope(port, ref)
+    if state not in (WAITING, OPEN, DONE, CANCELLED):
+        raise InvalidInputError(f"state must be waiting, open, done or cancelled, got {state!r}")
+    sql = _SET_STATE.format(maps=table(port, "shared_maps"))
+    status = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
+        sql, *_map_key(ref, map_invocation_id), state, list(from_states)))
+    return not status.endswith(" 0")
+
+
+
+_JOIN = """
+INSERT INTO {workers} (org_id, play, worker_id, pid, host) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (org_id, play, worker_id) DO UPDATE SET seen_at = now()
+"""
+
+
+@action("shared_maps.join", params={"play": STR, "worker_id": STR}, result=NOTHING)
+async def join(port: Port, play: str, worker_id: str) -> None:
+    """Register the worker with the play's maps (again: a heartbeat)."""
+    sql = _JOIN.format(workers=table(port, "shared_workers"))
+    await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
+        sql, port.org_id, play, worker_id, os.getpid(), socket.gethostname()))
+
+
+_JOINED = """
+SELECT count(*) FROM {workers} AS w JOIN {maps} AS m ON m.org_id = w.org_id AND m.play = w.play
+ WHERE m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
+   AND w.seen_at >= m.created_at
+"""
+
+
+@action("shared_maps.workers_joined", params={"ref": RUN_REF, "map_invocation_id": STR},
+        result=INT, writes=False)
+async def workers_joined(port: Port, ref: RunRef, map_invocation_id: str) -> int:
+    """Workers of the play seen since the map was published."""
+    check_scope(port, ref)
+    sql = _JOINED.format(workers=table(port, "shared_workers"), maps=table(port, "shared_maps"))
+    return await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
+        sql, *_map_key(ref, map_invocation_id)))
+
+
+_LIVE_MAPS = """
+SELECT run_id, epoch, map_invocation_id, table_namespace, config::text AS config, function,
+       play_digest, state, lease_s
+  FROM {maps} WHERE org_id = $1 AND play = $2 AND state IN ('waiting', 'open')
+ ORDER BY created_at
+"""
+
+
+@action("shared_maps.live_maps", params={"play": STR}, result=list_of(SHARED_MAP),
+        writes=False)
+async def live_maps(port: Port, play: str) -> list[SharedMap]:
+    """The play's maps that are waiting or open, oldest first."""
+    sql = _LIVE_MAPS.format(maps=table(port, "shared_maps"))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
+        sql, port.org_id, play))
+    return [SharedMap(RunRef(RunScope(port.org_id, play, row["run_id"]), row["epoch"]),
+                      row["map_invocation_id"], row["table_namespace"], json.loads(row["config"]),
+                      row["function"], row["play_digest"], row["state"], row["lease_s"])
+            for row in rows]
+
+
+_CLAIM = """
+WITH m AS (
+    SELECT lease_s FROM {maps}
+     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND state = 'open'
+), live AS (
+    SELECT greatest(1, count(*)) AS n FROM {workers}
+     WHERE org_id = $1 AND play = $2
+       AND seen_at > now() - make_interval(secs => (SELECT lease_s FROM m))
+), free AS (
+    SELECT count(*) AS n FROM {units}
+     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND NOT done
+       AND (expires_at IS NULL OR expires_at < now())
+), picked AS (
+    SELECT unit FROM {units}
+     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND NOT done
+       AND (expires_at IS NULL OR expires_at < now()) AND EXISTS (SELECT 1 FROM m)
+     ORDER BY unit
+     LIMIT (SELECT least($6::int, ceil(free.n::float8 / live.n)::int) FROM free, live)
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {units} AS u
+   SET holder = $5 || '/' || u.unit || '/' || (u.claims + 1), claims = u.claims + 1,
+       expires_at = now() + make_interval(secs => (SELECT lease_s FROM m))
+  FROM picked
+ WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
+   AND u.unit = picked.unit
+RETURNING u.unit, u.page, u.low, u.row_count, u.holder, u.claims
+"""
+
+
+@action("shared_maps.claim_units", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "limit": INT,
+}, result=list_of(UNIT_LEASE))
+async def claim_units(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str, *,
+                      limit: int = MAX_CLAIM) -> list[UnitLease]:
+    """Lease free or expired units of an open map to the worker (its fair share, at most
+    `limit`), in unit order; none when the map is not open or nothing is claimable."""
+    check_scope(port, ref)
+    sql = _CLAIM.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
+                        workers=table(port, "shared_workers"))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
+        sql, *_map_key(ref, map_invocation_id), worker_id, int(limit)))
+    return sorted((UnitLease(r["unit"], r["page"], r["low"], r["row_count"], r["holder"],
+                             r["claims"]) for r in rows), key=lambda lease: lease.unit)
+
+
+_RENEW = """
+WITH beat AS (
+    UPDATE {workers} SET seen_at = now() WHERE org_id = $1 AND play = $2 AND worker_id = $5
+), renewed AS (
+    UPDATE {units} AS u SET expires_at = now() + make_interval(secs => m.lease_s)
+      FROM {maps} AS m
+     WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
+       AND u.unit = ANY($6::int[]) AND u.holder = ANY($7::text[]) AND NOT u.done
+       AND m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
+       AND m.state = 'open'
+    RETURNING u.unit
+)
+SELECT coalesce(array_agg(unit), '{{}}') FROM renewed
+"""
+
+
+@action("shared_maps.renew", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "leases": list_of(UNIT_LEASE),
+}, result=list_of(INT))
+async def renew(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
+                leases: Sequence[UnitLease]) -> list[int]:
+    """Extend the worker's leases of one map; the units it still holds (none once the map is
+    no longer open)."""
+    check_scope(port, ref)
+    sql = _RENEW.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
+                        workers=table(port, "shared_workers"))
+    held = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
+        sql, *_map_key(ref, map_invocation_id), worker_id, [lease.unit for lease in leases],
+        [lease.holder for lease in leases]))
+    return sorted(held)
+
+
+_FINISH = """
+WITH finished AS (
+    UPDATE {units} AS u
+       SET done = $7, counters = CASE WHEN $7 THEN $8::jsonb ELSE u.counters END,
+           expires_at = now() + make_interval(secs => m.lease_s)
+      FROM {maps} AS m
+     WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
+       AND u.unit = $5 AND u.holder = $6 AND NOT u.done
+       AND m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
+       AND m.state = 'open'
+    RETURNING u.unit
+), credited AS (
+    UPDATE {workers} SET units_done = units_done + 1, seen_at = now()
+     WHERE org_id = $1 AND play = $2 AND worker_id = $9 AND $7
+       AND EXISTS (SELECT 1 FROM finished)
+)
+SELECT count(*) FROM finished
+"""
+
+
+# The lease check of a unit's admission: the unit must still be ours (and its map open); the
+# row lock (FOR SHARE) keeps claims off it until the admission commits.
+_CHECK = """
+SELECT count(*) FROM (
+    SELECT 1 FROM {units} AS u
+      JOIN {maps} AS m ON m.org_id = u.org_id AND m.play = u.play AND m.run_id = u.run_id
+                      AND m.map_invocation_id = u.map_invocation_id
+     WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
+       AND u.unit = $5 AND u.holder = $6 AND NOT u.done AND m.state = 'open'
+       FOR SHARE OF u
+) AS held
+"""
+
+
+def unit_guard(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
+               lease: UnitLease, counters: Callable[[frozenset[str], dict], Mapping[str, int]] | None
+               ) -> Callable[[Connection, frozenset[str], dict], Awaitable[None]]:
+    """The `within` hook of a unit's admission (no `counters`: the lease is checked) or of its
+    completion (`counters(committed, fenced)`: the unit is marked done with them)."""
+    tables = dict(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
+                  workers=table(port, "shared_workers"))
+    finish, check = _FINISH.format(**tables), _CHECK.format(**tables)
+    key = _map_key(ref, map_invocation_id)
+
+    async def within(conn: Connection, committed: frozenset[str], fenced: dict) -> None:
+        if counters is None:
+            held = await conn.fetchval(check, *key, lease.unit, lease.holder)
+        else:
+            text = json.dumps(dict(counters(committed, fenced)))
+            held = await conn.fetchval(finish, *key, lease.unit, lease.holder, True, text,
+                                       worker_id)
+        if not held:
+            raise LeaseLostError(f"unit {lease.unit} of map {map_invocation_id!r} is no longer "
+                                 f"held by {lease.holder!r}")
+
+    return within
+
+
+_STATUS = """
+SELECT m.state, m.units,
+       (SELECT count(*) FROM {units} AS u
+         WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
+           AND u.done) AS done
+  FROM {maps} AS m
+ WHERE m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
+"""
+
+_SUMS = """
+SELECT c.key, sum(c.value::bigint) AS total
+  FROM {units} AS u, jsonb_each_text(u.counters) AS c
+ WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4 AND u.done
+ GROUP BY c.key
+"""
+
+
+@action("shared_maps.map_status", params={
+    "ref": RUN_REF, "map_invocation_id": STR, "counters": BOOL,
+}, result=MAP_STATUS, writes=False)
+async def map_status(port: Port, ref: RunRef, map_invocation_id: str, *,
+                     counters: bool = False) -> MapStatus:
+    """The map's state and units done; with `counters`, the sums of the done units' counters."""
+    check_scope(port, ref)
+    key = _map_key(ref, map_invocation_id)
+    status_sql = _STATUS.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
+    sums_sql = _SUMS.format(units=table(port, "shared_units"))
+
+    async def read(conn: Connection) -> MapStatus:
+        row = await conn.fetchrow(status_sql, *key)
+        if row is None:
+            return MapStatus(None, 0, 0, {})
+        sums: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        if counters:
+            sums.update({r["key"]: int(r["total"]) for r in await conn.fetch(sums_sql, *key)})
+        return MapStatus(row["state"], row["units"], row["done"], sums)
+
+    return await with_connection(port, RECEIPTS_LANE, read)
+
+
+_REMAINING = """
+SELECT count(*) FROM {maps} AS m JOIN {units} AS u
+    ON u.org_id = m.org_id AND u.play = m.play AND u.run_id = m.run_id
+   AND u.map_invocation_id = m.map_invocation_id
+ WHERE m.org_id = $1 AND m.play = $2 AND m.state IN ('waiting', 'open') AND NOT u.done
+"""
+
+
+@action("shared_maps.units_remaining", params={"play": STR}, result=INT, writes=False)
+async def units_remaining(port: Port, play: str) -> int:
+    """Units not done of the play's waiting or open maps."""
+    sql = _REMAINING.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
+    return await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
+        sql, port.org_id, play))
+
+
+_WORKERS = """
+SELECT worker_id, pid, host, units_done,
+       extract(epoch FROM now() - seen_at)::float8 AS seen_s_ago FROM {workers}
+ WHERE org_id = $1 AND play = $2 ORDER BY worker_id
+"""
+
+
+@action("shared_maps.workers", params={"play": STR}, result=list_of(WORKER_INFO),
+        writes=False)
+async def workers(port: Port, play: str) -> list[WorkerInfo]:
+    """The workers that joined the play's maps (pid, host, units done, last seen)."""
+    sql = _WORKERS.format(workers=table(port, "shared_workers"))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
+        sql, port.org_id, play))
+    return [WorkerInfo(r["worker_id"], r["pid"], r["host"], r["units_done"], r["seen_s_ago"])
+            for r in rows]

@@ -1,0 +1,47 @@
+"""A play file for the shared-map tests: its functions are found by workers by name."""
+
+import os
+
+import trio
+
+PLAY = "scale"
+
+
+async def tag_pid(row):
+    """Each output carries the worker's pid; a short sleep lets several workers take part."""
+    await trio.sleep(0.002)
+    return {"pid": os.getpid(), "double": row["n"] * 2}
+
+
+async def slow_tag(row):
+    """Slow enough that a worker can be killed in the middle of the map."""
+    await trio.sleep(0.02)
+    return {"pid": os.getpid(), "double": row["n"] * 2}
+
+
+def burn(row):
+    """About 2 ms of pure-Python work (a synchronous function, for process executors)."""
+    total = 0
+    for i in range(20_000):
+        total += i * i % 7
+    return {"pid": os.getpid(), "burn": total + row["n"]}
+
+
+async def noop(row):
+    return {"ok": 1}
+
+
+def die_on_7(row):
+    """The pool process running row 7 dies (exit code 3)."""
+    if row["n"] == 7:
+        os._exit(3)
+    return {"pid": os.getpid(), "double": row["n"] * 2}
+
+
+def hang_on_3(row):
+    """Row 3 never returns by itself."""
+    if row["n"] == 3:
+        import time
+
+        time.sleep(600)
+    return {"pid": os.getpid(), "double": row["n"] * 2}
