@@ -35,8 +35,9 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
+from . import canonical
 from .actions import action
-from .codecs import BOOL, FLOAT, INT, NOTHING, RAW, RUN_REF, STR, dict_of, list_of, optional, record
+from .codecs import BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, list_of, optional, record
 from .errors import InvalidInputError, LeaseLostError
 from .pg import Connection
 from .ports import RECEIPTS_LANE, Port, table, with_connection
@@ -96,12 +97,12 @@ class WorkerInfo:
     seen_s_ago: float
 
 
-SHARED_MAP = record(SharedMap, ref=RUN_REF, map_invocation_id=STR, table_namespace=STR,
-                    config=RAW, function=STR, play_digest=STR, state=STR, lease_s=FLOAT)
-UNIT_LEASE = record(UnitLease, unit=INT, page=INT, low=INT, row_count=INT, holder=STR,
+SHARED_MAP = record(SharedMap, ref=RUN_REF, map_invocation_id=TEXT, table_namespace=TEXT,
+                    config=RAW, function=TEXT, play_digest=TEXT, state=TEXT, lease_s=FLOAT)
+UNIT_LEASE = record(UnitLease, unit=INT32, page=INT32, low=INT32, row_count=INT32, holder=TEXT,
                     claims=INT)
-MAP_STATUS = record(MapStatus, state=optional(STR), units=INT, done=INT, counters=dict_of(INT))
-WORKER_INFO = record(WorkerInfo, worker_id=STR, pid=INT, host=STR, units_done=INT,
+MAP_STATUS = record(MapStatus, state=optional(TEXT), units=INT, done=INT, counters=dict_of(INT))
+WORKER_INFO = record(WorkerInfo, worker_id=TEXT, pid=INT, host=TEXT, units_done=INT,
                      seen_s_ago=FLOAT)
 
 
@@ -144,8 +145,8 @@ SELECT 1
 
 
 @action("shared_maps.publish", params={
-    "ref": RUN_REF, "map_invocation_id": STR, "table_namespace": STR, "config": RAW,
-    "function": STR, "play_digest": STR, "units": list_of(list_of(INT)), "lease_s": FLOAT,
+    "ref": RUN_REF, "map_invocation_id": TEXT, "table_namespace": TEXT, "config": RAW,
+    "function": TEXT, "play_digest": TEXT, "units": list_of(list_of(INT32)), "lease_s": FLOAT,
 }, result=NOTHING)
 async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespace: str, *,
                   config: Mapping[str, Any], function: str, play_digest: str,
@@ -154,11 +155,16 @@ async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespa
     check_scope(port, ref)
     if not units:
         raise InvalidInputError("a shared map needs at least one unit")
+    if not all(isinstance(u, (list, tuple)) and len(u) == 3 for u in units):
+        raise InvalidInputError("units must be [page, low, row_count] triples")
+    if not isinstance(config, Mapping):
+        raise InvalidInputError("config must be a JSON object")
+    config_text = canonical.stable_dumps(canonical.normalize(dict(config), "config"))
     if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and lease_s > 0):
         raise InvalidInputError(f"lease_s must be a number of seconds > 0, got {lease_s!r}")
     sql = _PUBLISH.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
     args = (*_map_key(ref, map_invocation_id), ref.epoch, table_namespace,
-            json.dumps(dict(config), sort_keys=True), function, play_digest,
+            config_text, function, play_digest,
             list(range(len(units))), [u[0] for u in units], [u[1] for u in units],
             [u[2] for u in units], float(lease_s))
     await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(sql, *args))
@@ -172,7 +178,7 @@ UPDATE {maps} SET state = $5
 
 
 @action("shared_maps.set_state", params={
-    "ref": RUN_REF, "map_invocation_id": STR, "state": STR, "from_states": list_of(STR),
+    "ref": RUN_REF, "map_invocation_id": TEXT, "state": TEXT, "from_states": list_of(TEXT),
 }, result=BOOL)
 async def set_state(port: Port, ref: RunRef, map_invocation_id: str, state: str,
                     from_states: Sequence[str]) -> bool:
@@ -193,7 +199,7 @@ ON CONFLICT (org_id, play, worker_id) DO UPDATE SET seen_at = now()
 """
 
 
-@action("shared_maps.join", params={"play": STR, "worker_id": STR}, result=NOTHING)
+@action("shared_maps.join", params={"play": TEXT, "worker_id": TEXT}, result=NOTHING)
 async def join(port: Port, play: str, worker_id: str) -> None:
     """Register the worker with the play's maps (again: a heartbeat)."""
     sql = _JOIN.format(workers=table(port, "shared_workers"))
@@ -208,7 +214,7 @@ SELECT count(*) FROM {workers} AS w JOIN {maps} AS m ON m.org_id = w.org_id AND 
 """
 
 
-@action("shared_maps.workers_joined", params={"ref": RUN_REF, "map_invocation_id": STR},
+@action("shared_maps.workers_joined", params={"ref": RUN_REF, "map_invocation_id": TEXT},
         result=INT, writes=False)
 async def workers_joined(port: Port, ref: RunRef, map_invocation_id: str) -> int:
     """Workers of the play seen since the map was published."""
@@ -226,7 +232,7 @@ SELECT run_id, epoch, map_invocation_id, table_namespace, config::text AS config
 """
 
 
-@action("shared_maps.live_maps", params={"play": STR}, result=list_of(SHARED_MAP),
+@action("shared_maps.live_maps", params={"play": TEXT}, result=list_of(SHARED_MAP),
         writes=False)
 async def live_maps(port: Port, play: str) -> list[SharedMap]:
     """The play's maps that are waiting or open, oldest first."""
@@ -270,7 +276,7 @@ RETURNING u.unit, u.page, u.low, u.row_count, u.holder, u.claims
 
 
 @action("shared_maps.claim_units", params={
-    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "limit": INT,
+    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "limit": INT,
 }, result=list_of(UNIT_LEASE))
 async def claim_units(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str, *,
                       limit: int = MAX_CLAIM) -> list[UnitLease]:
@@ -302,7 +308,7 @@ SELECT coalesce(array_agg(unit), '{{}}') FROM renewed
 
 
 @action("shared_maps.renew", params={
-    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "leases": list_of(UNIT_LEASE),
+    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "leases": list_of(UNIT_LEASE),
 }, result=list_of(INT))
 async def renew(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
                 leases: Sequence[UnitLease]) -> list[int]:
@@ -393,7 +399,7 @@ SELECT c.key, sum(c.value::bigint) AS total
 
 
 @action("shared_maps.map_status", params={
-    "ref": RUN_REF, "map_invocation_id": STR, "counters": BOOL,
+    "ref": RUN_REF, "map_invocation_id": TEXT, "counters": BOOL,
 }, result=MAP_STATUS, writes=False)
 async def map_status(port: Port, ref: RunRef, map_invocation_id: str, *,
                      counters: bool = False) -> MapStatus:
@@ -423,7 +429,7 @@ SELECT count(*) FROM {maps} AS m JOIN {units} AS u
 """
 
 
-@action("shared_maps.units_remaining", params={"play": STR}, result=INT, writes=False)
+@action("shared_maps.units_remaining", params={"play": TEXT}, result=INT, writes=False)
 async def units_remaining(port: Port, play: str) -> int:
     """Units not done of the play's waiting or open maps."""
     sql = _REMAINING.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
@@ -438,7 +444,7 @@ SELECT worker_id, pid, host, units_done,
 """
 
 
-@action("shared_maps.workers", params={"play": STR}, result=list_of(WORKER_INFO),
+@action("shared_maps.workers", params={"play": TEXT}, result=list_of(WORKER_INFO),
         writes=False)
 async def workers(port: Port, play: str) -> list[WorkerInfo]:
     """The workers that joined the play's maps (pid, host, units done, last seen)."""

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from . import sheets
 from .actions import action
-from .codecs import INT, RUN_REF, STR, USER_JSON, dict_of, list_of, optional
+from .codecs import INT, INT32, RUN_REF, TEXT, USER_JSON, dict_of, list_of, optional
 from .errors import InvalidInputError
 from .ports import Port
 from .scopes import RunRef, check_scope
@@ -36,8 +36,8 @@ def unit_attempt(lease: UnitLease) -> Attempt:
 
 
 @action("shared_maps.admit_unit", params={
-    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "lease": UNIT_LEASE,
-    "table_namespace": STR, "contract": CONTRACT, "rows": list_of(USER_JSON),
+    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "lease": UNIT_LEASE,
+    "table_namespace": TEXT, "contract": CONTRACT, "rows": list_of(USER_JSON),
     "cell_policies": optional(CELL_POLICIES), "give_up_after": optional(INT),
 }, result=ADMISSION)
 async def admit_unit(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
@@ -58,8 +58,8 @@ async def admit_unit(port: Port, ref: RunRef, map_invocation_id: str, worker_id:
 
 
 @action("shared_maps.complete_unit", params={
-    "ref": RUN_REF, "map_invocation_id": STR, "worker_id": STR, "lease": UNIT_LEASE,
-    "table_namespace": STR, "contract": CONTRACT, "outcomes": list_of(ROW_OUTCOME),
+    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "lease": UNIT_LEASE,
+    "table_namespace": TEXT, "contract": CONTRACT, "outcomes": list_of(ROW_OUTCOME),
     "tally": dict_of(INT),
 }, result=COMPLETION, deadline_s=75.0)
 async def complete_unit(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,

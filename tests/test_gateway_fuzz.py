@@ -16,27 +16,34 @@ first two items) is replaced, one at a time, by each hostile value:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import uuid
 
 import httpx
+import trio
 
 from runplane.actors import open_run
-from runplane.engine import PlayScope, RunScope, history, outbox, rate_limits, receipts, runs, sheets
+from runplane.actors.shared_worker import serve_play
+
+from runplane.engine import (PlayScope, RunScope, history, outbox, rate_limits, receipts, runs,
+                             shared_maps, sheets)
 from runplane.engine.actions import actions
 from runplane.engine.gateway import open_gateway, server as server_module
 
 from .gateway_support import FAST_RETRY, server, token_for  # noqa: F401
+from .plays.scale_play import noop
 
 PLAY = "fuzz-play"
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper",))
-MAX_PATHS = 40
+MAX_PATHS = 60
 NESTED = "[" * 1200 + "]" * 1200
 ALWAYS_REFUSED = ("NaN", "Infinity", "-Infinity", "1e400", NESTED, str(2**63),
                   str(-(2**63) - 1), str(2**64), json.dumps("x\ud800"), "1e308")
 EDGES = (str(2**31), str(-(2**31) - 1), json.dumps("a\x00b"), json.dumps(""), "true", "{}", "[]")
 # Fields holding user data (rows, outputs, pages, a runner's public key): anything JSON is
 # theirs, so they only get the edges.
-USER_DATA = ("rows", "output", "outputs", "outcomes.*.data", "outcomes.*.cell_meta", "page", "public_key")
+USER_DATA = ("rows", "output", "outputs", "config", "outcomes.*.data", "outcomes.*.cell_meta", "page", "public_key")
+SHARED_PLAY = str(Path(__file__).parent / "plays" / "scale_play.py")
 HANDWRITTEN = {  # actions no workload below sends
     "db_sessions.create": {"play": PLAY, "table_namespace": "things",
                            "operations": ["rows.read"], "ttl_s": 60.0},
@@ -102,6 +109,19 @@ async def _workload(tenant, gw) -> None:
     await sheets.record_reuse(gw, ref, "things", [admitted.pending[0].key])
     await history.list_maps(gw, scope, [ref.run_id])
     await history.live_maps(gw, scope)
+    # A shared map served by a worker through the gateway: the unit-lease actions.
+    async with open_run(gw, PLAY) as run:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: serve_play(gw, PLAY, SHARED_PLAY, exit_when_idle=True,
+                                                  poll_s=0.05))
+            await run.map("shared", [{"name": f"s{i}", "n": i} for i in range(20)], noop,
+                          contract=CONTRACT, shared=True)
+        await shared_maps.live_maps(gw, PLAY)
+        await shared_maps.workers(gw, PLAY)
+        await shared_maps.units_remaining(gw, PLAY)
+        await shared_maps.workers_joined(gw, run.ref, "map-0")
+        await shared_maps.map_status(gw, run.ref, "map-0", counters=True)
+        await shared_maps.renew(gw, run.ref, "map-0", "gone-worker", [])
 
 
 def _paths(value, prefix=()):

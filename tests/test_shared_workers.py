@@ -183,7 +183,7 @@ def test_a_dead_coordinator_is_woken_and_its_workers_carry_on(schema):
 
     env = cli_env(RUNPLANE_SCHEMA=schema)
     play = str(Path(__file__).parent / "plays" / "wake_play.py")
-    coordinator = subprocess.Popen([*RUNPLANE, "run", play, "--workers", "2",
+    coordinator = subprocess.Popen([*RUNPLANE, "run", play, "--no-input", "--workers", "2",
                                     "--new-run-id", "wake-1"], env=env, cwd=ROOT,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -208,7 +208,7 @@ def test_a_dead_coordinator_is_woken_and_its_workers_carry_on(schema):
         coordinator.kill()  # SIGKILL: no cleanup, the map stays open
         coordinator.wait()
         trio.run(progress, dsn, "all")  # the orphaned workers finish it
-        woken = run_cli("run", play, "--workers", "2", "--run-id", "wake-1", env=env)
+        woken = run_cli("run", play, "--no-input", "--workers", "2", "--run-id", "wake-1", env=env)
         assert woken.returncode == 0, woken.stderr
         assert "admitted 3000, cached 0, completed 3000, failed 0" in woken.stdout, woken.stdout
     finally:

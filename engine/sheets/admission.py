@@ -182,6 +182,7 @@ async def admit(
         port, run, namespace, contract, prepared, started=started, attempt=attempt,
         policies=policies, give_up_after=give_up_after, cache_hits=cache_hits,
         staged_page=staged_page, page_rows=rows, input_offset=input_offset, force=force,
+        within=within,
     )
 
 
@@ -197,9 +198,11 @@ async def admit_prepared(
     give_up_after: int | None = None, cache_hits: str = "rows",
     staged_page: StagedPage | None = None, page_rows: Sequence[Any] = (), input_offset: int = 0,
     force: bool = False, prelude: Prelude | None = None,
+    within: Callable[[Connection, frozenset[str], dict], Awaitable[None]] | None = None,
 ) -> Admission:
     """`admit` after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
-    staged page) runs first in the same transaction; what it returns shifts every input index."""
+    staged page) runs first in the same transaction; what it returns shifts every input index;
+    `within` runs last in it (see `admit`)."""
     rows = page_rows
     policies = policies or {}
     layout = layout_for(port, run.scope.play_scope, namespace)
