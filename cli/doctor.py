@@ -66,8 +66,11 @@ async def connection_lines(conn: Any, dsn: str | None) -> list[str]:
         data_dir = await _data_directory(conn)
         server = embedded_server(Path(data_dir)) if data_dir and _socket_host(dsn) else None
     pid = str(server.pid) if server is not None else "unknown (the server is not on this machine)"
-    return [
-        f"connect     psql {shlex.quote(connect)}",
+    lines = [f"connect     psql {shlex.quote(connect)}"]
+    if dsn is None:  # the embedded server stops with the last runplane process using it
+        lines.append("            (works while a runplane process keeps the embedded server up;"
+                     " `runplane psql` keeps it up for its psql session)")
+    return lines + [
         f"data dir    {data_dir or 'not visible to this login'}",
         f"server pid  {pid}",
     ]

@@ -4,6 +4,7 @@ the one-time link, keyset pages and the live stream."""
 from __future__ import annotations
 
 import csv
+import os
 import io
 import json
 
@@ -362,3 +363,15 @@ async def test_exports_stream_a_tables_rows_as_json_lines_and_csv(tenant, gatewa
         assert (await http.get("/ui/export/alpha/nope.csv")).status_code == 404
         assert (await http.get("/ui/export/alpha/t.csv?status=bogus")).status_code == 400
         assert OTHER_SECRET not in (await http.get("/ui/export/alpha/t.jsonl")).text
+
+
+async def test_a_run_page_lists_the_workers_of_its_plays_shared_maps(tenant, gateway_url, seeded):
+    from runplane.engine import shared_maps
+
+    await shared_maps.join(tenant, "alpha", "worker-one")  # as `runplane worker` does
+    async with client(gateway_url) as http:
+        await login_token(http, mint_token(SECRET, tenant.org_id))
+        page = (await http.get(f"/ui/runs/alpha/{seeded.alpha_run}")).text
+        other = (await http.get(f"/ui/runs/beta/{seeded.beta_run}")).text
+    assert "Workers of the play" in page and f"<td class=\"num\">{os.getpid()}</td>" in page
+    assert "Workers of the play" not in other  # another play's workers are not listed

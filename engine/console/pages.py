@@ -178,7 +178,8 @@ def _stat(label: str, field: str, value: Any) -> str:
     return f'<div><span>{esc(label)}</span><b data-field="{field}">{esc(value)}</b></div>'
 
 
-def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: str) -> str:
+def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: str,
+             workers: list = ()) -> str:
     org = run.org_id
     parts = [f'<h1>Run <code>{esc(run.run_id)}</code> of play {esc(run.play)}</h1>',
              '<div class="stats">', _stat("org", "org", org),
@@ -218,6 +219,14 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
             + (f'<h3>Top errors of this run</h3><table class="errors"><tr><th class="num">rows</th>'
                f'<th>error</th></tr>{errors}</table>' if errors else "")
             + "</section>")
+    if workers:  # the play's shared-map workers (`runplane worker`, `run --workers`)
+        rows = "".join(
+            f'<tr><td class="num">{w.pid}</td><td>{esc(w.host)}</td><td class="num">'
+            f'{w.units_done}</td><td class="num">{w.seen_s_ago:.0f} s ago</td></tr>'
+            for w in workers)
+        parts.append('<section class="workers"><h2>Workers of the play\'s shared maps</h2>'
+                     '<table><tr><th class="num">pid</th><th>host</th><th class="num">units done'
+                     f'</th><th class="num">last seen</th></tr>{rows}</table></section>')
     body = f'<div id="live" data-live="{esc(live_url)}">{"".join(parts)}</div>'
     return frame(f"Run {run.run_id}", body)
 

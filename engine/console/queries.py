@@ -348,3 +348,34 @@ async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTa
         return out
 
     return await read(port, op)
+
+
+# -- the workers of a play's shared maps ---------------------------------------------------------
+@attrs.frozen
+class WorkerRow:
+    worker_id: str
+    pid: int
+    host: str
+    units_done: int
+    seen_s_ago: float
+
+
+_WORKERS = """
+SELECT worker_id, pid, host, units_done,
+       extract(epoch FROM now() - seen_at)::float8 AS seen_s_ago
+  FROM {workers} WHERE org_id = $1 AND play = $2
+ ORDER BY seen_at DESC LIMIT $3
+"""
+MAX_WORKERS = 50
+
+
+async def play_workers(port: Port, org: str, play: str) -> list[WorkerRow]:
+    """The workers that joined the play's shared maps (`runplane worker`, `--workers`), most
+    recently seen first: their pid, host and units done (by primary-key prefix, bounded)."""
+    sql = _WORKERS.format(workers=table(port, "shared_workers"))
+
+    async def op(conn: Connection) -> list[WorkerRow]:
+        return [WorkerRow(r["worker_id"], r["pid"], r["host"], r["units_done"], r["seen_s_ago"])
+                for r in await conn.fetch(sql, org, play, MAX_WORKERS)]
+
+    return await read(port, op)

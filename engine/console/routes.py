@@ -278,11 +278,12 @@ class _Handlers:
         async def render(viewer: Viewer) -> Response:
             port, run = await self._run(request, viewer)
             tables = await queries.run_tables(port, run.org_id, run.play, run.run_id)
+            workers = await queries.play_workers(port, run.org_id, run.play)
             show_org = viewer.org is None
             live = pages.q(f"/ui/live/runs/{pages.seg(run.play)}/{pages.seg(run.run_id)}",
                            org=run.org_id if show_org else None)
             return _html(pages.run_page(run, tables, show_org=show_org,
-                                        live_url=live.replace("&amp;", "&")))
+                                        live_url=live.replace("&amp;", "&"), workers=workers))
         return await self.guarded(request, False, render)
 
     async def api_run(self, request: Request) -> Response:
