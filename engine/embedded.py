@@ -17,7 +17,7 @@ How the lifetime works
 - `embedded_server(pgdata)` describes a running embedded server (pid, data directory, socket
   directory, port) for `runplane doctor`; `EmbeddedServer.psql_uri` is a `postgresql://` URI
   that `psql` accepts as is.
-- Database sessions (SPEC §17) must never get in without their password, so the server's
+- Database sessions must never get in without their password, so the server's
   `pg_hba.conf` gets `scram-sha-256` lines for the group `+runplane_sessions` ahead of initdb's
   trust lines (once, under a file lock; the server is then told to reload, and we wait until
   new connections see the reload).

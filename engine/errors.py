@@ -66,7 +66,7 @@ class MissingRelationError(DatabaseError):
 
 class InsufficientPrivilegeError(DatabaseError):
     """The login may not run a statement (SQLSTATE 42501): typically a scoped database session
-    (SPEC §17) reaching for DDL or for data outside its grants. Retrying cannot help."""
+    reaching for DDL or for data outside its grants. Retrying cannot help."""
 
 
 class StatementTimeoutError(DatabaseError):
@@ -100,7 +100,7 @@ class TenantUnavailableError(EngineError):
 
 class TenantUnreachableError(TenantUnavailableError, StoreUnavailableError):
     """A connect failed transiently (refused, reset, timed out, the server shutting down or
-    starting up) on every attempt of the connect ladder (SPEC §3).
+    starting up) on every attempt of the connect ladder.
 
     Both a `TenantUnavailableError` (one connect failed) and a `StoreUnavailableError` (the
     store is out of reach, a retry later may succeed): layers that ride out outages retry it."""
@@ -172,7 +172,7 @@ PUBLIC_NAMES = frozenset({
 
 
 def public_name(exc: BaseException) -> str:
-    """The name of the nearest public class (SPEC §10) of an engine error, for messages: a
+    """The name of the nearest public class of an engine error, for messages: a
     `TenantUnreachableError` reads as `TenantUnavailableError`, a `StoreOutageError` as
     `StoreUnavailableError`; other exceptions keep their own name."""
     for cls in type(exc).__mro__:

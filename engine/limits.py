@@ -1,4 +1,4 @@
-"""Input limits (SPEC §18): what the API accepts, checked before any query.
+"""Input limits: what the API accepts, checked before any query.
 
 Every string the API accepts must be storable and must work; anything past a limit below is
 refused before the first query (the callers raise `ScopeError` for scope parts and

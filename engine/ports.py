@@ -19,7 +19,7 @@ from .sql import qualified
 
 T = TypeVar("T")
 
-# The permit lanes (SPEC §3): every checkout names one, and these are their only spellings.
+# The permit lanes: every checkout names one, and these are their only spellings.
 SHEET_LANE = "sheet"            # sheets: admission, completion, reads
 RECEIPTS_LANE = "receipts"      # runs, receipts and array-input facts (foreground)
 RETIREMENT_LANE = "retirement"  # retirement and the terminal outbox (background)

@@ -38,7 +38,7 @@ from .scopes import PlayScope, RunRef, check_scope
 
 
 class ReceiptStatus(enum.IntEnum):
-    """`work_receipts.status` (SPEC §5): the one definition Python and SQL text both use."""
+    """`work_receipts.status`: the one definition Python and SQL text both use."""
 
     PENDING = 0
     RUNNING = 1

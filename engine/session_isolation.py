@@ -1,4 +1,4 @@
-"""How the database keeps a scoped session (SPEC §17) inside its org: grants plus row-level
+"""How the database keeps a scoped session inside its org: grants plus row-level
 security, installed by the schema bootstrap. No I/O except `install`, which runs inside the
 bootstrap's transaction (under its per-schema advisory lock).
 

@@ -1,4 +1,4 @@
-"""Scoped database sessions (SPEC §17): short-lived PostgreSQL logins that can touch only one
+"""Scoped database sessions: short-lived PostgreSQL logins that can touch only one
 org's play, table namespace and operations. What confines them is described in
 `engine.session_isolation`; this module mints, describes and drops them.
 
@@ -367,7 +367,7 @@ def operation_actions() -> dict[str, tuple[str, ...]]:
 async def create(port: Any, play: str, table_namespace: str, operations: Any,
                  ttl_s: float = DEFAULT_TTL_S, public_key: Any = None, *,
                  claims: Any = None, session_dsn: str | None = None) -> dict[str, Any]:
-    """Mint a session on the port's org and answer as SPEC §17 says: `expires_at`, `org`,
+    """Mint a session on the port's org and answer with `expires_at`, `org`,
     `play`, `table_namespace`, `operations`, `schema`, and `encrypted_postgres_url` (a JWE for
     `public_key`) or, without a key, `postgres_url`.
 

@@ -173,7 +173,7 @@ async def check_boundary(tenant, dsn: str, k: int) -> tuple[list[str], str | Non
         return [f"{where}: the first process failed ({first.returncode}): "
                 f"{first.stderr.decode()[-400:]}"], killed
     before = await sheet_state(tenant, scope)
-    # Finished = its outputs are stored. A failed row is run again by design (SPEC §1: a rerun
+    # Finished = its outputs are stored. A failed row is run again by design (a rerun
     # re-executes failed rows), so only enriched rows must be left alone by the wake.
     finished = {i: row for i, row in before.items() if row["status"] == "enriched"}
     wake = await spawn(dsn, tenant.schema, play, run_id, None)

@@ -1,5 +1,5 @@
 """The gateway: every runtime action over HTTP, for runners that hold a token instead of
-database credentials (SPEC §11).
+database credentials.
 
 `open_server` serves the actions of `engine.actions` (`server`); `open_gateway` yields a
 `Gateway`, accepted by every engine operation and by the actors wherever a tenant is

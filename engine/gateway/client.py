@@ -8,7 +8,7 @@ How it works
 - Before its first action a gateway reads `GET /v1/health` once (the body limit sizes pages).
   At most `max_in_flight` requests are in flight (FIFO permits, as for connections); a permit
   is held for one attempt, never across a retry's wait.
-- Retries follow `RetryPolicy` (SPEC §11). An attempt that got a status line (whatever its body
+- Retries follow `RetryPolicy`. An attempt that got a status line (whatever its body
   then did) is *answered*: it spends the `answered_delays_s` ladder — retried on 408, 429, 502,
   503, 504 and transient 500s, waiting the ladder's step or the server's `retry_after_ms` /
   `Retry-After`, whichever is longer, at most `len(answered_delays_s) + 1` answered attempts.
@@ -80,7 +80,7 @@ def _delays(value: object) -> tuple[float, ...]:
 
 @attrs.frozen
 class RetryPolicy:
-    """How a gateway client retries (SPEC §11); see the module docstring."""
+    """How a gateway client retries; see the module docstring."""
 
     answered_delays_s: tuple[float, ...] = attrs.field(
         default=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0), converter=_delays)

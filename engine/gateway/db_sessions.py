@@ -1,4 +1,4 @@
-"""Database sessions from the runner's side (SPEC §17): mint them through the gateway, and run
+"""Database sessions from the runner's side: mint them through the gateway, and run
 engine operations directly against the database with them.
 
 How it works

@@ -101,7 +101,7 @@ def error_body(message: str, code: str, action: str | None, **extra: Any) -> byt
 
 
 def is_retryable(status: int, payload: dict) -> bool:
-    """Whether an answered failure is worth another attempt (SPEC §11)."""
+    """Whether an answered failure is worth another attempt."""
     if payload.get("code") == "too_many_sessions":
         return False  # the caller sends that work over HTTP instead of waiting
     if status in RETRYABLE_STATUSES:

@@ -16,7 +16,7 @@ How it works
   org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
   completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
   answered 503, so a client that gave up and retried never races a write of its earlier attempt.
-- Database sessions (SPEC §17): `db_sessions.create` is handed the verified claims (they bound
+- Database sessions: `db_sessions.create` is handed the verified claims (they bound
   the operations a session gets and how long it lives) and builds the session's URL on
   `session_dsn` (default: the server's own DSN; give the address runners reach the database
   at). The first tenant's login drops the schema's expired session roles every minute.

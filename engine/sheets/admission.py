@@ -27,7 +27,7 @@ How it works
   the rows its run reused apart (`engine.sheets.reuse`), and `read_rows(run_id=...)` lists both.
 - `cache_hits="count"` returns cache hits as a count only (`Admission.cached`; `completed` is
   empty): a page of hits costs a few bytes instead of its outputs. The default lists them with
-  their outputs, as SPEC §7 says.
+  their outputs.
 - `staged_page=StagedPage(...)`: the rows are those of a sealed array-input page of this run;
   the statement reads their input cells from the stored page fact after checking it (see
   `admission_sql`), so they are not sent again. A fact that is not the expected one writes

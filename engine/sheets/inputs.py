@@ -238,7 +238,7 @@ patch_dumps = _c_encoder(sort_keys=False)
 
 
 def outcome_fields_problem(names: Sequence[str]) -> str | None:
-    """Why an outcome with these output keys cannot be stored, or None (SPEC §18: the row would
+    """Why an outcome with these output keys cannot be stored, or None (the row would
     fail alone, so the map checks this before completing; `complete` refuses it)."""
     if len(names) > MAX_SHEET_FIELDS:
         return f"{len(names)} output fields; a sheet holds at most {MAX_SHEET_FIELDS}"

@@ -5,7 +5,7 @@ How it works
   field, so an invalid contract, attempt, policy or outcome cannot be built. Validation that
   needs a position (`rows[3]`, `outcomes[7].data.score`) happens in `prepare_rows` /
   `prepare_outcomes`, before any query.
-- Field names (SPEC §18): 1 to `MAX_FIELD_CHARS` characters, not starting with `_` (the
+- Field names: 1 to `MAX_FIELD_CHARS` characters, not starting with `_` (the
   system columns' prefix: `read_rows` returns `_key`, `_status`… beside the fields), and, in a
   contract, no NUL; a lone surrogate is cleaned to U+FFFD the way jsonb cleans object keys, so a
   contract field and the matching row key always name the same cell. Output keys in completion
