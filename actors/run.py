@@ -234,11 +234,12 @@ class Run:
         try:
             result = await map_rows(self, source, plan, on_progress=observe,
                                     map_invocation_id=map_invocation_id)
-        except StoreUnavailableError:
-            raise  # the store is away: the entry stays `running`, like a crash, for the wake
-        except Exception:
+        except Exception as exc:
             beat.cancel()
-            await recorder.finish(None, "failed")
+            if not any(isinstance(leaf, StoreUnavailableError) for leaf in leaf_errors(exc)):
+                await recorder.finish(None, "failed")
+            # else the store is away: the entry stays `running`, like a crash, for the wake (a
+            # write now would wait for a database that is not there)
             raise
         finally:
             beat.cancel()
