@@ -14,7 +14,9 @@ How it works
   `Retry-After`, whichever is longer, at most `len(answered_delays_s) + 1` answered attempts.
   An attempt with no status line (refused, reset, DNS, timed out) is *unanswered*: it does not
   spend the ladder, it waits the ladder's step (then its last step) and retries until
-  `unreachable_budget_s` after the operation began. `sheets.complete` also has a total deadline,
+  `unreachable_budget_s` after the operation began. A 200 whose body is not a JSON object
+  is a failed body (retried as above); a JSON object without `result` is a server that does
+  not speak this protocol: `GatewayUnavailableError` at once. `sheets.complete` also has a total deadline,
   `completion_total_s` from its start plus the time spent unreachable. The error raised at the
   end names the budget that ran out and the URL, never the token.
 - One operation keeps one request id across its retries, so the server answers a retry of a
@@ -209,6 +211,9 @@ class Gateway(RemotePort):
         answer = await self._with_retries(
             action.name, budget, timeout,
             lambda t: self._attempt("POST", self._action_url(action.name), t, body, headers))
+        if "result" not in answer:
+            raise GatewayUnavailableError(
+                f"{action.name}: the gateway at {self.url} answered HTTP 200 with no result")
         return answer["result"]
 
     def _budget(self, name: str) -> _Budget:
