@@ -136,3 +136,59 @@ async def test_a_200_that_is_not_an_answer_is_a_typed_error_not_a_crash(raw):
     # is a server that does not speak this protocol: no retry helps.
     assert len(seen) == (1 if raw == b"{\"ok\": true}" else 4)
     assert len({request.request_id for request in seen}) == 1
+
+
+async def test_a_503_with_retry_after_ms_is_waited_out_and_retried_with_the_same_request_id():
+    async def reply(request, seen):
+        if len(seen) == 1:
+            return answer(503, {"error": "the server's deadline ran out", "code": "store_unavailable",
+                                "retry_after_ms": 400})
+        return result_of("runs.register", RUN)
+
+    async with stub(reply) as (url, seen):
+        async with open_gateway(url, TOKEN, retry=LADDER) as gw:  # its ladder waits 0.01 s
+            run = await runs.register(gw, RUN.scope)
+    assert run == RUN and len(seen) == 2
+    assert seen[1].at - seen[0].at >= 0.4  # the server's wait, not the ladder's step
+    assert seen[0].request_id is not None and seen[0].request_id == seen[1].request_id
+
+
+async def test_time_spent_unreachable_extends_a_completions_total_deadline():
+    # The total deadline (0.5 s) passes while the stub drops connections before any status
+    # line (1 s); the time spent unreachable extends it, so the answer that then comes counts.
+    policy = RetryPolicy(answered_delays_s=(0.05,), unreachable_budget_s=20.0,
+                         completion_total_s=0.5)
+    done = Completion(updated=1, committed_keys=("k",), fenced=())
+
+    async def reply(request, seen):
+        if request.at - seen[0].at < 1.0:
+            return CLOSE
+        return result_of("sheets.complete", done)
+
+    async with stub(reply) as (url, seen):
+        async with open_gateway(url, TOKEN, retry=policy) as gw:
+            outcome = sheets.RowOutcome("k", "completed", {"upper": "K"})
+            completion = await sheets.complete(gw, RUN, "t", CONTRACT, [outcome])
+            stats = (gw.stats.answered_attempts, gw.stats.unanswered_attempts)
+    assert completion.updated == 1 and completion.committed_keys == ("k",)
+    assert stats[0] == 2 and stats[1] == len(seen) - 1 >= 2  # health + the one answered attempt
+    assert len({request.request_id for request in seen}) == 1
+
+
+async def test_a_completion_unreachable_then_answered_busy_still_stops_at_its_deadline():
+    policy = RetryPolicy(answered_delays_s=(0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2),
+                         unreachable_budget_s=20.0, completion_total_s=0.5)
+
+    async def reply(request, seen):
+        if request.at - seen[0].at < 0.5:
+            return CLOSE
+        return answer(503, {"error": "busy", "code": "store_unavailable"})
+
+    async with stub(reply) as (url, seen):
+        async with open_gateway(url, TOKEN, retry=policy) as gw:
+            outcome = sheets.RowOutcome("k", "completed", {"upper": "K"})
+            with pytest.raises(GatewayUnavailableError, match="completion deadline of 0.5 s"):
+                await sheets.complete(gw, RUN, "t", CONTRACT, [outcome])
+            answered = gw.stats.answered_attempts - 1  # less the health read
+    # Answered attempts stop when the extended deadline passes, before the ladder's 9.
+    assert 1 <= answered < 9 and sum(1 for r in seen if r.at - seen[0].at >= 0.5) == answered
