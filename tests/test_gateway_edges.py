@@ -192,3 +192,76 @@ async def test_a_completion_unreachable_then_answered_busy_still_stops_at_its_de
             answered = gw.stats.answered_attempts - 1  # less the health read
     # Answered attempts stop when the extended deadline passes, before the ladder's 9.
     assert 1 <= answered < 9 and sum(1 for r in seen if r.at - seen[0].at >= 0.5) == answered
+
+
+ROWS = [{"name": f"name-{i:03d}-" + "x" * 40} for i in range(60)]
+PAGED_LIMIT = PAGE_HEADROOM + 1500  # room for about 20 rows a page
+
+
+def honest_page(request: Request) -> Admission:
+    """What a consistent gateway answers for one page: every row new and pending."""
+    body = request.body
+    pending = tuple(AdmittedRow(key, index, {})
+                    for key, index in zip(body["keys"], body["input_indexes"]))
+    return Admission(inserted=len(pending), skipped=0, pending=pending, completed=(), blocked=(),
+                     write_version=RUN.epoch)
+
+
+async def test_pages_of_one_admission_that_agree_are_merged():
+    async def reply(request, seen):
+        return result_of("sheets.admit", honest_page(request))
+
+    async with stub(reply, body_limit=PAGED_LIMIT) as (url, seen):
+        async with open_gateway(url, TOKEN, retry=LADDER) as gw:
+            admission = await sheets.admit(gw, RUN, "t", CONTRACT, ROWS)
+    assert len(seen) >= 3 and len({request.request_id for request in seen}) == len(seen)
+    assert admission.inserted == 60 and admission.write_version == RUN.epoch
+    assert [row.row for row in admission.pending] == ROWS  # the client put its rows back
+    assert [row.input_index for row in admission.pending] == list(range(60))
+
+
+def other_version(page: Admission, body: dict) -> Admission:
+    return attrs.evolve(page, write_version=RUN.epoch + 1)
+
+
+def more_inserted_than_pending(page: Admission, body: dict) -> Admission:
+    return attrs.evolve(page, inserted=page.inserted + 1)
+
+
+def a_row_this_page_did_not_send(page: Admission, body: dict) -> Admission:
+    return attrs.evolve(page, pending=(*page.pending[1:], AdmittedRow("not-sent", 0, {})))
+
+
+def a_row_at_another_index(page: Admission, body: dict) -> Admission:
+    first = page.pending[0]
+    return attrs.evolve(page, pending=(AdmittedRow(first.key, first.input_index + 1000, {}),
+                                       *page.pending[1:]))
+
+
+def a_row_twice(page: Admission, body: dict) -> Admission:
+    first = page.pending[0]
+    return attrs.evolve(page, pending=page.pending[1:],
+                        completed=(AdmittedRow(first.key, first.input_index, {}),),
+                        blocked=(sheets.BlockedRow(first.key, first.input_index, "gave_up"),),
+                        inserted=page.inserted - 1, cached=1)
+
+
+def more_cached_than_sent(page: Admission, body: dict) -> Admission:
+    return attrs.evolve(page, cached=len(body["keys"]) + 1)
+
+
+@pytest.mark.parametrize("skew", [other_version, more_inserted_than_pending,
+                                  a_row_this_page_did_not_send, a_row_at_another_index,
+                                  a_row_twice, more_cached_than_sent])
+async def test_a_page_that_disagrees_with_what_the_call_sent_is_a_conflict(skew):
+    async def reply(request, seen):
+        page = honest_page(request)
+        if len(seen) == 2:  # the second page of the call
+            page = skew(page, request.body)
+        return result_of("sheets.admit", page)
+
+    async with stub(reply, body_limit=PAGED_LIMIT) as (url, seen):
+        async with open_gateway(url, TOKEN, retry=LADDER) as gw:
+            with pytest.raises(ConflictError, match="page"):
+                await sheets.admit(gw, RUN, "t", CONTRACT, ROWS)
+    assert len(seen) == 2  # no page is sent after the one that disagreed

@@ -392,13 +392,12 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
                                         ("keys", key_texts[start:end]),
                                         ("input_indexes", index_texts[start:end])])
         answer = await gateway.post(action, body, headers=_ROWS_BY_KEY)
-        results.append(action.result.decode(answer, "result"))
+        page = action.result.decode(answer, "result")
+        paging.check_admitted_page(page, dict(zip(prepared.keys[start:end], final[start:end])),
+                                   run.epoch)
+        results.append(page)
     # Pending rows come back by key (ROWS_HEADER): put back the rows this call sent.
     row_of = dict(zip(prepared.keys, prepared.rows))
-    for page in results:
-        if page.write_version != run.epoch:
-            raise EngineError(f"the gateway admitted a page at write version "
-                              f"{page.write_version}, not the run's {run.epoch}")
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     return Admission(
         inserted=sum(page.inserted for page in results),
