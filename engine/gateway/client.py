@@ -16,8 +16,8 @@ How it works
   spend the ladder, it waits the ladder's step (then its last step) and retries until
   `unreachable_budget_s` after the operation began. A 200 whose body is not a JSON object
   is a failed body (retried as above); a JSON object without `result` is a server that does
-  not speak this protocol: `GatewayUnavailableError` at once. `sheets.complete` also has a total deadline,
-  `completion_total_s` from its start plus the time spent unreachable. The error raised at the
+  not speak this protocol: `GatewayUnavailableError` at once. `sheets.complete` also has a
+  total deadline, `completion_total_s` from its start plus the time spent unreachable. The error raised at the
   end names the budget that ran out and the URL, never the token.
 - One operation keeps one request id across its retries, so the server answers a retry of a
   write it already applied from its replay cache; every action is idempotent besides.
@@ -26,7 +26,7 @@ How it works
   a client never gives up on a write the server is still allowed to apply.
 - `sheets.admit` and `sheets.complete` are validated, keyed and deduplicated here exactly as the
   engine would, then paged under the body limit (`engine.gateway.paging`) and their answers
-  merged.
+  merged; an admission page whose answer disagrees with the page sent is a `ConflictError`.
 - With `db_sessions=True`, the operations a database session covers run in-process over a pool
   opened with a session's URL instead (`engine.gateway.db_sessions`); the rest go over HTTP.
 """
