@@ -17,8 +17,8 @@ How it works
   `unreachable_budget_s` after the operation began. A 200 whose body is not a JSON object
   is a failed body (retried as above); a JSON object without `result` is a server that does
   not speak this protocol: `GatewayUnavailableError` at once. `sheets.complete` also has a
-  total deadline, `completion_total_s` from its start plus the time spent unreachable. The error raised at the
-  end names the budget that ran out and the URL, never the token.
+  total deadline, `completion_total_s` from its start plus the time spent unreachable. The
+  error raised at the end names the budget that ran out and the URL, never the token.
 - One operation keeps one request id across its retries, so the server answers a retry of a
   write it already applied from its replay cache; every action is idempotent besides.
 - An attempt times out after `request_timeout_s`, or after the action's server-side deadline
