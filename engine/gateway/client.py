@@ -14,9 +14,11 @@ How it works
   `Retry-After`, whichever is longer, at most `len(answered_delays_s) + 1` answered attempts.
   An attempt with no status line (refused, reset, DNS, timed out) is *unanswered*: it does not
   spend the ladder, it waits the ladder's step (then its last step) and retries until
-  `unreachable_budget_s` after the operation began. `sheets.complete` also has a total deadline,
-  `completion_total_s` from its start plus the time spent unreachable. The error raised at the
-  end names the budget that ran out and the URL, never the token.
+  `unreachable_budget_s` after the operation began. A 200 whose body is not a JSON object
+  is a failed body (retried as above); a JSON object without `result` is a server that does
+  not speak this protocol: `GatewayUnavailableError` at once. `sheets.complete` also has a
+  total deadline, `completion_total_s` from its start plus the time spent unreachable. The
+  error raised at the end names the budget that ran out and the URL, never the token.
 - One operation keeps one request id across its retries, so the server answers a retry of a
   write it already applied from its replay cache; every action is idempotent besides.
 - An attempt times out after `request_timeout_s`, or after the action's server-side deadline
@@ -24,7 +26,7 @@ How it works
   a client never gives up on a write the server is still allowed to apply.
 - `sheets.admit` and `sheets.complete` are validated, keyed and deduplicated here exactly as the
   engine would, then paged under the body limit (`engine.gateway.paging`) and their answers
-  merged.
+  merged; an admission page whose answer disagrees with the page sent is a `ConflictError`.
 - With `db_sessions=True`, the operations a database session covers run in-process over a pool
   opened with a session's URL instead (`engine.gateway.db_sessions`); the rest go over HTTP.
 """
@@ -209,6 +211,9 @@ class Gateway(RemotePort):
         answer = await self._with_retries(
             action.name, budget, timeout,
             lambda t: self._attempt("POST", self._action_url(action.name), t, body, headers))
+        if "result" not in answer:
+            raise GatewayUnavailableError(
+                f"{action.name}: the gateway at {self.url} answered HTTP 200 with no result")
         return answer["result"]
 
     def _budget(self, name: str) -> _Budget:
@@ -387,13 +392,12 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
                                         ("keys", key_texts[start:end]),
                                         ("input_indexes", index_texts[start:end])])
         answer = await gateway.post(action, body, headers=_ROWS_BY_KEY)
-        results.append(action.result.decode(answer, "result"))
+        page = action.result.decode(answer, "result")
+        paging.check_admitted_page(page, dict(zip(prepared.keys[start:end], final[start:end])),
+                                   run.epoch)
+        results.append(page)
     # Pending rows come back by key (ROWS_HEADER): put back the rows this call sent.
     row_of = dict(zip(prepared.keys, prepared.rows))
-    for page in results:
-        if page.write_version != run.epoch:
-            raise EngineError(f"the gateway admitted a page at write version "
-                              f"{page.write_version}, not the run's {run.epoch}")
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     return Admission(
         inserted=sum(page.inserted for page in results),

@@ -12,13 +12,17 @@ How it works
 - Paging never changes an outcome: the client validates, keys and deduplicates the whole call
   first (exactly as the engine would), so every page carries unique rows with their keys and
   their input indexes in the whole call, and every page is written at the run's write version.
+- `check_admitted_page` holds each admission page's answer to that: it is at the call's write
+  version, lists only rows the page sent (each once, at the index it was sent with) and counts
+  no more new rows than it lists pending nor more cache hits than it sent; an answer that
+  disagrees raises `ConflictError` before the next page is sent, never a silent merge.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from ..errors import InvalidInputError
+from ..errors import ConflictError, InvalidInputError
 from .protocol import PAGE_HEADROOM, dumps
 
 
@@ -66,3 +70,26 @@ def page_body(fixed: dict, arrays: Sequence[tuple[str, Sequence[str]]]) -> bytes
 
 def utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def check_admitted_page(page: Any, sent: Mapping[str, int], write_version: int) -> None:
+    """Raise `ConflictError` unless admission page `page` (an `Admission`) answers for the rows
+    `sent` (key -> input index) at `write_version` (see the module docstring)."""
+    def disagree(what: str) -> ConflictError:
+        return ConflictError(f"the gateway answered an admission page that disagrees with the "
+                             f"page sent: {what}")
+
+    if page.write_version != write_version:
+        raise disagree(f"admitted at write version {page.write_version}, not the run's "
+                       f"{write_version}")
+    listed: set[str] = set()
+    for row in (*page.pending, *page.completed, *page.blocked):
+        if sent.get(row.key) != row.input_index:
+            raise disagree(f"row {row.key!r} at input index {row.input_index} was not sent")
+        if row.key in listed:
+            raise disagree(f"row {row.key!r} is listed twice")
+        listed.add(row.key)
+    if page.inserted > len(page.pending):
+        raise disagree(f"{page.inserted} rows inserted but {len(page.pending)} pending")
+    if page.cached > len(sent):
+        raise disagree(f"{page.cached} cache hits among {len(sent)} rows")
