@@ -512,6 +512,8 @@ def _token_options(parser: argparse.ArgumentParser) -> None:
                         help="a play the token may touch (repeatable; default: every play)")
     parser.add_argument("--action", action="append", default=None, metavar="ACTION",
                         help="an action it may call, e.g. receipts.claim or sheets.* (repeatable; default: all)")
+    parser.add_argument("--run", action="append", default=None, metavar="RUN_ID",
+                        help="a run it may name (repeatable; default: every run)")
     parser.add_argument("--ttl", type=float, default=3600.0, metavar="SECONDS", help="lifetime (default 3600)")
 
 
@@ -523,7 +525,7 @@ def token(args: argparse.Namespace) -> int:
     if not secret:
         raise UsageError(f"{SECRET_ENV} is not set: a token is signed with the gateway's secret")
     print(mint_token(secret, args.org, plays=args.play or ("*",), actions=args.action or ("*",),
-                     ttl_s=args.ttl))
+                     ttl_s=args.ttl, runs=args.run))
     return 0
 
 

@@ -58,7 +58,7 @@ from .actions import action, actions
 from .codecs import FLOAT, RAW, STR, list_of, optional
 from .errors import (
     AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError,
-    TooManySessionsError,
+    ScopeError, TooManySessionsError,
 )
 from .keys import USER_RECEIPT_KIND, kind_range
 from .scopes import PlayScope, check_scope, normalize_namespace
@@ -372,13 +372,18 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
     `public_key`) or, without a key, `postgres_url`.
 
     Through a gateway (`claims` are the verified token's): every action an operation stands for
-    must be allowed by the token, and the session lives at most as long as the token.
+    must be allowed by the token, and the session lives at most as long as the token. A token
+    whose `runs` claim limits it to some runs gets no session (a session reaches every run of
+    its play): `ScopeError`.
     """
     scope = PlayScope(port.org_id, play)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
     if public_key is not None:
         check_public_key(public_key)
     if claims is not None:
+        if getattr(claims, "runs", None) is not None:
+            raise ScopeError("a token limited to some runs (its runs claim) cannot mint a "
+                             "database session; its work goes over HTTP")
         for name in (n for op in grant.operations for n in operation_actions()[op]):
             claims.check_action(name)
         if isinstance(ttl_s, (int, float)) and not isinstance(ttl_s, bool):

@@ -44,7 +44,7 @@ ORG, PLAY = "org-sim", "play-gw"
 SECRET = "simulation-gateway-secret-" + "z" * 20
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper",))
 POLICY = RetryPolicy(answered_delays_s=(0.005,) * 8, unreachable_budget_s=60.0,
-                     request_timeout_s=30.0, completion_total_s=120.0)
+                     request_timeout_s=30.0, completion_total_s=120.0, min_answered_wait_s=0.0)
 MAX_BURST = len(POLICY.answered_delays_s)
 
 

@@ -11,7 +11,7 @@ from runplane.engine.gateway import RetryPolicy, mint_token, open_gateway, open_
 
 SECRET = "test-gateway-secret-" + "x" * 24
 FAST_RETRY = RetryPolicy(answered_delays_s=(0.01, 0.02, 0.05), unreachable_budget_s=20.0,
-                         request_timeout_s=30.0, completion_total_s=60.0)
+                         request_timeout_s=30.0, completion_total_s=60.0, min_answered_wait_s=0.0)
 
 
 @contextlib.asynccontextmanager

@@ -16,6 +16,7 @@ from runplane.engine.errors import (
     GatewayUnavailableError, InvalidInputError, StoreUnavailableError, TransactionStateUnknownError,
 )
 from runplane.engine.gateway import RetryPolicy, open_gateway
+from runplane.engine.gateway.client import answered_wait
 from runplane.engine.gateway.protocol import retry_after_s
 from runplane.simulations.network import open_proxy
 
@@ -78,7 +79,7 @@ async def test_replies_lost_after_the_commit_apply_nothing_twice(tenant, server)
 
 
 async def test_an_outage_past_the_unreachable_budget_names_the_budget_and_url(tenant, server):
-    policy = RetryPolicy(answered_delays_s=(0.05,), unreachable_budget_s=0.5)
+    policy = RetryPolicy(answered_delays_s=(0.05,), unreachable_budget_s=0.5, min_answered_wait_s=0.0)
     token = token_for(tenant)
     async with open_proxy(server.url) as proxy:
         async with open_gateway(proxy.url, token, retry=policy) as gw:
@@ -126,7 +127,7 @@ async def stub_gateway(status: int, payload: dict, headers=()):
         nursery.cancel_scope.cancel()
 
 
-LADDER = RetryPolicy(answered_delays_s=(0.01, 0.01, 0.01), unreachable_budget_s=5.0)
+LADDER = RetryPolicy(answered_delays_s=(0.01, 0.01, 0.01), unreachable_budget_s=5.0, min_answered_wait_s=0.0)
 
 
 async def test_a_stub_answering_503_gets_exactly_the_ladder_plus_one_attempts(tenant):
@@ -169,3 +170,33 @@ def test_the_server_chosen_wait_is_read_from_the_body_or_the_header():
     assert retry_after_s({"retry_after_ms": 1500}, {}) == 1.5
     assert retry_after_s({}, {"retry-after": "2"}) == 2.0
     assert retry_after_s({}, {}) == 0.0
+
+
+def test_an_answer_naming_no_wait_is_retried_after_at_least_the_floor():
+    policy = RetryPolicy()  # ladder 0.25, 0.5, ... 8 s; floor 2 s
+    assert answered_wait(policy, 1, None) == 2.0  # no retry_after: the floor, not the 0.25 step
+    assert answered_wait(policy, 1, 0.5) == 0.5  # the server named a wait: its word
+    assert answered_wait(policy, 1, 0.0) == 0.25  # ... never below the ladder's step
+    assert answered_wait(policy, 6, None) == 8.0  # a longer step wins over the floor
+    assert answered_wait(policy, 1, 3.0) == 3.0
+    assert answered_wait(RetryPolicy(min_answered_wait_s=0.0), 1, None) == 0.25
+    assert retry_after_s({}, {}, None) is None and retry_after_s({"retry_after_ms": 0}, {}, None) == 0.0
+    with pytest.raises(InvalidInputError, match="min_answered_wait_s"):
+        RetryPolicy(min_answered_wait_s=-1)
+
+
+@pytest.mark.parametrize("floor,hits,error,message", [
+    (2.0, 1, GatewayUnavailableError, "completion deadline"),
+    (0.0, 2, StoreUnavailableError, "answered-attempt budget")])
+async def test_the_client_waits_the_floor_after_an_answer_naming_no_wait(tenant, floor, hits, error,
+                                                                           message):
+    # a 1 s completion deadline: a 2 s wait cannot fit in it, a 0.01 s one can (then the
+    # one-step ladder is spent)
+    policy = RetryPolicy(answered_delays_s=(0.01,), completion_total_s=1.0, min_answered_wait_s=floor)
+    async with stub_gateway(503, {"error": "busy", "code": "store_unavailable"}) as (url, seen):
+        async with open_gateway(url, token_for(tenant), retry=policy) as gw:
+            run = runs.RunRef(RunScope(tenant.org_id, PLAY, "r"), 1)
+            outcome = sheets.RowOutcome("k", "completed", {"upper": "K"})
+            with pytest.raises(error, match=message):
+                await sheets.complete(gw, run, "t", CONTRACT, [outcome])
+    assert seen["actions"] == hits

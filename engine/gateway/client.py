@@ -11,7 +11,8 @@ How it works
 - Retries follow `RetryPolicy`. An attempt that got a status line (whatever its body
   then did) is *answered*: it spends the `answered_delays_s` ladder — retried on 408, 429, 502,
   503, 504 and transient 500s, waiting the ladder's step or the server's `retry_after_ms` /
-  `Retry-After`, whichever is longer, at most `len(answered_delays_s) + 1` answered attempts.
+  `Retry-After`, whichever is longer, and at least `min_answered_wait_s` (2 s) when the answer
+  named no wait (`answered_wait`), at most `len(answered_delays_s) + 1` answered attempts.
   An attempt with no status line (refused, reset, DNS, timed out) is *unanswered*: it does not
   spend the ladder, it waits the ladder's step (then its last step) and retries until
   `unreachable_budget_s` after the operation began. A 200 whose body is not a JSON object
@@ -89,12 +90,21 @@ class RetryPolicy:
     unreachable_budget_s: float = attrs.field(default=300.0, validator=_non_negative("unreachable_budget_s"))
     request_timeout_s: float = attrs.field(default=30.0, validator=_non_negative("request_timeout_s"))
     completion_total_s: float = attrs.field(default=600.0, validator=_non_negative("completion_total_s"))
+    min_answered_wait_s: float = attrs.field(default=2.0, validator=_non_negative("min_answered_wait_s"))
 
     def step(self, index: int) -> float:
         """The ladder's step `index` (0-based), its last step past its end (0 for no ladder)."""
         if not self.answered_delays_s:
             return 0.0
         return self.answered_delays_s[min(index, len(self.answered_delays_s) - 1)]
+
+
+def answered_wait(policy: RetryPolicy, answered: int, retry_after: float | None) -> float:
+    """The wait after the `answered`-th answered attempt failed: the ladder's step or the wait
+    the server asked for, whichever is longer; at least `min_answered_wait_s` when the answer
+    asked for none (`retry_after` None)."""
+    asked = policy.min_answered_wait_s if retry_after is None else retry_after
+    return max(policy.step(answered - 1), asked)
 
 
 @attrs.frozen
@@ -305,16 +315,16 @@ class Gateway(RemotePort):
                 error: EngineError = GatewayUnavailableError(
                     f"{name}: {where} answered HTTP {status} but its body failed: "
                     f"{_describe(failure)}")
-                retryable, wait = True, 0.0
+                retryable, wait = True, None
             else:
                 error = protocol.error_from(status, payload, name, where)
                 retryable = protocol.is_retryable(status, payload)
-                wait = protocol.retry_after_s(payload, headers)
+                wait = protocol.retry_after_s(payload, headers, None)
             if not retryable:
                 raise error
             if budget.answered > len(policy.answered_delays_s):
                 raise _exhausted(error, name, budget.answered, where)
-            delay = max(policy.step(budget.answered - 1), wait)
+            delay = answered_wait(policy, budget.answered, wait)
             if now + delay >= budget.answered_deadline():
                 raise GatewayUnavailableError(
                     f"{name}: the completion deadline of {policy.completion_total_s:g} s ran out "

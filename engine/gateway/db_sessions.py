@@ -121,6 +121,8 @@ def token_operations(token: str) -> tuple[str, ...]:
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
         patterns = tuple(claims.get("actions") or ())
+        if claims.get("runs") is not None:  # a token limited to some runs mints no session
+            return ()
     except (jwt.InvalidTokenError, TypeError):
         return ()
     if not allows(patterns, sessions.CREATE_ACTION):

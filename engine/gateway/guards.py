@@ -190,3 +190,12 @@ def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScop
         elif writes and isinstance(value, (RunScope, MapScope)):
             found.append(RunScope(value.org_id, value.play, value.run_id))
     return found
+
+
+def named_run_ids(kwargs: Mapping[str, Any]) -> list[str]:
+    """Every run id an action's decoded inputs name (a `RunRef`, a `RunScope` or `MapScope`'s
+    run, a `run_id` argument such as `sheets.read_rows`'), for a token's `runs` claim."""
+    found = [run.run_id for run in named_runs(kwargs, True)]
+    if isinstance(kwargs.get("run_id"), str):
+        found.append(kwargs["run_id"])
+    return found

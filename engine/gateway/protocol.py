@@ -110,8 +110,9 @@ def is_retryable(status: int, payload: dict) -> bool:
         and TRANSIENT_MESSAGE.search(str(payload.get("error", ""))) is not None
 
 
-def retry_after_s(payload: dict, headers: Any) -> float:
-    """The wait a server asked for, from `retry_after_ms` or a `Retry-After` header (seconds)."""
+def retry_after_s(payload: dict, headers: Any, default: Any = 0.0) -> Any:
+    """The wait a server asked for, from `retry_after_ms` or a `Retry-After` header (seconds);
+    `default` when it asked for none."""
     value = payload.get("retry_after_ms")
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         return float(value) / 1000.0
@@ -121,7 +122,7 @@ def retry_after_s(payload: dict, headers: Any) -> float:
             return max(0.0, float(header))
         except ValueError:
             return 0.0
-    return 0.0
+    return default
 
 
 def error_from(status: int, payload: dict, action: str, where: str) -> EngineError:

@@ -11,7 +11,8 @@ How it works
   token's `actions` claim does not allow (403); a body that grows past the limit while it is
   read (413, the rest is never read); a malformed input (400: strict JSON, values bounded to
   what the database holds, see `guards` and `codecs`); a scope whose org or play the token does
-  not allow (403); a run (`RunRef`) that is not registered for that org and play with that
+  not allow (403); a run (a `RunRef`, a `RunScope` or `MapScope`'s run, a `run_id` argument)
+  that the token's `runs` claim, when it has one, does not list (403); a run (`RunRef`) that is not registered for that org and play with that
   epoch (409, `guards.RunCheck`). Only then does the action run, against the tenant of the token's
   org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
   completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
@@ -251,6 +252,8 @@ class Server:
                 claims.check_target(name, org, each)
         else:
             claims.check_target(name, org, play)
+        for run_id in guards.named_run_ids(kwargs):  # a token's runs claim, before any query
+            claims.check_run(name, run_id)
         context = {"claims": claims, "session_dsn": self.session_dsn}
         kwargs.update({param: context[param] for param in spec.context})
         tenant = await self._tenant(claims.org)

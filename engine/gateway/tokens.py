@@ -1,8 +1,9 @@
 """Gateway tokens: HS256 JWTs scoped to one org, some plays and some actions.
 
 How it works
-- `mint_token(secret, org, plays=("*",), actions=("*",), ttl_s=3600)` signs the claims `org`,
-  `plays`, `actions`, `exp`, `iat` and a random `jti` with the gateway's secret (PyJWT).
+- `mint_token(secret, org, plays=("*",), actions=("*",), ttl_s=3600, runs=None)` signs the
+  claims `org`, `plays`, `actions`, `exp`, `iat` and a random `jti` with the gateway's secret
+  (PyJWT); with `runs`, also a `runs` claim listing the run ids the token may name.
 - `verify_token(secret, token)` checks signature, expiry and the claims' shapes and returns
   `TokenClaims`, or raises `AuthError` (HTTP 401). Messages never contain the token.
 - `TokenClaims.check_action(action)` and `check_target(action, org, play)` raise `ScopeError`
@@ -10,6 +11,9 @@ How it works
   exact names, `"*"` (anything), or for actions a family such as `"receipts.*"`. An action
   whose input names no play (an org-wide outbox step such as `outbox.claim_due`) needs `plays`
   to allow every play (`"*"`).
+- `TokenClaims.check_run(action, run_id)` raises `ScopeError` when the token has a `runs` claim
+  that does not list `run_id`. A token without that claim allows every run; an action whose
+  input names no run is not checked against it.
 The server verifies and checks before it reads the request body or runs any query.
 This module does no I/O.
 """
@@ -40,8 +44,10 @@ def _names(value: object, claim: str) -> tuple[str, ...]:
 
 
 def mint_token(secret: str, org: str, *, plays: Iterable[str] = ("*",),
-               actions: Iterable[str] = ("*",), ttl_s: float = 3600) -> str:
-    """A token for `org`, allowing `plays` and `actions`, valid for `ttl_s` seconds."""
+               actions: Iterable[str] = ("*",), ttl_s: float = 3600,
+               runs: Iterable[str] | None = None) -> str:
+    """A token for `org`, allowing `plays` and `actions` (and only the run ids in `runs`, when
+    given), valid for `ttl_s` seconds."""
     if not isinstance(secret, str) or not secret:
         raise InvalidInputError("the gateway secret must be a non-empty string")
     if not isinstance(org, str) or not org.strip():
@@ -54,6 +60,8 @@ def mint_token(secret: str, org: str, *, plays: Iterable[str] = ("*",),
         "actions": list(_names(actions, "actions")), "iat": now,
         "exp": now + max(1, int(math.ceil(ttl_s))), "jti": uuid.uuid4().hex,
     }
+    if runs is not None:
+        claims["runs"] = list(_names(runs, "runs"))
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
@@ -77,6 +85,7 @@ class TokenClaims:
     exp: int
     iat: int
     jti: str
+    runs: tuple[str, ...] | None = None  # None: every run
 
     def check_action(self, action: str) -> None:
         """Raise `ScopeError` unless the `actions` claim allows `action`."""
@@ -94,6 +103,11 @@ class TokenClaims:
         elif "*" not in self.plays and play not in self.plays:
             raise ScopeError(f"the token's plays claim does not allow play {play!r}")
 
+    def check_run(self, action: str, run_id: str) -> None:
+        """Raise `ScopeError` unless the `runs` claim (when the token has one) lists `run_id`."""
+        if self.runs is not None and run_id not in self.runs:
+            raise ScopeError(f"the token's runs claim does not allow run {run_id!r} for {action}")
+
 
 def verify_token(secret: str, token: str | None) -> TokenClaims:
     """The token's claims, or `AuthError` when it is missing, invalid or expired."""
@@ -109,9 +123,11 @@ def verify_token(secret: str, token: str | None) -> TokenClaims:
     try:
         if not isinstance(claims["org"], str) or not claims["org"]:
             raise InvalidInputError("org")
+        runs = claims.get("runs")
         return TokenClaims(claims["org"], _names(claims["plays"], "plays"),
                            _names(claims["actions"], "actions"), int(claims["exp"]),
-                           int(claims["iat"]), str(claims["jti"]))
+                           int(claims["iat"]), str(claims["jti"]),
+                           None if runs is None else _names(runs, "runs"))
     except (InvalidInputError, TypeError, ValueError):
         raise AuthError("invalid token: malformed claims") from None
 
