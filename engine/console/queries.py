@@ -28,6 +28,7 @@ import attrs
 from ..errors import StatementTimeoutError
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
+from ..sheets.audit import RUN_ROWS_SQL
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
 
 T = TypeVar("T")
@@ -103,15 +104,6 @@ SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
   FROM {runs} AS r
   LEFT JOIN {outbox} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
  WHERE r.org_id = $1 AND r.play = $2 AND r.run_id = $3
-"""
-
-_RUN_ROWS = """
-SELECT _run_id,
-       count(*) FILTER (WHERE _status = 'pending') AS pending,
-       count(*) FILTER (WHERE _status = 'running') AS running,
-       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
-       count(*) FILTER (WHERE _status = 'failed') AS failed
-  FROM {t} WHERE _run_id = ANY($1::text[]) GROUP BY _run_id
 """
 
 _TABLES = """
@@ -194,7 +186,7 @@ async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> bo
     parts = []
     for sheet in present:
         n = len(args)  # this table's binds: $n+1 its runs' ids, $n+2 the org, $n+3 the play
-        one = _RUN_ROWS.format(t=sheet.qualified).replace("$1", f"${n + 1}")
+        one = RUN_ROWS_SQL.format(t=sheet.qualified).replace("$1", f"${n + 1}")
         parts.append(f"(SELECT ${n + 2}::text AS org_id, ${n + 3}::text AS play, q.* "
                      f"FROM ({one}) AS q)")
         args += [ids[(sheet.org_id, sheet.play)], sheet.org_id, sheet.play]

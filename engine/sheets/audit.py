@@ -111,7 +111,8 @@ SELECT error, n, (SELECT sum(n) FROM grouped)::bigint AS failed,
   FROM grouped ORDER BY n DESC, error ASC NULLS LAST LIMIT $2
 """
 
-_RUN_ROWS = """
+# A sheet's rows by status, per run (`$1` the run ids; the console reads it too).
+RUN_ROWS_SQL = """
 SELECT _run_id,
        count(*) FILTER (WHERE _status = 'pending') AS pending,
        count(*) FILTER (WHERE _status = 'running') AS running,
@@ -222,7 +223,7 @@ async def run_rows(
     async def op(conn: Connection) -> dict[str, RunRows]:
         if not run_ids or not await table_present(conn, port, layout):
             return {}
-        records = await conn.fetch(_RUN_ROWS.format(t=layout.qualified), run_ids)
+        records = await conn.fetch(RUN_ROWS_SQL.format(t=layout.qualified), run_ids)
         return {
             record["_run_id"]: RunRows(record["pending"], record["running"],
                                        record["enriched"], record["failed"])

@@ -30,25 +30,17 @@ import attrs
 
 from ..codecs import INT, STR, TIMESTAMP, optional, record
 from ..errors import InvalidInputError
-from ..limits import identifier_problem
+
 from ..pg import Connection
 from ..ports import Port, table
 from ..sql import quote_ident
 from .layout import FOREIGN_TABLE, BindParams, SheetLayout, existing_columns, foreign_table_error
+from .reading import REGISTERED_FIELDS, check_run_id
 
 STATUSES = ("pending", "running", "enriched", "failed")
 MAX_PAGE_ROWS = 10_000
 POLICY_COLUMNS = ("_attempts", "_failed_runs")
 ORDER = "_input_index, _created_at, _key"
-
-_REGISTERED = """
-SELECT to_regclass($4) IS NOT NULL AS present,
-       {foreign} AS foreign_table,
-       coalesce((SELECT array_agg(field ORDER BY position, field) FROM {registry}
-                  WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS fields,
-       coalesce((SELECT array_agg(column_name ORDER BY position, field) FROM {registry}
-                  WHERE org_id = $1 AND play = $2 AND table_namespace = $3), '{{}}') AS columns
-"""
 
 # One page: the rows of the ranges after the cursor, merged in the sheet's order.
 _PAGE = """
@@ -101,13 +93,7 @@ def check_filters(status: Any, run_id: Any, fields: Any) -> Filters:
     """The filters, checked (before any query); `InvalidInputError` naming the bad one."""
     if status is not None and status not in STATUSES:
         raise InvalidInputError(f"status must be None or one of {list(STATUSES)}, got {status!r}")
-    if run_id is not None:
-        if not isinstance(run_id, str):
-            raise InvalidInputError("run_id must be a string or None")
-        run_id = run_id.strip()
-        problem = identifier_problem(run_id)
-        if problem is not None:
-            raise InvalidInputError(f"run_id {problem}")
+    run_id = check_run_id(run_id)
     if fields is not None:
         if isinstance(fields, (str, bytes)) or not hasattr(fields, "__iter__"):
             raise InvalidInputError("fields must be a list of field names or None")
@@ -139,7 +125,7 @@ class SheetRead:
 
 async def resolve(conn: Connection, port: Port, layout: SheetLayout, filters: Filters) -> SheetRead:
     """The sheet's presence and columns (`InvalidInputError` for a field it does not have)."""
-    sql = _REGISTERED.format(registry=table(port, "sheet_columns"), foreign=FOREIGN_TABLE.format(
+    sql = REGISTERED_FIELDS.format(registry=table(port, "sheet_columns"), foreign=FOREIGN_TABLE.format(
         summary=table(port, "sheet_summary"), t="$5", o="$1", p="$2", n="$3"))
     info = await conn.fetchrow(sql, *layout.counter_args, layout.qualified, layout.table)
     if info["foreign_table"]:

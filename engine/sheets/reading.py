@@ -31,7 +31,9 @@ from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout
 from .model import SUMMARY, ColumnSummary, Summary
 from .reuse import MEMBERS
 
-_REGISTERED = """
+# Whether the sheet exists (and is its own), and its registered fields and their columns in
+# order (`dataset_pages` reads them too).
+REGISTERED_FIELDS = """
 SELECT to_regclass($4) IS NOT NULL AS present,
        {foreign} AS foreign_table,
        coalesce((SELECT array_agg(field ORDER BY position, field) FROM {registry}
@@ -104,6 +106,19 @@ def _check_page(limit: object, offset: object) -> int:
     return min(max(limit, 1), MAX_READ_ROWS)  # type: ignore[type-var]
 
 
+def check_run_id(run_id: Any) -> str | None:
+    """A run-id filter, stripped; `InvalidInputError` before any query for anything else."""
+    if run_id is None:
+        return None
+    if not isinstance(run_id, str):
+        raise InvalidInputError("run_id must be a string or None")
+    run_id = run_id.strip()
+    problem = identifier_problem(run_id)
+    if problem is not None:
+        raise InvalidInputError(f"run_id {problem}")
+    return run_id
+
+
 @action("sheets.read_rows", params={
     "scope": PLAY_SCOPE, "table_namespace": STR, "run_id": optional(STR), "limit": INT,
     "offset": INT,
@@ -121,15 +136,9 @@ async def read_rows(
     `limit` is clamped to 1..10,000 rows: page through larger sheets with `offset`."""
     check_scope(port, scope)
     limit = _check_page(limit, offset)
-    if run_id is not None:
-        if not isinstance(run_id, str):
-            raise InvalidInputError("run_id must be a string or None")
-        run_id = run_id.strip()
-        problem = identifier_problem(run_id)
-        if problem is not None:
-            raise InvalidInputError(f"run_id {problem}")
+    run_id = check_run_id(run_id)
     layout = layout_for(port, scope, table_namespace)
-    registered = _REGISTERED.format(registry=table(port, "sheet_columns"), foreign=FOREIGN_TABLE.format(
+    registered = REGISTERED_FIELDS.format(registry=table(port, "sheet_columns"), foreign=FOREIGN_TABLE.format(
         summary=table(port, "sheet_summary"), t="$5", o="$1", p="$2", n="$3"))
 
     async def op(conn: Connection) -> list[dict]:
