@@ -16,7 +16,7 @@ from runplane.engine.errors import InvalidInputError, LeaseLostError
 from runplane.engine.sheets import RowOutcome, SheetContract
 from runplane.engine.sheets.layout import layout_for
 
-from .plays.scale_play import tag_pid
+from .plays.scale_play import meet_tag, tag_pid
 from .sheet_helpers import counters_match, play_scope, raw_rows
 
 PLAY = "scale"
@@ -29,11 +29,15 @@ async def sheet_state(port, namespace: str):
         return await conn.fetch(f"SELECT _status, _attempts FROM {layout.qualified}")
 
 
-async def test_workers_spread_a_map_over_two_processes(tenant):
+async def test_workers_spread_a_map_over_two_processes(tenant, tmp_path, monkeypatch):
+    # Both workers join before the map opens, so each first claim is half the units; the rows
+    # then wait until both processes run rows (a fast worker alone could otherwise finish its
+    # half and take the rest before the other one's next poll).
+    monkeypatch.setenv("RUNPLANE_TEST_MEET", str(tmp_path))
     rows = [{"n": i} for i in range(3000)]  # six units
     with trio.fail_after(120):
         async with open_run(tenant, PLAY) as run:
-            result = await run.map("nums", rows, tag_pid, contract=CONTRACT, workers=2,
+            result = await run.map("nums", rows, meet_tag, contract=CONTRACT, workers=2,
                                    concurrency=8)
     stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n", "pid", "double"))
     assert len(stored) == 3000

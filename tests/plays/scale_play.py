@@ -13,6 +13,21 @@ async def tag_pid(row):
     return {"pid": os.getpid(), "double": row["n"] * 2}
 
 
+async def meet_tag(row):
+    """Like `tag_pid`, but each worker's rows wait (up to 60 s) until two worker processes
+    have started rows, so a fast worker cannot take every unit before the other one polls.
+
+    The meeting place is the directory named by `RUNPLANE_TEST_MEET` (each worker leaves a file
+    named by its pid); without it the function behaves as `tag_pid`."""
+    place = os.environ.get("RUNPLANE_TEST_MEET")
+    if place:
+        open(os.path.join(place, str(os.getpid())), "a").close()
+        with trio.move_on_after(60):
+            while len(os.listdir(place)) < 2:
+                await trio.sleep(0.01)
+    return await tag_pid(row)
+
+
 async def slow_tag(row):
     """Slow enough that a worker can be killed in the middle of the map."""
     await trio.sleep(0.02)
