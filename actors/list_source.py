@@ -69,12 +69,6 @@ def text_keys(texts: list[str], table_namespace: str) -> list[str]:
     return [sha256(prefix + text.encode()).hexdigest()[:32] for text in texts]
 
 
-def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
-    """The encoded source and each row's sheet key (pure CPU)."""
-    encoded = array_input.encode_source(items)
-    return encoded, text_keys(encoded.texts, table_namespace)
-
-
 @attrs.frozen
 class SourcePage:
     """One page for admission: its rows, their input offset, and for a list source the row

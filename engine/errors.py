@@ -7,6 +7,9 @@ by whether a retry can help. Driver errors never escape `engine.pg`: they are tr
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 
 class EngineError(Exception):
     """Root of every error runplane raises on purpose."""
@@ -191,3 +194,16 @@ def leaf_errors(exc: BaseException) -> list[BaseException]:
     if not isinstance(exc, BaseExceptionGroup):
         return [exc]
     return [leaf for inner in exc.exceptions for leaf in leaf_errors(inner)]
+
+
+@contextlib.contextmanager
+def unwrap_single_error() -> Iterator[None]:
+    """Let a lone error out of the block's (nested) exception groups as itself, so callers can
+    catch one typed error; a group of several errors passes unchanged."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = leaf_errors(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise

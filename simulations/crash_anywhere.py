@@ -4,15 +4,15 @@ How it works
 - The play: a supervised run (`actors.open_supervisor`, `sup.run`, as the product hosts plays)
   maps a small list source — so it is staged, sealed, admitted, completed and, when the body
   ends, retired — with a deterministic user function that fails a few rows.
-- A reference child process runs the play once with `RUNPLANE_CRASH_AT_STATEMENT=0`: the pg
-  adapter (`engine.pg`) then counts the statements the process sends; that count N is the
-  play's number of statement boundaries.
+- The child runs the play on its tenant wrapped in a `HookedPort` whose statement hook
+  (`CrashAtStatement`, installed on every connection the port checks out) counts the statements
+  the play sends. A reference child process runs the play once with `--crash-at 0` (count
+  only); that count N is the play's number of statement boundaries.
 - For each boundary k (every k in 1..N, or a seeded sample when more are asked than wanted), a
-  child process runs the play under a play name of its own with `RUNPLANE_CRASH_AT_STATEMENT=k`:
-  the adapter kills the process with SIGKILL just before its k-th statement (a k past the end
-  lets it finish). The parent then snapshots the sheet, and a fresh child process wakes the run
-  (same run id, same list; the variable is not set) and lets the supervisor's drainer run until
-  the run's outbox entry is done.
+  child process runs the play under a play name of its own with `--crash-at k`: the hook kills
+  the process with SIGKILL just before its k-th statement (a k past the end lets it finish). The
+  parent then snapshots the sheet, and a fresh child process wakes the run (same run id, same
+  list, no hook) and lets the supervisor's drainer run until the run's outbox entry is done.
 - Checks, per k: every row ends with the model's status, output and error; no row finished
   (enriched) before the wake was rewritten (`_version` unchanged) or executed by the wake —
   failed rows are run again, as any rerun does;
@@ -32,16 +32,18 @@ import signal
 import sys
 import uuid
 
+import attrs
 import trio
 
 from runplane.actors import open_supervisor
-from runplane.engine import PlayScope, RunScope, open_tenant, outbox, pg, sheets
+from runplane.engine import PlayScope, RunScope, open_tenant, outbox, sheets
 from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column, layout_for
 from runplane.engine.sql import quote_ident
 
 from . import resolve_dsn
 from .counters import counters_match
+from .ports import Boundary, HookedPort
 from .report import SimulationReport
 
 NAME = "crash_anywhere"
@@ -53,7 +55,6 @@ LEASE_S = 1.0        # short leases, so a drainer takes over a killed holder's e
 POLL_S = 0.2
 CHILD_TIMEOUT_S = 60.0
 DONE_TIMEOUT_S = 15.0
-CRASH_VARIABLE = "RUNPLANE_CRASH_AT_STATEMENT"
 MAX_BOUNDARIES = 200
 
 
@@ -69,8 +70,28 @@ def expected(i: int) -> tuple[str, str | None, str | None]:
 
 
 # -- the child processes -----------------------------------------------------------------------
-async def play_child(dsn: str, schema: str, play: str, run_id: str) -> dict:
-    """Run (or wake) the play under a supervisor; wait until its outbox entry is done."""
+@attrs.define(eq=False)
+class CrashAtStatement:
+    """A `HookedPort` hook: counts the statements sent through its port and kills the process
+    with SIGKILL just before the `crash_at`-th (0: count only)."""
+
+    crash_at: int
+    sent: int = 0
+
+    async def at_boundary(self, boundary: Boundary) -> None:
+        if boundary.kind != "query":
+            return
+        self.sent += 1
+        if self.sent == self.crash_at:
+            where = " ".join((boundary.sql or "").split())[:100]
+            os.write(2, f"crash-anywhere: SIGKILL before statement {self.sent}: {where}\n".encode())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def play_child(dsn: str, schema: str, play: str, run_id: str,
+                     crash_at: int | None = None) -> dict:
+    """Run (or wake) the play under a supervisor; wait until its outbox entry is done. With
+    `crash_at`, every statement goes through a `CrashAtStatement` hook (see the module doc)."""
     calls: list[int] = []
 
     async def enrich(row: dict) -> dict:
@@ -86,15 +107,17 @@ async def play_child(dsn: str, schema: str, play: str, run_id: str) -> dict:
                              concurrency=CONCURRENCY)
 
     scope = RunScope(ORG, play, run_id)
+    crash = None if crash_at is None else CrashAtStatement(crash_at)
     async with open_tenant(ORG, dsn, schema=schema) as tenant:
-        async with open_supervisor(tenant, lease_s=LEASE_S, poll_interval=POLL_S) as sup:
+        port = tenant if crash is None else HookedPort(tenant, crash)
+        async with open_supervisor(port, lease_s=LEASE_S, poll_interval=POLL_S) as sup:
             await sup.run(play, body, run_id=run_id)
             state = None
             with trio.move_on_after(DONE_TIMEOUT_S):
-                while (state := await _outbox_state(tenant, scope)) != "done":
+                while (state := await _outbox_state(port, scope)) != "done":
                     sup.nudge()
                     await trio.sleep(POLL_S)
-    return {"statements": pg.statements_sent(), "calls": calls, "outbox": state}
+    return {"statements": 0 if crash is None else crash.sent, "calls": calls, "outbox": state}
 
 
 async def _outbox_state(tenant, scope: RunScope) -> str | None:
@@ -108,21 +131,21 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--schema", required=True)
     parser.add_argument("--play", required=True)
     parser.add_argument("--run-id", required=True)
+    parser.add_argument("--crash-at", type=int, default=None)
     args = parser.parse_args(argv)
-    out = trio.run(play_child, args.dsn, args.schema, args.play, args.run_id)
+    out = trio.run(play_child, args.dsn, args.schema, args.play, args.run_id, args.crash_at)
     print(json.dumps(out), flush=True)
     return 0
 
 
 # -- the harness -------------------------------------------------------------------------------
 async def spawn(dsn: str, schema: str, play: str, run_id: str, crash_at: int | None):
-    env = {k: v for k, v in os.environ.items() if k != CRASH_VARIABLE}
-    if crash_at is not None:
-        env[CRASH_VARIABLE] = str(crash_at)
     command = [sys.executable, "-m", "runplane.simulations.crash_anywhere", "--child",
                "--dsn", dsn, "--schema", schema, "--play", play, "--run-id", run_id]
+    if crash_at is not None:
+        command += ["--crash-at", str(crash_at)]
     with trio.fail_after(CHILD_TIMEOUT_S):
-        return await trio.run_process(command, env=env, capture_stdout=True, capture_stderr=True,
+        return await trio.run_process(command, capture_stdout=True, capture_stderr=True,
                                       check=False)
 
 

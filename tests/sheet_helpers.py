@@ -3,7 +3,10 @@ stored, counts over the sheet."""
 
 from __future__ import annotations
 
-from runplane.engine import canonical
+from typing import Any
+
+from runplane.actors.list_source import text_keys
+from runplane.engine import array_input, canonical
 from runplane.engine.runs import register
 from runplane.engine.scopes import PlayScope, RunScope
 from runplane.engine.sheets import SheetContract
@@ -13,6 +16,12 @@ from runplane.simulations.counters import counters_match  # noqa: F401  (re-expo
 PLAY = "play"
 # The sheet most tests use: one input, one output. Tests that need more define their own.
 CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
+
+
+def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
+    """The encoded source and each row's sheet key, as a list source computes them."""
+    encoded = array_input.encode_source(items)
+    return encoded, text_keys(encoded.texts, table_namespace)
 
 
 def play_scope(port, play: str = PLAY) -> PlayScope:

@@ -283,7 +283,9 @@ async def test_a_wake_after_a_crash_in_a_fast_rerun_finishes_every_row_exactly_o
 
 
 def test_list_units_cover_the_source_in_order_and_respect_the_cuts():
-    from runplane.actors.list_source import ListSource, encode_and_key
+    from runplane.actors.list_source import ListSource
+
+    from .sheet_helpers import encode_and_key
     from runplane.engine import MapScope
 
     items = [{"name": f"n{i}", "pad": "x" * ((i % 7) * 700 if i < 2000 else 0)} for i in range(3500)]

@@ -163,9 +163,9 @@ async def test_a_lost_commit_reply_is_detected_and_not_applied_twice(dsn, tenant
 async def test_a_commit_past_its_deadline_is_resolved_too(dsn, tenant, monkeypatch):
     """The COMMIT's reply comes later than `COMMIT_TIMEOUT` (shortened here): the connection is
     dropped and the transaction's fate read instead of retrying blindly."""
-    from runplane.engine import pg
+    from runplane.engine.pg import connection
 
-    monkeypatch.setattr(pg, "COMMIT_TIMEOUT", 0.3)
+    monkeypatch.setattr(connection, "COMMIT_TIMEOUT", 0.3)
     counter = await _counter_table(tenant)
     async with open_pg_proxy(dsn) as proxy:
         async with open_tenant("org-test", proxy.dsn, schema=tenant.schema) as proxied:

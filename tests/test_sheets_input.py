@@ -166,7 +166,7 @@ async def test_any_other_field_name_works(tenant):
 async def test_rows_admitted_with_their_encoded_texts_store_what_encoding_them_stores(tenant):
     """A list source hands admission the texts it encoded (`texts=`): the sheet holds exactly
     what admitting the rows alone would store."""
-    from runplane.actors.list_source import encode_and_key
+    from .sheet_helpers import encode_and_key
 
     contract = SheetContract(inputs=("name", "extra"), outputs=("score",))
     rows = [{"name": f"n{i}", "extra": None if i % 2 else [i, {"é": 1.5, "z": "\u2028"}]}

@@ -247,6 +247,13 @@ async def test_non_transient_connect_errors_fail_at_once(dsn):
             pass
 
 
+async def copy_records(conn, table, records, *, columns, schema):
+    """COPY `records` into `schema.table` (binary protocol) through the connection's own
+    statement path, as any statement of the adapter runs."""
+    return await conn._statement(f"COPY {schema}.{table}", "copy_records_to_table", table,
+                                 records=records, columns=list(columns), schema_name=schema)
+
+
 async def test_statements_run_from_tasks_started_outside_the_tenants_loop(dsn):
     """Statements step their driver coroutines in the calling task: a task whose context
     predates the tenant's event loop (started in an outer nursery) works all the same."""
@@ -258,7 +265,8 @@ async def test_statements_run_from_tasks_started_outside_the_tenants_loop(dsn):
             async def use():
                 async with tenant.connection("sheet") as conn:
                     seen.append(await conn.fetchval("SELECT 7"))
-                    await conn.copy_records("copied", [(1,), (2,)], columns=["v"], schema=tenant.schema)
+                    await copy_records(conn, "copied", [(1,), (2,)], columns=["v"],
+                                       schema=tenant.schema)
                     seen.append(await conn.fetchval(f'SELECT sum(v) FROM "{tenant.schema}".copied'))
                 done.set()
 

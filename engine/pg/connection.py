@@ -1,0 +1,374 @@
+"""Connections and transactions: one checked-out driver connection, in a known state.
+
+How it works
+- A `Connection` wraps one driver connection for one checkout. It follows asyncpg's transaction
+  model: `transaction()` issues BEGIN/COMMIT/ROLLBACK at depth zero and SAVEPOINT/RELEASE/ROLLBACK
+  TO when already inside a transaction (which is always so under an execution role, where the
+  checkout itself opened one).
+- Invariant: a connection goes back to the pool only in a known, idle state. Any statement that
+  did not end with the server's answer (cancelled mid-flight, a lost connection, a driver-state
+  error, anything but an error the server reported) and a ROLLBACK that failed or ran past
+  `ROLLBACK_TIMEOUT` mark it `broken`; broken connections are closed on release, never pooled.
+- A connection can go stale while idle (in the pool, or between its connect and its first
+  statement): when its backend is terminated, the driver may read the server's farewell (which
+  leaves its protocol busy: "cannot switch to state 11; another operation (2) is in progress")
+  before it sees the socket close, so `is_closed()` cannot tell. The first statement of a
+  checkout that the driver refuses without running it (a protocol-state error, raised before
+  the statement is written — at most a side-effect-free parse went out — or a closed-connection
+  error raised before its first wait) is therefore run again, once, on a fresh connection;
+  nothing ran on the server and the checkout had no state yet, so this is safe. Refused later,
+  it raises `StoreUnavailableError` ("the server ended the connection before the statement
+  ran"); the connection is broken, never reused.
+- Lost commit replies: before the COMMIT of a top-level transaction opened with `transaction()`,
+  the transaction's id is read (`txid_current_if_assigned()`; read-only transactions have none),
+  unless a statement of the transaction already returned it (`note_transaction_id`: the sheet
+  transactions' first statement does, saving the round trip).
+  When the connection is lost before COMMIT's reply arrives, a fresh connection asks the server
+  for that id's fate (`txid_status`): committed means the transaction took effect exactly once
+  and `transaction()` returns normally; aborted raises `StoreUnavailableError` (nothing was
+  applied, a retry is safe); an answer that cannot be had raises
+  `TransactionStateUnknownError`. A COMMIT that runs past `COMMIT_TIMEOUT` is resolved alike.
+  The probe is not a statement of the operation, so the statement hook does not see it.
+- COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
+  finishes and never waits forever.
+
+Only the tenant builds connections; engine operations receive them from a checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+
+import trio
+
+from ..errors import (
+    EngineError,
+    RollbackFailedError,
+    StoreUnavailableError,
+    TransactionStateUnknownError,
+)
+from .bridge import Driver, NotSent, terminate
+from .translation import (
+    STATEMENT_TIMEOUT,
+    is_driver_error,
+    server_answered,
+    translate,
+    unsent_state_error,
+)
+
+ROLLBACK_TIMEOUT = 1.0
+COMMIT_TIMEOUT = 10.0
+COMMIT_RESOLVE_TIMEOUT = 10.0  # reading a lost COMMIT's outcome on a fresh connection
+
+Record = Any  # rows are read-only mappings/tuples: row["col"] or row[0]
+
+# Which server this is: a failover or a restart changes it. Reading pg_control_system() may
+# need a role that can read server state; the start time alone still tells a restart or
+# another server (`SERVER_START`).
+SERVER_IDENTITY = ("SELECT system_identifier::text || '/' || pg_postmaster_start_time()::text"
+                   " FROM pg_control_system()")
+SERVER_START = "SELECT '?/' || pg_postmaster_start_time()::text"
+SERVER_CHANGE_PROBE_TIMEOUT = 5.0
+
+StatementHook = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+PhaseReport = Callable[[str, float, bool], None]  # (phase, seconds, failed)
+
+
+@contextlib.contextmanager
+def _timed(report: PhaseReport | None, phase: str) -> Iterator[None]:
+    """Report how long the block took, and whether it raised, to `report` (if any)."""
+    if report is None:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        report(phase, time.perf_counter() - started, True)
+        raise
+    report(phase, time.perf_counter() - started, False)
+
+
+Reconnect = Callable[[], Awaitable[Any]]        # a fresh raw connection
+CommitStatus = Callable[[str], Awaitable[str | None]]  # txid -> committed|aborted|in progress|None
+ServerChanged = Callable[[], Awaitable[bool]]  # is the DSN's server another one than at open?
+
+XID_PROBE = "SELECT txid_current_if_assigned()::text"
+
+
+class Connection:
+    """One checked-out connection. Not shared between tasks; valid until its checkout ends.
+
+    `statement_hook`, when set, is awaited as `hook(sql, send)` around every statement (BEGIN,
+    COMMIT and savepoints included); it must `await send()` to run the statement, and may delay,
+    raise or cancel before or after. Tests and simulations install hooks (see
+    `simulations.ports`) to count round trips and inject faults; engine code never does.
+
+    `reconnect` replaces a stale connection on the checkout's first statement (see the module
+    docstring); `commit_status` reads a transaction's fate on
+    a fresh connection when a COMMIT's reply was lost (both supplied by the tenant).
+    """
+
+    def __init__(self, raw: Any, driver: Driver, *, reconnect: Reconnect | None = None,
+                 commit_status: CommitStatus | None = None,
+                 server_changed: ServerChanged | None = None) -> None:
+        self._raw = raw
+        self._driver = driver
+        self._depth = 0  # transactions/savepoints we opened
+        self._reconnect = reconnect  # cleared after the first statement
+        self._commit_status = commit_status
+        self._server_changed = server_changed
+        self._resolve_commit = False  # an explicit transaction() is open at the top level
+        self._xid: str | None = None  # the open transaction's id, when a statement returned it
+        self.broken = False
+        self.statement_hook: StatementHook | None = None
+
+    # -- queries ---------------------------------------------------------------------------
+    async def _statement(self, sql: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.statement_hook is None:
+            return await self._send(method, args, kwargs)
+        return await self.statement_hook(sql, functools.partial(self._send, method, args, kwargs))
+
+    async def _send(self, method: str, args: tuple, kwargs: dict | None = None) -> Any:
+        """Run one driver call; the one choke point every statement passes."""
+        if self.broken:
+            raise StoreUnavailableError("connection was closed after an earlier failure")
+        reconnect, self._reconnect = self._reconnect, None
+        try:
+            return await self._driver.step(getattr(self._raw, method)(*args, **(kwargs or {})))
+        except trio.Cancelled:
+            # The server may still be running the statement: the state is unknown.
+            self.broken = True
+            raise
+        except BaseException as raised:
+            exc, before_first_wait = (
+                (raised.error, True) if isinstance(raised, NotSent) else (raised, False))
+            self._fail(exc)
+            if not unsent_state_error(exc, before_first_wait=before_first_wait):
+                if not is_driver_error(exc):
+                    if exc is raised:
+                        raise
+                    raise exc from None
+                lost = self._raw.is_closed()
+                changed = not lost and getattr(exc, "sqlstate", None) == STATEMENT_TIMEOUT \
+                    and await self._probe_server_changed()
+                if changed:
+                    self.broken = True
+                raise translate(exc, connection_lost=lost, server_changed=changed) from exc
+            if reconnect is None:
+                raise StoreUnavailableError(
+                    f"the server ended the connection before the statement ran ({exc})") from exc
+        # A stale connection, and the checkout's first statement (see the module docstring):
+        # nothing was run on it and nothing depends on it, so run the statement on a fresh one.
+        terminate(self._raw)
+        self._raw = await reconnect()
+        self.broken = False
+        return await self._send(method, args, kwargs)
+
+    async def _probe_server_changed(self) -> bool:
+        """After a statement timeout on a live connection: did the server change under it (a
+        failover behind a proxy or pooler)? A server that cannot be asked counts as changed."""
+        if self._server_changed is None:
+            return False
+        with trio.move_on_after(SERVER_CHANGE_PROBE_TIMEOUT):
+            try:
+                return await self._server_changed()
+            except EngineError:
+                return True
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        """After a failed statement: keep the connection only when the server answered."""
+        if not server_answered(exc) or self._raw.is_closed():
+            self.broken = True
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        return await self._statement(sql, "execute", sql, *args)
+
+    async def fetch(self, sql: str, *args: Any) -> list[Record]:
+        return await self._statement(sql, "fetch", sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> Record | None:
+        return await self._statement(sql, "fetchrow", sql, *args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await self._statement(sql, "fetchval", sql, *args)
+
+    async def copy_out(self, sql: str, *args: Any, output: Callable[[bytes], Awaitable[Any]],
+                       **options: Any) -> str:
+        """`COPY (sql) TO STDOUT`, each chunk handed to `output` as it arrives (constant
+        memory); `options` are COPY's (`format`, `delimiter`, `quote`, ...). It runs as an
+        asyncio task (asyncpg's COPY needs one), so `output` must not call trio."""
+        if self.broken:
+            raise StoreUnavailableError("connection was closed after an earlier failure")
+        self._reconnect = None
+        try:
+            return await self._driver.call(
+                self._raw.copy_from_query(sql, *args, output=output, **options))
+        except trio.Cancelled:
+            self.broken = True  # the server may still be sending: the state is unknown
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            if is_driver_error(exc):
+                raise translate(exc) from exc
+            raise
+
+    def note_transaction_id(self, xid: str) -> None:
+        """Tell the open top-level transaction its id (`txid_current()::text`, read by one of
+        its own statements), so that COMMIT needs no extra round trip to learn it."""
+        if self.in_transaction:
+            self._xid = xid
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._depth > 0 or self._raw.is_in_transaction()
+
+    @property
+    def backend_pid(self) -> int:
+        return self._raw.get_server_pid()
+
+    # -- transactions ----------------------------------------------------------------------
+    def transaction(self, *, on_phase: PhaseReport | None = None
+                    ) -> contextlib.AbstractAsyncContextManager["Connection"]:
+        """BEGIN…COMMIT, or a SAVEPOINT when already inside a transaction.
+
+        `on_phase`, when given, is called as `on_phase(phase, seconds, failed)` after the
+        statement that opens the transaction (`"begin"`) and after the one that commits it
+        (`"commit"`), whether they succeeded or raised; a rollback is not reported.
+        A lost COMMIT reply is resolved (see the module docstring).
+        """
+        return self._transaction(on_phase, resolve=True)
+
+    def checkout_transaction(self) -> contextlib.AbstractAsyncContextManager["Connection"]:
+        """The transaction a checkout opens under an execution role. Its COMMIT's reply is
+        resolved only when an explicit `transaction()` ran inside it (single statements are
+        idempotent by construction, and need no extra round trip)."""
+        return self._transaction(None, resolve=False)
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, on_phase: PhaseReport | None, *, resolve: bool
+                           ) -> AsyncIterator["Connection"]:
+        top = not self.in_transaction
+        if not top:
+            name = f"runplane_sp_{self._depth}"
+            begin, commit, rollback = (
+                f"SAVEPOINT {name}", f"RELEASE SAVEPOINT {name}", f"ROLLBACK TO SAVEPOINT {name}"
+            )
+        else:
+            begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
+            self._resolve_commit = False
+            self._xid = None
+        with _timed(on_phase, "begin"):
+            await self.execute(begin)
+        self._depth += 1
+        if resolve:
+            self._resolve_commit = True
+        try:
+            yield self
+        except BaseException as exc:
+            self._depth -= 1
+            await self._roll_back(rollback, exc)
+            raise
+        self._depth -= 1
+        with _timed(on_phase, "commit"):
+            if top:
+                await self._commit()
+            else:
+                await self._finish(commit)
+
+    async def _commit(self) -> None:
+        """COMMIT a top-level transaction, resolving a lost reply when asked to."""
+        xid = None
+        if self._resolve_commit and self._commit_status is not None:
+            xid = self._xid
+            if xid is None:
+                xid = await self._send("fetchval", (XID_PROBE,))  # not an operation statement
+        self._resolve_commit = False
+        self._xid = None
+        try:
+            await self._finish("COMMIT")
+        except (StoreUnavailableError, TransactionStateUnknownError) as lost:
+            if xid is None:
+                raise
+            await self._resolve_lost_commit(xid, lost)
+
+    async def _resolve_lost_commit(self, xid: str, lost: EngineError) -> None:
+        """COMMIT's reply was lost, or it ran past `COMMIT_TIMEOUT`: read the fate of `xid` on
+        a fresh connection (this one is dropped first, so its backend finishes on its own)."""
+        self.close()
+        assert self._commit_status is not None
+        status: str | None = "in progress"
+        try:
+            with trio.CancelScope(shield=True,
+                                  deadline=trio.current_time() + COMMIT_RESOLVE_TIMEOUT):
+                status = await self._commit_status(xid)
+        except EngineError as probe_error:
+            raise TransactionStateUnknownError(
+                f"COMMIT's reply was lost ({lost}) and its outcome could not be read "
+                f"({probe_error})", error=lost, rollback_error=probe_error,
+            ) from lost
+        if status == "committed":
+            return  # it took effect, exactly once
+        if status == "aborted":
+            raise StoreUnavailableError(
+                f"connection lost at COMMIT; the transaction was rolled back ({lost})",
+                sqlstate=getattr(lost, "sqlstate", None),
+            ) from lost
+        unknown = TimeoutError(f"transaction {xid} is {status or 'unknown to the server'}")
+        raise TransactionStateUnknownError(
+            f"COMMIT's reply was lost ({lost}) and the transaction's outcome is not known yet "
+            f"({unknown})", error=lost, rollback_error=unknown,
+        ) from lost
+
+    async def _finish(self, commit: str) -> None:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + COMMIT_TIMEOUT) as scope:
+            await self.execute(commit)  # only our own deadline can cancel this scope
+        if scope.cancelled_caught:
+            self.broken = True
+            raise TransactionStateUnknownError(
+                f"{commit} did not finish within {COMMIT_TIMEOUT}s; connection closed",
+                error=TimeoutError(commit),
+                rollback_error=TimeoutError(commit),
+            )
+
+    async def _roll_back(self, rollback: str, exc: BaseException) -> None:
+        """Roll back after `exc`; on failure close the connection and raise the typed error."""
+        if self.broken:
+            return  # closing the connection rolls the server side back
+        rollback_error: BaseException | None = None
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + ROLLBACK_TIMEOUT) as scope:
+            try:
+                await self.execute(rollback)
+            except EngineError as error:
+                rollback_error = error
+        if scope.cancelled_caught:
+            rollback_error = TimeoutError(f"{rollback} took over {ROLLBACK_TIMEOUT}s")
+        if rollback_error is None:
+            return
+        self.broken = True
+        if isinstance(exc, Exception):
+            raise RollbackFailedError(
+                f"operation failed ({exc!r}) and {rollback} failed too ({rollback_error!r}); "
+                "connection closed",
+                error=exc,
+                rollback_error=rollback_error,
+            ) from exc
+
+    # -- lifecycle (used by the tenant pool) -----------------------------------------------
+    def is_reusable(self) -> bool:
+        return not self.broken and not self._raw.is_closed() and not self._raw.is_in_transaction()
+
+    def close(self) -> None:
+        """Close at once without a round trip (the server rolls back what was open)."""
+        self.broken = True
+        terminate(self._raw)
+
+    @property
+    def raw(self) -> Any:
+        return self._raw
+
