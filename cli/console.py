@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def console(args: argparse.Namespace) -> int:
     from runplane.engine.console import open_console
 
-    from .main import run_trio
+    from .commands import run_trio
 
     async def main() -> None:
         async with open_console(dsn=args.dsn, schema=args.schema, bind=args.bind) as server:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from .connect import open_port
-from .main import _port_options, _positive, command, run_trio
+from .commands import _port_options, _positive, command, run_trio
 from .operators import UsageError
 from .terminal import say
 

@@ -1,8 +1,8 @@
-"""Array-input values and page encoding: pure logic, no I/O.
+"""Array-input page encoding: stored forms, fingerprints, pagination, page facts; pure, no I/O.
 
 How it works
-- An `Occurrence` is one element of a map's array source: an object of user data and an
-  optional `SourceIdentity` (which dataset row it came from). Its stored form is
+- The values (`Occurrence`, `Page`, `Manifest`, ...) and their codecs live in
+  `array_input.values` and are re-exported here. An occurrence's stored form is
   `{"data": {...}}` plus `"source_identity": {"dataset_id", "row_index"}` when present, after
   `canonical.normalize`, i.e. exactly what `jsonb` hands back.
 - `source_fingerprint` hashes the stored forms one occurrence at a time (canonical text, then a
@@ -22,151 +22,40 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from typing import Any, Iterable, Literal, Sequence
+from typing import Iterable, Sequence
 
 import attrs
 
 from .. import canonical
-from ..codecs import BOOL, INT, STR, USER_JSON, Codec, list_of, optional, record
+from ..codecs import Codec
 from ..errors import CorruptFactError, InvalidInputError
-
-MAX_PAGE_ROWS = 1000
-MAX_PAGE_BYTES = 1024 * 1024
-RETIRE_BATCH_ROWS = 128
-MAX_SAFE_INTEGER = 2**53 - 1
-SEAL_BATCH_SIZES = (1, 4, 8)
-
-PAGE_KIND = "array_input_page"
-FINGERPRINT_PATTERN = re.compile(r"[0-9a-f]{64}")
-
-
-# -- validation --------------------------------------------------------------------------------
-
-
-def check_count(value: object, name: str) -> int:
-    """A non-negative safe integer (JSON numbers beyond 2**53 - 1 lose precision elsewhere)."""
-    if type(value) is not int or not 0 <= value <= MAX_SAFE_INTEGER:
-        raise InvalidInputError(f"{name} must be an integer from 0 to 2**53 - 1, got {value!r}")
-    return value
-
-
-def check_fingerprint(value: object, name: str = "source_fingerprint") -> str:
-    if not isinstance(value, str) or FINGERPRINT_PATTERN.fullmatch(value) is None:
-        raise InvalidInputError(f"{name} must be 64 lowercase hex digits (SHA-256), got {value!r}")
-    return value
-
-
-def _dataset_id(instance: Any, attribute: Any, value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"source_identity.dataset_id must be a non-empty string, got {value!r}")
-
-
-def _row_index(instance: Any, attribute: Any, value: object) -> None:
-    check_count(value, "source_identity.row_index")
-
-
-@attrs.frozen
-class SourceIdentity:
-    """Where an occurrence came from: a dataset and the row's index in it."""
-
-    dataset_id: str = attrs.field(validator=_dataset_id)
-    row_index: int = attrs.field(validator=_row_index)
-
-
-def _source_identity(value: object) -> SourceIdentity | None:
-    if value is None or isinstance(value, SourceIdentity):
-        return value
-    if isinstance(value, dict) and set(value) == {"dataset_id", "row_index"}:
-        return SourceIdentity(value["dataset_id"], value["row_index"])
-    raise InvalidInputError(f"source_identity must be a SourceIdentity or None, got {value!r}")
-
-
-def _data(instance: Any, attribute: Any, value: object) -> None:
-    if not isinstance(value, dict):
-        raise InvalidInputError(f"occurrence data must be an object (dict), got {type(value).__name__}")
-
-
-@attrs.frozen
-class Occurrence:
-    """One element of an array source: user data (an object) and its optional source identity."""
-
-    data: dict = attrs.field(validator=_data)
-    source_identity: SourceIdentity | None = attrs.field(default=None, converter=_source_identity)
-
-
-@attrs.frozen
-class PageDraft:
-    """A page of a source as `paginate` cut it: `rows` are occurrences `offset…offset+len-1`."""
-
-    ordinal: int
-    offset: int
-    rows: tuple[Occurrence, ...] = attrs.field(converter=tuple)
-
-
-@attrs.frozen
-class Page:
-    """A sealed page as read back and verified."""
-
-    offset: int
-    rows: tuple[Occurrence, ...] = attrs.field(converter=tuple)
-
-
-@attrs.frozen
-class Manifest:
-    """What is staged for one map: nothing, a begun source, or a sealed one of `page_count` pages."""
-
-    state: Literal["absent", "staging", "sealed"]
-    source_fingerprint: str | None = None
-    source_rows: int | None = None
-    has_source_identities: bool | None = None
-    page_count: int | None = None
-
-
-@attrs.frozen
-class RetireResult:
-    """One retirement batch: `deleted` facts removed; `done` once no begin/page/seal fact is left."""
-
-    done: bool
-    deleted: int
-
-
-# -- wire codecs (engine.actions) ----------------------------------------------------------------
-
-
-def _encode_occurrence(value: object, path: str) -> dict:
-    occurrence = as_occurrence(value, path)
-    row = {"data": USER_JSON.encode(occurrence.data, f"{path}.data")}
-    identity = occurrence.source_identity
-    if identity is not None:
-        row["source_identity"] = {"dataset_id": identity.dataset_id, "row_index": identity.row_index}
-    return row
-
-
-def _decode_occurrence(value: object, path: str) -> Occurrence:
-    if type(value) is not dict or not set(value) <= {"data", "source_identity"} or "data" not in value:
-        raise InvalidInputError(f"{path} must be an object with data (and source_identity)")
-    return Occurrence(value["data"], value.get("source_identity"))
-
-
-OCCURRENCE = Codec("occurrence", _encode_occurrence, _decode_occurrence)
-OCCURRENCES = list_of(OCCURRENCE)
-MANIFEST = record(Manifest, state=STR, source_fingerprint=optional(STR), source_rows=optional(INT),
-                  has_source_identities=optional(BOOL), page_count=optional(INT))
-PAGE = record(Page, offset=INT, rows=list_of(OCCURRENCE, as_tuple=True))
-RETIRE_RESULT = record(RetireResult, done=BOOL, deleted=INT)
+from .values import (  # noqa: F401  (re-exported: the array-input values are read from here)
+    FINGERPRINT_PATTERN,
+    MANIFEST,
+    MAX_PAGE_BYTES,
+    MAX_PAGE_ROWS,
+    MAX_SAFE_INTEGER,
+    OCCURRENCE,
+    OCCURRENCES,
+    PAGE,
+    PAGE_KIND,
+    RETIRE_BATCH_ROWS,
+    RETIRE_RESULT,
+    SEAL_BATCH_SIZES,
+    Manifest,
+    Occurrence,
+    Page,
+    PageDraft,
+    RetireResult,
+    SourceIdentity,
+    _decode_occurrence,
+    as_occurrence,
+    check_count,
+    check_fingerprint,
+)
 
 
 # -- stored forms ------------------------------------------------------------------------------
-
-
-def as_occurrence(value: object, path: str) -> Occurrence:
-    """Accept an `Occurrence`, or a bare dict as an occurrence of that data without identity."""
-    if isinstance(value, Occurrence):
-        return value
-    if isinstance(value, dict):
-        return Occurrence(value)
-    raise InvalidInputError(f"{path} must be an Occurrence or a dict, got {type(value).__name__}")
 
 
 def stored_row(occurrence: Occurrence, path: str) -> dict:

@@ -1,0 +1,163 @@
+"""Commands that run plays: `demo` (the main job, see `cli.demo`) and `run PLAY.py`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .commands import (
+    ROW_ERRORS_EXIT,
+    _count,
+    _fraction,
+    _json_option,
+    _non_negative,
+    _port_options,
+    _positive,
+    _rate,
+    _row_error_options,
+    command,
+    run_trio,
+)
+from .connect import open_port
+from .inputs import read_input
+from .operators import RunNotice, UsageError, print_failure_summary
+from .terminal import emit_json, say
+
+
+# -- demo ---------------------------------------------------------------------------------------
+def _demo_options(parser: argparse.ArgumentParser) -> None:
+    _port_options(parser)
+    _row_error_options(parser)
+    parser.add_argument("--rows", type=_positive, default=10_000, help="synthetic companies (default 10,000)")
+    parser.add_argument("--concurrency", type=_positive, default=128, help="map workers (default 128)")
+    parser.add_argument("--latency-ms", type=_non_negative, default=2.0, help="mean fake tool latency (default 2 ms)")
+    parser.add_argument("--fail-rate", type=_fraction, default=0.02, help="fake tool failure rate (default 0.02)")
+    parser.add_argument("--crash-after", type=_positive, default=None, metavar="N",
+                        help="cancel the run after N executed rows and print its id")
+    parser.add_argument("--resume", default=None, metavar="RUN_ID", help="wake a crashed run and finish it")
+    parser.add_argument("--retries", type=_count, default=0, metavar="N",
+                        help="retry a failed tool call up to N times, with backoff (default 0)")
+    parser.add_argument("--force", action="store_true", help="recompute rows earlier runs enriched")
+    parser.add_argument("--rate", type=_rate, default=None, metavar="PER_SECOND",
+                        help="start at most this many tool calls a second (default: no limit)")
+
+
+@command("demo", "the main job: map a fake enrichment tool over synthetic companies")(_demo_options)
+def demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .demo import run_demo
+
+    args.notice = RunNotice(args.argv, "--resume")
+    failed = run_trio(run_demo, args, Console())
+    return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
+
+
+# -- run ----------------------------------------------------------------------------------------
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    _port_options(parser)
+    _row_error_options(parser)
+    _json_option(parser)
+    parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
+    parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
+    parser.add_argument("--force", action="store_true", help="every run.map recomputes rows earlier runs enriched")
+    parser.add_argument("--no-input", action="store_true",
+                        help="run a play that reads its own data (rows is an empty list)")
+    parser.add_argument("--progress-every", type=_non_negative, default=10.0, metavar="SECONDS",
+                        help="without a terminal on stderr: a progress line this often (default 10)")
+    parser.add_argument("--play", dest="play_name", default=None, help="play name (default: PLAY in the file, else its stem)")
+    parser.add_argument("--workers", type=_positive, default=None, metavar="N",
+                        help="run the play's list-source maps on N local worker processes")
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--run-id", default=None, help="wake this existing run (an unknown id is refused)")
+    chosen.add_argument("--new-run-id", default=None, metavar="RUN_ID",
+                        help="start a new run with this id (default: a fresh time-ordered id)")
+
+
+def load_play(path: str) -> tuple[str, Callable[..., Any]]:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"{path}: no such file")
+    spec = importlib.util.spec_from_file_location(f"runplane_play_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    # Like `python PLAY.py`: the play's own folder comes first, so its sibling modules (even one
+    # named `engine`) are what it imports; runplane itself lives only under `runplane.`.
+    sys.path.insert(0, str(file.resolve().parent))
+    spec.loader.exec_module(module)
+    play = getattr(module, "play", None)
+    if not inspect.iscoroutinefunction(play):
+        raise UsageError(f"{path}: defines no `async def play(run, rows)`")
+    return str(getattr(module, "PLAY", file.stem)), play
+
+
+async def choose_run_id(tenant: Any, play: str, args: argparse.Namespace) -> str | None:
+    """The run to open: `--run-id` must exist, `--new-run-id` must not; None makes a fresh id."""
+    from runplane.engine import RunScope, runs
+
+    wanted = args.run_id or args.new_run_id
+    if wanted is None:
+        return None
+    known = await runs.get(tenant, RunScope(tenant.org_id, play, wanted))
+    if args.run_id is not None and known is None:
+        raise UsageError(f"no run {wanted!r} of play {play!r} to wake "
+                         f"(`--new-run-id {wanted}` starts a new run with that id)")
+    if args.new_run_id is not None and known is not None:
+        raise UsageError(f"run {wanted!r} of play {play!r} already exists "
+                         f"(`--run-id {wanted}` wakes it)")
+    return wanted
+
+
+@command("run", "run a play: `async def play(run, rows)` in PLAY.py")(_run_options)
+def run_play(args: argparse.Namespace) -> int:
+    from runplane.actors import open_run
+
+    from .progress import RunProgress, with_progress
+    from .results import describe_result, run_document, stopped_early
+
+    name, play = load_play(args.play_file)
+    rows: list[dict] = []
+    if args.input is None and not args.no_input:
+        raise UsageError("no input: pass --input FILE.csv|.jsonl (or --no-input for a play "
+                         "that reads its own data)")
+    if args.input is not None:
+        source = read_input(args.input)
+        if source.note is not None:
+            say(source.note)
+            return 0
+        rows = source.rows
+    play_name = args.play_name or name
+    notice = args.notice = RunNotice(args.argv, "--run-id")
+
+    async def main() -> int:
+        if args.workers is not None:
+            from runplane.actors.shared_map import default_workers
+
+            default_workers.set(args.workers)
+        async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway
+            run_id = await choose_run_id(tenant, play_name, args)
+            async with open_run(tenant, play_name, run_id, force=args.force) as run:
+                await notice.started(run)
+                say(f"{len(rows)} input rows")
+                progress = RunProgress(interval_s=args.progress_every,
+                                       input_rows=len(rows) if isinstance(rows, list) else None)
+                result = await with_progress(run, progress, lambda: play(run, rows))
+            if result is not None:
+                say(describe_result(result))
+            if run.stopped_early_maps:  # the cause once, not a table of the same error
+                if args.json:
+                    emit_json({**run_document(run, notice, result, None),
+                               "status": "stopped_early"}, args.json_stream)
+                raise stopped_early(run)
+            failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
+            if args.json:
+                emit_json(run_document(run, notice, result, failed), args.json_stream)
+            return failed
+
+    failed = run_trio(main)
+    return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
