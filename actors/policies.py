@@ -26,6 +26,8 @@ import attrs
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.rate_limits import check_key
 
+from .backoff_delays import backoff_ceiling
+
 LEASE_WINDOW_S = 0.2  # a shared-limit lease covers about this long of calls at the full rate
 
 
@@ -79,16 +81,8 @@ class RowRetry:
 
     def delay_s(self, retry: int, rng: random.Random | None = None) -> float:
         """The wait before retry number `retry` (1 for the second call)."""
-        ceiling = self.max_interval_s
-        if self.initial_s == 0 or ceiling == 0:
-            ceiling = 0.0
-        elif self.backoff > 1:
-            # compared in logs: backoff ** n overflows a float long before n gets large
-            exponent = math.log(self.initial_s) + (retry - 1) * math.log(self.backoff)
-            if exponent < math.log(ceiling):
-                ceiling = math.exp(exponent)
-        else:
-            ceiling = min(ceiling, self.initial_s)
+        ceiling = backoff_ceiling(retry, initial=self.initial_s, cap=self.max_interval_s,
+                                  factor=self.backoff)
         if not self.jitter:
             return ceiling
         return (rng or random).uniform(0.0, ceiling)

@@ -57,6 +57,8 @@ from runplane.engine.errors import (
     TransactionStateUnknownError,
 )
 
+from .backoff_delays import half_jittered_s
+
 T = TypeVar("T")
 
 log = logging.getLogger("runplane.actors")
@@ -166,9 +168,8 @@ def hurry_if_waiting() -> Iterator[bool]:
 
 def backoff_s(attempt: int, rng: random.Random | None = None) -> float:
     """The wait after the `attempt`-th failure (1-based): d = min(cap, initial·2^(n-1)),
-    uniform in [d/2, d]."""
-    ceiling = min(BACKOFF_CAP_S, BACKOFF_INITIAL_S * (2 ** max(0, attempt - 1)))
-    return ceiling / 2 + (rng or random).random() * ceiling / 2
+    uniform in [d/2, d] (`actors.backoff_delays`)."""
+    return half_jittered_s(attempt, initial=BACKOFF_INITIAL_S, cap=BACKOFF_CAP_S, rng=rng)
 
 
 async def retry_transient(operation: Callable[[], Awaitable[T]], *,

@@ -34,6 +34,7 @@ from runplane.engine.scopes import RunScope
 from runplane.engine import outbox
 
 from . import retirement
+from .backoff_delays import half_jittered_s
 from .hosting import open_hosting_nursery
 from .run import DEFAULT_LEASE_S, RELEASE_DEADLINE_S, Run, open_run
 
@@ -54,12 +55,6 @@ def _non_negative(name: str):
             raise InvalidInputError(f"{name} must be a number >= 0, got {value!r}")
 
     return check
-
-
-def backoff_delay(attempts: int, *, base: float, cap: float, rng: random.Random) -> float:
-    """Capped exponential backoff with jitter: uniform in [d/2, d], d = min(cap, base·2^(n-1))."""
-    ceiling = min(cap, base * (2 ** max(0, attempts - 1)))
-    return ceiling / 2 + rng.random() * ceiling / 2
 
 
 @attrs.define(eq=False)
@@ -121,7 +116,7 @@ class Supervisor:
         except EngineError as exc:
             settled = True
             self.failures += 1
-            delay = backoff_delay(entry.attempts, base=self.backoff_base, cap=self.backoff_cap,
+            delay = half_jittered_s(entry.attempts, initial=self.backoff_base, cap=self.backoff_cap,
                                   rng=self._rng)
             log.warning("outbox %s: retirement failed (retry in %.1fs): %s",
                         entry.scope.run_id, delay, exc)
@@ -158,7 +153,7 @@ class Supervisor:
             except EngineError as exc:
                 store_failures += 1
                 self.failures += 1
-                delay = backoff_delay(store_failures, base=self.backoff_base,
+                delay = half_jittered_s(store_failures, initial=self.backoff_base,
                                       cap=self.backoff_cap, rng=self._rng)
                 log.warning("supervisor: outbox unavailable (retry in %.1fs): %s", delay, exc)
                 await trio.sleep(delay)

@@ -46,7 +46,7 @@ from rich.text import Text
 from runplane.actors import MapProgress, MapResult, RateLimit, RowRetry, open_supervisor
 from runplane.actors.retry import OutageWatch
 from runplane.engine import RunScope, runs, sheets
-from runplane.engine.errors import leaf_errors
+from runplane.engine.errors import unwrap_single_error
 
 from .connect import open_port
 from .operators import RunUnfinished, UsageError, print_failure_summary
@@ -220,7 +220,7 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
         run_ref["run"] = run
         await args.notice.started(run)  # a plain line before the bars take the terminal
         with bars.progress:
-            try:
+            with unwrap_single_error():  # the map's own error, not a group of one
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(bars.follow_outages, run.outage)
                     try:
@@ -230,11 +230,6 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
                                              **row_policies(args))
                     finally:
                         nursery.cancel_scope.cancel()
-            except BaseExceptionGroup as group:  # the map's own error, not a group of one
-                leaves = leaf_errors(group)
-                if len(leaves) == 1:
-                    raise leaves[0] from None
-                raise
 
     started = time.perf_counter()
     async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway

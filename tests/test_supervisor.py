@@ -10,7 +10,7 @@ import trio
 from runplane.actors import open_run, open_supervisor
 from runplane.engine import outbox
 from runplane.actors.retry import RETRY_DELAYS
-from runplane.actors.supervisor import backoff_delay
+from runplane.actors.backoff_delays import half_jittered_s
 from runplane.engine.errors import StoreUnavailableError
 from runplane.engine.runs import new_run_id
 from runplane.engine.scopes import PlayScope, RunScope
@@ -56,9 +56,9 @@ async def test_backoff_is_capped_exponential_with_jitter():
     for attempts in range(1, 12):
         ceiling = min(8.0, 0.5 * 2 ** (attempts - 1))
         for _ in range(20):
-            delay = backoff_delay(attempts, base=0.5, cap=8.0, rng=rng)
+            delay = half_jittered_s(attempts, initial=0.5, cap=8.0, rng=rng)
             assert ceiling / 2 <= delay <= ceiling
-    assert len({backoff_delay(3, base=1, cap=60, rng=rng) for _ in range(10)}) > 1
+    assert len({half_jittered_s(3, initial=1, cap=60, rng=rng) for _ in range(10)}) > 1
 
 
 async def test_supervisor_finishes_a_retirement_a_cancelled_run_left_pending(tenant):
