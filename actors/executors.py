@@ -31,6 +31,7 @@ from typing import Any, Callable, Protocol
 import attrs
 import trio
 
+from runplane.engine.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError
 
 from .shared_config import PlayFile, function_identity
@@ -59,7 +60,7 @@ def _sync_function(fn: Any) -> None:
 
 
 def _positive_or_none(_instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and not is_int(value, 1):
         raise InvalidInputError(f"{attribute.name} must be a positive integer or None, "
                                 f"got {value!r}")
 

@@ -32,12 +32,12 @@ This module does no I/O of its own; `MapPlan.admit`/`complete` call `engine.shee
 
 from __future__ import annotations
 
-import math
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import attrs
 import trio
 
+from runplane.engine.bounds import is_int, is_number
 from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
@@ -68,13 +68,12 @@ FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after t
 
 
 def _positive_int(_instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_int(value, 1):
         raise InvalidInputError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 def _seconds(_instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or math.isnan(value) or value < 0):
+    if not is_number(value, 0):
         raise InvalidInputError(f"{attribute.name} must be a number of seconds >= 0, got {value!r}")
 
 
@@ -97,8 +96,7 @@ def _optional(kind: type, name: str):
 
 
 def _timeout(_instance: object, _attribute: object, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not math.isfinite(value) or value <= 0):
+    if value is not None and not is_number(value, above=0, finite=True):
         raise InvalidInputError(f"row_timeout_s must be a number of seconds > 0, got {value!r}")
 
 

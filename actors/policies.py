@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from runplane.engine.bounds import is_int, is_number
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.rate_limits import check_key
 
@@ -37,8 +38,8 @@ class RowTimeoutError(TimeoutError):
 
 def _number(minimum: float, *, strict: bool = False):
     def check(_instance: object, attribute: attrs.Attribute, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        bounds = {"above": minimum} if strict else {"low": minimum}
+        if not is_number(value, finite=True, **bounds):
             relation = ">" if strict else ">="
             raise InvalidInputError(
                 f"{attribute.name} must be a finite number {relation} {minimum}, got {value!r}")
@@ -56,7 +57,7 @@ def _exception_types(value: Any) -> tuple[type[BaseException], ...]:
 
 
 def _max_attempts(_instance: object, _attribute: object, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+    if not is_int(value, 1, 1_000_000):
         raise InvalidInputError(f"max_attempts must be an integer from 1 to 1000000, got {value!r}")
 
 

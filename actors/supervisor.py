@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
+from runplane.engine.bounds import is_number
 from runplane.engine.errors import EngineError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunScope
@@ -43,7 +44,7 @@ log = logging.getLogger("runplane.actors")
 
 def _positive(name: str):
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if not is_number(value, above=0):
             raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
 
     return check
@@ -51,7 +52,7 @@ def _positive(name: str):
 
 def _non_negative(name: str):
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        if not is_number(value, 0):
             raise InvalidInputError(f"{name} must be a number >= 0, got {value!r}")
 
     return check

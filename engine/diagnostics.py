@@ -28,6 +28,8 @@ from typing import Any, Callable
 import attrs
 import trio
 
+from .bounds import is_int
+
 log = logging.getLogger("runplane.sheets")
 line_log = logging.getLogger("runplane.sheets.diagnostics")
 
@@ -70,8 +72,7 @@ class DiagnosticsQueue:
     _scope: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) \
-                or self.capacity < 1:
+        if not is_int(self.capacity, 1):
             raise ValueError(f"capacity must be a positive integer, got {self.capacity!r}")
         self._idle.set()
 

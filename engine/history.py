@@ -23,6 +23,7 @@ import datetime
 
 import attrs
 
+from .bounds import is_int
 from .actions import action
 from .codecs import FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of, optional, record
 from .errors import InvalidInputError
@@ -69,7 +70,7 @@ class MapRecord:
                     "characters")
         for name in COUNTERS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value, 0):
                 raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
 
     @property

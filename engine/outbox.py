@@ -32,6 +32,7 @@ from typing import Iterable, Literal
 
 import attrs
 
+from .bounds import is_int
 from .actions import action
 from .codecs import (BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, NOTHING, dict_of, list_of,
                      optional, record)
@@ -187,7 +188,7 @@ async def claim_due(
     if plays is not None and (not isinstance(plays, (list, tuple)) or not plays
                               or not all(isinstance(p, str) for p in plays)):
         raise InvalidInputError("plays must be a non-empty list of play names, or None")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+    if not is_int(limit, 0):
         raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
     sql = _CLAIM_DUE.format(t=table(port, "terminal_outbox"))
     abandon = None if abandon_after_s is None else float(abandon_after_s)

@@ -17,10 +17,10 @@ How it works
 
 from __future__ import annotations
 
-import math
 
 import attrs
 
+from .bounds import is_int, is_number
 from .actions import action
 from .codecs import FLOAT, INT, STR, record
 from .errors import InvalidInputError, ScopeError
@@ -65,10 +65,9 @@ def _check(port: Port, org_id: str, key: str, per_second: float, burst: float, w
         raise ScopeError(f"org {org_id!r} is outside the execution scope (org {port.org_id!r})")
     check_key(key)
     for name, value in (("per_second", per_second), ("burst", burst)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value <= 0:
+        if not is_number(value, above=0, finite=True):
             raise InvalidInputError(f"{name} must be a finite number > 0, got {value!r}")
-    if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= burst:
+    if not is_int(want, 1, burst):
         raise InvalidInputError(f"want must be an integer from 1 to burst ({burst}), got {want!r}")
 
 

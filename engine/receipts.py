@@ -25,6 +25,7 @@ from typing import Any, Iterable, Literal, Mapping
 
 import attrs
 
+from .bounds import is_number
 from . import canonical
 from .actions import action
 from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, FLOAT, INT, USER_JSON, dict_of, list_of, optional, record
@@ -176,8 +177,7 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
 
 
 def _check_lease(lease_s: Any) -> float:
-    if (isinstance(lease_s, bool) or not isinstance(lease_s, (int, float))
-            or not 0 < lease_s <= MAX_LEASE_S):
+    if not is_number(lease_s, high=MAX_LEASE_S, above=0):
         raise InvalidInputError(f"lease_s must be a number of seconds in (0, {MAX_LEASE_S:g}],"
                                 f" got {lease_s!r}")
     return float(lease_s)

@@ -20,6 +20,7 @@ import time
 
 import attrs
 
+from .bounds import is_int
 from .actions import action
 from .codecs import (INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of,
                      optional, record)
@@ -114,7 +115,7 @@ async def get(port: Port, scope: RunScope) -> RunInfo | None:
 async def by_epoch(port: Port, scope: PlayScope, epoch: int) -> RunInfo | None:
     """The play's run holding fencing epoch `epoch` (a fence reports epochs), or None."""
     check_scope(port, scope)
-    if isinstance(epoch, bool) or not isinstance(epoch, int):
+    if not is_int(epoch):
         raise InvalidInputError(f"epoch must be an integer, got {epoch!r}")
     sql = _BY_EPOCH.format(runs=table(port, "runs"))
     row = await with_connection(
@@ -128,7 +129,7 @@ async def by_epoch(port: Port, scope: PlayScope, epoch: int) -> RunInfo | None:
 async def list_runs(port: Port, scope: PlayScope, *, limit: int = 10) -> list[RunInfo]:
     """The play's most recent runs, newest (largest epoch) first, at most `limit` of them."""
     check_scope(port, scope)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+    if not is_int(limit, 0):
         raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
     sql = _LIST.format(runs=table(port, "runs"))
     rows = await with_connection(

@@ -53,6 +53,7 @@ from typing import Any
 import attrs
 import trio
 
+from .bounds import is_int, is_number
 from . import jwe, pg
 from .actions import action, actions
 from .codecs import FLOAT, RAW, STR, list_of, optional
@@ -278,14 +279,13 @@ async def mint(
 
     check_scope(tenant, scope)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not 0 < ttl_s <= MAX_TTL_S:
+    if not is_number(ttl_s, high=MAX_TTL_S, above=0):
         raise InvalidInputError(f"ttl_s must be a number of seconds in (0, {MAX_TTL_S:.0f}]")
-    if isinstance(connection_limit, bool) or not isinstance(connection_limit, int) \
-            or not 1 <= connection_limit <= 100:
+    if not is_int(connection_limit, 1, 100):
         raise InvalidInputError("connection_limit must be an integer from 1 to 100")
     if max_sessions is None:
         max_sessions = sessions_per_org()
-    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+    if not is_int(max_sessions, 1):
         raise InvalidInputError("max_sessions must be a positive integer")
     layout = None
     if ROW_OPERATIONS & set(grant.operations):
@@ -386,7 +386,7 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
                              "database session; its work goes over HTTP")
         for name in (n for op in grant.operations for n in operation_actions()[op]):
             claims.check_action(name)
-        if isinstance(ttl_s, (int, float)) and not isinstance(ttl_s, bool):
+        if is_number(ttl_s):
             ttl_s = min(ttl_s, claims.exp - time.time())
             if ttl_s <= 0:
                 raise AuthError("the token has expired")

@@ -36,6 +36,7 @@ from typing import Any, AsyncIterator, Mapping
 import attrs
 import trio
 
+from .bounds import is_number
 from . import pg, schema as schema_ddl
 from .diagnostics import DiagnosticsQueue
 from .embedded import resolve_dsn
@@ -76,8 +77,7 @@ def outage_budget(value: object = None) -> float:
         except ValueError:
             raise InvalidInputError(f"{OUTAGE_BUDGET_ENV} must be a number of seconds, "
                                     f"got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
-            or value == float("inf"):
+    if not is_number(value, 0, below=float("inf")):
         raise InvalidInputError(f"{source} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
 

@@ -35,6 +35,7 @@ from starlette.responses import (HTMLResponse, JSONResponse, RedirectResponse, R
                                  StreamingResponse)
 from starlette.routing import Route
 
+from ..bounds import is_int
 from ..errors import AuthError, EngineError, ScopeError
 from ..ports import Port
 from ..scopes import PlayScope, RunScope, normalize_namespace
@@ -402,7 +403,7 @@ def _cursor(text: str | None) -> rows.Cursor | None:
         index, created, key = json.loads(text)
     except (TypeError, ValueError):
         raise ValueError("after") from None
-    if (index is not None and (isinstance(index, bool) or not isinstance(index, int))) \
+    if (index is not None and not is_int(index)) \
             or not isinstance(created, str) or not isinstance(key, str) or len(created) > 64:
         raise ValueError("after")
     return rows.Cursor(index, created, key)

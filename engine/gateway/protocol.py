@@ -24,6 +24,7 @@ import json
 import re
 from typing import Any
 
+from ..bounds import is_number
 from ..errors import (
     ArrayInputUnavailableError,
     AuthError,
@@ -114,7 +115,7 @@ def retry_after_s(payload: dict, headers: Any, default: Any = 0.0) -> Any:
     """The wait a server asked for, from `retry_after_ms` or a `Retry-After` header (seconds);
     `default` when it asked for none."""
     value = payload.get("retry_after_ms")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+    if is_number(value, 0):
         return float(value) / 1000.0
     header = headers.get("retry-after") if headers is not None else None
     if header:

@@ -58,6 +58,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from ..bounds import is_int
 from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
@@ -375,8 +376,7 @@ async def open_server(
     """Serve the gateway until the block ends (see the module docstring)."""
     if not isinstance(secret, str) or not secret:
         raise InvalidInputError("the gateway needs a non-empty signing secret")
-    if isinstance(body_limit, bool) or not isinstance(body_limit, int) \
-            or body_limit < protocol.PAGE_HEADROOM * 2:
+    if not is_int(body_limit, protocol.PAGE_HEADROOM * 2):
         raise InvalidInputError(f"body_limit must be an integer >= {protocol.PAGE_HEADROOM * 2}")
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
     server = Server(secret, resolved, schema, body_limit, array_actions, dict(tenant_options or {}),

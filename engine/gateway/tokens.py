@@ -28,6 +28,7 @@ from typing import Iterable
 import attrs
 import jwt
 
+from ..bounds import is_number
 from ..errors import AuthError, InvalidInputError, ScopeError
 
 ALGORITHM = "HS256"
@@ -52,7 +53,7 @@ def mint_token(secret: str, org: str, *, plays: Iterable[str] = ("*",),
         raise InvalidInputError("the gateway secret must be a non-empty string")
     if not isinstance(org, str) or not org.strip():
         raise InvalidInputError("org must be a non-empty string")
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not 0 < ttl_s < math.inf:
+    if not is_number(ttl_s, above=0, below=math.inf):
         raise InvalidInputError(f"ttl_s must be a positive number of seconds, got {ttl_s!r}")
     now = int(time.time())
     claims = {
