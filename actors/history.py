@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import datetime
 import logging
-from typing import Any
 
 import attrs
 import trio
 
 from runplane.engine import history
 from runplane.engine.errors import EngineError
+from runplane.engine.ports import Port
 from runplane.engine.scopes import RunScope
 
 from .progress import MapProgress, MapResult
@@ -48,7 +48,7 @@ def in_flight(snapshot: MapProgress) -> int:
 
 @attrs.define(eq=False)
 class MapRecorder:
-    port: Any
+    port: Port
     scope: RunScope
     map_key: str
     table_namespace: str

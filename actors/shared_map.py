@@ -36,6 +36,7 @@ import trio
 from runplane.engine import array_input, sheets
 from runplane.engine import shared_maps as sm
 from runplane.engine.errors import EngineError, InvalidInputError
+from runplane.engine.ports import Port
 
 from .executors import executor_config
 from .map_state import MapPlan
@@ -69,9 +70,9 @@ def worker_command(play_file: str, play: str, concurrency: int) -> list[str]:
             "--concurrency", str(concurrency), "--exit-when-idle"]
 
 
-def worker_environment(port: Any) -> dict[str, str]:
+def worker_environment(port: Port) -> dict[str, str]:
     """The connection a local worker inherits: the coordinator's DSN, schema and org."""
-    dsn = getattr(port, "dsn", None)
+    dsn = port.dsn
     if dsn is None:
         raise InvalidInputError("workers=N needs a direct database connection (a tenant); "
                                 "through a gateway, publish with shared=True and start "

@@ -18,7 +18,7 @@ from typing import Any
 
 from runplane.engine.embedded import EmbeddedServer, default_pgdata, embedded_server
 from runplane.engine.errors import DatabaseError
-from runplane.engine.tenant import OUTAGE_BUDGET_ENV
+from runplane.engine.tenant import OUTAGE_BUDGET_ENV, Tenant
 
 
 def without_password(dsn: str) -> str:
@@ -76,7 +76,7 @@ async def connection_lines(conn: Any, dsn: str | None) -> list[str]:
     ]
 
 
-def outage_line(tenant: Any) -> str:
+def outage_line(tenant: Tenant) -> str:
     """The `outage` line: the outage budget runs on this tenant get, and where it comes from."""
     source = (f"from {OUTAGE_BUDGET_ENV}" if os.environ.get(OUTAGE_BUDGET_ENV)
               else f"the default; set {OUTAGE_BUDGET_ENV} to change it")

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import urllib.parse
-from typing import Any
 
 from runplane.engine import PlayScope, history, outbox, runs, sheets
 from runplane.engine.errors import EngineError
+from runplane.engine.ports import Port
 from runplane.engine.scopes import RunScope
 
 from .operators import CommandError, play_tables, require_schema
@@ -31,7 +31,7 @@ STATES = {"open": "open", "pending": "retiring", "done": "done"}
 DONE = ("admitted", "cached", "completed", "failed", "retried")
 
 
-async def maps_of(tenant: Any, scope: PlayScope, run_ids: list[str]) -> dict[str, list]:
+async def maps_of(tenant: Port, scope: PlayScope, run_ids: list[str]) -> dict[str, list]:
     """Each run's history entries (none for a schema or gateway without run history)."""
     found: dict[str, list] = {run_id: [] for run_id in run_ids}
     try:
@@ -64,7 +64,7 @@ def totals(entries: list) -> dict[str, int] | None:
     return {name: sum(getattr(e.record, name) for e in entries) for name in DONE}
 
 
-async def unfinished_rows(tenant: Any, scope: PlayScope, run_ids: list[str]) -> dict[str, int]:
+async def unfinished_rows(tenant: Port, scope: PlayScope, run_ids: list[str]) -> dict[str, int]:
     counts = {run_id: 0 for run_id in run_ids}
     for table in await play_tables(tenant, scope):
         for run_id, rows in (await sheets.run_rows(tenant, scope, table, run_ids)).items():
@@ -72,7 +72,7 @@ async def unfinished_rows(tenant: Any, scope: PlayScope, run_ids: list[str]) -> 
     return counts
 
 
-async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
+async def show_runs(tenant: Port, args: argparse.Namespace) -> int:
     await require_schema(tenant)
     scope = PlayScope(tenant.org_id, args.play)
     if getattr(args, "run_id", None):
@@ -123,7 +123,7 @@ async def show_runs(tenant: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-async def show_run(tenant: Any, scope: PlayScope, run_id: str, args: argparse.Namespace) -> int:
+async def show_run(tenant: Port, scope: PlayScope, run_id: str, args: argparse.Namespace) -> int:
     info = await runs.get(tenant, RunScope(scope.org_id, scope.play, run_id))
     if info is None:
         raise CommandError(f"play {scope.play!r} has no run {run_id!r}")

@@ -29,7 +29,7 @@ import attrs
 
 from runplane.actors.retry import retry_transient
 from runplane.engine import PlayScope, runs, sheets
-from runplane.engine.ports import RECEIPTS_LANE
+from runplane.engine.ports import RECEIPTS_LANE, Port
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
 
@@ -113,7 +113,7 @@ class RunNotice:
 
 
 # -- schema checks for read-only commands ----------------------------------------------------
-async def require_schema(tenant: Any) -> None:
+async def require_schema(tenant: Port) -> None:
     async with tenant.connection(RECEIPTS_LANE) as conn:
         status = await schema_status(conn, tenant.schema)
     if status is None:
@@ -123,12 +123,12 @@ async def require_schema(tenant: Any) -> None:
         )
 
 
-async def play_tables(tenant: Any, scope: PlayScope) -> list[str]:
+async def play_tables(tenant: Port, scope: PlayScope) -> list[str]:
     """The play's table namespaces, in name order."""
     return sorted(await sheets.summaries(tenant, scope))
 
 
-async def require_table(tenant: Any, scope: PlayScope, table: str) -> str:
+async def require_table(tenant: Port, scope: PlayScope, table: str) -> str:
     wanted = normalize_namespace(table)
     if wanted not in await play_tables(tenant, scope):
         raise CommandError(f"play {scope.play!r} has no table {wanted!r}")
@@ -144,14 +144,14 @@ def error_table(causes: list[ErrorCause]) -> list[str]:
     return ["  " + line for line in table_lines(("count", "error"), rows, right=(0,))]
 
 
-async def error_causes(tenant: Any, scope: PlayScope, table: str,
+async def error_causes(tenant: Port, scope: PlayScope, table: str,
                        run_id: str | None) -> tuple[int, list[ErrorCause]]:
     """How many rows failed, and their messages grouped by cause (see `cli.causes`)."""
     counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=MESSAGES_READ)
     return counts.failed, group_errors((top.error, top.count) for top in counts.top)
 
 
-async def print_failure_summary(tenant: Any, scope: PlayScope, run_id: str) -> int:
+async def print_failure_summary(tenant: Port, scope: PlayScope, run_id: str) -> int:
     """The top error causes of the rows `run_id` left failed, per table; returns how many
     failed."""
     failed = 0
@@ -172,7 +172,7 @@ def _inputs_text(inputs: dict) -> str:
     return json.dumps(inputs, ensure_ascii=False, separators=(", ", ": "), sort_keys=True)
 
 
-async def show_failures(tenant: Any, args: argparse.Namespace) -> int:
+async def show_failures(tenant: Port, args: argparse.Namespace) -> int:
     await require_schema(tenant)
     scope = PlayScope(tenant.org_id, args.play)
     table = await require_table(tenant, scope, args.table)

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from runplane.engine.ports import Port
+
 from .commands import (
     ROW_ERRORS_EXIT,
     _count,
@@ -96,7 +98,7 @@ def load_play(path: str) -> tuple[str, Callable[..., Any]]:
     return str(getattr(module, "PLAY", file.stem)), play
 
 
-async def choose_run_id(tenant: Any, play: str, args: argparse.Namespace) -> str | None:
+async def choose_run_id(tenant: Port, play: str, args: argparse.Namespace) -> str | None:
     """The run to open: `--run-id` must exist, `--new-run-id` must not; None makes a fresh id."""
     from runplane.engine import RunScope, runs
 

@@ -25,6 +25,7 @@ import trio
 from runplane.engine import PlayScope, history, outbox, runs, sheets
 from runplane.engine.actions import RemotePort
 from runplane.engine.errors import EngineError
+from runplane.engine.ports import Port
 from runplane.engine.scopes import normalize_namespace
 
 from .operators import CommandError, require_schema
@@ -44,7 +45,7 @@ class TableCounts:
     columns: dict[str, Any]
 
 
-async def in_flight(port: Any, scope: PlayScope) -> dict[str, int]:
+async def in_flight(port: Port, scope: PlayScope) -> dict[str, int]:
     """Rows in flight per table, from the running maps' history entries (empty when the schema
     or gateway has no run history)."""
     try:
@@ -58,7 +59,7 @@ async def in_flight(port: Any, scope: PlayScope) -> dict[str, int]:
     return counts
 
 
-async def read_counts(port: Any, scope: PlayScope, table: str | None) -> dict[str, TableCounts]:
+async def read_counts(port: Port, scope: PlayScope, table: str | None) -> dict[str, TableCounts]:
     summaries = await sheets.summaries(port, scope)
     if table is not None:
         wanted = normalize_namespace(table)
@@ -79,7 +80,7 @@ def table_line(name: str, c: TableCounts) -> str:
             f"completed {c.completed}, failed {c.failed}")
 
 
-async def show_status(port: Any, args: argparse.Namespace) -> int:
+async def show_status(port: Port, args: argparse.Namespace) -> int:
     if not isinstance(port, RemotePort):  # a gateway checks its own schema
         await require_schema(port)
     scope = PlayScope(port.org_id, args.play)
@@ -123,7 +124,7 @@ def status_document(scope: PlayScope, counts: dict[str, TableCounts], recent: li
     return {"org": scope.org_id, "play": scope.play, "tables": tables, "runs": listed}
 
 
-async def watch_status(port: Any, scope: PlayScope, table: str | None) -> int:
+async def watch_status(port: Port, scope: PlayScope, table: str | None) -> int:
     """Refresh the counters every `WATCH_S` with rate and time left, until cancelled."""
     terminal = sys.stdout.isatty()
     rates: dict[str, Rates] = {}

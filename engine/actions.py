@@ -34,6 +34,7 @@ import attrs
 
 from .codecs import Codec
 from .errors import InvalidInputError
+from .ports import Port, PortDefaults
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -54,8 +55,9 @@ ACTION_MODULES = (
 _REGISTRY: dict[str, "Action"] = {}
 
 
-class RemotePort:
-    """Base of ports that run engine operations elsewhere (a gateway client).
+class RemotePort(PortDefaults):
+    """Base of ports that run engine operations elsewhere (a gateway client); what such a port
+    lacks of a `Port` (lock material, diagnostics queue, DSN, ...) keeps `PortDefaults`' values.
 
     A subclass implements `send_action(action, args, kwargs)`: `args` and `kwargs` are the
     call's arguments after the port, exactly as the caller passed them.
@@ -131,7 +133,7 @@ def action(
         _REGISTRY[name] = spec
 
         @functools.wraps(function)
-        async def routed(port: Any, *args: Any, **kwargs: Any) -> Any:
+        async def routed(port: Port, *args: Any, **kwargs: Any) -> Any:
             if isinstance(port, RemotePort):
                 return await port.send_action(spec, args, kwargs)
             return await function(port, *args, **kwargs)

@@ -19,7 +19,7 @@ How it works
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -27,6 +27,9 @@ from . import pg
 from .errors import DatabaseError, EngineError, InsufficientPrivilegeError
 from .session_isolation import SCOPES_TABLE
 from .sql import qualified, quote_ident
+
+if TYPE_CHECKING:
+    from .tenant import Tenant
 
 DROP_BATCH = 200
 SWEEP_INTERVAL_S = 60.0
@@ -110,7 +113,7 @@ async def _terminate(conn: pg.Connection, rows: list[Any]) -> list[Any]:
     return rows
 
 
-async def drop_expired(tenant: Any, *, include_unexpired: bool = False, limit: int = 10_000) -> int:
+async def drop_expired(tenant: Tenant, *, include_unexpired: bool = False, limit: int = 10_000) -> int:
     """Cut the connections of this schema's expired session roles and drop them; return how
     many roles were dropped (see the module docstring)."""
     dropped = 0
@@ -144,7 +147,7 @@ async def drop_expired(tenant: Any, *, include_unexpired: bool = False, limit: i
     return dropped
 
 
-async def sweep_expired(tenant: Any, *, interval_s: float = SWEEP_INTERVAL_S) -> None:
+async def sweep_expired(tenant: Tenant, *, interval_s: float = SWEEP_INTERVAL_S) -> None:
     """Drop expired sessions now and every `interval_s` after, until cancelled (the gateway and
     `runplane supervise` run this). A failed sweep is logged and tried again next time."""
     while True:

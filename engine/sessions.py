@@ -48,20 +48,21 @@ import os
 import secrets
 import time
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from .bounds import is_int, is_number
 from . import jwe, pg
 from .actions import action, actions
+from .bounds import is_int, is_number
 from .codecs import FLOAT, RAW, STR, list_of, optional
 from .errors import (
     AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError,
     ScopeError, TooManySessionsError,
 )
 from .keys import USER_RECEIPT_KIND, kind_range
+from .ports import Port
 from .scopes import PlayScope, check_scope, normalize_namespace
 from .session_limits import (  # noqa: F401  (public names)
     DEFAULT_SESSIONS_PER_ORG, SESSIONS_PER_ORG_ENV, check_public_key, check_room, sessions_per_org,
@@ -69,6 +70,9 @@ from .session_limits import (  # noqa: F401  (public names)
 from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
 from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
 from .sql import qualified, quote_ident
+
+if TYPE_CHECKING:
+    from .tenant import Tenant
 
 OPERATIONS = ("rows.read", "rows.upsert", "receipts", "array_input")
 ROW_OPERATIONS = frozenset({"rows.read", "rows.upsert"})
@@ -262,7 +266,7 @@ async def _unavailable(conn: pg.Connection, schema: str, group_present: bool) ->
 
 
 async def mint(
-    tenant: Any,
+    tenant: Tenant,
     scope: PlayScope,
     table_namespace: str,
     operations: Any,
@@ -364,7 +368,7 @@ def operation_actions() -> dict[str, tuple[str, ...]]:
 @action(CREATE_ACTION, params={"play": STR, "table_namespace": STR, "operations": list_of(STR),
                                "ttl_s": FLOAT, "public_key": optional(RAW)},
         result=RAW, context=("claims", "session_dsn"))
-async def create(port: Any, play: str, table_namespace: str, operations: Any,
+async def create(port: Port, play: str, table_namespace: str, operations: Any,
                  ttl_s: float = DEFAULT_TTL_S, public_key: Any = None, *,
                  claims: Any = None, session_dsn: str | None = None) -> dict[str, Any]:
     """Mint a session on the port's org and answer with `expires_at`, `org`,
@@ -408,7 +412,7 @@ async def create(port: Any, play: str, table_namespace: str, operations: Any,
 
 
 # -- doctor -----------------------------------------------------------------------------------
-async def password_probe(tenant: Any) -> str:
+async def password_probe(tenant: Tenant) -> str:
     """One line for `runplane doctor`: whether a session role can log in without its password.
 
     Creates a throwaway member of the group (no grants, valid for a minute), tries to connect as

@@ -158,6 +158,11 @@ class Tenant:
         return self.execution_role is not None
 
     @property
+    def token_plays(self) -> tuple[str, ...] | None:
+        """A tenant is confined to no plays."""
+        return None
+
+    @property
     def host(self) -> str:
         return describe_dsn(self.dsn)
 

@@ -48,6 +48,7 @@ from runplane.engine import PlayScope, sheets
 from runplane.engine.errors import EngineError, RetiredError, StoreUnavailableError
 from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column, layout_for
+from runplane.engine.tenant import Tenant
 
 from .faults import Fault, FaultPlan, FaultyPort, fault_plans
 from .harness import open_example_tenant, run_examples, unfired
@@ -198,7 +199,7 @@ def expected(plan: Plan, i: int) -> tuple[str, str | None, str | None]:
 
 @attrs.define(eq=False)
 class Example:
-    tenant: Any
+    tenant: Tenant
     plan: Plan
     run_id: str = attrs.field(factory=lambda: f"run-{uuid.uuid4().hex[:12]}")
     calls: dict[str, collections.Counter] = attrs.field(

@@ -32,6 +32,7 @@ from runplane.engine import PlayScope, sheets
 from runplane.engine.array_input import Occurrence
 from runplane.engine.gateway import RetryPolicy, mint_token, open_gateway, open_server
 from runplane.engine.ports import RECEIPTS_LANE
+from runplane.engine.tenant import Tenant
 
 from .counters import counters_match
 from .harness import open_example_tenant, run_examples
@@ -141,7 +142,7 @@ async def _play(gateway: Any, plan: Plan, violations: list[str]) -> None:
         violations.append(f"receipt answers {answers}")
 
 
-async def _check_store(tenant: Any, plan: Plan, violations: list[str]) -> None:
+async def _check_store(tenant: Tenant, plan: Plan, violations: list[str]) -> None:
     scope = PlayScope(ORG, PLAY)
     summary = await sheets.summary(tenant, scope, "things")
     failing = sum(1 for i in range(plan.rows) if i % 5 == 2)

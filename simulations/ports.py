@@ -25,13 +25,15 @@ Only tests, simulations and benchmarks use this module; engine code never does.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Mapping, Protocol
 
 import attrs
 import trio
 
 from runplane.engine import pg
+from runplane.engine.diagnostics import DiagnosticsQueue
 from runplane.engine.errors import StoreUnavailableError
+from runplane.engine.permits import PermitStats
 from runplane.engine.ports import Port
 
 BoundaryKind = Literal["checkout", "query"]
@@ -84,13 +86,33 @@ class HookedPort:
     def outer_transaction(self) -> bool:
         return self.inner.outer_transaction
 
+    # Everything else a port offers is the inner port's (sheet lock keys, budget, permits, ...).
     @property
-    def lock_secret(self) -> bytes | None:  # sheet lock keys are the inner port's
-        return getattr(self.inner, "lock_secret", None)
+    def lock_secret(self) -> bytes | None:
+        return self.inner.lock_secret
 
     @property
-    def sheet_lock_keys(self) -> dict[str, int]:
-        return getattr(self.inner, "sheet_lock_keys", None) or {}
+    def sheet_lock_keys(self) -> Mapping[str, int]:
+        return self.inner.sheet_lock_keys
+
+    @property
+    def outage_budget_s(self) -> float | None:
+        return self.inner.outage_budget_s
+
+    @property
+    def diagnostics(self) -> DiagnosticsQueue | None:
+        return self.inner.diagnostics
+
+    @property
+    def dsn(self) -> str | None:
+        return self.inner.dsn
+
+    @property
+    def token_plays(self) -> tuple[str, ...] | None:
+        return self.inner.token_plays
+
+    def permits(self) -> Mapping[str, PermitStats]:
+        return self.inner.permits()
 
     async def repair_schema(self) -> None:
         await self.inner.repair_schema()

@@ -33,6 +33,7 @@ from runplane.engine.array_input.facts import page_key
 from runplane.engine.errors import EngineError, RetiredError
 from runplane.engine.keys import decode_key
 from runplane.engine.ports import RECEIPTS_LANE, table
+from runplane.engine.tenant import Tenant
 
 from .array_model import ArrayModel, StoredFact
 from .faults import ALL_FAULT_KINDS, FaultPlan, FaultyPort, fault_plans
@@ -124,7 +125,7 @@ def plans(draw) -> Plan:
 
 @attrs.define(eq=False)
 class _Example:
-    tenant: Any
+    tenant: Tenant
     plan: Plan
     model: ArrayModel
     faults: int = 0

@@ -9,6 +9,7 @@ import trio
 
 from runplane.engine import RunScope, array_input as A
 from runplane.engine.errors import ConflictError, RetiredError
+from runplane.engine.ports import PortDefaults
 from runplane.simulations.ports import CountingPort, GatedPort
 
 from tests.array_input_support import facts, occurrences, snapshot, stage
@@ -145,7 +146,7 @@ async def test_a_missing_page_put_during_the_scan_is_verified_before_the_seal(te
     assert (await A.get_manifest(tenant, SCOPE)).page_count == 3
 
 
-class _HeldTransactionPort:
+class _HeldTransactionPort(PortDefaults):
     """Forwards to `tenant`, but runs its `hold`-th checkout inside BEGIN … COMMIT: `written` is
     set once the caller's work is done, and COMMIT waits for `commit` (locks stay held)."""
 

@@ -11,10 +11,11 @@ import trio
 from runplane.engine import PlayScope, RunScope, receipts, runs
 from runplane.engine.errors import InvalidInputError, RowNotVisibleError, ScopeError
 from runplane.engine.keys import receipt_key
+from runplane.engine.ports import PortDefaults
 from runplane.engine.reissue import MAX_VISIBILITY_ATTEMPTS
 
 
-class NoQueryPort:
+class NoQueryPort(PortDefaults):
     """A port that fails the test if anything checks out a connection."""
 
     def __init__(self, tenant):
@@ -224,7 +225,7 @@ class RacingPeer:
 async def racing(tenant, peer):
     """The tenant, as a port whose receipts checkouts run `peer.hook` around every statement."""
 
-    class Port:
+    class Port(PortDefaults):
         org_id, schema, outer_transaction = tenant.org_id, tenant.schema, False
 
         @contextlib.asynccontextmanager

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, AsyncIterator
+from typing import Any, AsyncContextManager, AsyncIterator, Mapping
 
 import attrs
 
+from ..diagnostics import DiagnosticsQueue
 from ..errors import SchemaNotFoundError
+from ..permits import PermitStats
+from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port
 from ..scopes import PlayScope
 from ..sheets import dataset, frames
@@ -33,7 +36,7 @@ FORMATS = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/csv; cha
 class ConsolePort:
     """`tenant` seen as org `org_id`, with every checkout on the console lane."""
 
-    tenant: Any = attrs.field(repr=False)
+    tenant: Port = attrs.field(repr=False)
     org_id: str
 
     @property
@@ -44,7 +47,34 @@ class ConsolePort:
     def outer_transaction(self) -> bool:
         return self.tenant.outer_transaction
 
-    def connection(self, _lane: str) -> Any:
+    @property
+    def outage_budget_s(self) -> float | None:
+        return self.tenant.outage_budget_s
+
+    @property
+    def lock_secret(self) -> bytes | None:
+        return self.tenant.lock_secret
+
+    @property
+    def sheet_lock_keys(self) -> Mapping[str, int]:
+        return self.tenant.sheet_lock_keys
+
+    @property
+    def diagnostics(self) -> DiagnosticsQueue | None:
+        return self.tenant.diagnostics
+
+    @property
+    def dsn(self) -> str | None:
+        return self.tenant.dsn
+
+    @property
+    def token_plays(self) -> tuple[str, ...] | None:
+        return self.tenant.token_plays
+
+    def permits(self) -> Mapping[str, PermitStats]:
+        return self.tenant.permits()
+
+    def connection(self, _lane: str) -> AsyncContextManager[Connection]:
         return self.tenant.connection(CONSOLE_LANE)
 
     async def repair_schema(self) -> None:

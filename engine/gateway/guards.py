@@ -35,6 +35,7 @@ import trio
 
 from .. import runs
 from ..errors import ConflictError, InvalidInputError
+from ..ports import Port
 from ..scopes import MapScope, RunRef, RunScope
 
 UNKNOWN_ACTION = "(unknown action)"
@@ -159,7 +160,7 @@ class RunCheck:
         init=False, factory=collections.OrderedDict)
     lookups: int = attrs.field(init=False, default=0)
 
-    async def check(self, port: Any, run: RunRef | RunScope) -> None:
+    async def check(self, port: Port, run: RunRef | RunScope) -> None:
         """Refuse `run` unless it is registered (with its epoch, for a `RunRef`)."""
         scope, epoch = (run.scope, run.epoch) if isinstance(run, RunRef) else (run, None)
         key = (scope.org_id, scope.play, scope.run_id, epoch)

@@ -335,7 +335,7 @@ async def complete(
         if on_diagnostics is None:
             log_diagnostics(diagnostics)
         else:
-            queue = getattr(port, "diagnostics", None)
+            queue = port.diagnostics
             if isinstance(queue, DiagnosticsQueue) and queue.running:
                 queue.put(on_diagnostics, diagnostics)
             else:

@@ -132,7 +132,7 @@ async def field_kinds(port: Port, scope: PlayScope, table_namespace: str, *,
 class Dataset:
     """The rows of one sheet that match some filters (see the module docstring)."""
 
-    port: Any = attrs.field(repr=False)
+    port: Port = attrs.field(repr=False)
     scope: PlayScope
     table_namespace: str
     filters: Filters = Filters()
@@ -263,7 +263,7 @@ class Dataset:
             columns=[*(self.filters.fields or ()), *frames.SYSTEM_KEYS])
 
 
-def dataset(port: Any, scope: PlayScope, table_namespace: str, *, status: str | None = None,
+def dataset(port: Port, scope: PlayScope, table_namespace: str, *, status: str | None = None,
             run_id: str | None = None, fields: Any = None) -> Dataset:
     """The dataset of a sheet's matching rows (checks the filters; reads nothing yet)."""
     check_scope(port, scope)

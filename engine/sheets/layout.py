@@ -194,15 +194,15 @@ def layout_for(port: Port, scope: PlayScope, table_namespace: str) -> SheetLayou
     )
 
 
-def sheet_lock_key(port: Any, layout: SheetLayout) -> int:
+def sheet_lock_key(port: Port, layout: SheetLayout) -> int:
     """The sheet's advisory-lock key: derived with the schema's lock secret (what the port read
     when it opened), so no one without it can tell which key guards which sheet; a database
     session, which may not read the secret, was given its own sheet's key. A port that has
     neither (opened without a schema check) falls back to `layout.lock_key`, of public names."""
-    given = (getattr(port, "sheet_lock_keys", None) or {}).get(layout.table)
+    given = port.sheet_lock_keys.get(layout.table)
     if given is not None:
         return given
-    secret = getattr(port, "lock_secret", None)
+    secret = port.lock_secret
     if secret is not None:
         return derive_lock_key(secret, "runplane.sheet", layout.schema, layout.table)
     return layout.lock_key
@@ -450,12 +450,9 @@ class PhaseClock:
         return result
 
 
-def _permit_wait_seconds(port: Any) -> float | None:
-    permits = getattr(port, "permits", None)
-    if permits is None:
-        return None
+def _permit_wait_seconds(port: Port) -> float | None:
     try:
-        stats = permits()
+        stats = port.permits()
         return sum(stats[name].wait_seconds for name in (SHEET_LANE, "connections") if name in stats)
     except Exception:  # telemetry only: a port without usable stats has no split
         return None
