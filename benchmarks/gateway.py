@@ -7,7 +7,7 @@ the same PostgreSQL and schema as the direct side.
 1. `run.map` with a no-op function over `--rows` rows streamed from an async iterable, through
    the gateway vs direct, both in one run (the gateway side wakes the direct side's run id, so
    both write at the same epoch; each side writes its own sheet). Target ratio >= 0.5.
-   The same map through the gateway with `db_sessions=True` (SPEC §17: the gateway mints a
+   The same map through the gateway with `db_sessions=True` (the gateway mints a
    database session and the map's admission, completion and pages go straight to PostgreSQL
    with it). Target ratio >= 0.9.
 2. Receipts one key at a time: claim + complete of `--keys` keys through the gateway vs direct.

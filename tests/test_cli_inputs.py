@@ -1,4 +1,4 @@
-"""Input files, DSNs, read-only commands and printed text at the command line (SPEC §15, §18)."""
+"""Input files, DSNs, read-only commands and printed text at the command line."""
 
 from __future__ import annotations
 

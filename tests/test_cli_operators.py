@@ -1,4 +1,4 @@
-"""The operators' view (SPEC §15): failed rows, run ids that are never lost, `runs`, waking."""
+"""The operators' view: failed rows, run ids that are never lost, `runs`, waking."""
 
 from __future__ import annotations
 

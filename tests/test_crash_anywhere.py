@@ -1,4 +1,4 @@
-"""Crash anywhere (SPEC §16): the play killed with SIGKILL at its k-th statement, for a seeded
+"""Crash anywhere: the play killed with SIGKILL at its k-th statement, for a seeded
 sample of k, then woken in a fresh process; every check holds."""
 
 from __future__ import annotations

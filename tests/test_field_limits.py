@@ -1,4 +1,4 @@
-"""Field names and field counts (SPEC §18): refused before any query where the API takes them,
+"""Field names and field counts: refused before any query where the API takes them,
 and, where a map function returns them, failing only their row while the batch is written."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC §18 limits on identifiers, keys and messages: refused with a typed error before any
+"""Limits on identifiers, keys and messages: refused with a typed error before any
 query, or stored and working (never a DatabaseError for input the API accepted)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile input, generated (SPEC §18): for any identifiers, keys, field names and values, the
+"""Hostile input, generated: for any identifiers, keys, field names and values, the
 API either refuses with a typed error before any query, or stores them and reads back exactly
 what was written, each field in its own column of its own sheet.
 

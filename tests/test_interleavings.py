@@ -1,5 +1,5 @@
 """Every interleaving of the core races' statements (isolation-tester style), each outcome checked
-against what the spec allows (SPEC §5, §6, §7, §16).
+against what the fences allow (docs/architecture.md).
 
 Each race is two sessions on their own connections; each session's statements are gated and
 granted one at a time in every possible order (`simulations.interleavings`). A statement that

@@ -9,7 +9,7 @@ from runplane.engine import MapScope, PlayScope, RunScope
 from runplane.engine.errors import InvalidInputError, ScopeError
 from runplane.engine.keys import decode_key, fact_key, receipt_key, run_key_range
 
-# Identifiers: no control characters or lone surrogates (SPEC §18), no surrounding whitespace.
+# Identifiers: no control characters or lone surrogates, no surrounding whitespace.
 parts = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=12).filter(
     lambda s: s.strip() == s and s.strip())
 

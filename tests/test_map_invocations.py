@@ -1,4 +1,4 @@
-"""Map invocations (SPEC §18): namespaces that normalize alike are one sheet but distinct map
+"""Map invocations: namespaces that normalize alike are one sheet but distinct map
 invocations, and a wake never replays input other than the caller's list."""
 
 from __future__ import annotations

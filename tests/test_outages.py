@@ -1,4 +1,4 @@
-"""Server restarts (SPEC §16): a private embedded PostgreSQL is stopped and started under a
+"""Server restarts: a private embedded PostgreSQL is stopped and started under a
 running map. An outage shorter than the outage budget is ridden out with nothing lost and
 nothing done twice; a longer one ends the run with `StoreOutageError`, leaves it wakeable, and
 a wake finishes it."""

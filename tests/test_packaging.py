@@ -1,4 +1,4 @@
-"""One import package (SPEC §13): only `runplane` is installed, and the layers hold.
+"""One import package: only `runplane` is installed, and the layers hold.
 
 These run in fresh interpreters from a folder outside the repository, so the checkout's own
 folders cannot be found on `sys.path` by accident.
