@@ -147,6 +147,7 @@ class Tenant:
     # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
     lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
     sheet_lock_keys: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
+    token_plays = None  # a tenant is confined to no plays (a gateway token may be)
     _server: str | None = attrs.field(init=False, default=None)  # pg.SERVER_IDENTITY at open
 
     def __attrs_post_init__(self) -> None:
@@ -156,11 +157,6 @@ class Tenant:
     @property
     def outer_transaction(self) -> bool:
         return self.execution_role is not None
-
-    @property
-    def token_plays(self) -> tuple[str, ...] | None:
-        """A tenant is confined to no plays."""
-        return None
 
     @property
     def host(self) -> str:
