@@ -143,7 +143,8 @@ class TransactionStateUnknownError(EngineError):
 
 class RollbackFailedError(TransactionStateUnknownError):
     """The state is unknown because the ROLLBACK after a failed operation failed or timed out
-    (not because a COMMIT's reply was lost). Never retried: what the failed operation left is
+    on a live connection (not because a COMMIT's reply was lost; a connection lost during the
+    ROLLBACK is `StoreUnavailableError`, the server having rolled back). Never retried: what the failed operation left is
     not known, so the caller decides (the actors raise it at once)."""
 
 

@@ -1,5 +1,5 @@
 """Where runplane used to differ from the reference, aligned: a failed rollback is never
-retried, `read_rows` clamps its limit to 1..10,000, a manifest with no run guard reads as
+retried (one that failed because the connection was lost is an outage: the server rolled back), `read_rows` clamps its limit to 1..10,000, a manifest with no run guard reads as
 staging."""
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from runplane.engine import array_input as A
 from runplane.engine.errors import (
     RollbackFailedError, StoreUnavailableError, TransactionStateUnknownError,
 )
+from runplane.engine import open_tenant
 from runplane.engine.ports import table
 from runplane.engine.sheets import SheetContract, admit, read_rows
 from tests.array_input_support import occurrences, stage
+from tests.conftest import fresh_schema
+from tests.pg_proxy import open_pg_proxy
 from tests.sheet_helpers import PLAY, new_run, play_scope
 from tests.test_array_input import SCOPE
 
@@ -41,17 +44,32 @@ async def test_a_failed_rollback_is_never_retried_a_lost_commit_outcome_is():
     assert len(calls) == 3
 
 
-async def test_a_real_failed_rollback_raises_rollback_failed(tenant):
+async def test_a_rollback_that_does_not_answer_raises_rollback_failed(dsn):
+    async with open_pg_proxy(dsn) as proxy:
+        async with open_tenant("org-rb", proxy.dsn, schema=fresh_schema()) as tenant:
+            async with tenant.connection("sheet") as conn:
+                with pytest.raises(RollbackFailedError) as info:
+                    async with conn.transaction():
+                        await conn.execute("SELECT 1")
+                        proxy.set_blackhole(True)  # the ROLLBACK goes out, no answer comes
+                        raise ValueError("operation failed")
+            proxy.set_blackhole(False)
+    assert isinstance(info.value, TransactionStateUnknownError)  # still that kind of error
+    assert isinstance(info.value.error, ValueError)
+
+
+async def test_a_rollback_on_a_lost_connection_is_an_outage_nothing_was_committed(tenant):
     async with tenant.connection("sheet") as conn:
         doomed = conn.backend_pid
-        with pytest.raises(RollbackFailedError) as info:
+        with pytest.raises(StoreUnavailableError) as info:
             async with conn.transaction():
                 await conn.execute("SELECT 1")
                 async with tenant.connection("receipts") as killer:
                     await killer.execute("SELECT pg_terminate_backend($1)", doomed)
                 raise ValueError("operation failed")
-    assert isinstance(info.value, TransactionStateUnknownError)  # still that kind of error
-    assert isinstance(info.value.rollback_error, StoreUnavailableError)
+    assert not isinstance(info.value, TransactionStateUnknownError)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert "nothing was committed" in str(info.value)
 
 
 async def test_read_rows_clamps_its_limit_to_one_through_ten_thousand(tenant):

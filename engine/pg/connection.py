@@ -337,7 +337,9 @@ class Connection:
             )
 
     async def _roll_back(self, rollback: str, exc: BaseException) -> None:
-        """Roll back after `exc`; on failure close the connection and raise the typed error."""
+        """Roll back after `exc`; on failure close the connection and raise the typed error:
+        `StoreUnavailableError` when the connection was lost (the server rolled back), else
+        `RollbackFailedError` (a ROLLBACK that failed or did not answer: never retried)."""
         if self.broken:
             return  # closing the connection rolls the server side back
         rollback_error: BaseException | None = None
@@ -351,6 +353,13 @@ class Connection:
         if rollback_error is None:
             return
         self.broken = True
+        if isinstance(rollback_error, StoreUnavailableError) and isinstance(exc, Exception):
+            # The server ended the connection before COMMIT was sent: it rolled the transaction
+            # back itself, so the outcome is known (nothing was written) and this is an outage.
+            raise StoreUnavailableError(
+                f"the connection was lost while rolling back after {exc!r} ({rollback_error}); "
+                "nothing was committed", sqlstate=getattr(rollback_error, "sqlstate", None),
+            ) from exc
         if isinstance(exc, Exception):
             raise RollbackFailedError(
                 f"operation failed ({exc!r}) and {rollback} failed too ({rollback_error!r}); "
