@@ -38,6 +38,7 @@ from .. import pg
 from . import protocol
 from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, token_operations
 from .retry import RetryPolicy, RetryState, answered_wait  # noqa: F401  (public names)
+from ..session_limits import SessionLimits
 from .senders import COMPLETION_ACTION, SENDERS
 from .tokens import unverified_org, unverified_plays
 from .transport import (  # noqa: F401  (public names)
@@ -166,9 +167,13 @@ class Gateway(RemotePort):
 
 @contextlib.asynccontextmanager
 async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None,
-                       max_in_flight: int = 8, db_sessions: bool = False) -> AsyncIterator[Gateway]:
+                       max_in_flight: int = 8, db_sessions: bool = False,
+                       session_limits: SessionLimits | Mapping[str, int] | None = None,
+                       ) -> AsyncIterator[Gateway]:
     """A `Gateway` to `url` (`http(s)://host:port`) acting with `token`, until the block ends;
-    with `db_sessions`, covered operations go straight to the database over sessions."""
+    with `db_sessions`, covered operations go straight to the database over sessions, each
+    within `session_limits` (`max_rows` at least 10,000, `max_bytes`, `max_requests`): past
+    a limit, that session's work goes over HTTP."""
     if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https") \
             or not urllib.parse.urlsplit(url).netloc:
         raise InvalidInputError(f"the gateway URL must be http(s)://host:port, got {url!r}")
@@ -178,6 +183,7 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
         raise InvalidInputError(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise InvalidInputError("retry must be a RetryPolicy or None")
+    session_limits = SessionLimits.of(session_limits)
     org = unverified_org(token.strip())
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
     async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) as client:
@@ -188,7 +194,8 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
             return
         async with pg.open_driver() as driver:  # the event loop of the session pools
             await session_key(gateway)  # this process's RSA key, made once, before any action
-            router = gateway.db_sessions = SessionRouter(gateway, driver, token_operations(token))
+            router = gateway.db_sessions = SessionRouter(gateway, driver, token_operations(token),
+                                                         session_limits)
             try:
                 yield gateway
             finally:
