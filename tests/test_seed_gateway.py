@@ -45,3 +45,34 @@ async def test_force_reuse_and_write_modes_through_a_gateway(tenant, gateway):
         replaced = await sheets.replace_rows(gateway, run.ref, NS, CONTRACT, rows[:3])
         assert replaced.inserted == 3
     assert (await sheets.summary(tenant, play_scope(tenant), NS)).total == 3
+
+
+async def test_a_blocked_sink_never_delays_a_completion_through_a_gateway(tenant, gateway):
+    import trio
+
+    run = await sheets_run(gateway, tenant)
+    key = (await sheets.admit(gateway, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
+    release, started, seen = trio.Event(), trio.Event(), []
+
+    async def stuck_sink(diagnostics):
+        started.set()
+        await release.wait()
+        seen.append(diagnostics)
+
+    with trio.fail_after(30):  # awaiting the sink inline would never return
+        done = await sheets.complete(gateway, run, NS, CONTRACT,
+                                     [sheets.RowOutcome(key, "completed", {"score": 1})],
+                                     on_diagnostics=stuck_sink)
+        assert done.committed_keys == (key,)
+        await started.wait()
+        assert seen == []  # the completion returned while its sink was still running
+        release.set()
+        await gateway.diagnostics.wait_idle()
+    assert len(seen) == 1 and seen[0].input_rows == 1
+
+
+async def sheets_run(gateway, tenant):
+    from runplane.engine import runs
+    from runplane.engine.scopes import RunScope
+
+    return await runs.register(gateway, RunScope(tenant.org_id, "play", "diag"))

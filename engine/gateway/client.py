@@ -15,6 +15,8 @@ How it works
   write it already applied from its replay cache; every action is idempotent besides.
 - `sheets.admit`, `sheets.complete` and `sheets.probe` are sent their own way
   (`engine.gateway.senders`: validated here as the engine would, paged under the body limit).
+  A completion's diagnostics reach its sink through the gateway's background queue
+  (`gateway.diagnostics`, open while the gateway is), as with a tenant.
 - With `db_sessions=True`, the operations a database session covers run in-process over a pool
   opened with a session's URL instead (`engine.gateway.db_sessions`), within the session's
   `session_limits`; the rest go over HTTP.
@@ -32,6 +34,7 @@ import httpx
 import trio
 
 from ..actions import Action, RemotePort
+from ..diagnostics import DiagnosticsQueue
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError
 from ..permits import Permits
 from .. import pg
@@ -72,6 +75,7 @@ class Gateway(RemotePort):
     _permits: Permits = attrs.field(init=False, repr=False)
     _health: Health | None = attrs.field(init=False, default=None, repr=False)
     _health_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
+    diagnostics: DiagnosticsQueue = attrs.field(init=False, factory=DiagnosticsQueue, repr=False)
     db_sessions: SessionRouter | None = attrs.field(init=False, default=None, repr=False)
     session_key: SessionKey | None = attrs.field(init=False, default=None, repr=False)
     session_key_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
@@ -189,15 +193,19 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
     async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) as client:
         gateway = Gateway(url.rstrip("/"), token.strip(), org, retry or RetryPolicy(),
                           max_in_flight, client)
-        if not db_sessions:
-            yield gateway
-            return
-        async with pg.open_driver() as driver:  # the event loop of the session pools
-            await session_key(gateway)  # this process's RSA key, made once, before any action
-            router = gateway.db_sessions = SessionRouter(gateway, driver, token_operations(token),
-                                                         session_limits)
-            try:
+        gateway.diagnostics.open()
+        try:
+            if not db_sessions:
                 yield gateway
-            finally:
-                gateway.db_sessions = None
-                await router.aclose()
+                return
+            async with pg.open_driver() as driver:  # the event loop of the session pools
+                await session_key(gateway)  # this process's RSA key, made once, before any action
+                router = gateway.db_sessions = SessionRouter(
+                    gateway, driver, token_operations(token), session_limits)
+                try:
+                    yield gateway
+                finally:
+                    gateway.db_sessions = None
+                    await router.aclose()
+        finally:
+            await gateway.diagnostics.close()

@@ -7,7 +7,8 @@ How it works
   an admission page whose answer disagrees with the page sent is a `ConflictError`.
 - An admission's pending rows come back by key (`protocol.ROWS_HEADER`): the client puts back
   the rows it sent. Every page of one completion shares one retry budget, so the completion's
-  total deadline holds for the whole call.
+  total deadline holds for the whole call. A completion's diagnostics go to its sink through
+  the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
 - Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
   encoded once: its size is what the pager counts.
 """
@@ -133,7 +134,10 @@ async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Compl
     diagnostics = _merge_diagnostics([page.diagnostics for page in results], input_rows)
     sink = arguments.get("on_diagnostics")
     if sink is not None and diagnostics is not None:
-        await deliver_diagnostics(sink, diagnostics)
+        if gateway.diagnostics.running:  # the gateway's task calls the sink, never this call
+            gateway.diagnostics.put(sink, diagnostics)
+        else:
+            await deliver_diagnostics(sink, diagnostics)
     return Completion(
         updated=sum(page.updated for page in results),
         committed_keys=tuple(key for page in results for key in page.committed_keys),
