@@ -123,9 +123,10 @@ async def create_db_session(gateway: Any, play: str, table_namespace: str,
     """Mint a database session through `gateway` (see the module docstring)."""
     limits = SessionLimits.of(limits)
     key = await session_key(gateway)
+    # Limits travel only when set, so a gateway from before them still mints for this client.
+    extra = {} if limits is None else {"limits": limits.as_dict()}
     answer = await sessions.create(gateway, play, table_namespace, list(operations),
-                                   ttl_s=ttl_s, public_key=key.public_jwk,
-                                   limits=limits.as_dict() if limits is not None else None)
+                                   ttl_s=ttl_s, public_key=key.public_jwk, **extra)
     return open_answer(answer, key, gateway.org_id, PlayScope(gateway.org_id, play).play)
 
 
