@@ -44,7 +44,7 @@ VALUES ($1, $2, $3, $4, $5, $6::bytea, $7::text[])
 # `read_rows`: `{reuse}` the membership table, `{t}` the sheet; $4 org, $5 play, $6 namespace.
 MEMBERS = """
 recorded AS MATERIALIZED (
-    SELECT r.epoch, r.digests, r.keys FROM {reuse} AS r
+    SELECT r.epoch, r.digests || ''::bytea AS digests, r.keys FROM {reuse} AS r
      WHERE r.org_id = $4 AND r.play = $5 AND r.table_namespace = $6 AND r.run_id = $3
 ),
 reused_keys AS MATERIALIZED (
@@ -66,11 +66,13 @@ reused AS MATERIALIZED (
 
 
 # $run the run id, $org, $play, $namespace its sheet (bind expressions from the caller).
+# `digests || ''` reads a membership row's digests once (they are stored uncompressed out of
+# line, so each `substring` of the stored value would fetch its slice again).
 _MEMBER = """(_run_id = {run} OR (_status = 'enriched' AND _key IN (
     SELECT encode(substring(r.digests FROM i * 16 + 1 FOR 16), 'hex')
-      FROM {reuse} AS r
+      FROM (SELECT r.digests || ''::bytea AS digests FROM {reuse} AS r WHERE {recorded}
+            OFFSET 0) AS r
       CROSS JOIN LATERAL generate_series(0, coalesce(length(r.digests), 0) / 16 - 1) AS i
-     WHERE {recorded}
     UNION ALL
     SELECT k.key FROM {reuse} AS r CROSS JOIN LATERAL unnest(r.keys) AS k(key) WHERE {recorded}
   ) AND _write_version < (SELECT max(r.epoch) FROM {reuse} AS r WHERE {recorded})))"""
