@@ -108,6 +108,11 @@ def test_outcomes_travel_in_the_one_codec_last_one_wins():
                            cell_meta={"score": {"note": "é"}}),
                 RowOutcome("a", "completed", {"score": 2})]
     prepared, _ = prepare_outcomes(outcomes)
-    texts = outcome_texts(outcomes, [p.key for p in prepared])
+    texts = outcome_texts(outcomes, prepared)
     decoded = [ROW_OUTCOME.decode(json.loads(text), "o") for text in texts]
     assert decoded == [outcomes[1], outcomes[2]]
+    hostile = [RowOutcome("c", "failed", error="bad \ud800 \x00 byte"),
+               RowOutcome("d", "failed", error="  ")]
+    prepared, _ = prepare_outcomes(hostile)
+    errors = [json.loads(text)["error"] for text in outcome_texts(hostile, prepared)]
+    assert errors == [p.error for p in prepared] and "\ud800" not in errors[0]

@@ -76,3 +76,13 @@ async def sheets_run(gateway, tenant):
     from runplane.engine.scopes import RunScope
 
     return await runs.register(gateway, RunScope(tenant.org_id, "play", "diag"))
+
+
+async def test_a_failed_outcome_with_a_lone_surrogate_travels_normalized(tenant, gateway):
+    run = await sheets_run(gateway, tenant)
+    key = (await sheets.admit(gateway, run, NS, CONTRACT, [{"name": "s"}])).pending[0].key
+    done = await sheets.complete(gateway, run, NS, CONTRACT,
+                                 [sheets.RowOutcome(key, "failed", error="bad \ud800 byte")])
+    assert done.committed_keys == (key,)
+    direct = await sheets.read_rows(tenant, play_scope(tenant), NS)
+    assert [r["_error"] for r in direct if r["_key"] == key] == ["bad \ufffd byte"]

@@ -103,13 +103,19 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     )
 
 
-def outcome_texts(outcomes: Sequence[Any], keys: Sequence[str]) -> list[str]:
-    """The wire text of the last outcome given for each of `keys` (the unique keys, in the
-    order `prepare_outcomes` left them), each encoded by `ROW_OUTCOME`."""
+def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
+    """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
+    key), encoded by `ROW_OUTCOME` from the outcome given, with the error message as prepared
+    (normalized, so it is valid UTF-8)."""
     last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
     dumps = protocol.dumps
-    return [dumps(ROW_OUTCOME.encode(last[key][1], f"outcomes[{last[key][0]}]")).decode("utf-8")
-            for key in keys]
+    texts = []
+    for one in prepared:
+        position, outcome = last[one.key]
+        if outcome.error != one.error:
+            outcome = attrs.evolve(outcome, error=one.error)
+        texts.append(dumps(ROW_OUTCOME.encode(outcome, f"outcomes[{position}]")).decode("utf-8"))
+    return texts
 
 
 async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Completion:
@@ -124,7 +130,7 @@ async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Compl
                                  if name != "outcomes"})  # local parameters never travel
     health = await gateway.health()
     room = paging.room_for_rows(fixed, ("outcomes",), health.body_limit, "outcomes")
-    texts = outcome_texts(outcomes, [outcome.key for outcome in prepared])
+    texts = outcome_texts(outcomes, prepared)
     sizes = [paging.utf8_size(text) + 1 for text in texts]
     positions = list(range(len(prepared)))
     results: list[Completion] = []
