@@ -6,12 +6,12 @@ The choice, and why
 - A tenant schema holds many orgs. Sheets are one table per (org, play, namespace); everything
   else is shared and keyed by org: `work_receipts` (user receipts under the key prefix
   `["org","play","receipt",`, array-input facts under `["org","play","array_input_…`),
-  `sheet_summary`, `sheet_column_summary` and `sheet_columns` (keyed by org, play, namespace),
-  `runs` and `terminal_outbox` (keyed by org). A schema per org would move every existing
+  `sheet_summary`, `sheet_column_summary`, `sheet_columns` and `sheet_reuse` (keyed by org,
+  play, namespace), `runs` and `terminal_outbox` (keyed by org). A schema per org would move every existing
   tenant's data; instead a session is confined inside the schema:
   - sheet tables by **grants**: a session holds privileges on exactly one sheet table (its
     org, play and namespace); every other sheet is `permission denied`;
-  - the four shared tables a session may touch by **row-level security**: each has a permissive
+  - the shared tables a session may touch by **row-level security**: each has a permissive
     policy that admits every row for every role (owners bypass RLS anyway, execution roles and
     other logins keep working unchanged) and a RESTRICTIVE policy for members of the NOLOGIN
     group `runplane_sessions`, which keeps only the rows of the session's scope as recorded in
@@ -35,7 +35,7 @@ from .sql import qualified, quote_ident
 GROUP = "runplane_sessions"
 SCOPES_TABLE = "session_scopes"
 RECEIPT_SCOPED_TABLES = ("work_receipts",)
-SHEET_SCOPED_TABLES = ("sheet_summary", "sheet_column_summary", "sheet_columns")
+SHEET_SCOPED_TABLES = ("sheet_summary", "sheet_column_summary", "sheet_columns", "sheet_reuse")
 POLICY_PREFIX = "runplane_"
 
 

@@ -1,17 +1,27 @@
-"""How many database sessions an org may hold, and which public keys a session URL may be
-encrypted to: both checked before a session role exists (`engine.sessions.mint` / `create`).
+"""How many database sessions an org may hold, which public keys a session URL may be
+encrypted to (both checked before a session role exists: `engine.sessions.mint` / `create`),
+and the limits of one session's work.
 
 - An org holds at most `sessions_per_org()` live sessions (`RUNPLANE_SESSIONS_PER_ORG`, default
   4): a session role counts until its `VALID UNTIL` passes. Past it, `TooManySessionsError`
   (HTTP 429) with the seconds until the org's oldest session expires.
+- `SessionLimits(max_rows, max_bytes, max_requests)`: how much work one session may carry
+  (rows written or read, bytes of row data, operations), each optional; `max_rows` is at least
+  `ROW_LIMIT_FLOOR` (10,000). A session's limits are recorded with it, as its role's comment
+  (`limits_comment`, read back by `recorded_limits`: no table holds them, and dropping the
+  role drops them), and answered with it. The runner's router enforces them
+  (`SessionUsage`): past a limit, that work goes over HTTP.
 - A runner's public key is refused (`InvalidInputError`, HTTP 400) when it is over
   `MAX_JWK_BITS` or cannot encrypt, so a refused key never leaves a minted role behind.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any
+from typing import Any, Mapping
+
+import attrs
 
 from . import jwe, pg
 from .errors import InvalidInputError, TooManySessionsError
@@ -68,3 +78,106 @@ def check_public_key(public_key: Any) -> None:
         raise
     except Exception as exc:  # whatever the cryptography refuses, the runner's key is at fault
         raise InvalidInputError(f"public_key cannot encrypt: {exc}") from None
+
+
+# -- the limits of one session ------------------------------------------------------------------
+ROW_LIMIT_FLOOR = 10_000
+LIMIT_NAMES = ("max_rows", "max_bytes", "max_requests")
+_MAX_LIMIT = 2**63 - 1
+_COMMENT_KEY = "runplane_session_limits"
+
+
+def _limit(floor: int):
+    def check(_instance: object, attribute: Any, value: object) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or not floor <= value <= _MAX_LIMIT:
+            raise InvalidInputError(
+                f"limits.{attribute.name} must be an integer from {floor} to {_MAX_LIMIT} or "
+                f"absent, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class SessionLimits:
+    """How much work one database session may carry (None: no limit): rows written or read,
+    bytes of row data (JSON), operations run."""
+
+    max_rows: int | None = attrs.field(default=None, validator=_limit(ROW_LIMIT_FLOOR))
+    max_bytes: int | None = attrs.field(default=None, validator=_limit(1))
+    max_requests: int | None = attrs.field(default=None, validator=_limit(1))
+
+    @classmethod
+    def of(cls, value: Any) -> "SessionLimits | None":
+        """`value` (None, a `SessionLimits` or a mapping of `LIMIT_NAMES`) as limits, checked;
+        None when it sets none. `InvalidInputError` names the bad member."""
+        if value is None or isinstance(value, SessionLimits):
+            return value if value is None or value.as_dict() else None
+        if not isinstance(value, Mapping):
+            raise InvalidInputError(f"limits must be an object with {list(LIMIT_NAMES)}, got "
+                                    f"{type(value).__name__}")
+        unknown = sorted(str(name) for name in value if name not in LIMIT_NAMES)
+        if unknown:
+            raise InvalidInputError(f"limits: unknown {unknown}; allowed are {list(LIMIT_NAMES)}")
+        limits = cls(**{name: value[name] for name in LIMIT_NAMES if name in value})
+        return limits if limits.as_dict() else None
+
+    def as_dict(self) -> dict[str, int]:
+        """The limits set, by name (what the answer and the role's comment carry)."""
+        return {name: getattr(self, name) for name in LIMIT_NAMES if getattr(self, name) is not None}
+
+
+def limits_comment(limits: SessionLimits) -> str:
+    """The `COMMENT ON ROLE` literal that records a session's limits (integers only)."""
+    text = json.dumps({_COMMENT_KEY: limits.as_dict()}, sort_keys=True)
+    return "'" + text.replace("'", "''") + "'"
+
+
+_RECORDED = """
+SELECT pg_catalog.shobj_description(r.oid, 'pg_authid') FROM pg_catalog.pg_roles AS r
+ WHERE r.rolname = $1
+"""
+
+
+async def recorded_limits(conn: pg.Connection, role: str) -> SessionLimits | None:
+    """The limits recorded with session role `role` (None: none, or no such role)."""
+    text = await conn.fetchval(_RECORDED, role)
+    try:
+        recorded = json.loads(text)[_COMMENT_KEY] if text else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    return SessionLimits.of(recorded)
+
+
+@attrs.define(eq=False)
+class SessionUsage:
+    """What the runner's router has run over one session, against its limits."""
+
+    limits: SessionLimits | None
+    rows: int = 0
+    bytes: int = 0
+    requests: int = 0
+
+    @property
+    def counts_bytes(self) -> bool:
+        return self.limits is not None and self.limits.max_bytes is not None
+
+    def exceeded_by(self, rows: int = 0, size: int = 0) -> str | None:
+        """The limit one more operation moving `rows` rows and `size` bytes would pass (each
+        limit is checked as "already reached" when the operation's share is not known yet, as
+        for a read), or None."""
+        limits = self.limits
+        if limits is None:
+            return None
+        for name, used, more in (("max_requests", self.requests, 1), ("max_rows", self.rows, rows),
+                                 ("max_bytes", self.bytes, size)):
+            limit = getattr(limits, name)
+            if limit is not None and (used + more > limit or used >= limit):
+                return f"{name}={limit}"
+        return None
+
+    def charge(self, rows: int = 0, size: int = 0, requests: int = 0) -> None:
+        self.rows += rows
+        self.bytes += size
+        self.requests += requests

@@ -3,7 +3,7 @@ org's play, table namespace and operations. What confines them is described in
 `engine.session_isolation`; this module mints, describes and drops them.
 
 How it works
-- `mint(tenant, scope, table_namespace, operations, ttl_s=…)` runs on the tenant's own login
+- `mint(tenant, scope, table_namespace, operations, ttl_s=…, limits=…)` runs on the tenant's own login
   (never under an execution role) in one transaction: it creates a role `runplane_s_<random>`
   with LOGIN, a random password, `VALID UNTIL` now + ttl (the server's clock) and a small
   `CONNECTION LIMIT`, makes it a member of `runplane_sessions` (INHERIT TRUE, SET FALSE), grants
@@ -13,21 +13,20 @@ How it works
   table to grant on; new columns are DDL, which a session never runs. The role starts with
   `ROLE_SETTINGS` (statement, lock and idle-in-transaction timeouts) and, when it has a sheet,
   its scope row carries the sheet's advisory-lock key (the one key it may know). An org holds
-  at most `sessions_per_org()` live sessions (`engine.session_limits`).
-- Operations and what they grant (plus USAGE on the schema and SELECT on `meta` and on its own
-  `session_scopes` row, which `open_tenant` and the policies read):
-    rows.read    SELECT on the sheet, its counters and its column registry rows
-    rows.upsert  SELECT, INSERT, UPDATE on the sheet and its counters; the row-version sequence
-    receipts     SELECT, INSERT, UPDATE on the play's user receipts
-    array_input  SELECT, INSERT, UPDATE on the play's array-input facts (retiring them, which
-                 deletes, goes over the gateway)
-  On shared tables these are column privileges, so a session cannot LOCK them (see `_grants`).
+  at most `sessions_per_org()` live sessions (`engine.session_limits`). Its `limits`
+  (`SessionLimits`: rows, bytes, requests; at least 10,000 rows) are recorded as the role's
+  comment; the runner's router enforces them (`engine.gateway.db_sessions`).
+- Operations (`OPERATIONS`: `rows.read`, `rows.upsert`, `rows.append`, `rows.replace`,
+  `receipts`, `array_input`) and what each grants: `engine.session_grants`.
+- When the schema lacks an isolation policy mint relies on (a schema bootstrapped before the
+  policy existed), mint re-runs the idempotent bootstrap once (`tenant.repair_schema`), which
+  installs it, then mints.
 - `drop_expired(tenant)` / `sweep_expired(tenant)` (`engine.session_sweep`) end the open
   connections of expired session roles and drop them; the gateway and `runplane supervise`
   sweep periodically.
 - `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials,
   keeping only where the server is and its TLS settings (`URL_PARAMETERS`).
-- `create(port, play, table_namespace, operations, ttl_s, public_key)` is the gateway action
+- `create(port, play, table_namespace, operations, ttl_s, public_key, limits)` is the gateway action
   `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
   to the runner's key when one is sent (`engine.jwe`). Through a gateway the token bounds it:
   every action an operation stands for (`operation_actions()`) must be allowed, and the session
@@ -56,16 +55,20 @@ import trio
 from . import jwe, pg
 from .actions import action, actions
 from .bounds import is_int, is_number
-from .codecs import FLOAT, RAW, STR, list_of, optional
+from .codecs import FLOAT, INT, RAW, STR, dict_of, list_of, optional
 from .errors import (
-    AuthError, DatabaseError, EngineError, InsufficientPrivilegeError, InvalidInputError,
-    ScopeError, TooManySessionsError,
+    AuthError, InsufficientPrivilegeError, InvalidInputError,
+    SchemaNotFoundError, ScopeError,
 )
 from .keys import USER_RECEIPT_KIND, kind_range
 from .ports import Port
 from .scopes import PlayScope, check_scope, normalize_namespace
+from .session_grants import (  # noqa: F401  (public names)
+    COLUMNS, OPERATIONS, ROW_OPERATIONS, SHARED_TABLES, WRITE_OPERATIONS, grants,
+)
 from .session_limits import (  # noqa: F401  (public names)
-    DEFAULT_SESSIONS_PER_ORG, SESSIONS_PER_ORG_ENV, check_public_key, check_room, sessions_per_org,
+    DEFAULT_SESSIONS_PER_ORG, ROW_LIMIT_FLOOR, SESSIONS_PER_ORG_ENV, SessionLimits,
+    check_public_key, check_room, limits_comment, recorded_limits, sessions_per_org,
 )
 from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
 from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
@@ -74,8 +77,6 @@ from .sql import qualified, quote_ident
 if TYPE_CHECKING:
     from .tenant import Tenant
 
-OPERATIONS = ("rows.read", "rows.upsert", "receipts", "array_input")
-ROW_OPERATIONS = frozenset({"rows.read", "rows.upsert"})
 ROLE_PREFIX = "runplane_s_"
 DEFAULT_TTL_S = 600.0
 MAX_TTL_S = 24 * 3600.0
@@ -126,6 +127,7 @@ class MintedSession:
     expires_at: datetime.datetime
     scope: SessionScope
     schema: str
+    limits: SessionLimits | None = None
 
     def url(self, dsn: str) -> str:
         return session_url(dsn, self.role, self.password)
@@ -181,52 +183,6 @@ def key_ranges(scope: SessionScope) -> dict[str, bytes | None]:
 
 
 # -- minting ----------------------------------------------------------------------------------
-SHARED_TABLES = ("meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
-                 "sheet_columns")
-
-_COLUMNS = """
-SELECT c.relname::text AS table_name, array_agg(a.attname::text ORDER BY a.attnum) AS columns
-  FROM pg_catalog.pg_attribute a
-  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
-  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) AND a.attnum > 0 AND NOT a.attisdropped
- GROUP BY c.relname
-"""
-
-
-def _grants(schema: str, scope: SessionScope, sheet_table: str | None, role: str,
-            columns: dict[str, list[str]]) -> list[str]:
-    """The GRANTs of a session. On the tables every org shares they are column privileges
-    (naming every column): they allow the same statements, but LOCK TABLE needs a privilege
-    on the table itself, so a session can never lock a shared table. No DELETE anywhere (it
-    exists only for whole tables): retiring array facts goes over the gateway."""
-    r = quote_ident(role)
-    t = lambda name: qualified(schema, name)  # noqa: E731
-
-    def on(privileges: str, name: str) -> str:
-        cols = "(" + ", ".join(quote_ident(c) for c in columns[name]) + ")"
-        listed = ", ".join(f"{p} {cols}" for p in privileges.split(", "))
-        return f"GRANT {listed} ON {t(name)} TO {r}"
-
-    out = [f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {r}",
-           on("SELECT", "meta"), on("SELECT", SCOPES_TABLE)]
-    ops = set(scope.operations)
-    if "rows.upsert" in ops:
-        out += [
-            f"GRANT SELECT, INSERT, UPDATE ON {t(sheet_table)} TO {r}",
-            on("SELECT, INSERT, UPDATE", "sheet_summary"),
-            on("SELECT, INSERT, UPDATE", "sheet_column_summary"),
-            on("SELECT", "sheet_columns"),
-            f"GRANT USAGE ON SEQUENCE {t('row_versions')} TO {r}",
-        ]
-    elif "rows.read" in ops:
-        out += [f"GRANT SELECT ON {t(sheet_table)} TO {r}", on("SELECT", "sheet_summary"),
-                on("SELECT", "sheet_column_summary"), on("SELECT", "sheet_columns")]
-    if ops & {"receipts", "array_input"}:
-        out.append(on("SELECT, INSERT, UPDATE", "work_receipts"))
-    return out
-
-
 _RECORD = """
 INSERT INTO {m} (role_name, org_id, play, table_namespace, operations, sheet_table,
                   receipts_low, receipts_high, facts_low, facts_high, expires_at, sheet_lock_key)
@@ -274,15 +230,18 @@ async def mint(
     ttl_s: float = DEFAULT_TTL_S,
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
     max_sessions: int | None = None,
+    limits: Any = None,
 ) -> MintedSession:
     """Create a session role for `scope` (see the module docstring); checks input first.
     At most `max_sessions` (default `session_limits.sessions_per_org()`) live sessions per
-    org: past it, `TooManySessionsError`."""
+    org: past it, `TooManySessionsError`. `limits` (a `SessionLimits` or a mapping of
+    `max_rows`, `max_bytes`, `max_requests`) are recorded with the session."""
     from .sheets import SheetContract, ensure_sheet
     from .sheets.layout import layout_for, sheet_lock_key
 
     check_scope(tenant, scope)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
+    limits = SessionLimits.of(limits)
     if not is_number(ttl_s, high=MAX_TTL_S, above=0):
         raise InvalidInputError(f"ttl_s must be a number of seconds in (0, {MAX_TTL_S:.0f}]")
     if not is_int(connection_limit, 1, 100):
@@ -305,18 +264,20 @@ async def mint(
         # Claims the sheet's table name first: a name another sheet holds (a hash collision)
         # raises ConflictError here, so a role is never granted another sheet's table.
         await ensure_sheet(tenant, scope, grant.table_namespace, SheetContract())
-    for _ in range(2):
+    repaired = False
+    for _ in range(3):
         async with tenant.login_connection() as conn:
             async with conn.transaction():
                 state = await conn.fetchrow(
                     _MINT_STATE, float(ttl_s), GROUP, layout and layout.qualified, tenant.schema,
                     tables, [p for _, p in wanted])
-                if not state["group_present"] or state["installed"] != expected:
+                policies_missing = state["installed"] != expected
+                if not state["group_present"] or (policies_missing and repaired):
                     raise await _unavailable(conn, tenant.schema, state["group_present"])
-                if state["sheet_present"]:
+                if state["sheet_present"] and not policies_missing:
                     await check_room(conn, tenant.schema, grant.org_id, max_sessions)
                     columns = {row["table_name"]: row["columns"] for row in await conn.fetch(
-                        _COLUMNS, tenant.schema, list(SHARED_TABLES))}
+                        COLUMNS, tenant.schema, list(SHARED_TABLES))}
                     expires_at = state["expires_at"]
                     membership = " WITH INHERIT TRUE, SET FALSE" if state["version"] >= 160000 else ""
                     await conn.execute(";\n".join([
@@ -326,7 +287,9 @@ async def mint(
                         f"GRANT {quote_ident(GROUP)} TO {quote_ident(role)}{membership}",
                         *(f"ALTER ROLE {quote_ident(role)} SET {name} = '{value}'"
                           for name, value in ROLE_SETTINGS),
-                        *_grants(tenant.schema, grant, layout and layout.table, role, columns),
+                        *grants(tenant.schema, grant.operations, layout and layout.table, role, columns),
+                        *([f"COMMENT ON ROLE {quote_ident(role)} IS {limits_comment(limits)}"]
+                          if limits is not None else []),
                     ]))
                     await conn.execute(
                         _RECORD.format(m=qualified(tenant.schema, SCOPES_TABLE)),
@@ -336,7 +299,16 @@ async def mint(
                         ranges["facts_low"], ranges["facts_high"], expires_at,
                         layout and sheet_lock_key(tenant, layout),
                     )
-                    return MintedSession(role, password, expires_at, grant, tenant.schema)
+                    return MintedSession(role, password, expires_at, grant, tenant.schema, limits)
+        if policies_missing:
+            # A schema bootstrapped before a policy sessions rely on existed: the idempotent
+            # bootstrap installs it (a login that may not is told so on the next pass).
+            repaired = True
+            try:
+                await tenant.repair_schema()
+            except (InsufficientPrivilegeError, SchemaNotFoundError) as exc:
+                log.warning("database sessions: cannot install the isolation policies: %s", exc)
+            continue
         # A session granted on rows needs its sheet table to exist: create it bare, then mint.
         await ensure_sheet(tenant, scope, grant.table_namespace, SheetContract())
     raise AssertionError("unreachable: the sheet table exists after ensure_sheet")
@@ -350,6 +322,8 @@ _SHEET_ACTIONS = {
                   "sheets.error_counts", "sheets.run_rows", "sheets.read_page", "sheets.count",
                   "sheets.field_kinds"),
     "rows.upsert": ("sheets.admit", "sheets.complete"),
+    "rows.append": ("sheets.append_rows",),
+    "rows.replace": ("sheets.replace_rows",),
 }
 _ACTION_FAMILIES = {"receipts": "receipts.", "array_input": "array_input."}
 
@@ -366,14 +340,16 @@ def operation_actions() -> dict[str, tuple[str, ...]]:
 
 
 @action(CREATE_ACTION, params={"play": STR, "table_namespace": STR, "operations": list_of(STR),
-                               "ttl_s": FLOAT, "public_key": optional(RAW)},
+                               "ttl_s": FLOAT, "public_key": optional(RAW),
+                               "limits": optional(dict_of(INT))},
         result=RAW, context=("claims", "session_dsn"))
 async def create(port: Port, play: str, table_namespace: str, operations: Any,
-                 ttl_s: float = DEFAULT_TTL_S, public_key: Any = None, *,
+                 ttl_s: float = DEFAULT_TTL_S, public_key: Any = None, limits: Any = None, *,
                  claims: Any = None, session_dsn: str | None = None) -> dict[str, Any]:
     """Mint a session on the port's org and answer with `expires_at`, `org`,
-    `play`, `table_namespace`, `operations`, `schema`, and `encrypted_postgres_url` (a JWE for
-    `public_key`) or, without a key, `postgres_url`.
+    `play`, `table_namespace`, `operations`, `schema`, `limits` (those set, recorded with the
+    session: `max_rows` at least 10,000, `max_bytes`, `max_requests`), and
+    `encrypted_postgres_url` (a JWE for `public_key`) or, without a key, `postgres_url`.
 
     Through a gateway (`claims` are the verified token's): every action an operation stands for
     must be allowed by the token, and the session lives at most as long as the token. A token
@@ -382,6 +358,7 @@ async def create(port: Port, play: str, table_namespace: str, operations: Any,
     """
     scope = PlayScope(port.org_id, play)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
+    limits = SessionLimits.of(limits)
     if public_key is not None:
         check_public_key(public_key)
     if claims is not None:
@@ -394,12 +371,13 @@ async def create(port: Port, play: str, table_namespace: str, operations: Any,
             ttl_s = min(ttl_s, claims.exp - time.time())
             if ttl_s <= 0:
                 raise AuthError("the token has expired")
-    minted = await mint(port, scope, grant.table_namespace, grant.operations, ttl_s=ttl_s)
+    minted = await mint(port, scope, grant.table_namespace, grant.operations, ttl_s=ttl_s,
+                        limits=limits)
     expires_at = minted.expires_at.isoformat()
     answer: dict[str, Any] = {
         "expires_at": expires_at, "org": grant.org_id, "play": grant.play,
         "table_namespace": grant.table_namespace, "operations": list(grant.operations),
-        "schema": minted.schema,
+        "schema": minted.schema, "limits": limits.as_dict() if limits is not None else {},
     }
     url = minted.url(session_dsn or port.dsn)
     if public_key is None:

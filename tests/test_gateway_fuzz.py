@@ -46,7 +46,8 @@ USER_DATA = ("rows", "output", "outputs", "config", "outcomes.*.data", "outcomes
 SHARED_PLAY = str(Path(__file__).parent / "plays" / "scale_play.py")
 HANDWRITTEN = {  # actions no workload below sends
     "db_sessions.create": {"play": PLAY, "table_namespace": "things",
-                           "operations": ["rows.read"], "ttl_s": 60.0},
+                           "operations": ["rows.read"], "ttl_s": 60.0,
+                           "limits": {"max_rows": 10_000}},
 }
 
 

@@ -93,6 +93,7 @@ async def test_sheets_and_array_inputs_answer_as_direct(tenant, gateway):
     seen = []
     done = await sheets.complete(gateway, run, "t", CONTRACT, outcomes, on_diagnostics=seen.append)
     assert done.committed_keys == tuple(o.key for o in outcomes) and done.updated == 4
+    await gateway.diagnostics.wait_idle()  # the sink runs in the gateway's background task
     assert len(seen) == 1 and seen[0].input_rows == 4
     again = await sheets.admit(gateway, run, "t", CONTRACT, rows(5))
     assert len(again.completed) == 3 and again.completed[0].row["upper"] == "X"

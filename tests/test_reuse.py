@@ -111,3 +111,65 @@ async def test_keys_that_are_not_row_keys_are_recorded_as_text(tenant):
     assert set(await keys_of(tenant, "rerun")) == set(keys)
     assert await record_reuse(tenant, rerun, NS, ["f" * 32, "0" * 32]) == 2  # as digests
     assert set(await keys_of(tenant, "rerun")) == set(keys)  # "000…" has no row
+
+
+async def test_a_datasets_rows_of_a_run_include_the_rows_it_reused(tenant):
+    from runplane.engine import sheets
+
+    rows = [{"name": f"n{i}"} for i in range(1_500)]
+    failed: set[str] = set()
+
+    async def fn(row):
+        return await fail_odd_first_time(row, failed)
+
+    async with open_run(tenant, PLAY, "first") as run:
+        await run.map(NS, rows, fn, contract=CONTRACT)
+    async with open_run(tenant, PLAY, "second") as run:  # reuses 750, recomputes 750
+        assert (await run.map(NS, rows, fn, contract=CONTRACT)).cached == 750
+    async with open_run(tenant, PLAY, "forced") as run:  # rewrites 100 reused and 100 not
+        await run.map(NS, rows[:200], fn, contract=CONTRACT, force=True)
+    scope = play_scope(tenant)
+    second = sheets.dataset(tenant, scope, NS, run_id="second")
+    expected = await read_rows(tenant, scope, NS, run_id="second", limit=10_000)
+    assert len(expected) == 1_300  # 1,500 minus the 200 the forced run rewrote since
+    assert await second.count() == 1_300
+    for page_rows in (7, 1000):
+        assert [r async for r in second.iterate(page_rows=page_rows)] == expected
+    assert await sheets.dataset(tenant, scope, NS, run_id="second", status="failed").count() == 0
+    assert await sheets.dataset(tenant, scope, NS, run_id="first").count() == 650
+    assert await sheets.dataset(tenant, scope, NS, run_id="forced").count() == 200
+    assert (await sheets.dataset(tenant, scope, NS, run_id="second").field_kinds()) == {
+        "name": "string", "score": "integer"}
+    lines: list[bytes] = []
+
+    async def collect(chunk: bytes) -> None:
+        lines.append(chunk)
+
+    assert await second.copy_lines(collect)
+    assert b"".join(lines).count(b"\n") == 1_300
+
+
+async def test_a_runs_page_filters_the_sheet_in_its_order_with_a_hashed_key_set(tenant):
+    from runplane.engine.sheets import record_reuse as record
+    from runplane.engine.sheets.dataset_pages import Filters, fetch_page, page_statement, resolve
+    from runplane.engine.sheets.layout import layout_for
+    from tests.dataset_support import NS as BIG, fill
+    from tests.sheet_helpers import new_run
+
+    keys = await fill(tenant, 20_000, "first")
+    rerun = await new_run(tenant, PLAY, "rerun")
+    await record(tenant, rerun, BIG, keys)
+    scope = play_scope(tenant)
+    layout = layout_for(tenant, scope, BIG)
+    filters = Filters(run_id="rerun")
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f"ANALYZE {layout.qualified}")
+        read = await resolve(conn, tenant, layout, filters)
+        first = await fetch_page(conn, read, filters, None, 1000)
+        assert first.rows == 1000
+        for after in (None, first.after):
+            sql, values = page_statement(read, filters, after, 1000)
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *values))
+            assert f"Index Scan using {layout.table}_ord" in plan, plan
+            assert "hashed SubPlan" in plan, plan  # the recorded keys: one hash a statement
+            assert f"Seq Scan on {layout.table}" not in plan, plan

@@ -45,3 +45,44 @@ async def test_force_reuse_and_write_modes_through_a_gateway(tenant, gateway):
         replaced = await sheets.replace_rows(gateway, run.ref, NS, CONTRACT, rows[:3])
         assert replaced.inserted == 3
     assert (await sheets.summary(tenant, play_scope(tenant), NS)).total == 3
+
+
+async def test_a_blocked_sink_never_delays_a_completion_through_a_gateway(tenant, gateway):
+    import trio
+
+    run = await sheets_run(gateway, tenant)
+    key = (await sheets.admit(gateway, run, NS, CONTRACT, [{"name": "a"}])).pending[0].key
+    release, started, seen = trio.Event(), trio.Event(), []
+
+    async def stuck_sink(diagnostics):
+        started.set()
+        await release.wait()
+        seen.append(diagnostics)
+
+    with trio.fail_after(30):  # awaiting the sink inline would never return
+        done = await sheets.complete(gateway, run, NS, CONTRACT,
+                                     [sheets.RowOutcome(key, "completed", {"score": 1})],
+                                     on_diagnostics=stuck_sink)
+        assert done.committed_keys == (key,)
+        await started.wait()
+        assert seen == []  # the completion returned while its sink was still running
+        release.set()
+        await gateway.diagnostics.wait_idle()
+    assert len(seen) == 1 and seen[0].input_rows == 1
+
+
+async def sheets_run(gateway, tenant):
+    from runplane.engine import runs
+    from runplane.engine.scopes import RunScope
+
+    return await runs.register(gateway, RunScope(tenant.org_id, "play", "diag"))
+
+
+async def test_a_failed_outcome_with_a_lone_surrogate_travels_normalized(tenant, gateway):
+    run = await sheets_run(gateway, tenant)
+    key = (await sheets.admit(gateway, run, NS, CONTRACT, [{"name": "s"}])).pending[0].key
+    done = await sheets.complete(gateway, run, NS, CONTRACT,
+                                 [sheets.RowOutcome(key, "failed", error="bad \ud800 byte")])
+    assert done.committed_keys == (key,)
+    direct = await sheets.read_rows(tenant, play_scope(tenant), NS)
+    assert [r["_error"] for r in direct if r["_key"] == key] == ["bad \ufffd byte"]

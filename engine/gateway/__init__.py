@@ -3,8 +3,9 @@ database credentials.
 
 `open_server` serves the actions of `engine.actions` (`server`); `open_gateway` yields a
 `Gateway`, accepted by every engine operation and by the actors wherever a tenant is
-(`client`); `mint_token` makes the scoped tokens (`tokens`); `protocol` is the wire format and
-`paging` keeps admission and completion under the body limit.
+(`client`: `transport` sends, `retry` decides each retry, `senders` pages admission and
+completion under the body limit with `paging`); `mint_token` makes the scoped tokens (`tokens`);
+`protocol` is the wire format; `db_sessions` runs covered work over database sessions.
 """
 
 from .db_sessions import DbSession, create_db_session

@@ -2,7 +2,8 @@
 engine operations directly against the database with them.
 
 How it works
-- `create_db_session(gateway, play, table_namespace, operations, ttl_s=600)` sends the action
+- `create_db_session(gateway, play, table_namespace, operations, ttl_s=600, limits=None)` sends
+  the action
   `db_sessions.create` with the public half of an RSA key the gateway client made for this
   process (once: when `open_gateway(..., db_sessions=True)` opens, else on first use; the
   private half stays in memory), decrypts the JWE it gets back, checks that its
@@ -21,6 +22,13 @@ How it works
   gateway's event loop), exactly as with a direct tenant. What a session does not cover goes
   over HTTP as usual: other actions (runs, outbox, `ensure_sheet`), and any single call the
   session may not run (`InsufficientPrivilegeError`, e.g. a completion that must add a column).
+- Session limits (`open_gateway(..., session_limits={max_rows, max_bytes, max_requests})`) are
+  asked for with every mint and recorded with the session; the router counts what it runs over
+  each session (`SessionUsage`: one request per operation, the rows and row bytes it writes or
+  reads) and sends an operation that would pass a limit over HTTP, as the rest of that
+  session's work, until the session is renewed. An operation's input rows (`rows`,
+  `outcomes`) count before it runs; what a read returns counts after (a read runs while the
+  limit is not yet reached).
 - When the database cannot be reached with a session's URL, or the gateway cannot mint, the
   router logs one warning and sends everything over HTTP for the rest of the gateway's life.
   When the gateway refuses a mint because the org holds as many live sessions as it allows
@@ -33,7 +41,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 import jwt
@@ -46,7 +54,9 @@ from ..errors import (
     ScopeError, TenantUnavailableError, TooManySessionsError,
 )
 from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
+from ..session_limits import SessionLimits, SessionUsage
 from ..tenant import DEFAULT_LANES, Tenant
+from . import protocol
 from .tokens import allows
 
 log = logging.getLogger("runplane.gateway")
@@ -68,6 +78,7 @@ class DbSession:
     table_namespace: str
     operations: tuple[str, ...]
     schema: str
+    limits: SessionLimits | None = None
 
     def remaining_s(self) -> float:
         return (self.expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
@@ -97,8 +108,8 @@ def open_answer(answer: Any, key: SessionKey, org: str, play: str) -> DbSession:
         session = DbSession(
             url.decode("utf-8"), datetime.datetime.fromisoformat(answer["expires_at"]),
             answer["org"], answer["play"], answer["table_namespace"],
-            tuple(answer["operations"]), answer["schema"])
-    except (KeyError, TypeError, ValueError) as exc:
+            tuple(answer["operations"]), answer["schema"], SessionLimits.of(answer.get("limits")))
+    except (KeyError, TypeError, ValueError, EngineError) as exc:
         raise GatewayUnavailableError(f"the gateway's database session answer is malformed: {exc!r}") from None
     if (header.get("org"), header.get("play"), header.get("expires_at")) != \
             (session.org, session.play, answer["expires_at"]) or (session.org, session.play) != (org, play):
@@ -107,11 +118,15 @@ def open_answer(answer: Any, key: SessionKey, org: str, play: str) -> DbSession:
 
 
 async def create_db_session(gateway: Any, play: str, table_namespace: str,
-                            operations: Iterable[str], *, ttl_s: float = sessions.DEFAULT_TTL_S) -> DbSession:
+                            operations: Iterable[str], *, ttl_s: float = sessions.DEFAULT_TTL_S,
+                            limits: SessionLimits | Mapping[str, int] | None = None) -> DbSession:
     """Mint a database session through `gateway` (see the module docstring)."""
+    limits = SessionLimits.of(limits)
     key = await session_key(gateway)
+    # Limits travel only when set, so a gateway from before them still mints for this client.
+    extra = {} if limits is None else {"limits": limits.as_dict()}
     answer = await sessions.create(gateway, play, table_namespace, list(operations),
-                                   ttl_s=ttl_s, public_key=key.public_jwk)
+                                   ttl_s=ttl_s, public_key=key.public_jwk, **extra)
     return open_answer(answer, key, gateway.org_id, PlayScope(gateway.org_id, play).play)
 
 
@@ -160,12 +175,49 @@ class _Pool:
     tenant: Tenant
     users: int = 0
     retired: bool = False
+    usage: SessionUsage = attrs.field(init=False)
+    spent: str | None = None  # the limit this session reached, once it did
+
+    def __attrs_post_init__(self) -> None:
+        self.usage = SessionUsage(self.session.limits)
 
     def fresh(self) -> bool:
         return not self.retired and self.session.remaining_s() > RENEW_WITHIN_S
 
 
 NOT_ROUTED = object()
+_ROW_ARGUMENTS = ("rows", "outcomes")
+
+
+def input_rows(arguments: Mapping[str, Any]) -> Sequence[Any]:
+    """The rows an operation writes (`rows`, or a completion's `outcomes`)."""
+    for name in _ROW_ARGUMENTS:
+        value = arguments.get(name)
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            return value
+    return ()
+
+
+def input_bytes(rows: Sequence[Any]) -> int:
+    """The JSON size of the rows' data (an outcome's: its `data`)."""
+    if not rows:
+        return 0
+    data = [getattr(row, "data", row) for row in rows]
+    try:
+        return len(protocol.dumps(data))
+    except (TypeError, ValueError):
+        return 0  # not JSON: the operation itself refuses it
+
+
+def result_size(result: Any, with_bytes: bool) -> tuple[int, int]:
+    """The rows (and, `with_bytes`, their JSON bytes) a read returned: a list of rows or a
+    page (`rows`, `text`); other answers (counters, kinds) carry no rows."""
+    if isinstance(result, list):
+        return len(result), (len(protocol.dumps(result)) if with_bytes and result else 0)
+    rows, text = getattr(result, "rows", None), getattr(result, "text", None)
+    if isinstance(rows, int) and isinstance(text, str):
+        return rows, (len(text.encode("utf-8")) if with_bytes else 0)
+    return 0, 0
 
 
 @attrs.define(eq=False)
@@ -175,6 +227,7 @@ class SessionRouter:
     gateway: Any
     driver: pg.Driver
     operations: tuple[str, ...]
+    limits: SessionLimits | None = None
     ttl_s: float = sessions.DEFAULT_TTL_S
     mints: int = 0
     disabled: str | None = None
@@ -187,16 +240,32 @@ class SessionRouter:
         op = routed_actions().get(action.name)
         if op is None or op not in self.operations or self.disabled is not None:
             return NOT_ROUTED
-        play, namespace = target(action.bind(args, kwargs))
+        arguments = action.bind(args, kwargs)
+        play, namespace = target(arguments)
         if play is None:
             return NOT_ROUTED
         pool = await self._pool(play, namespace, op)
         if pool is None:
             return NOT_ROUTED
+        usage = pool.usage
+        rows = input_rows(arguments)
+        size = input_bytes(rows) if usage.counts_bytes else 0
+        passed = usage.exceeded_by(len(rows), size)
+        if passed is not None:
+            if pool.spent is None:
+                pool.spent = passed
+                log.info("database session: its limit %s is reached; its work goes over HTTP "
+                         "until it is renewed", passed)
+            return NOT_ROUTED
+        usage.charge(len(rows), size, requests=1)
         pool.users += 1
         try:
-            return await action.function(pool.tenant, *args, **kwargs)
+            result = await action.function(pool.tenant, *args, **kwargs)
+            if not action.writes:
+                usage.charge(*result_size(result, usage.counts_bytes))
+            return result
         except InsufficientPrivilegeError as exc:
+            usage.charge(-len(rows), -size, requests=-1)  # it runs over HTTP instead
             log.info("database session: %s needs more than the session allows; sent over HTTP (%s)",
                      action.name, exc)
             return NOT_ROUTED
@@ -238,7 +307,8 @@ class SessionRouter:
     async def _mint(self, key: tuple) -> _Pool | None:
         play, namespace, ops = key
         try:
-            session = await create_db_session(self.gateway, play, namespace, ops, ttl_s=self.ttl_s)
+            session = await create_db_session(self.gateway, play, namespace, ops, ttl_s=self.ttl_s,
+                                              limits=self.limits)
         except (ScopeError, AuthError):
             return None  # over HTTP, this call meets the same refusal and raises it
         except TooManySessionsError as exc:

@@ -4,7 +4,8 @@ How it works
 - `dataset(port, scope, table_namespace, *, status=None, run_id=None, fields=None)` checks its
   input (before any query) and returns a `Dataset`: a description, not a read. `status` keeps
   the rows of one status (`pending`, `running`, `enriched`, `failed`); `run_id` the rows that run
-  last wrote; `fields` the fields read (default: every field of the sheet, in its order).
+  last wrote and those it reused (its cache hits, `engine.sheets.reuse`), as `read_rows(run_id=)`
+  reads them; `fields` the fields read (default: every field of the sheet, in its order).
 - `Dataset.iterate(page_rows=1000)` reads keyset pages in the sheet's row order (input index,
   nulls last; creation; key), one statement a page, each on its own connection checkout (no
   transaction is held between pages). It does not read one snapshot: while other runs write, a
@@ -82,7 +83,7 @@ async def read_page(
 async def count(port: Port, scope: PlayScope, table_namespace: str, *,
                 status: str | None = None, run_id: str | None = None) -> int:
     """How many rows of the sheet match: from the sheet's counters (always equal to a COUNT)
-    when no run is named, else one COUNT."""
+    when no run is named, else one COUNT (a run's rows include those it reused)."""
     check_scope(port, scope)
     filters = check_filters(status, run_id, None)
     layout = layout_for(port, scope, table_namespace)

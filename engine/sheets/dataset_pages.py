@@ -36,6 +36,7 @@ from ..ports import Port, table
 from ..sql import quote_ident
 from .layout import FOREIGN_TABLE, BindParams, SheetLayout, existing_columns, foreign_table_error
 from .reading import REGISTERED_FIELDS, check_run_id
+from .reuse import member_condition
 
 STATUSES = ("pending", "running", "enriched", "failed")
 MAX_PAGE_ROWS = 10_000
@@ -51,6 +52,14 @@ SELECT i, c, k, line FROM (
 
 _RANGE = """(SELECT _input_index AS i, _created_at AS c, _key AS k, {line} AS line FROM {t}
       WHERE {where} ORDER BY {order} LIMIT {limit})"""
+
+# A range of a run's rows: the sheet in its order, the run's condition applied above a fence
+# (`OFFSET 0`) so the planner reads the order index until `LIMIT` rows pass it, whatever it
+# guesses of the condition (a rerun's rows are most of the sheet; a guess of few would choose
+# a scan and sort of the whole sheet for every page).
+_FILTERED_RANGE = """(SELECT _input_index AS i, _created_at AS c, _key AS k, {line} AS line FROM (
+        SELECT * FROM {t} WHERE {where} ORDER BY {order} OFFSET 0) AS s
+      WHERE {filters} LIMIT {limit})"""
 
 _COUNT = "SELECT count(*) FROM {t} WHERE {where}"
 
@@ -114,13 +123,15 @@ def check_page_rows(page_rows: Any) -> int:
 
 @attrs.frozen
 class SheetRead:
-    """What a page statement needs: the table, the (field, column) pairs read, and whether
-    the table has the policy counters (a sheet from before them reads zeros; no DDL here)."""
+    """What a page statement needs: the table, the (field, column) pairs read, whether the
+    table has the policy counters (a sheet from before them reads zeros; no DDL here), and
+    the reuse membership table (a run's rows include those it reused)."""
 
     layout: SheetLayout
     present: bool
     pairs: tuple[tuple[str, str], ...] = ()
     policy: tuple[str, ...] = ()
+    reuse: str = ""
 
 
 async def resolve(conn: Connection, port: Port, layout: SheetLayout, filters: Filters) -> SheetRead:
@@ -141,7 +152,8 @@ async def resolve(conn: Connection, port: Port, layout: SheetLayout, filters: Fi
         return SheetRead(layout, False)
     existing = await existing_columns(conn, layout)
     pairs = tuple((f, registered[f]) for f in wanted if registered[f] in existing)
-    return SheetRead(layout, True, pairs, tuple(c for c in POLICY_COLUMNS if c in existing))
+    return SheetRead(layout, True, pairs, tuple(c for c in POLICY_COLUMNS if c in existing),
+                     table(port, "sheet_reuse"))
 
 
 def _line(read: SheetRead, binds: BindParams) -> str:
@@ -162,12 +174,17 @@ def _line(read: SheetRead, binds: BindParams) -> str:
     return " || ".join(parts)
 
 
-def filter_sql(filters: Filters, binds: BindParams) -> list[str]:
+def filter_sql(filters: Filters, binds: BindParams, read: SheetRead) -> list[str]:
+    """The WHERE conditions of `filters`; a run's rows are those it wrote and those it
+    reused (`reuse.member_condition`)."""
     where = []
     if filters.status is not None:
         where.append(f"_status = {binds.add(filters.status, 'text')}")
     if filters.run_id is not None:
-        where.append(f"_run_id = {binds.add(filters.run_id, 'text')}")
+        org, play, namespace = read.layout.counter_args
+        where.append(member_condition(
+            read.reuse, binds.add(filters.run_id, "text"), binds.add(org, "text"),
+            binds.add(play, "text"), binds.add(namespace, "text")))
     return where
 
 
@@ -177,22 +194,30 @@ def page_statement(read: SheetRead, filters: Filters, after: PageCursor | None,
     binds = BindParams(1)
     limit_param = binds.add(limit, "bigint")
     line = _line(read, binds)
-    where = filter_sql(filters, binds)
+    where = filter_sql(filters, binds, read)
     ranges = []
+
+    def add_range(bounds: list[str]) -> None:
+        if filters.run_id is None:
+            ranges.append(_RANGE.format(line=line, t=read.layout.qualified, order=ORDER,
+                                        where=" AND ".join(bounds + where), limit=limit_param))
+        else:
+            ranges.append(_FILTERED_RANGE.format(
+                line=line, t=read.layout.qualified, order=ORDER, where=" AND ".join(bounds),
+                filters=" AND ".join(where), limit=limit_param))
+
     if after is None or after.input_index is not None:
         indexed = ["_input_index IS NOT NULL"]
         if after is not None:
             indexed.append(f"({ORDER}) > ({binds.add(after.input_index, 'bigint')}, "
                            f"{binds.add(after.created_at, 'timestamptz')}, "
                            f"{binds.add(after.key, 'text')})")
-        ranges.append(_RANGE.format(line=line, t=read.layout.qualified, order=ORDER,
-                                    where=" AND ".join(indexed + where), limit=limit_param))
+        add_range(indexed)
     unindexed = ["_input_index IS NULL"]
     if after is not None and after.input_index is None:
         unindexed.append(f"(_created_at, _key) > ({binds.add(after.created_at, 'timestamptz')}, "
                          f"{binds.add(after.key, 'text')})")
-    ranges.append(_RANGE.format(line=line, t=read.layout.qualified, order=ORDER,
-                                where=" AND ".join(unindexed + where), limit=limit_param))
+    add_range(unindexed)
     sql = _PAGE.format(ranges="\n    UNION ALL\n    ".join(ranges), limit=limit_param)
     return sql, binds.values
 
@@ -223,12 +248,12 @@ def lines_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
     """One statement of every matching row's JSON line, in the sheet's order."""
     binds = BindParams(1)
     line = _line(read, binds)
-    where = filter_sql(filters, binds) or ["true"]
+    where = filter_sql(filters, binds, read) or ["true"]
     return _ALL_LINES.format(line=line, t=read.layout.qualified, where=" AND ".join(where)), \
         binds.values
 
 
 def count_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
     binds = BindParams(1)
-    where = filter_sql(filters, binds) or ["true"]
+    where = filter_sql(filters, binds, read) or ["true"]
     return _COUNT.format(t=read.layout.qualified, where=" AND ".join(where)), binds.values

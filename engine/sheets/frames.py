@@ -47,7 +47,7 @@ def kinds_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
     """One scan giving, per field i, its JSON types (`t<i>`) and whether its numbers are all
     integral within int64 (`n<i>`)."""
     binds = BindParams(1)
-    where = filter_sql(filters, binds) or ["true"]
+    where = filter_sql(filters, binds, read) or ["true"]
     columns = []
     for i, (_, column) in enumerate(read.pairs):
         c = quote_ident(column)

@@ -14,6 +14,11 @@ How it works
   rewritten since is that run's, not this one's.
 - `read_rows(run_id=R)` reads R's own rows and, through `MEMBERS`, the rows R reused, each by
   a primary-key lookup from the recorded keys.
+- A dataset (`engine.sheets.dataset`) with `run_id=R` filters the sheet's rows in its own order
+  with `member_condition`: R's own rows, or a row whose key R recorded (a hashed set, built once
+  per statement from R's membership rows) that is enriched at a write version older than R's
+  epoch. A run has one epoch, so every membership row of R holds the same one. Each row is
+  read once, so a page never holds a row twice.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ VALUES ($1, $2, $3, $4, $5, $6::bytea, $7::text[])
 # `read_rows`: `{reuse}` the membership table, `{t}` the sheet; $4 org, $5 play, $6 namespace.
 MEMBERS = """
 recorded AS MATERIALIZED (
-    SELECT r.epoch, r.digests, r.keys FROM {reuse} AS r
+    SELECT r.epoch, r.digests || ''::bytea AS digests, r.keys FROM {reuse} AS r
      WHERE r.org_id = $4 AND r.play = $5 AND r.table_namespace = $6 AND r.run_id = $3
 ),
 reused_keys AS MATERIALIZED (
@@ -58,6 +63,27 @@ reused AS MATERIALIZED (
      WHERE s._status = 'enriched' AND s._write_version < k.epoch
        AND s._run_id IS DISTINCT FROM $3
 )"""
+
+
+# $run the run id, $org, $play, $namespace its sheet (bind expressions from the caller).
+# `digests || ''` reads a membership row's digests once (they are stored uncompressed out of
+# line, so each `substring` of the stored value would fetch its slice again).
+_MEMBER = """(_run_id = {run} OR (_status = 'enriched' AND _key IN (
+    SELECT encode(substring(r.digests FROM i * 16 + 1 FOR 16), 'hex')
+      FROM (SELECT r.digests || ''::bytea AS digests FROM {reuse} AS r WHERE {recorded}
+            OFFSET 0) AS r
+      CROSS JOIN LATERAL generate_series(0, coalesce(length(r.digests), 0) / 16 - 1) AS i
+    UNION ALL
+    SELECT k.key FROM {reuse} AS r CROSS JOIN LATERAL unnest(r.keys) AS k(key) WHERE {recorded}
+  ) AND _write_version < (SELECT max(r.epoch) FROM {reuse} AS r WHERE {recorded})))"""
+
+
+def member_condition(reuse: str, run: str, org: str, play: str, namespace: str) -> str:
+    """The WHERE condition of a run's rows (see the module docstring): `reuse` the membership
+    table, the others bind expressions (`$n::text`) of the run id and the sheet's scope."""
+    recorded = (f"r.org_id = {org} AND r.play = {play} AND r.table_namespace = {namespace}"
+                f" AND r.run_id = {run}")
+    return _MEMBER.format(run=run, reuse=reuse, recorded=recorded)
 
 
 def _split(keys: list[str]) -> tuple[bytes | None, list[str] | None]:

@@ -1,0 +1,188 @@
+"""The actions a gateway client sends its own way: `sheets.admit` and `sheets.complete` in
+pages under the body limit, `sheets.probe` in one request.
+
+How it works
+- Admission and completion are validated, keyed and deduplicated here exactly as the engine
+  would, then paged under the body limit (`engine.gateway.paging`) and their answers merged;
+  an admission page whose answer disagrees with the page sent is a `ConflictError`.
+- An admission's pending rows come back by key (`protocol.ROWS_HEADER`): the client puts back
+  the rows it sent. Every page of one completion shares one retry budget, so the completion's
+  total deadline holds for the whole call. A completion's diagnostics go to its sink through
+  the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
+- Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
+  encoded once: its size is what the pager counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import attrs
+
+from ..actions import Action
+from ..errors import InvalidInputError
+from ..scopes import normalize_namespace
+from ..sheets.admission import check_give_up_after
+from ..sheets.completion import deliver_diagnostics
+from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
+from ..sheets.model import (
+    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, Timing,
+)
+from . import paging, protocol
+
+COMPLETION_ACTION = "sheets.complete"
+
+_ROWS_BY_KEY = {protocol.ROWS_HEADER: protocol.ROWS_BY_KEY}
+
+async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admission:
+    """`sheets.admit` in pages under the body limit, answers merged (see `paging`)."""
+    started = time.perf_counter()
+    run, contract = arguments["run"], arguments["contract"]
+    attempt = arguments.get("attempt")
+    check_write(gateway, run, contract, attempt)
+    namespace = normalize_namespace(arguments["table_namespace"])
+    rows = arguments["rows"]
+    offset = arguments.get("input_offset", 0)
+    indexes = arguments.get("input_indexes")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidInputError(f"input_offset must be an integer >= 0, got {offset!r}")
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+        raise InvalidInputError("rows must be a sequence of dicts")
+    if indexes is not None:
+        check_input_indexes(indexes, len(rows))
+    check_give_up_after(arguments.get("give_up_after"))
+    if arguments.get("staged_page") is not None:
+        # One sealed page (at most 1,000 rows, its fact at most 1 MiB): one request, unpaged;
+        # the server checks it and reads the rows' inputs from the stored fact.
+        body = protocol.dumps(action.encode_input(
+            {name: value for name, value in arguments.items() if name != "texts"}))
+        return action.result.decode(await gateway.post(action, body), "result")
+    # Positions ride in as input indexes, so every unique row keeps its place in the call.
+    prepared = prepare_rows(rows, namespace, input_offset=0, keys=arguments.get("keys"),
+                            need_texts=True, input_indexes=range(len(rows)),
+                            texts=arguments.get("texts"))
+    positions = prepared.indexes
+    final = [indexes[p] for p in positions] if indexes is not None else [offset + p for p in positions]
+    # Everything but the rows travels in every page (a new parameter of admit does too).
+    arrays = ("rows", "keys", "input_indexes")
+    fixed = action.encode_input({name: value for name, value in arguments.items()
+                                 if name not in arrays and name not in ("input_offset", "texts")})
+    health = await gateway.health()
+    room = paging.room_for_rows(fixed, arrays, health.body_limit, "rows")
+    key_texts = [json.dumps(key, ensure_ascii=False) for key in prepared.keys]
+    index_texts = [str(index) for index in final]
+    assert prepared.texts is not None
+    sizes = [paging.utf8_size(row) + paging.utf8_size(key) + len(index) + 3
+             for row, key, index in zip(prepared.texts, key_texts, index_texts)]
+    results: list[Admission] = []
+    for start, end in paging.pack(sizes, positions, room, "rows"):
+        body = paging.page_body(fixed, [("rows", prepared.texts[start:end]),
+                                        ("keys", key_texts[start:end]),
+                                        ("input_indexes", index_texts[start:end])])
+        answer = await gateway.post(action, body, headers=_ROWS_BY_KEY)
+        page = action.result.decode(answer, "result")
+        paging.check_admitted_page(page, dict(zip(prepared.keys[start:end], final[start:end])),
+                                   run.epoch)
+        results.append(page)
+    # Pending rows come back by key (ROWS_HEADER): put back the rows this call sent.
+    row_of = dict(zip(prepared.keys, prepared.rows))
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    return Admission(
+        inserted=sum(page.inserted for page in results),
+        skipped=prepared.skipped + sum(page.skipped for page in results),
+        pending=tuple(AdmittedRow(row.key, row.input_index, row_of[row.key])
+                      for page in results for row in page.pending),
+        completed=tuple(row for page in results for row in page.completed),
+        blocked=tuple(row for page in results for row in page.blocked),
+        cached=sum(page.cached for page in results),
+        write_version=run.epoch,
+        timings=(Timing("gateway_pages", round(elapsed_ms, 3), len(rows)),
+                 *(timing for page in results for timing in page.timings)),
+    )
+
+
+def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
+    """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
+    key), encoded by `ROW_OUTCOME` from the outcome given, with the error message as prepared
+    (normalized, so it is valid UTF-8)."""
+    last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
+    dumps = protocol.dumps
+    texts = []
+    for one in prepared:
+        position, outcome = last[one.key]
+        if outcome.error != one.error:
+            outcome = attrs.evolve(outcome, error=one.error)
+        texts.append(dumps(ROW_OUTCOME.encode(outcome, f"outcomes[{position}]")).decode("utf-8"))
+    return texts
+
+
+async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Completion:
+    """`sheets.complete` in pages under the body limit, one total deadline for all of them."""
+    run, contract = arguments["run"], arguments["contract"]
+    check_write(gateway, run, contract, arguments.get("attempt"))
+    normalize_namespace(arguments["table_namespace"])
+    outcomes = arguments["outcomes"]
+    prepared, input_rows = prepare_outcomes(outcomes)
+    budget = gateway.budget(action.name)
+    fixed = action.encode_input({name: value for name, value in arguments.items()
+                                 if name != "outcomes"})  # local parameters never travel
+    health = await gateway.health()
+    room = paging.room_for_rows(fixed, ("outcomes",), health.body_limit, "outcomes")
+    texts = outcome_texts(outcomes, prepared)
+    sizes = [paging.utf8_size(text) + 1 for text in texts]
+    positions = list(range(len(prepared)))
+    results: list[Completion] = []
+    for start, end in paging.pack(sizes, positions, room, "outcomes"):
+        body = paging.page_body(fixed, [("outcomes", texts[start:end])])
+        results.append(action.result.decode(await gateway.post(action, body, budget), "result"))
+    diagnostics = _merge_diagnostics([page.diagnostics for page in results], input_rows)
+    sink = arguments.get("on_diagnostics")
+    if sink is not None and diagnostics is not None:
+        if gateway.diagnostics.running:  # the gateway's task calls the sink, never this call
+            gateway.diagnostics.put(sink, diagnostics)
+        else:
+            await deliver_diagnostics(sink, diagnostics)
+    return Completion(
+        updated=sum(page.updated for page in results),
+        committed_keys=tuple(key for page in results for key in page.committed_keys),
+        fenced=tuple(row for page in results for row in page.fenced),
+        diagnostics=diagnostics,
+    )
+
+
+def _merge_diagnostics(pages: list[CompletionDiagnostics | None], input_rows: int):
+    pages = [page for page in pages if page is not None]
+    if not pages:
+        return None
+    if len(pages) == 1:
+        return attrs.evolve(pages[0], input_rows=input_rows)
+    merged: dict[str, Any] = {}
+    for field in attrs.fields(CompletionDiagnostics):
+        values = [getattr(page, field.name) for page in pages]
+        if field.name == "outcome":
+            merged["outcome"] = "failed" if "failed" in values else "succeeded"
+        else:
+            merged[field.name] = sum(values)
+    merged["input_rows"] = input_rows
+    return CompletionDiagnostics(**merged)
+
+
+async def _send_probe(gateway: Any, action: Action, arguments: dict) -> Admission | None:
+    """`sheets.probe` in one request. A call too large for one request is answered None, as a
+    probe that settles nothing: the caller then admits (which pages). A probe is a shortcut."""
+    body = protocol.dumps(action.encode_input(arguments))
+    health = await gateway.health()
+    if len(body) > health.body_limit - protocol.PAGE_HEADROOM:
+        return None
+    return action.result.decode(await gateway.post(action, body), "result")
+
+
+SENDERS: dict[str, Callable[[Any, Action, dict], Awaitable[Any]]] = {
+    "sheets.admit": _send_admit,
+    "sheets.probe": _send_probe,
+    COMPLETION_ACTION: _send_complete,
+}
+
+
