@@ -84,7 +84,7 @@ import trio
 
 from runplane.engine import array_input, canonical, runs, sheets
 from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
-from runplane.engine.sheets import Admission, AdmittedRow, RowOutcome
+from runplane.engine.sheets import Admission, AdmittedRow, OutcomeStatus, RowOutcome
 
 from .list_source import ListSource, SourcePage
 from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
@@ -330,21 +330,21 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
             if scope.cancelled_caught:
                 raise RowTimeoutError(f"timed out after {plan.row_timeout_s:g} s")
     except Exception as exc:  # the row fails, the map goes on
-        return RowOutcome(key, "failed", input_index=index, error=error_message(exc),
+        return RowOutcome(key, OutcomeStatus.FAILED, input_index=index, error=error_message(exc),
                           attempts=calls), exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
         return RowOutcome(
-            key, "failed", input_index=index, attempts=calls,
+            key, OutcomeStatus.FAILED, input_index=index, attempts=calls,
             error=f"map function returned {type(data).__name__}, expected a dict of outputs",
         ), None
     try:
         data = canonical.normalize_fast(data, "output")  # as is, when already canonical
     except InvalidInputError as exc:
-        return RowOutcome(key, "failed", input_index=index, error=error_message(exc),
+        return RowOutcome(key, OutcomeStatus.FAILED, input_index=index, error=error_message(exc),
                           attempts=calls), None
-    return RowOutcome(key, "completed", data=data, input_index=index, attempts=calls), None
+    return RowOutcome(key, OutcomeStatus.COMPLETED, data=data, input_index=index, attempts=calls), None
 
 
 async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowOutcome | None:

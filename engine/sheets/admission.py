@@ -62,6 +62,7 @@ from .model import (
     AdmittedRow,
     Attempt,
     BlockedRow,
+    RowStatus,
     CellPolicy,
     SheetContract,
     StagedPage,
@@ -207,7 +208,7 @@ async def admit_prepared(
     policies = policies or {}
     layout = layout_for(port, run.scope.play_scope, namespace)
     source = "payload" if staged_page is None else "page"
-    status = "running" if attempt is not None else "pending"
+    status = (RowStatus.RUNNING if attempt is not None else RowStatus.PENDING).value
     common = [
         run.epoch, run.run_id,
         attempt.attempt_id if attempt else None,

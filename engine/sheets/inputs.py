@@ -27,7 +27,7 @@ from ..limits import MAX_KEY_BYTES, key_problem
 from ..scopes import RunRef, check_scope, normalize_namespace
 
 from .model import (
-    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,
+    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, Attempt, OutcomeStatus, RowOutcome, SheetContract,
     field_problem, shown,
 )
 
@@ -270,9 +270,9 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
                 or not is_clean_str(key):
             check_key(key, f"outcomes[{i}]")
         status = outcome.status
-        if status == "completed":
+        if status == OutcomeStatus.COMPLETED:
             failed = False
-        elif status == "failed":
+        elif status == OutcomeStatus.FAILED:
             failed = True
         else:
             raise InvalidInputError(
