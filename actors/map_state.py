@@ -46,7 +46,7 @@ from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sheets.completion import input_fields_problem
 from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
-from runplane.engine.sheets.model import MAX_SHEET_FIELDS
+from runplane.engine.sheets.model import MAX_SHEET_FIELDS, check_give_up_after
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome, SheetContract,
     StagedPage,
@@ -103,8 +103,7 @@ def _timeout(_instance: object, _attribute: object, value: object) -> None:
 
 
 def _give_up_after(_instance: object, _attribute: object, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
+    check_give_up_after(value)
 
 
 def _flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:

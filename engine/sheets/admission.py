@@ -67,19 +67,13 @@ from .model import (
     SheetContract,
     StagedPage,
     Timing,
+    check_give_up_after,
     clean_field,
     ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, STAGED_PAGE,
 )
 
 ADMIT_CHUNK_ROWS = 10_000
 ADMIT_STATEMENT_TIMEOUT_MS = 120_000
-
-
-def check_give_up_after(value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or not 1 <= value <= INT32_MAX):
-        raise InvalidInputError(
-            f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
 
 def check_flag(name: str, value: Any) -> None:

@@ -32,7 +32,7 @@ import attrs
 
 from .. import canonical
 from ..codecs import (
-    FLOAT, INT, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
+    FLOAT, INT, INT32_MAX, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
 )
 from ..errors import InvalidInputError
 from ..limits import key_problem
@@ -78,6 +78,15 @@ FENCE_REASONS = (
 )
 BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")
 DEFAULT_ROW_ERROR = "Row execution failed."
+
+
+def check_give_up_after(value: object) -> None:
+    """`give_up_after`: None, or how many failed runs block a row (an integer column bounds
+    it); the one check, wherever the value enters."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value <= INT32_MAX):
+        raise InvalidInputError(
+            f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
 
 MAX_FIELD_CHARS = 256
