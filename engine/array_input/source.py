@@ -2,8 +2,9 @@
 
 How it works
 - `encode_source(items)` walks the source once. Each item (an `Occurrence`, or a bare dict as
-  an occurrence without identity) has its data normalized (`canonical.normalize_fast`; a copy is
-  kept, never the caller's dict) and encoded to canonical text exactly once. Everything else is
+  an occurrence without identity) has its data normalized (`canonical.normalize_fast`: the
+  caller's own dict when it is canonical already, so a list is not held twice) and encoded to
+  canonical text exactly once. Everything else is
   assembled from those texts without encoding again:
     * the stored form of an occurrence is `{"data":<text>}` (plus `,"source_identity":{...}` —
       keys in sorted order), so its canonical text is a concatenation;
@@ -14,9 +15,11 @@ How it works
     * `page(ordinal)` builds one page fact's canonical text and digest on demand (equal to
       `encode_page` of that draft), so a whole source's facts never sit in memory at once.
 - `texts[i]` is the canonical text of row `i`'s data — what a sheet's row key hashes — and
-  `rows[i]` the normalized data a map function receives: byte-identical to what a page fact of
-  this source stores, so running `rows[i]` *is* replaying the staged input. `span(low, high)`
-  gives both for a range of rows.
+  `rows[i]` the normalized data (the caller's dict when it was canonical): equal to what a page
+  fact of this source stores, so running it *is* replaying the staged input. `span(low, high)`
+  gives both for a range of rows, the rows as fresh shallow copies (what a map function
+  receives: a function that changes its row never changes the caller's list, and only the rows
+  of units in flight are ever copied).
 - A source too large to hold (a `PagedRows`: a read-only sequence backed by a file, say) is
   encoded as a `PagedSource` instead: one pass (`scan_source`, or the shape the source's own
   checking pass computed) keeps only the fingerprint and the page cuts — the same ones a list
@@ -146,8 +149,9 @@ class EncodedSource:
         ]
 
     def span(self, low: int, high: int) -> tuple[list[dict], list[str]]:
-        """The normalized rows `low` to `high - 1` and their canonical texts."""
-        return self.rows[low:high], self.texts[low:high]
+        """The normalized rows `low` to `high - 1` (fresh shallow copies) and their canonical
+        texts."""
+        return list(map(dict, self.rows[low:high])), self.texts[low:high]
 
     def page(self, ordinal: int) -> EncodedPage:
         """Page `ordinal`'s fact: its canonical text and digest (as `encode_page` makes them)."""
@@ -204,7 +208,7 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
             ) -> tuple[SourceShape, list[dict], list[str], list[str | None]]:
     """The one encoding pass; rows, texts and identities are kept only with `keep`.
 
-    The hot path per row: one canonical check, one copy, one encoding; the page's bytes limit
+    The hot path per row: one canonical check, one encoding (no copy: see `span`); the page's bytes limit
     is checked against a bound of the fact's overhead fixed per page (the exact overhead is
     computed only for a row near the limit), and the fingerprint hashes a page's rows at once.
     """
@@ -242,7 +246,7 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
             raise InvalidInputError(
                 f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
             )
-        clean = (dict(data) if keep else data) if is_canonical(data) else \
+        clean = data if is_canonical(data) else \
             canonical.normalize_fast(data, f"rows[{index}].data")
         text = dumps(clean)
         stored = (f'{{"data":{text}}}' if identity is None else
@@ -340,7 +344,8 @@ class PagedSource:
         return encoded
 
     def span(self, low: int, high: int) -> tuple[list[dict], list[str]]:
-        """The normalized rows `low` to `high - 1` and their canonical texts, page by page."""
+        """The normalized rows `low` to `high - 1` (fresh shallow copies) and their canonical
+        texts, page by page."""
         rows: list[dict] = []
         texts: list[str] = []
         ordinal = max(0, bisect.bisect_right(self._offsets, low) - 1)
@@ -348,7 +353,7 @@ class PagedSource:
             offset, count = self.shape.cuts[ordinal]
             page = self._page(ordinal)
             start, stop = low - offset, min(high, offset + count) - offset
-            rows += page.rows[start:stop]
+            rows += map(dict, page.rows[start:stop])
             texts += page.texts[start:stop]
             low, ordinal = offset + stop, ordinal + 1
         return rows, texts
