@@ -40,13 +40,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import httpx  # noqa: E402  (the HTTP floor only)
 import trio  # noqa: E402
 
 from _server import bench_dsn  # noqa: E402
 import gateway as gateway_bench  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
 from runplane.engine import open_tenant, sheets  # noqa: E402
-from runplane.engine.gateway import mint_token, open_gateway  # noqa: E402
+from runplane.engine.gateway import mint_token, open_gateway, protocol  # noqa: E402
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
 OUTPUT = {"ok": True}
@@ -178,13 +179,38 @@ async def ceiling(tenant, schema: str, args) -> None:
     target("list / async iterable (first run)", f"{ratio:.3f} (<= 1.05)", ratio <= 1.05)
 
 
+async def bare_trio_seconds(rows: int) -> float:
+    """The same awaits with no engine: `IO_CONCURRENCY` trio tasks taking rows from a channel,
+    each awaiting `IO_DELAY` (what this machine's scheduler allows at this moment)."""
+    send, recv = trio.open_memory_channel(2 * IO_CONCURRENCY)
+
+    async def worker(recv) -> None:
+        async with recv:
+            async for _ in recv:
+                await trio.sleep(IO_DELAY)
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        async with recv:
+            for _ in range(IO_CONCURRENCY):
+                nursery.start_soon(worker, recv.clone())
+        async with send:
+            for i in range(rows):
+                await send.send(i)
+    return time.perf_counter() - started
+
+
 async def io(tenant, schema: str, args) -> None:
     limit = args.io_rows * IO_DELAY / IO_CONCURRENCY
-    times = [await map_seconds(tenant, f"io_{r}", stream(args.io_rows), io_bound,
-                               concurrency=IO_CONCURRENCY) for r in range(args.rounds)]
+    times, bare = [], []
+    for r in range(args.rounds):
+        times.append(await map_seconds(tenant, f"io_{r}", stream(args.io_rows), io_bound,
+                                       concurrency=IO_CONCURRENCY))
+        bare.append(await bare_trio_seconds(args.io_rows))
     t = statistics.median(times)
     print(f"{args.io_rows:,} rows awaiting {IO_DELAY * 1000:.0f} ms, {IO_CONCURRENCY} at a time: "
-          f"{t:.2f} s; physical limit {limit:.2f} s")
+          f"{t:.2f} s; physical limit {limit:.2f} s; bare trio tasks, no engine, "
+          f"{statistics.median(bare):.2f} s (map / bare {median_ratio(times, bare):.2f})")
     target("I/O-bound map / physical limit", f"{t / limit:.2f} x (<= 1.2)", t / limit <= 1.2)
 
 
@@ -233,6 +259,11 @@ async def through_gateway(dsn: str, url: str, schema: str, args) -> None:
     token = mint_token(gateway_bench.SECRET, gateway_bench.ORG)
     maps = {"direct": [], "gateway": []}
     keys = {"direct": [], "gateway": []}
+    async with httpx.AsyncClient() as client:  # the HTTP floor: a health check per round trip
+        started = time.perf_counter()
+        for _ in range(args.keys):
+            (await client.get(url + protocol.HEALTH_PATH)).raise_for_status()
+        health_ms = (time.perf_counter() - started) * 1000 / args.keys
     async with open_tenant(gateway_bench.ORG, dsn, schema=schema) as tenant:
         async with open_gateway(url, token) as gateway:
             for r in range(args.rounds):
@@ -249,6 +280,9 @@ async def through_gateway(dsn: str, url: str, schema: str, args) -> None:
     target("run.map gateway / direct", f"{ratio:.2f} (>= 0.8)", ratio >= 0.8)
     print(f"claim+complete of {args.keys:,} keys: direct {statistics.median(keys['direct']):,.0f}"
           f" keys/s, gateway {statistics.median(keys['gateway']):,.0f} keys/s")
+    print(f"one HTTP round trip to the gateway's health check (no action, no database): "
+          f"{health_ms:.2f} ms; claim+complete direct takes "
+          f"{1000 / statistics.median(keys['direct']):.2f} ms a key")
     ratio = median_ratio(keys["gateway"], keys["direct"])
     target("claim+complete gateway / direct", f"{ratio:.2f} (>= 0.3)", ratio >= 0.3)
 

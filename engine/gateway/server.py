@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 from importlib import metadata
@@ -91,7 +92,10 @@ class Refusal(Exception):
         self.status = status
 
 
+@functools.cache
 def runplane_version() -> str:
+    """The installed package's version (read once: a metadata lookup scans the installed
+    distributions, which would cost every health check milliseconds)."""
     try:
         return metadata.version("runplane")
     except metadata.PackageNotFoundError:  # pragma: no cover - a source tree without install
