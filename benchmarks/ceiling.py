@@ -225,12 +225,21 @@ async def rerun(tenant, schema: str, args) -> None:
     target(f"unchanged rerun of {args.rerun_rows:,} rows", f"{ms:.1f} ms (<= 20 ms)", ms <= 20)
 
 
+def resident_mb() -> float:
+    """The process's resident set now (VmRSS), in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 async def rss_child(dsn: str, rows: int, concurrency: int) -> None:
     schema = f"bench_ceiling_rss_{uuid.uuid4().hex[:8]}"
     async with open_tenant("bench", dsn, schema=schema) as tenant:
         try:
             source = [row(i) for i in range(rows)]
-            listed_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            listed_mb = resident_mb()
             started = time.perf_counter()
             elapsed = await map_seconds(tenant, "rss", source, concurrency=concurrency)
             peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -249,7 +258,7 @@ def rss(dsn: str, args) -> None:
     peak_mb, listed_mb, elapsed = map(float, child.stdout.split())
     print(f"list map of {args.rss_rows:,} rows: {args.rss_rows / elapsed:,.0f} rows/s; the "
           f"process held {listed_mb:.0f} MB with the list built, before the map "
-          f"(the map added {peak_mb - listed_mb:.0f} MB)")
+          f"(the peak is {peak_mb - listed_mb:.0f} MB above that)")
     target(f"peak RSS of a {args.rss_rows:,}-row list map", f"{peak_mb:.0f} MB (<= 300 MB)",
            peak_mb <= 300)
 
