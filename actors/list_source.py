@@ -37,7 +37,6 @@ How it works
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
@@ -50,8 +49,9 @@ from runplane.engine.errors import (
     ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError,
 )
 from runplane.engine.ports import Port
-from runplane.engine.scopes import MapScope, PlayScope, normalize_namespace
+from runplane.engine.scopes import MapScope, PlayScope
 from runplane.engine.sheets import StagedPage
+from runplane.engine.sheets.inputs import text_keys
 
 from .retry import retry_transient
 from .sealer import stage_encoded
@@ -59,14 +59,6 @@ from .sealer import stage_encoded
 log = logging.getLogger("runplane.actors")
 
 MAX_UNIT_PAGES = 5  # an admission unit of a list: at most this many pages (~5 MiB of input)
-
-
-def text_keys(texts: list[str], table_namespace: str) -> list[str]:
-    """The sheet key of each canonical row text (== `sheets.inputs.text_key` of each, with the
-    namespace normalized once)."""
-    prefix = f"{normalize_namespace(table_namespace)}\n".encode()
-    sha256 = hashlib.sha256
-    return [sha256(prefix + text.encode()).hexdigest()[:32] for text in texts]
 
 
 @attrs.frozen
@@ -196,7 +188,7 @@ class ListSource:
             high = low + sum(count for _, count, _ in unit)
             ordinal = unit[0][2] if len(unit) == 1 else None
             rows, texts = self.encoded.span(low, high)
-            keys = self.keys[low:high] if self.keys is not None else text_keys(texts, namespace)
+            keys = self.keys[low:high] if self.keys is not None else text_keys(namespace, texts)
             return SourcePage(low, rows, keys, ordinal, texts)
 
         for segment in segments():

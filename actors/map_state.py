@@ -46,9 +46,9 @@ from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sheets.completion import input_fields_problem
 from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
-from runplane.engine.sheets.model import MAX_SHEET_FIELDS
+from runplane.engine.sheets.model import MAX_SHEET_FIELDS, check_give_up_after
 from runplane.engine.sheets import (
-    Admission, AdmittedRow, Attempt, CellPolicy, Completion, RowOutcome, SheetContract,
+    Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome, SheetContract,
     StagedPage,
 )
 
@@ -101,8 +101,7 @@ def _timeout(_instance: object, _attribute: object, value: object) -> None:
 
 
 def _give_up_after(_instance: object, _attribute: object, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidInputError(f"give_up_after must be an integer >= 1 or None, got {value!r}")
+    check_give_up_after(value)
 
 
 def _flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:
@@ -231,7 +230,7 @@ class MapState:
         fields than a sheet holds once this map's additions are counted):
         such a row fails alone and the rest of its batch is written. Most rows share one set of
         output names: a set already accepted costs one lookup."""
-        if outcome.status != "completed" or not outcome.data:
+        if outcome.status != OutcomeStatus.COMPLETED or not outcome.data:
             return outcome
         names = tuple(outcome.data)
         if names in self._storable_names:
@@ -248,7 +247,7 @@ class MapState:
                 self._added_fields.update(new)
                 self._storable_names.add(names)
                 return outcome
-        return RowOutcome(outcome.key, "failed", input_index=outcome.input_index,
+        return RowOutcome(outcome.key, OutcomeStatus.FAILED, input_index=outcome.input_index,
                           error=f"outputs cannot be stored: {problem}", attempts=outcome.attempts)
 
     # -- admission ---------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import attrs
 
+from runplane.engine.sheets import OutcomeStatus
+
 from .retry import current_watch
 
 log = logging.getLogger("runplane.actors")
@@ -140,7 +142,7 @@ class MapTally:
         for key, status in last.items():
             if key in fenced_keys:
                 continue
-            if status == "completed":
+            if status == OutcomeStatus.COMPLETED:
                 self.completed += 1
             else:
                 self.failed += 1

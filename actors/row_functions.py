@@ -30,6 +30,7 @@ import attrs
 import trio
 
 from runplane.engine.errors import InvalidInputError
+from runplane.engine.sheets import OutcomeStatus
 
 FAIL_FAST_ROWS = 20
 
@@ -115,7 +116,7 @@ class FailFast:
 def failure_cause(status: str, error: BaseException | None, message: str | None) -> str | None:
     """What a row's final outcome says about the function: None when it completed, the
     exception's type when it raised, else the failure's message (a bad return value)."""
-    if status == "completed":
+    if status == OutcomeStatus.COMPLETED:
         return None
     if error is not None:
         return type(error).__qualname__

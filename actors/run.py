@@ -232,7 +232,7 @@ class Run:
 
         self._live_nursery().start_soon(heartbeat)
         try:
-            result = await map_rows(self, source, plan, on_progress=observe,
+            result = await map_rows(source, plan, on_progress=observe,
                                     map_invocation_id=map_invocation_id)
         except Exception as exc:
             beat.cancel()

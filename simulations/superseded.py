@@ -27,7 +27,7 @@ import trio
 from hypothesis import strategies as st
 
 from runplane.actors import RowRetry, open_run
-from runplane.actors.mapper import MAX_WORK_BATCH
+from runplane.actors.admission import MAX_WORK_BATCH
 from runplane.engine import PlayScope, RunScope, canonical, runs
 from runplane.engine.sheets import Attempt, SheetContract
 from runplane.engine.sheets.layout import column, layout_for

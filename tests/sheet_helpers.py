@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runplane.actors.list_source import text_keys
+from runplane.engine.sheets.inputs import text_keys
 from runplane.engine import array_input, canonical
 from runplane.engine.runs import register
 from runplane.engine.scopes import PlayScope, RunScope
@@ -21,7 +21,7 @@ CONTRACT = SheetContract(inputs=("name",), outputs=("score",))
 def encode_and_key(items: list[Any], table_namespace: str) -> tuple[Any, list[str]]:
     """The encoded source and each row's sheet key, as a list source computes them."""
     encoded = array_input.encode_source(items)
-    return encoded, text_keys(encoded.texts, table_namespace)
+    return encoded, text_keys(table_namespace, encoded.texts)
 
 
 def play_scope(port, play: str = PLAY) -> PlayScope:

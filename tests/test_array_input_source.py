@@ -38,9 +38,11 @@ def test_encode_source_equals_fingerprint_paginate_and_encode_page(source):
         assert (again.ordinal, again.offset) == (draft.ordinal, draft.offset)
         assert encode_page(encoded.fingerprint, again.ordinal, again.offset, again.rows) == \
             encoded.page(draft.ordinal)
-    for item, row, text in zip(source, encoded.rows, encoded.texts):
+    rows, texts = encoded.span(0, len(source))
+    assert texts == encoded.texts
+    for item, row, text in zip(source, rows, texts):
         data = item if isinstance(item, dict) else item.data
-        assert row == canonical.normalize(data) and row is not data
+        assert row == canonical.normalize(data) and row is not data  # a map function's own copy
         assert text == canonical.stable_dumps(row)
         assert text_key("ns", text) == row_key(data, "ns")
     assert encoded.has_source_identities == any(

@@ -13,7 +13,7 @@ import trio
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from runplane.actors import open_run
-from runplane.actors import mapper
+from runplane.actors import admission as mapper_admission
 from runplane.engine import PlayScope, RunScope, runs, sheets
 from runplane.engine.array_input import source as array_source
 from runplane.engine.runs import new_run_id
@@ -96,9 +96,9 @@ async def compare(dsn: str, plan: MapPlan) -> list[str]:
                                  key=lambda i, ns=namespace: sheets.row_key(sim._row(i), ns))
             # Small array-input pages, probes and probe groups: a short list spans several.
             with mock.patch.object(array_source, "MAX_PAGE_ROWS", plan.fact_rows), \
-                    mock.patch.object(mapper, "FIRST_PROBE_ROWS", plan.page_rows), \
-                    mock.patch.object(mapper, "LEADING_PROBE_ROWS", 2 * plan.page_rows + 1), \
-                    mock.patch.object(mapper, "PROBE_GROUP_ROWS", 2 * plan.page_rows + 1):
+                    mock.patch.object(mapper_admission, "FIRST_PROBE_ROWS", plan.page_rows), \
+                    mock.patch.object(mapper_admission, "LEADING_PROBE_ROWS", 2 * plan.page_rows + 1), \
+                    mock.patch.object(mapper_admission, "PROBE_GROUP_ROWS", 2 * plan.page_rows + 1):
                 slow = await run_map(tenant, plan, SLOW, fast=False)
                 fast = await run_map(tenant, plan, FAST, fast=True)
             for name, a, b in zip(("counts", "calls", "blocked rows", "sheet"), fast, slow):
@@ -206,8 +206,8 @@ async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_
 
     port = CountingPort(tenant)
     sheet_table = layout_for(tenant, PlayScope(tenant.org_id, "play"), "t").qualified
-    with mock.patch.object(mapper, "FIRST_PROBE_ROWS", 200), \
-            mock.patch.object(mapper, "LEADING_PROBE_ROWS", 500):
+    with mock.patch.object(mapper_admission, "FIRST_PROBE_ROWS", 200), \
+            mock.patch.object(mapper_admission, "LEADING_PROBE_ROWS", 500):
         async with open_run(port, "play") as rerun:
             port.reset()
             result = await rerun.map("t", changed, again, contract=CONTRACT, page_rows=500)

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from runplane.actors import MapResult, RateLimit, RowRetry, open_run
-from runplane.actors.mapper import MAX_WORK_BATCH
+from runplane.actors.admission import MAX_WORK_BATCH
 from runplane.actors.pacing import LocalBucket
 from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError

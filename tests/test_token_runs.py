@@ -66,3 +66,27 @@ def test_the_token_command_names_runs(monkeypatch, capsys):
     assert verify_token(SECRET, capsys.readouterr().out.strip()).runs == ("A", "B")
     assert main(["token", "--org", "acme"]) == 0
     assert verify_token(SECRET, capsys.readouterr().out.strip()).runs is None
+
+
+def test_the_servers_verified_tokens_check_expiry_on_every_use():
+    """A remembered token is verified again once its claims say it expired, a forged one never
+    gets in, and what is remembered stays bounded."""
+    import attrs
+
+    from runplane.engine.errors import AuthError
+    from runplane.engine.gateway.tokens import VerifiedTokens
+
+    secret = "a-secret-long-enough-for-hmac-sha256"
+    verified = VerifiedTokens(secret, capacity=2)
+    token = mint_token(secret, "org")
+    assert verified.verify(token) == verify_token(secret, token)
+    assert verified.verify(token).org == "org"  # remembered
+    with pytest.raises(AuthError, match="InvalidSignature"):
+        verified.verify(mint_token("another-secret-long-enough-for-hmac", "org"))
+    with pytest.raises(AuthError, match="missing"):
+        verified.verify(None)
+    verified._known[token] = attrs.evolve(verified._known[token], exp=1)  # as if it expired
+    assert verified.verify(token) == verify_token(secret, token)  # verified again, not trusted
+    for org in ("o1", "o2", "o3"):
+        verified.verify(mint_token(secret, org))
+    assert len(verified._known) == 2

@@ -2,8 +2,9 @@
 
 How it works
 - `encode_source(items)` walks the source once. Each item (an `Occurrence`, or a bare dict as
-  an occurrence without identity) has its data normalized (`canonical.normalize_fast`; a copy is
-  kept, never the caller's dict) and encoded to canonical text exactly once. Everything else is
+  an occurrence without identity) has its data normalized (`canonical.normalize_fast`: the
+  caller's own dict when it is canonical already, so a list is not held twice) and encoded to
+  canonical text exactly once. Everything else is
   assembled from those texts without encoding again:
     * the stored form of an occurrence is `{"data":<text>}` (plus `,"source_identity":{...}` —
       keys in sorted order), so its canonical text is a concatenation;
@@ -13,10 +14,12 @@ How it works
       of page fact), from the texts' exact UTF-8 sizes;
     * `page(ordinal)` builds one page fact's canonical text and digest on demand (equal to
       `encode_page` of that draft), so a whole source's facts never sit in memory at once.
-- `texts[i]` is the canonical text of row `i`'s data — what a sheet's row key hashes — and
-  `rows[i]` the normalized data a map function receives: byte-identical to what a page fact of
-  this source stores, so running `rows[i]` *is* replaying the staged input. `span(low, high)`
-  gives both for a range of rows.
+- `texts[i]` (kept a page to a string) is the canonical text of row `i`'s data — what a
+  sheet's row key hashes — and `rows[i]` the normalized data (the caller's dict when it was
+  canonical): equal to what a page fact of this source stores, so running it *is* replaying
+  the staged input. `span(low, high)` gives both for a range of rows, the rows as fresh
+  shallow copies (what a map function receives: a function that changes its row never changes
+  the caller's list, and only the rows of units in flight are ever copied).
 - A source too large to hold (a `PagedRows`: a read-only sequence backed by a file, say) is
   encoded as a `PagedSource` instead: one pass (`scan_source`, or the shape the source's own
   checking pass computed) keeps only the fingerprint and the page cuts — the same ones a list
@@ -33,6 +36,7 @@ import abc
 import bisect
 import collections
 import hashlib
+import math
 import operator
 import threading
 from typing import Any, Iterable, Iterator, Sequence
@@ -124,7 +128,9 @@ class EncodedSource:
 
     fingerprint: str
     rows: list[dict] = attrs.field(repr=False)
-    texts: list[str] = attrs.field(repr=False)
+    # Each page's row texts joined by newlines (a canonical text holds none): one string a page
+    # instead of one a row, about a third of the memory for small rows.
+    page_texts: list[str] = attrs.field(repr=False)
     identities: list[str | None] = attrs.field(repr=False)
     cuts: tuple[tuple[int, int], ...]  # (offset, row_count) of each page
     has_source_identities: bool
@@ -137,17 +143,35 @@ class EncodedSource:
     def page_count(self) -> int:
         return len(self.cuts)
 
+    @property
+    def texts(self) -> list[str]:
+        """Every row's canonical text (a new list; `texts_between` takes a range)."""
+        return self.texts_between(0, self.source_rows)
+
+    def texts_between(self, low: int, high: int) -> list[str]:
+        """The canonical texts of rows `low` to `high - 1`."""
+        texts: list[str] = []
+        ordinal = max(0, bisect.bisect_right(self.cuts, (low, math.inf)) - 1)
+        while low < high and ordinal < len(self.cuts):
+            offset, count = self.cuts[ordinal]
+            start, stop = low - offset, min(high, offset + count) - offset
+            page = self.page_texts[ordinal].split("\n")
+            texts += page if start == 0 and stop == count else page[start:stop]
+            low, ordinal = offset + stop, ordinal + 1
+        return texts
+
     def _stored_texts(self, offset: int, count: int) -> list[str]:
-        texts, identities = self.texts, self.identities
+        identities = self.identities
         return [
-            f'{{"data":{texts[i]}}}' if identities[i] is None
-            else f'{{"data":{texts[i]},"source_identity":{identities[i]}}}'
-            for i in range(offset, offset + count)
+            f'{{"data":{text}}}' if identities[i] is None
+            else f'{{"data":{text},"source_identity":{identities[i]}}}'
+            for i, text in enumerate(self.texts_between(offset, offset + count), offset)
         ]
 
     def span(self, low: int, high: int) -> tuple[list[dict], list[str]]:
-        """The normalized rows `low` to `high - 1` and their canonical texts."""
-        return self.rows[low:high], self.texts[low:high]
+        """The normalized rows `low` to `high - 1` (fresh shallow copies) and their canonical
+        texts."""
+        return list(map(dict, self.rows[low:high])), self.texts_between(low, high)
 
     def page(self, ordinal: int) -> EncodedPage:
         """Page `ordinal`'s fact: its canonical text and digest (as `encode_page` makes them)."""
@@ -202,9 +226,10 @@ def scan_source(items: Iterable[Occurrence | dict]) -> SourceShape:
 
 def _encode(items: Iterable[Occurrence | dict], keep: bool
             ) -> tuple[SourceShape, list[dict], list[str], list[str | None]]:
-    """The one encoding pass; rows, texts and identities are kept only with `keep`.
+    """The one encoding pass; rows, texts (each page's joined by newlines) and identities are
+    kept only with `keep`.
 
-    The hot path per row: one canonical check, one copy, one encoding; the page's bytes limit
+    The hot path per row: one canonical check, one encoding (no copy: see `span`); the page's bytes limit
     is checked against a bound of the fact's overhead fixed per page (the exact overhead is
     computed only for a row near the limit), and the fingerprint hashes a page's rows at once.
     """
@@ -214,6 +239,7 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
     identities: list[str | None] = []
     cuts: list[tuple[int, int]] = []
     page: list[bytes] = []  # the stored rows of the page being cut
+    page_texts: list[str] = []  # and their data's canonical texts (with `keep`)
     offset = size = 0  # the page being cut: first row, rows' bytes + commas
     any_identity = False
     page_digests: list[bytes] = []
@@ -222,8 +248,11 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
     is_canonical = canonical.is_canonical
 
     def cut() -> None:
-        nonlocal offset, size, room, page
+        nonlocal offset, size, room, page, page_texts
         blob = b"\n".join(page) + b"\n"
+        if keep:
+            texts.append("\n".join(page_texts))
+            page_texts = []
         hasher.update(blob)
         if not keep:
             page_digests.append(hashlib.sha256(blob).digest())
@@ -242,7 +271,7 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
             raise InvalidInputError(
                 f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
             )
-        clean = (dict(data) if keep else data) if is_canonical(data) else \
+        clean = data if is_canonical(data) else \
             canonical.normalize_fast(data, f"rows[{index}].data")
         text = dumps(clean)
         stored = (f'{{"data":{text}}}' if identity is None else
@@ -263,7 +292,7 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
         page.append(stored)
         if keep:
             rows.append(clean)
-            texts.append(text)
+            page_texts.append(text)
             identities.append(identity)
         elif identity is not None:
             any_identity = True
@@ -324,9 +353,9 @@ class PagedSource:
         if len(items) != count:
             raise InvalidInputError(
                 f"rows {offset} to {offset + count - 1} of the source read as {len(items)} rows")
-        _shape, rows, texts, identities = _encode(items, keep=True)
-        encoded = EncodedSource(self.shape.fingerprint, rows, texts, identities,
-                                ((0, count),), self.shape.has_source_identities)
+        _shape, rows, page_texts, identities = _encode(items, keep=True)
+        encoded = EncodedSource(self.shape.fingerprint, rows, ["\n".join(page_texts)],
+                                identities, ((0, count),), self.shape.has_source_identities)
         if self.shape.page_digests:
             stored = "\n".join(encoded._stored_texts(0, count)) + "\n"
             if hashlib.sha256(stored.encode()).digest() != self.shape.page_digests[ordinal]:
@@ -340,7 +369,8 @@ class PagedSource:
         return encoded
 
     def span(self, low: int, high: int) -> tuple[list[dict], list[str]]:
-        """The normalized rows `low` to `high - 1` and their canonical texts, page by page."""
+        """The normalized rows `low` to `high - 1` (fresh shallow copies) and their canonical
+        texts, page by page."""
         rows: list[dict] = []
         texts: list[str] = []
         ordinal = max(0, bisect.bisect_right(self._offsets, low) - 1)
@@ -348,8 +378,8 @@ class PagedSource:
             offset, count = self.shape.cuts[ordinal]
             page = self._page(ordinal)
             start, stop = low - offset, min(high, offset + count) - offset
-            rows += page.rows[start:stop]
-            texts += page.texts[start:stop]
+            rows += map(dict, page.rows[start:stop])
+            texts += page.texts_between(start, stop)
             low, ordinal = offset + stop, ordinal + 1
         return rows, texts
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 from importlib import metadata
@@ -69,7 +70,7 @@ from ..sheets.model import AdmittedRow
 from ..tenant import Tenant, open_tenant
 from . import guards, protocol
 from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
-from .tokens import verify_token
+from .tokens import VerifiedTokens
 
 ADMIT_ACTION = "sheets.admit"
 REGISTER_ACTION = "runs.register"
@@ -92,7 +93,10 @@ class Refusal(Exception):
         self.status = status
 
 
+@functools.cache
 def runplane_version() -> str:
+    """The installed package's version (read once: a metadata lookup scans the installed
+    distributions, which would cost every health check milliseconds)."""
     try:
         return metadata.version("runplane")
     except metadata.PackageNotFoundError:  # pragma: no cover - a source tree without install
@@ -171,6 +175,7 @@ class Server:
     max_body_bytes: int = attrs.field(init=False, default=0)
     replay: ReplayCache = attrs.field(init=False, factory=ReplayCache)
     run_check: guards.RunCheck = attrs.field(init=False, factory=guards.RunCheck)
+    _tokens: VerifiedTokens = attrs.field(init=False, repr=False)
     _decoding: trio.CapacityLimiter = attrs.field(
         init=False, factory=lambda: trio.CapacityLimiter(DECODE_THREADS), repr=False)
     _actions: Mapping[str, Action] = attrs.field(init=False, factory=actions, repr=False)
@@ -183,6 +188,9 @@ class Server:
     _period: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
     _period_errors: collections.Counter = attrs.field(init=False, factory=collections.Counter,
                                                       repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._tokens = VerifiedTokens(self.secret)
 
     # -- the application ---------------------------------------------------------------------
     def app(self) -> Starlette:
@@ -239,7 +247,7 @@ class Server:
                           f"{self.body_limit} bytes", *protocol.BODY_TOO_LARGE)
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header[:7].lower() == "bearer " else None
-        claims = verify_token(self.secret, token)
+        claims = self._tokens.verify(token)
         spec = self._actions.get(name)
         if spec is None or (not self.array_actions and name.startswith("array_input.")):
             raise Refusal(f"Unsupported action: {name}", *protocol.UNSUPPORTED_ACTION)

@@ -6,6 +6,8 @@ How it works
   (PyJWT); with `runs`, also a `runs` claim listing the run ids the token may name.
 - `verify_token(secret, token)` checks signature, expiry and the claims' shapes and returns
   `TokenClaims`, or raises `AuthError` (HTTP 401). Messages never contain the token.
+  `VerifiedTokens` (the server's) remembers the tokens it verified, checking only expiry on a
+  repeat.
 - `TokenClaims.check_action(action)` and `check_target(action, org, play)` raise `ScopeError`
   (HTTP 403) naming the claim that does not allow the request. `plays` and `actions` hold
   exact names, `"*"` (anything), or for actions a family such as `"receipts.*"`. An action
@@ -131,6 +133,28 @@ def verify_token(secret: str, token: str | None) -> TokenClaims:
                            None if runs is None else _names(runs, "runs"))
     except (InvalidInputError, TypeError, ValueError):
         raise AuthError("invalid token: malformed claims") from None
+
+
+@attrs.define(eq=False)
+class VerifiedTokens:
+    """`verify_token` with the tokens one secret already verified remembered (at most
+    `capacity`, least recently used dropped): a client sends the same token on every request,
+    and its signature and claims cannot change, so a repeat costs a lookup and an expiry check
+    (an expired token is verified again, which refuses it). Only verified tokens are kept."""
+
+    secret: str = attrs.field(repr=False)
+    capacity: int = 1024
+    _known: dict[str, TokenClaims] = attrs.field(init=False, factory=dict, repr=False)
+
+    def verify(self, token: str | None) -> TokenClaims:
+        claims = self._known.pop(token, None) if token else None
+        if claims is None or claims.exp <= time.time():
+            claims = verify_token(self.secret, token)
+            if len(self._known) >= self.capacity:
+                del self._known[next(iter(self._known))]
+        assert token is not None
+        self._known[token] = claims  # (re)inserted last: the most recently used
+        return claims
 
 
 def unverified_plays(token: str) -> tuple[str, ...] | None:

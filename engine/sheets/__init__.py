@@ -25,7 +25,9 @@ from .model import (
     Completion,
     CompletionDiagnostics,
     FencedRow,
+    OutcomeStatus,
     RowOutcome,
+    RowStatus,
     SheetContract,
     StagedPage,
     Summary,
@@ -42,6 +44,6 @@ __all__ = [
     "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
     "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
     "ErrorCounts", "RunRows", "probe", "StagedPage", "append_rows", "replace_rows",
-    "record_reuse",
+    "record_reuse", "RowStatus", "OutcomeStatus",
     "dataset", "Dataset", "read_page", "count", "field_kinds", "DatasetPage", "PageCursor",
 ]

@@ -62,23 +62,18 @@ from .model import (
     AdmittedRow,
     Attempt,
     BlockedRow,
+    RowStatus,
     CellPolicy,
     SheetContract,
     StagedPage,
     Timing,
+    check_give_up_after,
     clean_field,
     ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, STAGED_PAGE,
 )
 
 ADMIT_CHUNK_ROWS = 10_000
 ADMIT_STATEMENT_TIMEOUT_MS = 120_000
-
-
-def check_give_up_after(value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or not 1 <= value <= INT32_MAX):
-        raise InvalidInputError(
-            f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
 
 def check_flag(name: str, value: Any) -> None:
@@ -207,7 +202,7 @@ async def admit_prepared(
     policies = policies or {}
     layout = layout_for(port, run.scope.play_scope, namespace)
     source = "payload" if staged_page is None else "page"
-    status = "running" if attempt is not None else "pending"
+    status = (RowStatus.RUNNING if attempt is not None else RowStatus.PENDING).value
     common = [
         run.epoch, run.run_id,
         attempt.attempt_id if attempt else None,

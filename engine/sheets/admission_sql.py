@@ -32,7 +32,7 @@ from ..ports import Port, sequence_literal, table
 from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
 from .layout import COLUMNS_OF_FIELDS, BindParams, SheetColumns, SheetLayout
-from .model import CellPolicy, SheetContract
+from .model import CellPolicy, OutcomeStatus, RowStatus, SheetContract
 
 Source = Literal["payload", "page"]
 CacheHits = Literal["rows", "count"]
@@ -61,14 +61,15 @@ def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
     """True when the row `alias` is a fresh cache hit (never NULL). With `forced_version` (the
     bind of our write version, under `force=True`) only a row our version wrote counts: a forced
     run recomputes what older runs wrote, and a wake of it keeps what it recomputed already."""
-    terms = [f"{alias}._status = 'enriched'"]
+    terms = [f"{alias}._status = {RowStatus.ENRICHED.sql}"]
     if forced_version is not None:
         terms.append(f"{alias}._write_version = {forced_version}")
     for col, name, seconds in outputs:
         terms.append(
             f"{alias}.{col} IS NOT NULL AND {alias}.{col} <> 'null'::jsonb"
             f" AND {alias}.{col} <> '\"\"'::jsonb"
-            f" AND ({alias}._cell_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed'"
+            f" AND ({alias}._cell_meta -> {name} ->> 'status')"
+            f" IS NOT DISTINCT FROM {OutcomeStatus.COMPLETED.sql}"
         )
         if seconds is not None:
             terms.append(
@@ -89,10 +90,11 @@ def disposition_case(*, exists: str, cached: str, status: str, version: str, att
     return f"""CASE WHEN NOT {exists} THEN 'new'
                 WHEN {cached} THEN 'completed'
                 WHEN {version} > {our_version} THEN 'newer_run'
-                WHEN {version} = {our_version} AND {status} IN ('pending', 'running')
+                WHEN {version} = {our_version}
+                     AND {status} IN ({RowStatus.PENDING.sql}, {RowStatus.RUNNING.sql})
                      AND {attempt} IS NOT NULL AND {attempt} IS DISTINCT FROM {our_attempt}
                      AND {expires} > now() THEN 'attempt_active'
-                WHEN {status} = 'failed' AND {failed_runs} >= {give_up_after} THEN 'gave_up'
+                WHEN {status} = {RowStatus.FAILED.sql} AND {failed_runs} >= {give_up_after} THEN 'gave_up'
                 ELSE 'admit' END"""
 
 
@@ -241,19 +243,19 @@ readmitted AS (
 ),
 delta AS (
     SELECT (SELECT count(*) FROM inserted) AS ins, count(*) AS moved,
-           count(*) FILTER (WHERE prev_status = 'pending') AS was_pending,
-           count(*) FILTER (WHERE prev_status = 'running') AS was_running,
-           count(*) FILTER (WHERE prev_status = 'enriched') AS was_enriched,
-           count(*) FILTER (WHERE prev_status = 'failed') AS was_failed
+           count(*) FILTER (WHERE prev_status = {RowStatus.PENDING.sql}) AS was_pending,
+           count(*) FILTER (WHERE prev_status = {RowStatus.RUNNING.sql}) AS was_running,
+           count(*) FILTER (WHERE prev_status = {RowStatus.ENRICHED.sql}) AS was_enriched,
+           count(*) FILTER (WHERE prev_status = {RowStatus.FAILED.sql}) AS was_failed
       FROM readmitted
 ),
 summary AS (
     UPDATE {summary} AS s
        SET total = s.total + d.ins,
            queued = s.queued - d.was_pending
-                    + CASE WHEN $11::text = 'pending' THEN d.ins + d.moved ELSE 0 END,
+                    + CASE WHEN $11::text = {RowStatus.PENDING.sql} THEN d.ins + d.moved ELSE 0 END,
            running = s.running - d.was_running
-                    + CASE WHEN $11::text = 'running' THEN d.ins + d.moved ELSE 0 END,
+                    + CASE WHEN $11::text = {RowStatus.RUNNING.sql} THEN d.ins + d.moved ELSE 0 END,
            completed = s.completed - d.was_enriched,
            failed = s.failed - d.was_failed,
            updated_at = now()

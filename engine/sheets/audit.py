@@ -29,6 +29,7 @@ from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
 from .layout import FOREIGN_TABLE, foreign_table_error, layout_for, table_present
+from .model import with_row_statuses
 
 
 @attrs.frozen
@@ -93,33 +94,33 @@ SELECT to_regclass($4) IS NOT NULL AS present,
                       AND c.table_namespace = r.table_namespace AND c.field = r.field)
 """
 
-_FAILED_ROWS = """
+_FAILED_ROWS = with_row_statuses("""
 SELECT _key, _error, _run_id, _input_index{attempts}{cols} FROM {t}
- WHERE _status = 'failed' AND ($2::text IS NULL OR _run_id = $2::text)
+ WHERE _status = {FAILED} AND ($2::text IS NULL OR _run_id = $2::text)
  ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC
  LIMIT $1
-"""
+""")
 
-_ERROR_COUNTS = """
+_ERROR_COUNTS = with_row_statuses("""
 WITH grouped AS (
     SELECT _error AS error, count(*) AS n FROM {t}
-     WHERE _status = 'failed' AND ($1::text IS NULL OR _run_id = $1::text)
+     WHERE _status = {FAILED} AND ($1::text IS NULL OR _run_id = $1::text)
      GROUP BY _error
 )
 SELECT error, n, (SELECT sum(n) FROM grouped)::bigint AS failed,
        (SELECT count(*) FROM grouped) AS distinct_errors
   FROM grouped ORDER BY n DESC, error ASC NULLS LAST LIMIT $2
-"""
+""")
 
 # A sheet's rows by status, per run (`$1` the run ids; the console reads it too).
-RUN_ROWS_SQL = """
+RUN_ROWS_SQL = with_row_statuses("""
 SELECT _run_id,
-       count(*) FILTER (WHERE _status = 'pending') AS pending,
-       count(*) FILTER (WHERE _status = 'running') AS running,
-       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
-       count(*) FILTER (WHERE _status = 'failed') AS failed
+       count(*) FILTER (WHERE _status = {PENDING}) AS pending,
+       count(*) FILTER (WHERE _status = {RUNNING}) AS running,
+       count(*) FILTER (WHERE _status = {ENRICHED}) AS enriched,
+       count(*) FILTER (WHERE _status = {FAILED}) AS failed
   FROM {t} WHERE _run_id = ANY($1::text[]) GROUP BY _run_id
-"""
+""")
 
 def _check_limit(limit: object) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:

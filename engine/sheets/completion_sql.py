@@ -21,13 +21,14 @@ from typing import NamedTuple, Sequence
 from ..ports import Port, sequence_literal, table
 
 from .layout import BindParams, SheetColumns, SheetLayout
+from .model import OutcomeStatus, RowStatus
 
 # The cell-meta entry every output ($7) gets: completed outcomes mark it completed (with the
 # time); failed ones mark it failed, so column counters count a failed row's cells as failed.
-_COMPLETED_ENTRY = """jsonb_build_object(
-               'status', 'completed', 'run_id', $5::text,
+_COMPLETED_ENTRY = f"""jsonb_build_object(
+               'status', {OutcomeStatus.COMPLETED.sql}, 'run_id', $5::text,
                'completed_at', extract(epoch FROM now())::float8)"""
-_FAILED_ENTRY = "jsonb_build_object('status', 'failed', 'run_id', $5::text)"
+_FAILED_ENTRY = f"jsonb_build_object('status', {OutcomeStatus.FAILED.sql}, 'run_id', $5::text)"
 
 
 def _base_meta(failed: bool) -> str:
@@ -51,18 +52,18 @@ def _kept_by_failed(row: str, patch: str) -> str:
     A completed outcome's patch applies whole."""
     return f"""(SELECT coalesce(jsonb_object_agg(k.key, k.value), '{{}}'::jsonb)
       FROM jsonb_each({patch}) AS k
-     WHERE ({row}._cell_meta -> k.key ->> 'status') IS DISTINCT FROM 'completed')"""
+     WHERE ({row}._cell_meta -> k.key ->> 'status') IS DISTINCT FROM {OutcomeStatus.COMPLETED.sql})"""
 
 
-def _new_meta(target: str, row: str, patch: str, *, force_failed: bool = False) -> str:
+def _new_meta(target: RowStatus, row: str, patch: str, *, force_failed: bool = False) -> str:
     """New cell meta of the stored row `row` (an alias) for the outcome's patch expression
     `patch`. A row already in the `target` status may be a replay: its fields recorded
     identically but for `completed_at` keep the old entry. Other rows just take the patch (of a
     failed outcome, what `_kept_by_failed` keeps; all of it when `force_failed`: its completed
     cells become failed ones)."""
-    if target == "failed" and not force_failed:
+    if target == RowStatus.FAILED and not force_failed:
         patch = _kept_by_failed(row, patch)
-    return f"""CASE WHEN {row}._status = '{target}' THEN {row}._cell_meta || coalesce((
+    return f"""CASE WHEN {row}._status = {target.sql} THEN {row}._cell_meta || coalesce((
     SELECT jsonb_object_agg(e.key, CASE
                WHEN jsonb_typeof({row}._cell_meta -> e.key) = 'object'
                 AND ({row}._cell_meta -> e.key) - 'completed_at' = e.value - 'completed_at'
@@ -72,19 +73,20 @@ def _new_meta(target: str, row: str, patch: str, *, force_failed: bool = False) 
 
 
 def _counter_ctes(
-    summary: str, column_summary: str, moved: str, target: str | None, counted: Sequence[str]
+    summary: str, column_summary: str, moved: str, target: RowStatus, counted: Sequence[str]
 ) -> str:
     """CTEs applying the status and cell-meta deltas of the rows in `moved` (prev_status,
     prev_meta, new_meta); `target` is the status they moved to, `counted` the binds naming the
     fields whose cell-meta status may have moved (one pass over `moved` for all of them)."""
-    completed_plus = "d.n" if target == "enriched" else "0"
-    failed_plus = "d.n" if target == "failed" else "0"
+    completed_plus = "d.n" if target == RowStatus.ENRICHED else "0"
+    failed_plus = "d.n" if target == RowStatus.FAILED else "0"
+    completed, failed = OutcomeStatus.COMPLETED.sql, OutcomeStatus.FAILED.sql
     sums = ", ".join(
-        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed')::int"
-        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'completed')::int)"
+        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM {completed})::int"
+        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM {completed})::int)"
         f" AS c{j}, "
-        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'failed')::int"
-        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM 'failed')::int) AS f{j}"
+        f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM {failed})::int"
+        f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM {failed})::int) AS f{j}"
         for j, name in enumerate(counted)
     )
     rows = ", ".join(f"({name}, d.c{j}, d.f{j})" for j, name in enumerate(counted))
@@ -108,10 +110,10 @@ column_summary AS (SELECT 1 WHERE cardinality($8::text[]) < 0)"""
     return f"""
 status_delta AS (
     SELECT count(*) AS n,
-           count(*) FILTER (WHERE prev_status = 'pending') AS was_pending,
-           count(*) FILTER (WHERE prev_status = 'running') AS was_running,
-           count(*) FILTER (WHERE prev_status = 'enriched') AS was_enriched,
-           count(*) FILTER (WHERE prev_status = 'failed') AS was_failed,
+           count(*) FILTER (WHERE prev_status = {RowStatus.PENDING.sql}) AS was_pending,
+           count(*) FILTER (WHERE prev_status = {RowStatus.RUNNING.sql}) AS was_running,
+           count(*) FILTER (WHERE prev_status = {RowStatus.ENRICHED.sql}) AS was_enriched,
+           count(*) FILTER (WHERE prev_status = {RowStatus.FAILED.sql}) AS was_failed,
            count(*) FILTER (WHERE prev_status IS NULL) AS was_absent
       FROM {moved}
 ),
@@ -135,7 +137,7 @@ class _ChunkParts(NamedTuple):
 
     table: str
     cols: list[tuple[str, str]]  # (physical column, bind naming its field)
-    target: str                  # the status applied rows move to
+    target: RowStatus            # the status applied rows move to
     already: str                 # the `already_completed` fence arm (failed outcomes only)
     patch: str                   # the cell-meta patch of one outcome
     version: str                 # the next row version
@@ -150,12 +152,12 @@ def _chunk_parts(
     names = BindParams(14)
     cols = [(column(f), names.add(f, "text")) for f in fields]
     counted_names = [names.add(f, "text") for f in counted]
-    target = "failed" if failed else "enriched"
+    target = RowStatus.FAILED if failed else RowStatus.ENRICHED
     return _ChunkParts(
         table=layout.qualified,
         cols=cols,
         target=target,
-        already=("WHEN s._status = 'enriched' THEN 'already_completed'"
+        already=(f"WHEN s._status = {RowStatus.ENRICHED.sql} THEN 'already_completed'"
                  if failed and not force_failed else ""),
         patch=_PATCH,
         version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
@@ -241,7 +243,7 @@ cur AS MATERIALIZED (
            s._status AS prev_status, s._write_version AS prev_version,
            s._cell_meta AS prev_meta, n.new_meta,
            {_FENCE.format(already=parts.already)} AS fence,
-           (s._status IS DISTINCT FROM '{target}' OR s._error IS DISTINCT FROM {new_error}
+           (s._status IS DISTINCT FROM {target.sql} OR s._error IS DISTINCT FROM {new_error}
             OR n.new_meta IS DISTINCT FROM s._cell_meta{data_changed}) AS changed
       FROM input i
       CROSS JOIN base b
@@ -251,7 +253,7 @@ cur AS MATERIALIZED (
 ),
 applied AS (
     UPDATE {t} AS t
-       SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = c.new_meta,
+       SET _status = {target.sql}, _error = c.error, _run_id = $5::text, _cell_meta = c.new_meta,
            _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
       FROM cur c
      WHERE c.found AND c.fence IS NULL AND c.changed
@@ -291,7 +293,7 @@ def build_exact_sql_returning_old(
 WITH {_base_meta(failed).strip()},
 source AS MATERIALIZED (
     SELECT i.key, i.data, i.error, i.attempts, i.ord, {parts.patch} AS patch,
-           $4::bigint AS our_version, $6::text AS our_attempt, 'enriched'::text AS kept_status
+           $4::bigint AS our_version, $6::text AS our_attempt, {RowStatus.ENRICHED.sql}::text AS kept_status
       FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
                       unnest($12::text[]), unnest($13::integer[]))
            WITH ORDINALITY AS i(key, data, meta, error, attempts, ord)
@@ -299,13 +301,13 @@ source AS MATERIALIZED (
 ),
 applied AS (
     UPDATE {t} AS t
-       SET _status = '{target}', _error = c.error, _run_id = $5::text, _cell_meta = {new_meta},
+       SET _status = {target.sql}, _error = c.error, _run_id = $5::text, _cell_meta = {new_meta},
            _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
       FROM source c
      WHERE t._key = c.key AND t._write_version = c.our_version
        AND (c.our_attempt IS NULL OR t._attempt_id IS NULL OR t._attempt_id = c.our_attempt)
        {not_enriched}
-       AND (t._status IS DISTINCT FROM '{target}' OR t._error IS DISTINCT FROM {new_error}{data_changed}
+       AND (t._status IS DISTINCT FROM {target.sql} OR t._error IS DISTINCT FROM {new_error}{data_changed}
             OR {new_meta} IS DISTINCT FROM t._cell_meta)
     RETURNING c.ord, old._status AS prev_status, old._cell_meta AS prev_meta,
               new._cell_meta AS new_meta
@@ -339,7 +341,8 @@ def build_insert_sql(
     insert_cols = "".join(f", {col}" for col, _ in cols)
     insert_vals = "".join(f", i.data -> {name}" for _, name in cols)
     counters = _counter_ctes(
-        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "moved", "enriched",
+        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "moved",
+        RowStatus.ENRICHED,
         counted_names,
     )
     return f"""
@@ -352,7 +355,7 @@ WITH input AS MATERIALIZED (
 inserted AS (
     INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
                      _attempt_seq, _attempts, _cell_meta{insert_cols})
-    SELECT i.key, 'enriched', $5::text, $4::bigint, i.idx, $6::text, $13::integer,
+    SELECT i.key, {RowStatus.ENRICHED.sql}, $5::text, $4::bigint, i.idx, $6::text, $13::integer,
            coalesce(i.attempts, 1), {_PATCH}{insert_vals}
       FROM input i CROSS JOIN base b
     ON CONFLICT (_key) DO NOTHING

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import attrs
 
@@ -27,7 +27,7 @@ from ..limits import MAX_KEY_BYTES, key_problem
 from ..scopes import RunRef, check_scope, normalize_namespace
 
 from .model import (
-    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, Attempt, RowOutcome, SheetContract,
+    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, Attempt, OutcomeStatus, RowOutcome, SheetContract,
     field_problem, shown,
 )
 
@@ -42,14 +42,23 @@ def check_write(port: Any, run: RunRef, contract: Any, attempt: Any) -> None:
         raise InvalidInputError("attempt must be an Attempt or None")
 
 
-def _key_of(namespace: str, row_text: str) -> str:
-    return hashlib.sha256(f"{namespace}\n{row_text}".encode("utf-8")).hexdigest()[:32]
+def key_of_text(namespace: str) -> Callable[[str], str]:
+    """The row key of a canonical row text under `namespace` (normalized): the one place a row
+    key is derived (see the module docstring); every other keying goes through it."""
+    prefix = f"{namespace}\n".encode()
+    sha256 = hashlib.sha256
+    return lambda text: sha256(prefix + text.encode()).hexdigest()[:32]
+
+
+def text_keys(table_namespace: str, texts: Iterable[str]) -> list[str]:
+    """`row_key` of each row given as its canonical text (`canonical.stable_dumps` of the
+    normalized row), for callers that already encoded them."""
+    return list(map(key_of_text(normalize_namespace(table_namespace)), texts))
 
 
 def text_key(table_namespace: str, row_text: str) -> str:
-    """`row_key` of a row given as its canonical text (`canonical.stable_dumps` of the
-    normalized row), for callers that already encoded it."""
-    return _key_of(normalize_namespace(table_namespace), row_text)
+    """`row_key` of one row given as its canonical text."""
+    return text_keys(table_namespace, (row_text,))[0]
 
 
 def row_key(row: Mapping[str, Any], table_namespace: str) -> str:
@@ -57,7 +66,7 @@ def row_key(row: Mapping[str, Any], table_namespace: str) -> str:
     if not isinstance(row, Mapping):
         raise InvalidInputError(f"row must be a dict, got {type(row).__name__}")
     namespace = normalize_namespace(table_namespace)
-    return _key_of(namespace, canonical.stable_dumps(canonical.normalize(row, "row")))
+    return key_of_text(namespace)(canonical.stable_dumps(canonical.normalize(row, "row")))
 
 
 @attrs.frozen
@@ -142,6 +151,7 @@ def prepare_rows(
             return PreparedRows(fast, list(range(input_offset, input_offset + len(fast))), [],
                                 None, 0)
     dumps = canonical_dumps
+    key_of = key_of_text(namespace)
     seen: set[str] = set()
     out_keys: list[str] = []
     out_indexes: list[int] = []
@@ -162,7 +172,7 @@ def prepare_rows(
                 clean = normalize_fast(row, f"rows[{position}]")
             text = dumps(clean) if out_texts is not None else None
         if keys is None:
-            key = _key_of(namespace, text)
+            key = key_of(text)
         else:
             key = keys[position]
             if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
@@ -190,10 +200,7 @@ def _probe_keys(rows: Sequence[Any], namespace: str) -> list[str] | None:
     hot path: no copies, and `map` instead of a Python loop per step."""
     if not all([type(row) is dict for row in rows]) or not all(map(is_canonical, rows)):
         return None
-    prefix = f"{namespace}\n".encode()
-    sha256 = hashlib.sha256
-    keys = [sha256(prefix + text.encode()).hexdigest()[:32]
-            for text in map(canonical_dumps, rows)]  # == _key_of(namespace, text)
+    keys = list(map(key_of_text(namespace), map(canonical_dumps, rows)))
     return keys if len(set(keys)) == len(keys) else None
 
 
@@ -270,9 +277,9 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
                 or not is_clean_str(key):
             check_key(key, f"outcomes[{i}]")
         status = outcome.status
-        if status == "completed":
+        if status == OutcomeStatus.COMPLETED:
             failed = False
-        elif status == "failed":
+        elif status == OutcomeStatus.FAILED:
             failed = True
         else:
             raise InvalidInputError(

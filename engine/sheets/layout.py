@@ -62,7 +62,7 @@ from ..schema import derive_lock_key
 from ..scopes import PlayScope, check_scope, normalize_namespace
 from ..sql import quote_ident
 
-from .model import CONTRACT, MAX_SHEET_FIELDS, SheetContract
+from .model import CONTRACT, MAX_SHEET_FIELDS, SheetContract, with_row_statuses
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
@@ -209,10 +209,10 @@ def sheet_lock_key(port: Port, layout: SheetLayout) -> int:
 
 
 # -- DDL (exclusive lock only) ----------------------------------------------------------------
-_CREATE_TABLE = """
+_CREATE_TABLE = with_row_statuses("""
 CREATE TABLE IF NOT EXISTS {t} (
     _key text PRIMARY KEY,
-    _status text NOT NULL DEFAULT 'pending',
+    _status text NOT NULL DEFAULT {PENDING},
     _run_id text,
     _write_version bigint NOT NULL,
     _input_index bigint,
@@ -225,7 +225,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     _created_at timestamptz NOT NULL DEFAULT now(),
     _updated_at timestamptz NOT NULL DEFAULT now(){later}
 ) WITH (fillfactor = 70)
-"""
+""")
 
 # The sheet's one index besides its primary key: the row order of reads (input index, nulls
 # last, then creation, then key), which keyset pages walk, and the lookup by input index of the

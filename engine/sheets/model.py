@@ -23,27 +23,70 @@ This module does no I/O.
 
 from __future__ import annotations
 
+import enum
 import math
+import re
 from typing import Any, Literal, Mapping, Sequence
 
 import attrs
 
 from .. import canonical
 from ..codecs import (
-    FLOAT, INT, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
+    FLOAT, INT, INT32_MAX, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
 )
 from ..errors import InvalidInputError
 from ..limits import key_problem
 from ..scopes import MapScope
 
 MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
-OUTCOME_STATUSES = ("completed", "failed")
-ROW_STATUSES = ("pending", "running", "enriched", "failed", "stale")
+
+
+class _SqlLiteral(enum.StrEnum):
+    @property
+    def sql(self) -> str:
+        """The value as an SQL string literal, for statement text (values have no quote)."""
+        return f"'{self.value}'"
+
+
+class RowStatus(_SqlLiteral):
+    """A sheet row's `_status`: the one definition Python and SQL text both use (SQL writes
+    `RowStatus.ENRICHED.sql`). Staleness is never stored: it is judged from cell policies."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    ENRICHED = "enriched"
+    FAILED = "failed"
+
+
+class OutcomeStatus(_SqlLiteral):
+    """A row outcome's status, which is also the status its cells get in the cell meta."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+OUTCOME_STATUSES = tuple(status.value for status in OutcomeStatus)
+_STATUS_FIELD = re.compile(r"\{(" + "|".join(status.name for status in RowStatus) + r")\}")
+
+
+def with_row_statuses(template: str) -> str:
+    """An SQL template with its row-status fields (`{PENDING}`, `{ENRICHED}`…) filled in as
+    literals; its other fields are left for a later `format`."""
+    return _STATUS_FIELD.sub(lambda m: RowStatus[m.group(1)].sql, template)
 FENCE_REASONS = (
     "stale_write_version", "unadmitted", "attempt_superseded", "already_completed", "missing",
 )
 BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")
 DEFAULT_ROW_ERROR = "Row execution failed."
+
+
+def check_give_up_after(value: object) -> None:
+    """`give_up_after`: None, or how many failed runs block a row (an integer column bounds
+    it); the one check, wherever the value enters."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value <= INT32_MAX):
+        raise InvalidInputError(
+            f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
 
 MAX_FIELD_CHARS = 256
@@ -247,6 +290,11 @@ def _outcome_key(_instance: object, _attribute: object, value: object) -> None:
         raise InvalidInputError(f"RowOutcome.key {problem}")
 
 
+def _plain_status(value: object) -> object:
+    """An `OutcomeStatus` member as its plain text (what the wire and the checks expect)."""
+    return value.value if isinstance(value, OutcomeStatus) else value
+
+
 def _outcome_status(instance: Any, _attribute: object, value: object) -> None:
     if value not in OUTCOME_STATUSES:
         raise InvalidInputError(
@@ -289,7 +337,7 @@ class RowOutcome:
     """
 
     key: str = attrs.field(validator=_outcome_key)
-    status: str = attrs.field(validator=_outcome_status)
+    status: str = attrs.field(converter=_plain_status, validator=_outcome_status)
     data: dict | None = attrs.field(default=None, validator=_outcome_optional(dict, "data"))
     input_index: int | None = attrs.field(default=None, validator=_outcome_index)
     cell_meta: dict | None = attrs.field(

@@ -28,7 +28,7 @@ from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
 from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
-from .model import SUMMARY, ColumnSummary, Summary
+from .model import SUMMARY, ColumnSummary, Summary, with_row_statuses
 from .reuse import MEMBERS
 
 # Whether the sheet exists (and is its own), and its registered fields and their columns in
@@ -51,7 +51,7 @@ SELECT _key, _status, _error, _input_index{policy}{cols} FROM {t} {order} LIMIT 
 """
 
 # A run's rows: those it wrote, and those it reused (`reuse.MEMBERS`).
-_READ_RUN = """
+_READ_RUN = with_row_statuses("""
 WITH {members},
 members AS MATERIALIZED (
     SELECT * FROM {t} WHERE _run_id = $3
@@ -59,14 +59,14 @@ members AS MATERIALIZED (
     SELECT * FROM reused
 ),
 preferred AS (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM members WHERE _status = 'enriched') THEN 'enriched'
-                WHEN EXISTS (SELECT 1 FROM members WHERE _status = 'failed') THEN 'failed'
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM members WHERE _status = {ENRICHED}) THEN {ENRICHED}
+                WHEN EXISTS (SELECT 1 FROM members WHERE _status = {FAILED}) THEN {FAILED}
            END AS status
 )
 SELECT _key, _status, _error, _input_index{policy}{cols} FROM members
  WHERE (SELECT status FROM preferred) IS NULL OR _status = (SELECT status FROM preferred)
  {order} LIMIT $1 OFFSET $2
-"""
+""")
 
 _SUMMARY = """
 SELECT total, queued, running, completed, failed FROM {summary}

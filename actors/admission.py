@@ -1,0 +1,250 @@
+"""The source and admission actors of `run.map`: pages in, pending rows out to the workers.
+
+How it works
+- The input comes as admission units (`actors.list_source.SourcePage`), in groups. A list
+  source is read in place by admission (`ListSource`): its leading rows are first probed as
+  given (in chunks through a window of `PROBES_IN_FLIGHT`; see `probe_unencoded`) — a settled
+  rerun ends there, never encoding the list; from the first rows not all settled, the list is
+  encoded once (canonical texts, row keys, the array input's page cuts) and cut into units of
+  whole array-input pages (up to `page_rows` rows), grouped up to `PROBE_GROUP_ROWS`; the
+  rows are the encoded ones — byte-identical to the staged page facts, so running them is
+  replaying the staged input. For an async iterable the **source actor** (`stream_pages`)
+  cuts pages as rows arrive (a group of one each), the first of `FIRST_PAGE_ROWS` rows (so
+  work starts soon even on a slow source), each next one twice as large up to `page_rows`.
+- The **admission actor** (`admit_pages`) probes a unit by its row keys (`sheets.probe`, one
+  read-only statement): when every row is settled — a fresh cache hit under the cell policies,
+  or blocked (newer run, another attempt's live lease, given up), exactly as admission would
+  decide — the unit is counted and nothing is sent or written. Otherwise it admits the unit in
+  one transaction (`engine.sheets.admit`, cache hits counted, not listed). Whether it probes a
+  unit, the rest of a group, or admits straight away is the state machine of
+  `actors.admission_steps`. A list source is staged first (lazily, at the first unit that
+  needs admitting; see `actors.list_source`); a one-page unit of a sealed input is admitted
+  from its stored page fact, other units with their rows (and their canonical texts).
+- Pending rows go to the workers in small batches (`MAX_WORK_BATCH`) so all get a share.
+  Duplicates: the engine drops them within a unit; a later duplicate of a row still in flight
+  in this map is dropped by `MapState.take_admission` (counted as skipped).
+Who calls: `actors.mapper.map_rows` starts these actors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, AsyncIterable, Awaitable, Callable
+
+import trio
+
+from runplane.engine.sheets import Admission
+
+from .admission_steps import AdmissionSteps, Event, event_of
+from .list_source import ListSource, SourcePage
+from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
+from .phases import marked
+
+MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
+PROBE_GROUP_ROWS = 10_000   # rows of an encoded list probed together once probes settle rows
+# A list's leading rows, probed before encoding: chunks of FIRST_PROBE_ROWS (a first run into
+# a sheet of other rows stops after it), then of LEADING_PROBE_ROWS (a unit's 5 full pages, so
+# no unit is cut short), PROBES_IN_FLIGHT at once (one is keyed while the server answers another).
+FIRST_PROBE_ROWS = 1_000
+LEADING_PROBE_ROWS = 5_000
+PROBES_IN_FLIGHT = 2
+
+
+# -- the source actor ------------------------------------------------------------------------
+async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
+                       *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    async with pages_send:
+        offset, page = 0, []
+        size = min(FIRST_PAGE_ROWS, page_rows)
+        try:
+            async for row in source:
+                page.append(row)
+                if len(page) >= size:
+                    await pages_send.send([SourcePage(offset, page)])
+                    offset, page = offset + len(page), []
+                    size = min(page_rows, 2 * size)
+            if page:
+                await pages_send.send([SourcePage(offset, page)])
+        except trio.BrokenResourceError:
+            pass  # admission stopped reading: the map was superseded or stopped early
+
+
+async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
+                     probe: bool, background: trio.Nursery | None
+                     ) -> tuple[Admission, bool, list[str] | None]:
+    """One page's admission, whether a probe settled it, and the keys of its cache hits (a
+    superset: all its keys when known) or None: settled from its keys by a read-only probe when
+    every row is (a fresh cache hit or blocked, judged exactly as admission judges it), else
+    admitted — from its staged page fact for a list source (staging the list first), with its
+    rows otherwise."""
+    if not plan.fast_admission:
+        if listed is not None:
+            await listed.ensure_staged()
+        admission = await plan.admit(page.rows, page.offset, cache_hits="rows")
+        return admission, False, [row.key for row in admission.completed]
+    if probe:
+        settled, keys = await plan.probe_keyed(page.rows, page.offset, keys=page.keys)
+        if settled is not None:
+            return settled, True, keys
+    staged = await listed.staged_page(page, background) if listed is not None else None
+    admission = await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged,
+                                 texts=page.texts if staged is None else None)
+    return admission, False, page.keys
+
+
+async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | None:
+    """Settle consecutive pages with one probe, or None (then each page goes on its own).
+    Pages with a key in common are never probed together: each page deduplicates its own rows,
+    so the counts stay exactly those of page-by-page admission."""
+    keys = [key for page in group for key in page.keys or ()]
+    rows = [row for page in group for row in page.rows]
+    if len(keys) != len(rows) or len(set(keys)) != sum(len(set(page.keys)) for page in group):
+        return None
+    return await plan.probe(rows, group[0].offset, keys=keys)
+
+
+def probe_bounds(rows: int) -> list[tuple[int, int]]:
+    """The chunks a list's leading rows are probed in before it is encoded: `FIRST_PROBE_ROWS`,
+    then `LEADING_PROBE_ROWS` each. Admission units never span a chunk boundary, so a chunk a
+    probe settled is exactly the units it covers (see `probe_unencoded`)."""
+    bounds = [(0, min(rows, FIRST_PROBE_ROWS))]
+    while bounds[-1][1] < rows:
+        low = bounds[-1][1]
+        bounds.append((low, min(rows, low + LEADING_PROBE_ROWS)))
+    return bounds
+
+
+async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
+                          hand_out: Callable[[int, Admission], Awaitable[None]]) -> int:
+    """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
+    the encoding); returns the first row not settled (a chunk boundary).
+
+    Nothing is probed when the sheet held no row as the map began (`ListSource.sheet_rows`: a
+    first run). When it holds as many rows as the list (likely a rerun), every chunk goes
+    through a window of `PROBES_IN_FLIGHT`, the first two as one; otherwise the first chunk is
+    probed alone first (a first run into a sheet of other rows stops there). In the window a
+    probe is started as soon as an earlier one is answered, so one chunk is keyed (CPU, in
+    `sheets.probe`) while the server answers another. Answers are taken in order; at the
+    first chunk not settled no further probe starts, and the ones already started are let
+    finish and dropped (a probe writes nothing; not cancelling it keeps its connection). A
+    chunk holding a duplicate is left to the units (they deduplicate unit by unit, and a chunk
+    may hold several units); a duplicate of an earlier chunk's row is in another unit anyway,
+    so it counts as that unit's cache hit either way."""
+    bounds = probe_bounds(listed.source_rows)
+    if listed.sheet_rows == 0:
+        return 0  # the sheet was empty when the map began: nothing can be settled
+    settled_up_to = 0
+    if listed.sheet_rows is not None and listed.sheet_rows >= listed.source_rows:
+        # Likely a rerun: every chunk goes through the window, the first two as one (a small
+        # first chunk would only wait there while the next one is keyed).
+        rest = [(0, bounds[1][1]), *bounds[2:]] if len(bounds) > 1 else bounds
+    else:
+        first, keys = await plan.probe_keyed(listed.rows_between(*bounds[0]), 0)
+        if first is None or first.skipped:
+            return 0
+        if first.cached:
+            state.note_reuse(keys)
+        await hand_out(bounds[0][1], first)
+        settled_up_to = bounds[0][1]
+        rest = bounds[1:]
+    answers: list[tuple[Admission | None, list[str]]] = [(None, [])] * len(rest)
+    answered = [trio.Event() for _ in rest]
+    window = trio.Semaphore(PROBES_IN_FLIGHT)
+    stop = False
+
+    async def probe(i: int) -> None:
+        try:
+            answers[i] = await plan.probe_keyed(listed.rows_between(*rest[i]), rest[i][0])
+        finally:
+            answered[i].set()
+
+    async def launch(nursery: trio.Nursery) -> None:
+        for i in range(len(rest)):
+            await window.acquire()
+            if stop:
+                return
+            nursery.start_soon(probe, i)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(launch, nursery)
+        for i, (low, high) in enumerate(rest):
+            await answered[i].wait()
+            admission, keys = answers[i]
+            stop = state.stopping or admission is None or bool(admission.skipped)
+            window.release()
+            if stop:
+                break
+            assert admission is not None
+            if admission.cached:
+                state.note_reuse(keys)
+            await hand_out(high - low, admission)
+            settled_up_to = high
+    return settled_up_to
+
+
+@marked("admission")
+async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
+                      listed: ListSource | None = None, background: trio.Nursery | None = None,
+                      *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The admission actor: pages from `pages_recv` (a streamed source), or the units of
+    `listed` (a list source, read in place; `pages_recv` is then None). What it does with each
+    unit follows `AdmissionSteps` (`actors.admission_steps`)."""
+    task_status.started()
+    steps = AdmissionSteps()
+
+    async def hand_out(rows_in_page: int, admission: Admission) -> None:
+        pending = state.take_admission(rows_in_page, admission)
+        size = max(1, min(MAX_WORK_BATCH, math.ceil(len(pending) / plan.concurrency)))
+        for start in range(0, len(pending), size):
+            batch = pending[start:start + size]
+            await state.hand_out(len(batch))
+            await work_send.send(batch)
+
+    async def admit_group(group: list[SourcePage]) -> None:
+        steps.start_group()
+        position = 0
+        while position < len(group) and not state.stopping:
+            rest = group[position:]
+            if plan.fast_admission and steps.probes_rest(len(rest)):
+                admission = await probe_group(plan, rest)
+                if admission is not None:
+                    steps.on(Event.REST_SETTLED)
+                    if admission.cached:
+                        state.note_reuse([key for page in rest for key in page.keys or ()])
+                    await hand_out(sum(len(page.rows) for page in rest), admission)
+                    return
+                steps.on(Event.REST_UNSETTLED)
+            page = group[position]
+            position += 1
+            admission, settled, keys = await admit_page(plan, page, listed, steps.probes_unit,
+                                                        background)
+            if admission.cached:
+                state.note_reuse(keys if keys is not None else plan.row_keys(page.rows))
+            steps.on(event_of(settled, admission.inserted, len(page.rows)))
+            await hand_out(len(page.rows), admission)
+
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(work_send)
+        try:
+            if listed is None:
+                await stack.enter_async_context(pages_recv)
+                async for group in pages_recv:
+                    if state.stopping:
+                        break
+                    await admit_group(group)
+                return
+            start = 0
+            if plan.fast_admission and listed.encoded is None:
+                start = await probe_unencoded(plan, state, listed, hand_out)
+                steps.on(Event.LEADING_UNSETTLED)  # the rows at `start` need admitting
+            if start < listed.source_rows and not state.stopping:
+                await listed.encode()
+                cut_at = frozenset(low for low, _ in probe_bounds(listed.source_rows))
+                for group in listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start, cut_at):
+                    if state.stopping:
+                        break
+                    await admit_group(group)
+        finally:
+            state.end_admission()

@@ -1,0 +1,115 @@
+"""The completer of `run.map` and its writer: outcomes in batches to `engine.sheets.complete`.
+
+How it works
+- The **completer** (`batch_outcomes`) batches outcomes by rows, bytes and a short linger,
+  and hands batches to the **writer** (`write_outcomes`) over an unbuffered channel (the next
+  batch grows while one is written), which writes each with `engine.sheets.complete` and
+  settles it in the map's state (`MapState.settle`: fenced rows recorded, a
+  `stale_write_version` fence marks the map superseded).
+- `flush_unsettled` runs in the map's `finally`: what the ledger still holds was computed but
+  never confirmed written; it is written in a shielded scope with a deadline. A write that was
+  interrupted but did commit is simply replayed (an identical completion is idempotent).
+Who calls: `actors.mapper.map_rows`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from runplane.engine import canonical
+from runplane.engine.errors import EngineError
+from runplane.engine.sheets import RowOutcome
+
+from .map_state import MapPlan, MapState
+from .phases import marked
+from .retry import hurry_if_waiting
+
+log = logging.getLogger("runplane.actors")
+
+
+def outcome_bytes(outcome: RowOutcome) -> int:
+    """A cheap estimate of an outcome's patch JSON size, for batching only (the engine chunks
+    by exact bytes itself): flat string and number fields are summed, nested ones encoded."""
+    size = 64 + len(outcome.error or "")
+    for field, value in (outcome.data or {}).items():
+        if isinstance(value, str):
+            size += len(field) + len(value) + 6
+        elif isinstance(value, (dict, list)):
+            size += len(field) + len(canonical.stable_dumps(value)) + 4
+        else:
+            size += len(field) + 24
+    return size
+
+
+async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
+                         *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Gather outcome batches into completion batches.
+
+    A batch is handed to the writer when it reaches `batch_rows` or `batch_bytes` (waiting for
+    the writer: backpressure), or when it has lingered `linger_s` and the writer is idle. The
+    flush channel is unbuffered, so a writer that is busy lets the batch keep growing instead of
+    queueing small ones: under load batches fill up, at a trickle they leave after the linger.
+    """
+    task_status.started()
+    async with outcome_recv, flush_send:
+        tickets: list[int] = []
+        outcomes: list = []
+        size = 0
+        deadline = math.inf
+        while True:
+            with trio.move_on_at(deadline):
+                try:
+                    ticket, batch = await outcome_recv.receive()
+                except trio.EndOfChannel:
+                    break
+                tickets.append(ticket)
+                outcomes.extend(batch)
+                size += sum(outcome_bytes(outcome) for outcome in batch)
+                if deadline == math.inf:
+                    deadline = trio.current_time() + plan.linger_s
+                if len(outcomes) >= plan.batch_rows or size >= plan.batch_bytes:
+                    await flush_send.send((tickets, outcomes))
+                    tickets, outcomes, size, deadline = [], [], 0, math.inf
+                    continue
+            if outcomes and trio.current_time() >= deadline:
+                try:
+                    flush_send.send_nowait((tickets, outcomes))
+                except trio.WouldBlock:
+                    deadline = trio.current_time() + plan.linger_s  # the writer is busy
+                else:
+                    tickets, outcomes, size, deadline = [], [], 0, math.inf
+        if outcomes:
+            await flush_send.send((tickets, outcomes))
+
+
+@marked("completion")
+async def write_outcomes(plan: MapPlan, state: MapState, flush_recv,
+                         *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    async with flush_recv:
+        async for tickets, outcomes in flush_recv:
+            state.settle(tickets, outcomes, await plan.complete(outcomes))
+
+
+@marked("flush")
+async def flush_unsettled(plan: MapPlan, state: MapState) -> None:
+    """Write what was computed but not confirmed, shielded, within `plan.flush_deadline_s`."""
+    outcomes = state.take_unsettled()
+    if not outcomes:
+        return
+    deadline_s = plan.flush_deadline_s
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + deadline_s) as scope, \
+            hurry_if_waiting():  # during an outage: one short try, no waiting out the budget
+        try:
+            for start in range(0, len(outcomes), plan.batch_rows):
+                chunk = outcomes[start:start + plan.batch_rows]
+                state.count_flushed(chunk, await plan.complete(chunk))
+        except EngineError as exc:
+            log.warning("map %s: flushing %d computed outcomes failed: %s",
+                        plan.table_namespace, len(outcomes), exc)
+    if scope.cancelled_caught:
+        log.warning("map %s: flush of %d computed outcomes ran past %.0fs",
+                    plan.table_namespace, len(outcomes), deadline_s)
