@@ -14,7 +14,8 @@ from .audit import ErrorCount, ErrorCounts, FailedRow, RunRows, error_counts, fa
 from .completion import complete
 from .dataset import Dataset, count, dataset, field_kinds, read_page
 from .dataset_pages import DatasetPage, PageCursor
-from .layout import SheetLayout, ensure_sheet
+from .ensure import ensure_sheet
+from .layout import SheetLayout
 from .model import (
     Admission,
     AdmittedRow,
