@@ -28,6 +28,7 @@ This module does no I/O.
 
 from __future__ import annotations
 
+import enum
 from typing import Mapping
 
 import attrs
@@ -101,22 +102,40 @@ def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
     return "coalesce(" + " AND ".join(f"({term})" for term in terms) + ", false)"
 
 
-BLOCKED = "('newer_run', 'attempt_active', 'gave_up')"
+class Disposition(enum.StrEnum):
+    """What admission decides for one input row (`disposition_case`); the blocked ones are the
+    reasons of `BlockedRow`. SQL text writes `Disposition.X.sql`."""
+
+    NEW = "new"                        # no row has the key
+    COMPLETED = "completed"            # a fresh cache hit, left untouched
+    NEWER_RUN = "newer_run"            # blocked: a newer write version owns the row
+    ATTEMPT_ACTIVE = "attempt_active"  # blocked: another attempt's lease is live
+    GAVE_UP = "gave_up"                # blocked: failed in give_up_after runs
+    ADMIT = "admit"                    # (re-)admitted to our write version
+
+    @property
+    def sql(self) -> str:
+        return f"'{self.value}'"
+
+
+_D = Disposition
+BLOCKED = f"({_D.NEWER_RUN.sql}, {_D.ATTEMPT_ACTIVE.sql}, {_D.GAVE_UP.sql})"
 
 
 def disposition_case(*, exists: str, cached: str, status: str, version: str, attempt: str,
                      expires: str, failed_runs: str, our_version: str, our_attempt: str,
                      give_up_after: str) -> str:
     """The disposition of one input row, from expressions for the existing row's columns."""
-    return f"""CASE WHEN NOT {exists} THEN 'new'
-                WHEN {cached} THEN 'completed'
-                WHEN {version} > {our_version} THEN 'newer_run'
+    return f"""CASE WHEN NOT {exists} THEN {_D.NEW.sql}
+                WHEN {cached} THEN {_D.COMPLETED.sql}
+                WHEN {version} > {our_version} THEN {_D.NEWER_RUN.sql}
                 WHEN {version} = {our_version}
                      AND {status} IN ({RowStatus.PENDING.sql}, {RowStatus.RUNNING.sql})
                      AND {attempt} IS NOT NULL AND {attempt} IS DISTINCT FROM {our_attempt}
-                     AND {expires} > now() THEN 'attempt_active'
-                WHEN {status} = {RowStatus.FAILED.sql} AND {failed_runs} >= {give_up_after} THEN 'gave_up'
-                ELSE 'admit' END"""
+                     AND {expires} > now() THEN {_D.ATTEMPT_ACTIVE.sql}
+                WHEN {status} = {RowStatus.FAILED.sql} AND {failed_runs} >= {give_up_after}
+                     THEN {_D.GAVE_UP.sql}
+                ELSE {_D.ADMIT.sql} END"""
 
 
 @attrs.frozen
@@ -239,15 +258,15 @@ def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
     if write.cache_hits == "rows":
         hits = "".join(
             f", (SELECT jsonb_agg(o{i} ORDER BY ord) FROM decided"
-            f" WHERE disposition = 'completed')::text AS o{i}"
+            f" WHERE disposition = {_D.COMPLETED.sql})::text AS o{i}"
             for i in range(len(outputs))
         )
         hits = ("(SELECT array_agg(ord ORDER BY ord) FROM decided"
-                " WHERE disposition = 'completed') AS completed_ords" + hits)
+                f" WHERE disposition = {_D.COMPLETED.sql}) AS completed_ords" + hits)
     else:
-        hits = ("(SELECT count(*) FROM decided WHERE disposition = 'completed') AS cached,"
+        hits = (f"(SELECT count(*) FROM decided WHERE disposition = {_D.COMPLETED.sql}) AS cached,"
                 " (SELECT array_agg(ord ORDER BY ord) FROM decided"
-                "   WHERE disposition IN ('new', 'admit')) AS pending_ords")
+                f"   WHERE disposition IN ({_D.NEW.sql}, {_D.ADMIT.sql})) AS pending_ords")
     lease = (
         f"CASE WHEN {c.attempt_id} IS NULL THEN NULL::timestamptz"
         f" ELSE now() + make_interval(secs => {c.lease_s}) END"
@@ -293,7 +312,7 @@ readmitted AS (
            _attempt_expires_at = {lease}, _error = NULL, _version = {version},
            _updated_at = now(){update_sets}
       FROM decided d
-     WHERE d.disposition = 'admit' AND t._key = d.key
+     WHERE d.disposition = {_D.ADMIT.sql} AND t._key = d.key
        AND ({c.attempt_id} IS NOT NULL OR d.prev_attempt IS NOT NULL OR d.prev_error IS NOT NULL
             OR d.prev_status IS DISTINCT FROM {c.status}
             OR d.prev_version IS DISTINCT FROM {c.version}
@@ -375,8 +394,8 @@ def probe_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
     sql = f"""
 SELECT {registered} = {expected} AS columns_ok,
        cardinality({key_array}) - count(*)
-           + count(*) FILTER (WHERE disposition = 'admit') AS unsettled,
-       count(*) FILTER (WHERE disposition = 'completed') AS cached,
+           + count(*) FILTER (WHERE disposition = {_D.ADMIT.sql}) AS unsettled,
+       count(*) FILTER (WHERE disposition = {_D.COMPLETED.sql}) AS cached,
        array_agg(key) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_keys,
        array_agg(disposition) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_reasons
   FROM (SELECT s._key AS key, {disposition} AS disposition
