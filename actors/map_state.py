@@ -43,17 +43,15 @@ import trio
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
-from runplane.engine.sheets.completion import input_fields_problem
-from runplane.engine.sheets.probing import probe_keyed
-from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
-from runplane.engine.sheets.admission import admit_write
-from runplane.engine.sheets.completion import complete_write
-from runplane.engine.sheets.model import MAX_SHEET_FIELDS
-from runplane.engine.sheets.sheet_write import SheetWrite
 from runplane.engine.sheets import (
-    Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome, SheetContract,
-    StagedPage,
+    Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome,
+    SheetContract, SheetWrite, StagedPage,
 )
+from runplane.engine.sheets.admission import admit_write
+from runplane.engine.sheets.completion import complete_write, input_fields_problem
+from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
+from runplane.engine.sheets.model import MAX_SHEET_FIELDS
+from runplane.engine.sheets.probing import probe_keyed
 
 from .backoff import MAX_WAITING_ROWS, RetryQueue
 from .pacing import Pacer, open_pacer
