@@ -66,9 +66,10 @@ SELECT $1, $2, $3, u.field, u.column_name,
   FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS u(field, column_name, ord)
 """
 
-# The registered columns of some fields, in their order (NULL for a field not registered).
+# The registered columns of some fields, in their order (NULL for a field not registered);
+# `{fields}` is a text[] bind (cast), `{org}` `{play}` `{ns}` text binds.
 COLUMNS_OF_FIELDS = """ARRAY(SELECT c.column_name
-                  FROM unnest({fields}::text[]) WITH ORDINALITY AS u(field, ord)
+                  FROM unnest({fields}) WITH ORDINALITY AS u(field, ord)
                   LEFT JOIN {registry} AS c
                          ON c.org_id = {org} AND c.play = {play} AND c.table_namespace = {ns}
                         AND c.field = u.field
@@ -103,7 +104,7 @@ async def resolve_columns(
     """The registered columns of `fields` (one read), or None when one is not registered."""
     fields = list(fields)
     sql = "SELECT " + COLUMNS_OF_FIELDS.format(
-        fields="$4", registry=table(port, "sheet_columns"), org="$1", play="$2", ns="$3")
+        fields="$4::text[]", registry=table(port, "sheet_columns"), org="$1", play="$2", ns="$3")
     names = await conn.fetchval(sql, *layout.counter_args, fields)
     if any(name is None for name in names):
         return None

@@ -37,6 +37,7 @@ from ..ports import SHEET_LANE, Port, table
 
 from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
 from .layout import SheetColumns, SheetLayout, sheet_lock_key
+from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
 
 T = TypeVar("T")
@@ -64,22 +65,32 @@ SELECT set_config('statement_timeout', $1, true),
        txid_current()::text AS xid
 """
 
-# Both lock statements upsert the sheet's summary row, claiming its table name (unique: a
-# colliding sheet fails with 23505 here, before touching any row). The shared one also reads the
-# registered columns of the fields ($6); registry rows never change once committed, so what its
-# snapshot shows is right, and a field it does not show sends the writer down the exclusive path.
-_LOCK_SHARED = """
-WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared($1::bigint) AS v),
+def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str]) -> Statement:
+    """Take the sheet's advisory lock shared and upsert (lock) its summary row, claiming its
+    table name (unique: a colliding sheet fails with 23505 here, before touching any row), and
+    read the registered columns of `fields`: registry rows never change once committed, so what
+    its snapshot shows is right, and a field it does not show sends the writer down the
+    exclusive path. `_LOCK_SUMMARY` claims the row the same way under the exclusive lock."""
+    binds = BindParams()
+    key = binds.add(sheet_lock_key(port, layout), "bigint")
+    org, play, namespace = (binds.add(value, "text") for value in layout.counter_args)
+    table_name = binds.add(layout.table, "text")
+    columns = COLUMNS_OF_FIELDS.format(
+        fields=binds.add(fields, "text[]"), registry=table(port, "sheet_columns"), org=org,
+        play=play, ns=namespace)
+    return binds.statement(f"""
+WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),
 claimed AS (
-    INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
-    SELECT $2, $3, $4, $5 FROM sheet_lock
+    INSERT INTO {table(port, "sheet_summary")} AS s (org_id, play, table_namespace, table_name)
+    SELECT {org}, {play}, {namespace}, {table_name} FROM sheet_lock
     ON CONFLICT (org_id, play, table_namespace)
         DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
     RETURNING 1
 )
 SELECT current_setting('server_version_num')::integer AS server_version,
        {columns} AS columns
-"""
+""")
+
 
 _LOCK_EXCLUSIVE = "SELECT pg_advisory_xact_lock($1::bigint)"
 
@@ -148,12 +159,8 @@ async def _lock_sheet(
     summary = table(port, "sheet_summary")
     try:
         if mode == "shared":
-            columns = COLUMNS_OF_FIELDS.format(
-                fields="$6", registry=table(port, "sheet_columns"), org="$2", play="$3", ns="$4")
-            record = await conn.fetchrow(
-                _LOCK_SHARED.format(summary=summary, columns=columns),
-                sheet_lock_key(port, layout), *layout.counter_args, layout.table, fields,
-            )
+            statement = lock_shared_statement(port, layout, fields)
+            record = await conn.fetchrow(statement.sql, *statement.args)
             names = record["columns"]
             if any(name is None for name in names):
                 raise _UnregisteredField("a field has no registered column yet")
