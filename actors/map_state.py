@@ -9,8 +9,10 @@ How it works
   listed and rows sent: the reference the fast path is tested against; `max_waiting_rows`
   bounds the delay queue, see `actors.backoff`). It is a frozen
   value, validated when it is built (an invalid map cannot start: `InvalidInputError` naming
-  the argument, before any query), and it offers the two store calls the actors make,
-  `admit` and `complete`, retried through transient faults (`actors.retry`).
+  the argument, before any query). Where and how it writes is its `write`, one
+  `engine.sheets.sheet_write.SheetWrite` built (and so checked) with the plan and passed whole
+  to the store calls the actors make — `admit`, `probe`, `complete` — which are retried
+  through transient faults (`actors.retry`).
 - `MapState` is everything the map changes while it runs, owned by `map_rows` and changed only
   by its actors (all in one trio thread, so plain updates are atomic between checkpoints). Its
   methods are named after the actor that calls them:
@@ -38,19 +40,18 @@ import attrs
 import trio
 
 from runplane.engine.bounds import is_int, is_number
-from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.scopes import RunRef
-from runplane.engine.scopes import normalize_namespace
-from runplane.engine.sheets.completion import input_fields_problem
-from runplane.engine.sheets.probing import probe_keyed
-from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
-from runplane.engine.sheets.model import MAX_SHEET_FIELDS, check_give_up_after
 from runplane.engine.sheets import (
-    Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome, SheetContract,
-    StagedPage,
+    Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome,
+    SheetContract, SheetWrite, StagedPage,
 )
+from runplane.engine.sheets.admission import admit_write
+from runplane.engine.sheets.completion import complete_write, input_fields_problem
+from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
+from runplane.engine.sheets.model import MAX_SHEET_FIELDS
+from runplane.engine.sheets.probing import probe_keyed
 
 from .backoff import MAX_WAITING_ROWS, RetryQueue
 from .pacing import Pacer, open_pacer
@@ -77,11 +78,6 @@ def _seconds(_instance: object, attribute: attrs.Attribute, value: object) -> No
         raise InvalidInputError(f"{attribute.name} must be a number of seconds >= 0, got {value!r}")
 
 
-def _contract(_instance: object, _attribute: object, value: object) -> None:
-    if not isinstance(value, SheetContract):
-        raise InvalidInputError(f"contract must be a SheetContract, got {type(value).__name__}")
-
-
 def _callable(_instance: object, _attribute: object, value: object) -> None:
     if not callable(value):
         raise InvalidInputError("fn must be an async function of one row")
@@ -100,18 +96,9 @@ def _timeout(_instance: object, _attribute: object, value: object) -> None:
         raise InvalidInputError(f"row_timeout_s must be a number of seconds > 0, got {value!r}")
 
 
-def _give_up_after(_instance: object, _attribute: object, value: object) -> None:
-    check_give_up_after(value)
-
-
 def _flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:
     if not isinstance(value, bool):
         raise InvalidInputError(f"{attribute.name} must be True or False, got {value!r}")
-
-
-def _namespace(_instance: object, _attribute: object, value: object) -> None:
-    if not isinstance(value, str):
-        raise InvalidInputError("table_namespace must be a string")
 
 
 @attrs.frozen
@@ -121,8 +108,8 @@ class MapPlan:
     port: Port
     ref: RunRef
     attempt: Attempt | None
-    table_namespace: str = attrs.field(validator=_namespace)
-    contract: SheetContract = attrs.field(validator=_contract)
+    table_namespace: str
+    contract: SheetContract
     fn: Callable[[dict], Awaitable[Any]] = attrs.field(validator=_callable)
     concurrency: int = attrs.field(default=16, validator=_positive_int)
     cell_policies: Mapping[str, CellPolicy] | None = None
@@ -135,11 +122,19 @@ class MapPlan:
     row_timeout_s: float | None = attrs.field(default=None, validator=_timeout)
     rate_limit: RateLimit | None = attrs.field(
         default=None, validator=_optional(RateLimit, "rate_limit"))
-    give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
+    give_up_after: int | None = None
     fast_admission: bool = attrs.field(default=True, validator=_flag)
     max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
     force: bool = attrs.field(default=False, validator=_flag)
     fail_fast_rows: int | None = attrs.field(default=None, validator=_optional(int, "fail_fast"))
+    # Where and how the map writes: built (and so checked) once, with the plan.
+    write: SheetWrite = attrs.field(init=False)
+
+    @write.default
+    def _write(self) -> SheetWrite:
+        return SheetWrite(self.ref, self.table_namespace, self.contract, attempt=self.attempt,
+                          cell_policies=self.cell_policies, give_up_after=self.give_up_after,
+                          cache_hits="count", force=self.force)
 
     async def admit(self, rows: list[Any], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
@@ -147,43 +142,34 @@ class MapPlan:
         """Admit one page under the run's write version, cache hits counted (from its staged
         page fact when given; with the rows' canonical texts when a list source has them;
         retried through transient faults)."""
-        return await retry_transient(lambda: sheets.admit(
-            self.port, self.ref, self.table_namespace, self.contract, rows,
-            input_offset=input_offset, keys=keys, attempt=self.attempt,
-            cell_policies=self.cell_policies, give_up_after=self.give_up_after,
-            cache_hits=cache_hits, staged_page=staged_page, texts=texts, force=self.force,
+        write = self.write if cache_hits == "count" else attrs.evolve(self.write,
+                                                                       cache_hits=cache_hits)
+        return await retry_transient(lambda: admit_write(
+            self.port, write, rows, input_offset=input_offset, keys=keys,
+            staged_page=staged_page, texts=texts,
         ))
 
     async def probe(self, rows: list[Any], input_offset: int, *,
                     keys: list[str] | None = None) -> Admission | None:
         """The admission of a page whose every row is settled (a fresh cache hit or blocked),
         from its keys in one read-only statement; None when some row needs admitting."""
-        return await retry_transient(lambda: sheets.probe(
-            self.port, self.ref, self.table_namespace, self.contract, rows,
-            input_offset=input_offset, keys=keys, attempt=self.attempt,
-            cell_policies=self.cell_policies, give_up_after=self.give_up_after, force=self.force,
-        ))
+        settled, _keys = await self.probe_keyed(rows, input_offset, keys=keys)
+        return settled
 
     async def probe_keyed(self, rows: list[Any], input_offset: int, *,
                           keys: list[str] | None = None) -> tuple[Admission | None, list[str]]:
         """`probe`, and the keys of the probed rows (for the reuse the map records)."""
         return await retry_transient(lambda: probe_keyed(
-            self.port, self.ref, self.table_namespace, self.contract, rows,
-            input_offset=input_offset, keys=keys, attempt=self.attempt,
-            cell_policies=self.cell_policies, give_up_after=self.give_up_after, force=self.force,
-        ))
+            self.port, self.write, rows, input_offset=input_offset, keys=keys))
 
     def row_keys(self, rows: list[Any]) -> list[str]:
         """The keys admission gives `rows` (a streamed page's, whose keys were not computed)."""
-        return prepare_rows(rows, normalize_namespace(self.table_namespace), input_offset=0,
+        return prepare_rows(rows, self.write.table_namespace, input_offset=0,
                             keys=None, need_texts=False, keep_rows=False).keys
 
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:
         """Write outcomes, fenced by the run's write version (retried through transient faults)."""
-        return await retry_transient(lambda: sheets.complete(
-            self.port, self.ref, self.table_namespace, self.contract, outcomes,
-            attempt=self.attempt,
-        ))
+        return await retry_transient(lambda: complete_write(self.port, self.write, outcomes))
 
 
 @attrs.define(eq=False)

@@ -154,9 +154,11 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
 # helpers the operations run through.
 NOT_OPERATIONS = {
     "runplane.engine.array_input.facts.run_statement",
-    "runplane.engine.sheets.layout.run_sheet_transaction",
+    "runplane.engine.sheets.sheet_txn.run_sheet_transaction",
     "runplane.engine.sheets.admission.admit_prepared",  # the write modes' shared admission
     "runplane.engine.sheets.probing.probe_keyed",  # `sheets.probe` (an action) and its keys
+    "runplane.engine.sheets.admission.admit_write",  # `sheets.admit` (an action) of a SheetWrite
+    "runplane.engine.sheets.completion.complete_write",  # `sheets.complete` of a SheetWrite
 }
 
 

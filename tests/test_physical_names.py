@@ -16,7 +16,8 @@ from runplane.engine.sheets import (
 )
 from runplane.engine.sheets import layout as layout_module
 from runplane.engine.sheets.audit import error_counts, failed_rows, run_rows
-from runplane.engine.sheets.layout import allocate_columns, column_name, layout_for
+from runplane.engine.sheets.column_registry import allocate_columns
+from runplane.engine.sheets.layout import column_name, layout_for
 from tests.sheet_helpers import PLAY, counters_match, new_run, play_scope
 
 A, B = "(*+$*,+<*/-$", "-,..+*!&,.:/"  # both hash to the first-choice column f_d62521967814

@@ -14,7 +14,8 @@ from .audit import ErrorCount, ErrorCounts, FailedRow, RunRows, error_counts, fa
 from .completion import complete
 from .dataset import Dataset, count, dataset, field_kinds, read_page
 from .dataset_pages import DatasetPage, PageCursor
-from .layout import SheetLayout, ensure_sheet
+from .ensure import ensure_sheet
+from .layout import SheetLayout
 from .model import (
     Admission,
     AdmittedRow,
@@ -36,6 +37,7 @@ from .model import (
 from .inputs import row_key
 from .reading import read_rows, summaries, summary
 from .reuse import record_reuse
+from .sheet_write import SheetWrite
 from .writes import append_rows, replace_rows
 
 __all__ = [
@@ -44,6 +46,6 @@ __all__ = [
     "CompletionDiagnostics", "read_rows", "summary", "summaries", "Summary", "ColumnSummary", "Timing",
     "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
     "ErrorCounts", "RunRows", "probe", "StagedPage", "append_rows", "replace_rows",
-    "record_reuse", "RowStatus", "OutcomeStatus",
+    "record_reuse", "RowStatus", "OutcomeStatus", "SheetWrite",
     "dataset", "Dataset", "read_page", "count", "field_kinds", "DatasetPage", "PageCursor",
 ]

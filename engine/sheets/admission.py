@@ -4,7 +4,7 @@ How it works
 - Rows are validated, normalized, keyed (`row_key`, or the explicit `keys`) and deduplicated in
   Python before any query (the first occurrence wins; later ones count as `skipped`).
 - Chunks of at most `ADMIT_CHUNK_ROWS` rows go to one statement each, all in one sheet write
-  transaction (`layout.run_sheet_transaction`). The statement (`admission_sql`) inserts the
+  transaction (`sheet_txn.run_sheet_transaction`). The statement (`admission_sql`) inserts the
   new rows (`ON CONFLICT DO NOTHING`), and only when some row already existed reads the
   existing rows from its snapshot (which predates the inserts), decides their dispositions and
   re-admits the rows that need it; it applies the exact counter deltas to `sheet_summary`, in
@@ -34,7 +34,9 @@ How it works
   nothing and raises `CorruptFactError` (`RetiredError` once the run is retired).
 - `probe` (`probing`) answers "is every one of these rows already settled?" from keys alone,
   judging them by the same SQL fragments as admission.
-- `admit_prepared` is admission after its checks; the write modes (`writes`) run it with a
+- What is written where, and how, is one `SheetWrite` (`sheet_write`), built and checked once:
+  by `admit` from its arguments, or by the caller of `admit_write` (a map builds it once).
+  `admit_prepared` is admission after its checks; the write modes (`writes`) run it with a
   prelude in the same transaction.
 """
 
@@ -46,53 +48,40 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import attrs
 
 from .. import array_input, canonical
-from ..actions import action
-from ..array_input import facts
-from ..codecs import BOOL, INT, INT32_MAX, RUN_REF, STR, USER_JSON, list_of, optional
-from ..errors import ConflictError, CorruptFactError, InvalidInputError, MissingRelationError
+from ..actions import RemotePort, action
+from ..codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
+from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..pg import Connection
 from ..ports import Port
-from ..scopes import RunRef, normalize_namespace
+from ..scopes import RunRef
 
-from .admission_sql import CACHE_HITS_MODES, build_admit_sql
-from .inputs import PreparedRows, check_write, prepare_rows
-from .layout import PhaseClock, SheetTxn, layout_for, run_sheet_transaction
+from .admission_sql import PageRows, PayloadRows, admit_statement
+from .inputs import PreparedRows, prepare_rows
+from .layout import layout_for
+from .sheet_txn import SheetTxn, run_sheet_transaction
+from .telemetry import PhaseClock
 from .model import (
     Admission,
     AdmittedRow,
     Attempt,
     BlockedRow,
-    RowStatus,
     CellPolicy,
     SheetContract,
     StagedPage,
     Timing,
-    check_give_up_after,
-    clean_field,
+    check_give_up_after,  # noqa: F401  (the gateway client imports it from here)
     ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, STAGED_PAGE,
 )
+from .sheet_write import ADMIT_ARGUMENTS, SheetWrite
 
 ADMIT_CHUNK_ROWS = 10_000
 ADMIT_STATEMENT_TIMEOUT_MS = 120_000
 
-
-def check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"{name} must be True or False, got {value!r}")
-
-
-def check_policies(cell_policies: Any) -> dict[str, CellPolicy]:
-    if cell_policies is None:
-        return {}
-    if not isinstance(cell_policies, Mapping):
-        raise InvalidInputError("cell_policies must map field names to CellPolicy")
-    out = {}
-    for name, policy in cell_policies.items():
-        field = clean_field(name, "cell_policies")
-        if not isinstance(policy, CellPolicy):
-            raise InvalidInputError(f"cell_policies[{name!r}] must be a CellPolicy")
-        out[field] = policy
-    return out
+# Runs last inside the admission's transaction (a shared map's unit lease check).
+Within = Callable[[Connection, frozenset[str], dict], Awaitable[None]]
+# What a write mode runs first in the admission's transaction (`engine.sheets.writes`): it may
+# change the sheet and returns how much to add to every row's input index.
+Prelude = Callable[[Connection, SheetTxn], Awaitable[int]]
 
 
 def _check_staged(run: RunRef, staged_page: Any, rows: Sequence[Any]) -> StagedPage:
@@ -106,11 +95,6 @@ def _check_staged(run: RunRef, staged_page: Any, rows: Sequence[Any]) -> StagedP
             f"with staged_page, rows must be the page's 1 to {array_input.MAX_PAGE_ROWS} rows"
         )
     return staged_page
-
-
-def _fact_keys(scope: Any, ordinal: int) -> tuple[bytes, bytes, bytes]:
-    """Page, seal and guard keys of an array input (see `engine.array_input.facts`)."""
-    return facts.page_key(scope, ordinal), facts.seal_key(scope), facts.guard_key(scope)
 
 
 class _PageRefused(Exception):
@@ -141,7 +125,7 @@ async def admit(
     staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
     force: bool = False,
-    within: Callable[[Connection, frozenset[str], dict], Awaitable[None]] | None = None,
+    within: Within | None = None,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -157,103 +141,101 @@ async def admit(
     map's unit lease check): what it raises rolls the admission back.
     """
     started = time.perf_counter()
-    check_write(port, run, contract, attempt)
-    check_flag("force", force)
-    policies = check_policies(cell_policies)
-    check_give_up_after(give_up_after)
-    if cache_hits not in CACHE_HITS_MODES:
-        raise InvalidInputError(f"cache_hits must be one of {CACHE_HITS_MODES}, got {cache_hits!r}")
+    write = SheetWrite(run, table_namespace, contract, attempt=attempt,
+                       cell_policies=cell_policies, give_up_after=give_up_after,
+                       cache_hits=cache_hits, force=force)
+    return await _admit_here(port, write, rows, started=started, input_offset=input_offset,
+                             keys=keys, input_indexes=input_indexes, staged_page=staged_page,
+                             texts=texts, within=within)
+
+
+async def admit_write(
+    port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
+    keys: Sequence[str] | None = None, staged_page: StagedPage | None = None,
+    texts: Sequence[str] | None = None,
+) -> Admission:
+    """`admit` of a `SheetWrite` built (and checked) by the caller. Through a remote port the
+    action `sheets.admit` is sent, its body made of the value and these arguments."""
+    if isinstance(port, RemotePort):
+        return await admit(port, rows=rows, input_offset=input_offset, keys=keys,
+                           staged_page=staged_page, texts=texts,
+                           **write.arguments(*ADMIT_ARGUMENTS))
+    return await _admit_here(port, write, rows, started=time.perf_counter(),
+                             input_offset=input_offset, keys=keys, input_indexes=None,
+                             staged_page=staged_page, texts=texts, within=None)
+
+
+async def _admit_here(
+    port: Port, write: SheetWrite, rows: Sequence[dict], *, started: float, input_offset: int,
+    keys: Sequence[str] | None, input_indexes: Sequence[int] | None,
+    staged_page: StagedPage | None, texts: Sequence[str] | None, within: Within | None,
+) -> Admission:
+    """Admission on this port: the per-call arguments checked, the rows prepared."""
+    write.check_port(port)
     if staged_page is not None:
-        staged_page = _check_staged(run, staged_page, rows)
+        staged_page = _check_staged(write.run, staged_page, rows)
         if input_indexes is not None:
             raise InvalidInputError("staged_page and input_indexes cannot be combined")
-    namespace = normalize_namespace(table_namespace)
     prepared = prepare_rows(
-        rows, namespace, input_offset=input_offset, keys=keys,
-        need_texts=bool(contract.inputs) and staged_page is None, input_indexes=input_indexes,
-        texts=texts,
+        rows, write.table_namespace, input_offset=input_offset, keys=keys,
+        need_texts=bool(write.contract.inputs) and staged_page is None,
+        input_indexes=input_indexes, texts=texts,
     )
-    return await admit_prepared(
-        port, run, namespace, contract, prepared, started=started, attempt=attempt,
-        policies=policies, give_up_after=give_up_after, cache_hits=cache_hits,
-        staged_page=staged_page, page_rows=rows, input_offset=input_offset, force=force,
-        within=within,
-    )
+    page = None
+    if staged_page is not None:
+        page = _page_rows(prepared, staged_page, len(rows), input_offset)
+    return await admit_prepared(port, write, prepared, started=started, page=page,
+                                within=within)
 
 
-# What a write mode runs first in the admission's transaction (`engine.sheets.writes`): it may
-# change the sheet and returns how much to add to every row's input index.
-Prelude = Callable[[Connection, SheetTxn], Awaitable[int]]
+def _page_rows(prepared: PreparedRows, staged_page: StagedPage, page_size: int,
+               offset: int) -> PageRows:
+    """The page's rows zipped positionally: a key (None for a duplicate) and an input index per
+    page row; the statement's ordinals are then page positions."""
+    keys: list[str | None] = [None] * page_size
+    for key, index in zip(prepared.keys, prepared.indexes):
+        keys[index - offset] = key
+    return PageRows(keys, [offset + position for position in range(page_size)], staged_page,
+                    offset)
 
 
 async def admit_prepared(
-    port: Port, run: RunRef, namespace: str, contract: SheetContract, prepared: PreparedRows, *,
-    started: float, attempt: Attempt | None = None,
-    policies: Mapping[str, CellPolicy] | None = None,
-    give_up_after: int | None = None, cache_hits: str = "rows",
-    staged_page: StagedPage | None = None, page_rows: Sequence[Any] = (), input_offset: int = 0,
-    force: bool = False, prelude: Prelude | None = None,
-    within: Callable[[Connection, frozenset[str], dict], Awaitable[None]] | None = None,
+    port: Port, write: SheetWrite, prepared: PreparedRows, *, started: float,
+    page: PageRows | None = None, prelude: Prelude | None = None, within: Within | None = None,
 ) -> Admission:
-    """`admit` after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
+    """Admission after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
     staged page) runs first in the same transaction; what it returns shifts every input index;
     `within` runs last in it (see `admit`)."""
-    rows = page_rows
-    policies = policies or {}
-    layout = layout_for(port, run.scope.play_scope, namespace)
-    source = "payload" if staged_page is None else "page"
-    status = (RowStatus.RUNNING if attempt is not None else RowStatus.PENDING).value
-    common = [
-        run.epoch, run.run_id,
-        attempt.attempt_id if attempt else None,
-        attempt.seq if attempt else None,
-        float(attempt.lease_s) if attempt else 0.0,
-        *layout.counter_args, status,
-    ]
+    layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
     clock = PhaseClock()
     clock.add("prepare", time.perf_counter() - started)
     n = len(prepared.keys)
-    if staged_page is None:
-        chunks = [(low, min(low + ADMIT_CHUNK_ROWS, n)) for low in range(0, n, ADMIT_CHUNK_ROWS)]
-    else:
-        chunks = [(0, n)]
-        # One statement zips the page's rows positionally: a key (NULL for a duplicate) and an
-        # input index per page row; result ordinals are page positions.
-        page_keys: list[str | None] = [None] * len(rows)
-        index_of_position: list[int] = [-1] * len(rows)
-        for i, (key, index) in enumerate(zip(prepared.keys, prepared.indexes)):
-            page_keys[index - input_offset] = key
-            index_of_position[index - input_offset] = i
-        page_args = [
-            page_keys, [input_offset + position for position in range(len(rows))], *common,
-            *_fact_keys(staged_page.scope, staged_page.ordinal), staged_page.digest,
-            input_offset, len(rows), staged_page.ordinal,
-        ]
+    shift = 0
 
-    shift = [0]
-
-    async def op(conn: Connection, sheet: SheetTxn) -> list[Any]:
-        sql, extra = build_admit_sql(
-            port, layout, contract, policies, sheet.columns,
-            cache_hits=cache_hits, source=source, give_up_after=give_up_after,  # type: ignore[arg-type]
-            force=force,
-        )
-        results = []
-        if staged_page is not None:
-            record = await clock.measure("statement", conn.fetchrow(sql, *page_args, *extra))
+    async def op(conn: Connection, sheet: SheetTxn) -> list[tuple[int, Any]]:
+        nonlocal shift
+        if page is not None:
+            statement = admit_statement(port, layout, write, sheet.columns, page)
+            record = await clock.measure("statement", conn.fetchrow(statement.sql,
+                                                                    *statement.args))
             if not record["page_ok"]:
                 raise _PageRefused
             return [(0, record)]
         indexes = prepared.indexes
         if prelude is not None:
-            shift[0] = await clock.measure("prelude", prelude(conn, sheet))
-            indexes = [index + shift[0] for index in indexes]
-        for low, high in chunks:
-            args = [prepared.keys[low:high], indexes[low:high], *common]
-            texts = prepared.texts
-            args.append("[" + ",".join(texts[low:high]) + "]" if texts is not None else None)
-            statement = conn.fetchrow(sql, *args, *extra)
-            results.append((low, await clock.measure("statement", statement)))
+            shift = await clock.measure("prelude", prelude(conn, sheet))
+            indexes = [index + shift for index in indexes]
+        results = []
+        texts = prepared.texts
+        for low in range(0, n, ADMIT_CHUNK_ROWS):
+            high = min(low + ADMIT_CHUNK_ROWS, n)
+            chunk = PayloadRows(prepared.keys[low:high], indexes[low:high],
+                                "[" + ",".join(texts[low:high]) + "]" if texts is not None
+                                else None)
+            statement = admit_statement(port, layout, write, sheet.columns, chunk)
+            record = await clock.measure("statement", conn.fetchrow(statement.sql,
+                                                                    *statement.args))
+            results.append((low, record))
         if within is not None:
             await within(conn, frozenset(), {})
         return results
@@ -262,30 +244,23 @@ async def admit_prepared(
     if n or prelude is not None:
         try:
             results = await run_sheet_transaction(
-                port, layout, contract.fields, op, timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS,
-                clock=clock,
+                port, layout, write.contract.fields, op,
+                timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock,
             )
         except _PageRefused:
-            await _explain_refused_page(port, staged_page)
-    if staged_page is None:
+            assert page is not None
+            await _explain_refused_page(port, page.page)
+    if page is None:
         locate: Callable[[int, int], int] = lambda low, ord_: low + ord_ - 1
     else:
-        locate = lambda _low, ord_: index_of_position[ord_ - 1]
-    if shift[0]:
-        prepared = attrs.evolve(prepared, indexes=[index + shift[0] for index in prepared.indexes])
-    admission = _build_admission(prepared, contract, results, run.epoch, cache_hits, locate)
-    clock.add("total", time.perf_counter() - started)
+        position_of = {key: i for i, key in enumerate(prepared.keys)}
+        locate = lambda _low, ord_: position_of[page.keys[ord_ - 1]]  # type: ignore[index]
+    if shift:
+        prepared = attrs.evolve(prepared, indexes=[index + shift for index in prepared.indexes])
+    clock_total = time.perf_counter() - started
+    clock.add("total", clock_total)
     timings = tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items())
-    return Admission(
-        inserted=admission[0],
-        skipped=prepared.skipped,
-        pending=admission[1],
-        completed=admission[2],
-        blocked=admission[3],
-        write_version=run.epoch,
-        timings=timings,
-        cached=admission[4],
-    )
+    return _admission(prepared, write, results, locate, timings)
 
 
 async def _explain_refused_page(port: Port, staged_page: StagedPage) -> None:
@@ -304,15 +279,17 @@ async def _explain_refused_page(port: Port, staged_page: StagedPage) -> None:
     )
 
 
-def _build_admission(prepared: PreparedRows, contract: SheetContract, results, version: int,
-                     cache_hits: str, locate: Callable[[int, int], int]):
-    """(inserted, pending, completed, blocked, cached) from the chunks' result records."""
+def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[int, Any]],
+               locate: Callable[[int, int], int], timings: tuple[Timing, ...]) -> Admission:
+    """The `Admission` the chunks' result records (with the chunk's first row) say."""
     inserted = 0
     cached = 0
     completed: list[AdmittedRow] = []
     blocked: list[BlockedRow] = []
     taken: set[int] = set()
     pending_at: list[int] = []
+    counting = write.cache_hits == "count"
+    outputs = write.contract.outputs
     loads = canonical.loads
     for low, record in results:
         inserted += record["inserted"]
@@ -320,7 +297,7 @@ def _build_admission(prepared: PreparedRows, contract: SheetContract, results, v
             i = locate(low, ord_)
             blocked.append(BlockedRow(prepared.keys[i], prepared.indexes[i], reason))
             taken.add(i)
-        if cache_hits == "count":
+        if counting:
             cached += record["cached"]
             if record["inserted"] == record["input_rows"]:  # all new: nothing was looked up
                 pending_at.extend(range(low, low + record["input_rows"]))
@@ -329,16 +306,16 @@ def _build_admission(prepared: PreparedRows, contract: SheetContract, results, v
             continue
         ords = record["completed_ords"] or []
         # each output column comes back as one JSON array (one decode per chunk and column)
-        columns = [loads(record[f"o{i}"]) or [] for i in range(len(contract.outputs))]
+        columns = [loads(record[f"o{i}"]) or [] for i in range(len(outputs))]
         for j, ord_ in enumerate(ords):
             i = locate(low, ord_)
             row = dict(prepared.rows[i])
-            for field, values in zip(contract.outputs, columns):
+            for field, values in zip(outputs, columns):
                 row[field] = values[j]
             completed.append(AdmittedRow(prepared.keys[i], prepared.indexes[i], row))
             taken.add(i)
         cached += len(ords)
-    if cache_hits == "count":
+    if counting:
         pending_at.sort()
         pending = tuple(
             AdmittedRow(prepared.keys[i], prepared.indexes[i], prepared.rows[i]) for i in pending_at
@@ -350,4 +327,7 @@ def _build_admission(prepared: PreparedRows, contract: SheetContract, results, v
                 zip(prepared.keys, prepared.indexes, prepared.rows))
             if i not in taken
         )
-    return inserted, pending, tuple(completed), tuple(blocked), cached
+    return Admission(
+        inserted=inserted, skipped=prepared.skipped, pending=pending, completed=tuple(completed),
+        blocked=tuple(blocked), write_version=write.run.epoch, timings=timings, cached=cached,
+    )

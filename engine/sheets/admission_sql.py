@@ -6,19 +6,21 @@ How it works
   `CellPolicy`, judged on the server's clock) and `disposition_case` (completed, newer_run,
   attempt_active, gave_up, or admit; `new` when no row has the key). A probe therefore settles a row
   exactly when the admission statement would have left it untouched.
-- The admission statement (`build_admit_sql`) takes the chunk's inputs from one of two sources:
-    * `payload`: the rows' canonical JSON, sent as one array and expanded beside keys and
+- The admission statement (`admit_statement`) takes the chunk's inputs from one of two sources:
+    * `PayloadRows`: the rows' canonical JSON, sent as one array and expanded beside keys and
       indexes (`ROWS FROM`);
-    * `page`: a sealed array-input page fact of the run, read in the same statement. The page is
+    * `PageRows`: a sealed array-input page fact of the run, read in the same statement. The page is
       used only when the fact is the expected one (our run, kind, digest, ordinal, offset, row
       count), the map's seal exists for that fingerprint and covers the ordinal, and the run
       guard is open; otherwise the input is empty, nothing is written, and `page_ok` is false.
       Its rows are zipped positionally with the key and index arrays (`ROWS FROM`), so each row
       takes its input cells from `rows[i].data` of the stored fact: the rows never travel again.
+- Each builder allocates its binds as it writes the text (`statements.BindParams`) and returns
+  the text with its arguments (`Statement`); the write's settings come from the `SheetWrite`.
 - Cache hits come back either as rows (their ordinals and one JSON array per output column,
   the public default) or as a count (`count` mode: the pending rows' ordinals, the cached
   count, the blocked rows — a few bytes for a page of hits).
-- `build_probe_sql` is one read-only statement over keys only (sorted, each found by its own
+- `probe_statement` is one read-only statement over keys only (sorted, each found by its own
   primary-key probe): it counts cache hits and lists blocked rows, and tells how many rows
   would need admission (new, or to be re-admitted).
 This module does no I/O.
@@ -26,22 +28,42 @@ This module does no I/O.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+import enum
+from typing import Mapping
+
+import attrs
 
 from ..ports import Port, sequence_literal, table
 from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
-from .layout import COLUMNS_OF_FIELDS, BindParams, SheetColumns, SheetLayout
-from .model import CellPolicy, OutcomeStatus, RowStatus, SheetContract
+from ..array_input import facts
+from .column_registry import COLUMNS_OF_FIELDS
+from .layout import SheetColumns, SheetLayout
+from .model import CellPolicy, OutcomeStatus, RowStatus, SheetContract, StagedPage
+from .sheet_write import SheetWrite
+from .statements import BindParams, Statement
 
-Source = Literal["payload", "page"]
-CacheHits = Literal["rows", "count"]
-CACHE_HITS_MODES = ("rows", "count")
 
-# Binds every admission statement shares ($1..$11); the source adds its own after them.
-PAYLOAD_BINDS = 1   # $12 rows JSON
-PAGE_BINDS = 7      # $12 page key, $13 seal key, $14 guard key, $15 digest, $16 offset,
-                    # $17 row count, $18 ordinal
+
+@attrs.frozen
+class PayloadRows:
+    """A chunk's rows sent with the statement: keys, input indexes, and the rows' canonical
+    JSON as one array text (None when the contract has no inputs to store)."""
+
+    keys: list[str]
+    indexes: list[int]
+    rows_json: str | None
+
+
+@attrs.frozen
+class PageRows:
+    """A sealed array-input page's rows, read from its stored fact: one key (None for a row not
+    to admit, a duplicate) and one input index per page row, and the fact that must match."""
+
+    keys: list[str | None]
+    indexes: list[int]
+    page: StagedPage
+    offset: int
 
 
 def output_binds(contract: SheetContract, policies: Mapping[str, CellPolicy],
@@ -80,123 +102,179 @@ def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
     return "coalesce(" + " AND ".join(f"({term})" for term in terms) + ", false)"
 
 
-BLOCKED = "('newer_run', 'attempt_active', 'gave_up')"
+class Disposition(enum.StrEnum):
+    """What admission decides for one input row (`disposition_case`); the blocked ones are the
+    reasons of `BlockedRow`. SQL text writes `Disposition.X.sql`."""
+
+    NEW = "new"                        # no row has the key
+    COMPLETED = "completed"            # a fresh cache hit, left untouched
+    NEWER_RUN = "newer_run"            # blocked: a newer write version owns the row
+    ATTEMPT_ACTIVE = "attempt_active"  # blocked: another attempt's lease is live
+    GAVE_UP = "gave_up"                # blocked: failed in give_up_after runs
+    ADMIT = "admit"                    # (re-)admitted to our write version
+
+    @property
+    def sql(self) -> str:
+        return f"'{self.value}'"
+
+
+_D = Disposition
+BLOCKED = f"({_D.NEWER_RUN.sql}, {_D.ATTEMPT_ACTIVE.sql}, {_D.GAVE_UP.sql})"
 
 
 def disposition_case(*, exists: str, cached: str, status: str, version: str, attempt: str,
                      expires: str, failed_runs: str, our_version: str, our_attempt: str,
                      give_up_after: str) -> str:
     """The disposition of one input row, from expressions for the existing row's columns."""
-    return f"""CASE WHEN NOT {exists} THEN 'new'
-                WHEN {cached} THEN 'completed'
-                WHEN {version} > {our_version} THEN 'newer_run'
+    return f"""CASE WHEN NOT {exists} THEN {_D.NEW.sql}
+                WHEN {cached} THEN {_D.COMPLETED.sql}
+                WHEN {version} > {our_version} THEN {_D.NEWER_RUN.sql}
                 WHEN {version} = {our_version}
                      AND {status} IN ({RowStatus.PENDING.sql}, {RowStatus.RUNNING.sql})
                      AND {attempt} IS NOT NULL AND {attempt} IS DISTINCT FROM {our_attempt}
-                     AND {expires} > now() THEN 'attempt_active'
-                WHEN {status} = {RowStatus.FAILED.sql} AND {failed_runs} >= {give_up_after} THEN 'gave_up'
-                ELSE 'admit' END"""
+                     AND {expires} > now() THEN {_D.ATTEMPT_ACTIVE.sql}
+                WHEN {status} = {RowStatus.FAILED.sql} AND {failed_runs} >= {give_up_after}
+                     THEN {_D.GAVE_UP.sql}
+                ELSE {_D.ADMIT.sql} END"""
 
 
-def _page_source(port: Port) -> tuple[str, str]:
+@attrs.frozen
+class _Common:
+    """The binds every admission statement shares, as the text that names them."""
+
+    keys: str
+    indexes: str
+    version: str
+    run_id: str
+    attempt_id: str
+    attempt_seq: str
+    lease_s: str
+    org: str
+    play: str
+    namespace: str
+    status: str
+
+
+def _common(binds: BindParams, write: SheetWrite, layout: SheetLayout,
+            rows: PayloadRows | PageRows) -> _Common:
+    attempt = write.attempt
+    return _Common(
+        keys=binds.add(rows.keys, "text[]"),
+        indexes=binds.add(rows.indexes, "bigint[]"),
+        version=binds.add(write.run.epoch, "bigint"),
+        run_id=binds.add(write.run.run_id, "text"),
+        attempt_id=binds.add(attempt.attempt_id if attempt else None, "text"),
+        attempt_seq=binds.add(attempt.seq if attempt else None, "integer"),
+        lease_s=binds.add(float(attempt.lease_s) if attempt else 0.0, "float8"),
+        org=binds.add(layout.org_id, "text"),
+        play=binds.add(layout.play, "text"),
+        namespace=binds.add(layout.namespace, "text"),
+        status=binds.add(write.lease_status, "text"),
+    )
+
+
+def _page_source(port: Port, binds: BindParams, c: _Common, rows: PageRows) -> tuple[str, str]:
     """The `page` CTE (checked fact) and the `input` CTE zipping its rows with keys/indexes."""
     receipts = table(port, "work_receipts")
-    guard_open = GUARD_IS_OPEN.format(g="g", run="$4::text", **SQL_STATUSES)
+    scope = rows.page.scope
+    page_key = binds.add(facts.page_key(scope, rows.page.ordinal), "bytea")
+    seal_key = binds.add(facts.seal_key(scope), "bytea")
+    guard_key = binds.add(facts.guard_key(scope), "bytea")
+    digest = binds.add(rows.page.digest, "text")
+    offset = binds.add(rows.offset, "bigint")
+    row_count = binds.add(len(rows.keys), "integer")
+    ordinal = binds.add(rows.page.ordinal, "integer")
+    guard_open = GUARD_IS_OPEN.format(g="g", run=c.run_id, **SQL_STATUSES)
     page = f"""page AS MATERIALIZED (
     SELECT h.rows
       FROM {receipts} AS p
       CROSS JOIN LATERAL jsonb_to_record(p.output) AS h(
           kind text, source_fingerprint text, ordinal jsonb, "offset" jsonb, row_count jsonb,
           digest text, rows jsonb)
-      JOIN {receipts} AS s ON s.k = $13::bytea
-      JOIN {receipts} AS g ON g.k = $14::bytea
-     WHERE p.k = $12::bytea AND p.status = {SQL_STATUSES["COMPLETED"]} AND p.run_id = $4::text
-       AND h.kind = 'array_input_page' AND h.digest = $15::text
-       AND h."offset" = to_jsonb($16::bigint) AND h.row_count = to_jsonb($17::integer)
-       AND h.ordinal = to_jsonb($18::integer)
-       AND jsonb_typeof(h.rows) = 'array' AND jsonb_array_length(h.rows) = $17::integer
-       AND s.status = {SQL_STATUSES["COMPLETED"]} AND s.run_id = $4::text AND s.output ->> 'kind' = 'array_input_seal'
+      JOIN {receipts} AS s ON s.k = {seal_key}
+      JOIN {receipts} AS g ON g.k = {guard_key}
+     WHERE p.k = {page_key} AND p.status = {SQL_STATUSES["COMPLETED"]} AND p.run_id = {c.run_id}
+       AND h.kind = 'array_input_page' AND h.digest = {digest}
+       AND h."offset" = to_jsonb({offset}) AND h.row_count = to_jsonb({row_count})
+       AND h.ordinal = to_jsonb({ordinal})
+       AND jsonb_typeof(h.rows) = 'array' AND jsonb_array_length(h.rows) = {row_count}
+       AND s.status = {SQL_STATUSES["COMPLETED"]} AND s.run_id = {c.run_id}
+       AND s.output ->> 'kind' = 'array_input_seal'
        AND s.output ->> 'source_fingerprint' = h.source_fingerprint
        AND jsonb_typeof(s.output -> 'page_count') = 'number'
-       AND (s.output ->> 'page_count')::numeric > $18::integer
+       AND (s.output ->> 'page_count')::numeric > {ordinal}
        AND {guard_open}
 ),"""
-    source = """input AS MATERIALIZED (
+    source = f"""input AS MATERIALIZED (
     SELECT u.key, u.idx, u.ord, u.occ -> 'data' AS payload
-      FROM page, ROWS FROM (unnest($1::text[]), unnest($2::bigint[]), jsonb_array_elements(page.rows))
+      FROM page, ROWS FROM (unnest({c.keys}), unnest({c.indexes}), jsonb_array_elements(page.rows))
            WITH ORDINALITY AS u(key, idx, occ, ord)
      WHERE u.key IS NOT NULL
 )"""
     return page, source
 
 
-def _payload_source(has_inputs: bool) -> str:
-    if has_inputs:
-        return """input AS MATERIALIZED (
+def _payload_source(binds: BindParams, c: _Common, rows: PayloadRows) -> str:
+    if rows.rows_json is not None:
+        payload = binds.add(rows.rows_json, "jsonb")
+        return f"""input AS MATERIALIZED (
     SELECT u.key, u.idx, u.ord, u.payload
-      FROM ROWS FROM (unnest($1::text[]), unnest($2::bigint[]), jsonb_array_elements($12::jsonb))
+      FROM ROWS FROM (unnest({c.keys}), unnest({c.indexes}), jsonb_array_elements({payload}))
            WITH ORDINALITY AS u(key, idx, payload, ord)
 )"""
-    return """input AS MATERIALIZED (
+    return f"""input AS MATERIALIZED (
     SELECT u.key, u.idx, u.ord
-      FROM ROWS FROM (unnest($1::text[]), unnest($2::bigint[])) WITH ORDINALITY AS u(key, idx, ord)
-     WHERE $12::jsonb IS NULL OR true
+      FROM ROWS FROM (unnest({c.keys}), unnest({c.indexes})) WITH ORDINALITY AS u(key, idx, ord)
 )"""
 
 
-def build_admit_sql(
-    port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
-    column: SheetColumns, *, source: Source = "payload", cache_hits: CacheHits = "rows",
-    give_up_after: int | None = None, force: bool = False,
-) -> tuple[str, list[Any]]:
-    """The admission statement of one chunk and its constant extra binds (`column` maps each
-    contract field to its registered column).
-
-    Binds: $1 keys, $2 input indexes, $3 write version, $4 run id, $5 attempt id, $6 attempt
-    seq, $7 lease seconds, $8 org, $9 play, $10 namespace, $11 admitted status; then the
-    source's binds (`PAYLOAD_BINDS` or `PAGE_BINDS`, see `_page_source`); then the extras.
-    With the page source, keys may hold NULL for rows of the page not to admit (duplicates).
-    """
-    extra = BindParams(12 + (PAGE_BINDS if source == "page" else PAYLOAD_BINDS))
-    give_up = extra.add(give_up_after, "integer")
-    t = layout.qualified
-    inputs = [(column(f), extra.add(f, "text")) for f in contract.inputs]
-    outputs = output_binds(contract, policies, extra, column)
-    cached = cached_predicate("s", outputs, forced_version="$3::bigint" if force else None)
-    out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
-    in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
-    if source == "page":
-        page_cte, input_cte = _page_source(port)
+def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
+                    rows: PayloadRows | PageRows) -> Statement:
+    """The admission statement of one chunk of `rows` (`column` maps each contract field to its
+    registered column). With `PageRows` the inputs are read from the page fact, and keys may
+    hold None for rows of the page not to admit (duplicates)."""
+    binds = BindParams()
+    c = _common(binds, write, layout, rows)
+    if isinstance(rows, PageRows):
+        page_cte, input_cte = _page_source(port, binds, c, rows)
         page_ok = "(SELECT count(*) FROM page) = 1"
     else:
-        page_cte, input_cte = "", _payload_source(bool(inputs))
+        page_cte, input_cte = "", _payload_source(binds, c, rows)
         page_ok = "true"
+    contract = write.contract
+    give_up = binds.add(write.give_up_after, "integer")
+    t = layout.qualified
+    inputs = [(column(f), binds.add(f, "text")) for f in contract.inputs]
+    outputs = output_binds(contract, write.cell_policies, binds, column)
+    cached = cached_predicate("s", outputs, forced_version=c.version if write.force else None)
+    out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
+    in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
     insert_cols = "".join(f", {col}" for col, _ in inputs)
     insert_vals = "".join(f", d.payload -> {name}" for _, name in inputs)
     update_sets = "".join(f", {col} = d.payload -> {name}" for col, name in inputs)
     update_diff = "".join(
         f" OR d.p{i} IS DISTINCT FROM d.payload -> {name}" for i, (_, name) in enumerate(inputs)
     )
-    if cache_hits == "rows":
+    if write.cache_hits == "rows":
         hits = "".join(
             f", (SELECT jsonb_agg(o{i} ORDER BY ord) FROM decided"
-            f" WHERE disposition = 'completed')::text AS o{i}"
+            f" WHERE disposition = {_D.COMPLETED.sql})::text AS o{i}"
             for i in range(len(outputs))
         )
         hits = ("(SELECT array_agg(ord ORDER BY ord) FROM decided"
-                " WHERE disposition = 'completed') AS completed_ords" + hits)
+                f" WHERE disposition = {_D.COMPLETED.sql}) AS completed_ords" + hits)
     else:
-        hits = ("(SELECT count(*) FROM decided WHERE disposition = 'completed') AS cached,"
+        hits = (f"(SELECT count(*) FROM decided WHERE disposition = {_D.COMPLETED.sql}) AS cached,"
                 " (SELECT array_agg(ord ORDER BY ord) FROM decided"
-                "   WHERE disposition IN ('new', 'admit')) AS pending_ords")
+                f"   WHERE disposition IN ({_D.NEW.sql}, {_D.ADMIT.sql})) AS pending_ords")
     lease = (
-        "CASE WHEN $5::text IS NULL THEN NULL::timestamptz"
-        " ELSE now() + make_interval(secs => $7::float8) END"
+        f"CASE WHEN {c.attempt_id} IS NULL THEN NULL::timestamptz"
+        f" ELSE now() + make_interval(secs => {c.lease_s}) END"
     )
     disposition = disposition_case(
         exists="c.prev_exists", cached="c.cached", status="c.prev_status",
         version="c.prev_version", attempt="c.prev_attempt", expires="c.prev_expires",
-        failed_runs="c.prev_failed_runs", our_version="$3::bigint", our_attempt="$5::text",
+        failed_runs="c.prev_failed_runs", our_version=c.version, our_attempt=c.attempt_id,
         give_up_after=give_up,
     )
     version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
@@ -207,7 +285,8 @@ WITH {page_cte}
 inserted AS (
     INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
                      _attempt_seq, _attempt_expires_at{insert_cols})
-    SELECT d.key, $11::text, $4::text, $3::bigint, d.idx, $5::text, $6::integer, {lease}{insert_vals}
+    SELECT d.key, {c.status}, {c.run_id}, {c.version}, d.idx, {c.attempt_id}, {c.attempt_seq},
+           {lease}{insert_vals}
       FROM input d
     ON CONFLICT (_key) DO NOTHING
     RETURNING 1
@@ -228,16 +307,16 @@ decided AS MATERIALIZED (
 ),
 readmitted AS (
     UPDATE {t} AS t
-       SET _status = $11::text, _run_id = $4::text, _write_version = $3::bigint,
-           _input_index = d.idx, _attempt_id = $5::text, _attempt_seq = $6::integer,
+       SET _status = {c.status}, _run_id = {c.run_id}, _write_version = {c.version},
+           _input_index = d.idx, _attempt_id = {c.attempt_id}, _attempt_seq = {c.attempt_seq},
            _attempt_expires_at = {lease}, _error = NULL, _version = {version},
            _updated_at = now(){update_sets}
       FROM decided d
-     WHERE d.disposition = 'admit' AND t._key = d.key
-       AND ($5::text IS NOT NULL OR d.prev_attempt IS NOT NULL OR d.prev_error IS NOT NULL
-            OR d.prev_status IS DISTINCT FROM $11::text
-            OR d.prev_version IS DISTINCT FROM $3::bigint
-            OR d.prev_run IS DISTINCT FROM $4::text
+     WHERE d.disposition = {_D.ADMIT.sql} AND t._key = d.key
+       AND ({c.attempt_id} IS NOT NULL OR d.prev_attempt IS NOT NULL OR d.prev_error IS NOT NULL
+            OR d.prev_status IS DISTINCT FROM {c.status}
+            OR d.prev_version IS DISTINCT FROM {c.version}
+            OR d.prev_run IS DISTINCT FROM {c.run_id}
             OR d.prev_index IS DISTINCT FROM d.idx{update_diff})
     RETURNING d.prev_status
 ),
@@ -253,14 +332,14 @@ summary AS (
     UPDATE {summary} AS s
        SET total = s.total + d.ins,
            queued = s.queued - d.was_pending
-                    + CASE WHEN $11::text = {RowStatus.PENDING.sql} THEN d.ins + d.moved ELSE 0 END,
+                    + CASE WHEN {c.status} = {RowStatus.PENDING.sql} THEN d.ins + d.moved ELSE 0 END,
            running = s.running - d.was_running
-                    + CASE WHEN $11::text = {RowStatus.RUNNING.sql} THEN d.ins + d.moved ELSE 0 END,
+                    + CASE WHEN {c.status} = {RowStatus.RUNNING.sql} THEN d.ins + d.moved ELSE 0 END,
            completed = s.completed - d.was_enriched,
            failed = s.failed - d.was_failed,
            updated_at = now()
       FROM delta d
-     WHERE s.org_id = $8::text AND s.play = $9::text AND s.table_namespace = $10::text
+     WHERE s.org_id = {c.org} AND s.play = {c.play} AND s.table_namespace = {c.namespace}
        AND (d.ins > 0 OR d.moved > 0)
     RETURNING 1
 )
@@ -275,18 +354,15 @@ SELECT {page_ok} AS page_ok,
        (SELECT array_agg(disposition ORDER BY ord) FROM decided
          WHERE disposition IN {BLOCKED}) AS blocked_reasons
 """
-    return sql, extra.values
+    return binds.statement(sql)
 
 
-def build_probe_sql(
-    port: Port, layout: SheetLayout, contract: SheetContract, policies: Mapping[str, CellPolicy],
-    column: SheetColumns, *, give_up_after: int | None = None, force: bool = False,
-) -> tuple[str, list[Any]]:
-    """The read-only probe of a chunk of keys and its constant extra binds.
+def probe_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
+                    keys: list[str]) -> Statement:
+    """The read-only probe of a chunk of `keys` (unique, sorted).
 
-    Binds: $1 keys (unique, sorted), $2 write version, $3 attempt id; then the extras. Returns
-    how many keys would need admission (`unsettled`: the keys no row has, plus the rows to
-    re-admit), the cache hits (`cached`), the blocked rows' keys and reasons (two arrays
+    Returns how many keys would need admission (`unsettled`: the keys no row has, plus the rows
+    to re-admit), the cache hits (`cached`), the blocked rows' keys and reasons (two arrays
     aggregated in one pass, so they pair up element by element), and `columns_ok`: whether
     `column` is what the registry says for every output (the probe may be built from
     first-choice names before the registry is read; its counts mean something only when this
@@ -296,31 +372,35 @@ def build_probe_sql(
     keys keep consecutive probes on the same index pages. The aggregates need no order, so
     nothing is sorted on the server.
     """
-    extra = BindParams(4)
-    give_up = extra.add(give_up_after, "integer")
-    outputs = output_binds(contract, policies, extra, column)
-    fields = extra.add(list(contract.outputs), "text[]")
-    expected = extra.add([column.names[f] for f in contract.outputs], "text[]")
+    binds = BindParams()
+    key_array = binds.add(keys, "text[]")
+    version = binds.add(write.run.epoch, "bigint")
+    attempt_id = binds.add(write.attempt.attempt_id if write.attempt else None, "text")
+    give_up = binds.add(write.give_up_after, "integer")
+    contract = write.contract
+    outputs = output_binds(contract, write.cell_policies, binds, column)
+    fields = binds.add(list(contract.outputs), "text[]")
+    expected = binds.add([column.names[f] for f in contract.outputs], "text[]")
     registered = COLUMNS_OF_FIELDS.format(
-        fields=fields, registry=table(port, "sheet_columns"), org=extra.add(layout.org_id, "text"),
-        play=extra.add(layout.play, "text"), ns=extra.add(layout.namespace, "text"))
+        fields=fields, registry=table(port, "sheet_columns"), org=binds.add(layout.org_id, "text"),
+        play=binds.add(layout.play, "text"), ns=binds.add(layout.namespace, "text"))
     disposition = disposition_case(
         exists="true",
-        cached=cached_predicate("s", outputs, forced_version="$2::bigint" if force else None),
+        cached=cached_predicate("s", outputs, forced_version=version if write.force else None),
         status="s._status", version="s._write_version", attempt="s._attempt_id",
         expires="s._attempt_expires_at", failed_runs="s._failed_runs",
-        our_version="$2::bigint", our_attempt="$3::text", give_up_after=give_up,
+        our_version=version, our_attempt=attempt_id, give_up_after=give_up,
     )
     sql = f"""
 SELECT {registered} = {expected} AS columns_ok,
-       cardinality($1::text[]) - count(*)
-           + count(*) FILTER (WHERE disposition = 'admit') AS unsettled,
-       count(*) FILTER (WHERE disposition = 'completed') AS cached,
+       cardinality({key_array}) - count(*)
+           + count(*) FILTER (WHERE disposition = {_D.ADMIT.sql}) AS unsettled,
+       count(*) FILTER (WHERE disposition = {_D.COMPLETED.sql}) AS cached,
        array_agg(key) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_keys,
        array_agg(disposition) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_reasons
   FROM (SELECT s._key AS key, {disposition} AS disposition
-          FROM unnest($1::text[]) AS k(key)
+          FROM unnest({key_array}) AS k(key)
           CROSS JOIN LATERAL (SELECT * FROM {layout.qualified} AS s
                                WHERE s._key = k.key LIMIT 1) AS s) AS decided
 """
-    return sql, extra.values
+    return binds.statement(sql)

@@ -4,7 +4,7 @@ How it works
 - Outcomes are validated and encoded before any query; duplicates collapse to the last one.
   Completed and failed outcomes are chunked separately by at most `COMPLETE_CHUNK_ROWS` rows and
   `COMPLETE_CHUNK_BYTES` of patch JSON; every chunk is one statement, and all of them run in one
-  sheet write transaction with a statement timeout (`layout.run_sheet_transaction`).
+  sheet write transaction with a statement timeout (`sheet_txn.run_sheet_transaction`).
 - One statement per chunk reads the rows by exact key, decides each row's fence, applies the
   unfenced changes, and applies the exact counter deltas (`sheet_summary` by status transition,
   `sheet_column_summary` by cell-meta status transition) — a CTE over unnest of arrays:
@@ -53,27 +53,26 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import attrs
 
-from ..actions import action
+from ..actions import RemotePort, action
 from ..codecs import BOOL, RUN_REF, STR, list_of, optional
 from ..diagnostics import DiagnosticsQueue, call_sink, log_diagnostics
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port
-from ..scopes import RunRef, normalize_namespace
+from ..scopes import RunRef
 
 from .completion_sql import (
-    _REPAIR_TARGETS,
-    build_exact_sql,
-    build_exact_sql_returning_old,
-    build_insert_sql,
+    OutcomeChunk, exact_statement, insert_statement, repair_targets_statement,
 )
-from .inputs import PreparedOutcome, check_write, prepare_outcomes
-from .layout import PhaseClock, SheetLayout, SheetTxn, layout_for, run_sheet_transaction
-from ..errors import InvalidInputError
+from .inputs import PreparedOutcome, prepare_outcomes
+from .layout import SheetLayout, layout_for
+from .sheet_txn import SheetTxn, run_sheet_transaction
+from .telemetry import PhaseClock
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
     FencedRow, SheetContract, shown,
 )
+from .sheet_write import COMPLETE_ARGUMENTS, SheetWrite
 
 log = logging.getLogger("runplane.sheets")
 
@@ -158,44 +157,39 @@ class _Tally:
 class _Writer:
     port: Port
     layout: SheetLayout
-    run: RunRef
-    attempt: Attempt | None
+    write: SheetWrite
     base_fields: list[str]
     clock: PhaseClock
     force_failed: bool = False
     sheet: SheetTxn | None = None  # set by each transaction attempt
 
-    def _counted(self, chunk: list[PreparedOutcome], failed: bool) -> list[str]:
-        """Fields whose cell-meta status this chunk may move."""
-        return sorted({k for o in chunk for k in o.meta_keys}.union(self.base_fields))
-
-    def _common(self, counted: list[str], failed: bool) -> list[Any]:
-        return [
-            self.run.epoch, self.run.run_id,
-            self.attempt.attempt_id if self.attempt else None,
-            self.base_fields, counted, *self.layout.counter_args,
-        ]
+    def _chunk(self, chunk: list[PreparedOutcome], *, indexes: bool = False) -> OutcomeChunk:
+        """A chunk as its statement's arrays; the counted fields are those whose cell-meta
+        status it may move."""
+        return OutcomeChunk(
+            keys=[o.key for o in chunk],
+            data_json=_json_array([o.data_text for o in chunk]),
+            metas=_nullable([o.meta_text for o in chunk]),
+            errors=_nullable([o.error for o in chunk]),
+            attempts=_attempts(chunk),
+            fields=sorted({k for o in chunk for k in o.data_keys}),
+            counted=sorted({k for o in chunk for k in o.meta_keys}.union(self.base_fields)),
+            indexes=[o.input_index for o in chunk] if indexes else None,
+        )
 
     async def exact(
         self, conn: Connection, chunk: list[PreparedOutcome], keys: list[str], failed: bool,
         phase: str, tally: _Tally,
     ) -> list[PreparedOutcome]:
         """Apply one chunk by exact key (`keys[i]` is the row for `chunk[i]`); return misses."""
-        fields = sorted({k for o in chunk for k in o.data_keys})
         assert self.sheet is not None
-        build = (
-            build_exact_sql_returning_old if self.sheet.server_version >= RETURNING_OLD_SINCE
-            else build_exact_sql
+        statement = exact_statement(
+            self.port, self.layout, self.write, self.sheet.columns,
+            attrs.evolve(self._chunk(chunk), keys=keys), self.base_fields, failed=failed,
+            force_failed=failed and self.force_failed,
+            returning_old=self.sheet.server_version >= RETURNING_OLD_SINCE,
         )
-        counted = self._counted(chunk, failed)
-        sql = build(self.port, self.layout, self.sheet.columns, fields, counted, failed,
-                    force_failed=failed and self.force_failed)
-        args = [
-            keys, _json_array([o.data_text for o in chunk]), _nullable([o.meta_text for o in chunk]),
-            *self._common(counted, failed), _nullable([o.error for o in chunk]),
-            _attempts(chunk), *fields, *counted,
-        ]
-        record = await self.clock.measure(phase, conn.fetchrow(sql, *args))
+        record = await self.clock.measure(phase, conn.fetchrow(statement.sql, *statement.args))
         tally.chunks += 1
         tally.updated += record["updated"]
         missing = set(record["missing_ords"] or ())
@@ -217,11 +211,11 @@ class _Writer:
         indexed = [(i, o) for i, o in enumerate(misses) if o.input_index is not None]
         targets: dict[int, str] = {}
         if indexed:
-            rows = await self.clock.measure("insert_missing", conn.fetch(
-                _REPAIR_TARGETS.format(t=self.layout.qualified),
-                [i for i, _ in indexed], [o.input_index for _, o in indexed],
-                self.run.epoch, all_keys,
-            ))
+            statement = repair_targets_statement(
+                self.layout, [i for i, _ in indexed], [o.input_index for _, o in indexed],
+                self.write.run.epoch, all_keys)
+            rows = await self.clock.measure("insert_missing",
+                                            conn.fetch(statement.sql, *statement.args))
             used: set[str] = set()
             for row in rows:
                 if row["ord"] in targets or row["_key"] in used:
@@ -241,17 +235,11 @@ class _Writer:
             if o.failed:
                 tally.fenced[o.key] = FencedRow(o.key, "missing", None)
         for chunk in _chunks(to_insert):
-            fields = sorted({k for o in chunk for k in o.data_keys})
-            counted = self._counted(chunk, False)
             assert self.sheet is not None
-            sql = build_insert_sql(self.port, self.layout, self.sheet.columns, fields, counted)
-            args = [
-                [o.key for o in chunk], _json_array([o.data_text for o in chunk]),
-                _nullable([o.meta_text for o in chunk]), *self._common(counted, False),
-                [o.input_index for o in chunk],
-                self.attempt.seq if self.attempt else None, _attempts(chunk), *fields, *counted,
-            ]
-            record = await self.clock.measure("insert_missing", conn.fetchrow(sql, *args))
+            statement = insert_statement(self.port, self.layout, self.write, self.sheet.columns,
+                                         self._chunk(chunk, indexes=True), self.base_fields)
+            record = await self.clock.measure("insert_missing",
+                                              conn.fetchrow(statement.sql, *statement.args))
             tally.chunks += 1
             inserted = set(record["inserted_keys"] or ())
             tally.updated += len(inserted)
@@ -260,6 +248,9 @@ class _Writer:
                     tally.committed.add(o.key)
                 else:  # a concurrent writer cannot interleave; kept for completeness
                     tally.fenced[o.key] = FencedRow(o.key, "missing", None)
+
+
+Within = Callable[[Connection, frozenset[str], dict[str, FencedRow]], Awaitable[None]]
 
 
 @action("sheets.complete", params={
@@ -276,8 +267,7 @@ async def complete(
     attempt: Attempt | None = None,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
     force_failed: bool = False,
-    within: Callable[[Connection, frozenset[str], dict[str, FencedRow]], Awaitable[None]]
-    | None = None,
+    within: Within | None = None,
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring).
 
@@ -287,10 +277,36 @@ async def complete(
     mark): what it raises rolls the whole completion back. It may run more than once (the
     transaction is retried from scratch)."""
     started = time.perf_counter()
-    check_write(port, run, contract, attempt)
+    write = SheetWrite(run, table_namespace, contract, attempt=attempt)
+    return await _complete_here(port, write, outcomes, started=started,
+                                on_diagnostics=on_diagnostics, force_failed=force_failed,
+                                within=within)
+
+
+async def complete_write(
+    port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
+    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+) -> Completion:
+    """`complete` of a `SheetWrite` built (and checked) by the caller. Through a remote port
+    the action `sheets.complete` is sent, its body made of the value and the outcomes."""
+    if isinstance(port, RemotePort):
+        return await complete(port, outcomes=outcomes, on_diagnostics=on_diagnostics,
+                              **write.arguments(*COMPLETE_ARGUMENTS))
+    return await _complete_here(port, write, outcomes, started=time.perf_counter(),
+                                on_diagnostics=on_diagnostics, force_failed=False, within=None)
+
+
+async def _complete_here(
+    port: Port, write: SheetWrite, outcomes: Sequence[Any], *, started: float,
+    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None, force_failed: bool,
+    within: Within | None,
+) -> Completion:
+    """Completion on this port: the per-call arguments checked, the outcomes prepared."""
+    write.check_port(port)
     if not isinstance(force_failed, bool):
         raise InvalidInputError(f"force_failed must be True or False, got {force_failed!r}")
-    namespace = normalize_namespace(table_namespace)
+    run, contract = write.run, write.contract
+    namespace = write.table_namespace
     prepared, input_rows = prepare_outcomes(outcomes)
     _check_no_input_fields(prepared, outcomes, contract.inputs)
     inputs = set(contract.inputs)
@@ -298,7 +314,7 @@ async def complete(
     base_fields = sorted(set(contract.outputs) | (data_fields - inputs))
     layout = layout_for(port, run.scope.play_scope, namespace)
     clock = PhaseClock()
-    writer = _Writer(port, layout, run, attempt, base_fields, clock, force_failed)
+    writer = _Writer(port, layout, write, base_fields, clock, force_failed)
     completed = [o for o in prepared if not o.failed]
     failed = [o for o in prepared if o.failed]
     all_keys = [o.key for o in prepared]

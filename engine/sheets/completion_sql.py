@@ -1,13 +1,15 @@
 """SQL of completion: the exact-key statements, the insertion of missing rows, the repair.
 
 How it works
-- `build_exact_sql_returning_old` (PostgreSQL >= 18) and `build_exact_sql` (older servers)
-  build the one statement per chunk that fences, applies and counts; `build_insert_sql` the one
-  that inserts completed rows no key or input index matched. All share the bind layout
-  documented on each builder; field names always travel as binds.
-- The data patches of a chunk travel as one JSON array (`$2`, expanded with
-  `jsonb_array_elements` beside the other arrays in `ROWS FROM`): one jsonb value to send and
-  parse instead of 10,000 array elements.
+- `exact_statement` builds the one statement per chunk that fences, applies and counts (with
+  `RETURNING old.*` on PostgreSQL >= 18, a second probe of the rows otherwise);
+  `insert_statement` the one that inserts completed rows no key or input index matched;
+  `repair_targets_statement` the lookup of missing keys' rows by input index. Each allocates
+  its binds as it writes the text and returns both (`statements.Statement`); field names always
+  travel as binds.
+- The data patches of a chunk travel as one JSON array (expanded with `jsonb_array_elements`
+  beside the other arrays in `ROWS FROM`): one jsonb value to send and parse instead of 10,000
+  array elements.
 - Counter deltas (`_counter_ctes`) come from the rows the statement changed: status
   transitions for `sheet_summary`, cell-meta status transitions of the counted fields for
   `sheet_column_summary`, both in one pass over the changed rows.
@@ -16,27 +18,94 @@ Who calls: `engine.sheets.completion` only.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, Sequence
+
+import attrs
 
 from ..ports import Port, sequence_literal, table
 
-from .layout import BindParams, SheetColumns, SheetLayout
+from .layout import SheetColumns, SheetLayout
 from .model import OutcomeStatus, RowStatus
+from .sheet_write import SheetWrite
+from .statements import BindParams, Statement
 
-# The cell-meta entry every output ($7) gets: completed outcomes mark it completed (with the
+
+@attrs.frozen
+class OutcomeChunk:
+    """One chunk of outcomes as the statement's arrays (None: a NULL array, which a
+    multi-argument unnest pads with NULLs), the data fields they patch and the fields whose
+    cell counters may move."""
+
+    keys: list[str]
+    data_json: str
+    metas: list[Any] | None
+    errors: list[str | None] | None
+    attempts: list[int | None] | None
+    fields: Sequence[str]
+    counted: Sequence[str]
+    indexes: list[int | None] | None = None  # inserted rows' input indexes (insert only)
+
+
+@attrs.frozen
+class _Names:
+    """The binds of a completion statement, as the text that names them."""
+
+    keys: str
+    data: str
+    meta: str
+    version: str
+    run_id: str
+    attempt_id: str
+    base: str
+    org: str
+    play: str
+    namespace: str
+    cols: list[tuple[str, str]]   # (physical column, bind naming its field) per data field
+    counted: list[str]            # binds naming the fields whose cell counters may move
+
+
+def _names(binds: BindParams, layout: SheetLayout, write: SheetWrite, chunk: OutcomeChunk,
+           base_fields: Sequence[str]) -> _Names:
+    """Allocate the binds every completion statement has (the field names come last, once the
+    statement's own arrays are allocated: `_field_binds`)."""
+    return _Names(
+        keys=binds.add(chunk.keys, "text[]"),
+        data=binds.add(chunk.data_json, "jsonb"),
+        meta=binds.add(chunk.metas, "jsonb[]"),
+        version=binds.add(write.run.epoch, "bigint"),
+        run_id=binds.add(write.run.run_id, "text"),
+        attempt_id=binds.add(write.attempt.attempt_id if write.attempt else None, "text"),
+        base=binds.add(list(base_fields), "text[]"),
+        org=binds.add(layout.org_id, "text"),
+        play=binds.add(layout.play, "text"),
+        namespace=binds.add(layout.namespace, "text"),
+        cols=[],
+        counted=[],
+    )
+
+
+def _field_binds(binds: BindParams, names: _Names, column: SheetColumns,
+                 chunk: OutcomeChunk) -> _Names:
+    return attrs.evolve(
+        names,
+        cols=[(column(f), binds.add(f, "text")) for f in chunk.fields],
+        counted=[binds.add(f, "text") for f in chunk.counted],
+    )
+
+
+# The cell-meta entry every output gets: completed outcomes mark it completed (with the
 # time); failed ones mark it failed, so column counters count a failed row's cells as failed.
-_COMPLETED_ENTRY = f"""jsonb_build_object(
-               'status', {OutcomeStatus.COMPLETED.sql}, 'run_id', $5::text,
+def _base_meta(n: _Names, failed: bool) -> str:
+    if failed:
+        entry = f"jsonb_build_object('status', {OutcomeStatus.FAILED.sql}, 'run_id', {n.run_id})"
+    else:
+        entry = f"""jsonb_build_object(
+               'status', {OutcomeStatus.COMPLETED.sql}, 'run_id', {n.run_id},
                'completed_at', extract(epoch FROM now())::float8)"""
-_FAILED_ENTRY = f"jsonb_build_object('status', {OutcomeStatus.FAILED.sql}, 'run_id', $5::text)"
-
-
-def _base_meta(failed: bool) -> str:
-    entry = _FAILED_ENTRY if failed else _COMPLETED_ENTRY
-    return """
+    return f"""
 base AS MATERIALIZED (
-    SELECT coalesce(jsonb_object_agg(f, """ + entry + """), '{}'::jsonb) AS meta
-      FROM unnest($7::text[]) AS f
+    SELECT coalesce(jsonb_object_agg(f, {entry}), '{{}}'::jsonb) AS meta
+      FROM unnest({n.base}) AS f
 )"""
 
 
@@ -73,11 +142,11 @@ def _new_meta(target: RowStatus, row: str, patch: str, *, force_failed: bool = F
 
 
 def _counter_ctes(
-    summary: str, column_summary: str, moved: str, target: RowStatus, counted: Sequence[str]
+    n: _Names, summary: str, column_summary: str, moved: str, target: RowStatus
 ) -> str:
     """CTEs applying the status and cell-meta deltas of the rows in `moved` (prev_status,
-    prev_meta, new_meta); `target` is the status they moved to, `counted` the binds naming the
-    fields whose cell-meta status may have moved (one pass over `moved` for all of them)."""
+    prev_meta, new_meta); `target` is the status they moved to; the fields whose cell-meta
+    status may have moved are `n.counted` (one pass over `moved` for all of them)."""
     completed_plus = "d.n" if target == RowStatus.ENRICHED else "0"
     failed_plus = "d.n" if target == RowStatus.FAILED else "0"
     completed, failed = OutcomeStatus.COMPLETED.sql, OutcomeStatus.FAILED.sql
@@ -87,17 +156,17 @@ def _counter_ctes(
         f" AS c{j}, "
         f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM {failed})::int"
         f" - ((m.prev_meta -> {name} ->> 'status') IS NOT DISTINCT FROM {failed})::int) AS f{j}"
-        for j, name in enumerate(counted)
+        for j, name in enumerate(n.counted)
     )
-    rows = ", ".join(f"({name}, d.c{j}, d.f{j})" for j, name in enumerate(counted))
-    if counted:
+    rows = ", ".join(f"({name}, d.c{j}, d.f{j})" for j, name in enumerate(n.counted))
+    if n.counted:
         cells = f"""
 cell_delta AS (
-    SELECT {sums} FROM {moved} AS m WHERE cardinality($8::text[]) >= 0
+    SELECT {sums} FROM {moved} AS m
 ),
 column_summary AS (
     INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
-    SELECT $9::text, $10::text, $11::text, v.field, v.completed, v.failed
+    SELECT {n.org}, {n.play}, {n.namespace}, v.field, v.completed, v.failed
       FROM cell_delta d CROSS JOIN LATERAL (VALUES {rows}) AS v(field, completed, failed)
      WHERE v.completed <> 0 OR v.failed <> 0
     ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
@@ -106,7 +175,7 @@ column_summary AS (
 )"""
     else:
         cells = """
-column_summary AS (SELECT 1 WHERE cardinality($8::text[]) < 0)"""
+column_summary AS (SELECT 1 WHERE false)"""
     return f"""
 status_delta AS (
     SELECT count(*) AS n,
@@ -126,69 +195,31 @@ summary AS (
            failed = s.failed - d.was_failed + {failed_plus},
            updated_at = now()
       FROM status_delta d
-     WHERE s.org_id = $9::text AND s.play = $10::text AND s.table_namespace = $11::text
+     WHERE s.org_id = {n.org} AND s.play = {n.play} AND s.table_namespace = {n.namespace}
        AND d.n > 0
     RETURNING 1
 ),{cells}"""
 
 
-class _ChunkParts(NamedTuple):
-    """What both exact-key statements share (each adds the aliases of its own shape)."""
-
-    table: str
-    cols: list[tuple[str, str]]  # (physical column, bind naming its field)
-    target: RowStatus            # the status applied rows move to
-    already: str                 # the `already_completed` fence arm (failed outcomes only)
-    patch: str                   # the cell-meta patch of one outcome
-    version: str                 # the next row version
-    sets: str                    # the data columns' SET clauses
-    counters: str                # the counter CTEs over `applied`
-
-
-def _chunk_parts(
-    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
-    counted: Sequence[str], failed: bool, force_failed: bool = False,
-) -> _ChunkParts:
-    names = BindParams(14)
-    cols = [(column(f), names.add(f, "text")) for f in fields]
-    counted_names = [names.add(f, "text") for f in counted]
-    target = RowStatus.FAILED if failed else RowStatus.ENRICHED
-    return _ChunkParts(
-        table=layout.qualified,
-        cols=cols,
-        target=target,
-        already=(f"WHEN s._status = {RowStatus.ENRICHED.sql} THEN 'already_completed'"
-                 if failed and not force_failed else ""),
-        patch=_PATCH,
-        version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
-        sets=_POLICY_SETS[failed] + "".join(
-            f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
-            for col, name in cols
-        ),
-        counters=_counter_ctes(
-            table(port, "sheet_summary"), table(port, "sheet_column_summary"), "applied", target,
-            counted_names,
-        ),
-    )
+def _policy_sets(n: _Names, failed: bool) -> str:
+    """The row-policy columns an applied outcome moves (`c` its input, `t` the row): the calls
+    it took add to `_attempts`; a failed outcome counts its run once in `_failed_runs` (a wake
+    of the same run, or a replay, counts nothing new), a completed one starts that count
+    again."""
+    if not failed:
+        return ", _attempts = t._attempts + coalesce(c.attempts, 1), _failed_runs = 0"
+    return (", _attempts = t._attempts + coalesce(c.attempts, 1),"
+            " _failed_runs = t._failed_runs"
+            f" + (t._failed_epoch IS DISTINCT FROM {n.version})::integer,"
+            f" _failed_epoch = {n.version}")
 
 
-# The row-policy columns an applied outcome moves (`c` its input, `t` the row): the calls it took
-# add to `_attempts`; a failed outcome counts its run once in `_failed_runs` (a wake of the same
-# run, or a replay, counts nothing new), a completed one starts that count again.
-_POLICY_SETS = {
-    False: ", _attempts = t._attempts + coalesce(c.attempts, 1), _failed_runs = 0",
-    True: (", _attempts = t._attempts + coalesce(c.attempts, 1),"
-           " _failed_runs = t._failed_runs"
-           " + (t._failed_epoch IS DISTINCT FROM $4::bigint)::integer,"
-           " _failed_epoch = $4::bigint"),
-}
-
-
-# Why a row was not applied (NULL when it may be): `s` is its stored state.
-_FENCE = """CASE WHEN s._write_version > $4::bigint THEN 'stale_write_version'
-                WHEN s._write_version < $4::bigint THEN 'unadmitted'
-                WHEN $6::text IS NOT NULL AND s._attempt_id IS NOT NULL
-                     AND s._attempt_id <> $6::text THEN 'attempt_superseded'
+def _fence(n: _Names, already: str) -> str:
+    """Why a row was not applied (NULL when it may be): `s` is its stored state."""
+    return f"""CASE WHEN s._write_version > {n.version} THEN 'stale_write_version'
+                WHEN s._write_version < {n.version} THEN 'unadmitted'
+                WHEN {n.attempt_id} IS NOT NULL AND s._attempt_id IS NOT NULL
+                     AND s._attempt_id <> {n.attempt_id} THEN 'attempt_superseded'
                 {already}
            END"""
 
@@ -206,73 +237,105 @@ def _chunk_result(classified: str) -> str:
 """
 
 
-def build_exact_sql(
-    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
-    counted: Sequence[str], failed: bool, *, force_failed: bool = False,
-) -> str:
+def exact_statement(
+    port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
+    chunk: OutcomeChunk, base_fields: Sequence[str], *, failed: bool, force_failed: bool,
+    returning_old: bool,
+) -> Statement:
     """The exact-key statement of one chunk.
 
-    Binds: $1 keys, $2 data (one JSON array), $3 cell meta, $4 write version, $5 run id, $6 attempt id,
-    $7 the outputs (each marked completed; failed where a failed outcome's row has not completed
-    it), $8 fields whose cell counters may move, $9 org, $10 play, $11 namespace, $12 errors,
-    $13 calls each outcome took (NULL means 1), then one name per data field.
+    Every output of `base_fields` is marked completed (failed where a failed outcome's row has
+    not completed it); the cell counters of `chunk.counted` may move.
     With `force_failed` a failed outcome also applies to an enriched row, and every output it
     marks becomes a failed cell (completed ones included).
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
     the sheet whatever the planner believes about its size; the UPDATE's only condition on the
     sheet alone is the key (the version fence compares with `cur`, whose unfenced rows have
-    `prev_version` = ours: see `build_exact_sql_returning_old` for why no bind may appear there).
+    `prev_version` = ours: see `_exact_returning_old` for why no bind may appear there).
     """
-    parts = _chunk_parts(port, layout, column, fields, counted, failed, force_failed)
-    t, target = parts.table, parts.target
+    binds = BindParams()
+    n = _names(binds, layout, write, chunk, base_fields)
+    errors = binds.add(chunk.errors, "text[]")
+    attempts = binds.add(chunk.attempts, "integer[]")
+    n = _field_binds(binds, n, column, chunk)
+    target = RowStatus.FAILED if failed else RowStatus.ENRICHED
+    build = _exact_returning_old if returning_old else _exact
+    return binds.statement(build(port, layout, n, errors, attempts, target, failed, force_failed))
+
+
+def _sets(n: _Names, failed: bool) -> str:
+    return _policy_sets(n, failed) + "".join(
+        f", {col} = CASE WHEN c.data ? {name} THEN c.data -> {name} ELSE t.{col} END"
+        for col, name in n.cols
+    )
+
+
+def _row_version(port: Port) -> str:
+    return f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
+
+
+def _counters(port: Port, n: _Names, moved: str, target: RowStatus) -> str:
+    return _counter_ctes(n, table(port, "sheet_summary"), table(port, "sheet_column_summary"),
+                         moved, target)
+
+
+def _already(failed: bool, force_failed: bool) -> str:
+    """The `already_completed` fence arm (failed outcomes only, unless forced)."""
+    if failed and not force_failed:
+        return f"WHEN s._status = {RowStatus.ENRICHED.sql} THEN 'already_completed'"
+    return ""
+
+
+def _exact(port: Port, layout: SheetLayout, n: _Names, errors: str, attempts: str,
+           target: RowStatus, failed: bool, force_failed: bool) -> str:
+    t = layout.qualified
     data_changed = "".join(
         f" OR (i.data ? {name} AND s.{col} IS DISTINCT FROM i.data -> {name})"
-        for col, name in parts.cols
+        for col, name in n.cols
     )
     new_error = "i.error" if failed else "NULL::text"
     new_meta = _new_meta(target, row="s", patch="p.patch", force_failed=force_failed)
     return f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.error, u.attempts, u.ord
-      FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
-                      unnest($12::text[]), unnest($13::integer[]))
+      FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
+                      unnest({errors}), unnest({attempts}))
            WITH ORDINALITY AS u(key, data, meta, error, attempts, ord)
-),{_base_meta(failed)},
+),{_base_meta(n, failed)},
 cur AS MATERIALIZED (
     SELECT i.ord, i.key, i.data, i.error, i.attempts, s._key IS NOT NULL AS found,
            s._status AS prev_status, s._write_version AS prev_version,
            s._cell_meta AS prev_meta, n.new_meta,
-           {_FENCE.format(already=parts.already)} AS fence,
+           {_fence(n, _already(failed, force_failed))} AS fence,
            (s._status IS DISTINCT FROM {target.sql} OR s._error IS DISTINCT FROM {new_error}
             OR n.new_meta IS DISTINCT FROM s._cell_meta{data_changed}) AS changed
       FROM input i
       CROSS JOIN base b
       LEFT JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
-      CROSS JOIN LATERAL (SELECT {parts.patch} AS patch) AS p
+      CROSS JOIN LATERAL (SELECT {_PATCH} AS patch) AS p
       CROSS JOIN LATERAL (SELECT {new_meta} AS new_meta) AS n
 ),
 applied AS (
     UPDATE {t} AS t
-       SET _status = {target.sql}, _error = c.error, _run_id = $5::text, _cell_meta = c.new_meta,
-           _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
+       SET _status = {target.sql}, _error = c.error, _run_id = {n.run_id}, _cell_meta = c.new_meta,
+           _attempt_expires_at = NULL, _version = {_row_version(port)},
+           _updated_at = now(){_sets(n, failed)}
       FROM cur c
      WHERE c.found AND c.fence IS NULL AND c.changed
        AND t._key = c.key AND t._write_version = c.prev_version
     RETURNING c.prev_status, c.prev_meta, c.new_meta
-),{parts.counters}
+),{_counters(port, n, "applied", target)}
 {_chunk_result("cur")}"""
 
 
-def build_exact_sql_returning_old(
-    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
-    counted: Sequence[str], failed: bool, *, force_failed: bool = False,
-) -> str:
-    """The exact-key statement for PostgreSQL >= 18, with the binds of `build_exact_sql`.
+def _exact_returning_old(port: Port, layout: SheetLayout, n: _Names, errors: str, attempts: str,
+                         target: RowStatus, failed: bool, force_failed: bool) -> str:
+    """The exact-key statement for PostgreSQL >= 18 (see `exact_statement`).
 
     The fenced UPDATE probes each row once and returns the old status and cell meta for the
     counters (`RETURNING old.*`). Its only condition on the sheet alone is the key: every fence
     compares the row with a column of `source` (`our_version`, `our_attempt`, `kept_status`),
-    never with a bind. A condition such as `_write_version = $4` would be estimated from the
+    never with a bind. A condition such as `_write_version = <our version's bind>` would be estimated from the
     sheet's statistics (a version newer than the last `ANALYZE` matches "no row"), and the
     planner would scan the sheet for those few rows and join each to the whole chunk: a chunk
     of 10,000 rows then costs 10,000 times the rows of our version. As join conditions they
@@ -280,29 +343,30 @@ def build_exact_sql_returning_old(
     statement's snapshot — and only when some row was not updated (a one-time filter), so the
     common all-applied chunk never probes the sheet twice.
     """
-    parts = _chunk_parts(port, layout, column, fields, counted, failed, force_failed)
-    t, target = parts.table, parts.target
+    t = layout.qualified
     data_changed = "".join(
         f" OR (c.data ? {name} AND t.{col} IS DISTINCT FROM c.data -> {name})"
-        for col, name in parts.cols
+        for col, name in n.cols
     )
     not_enriched = "AND t._status <> c.kept_status" if failed and not force_failed else ""
     new_error = "c.error" if failed else "NULL::text"
     new_meta = _new_meta(target, row="t", patch="c.patch", force_failed=force_failed)
     return f"""
-WITH {_base_meta(failed).strip()},
+WITH {_base_meta(n, failed).strip()},
 source AS MATERIALIZED (
-    SELECT i.key, i.data, i.error, i.attempts, i.ord, {parts.patch} AS patch,
-           $4::bigint AS our_version, $6::text AS our_attempt, {RowStatus.ENRICHED.sql}::text AS kept_status
-      FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
-                      unnest($12::text[]), unnest($13::integer[]))
+    SELECT i.key, i.data, i.error, i.attempts, i.ord, {_PATCH} AS patch,
+           {n.version} AS our_version, {n.attempt_id} AS our_attempt,
+           {RowStatus.ENRICHED.sql}::text AS kept_status
+      FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
+                      unnest({errors}), unnest({attempts}))
            WITH ORDINALITY AS i(key, data, meta, error, attempts, ord)
       CROSS JOIN base b
 ),
 applied AS (
     UPDATE {t} AS t
-       SET _status = {target.sql}, _error = c.error, _run_id = $5::text, _cell_meta = {new_meta},
-           _attempt_expires_at = NULL, _version = {parts.version}, _updated_at = now(){parts.sets}
+       SET _status = {target.sql}, _error = c.error, _run_id = {n.run_id}, _cell_meta = {new_meta},
+           _attempt_expires_at = NULL, _version = {_row_version(port)},
+           _updated_at = now(){_sets(n, failed)}
       FROM source c
      WHERE t._key = c.key AND t._write_version = c.our_version
        AND (c.our_attempt IS NULL OR t._attempt_id IS NULL OR t._attempt_id = c.our_attempt)
@@ -311,10 +375,10 @@ applied AS (
             OR {new_meta} IS DISTINCT FROM t._cell_meta)
     RETURNING c.ord, old._status AS prev_status, old._cell_meta AS prev_meta,
               new._cell_meta AS new_meta
-),{parts.counters},
+),{_counters(port, n, "applied", target)},
 rest AS MATERIALIZED (
     SELECT i.ord, s._key IS NOT NULL AS found, s._write_version AS prev_version,
-           {_FENCE.format(already=parts.already)} AS fence
+           {_fence(n, _already(failed, force_failed))} AS fence
       FROM source i
       LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id FROM {t} AS s
                           WHERE s._key = i.key LIMIT 1) AS s ON true
@@ -323,39 +387,32 @@ rest AS MATERIALIZED (
 {_chunk_result("rest")}"""
 
 
-def build_insert_sql(
-    port: Port, layout: SheetLayout, column: SheetColumns, fields: Sequence[str],
-    counted: Sequence[str],
-) -> str:
-    """Insert completed outcomes whose rows are missing, as `enriched` rows of our version.
-
-    Binds: $1 keys, $2 data (one JSON array), $3 cell meta, $4 write version, $5 run id, $6 attempt id,
-    $7 the outputs (marked completed), $8 fields whose cell counters may move, $9 org,
-    $10 play, $11 namespace, $12 input indexes, $13 attempt seq, $14 calls each outcome took
-    (NULL means 1), then one name per data field.
-    """
-    names = BindParams(15)
+def insert_statement(
+    port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
+    chunk: OutcomeChunk, base_fields: Sequence[str],
+) -> Statement:
+    """Insert completed outcomes whose rows are missing, as `enriched` rows of our version
+    (`chunk.indexes` their input indexes), every output of `base_fields` marked completed."""
+    binds = BindParams()
+    n = _names(binds, layout, write, chunk, base_fields)
+    indexes = binds.add(chunk.indexes, "bigint[]")
+    seq = binds.add(write.attempt.seq if write.attempt else None, "integer")
+    attempts = binds.add(chunk.attempts, "integer[]")
+    n = _field_binds(binds, n, column, chunk)
     t = layout.qualified
-    cols = [(column(f), names.add(f, "text")) for f in fields]
-    counted_names = [names.add(f, "text") for f in counted]
-    insert_cols = "".join(f", {col}" for col, _ in cols)
-    insert_vals = "".join(f", i.data -> {name}" for _, name in cols)
-    counters = _counter_ctes(
-        table(port, "sheet_summary"), table(port, "sheet_column_summary"), "moved",
-        RowStatus.ENRICHED,
-        counted_names,
-    )
-    return f"""
+    insert_cols = "".join(f", {col}" for col, _ in n.cols)
+    insert_vals = "".join(f", i.data -> {name}" for _, name in n.cols)
+    return binds.statement(f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.idx, u.attempts, u.ord
-      FROM ROWS FROM (unnest($1::text[]), jsonb_array_elements($2::jsonb), unnest($3::jsonb[]),
-                      unnest($12::bigint[]), unnest($14::integer[]))
+      FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
+                      unnest({indexes}), unnest({attempts}))
            WITH ORDINALITY AS u(key, data, meta, idx, attempts, ord)
-),{_base_meta(False)},
+),{_base_meta(n, False)},
 inserted AS (
     INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
                      _attempt_seq, _attempts, _cell_meta{insert_cols})
-    SELECT i.key, {RowStatus.ENRICHED.sql}, $5::text, $4::bigint, i.idx, $6::text, $13::integer,
+    SELECT i.key, {RowStatus.ENRICHED.sql}, {n.run_id}, {n.version}, i.idx, {n.attempt_id}, {seq},
            coalesce(i.attempts, 1), {_PATCH}{insert_vals}
       FROM input i CROSS JOIN base b
     ON CONFLICT (_key) DO NOTHING
@@ -364,22 +421,29 @@ inserted AS (
 moved AS MATERIALIZED (
     SELECT NULL::text AS prev_status, '{{}}'::jsonb AS prev_meta, _cell_meta AS new_meta
       FROM inserted
-),{counters}
+),{_counters(port, n, "moved", RowStatus.ENRICHED)}
 SELECT (SELECT array_agg(_key) FROM inserted) AS inserted_keys,
        (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows
-"""
+""")
 
 
 # The rows of our version at the missing outcomes' input indexes: one lookup per index through
 # the sheet's row-order index (its leading column). `OFFSET 0` keeps each lookup a subquery run
 # per input index, so the planner cannot turn the whole into a scan of the sheet filtered by
 # version (estimated from statistics that may not know our version yet).
-_REPAIR_TARGETS = """
+def repair_targets_statement(layout: SheetLayout, ords: list[int], indexes: list[int],
+                             version: int, keys: list[str]) -> Statement:
+    """The rows of write version `version` at `indexes` (one per missing outcome, `ords` their
+    positions) whose keys are not among `keys` (this call's)."""
+    binds = BindParams()
+    ord_array, index_array = binds.add(ords, "bigint[]"), binds.add(indexes, "bigint[]")
+    our_version, our_keys = binds.add(version, "bigint"), binds.add(keys, "text[]")
+    return binds.statement(f"""
 SELECT u.ord, s._key
-  FROM unnest($1::bigint[], $2::bigint[]) AS u(ord, idx)
-  CROSS JOIN LATERAL (SELECT s._key FROM {t} AS s
-                       WHERE s._input_index = u.idx AND s._write_version = $3::bigint
-                         AND s._key <> ALL($4::text[])
+  FROM unnest({ord_array}, {index_array}) AS u(ord, idx)
+  CROSS JOIN LATERAL (SELECT s._key FROM {layout.qualified} AS s
+                       WHERE s._input_index = u.idx AND s._write_version = {our_version}
+                         AND s._key <> ALL({our_keys})
                       OFFSET 0) AS s
  ORDER BY u.ord, s._key
-"""
+""")

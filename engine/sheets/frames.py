@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from ..errors import ConflictError
 from ..sql import quote_ident
 from .dataset_pages import Filters, SheetRead, filter_sql
-from .layout import BindParams
+from .statements import BindParams
 
 KINDS = ("string", "integer", "float", "boolean", "json", "null")
 SYSTEM_KEYS = ("_key", "_status", "_error", "_input_index", "_attempts", "_failed_runs")

@@ -24,22 +24,13 @@ from .. import canonical
 from ..canonical import is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
 from ..limits import MAX_KEY_BYTES, key_problem
-from ..scopes import RunRef, check_scope, normalize_namespace
+from ..scopes import normalize_namespace
 
+from .sheet_write import check_write  # noqa: F401  (the gateway client imports it from here)
 from .model import (
-    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, Attempt, OutcomeStatus, RowOutcome, SheetContract,
+    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus, RowOutcome,
     field_problem, shown,
 )
-
-
-def check_write(port: Any, run: RunRef, contract: Any, attempt: Any) -> None:
-    """The checks `admit` and `complete` share, before any query: the run's org is the port's,
-    the contract is a `SheetContract`, the attempt an `Attempt` or None."""
-    check_scope(port, run)
-    if not isinstance(contract, SheetContract):
-        raise InvalidInputError("contract must be a SheetContract")
-    if attempt is not None and not isinstance(attempt, Attempt):
-        raise InvalidInputError("attempt must be an Attempt or None")
 
 
 def key_of_text(namespace: str) -> Callable[[str], str]:

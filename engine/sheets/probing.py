@@ -6,8 +6,9 @@ How it works
   and the caller admits. It judges rows by the same SQL fragments as admission
   (`admission_sql`), on the server's clock; its snapshot is a committed state, so its answer is
   the one an admission at that instant would give.
-- `probe_keyed` is the same probe that also hands back the rows' keys it computed (the mapper
-  records the keys of the rows it reused without keying them twice).
+- `probe_keyed` is the same probe of a `SheetWrite` the caller built (a map builds it once),
+  which also hands back the rows' keys it computed (the mapper records the keys of the rows
+  it reused without keying them twice).
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from ..codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import MissingRelationError
 from ..pg import Connection
 from ..ports import Port
-from ..scopes import RunRef, normalize_namespace
+from ..scopes import RunRef
 
-from .admission import ADMIT_CHUNK_ROWS, check_policies, check_flag, check_give_up_after
-from .admission_sql import build_probe_sql
-from .inputs import check_write, prepare_rows
-from .layout import LANE, PhaseClock, SheetColumns, column_name, layout_for, resolve_columns
+from .admission import ADMIT_CHUNK_ROWS
+from .admission_sql import probe_statement
+from .inputs import prepare_rows
+from .column_registry import resolve_columns
+from .layout import LANE, SheetColumns, column_name, layout_for
+from .telemetry import PhaseClock
 from .model import (
     ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, Admission, Attempt, BlockedRow, CellPolicy,
     SheetContract, Timing,
 )
+from .sheet_write import PROBE_ARGUMENTS, SheetWrite
 
 
 @action("sheets.probe", params={
@@ -58,57 +62,56 @@ async def probe(
     row needs admitting (new, failed, stale, pending…) — then call `admit`. `force` judges
     rows as `admit(..., force=True)` does.
     """
-    settled, _keys = await probe_keyed(
-        port, run, table_namespace, contract, rows, input_offset=input_offset, keys=keys,
-        attempt=attempt, cell_policies=cell_policies, give_up_after=give_up_after, force=force)
+    write = SheetWrite(run, table_namespace, contract, attempt=attempt,
+                       cell_policies=cell_policies, give_up_after=give_up_after,
+                       cache_hits="count", force=force)
+    settled, _keys = await _probe_here(port, write, rows, input_offset=input_offset, keys=keys)
     return settled
 
 
 async def probe_keyed(
-    port: Port, run: RunRef, table_namespace: str, contract: SheetContract,
-    rows: Sequence[dict], *, input_offset: int = 0, keys: Sequence[str] | None = None,
-    attempt: Attempt | None = None, cell_policies: Mapping[str, CellPolicy] | None = None,
-    give_up_after: int | None = None, force: bool = False,
+    port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
+    keys: Sequence[str] | None = None,
 ) -> tuple[Admission | None, list[str]]:
-    """`probe`, and the rows' keys (deduplicated) it computed or was given: a map records the
-    keys of the rows it reused (`engine.sheets.reuse`) without keying them twice. Through a
-    remote port the keys are computed here and the action `sheets.probe` is sent."""
+    """`probe` of a `SheetWrite`, and the rows' keys (deduplicated) it computed or was given:
+    a map records the keys of the rows it reused (`engine.sheets.reuse`) without keying them
+    twice. Through a remote port the keys are computed here and the action `sheets.probe` is
+    sent."""
     if isinstance(port, RemotePort):
         if keys is None:
-            keys = prepare_rows(rows, normalize_namespace(table_namespace),
-                                input_offset=input_offset, keys=None, need_texts=False,
-                                keep_rows=False).keys
-        settled = await probe(port, run, table_namespace, contract, rows,
-                              input_offset=input_offset, keys=keys, attempt=attempt,
-                              cell_policies=cell_policies, give_up_after=give_up_after, force=force)
+            keys = prepare_rows(rows, write.table_namespace, input_offset=input_offset,
+                                keys=None, need_texts=False, keep_rows=False).keys
+        settled = await probe(port, rows=rows, input_offset=input_offset, keys=keys,
+                              **write.arguments(*PROBE_ARGUMENTS))
         return settled, list(dict.fromkeys(keys))
+    return await _probe_here(port, write, rows, input_offset=input_offset, keys=keys)
+
+
+async def _probe_here(
+    port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int,
+    keys: Sequence[str] | None,
+) -> tuple[Admission | None, list[str]]:
     started = time.perf_counter()
-    check_write(port, run, contract, attempt)
-    check_flag("force", force)
-    policies = check_policies(cell_policies)
-    check_give_up_after(give_up_after)
-    namespace = normalize_namespace(table_namespace)
-    prepared = prepare_rows(rows, namespace, input_offset=input_offset, keys=keys,
+    write.check_port(port)
+    prepared = prepare_rows(rows, write.table_namespace, input_offset=input_offset, keys=keys,
                             need_texts=False, keep_rows=False)
-    layout = layout_for(port, run.scope.play_scope, namespace)
-    attempt_id = attempt.attempt_id if attempt else None
+    run = write.run
+    layout = layout_for(port, run.scope.play_scope, write.table_namespace)
     n = len(prepared.keys)
     clock = PhaseClock()
     # First-choice columns: right unless an output's name collided, which the statement itself
     # tells (`columns_ok`); then the registry is read and the probe runs again.
-    columns = SheetColumns({f: column_name(f) for f in contract.outputs})
+    columns = SheetColumns({f: column_name(f) for f in write.contract.outputs})
 
     async def op(conn: Connection) -> list[Any] | None:
         nonlocal columns
-        sql, extra = build_probe_sql(port, layout, contract, policies, columns,
-                                     give_up_after=give_up_after, force=force)
         results = []
         for low in range(0, n, ADMIT_CHUNK_ROWS):
             keys_chunk = sorted(prepared.keys[low:low + ADMIT_CHUNK_ROWS])
-            statement = conn.fetchrow(sql, keys_chunk, run.epoch, attempt_id, *extra)
-            record = await clock.measure("probe", statement)
+            statement = probe_statement(port, layout, write, columns, keys_chunk)
+            record = await clock.measure("probe", conn.fetchrow(statement.sql, *statement.args))
             if not record["columns_ok"]:
-                resolved = await resolve_columns(conn, port, layout, contract.outputs)
+                resolved = await resolve_columns(conn, port, layout, write.contract.outputs)
                 if resolved is None or resolved == columns:
                     return None  # an output has no column yet: nothing is settled
                 columns = resolved

@@ -17,6 +17,8 @@ How it works
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import canonical
 from ..actions import action
 from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional

@@ -32,9 +32,11 @@ from ..ports import Port, table
 from ..scopes import RunRef, normalize_namespace
 
 from .admission import admit_prepared
-from .inputs import check_write, prepare_rows, row_key
-from .layout import SheetTxn, layout_for
+from .inputs import prepare_rows, row_key
+from .layout import layout_for
+from .sheet_txn import SheetTxn
 from .model import ADMISSION, CONTRACT, Admission, SheetContract
+from .sheet_write import SheetWrite
 
 # The input index the first attempt of a retried append gave its first row ($1 its key).
 _RETRY_BASE = "SELECT s._input_index FROM {t} AS s WHERE s._key = $1 LIMIT 1"
@@ -78,13 +80,14 @@ async def append_rows(
 ) -> Admission:
     """Add `rows` to the sheet as new `pending` rows (see the module docstring)."""
     started = time.perf_counter()
-    check_write(port, run, contract, None)
+    write = SheetWrite(run, table_namespace, contract)
+    write.check_port(port)
     try:
         check_user_key(idempotency_key)
     except InvalidInputError as exc:
         raise InvalidInputError(f"idempotency_key: {exc}") from None
     _check_rows(rows)
-    namespace = normalize_namespace(table_namespace)
+    namespace = write.table_namespace
     keys = [appended_key(namespace, idempotency_key, i, row_key(row, namespace))
             for i, row in enumerate(rows)]
     prepared = prepare_rows(rows, namespace, input_offset=0, keys=keys,
@@ -100,8 +103,7 @@ async def append_rows(
         last = await conn.fetchval(_MAX_INDEX.format(t=layout.qualified))
         return 0 if last is None else last + 1
 
-    return await admit_prepared(port, run, namespace, contract, prepared, started=started,
-                                prelude=continue_indexes)
+    return await admit_prepared(port, write, prepared, started=started, prelude=continue_indexes)
 
 
 @action("sheets.replace_rows", params={
@@ -112,9 +114,10 @@ async def replace_rows(
 ) -> Admission:
     """Replace every row of the sheet by `rows`, admitted `pending`, in one transaction."""
     started = time.perf_counter()
-    check_write(port, run, contract, None)
+    write = SheetWrite(run, table_namespace, contract)
+    write.check_port(port)
     _check_rows(rows)
-    namespace = normalize_namespace(table_namespace)
+    namespace = write.table_namespace
     prepared = prepare_rows(rows, namespace, input_offset=0, keys=None,
                             need_texts=bool(contract.inputs))
     layout = layout_for(port, run.scope.play_scope, namespace)
@@ -127,5 +130,4 @@ async def replace_rows(
             *layout.counter_args)
         return 0
 
-    return await admit_prepared(port, run, namespace, contract, prepared, started=started,
-                                prelude=clear)
+    return await admit_prepared(port, write, prepared, started=started, prelude=clear)

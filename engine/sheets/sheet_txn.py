@@ -1,0 +1,219 @@
+"""The transaction every sheet write runs in, and its lock protocol.
+
+How it works
+- Every write transaction (`run_sheet_transaction`) first sets, for the transaction only: its
+  statement timeout (sent on its own, so even the lock waits below are bounded);
+  `plan_cache_mode = force_custom_plan` (a generic plan cannot see the sizes of the unnest
+  arrays and may pick a join that rescans the sheet per row); `work_mem` of 32 MB (a
+  10,000-row chunk's CTEs stay in memory); hash and merge joins off (every join of these
+  statements is a batch of primary-key probes, and hashing the whole sheet per chunk costs more
+  than probing; the input-index repair looks rows up through the row-order index).
+  Then one statement takes the sheet's advisory lock and locks the sheet's `sheet_summary` row
+  (creating it if absent, claiming its unique table name). Holding the summary row serializes
+  the writers of one sheet: each later statement of the transaction sees every earlier writer
+  committed, so counter deltas computed from the rows it reads are exact, and there is no
+  lock-order cycle between writers (they all lock the summary row first, then sheet rows, then
+  column-summary rows).
+- Normal writers hold the advisory lock shared, and learn the registered columns of the fields
+  they touch in the same statement. A writer whose statements hit a missing table or column
+  (or a field with no registered column) rolls back and retries once under the exclusive
+  lock, where it creates the table and any missing columns and registers them
+  (`column_registry.prepare_columns`) before writing; if even that finds a missing relation
+  the schema bootstrap is repaired and it retries once more.
+- The operation `op(conn, sheet)` runs inside; it must be safe to run again from scratch.
+Who calls: admission, completion, the write modes and `ensure_sheet`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable, Iterable, Literal, TypeVar
+
+import attrs
+
+from ..errors import ConflictError, DatabaseError, InsufficientPrivilegeError, MissingRelationError
+from ..pg import Connection
+from ..ports import SHEET_LANE, Port, table
+
+from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
+from .layout import SheetColumns, SheetLayout, sheet_lock_key
+from .statements import BindParams, Statement
+from .telemetry import PhaseClock, permit_wait_seconds
+
+T = TypeVar("T")
+LockMode = Literal["shared", "exclusive"]
+
+
+@attrs.frozen
+class SheetTxn:
+    """What a sheet write transaction learned when it took the sheet lock."""
+
+    server_version: int
+    columns: SheetColumns
+    exclusive: bool = False  # under the exclusive lock (the table and columns were prepared)
+
+
+# Transaction-local settings, sent before the lock so the lock wait is bounded by the timeout.
+# It also returns the transaction's id (every sheet transaction writes: it claims its summary
+# row), which spares COMMIT a round trip to learn it (`Connection.note_transaction_id`).
+_SETTINGS = """
+SELECT set_config('statement_timeout', $1, true),
+       set_config('plan_cache_mode', 'force_custom_plan', true),
+       set_config('work_mem', '32MB', true),
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true),
+       txid_current()::text AS xid
+"""
+
+def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str]) -> Statement:
+    """Take the sheet's advisory lock shared and upsert (lock) its summary row, claiming its
+    table name (unique: a colliding sheet fails with 23505 here, before touching any row), and
+    read the registered columns of `fields`: registry rows never change once committed, so what
+    its snapshot shows is right, and a field it does not show sends the writer down the
+    exclusive path. `_LOCK_SUMMARY` claims the row the same way under the exclusive lock."""
+    binds = BindParams()
+    key = binds.add(sheet_lock_key(port, layout), "bigint")
+    org, play, namespace = (binds.add(value, "text") for value in layout.counter_args)
+    table_name = binds.add(layout.table, "text")
+    columns = COLUMNS_OF_FIELDS.format(
+        fields=binds.add(fields, "text[]"), registry=table(port, "sheet_columns"), org=org,
+        play=play, ns=namespace)
+    return binds.statement(f"""
+WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),
+claimed AS (
+    INSERT INTO {table(port, "sheet_summary")} AS s (org_id, play, table_namespace, table_name)
+    SELECT {org}, {play}, {namespace}, {table_name} FROM sheet_lock
+    ON CONFLICT (org_id, play, table_namespace)
+        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
+    RETURNING 1
+)
+SELECT current_setting('server_version_num')::integer AS server_version,
+       {columns} AS columns
+""")
+
+
+_LOCK_EXCLUSIVE = "SELECT pg_advisory_xact_lock($1::bigint)"
+
+_LOCK_SUMMARY = """
+INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (org_id, play, table_namespace)
+    DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
+RETURNING current_setting('server_version_num')::integer
+"""
+
+TABLE_NAME_CONSTRAINT = "sheet_summary_table_name"
+
+
+class _UnregisteredField(MissingRelationError):
+    """A field the writer needs has no registered column yet (retry under the exclusive lock)."""
+
+
+def _table_name_taken(exc: DatabaseError, layout: SheetLayout) -> ConflictError | None:
+    if exc.sqlstate == "23505" and TABLE_NAME_CONSTRAINT in str(exc):
+        return ConflictError(
+            f"sheet {layout.namespace!r} of play {layout.play!r} would share the table "
+            f"{layout.table} with another sheet (the names' hashes collide); use another "
+            "table namespace"
+        )
+    return None
+
+
+async def _transaction_once(
+    port: Port,
+    layout: SheetLayout,
+    fields: list[str],
+    op: Callable[[Connection, SheetTxn], Awaitable[T]],
+    mode: LockMode,
+    timeout_ms: int,
+    clock: PhaseClock,
+) -> T:
+    waited_before = permit_wait_seconds(port)
+    started = time.perf_counter()
+    checked_out = False
+    try:
+        async with port.connection(SHEET_LANE) as conn:
+            checked_out = True
+            elapsed = time.perf_counter() - started
+            waited_after = permit_wait_seconds(port)
+            waited = 0.0
+            if waited_before is not None and waited_after is not None:
+                waited = min(max(waited_after - waited_before, 0.0), elapsed)
+            clock.add("permit_wait", waited)
+            clock.add("connect", elapsed - waited)
+            async with conn.transaction(on_phase=clock.add):
+                settings = await conn.fetchrow(_SETTINGS, str(timeout_ms))
+                conn.note_transaction_id(settings["xid"])
+                sheet = await _lock_sheet(conn, port, layout, fields, mode)
+                return await op(conn, sheet)
+    except BaseException:
+        if not checked_out:  # the checkout itself failed (re-raised below)
+            clock.add("connect", time.perf_counter() - started, failed=True)
+        raise
+
+
+async def _lock_sheet(
+    conn: Connection, port: Port, layout: SheetLayout, fields: list[str], mode: LockMode
+) -> SheetTxn:
+    """Take the sheet lock and claim its summary row; learn the columns of `fields`."""
+    summary = table(port, "sheet_summary")
+    try:
+        if mode == "shared":
+            statement = lock_shared_statement(port, layout, fields)
+            record = await conn.fetchrow(statement.sql, *statement.args)
+            names = record["columns"]
+            if any(name is None for name in names):
+                raise _UnregisteredField("a field has no registered column yet")
+            return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))))
+        await conn.execute(_LOCK_EXCLUSIVE, sheet_lock_key(port, layout))
+        server_version = await conn.fetchval(
+            _LOCK_SUMMARY.format(summary=summary), *layout.counter_args, layout.table
+        )
+        try:
+            columns = await prepare_columns(conn, port, layout, fields)
+        except InsufficientPrivilegeError as exc:
+            raise InsufficientPrivilegeError(
+                f"sheet {layout.namespace!r} needs a new table or column, which this "
+                "login may not create (a database session runs no DDL: let the gateway "
+                f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
+            ) from exc
+        return SheetTxn(server_version, columns, exclusive=True)
+    except MissingRelationError:
+        raise
+    except DatabaseError as exc:
+        conflict = _table_name_taken(exc, layout)
+        if conflict is not None:
+            raise conflict from exc
+        raise
+
+
+async def run_sheet_transaction(
+    port: Port,
+    layout: SheetLayout,
+    fields: Iterable[str],
+    op: Callable[[Connection, SheetTxn], Awaitable[T]],
+    *,
+    timeout_ms: int,
+    clock: PhaseClock | None = None,
+    mode: LockMode = "shared",
+) -> T:
+    """Run `op(conn, sheet)` in one sheet write transaction (see the module docstring).
+
+    `fields` are the fields whose columns `op` may reference (`sheet.columns(field)`); under the
+    exclusive lock they are created and registered first. `op` must be safe to run again from scratch (it is, after a rollback).
+    """
+    fields = list(fields)
+    clock = clock if clock is not None else PhaseClock()
+    repaired = False
+    while True:
+        try:
+            return await _transaction_once(port, layout, fields, op, mode, timeout_ms, clock)
+        except MissingRelationError:
+            if mode == "shared":
+                mode = "exclusive"
+                clock.column_retries += 1
+                continue
+            if repaired:
+                raise
+            repaired = True
+            await port.repair_schema()

@@ -1,0 +1,41 @@
+"""Statements built with their arguments: SQL text and bind values travel together.
+
+How it works
+- A builder allocates each bind as it writes the text that uses it (`BindParams.add` returns
+  the `$n::cast` to write, and keeps the value), so a bind's number is never written by hand,
+  and a value the text does not use is never sent. `BindParams.statement(sql)` pairs the
+  text with the values.
+- Values are always binds; identifiers go through `engine.sql.quote_ident`.
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class Statement:
+    """SQL text and the arguments of its binds, in order."""
+
+    sql: str
+    args: tuple[Any, ...]
+
+
+class BindParams:
+    """Allocates `$n` bind positions while a statement is built (values stay binds)."""
+
+    def __init__(self, first: int = 1) -> None:
+        self.values: list[Any] = []
+        self.first = first
+
+    def add(self, value: Any, cast: str) -> str:
+        self.values.append(value)
+        return f"${self.first + len(self.values) - 1}::{cast}"
+
+    def statement(self, sql: str) -> Statement:
+        """`sql` with the values allocated so far (the builder starts at `$1`)."""
+        assert self.first == 1, "a statement's binds start at $1"
+        return Statement(sql, tuple(self.values))
