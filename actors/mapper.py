@@ -42,7 +42,6 @@ How it works
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, AsyncIterable, Callable, Sequence
 
@@ -50,7 +49,7 @@ import attrs
 import trio
 
 from runplane.engine import array_input, runs, sheets
-from runplane.engine.errors import EngineError, InvalidInputError, leaf_errors
+from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
 
 from .admission import admit_pages, stream_pages
 from .completer import batch_outcomes, flush_unsettled, write_outcomes
@@ -63,19 +62,6 @@ from .workers import call_row, release_retries, work
 __all__ = ["map_rows", "call_row"]  # call_row: the shared worker's, imported from here
 
 log = logging.getLogger("runplane.actors")
-
-
-@contextlib.contextmanager
-def unwrap_single_error():
-    """Let one actor's ordinary error (a store failure, a bad row) out as itself, not wrapped in
-    the nursery's exception group, so callers can `except EngineError`."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = leaf_errors(group)
-        if len(leaves) == 1 and isinstance(leaves[0], Exception):
-            raise leaves[0]
-        raise
 
 
 async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
@@ -102,7 +88,7 @@ async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
         await retry_transient(lambda: sheets.ensure_sheet(
             plan.port, plan.ref.scope.play_scope, plan.table_namespace, plan.contract))
 
-    with unwrap_single_error():  # three independent reads and writes at once
+    with unwrap_single_error(Exception):  # three independent reads and writes at once
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ensure_sheet)
             if listed_source is not None:
@@ -110,7 +96,7 @@ async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
                 if plan.fast_admission:
                     nursery.start_soon(listed_source.count_sheet_rows, plan.ref.scope.play_scope)
     try:
-        with unwrap_single_error():
+        with unwrap_single_error(Exception):
             async with trio.open_nursery() as nursery:
                 # Capacities: one streamed page ahead of admission (a list is read in place);
                 # about two batches per worker in each

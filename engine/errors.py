@@ -198,13 +198,14 @@ def leaf_errors(exc: BaseException) -> list[BaseException]:
 
 
 @contextlib.contextmanager
-def unwrap_single_error() -> Iterator[None]:
-    """Let a lone error out of the block's (nested) exception groups as itself, so callers can
-    catch one typed error; a group of several errors passes unchanged."""
+def unwrap_single_error(kind: type[BaseException] = BaseException) -> Iterator[None]:
+    """Let a lone error of `kind` out of the block's (nested) exception groups as itself, so
+    callers can catch one typed error (its own cause kept); a group of several errors, or of
+    one error of another kind, passes unchanged."""
     try:
         yield
     except BaseExceptionGroup as group:
         leaves = leaf_errors(group)
-        if len(leaves) == 1:
-            raise leaves[0] from None
+        if len(leaves) == 1 and isinstance(leaves[0], kind):
+            raise leaves[0] from leaves[0].__cause__
         raise

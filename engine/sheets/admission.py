@@ -107,7 +107,7 @@ class _PageRefused(Exception):
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
     "texts": optional(list_of(STR)), "force": BOOL,
-}, result=ADMISSION, local=("within",), deadline_s=30.0)
+}, result=ADMISSION, local=("within",), deadline_s=600.0)  # a big first admission may take minutes
 async def admit(
     port: Port,
     run: RunRef,
