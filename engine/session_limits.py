@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import attrs
 
+from .bounds import is_int
 from . import jwe, pg
 from .errors import InvalidInputError, TooManySessionsError
 from .session_isolation import SCOPES_TABLE
@@ -91,7 +92,7 @@ def _limit(floor: int):
     def check(_instance: object, attribute: Any, value: object) -> None:
         if value is None:
             return
-        if isinstance(value, bool) or not isinstance(value, int) or not floor <= value <= _MAX_LIMIT:
+        if not is_int(value, floor, _MAX_LIMIT):
             raise InvalidInputError(
                 f"limits.{attribute.name} must be an integer from {floor} to {_MAX_LIMIT} or "
                 f"absent, got {value!r}")

@@ -33,6 +33,7 @@ import attrs
 import httpx
 import trio
 
+from ..bounds import is_int
 from ..actions import Action, RemotePort
 from ..diagnostics import DiagnosticsQueue
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError
@@ -183,7 +184,7 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
         raise InvalidInputError(f"the gateway URL must be http(s)://host:port, got {url!r}")
     if not isinstance(token, str) or not token.strip():
         raise InvalidInputError("a gateway token is required (RUNPLANE_TOKEN)")
-    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+    if not is_int(max_in_flight, 1):
         raise InvalidInputError(f"max_in_flight must be a positive integer, got {max_in_flight!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise InvalidInputError("retry must be a RetryPolicy or None")

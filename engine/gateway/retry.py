@@ -27,14 +27,14 @@ from typing import Any, Literal
 
 import attrs
 
+from ..bounds import is_number
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError, StoreUnavailableError
 from . import protocol
 
 
 def _non_negative(name: str):
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
-                or not math.isfinite(value):
+        if not is_number(value, 0, finite=True):
             raise InvalidInputError(f"RetryPolicy.{name} must be a finite number >= 0, got {value!r}")
 
     return check

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
+from ..bounds import is_int
 from ..actions import Action
 from ..errors import InvalidInputError
 from ..scopes import normalize_namespace
@@ -46,7 +47,7 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     rows = arguments["rows"]
     offset = arguments.get("input_offset", 0)
     indexes = arguments.get("input_indexes")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+    if not is_int(offset, 0):
         raise InvalidInputError(f"input_offset must be an integer >= 0, got {offset!r}")
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
         raise InvalidInputError("rows must be a sequence of dicts")

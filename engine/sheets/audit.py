@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from ..bounds import is_int
 from .. import canonical
 from ..actions import action
 from ..codecs import INT, PLAY_SCOPE, RAW, STR, TEXT, dict_of, list_of, optional, record
@@ -123,7 +124,7 @@ SELECT _run_id,
 """)
 
 def _check_limit(limit: object) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if not is_int(limit, 1):
         raise InvalidInputError(f"limit must be a positive integer, got {limit!r}")
 
 

@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import attrs
 
+from ..bounds import is_int
 from ..actions import RemotePort, action
 from ..codecs import INT, PLAY_SCOPE, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
@@ -233,8 +234,7 @@ class Dataset:
 
     async def materialize(self, limit: int | None = None) -> list[dict]:
         """The matching rows as a list (at most `limit` of them; all when None)."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                  or limit < 0):
+        if limit is not None and not is_int(limit, 0):
             raise InvalidInputError(f"limit must be an integer >= 0 or None, got {limit!r}")
         out: list[dict] = []
         if limit == 0:

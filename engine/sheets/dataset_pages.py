@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from ..bounds import is_int
 from ..codecs import INT, STR, TIMESTAMP, optional, record
 from ..errors import InvalidInputError
 
@@ -114,8 +115,7 @@ def check_filters(status: Any, run_id: Any, fields: Any) -> Filters:
 
 
 def check_page_rows(page_rows: Any) -> int:
-    if isinstance(page_rows, bool) or not isinstance(page_rows, int) \
-            or not 1 <= page_rows <= MAX_PAGE_ROWS:
+    if not is_int(page_rows, 1, MAX_PAGE_ROWS):
         raise InvalidInputError(f"page rows must be an integer from 1 to {MAX_PAGE_ROWS}, "
                                 f"got {page_rows!r}")
     return page_rows

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import attrs
 
+from ..bounds import is_int
 from .. import canonical
 from ..canonical import is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
@@ -93,7 +94,7 @@ def check_input_indexes(input_indexes: Any, count: int) -> None:
             or len(input_indexes) != count:
         raise InvalidInputError("input_indexes must be a sequence as long as rows")
     for position, index in enumerate(input_indexes):
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        if not is_int(index, 0):
             raise InvalidInputError(f"input_indexes[{position}] must be an integer >= 0")
 
 
@@ -117,7 +118,7 @@ def prepare_rows(
     already (`engine.array_input.encode_source`): the rows are then taken as they are —
     normalized, and the caller's own — and not encoded again.
     """
-    if isinstance(input_offset, bool) or not isinstance(input_offset, int) or input_offset < 0:
+    if not is_int(input_offset, 0):
         raise InvalidInputError(f"input_offset must be an integer >= 0, got {input_offset!r}")
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
         raise InvalidInputError("rows must be a sequence of dicts")

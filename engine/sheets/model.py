@@ -30,6 +30,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import attrs
 
+from ..bounds import is_int
 from .. import canonical
 from ..codecs import (
     FLOAT, INT, INT32_MAX, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
@@ -83,8 +84,7 @@ DEFAULT_ROW_ERROR = "Row execution failed."
 def check_give_up_after(value: object) -> None:
     """`give_up_after`: None, or how many failed runs block a row (an integer column bounds
     it); the one check, wherever the value enters."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or not 1 <= value <= INT32_MAX):
+    if value is not None and not is_int(value, 1, INT32_MAX):
         raise InvalidInputError(
             f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
@@ -184,7 +184,7 @@ def _non_empty_str(name: str):
 
 def _non_negative_int(name: str, high: int = 2**63 - 1):
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        if not is_int(value, 0, high):
             raise InvalidInputError(f"{name} must be an integer from 0 to {high}, got {value!r}")
 
     return check
@@ -259,7 +259,7 @@ def _map_scope(_instance: object, _attribute: object, value: object) -> None:
 
 
 def _ordinal(_instance: object, _attribute: object, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value, 0):
         raise InvalidInputError(f"StagedPage.ordinal must be an integer >= 0, got {value!r}")
 
 
@@ -314,14 +314,14 @@ def _outcome_optional(kind: type, name: str):
 
 
 def _outcome_attempts(instance: Any, _attribute: object, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+    if not is_int(value, 1, MAX_ATTEMPTS):
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: attempts must be an integer from 1 to {MAX_ATTEMPTS}"
         )
 
 
 def _outcome_index(instance: Any, _attribute: object, value: object) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+    if value is not None and not is_int(value, 0):
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: input_index must be an integer >= 0 or None"
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bounds import is_int
 from .. import canonical
 from ..actions import action
 from ..codecs import INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
@@ -103,7 +104,7 @@ def _check_page(limit: object, offset: object) -> int:
     """The limit to use (clamped to 1..`MAX_READ_ROWS`); `InvalidInputError` for a limit or
     offset that is no integer >= 0."""
     for name, value in (("limit", limit), ("offset", offset)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value, 0):
             raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
     return min(max(limit, 1), MAX_READ_ROWS)  # type: ignore[type-var]
 
