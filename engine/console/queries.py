@@ -30,6 +30,7 @@ from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
 from ..sheets.audit import RUN_ROWS_SQL
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
+from ..sheets.model import with_row_statuses
 
 T = TypeVar("T")
 
@@ -247,21 +248,21 @@ class RunTable:
     top_errors: list[tuple[str | None, int]] | None
 
 
-_RUN_TABLE = """
-SELECT count(*) FILTER (WHERE _status = 'pending') AS pending,
-       count(*) FILTER (WHERE _status = 'running') AS running,
-       count(*) FILTER (WHERE _status = 'enriched') AS enriched,
-       count(*) FILTER (WHERE _status = 'failed') AS failed,
+_RUN_TABLE = with_row_statuses("""
+SELECT count(*) FILTER (WHERE _status = {PENDING}) AS pending,
+       count(*) FILTER (WHERE _status = {RUNNING}) AS running,
+       count(*) FILTER (WHERE _status = {ENRICHED}) AS enriched,
+       count(*) FILTER (WHERE _status = {FAILED}) AS failed,
        coalesce(sum(greatest(_attempts - 1, 0)), 0)::bigint AS retries,
-       count(*) FILTER (WHERE _status = 'failed' AND starts_with(_error, $2)) AS timeouts
+       count(*) FILTER (WHERE _status = {FAILED} AND starts_with(_error, $2)) AS timeouts
   FROM {t} WHERE _run_id = $1
-"""
+""")
 
-_TOP_ERRORS = """
+_TOP_ERRORS = with_row_statuses("""
 SELECT _error AS error, count(*) AS n FROM {t}
- WHERE _status = 'failed' AND ($1::text IS NULL OR _run_id = $1::text)
+ WHERE _status = {FAILED} AND ($1::text IS NULL OR _run_id = $1::text)
  GROUP BY _error ORDER BY n DESC, error ASC NULLS LAST LIMIT {limit}
-"""
+""")
 
 
 def _counters(record: Any) -> TableCounters:

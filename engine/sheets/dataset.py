@@ -40,13 +40,14 @@ from .dataset_pages import (
     check_page_rows, count_statement, fetch_page, lines_statement, resolve,
 )
 from .layout import layout_for
+from .model import RowStatus
 
 _COUNTERS = """
 SELECT total, queued, running, completed, failed FROM {summary}
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 """
-_COUNTER_OF_STATUS = {None: "total", "pending": "queued", "running": "running",
-                      "enriched": "completed", "failed": "failed"}
+_COUNTER_OF_STATUS = {None: "total", RowStatus.PENDING: "queued", RowStatus.RUNNING: "running",
+                      RowStatus.ENRICHED: "completed", RowStatus.FAILED: "failed"}
 
 
 @action("sheets.read_page", params={

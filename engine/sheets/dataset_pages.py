@@ -36,10 +36,11 @@ from ..pg import Connection
 from ..ports import Port, table
 from ..sql import quote_ident
 from .layout import FOREIGN_TABLE, BindParams, SheetLayout, existing_columns, foreign_table_error
+from .model import RowStatus
 from .reading import REGISTERED_FIELDS, check_run_id
 from .reuse import member_condition
 
-STATUSES = ("pending", "running", "enriched", "failed")
+STATUSES = tuple(status.value for status in RowStatus)
 MAX_PAGE_ROWS = 10_000
 POLICY_COLUMNS = ("_attempts", "_failed_runs")
 ORDER = "_input_index, _created_at, _key"

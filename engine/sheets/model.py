@@ -74,6 +74,8 @@ def with_row_statuses(template: str) -> str:
     """An SQL template with its row-status fields (`{PENDING}`, `{ENRICHED}`…) filled in as
     literals; its other fields are left for a later `format`."""
     return _STATUS_FIELD.sub(lambda m: RowStatus[m.group(1)].sql, template)
+
+
 FENCE_REASONS = (
     "stale_write_version", "unadmitted", "attempt_superseded", "already_completed", "missing",
 )

@@ -33,6 +33,7 @@ from ..scopes import RunRef, check_scope, normalize_namespace
 
 from ..canonical import is_clean_str
 from .inputs import ALWAYS_SAFE_KEY_CHARS, check_key
+from .model import with_row_statuses
 
 # $1 org, $2 play, $3 namespace, $4 run id, $5 epoch, $6 digests, $7 other keys
 _RECORD = """
@@ -42,7 +43,7 @@ VALUES ($1, $2, $3, $4, $5, $6::bytea, $7::text[])
 
 # The rows run $3 reused, from the recorded keys (each found by its primary key), for
 # `read_rows`: `{reuse}` the membership table, `{t}` the sheet; $4 org, $5 play, $6 namespace.
-MEMBERS = """
+MEMBERS = with_row_statuses("""
 recorded AS MATERIALIZED (
     SELECT r.epoch, r.digests || ''::bytea AS digests, r.keys FROM {reuse} AS r
      WHERE r.org_id = $4 AND r.play = $5 AND r.table_namespace = $6 AND r.run_id = $3
@@ -60,22 +61,22 @@ reused AS MATERIALIZED (
     SELECT s.*
       FROM reused_keys AS k
       CROSS JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = k.key LIMIT 1) AS s
-     WHERE s._status = 'enriched' AND s._write_version < k.epoch
+     WHERE s._status = {ENRICHED} AND s._write_version < k.epoch
        AND s._run_id IS DISTINCT FROM $3
-)"""
+)""")
 
 
 # $run the run id, $org, $play, $namespace its sheet (bind expressions from the caller).
 # `digests || ''` reads a membership row's digests once (they are stored uncompressed out of
 # line, so each `substring` of the stored value would fetch its slice again).
-_MEMBER = """(_run_id = {run} OR (_status = 'enriched' AND _key IN (
+_MEMBER = with_row_statuses("""(_run_id = {run} OR (_status = {ENRICHED} AND _key IN (
     SELECT encode(substring(r.digests FROM i * 16 + 1 FOR 16), 'hex')
       FROM (SELECT r.digests || ''::bytea AS digests FROM {reuse} AS r WHERE {recorded}
             OFFSET 0) AS r
       CROSS JOIN LATERAL generate_series(0, coalesce(length(r.digests), 0) / 16 - 1) AS i
     UNION ALL
     SELECT k.key FROM {reuse} AS r CROSS JOIN LATERAL unnest(r.keys) AS k(key) WHERE {recorded}
-  ) AND _write_version < (SELECT max(r.epoch) FROM {reuse} AS r WHERE {recorded})))"""
+  ) AND _write_version < (SELECT max(r.epoch) FROM {reuse} AS r WHERE {recorded})))""")
 
 
 def member_condition(reuse: str, run: str, org: str, play: str, namespace: str) -> str:
