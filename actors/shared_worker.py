@@ -7,26 +7,34 @@ How it works
   missing function refuses, `ConflictError`), then serve it while it has claimable units.
   With `exit_when_idle` it waits up to `idle_wait_s` for a map to appear and returns once no
   waiting or open map of the play has a unit not done; otherwise it runs until cancelled.
-- `MapWorker.serve` claims units in batches (one statement, its fair share) and runs them in
-  claim order, `UNITS_IN_FLIGHT` at once; a renewer renews the batch's leases every `renew_s` and cancels the work of a unit
-  no longer held (taken over, or the map cancelled or closed): its rows stop, nothing of it is
-  written.
-- A unit: its staged page is read (`array_input.read_page`, kept while the next unit is on the
-  same page), its rows are admitted under the unit's own `Attempt` (the lease's holder id,
-  with a row lease of 0 s: the unit's lease guards the rows) in a transaction that also checks
-  the lease (`shared_maps.unit_guard`: a holder whose unit was taken over cannot take its rows
-  back),
-  run under the map's row policies (rate limit, row timeout, retries in place; `give_up_after`
-  at admission), and completed in one transaction that also checks the lease and marks the
-  unit done with its counters (`engine.shared_units`: actions, so a worker behind a gateway
-  works the same). A completion that finds the lease lost rolls back (`LeaseLostError`): the
-  unit is the new holder's.
-  No permit is held while the function runs; at most `concurrency` rows run at once.
+  Store calls ride out an outage for the port's outage budget (`actors.retry`), then the
+  worker ends with `StoreOutageError`; its leases expire and other workers take them.
+- `MapWorker.serve` runs four kinds of task. The **claimer** claims units (one statement,
+  its fair share; about `GROUP_S` of work at the worker's measured rate, 1 to `MAX_CLAIM`
+  units) and admits the rows each claim still has to run in one transaction
+  (`engine.shared_units.admit_units`, the leases checked in it); it claims again once the
+  rows not yet started would last less than `PREFETCH_S`, holding at most `CLAIMS_HELD`
+  claims. `concurrency` **runners** take the admitted rows one by one and run them under the
+  map's row policies (rate limit, row timeout, retries in place). The **flusher** records
+  what was computed in small batches (`engine.shared_units.complete_units`: the outcomes, and
+  each unit's settled mask, counters and done mark, in one transaction per claim): a batch
+  goes `LINGER_S` after its first outcome, or at once when `FLUSH_ROWS` wait or no row is left
+  to run. So a worker killed with SIGKILL loses its calls in flight and at most what it
+  computed in the last `LINGER_S` (plus a batch in its commit); the rows it recorded stay
+  settled and the next holder runs only the rest. The **renewer** renews the leases every
+  `renew_s` and stops the work of a unit no longer held (taken over, or the map cancelled or
+  closed): its calls are cancelled and nothing more of it is written. A batch refused with
+  `LeaseLostError` (a lease lost meanwhile) makes the flusher ask which units are still held
+  and write the rest.
+- No permit is held while the function runs; at most `concurrency` rows run at once.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
+import os
 from typing import Any, Awaitable, Callable
 
 import attrs
@@ -37,60 +45,84 @@ from runplane.engine import shared_maps as sm
 from runplane.engine.errors import LeaseLostError
 from runplane.engine.ports import Port
 from runplane.engine.sheets import AdmittedRow, RowOutcome
+from runplane.engine.shared_leases import (
+    MAX_CLAIM, Settlement, UnitLease, claim_units, mask_of, mask_text, renew, unit_of,
+)
+from runplane.engine.tenant import outage_budget
 
 from .map_state import MapPlan
 from .mapper import call_row
 from .pacing import open_pacer
 from .policies import RowTimeoutError
-from .retry import retry_transient
+from .retry import OutageWatch, current_watch, install_watch, reset_watch, retry_transient
 from .shared_config import PlayFile, check_published, decode_config
 
 log = logging.getLogger("runplane.actors")
 
 POLL_S = 0.5
 IDLE_WAIT_S = 60.0
-UNITS_IN_FLIGHT = 2  # units one worker runs at once (a SIGKILL loses at most their outcomes)
+LINGER_S = 0.2      # computed outcomes are written at most this long after the first of a batch
+FLUSH_ROWS = 2000   # ... or at once when this many wait, or when no row is left to run
+GROUP_S = 1.0       # a claim takes about this long of work at the worker's rate ...
+FIRST_CLAIM = 2     # ... and this many units before the rate is known
+PREFETCH_S = 0.5    # the next claim is made when the rows not yet started last less than this
+CLAIMS_HELD = 2     # claims a worker holds at once (the one running and the next one)
+RATE_WINDOW_S = 0.5
 
 
-@attrs.define(eq=False)
-class UnitTally:
-    """What one unit did (besides what its completion applies), recorded with its done mark."""
-
-    rows: int = 0
-    cached: int = 0
-    blocked: int = 0
-    skipped: int = 0
-    executed: int = 0
-    calls: int = 0
-    retried: int = 0
-    timed_out: int = 0
-
-
-async def run_row(plan: MapPlan, pacer: Any, admitted: AdmittedRow,
-                  tally: UnitTally) -> RowOutcome:
+async def run_row(plan: MapPlan, pacer: Any, admitted: AdmittedRow) -> tuple[RowOutcome, int]:
     """A row under the map's policies: called, retried in place while the retry policy says
-    so, its outcome recording the calls it took."""
-    calls = 0
+    so; its outcome (recording the calls it took) and how many of its calls timed out."""
+    calls = timeouts = 0
     while True:
         calls += 1
         if pacer is not None:
             await pacer.take()
-        tally.calls += 1
-        if calls > 1:
-            tally.retried += 1
         outcome, error = await call_row(plan, admitted, calls)
         if error is None:
-            return outcome
+            return outcome, timeouts
         if isinstance(error, RowTimeoutError):
-            tally.timed_out += 1
+            timeouts += 1
         if plan.retry is None or not plan.retry.retries(error, calls):
-            return outcome
+            return outcome, timeouts
         await trio.sleep(plan.retry.delay_s(calls))
 
 
 @attrs.define(eq=False)
+class UnitWork:
+    """One held unit: what is recorded of it, and what was decided since."""
+
+    lease: UnitLease
+    recorded: int                   # the settled mask as the database has it
+    decided: int = 0                # rows settled since (admission decisions, outcomes)
+    outcomes: list[RowOutcome] = attrs.field(factory=list)
+    tally: collections.Counter = attrs.field(factory=collections.Counter)
+    lost: bool = False
+    calls: set[trio.CancelScope] = attrs.field(factory=set)
+
+    def bit(self, input_index: int) -> int:
+        return 1 << (input_index - self.lease.low)
+
+    def finish(self, admitted: AdmittedRow, outcome: RowOutcome, timeouts: int) -> None:
+        self.decided |= self.bit(admitted.input_index)
+        self.outcomes.append(outcome)
+        self.tally.update(executed=1, calls=outcome.attempts, retried=outcome.attempts - 1,
+                          timed_out=timeouts)
+
+
+@attrs.define(eq=False)
+class Claim:
+    holder: str
+    units: dict[int, UnitWork]
+
+    @property
+    def leases(self) -> list[UnitLease]:
+        return [work.lease for work in self.units.values()]
+
+
+@attrs.define(eq=False)
 class MapWorker:
-    """One worker's service of one shared map."""
+    """One worker's service of one shared map (see the module docstring)."""
 
     port: Port
     worker_id: str
@@ -100,125 +132,272 @@ class MapWorker:
     renew_s: float
     pacer: Any = None
     units_run: int = 0
-    # Fault injection (simulations): awaited at each stage of a unit ("claimed", "admitted",
-    # "computed", "completed") with the lease and, once completed, the outcomes written.
-    fault: Callable[[str, sm.UnitLease, Any], Awaitable[None]] | None = None
+    # Fault injection (simulations): awaited at each stage ("claimed", "admitted" with a
+    # claim's leases; "computed" before a batch is written and "completed" after, with its
+    # leases and, once completed, its `(settlements, outcomes)`).
+    fault: Callable[[str, list[UnitLease], Any], Awaitable[None]] | None = None
     renewing: bool = True  # a simulation stalls a worker's renewals to let its leases expire
-    _page: tuple[int, Any] | None = None
-    _held: dict[int, tuple[sm.UnitLease, trio.CancelScope]] = attrs.field(factory=dict)
-    _reading: trio.Lock = attrs.field(factory=trio.Lock)
+    _claims: list[Claim] = attrs.field(factory=list)
+    _queue: collections.deque = attrs.field(factory=collections.deque)
+    _running: int = 0
+    _waiting_rows: int = 0          # outcomes computed, not yet written
+    _work: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _flush_wanted: trio.Event = attrs.field(factory=trio.Event)
+    _urgent: trio.Event = attrs.field(factory=trio.Event)
+    _pages: dict = attrs.field(factory=dict)
+    _claim_prefix: str = attrs.field(factory=lambda: os.urandom(3).hex())
+    _claim_no: int = 0
+    _finished: int = 0
+    _rate: float | None = None      # rows finished a second
+    _rate_mark: tuple[float, int] | None = None
 
-    async def read_rows(self, lease: sm.UnitLease) -> list[dict]:
-        async with self._reading:  # units in flight of one page read it once
-            return await self._read_rows(lease)
+    # -- the claimer -------------------------------------------------------------------------
 
-    async def _read_rows(self, lease: sm.UnitLease) -> list[dict]:
-        if self._page is None or self._page[0] != lease.page:
+    def _threshold(self) -> float:
+        return max(self.plan.concurrency, (self._rate or 0.0) * PREFETCH_S)
+
+    def _claim_size(self) -> int:
+        if self._rate is None:
+            return FIRST_CLAIM
+        unit_rows = max(1, max((w.lease.row_count for c in self._claims
+                                for w in c.units.values()), default=sm.UNIT_ROWS))
+        return max(1, min(MAX_CLAIM, math.ceil(self._rate * GROUP_S / unit_rows)))
+
+    async def _claim_loop(self) -> None:
+        ref, mid = self.plan.ref, self.shared.map_invocation_id
+        while True:
+            while len(self._claims) >= CLAIMS_HELD or len(self._queue) > self._threshold():
+                await self._changed.park()
+            self._claim_no += 1
+            holder = f"{self.worker_id}/{self._claim_prefix}{self._claim_no}"
+            limit = self._claim_size()
+            leases = await retry_transient(lambda: claim_units(
+                self.port, ref, mid, holder, limit=limit))
+            if not leases:
+                if not self._claims:
+                    return  # nothing held, nothing claimable
+                await self._changed.park()  # a unit finished or was lost: look again
+                continue
+            await self._stage("claimed", leases)
+            await self._admit(Claim(holder, {lease.unit: UnitWork(lease, mask_of(lease.settled))
+                                             for lease in leases}))
+
+    async def _page(self, ordinal: int) -> Any:
+        if ordinal not in self._pages:
             scope = self.plan.ref.scope.map(self.shared.table_namespace,
                                             self.shared.map_invocation_id)
-            page = await retry_transient(lambda: array_input.read_page(
-                self.port, scope, lease.page))
-            self._page = (lease.page, page)
-        page = self._page[1]
-        start = lease.low - page.offset
-        return [occurrence.data for occurrence in page.rows[start:start + lease.row_count]]
+            page = await retry_transient(lambda: array_input.read_page(self.port, scope, ordinal))
+            if len(self._pages) >= 2:
+                self._pages.pop(next(iter(self._pages)))
+            self._pages[ordinal] = page
+        return self._pages[ordinal]
 
-    async def run_unit(self, lease: sm.UnitLease) -> bool:
-        """Admit, run and complete one unit; False when its lease was lost meanwhile."""
+    async def _admit(self, claim: Claim) -> None:
+        """Admit the claim's unsettled rows, then queue the pending ones and note what the
+        admission settled (cache hits, blocked and skipped rows) for the next batch."""
         plan = self.plan
-        await self._stage("claimed", lease)
-        rows = await self.read_rows(lease)
+        rows, indexes = [], []
+        for work in claim.units.values():
+            lease = work.lease
+            page = await self._page(lease.page)
+            start = lease.low - page.offset
+            for offset in range(lease.row_count):
+                if not work.recorded >> offset & 1:
+                    rows.append(page.rows[start + offset].data)
+                    indexes.append(lease.low + offset)
         try:
-            admission = await retry_transient(lambda: shared_units.admit_unit(
-                self.port, plan.ref, self.shared.map_invocation_id, self.worker_id, lease,
-                plan.table_namespace, plan.contract, rows, cell_policies=plan.cell_policies,
-                give_up_after=plan.give_up_after))
+            admission = await retry_transient(lambda: shared_units.admit_units(
+                self.port, plan.ref, self.shared.map_invocation_id, claim.leases,
+                plan.table_namespace, plan.contract, rows, indexes,
+                cell_policies=plan.cell_policies, give_up_after=plan.give_up_after))
         except LeaseLostError as exc:
             log.info("worker %s: %s", self.worker_id, exc)
-            return False
-        tally = UnitTally(rows=len(rows), cached=admission.cached or len(admission.completed),
-                          blocked=len(admission.blocked), skipped=admission.skipped)
-        await self._stage("admitted", lease)
-        outcomes: list[RowOutcome] = []
+            return
+        leases = claim.leases
+        pending = {work.lease.unit: 0 for work in claim.units.values()}
+        for admitted in admission.pending:
+            work = claim.units[unit_of(leases, admitted.input_index).unit]
+            pending[work.lease.unit] |= work.bit(admitted.input_index)
+        for row in admission.blocked:
+            work = claim.units[unit_of(leases, row.input_index).unit]
+            work.tally["blocked"] += 1
+        # Cache hits and duplicates are counted per claim: spread them over the units whose
+        # admitted rows they were (only their sums are read).
+        cached, skipped = admission.cached, admission.skipped
+        for work in claim.units.values():
+            lease = work.lease
+            work.decided = lease.full & ~work.recorded & ~pending[lease.unit]
+            if not work.recorded:
+                work.tally["rows"] += lease.row_count
+            others = bin(work.decided).count("1") - work.tally["blocked"]
+            work.tally["skipped"] += (s := min(skipped, others))
+            work.tally["cached"] += (c := min(cached, others - s))
+            skipped, cached = skipped - s, cached - c
+        self._claims.append(claim)
+        for admitted in admission.pending:
+            self._queue.append((claim.units[unit_of(leases, admitted.input_index).unit],
+                                admitted))
+        self._work.unpark(count=len(admission.pending))
+        await self._stage("admitted", leases)
+        if any(work.decided for work in claim.units.values()):
+            self._want_flush(0)
 
-        pending = iter(admission.pending)
+    # -- the runners ---------------------------------------------------------------------------
 
-        async def run_rows() -> None:
-            # One of the unit's row tasks: holds a slot of the worker's concurrency while it
-            # takes rows one after the other (a task and a slot per row cost more than a
-            # no-op call).
-            async with self.limiter:
-                for admitted in pending:
-                    outcomes.append(await run_row(plan, self.pacer, admitted, tally))
-                    tally.executed += 1
+    async def _run_rows(self) -> None:
+        while True:
+            while not self._queue:
+                await self._work.park()
+            work, admitted = self._queue.popleft()
+            if len(self._queue) <= self._threshold():
+                self._changed.unpark_all()
+            if work.lost:
+                continue
+            self._running += 1
+            try:
+                with trio.CancelScope() as scope:
+                    work.calls.add(scope)
+                    try:
+                        outcome, timeouts = await run_row(self.plan, self.pacer, admitted)
+                    finally:
+                        work.calls.discard(scope)
+            finally:
+                self._running -= 1
+            if scope.cancelled_caught or work.lost:
+                continue
+            work.finish(admitted, outcome, timeouts)
+            self._note_rate()
+            self._want_flush(1)
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(min(plan.concurrency, len(admission.pending))):
-                nursery.start_soon(run_rows)
-        await self._stage("computed", lease)
+    def _note_rate(self) -> None:
+        self._finished += 1
+        now = trio.current_time()
+        if self._rate_mark is None:
+            self._rate_mark = (now, self._finished)
+        elif now - self._rate_mark[0] >= RATE_WINDOW_S:
+            at, count = self._rate_mark
+            rate = (self._finished - count) / (now - at)
+            self._rate = rate if self._rate is None else (self._rate + rate) / 2
+            self._rate_mark = (now, self._finished)
+
+    # -- the flusher ---------------------------------------------------------------------------
+
+    def _want_flush(self, rows: int) -> None:
+        self._waiting_rows += rows
+        self._flush_wanted.set()
+        if self._waiting_rows >= FLUSH_ROWS or (not self._queue and not self._running):
+            self._urgent.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            with trio.move_on_after(LINGER_S):
+                await self._urgent.wait()
+            self._flush_wanted, self._urgent, self._waiting_rows = trio.Event(), trio.Event(), 0
+            for claim in list(self._claims):
+                await self._flush_claim(claim)
+
+    async def _flush_claim(self, claim: Claim) -> None:
+        batch = [(work, work.decided, len(work.outcomes), collections.Counter(work.tally))
+                 for work in claim.units.values() if work.decided and not work.lost]
+        if not batch:
+            return
+        settlements = []
+        for work, decided, _, tally in batch:
+            after = work.recorded | decided
+            settlements.append(Settlement(work.lease, mask_text(work.recorded), mask_text(after),
+                                          after == work.lease.full, dict(+tally)))
+        outcomes = [outcome for work, _, count, _ in batch for outcome in work.outcomes[:count]]
+        leases = [work.lease for work, *_ in batch]
+        await self._stage("computed", leases)
+        plan = self.plan
         try:
-            await retry_transient(lambda: shared_units.complete_unit(
-                self.port, plan.ref, self.shared.map_invocation_id, self.worker_id, lease,
-                plan.table_namespace, plan.contract, outcomes, attrs.asdict(tally)))
+            await retry_transient(lambda: shared_units.complete_units(
+                self.port, plan.ref, self.shared.map_invocation_id, self.worker_id,
+                settlements, plan.table_namespace, plan.contract, outcomes))
         except LeaseLostError as exc:
             log.info("worker %s: %s", self.worker_id, exc)
-            return False
-        self.units_run += 1
-        await self._stage("completed", lease, outcomes)
-        return True
+            if not await self._check_held(claim):
+                for work, *_ in batch:  # still held, yet refused: give the units up
+                    self._lose(work)
+            self._flush_wanted.set()  # the rest again
+            return
+        for work, decided, count, tally in batch:
+            work.recorded |= decided
+            work.decided &= ~decided
+            del work.outcomes[:count]
+            work.tally.subtract(tally)
+            if work.recorded == work.lease.full:
+                claim.units.pop(work.lease.unit, None)
+                self.units_run += 1
+        self._forget_if_empty(claim)
+        await self._stage("completed", leases, (settlements, outcomes))
 
-    async def _stage(self, stage: str, lease: sm.UnitLease, detail: Any = None) -> None:
-        if self.fault is not None:
-            await self.fault(stage, lease, detail)
+    # -- the renewer ---------------------------------------------------------------------------
 
-    async def renew_leases(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+    async def _renew_leases(self) -> None:
         while True:
             await trio.sleep(self.renew_s)
-            if not self.renewing:
-                continue
-            leases = [lease for lease, _ in self._held.values()]
-            held = await retry_transient(lambda: sm.renew(
-                self.port, self.plan.ref, self.shared.map_invocation_id, self.worker_id, leases))
-            for unit, (lease, scope) in list(self._held.items()):
-                if unit not in held:
-                    log.info("worker %s: lost unit %d of map %s", self.worker_id, unit,
-                             self.shared.map_invocation_id)
-                    scope.cancel()
+            if self.renewing:
+                await self._check_held()
+
+    async def _check_held(self, only: Claim | None = None) -> bool:
+        """Renew the held leases; stop the units no longer held. Whether some unit (of `only`,
+        when given) was found lost."""
+        works = [work for claim in list(self._claims) for work in claim.units.values()]
+        if not works:
+            return False
+        held = set(await retry_transient(lambda: renew(
+            self.port, self.plan.ref, self.shared.map_invocation_id, self.worker_id,
+            [work.lease for work in works])))
+        lost = False
+        for work in works:
+            if work.lease.unit not in held and not work.lost and (
+                    work.recorded != work.lease.full):
+                lost = lost or only is None or work.lease.unit in only.units
+                self._lose(work)
+        return lost
+
+    def _lose(self, work: UnitWork) -> None:
+        log.info("worker %s: lost unit %d of map %s", self.worker_id, work.lease.unit,
+                 self.shared.map_invocation_id)
+        work.lost = True
+        for scope in list(work.calls):
+            scope.cancel()
+        for claim in list(self._claims):
+            if claim.units.get(work.lease.unit) is work:
+                claim.units.pop(work.lease.unit)
+                self._forget_if_empty(claim)
+
+    def _forget_if_empty(self, claim: Claim) -> None:
+        if not claim.units and claim in self._claims:
+            self._claims.remove(claim)
+        self._changed.unpark_all()
+
+    async def _stage(self, stage: str, leases: list[UnitLease], detail: Any = None) -> None:
+        if self.fault is not None:
+            await self.fault(stage, leases, detail)
 
     async def serve(self) -> int:
-        """Claim and run units until none is claimable; the units this worker finished.
-
-        Units run in claim order, up to `UNITS_IN_FLIGHT` at once (one unit's completion
-        overlaps the next one's admission and rows); the next batch is claimed once the last
-        unit of the current one has started."""
+        """Claim and run units until none is claimable and none is held; the units this
+        worker finished. Store calls ride out outages for the port's outage budget."""
         self.pacer = open_pacer(self.port, self.plan.rate_limit)
-        in_flight = trio.Semaphore(UNITS_IN_FLIGHT)
-
-        async def run_one(lease: sm.UnitLease, scope: trio.CancelScope) -> None:
-            try:
-                with scope:
-                    await self.run_unit(lease)
-            finally:
-                self._held.pop(lease.unit, None)
-                in_flight.release()
-
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.renew_leases)
-            async with trio.open_nursery() as units:
-                while True:
-                    leases = await retry_transient(lambda: sm.claim_units(
-                        self.port, self.plan.ref, self.shared.map_invocation_id,
-                        self.worker_id))
-                    if not leases:
-                        break
-                    scopes = {lease.unit: trio.CancelScope() for lease in leases}
-                    self._held.update({lease.unit: (lease, scopes[lease.unit])
-                                       for lease in leases})
-                    for lease in leases:
-                        await in_flight.acquire()
-                        units.start_soon(run_one, lease, scopes[lease.unit])
-            nursery.cancel_scope.cancel()
+        token = None
+        if current_watch() is None:
+            token = install_watch(OutageWatch(outage_budget(
+                getattr(self.port, "outage_budget_s", None))))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._renew_leases)
+                nursery.start_soon(self._flush_loop)
+                for _ in range(max(1, min(self.plan.concurrency, int(self.limiter.total_tokens)))):
+                    nursery.start_soon(self._run_rows)
+                await self._claim_loop()
+                nursery.cancel_scope.cancel()
+        finally:
+            if token is not None:
+                reset_watch(token)
         return self.units_run
 
 
@@ -242,28 +421,32 @@ async def serve_play(port: Port, play: str, play_file: str, *, concurrency: int 
     """Serve the play's shared maps (see the module docstring); the units this worker ran."""
     loaded = PlayFile.load(play_file)
     worker_id = sm.new_worker_id()
-    await retry_transient(lambda: sm.join(port, play, worker_id))
-    task_status.started(worker_id)
-    limiter = trio.CapacityLimiter(concurrency or 16)
-    started = trio.current_time()
-    units = 0
-    seen = False  # a map of the play was seen: once none is left, an idle worker exits
-    while True:
-        maps = await retry_transient(lambda: sm.live_maps(port, play))
-        for shared in maps:
-            name = f"{shared.ref.run_id}/{shared.map_invocation_id}"
-            fn = check_published(loaded, name, shared.function, shared.play_digest)
-            if shared.state != sm.OPEN:
-                continue
-            plan = worker_plan(port, shared, fn, concurrency)
-            worker = MapWorker(port, worker_id, shared, plan, limiter,
-                               renew_s if renew_s is not None else shared.lease_s / 3)
-            units += await worker.serve()
-        if exit_when_idle:
-            seen = seen or bool(maps)
-            if not maps and (seen or trio.current_time() - started > idle_wait_s):
-                return units
-            if maps and await retry_transient(lambda: sm.units_remaining(port, play)) == 0:
-                return units
-        await trio.sleep(poll_s)
+    token = install_watch(OutageWatch(outage_budget(getattr(port, "outage_budget_s", None))))
+    try:
         await retry_transient(lambda: sm.join(port, play, worker_id))
+        task_status.started(worker_id)
+        limiter = trio.CapacityLimiter(concurrency or 16)
+        started = trio.current_time()
+        units = 0
+        seen = False  # a map of the play was seen: once none is left, an idle worker exits
+        while True:
+            maps = await retry_transient(lambda: sm.live_maps(port, play))
+            for shared in maps:
+                name = f"{shared.ref.run_id}/{shared.map_invocation_id}"
+                fn = check_published(loaded, name, shared.function, shared.play_digest)
+                if shared.state != sm.OPEN:
+                    continue
+                plan = worker_plan(port, shared, fn, concurrency)
+                worker = MapWorker(port, worker_id, shared, plan, limiter,
+                                   renew_s if renew_s is not None else shared.lease_s / 3)
+                units += await worker.serve()
+            if exit_when_idle:
+                seen = seen or bool(maps)
+                if not maps and (seen or trio.current_time() - started > idle_wait_s):
+                    return units
+                if maps and await retry_transient(lambda: sm.units_remaining(port, play)) == 0:
+                    return units
+            await trio.sleep(poll_s)
+            await retry_transient(lambda: sm.join(port, play, worker_id))
+    finally:
+        reset_watch(token)

@@ -165,12 +165,15 @@ async def test_cancelling_the_coordinator_stops_every_worker_nothing_half_writte
     assert status.state == "cancelled" and 1 <= status.done < status.units
     stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n",))
     enriched = sorted(row["n"] for row in stored.values() if row["_status"] == "enriched")
-    # whole units only: every enriched row belongs to a unit marked done, and the other way round
+    # nothing half-written: the rows enriched are exactly those the units' holders recorded
+    # as settled (in the transactions that wrote them), and counted
     async with tenant.connection("sheet") as conn:
-        done_units = await conn.fetch(
-            f'SELECT low, row_count FROM "{tenant.schema}".shared_units WHERE done')
-    assert enriched == sorted(n for u in done_units for n in range(u["low"],
-                                                                  u["low"] + u["row_count"]))
+        units = await conn.fetch(
+            f'SELECT low, row_count, coalesce(counters->>\'settled\', \'\') AS settled '
+            f'FROM "{tenant.schema}".shared_units')
+    settled = sorted(u["low"] + offset for u in units for offset in range(u["row_count"])
+                     if u["settled"] and int(u["settled"], 16) >> offset & 1)
+    assert enriched == settled
     assert status.counters["completed"] == len(enriched)
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why
