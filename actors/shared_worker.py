@@ -31,6 +31,7 @@ How it works
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import math
@@ -46,7 +47,7 @@ from runplane.engine.errors import LeaseLostError
 from runplane.engine.ports import Port
 from runplane.engine.sheets import AdmittedRow, RowOutcome
 from runplane.engine.shared_leases import (
-    MAX_CLAIM, Settlement, UnitLease, claim_units, mask_of, mask_text, renew, unit_of,
+    MAX_CLAIM, Settlement, UnitLease, claim_units, mask_of, mask_text, renew,
 )
 from runplane.engine.tenant import outage_budget
 
@@ -54,7 +55,7 @@ from .map_state import MapPlan
 from .mapper import call_row
 from .pacing import open_pacer
 from .policies import RowTimeoutError
-from .retry import OutageWatch, current_watch, install_watch, reset_watch, retry_transient
+from .retry import OutageWatch, install_watch, reset_watch, retry_transient
 from .shared_config import PlayFile, check_published, decode_config
 
 log = logging.getLogger("runplane.actors")
@@ -96,7 +97,10 @@ class UnitWork:
     recorded: int                   # the settled mask as the database has it
     decided: int = 0                # rows settled since (admission decisions, outcomes)
     outcomes: list[RowOutcome] = attrs.field(factory=list)
-    tally: collections.Counter = attrs.field(factory=collections.Counter)
+    tally: collections.Counter = attrs.field(factory=collections.Counter)  # admission's
+    executed: int = 0               # rows run since, and their calls, retries and timeouts
+    calls_made: int = 0
+    timed_out: int = 0
     lost: bool = False
     calls: set[trio.CancelScope] = attrs.field(factory=set)
 
@@ -104,10 +108,28 @@ class UnitWork:
         return 1 << (input_index - self.lease.low)
 
     def finish(self, admitted: AdmittedRow, outcome: RowOutcome, timeouts: int) -> None:
-        self.decided |= self.bit(admitted.input_index)
-        self.outcomes.append(outcome)
-        self.tally.update(executed=1, calls=outcome.attempts, retried=outcome.attempts - 1,
-                          timed_out=timeouts)
+        if not self.lost:
+            self.decided |= 1 << (admitted.input_index - self.lease.low)
+            self.outcomes.append(outcome)
+            self.executed += 1
+            self.calls_made += outcome.attempts
+            self.timed_out += timeouts
+
+    def taken(self) -> tuple[int, int, collections.Counter]:
+        """What the next batch records: decided rows, outcomes, counters."""
+        tally = collections.Counter(self.tally)
+        tally.update(executed=self.executed, calls=self.calls_made,
+                     retried=self.calls_made - self.executed, timed_out=self.timed_out)
+        return self.decided, len(self.outcomes), tally
+
+    def recorded_batch(self, decided: int, count: int, tally: collections.Counter) -> None:
+        self.recorded |= decided
+        self.decided &= ~decided
+        del self.outcomes[:count]
+        self.tally.subtract({k: tally[k] for k in self.tally})
+        self.executed -= tally["executed"]
+        self.calls_made -= tally["calls"]
+        self.timed_out -= tally["timed_out"]
 
 
 @attrs.define(eq=False)
@@ -188,7 +210,7 @@ class MapWorker:
             scope = self.plan.ref.scope.map(self.shared.table_namespace,
                                             self.shared.map_invocation_id)
             page = await retry_transient(lambda: array_input.read_page(self.port, scope, ordinal))
-            if len(self._pages) >= 2:
+            if len(self._pages) >= 4:
                 self._pages.pop(next(iter(self._pages)))
             self._pages[ordinal] = page
         return self._pages[ordinal]
@@ -215,13 +237,18 @@ class MapWorker:
             log.info("worker %s: %s", self.worker_id, exc)
             return
         leases = claim.leases
-        pending = {work.lease.unit: 0 for work in claim.units.values()}
-        for admitted in admission.pending:
-            work = claim.units[unit_of(leases, admitted.input_index).unit]
+        works = list(claim.units.values())  # in unit order: their rows in input order
+        lows = [work.lease.low for work in works]
+
+        def work_of(input_index: int) -> UnitWork:
+            return works[bisect.bisect_right(lows, input_index) - 1]
+
+        queued = [(work_of(admitted.input_index), admitted) for admitted in admission.pending]
+        pending = {work.lease.unit: 0 for work in works}
+        for work, admitted in queued:
             pending[work.lease.unit] |= work.bit(admitted.input_index)
         for row in admission.blocked:
-            work = claim.units[unit_of(leases, row.input_index).unit]
-            work.tally["blocked"] += 1
+            work_of(row.input_index).tally["blocked"] += 1
         # Cache hits and duplicates are counted per claim: spread them over the units whose
         # admitted rows they were (only their sums are read).
         cached, skipped = admission.cached, admission.skipped
@@ -235,10 +262,8 @@ class MapWorker:
             work.tally["cached"] += (c := min(cached, others - s))
             skipped, cached = skipped - s, cached - c
         self._claims.append(claim)
-        for admitted in admission.pending:
-            self._queue.append((claim.units[unit_of(leases, admitted.input_index).unit],
-                                admitted))
-        self._work.unpark(count=len(admission.pending))
+        self._queue.extend(queued)
+        self._work.unpark(count=len(queued))
         await self._stage("admitted", leases)
         if any(work.decided for work in claim.units.values()):
             self._want_flush(0)
@@ -246,29 +271,35 @@ class MapWorker:
     # -- the runners ---------------------------------------------------------------------------
 
     async def _run_rows(self) -> None:
+        """A runner: takes queued rows one by one; the rows of one unit run in one cancel
+        scope, cancelled when the unit is lost (a scope per row costs more than a no-op call)."""
+        queue = self._queue
         while True:
-            while not self._queue:
+            while not queue:
                 await self._work.park()
-            work, admitted = self._queue.popleft()
-            if len(self._queue) <= self._threshold():
-                self._changed.unpark_all()
+            work = queue[0][0]
             if work.lost:
+                queue.popleft()
                 continue
-            self._running += 1
-            try:
-                with trio.CancelScope() as scope:
-                    work.calls.add(scope)
-                    try:
-                        outcome, timeouts = await run_row(self.plan, self.pacer, admitted)
-                    finally:
-                        work.calls.discard(scope)
-            finally:
-                self._running -= 1
-            if scope.cancelled_caught or work.lost:
+            with trio.CancelScope() as scope:
+                work.calls.add(scope)
+                try:
+                    while queue and queue[0][0] is work and not work.lost:
+                        _, admitted = queue.popleft()
+                        if len(queue) <= self._threshold():
+                            self._changed.unpark_all()
+                        self._running += 1
+                        try:
+                            outcome, timeouts = await run_row(self.plan, self.pacer, admitted)
+                        finally:
+                            self._running -= 1
+                        work.finish(admitted, outcome, timeouts)
+                        self._note_rate()
+                        self._want_flush(1)
+                finally:
+                    work.calls.discard(scope)
+            if scope.cancelled_caught:
                 continue
-            work.finish(admitted, outcome, timeouts)
-            self._note_rate()
-            self._want_flush(1)
 
     def _note_rate(self) -> None:
         self._finished += 1
@@ -299,8 +330,8 @@ class MapWorker:
                 await self._flush_claim(claim)
 
     async def _flush_claim(self, claim: Claim) -> None:
-        batch = [(work, work.decided, len(work.outcomes), collections.Counter(work.tally))
-                 for work in claim.units.values() if work.decided and not work.lost]
+        batch = [(work, *work.taken()) for work in claim.units.values()
+                 if work.decided and not work.lost]
         if not batch:
             return
         settlements = []
@@ -324,10 +355,7 @@ class MapWorker:
             self._flush_wanted.set()  # the rest again
             return
         for work, decided, count, tally in batch:
-            work.recorded |= decided
-            work.decided &= ~decided
-            del work.outcomes[:count]
-            work.tally.subtract(tally)
+            work.recorded_batch(decided, count, tally)
             if work.recorded == work.lease.full:
                 claim.units.pop(work.lease.unit, None)
                 self.units_run += 1
@@ -365,6 +393,9 @@ class MapWorker:
         work.lost = True
         for scope in list(work.calls):
             scope.cancel()
+        kept = [item for item in self._queue if item[0] is not work]
+        self._queue.clear()  # in place: the runners hold it
+        self._queue.extend(kept)
         for claim in list(self._claims):
             if claim.units.get(work.lease.unit) is work:
                 claim.units.pop(work.lease.unit)
@@ -383,10 +414,9 @@ class MapWorker:
         """Claim and run units until none is claimable and none is held; the units this
         worker finished. Store calls ride out outages for the port's outage budget."""
         self.pacer = open_pacer(self.port, self.plan.rate_limit)
-        token = None
-        if current_watch() is None:
-            token = install_watch(OutageWatch(outage_budget(
-                getattr(self.port, "outage_budget_s", None))))
+        # The worker's own outage budget (its port's), whoever started it.
+        token = install_watch(OutageWatch(outage_budget(
+            getattr(self.port, "outage_budget_s", None))))
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._renew_leases)
@@ -396,8 +426,7 @@ class MapWorker:
                 await self._claim_loop()
                 nursery.cancel_scope.cancel()
         finally:
-            if token is not None:
-                reset_watch(token)
+            reset_watch(token)
         return self.units_run
 
 

@@ -107,7 +107,8 @@ async def lease_statements(dsn: str, n: int) -> None:
                                                           exit_when_idle=True, poll_s=0.2))
                 await run.map("leases", rows(n), noop, contract=NOOP, shared=True)
         kinds = {"claims": "SKIP LOCKED", "renewals": "renewed AS",
-                 "done marks": "finished AS", "admission lease checks": "FOR SHARE OF u"}
+                 "progress batches (settled masks, done marks)": "settled AS",
+                 "admission lease checks": "FOR SHARE OF u"}
         counts = {kind: sum(1 for sql in port.statements if marker in sql)
                   for kind, marker in kinds.items()}
         lease = sum(counts.values())

@@ -24,6 +24,7 @@ Every statement reaches its rows by primary-key prefix (org, play, run, map): ne
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -290,11 +291,20 @@ def check_settlements(settlements: Sequence[Settlement]) -> None:
             raise InvalidInputError(f"settlements[{i}].tally: unknown counters {sorted(unknown)}")
 
 
-def unit_of(leases: Sequence[UnitLease], input_index: int) -> UnitLease | None:
-    for lease in leases:
-        if lease.low <= input_index < lease.low + lease.row_count:
-            return lease
-    return None
+def unit_finder(leases: Sequence[UnitLease]) -> Callable[[Any], UnitLease | None]:
+    """The lease whose unit holds an input index (None for any other index)."""
+    ordered = sorted(leases, key=lambda lease: lease.low)
+    lows = [lease.low for lease in ordered]
+
+    def find(input_index: Any) -> UnitLease | None:
+        if type(input_index) is not int:
+            return None
+        at = bisect.bisect_right(lows, input_index) - 1
+        if at < 0 or input_index >= ordered[at].low + ordered[at].row_count:
+            return None
+        return ordered[at]
+
+    return find
 
 
 def settlement_entries(settlements: Sequence[Settlement], outcomes: Sequence[Any],
@@ -303,9 +313,9 @@ def settlement_entries(settlements: Sequence[Settlement], outcomes: Sequence[Any
     """Each settlement with its counters delta: its tally plus, of the completion's outcomes
     in its unit, those applied (completed, failed) and those fenced."""
     deltas = {s.lease.unit: dict(s.tally) for s in settlements}
-    leases = [s.lease for s in settlements]
+    find = unit_finder([s.lease for s in settlements])
     for outcome in outcomes:
-        lease = unit_of(leases, outcome.input_index)
+        lease = find(outcome.input_index)
         if lease is None:
             continue
         delta = deltas[lease.unit]

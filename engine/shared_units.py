@@ -30,7 +30,7 @@ from .ports import Port
 from .scopes import RunRef, check_scope
 from .shared_leases import (
     SETTLEMENT, UNIT_LEASE, Settlement, UnitLease, check_settlements, lease_check, mask_of,
-    settle, settlement_entries, unit_of,
+    settle, settlement_entries, unit_finder,
 )
 from .sheets import Admission, Attempt, CellPolicy, Completion, RowOutcome, SheetContract
 from .sheets.model import ADMISSION, CELL_POLICIES, COMPLETION, CONTRACT, ROW_OUTCOME
@@ -66,8 +66,9 @@ async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
     _check_leases(leases)
     if len(rows) != len(input_indexes) or not rows:
         raise InvalidInputError("rows and input_indexes must be as many, at least one")
+    find = unit_finder(leases)
     for i, index in enumerate(input_indexes):
-        lease = unit_of(leases, index)
+        lease = find(index)
         if lease is None or mask_of(lease.settled) >> (index - lease.low) & 1:
             raise InvalidInputError(f"input_indexes[{i}]: {index} is not an unsettled row "
                                     "of the leases")
@@ -91,8 +92,9 @@ async def complete_units(port: Port, ref: RunRef, map_invocation_id: str, worker
     check_scope(port, ref)
     check_settlements(settlements)
     leases = [s.lease for s in settlements]
+    find = unit_finder(leases)
     for i, outcome in enumerate(outcomes):
-        if not isinstance(outcome, RowOutcome) or unit_of(leases, outcome.input_index) is None:
+        if not isinstance(outcome, RowOutcome) or find(outcome.input_index) is None:
             raise InvalidInputError(f"outcomes[{i}] is not a row of the settled units")
 
     async def within(conn: Connection, committed: frozenset[str], fenced: dict) -> None:
