@@ -12,9 +12,9 @@ How it works
 - `MapWorker.serve` runs four kinds of task. The **claimer** claims units (one statement,
   its fair share; about `GROUP_S` of work at the worker's measured rate, 1 to `MAX_CLAIM`
   units) and admits the rows each claim still has to run in one transaction
-  (`engine.shared_units.admit_units`, the leases checked in it); it claims again once the
-  rows not yet started would last less than `PREFETCH_S`, holding at most `CLAIMS_HELD`
-  claims. `concurrency` **runners** take the admitted rows one by one and run them under the
+  (`engine.shared_units.admit_units`, the leases checked in it; `ADMISSIONS` claims are
+  admitted at once, their staged pages read at once); it claims again once the rows not yet
+  started would last less than `PREFETCH_S`, holding at most `CLAIMS_HELD` claims. `concurrency` **runners** take the admitted rows one by one and run them under the
   map's row policies (rate limit, row timeout, retries in place). The **flusher** records
   what was computed in small batches (`engine.shared_units.complete_units`: the outcomes, and
   each unit's settled mask, counters and done mark, in one transaction per claim): a batch
@@ -56,6 +56,7 @@ from .mapper import call_row
 from .pacing import open_pacer
 from .policies import RowTimeoutError
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
+from .row_functions import as_row_caller
 from .shared_config import PlayFile, check_published, decode_config
 
 log = logging.getLogger("runplane.actors")
@@ -63,12 +64,15 @@ log = logging.getLogger("runplane.actors")
 POLL_S = 0.5
 IDLE_WAIT_S = 60.0
 LINGER_S = 0.2      # computed outcomes are written at most this long after the first of a batch
-FLUSH_ROWS = 2000   # ... or at once when this many wait, or when no row is left to run
+FLUSH_ROWS = 4000   # ... or at once when this many wait, or when no row is left to run
 GROUP_S = 1.0       # a claim takes about this long of work at the worker's rate ...
 FIRST_CLAIM = 2     # ... and this many units before the rate is known
 PREFETCH_S = 0.5    # the next claim is made when the rows not yet started last less than this
-CLAIMS_HELD = 2     # claims a worker holds at once (the one running and the next one)
-RATE_WINDOW_S = 0.5
+CLAIMS_HELD = 4     # claims a worker holds at once (running, queued, being admitted) ...
+ADMISSIONS = 2      # ... of which at most this many are being admitted
+PAGES_KEPT = 8      # staged pages a worker keeps at hand
+RATE_WINDOW_S = 0.25
+YIELD_ROWS = 32     # a runner yields to the other tasks at least every this many rows
 
 
 async def run_row(plan: MapPlan, pacer: Any, admitted: AdmittedRow) -> tuple[RowOutcome, int]:
@@ -172,12 +176,16 @@ class MapWorker:
     _claim_no: int = 0
     _finished: int = 0
     _rate: float | None = None      # rows finished a second
+    _first_rows: int = 0            # rows of the first admission
+    _admitting: int = 0
     _rate_mark: tuple[float, int] | None = None
 
     # -- the claimer -------------------------------------------------------------------------
 
     def _threshold(self) -> float:
-        return max(self.plan.concurrency, (self._rate or 0.0) * PREFETCH_S)
+        if self._rate is None:  # until the rate is known: once half the rows started
+            return max(self.plan.concurrency, self._first_rows / 2)
+        return max(self.plan.concurrency, self._rate * PREFETCH_S)
 
     def _claim_size(self) -> int:
         if self._rate is None:
@@ -186,10 +194,12 @@ class MapWorker:
                                 for w in c.units.values()), default=sm.UNIT_ROWS))
         return max(1, min(MAX_CLAIM, math.ceil(self._rate * GROUP_S / unit_rows)))
 
-    async def _claim_loop(self) -> None:
+    async def _claim_loop(self, nursery: trio.Nursery) -> None:
         ref, mid = self.plan.ref, self.shared.map_invocation_id
         while True:
-            while len(self._claims) >= CLAIMS_HELD or len(self._queue) > self._threshold():
+            while (self._admitting >= ADMISSIONS
+                   or len(self._claims) + self._admitting >= CLAIMS_HELD
+                   or len(self._queue) > self._threshold()):
                 await self._changed.park()
             self._claim_no += 1
             holder = f"{self.worker_id}/{self._claim_prefix}{self._claim_no}"
@@ -197,32 +207,50 @@ class MapWorker:
             leases = await retry_transient(lambda: claim_units(
                 self.port, ref, mid, holder, limit=limit))
             if not leases:
-                if not self._claims:
+                if not self._claims and not self._admitting:
                     return  # nothing held, nothing claimable
                 await self._changed.park()  # a unit finished or was lost: look again
                 continue
             await self._stage("claimed", leases)
-            await self._admit(Claim(holder, {lease.unit: UnitWork(lease, mask_of(lease.settled))
-                                             for lease in leases}))
+            self._admitting += 1
+            nursery.start_soon(self._admit_claim, Claim(holder, {
+                lease.unit: UnitWork(lease, mask_of(lease.settled)) for lease in leases}))
 
-    async def _page(self, ordinal: int) -> Any:
-        if ordinal not in self._pages:
-            scope = self.plan.ref.scope.map(self.shared.table_namespace,
-                                            self.shared.map_invocation_id)
-            page = await retry_transient(lambda: array_input.read_page(self.port, scope, ordinal))
-            if len(self._pages) >= 4:
-                self._pages.pop(next(iter(self._pages)))
-            self._pages[ordinal] = page
-        return self._pages[ordinal]
+    async def _admit_claim(self, claim: Claim) -> None:
+        try:
+            await self._admit(claim)
+        finally:
+            self._admitting -= 1
+            self._changed.unpark_all()
+
+    async def _read_pages(self, ordinals: set[int]) -> None:
+        """Read the staged pages not at hand, at once; keep the last few."""
+        scope = self.plan.ref.scope.map(self.shared.table_namespace,
+                                        self.shared.map_invocation_id)
+        read: dict[int, Any] = {}
+
+        async def one(ordinal: int) -> None:
+            read[ordinal] = await retry_transient(lambda: array_input.read_page(
+                self.port, scope, ordinal))
+
+        async with trio.open_nursery() as nursery:
+            for ordinal in sorted(ordinals - self._pages.keys()):
+                nursery.start_soon(one, ordinal)
+        for ordinal in sorted(read):
+            self._pages[ordinal] = read[ordinal]
+        while len(self._pages) > PAGES_KEPT:
+            self._pages.pop(next(iter(self._pages)))
 
     async def _admit(self, claim: Claim) -> None:
         """Admit the claim's unsettled rows, then queue the pending ones and note what the
         admission settled (cache hits, blocked and skipped rows) for the next batch."""
         plan = self.plan
         rows, indexes = [], []
+        await self._read_pages({work.lease.page for work in claim.units.values()})
+        pages = dict(self._pages)
         for work in claim.units.values():
             lease = work.lease
-            page = await self._page(lease.page)
+            page = pages[lease.page]
             start = lease.low - page.offset
             for offset in range(lease.row_count):
                 if not work.recorded >> offset & 1:
@@ -262,6 +290,7 @@ class MapWorker:
             work.tally["cached"] += (c := min(cached, others - s))
             skipped, cached = skipped - s, cached - c
         self._claims.append(claim)
+        self._first_rows = self._first_rows or len(queued)
         self._queue.extend(queued)
         self._work.unpark(count=len(queued))
         await self._stage("admitted", leases)
@@ -296,6 +325,8 @@ class MapWorker:
                         work.finish(admitted, outcome, timeouts)
                         self._note_rate()
                         self._want_flush(1)
+                        if self._finished % YIELD_ROWS == 0:  # a function that never yields
+                            await trio.lowlevel.checkpoint()  # must not starve the writes
                 finally:
                     work.calls.discard(scope)
             if scope.cancelled_caught:
@@ -423,7 +454,7 @@ class MapWorker:
                 nursery.start_soon(self._flush_loop)
                 for _ in range(max(1, min(self.plan.concurrency, int(self.limiter.total_tokens)))):
                     nursery.start_soon(self._run_rows)
-                await self._claim_loop()
+                await self._claim_loop(nursery)
                 nursery.cancel_scope.cancel()
         finally:
             reset_watch(token)
@@ -437,8 +468,9 @@ def worker_plan(port: Port, shared: sm.SharedMap, fn: Callable[..., Any],
         from .executors import ProcessExecutor
 
         fn = ProcessExecutor(config.executor.get("max_workers")).bind(fn)
-    return MapPlan(port, shared.ref, None, shared.table_namespace, config.contract, fn,
-                   concurrency or config.concurrency, config.cell_policies, retry=config.retry,
+    concurrency = concurrency or config.concurrency
+    return MapPlan(port, shared.ref, None, shared.table_namespace, config.contract,
+                   as_row_caller(fn, concurrency), concurrency, config.cell_policies, retry=config.retry,
                    row_timeout_s=config.row_timeout_s, rate_limit=config.rate_limit,
                    give_up_after=config.give_up_after)
 

@@ -65,6 +65,19 @@ async def test_a_rerun_of_a_shared_map_is_all_cache_hits(tenant):
     assert (again.completed, again.cached, again.executed) == (0, 700, 0)
 
 
+async def test_a_plain_function_runs_in_the_workers_threads(tenant):
+    from .plays.scale_play import burn
+
+    rows = [{"n": i} for i in range(600)]
+    with trio.fail_after(120):
+        async with open_run(tenant, PLAY) as run:
+            result = await run.map("burnt", rows, burn, contract=SheetContract(("n",), ("burn",)),
+                                   workers=1)
+    assert (result.completed, result.failed) == (600, 0)
+    ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "burnt")
+    assert ok, why
+
+
 async def test_a_function_workers_cannot_find_is_refused_before_any_write(tenant):
     async def local(row):
         return {}
