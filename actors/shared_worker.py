@@ -72,7 +72,7 @@ CLAIMS_HELD = 4     # claims a worker holds at once (running, queued, being admi
 ADMISSIONS = 2      # ... of which at most this many are being admitted
 PAGES_KEPT = 8      # staged pages a worker keeps at hand
 RATE_WINDOW_S = 0.25
-YIELD_ROWS = 32     # a runner yields to the other tasks at least every this many rows
+SLICE_S = 0.005     # runners hand the loop over to the other tasks at least this often
 
 
 async def run_row(plan: MapPlan, pacer: Any, admitted: AdmittedRow) -> tuple[RowOutcome, int]:
@@ -177,6 +177,8 @@ class MapWorker:
     _finished: int = 0
     _rate: float | None = None      # rows finished a second
     _first_rows: int = 0            # rows of the first admission
+    _slice_end: float = 0.0
+    _ending: bool = False
     _admitting: int = 0
     _rate_mark: tuple[float, int] | None = None
 
@@ -325,12 +327,23 @@ class MapWorker:
                         work.finish(admitted, outcome, timeouts)
                         self._note_rate()
                         self._want_flush(1)
-                        if self._finished % YIELD_ROWS == 0:  # a function that never yields
-                            await trio.lowlevel.checkpoint()  # must not starve the writes
+                        await self._take_turns()
                 finally:
                     work.calls.discard(scope)
             if scope.cancelled_caught:
                 continue
+
+    async def _take_turns(self) -> None:
+        """Runners whose function does not yield (CPU-bound, or a no-op) hand the loop over
+        every `SLICE_S`, all of them at once: a write holding the sheet's lock waits for the
+        loop at most about that long per round trip, not a row per runner."""
+        if not self._ending and trio.current_time() < self._slice_end:
+            return
+        self._ending = True
+        await trio.lowlevel.checkpoint()
+        if self._ending:  # the first runner back starts the next slice
+            self._ending = False
+            self._slice_end = trio.current_time() + SLICE_S
 
     def _note_rate(self) -> None:
         self._finished += 1
