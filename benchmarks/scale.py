@@ -9,9 +9,10 @@
 2. No-op (`--noop-rows`, default 100,000): the same comparison with a function that does
    nothing, timed from publishing to the result (target >= 0.9: coordination costs little).
 3. Lease statements: a no-op shared map of `--lease-rows` (default 20,000) rows served by two
-   in-process workers behind a counting port; prints claims, renewals, done marks (in the
-   transaction of each unit's completion) and the lease checks in each unit's admission per
-   1,000 rows (target <= 5), and the heartbeats and polls beside them.
+   in-process workers behind a counting port; prints claims, renewals, progress batches (each
+   unit's settled rows, counters and done mark, in the transaction of a batch of completions)
+   and the lease checks in each claim's admission per 1,000 rows (target <= 5), and the
+   heartbeats and polls beside them.
 Each part maps into a fresh schema; the server is `RUNPLANE_BENCH_DSN`, else
 `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
