@@ -144,31 +144,33 @@ class MapWorker:
             self._admitting -= 1
             self._changed.unpark_all()
 
-    async def _read_pages(self, ordinals: set[int]) -> None:
-        """Read the staged pages not at hand, at once; keep the last few."""
+    async def _read_pages(self, ordinals: set[int]) -> dict[int, Any]:
+        """The staged pages `ordinals`: those not at hand read at once; the last few kept."""
         scope = self.plan.ref.scope.map(self.shared.table_namespace,
                                         self.shared.map_invocation_id)
-        read: dict[int, Any] = {}
+        read = {ordinal: self._pages[ordinal] for ordinal in ordinals if ordinal in self._pages}
+        missing = sorted(ordinals - read.keys())
 
         async def one(ordinal: int) -> None:
             read[ordinal] = await retry_transient(lambda: array_input.read_page(
                 self.port, scope, ordinal))
 
         async with trio.open_nursery() as nursery:
-            for ordinal in sorted(ordinals - self._pages.keys()):
+            for ordinal in missing:
                 nursery.start_soon(one, ordinal)
-        for ordinal in sorted(read):
+        pages = dict(read)
+        for ordinal in missing:
             self._pages[ordinal] = read[ordinal]
         while len(self._pages) > PAGES_KEPT:
             self._pages.pop(next(iter(self._pages)))
+        return pages
 
     async def _admit(self, claim: Claim) -> None:
         """Admit the claim's unsettled rows, then queue the pending ones and note what the
         admission settled (cache hits, blocked and skipped rows) for the next batch."""
         plan = self.plan
         rows, indexes = [], []
-        await self._read_pages({work.lease.page for work in claim.units.values()})
-        pages = dict(self._pages)
+        pages = await self._read_pages({work.lease.page for work in claim.units.values()})
         for work in claim.units.values():
             lease = work.lease
             page = pages[lease.page]
