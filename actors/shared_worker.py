@@ -31,7 +31,7 @@ from .shared_service import MapWorker
 
 __all__ = ["MapWorker", "serve_play", "worker_plan"]
 
-POLL_S = 0.5
+POLL_S = 0.1  # how often an idle worker looks for an open map of its play
 IDLE_WAIT_S = 60.0
 
 

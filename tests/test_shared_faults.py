@@ -26,8 +26,8 @@ BUDGET_S = 3.0
 
 
 async def test_a_worker_cut_off_rides_out_its_budget_then_others_take_its_units(tenant, dsn):
-    """A worker reaching the database through a proxy is cut off (the proxy stops answering)
-    once it ran some rows: it waits out its outage budget and ends with `StoreOutageError`;
+    """A worker reaching the database through a proxy is cut off (the proxy drops its
+    connections and answers no new one) once it ran some rows: it waits out its outage budget and ends with `StoreOutageError`;
     its leases expire and a worker with a working connection takes its units over."""
     rows = [{"n": i} for i in range(3000)]
     ran = trio.Event()
@@ -73,7 +73,9 @@ async def test_a_worker_cut_off_rides_out_its_budget_then_others_take_its_units(
                             await trio.sleep(0.02)
                         nursery.start_soon(cut_off_worker, maps[0])
                         await ran.wait()
-                        proxy.set_blackhole(True)
+                        # its connections dropped (the server rolls back what they had open),
+                        # new ones never answered
+                        proxy.set_blackhole(True, sever=True)
                         nursery.start_soon(lambda: serve_play(
                             tenant, PLAY, str(PLAY_FILE), exit_when_idle=True, poll_s=0.1))
             proxy.set_blackhole(False)
