@@ -6,7 +6,8 @@ How it works
   units) and admits the rows each claim still has to run in one transaction
   (`engine.shared_units.admit_units`, the leases checked in it; `ADMISSIONS` claims are
   admitted at once, their staged pages read at once); it claims again once the rows not yet
-  started would last less than `PREFETCH_S`, holding at most `CLAIMS_HELD` claims.
+  started would last less than `PREFETCH_S` plus twice an admission's time, holding at most
+  `CLAIMS_HELD` claims.
   `concurrency` **runners** take the admitted rows one by one and run them under the map's
   row policies (rate limit, row timeout, retries in place), handing the loop over every
   `SLICE_S`. The **flusher** records what was computed in small batches
@@ -56,7 +57,8 @@ LINGER_S = 0.2      # computed outcomes are written at most this long after the 
 FLUSH_ROWS = 4000   # ... or at once when this many wait, or when no row is left to run
 GROUP_S = 1.0       # a claim takes about this long of work at the worker's rate ...
 FIRST_CLAIM = 2     # ... and this many units before the rate is known
-PREFETCH_S = 0.25   # the next claim is made when the rows not yet started last less than this
+PREFETCH_S = 0.25   # the next claim is made when the rows not yet started last less than
+                    # this plus twice an admission's time
 CLAIMS_HELD = 4     # claims a worker holds at once (running, queued, being admitted) ...
 ADMISSIONS = 2      # ... of which at most this many are being admitted
 PAGES_KEPT = 8      # staged pages a worker keeps at hand
@@ -99,6 +101,7 @@ class MapWorker:
     _slice_no: int = 0
     _ending: bool = False
     _admitting: int = 0
+    _admit_s: float = 0.0           # how long a claim's admission takes (a moving average)
     _rate_mark: tuple[float, int] | None = None
 
     # -- the claimer -------------------------------------------------------------------------
@@ -106,7 +109,8 @@ class MapWorker:
     def _threshold(self) -> float:
         if self._rate is None:  # until the rate is known: once half the rows started
             return max(self.plan.concurrency, self._first_rows / 2)
-        return max(self.plan.concurrency, self._rate * PREFETCH_S)
+        # enough rows left to run while the next claim is admitted, twice over
+        return max(self.plan.concurrency, self._rate * (PREFETCH_S + 2 * self._admit_s))
 
     def _claim_size(self) -> int:
         if self._rate is None:
@@ -138,8 +142,10 @@ class MapWorker:
                 lease.unit: UnitWork(lease, mask_of(lease.settled)) for lease in leases}))
 
     async def _admit_claim(self, claim: Claim) -> None:
+        started = trio.current_time()
         try:
             await self._admit(claim)
+            self._admit_s = (self._admit_s + trio.current_time() - started) / 2
         finally:
             self._admitting -= 1
             self._changed.unpark_all()

@@ -2,7 +2,7 @@
 
 How it works
 - Hypothesis draws a `Plan`: 30–300 rows cut into units of a drawn size, a lease period, and
-  2–4 in-process workers (`actors.shared_worker.MapWorker`), each with a concurrency, a call
+  2–4 in-process workers (`actors.shared_service.MapWorker`), each with a concurrency, a call
   latency and at most one fault at a drawn stage of its n-th claim: `crash` (the worker dies
   there, renewing and writing nothing more: its leases must expire and be taken over),
   `stall` (it stops renewing and sleeps past its lease, then carries on: its late completion
