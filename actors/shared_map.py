@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 JOIN_WAIT_S = 10.0
-POLL_S = 0.2
+POLL_S = 0.05  # how often the coordinator reads its map's progress (one short read)
 CLOSE_DEADLINE_S = 5.0
 STOP_WORKERS_S = 5.0
 

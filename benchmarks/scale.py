@@ -1,7 +1,11 @@
 """Shared maps on this machine: workers=2 against one process, and the lease statements.
 
-    python benchmarks/scale.py [--cpu-rows 20000] [--noop-rows 100000] [--parts cpu,noop,leases]
+    python benchmarks/scale.py [--cpu-rows 20000] [--noop-rows 100000]
+                               [--parts capacity,cpu,noop,leases]
 
+0. Capacity: the machine's own parallelism just then — the same pure-Python work (about 4 s)
+   in one process, then in two processes at once; prints the ratio (2.0 on two idle cores).
+   The machine is shared, so the CPU-bound ratio below can only be read against it.
 1. CPU-bound (`--cpu-rows`, default 20,000): a function holding the core for about 2 ms of
    pure Python a row (`benchmarks/scale_play.py`), mapped by one process (`run.map` in this
    process) against two `runplane worker` processes (`run.map(..., shared=True)`, the workers
@@ -9,9 +13,10 @@
 2. No-op (`--noop-rows`, default 100,000): the same comparison with a function that does
    nothing, timed from publishing to the result (target >= 0.9: coordination costs little).
 3. Lease statements: a no-op shared map of `--lease-rows` (default 20,000) rows served by two
-   in-process workers behind a counting port; prints claims, renewals, done marks (in the
-   transaction of each unit's completion) and the lease checks in each unit's admission per
-   1,000 rows (target <= 5), and the heartbeats and polls beside them.
+   in-process workers behind a counting port; prints claims, renewals, progress batches (each
+   unit's settled rows, counters and done mark, in the transaction of a batch of completions)
+   and the lease checks in each claim's admission per 1,000 rows (target <= 5), and the
+   heartbeats and polls beside them.
 Each part maps into a fresh schema; the server is `RUNPLANE_BENCH_DSN`, else
 `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
@@ -97,6 +102,22 @@ async def compare(dsn: str, label: str, fn, contract, n: int, target: str) -> No
           f"(target {target})", flush=True)
 
 
+_SPIN = "total = 0\nfor i in range(20_000_000):\n    total += i * i % 7\n"
+
+
+def capacity() -> None:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", _SPIN], check=True)
+    one = time.perf_counter() - started
+    started = time.perf_counter()
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(2)]
+    for spinner in spinners:
+        spinner.wait()
+    two = time.perf_counter() - started
+    print(f"capacity: one process {one:.1f} s, two at once {two:.1f} s: ratio "
+          f"{2 * one / two:.2f} (2.00 on two idle cores)", flush=True)
+
+
 async def lease_statements(dsn: str, n: int) -> None:
     async def body(tenant) -> None:
         port = CountingPort(tenant)
@@ -107,7 +128,8 @@ async def lease_statements(dsn: str, n: int) -> None:
                                                           exit_when_idle=True, poll_s=0.2))
                 await run.map("leases", rows(n), noop, contract=NOOP, shared=True)
         kinds = {"claims": "SKIP LOCKED", "renewals": "renewed AS",
-                 "done marks": "finished AS", "admission lease checks": "FOR SHARE OF u"}
+                 "progress batches (settled masks, done marks)": "settled AS",
+                 "admission lease checks": "FOR SHARE OF u"}
         counts = {kind: sum(1 for sql in port.statements if marker in sql)
                   for kind, marker in kinds.items()}
         lease = sum(counts.values())
@@ -125,13 +147,15 @@ def main() -> None:
     parser.add_argument("--cpu-rows", type=int, default=20_000)
     parser.add_argument("--noop-rows", type=int, default=100_000)
     parser.add_argument("--lease-rows", type=int, default=20_000)
-    parser.add_argument("--parts", default="cpu,noop,leases")
+    parser.add_argument("--parts", default="capacity,cpu,noop,leases")
     parser.add_argument("--dsn", default=None)
     args = parser.parse_args()
     dsn = args.dsn or bench_dsn()
     parts = set(args.parts.split(","))
 
     async def run_all() -> None:
+        if "capacity" in parts:
+            capacity()
         if "cpu" in parts:
             await compare(dsn, "CPU-bound (~2 ms of pure Python a row)", burn, CPU,
                           args.cpu_rows, ">= 1.7")

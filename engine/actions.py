@@ -49,6 +49,7 @@ ACTION_MODULES = (
     "runplane.engine.sessions",
     "runplane.engine.history",
     "runplane.engine.shared_maps",
+    "runplane.engine.shared_leases",
     "runplane.engine.shared_units",
 )
 

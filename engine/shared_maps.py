@@ -8,20 +8,12 @@ How it works
   published `waiting`; `set_state` opens it (workers may claim; the coordinator opens it once
   its workers joined) and closes it, `done` or `cancelled`. Publishing again (a wake) keeps
   the units and their done marks and makes a cancelled map waiting again.
-- Workers `join` (one row in `shared_workers`, its heartbeat `seen_at`). `claim_units` takes,
-  in one statement, free or expired units of an open map (`FOR UPDATE SKIP LOCKED`), at most
-  `ceil(claimable units / live workers)` and at most `MAX_CLAIM`, so every live worker gets a
-  share. Each claim names a fresh holder (`worker/unit/claim number`), which is the attempt id
-  the unit's rows are admitted under, so a holder whose lease was taken over is fenced by the
-  sheet too (`attempt_superseded`).
-- `renew` extends the caller's leases of one map (and its heartbeat) in one statement and says
-  which units it still holds: none once the map is no longer open (the worker stops its rows).
-- `unit_guard` is the `within` hook a worker hands to a unit's `sheets.admit` (it checks the
-  caller still holds the unit of an open map, locking the unit's row until commit) and to its
-  `sheets.complete` (it marks the unit done with the counters the worker recorded). A unit not
-  held any more raises `LeaseLostError` and the whole transaction rolls back: an expired
-  holder's late write never lands, and a unit's counters are recorded exactly once, with the
-  rows they count. `map_status` sums the done units' counters for the coordinator's result.
+- Workers `join` (one row in `shared_workers`, its heartbeat `seen_at`); `workers_joined`
+  counts those seen since the map was published, `workers` lists them (pid, host, units done).
+- The units' leases, claims, renewals and the checks that guard writes are in
+  `engine.shared_leases`; the unit writes in `engine.shared_units`. `map_status` sums the
+  counters every unit's holders recorded (each with the rows it counts, in one transaction)
+  for the coordinator's result; `units_remaining` counts the play's units not done.
 Every statement reaches its rows by primary-key prefix (org, play, run, map): never the sheet.
 """
 
@@ -31,20 +23,19 @@ import json
 import math
 import os
 import socket
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import attrs
 
 from . import canonical
 from .actions import action
 from .codecs import BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, list_of, optional, record
-from .errors import InvalidInputError, LeaseLostError
+from .errors import InvalidInputError
 from .pg import Connection
 from .ports import RECEIPTS_LANE, Port, table, with_connection
 from .scopes import RunRef, RunScope, check_scope
 
 UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
-MAX_CLAIM = 8         # units one claim takes, at most
 LEASE_S = 30.0        # a unit's lease (workers renew it every third of it while rows run)
 WAITING, OPEN, DONE, CANCELLED = "waiting", "open", "done", "cancelled"
 LIVE = (WAITING, OPEN)  # the states a map can be opened or closed from
@@ -64,18 +55,6 @@ class SharedMap:
     play_digest: str
     state: str
     lease_s: float
-
-
-@attrs.frozen
-class UnitLease:
-    """A claimed unit: rows `low…low+row_count-1` of staged page `page`, held by `holder`."""
-
-    unit: int
-    page: int
-    low: int
-    row_count: int
-    holder: str
-    claims: int
 
 
 @attrs.frozen
@@ -99,8 +78,6 @@ class WorkerInfo:
 
 SHARED_MAP = record(SharedMap, ref=RUN_REF, map_invocation_id=TEXT, table_namespace=TEXT,
                     config=RAW, function=TEXT, play_digest=TEXT, state=TEXT, lease_s=FLOAT)
-UNIT_LEASE = record(UnitLease, unit=INT32, page=INT32, low=INT32, row_count=INT32, holder=TEXT,
-                    claims=INT)
 MAP_STATUS = record(MapStatus, state=optional(TEXT), units=INT, done=INT, counters=dict_of(INT))
 WORKER_INFO = record(WorkerInfo, worker_id=TEXT, pid=INT, host=TEXT, units_done=INT,
                      seen_s_ago=FLOAT)
@@ -120,7 +97,7 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
-def _map_key(ref: RunRef, map_invocation_id: str) -> tuple[str, str, str, str]:
+def map_key(ref: RunRef, map_invocation_id: str) -> tuple[str, str, str, str]:
     scope = ref.scope
     return scope.org_id, scope.play, scope.run_id, map_invocation_id
 
@@ -163,7 +140,7 @@ async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespa
     if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and lease_s > 0):
         raise InvalidInputError(f"lease_s must be a number of seconds > 0, got {lease_s!r}")
     sql = _PUBLISH.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
-    args = (*_map_key(ref, map_invocation_id), ref.epoch, table_namespace,
+    args = (*map_key(ref, map_invocation_id), ref.epoch, table_namespace,
             config_text, function, play_digest,
             list(range(len(units))), [u[0] for u in units], [u[1] for u in units],
             [u[2] for u in units], float(lease_s))
@@ -188,7 +165,7 @@ async def set_state(port: Port, ref: RunRef, map_invocation_id: str, state: str,
         raise InvalidInputError(f"state must be waiting, open, done or cancelled, got {state!r}")
     sql = _SET_STATE.format(maps=table(port, "shared_maps"))
     status = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
-        sql, *_map_key(ref, map_invocation_id), state, list(from_states)))
+        sql, *map_key(ref, map_invocation_id), state, list(from_states)))
     return not status.endswith(" 0")
 
 
@@ -221,7 +198,7 @@ async def workers_joined(port: Port, ref: RunRef, map_invocation_id: str) -> int
     check_scope(port, ref)
     sql = _JOINED.format(workers=table(port, "shared_workers"), maps=table(port, "shared_maps"))
     return await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
-        sql, *_map_key(ref, map_invocation_id)))
+        sql, *map_key(ref, map_invocation_id)))
 
 
 _LIVE_MAPS = """
@@ -245,142 +222,6 @@ async def live_maps(port: Port, play: str) -> list[SharedMap]:
             for row in rows]
 
 
-_CLAIM = """
-WITH m AS (
-    SELECT lease_s FROM {maps}
-     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND state = 'open'
-), live AS (
-    SELECT greatest(1, count(*)) AS n FROM {workers}
-     WHERE org_id = $1 AND play = $2
-       AND seen_at > now() - make_interval(secs => (SELECT lease_s FROM m))
-), free AS (
-    SELECT count(*) AS n FROM {units}
-     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND NOT done
-       AND (expires_at IS NULL OR expires_at < now())
-), picked AS (
-    SELECT unit FROM {units}
-     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND NOT done
-       AND (expires_at IS NULL OR expires_at < now()) AND EXISTS (SELECT 1 FROM m)
-     ORDER BY unit
-     LIMIT (SELECT least($6::int, ceil(free.n::float8 / live.n)::int) FROM free, live)
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE {units} AS u
-   SET holder = $5 || '/' || u.unit || '/' || (u.claims + 1), claims = u.claims + 1,
-       expires_at = now() + make_interval(secs => (SELECT lease_s FROM m))
-  FROM picked
- WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
-   AND u.unit = picked.unit
-RETURNING u.unit, u.page, u.low, u.row_count, u.holder, u.claims
-"""
-
-
-@action("shared_maps.claim_units", params={
-    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "limit": INT,
-}, result=list_of(UNIT_LEASE))
-async def claim_units(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str, *,
-                      limit: int = MAX_CLAIM) -> list[UnitLease]:
-    """Lease free or expired units of an open map to the worker (its fair share, at most
-    `limit`), in unit order; none when the map is not open or nothing is claimable."""
-    check_scope(port, ref)
-    sql = _CLAIM.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
-                        workers=table(port, "shared_workers"))
-    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
-        sql, *_map_key(ref, map_invocation_id), worker_id, int(limit)))
-    return sorted((UnitLease(r["unit"], r["page"], r["low"], r["row_count"], r["holder"],
-                             r["claims"]) for r in rows), key=lambda lease: lease.unit)
-
-
-_RENEW = """
-WITH beat AS (
-    UPDATE {workers} SET seen_at = now() WHERE org_id = $1 AND play = $2 AND worker_id = $5
-), renewed AS (
-    UPDATE {units} AS u SET expires_at = now() + make_interval(secs => m.lease_s)
-      FROM {maps} AS m
-     WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
-       AND u.unit = ANY($6::int[]) AND u.holder = ANY($7::text[]) AND NOT u.done
-       AND m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
-       AND m.state = 'open'
-    RETURNING u.unit
-)
-SELECT coalesce(array_agg(unit), '{{}}') FROM renewed
-"""
-
-
-@action("shared_maps.renew", params={
-    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "leases": list_of(UNIT_LEASE),
-}, result=list_of(INT))
-async def renew(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
-                leases: Sequence[UnitLease]) -> list[int]:
-    """Extend the worker's leases of one map; the units it still holds (none once the map is
-    no longer open)."""
-    check_scope(port, ref)
-    sql = _RENEW.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
-                        workers=table(port, "shared_workers"))
-    held = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
-        sql, *_map_key(ref, map_invocation_id), worker_id, [lease.unit for lease in leases],
-        [lease.holder for lease in leases]))
-    return sorted(held)
-
-
-_FINISH = """
-WITH finished AS (
-    UPDATE {units} AS u
-       SET done = $7, counters = CASE WHEN $7 THEN $8::jsonb ELSE u.counters END,
-           expires_at = now() + make_interval(secs => m.lease_s)
-      FROM {maps} AS m
-     WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
-       AND u.unit = $5 AND u.holder = $6 AND NOT u.done
-       AND m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
-       AND m.state = 'open'
-    RETURNING u.unit
-), credited AS (
-    UPDATE {workers} SET units_done = units_done + 1, seen_at = now()
-     WHERE org_id = $1 AND play = $2 AND worker_id = $9 AND $7
-       AND EXISTS (SELECT 1 FROM finished)
-)
-SELECT count(*) FROM finished
-"""
-
-
-# The lease check of a unit's admission: the unit must still be ours (and its map open); the
-# row lock (FOR SHARE) keeps claims off it until the admission commits.
-_CHECK = """
-SELECT count(*) FROM (
-    SELECT 1 FROM {units} AS u
-      JOIN {maps} AS m ON m.org_id = u.org_id AND m.play = u.play AND m.run_id = u.run_id
-                      AND m.map_invocation_id = u.map_invocation_id
-     WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
-       AND u.unit = $5 AND u.holder = $6 AND NOT u.done AND m.state = 'open'
-       FOR SHARE OF u
-) AS held
-"""
-
-
-def unit_guard(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
-               lease: UnitLease, counters: Callable[[frozenset[str], dict], Mapping[str, int]] | None
-               ) -> Callable[[Connection, frozenset[str], dict], Awaitable[None]]:
-    """The `within` hook of a unit's admission (no `counters`: the lease is checked) or of its
-    completion (`counters(committed, fenced)`: the unit is marked done with them)."""
-    tables = dict(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
-                  workers=table(port, "shared_workers"))
-    finish, check = _FINISH.format(**tables), _CHECK.format(**tables)
-    key = _map_key(ref, map_invocation_id)
-
-    async def within(conn: Connection, committed: frozenset[str], fenced: dict) -> None:
-        if counters is None:
-            held = await conn.fetchval(check, *key, lease.unit, lease.holder)
-        else:
-            text = json.dumps(dict(counters(committed, fenced)))
-            held = await conn.fetchval(finish, *key, lease.unit, lease.holder, True, text,
-                                       worker_id)
-        if not held:
-            raise LeaseLostError(f"unit {lease.unit} of map {map_invocation_id!r} is no longer "
-                                 f"held by {lease.holder!r}")
-
-    return within
-
-
 _STATUS = """
 SELECT m.state, m.units,
        (SELECT count(*) FROM {units} AS u
@@ -393,7 +234,8 @@ SELECT m.state, m.units,
 _SUMS = """
 SELECT c.key, sum(c.value::bigint) AS total
   FROM {units} AS u, jsonb_each_text(u.counters) AS c
- WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4 AND u.done
+ WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
+   AND c.key = ANY($5::text[])
  GROUP BY c.key
 """
 
@@ -403,9 +245,9 @@ SELECT c.key, sum(c.value::bigint) AS total
 }, result=MAP_STATUS, writes=False)
 async def map_status(port: Port, ref: RunRef, map_invocation_id: str, *,
                      counters: bool = False) -> MapStatus:
-    """The map's state and units done; with `counters`, the sums of the done units' counters."""
+    """The map's state and units done; with `counters`, the sums of the counters its units' holders recorded."""
     check_scope(port, ref)
-    key = _map_key(ref, map_invocation_id)
+    key = map_key(ref, map_invocation_id)
     status_sql = _STATUS.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
     sums_sql = _SUMS.format(units=table(port, "shared_units"))
 
@@ -415,7 +257,7 @@ async def map_status(port: Port, ref: RunRef, map_invocation_id: str, *,
             return MapStatus(None, 0, 0, {})
         sums: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         if counters:
-            sums.update({r["key"]: int(r["total"]) for r in await conn.fetch(sums_sql, *key)})
+            sums.update({r["key"]: int(r["total"]) for r in await conn.fetch(sums_sql, *key, list(COUNTERS))})
         return MapStatus(row["state"], row["units"], row["done"], sums)
 
     return await with_connection(port, RECEIPTS_LANE, read)

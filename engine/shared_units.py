@@ -1,14 +1,17 @@
-"""A shared map's unit, admitted and completed under its lease: two actions a worker calls.
+"""A shared map's claimed units, admitted and completed under their leases: a worker's writes.
 
 How it works
-- `admit_unit` admits a unit's rows under the unit's own `Attempt` (the lease's holder id; a
-  row lease of 0 s, since the unit's lease is what keeps other workers off its rows) in one
-  transaction that also checks the lease (`shared_maps.unit_guard`): a holder whose unit was
-  taken over cannot take its rows back (`LeaseLostError`, nothing admitted).
-- `complete_unit` writes the unit's outcomes in one transaction that also marks the unit done
-  with its counters: the worker's `tally` (rows, cache hits, calls...) plus what this very
-  completion applied (completed, failed) and fenced. A holder that lost the lease gets
-  `LeaseLostError` and nothing of it lands.
+- `admit_units` admits the rows still to run of one claim's units (all of them, or what an
+  earlier holder left unsettled) in one transaction, under the claim's own `Attempt` (the
+  holder id; a row lease of 0 s, since the units' leases keep other workers off their rows),
+  with the lease check in the same transaction (`shared_leases.lease_check`): a holder whose
+  unit was taken over cannot take its rows back (`LeaseLostError`, nothing admitted).
+- `complete_units` writes a batch of one claim's outcomes and records, in the same
+  transaction, each unit's progress (`shared_leases.settle`: its settled mask, the counters
+  its holder tallied plus what this very completion applied — completed, failed — and fenced,
+  and the done mark once every row of the unit is settled). A worker completes in small
+  batches, so what it computed is durable soon; a holder that lost a lease gets
+  `LeaseLostError` and nothing of the batch lands; a replayed batch changes nothing.
 - Both are actions, so a worker behind a gateway (no database credentials) runs units exactly
   as one with a DSN: the lease check cannot be split from the write it guards, so it runs
   where the write runs.
@@ -16,68 +19,88 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from . import sheets
 from .actions import action
-from .codecs import INT, INT32, RUN_REF, TEXT, USER_JSON, dict_of, list_of, optional
+from .codecs import INT, RUN_REF, TEXT, USER_JSON, list_of, optional
 from .errors import InvalidInputError
+from .pg import Connection
 from .ports import Port
 from .scopes import RunRef, check_scope
-from .shared_maps import COUNTERS, UNIT_LEASE, UnitLease, unit_guard
+from .shared_leases import (
+    SETTLEMENT, UNIT_LEASE, Settlement, UnitLease, check_settlements, lease_check, mask_of,
+    settle, settlement_entries, unit_finder,
+)
 from .sheets import Admission, Attempt, CellPolicy, Completion, RowOutcome, SheetContract
 from .sheets.model import ADMISSION, CELL_POLICIES, COMPLETION, CONTRACT, ROW_OUTCOME
 
-TALLIED = frozenset(COUNTERS) - {"completed", "failed", "fenced"}  # what a worker reports
+
+def claim_attempt(leases: Sequence[UnitLease]) -> Attempt:
+    """The attempt a claim's rows run under: its holder id."""
+    return Attempt(leases[0].holder, max(lease.claims for lease in leases), 0.0)
 
 
-def unit_attempt(lease: UnitLease) -> Attempt:
-    return Attempt(lease.holder, lease.claims, 0.0)
+def _check_leases(leases: Sequence[UnitLease]) -> None:
+    if not leases:
+        raise InvalidInputError("leases must not be empty")
+    if len({lease.holder for lease in leases}) != 1:
+        raise InvalidInputError("leases must all be of one claim (one holder)")
 
 
-@action("shared_maps.admit_unit", params={
-    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "lease": UNIT_LEASE,
+@action("shared_maps.admit_units", params={
+    "ref": RUN_REF, "map_invocation_id": TEXT, "leases": list_of(UNIT_LEASE),
     "table_namespace": TEXT, "contract": CONTRACT, "rows": list_of(USER_JSON),
-    "cell_policies": optional(CELL_POLICIES), "give_up_after": optional(INT),
+    "input_indexes": list_of(INT), "cell_policies": optional(CELL_POLICIES),
+    "give_up_after": optional(INT),
 }, result=ADMISSION)
-async def admit_unit(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
-                     lease: UnitLease, table_namespace: str, contract: SheetContract,
-                     rows: Sequence[dict], *,
-                     cell_policies: Mapping[str, CellPolicy] | None = None,
-                     give_up_after: int | None = None) -> Admission:
-    """Admit the unit's rows under its attempt, the lease checked in the same transaction."""
+async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
+                      leases: Sequence[UnitLease], table_namespace: str,
+                      contract: SheetContract, rows: Sequence[dict],
+                      input_indexes: Sequence[int], *,
+                      cell_policies: Mapping[str, CellPolicy] | None = None,
+                      give_up_after: int | None = None) -> Admission:
+    """Admit `rows` (at `input_indexes`, each a row of one of `leases` not settled) under the
+    claim's attempt, the leases checked in the same transaction."""
     check_scope(port, ref)
-    if len(rows) != lease.row_count:
-        raise InvalidInputError(f"unit {lease.unit} holds {lease.row_count} rows, "
-                                f"got {len(rows)}")
+    _check_leases(leases)
+    if len(rows) != len(input_indexes) or not rows:
+        raise InvalidInputError("rows and input_indexes must be as many, at least one")
+    find = unit_finder(leases)
+    for i, index in enumerate(input_indexes):
+        lease = find(index)
+        if lease is None or mask_of(lease.settled) >> (index - lease.low) & 1:
+            raise InvalidInputError(f"input_indexes[{i}]: {index} is not an unsettled row "
+                                    "of the leases")
     return await sheets.admit(
-        port, ref, table_namespace, contract, rows, input_offset=lease.low,
-        attempt=unit_attempt(lease), cell_policies=cell_policies, give_up_after=give_up_after,
-        cache_hits="count",
-        within=unit_guard(port, ref, map_invocation_id, worker_id, lease, None))
+        port, ref, table_namespace, contract, rows, input_indexes=input_indexes,
+        attempt=claim_attempt(leases), cell_policies=cell_policies,
+        give_up_after=give_up_after, cache_hits="count",
+        within=lease_check(port, ref, map_invocation_id, leases))
 
 
-@action("shared_maps.complete_unit", params={
-    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT, "lease": UNIT_LEASE,
-    "table_namespace": TEXT, "contract": CONTRACT, "outcomes": list_of(ROW_OUTCOME),
-    "tally": dict_of(INT),
+@action("shared_maps.complete_units", params={
+    "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT,
+    "settlements": list_of(SETTLEMENT), "table_namespace": TEXT, "contract": CONTRACT,
+    "outcomes": list_of(ROW_OUTCOME),
 }, result=COMPLETION, deadline_s=75.0)
-async def complete_unit(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
-                        lease: UnitLease, table_namespace: str, contract: SheetContract,
-                        outcomes: Sequence[RowOutcome], tally: Mapping[str, int]) -> Completion:
-    """Write the unit's outcomes and mark it done, in one transaction (see above)."""
+async def complete_units(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
+                         settlements: Sequence[Settlement], table_namespace: str,
+                         contract: SheetContract, outcomes: Sequence[RowOutcome]) -> Completion:
+    """Write a batch of one claim's outcomes and record its units' progress, in one
+    transaction (see above)."""
     check_scope(port, ref)
-    unknown = set(tally) - TALLIED
-    if unknown:
-        raise InvalidInputError(f"tally: unknown counters {sorted(unknown)}")
-    statuses = {outcome.key: outcome.status for outcome in outcomes}  # the last one wins
+    check_settlements(settlements)
+    leases = [s.lease for s in settlements]
+    find = unit_finder(leases)
+    for i, outcome in enumerate(outcomes):
+        if not isinstance(outcome, RowOutcome) or find(outcome.input_index) is None:
+            raise InvalidInputError(f"outcomes[{i}] is not a row of the settled units")
 
-    def counters(committed: frozenset[str], fenced: dict[str, Any]) -> dict[str, int]:
-        applied = [statuses[key] for key in committed if key in statuses]
-        return {**dict.fromkeys(TALLIED, 0), **tally,
-                "completed": applied.count("completed"), "failed": applied.count("failed"),
-                "fenced": len(fenced)}
+    async def within(conn: Connection, committed: frozenset[str], fenced: dict) -> None:
+        await settle(conn, port, ref, map_invocation_id, worker_id,
+                     settlement_entries(settlements, outcomes, committed, fenced))
 
     return await sheets.complete(
-        port, ref, table_namespace, contract, outcomes, attempt=unit_attempt(lease),
-        within=unit_guard(port, ref, map_invocation_id, worker_id, lease, counters))
+        port, ref, table_namespace, contract, outcomes, attempt=claim_attempt(leases),
+        within=within)

@@ -2,20 +2,22 @@
 
 How it works
 - Hypothesis draws a `Plan`: 30–300 rows cut into units of a drawn size, a lease period, and
-  2–4 in-process workers (`actors.shared_worker.MapWorker`), each with a concurrency, a call
-  latency and at most one fault at a drawn stage of its n-th unit: `crash` (the worker dies
+  2–4 in-process workers (`actors.shared_service.MapWorker`), each with a concurrency, a call
+  latency and at most one fault at a drawn stage of its n-th claim: `crash` (the worker dies
   there, renewing and writing nothing more: its leases must expire and be taken over),
   `stall` (it stops renewing and sleeps past its lease, then carries on: its late completion
-  must be refused) or `lost_reply` (after its completion committed it sends the same
-  completion again, as a worker that lost the reply would: the replay must change nothing).
+  must be refused) or `lost_reply` (after a batch of its completions committed it sends the
+  same batch again, as a worker that lost the reply would: the replay must change nothing).
   The last worker never crashes, so the map can finish.
 - The coordinator is `run.map(..., shared=True)` (it runs no rows); the workers run in the same
   `trio.run` (trio's scheduler seeded by hypothesis), bounded by `trio.fail_after`. Each
   worker's function writes the worker's name.
 - Invariants: every row is enriched and was written exactly once (`_attempts` = 1, fenced
-  replays add nothing); no write by an expired holder lands (a row's writer is its unit's
-  last holder); every unit is done; the coordinator's `MapResult` equals the sheet (completed
-  = enriched rows, nothing failed or fenced); counters equal a COUNT over the sheet.
+  replays add nothing); no write by an expired holder lands (a row was computed by the worker
+  whose claim it was written under: rows a holder recorded before its unit was taken over
+  stay, the rest run once under the next holder); every unit is done; the coordinator's
+  `MapResult` equals the sheet (completed = enriched rows, nothing failed or fenced);
+  counters equal a COUNT over the sheet.
 - Faults reported: crashes, stalls (with takeovers) and lost replies that actually fired, so
   the CI-sized test can assert the drawn faults happened.
 """
@@ -58,7 +60,7 @@ class WorkerPlan:
     concurrency: int
     latency_ms: int
     fault: str | None        # crash | stall | lost_reply
-    fault_unit: int          # at this worker's n-th unit ...
+    fault_unit: int          # at this worker's n-th claim ...
     fault_stage: str         # ... at this stage
 
 
@@ -72,7 +74,7 @@ class Plan:
     def describe(self) -> str:
         return (f"rows={self.rows} unit_rows={self.unit_rows} lease={self.lease_s}s workers="
                 + ", ".join(f"(c={w.concurrency}, latency={w.latency_ms}ms, {w.fault} at "
-                            f"unit {w.fault_unit} {w.fault_stage})" for w in self.workers))
+                            f"claim {w.fault_unit} {w.fault_stage})" for w in self.workers))
 
 
 @st.composite
@@ -125,7 +127,7 @@ async def _worker(tenant, plan: Plan, index: int, spec: WorkerPlan, faults: Faul
     worker = MapWorker(tenant, worker_id, shared, worker_plan(tenant, shared, fn, spec.concurrency),
                        trio.CapacityLimiter(spec.concurrency), renew_s=plan.lease_s / 3)
 
-    async def fault(stage: str, lease: sm.UnitLease, outcomes) -> None:
+    async def fault(stage: str, leases: list, detail) -> None:
         nonlocal units_seen
         if stage == "claimed":
             units_seen += 1
@@ -141,13 +143,13 @@ async def _worker(tenant, plan: Plan, index: int, spec: WorkerPlan, faults: Faul
             worker.renewing = True
         elif spec.fault == "lost_reply":
             faults.lost_replies += 1
-            try:  # the same completion again, as after a lost reply
-                await shared_units.complete_unit(tenant, shared.ref, shared.map_invocation_id,
-                                                 worker_id, lease, NS, CONTRACT, outcomes, {})
+            settlements, outcomes = detail
+            try:  # the same batch again, as after a lost reply: it must change nothing
+                await shared_units.complete_units(tenant, shared.ref, shared.map_invocation_id,
+                                                  worker_id, settlements, NS, CONTRACT,
+                                                  outcomes)
             except LeaseLostError:
                 return
-            faults.violations.append(f"{name}: a replayed completion of unit {lease.unit} "
-                                     f"was applied")
 
     worker.fault = fault
     try:
@@ -162,7 +164,7 @@ async def _rows(tenant) -> list:
     layout = layout_for(tenant, PlayScope(ORG, PLAY), NS)
     async with tenant.connection("sheet") as conn:
         return await conn.fetch(
-            f"SELECT _status, _attempts, _input_index, {column('by')}::text AS by"
+            f"SELECT _status, _attempts, _input_index, _attempt_id, {column('by')}::text AS by"
             f" FROM {layout.qualified}")
 
 
@@ -188,22 +190,20 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], dict[str, int]]:
         async with tenant.connection("sheet") as conn:
             units = await conn.fetch(
                 f'SELECT low, row_count, done, holder, claims FROM "{tenant.schema}".shared_units')
-        holder_of = {}
         for unit in units:
             if not unit["done"]:
                 violations.append(f"unit at {unit['low']} is not done")
-            for n in range(unit["low"], unit["low"] + unit["row_count"]):
-                holder_of[n] = unit["holder"].split(":")[0]
         if len(rows) != plan.rows:
             violations.append(f"{len(rows)} rows stored, expected {plan.rows}")
         for row in rows:
             by = canonical.loads(row["by"])
+            writer = (row["_attempt_id"] or "").split(":")[0]
             if row["_status"] != "enriched" or row["_attempts"] != 1:
                 violations.append(f"row {row['_input_index']}: {row['_status']} after "
                                   f"{row['_attempts']} writes")
-            elif by != holder_of.get(row["_input_index"]):
-                violations.append(f"row {row['_input_index']} written by {by}, but its unit's "
-                                  f"holder is {holder_of.get(row['_input_index'])}")
+            elif by != writer:
+                violations.append(f"row {row['_input_index']} computed by {by}, but written "
+                                  f"under {row['_attempt_id']}")
         enriched = sum(1 for row in rows if row["_status"] == "enriched")
         if result is None or (result.completed, result.failed, result.fenced,
                               result.admitted) != (enriched, 0, 0, plan.rows):

@@ -26,7 +26,7 @@ from runplane.actors import open_run
 from runplane.actors.shared_worker import serve_play
 
 from runplane.engine import (PlayScope, RunScope, history, outbox, rate_limits, receipts, runs,
-                             shared_maps, sheets)
+                             shared_leases, shared_maps, sheets)
 from runplane.engine.actions import actions
 from runplane.engine.gateway import open_gateway, server as server_module
 
@@ -122,7 +122,7 @@ async def _workload(tenant, gw) -> None:
         await shared_maps.units_remaining(gw, PLAY)
         await shared_maps.workers_joined(gw, run.ref, "map-0")
         await shared_maps.map_status(gw, run.ref, "map-0", counters=True)
-        await shared_maps.renew(gw, run.ref, "map-0", "gone-worker", [])
+        await shared_leases.renew(gw, run.ref, "map-0", "gone-worker", [])
 
 
 def _paths(value, prefix=()):

@@ -65,6 +65,19 @@ async def test_a_rerun_of_a_shared_map_is_all_cache_hits(tenant):
     assert (again.completed, again.cached, again.executed) == (0, 700, 0)
 
 
+async def test_a_plain_function_runs_in_the_workers_threads(tenant):
+    from .plays.scale_play import burn
+
+    rows = [{"n": i} for i in range(600)]
+    with trio.fail_after(120):
+        async with open_run(tenant, PLAY) as run:
+            result = await run.map("burnt", rows, burn, contract=SheetContract(("n",), ("burn",)),
+                                   workers=1)
+    assert (result.completed, result.failed) == (600, 0)
+    ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "burnt")
+    assert ok, why
+
+
 async def test_a_function_workers_cannot_find_is_refused_before_any_write(tenant):
     async def local(row):
         return {}
@@ -81,46 +94,71 @@ async def test_a_function_workers_cannot_find_is_refused_before_any_write(tenant
             f'SELECT count(*) FROM "{tenant.schema}".shared_maps') == 0
 
 
-async def test_an_expired_holders_writes_are_rolled_back(tenant):
-    """A holder whose lease was taken over cannot write: its admission (and, below, its
-    completion) raises `LeaseLostError` and nothing of it lands; the new holder's does."""
-    from runplane.actors.shared_worker import MapWorker, worker_plan
+async def test_expired_holders_cannot_write_and_a_new_holder_runs_only_what_is_left(tenant):
+    """A holder whose lease was taken over cannot write: its admission and its completion
+    raise `LeaseLostError` and nothing of them lands. What a holder recorded before it lost
+    the unit stays settled: the next holder admits and runs only the rest, and a replayed
+    batch changes nothing."""
+    from runplane.actors.map_state import MapPlan
+    from runplane.actors.shared_map import publish_map
+    from runplane.engine.shared_leases import Settlement, claim_units, mask_text
 
     rows = [{"n": i} for i in range(10)]
+
+    def outcomes_for(indexes, stored_keys, pid):
+        return [RowOutcome(stored_keys[i], "completed", {"pid": pid, "double": 2 * i},
+                           input_index=i) for i in indexes]
+
     async with open_run(tenant, PLAY) as run:
         mid = "map-x"
-        from runplane.actors.map_state import MapPlan
-        from runplane.actors.shared_map import publish_map
-
         plan = MapPlan(tenant, run.ref, None, "nums", CONTRACT, tag_pid)
         await publish_map(run, rows, plan, mid, lease_s=0.5)
         await sm.set_state(tenant, run.ref, mid, sm.OPEN, (sm.WAITING,))
-        shared = (await sm.live_maps(tenant, PLAY))[0]
-        old = MapWorker(tenant, "old", shared, worker_plan(tenant, shared, tag_pid, 4),
-                        trio.CapacityLimiter(4), renew_s=60)
-        new = MapWorker(tenant, "new", shared, worker_plan(tenant, shared, tag_pid, 4),
-                        trio.CapacityLimiter(4), renew_s=60)
-        [lease] = await sm.claim_units(tenant, run.ref, mid, "old")
-        assert await sm.claim_units(tenant, run.ref, mid, "new") == []  # held
-        await trio.sleep(0.7)  # the old lease expires
-        [taken] = await sm.claim_units(tenant, run.ref, mid, "new")
-        assert taken.holder != lease.holder and taken.claims == 2
-        assert await old.run_unit(lease) is False  # its admission rolled back: lease lost
-        assert await raw_rows(tenant, play_scope(tenant, PLAY), "nums") == {}
-        assert await new.run_unit(taken) is True
-        stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("pid",))
-        assert all(row["_status"] == "enriched" and row["_attempt_id"] == taken.holder
-                   for row in stored.values())
-        status = await sm.map_status(tenant, run.ref, mid, counters=True)
-        assert status.done == 1 and status.counters["completed"] == 10
-        # The old holder's completion, computed before it lost the lease, cannot land either.
-        outcomes = [RowOutcome(key, "completed", {"pid": -1, "double": -1}, input_index=index)
-                    for key, index in ((k, r["_input_index"]) for k, r in stored.items())]
+
+        async def admit(lease, indexes):
+            return await shared_units.admit_units(tenant, run.ref, mid, [lease], "nums",
+                                                  CONTRACT, [rows[i] for i in indexes],
+                                                  indexes)
+
+        async def complete(lease, before, after, outcomes, tally=None):
+            done = after == lease.full
+            settlement = Settlement(lease, mask_text(before), mask_text(after), done,
+                                    tally or {})
+            return await shared_units.complete_units(tenant, run.ref, mid, "w", [settlement],
+                                                     "nums", CONTRACT, outcomes)
+
+        [first] = await claim_units(tenant, run.ref, mid, "first/1")
+        assert await claim_units(tenant, run.ref, mid, "second/1") == []  # held
+        admitted = await admit(first, list(range(10)))
+        keys = {row.input_index: row.key for row in admitted.pending}
+        assert len(keys) == 10
+        # The first holder records rows 0-4 (the unit's rows counted with its first batch).
+        await complete(first, 0, 0b11111, outcomes_for(range(5), keys, 1),
+                       {"rows": 10, "executed": 5, "calls": 5})
+        await trio.sleep(0.7)  # its lease expires
+        [second] = await claim_units(tenant, run.ref, mid, "second/1")
+        assert (second.holder, second.claims, second.settled) == ("second/1", 2, "1f")
+        with pytest.raises(LeaseLostError):  # the old holder can neither admit nor complete
+            await admit(first, [5, 6])
         with pytest.raises(LeaseLostError):
-            await shared_units.complete_unit(tenant, run.ref, mid, "old", lease, "nums",
-                                             CONTRACT, outcomes, {})
-        after = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("pid",))
-        assert after == stored
+            await complete(first, 0b11111, 0b1111111, outcomes_for((5, 6), keys, 1))
+        with pytest.raises(InvalidInputError):  # a settled row is not admitted again
+            await admit(second, [0, 5])
+        again = await admit(second, list(range(5, 10)))
+        assert sorted(row.input_index for row in again.pending) == [5, 6, 7, 8, 9]
+        batch = outcomes_for(range(5, 10), keys, 2)
+        await complete(second, 0b11111, 0b1111111111, batch, {"executed": 5, "calls": 5})
+        await complete(second, 0b11111, 0b1111111111, batch, {"executed": 5, "calls": 5})
+        stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("pid",))
+        assert sorted((row["_input_index"], row["pid"], row["_attempt_id"])
+                      for row in stored.values()) == (
+            [(i, 1, "first/1") for i in range(5)] + [(i, 2, "second/1") for i in range(5, 10)])
+        status = await sm.map_status(tenant, run.ref, mid, counters=True)
+        assert status.done == 1
+        assert {k: status.counters[k] for k in ("rows", "completed", "executed", "calls",
+                                                 "fenced")} == {
+            "rows": 10, "completed": 10, "executed": 10, "calls": 10, "fenced": 0}
         await sm.set_state(tenant, run.ref, mid, sm.DONE, sm.LIVE)
+    assert [r["_attempts"] for r in await sheet_state(tenant, "nums")] == [1] * 10
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why

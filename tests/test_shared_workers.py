@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from runplane.engine import shared_maps as sm
 
 from .cli_helpers import cli_env, schema  # noqa: F401  (a fixture)
 from .gateway_support import server  # noqa: F401  (a fixture)
-from .plays.scale_play import slow_tag, tag_pid
+from .plays.scale_play import logged_hang, slow_tag, tag_pid
 from .sheet_helpers import counters_match, play_scope, raw_rows
 from .test_shared_map import CONTRACT, PLAY, sheet_state
 
@@ -37,45 +38,55 @@ async def start_worker(tenant, dsn, play_file=PLAY_FILE, *extra: str) -> trio.Pr
         stderr=subprocess.PIPE, cwd=ROOT)
 
 
-async def held_pids(tenant, run_id: str) -> set[int]:
-    """Pids of workers holding a live lease on a unit not done."""
-    async with tenant.connection("sheet") as conn:
-        holders = await conn.fetch(
-            f'SELECT holder FROM "{tenant.schema}".shared_units '
-            "WHERE run_id = $1 AND NOT done AND expires_at > now()", run_id)
-    return {int(row["holder"].split("/")[0].split(":")[1]) for row in holders}
+HANG_AT = 120  # calls the killed worker finishes before its next ones hang
 
 
-async def test_three_workers_one_killed_every_row_enriched_once(tenant, dsn):
-    rows = [{"n": i} for i in range(4000)]  # eight units of ~1.3 s each at concurrency 8
+async def test_a_worker_killed_mid_map_loses_only_its_calls_in_flight(tenant, dsn, tmp_path,
+                                                                     monkeypatch):
+    """Three external workers; the first to start more than `HANG_AT` calls hangs in its next
+    ones (`logged_hang`) and, once the rows it computed are recorded, is SIGKILLed. Every row
+    ends enriched exactly once, counters exact, and only its calls in flight (at most its
+    concurrency, 8) run again elsewhere: nothing it computed is lost."""
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("RUNPLANE_TEST_CALLS", str(calls))
+    monkeypatch.setenv("RUNPLANE_TEST_HANG_AT", str(HANG_AT))
+    rows = [{"n": i} for i in range(4000)]
     workers = [await start_worker(tenant, dsn) for _ in range(3)]
-    killed: list[int] = []
+    named = tmp_path / "calls.victim"
+    victim = None
     result = None
+
+    async def written_by(pid: int) -> set[int]:
+        stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n", "pid"))
+        return {row["n"] for row in stored.values()
+                if row["_status"] == "enriched" and row["pid"] == pid}
+
     try:
         with trio.fail_after(180):
             async with open_run(tenant, PLAY) as run:
 
                 async def coordinate() -> None:
                     nonlocal result
-                    result = await run.map("nums", rows, slow_tag, contract=CONTRACT,
+                    result = await run.map("nums", rows, logged_hang, contract=CONTRACT,
                                            shared=True, lease_s=2.0)
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(coordinate)
-                    while not killed:  # kill a worker while it holds a unit mid-map
-                        await trio.sleep(0.2)
-                        pids = await held_pids(tenant, run.run_id) & {p.pid for p in workers}
-                        if pids:
-                            victim = min(pids)
-                            os.kill(victim, signal.SIGKILL)
-                            killed.append(victim)
+                    while not (named.exists() and named.read_text()):
+                        await trio.sleep(0.05)
+                    victim = int(named.read_text())
+                    # its finished calls are recorded within the linger, its calls in flight
+                    # never finish: kill it then
+                    while len(await written_by(victim)) < HANG_AT:
+                        await trio.sleep(0.05)
+                    os.kill(victim, signal.SIGKILL)
             for worker in workers:
                 await worker.wait()
     finally:
         for worker in workers:
             if worker.returncode is None:
                 worker.kill()
-    survivors = [w for w in workers if w.pid not in killed]
+    survivors = [w for w in workers if w.pid != victim]
     assert [w.returncode for w in survivors] == [0, 0]
     stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n", "pid", "double"))
     assert len(stored) == 4000
@@ -84,10 +95,18 @@ async def test_three_workers_one_killed_every_row_enriched_once(tenant, dsn):
     assert [r["_attempts"] for r in state] == [1] * 4000  # no row written twice
     assert result is not None
     assert (result.completed, result.failed, result.cached, result.fenced) == (4000, 0, 0, 0)
+    assert (result.admitted, result.executed) == (4000, 4000)
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why
-    # the killed worker's unit was taken over: some unit was claimed twice
-    async with tenant.connection("sheet") as conn:
+    # Re-executed rows are exactly the victim's calls in flight; what it recorded stayed.
+    logged = [line.split() for line in calls.read_text().splitlines()]
+    times = collections.Counter(int(n) for _, n in logged)
+    again = {n for n, count in times.items() if count > 1}
+    by_victim = {int(n) for pid, n in logged if int(pid) == victim}
+    kept = {row["n"] for row in stored.values() if row["pid"] == victim}
+    assert len(kept) == HANG_AT
+    assert again == by_victim - kept and 1 <= len(again) <= 8, (len(again), len(by_victim))
+    async with tenant.connection("sheet") as conn:  # its units were taken over
         assert await conn.fetchval(
             f'SELECT max(claims) FROM "{tenant.schema}".shared_units') >= 2
 
@@ -165,12 +184,15 @@ async def test_cancelling_the_coordinator_stops_every_worker_nothing_half_writte
     assert status.state == "cancelled" and 1 <= status.done < status.units
     stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n",))
     enriched = sorted(row["n"] for row in stored.values() if row["_status"] == "enriched")
-    # whole units only: every enriched row belongs to a unit marked done, and the other way round
+    # nothing half-written: the rows enriched are exactly those the units' holders recorded
+    # as settled (in the transactions that wrote them), and counted
     async with tenant.connection("sheet") as conn:
-        done_units = await conn.fetch(
-            f'SELECT low, row_count FROM "{tenant.schema}".shared_units WHERE done')
-    assert enriched == sorted(n for u in done_units for n in range(u["low"],
-                                                                  u["low"] + u["row_count"]))
+        units = await conn.fetch(
+            f'SELECT low, row_count, coalesce(counters->>\'settled\', \'\') AS settled '
+            f'FROM "{tenant.schema}".shared_units')
+    settled = sorted(u["low"] + offset for u in units for offset in range(u["row_count"])
+                     if u["settled"] and int(u["settled"], 16) >> offset & 1)
+    assert enriched == settled
     assert status.counters["completed"] == len(enriched)
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why

@@ -60,3 +60,31 @@ def hang_on_3(row):
 
         time.sleep(600)
     return {"pid": os.getpid(), "double": row["n"] * 2}
+
+
+_calls = 0  # calls of `logged_hang` in this process
+
+
+async def logged_hang(row):
+    """Like `slow_tag`, and each call is logged as a line "pid n" in the file named by
+    `RUNPLANE_TEST_CALLS` as it starts. The first worker process to start more than
+    `RUNPLANE_TEST_HANG_AT` calls becomes the victim (it names itself in `<calls>.victim`): its
+    later calls never return, so it is killed with exactly those calls in flight."""
+    global _calls
+    _calls += 1
+    calls = os.environ["RUNPLANE_TEST_CALLS"]
+    with open(calls, "a") as log:
+        log.write(f"{os.getpid()} {row['n']}\n")
+    if _calls > int(os.environ["RUNPLANE_TEST_HANG_AT"]):
+        victim = calls + ".victim"
+        claim = f"{victim}.{os.getpid()}"
+        with open(claim, "w") as mine:
+            mine.write(str(os.getpid()))
+        try:
+            os.link(claim, victim)  # atomic: the first process to get here is the victim
+        except FileExistsError:
+            pass
+        with open(victim) as named:
+            if named.read() == str(os.getpid()):
+                await trio.sleep_forever()
+    return await slow_tag(row)
