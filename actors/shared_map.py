@@ -35,6 +35,7 @@ import trio
 
 from runplane.engine import array_input, sheets
 from runplane.engine import shared_maps as sm
+from runplane.engine.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError
 from runplane.engine.ports import Port
 
@@ -118,8 +119,7 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
     if not isinstance(source, (list, tuple, array_input.PagedRows)):
         raise InvalidInputError("a shared map's source must be a list of rows, got "
                                 f"{type(source).__name__}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):
+    if workers is not None and not is_int(workers, 1):
         raise InvalidInputError(f"workers must be a positive integer, got {workers!r}")
     if workers is None and not shared:
         raise InvalidInputError("a shared map needs workers=N or shared=True")
@@ -130,8 +130,7 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
         map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
     if len(source) == 0:
         return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id)
-    if isinstance(unit_rows, bool) or not isinstance(unit_rows, int) or \
-            not 1 <= unit_rows <= sm.UNIT_ROWS:
+    if not is_int(unit_rows, 1, sm.UNIT_ROWS):
         raise InvalidInputError(f"unit_rows must be an integer from 1 to {sm.UNIT_ROWS}, "
                                 f"got {unit_rows!r}")
     await publish_map(run, source, plan, map_invocation_id, lease_s, executor, unit_rows)

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 import attrs
 
 from .actions import action
+from .bounds import is_int
 from .codecs import BOOL, INT, INT32, RUN_REF, TEXT, dict_of, list_of, record
 from .errors import InvalidInputError, LeaseLostError
 from .pg import Connection
@@ -134,7 +135,7 @@ async def claim_units(port: Port, ref: RunRef, map_invocation_id: str, holder: s
     `worker id/claim number`), its fair share and at most `limit`, in unit order; none when
     the map is not open or nothing is claimable."""
     check_scope(port, ref)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
+    if not is_int(limit, 1, MAX_CLAIM):
         raise InvalidInputError(f"limit must be an integer from 1 to {MAX_CLAIM}, got {limit!r}")
     sql = _CLAIM.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"),
                         workers=table(port, "shared_workers"))
