@@ -6,7 +6,8 @@ How it works
   sheet is ensured, and the map is published (`engine.shared_maps.publish`) with its units —
   slices of at most `UNIT_ROWS` rows of each staged page — its configuration, the function's
   qualified name and the play file's digest (`actors.shared_config`).
-- With `workers=N` the coordinator starts N local `runplane worker` processes, which inherit
+- With `workers=N` the coordinator starts N local `runplane worker` processes first (their
+  start-up overlaps staging the list; a failed publication stops them), which inherit
   its connection (DSN, schema, org, through the environment) and the play file; it waits until
   N workers joined (or `JOIN_WAIT_S`) and then opens the map, so the first claims split the
   units fairly. It runs no rows itself. With `shared=True` it opens the map at once and starts
@@ -133,16 +134,18 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
     if not is_int(unit_rows, 1, sm.UNIT_ROWS):
         raise InvalidInputError(f"unit_rows must be an integer from 1 to {sm.UNIT_ROWS}, "
                                 f"got {unit_rows!r}")
-    await publish_map(run, source, plan, map_invocation_id, lease_s, executor, unit_rows)
-    finished = False
+    published = finished = False
     try:
         async with trio.open_nursery() as nursery:
             processes: list[trio.Process] = []
-            if workers:
+            if workers:  # started first: their start-up overlaps staging the list
                 identity = function_identity(plan.fn)
                 command = worker_command(identity.path, run.play, plan.concurrency)
                 for _ in range(workers):
                     processes.append(await nursery.start(_keep_worker, command, env))
+            await publish_map(run, source, plan, map_invocation_id, lease_s, executor, unit_rows)
+            published = True
+            if workers:
                 await wait_for_workers(run, map_invocation_id, workers)
             await retry_transient(lambda: sm.set_state(
                 run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
@@ -154,7 +157,7 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
             # after a grace period are terminated.
             nursery.cancel_scope.deadline = trio.current_time() + STOP_WORKERS_S
     finally:
-        if not finished:
+        if published and not finished:
             await _cancel_map(run, map_invocation_id)
     counters = status.counters
     return MapResult(
