@@ -100,6 +100,13 @@ UPDATE {t} AS s SET _status = 'completed', ok = u.ok, _updated_at = now()
 _COLUMNS = ("_key", "_run_id", "_write_version", "_input_index", "name", "n")
 
 
+async def copy_records(conn, table: str, records: list[tuple], *, columns, schema: str):
+    """Binary COPY of `records` into `schema.table` through the adapter's statement path (the
+    engine itself writes with INSERT … unnest; COPY is the raw ceiling's)."""
+    return await conn._statement(f"COPY {schema}.{table}", "copy_records_to_table", table,
+                                 records=records, columns=list(columns), schema_name=schema)
+
+
 def raw_records(start: int, stop: int) -> list[tuple]:
     """The admitted rows of the ceiling: each row's SHA-256 key of its canonical JSON, and its
     inputs as canonical JSON text (built before the clock starts)."""
@@ -128,7 +135,7 @@ async def ceiling_side(tenant, schema: str, table: str, rows: int) -> float:
         started = time.perf_counter()
         done = 0
         for records in chunks:
-            await conn.copy_records(table, records, columns=_COLUMNS, schema=schema)
+            await copy_records(conn, table, records, columns=_COLUMNS, schema=schema)
             status = await conn.execute(complete, [r[0] for r in records],
                                         [output] * len(records), 1)
             done += int(status.split()[-1])
