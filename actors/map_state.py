@@ -52,6 +52,7 @@ from runplane.engine.sheets.completion import complete_write, input_fields_probl
 from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets.probing import probe_keyed
+from runplane.engine.sheets.sheet_write import check_flag
 
 from .backoff import MAX_WAITING_ROWS, RetryQueue
 from .pacing import Pacer, open_pacer
@@ -96,11 +97,6 @@ def _timeout(_instance: object, _attribute: object, value: object) -> None:
         raise InvalidInputError(f"row_timeout_s must be a number of seconds > 0, got {value!r}")
 
 
-def _flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"{attribute.name} must be True or False, got {value!r}")
-
-
 @attrs.frozen
 class MapPlan:
     """How one map runs; read by every actor, never changed."""
@@ -123,9 +119,9 @@ class MapPlan:
     rate_limit: RateLimit | None = attrs.field(
         default=None, validator=_optional(RateLimit, "rate_limit"))
     give_up_after: int | None = None
-    fast_admission: bool = attrs.field(default=True, validator=_flag)
+    fast_admission: bool = attrs.field(default=True, validator=check_flag)
     max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
-    force: bool = attrs.field(default=False, validator=_flag)
+    force: bool = attrs.field(default=False, validator=check_flag)
     fail_fast_rows: int | None = attrs.field(default=None, validator=_optional(int, "fail_fast"))
     # Where and how the map writes: built (and so checked) once, with the plan.
     write: SheetWrite = attrs.field(init=False)

@@ -37,7 +37,7 @@ import trio
 from runplane.engine import array_input, sheets
 from runplane.engine import shared_maps as sm
 from runplane.engine.bounds import is_int
-from runplane.engine.errors import EngineError, InvalidInputError
+from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
 from runplane.engine.ports import Port
 
 from .executors import executor_config
@@ -136,26 +136,28 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
                                 f"got {unit_rows!r}")
     published = finished = False
     try:
-        async with trio.open_nursery() as nursery:
-            processes: list[trio.Process] = []
-            if workers:  # started first: their start-up overlaps staging the list
-                identity = function_identity(plan.fn)
-                command = worker_command(identity.path, run.play, plan.concurrency)
-                for _ in range(workers):
-                    processes.append(await nursery.start(_keep_worker, command, env))
-            await publish_map(run, source, plan, map_invocation_id, lease_s, executor, unit_rows)
-            published = True
-            if workers:
-                await wait_for_workers(run, map_invocation_id, workers)
-            await retry_transient(lambda: sm.set_state(
-                run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
-            status = await _wait_done(run, map_invocation_id, processes if not shared else [])
-            finished = True
-            await retry_transient(lambda: sm.set_state(
-                run.port, run.ref, map_invocation_id, sm.DONE, sm.LIVE))
-            # Idle local workers exit on their own once the map is closed; any still running
-            # after a grace period are terminated.
-            nursery.cancel_scope.deadline = trio.current_time() + STOP_WORKERS_S
+        with unwrap_single_error(Exception):  # a refused list raises as itself
+            async with trio.open_nursery() as nursery:
+                processes: list[trio.Process] = []
+                if workers:  # started first: their start-up overlaps staging the list
+                    identity = function_identity(plan.fn)
+                    command = worker_command(identity.path, run.play, plan.concurrency)
+                    for _ in range(workers):
+                        processes.append(await nursery.start(_keep_worker, command, env))
+                await publish_map(run, source, plan, map_invocation_id, lease_s, executor,
+                                  unit_rows)
+                published = True
+                if workers:
+                    await wait_for_workers(run, map_invocation_id, workers)
+                await retry_transient(lambda: sm.set_state(
+                    run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
+                status = await _wait_done(run, map_invocation_id, processes if not shared else [])
+                finished = True
+                await retry_transient(lambda: sm.set_state(
+                    run.port, run.ref, map_invocation_id, sm.DONE, sm.LIVE))
+                # Idle local workers exit on their own once the map is closed; any still running
+                # after a grace period are terminated.
+                nursery.cancel_scope.deadline = trio.current_time() + STOP_WORKERS_S
     finally:
         if published and not finished:
             await _cancel_map(run, map_invocation_id)

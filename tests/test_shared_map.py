@@ -65,6 +65,39 @@ async def test_a_rerun_of_a_shared_map_is_all_cache_hits(tenant):
     assert (again.completed, again.cached, again.executed) == (0, 700, 0)
 
 
+def running_children() -> set[int]:
+    """This process's live child processes (from /proc; zombies are not running)."""
+    pid = __import__("os").getpid()
+    out: set[int] = set()
+    for task in __import__("os").listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as handle:
+            out.update(int(c) for c in handle.read().split())
+    live = set()
+    for child in out:
+        try:
+            with open(f"/proc/{child}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    live.add(child)
+        except FileNotFoundError:
+            pass
+    return live
+
+
+async def test_a_list_refused_while_staging_stops_the_workers_started_for_it(tenant):
+    # The local workers start before the list is staged (their start-up overlaps it): a row
+    # refused while staging must stop them, and nothing of the map is published.
+    before = running_children()
+    rows = [{"n": i} for i in range(10)] + [{"n": float("nan")}]
+    with trio.fail_after(120):
+        async with open_run(tenant, PLAY) as run:
+            with pytest.raises(InvalidInputError):
+                await run.map("nums", rows, tag_pid, contract=CONTRACT, workers=2)
+    assert running_children() <= before
+    async with tenant.connection("sheet") as conn:
+        assert await conn.fetchval(
+            f'SELECT count(*) FROM "{tenant.schema}".shared_maps') == 0
+
+
 async def test_a_plain_function_runs_in_the_workers_threads(tenant):
     from .plays.scale_play import burn
 

@@ -79,7 +79,8 @@ def _cache_hits(_instance: object, _attribute: object, value: object) -> None:
         raise InvalidInputError(f"cache_hits must be one of {CACHE_HITS_MODES}, got {value!r}")
 
 
-def _flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:
+def check_flag(_instance: object, attribute: attrs.Attribute, value: object) -> None:
+    """An attrs validator: the field is True or False (not 1, not "yes")."""
     if not isinstance(value, bool):
         raise InvalidInputError(f"{attribute.name} must be True or False, got {value!r}")
 
@@ -96,7 +97,7 @@ class SheetWrite:
         default=None, converter=_policies, hash=False)
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
     cache_hits: CacheHits = attrs.field(default="rows", validator=_cache_hits)
-    force: bool = attrs.field(default=False, validator=_flag)
+    force: bool = attrs.field(default=False, validator=check_flag)
 
     def check_port(self, port: Port) -> None:
         """`ScopeError` unless the run belongs to the org `port` serves."""
