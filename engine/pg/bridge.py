@@ -11,7 +11,10 @@ How it works
   lost connection. Closing (`close_gracefully`, `terminate`) never raises, whatever state the
   connection or its loop is in.
 - Connect attempts wait at most `CONNECT_TIMEOUT`, never past a `connects_until` deadline (a
-  run's outage budget), and pin the search path (`PINNED_SEARCH_PATH`).
+  run's outage budget), and pin the search path (`PINNED_SEARCH_PATH`). A new connection
+  learns the array types runplane binds (`WARM_TYPES`) at once: asyncpg looks up a type it has
+  no built-in codec for (three round trips) the first time a statement uses it, which would
+  otherwise happen inside the first sheet transaction of every connection, under its lock.
 
 Only `engine.pg` uses this module; it raises the driver's errors untranslated.
 """
@@ -49,6 +52,10 @@ CONNECT_TIMEOUT = 5.0
 # function, operator, type or table another role creates in `public` or elsewhere can stand in
 # for a builtin one (a better-matching `public.unnest(text[])` would otherwise win).
 PINNED_SEARCH_PATH = "pg_catalog, pg_temp"
+# The array types runplane's statements bind or return that asyncpg has no built-in codec for;
+# a new connection introspects them in one go (`Driver.connect`).
+WARM_TYPES = ("bigint[]", "integer[]", "jsonb[]", "bytea[]", "double precision[]", "boolean[]")
+_WARM = "SELECT " + ", ".join(f"NULL::{name} AS t{i}" for i, name in enumerate(WARM_TYPES))
 
 
 class LoopCancelledError(ConnectionAbortedError):
@@ -160,12 +167,21 @@ class Driver:
         if timeout <= 0:
             raise asyncio.TimeoutError("no connect attempt: the caller's deadline has passed")
         settings = {**server_settings, "search_path": PINNED_SEARCH_PATH}
-        return await self.call(
-            asyncpg.connect(
-                dsn, timeout=timeout, server_settings=settings,
-                statement_cache_size=256,
-            )
-        )
+        return await self.call(_connect_warm(dsn, timeout, settings))
+
+
+async def _connect_warm(dsn: str, timeout: float, settings: dict[str, str]) -> Any:
+    """asyncpg.connect, then the codecs of `WARM_TYPES` learned (within the same timeout)."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + timeout
+    raw = await asyncpg.connect(dsn, timeout=timeout, server_settings=settings,
+                                statement_cache_size=256)
+    try:
+        await raw.fetchrow(_WARM, timeout=max(ends - loop.time(), 0.001))
+    except BaseException:
+        raw.terminate()
+        raise
+    return raw
 
 
 _connect_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
