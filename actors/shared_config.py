@@ -73,8 +73,9 @@ def _resolve_type(name: str) -> type:
 
 
 def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: str,
-                  executor: dict | None = None) -> dict:
-    """The JSON configuration of a shared map from its `MapPlan`."""
+                  executor: dict | None = None, concurrent: bool = False) -> dict:
+    """The JSON configuration of a shared map from its `MapPlan`; `concurrent`: its workers may
+    write at once (`actors.shared_map.rows_distinct`)."""
     retry = plan.retry
     limit = plan.rate_limit
     return {
@@ -96,6 +97,7 @@ def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: 
         "give_up_after": plan.give_up_after,
         "play_file": play_file,
         "executor": executor,
+        "concurrent": concurrent,
     }
 
 

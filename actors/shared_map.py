@@ -12,6 +12,9 @@ How it works
   N workers joined (or `JOIN_WAIT_S`) and then opens the map, so the first claims split the
   units fairly. It runs no rows itself. With `shared=True` it opens the map at once and starts
   no worker: workers anywhere join it.
+- A list whose rows are all distinct is published `concurrent` (checked while it is staged):
+  the workers' unit writes then do not wait for each other's (`engine.sheets.sheet_txn`); a
+  list with a repeated row is written by one worker at a time, as any sheet.
 - It then polls the map until every unit is done and closes it `done`; its `MapResult` is the
   sum of the counters the workers recorded with each unit's done mark (in the transaction of
   the unit's last completion), so it is exact whoever ran the rows. If every local worker
@@ -93,16 +96,41 @@ async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
     scope = run.scope.map(plan.table_namespace, map_invocation_id)
     items = source if isinstance(source, array_input.PagedRows) else list(source)
     encoded = await trio.to_thread.run_sync(array_input.encode_source, items)
-    await retry_transient(lambda: sheets.ensure_sheet(
-        port, run.scope.play_scope, plan.table_namespace, plan.contract))
-    await stage_encoded(port, scope, encoded)
+    distinct = False
+
+    async def check_distinct() -> None:
+        nonlocal distinct
+        distinct = await trio.to_thread.run_sync(rows_distinct, encoded)
+
+    async with trio.open_nursery() as nursery:  # the check overlaps staging
+        nursery.start_soon(check_distinct)
+        await retry_transient(lambda: sheets.ensure_sheet(
+            port, run.scope.play_scope, plan.table_namespace, plan.contract))
+        await stage_encoded(port, scope, encoded)
     units = sm.plan_units(encoded.cuts, unit_rows)
     config = encode_config(plan, run_id=run.run_id, map_invocation_id=map_invocation_id,
-                           play_file=identity.path, executor=executor_config(executor))
+                           play_file=identity.path, executor=executor_config(executor),
+                           concurrent=distinct)
     await retry_transient(lambda: sm.publish(
         port, run.ref, map_invocation_id, plan.table_namespace, config=config,
         function=identity.qualname, play_digest=identity.digest, units=units, lease_s=lease_s))
     return len(units)
+
+
+def rows_distinct(encoded: Any) -> bool:
+    """Whether no two rows of a staged list have the same canonical text (so no two rows share
+    a key, which is derived from it): its workers may then write at once. Compared by Python
+    hash, so a collision answers no, the safe side; a paged source answers no."""
+    if not isinstance(encoded, array_input.EncodedSource):
+        return False
+    seen: set[int] = set()
+    for page in encoded.page_texts:
+        for text in page.split("\n"):
+            digest = hash(text)
+            if digest in seen:
+                return False
+            seen.add(digest)
+    return True
 
 
 async def wait_for_workers(run: Run, map_invocation_id: str, workers: int) -> None:
@@ -129,6 +157,7 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
     executor_config(executor)
     if map_invocation_id is None:
         map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
+    map_invocation_id = sm.map_id_for(map_invocation_id, plan.table_namespace)
     if len(source) == 0:
         return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id)
     if not is_int(unit_rows, 1, sm.UNIT_ROWS):

@@ -23,6 +23,9 @@ How it works
 - Store calls ride out an outage for the port's outage budget (`actors.retry`), then `serve`
   ends with `StoreOutageError`; the leases expire and other workers take the units.
 - No permit is held while the function runs; at most `concurrency` rows run at once.
+- A map published `concurrent` (its rows' keys distinct) is written by concurrent sheet
+  transactions (`engine.sheets.sheet_txn`): the workers' admissions and batches do not wait
+  for each other's.
 """
 
 from __future__ import annotations
@@ -103,6 +106,11 @@ class MapWorker:
     _admitting: int = 0
     _admit_s: float = 0.0           # how long a claim's admission takes (a moving average)
     _rate_mark: tuple[float, int] | None = None
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether the map was published for concurrent writers (its rows' keys distinct)."""
+        return self.shared.config.get("concurrent") is True
 
     # -- the claimer -------------------------------------------------------------------------
 
@@ -189,7 +197,8 @@ class MapWorker:
             admission = await retry_transient(lambda: shared_units.admit_units(
                 self.port, plan.ref, self.shared.map_invocation_id, claim.leases,
                 plan.table_namespace, plan.contract, rows, indexes,
-                cell_policies=plan.cell_policies, give_up_after=plan.give_up_after))
+                cell_policies=plan.cell_policies, give_up_after=plan.give_up_after,
+                concurrent=self.concurrent))
         except LeaseLostError as exc:
             log.info("worker %s: %s", self.worker_id, exc)
             return
@@ -320,7 +329,8 @@ class MapWorker:
         try:
             await retry_transient(lambda: shared_units.complete_units(
                 self.port, plan.ref, self.shared.map_invocation_id, self.worker_id,
-                settlements, plan.table_namespace, plan.contract, outcomes))
+                settlements, plan.table_namespace, plan.contract, outcomes,
+                concurrent=self.concurrent))
         except LeaseLostError as exc:
             log.info("worker %s: %s", self.worker_id, exc)
             if not await self._check_held(claim):

@@ -21,6 +21,7 @@ different keys for the same sheet (writers of one sheet still serialize on its s
 has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused).
 8 adds `run_maps`, the run history (what each map of each run did, `engine.history`).
 9 adds shared maps (`shared_maps`, `shared_units`, `shared_workers`; `engine.shared_maps`).
+10 adds counter deltas (`sheet_counter_deltas`, `sheet_column_deltas`; `engine.sheets.counters`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from . import session_isolation
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "9"
+SCHEMA_VERSION = "10"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -233,6 +234,32 @@ CREATE TABLE IF NOT EXISTS {s}.shared_workers (
     units_done integer NOT NULL DEFAULT 0,
     seen_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, play, worker_id)
+);
+-- end of version 9 -----------------------------------------------------------------------------
+-- Counter deltas (engine.sheets.counters), from version 10: the writers of one shared map write
+-- at once, each adding its counter deltas to its own row (keyed by its backend's pid); readers
+-- add them to `sheet_summary` / `sheet_column_summary` until a fold moves them there.
+CREATE TABLE IF NOT EXISTS {s}.sheet_counter_deltas (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    table_namespace text NOT NULL,
+    slot integer NOT NULL,
+    total bigint NOT NULL DEFAULT 0,
+    queued bigint NOT NULL DEFAULT 0,
+    running bigint NOT NULL DEFAULT 0,
+    completed bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (org_id, play, table_namespace, slot)
+);
+CREATE TABLE IF NOT EXISTS {s}.sheet_column_deltas (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    table_namespace text NOT NULL,
+    field text NOT NULL,
+    slot integer NOT NULL,
+    completed bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (org_id, play, table_namespace, field, slot)
 );
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

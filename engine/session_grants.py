@@ -28,7 +28,7 @@ OPERATIONS = ("rows.read", "rows.upsert", "rows.append", "rows.replace", "receip
 WRITE_OPERATIONS = frozenset({"rows.upsert", "rows.append", "rows.replace"})
 ROW_OPERATIONS = frozenset({"rows.read"}) | WRITE_OPERATIONS
 SHARED_TABLES = ("meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
-                 "sheet_columns", "sheet_reuse")
+                 "sheet_columns", "sheet_reuse", "sheet_counter_deltas", "sheet_column_deltas")
 
 # The columns of the shared tables, for column privileges ($1 schema, $2 table names).
 COLUMNS = """
@@ -63,11 +63,15 @@ def grants(schema: str, operations: Iterable[str], sheet_table: str | None, role
             on("SELECT, INSERT, UPDATE", "sheet_summary"),
             on("SELECT, INSERT, UPDATE", "sheet_column_summary"),
             on("SELECT", "sheet_columns"),
+            # an ordinary writer folds the sheet's counter deltas (`engine.sheets.counters`)
+            on("SELECT", "sheet_counter_deltas"), on("SELECT", "sheet_column_deltas"),
+            f"GRANT DELETE ON {t('sheet_counter_deltas')}, {t('sheet_column_deltas')} TO {r}",
             f"GRANT USAGE ON SEQUENCE {t('row_versions')} TO {r}",
         ]
     elif "rows.read" in ops:
         out += [f"GRANT SELECT ON {t(sheet_table)} TO {r}", on("SELECT", "sheet_summary"),
-                on("SELECT", "sheet_column_summary"), on("SELECT", "sheet_columns")]
+                on("SELECT", "sheet_column_summary"), on("SELECT", "sheet_columns"),
+                on("SELECT", "sheet_counter_deltas"), on("SELECT", "sheet_column_deltas")]
     if "rows.read" in ops:
         out.append(on("SELECT", "sheet_reuse"))
     if ops & {"receipts", "array_input"}:

@@ -35,7 +35,8 @@ from .sql import qualified, quote_ident
 GROUP = "runplane_sessions"
 SCOPES_TABLE = "session_scopes"
 RECEIPT_SCOPED_TABLES = ("work_receipts",)
-SHEET_SCOPED_TABLES = ("sheet_summary", "sheet_column_summary", "sheet_columns", "sheet_reuse")
+SHEET_SCOPED_TABLES = ("sheet_summary", "sheet_column_summary", "sheet_columns", "sheet_reuse",
+                       "sheet_counter_deltas", "sheet_column_deltas")
 POLICY_PREFIX = "runplane_"
 
 

@@ -63,7 +63,8 @@ def _revokes(schema: str, roles: list[str], sheet_tables: list[str]) -> str:
     rs = ", ".join(quote_ident(r) for r in roles)
     tables = ", ".join(qualified(schema, t) for t in (
         "meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
-        "sheet_columns", "sheet_reuse", *sheet_tables))
+        "sheet_columns", "sheet_reuse", "sheet_counter_deltas", "sheet_column_deltas",
+        *sheet_tables))
     return (f"REVOKE ALL ON SCHEMA {quote_ident(schema)} FROM {rs};\n"
             f"REVOKE ALL ON TABLE {tables} FROM {rs};\n"
             f"REVOKE ALL ON SEQUENCE {qualified(schema, 'row_versions')} FROM {rs}")

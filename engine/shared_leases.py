@@ -189,6 +189,7 @@ SELECT count(*) FROM (
                       AND m.map_invocation_id = u.map_invocation_id
      WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
        AND NOT u.done AND m.state = 'open'
+       AND ($7::boolean IS NOT TRUE OR m.config->>'concurrent' = 'true')
        FOR SHARE OF u
 ) AS held
 """
@@ -218,7 +219,7 @@ WITH i AS (
        AND u.unit = i.unit AND u.holder = i.holder
        AND coalesce(u.counters->>'settled', '') IN (i.before, i.after)
        AND m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
-       AND m.state = 'open'
+       AND m.state = 'open' AND ($8::boolean IS NOT TRUE OR m.config->>'concurrent' = 'true')
     RETURNING u.unit, u.done
 ), credited AS (
     UPDATE {workers}
@@ -236,15 +237,17 @@ def _tables(port: Port) -> dict[str, str]:
                 workers=table(port, "shared_workers"))
 
 
-def lease_check(port: Port, ref: RunRef, map_invocation_id: str, leases: Sequence[UnitLease]
+def lease_check(port: Port, ref: RunRef, map_invocation_id: str, leases: Sequence[UnitLease],
+                concurrent: bool = False
                 ) -> Callable[[Connection, frozenset[str], dict], Awaitable[None]]:
-    """The `within` hook of an admission of `leases`' rows (see the module docstring)."""
+    """The `within` hook of an admission of `leases`' rows (see the module docstring); a
+    `concurrent` admission also needs the map published for concurrent writers."""
     sql = _CHECK.format(**_tables(port))
     key = map_key(ref, map_invocation_id)
 
     async def within(conn: Connection, _committed: frozenset[str], _fenced: dict) -> None:
         held = await conn.fetchval(sql, *key, [lease.unit for lease in leases],
-                                   [lease.holder for lease in leases])
+                                   [lease.holder for lease in leases], concurrent)
         if held != len(leases):
             raise LeaseLostError(f"units of map {map_invocation_id!r} are no longer all held by "
                                  f"{leases[0].holder!r}")
@@ -253,17 +256,19 @@ def lease_check(port: Port, ref: RunRef, map_invocation_id: str, leases: Sequenc
 
 
 async def settle(conn: Connection, port: Port, ref: RunRef, map_invocation_id: str,
-                 worker_id: str, entries: Iterable[tuple[Settlement, Mapping[str, int]]]) -> None:
+                 worker_id: str, entries: Iterable[tuple[Settlement, Mapping[str, int]]],
+                 concurrent: bool = False) -> None:
     """Record a batch of progress (each settlement with its counters delta) in the caller's
     transaction; `LeaseLostError` when some unit is no longer held by its settlement's holder
-    in an open map (the transaction must roll back)."""
+    in an open map (or, for a `concurrent` write, in a map not published for concurrent
+    writers): the transaction must roll back."""
     rows = [{"unit": s.lease.unit, "holder": s.lease.holder, "before": s.before,
              "after": s.after, "done": s.done, "delta": dict(delta)} for s, delta in entries]
     if not rows:
         return
     sql = _SETTLE.format(**_tables(port))
     count = await conn.fetchval(sql, *map_key(ref, map_invocation_id), json.dumps(rows),
-                                list(COUNTERS), worker_id)
+                                list(COUNTERS), worker_id, concurrent)
     if count != len(rows):
         raise LeaseLostError(f"units of map {map_invocation_id!r} are no longer all held by "
                              f"{rows[0]['holder']!r}")

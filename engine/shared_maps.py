@@ -19,6 +19,7 @@ Every statement reaches its rows by primary-key prefix (org, play, run, map): ne
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -33,7 +34,7 @@ from .codecs import BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_o
 from .errors import InvalidInputError
 from .pg import Connection
 from .ports import RECEIPTS_LANE, Port, table, with_connection
-from .scopes import RunRef, RunScope, check_scope
+from .scopes import RunRef, RunScope, check_scope, normalize_namespace
 
 UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
 LEASE_S = 30.0        # a unit's lease (workers renew it every third of it while rows run)
@@ -91,6 +92,14 @@ def plan_units(cuts: Sequence[tuple[int, int]], unit_rows: int = UNIT_ROWS) -> l
         for low in range(offset, offset + count, unit_rows):
             units.append((page, low, min(unit_rows, offset + count - low)))
     return units
+
+
+def map_id_for(map_invocation_id: str, table_namespace: str) -> str:
+    """The id a shared map is published under: its id within its sheet plus a digest of the
+    sheet's namespace. Shared maps are keyed by run, and a run numbers the maps of each sheet
+    from `map-0`, so two sheets' maps in one run would otherwise share an id."""
+    digest = hashlib.sha256(normalize_namespace(table_namespace).encode()).hexdigest()[:12]
+    return f"{map_invocation_id}-{digest}"
 
 
 def new_worker_id() -> str:

@@ -12,6 +12,9 @@ How it works
   and the done mark once every row of the unit is settled). A worker completes in small
   batches, so what it computed is durable soon; a holder that lost a lease gets
   `LeaseLostError` and nothing of the batch lands; a replayed batch changes nothing.
+- `concurrent=True` (a map published with rows of distinct keys, `shared_maps`): both run as
+  concurrent sheet transactions (`engine.sheets.sheet_txn`), so the map's workers write at
+  once; the lease check and the settle refuse it (`LeaseLostError`) for a map not published so.
 - Both are actions, so a worker behind a gateway (no database credentials) runs units exactly
   as one with a DSN: the lease check cannot be split from the write it guards, so it runs
   where the write runs.
@@ -23,7 +26,7 @@ from typing import Mapping, Sequence
 
 from . import sheets
 from .actions import action
-from .codecs import INT, RUN_REF, TEXT, USER_JSON, list_of, optional
+from .codecs import BOOL, INT, RUN_REF, TEXT, USER_JSON, list_of, optional
 from .errors import InvalidInputError
 from .pg import Connection
 from .ports import Port
@@ -41,6 +44,11 @@ def claim_attempt(leases: Sequence[UnitLease]) -> Attempt:
     return Attempt(leases[0].holder, max(lease.claims for lease in leases), 0.0)
 
 
+def _check_bool(value: object, name: str) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be True or False, got {value!r}")
+
+
 def _check_leases(leases: Sequence[UnitLease]) -> None:
     if not leases:
         raise InvalidInputError("leases must not be empty")
@@ -52,17 +60,19 @@ def _check_leases(leases: Sequence[UnitLease]) -> None:
     "ref": RUN_REF, "map_invocation_id": TEXT, "leases": list_of(UNIT_LEASE),
     "table_namespace": TEXT, "contract": CONTRACT, "rows": list_of(USER_JSON),
     "input_indexes": list_of(INT), "cell_policies": optional(CELL_POLICIES),
-    "give_up_after": optional(INT),
+    "give_up_after": optional(INT), "concurrent": BOOL,
 }, result=ADMISSION)
 async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
                       leases: Sequence[UnitLease], table_namespace: str,
                       contract: SheetContract, rows: Sequence[dict],
                       input_indexes: Sequence[int], *,
                       cell_policies: Mapping[str, CellPolicy] | None = None,
-                      give_up_after: int | None = None) -> Admission:
+                      give_up_after: int | None = None,
+                      concurrent: bool = False) -> Admission:
     """Admit `rows` (at `input_indexes`, each a row of one of `leases` not settled) under the
     claim's attempt, the leases checked in the same transaction."""
     check_scope(port, ref)
+    _check_bool(concurrent, "concurrent")
     _check_leases(leases)
     if len(rows) != len(input_indexes) or not rows:
         raise InvalidInputError("rows and input_indexes must be as many, at least one")
@@ -75,21 +85,23 @@ async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
     return await sheets.admit(
         port, ref, table_namespace, contract, rows, input_indexes=input_indexes,
         attempt=claim_attempt(leases), cell_policies=cell_policies,
-        give_up_after=give_up_after, cache_hits="count",
-        within=lease_check(port, ref, map_invocation_id, leases))
+        give_up_after=give_up_after, cache_hits="count", concurrent=concurrent,
+        within=lease_check(port, ref, map_invocation_id, leases, concurrent))
 
 
 @action("shared_maps.complete_units", params={
     "ref": RUN_REF, "map_invocation_id": TEXT, "worker_id": TEXT,
     "settlements": list_of(SETTLEMENT), "table_namespace": TEXT, "contract": CONTRACT,
-    "outcomes": list_of(ROW_OUTCOME),
+    "outcomes": list_of(ROW_OUTCOME), "concurrent": BOOL,
 }, result=COMPLETION, deadline_s=75.0)
 async def complete_units(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
                          settlements: Sequence[Settlement], table_namespace: str,
-                         contract: SheetContract, outcomes: Sequence[RowOutcome]) -> Completion:
+                         contract: SheetContract, outcomes: Sequence[RowOutcome],
+                         concurrent: bool = False) -> Completion:
     """Write a batch of one claim's outcomes and record its units' progress, in one
     transaction (see above)."""
     check_scope(port, ref)
+    _check_bool(concurrent, "concurrent")
     check_settlements(settlements)
     leases = [s.lease for s in settlements]
     find = unit_finder(leases)
@@ -99,8 +111,8 @@ async def complete_units(port: Port, ref: RunRef, map_invocation_id: str, worker
 
     async def within(conn: Connection, committed: frozenset[str], fenced: dict) -> None:
         await settle(conn, port, ref, map_invocation_id, worker_id,
-                     settlement_entries(settlements, outcomes, committed, fenced))
+                     settlement_entries(settlements, outcomes, committed, fenced), concurrent)
 
     return await sheets.complete(
         port, ref, table_namespace, contract, outcomes, attempt=claim_attempt(leases),
-        within=within)
+        within=within, concurrent=concurrent)

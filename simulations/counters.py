@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from runplane.engine import PlayScope, RunScope, runs
 from runplane.engine.errors import EngineError
-from runplane.engine.ports import SHEET_LANE, table
+from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets import Attempt, RowOutcome, SheetContract, admit, complete, row_key
+from runplane.engine.sheets.counters import column_source, summary_source
 from runplane.engine.sheets.layout import layout_for
 
 from .faults import FaultPlan, FaultyPort, fault_plans
@@ -51,10 +52,10 @@ SELECT (SELECT to_jsonb(x) FROM (
                   FROM {sheet} AS s, jsonb_each(s._cell_meta) AS e
                  GROUP BY e.key) AS c)::text AS fresh_columns,
        (SELECT to_jsonb(y) FROM (
-            SELECT total, queued, running, completed, failed FROM {summary}
+            SELECT total, queued, running, completed, failed FROM {summary} AS s
              WHERE org_id = $1 AND play = $2 AND table_namespace = $3) AS y)::text AS stored,
        (SELECT coalesce(jsonb_object_agg(field, jsonb_build_array(completed, failed)), '{{}}')
-          FROM {column_summary}
+          FROM {column_summary} AS c
          WHERE org_id = $1 AND play = $2 AND table_namespace = $3)::text AS stored_columns
 """
 
@@ -73,8 +74,8 @@ async def snapshot_counts(port, scope: PlayScope, namespace: str) -> tuple[dict,
             return dict(_ZERO), {}, dict(_ZERO), {}
         row = await conn.fetchrow(
             _SNAPSHOT.format(
-                sheet=layout.qualified, summary=table(port, "sheet_summary"),
-                column_summary=table(port, "sheet_column_summary"),
+                sheet=layout.qualified, summary=summary_source(port),
+                column_summary=column_source(port),
             ),
             *layout.counter_args,
         )

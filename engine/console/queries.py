@@ -29,6 +29,7 @@ from ..errors import StatementTimeoutError
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
 from ..sheets.audit import RUN_ROWS_SQL
+from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
 from ..sheets.model import with_row_statuses
 
@@ -108,7 +109,7 @@ SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
 """
 
 _TABLES = """
-SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary}
+SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 ORDER BY table_namespace LIMIT {limit}
 """
 
@@ -283,7 +284,7 @@ async def get_run(port: Port, org: str, play: str, run_id: str) -> RunRow | None
 
 async def counters(port: Port, org: str, play: str) -> list[TableCounters]:
     """The counters of the play's tables (at most `MAX_TABLES`): what the live stream reads."""
-    sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+    sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
     return await read(port, lambda conn: _fetch_counters(conn, sql, org, play))
 
 
@@ -291,7 +292,7 @@ async def live(port: Port, org: str, play: str, run_id: str
                ) -> tuple[RunRow | None, list[TableCounters]]:
     """The run and its play's counters, in one read (the live stream's tick)."""
     run_sql = _RUN.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
-    tables_sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+    tables_sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
 
     async def op(conn: Connection) -> tuple[RunRow | None, list[TableCounters]]:
         record = await conn.fetchrow(run_sql, org, play, run_id)
@@ -309,7 +310,7 @@ async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTa
     """Each table of the play with this run's rows by status, retries, timeouts, top errors:
     two scanning statements for all the tables together (figures, then errors), each under
     `SCAN_TIMEOUT_MS`, so one page load costs the database at most twice that."""
-    sql = _TABLES.format(summary=table(port, "sheet_summary"), limit=MAX_TABLES)
+    sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
 
     async def op(conn: Connection) -> list[RunTable]:
         infos = await _fetch_counters(conn, sql, org, play)

@@ -15,6 +15,7 @@ import attrs
 
 from ..pg import Connection
 from ..ports import Port, table
+from ..sheets.counters import column_source, summary_source
 from ..sql import quote_ident
 from .queries import (MAX_FIELDS, ROWS_PAGE, TOP_ERRORS, TableCounters, _TOP_ERRORS, _counters,
                       _present, layout, read, scan)
@@ -48,12 +49,12 @@ SELECT r.field, r.column_name,
 """
 
 _COLUMN_COUNTERS = """
-SELECT field, completed, failed FROM {column_summary}
+SELECT field, completed, failed FROM {column_summary} AS c
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3 ORDER BY field LIMIT {limit}
 """
 
 _ONE_TABLE = """
-SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary}
+SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 """
 
@@ -72,7 +73,7 @@ _UNINDEXED_AFTER = "_input_index IS NULL AND (_created_at, _key) > ($4::text::ti
 
 
 async def table_exists(port: Port, org: str, play: str, namespace: str) -> TableCounters | None:
-    sql = _ONE_TABLE.format(summary=table(port, "sheet_summary"))
+    sql = _ONE_TABLE.format(summary=summary_source(port))
 
     async def op(conn: Connection) -> TableCounters | None:
         record = await conn.fetchrow(sql, org, play, namespace)
@@ -87,11 +88,11 @@ async def rows_page(port: Port, org: str, play: str, namespace: str, *,
     """One keyset page of a sheet's rows in row order, with its fields and counters."""
     sheet = layout(port, org, play, namespace)
     fields_sql = _FIELDS.format(registry=table(port, "sheet_columns"),
-                                column_summary=table(port, "sheet_column_summary"),
+                                column_summary=column_source(port),
                                 limit=MAX_FIELDS)
-    columns_sql = _COLUMN_COUNTERS.format(column_summary=table(port, "sheet_column_summary"),
+    columns_sql = _COLUMN_COUNTERS.format(column_summary=column_source(port),
                                           limit=MAX_FIELDS)
-    one_sql = _ONE_TABLE.format(summary=table(port, "sheet_summary"))
+    one_sql = _ONE_TABLE.format(summary=summary_source(port))
 
     async def op(conn: Connection) -> RowsPage:
         record = await conn.fetchrow(one_sql, *sheet.counter_args)

@@ -107,7 +107,7 @@ class _PageRefused(Exception):
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
     "texts": optional(list_of(STR)), "force": BOOL,
-}, result=ADMISSION, local=("within",), deadline_s=600.0)  # a big first admission may take minutes
+}, result=ADMISSION, local=("within", "concurrent"), deadline_s=600.0)  # a big first admission may take minutes
 async def admit(
     port: Port,
     run: RunRef,
@@ -126,6 +126,7 @@ async def admit(
     texts: Sequence[str] | None = None,
     force: bool = False,
     within: Within | None = None,
+    concurrent: bool = False,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -138,7 +139,8 @@ async def admit(
     `force=True` re-admits enriched rows an older write version wrote (they run again); rows
     our version already enriched stay cache hits, so a wake of a forced run resumes it.
     `within(conn, frozenset(), {})` runs last inside the admission's transaction (a shared
-    map's unit lease check): what it raises rolls the admission back.
+    map's unit lease check): what it raises rolls the admission back. `concurrent=True` runs
+    it as a concurrent sheet transaction (`sheet_txn`; a shared map's unit writes only).
     """
     started = time.perf_counter()
     write = SheetWrite(run, table_namespace, contract, attempt=attempt,
@@ -146,7 +148,7 @@ async def admit(
                        cache_hits=cache_hits, force=force)
     return await _admit_here(port, write, rows, started=started, input_offset=input_offset,
                              keys=keys, input_indexes=input_indexes, staged_page=staged_page,
-                             texts=texts, within=within)
+                             texts=texts, within=within, concurrent=concurrent)
 
 
 async def admit_write(
@@ -169,6 +171,7 @@ async def _admit_here(
     port: Port, write: SheetWrite, rows: Sequence[dict], *, started: float, input_offset: int,
     keys: Sequence[str] | None, input_indexes: Sequence[int] | None,
     staged_page: StagedPage | None, texts: Sequence[str] | None, within: Within | None,
+    concurrent: bool = False,
 ) -> Admission:
     """Admission on this port: the per-call arguments checked, the rows prepared."""
     write.check_port(port)
@@ -185,7 +188,7 @@ async def _admit_here(
     if staged_page is not None:
         page = _page_rows(prepared, staged_page, len(rows), input_offset)
     return await admit_prepared(port, write, prepared, started=started, page=page,
-                                within=within)
+                                within=within, concurrent=concurrent)
 
 
 def _page_rows(prepared: PreparedRows, staged_page: StagedPage, page_size: int,
@@ -202,6 +205,7 @@ def _page_rows(prepared: PreparedRows, staged_page: StagedPage, page_size: int,
 async def admit_prepared(
     port: Port, write: SheetWrite, prepared: PreparedRows, *, started: float,
     page: PageRows | None = None, prelude: Prelude | None = None, within: Within | None = None,
+    concurrent: bool = False,
 ) -> Admission:
     """Admission after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
     staged page) runs first in the same transaction; what it returns shifts every input index;
@@ -215,7 +219,8 @@ async def admit_prepared(
     async def op(conn: Connection, sheet: SheetTxn) -> list[tuple[int, Any]]:
         nonlocal shift
         if page is not None:
-            statement = admit_statement(port, layout, write, sheet.columns, page)
+            statement = admit_statement(port, layout, write, sheet.columns, page,
+                                        concurrent=sheet.concurrent)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             if not record["page_ok"]:
@@ -232,7 +237,8 @@ async def admit_prepared(
             chunk = PayloadRows(prepared.keys[low:high], indexes[low:high],
                                 "[" + ",".join(texts[low:high]) + "]" if texts is not None
                                 else None)
-            statement = admit_statement(port, layout, write, sheet.columns, chunk)
+            statement = admit_statement(port, layout, write, sheet.columns, chunk,
+                                        concurrent=sheet.concurrent)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             results.append((low, record))
@@ -245,7 +251,7 @@ async def admit_prepared(
         try:
             results = await run_sheet_transaction(
                 port, layout, write.contract.fields, op,
-                timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock,
+                timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock, concurrent=concurrent,
             )
         except _PageRefused:
             assert page is not None

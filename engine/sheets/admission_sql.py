@@ -38,6 +38,7 @@ from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
 from ..array_input import facts
 from .column_registry import COLUMNS_OF_FIELDS
+from .counters import summary_update
 from .layout import SheetColumns, SheetLayout
 from .model import CellPolicy, OutcomeStatus, RowStatus, SheetContract, StagedPage
 from .sheet_write import SheetWrite
@@ -229,10 +230,11 @@ def _payload_source(binds: BindParams, c: _Common, rows: PayloadRows) -> str:
 
 
 def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
-                    rows: PayloadRows | PageRows) -> Statement:
+                    rows: PayloadRows | PageRows, *, concurrent: bool = False) -> Statement:
     """The admission statement of one chunk of `rows` (`column` maps each contract field to its
     registered column). With `PageRows` the inputs are read from the page fact, and keys may
-    hold None for rows of the page not to admit (duplicates)."""
+    hold None for rows of the page not to admit (duplicates). `concurrent`: the counter deltas
+    go to this backend's delta rows (`counters`)."""
     binds = BindParams()
     c = _common(binds, write, layout, rows)
     if isinstance(rows, PageRows):
@@ -278,7 +280,17 @@ def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
         give_up_after=give_up,
     )
     version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
-    summary = table(port, "sheet_summary")
+    summary = summary_update(
+        port, concurrent=concurrent, org=c.org, play=c.play, namespace=c.namespace,
+        source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)", deltas={
+            "total": "d.ins",
+            "queued": f"- d.was_pending + CASE WHEN {c.status} = {RowStatus.PENDING.sql}"
+                      " THEN d.ins + d.moved ELSE 0 END",
+            "running": f"- d.was_running + CASE WHEN {c.status} = {RowStatus.RUNNING.sql}"
+                       " THEN d.ins + d.moved ELSE 0 END",
+            "completed": "- d.was_enriched",
+            "failed": "- d.was_failed",
+        })
     sql = f"""
 WITH {page_cte}
 {input_cte},
@@ -328,21 +340,7 @@ delta AS (
            count(*) FILTER (WHERE prev_status = {RowStatus.FAILED.sql}) AS was_failed
       FROM readmitted
 ),
-summary AS (
-    UPDATE {summary} AS s
-       SET total = s.total + d.ins,
-           queued = s.queued - d.was_pending
-                    + CASE WHEN {c.status} = {RowStatus.PENDING.sql} THEN d.ins + d.moved ELSE 0 END,
-           running = s.running - d.was_running
-                    + CASE WHEN {c.status} = {RowStatus.RUNNING.sql} THEN d.ins + d.moved ELSE 0 END,
-           completed = s.completed - d.was_enriched,
-           failed = s.failed - d.was_failed,
-           updated_at = now()
-      FROM delta d
-     WHERE s.org_id = {c.org} AND s.play = {c.play} AND s.table_namespace = {c.namespace}
-       AND (d.ins > 0 OR d.moved > 0)
-    RETURNING 1
-)
+summary AS ({summary})
 SELECT {page_ok} AS page_ok,
        (SELECT ins FROM delta) AS inserted,
        (SELECT moved FROM delta) AS readmitted,

@@ -29,6 +29,7 @@ from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
+from .counters import column_source
 from .layout import FOREIGN_TABLE, foreign_table_error, layout_for, table_present
 from .model import with_row_statuses
 
@@ -150,7 +151,7 @@ async def failed_rows(
     layout = layout_for(port, scope, table_namespace)
     columns_sql = _INPUT_COLUMNS.format(
         registry=table(port, "sheet_columns"),
-        column_summary=table(port, "sheet_column_summary"),
+        column_summary=column_source(port),
         foreign=FOREIGN_TABLE.format(summary=table(port, "sheet_summary"), t="$5", o="$1",
                                      p="$2", n="$3"),
     )

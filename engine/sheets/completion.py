@@ -188,6 +188,7 @@ class _Writer:
             attrs.evolve(self._chunk(chunk), keys=keys), self.base_fields, failed=failed,
             force_failed=failed and self.force_failed,
             returning_old=self.sheet.server_version >= RETURNING_OLD_SINCE,
+            concurrent=self.sheet.concurrent,
         )
         record = await self.clock.measure(phase, conn.fetchrow(statement.sql, *statement.args))
         tally.chunks += 1
@@ -237,7 +238,8 @@ class _Writer:
         for chunk in _chunks(to_insert):
             assert self.sheet is not None
             statement = insert_statement(self.port, self.layout, self.write, self.sheet.columns,
-                                         self._chunk(chunk, indexes=True), self.base_fields)
+                                         self._chunk(chunk, indexes=True), self.base_fields,
+                                         concurrent=self.sheet.concurrent)
             record = await self.clock.measure("insert_missing",
                                               conn.fetchrow(statement.sql, *statement.args))
             tally.chunks += 1
@@ -256,7 +258,7 @@ Within = Callable[[Connection, frozenset[str], dict[str, FencedRow]], Awaitable[
 @action("sheets.complete", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT,
     "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT), "force_failed": BOOL,
-}, result=COMPLETION, local=("on_diagnostics", "within"), deadline_s=75.0)
+}, result=COMPLETION, local=("on_diagnostics", "within", "concurrent"), deadline_s=75.0)
 async def complete(
     port: Port,
     run: RunRef,
@@ -268,6 +270,7 @@ async def complete(
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
     force_failed: bool = False,
     within: Within | None = None,
+    concurrent: bool = False,
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring).
 
@@ -275,12 +278,13 @@ async def complete(
     its completed cells become failed cells. `within(conn, committed_keys, fenced)` runs
     last inside the completion's transaction (a shared map's unit lease check and done
     mark): what it raises rolls the whole completion back. It may run more than once (the
-    transaction is retried from scratch)."""
+    transaction is retried from scratch). `concurrent=True` runs it as a concurrent sheet
+    transaction (`sheet_txn`; a shared map's unit writes only)."""
     started = time.perf_counter()
     write = SheetWrite(run, table_namespace, contract, attempt=attempt)
     return await _complete_here(port, write, outcomes, started=started,
                                 on_diagnostics=on_diagnostics, force_failed=force_failed,
-                                within=within)
+                                within=within, concurrent=concurrent)
 
 
 async def complete_write(
@@ -299,7 +303,7 @@ async def complete_write(
 async def _complete_here(
     port: Port, write: SheetWrite, outcomes: Sequence[Any], *, started: float,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None, force_failed: bool,
-    within: Within | None,
+    within: Within | None, concurrent: bool = False,
 ) -> Completion:
     """Completion on this port: the per-call arguments checked, the outcomes prepared."""
     write.check_port(port)
@@ -342,6 +346,7 @@ async def _complete_here(
             fields = list(dict.fromkeys([*contract.fields, *sorted(data_fields)]))
             tally = await run_sheet_transaction(
                 port, layout, fields, op, timeout_ms=COMPLETE_STATEMENT_TIMEOUT_MS, clock=clock,
+                concurrent=concurrent,
             )
         outcome = "succeeded"
     finally:

@@ -22,8 +22,9 @@ from typing import Any, Sequence
 
 import attrs
 
-from ..ports import Port, sequence_literal, table
+from ..ports import Port, sequence_literal
 
+from .counters import column_update, summary_update
 from .layout import SheetColumns, SheetLayout
 from .model import OutcomeStatus, RowStatus
 from .sheet_write import SheetWrite
@@ -62,6 +63,7 @@ class _Names:
     namespace: str
     cols: list[tuple[str, str]]   # (physical column, bind naming its field) per data field
     counted: list[str]            # binds naming the fields whose cell counters may move
+    concurrent: bool = False      # counter deltas to this backend's delta rows (`counters`)
 
 
 def _names(binds: BindParams, layout: SheetLayout, write: SheetWrite, chunk: OutcomeChunk,
@@ -141,12 +143,11 @@ def _new_meta(target: RowStatus, row: str, patch: str, *, force_failed: bool = F
     ELSE {row}._cell_meta || {patch} END"""
 
 
-def _counter_ctes(
-    n: _Names, summary: str, column_summary: str, moved: str, target: RowStatus
-) -> str:
+def _counter_ctes(port: Port, n: _Names, moved: str, target: RowStatus) -> str:
     """CTEs applying the status and cell-meta deltas of the rows in `moved` (prev_status,
     prev_meta, new_meta); `target` is the status they moved to; the fields whose cell-meta
-    status may have moved are `n.counted` (one pass over `moved` for all of them)."""
+    status may have moved are `n.counted` (one pass over `moved` for all of them). Where the
+    deltas go: `counters.summary_update` / `column_update`."""
     completed_plus = "d.n" if target == RowStatus.ENRICHED else "0"
     failed_plus = "d.n" if target == RowStatus.FAILED else "0"
     completed, failed = OutcomeStatus.COMPLETED.sql, OutcomeStatus.FAILED.sql
@@ -159,23 +160,24 @@ def _counter_ctes(
         for j, name in enumerate(n.counted)
     )
     rows = ", ".join(f"({name}, d.c{j}, d.f{j})" for j, name in enumerate(n.counted))
+    where = dict(concurrent=n.concurrent, org=n.org, play=n.play, namespace=n.namespace)
     if n.counted:
         cells = f"""
 cell_delta AS (
     SELECT {sums} FROM {moved} AS m
 ),
-column_summary AS (
-    INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
-    SELECT {n.org}, {n.play}, {n.namespace}, v.field, v.completed, v.failed
-      FROM cell_delta d CROSS JOIN LATERAL (VALUES {rows}) AS v(field, completed, failed)
-     WHERE v.completed <> 0 OR v.failed <> 0
-    ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
-       SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
-    RETURNING 1
+column_summary AS ({column_update(
+            port, **where, condition="v.completed <> 0 OR v.failed <> 0",
+            source=f"cell_delta d CROSS JOIN LATERAL (VALUES {rows}) AS v(field, completed, failed)")}
 )"""
     else:
         cells = """
 column_summary AS (SELECT 1 WHERE false)"""
+    summary = summary_update(port, **where, source="status_delta AS d", condition="d.n > 0",
+                             deltas={"total": "d.was_absent", "queued": "- d.was_pending",
+                                     "running": "- d.was_running",
+                                     "completed": f"- d.was_enriched + {completed_plus}",
+                                     "failed": f"- d.was_failed + {failed_plus}"})
     return f"""
 status_delta AS (
     SELECT count(*) AS n,
@@ -186,18 +188,7 @@ status_delta AS (
            count(*) FILTER (WHERE prev_status IS NULL) AS was_absent
       FROM {moved}
 ),
-summary AS (
-    UPDATE {summary} AS s
-       SET total = s.total + d.was_absent,
-           queued = s.queued - d.was_pending,
-           running = s.running - d.was_running,
-           completed = s.completed - d.was_enriched + {completed_plus},
-           failed = s.failed - d.was_failed + {failed_plus},
-           updated_at = now()
-      FROM status_delta d
-     WHERE s.org_id = {n.org} AND s.play = {n.play} AND s.table_namespace = {n.namespace}
-       AND d.n > 0
-    RETURNING 1
+summary AS ({summary}
 ),{cells}"""
 
 
@@ -240,7 +231,7 @@ def _chunk_result(classified: str) -> str:
 def exact_statement(
     port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
     chunk: OutcomeChunk, base_fields: Sequence[str], *, failed: bool, force_failed: bool,
-    returning_old: bool,
+    returning_old: bool, concurrent: bool = False,
 ) -> Statement:
     """The exact-key statement of one chunk.
 
@@ -257,7 +248,7 @@ def exact_statement(
     n = _names(binds, layout, write, chunk, base_fields)
     errors = binds.add(chunk.errors, "text[]")
     attempts = binds.add(chunk.attempts, "integer[]")
-    n = _field_binds(binds, n, column, chunk)
+    n = attrs.evolve(_field_binds(binds, n, column, chunk), concurrent=concurrent)
     target = RowStatus.FAILED if failed else RowStatus.ENRICHED
     build = _exact_returning_old if returning_old else _exact
     return binds.statement(build(port, layout, n, errors, attempts, target, failed, force_failed))
@@ -275,8 +266,7 @@ def _row_version(port: Port) -> str:
 
 
 def _counters(port: Port, n: _Names, moved: str, target: RowStatus) -> str:
-    return _counter_ctes(n, table(port, "sheet_summary"), table(port, "sheet_column_summary"),
-                         moved, target)
+    return _counter_ctes(port, n, moved, target)
 
 
 def _already(failed: bool, force_failed: bool) -> str:
@@ -389,7 +379,7 @@ rest AS MATERIALIZED (
 
 def insert_statement(
     port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
-    chunk: OutcomeChunk, base_fields: Sequence[str],
+    chunk: OutcomeChunk, base_fields: Sequence[str], *, concurrent: bool = False,
 ) -> Statement:
     """Insert completed outcomes whose rows are missing, as `enriched` rows of our version
     (`chunk.indexes` their input indexes), every output of `base_fields` marked completed."""
@@ -398,7 +388,7 @@ def insert_statement(
     indexes = binds.add(chunk.indexes, "bigint[]")
     seq = binds.add(write.attempt.seq if write.attempt else None, "integer")
     attempts = binds.add(chunk.attempts, "integer[]")
-    n = _field_binds(binds, n, column, chunk)
+    n = attrs.evolve(_field_binds(binds, n, column, chunk), concurrent=concurrent)
     t = layout.qualified
     insert_cols = "".join(f", {col}" for col, _ in n.cols)
     insert_vals = "".join(f", i.data -> {name}" for _, name in n.cols)

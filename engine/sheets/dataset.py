@@ -39,11 +39,12 @@ from .dataset_pages import (
     CURSOR, PAGE, RAW_LINES, DatasetPage, Filters, PageCursor, SheetRead, check_filters,
     check_page_rows, count_statement, fetch_page, lines_statement, resolve,
 )
+from .counters import summary_source
 from .layout import layout_for
 from .model import RowStatus
 
 _COUNTERS = """
-SELECT total, queued, running, completed, failed FROM {summary}
+SELECT total, queued, running, completed, failed FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 """
 _COUNTER_OF_STATUS = {None: "total", RowStatus.PENDING: "queued", RowStatus.RUNNING: "running",
@@ -92,7 +93,7 @@ async def count(port: Port, scope: PlayScope, table_namespace: str, *,
 
     async def op(conn: Connection) -> int:
         if filters.run_id is None:
-            row = await conn.fetchrow(_COUNTERS.format(summary=table(port, "sheet_summary")),
+            row = await conn.fetchrow(_COUNTERS.format(summary=summary_source(port)),
                                       *layout.counter_args)
             return 0 if row is None else row[_COUNTER_OF_STATUS[filters.status]]
         read = await resolve(conn, port, layout, Filters())

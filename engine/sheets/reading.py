@@ -30,6 +30,7 @@ from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
+from .counters import column_source, summary_source
 from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
 from .model import SUMMARY, ColumnSummary, Summary, with_row_statuses
 from .reuse import MEMBERS
@@ -72,24 +73,24 @@ SELECT _key, _status, _error, _input_index{policy}{cols} FROM members
 """)
 
 _SUMMARY = """
-SELECT total, queued, running, completed, failed FROM {summary}
+SELECT total, queued, running, completed, failed FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 """
 
 _COLUMN_SUMMARY = """
-SELECT field, completed, failed FROM {column_summary}
+SELECT field, completed, failed FROM {column_summary} AS c
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
  ORDER BY field
 """
 
 _PLAY_SUMMARIES = """
-SELECT table_namespace, total, queued, running, completed, failed FROM {summary}
+SELECT table_namespace, total, queued, running, completed, failed FROM {summary} AS s
  WHERE org_id = $1 AND play = $2
  ORDER BY table_namespace
 """
 
 _PLAY_COLUMN_SUMMARIES = """
-SELECT table_namespace, field, completed, failed FROM {column_summary}
+SELECT table_namespace, field, completed, failed FROM {column_summary} AS c
  WHERE org_id = $1 AND play = $2
  ORDER BY table_namespace, field
 """
@@ -187,8 +188,8 @@ async def summary(port: Port, scope: PlayScope, table_namespace: str) -> Summary
     """The counters of a sheet (zeros when it was never written)."""
     check_scope(port, scope)
     layout = layout_for(port, scope, table_namespace)
-    summary_sql = _SUMMARY.format(summary=table(port, "sheet_summary"))
-    columns_sql = _COLUMN_SUMMARY.format(column_summary=table(port, "sheet_column_summary"))
+    summary_sql = _SUMMARY.format(summary=summary_source(port))
+    columns_sql = _COLUMN_SUMMARY.format(column_summary=column_source(port))
 
     async def op(conn: Connection) -> Summary:
         row = await conn.fetchrow(summary_sql, *layout.counter_args)
@@ -209,8 +210,8 @@ async def summaries(port: Port, scope: PlayScope) -> dict[str, Summary]:
     The same values `summary` reads for each namespace, in two statements for the whole play.
     """
     check_scope(port, scope)
-    summary_sql = _PLAY_SUMMARIES.format(summary=table(port, "sheet_summary"))
-    columns_sql = _PLAY_COLUMN_SUMMARIES.format(column_summary=table(port, "sheet_column_summary"))
+    summary_sql = _PLAY_SUMMARIES.format(summary=summary_source(port))
+    columns_sql = _PLAY_COLUMN_SUMMARIES.format(column_summary=column_source(port))
 
     async def op(conn: Connection) -> dict[str, Summary]:
         rows = await conn.fetch(summary_sql, scope.org_id, scope.play)

@@ -9,11 +9,20 @@ How it works
   statements is a batch of primary-key probes, and hashing the whole sheet per chunk costs more
   than probing; the input-index repair looks rows up through the row-order index).
   Then one statement takes the sheet's advisory lock and locks the sheet's `sheet_summary` row
-  (creating it if absent, claiming its unique table name). Holding the summary row serializes
-  the writers of one sheet: each later statement of the transaction sees every earlier writer
-  committed, so counter deltas computed from the rows it reads are exact, and there is no
-  lock-order cycle between writers (they all lock the summary row first, then sheet rows, then
-  column-summary rows).
+  (creating it if absent, claiming its unique table name), folding the sheet's counter deltas
+  into it (`counters.FOLD_CTES`). Holding the summary row serializes the writers of one sheet:
+  each later statement of the transaction sees every earlier writer committed, so counter
+  deltas computed from the rows it reads are exact, and there is no lock-order cycle between
+  writers (they all lock the summary row first, then sheet rows, then column-summary rows).
+- A **concurrent** transaction (`concurrent=True`: the unit writes of a shared map whose
+  published rows have no duplicate) holds the summary row `FOR SHARE` instead: it excludes
+  every ordinary writer but not the map's other workers, and adds its counter deltas to its
+  own rows (`counters`). Their deltas stay exact without serializing because such writers never
+  change a row another could change at the same time: each writes only the rows of units it
+  holds (a unit's earlier holder, whose lease was taken over, fails its lease check in the
+  same transaction and rolls back, and the new holder's statements wait on its row locks), and
+  the map's rows have distinct keys. A sheet whose summary row is missing, or a field without
+  a column, sends it down the exclusive path as an ordinary writer.
 - Normal writers hold the advisory lock shared, and learn the registered columns of the fields
   they touch in the same statement. A writer whose statements hit a missing table or column
   (or a field with no registered column) rolls back and retries once under the exclusive
@@ -36,6 +45,7 @@ from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table
 
 from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
+from .counters import FOLD_SETS, fold_ctes
 from .layout import SheetColumns, SheetLayout, sheet_lock_key
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
@@ -51,6 +61,7 @@ class SheetTxn:
     server_version: int
     columns: SheetColumns
     exclusive: bool = False  # under the exclusive lock (the table and columns were prepared)
+    concurrent: bool = False  # counters go to this backend's delta rows (module docstring)
 
 
 # Transaction-local settings, sent before the lock so the lock wait is bounded by the timeout.
@@ -65,7 +76,8 @@ SELECT set_config('statement_timeout', $1, true),
        txid_current()::text AS xid
 """
 
-def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str]) -> Statement:
+def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str],
+                          concurrent: bool = False) -> Statement:
     """Take the sheet's advisory lock shared and upsert (lock) its summary row, claiming its
     table name (unique: a colliding sheet fails with 23505 here, before touching any row), and
     read the registered columns of `fields`: registry rows never change once committed, so what
@@ -78,17 +90,31 @@ def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str]) ->
     columns = COLUMNS_OF_FIELDS.format(
         fields=binds.add(fields, "text[]"), registry=table(port, "sheet_columns"), org=org,
         play=play, ns=namespace)
-    return binds.statement(f"""
+    summary = table(port, "sheet_summary")
+    if concurrent:  # the summary row held shared; it must exist (else: the exclusive path)
+        return binds.statement(f"""
 WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),
 claimed AS (
-    INSERT INTO {table(port, "sheet_summary")} AS s (org_id, play, table_namespace, table_name)
+    SELECT s.table_name FROM sheet_lock, {summary} AS s
+     WHERE s.org_id = {org} AND s.play = {play} AND s.table_namespace = {namespace}
+       AND s.table_name = {table_name}
+       FOR SHARE OF s
+)
+SELECT current_setting('server_version_num')::integer AS server_version,
+       {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed
+""")
+    return binds.statement(f"""
+WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),{fold_ctes(port, org, play, namespace)},
+claimed AS (
+    INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
     SELECT {org}, {play}, {namespace}, {table_name} FROM sheet_lock
     ON CONFLICT (org_id, play, table_namespace)
-        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
+        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name),
+                      {FOLD_SETS}
     RETURNING 1
 )
 SELECT current_setting('server_version_num')::integer AS server_version,
-       {columns} AS columns
+       {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed
 """)
 
 
@@ -127,6 +153,7 @@ async def _transaction_once(
     mode: LockMode,
     timeout_ms: int,
     clock: PhaseClock,
+    concurrent: bool = False,
 ) -> T:
     waited_before = permit_wait_seconds(port)
     started = time.perf_counter()
@@ -144,7 +171,7 @@ async def _transaction_once(
             async with conn.transaction(on_phase=clock.add):
                 settings = await conn.fetchrow(_SETTINGS, str(timeout_ms))
                 conn.note_transaction_id(settings["xid"])
-                sheet = await _lock_sheet(conn, port, layout, fields, mode)
+                sheet = await _lock_sheet(conn, port, layout, fields, mode, concurrent)
                 return await op(conn, sheet)
     except BaseException:
         if not checked_out:  # the checkout itself failed (re-raised below)
@@ -153,18 +180,22 @@ async def _transaction_once(
 
 
 async def _lock_sheet(
-    conn: Connection, port: Port, layout: SheetLayout, fields: list[str], mode: LockMode
+    conn: Connection, port: Port, layout: SheetLayout, fields: list[str], mode: LockMode,
+    concurrent: bool = False,
 ) -> SheetTxn:
     """Take the sheet lock and claim its summary row; learn the columns of `fields`."""
     summary = table(port, "sheet_summary")
     try:
         if mode == "shared":
-            statement = lock_shared_statement(port, layout, fields)
+            statement = lock_shared_statement(port, layout, fields, concurrent)
             record = await conn.fetchrow(statement.sql, *statement.args)
             names = record["columns"]
             if any(name is None for name in names):
                 raise _UnregisteredField("a field has no registered column yet")
-            return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))))
+            if not record["claimed"]:  # concurrent, and the summary row is missing
+                raise _UnregisteredField("the sheet has no summary row yet")
+            return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))),
+                            concurrent=concurrent)
         await conn.execute(_LOCK_EXCLUSIVE, sheet_lock_key(port, layout))
         server_version = await conn.fetchval(
             _LOCK_SUMMARY.format(summary=summary), *layout.counter_args, layout.table
@@ -196,18 +227,22 @@ async def run_sheet_transaction(
     timeout_ms: int,
     clock: PhaseClock | None = None,
     mode: LockMode = "shared",
+    concurrent: bool = False,
 ) -> T:
     """Run `op(conn, sheet)` in one sheet write transaction (see the module docstring).
 
     `fields` are the fields whose columns `op` may reference (`sheet.columns(field)`); under the
-    exclusive lock they are created and registered first. `op` must be safe to run again from scratch (it is, after a rollback).
+    exclusive lock they are created and registered first. `op` must be safe to run again from
+    scratch (it is, after a rollback). `concurrent`: see the module docstring; `sheet.concurrent`
+    tells `op` where its counter deltas go.
     """
     fields = list(fields)
     clock = clock if clock is not None else PhaseClock()
     repaired = False
     while True:
         try:
-            return await _transaction_once(port, layout, fields, op, mode, timeout_ms, clock)
+            return await _transaction_once(port, layout, fields, op, mode, timeout_ms, clock,
+                                           concurrent)
         except MissingRelationError:
             if mode == "shared":
                 mode = "exclusive"

@@ -53,6 +53,10 @@ WITH summary AS (
                          updated_at = now()
      WHERE org_id = $1 AND play = $2 AND table_namespace = $3
     RETURNING 1
+), deltas AS (
+    DELETE FROM {deltas} WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+), column_deltas AS (
+    DELETE FROM {column_deltas} WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 )
 UPDATE {column_summary} SET completed = 0, failed = 0
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
@@ -126,7 +130,9 @@ async def replace_rows(
         await conn.execute(f"TRUNCATE {layout.qualified}")
         await conn.execute(
             _CLEAR_COUNTERS.format(summary=table(port, "sheet_summary"),
-                                   column_summary=table(port, "sheet_column_summary")),
+                                   column_summary=table(port, "sheet_column_summary"),
+                                   deltas=table(port, "sheet_counter_deltas"),
+                                   column_deltas=table(port, "sheet_column_deltas")),
             *layout.counter_args)
         return 0
 

@@ -1,0 +1,147 @@
+"""A sheet's counters: where writers add their deltas, and what readers sum.
+
+How it works
+- Ordinary writers serialize on the sheet's `sheet_summary` row (`sheet_txn`) and add their
+  deltas to it and to `sheet_column_summary` (`summary_update`, `column_update`).
+- The writers of one shared map write at once (`sheet_txn`, concurrent mode): each holds the
+  summary row `FOR SHARE` and adds its deltas to its own rows of `sheet_counter_deltas` and
+  `sheet_column_deltas`, keyed by its backend's pid (`pg_backend_pid()`: two backends alive at
+  once never share one, so these writers never wait on each other's counter rows).
+- Readers read `SUMMARY_SOURCE` and `COLUMN_SOURCE` instead of the tables: the stored counters
+  plus every delta not folded yet. Each ordinary writer folds the sheet's deltas into the
+  summary rows in its lock statement (`FOLD_CTES`), so they do not
+  pile up; a delta a fold does not see yet stays a delta, still summed by readers.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..ports import Port, table
+
+COUNTERS = ("total", "queued", "running", "completed", "failed")
+
+# The sheet summary rows as readers see them: stored counters plus unfolded deltas. Use it
+# where a table name goes, with an alias: `FROM {summary} AS s`.
+SUMMARY_SOURCE = """(
+SELECT s.org_id, s.play, s.table_namespace, s.table_name, s.updated_at,
+       s.total + coalesce(d.total, 0) AS total, s.queued + coalesce(d.queued, 0) AS queued,
+       s.running + coalesce(d.running, 0) AS running,
+       s.completed + coalesce(d.completed, 0) AS completed,
+       s.failed + coalesce(d.failed, 0) AS failed
+  FROM {summary} AS s
+  LEFT JOIN LATERAL (
+      SELECT sum(x.total)::bigint AS total, sum(x.queued)::bigint AS queued,
+             sum(x.running)::bigint AS running, sum(x.completed)::bigint AS completed,
+             sum(x.failed)::bigint AS failed
+        FROM {deltas} AS x
+       WHERE x.org_id = s.org_id AND x.play = s.play AND x.table_namespace = s.table_namespace
+  ) AS d ON true)"""
+
+# The column counter rows as readers see them (a field may have deltas only).
+COLUMN_SOURCE = """(
+SELECT u.org_id, u.play, u.table_namespace, u.field,
+       sum(u.completed)::bigint AS completed, sum(u.failed)::bigint AS failed
+  FROM (SELECT org_id, play, table_namespace, field, completed, failed FROM {column_summary}
+        UNION ALL
+        SELECT org_id, play, table_namespace, field, completed, failed FROM {column_deltas}
+       ) AS u
+ GROUP BY u.org_id, u.play, u.table_namespace, u.field)"""
+
+
+def summary_source(port: Port) -> str:
+    return SUMMARY_SOURCE.format(summary=table(port, "sheet_summary"),
+                                 deltas=table(port, "sheet_counter_deltas"))
+
+
+def column_source(port: Port) -> str:
+    return COLUMN_SOURCE.format(column_summary=table(port, "sheet_column_summary"),
+                                column_deltas=table(port, "sheet_column_deltas"))
+
+
+def summary_update(port: Port, *, concurrent: bool, org: str, play: str, namespace: str,
+                   deltas: Mapping[str, str], source: str, condition: str) -> str:
+    """The body of a CTE adding `deltas` (counter -> SQL expression over `source`, a FROM item
+    such as `delta AS d`) to the sheet's counters when `condition` holds; RETURNING 1."""
+    if not concurrent:
+        sets = ",\n           ".join(f"{name} = s.{name} + ({expr})"
+                                     for name, expr in deltas.items())
+        return f"""
+    UPDATE {table(port, "sheet_summary")} AS s
+       SET {sets},
+           updated_at = now()
+      FROM {source}
+     WHERE s.org_id = {org} AND s.play = {play} AND s.table_namespace = {namespace}
+       AND {condition}
+    RETURNING 1"""
+    names = ", ".join(deltas)
+    values = ", ".join(f"({expr})" for expr in deltas.values())
+    sets = ", ".join(f"{name} = s.{name} + EXCLUDED.{name}" for name in deltas)
+    return f"""
+    INSERT INTO {table(port, "sheet_counter_deltas")} AS s
+           (org_id, play, table_namespace, slot, {names})
+    SELECT {org}, {play}, {namespace}, pg_backend_pid(), {values}
+      FROM {source}
+     WHERE {condition}
+    ON CONFLICT (org_id, play, table_namespace, slot) DO UPDATE SET {sets}
+    RETURNING 1"""
+
+
+def column_update(port: Port, *, concurrent: bool, org: str, play: str, namespace: str,
+                  source: str, condition: str) -> str:
+    """The body of a CTE adding per-field deltas (`v.field`, `v.completed`, `v.failed` of
+    `source`) to the column counters when `condition` holds; RETURNING 1."""
+    if not concurrent:
+        target, slot, key = table(port, "sheet_column_summary"), "", ""
+    else:
+        target, slot, key = table(port, "sheet_column_deltas"), " pg_backend_pid(),", ", slot"
+    columns = "slot, " if concurrent else ""
+    return f"""
+    INSERT INTO {target} AS c (org_id, play, table_namespace, field, {columns}completed, failed)
+    SELECT {org}, {play}, {namespace}, v.field,{slot} v.completed, v.failed
+      FROM {source}
+     WHERE {condition}
+    ON CONFLICT (org_id, play, table_namespace, field{key}) DO UPDATE
+       SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
+    RETURNING 1"""
+
+
+# CTEs of an ordinary writer's lock statement that take the sheet's counter deltas out
+# ({deltas}, {column_deltas}; binds {org}, {play}, {ns}); `folded` is added to the summary row
+# the statement upserts, `folded_columns` to the column rows by `FOLD_COLUMNS`.
+FOLD_CTES = """
+folded AS (
+    DELETE FROM {deltas} AS x
+     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}
+    RETURNING x.total, x.queued, x.running, x.completed, x.failed
+),
+folded_sum AS (
+    SELECT coalesce(sum(total), 0)::bigint AS total, coalesce(sum(queued), 0)::bigint AS queued,
+           coalesce(sum(running), 0)::bigint AS running,
+           coalesce(sum(completed), 0)::bigint AS completed,
+           coalesce(sum(failed), 0)::bigint AS failed
+      FROM folded
+),
+folded_columns AS (
+    DELETE FROM {column_deltas} AS x
+     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}
+    RETURNING x.field, x.completed, x.failed
+),
+folded_fields AS (
+    INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
+    SELECT {org}, {play}, {ns}, f.field, sum(f.completed)::bigint, sum(f.failed)::bigint
+      FROM folded_columns AS f GROUP BY f.field
+    ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
+       SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
+    RETURNING 1
+)"""
+
+# The summary upsert's additions of the folded deltas (inside `DO UPDATE SET`).
+FOLD_SETS = ", ".join(f"{name} = s.{name} + (SELECT {name} FROM folded_sum)" for name in COUNTERS)
+
+
+def fold_ctes(port: Port, org: str, play: str, namespace: str) -> str:
+    return FOLD_CTES.format(deltas=table(port, "sheet_counter_deltas"),
+                            column_deltas=table(port, "sheet_column_deltas"),
+                            column_summary=table(port, "sheet_column_summary"),
+                            org=org, play=play, ns=namespace)
