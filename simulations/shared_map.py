@@ -12,6 +12,8 @@ How it works
 - The coordinator is `run.map(..., shared=True)` (it runs no rows); the workers run in the same
   `trio.run` (trio's scheduler seeded by hypothesis), bounded by `trio.fail_after`. Each
   worker's function writes the worker's name.
+- The rows are distinct, so the map is published `concurrent`: the workers' unit writes race
+  without the sheet's serialization, their counters going to per-backend deltas.
 - Invariants: every row is enriched and was written exactly once (`_attempts` = 1, fenced
   replays add nothing); no write by an expired holder lands (a row was computed by the worker
   whose claim it was written under: rows a holder recorded before its unit was taken over

@@ -22,6 +22,8 @@ from .plays.scale_play import logged_hang, slow_tag, tag_pid
 from .sheet_helpers import counters_match, play_scope, raw_rows
 from .test_shared_map import CONTRACT, PLAY, sheet_state
 
+NUMS_MAP = sm.map_id_for("map-0", "nums")  # the first shared map of sheet "nums" in a run
+
 PLAY_FILE = Path(__file__).parent / "plays" / "scale_play.py"
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,7 +167,7 @@ async def test_cancelling_the_coordinator_stops_every_worker_nothing_half_writte
                 async with open_run(tenant, PLAY) as run:
 
                     async def cancel_after_first_unit() -> None:
-                        while (await sm.map_status(tenant, run.ref, "map-0")).done < 1:
+                        while (await sm.map_status(tenant, run.ref, NUMS_MAP)).done < 1:
                             await trio.sleep(0.1)
                         cancelled.cancel()
 
@@ -180,7 +182,7 @@ async def test_cancelling_the_coordinator_stops_every_worker_nothing_half_writte
             if worker.returncode is None:
                 worker.kill()
     assert [w.returncode for w in workers] == [0, 0]
-    status = await sm.map_status(tenant, run.ref, "map-0", counters=True)
+    status = await sm.map_status(tenant, run.ref, NUMS_MAP, counters=True)
     assert status.state == "cancelled" and 1 <= status.done < status.units
     stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n",))
     enriched = sorted(row["n"] for row in stored.values() if row["_status"] == "enriched")
