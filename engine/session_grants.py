@@ -63,9 +63,10 @@ def grants(schema: str, operations: Iterable[str], sheet_table: str | None, role
             on("SELECT, INSERT, UPDATE", "sheet_summary"),
             on("SELECT, INSERT, UPDATE", "sheet_column_summary"),
             on("SELECT", "sheet_columns"),
-            # an ordinary writer folds the sheet's counter deltas (`engine.sheets.counters`)
-            on("SELECT", "sheet_counter_deltas"), on("SELECT", "sheet_column_deltas"),
-            f"GRANT DELETE ON {t('sheet_counter_deltas')}, {t('sheet_column_deltas')} TO {r}",
+            # counter deltas: read, and zeroed by a replacement (`engine.sheets.counters`; no
+            # DELETE, which would let a session LOCK the table: a session does not fold them)
+            on("SELECT, UPDATE", "sheet_counter_deltas"),
+            on("SELECT, UPDATE", "sheet_column_deltas"),
             f"GRANT USAGE ON SEQUENCE {t('row_versions')} TO {r}",
         ]
     elif "rows.read" in ops:

@@ -53,7 +53,8 @@ async def streamed(items):
 def watched(relation: str) -> bool:
     return relation == "work_receipts" or (
         relation.startswith("sheet_")
-        and relation not in ("sheet_summary", "sheet_columns", "sheet_column_summary"))
+        and relation not in ("sheet_summary", "sheet_columns", "sheet_column_summary",
+                             "sheet_counter_deltas", "sheet_column_deltas"))
 
 
 async def analyze(tenant, target: int | None) -> None:

@@ -9,8 +9,9 @@ How it works
   once never share one, so these writers never wait on each other's counter rows).
 - Readers read `SUMMARY_SOURCE` and `COLUMN_SOURCE` instead of the tables: the stored counters
   plus every delta not folded yet. Each ordinary writer folds the sheet's deltas into the
-  summary rows in its lock statement (`FOLD_CTES`), so they do not
-  pile up; a delta a fold does not see yet stays a delta, still summed by readers.
+  summary rows in its lock statement (`FOLD_CTES`), so they do not pile up; a delta a fold does
+  not see yet stays a delta, still summed by readers. A database session does not fold
+  (`may_fold`): it holds no DELETE on shared tables, which would let it LOCK them.
 """
 
 from __future__ import annotations
@@ -138,6 +139,12 @@ folded_fields AS (
 
 # The summary upsert's additions of the folded deltas (inside `DO UPDATE SET`).
 FOLD_SETS = ", ".join(f"{name} = s.{name} + (SELECT {name} FROM folded_sum)" for name in COUNTERS)
+
+
+def may_fold(port: Port) -> bool:
+    """Whether writers on `port` fold deltas: not a database session (whose sheet lock keys are
+    given outright, `Port.sheet_lock_keys`)."""
+    return not port.sheet_lock_keys
 
 
 def fold_ctes(port: Port, org: str, play: str, namespace: str) -> str:

@@ -45,7 +45,7 @@ from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table
 
 from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
-from .counters import FOLD_SETS, fold_ctes
+from .counters import FOLD_SETS, fold_ctes, may_fold
 from .layout import SheetColumns, SheetLayout, sheet_lock_key
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
@@ -103,14 +103,16 @@ claimed AS (
 SELECT current_setting('server_version_num')::integer AS server_version,
        {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed
 """)
+    folds = may_fold(port)
     return binds.statement(f"""
-WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),{fold_ctes(port, org, play, namespace)},
+WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),{
+    fold_ctes(port, org, play, namespace) + "," if folds else ""}
 claimed AS (
     INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
     SELECT {org}, {play}, {namespace}, {table_name} FROM sheet_lock
     ON CONFLICT (org_id, play, table_namespace)
-        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name),
-                      {FOLD_SETS}
+        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name){
+            ", " + FOLD_SETS if folds else ""}
     RETURNING 1
 )
 SELECT current_setting('server_version_num')::integer AS server_version,

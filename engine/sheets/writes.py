@@ -54,9 +54,11 @@ WITH summary AS (
      WHERE org_id = $1 AND play = $2 AND table_namespace = $3
     RETURNING 1
 ), deltas AS (
-    DELETE FROM {deltas} WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+    UPDATE {deltas} SET total = 0, queued = 0, running = 0, completed = 0, failed = 0
+     WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 ), column_deltas AS (
-    DELETE FROM {column_deltas} WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+    UPDATE {column_deltas} SET completed = 0, failed = 0
+     WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 )
 UPDATE {column_summary} SET completed = 0, failed = 0
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
