@@ -8,10 +8,10 @@ How it works
   `sheet_column_deltas`, keyed by its backend's pid (`pg_backend_pid()`: two backends alive at
   once never share one, so these writers never wait on each other's counter rows).
 - Readers read `SUMMARY_SOURCE` and `COLUMN_SOURCE` instead of the tables: the stored counters
-  plus every delta not folded yet. Each ordinary writer folds the sheet's deltas into the
-  summary rows in its lock statement (`FOLD_CTES`), so they do not pile up; a delta a fold does
-  not see yet stays a delta, still summed by readers. A database session does not fold
-  (`may_fold`): it holds no DELETE on shared tables, which would let it LOCK them.
+  plus every delta not folded yet. An ordinary writer whose lock statement finds deltas
+  (`HAS_DELTAS`) folds them into the summary rows with its next statement (`FOLD`), so they do
+  not pile up. A database session does not fold (`may_fold`): it holds no DELETE on shared
+  tables, which would let it LOCK them.
 """
 
 from __future__ import annotations
@@ -107,48 +107,59 @@ def column_update(port: Port, *, concurrent: bool, org: str, play: str, namespac
     RETURNING 1"""
 
 
-# CTEs of an ordinary writer's lock statement that take the sheet's counter deltas out
-# ({deltas}, {column_deltas}; binds {org}, {play}, {ns}); `folded` is added to the summary row
-# the statement upserts, `folded_columns` to the column rows by `FOLD_COLUMNS`.
-FOLD_CTES = """
-folded AS (
+# The fold: the sheet's counter deltas moved into its summary rows ($1 org, $2 play, $3 namespace).
+# Run by an ordinary writer right after its lock statement, which found deltas: it holds the
+# summary row, so no concurrent writer is inside a transaction and this statement's snapshot
+# sees every delta committed.
+FOLD = """
+WITH folded AS (
     DELETE FROM {deltas} AS x
-     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
     RETURNING x.total, x.queued, x.running, x.completed, x.failed
-),
-folded_sum AS (
-    SELECT coalesce(sum(total), 0)::bigint AS total, coalesce(sum(queued), 0)::bigint AS queued,
-           coalesce(sum(running), 0)::bigint AS running,
-           coalesce(sum(completed), 0)::bigint AS completed,
-           coalesce(sum(failed), 0)::bigint AS failed
-      FROM folded
-),
-folded_columns AS (
+), summary AS (
+    UPDATE {summary} AS s
+       SET total = s.total + f.total, queued = s.queued + f.queued,
+           running = s.running + f.running, completed = s.completed + f.completed,
+           failed = s.failed + f.failed
+      FROM (SELECT coalesce(sum(total), 0)::bigint AS total,
+                   coalesce(sum(queued), 0)::bigint AS queued,
+                   coalesce(sum(running), 0)::bigint AS running,
+                   coalesce(sum(completed), 0)::bigint AS completed,
+                   coalesce(sum(failed), 0)::bigint AS failed FROM folded) AS f
+     WHERE s.org_id = $1 AND s.play = $2 AND s.table_namespace = $3
+), folded_columns AS (
     DELETE FROM {column_deltas} AS x
-     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
     RETURNING x.field, x.completed, x.failed
-),
-folded_fields AS (
-    INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
-    SELECT {org}, {play}, {ns}, f.field, sum(f.completed)::bigint, sum(f.failed)::bigint
-      FROM folded_columns AS f GROUP BY f.field
-    ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
-       SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
-    RETURNING 1
-)"""
+)
+INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
+SELECT $1, $2, $3, f.field, sum(f.completed)::bigint, sum(f.failed)::bigint
+  FROM folded_columns AS f GROUP BY f.field
+ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
+   SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
+"""
 
-# The summary upsert's additions of the folded deltas (inside `DO UPDATE SET`).
-FOLD_SETS = ", ".join(f"{name} = s.{name} + (SELECT {name} FROM folded_sum)" for name in COUNTERS)
+# Whether the sheet has deltas to fold (binds: org, play, namespace as text).
+HAS_DELTAS = """(EXISTS (SELECT 1 FROM {deltas} AS x
+                  WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns})
+         OR EXISTS (SELECT 1 FROM {column_deltas} AS x
+                     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}))"""
 
 
 def may_fold(port: Port) -> bool:
     """Whether writers on `port` fold deltas: not a database session (whose sheet lock keys are
-    given outright, `Port.sheet_lock_keys`)."""
+    given outright, `Port.sheet_lock_keys`), which holds no DELETE on shared tables."""
     return not port.sheet_lock_keys
 
 
-def fold_ctes(port: Port, org: str, play: str, namespace: str) -> str:
-    return FOLD_CTES.format(deltas=table(port, "sheet_counter_deltas"),
-                            column_deltas=table(port, "sheet_column_deltas"),
-                            column_summary=table(port, "sheet_column_summary"),
-                            org=org, play=play, ns=namespace)
+def fold_statement(port: Port) -> str:
+    return FOLD.format(deltas=table(port, "sheet_counter_deltas"),
+                       column_deltas=table(port, "sheet_column_deltas"),
+                       summary=table(port, "sheet_summary"),
+                       column_summary=table(port, "sheet_column_summary"))
+
+
+def has_deltas(port: Port, org: str, play: str, namespace: str) -> str:
+    return HAS_DELTAS.format(deltas=table(port, "sheet_counter_deltas"),
+                             column_deltas=table(port, "sheet_column_deltas"),
+                             org=org, play=play, ns=namespace)

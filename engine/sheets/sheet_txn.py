@@ -9,8 +9,9 @@ How it works
   statements is a batch of primary-key probes, and hashing the whole sheet per chunk costs more
   than probing; the input-index repair looks rows up through the row-order index).
   Then one statement takes the sheet's advisory lock and locks the sheet's `sheet_summary` row
-  (creating it if absent, claiming its unique table name), folding the sheet's counter deltas
-  into it (`counters.FOLD_CTES`). Holding the summary row serializes the writers of one sheet:
+  (creating it if absent, claiming its unique table name); if the sheet has counter deltas of
+  concurrent writers, the next statement folds them into it (`counters.FOLD`). Holding the
+  summary row serializes the writers of one sheet:
   each later statement of the transaction sees every earlier writer committed, so counter
   deltas computed from the rows it reads are exact, and there is no lock-order cycle between
   writers (they all lock the summary row first, then sheet rows, then column-summary rows).
@@ -45,7 +46,7 @@ from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table
 
 from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
-from .counters import FOLD_SETS, fold_ctes, may_fold
+from .counters import fold_statement, has_deltas, may_fold
 from .layout import SheetColumns, SheetLayout, sheet_lock_key
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
@@ -103,20 +104,18 @@ claimed AS (
 SELECT current_setting('server_version_num')::integer AS server_version,
        {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed
 """)
-    folds = may_fold(port)
     return binds.statement(f"""
-WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),{
-    fold_ctes(port, org, play, namespace) + "," if folds else ""}
+WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),
 claimed AS (
     INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
     SELECT {org}, {play}, {namespace}, {table_name} FROM sheet_lock
     ON CONFLICT (org_id, play, table_namespace)
-        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name){
-            ", " + FOLD_SETS if folds else ""}
+        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
     RETURNING 1
 )
 SELECT current_setting('server_version_num')::integer AS server_version,
-       {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed
+       {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed,
+       {has_deltas(port, org, play, namespace)} AS has_deltas
 """)
 
 
@@ -196,6 +195,8 @@ async def _lock_sheet(
                 raise _UnregisteredField("a field has no registered column yet")
             if not record["claimed"]:  # concurrent, and the summary row is missing
                 raise _UnregisteredField("the sheet has no summary row yet")
+            if not concurrent and record["has_deltas"] and may_fold(port):
+                await conn.execute(fold_statement(port), *layout.counter_args)
             return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))),
                             concurrent=concurrent)
         await conn.execute(_LOCK_EXCLUSIVE, sheet_lock_key(port, layout))
