@@ -178,6 +178,12 @@ async def _connect_warm(dsn: str, timeout: float, settings: dict[str, str]) -> A
                                 statement_cache_size=256)
     try:
         await raw.fetchrow(_WARM, timeout=max(ends - loop.time(), 0.001))
+    except Exception as exc:
+        # The query cannot fail on a live connection: this one was lost while being set up
+        # (a backend terminated mid-lookup leaves asyncpg in a state error), a connect attempt
+        # worth repeating.
+        raw.terminate()
+        raise ConnectionResetError(f"the connection was lost while it was set up: {exc}") from exc
     except BaseException:
         raw.terminate()
         raise
