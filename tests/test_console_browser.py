@@ -95,10 +95,11 @@ def test_a_running_maps_counts_rise_without_a_reload(world, browser, tmp_path):
                 return el && parseInt(el.textContent, 10) > first + 20;
             }""", arg=[first], timeout=30_000)
         assert page.evaluate("window.__notReloaded") is True
+        # the rate is drawn from successive samples: wait for one taken while rows completed
         page.wait_for_function(
-            "() => document.querySelector('section[data-map=\"t\"] [data-field=\"rate\"]')"
-            ".textContent !== '-'", timeout=10_000)
-        assert float(page.inner_text('section[data-map="t"] [data-field="rate"]')) > 0
+            "() => parseFloat(document.querySelector("
+            "'section[data-map=\"t\"] [data-field=\"rate\"]').textContent) > 0",
+            timeout=15_000)
         width = page.get_attribute('section[data-map="t"] rect[data-seg="enriched"]', "width")
         assert float(width) > 0
         page.wait_for_function(  # three samples drawn: the chart has a line
