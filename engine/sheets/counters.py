@@ -20,8 +20,6 @@ from typing import Mapping
 
 from ..ports import Port, table
 
-COUNTERS = ("total", "queued", "running", "completed", "failed")
-
 # The sheet summary rows as readers see them: stored counters plus unfolded deltas. Use it
 # where a table name goes, with an alias: `FROM {summary} AS s`.
 SUMMARY_SOURCE = """(
