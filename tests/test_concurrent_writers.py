@@ -33,6 +33,15 @@ async def _delta_rows(tenant) -> int:
             f" + (SELECT count(*) FROM {table(tenant, 'sheet_column_deltas')})")
 
 
+async def _next_ordinary_writer_folds(tenant) -> None:
+    """An ordinary write (a new row) leaves no delta behind, and counters stay exact."""
+    run = await new_run(tenant, "play", "folder")
+    await admit(tenant, run, NS, CONTRACT, [{"name": "c"}])
+    assert await _delta_rows(tenant) == 0
+    ok, why = await counters_match(tenant, play_scope(tenant), NS)
+    assert ok, why
+
+
 async def _two_writers(tenant, second_concurrent: bool) -> tuple[dict, bool]:
     """Writer A (concurrent) parks inside its transaction, after the lock statement; writer B
     completes another row meanwhile. Whether B finished while A was parked."""
@@ -75,12 +84,7 @@ async def test_concurrent_writers_do_not_wait_for_each_other_and_counters_stay_e
     assert await _delta_rows(tenant) > 0  # their counters are deltas, summed by readers
     ok, why = await counters_match(tenant, play_scope(tenant), NS)
     assert ok, why
-    # The next ordinary writer folds the deltas into the summary rows.
-    run = await new_run(tenant, "play", "folder")
-    await admit(tenant, run, NS, CONTRACT, [{"name": "c"}])
-    assert await _delta_rows(tenant) == 0
-    ok, why = await counters_match(tenant, play_scope(tenant), NS)
-    assert ok, why
+    await _next_ordinary_writer_folds(tenant)  # into the summary rows
 
 
 async def test_an_ordinary_writer_waits_for_concurrent_writers(tenant):
@@ -90,11 +94,7 @@ async def test_an_ordinary_writer_waits_for_concurrent_writers(tenant):
     assert ok, why
     # B's lock statement read the sheet before A committed, so A's deltas wait for the next
     # ordinary writer, which folds them.
-    run = await new_run(tenant, "play", "folder")
-    await admit(tenant, run, NS, CONTRACT, [{"name": "c"}])
-    assert await _delta_rows(tenant) == 0
-    ok, why = await counters_match(tenant, play_scope(tenant), NS)
-    assert ok, why
+    await _next_ordinary_writer_folds(tenant)
 
 
 async def _published_concurrent(tenant, namespace: str, map_invocation_id: str) -> bool:
