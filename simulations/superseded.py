@@ -16,8 +16,8 @@ How it works
   fenced as `stale_write_version` reports `superseded` and started at most
   `concurrency + MAX_WORK_BATCH` calls after that completion came back (and it stops for good:
   `calls_after` is counted until the map returns); the counters equal a COUNT over the sheet.
-- Faults reported: maps superseded and calls retried, by kind, so the CI-sized test can assert
-  that the drawn timing actually produced supersessions.
+- Faults reported: maps superseded and calls retried, by kind (whether drawn timing supersedes
+  a run varies; `tests/test_superseded_simulation.py` forces one with a fixed plan).
 """
 
 from __future__ import annotations
