@@ -183,6 +183,9 @@ class MapState:
     _added_fields: set[str] = attrs.field(init=False, factory=set)  # outputs beyond the contract
     _storable_names: set[tuple[str, ...]] = attrs.field(init=False, factory=set)
     reused_keys: list[str] = attrs.field(init=False, factory=list)  # see `note_reuse`
+    # The keys of every row admitted to run, kept for a list the map may record
+    # (`actors.list_replay`); None: not kept.
+    admitted_keys: list[str] | None = attrs.field(init=False, default=None)
 
     @classmethod
     def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
@@ -248,6 +251,8 @@ class MapState:
         if self.fail_fast is not None and (admission.cached or admission.completed):
             self.fail_fast.disarm()  # the function worked on this sheet: failures may be the data's
         self._inflight.update(row.key for row in pending)
+        if self.admitted_keys is not None:
+            self.admitted_keys.extend(row.key for row in admission.pending)
         self.tally.on_admission(rows_in_page, admission,
                                 dropped=len(admission.pending) - len(pending))
         return pending

@@ -33,6 +33,9 @@ How it works
   (`MapState.note_reuse`) and recorded as the run's when the map ends, in one statement
   (`engine.sheets.record_reuse`): `read_rows(run_id=...)` then lists the rows the run reused,
   which stay untouched (their run, write version and cells are those of the run that wrote them).
+- **Unchanged reruns**: a list whose every row was a cache hit when a map of it ended is
+  recorded, and a later map of the same list into the unchanged sheet is answered whole by one
+  statement (`actors.list_replay`, `engine.sheets.lists`).
 - On a wake (same run id, same epoch), admission counts finished rows as cache hits, so only
   unfinished rows run again; a list source already staged is checked against the staged input
   (`ConflictError` for a different list) and its pages are admitted from their facts.
@@ -53,6 +56,7 @@ from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single
 
 from .admission import admit_pages, stream_pages
 from .completer import batch_outcomes, flush_unsettled, write_outcomes
+from .list_replay import ListReplay
 from .list_source import ListSource
 from .map_state import MapPlan, MapState
 from .progress import MapResult
@@ -77,10 +81,15 @@ async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
         )
     state = MapState.for_plan(plan, on_progress)
     listed_source = None
+    replay = None
     if listed:
         if map_invocation_id is None:
             raise InvalidInputError("a list source needs its map_invocation_id")
         scope = plan.ref.scope.map(plan.table_namespace, map_invocation_id)
+        if isinstance(source, (list, tuple)):
+            replay = await ListReplay.for_map(plan, source)
+            if replay is not None and await replay.answer(state, scope):
+                return _finished(plan, state, map_invocation_id)
         listed_source = ListSource(plan.port, scope, source if isinstance(
             source, array_input.PagedRows) else list(source))  # a PagedRows is read in place
 
@@ -123,8 +132,15 @@ async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
     finally:
         await flush_unsettled(plan, state)
     await record_reuse(plan, state)
+    if replay is not None:
+        await replay.record(state)
     state.report()
-    result = state.result(map_invocation_id, await newer_run_id(plan, state))
+    return _finished(plan, state, map_invocation_id, await newer_run_id(plan, state))
+
+
+def _finished(plan: MapPlan, state: MapState, map_invocation_id: str | None,
+              superseded_by: str | None = None) -> MapResult:
+    result = state.result(map_invocation_id, superseded_by)
     return attrs.evolve(result, dataset=sheets.dataset(
         plan.port, plan.ref.scope.play_scope, plan.table_namespace, run_id=plan.ref.scope.run_id))
 

@@ -134,6 +134,13 @@ class MapTally:
             self.blocked_rows.extend(admission.blocked[:room])
         self.report()
 
+    def on_replayed(self, rows: int) -> None:
+        """Count a list of `rows` rows answered whole as cache hits (`actors.list_replay`)."""
+        self.source_rows += rows
+        self.admitted += rows
+        self.cached += rows
+        self.report()
+
     def on_completion(self, outcomes: list[Any], completion: Any) -> None:
         fenced_keys = {row.key for row in completion.fenced}
         last: dict[str, str] = {}

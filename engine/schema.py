@@ -22,6 +22,7 @@ has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused)
 8 adds `run_maps`, the run history (what each map of each run did, `engine.history`).
 9 adds shared maps (`shared_maps`, `shared_units`, `shared_workers`; `engine.shared_maps`).
 10 adds counter deltas (`sheet_counter_deltas`, `sheet_column_deltas`; `engine.sheets.counters`).
+11 adds recorded lists (`sheet_summary.writes`, `sheet_lists`; `engine.sheets.lists`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from . import session_isolation
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "10"
+SCHEMA_VERSION = "11"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -261,6 +262,23 @@ CREATE TABLE IF NOT EXISTS {s}.sheet_column_deltas (
     failed bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (org_id, play, table_namespace, field, slot)
 );
+-- end of version 10 ----------------------------------------------------------------------------
+-- Recorded lists (engine.sheets.lists), from version 11: every sheet write transaction adds one
+-- to its sheet's `writes`; a list recorded while every row of it was a cache hit answers an
+-- unchanged rerun in one statement while `writes` has not moved (row keys as 16-byte digests).
+ALTER TABLE {s}.sheet_summary ADD COLUMN IF NOT EXISTS writes bigint NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS {s}.sheet_lists (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    table_namespace text NOT NULL,
+    digest bytea NOT NULL,
+    writes bigint NOT NULL,
+    row_count integer NOT NULL,
+    digests bytea NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, table_namespace, digest)
+);
+ALTER TABLE {s}.sheet_lists ALTER COLUMN digests SET STORAGE EXTERNAL;
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """

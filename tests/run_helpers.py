@@ -35,3 +35,10 @@ def occurrences(n: int, *, tag: str = "row") -> list:
     from runplane.engine.array_input import Occurrence
 
     return [Occurrence({"name": f"{tag}-{i}", "i": i}) for i in range(n)]
+
+
+async def forget_recorded_lists(tenant) -> None:
+    """Delete every recorded list (`engine.sheets.lists`): the next rerun of a list then takes
+    the ordinary path (probes), which a test of that path needs."""
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f'DELETE FROM "{tenant.schema}".sheet_lists')

@@ -23,7 +23,7 @@ from runplane.simulations.counters import counters_match
 from runplane.simulations.harness import open_example_tenant
 from runplane.simulations.ports import CountingPort
 
-from .run_helpers import fact_kinds
+from .run_helpers import fact_kinds, forget_recorded_lists
 
 SLOW, FAST = "slow_map", "fast_map"
 
@@ -145,6 +145,7 @@ async def settled_rerun(tenant, n: int, **options):
     never be called; returns the rerun's result, its statements, its run id and the probes."""
     async with open_run(tenant, "play") as first:
         await first.map("t", rows(n), _upper, contract=CONTRACT)
+    await forget_recorded_lists(tenant)  # else the recorded list answers the rerun whole
     port = CountingPort(tenant)
     calls = []
 
@@ -163,10 +164,12 @@ async def settled_rerun(tenant, n: int, **options):
 
 async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
     statements, run_id, sheet_table, probes = await settled_rerun(tenant, 2500, page_rows=1000)
+    recorded = [sql for sql in statements if "sheet_lists" in sql and "ON CONFLICT" in sql]
     written = [sql for sql in statements
                if ("INSERT" in sql or "UPDATE" in sql)
-               and (sheet_table in sql or "work_receipts" in sql)]
+               and (sheet_table in sql or "work_receipts" in sql) and sql not in recorded]
     assert written == [], written
+    assert len(recorded) == 1  # every row a cache hit: the list is recorded (reads the sheet)
     # one: the sheet holds as many rows as the list, so the first probe takes both leading
     # chunks ([0,1000) and [1000,2500))
     assert len(probes) == 1

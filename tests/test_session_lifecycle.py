@@ -28,7 +28,8 @@ from .test_sessions import ALL_OPERATIONS, try_to_break_out, victim_rows
 
 FROZEN_SCHEMAS = {"1": "schema_v1.sql", "2": "schema_v2.sql", "3": "schema_v3.sql", "4": "schema_v4.sql",
                   "5": "schema_v5.sql", "6": "schema_v6.sql",
-                  "7": "schema_v7.sql", "8": "schema_v8.sql", "9": "schema_v9.sql"}  # every older version
+                  "7": "schema_v7.sql", "8": "schema_v8.sql", "9": "schema_v9.sql",
+                  "10": "schema_v10.sql"}  # every older version
 
 
 # -- migration --------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ How it works
   each later statement of the transaction sees every earlier writer committed, so counter
   deltas computed from the rows it reads are exact, and there is no lock-order cycle between
   writers (they all lock the summary row first, then sheet rows, then column-summary rows).
+  Claiming the row adds one to its `writes`, so a sheet whose `writes` has not moved (and which
+  has no counter deltas) has not been written since (`lists`, recorded lists).
 - A **concurrent** transaction (`concurrent=True`: the unit writes of a shared map whose
   published rows have no duplicate) holds the summary row `FOR SHARE` instead: it excludes
   every ordinary writer but not the map's other workers, and adds its counter deltas to its
@@ -110,7 +112,8 @@ claimed AS (
     INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
     SELECT {org}, {play}, {namespace}, {table_name} FROM sheet_lock
     ON CONFLICT (org_id, play, table_namespace)
-        DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
+        DO UPDATE SET updated_at = now(), writes = s.writes + 1,
+                      table_name = coalesce(s.table_name, EXCLUDED.table_name)
     RETURNING 1
 )
 SELECT current_setting('server_version_num')::integer AS server_version,
@@ -125,7 +128,8 @@ _LOCK_SUMMARY = """
 INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (org_id, play, table_namespace)
-    DO UPDATE SET updated_at = now(), table_name = coalesce(s.table_name, EXCLUDED.table_name)
+    DO UPDATE SET updated_at = now(), writes = s.writes + 1,
+                  table_name = coalesce(s.table_name, EXCLUDED.table_name)
 RETURNING current_setting('server_version_num')::integer
 """
 

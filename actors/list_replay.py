@@ -1,0 +1,105 @@
+"""An unchanged rerun of a list, answered whole from a recorded list (`engine.sheets.lists`).
+
+How it works
+- `ListReplay.for_map` digests a list the map may replay (`lists.recordable`, and not with
+  `fast_admission=False`; in a worker thread for a long list); None when it may not, or the
+  list has no digest.
+- `answer` asks the store in one statement whether the list is recorded and the sheet unchanged
+  since; if so the statement has recorded the run's membership of its rows, and the map counts
+  every row cached (`MapTally.on_replayed`) and ends without keying, probing or staging a row.
+  A map whose list input was already staged (a wake of an incarnation that began staging) does
+  not take that answer: its staging is resumed and sealed by the ordinary path.
+- Otherwise the map runs as usual, keeping the keys of the rows it admits
+  (`MapState.admitted_keys`), and `record` records the list once the map has ended with every
+  row a cache hit for it (the rows it completed and the ones it found cached; nothing failed,
+  blocked, fenced, repeated or left over). A replay or record that fails is logged and changes
+  nothing the map reports: the record is only a shortcut for later runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import attrs
+import trio
+
+from runplane.engine import array_input
+from runplane.engine.errors import EngineError, RetiredError
+from runplane.engine.scopes import MapScope
+from runplane.engine.sheets import lists
+
+from .map_state import MapPlan, MapState
+from .retry import retry_transient
+
+log = logging.getLogger("runplane.actors")
+
+DIGEST_INLINE_ROWS = 20_000  # longer lists are digested in a worker thread (~1 ms per 7,000 rows)
+
+
+@attrs.define(eq=False)
+class ListReplay:
+    plan: MapPlan
+    rows: int
+    digest: bytes
+
+    @classmethod
+    async def for_map(cls, plan: MapPlan, rows: Sequence[Any]) -> ListReplay | None:
+        if not plan.fast_admission or not lists.recordable(plan.port, plan.write, len(rows)):
+            return None
+        if len(rows) <= DIGEST_INLINE_ROWS:
+            digest = lists.list_digest(plan.write, rows)
+        else:
+            digest = await trio.to_thread.run_sync(lists.list_digest, plan.write, rows)
+        return None if digest is None else cls(plan, len(rows), digest)
+
+    async def answer(self, state: MapState, scope: MapScope) -> bool:
+        """Whether the recorded list answered the whole map (its rows then counted cached)."""
+        plan = self.plan
+        replayed: int | None = None
+        staged = False
+
+        async def replay() -> None:
+            nonlocal replayed
+            try:
+                replayed = await retry_transient(
+                    lambda: lists.replay_list(plan.port, plan.write, self.digest))
+            except EngineError as exc:
+                log.info("map %s: its recorded list could not be read (%s); mapping it row by "
+                         "row", plan.table_namespace, exc)
+
+        async def manifest() -> None:
+            nonlocal staged
+            try:
+                found = await retry_transient(lambda: array_input.get_manifest(plan.port, scope))
+            except RetiredError:
+                return
+            staged = found.state != "absent"
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(replay)
+            nursery.start_soon(manifest)
+        if replayed != self.rows or staged:
+            state.admitted_keys = []
+            return False
+        state.tally.on_replayed(self.rows)
+        return True
+
+    async def record(self, state: MapState) -> None:
+        """Record the list if the map ended with every row of it a cache hit."""
+        tally = state.tally
+        if state.admitted_keys is None or state.stopping \
+                or (tally.failed, tally.blocked, tally.fenced, tally.skipped) != (0, 0, 0, 0) \
+                or tally.source_rows != self.rows or tally.completed + tally.cached != self.rows:
+            return
+        keys = list(dict.fromkeys(state.reused_keys + state.admitted_keys))
+        state.admitted_keys = None
+        if len(keys) != self.rows:
+            return
+        plan = self.plan
+        try:
+            await retry_transient(lambda: lists.record_list(plan.port, plan.write, self.digest,
+                                                            keys))
+        except EngineError as exc:
+            log.info("map %s: its list could not be recorded for reruns (%s)",
+                     plan.table_namespace, exc)

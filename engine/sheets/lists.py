@@ -1,0 +1,161 @@
+"""Recorded lists: an unchanged rerun of a list, answered in one statement.
+
+How it works
+- Every sheet write transaction adds one to its sheet's `sheet_summary.writes` as it claims the
+  summary row (`sheet_txn`); the writers of a shared map add counter deltas instead, which stay
+  until an ordinary writer (which adds one) folds them. So while `writes` holds one value and
+  the sheet has no deltas, no row of the sheet has changed.
+- A map of a list that ends with every row of the list a cache hit for it (the rows it
+  completed plus the rows it found cached; nothing failed, blocked, fenced or repeated) records
+  the list (`record_list`, one statement): the list's digest (`list_digest`), its rows' keys
+  (16-byte digests) and the sheet's `writes`, provided that in that statement's snapshot every
+  key is a cache hit (the probe's own predicate, `admission_sql.cached_predicate`) and the
+  sheet has no deltas. The same statement deletes the sheet's records of another `writes`
+  (stale: the sheet changed since).
+- A later map of the same list (`replay_list`) is answered by one statement when a record of its
+  digest holds the sheet's current `writes` and the sheet has no deltas: every row is still a
+  cache hit, so the statement records the run's membership (`sheet_reuse`, from the recorded
+  key digests) and returns the row count, and the map reports every row cached without keying
+  or probing one. Anything else (no record, a write since) takes the ordinary path, which
+  records the list again when it ends with every row a cache hit.
+- The digest is SHA-256 over the namespace, the contract and `marshal` (format 2, which has no
+  back-references: equal lists of core types give equal bytes) of the rows. A list holding
+  anything else (an `Occurrence`, a datetime) has none and takes the ordinary path; two lists
+  that differ in a value, a type or the order of a row's keys have different digests (an
+  unchanged list rebuilt in another key order misses, never the reverse).
+- Only plain maps on a direct port use it (`recordable`): no `force`, no cell policies (their
+  freshness depends on the clock), not a gateway or a database session (which has no grant on
+  `sheet_lists`), at most `MAX_RECORDED_ROWS` rows (recording checks every key once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+from typing import Any, Sequence
+
+from ..actions import RemotePort
+from ..ports import Port, table, with_connection
+
+from .admission_sql import cached_predicate, output_binds
+from .column_registry import COLUMNS_OF_FIELDS
+from .counters import has_deltas
+from .layout import LANE, SheetColumns, column_name, layout_for
+from .sheet_write import SheetWrite
+from .statements import BindParams, Statement
+
+MAX_RECORDED_ROWS = 100_000
+MARSHAL_FORMAT = 2  # no back-references: the bytes depend on the values only
+
+
+def recordable(port: Port, write: SheetWrite, rows: int) -> bool:
+    """Whether a list map of `rows` rows with `write` may be replayed and recorded."""
+    return (0 < rows <= MAX_RECORDED_ROWS and not write.force and not write.cell_policies
+            and not isinstance(port, RemotePort) and not port.sheet_lock_keys)
+
+
+def list_digest(write: SheetWrite, rows: Sequence[Any]) -> bytes | None:
+    """The digest of a list of rows mapped with `write` (see the module docstring), or None
+    when a row is not a dict of core types."""
+    if not all([type(row) is dict for row in rows]):
+        return None
+    contract = write.contract
+    try:
+        body = marshal.dumps((write.table_namespace, contract.inputs, contract.outputs, rows),
+                             MARSHAL_FORMAT)
+    except ValueError:  # a value marshal does not know
+        return None
+    return hashlib.sha256(body).digest()
+
+
+# $1 org, $2 play, $3 namespace, $4 list digest, $5 run id, $6 epoch
+_REPLAY = """
+WITH hit AS (
+    SELECT l.row_count, l.digests
+      FROM {lists} AS l
+      JOIN {summary} AS s
+        ON s.org_id = l.org_id AND s.play = l.play AND s.table_namespace = l.table_namespace
+     WHERE l.org_id = $1 AND l.play = $2 AND l.table_namespace = $3 AND l.digest = $4
+       AND s.writes = l.writes AND NOT {deltas}
+), membership AS (
+    INSERT INTO {reuse} (org_id, play, table_namespace, run_id, epoch, digests, keys)
+    SELECT $1, $2, $3, $5, $6, h.digests, NULL FROM hit AS h
+    RETURNING 1
+)
+SELECT h.row_count FROM hit AS h
+"""
+
+
+async def replay_list(port: Port, write: SheetWrite, digest: bytes) -> int | None:
+    """If the list of `digest` is recorded and the sheet has not changed since, record the run's
+    membership of its rows and return how many there are (one statement); else None."""
+    write.check_port(port)
+    run = write.run
+    scope = run.scope
+    sql = _REPLAY.format(lists=table(port, "sheet_lists"), summary=table(port, "sheet_summary"),
+                         reuse=table(port, "sheet_reuse"),
+                         deltas=has_deltas(port, "$1::text", "$2::text", "$3::text"))
+    return await with_connection(port, LANE, lambda conn: conn.fetchval(
+        sql, scope.org_id, scope.play, write.table_namespace, digest, scope.run_id, run.epoch))
+
+
+def record_statement(port: Port, write: SheetWrite, digest: bytes, key_digests: bytes
+                     ) -> Statement:
+    """The statement recording a list (see the module docstring): `key_digests` its rows' keys
+    as 16-byte digests, distinct, in any order. Returns a row when it recorded."""
+    layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
+    columns = SheetColumns({f: column_name(f) for f in write.contract.outputs})
+    binds = BindParams()
+    org, play, ns = (binds.add(value, "text") for value in layout.counter_args)
+    digests = binds.add(key_digests, "bytea")
+    count = binds.add(len(key_digests) // 16, "integer")
+    outputs = output_binds(write.contract, {}, binds, columns)
+    registered = COLUMNS_OF_FIELDS.format(
+        fields=binds.add(list(write.contract.outputs), "text[]"),
+        registry=table(port, "sheet_columns"), org=org, play=play, ns=ns)
+    expected = binds.add([columns.names[f] for f in write.contract.outputs], "text[]")
+    lists = table(port, "sheet_lists")
+    return binds.statement(f"""
+WITH sheet AS (
+    SELECT s.writes FROM {table(port, "sheet_summary")} AS s
+     WHERE s.org_id = {org} AND s.play = {play} AND s.table_namespace = {ns}
+       AND NOT {has_deltas(port, org, play, ns)} AND {registered} = {expected}
+), hits AS (
+    SELECT count(*) AS n
+      FROM generate_series(0, length({digests}) / 16 - 1) AS i
+     CROSS JOIN LATERAL (
+         SELECT * FROM {layout.qualified} AS s
+          WHERE s._key = encode(substring({digests} FROM i * 16 + 1 FOR 16), 'hex') LIMIT 1
+     ) AS s
+     WHERE {cached_predicate("s", outputs)}
+), stale AS (
+    DELETE FROM {lists} AS l USING sheet
+     WHERE l.org_id = {org} AND l.play = {play} AND l.table_namespace = {ns}
+       AND l.writes <> sheet.writes AND l.digest <> {binds.add(digest, "bytea")}
+)
+INSERT INTO {lists} (org_id, play, table_namespace, digest, writes, row_count, digests)
+SELECT {org}, {play}, {ns}, {binds.add(digest, "bytea")}, sheet.writes, {count}, {digests}
+  FROM sheet, hits
+ WHERE hits.n = {count}
+ON CONFLICT (org_id, play, table_namespace, digest) DO UPDATE
+   SET writes = EXCLUDED.writes, row_count = EXCLUDED.row_count, digests = EXCLUDED.digests,
+       created_at = now()
+RETURNING 1
+""")
+
+
+async def record_list(port: Port, write: SheetWrite, digest: bytes, keys: Sequence[str]) -> bool:
+    """Record the list of `digest` whose rows have `keys` (distinct) if every row is a cache
+    hit now (one statement); returns whether it was recorded (never for keys that are not
+    row-key digests: 32 hexadecimal digits)."""
+    write.check_port(port)
+    joined = "".join(keys)
+    try:
+        key_digests = bytes.fromhex(joined)
+    except ValueError:
+        return False
+    if len(key_digests) != 16 * len(keys) or key_digests.hex() != joined:
+        return False
+    statement = record_statement(port, write, digest, key_digests)
+    return await with_connection(port, LANE, lambda conn: conn.fetchval(
+        statement.sql, *statement.args)) is not None
