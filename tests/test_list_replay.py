@@ -1,0 +1,204 @@
+"""Recorded lists: an unchanged rerun of a list is answered in one statement, exactly as the
+ordinary path would answer it, and any write to the sheet since (even one still uncommitted
+while the list was recorded or replayed) sends the next rerun down the ordinary path."""
+
+from __future__ import annotations
+
+import datetime
+
+import trio
+
+from runplane.actors import open_run
+from runplane.engine.array_input import Occurrence
+from runplane.engine.scopes import RunRef, RunScope
+from runplane.engine.sheets import CellPolicy, SheetWrite, admit, read_rows
+from runplane.engine.sheets import lists
+from runplane.engine.sheets.layout import layout_for
+from runplane.simulations.ports import CountingPort, GatedPort
+
+from .run_helpers import forget_recorded_lists
+from .sheet_helpers import CONTRACT, PLAY, counters_match, new_run, play_scope, raw_rows
+
+NS = "replayed"
+ROWS = [{"name": f"n{i}"} for i in range(300)]
+
+
+async def mapped(port, run_id: str, rows=ROWS, fn=None, **options):
+    """Map `rows` in a new run `run_id`; returns its result and the rows the function got."""
+    calls: list[dict] = []
+
+    async def score(row):
+        calls.append(row)
+        return {"score": len(row["name"])}
+
+    async with open_run(port, PLAY, run_id) as run:
+        result = await run.map(NS, rows, fn or score, contract=CONTRACT, **options)
+    return result, calls
+
+
+def counts(result) -> tuple:
+    return (result.admitted, result.cached, result.completed, result.failed, result.blocked,
+            result.fenced, result.skipped, result.executed)
+
+
+async def recorded(tenant) -> int:
+    async with tenant.connection("sheet") as conn:
+        return await conn.fetchval(f'SELECT count(*) FROM "{tenant.schema}".sheet_lists')
+
+
+def replays(port: CountingPort) -> list[str]:
+    return [sql for sql in port.statements if "sheet_lists" in sql and "membership AS" in sql]
+
+
+def probes(port: CountingPort) -> list[str]:
+    return [sql for sql in port.statements if "AS unsettled" in sql]
+
+
+async def test_an_unchanged_rerun_is_answered_in_one_statement_as_the_ordinary_path_would(tenant):
+    first, calls = await mapped(tenant, "first")
+    assert first.completed == 300 and len(calls) == 300
+    assert await recorded(tenant) == 1
+    before = await raw_rows(tenant, play_scope(tenant), NS)
+
+    port = CountingPort(tenant)
+    replayed, calls = await mapped(port, "second")
+    assert calls == [] and len(replays(port)) == 1
+    sheet_table = layout_for(tenant, play_scope(tenant), NS).qualified
+    assert [sql for sql in port.statements if sheet_table in sql] == []  # not even read
+    # The ordinary path (no probe-first admission, so no replay) answers the same.
+    ordinary, calls = await mapped(tenant, "third", fast_admission=False)
+    assert calls == [] and counts(replayed) == counts(ordinary) == (300, 300, 0, 0, 0, 0, 0, 0)
+    assert await raw_rows(tenant, play_scope(tenant), NS) == before  # no row touched
+    # The replayed run owns its cache hits, as a probed rerun does.
+    for run_id in ("second", "third"):
+        owned = await read_rows(tenant, play_scope(tenant), NS, run_id=run_id, limit=1000)
+        assert sorted(row["name"] for row in owned) == sorted(row["name"] for row in ROWS)
+    ok, detail = await counters_match(tenant, play_scope(tenant), NS)
+    assert ok, detail
+
+
+async def test_a_write_since_the_recording_sends_the_rerun_down_the_ordinary_path(tenant):
+    await mapped(tenant, "first")
+    newer = await new_run(tenant, PLAY, "newer")
+    await admit(tenant, newer, NS, CONTRACT, [ROWS[7]], force=True)  # n7 pending again
+    port = CountingPort(tenant)
+    result, calls = await mapped(port, "second")
+    assert calls == [ROWS[7]] and (result.completed, result.cached) == (1, 299)
+    assert probes(port) != []
+    # That rerun ended with every row a cache hit: it recorded the list again.
+    port = CountingPort(tenant)
+    result, calls = await mapped(port, "third")
+    assert calls == [] and result.cached == 300 and len(replays(port)) == 1
+    # Counter deltas not folded yet (a shared map's concurrent writers) mean unknown writes.
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(
+            f'INSERT INTO "{tenant.schema}".sheet_counter_deltas'
+            " (org_id, play, table_namespace, slot) VALUES ($1, $2, $3, 0)",
+            tenant.org_id, PLAY, NS)
+    port = CountingPort(tenant)
+    result, calls = await mapped(port, "fourth")
+    assert calls == [] and result.cached == 300 and probes(port) != []
+
+
+async def parked_writer(tenant, nursery, run_id: str, row: dict):
+    """A newer run re-admits `row` (force) and is parked before its COMMIT: it has taken the
+    sheet's summary row and written, uncommitted. Returns the gate to release it."""
+    newer = await new_run(tenant, PLAY, run_id)
+    gated = GatedPort(tenant)
+    gate = gated.gate(lambda b: b.kind == "query" and (b.sql or "").strip() == "COMMIT")
+    nursery.start_soon(lambda: admit(gated, newer, NS, CONTRACT, [row], force=True))
+    await gate.wait_reached()
+    return gate
+
+
+async def test_a_write_uncommitted_while_the_list_is_recorded_or_replayed_is_never_missed(tenant):
+    await mapped(tenant, "first")
+    async with trio.open_nursery() as nursery:
+        # Replayed while a writer is inside its transaction: the rerun comes first.
+        gate = await parked_writer(tenant, nursery, "w1", ROWS[3])
+        result, calls = await mapped(tenant, "second")
+        assert calls == [] and result.cached == 300
+        gate.release()
+    result, calls = await mapped(tenant, "third")  # the writer committed since
+    assert calls == [ROWS[3]] and result.completed == 1
+
+    await forget_recorded_lists(tenant)
+    rerun = GatedPort(tenant)
+    recording = rerun.gate(lambda b: b.kind == "query" and "sheet_lists" in (b.sql or "")
+                           and "ON CONFLICT" in (b.sql or ""))
+    answers = []
+
+    async def fourth():
+        answers.append(await mapped(rerun, "fourth"))
+
+    async with trio.open_nursery() as nursery:
+        # A rerun probes every row settled and is parked before it records the list; a writer
+        # re-admits n5 and is parked before its COMMIT; the recording still sees n5 a cache hit
+        # (and the sheet's `writes` before the writer's), so the list is recorded...
+        nursery.start_soon(fourth)
+        await recording.wait_reached()
+        gate = await parked_writer(tenant, nursery, "w2", ROWS[5])
+        recording.release()
+        while not answers:
+            await trio.sleep(0.01)
+        result, calls = answers[0]
+        assert calls == [] and result.cached == 300 and await recorded(tenant) == 1
+        gate.release()
+    result, calls = await mapped(tenant, "fifth")  # ...and the writer's commit outdates it
+    assert calls == [ROWS[5]] and result.completed == 1
+    ok, detail = await counters_match(tenant, play_scope(tenant), NS)
+    assert ok, detail
+
+
+async def test_a_list_is_recorded_only_when_every_row_ends_a_cache_hit(tenant):
+    async def empty_for_n1(row):
+        return {"score": "" if row["name"] == "n1" else 1}  # "" is no cache hit
+
+    result, _ = await mapped(tenant, "first", fn=empty_for_n1)
+    assert result.completed == 300 and await recorded(tenant) == 0
+    result, calls = await mapped(tenant, "second")
+    assert calls == [ROWS[1]] and result.cached == 299
+
+    async def fail_one(row):
+        if row["name"] == "failing":
+            raise ValueError("this row fails")
+        return {"score": 1}
+
+    other = [{"name": f"m{i}"} for i in range(50)] + [{"name": "failing"}]
+    await forget_recorded_lists(tenant)
+    result, _ = await mapped(tenant, "third", rows=other, fn=fail_one, fail_fast=False)
+    assert result.failed == 1 and await recorded(tenant) == 0
+    repeated = [{"name": "r1"}, {"name": "r1"}]
+    result, _ = await mapped(tenant, "fourth", rows=repeated)
+    assert result.skipped == 1 and await recorded(tenant) == 0
+    result, _ = await mapped(tenant, "fifth", rows=[{"name": "f1"}], force=True)
+    assert result.completed == 1 and await recorded(tenant) == 0
+
+
+def test_a_list_digest_changes_with_any_value_type_or_key_order():
+    ref = RunRef(RunScope("org", PLAY, "r"), 1)
+    write = SheetWrite(ref, NS, CONTRACT)
+    base = lists.list_digest(write, [{"name": "a", "n": 1}])
+    # the run does not matter
+    assert base == lists.list_digest(SheetWrite(RunRef(RunScope("org", PLAY, "other"), 9), NS,
+                                                CONTRACT), [{"name": "a", "n": 1}])
+    different = [
+        [{"name": "a", "n": 1.0}], [{"name": "a", "n": True}], [{"n": 1, "name": "a"}],
+        [{"name": "a", "n": 2}], [{"name": "a", "n": 1}, {"name": "a", "n": 1}],
+    ]
+    digests = {lists.list_digest(write, rows) for rows in different}
+    assert base not in digests and len(digests) == len(different)
+    assert lists.list_digest(SheetWrite(ref, "other", CONTRACT), [{"name": "a", "n": 1}]) != base
+    assert lists.list_digest(write, [Occurrence({"name": "a"})]) is None
+    assert lists.list_digest(write, [{"name": datetime.date(2026, 1, 1)}]) is None
+    assert lists.recordable(_DirectPort(), write, 10)
+    assert not lists.recordable(_DirectPort(), SheetWrite(ref, NS, CONTRACT, force=True), 10)
+    assert not lists.recordable(_DirectPort(), SheetWrite(
+        ref, NS, CONTRACT, cell_policies={"score": CellPolicy(stale_after_s=5)}), 10)
+    assert not lists.recordable(_DirectPort(), write, lists.MAX_RECORDED_ROWS + 1)
+    assert not lists.recordable(_DirectPort(sheet_lock_keys={"x": 1}), write, 10)
+
+
+class _DirectPort:
+    def __init__(self, sheet_lock_keys=None):
+        self.sheet_lock_keys = sheet_lock_keys or {}
