@@ -279,6 +279,20 @@ CREATE TABLE IF NOT EXISTS {s}.sheet_lists (
     PRIMARY KEY (org_id, play, table_namespace, digest)
 );
 ALTER TABLE {s}.sheet_lists ALTER COLUMN digests SET STORAGE EXTERNAL;
+-- Session roles minted before version 11 that write a sheet's counters bump `writes` too.
+DO $grant$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT DISTINCT p.grantee FROM information_schema.column_privileges AS p
+              WHERE p.table_schema = {schema_literal} AND p.table_name = 'sheet_summary'
+                AND p.column_name = 'updated_at' AND p.privilege_type = 'UPDATE'
+                AND p.grantee <> current_user
+    LOOP
+        EXECUTE format('GRANT SELECT (writes), UPDATE (writes) ON %I.sheet_summary TO %I',
+                       {schema_literal}, r.grantee);
+    END LOOP;
+END
+$grant$;
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """
@@ -292,7 +306,8 @@ GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {role};
 
 def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
     s = quote_ident(schema)
-    text = _DDL.format(s=s, version=SCHEMA_VERSION)
+    text = _DDL.format(s=s, version=SCHEMA_VERSION,
+                       schema_literal="'" + schema.replace("'", "''") + "'")
     if execution_role is not None:
         text += _GRANTS.format(s=s, role=quote_ident(execution_role))
     return text

@@ -15,15 +15,21 @@ import trio
 
 from runplane.engine import jwe, open_tenant, receipts, sessions
 from runplane.engine.embedded import HBA_MARKER, SESSION_HBA_LINES, _reload_and_wait, with_session_hba
-from runplane.engine.errors import InvalidInputError, StoreUnavailableError
+from runplane.engine.errors import (
+    InsufficientPrivilegeError, InvalidInputError, StoreUnavailableError,
+)
 from runplane.engine.keys import receipt_key
 from runplane.engine.runs import register
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.sheets import admit
 from runplane.engine.sql import qualified, quote_ident
 
 from .conftest import fresh_schema
-from .session_helpers import NAMESPACE, admin_tenant, drop_all_sessions, session_roles, session_tenant, unique
+from .session_helpers import (
+    CONTRACT, NAMESPACE, admin_tenant, drop_all_sessions, seed, session_roles, session_tenant,
+    unique,
+)
 from .test_sessions import ALL_OPERATIONS, try_to_break_out, victim_rows
 
 FROZEN_SCHEMAS = {"1": "schema_v1.sql", "2": "schema_v2.sql", "3": "schema_v3.sql", "4": "schema_v4.sql",
@@ -110,6 +116,31 @@ async def expire_all(tenant) -> None:
 async def mint_many(admin, scope, shapes, count: int) -> None:
     for i in range(count):
         await sessions.mint(admin, scope, NAMESPACE, shapes[i % len(shapes)], max_sessions=1000)
+
+
+async def test_a_writer_session_minted_before_the_upgrade_to_version_11_still_writes(dsn):
+    """Version 11 adds `sheet_summary.writes`, which every sheet write bumps: a writer session
+    role minted before the upgrade (no grant on that column) gets it from the upgrade."""
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        seeded = await seed(admin, "play")
+        minted = await sessions.mint(admin, seeded["scope"], NAMESPACE, ALL_OPERATIONS)
+        summary_table = qualified(admin.schema, "sheet_summary")
+        async with admin.login_connection() as conn:  # the role as minted before version 11
+            await conn.execute(f"REVOKE SELECT (writes), UPDATE (writes) ON {summary_table}"
+                               f" FROM {quote_ident(minted.role)}")
+        async with session_tenant(dsn, minted) as session:
+            with pytest.raises(InsufficientPrivilegeError):
+                await admit(session, seeded["run"], NAMESPACE, CONTRACT, [{"name": "before"}])
+        async with admin.login_connection() as conn:
+            await conn.execute(f"UPDATE {qualified(admin.schema, 'meta')} SET value = '10'"
+                               " WHERE key = 'schema_version'")
+        async with open_tenant(org, dsn, schema=admin.schema):  # the upgrade
+            pass
+        async with session_tenant(dsn, minted) as session:
+            admission = await admit(session, seeded["run"], NAMESPACE, CONTRACT,
+                                    [{"name": "after"}])
+        assert admission.inserted == 1
 
 
 async def test_a_thousand_mint_and_expire_cycles_leave_the_catalog_as_it_was(dsn):
