@@ -51,10 +51,12 @@ async def streamed(items):
 
 
 def watched(relation: str) -> bool:
+    """The big tables: work receipts and the sheets (not the per-sheet bookkeeping tables,
+    a few rows per sheet each, which a small test reads by scanning)."""
     return relation == "work_receipts" or (
         relation.startswith("sheet_")
         and relation not in ("sheet_summary", "sheet_columns", "sheet_column_summary",
-                             "sheet_counter_deltas", "sheet_column_deltas"))
+                             "sheet_counter_deltas", "sheet_column_deltas", "sheet_lists"))
 
 
 async def analyze(tenant, target: int | None) -> None:
