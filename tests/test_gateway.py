@@ -159,6 +159,10 @@ NOT_OPERATIONS = {
     "runplane.engine.sheets.probing.probe_keyed",  # `sheets.probe` (an action) and its keys
     "runplane.engine.sheets.admission.admit_write",  # `sheets.admit` (an action) of a SheetWrite
     "runplane.engine.sheets.completion.complete_write",  # `sheets.complete` of a SheetWrite
+    # recorded lists: a shortcut of direct ports; through a gateway a rerun probes (the
+    # ordinary path), so no capability is missing there
+    "runplane.engine.sheets.lists.replay_list",
+    "runplane.engine.sheets.lists.record_list",
 }
 
 
