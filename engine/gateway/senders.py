@@ -37,6 +37,30 @@ COMPLETION_ACTION = "sheets.complete"
 
 _ROWS_BY_KEY = {protocol.ROWS_HEADER: protocol.ROWS_BY_KEY}
 
+_PENDING_FIELDS = frozenset({"key", "input_index", "row"})
+
+
+def decode_admitted_page(action: Action, answer: Any, row_of: Mapping[str, dict]) -> Admission:
+    """An admission page's answer, its pending rows carrying the rows this call sent
+    (`row_of`, by key): they come back by key (`ROWS_HEADER`), so each pending entry is
+    checked as the codec checks an `AdmittedRow` and built once, with the client's row. A key
+    the call did not send keeps the row answered (`check_admitted_page` then refuses it)."""
+    pending = answer.get("pending") if type(answer) is dict else None
+    if type(pending) is not list:
+        return action.result.decode(answer, "result")  # the codec names what is wrong
+    page = action.result.decode({**answer, "pending": []}, "result")
+    rows = []
+    for i, item in enumerate(pending):
+        if type(item) is not dict or type(item.get("key")) is not str \
+                or type(item.get("input_index")) is not int or not _PENDING_FIELDS.issuperset(item) \
+                or "row" not in item:
+            action.result.decode(answer, "result")  # raises, naming the entry
+            raise InvalidInputError(f"result.pending[{i}] is not an admitted row")
+        key = item["key"]
+        rows.append(AdmittedRow(key, item["input_index"], row_of.get(key, item["row"])))
+    return attrs.evolve(page, pending=tuple(rows))
+
+
 async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admission:
     """`sheets.admit` in pages under the body limit, answers merged (see `paging`)."""
     started = time.perf_counter()
@@ -78,23 +102,21 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     sizes = [paging.utf8_size(row) + paging.utf8_size(key) + len(index) + 3
              for row, key, index in zip(prepared.texts, key_texts, index_texts)]
     results: list[Admission] = []
+    row_of = dict(zip(prepared.keys, prepared.rows))
     for start, end in paging.pack(sizes, positions, room, "rows"):
         body = paging.page_body(fixed, [("rows", prepared.texts[start:end]),
                                         ("keys", key_texts[start:end]),
                                         ("input_indexes", index_texts[start:end])])
         answer = await gateway.post(action, body, headers=_ROWS_BY_KEY)
-        page = action.result.decode(answer, "result")
+        page = decode_admitted_page(action, answer, row_of)
         paging.check_admitted_page(page, dict(zip(prepared.keys[start:end], final[start:end])),
                                    run.epoch)
         results.append(page)
-    # Pending rows come back by key (ROWS_HEADER): put back the rows this call sent.
-    row_of = dict(zip(prepared.keys, prepared.rows))
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     return Admission(
         inserted=sum(page.inserted for page in results),
         skipped=prepared.skipped + sum(page.skipped for page in results),
-        pending=tuple(AdmittedRow(row.key, row.input_index, row_of[row.key])
-                      for page in results for row in page.pending),
+        pending=tuple(row for page in results for row in page.pending),
         completed=tuple(row for page in results for row in page.completed),
         blocked=tuple(row for page in results for row in page.blocked),
         cached=sum(page.cached for page in results),
@@ -104,19 +126,25 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     )
 
 
-def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
-    """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
+def outcome_values(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[dict]:
+    """The wire value of each prepared outcome (`prepare_outcomes`: the last one given for each
     key), encoded by `ROW_OUTCOME` from the outcome given, with the error message as prepared
     (normalized, so it is valid UTF-8)."""
     last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
-    dumps = protocol.dumps
-    texts = []
+    encode = ROW_OUTCOME.encode
+    values = []
     for one in prepared:
         position, outcome = last[one.key]
         if outcome.error != one.error:
             outcome = attrs.evolve(outcome, error=one.error)
-        texts.append(dumps(ROW_OUTCOME.encode(outcome, f"outcomes[{position}]")).decode("utf-8"))
-    return texts
+        values.append(encode(outcome, f"outcomes[{position}]"))
+    return values
+
+
+def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
+    """The wire text of each prepared outcome (see `outcome_values`), for paging by size."""
+    dumps = protocol.dumps
+    return [dumps(value).decode("utf-8") for value in outcome_values(outcomes, prepared)]
 
 
 async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Completion:
@@ -131,12 +159,19 @@ async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Compl
                                  if name != "outcomes"})  # local parameters never travel
     health = await gateway.health()
     room = paging.room_for_rows(fixed, ("outcomes",), health.body_limit, "outcomes")
-    texts = outcome_texts(outcomes, prepared)
-    sizes = [paging.utf8_size(text) + 1 for text in texts]
-    positions = list(range(len(prepared)))
     results: list[Completion] = []
-    for start, end in paging.pack(sizes, positions, room, "outcomes"):
-        body = paging.page_body(fixed, [("outcomes", texts[start:end])])
+    # Encoded whole first: a call that fits one request (the usual case) is one body, built
+    # with one encoder call; a larger one is cut into pages by the size of each outcome.
+    whole = protocol.dumps({**fixed, "outcomes": outcome_values(outcomes, prepared)})
+    if len(whole) <= health.body_limit - protocol.PAGE_HEADROOM:
+        pages = [whole]
+    else:
+        texts = outcome_texts(outcomes, prepared)
+        sizes = [paging.utf8_size(text) + 1 for text in texts]
+        positions = list(range(len(prepared)))
+        pages = [paging.page_body(fixed, [("outcomes", texts[start:end])])
+                 for start, end in paging.pack(sizes, positions, room, "outcomes")]
+    for body in pages:
         results.append(action.result.decode(await gateway.post(action, body, budget), "result"))
     diagnostics = _merge_diagnostics([page.diagnostics for page in results], input_rows)
     sink = arguments.get("on_diagnostics")

@@ -66,7 +66,6 @@ from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
 from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
 from ..sheets.inputs import prepare_rows
-from ..sheets.model import AdmittedRow
 from ..tenant import Tenant, open_tenant
 from . import guards, protocol
 from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
@@ -141,13 +140,16 @@ def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
 def encode_result(spec: Action, result: Any, skipped: int, rows_by_key: bool) -> bytes:
     """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
     answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
-    their keys and indexes only."""
+    their keys and indexes only (`{"key", "input_index", "row": {}}`, as the codec writes an
+    `AdmittedRow`, built here without one per row)."""
     if skipped:
         result = attrs.evolve(result, skipped=result.skipped + skipped)
-    if rows_by_key:
-        result = attrs.evolve(result, pending=tuple(
-            AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
-    return protocol.dumps({"result": spec.result.encode(result, "result")})
+    if not rows_by_key:
+        return protocol.dumps({"result": spec.result.encode(result, "result")})
+    encoded = spec.result.encode(attrs.evolve(result, pending=()), "result")
+    encoded["pending"] = [{"key": row.key, "input_index": row.input_index, "row": {}}
+                          for row in result.pending]
+    return protocol.dumps({"result": encoded})
 
 
 _READ_HEADERS = frozenset({b"content-length", b"authorization", protocol.REQUEST_ID_HEADER.encode(),
