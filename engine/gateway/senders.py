@@ -29,7 +29,7 @@ from ..sheets.admission import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
 from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
 from ..sheets.model import (
-    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, Timing,
+    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, RowOutcome, Timing,
 )
 from . import paging, protocol
 
@@ -126,25 +126,41 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     )
 
 
-def outcome_values(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[dict]:
-    """The wire value of each prepared outcome (`prepare_outcomes`: the last one given for each
-    key), encoded by `ROW_OUTCOME` from the outcome given, with the error message as prepared
-    (normalized, so it is valid UTF-8)."""
-    last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
-    encode = ROW_OUTCOME.encode
-    values = []
-    for one in prepared:
-        position, outcome = last[one.key]
-        if outcome.error != one.error:
-            outcome = attrs.evolve(outcome, error=one.error)
-        values.append(encode(outcome, f"outcomes[{position}]"))
-    return values
+_OUTCOME_FIELDS = ("key", "status", "data", "input_index", "cell_meta", "error", "attempts")
+_TEXT_OF_OUTCOMES = tuple(field.name for field in attrs.fields(RowOutcome)) == _OUTCOME_FIELDS
+_string = json.encoder.encode_basestring  # what `protocol.dumps` writes for a string
 
 
 def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
-    """The wire text of each prepared outcome (see `outcome_values`), for paging by size."""
+    """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
+    key): what `ROW_OUTCOME` encodes for the outcome given, with the error message as prepared
+    (normalized, so it is valid UTF-8). Written from the texts `prepare_outcomes` already made
+    (data and cell meta normalized and encoded once), field by field in the codec's order; an
+    outcome of an unexpected shape goes through the codec itself, which names what is wrong."""
+    last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
     dumps = protocol.dumps
-    return [dumps(value).decode("utf-8") for value in outcome_values(outcomes, prepared)]
+    texts = []
+    for one in prepared:
+        position, outcome = last[one.key]
+        index, attempts = outcome.input_index, outcome.attempts
+        if _TEXT_OF_OUTCOMES and type(attempts) is int and (index is None or type(index) is int):
+            meta = outcome.cell_meta
+            texts.append(
+                f'{{"key":{_string(one.key)},'
+                f'"status":{_FAILED if one.failed else _COMPLETED},'
+                f'"data":{"null" if outcome.data is None else one.data_text},'
+                f'"input_index":{"null" if index is None else int.__repr__(index)},'
+                f'"cell_meta":{"null" if meta is None else one.meta_text or "{}"},'
+                f'"error":{"null" if one.error is None else _string(one.error)},'
+                f'"attempts":{int.__repr__(attempts)}}}')
+            continue
+        if outcome.error != one.error:
+            outcome = attrs.evolve(outcome, error=one.error)
+        texts.append(dumps(ROW_OUTCOME.encode(outcome, f"outcomes[{position}]")).decode("utf-8"))
+    return texts
+
+
+_COMPLETED, _FAILED = _string("completed"), _string("failed")
 
 
 async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Completion:
@@ -159,19 +175,12 @@ async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Compl
                                  if name != "outcomes"})  # local parameters never travel
     health = await gateway.health()
     room = paging.room_for_rows(fixed, ("outcomes",), health.body_limit, "outcomes")
+    texts = outcome_texts(outcomes, prepared)
+    sizes = [paging.utf8_size(text) + 1 for text in texts]
+    positions = list(range(len(prepared)))
     results: list[Completion] = []
-    # Encoded whole first: a call that fits one request (the usual case) is one body, built
-    # with one encoder call; a larger one is cut into pages by the size of each outcome.
-    whole = protocol.dumps({**fixed, "outcomes": outcome_values(outcomes, prepared)})
-    if len(whole) <= health.body_limit - protocol.PAGE_HEADROOM:
-        pages = [whole]
-    else:
-        texts = outcome_texts(outcomes, prepared)
-        sizes = [paging.utf8_size(text) + 1 for text in texts]
-        positions = list(range(len(prepared)))
-        pages = [paging.page_body(fixed, [("outcomes", texts[start:end])])
-                 for start, end in paging.pack(sizes, positions, room, "outcomes")]
-    for body in pages:
+    for start, end in paging.pack(sizes, positions, room, "outcomes"):
+        body = paging.page_body(fixed, [("outcomes", texts[start:end])])
         results.append(action.result.decode(await gateway.post(action, body, budget), "result"))
     diagnostics = _merge_diagnostics([page.diagnostics for page in results], input_rows)
     sink = arguments.get("on_diagnostics")
