@@ -108,8 +108,14 @@ INT32 = _int_between(INT32_MIN, INT32_MAX, "a 32-bit integer")
 BOOL = _typed("a boolean", lambda v: type(v) is bool)
 FLOAT = Codec("a number", _float_encode, _float_decode)
 NOTHING = Codec("null", lambda _v, _path: None, lambda _v, _path: None)
-RAW = Codec("JSON", lambda v, _path: v, lambda v, _path: v)
-USER_JSON = Codec("user JSON", canonical.normalize_fast, lambda v, _path: v)
+def as_is(value: Any, _path: str) -> Any:
+    """The decode (or encode) that takes a value as it is; `list_of`, `record` and `optional`
+    recognise it and skip the call per item."""
+    return value
+
+
+RAW = Codec("JSON", as_is, as_is)
+USER_JSON = Codec("user JSON", canonical.normalize_fast, as_is)
 
 
 def _encode_timestamp(value: Any, path: str) -> str:
@@ -133,10 +139,11 @@ TIMESTAMP = Codec("an ISO 8601 timestamp", _encode_timestamp, _decode_timestamp)
 
 
 def optional(inner: Codec) -> Codec:
+    encode, decode = inner.encode, inner.decode
     return Codec(
         f"{inner.name} or null",
-        lambda v, path: None if v is None else inner.encode(v, path),
-        lambda v, path: None if v is None else inner.decode(v, path),
+        as_is if encode is as_is else lambda v, path: None if v is None else encode(v, path),
+        as_is if decode is as_is else lambda v, path: None if v is None else decode(v, path),
     )
 
 
@@ -163,6 +170,8 @@ def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
     def decode(value: Any, path: str) -> Any:
         if type(value) is not list:
             raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
+        if inner_decode is as_is:
+            return tuple(value) if as_tuple else list(value)
         try:
             items = [inner_decode(item, path) for item in value]
         except EngineError as exc:
@@ -209,6 +218,8 @@ def record(cls: type, *, default: Codec | None = None, **fields: Codec) -> Codec
         raise TypeError(f"record({cls.__name__}): no such fields {sorted(unknown)}")
     items = tuple(codecs.items())
     coded = tuple((name, codec.encode, codec.decode) for name, codec in items)
+    taken = tuple(name for name, codec in items if codec.decode is as_is)  # decoded as they are
+    decoded = tuple((name, codec.decode) for name, codec in items if codec.decode is not as_is)
     known = frozenset(codecs)
     width = len(known)
 
@@ -229,8 +240,11 @@ def record(cls: type, *, default: Codec | None = None, **fields: Codec) -> Codec
             raise InvalidInputError(f"{path} must be an object ({cls.__name__}), got {type(value).__name__}")
         if len(value) > width or not known.issuperset(value):
             raise InvalidInputError(f"{path} has unknown fields {sorted(value.keys() - known)}")
+        kwargs = {name: value[name] for name in taken if name in value}
         try:
-            kwargs = {name: code(value[name], path) for name, _, code in coded if name in value}
+            for name, code in decoded:
+                if name in value:
+                    kwargs[name] = code(value[name], path)
         except EngineError as exc:
             {name: codec.decode(value[name], f"{path}.{name}") for name, codec in items
              if name in value}
