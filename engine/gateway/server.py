@@ -81,6 +81,7 @@ SHUTDOWN_GRACE_S = 5.0
 MAX_LATENCY_SAMPLES = 100_000
 OFF_LOOP_BYTES = 64 * 1024  # bodies this large are decoded in a worker thread
 DECODE_THREADS = 2
+KEEP_ALIVE_MAX_REQUESTS = 1_000_000  # requests one connection may carry before it is closed
 
 
 class Refusal(Exception):
@@ -455,6 +456,8 @@ async def open_server(
     config.loglevel = "WARNING"
     config.graceful_timeout = SHUTDOWN_GRACE_S
     config.keep_alive_timeout = 75.0
+    config.keep_alive_max_requests = KEEP_ALIVE_MAX_REQUESTS  # a runner's connection is reused
+    config.include_server_header = False
     shutdown = trio.Event()
     served = trio.Event()
 
