@@ -375,6 +375,8 @@ class Server:
     # -- tenants -----------------------------------------------------------------------------
     async def _tenant(self, org: str) -> Tenant:
         slot = self._tenants.get(org)
+        if slot is not None and slot.tenant is not None:
+            return slot.tenant  # open already: no wait (nor a trip through the scheduler)
         if slot is None:
             if self._nursery is None:
                 raise StoreUnavailableError("the gateway is shutting down")
