@@ -10,7 +10,9 @@ How it works
   total deadline holds for the whole call. A completion's diagnostics go to its sink through
   the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
 - Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
-  encoded once: its size is what the pager counts.
+  encoded once: its size is what the pager counts. Its text is written from the data and cell
+  meta texts `prepare_outcomes` already made, so no outcome's data is checked or encoded twice.
+- An admission page's pending rows (by key) are decoded straight into the rows this call sent.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """The gateway server: every registered action over HTTP, for runners without database access.
 
 How it works
-- `open_server(secret=..., dsn=..., bind=...)` serves a Starlette application with Hypercorn's
+- `open_server(secret=..., dsn=..., bind=...)` serves an ASGI application with Hypercorn's
   trio worker inside the caller's trio run and yields a `Server` (its `url` carries the port
   actually bound, so `bind="127.0.0.1:0"` picks a free one). Leaving the block stops accepting,
   lets requests in flight finish (a few seconds at most) and closes the tenants.
+- `POST /v1/actions/{name}` is answered by a lean ASGI handler: the headers it needs read from
+  the scope, the body from `receive`, the answer sent with two `send` calls, no request or
+  response object per request. Starlette serves the rest (health, the console at `/ui`, 405 for
+  another method on an action). Hypercorn parses HTTP and keeps a runner's connection open for
+  up to `KEEP_ALIVE_MAX_REQUESTS` requests.
 - A request is refused, in this order and before any query: a declared body over the limit
   (413); a missing, invalid or expired token (401); an unknown action, or an array-input action
   on a server started with `array_actions=False` (400 `unsupported_action`); an action the
