@@ -108,8 +108,14 @@ INT32 = _int_between(INT32_MIN, INT32_MAX, "a 32-bit integer")
 BOOL = _typed("a boolean", lambda v: type(v) is bool)
 FLOAT = Codec("a number", _float_encode, _float_decode)
 NOTHING = Codec("null", lambda _v, _path: None, lambda _v, _path: None)
-RAW = Codec("JSON", lambda v, _path: v, lambda v, _path: v)
-USER_JSON = Codec("user JSON", canonical.normalize_fast, lambda v, _path: v)
+def as_is(value: Any, _path: str) -> Any:
+    """The decode (or encode) that takes a value as it is; `list_of`, `record` and `optional`
+    recognise it and skip the call per item."""
+    return value
+
+
+RAW = Codec("JSON", as_is, as_is)
+USER_JSON = Codec("user JSON", canonical.normalize_fast, as_is)
 
 
 def _encode_timestamp(value: Any, path: str) -> str:
@@ -133,23 +139,44 @@ TIMESTAMP = Codec("an ISO 8601 timestamp", _encode_timestamp, _decode_timestamp)
 
 
 def optional(inner: Codec) -> Codec:
+    encode, decode = inner.encode, inner.decode
     return Codec(
         f"{inner.name} or null",
-        lambda v, path: None if v is None else inner.encode(v, path),
-        lambda v, path: None if v is None else inner.decode(v, path),
+        as_is if encode is as_is else lambda v, path: None if v is None else encode(v, path),
+        as_is if decode is as_is else lambda v, path: None if v is None else decode(v, path),
     )
 
 
+def _items(value: Any) -> list | tuple:
+    return value if type(value) in (list, tuple) else list(value)
+
+
 def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
+    """A list of `inner`. Items are coded with the list's own path first; only when one fails
+    is the list coded again with each item's path, so the error names the item (paths cost
+    nothing on the way through)."""
+    inner_encode, inner_decode = inner.encode, inner.decode
+
     def encode(value: Any, path: str) -> list:
         if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
             raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
-        return [inner.encode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        items = _items(value)  # a one-shot iterable is read once
+        try:
+            return [inner_encode(item, path) for item in items]
+        except EngineError as exc:
+            [inner_encode(item, f"{path}[{i}]") for i, item in enumerate(items)]
+            raise exc  # pragma: no cover - a codec that failed once fails again
 
     def decode(value: Any, path: str) -> Any:
         if type(value) is not list:
             raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
-        items = [inner.decode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        if inner_decode is as_is:
+            return tuple(value) if as_tuple else list(value)
+        try:
+            items = [inner_decode(item, path) for item in value]
+        except EngineError as exc:
+            [inner_decode(item, f"{path}[{i}]") for i, item in enumerate(value)]
+            raise exc  # pragma: no cover - a codec that failed once fails again
         return tuple(items) if as_tuple else items
 
     return Codec(f"list of {inner.name}", encode, decode)
@@ -190,20 +217,38 @@ def record(cls: type, *, default: Codec | None = None, **fields: Codec) -> Codec
     if unknown:
         raise TypeError(f"record({cls.__name__}): no such fields {sorted(unknown)}")
     items = tuple(codecs.items())
+    coded = tuple((name, codec.encode, codec.decode) for name, codec in items)
+    taken = tuple(name for name, codec in items if codec.decode is as_is)  # decoded as they are
+    decoded = tuple((name, codec.decode) for name, codec in items if codec.decode is not as_is)
+    known = frozenset(codecs)
+    width = len(known)
+
+    def encode_paths(value: Any, path: str) -> dict:
+        return {name: codec.encode(getattr(value, name), f"{path}.{name}") for name, codec in items}
 
     def encode(value: Any, path: str) -> dict:
         if not isinstance(value, cls):
             raise InvalidInputError(f"{path} must be a {cls.__name__}, got {type(value).__name__}")
-        return {name: codec.encode(getattr(value, name), f"{path}.{name}") for name, codec in items}
+        try:  # fields are coded with the record's path; a failure is coded again with theirs
+            return {name: code(getattr(value, name), path) for name, code, _ in coded}
+        except EngineError as exc:
+            encode_paths(value, path)
+            raise exc  # pragma: no cover - a codec that failed once fails again
 
     def decode(value: Any, path: str) -> Any:
         if type(value) is not dict:
             raise InvalidInputError(f"{path} must be an object ({cls.__name__}), got {type(value).__name__}")
-        extra = value.keys() - codecs.keys()
-        if extra:
-            raise InvalidInputError(f"{path} has unknown fields {sorted(extra)}")
-        kwargs = {name: codec.decode(value[name], f"{path}.{name}")
-                  for name, codec in items if name in value}
+        if len(value) > width or not known.issuperset(value):
+            raise InvalidInputError(f"{path} has unknown fields {sorted(value.keys() - known)}")
+        kwargs = {name: value[name] for name in taken if name in value}
+        try:
+            for name, code in decoded:
+                if name in value:
+                    kwargs[name] = code(value[name], path)
+        except EngineError as exc:
+            {name: codec.decode(value[name], f"{path}.{name}") for name, codec in items
+             if name in value}
+            raise exc  # pragma: no cover - a codec that failed once fails again
         try:
             return cls(**kwargs)
         except EngineError:

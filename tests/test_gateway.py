@@ -216,3 +216,26 @@ async def test_the_registry_walk_every_operation_is_an_action_on_both_sides(tena
             answer = await client.post(f"{server.url}/v1/actions/{name}", json={}, headers=headers)
             assert answer.status_code == 400 and answer.json()["code"] == "invalid_input", name
     assert set(server.requests) == set(registry)
+
+
+async def test_actions_keep_the_connection_open_and_answer_json(tenant, server):
+    """Action answers come from the lean handler: JSON with its length, and the runner's
+    connection stays open from one action to the next (one local port for every request)."""
+    headers = {"authorization": f"Bearer {token_for(tenant)}"}
+    scope = {"scope": {"org_id": tenant.org_id, "play": PLAY}, "key": "k"}
+    ports = set()
+    async with httpx.AsyncClient() as client:
+        for _ in range(5):
+            answer = await client.post(f"{server.url}/v1/actions/receipts.get", json=scope,
+                                       headers=headers)
+            assert answer.status_code == 200 and answer.json() == {"result": None}
+            assert answer.headers["content-type"] == "application/json"
+            assert int(answer.headers["content-length"]) == len(answer.content)
+            assert answer.headers.get("connection", "").lower() != "close"
+            ports.add(answer.extensions["network_stream"].get_extra_info("client_addr")[1])
+        refused = await client.post(f"{server.url}/v1/actions/receipts.get", json=scope)
+        assert refused.status_code == 401 and refused.json()["code"] == "unauthenticated"
+        ports.add(refused.extensions["network_stream"].get_extra_info("client_addr")[1])
+        assert (await client.get(f"{server.url}/v1/actions/receipts.get")).status_code == 405
+    assert len(ports) == 1
+    assert server.requests["receipts.get"] == 6

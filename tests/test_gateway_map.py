@@ -209,3 +209,36 @@ async def test_admitted_rows_come_back_by_key_and_the_client_restores_them(tenan
             full = (await client.post(url, content=body, headers=headers)).json()["result"]
         assert [row["row"] for row in slim["pending"]] == [{}, {}, {}]
         assert [row["row"] for row in full["pending"]] == rows(3)
+
+
+def test_an_outcome_travels_as_the_row_outcome_codec_encodes_it():
+    """The completion sender writes each outcome's text from what `prepare_outcomes` made;
+    it must be the JSON value `ROW_OUTCOME` encodes (error as prepared), for every shape."""
+    import json
+
+    import attrs
+
+    from runplane.engine.gateway.senders import outcome_texts
+    from runplane.engine.sheets.inputs import prepare_outcomes
+    from runplane.engine.sheets.model import ROW_OUTCOME, RowOutcome
+
+    outcomes = [
+        RowOutcome("plain", "completed", {"ok": True}, 3),
+        RowOutcome("no-data", "completed"),
+        RowOutcome("floats", "completed", {"half": 2.0, "x": 0.5, "n": [1.0, "é\u2028"]}, 0, attempts=4),
+        RowOutcome("meta", "completed", {"a": 1}, 7, cell_meta={"a": {"src": "x"}}),
+        RowOutcome("empty-meta", "completed", {}, None, cell_meta={}),
+        RowOutcome("failed", "failed", None, 9, error="boom\nline \"two\" ✓"),
+        RowOutcome("blank-error", "failed", None, 10, error="   "),
+        RowOutcome("clé \"quoted\"", "completed", {"ok": None}, 11),
+        RowOutcome("twice", "completed", {"v": 1}, 12),
+        RowOutcome("twice", "failed", None, 12, error="second wins"),
+    ]
+    prepared, _ = prepare_outcomes(outcomes)
+    texts = outcome_texts(outcomes, prepared)
+    last = {outcome.key: outcome for outcome in outcomes}
+    assert len(texts) == len(prepared) == 9
+    for text, one in zip(texts, prepared):
+        expected = ROW_OUTCOME.encode(attrs.evolve(last[one.key], error=one.error), "o")
+        assert json.loads(text) == expected
+        assert list(json.loads(text)) == list(expected)  # the codec's field order too

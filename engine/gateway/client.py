@@ -25,9 +25,10 @@ How it works
 from __future__ import annotations
 
 import contextlib
+import itertools
 import urllib.parse
 import uuid
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Iterator, Mapping
 
 import attrs
 import httpx
@@ -81,8 +82,20 @@ class Gateway(RemotePort):
     session_key: SessionKey | None = attrs.field(init=False, default=None, repr=False)
     session_key_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
 
+    _headers: dict[str, str] = attrs.field(init=False, repr=False)
+    _urls: dict[str, httpx.URL] = attrs.field(init=False, factory=dict, repr=False)
+    _ids: Iterator[int] = attrs.field(init=False, factory=itertools.count, repr=False)
+    _id_prefix: str = attrs.field(init=False, factory=lambda: uuid.uuid4().hex[:16], repr=False)
+
     def __attrs_post_init__(self) -> None:
         self._permits = Permits("gateway", self.max_in_flight)
+        self._headers = {"authorization": f"Bearer {self.token}",
+                         "content-type": "application/json"}
+
+    def _request_id(self) -> str:
+        """A new operation's request id: this gateway's random prefix and a counter (unique
+        without asking the system for randomness on every request)."""
+        return f"{self._id_prefix}{next(self._ids):016x}"
 
     @property
     def token_plays(self) -> tuple[str, ...] | None:
@@ -129,9 +142,11 @@ class Gateway(RemotePort):
             raise InvalidInputError(
                 f"{action.name}: the input takes {len(body)} bytes; the gateway accepts at most "
                 f"{health.body_limit} bytes a request")
-        headers = {"authorization": f"Bearer {self.token}", "content-type": "application/json",
-                   protocol.REQUEST_ID_HEADER: uuid.uuid4().hex, **(headers or {})}
-        url = self.url + protocol.ACTIONS_PATH + action.name
+        headers = {**self._headers, protocol.REQUEST_ID_HEADER: self._request_id(),
+                   **(headers or {})}
+        url = self._urls.get(action.name)
+        if url is None:
+            url = self._urls[action.name] = httpx.URL(self.url + protocol.ACTIONS_PATH + action.name)
         answer = await with_retries(
             self.retry, self.stats, action.name, self._where, budget,
             attempt_timeout(self.retry, action),

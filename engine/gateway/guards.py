@@ -25,6 +25,7 @@ How it works
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import math
@@ -77,12 +78,18 @@ def printable(text: str) -> str:
     return escaped + ("..." if len(text) > LOG_TEXT_CHARS else "")
 
 
+@functools.lru_cache(maxsize=1024)
+def _claims_text(claims: Any) -> bytes:
+    """Every claim of a token, as text (a client sends one token on every request)."""
+    return repr(attrs.astuple(claims)).encode("utf-8")
+
+
 def request_digest(raw: bytes, claims: Any, extra: str = "") -> bytes:
     """A digest of what makes two requests the same: the body, the token's claims (every
     claim, so a token with other rights or another id is another request) and `extra`
     (headers that change the answer)."""
     digest = hashlib.sha256()
-    for part in (repr(attrs.astuple(claims)).encode("utf-8"), extra.encode("utf-8"), raw):
+    for part in (_claims_text(claims), extra.encode("utf-8"), raw):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.digest()

@@ -10,7 +10,9 @@ How it works
   total deadline holds for the whole call. A completion's diagnostics go to its sink through
   the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
 - Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
-  encoded once: its size is what the pager counts.
+  encoded once: its size is what the pager counts. Its text is written from the data and cell
+  meta texts `prepare_outcomes` already made, so no outcome's data is checked or encoded twice.
+- An admission page's pending rows (by key) are decoded straight into the rows this call sent.
 """
 
 from __future__ import annotations
@@ -29,13 +31,37 @@ from ..sheets.admission import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
 from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
 from ..sheets.model import (
-    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, Timing,
+    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, RowOutcome, Timing,
 )
 from . import paging, protocol
 
 COMPLETION_ACTION = "sheets.complete"
 
 _ROWS_BY_KEY = {protocol.ROWS_HEADER: protocol.ROWS_BY_KEY}
+
+_PENDING_FIELDS = frozenset({"key", "input_index", "row"})
+
+
+def decode_admitted_page(action: Action, answer: Any, row_of: Mapping[str, dict]) -> Admission:
+    """An admission page's answer, its pending rows carrying the rows this call sent
+    (`row_of`, by key): they come back by key (`ROWS_HEADER`), so each pending entry is
+    checked as the codec checks an `AdmittedRow` and built once, with the client's row. A key
+    the call did not send keeps the row answered (`check_admitted_page` then refuses it)."""
+    pending = answer.get("pending") if type(answer) is dict else None
+    if type(pending) is not list:
+        return action.result.decode(answer, "result")  # the codec names what is wrong
+    page = action.result.decode({**answer, "pending": []}, "result")
+    rows = []
+    for i, item in enumerate(pending):
+        if type(item) is not dict or type(item.get("key")) is not str \
+                or type(item.get("input_index")) is not int or not _PENDING_FIELDS.issuperset(item) \
+                or "row" not in item:
+            action.result.decode(answer, "result")  # raises, naming the entry
+            raise InvalidInputError(f"result.pending[{i}] is not an admitted row")
+        key = item["key"]
+        rows.append(AdmittedRow(key, item["input_index"], row_of.get(key, item["row"])))
+    return attrs.evolve(page, pending=tuple(rows))
+
 
 async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admission:
     """`sheets.admit` in pages under the body limit, answers merged (see `paging`)."""
@@ -78,23 +104,21 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     sizes = [paging.utf8_size(row) + paging.utf8_size(key) + len(index) + 3
              for row, key, index in zip(prepared.texts, key_texts, index_texts)]
     results: list[Admission] = []
+    row_of = dict(zip(prepared.keys, prepared.rows))
     for start, end in paging.pack(sizes, positions, room, "rows"):
         body = paging.page_body(fixed, [("rows", prepared.texts[start:end]),
                                         ("keys", key_texts[start:end]),
                                         ("input_indexes", index_texts[start:end])])
         answer = await gateway.post(action, body, headers=_ROWS_BY_KEY)
-        page = action.result.decode(answer, "result")
+        page = decode_admitted_page(action, answer, row_of)
         paging.check_admitted_page(page, dict(zip(prepared.keys[start:end], final[start:end])),
                                    run.epoch)
         results.append(page)
-    # Pending rows come back by key (ROWS_HEADER): put back the rows this call sent.
-    row_of = dict(zip(prepared.keys, prepared.rows))
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     return Admission(
         inserted=sum(page.inserted for page in results),
         skipped=prepared.skipped + sum(page.skipped for page in results),
-        pending=tuple(AdmittedRow(row.key, row.input_index, row_of[row.key])
-                      for page in results for row in page.pending),
+        pending=tuple(row for page in results for row in page.pending),
         completed=tuple(row for page in results for row in page.completed),
         blocked=tuple(row for page in results for row in page.blocked),
         cached=sum(page.cached for page in results),
@@ -104,19 +128,41 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     )
 
 
+_OUTCOME_FIELDS = ("key", "status", "data", "input_index", "cell_meta", "error", "attempts")
+_TEXT_OF_OUTCOMES = tuple(field.name for field in attrs.fields(RowOutcome)) == _OUTCOME_FIELDS
+_string = json.encoder.encode_basestring  # what `protocol.dumps` writes for a string
+
+
 def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
     """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
-    key), encoded by `ROW_OUTCOME` from the outcome given, with the error message as prepared
-    (normalized, so it is valid UTF-8)."""
+    key): what `ROW_OUTCOME` encodes for the outcome given, with the error message as prepared
+    (normalized, so it is valid UTF-8). Written from the texts `prepare_outcomes` already made
+    (data and cell meta normalized and encoded once), field by field in the codec's order; an
+    outcome of an unexpected shape goes through the codec itself, which names what is wrong."""
     last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
     dumps = protocol.dumps
     texts = []
     for one in prepared:
         position, outcome = last[one.key]
+        index, attempts = outcome.input_index, outcome.attempts
+        if _TEXT_OF_OUTCOMES and type(attempts) is int and (index is None or type(index) is int):
+            meta = outcome.cell_meta
+            texts.append(
+                f'{{"key":{_string(one.key)},'
+                f'"status":{_FAILED if one.failed else _COMPLETED},'
+                f'"data":{"null" if outcome.data is None else one.data_text},'
+                f'"input_index":{"null" if index is None else int.__repr__(index)},'
+                f'"cell_meta":{"null" if meta is None else one.meta_text or "{}"},'
+                f'"error":{"null" if one.error is None else _string(one.error)},'
+                f'"attempts":{int.__repr__(attempts)}}}')
+            continue
         if outcome.error != one.error:
             outcome = attrs.evolve(outcome, error=one.error)
         texts.append(dumps(ROW_OUTCOME.encode(outcome, f"outcomes[{position}]")).decode("utf-8"))
     return texts
+
+
+_COMPLETED, _FAILED = _string("completed"), _string("failed")
 
 
 async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Completion:

@@ -1,10 +1,15 @@
 """The gateway server: every registered action over HTTP, for runners without database access.
 
 How it works
-- `open_server(secret=..., dsn=..., bind=...)` serves a Starlette application with Hypercorn's
+- `open_server(secret=..., dsn=..., bind=...)` serves an ASGI application with Hypercorn's
   trio worker inside the caller's trio run and yields a `Server` (its `url` carries the port
   actually bound, so `bind="127.0.0.1:0"` picks a free one). Leaving the block stops accepting,
   lets requests in flight finish (a few seconds at most) and closes the tenants.
+- `POST /v1/actions/{name}` is answered by a lean ASGI handler: the headers it needs read from
+  the scope, the body from `receive`, the answer sent with two `send` calls, no request or
+  response object per request. Starlette serves the rest (health, the console at `/ui`, 405 for
+  another method on an action). Hypercorn parses HTTP and keeps a runner's connection open for
+  up to `KEEP_ALIVE_MAX_REQUESTS` requests.
 - A request is refused, in this order and before any query: a declared body over the limit
   (413); a missing, invalid or expired token (401); an unknown action, or an array-input action
   on a server started with `array_actions=False` (400 `unsupported_action`); an action the
@@ -55,7 +60,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
@@ -66,7 +71,6 @@ from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
 from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
 from ..sheets.inputs import prepare_rows
-from ..sheets.model import AdmittedRow
 from ..tenant import Tenant, open_tenant
 from . import guards, protocol
 from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
@@ -82,6 +86,7 @@ SHUTDOWN_GRACE_S = 5.0
 MAX_LATENCY_SAMPLES = 100_000
 OFF_LOOP_BYTES = 64 * 1024  # bodies this large are decoded in a worker thread
 DECODE_THREADS = 2
+KEEP_ALIVE_MAX_REQUESTS = 1_000_000  # requests one connection may carry before it is closed
 
 
 class Refusal(Exception):
@@ -141,13 +146,36 @@ def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
 def encode_result(spec: Action, result: Any, skipped: int, rows_by_key: bool) -> bytes:
     """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
     answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
-    their keys and indexes only."""
+    their keys and indexes only (`{"key", "input_index", "row": {}}`, as the codec writes an
+    `AdmittedRow`, built here without one per row)."""
     if skipped:
         result = attrs.evolve(result, skipped=result.skipped + skipped)
-    if rows_by_key:
-        result = attrs.evolve(result, pending=tuple(
-            AdmittedRow(row.key, row.input_index, {}) for row in result.pending))
-    return protocol.dumps({"result": spec.result.encode(result, "result")})
+    if not rows_by_key:
+        return protocol.dumps({"result": spec.result.encode(result, "result")})
+    encoded = spec.result.encode(attrs.evolve(result, pending=()), "result")
+    encoded["pending"] = [{"key": row.key, "input_index": row.input_index, "row": {}}
+                          for row in result.pending]
+    return protocol.dumps({"result": encoded})
+
+
+_READ_HEADERS = frozenset({b"content-length", b"authorization", protocol.REQUEST_ID_HEADER.encode(),
+                           protocol.ROWS_HEADER.encode()})
+_JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+class _RequestHeaders:
+    """The request headers an action reads, by lowercase name (the first of repeated ones)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, items: Any) -> None:
+        values: dict[str, str] = {}
+        for key, value in items:
+            values.setdefault(key.lower(), value)
+        self._values = values
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._values.get(name, default)
 
 
 @attrs.define(eq=False)
@@ -193,15 +221,30 @@ class Server:
         self._tokens = VerifiedTokens(self.secret)
 
     # -- the application ---------------------------------------------------------------------
-    def app(self) -> Starlette:
+    def app(self) -> Any:
+        """The ASGI application: `POST /v1/actions/{name}` is answered by a lean handler
+        (`_serve_action`: the body read from `receive`, the answer sent with `send`), every
+        other request by Starlette (health, the console, 405 for other methods on actions)."""
         from ..console import Console, Sessions, console_app  # the web console, at /ui
 
         self.console = Console(Sessions(self.secret), self._tenant, token_login=True)
-        return Starlette(routes=[
+        routed = Starlette(routes=[
             Route(protocol.HEALTH_PATH, self._health, methods=["GET"]),
             Route(protocol.ACTIONS_PATH + "{action}", self._action, methods=["POST"]),
             Mount("/ui", app=console_app(self.console)),
         ])
+        prefix = protocol.ACTIONS_PATH
+        cut = len(prefix)
+
+        async def app(scope: dict, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["method"] == "POST":
+                path = scope["path"]
+                if path.startswith(prefix) and len(path) > cut and "/" not in path[cut:]:
+                    await self._serve_action(path[cut:], scope["headers"], receive, send)
+                    return
+            await routed(scope, receive, send)
+
+        return app
 
     async def _health(self, _request: Request) -> Response:
         body = protocol.dumps({"ok": True, "version": runplane_version(),
@@ -209,14 +252,28 @@ class Server:
         return Response(body, media_type="application/json")
 
     async def _action(self, request: Request) -> Response:
+        """The same answer through Starlette (the lean handler takes every POST first)."""
+        status, body = await self._respond(request.path_params["action"],
+                                           request.headers.items(), request.receive)
+        return Response(body, status_code=status, media_type="application/json")
+
+    async def _serve_action(self, name: str, raw_headers: list, receive: Any, send: Any) -> None:
+        headers = [(key.decode("latin-1"), value.decode("latin-1")) for key, value in raw_headers
+                   if key in _READ_HEADERS]
+        status, body = await self._respond(name, headers, receive)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-length", str(len(body)).encode("ascii")),
+                                _JSON_CONTENT_TYPE]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _respond(self, name: str, headers: Any, receive: Any) -> tuple[int, bytes]:
+        """The status and JSON body answering action `name` (see the module docstring)."""
         started = trio.current_time()
-        name = request.path_params["action"]
         counted = guards.bucket(name, self._actions)
         self.requests[counted] += 1
         self._period[counted] += 1
         try:
-            body = await self._answer(name, request)
-            return Response(body, media_type="application/json")
+            return 200, await self._answer(name, _RequestHeaders(headers), receive)
         except Refusal as exc:
             return self._error(name, str(exc), exc.code, exc.status)
         except EngineError as exc:
@@ -234,25 +291,25 @@ class Server:
             if len(self._latencies) < MAX_LATENCY_SAMPLES:
                 self._latencies.append(trio.current_time() - started)
 
-    def _error(self, name: str, message: str, code: str, status: int, **extra: Any) -> Response:
+    def _error(self, name: str, message: str, code: str, status: int,
+               **extra: Any) -> tuple[int, bytes]:
         self.errors[code] += 1
         self._period_errors[code] += 1
-        return Response(protocol.error_body(message, code, name, **extra), status_code=status,
-                        media_type="application/json")
+        return status, protocol.error_body(message, code, name, **extra)
 
-    async def _answer(self, name: str, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
+    async def _answer(self, name: str, headers: "_RequestHeaders", receive: Any) -> bytes:
+        declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.body_limit:
             raise Refusal(f"the request body of {declared} bytes is over the limit of "
                           f"{self.body_limit} bytes", *protocol.BODY_TOO_LARGE)
-        header = request.headers.get("authorization", "")
+        header = headers.get("authorization", "")
         token = header[7:].strip() if header[:7].lower() == "bearer " else None
         claims = self._tokens.verify(token)
         spec = self._actions.get(name)
         if spec is None or (not self.array_actions and name.startswith("array_input.")):
             raise Refusal(f"Unsupported action: {name}", *protocol.UNSUPPORTED_ACTION)
         claims.check_action(name)
-        raw = await self._read_body(request)
+        raw = await self._read_body(receive)
         kwargs, skipped = await self._decode(spec, raw)
         org, play = scope_of(kwargs)
         listed = kwargs.get("plays")  # an org-wide step narrowed to some plays (outbox.claim_due)
@@ -268,7 +325,7 @@ class Server:
         tenant = await self._tenant(claims.org)
 
         rows_by_key = (name == ADMIT_ACTION
-                       and request.headers.get(protocol.ROWS_HEADER) == protocol.ROWS_BY_KEY)
+                       and headers.get(protocol.ROWS_HEADER) == protocol.ROWS_BY_KEY)
 
         async def compute() -> bytes:
             with trio.move_on_after(spec.deadline_s) as deadline:
@@ -286,7 +343,7 @@ class Server:
             return await trio.to_thread.run_sync(encode_result, spec, result, skipped, rows_by_key,
                                                  limiter=self._decoding)
 
-        request_id = request.headers.get(protocol.REQUEST_ID_HEADER)
+        request_id = headers.get(protocol.REQUEST_ID_HEADER)
         if spec.writes and request_id:
             digest = guards.request_digest(raw, claims, "by-key" if rows_by_key else "")
             return await self.replay.run((claims.org, play, name, request_id), digest, compute)
@@ -299,21 +356,32 @@ class Server:
             return decode_body(spec, raw)
         return await trio.to_thread.run_sync(decode_body, spec, raw, limiter=self._decoding)
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, receive: Any) -> bytes:
+        """The request body from ASGI `receive`: 413 as soon as it grows past the limit (the
+        rest is never read); a client that went away raises `ClientDisconnect`."""
         chunks = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.body_limit:
-                raise Refusal(f"the request body is over the limit of {self.body_limit} bytes",
-                              *protocol.BODY_TOO_LARGE)
-            chunks.append(chunk)
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > self.body_limit:
+                    raise Refusal(f"the request body is over the limit of {self.body_limit} bytes",
+                                  *protocol.BODY_TOO_LARGE)
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
         self.max_body_bytes = max(self.max_body_bytes, size)
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     # -- tenants -----------------------------------------------------------------------------
     async def _tenant(self, org: str) -> Tenant:
         slot = self._tenants.get(org)
+        if slot is not None and slot.tenant is not None:
+            return slot.tenant  # open already: no wait (nor a trip through the scheduler)
         if slot is None:
             if self._nursery is None:
                 raise StoreUnavailableError("the gateway is shutting down")
@@ -395,6 +463,8 @@ async def open_server(
     config.loglevel = "WARNING"
     config.graceful_timeout = SHUTDOWN_GRACE_S
     config.keep_alive_timeout = 75.0
+    config.keep_alive_max_requests = KEEP_ALIVE_MAX_REQUESTS  # a runner's connection is reused
+    config.include_server_header = False
     shutdown = trio.Event()
     served = trio.Event()
 

@@ -56,35 +56,43 @@ class Budget:
     state: RetryState
 
 
-async def attempt(client: httpx.AsyncClient, permits: Permits, method: str, url: str,
+async def attempt(client: httpx.AsyncClient, permits: Permits, method: str, url: Any,
                   timeout: float, body: bytes | None, headers: Mapping[str, str]) -> Attempted:
     """One attempt (see the module docstring)."""
-    async with permits.hold():
-        response = None
-        with trio.move_on_after(timeout):
-            try:
-                request = client.build_request(method, url, content=body, headers=headers)
-                response = await client.send(request, stream=True)
-            except httpx.HTTPError as exc:
-                return Attempted(None, failure=exc)
-            try:
-                raw = await response.aread()
-            except httpx.HTTPError as exc:
-                return Attempted(response.status_code, None, response.headers, exc)
-            finally:
-                await response.aclose()
-            try:
-                payload = json.loads(raw)
-            except ValueError as exc:
-                return Attempted(response.status_code, None, response.headers, exc)
-            if type(payload) is not dict:
-                return Attempted(response.status_code, None, response.headers,
-                                 ValueError("not a JSON object"))
-            return Attempted(response.status_code, payload, response.headers)
-        if response is None:
-            return Attempted(None, failure=TimeoutError(f"no answer within {timeout:g} s"))
-        return Attempted(response.status_code, None, response.headers, TimeoutError(
-            f"the answer's body did not arrive within {timeout:g} s"))
+    await permits.acquire()
+    try:
+        return await _attempt(client, method, url, timeout, body, headers)
+    finally:
+        permits.release()
+
+
+async def _attempt(client: httpx.AsyncClient, method: str, url: Any, timeout: float,
+                   body: bytes | None, headers: Mapping[str, str]) -> Attempted:
+    response = None
+    with trio.move_on_after(timeout):
+        try:
+            request = client.build_request(method, url, content=body, headers=headers)
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            return Attempted(None, failure=exc)
+        try:
+            raw = await response.aread()
+        except httpx.HTTPError as exc:
+            return Attempted(response.status_code, None, response.headers, exc)
+        finally:
+            await response.aclose()
+        try:
+            payload = json.loads(raw)
+        except ValueError as exc:
+            return Attempted(response.status_code, None, response.headers, exc)
+        if type(payload) is not dict:
+            return Attempted(response.status_code, None, response.headers,
+                             ValueError("not a JSON object"))
+        return Attempted(response.status_code, payload, response.headers)
+    if response is None:
+        return Attempted(None, failure=TimeoutError(f"no answer within {timeout:g} s"))
+    return Attempted(response.status_code, None, response.headers, TimeoutError(
+        f"the answer's body did not arrive within {timeout:g} s"))
 
 
 async def with_retries(policy: RetryPolicy, stats: GatewayStats, name: str, where: str,
