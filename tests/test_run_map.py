@@ -412,7 +412,9 @@ async def test_a_wake_replays_the_staged_list(tenant):
 
     with trio.CancelScope() as crash:
         async with open_run(tenant, "play", run_id) as run:
-            await run.map("t", rows(1200), hang, contract=CONTRACT,
+            # page_rows=200: no ramp of small first units, whose many small work batches
+            # would fill the work channel before all 1200 hanging rows are admitted
+            await run.map("t", rows(1200), hang, contract=CONTRACT, page_rows=200,
                           on_progress=crash_when_admitted)
     assert crash.cancelled_caught
     wrapped, calls = counting()
