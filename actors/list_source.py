@@ -14,7 +14,9 @@ How it works
 - The map reads the sheet's row count as it begins (`count_sheet_rows`): a list going into an
   empty sheet is not probed at all.
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
-  `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page); on a wake (the
+  `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
+  after a ramp of smaller units (`ramp_cuts`: 100 rows, then twice as many each, as a streamed
+  source's first pages, so the workers start soon); on a wake (the
   input was staged before the map began) one page each, admitted from its stored fact
   (`StagedPage`: the rows are not sent again). A one-page unit of a sealed input is always
   admitted from its fact.
@@ -59,6 +61,8 @@ from .sealer import stage_encoded
 log = logging.getLogger("runplane.actors")
 
 MAX_UNIT_PAGES = 5  # an admission unit of a list: at most this many pages (~5 MiB of input)
+FIRST_UNIT_ROWS = 100  # a first run's first unit (as a streamed source's first page), ...
+# ... each next one twice as large while under half the map's `page_rows`: work starts soon
 
 
 @attrs.frozen
@@ -71,6 +75,17 @@ class SourcePage:
     keys: list[str] | None = None
     ordinal: int | None = None
     texts: list[str] | None = None
+
+
+def ramp_cuts(unit_rows: int) -> frozenset[int]:
+    """Offsets ending a list's first units: `FIRST_UNIT_ROWS` rows, then twice as many each,
+    while under half `unit_rows` (then units of whole pages as usual)."""
+    cuts, size, low = set(), FIRST_UNIT_ROWS, 0
+    while size < unit_rows // 2:
+        low += size
+        cuts.add(low)
+        size *= 2
+    return frozenset(cuts)
 
 
 @attrs.define(eq=False)
@@ -155,11 +170,14 @@ class ListSource:
         as a streamed page. A unit never spans a row offset in `cut_at` (nor `start`): a page
         such an offset falls in is split there. Only a unit that is one whole page carries its
         ordinal (it may be admitted from its fact). A group holds consecutive units up to
-        `group_rows` rows (one at least), the reach of one probe. Rows, keys and texts are
-        spans of the encoded source.
+        `group_rows` rows (one at least), the reach of one probe. From row 0 and unless
+        replaying, the first units ramp up (`ramp_cuts`) so the workers get rows soon. Rows,
+        keys and texts are spans of the encoded source.
         """
         namespace = self.scope.table_namespace
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
+        if not self.replaying and start == 0:
+            cut_at = cut_at | ramp_cuts(unit_rows)
         cuts = sorted(offset for offset in cut_at if offset > start)
 
         def segments():

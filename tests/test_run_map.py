@@ -162,8 +162,11 @@ async def test_cancellation_flushes_outcomes_already_computed(tenant):
     snapshots = []
     with crash:
         async with open_run(tenant, "play", run_id) as run:
+            # page_rows=200: one admission unit (no ramp of smaller first units), so every
+            # row is admitted before the crash
             await run.map("t", rows(200), wrapped, contract=CONTRACT, concurrency=8,
-                          linger_s=3600, batch_rows=10_000, on_progress=snapshots.append)
+                          linger_s=3600, batch_rows=10_000, on_progress=snapshots.append,
+                          page_rows=200)
     assert crash.cancelled_caught
     assert await outbox_state(tenant, run_id) == "open"
     assert await count_star(tenant) == {"enriched": finished, "pending": 200 - finished}
@@ -409,7 +412,9 @@ async def test_a_wake_replays_the_staged_list(tenant):
 
     with trio.CancelScope() as crash:
         async with open_run(tenant, "play", run_id) as run:
-            await run.map("t", rows(1200), hang, contract=CONTRACT,
+            # page_rows=200: no ramp of small first units, whose many small work batches
+            # would fill the work channel before all 1200 hanging rows are admitted
+            await run.map("t", rows(1200), hang, contract=CONTRACT, page_rows=200,
                           on_progress=crash_when_admitted)
     assert crash.cancelled_caught
     wrapped, calls = counting()
