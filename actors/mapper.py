@@ -34,8 +34,9 @@ How it works
   (`engine.sheets.record_reuse`): `read_rows(run_id=...)` then lists the rows the run reused,
   which stay untouched (their run, write version and cells are those of the run that wrote them).
 - **Unchanged reruns**: a list whose every row was a cache hit when a map of it ended is
-  recorded, and a later map of the same list into the unchanged sheet is answered whole by one
-  statement (`actors.list_replay`, `engine.sheets.lists`).
+  recorded (in the run's nursery, after the map returned: a statement that checks every key),
+  and a later map of the same list into the unchanged sheet is answered whole by one statement
+  (`actors.list_replay`, `engine.sheets.lists`).
 - On a wake (same run id, same epoch), admission counts finished rows as cache hits, so only
   unfinished rows run again; a list source already staged is checked against the staged input
   (`ConflictError` for a different list) and its pages are admitted from their facts.
@@ -70,10 +71,13 @@ log = logging.getLogger("runplane.actors")
 
 async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
                    on_progress: Callable[[Any], Any] | None = None,
-                   map_invocation_id: str | None = None) -> MapResult:
+                   map_invocation_id: str | None = None,
+                   background: trio.Nursery | None = None) -> MapResult:
     """Run the pipeline of `plan` over `source` and count it (a list is encoded first and
     staged before its first row is admitted). A list source needs its `map_invocation_id`
-    (the run gives each list map of a sheet its own, `Run.next_map_invocation_id`)."""
+    (the run gives each list map of a sheet its own, `Run.next_map_invocation_id`). Given
+    `background` (the run's nursery), a list is recorded for reruns there, after the map has
+    returned; else before it returns."""
     listed = isinstance(source, (list, tuple, array_input.PagedRows))
     if not listed and not hasattr(source, "__aiter__"):
         raise InvalidInputError(
@@ -133,7 +137,10 @@ async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
         await flush_unsettled(plan, state)
     await record_reuse(plan, state)
     if replay is not None:
-        await replay.record(state)
+        if background is not None:
+            background.start_soon(replay.record, state, name="record_list")
+        else:
+            await replay.record(state)
     state.report()
     return _finished(plan, state, map_invocation_id, await newer_run_id(plan, state))
 

@@ -233,7 +233,8 @@ class Run:
         self._live_nursery().start_soon(heartbeat)
         try:
             result = await map_rows(source, plan, on_progress=observe,
-                                    map_invocation_id=map_invocation_id)
+                                    map_invocation_id=map_invocation_id,
+                                    background=self._live_nursery())
         except Exception as exc:
             beat.cancel()
             if not any(isinstance(leaf, StoreUnavailableError) for leaf in leaf_errors(exc)):
