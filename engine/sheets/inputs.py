@@ -301,6 +301,7 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
     by_key: dict[str, PreparedOutcome] = {}
     dumps = patch_dumps
     checked: set[tuple[str, ...]] = set()  # key sets already found valid (most outcomes share one)
+    completed, failed_status = OutcomeStatus.COMPLETED.value, OutcomeStatus.FAILED.value
     for i, outcome in enumerate(outcomes):
         if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
             raise InvalidInputError(
@@ -311,9 +312,9 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
                 or not is_clean_str(key):
             check_key(key, f"outcomes[{i}]")
         status = outcome.status
-        if status == OutcomeStatus.COMPLETED:
+        if status == completed:
             failed = False
-        elif status == OutcomeStatus.FAILED:
+        elif status == failed_status:
             failed = True
         else:
             raise InvalidInputError(
