@@ -9,6 +9,9 @@ How it works
   namespace, a newline, and the canonical JSON of the normalized row.
 - `prepare_rows` and `prepare_outcomes` raise `InvalidInputError` naming the row and field for
   anything malformed, so the operations that call them refuse before any query.
+- A map worker builds its completed outcomes with `completed_outcome`, which normalizes and
+  encodes the output once and keeps the text on the outcome (a slot no copy carries);
+  `prepare_outcomes` takes that text as it is, and checks and encodes every other outcome.
 This module does no I/O.
 """
 
