@@ -22,6 +22,7 @@ import trio
 from runplane.engine import canonical
 from runplane.engine.errors import EngineError
 from runplane.engine.sheets import RowOutcome
+from runplane.engine.sheets.inputs import encoded_data
 
 from .map_state import MapPlan, MapState
 from .phases import marked
@@ -32,8 +33,12 @@ log = logging.getLogger("runplane.actors")
 
 def outcome_bytes(outcome: RowOutcome) -> int:
     """A cheap estimate of an outcome's patch JSON size, for batching only (the engine chunks
-    by exact bytes itself): flat string and number fields are summed, nested ones encoded."""
+    by exact bytes itself): the length of the patch text a worker encoded, else flat string
+    and number fields summed, nested ones encoded."""
     size = 64 + len(outcome.error or "")
+    encoded = encoded_data(outcome)
+    if encoded is not None:
+        return size + len(encoded[0])
     for field, value in (outcome.data or {}).items():
         if isinstance(value, str):
             size += len(field) + len(value) + 6

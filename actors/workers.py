@@ -4,7 +4,8 @@ How it works
 - **Workers** (`work`) call `await fn(row)` for each row of the batches admission hands out.
   An exception fails that row only (its message becomes the row's `_error`); a return value
   must be a dict of output fields (None means no fields) that `canonical.normalize` accepts,
-  or the row fails with a message saying why. No permit is held while user code runs:
+  or the row fails with a message saying why. A completed row's outputs are normalized and
+  encoded once, here (`engine.sheets.inputs.completed_outcome`): completion writes that text. No permit is held while user code runs:
   permits are taken inside the engine calls, around database work only.
 - Row policies (`actors.policies`): before a call the worker takes a token from the map's
   rate limit (`actors.pacing`); a call running past `row_timeout_s` is cancelled and fails
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 import trio
 
-from runplane.engine import canonical
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import AdmittedRow, OutcomeStatus, RowOutcome
+from runplane.engine.sheets.inputs import completed_outcome
 
 from .admission import MAX_WORK_BATCH
 from .map_state import MapPlan, MapState
@@ -61,12 +62,11 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
             key, OutcomeStatus.FAILED, input_index=index, attempts=calls,
             error=f"map function returned {type(data).__name__}, expected a dict of outputs",
         ), None
-    try:
-        data = canonical.normalize_fast(data, "output")  # as is, when already canonical
+    try:  # normalized and encoded once: completion takes the text as it is
+        return completed_outcome(key, data, index, calls, "output"), None
     except InvalidInputError as exc:
         return RowOutcome(key, OutcomeStatus.FAILED, input_index=index, error=error_message(exc),
                           attempts=calls), None
-    return RowOutcome(key, OutcomeStatus.COMPLETED, data=data, input_index=index, attempts=calls), None
 
 
 async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowOutcome | None:

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import chain
+from operator import attrgetter
 from typing import Any, Awaitable, Callable, Sequence
 
 import attrs
@@ -126,7 +128,20 @@ def _attempts(chunk: list[PreparedOutcome]) -> list[int | None] | None:
     return _nullable([o.attempts if o.attempts != 1 else None for o in chunk])
 
 
+_size = attrgetter("size")
+_data_keys = attrgetter("data_keys")
+_meta_keys = attrgetter("meta_keys")
+
+
+def _names(chunk: list[PreparedOutcome], names: attrgetter) -> set[str]:
+    """The field names of a chunk's outcomes, each distinct tuple of names visited once (most
+    outcomes share one)."""
+    return set(chain.from_iterable(set(map(names, chunk))))
+
+
 def _chunks(outcomes: list[PreparedOutcome]) -> list[list[PreparedOutcome]]:
+    if len(outcomes) <= COMPLETE_CHUNK_ROWS and sum(map(_size, outcomes)) <= COMPLETE_CHUNK_BYTES:
+        return [outcomes] if outcomes else []  # the common case: what the loop would give
     chunks: list[list[PreparedOutcome]] = []
     current: list[PreparedOutcome] = []
     size = 0
@@ -172,8 +187,8 @@ class _Writer:
             metas=_nullable([o.meta_text for o in chunk]),
             errors=_nullable([o.error for o in chunk]),
             attempts=_attempts(chunk),
-            fields=sorted({k for o in chunk for k in o.data_keys}),
-            counted=sorted({k for o in chunk for k in o.meta_keys}.union(self.base_fields)),
+            fields=sorted(_names(chunk, _data_keys)),
+            counted=sorted(_names(chunk, _meta_keys).union(self.base_fields)),
             indexes=[o.input_index for o in chunk] if indexes else None,
         )
 
@@ -314,7 +329,7 @@ async def _complete_here(
     prepared, input_rows = prepare_outcomes(outcomes)
     _check_no_input_fields(prepared, outcomes, contract.inputs)
     inputs = set(contract.inputs)
-    data_fields = {k for o in prepared for k in o.data_keys}
+    data_fields = _names(prepared, _data_keys)
     base_fields = sorted(set(contract.outputs) | (data_fields - inputs))
     layout = layout_for(port, run.scope.play_scope, namespace)
     clock = PhaseClock()

@@ -9,6 +9,9 @@ How it works
   namespace, a newline, and the canonical JSON of the normalized row.
 - `prepare_rows` and `prepare_outcomes` raise `InvalidInputError` naming the row and field for
   anything malformed, so the operations that call them refuse before any query.
+- A map worker builds its completed outcomes with `completed_outcome`, which normalizes and
+  encodes the output once and keeps the text on the outcome (a slot no copy carries);
+  `prepare_outcomes` takes that text as it is, and checks and encodes every other outcome.
 This module does no I/O.
 """
 
@@ -29,8 +32,8 @@ from ..scopes import normalize_namespace
 
 from .sheet_write import check_write  # noqa: F401  (the gateway client imports it from here)
 from .model import (
-    DEFAULT_ROW_ERROR, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus, RowOutcome,
-    field_problem, shown,
+    DEFAULT_ROW_ERROR, MAX_ATTEMPTS, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus,
+    RowOutcome, field_problem, shown,
 )
 
 
@@ -248,6 +251,48 @@ def outcome_fields_problem(names: Sequence[str]) -> str | None:
     return None
 
 
+_COMPLETED = OutcomeStatus.COMPLETED.value
+_new_object = object.__new__
+_set_slot = object.__setattr__
+
+
+def completed_outcome(key: str, data: Any, input_index: int | None, attempts: int,
+                      path: str = "output") -> RowOutcome:
+    """`RowOutcome(key, "completed", data=normalize_fast(data, path), input_index=...,
+    attempts=...)`, with the data's patch text and output names encoded once here and kept on
+    the outcome, so `prepare_outcomes` neither checks nor encodes that data again (a map's
+    worker builds its outcomes with it). The text is of the data as it was here: a caller
+    changing the dict afterwards does not change what is written.
+
+    Raises `InvalidInputError` naming `path` for data `normalize` refuses. A key, index or
+    attempt count off the common case goes through the constructor, which checks it as it
+    checks any outcome; the common case is checked here, without its validators.
+    """
+    data = normalize_fast(data, path)
+    if type(data) is not dict or type(key) is not str \
+            or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
+            or input_index is not None and (type(input_index) is not int or input_index < 0) \
+            or type(attempts) is not int or not 1 <= attempts <= MAX_ATTEMPTS:
+        outcome = RowOutcome(key, OutcomeStatus.COMPLETED, data=data, input_index=input_index,
+                             attempts=attempts)
+    else:
+        outcome = _new_object(RowOutcome)
+        _set_slot(outcome, "key", key)
+        _set_slot(outcome, "status", _COMPLETED)
+        _set_slot(outcome, "data", data)
+        _set_slot(outcome, "input_index", input_index)
+        _set_slot(outcome, "cell_meta", None)
+        _set_slot(outcome, "error", None)
+        _set_slot(outcome, "attempts", attempts)
+    _set_slot(outcome, "_encoded", (patch_dumps(data), tuple(data)))
+    return outcome
+
+
+def encoded_data(outcome: RowOutcome) -> tuple[str, tuple[str, ...]] | None:
+    """The patch text and output names `completed_outcome` kept on `outcome`, or None."""
+    return getattr(outcome, "_encoded", None)
+
+
 def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], int]:
     """Validate and encode outcomes; duplicates collapse to the last one.
 
@@ -259,6 +304,7 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
     by_key: dict[str, PreparedOutcome] = {}
     dumps = patch_dumps
     checked: set[tuple[str, ...]] = set()  # key sets already found valid (most outcomes share one)
+    completed, failed_status = OutcomeStatus.COMPLETED.value, OutcomeStatus.FAILED.value
     for i, outcome in enumerate(outcomes):
         if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
             raise InvalidInputError(
@@ -269,20 +315,25 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
                 or not is_clean_str(key):
             check_key(key, f"outcomes[{i}]")
         status = outcome.status
-        if status == OutcomeStatus.COMPLETED:
+        if status == completed:
             failed = False
-        elif status == OutcomeStatus.FAILED:
+        elif status == failed_status:
             failed = True
         else:
             raise InvalidInputError(
                 f"outcomes[{i}].status {status!r} is not one of {OUTCOME_STATUSES}"
             )
-        data = outcome.data
-        if data is None:
-            data = {}
-        elif not is_canonical(data):
-            data = normalize_fast(data, f"outcomes[{i}].data")
-        data_keys = tuple(data)
+        encoded = getattr(outcome, "_encoded", None)  # see `completed_outcome`
+        if encoded is not None and not failed:
+            data_text, data_keys = encoded
+        else:
+            data = outcome.data
+            if data is None:
+                data = {}
+            elif not is_canonical(data):
+                data = normalize_fast(data, f"outcomes[{i}].data")
+            data_keys = tuple(data)
+            data_text = dumps(data)
         if data_keys not in checked:
             problem = outcome_fields_problem(data_keys)
             if problem is not None:
@@ -307,7 +358,6 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
             error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
             if not is_clean_str(error):
                 error = canonical.normalize(error)
-        data_text = dumps(data)
         size = len(data_text) if data_text.isascii() else len(data_text.encode("utf-8"))
         if meta_text is not None:
             size += _utf8_size(meta_text)

@@ -329,8 +329,18 @@ def _outcome_index(instance: Any, _attribute: object, value: object) -> None:
         )
 
 
+class _EncodedOutcome:
+    """A slot that is not an attrs field (not compared, shown, copied, pickled or sent): the
+    patch text and output names of a completed outcome's data, set only by
+    `engine.sheets.inputs.completed_outcome`, which normalized and encoded the data itself.
+    An outcome built any other way (the constructor, `attrs.evolve`, a copy, the wire) has
+    none, and `prepare_outcomes` checks and encodes its data."""
+
+    __slots__ = ("_encoded",)
+
+
 @attrs.frozen
-class RowOutcome:
+class RowOutcome(_EncodedOutcome):
     """The result of running the map function on one admitted row.
 
     `data` patches the row's cells (only the keys present); `cell_meta` maps field names to
