@@ -18,7 +18,8 @@ from runplane.actors import open_run
 from runplane.actors.retry import OutageWatch, retry_transient
 from runplane.actors.run import ended_by_outage
 from runplane.engine import open_tenant, sheets
-from runplane.engine.errors import StoreOutageError
+from runplane.engine.errors import StoreOutageError, TransactionStateUnknownError
+from runplane.engine.pg import COMMIT_TIMEOUT
 
 from .cli_helpers import cli_env, start_cli, wait_for_text
 from .conftest import fresh_schema
@@ -94,6 +95,27 @@ async def test_statements_left_unanswered_count_against_the_budget(dsn):
           f"tenant closed in {closed_s:.2f}s")
     assert ended_by_outage(error), repr(error)
     assert elapsed < BUDGET_S + BOUND_S, elapsed
+
+
+async def test_a_commit_left_unanswered_is_not_waited_on_past_the_callers_deadline(dsn):
+    """A COMMIT waits shielded (up to `COMMIT_TIMEOUT`, 10 s) so a transaction's fate is known;
+    but not past a deadline its caller set — a run's cut-off of an attempt the database leaves
+    unanswered: found by the test above when the database stopped answering just as a COMMIT
+    was sent, and the run ended 10.5 s after the blackhole instead of within its budget."""
+    async with open_pg_proxy(dsn) as proxy:
+        async with open_tenant("org-clock", proxy.dsn, schema=fresh_schema()) as tenant:
+            async with tenant.connection("sheet") as conn:
+                started = trio.current_time()
+                with pytest.raises(TransactionStateUnknownError, match="within 1.0s"):
+                    with trio.move_on_after(1.0):  # the caller's deadline
+                        async with conn.transaction():
+                            # as a sheet transaction does: the id is known, so COMMIT is next
+                            conn.note_transaction_id(
+                                await conn.fetchval("SELECT txid_current()::text"))
+                            proxy.set_blackhole(True, sever=False)  # COMMIT goes unanswered
+                waited = trio.current_time() - started
+            proxy.set_blackhole(False)
+    assert waited < COMMIT_TIMEOUT, waited
 
 
 async def test_a_map_cancelled_during_an_outage_ends_at_once(dsn):

@@ -30,7 +30,10 @@ How it works
   `TransactionStateUnknownError`. A COMMIT that runs past `COMMIT_TIMEOUT` is resolved alike.
   The probe is not a statement of the operation, so the statement hook does not see it.
 - COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
-  finishes and never waits forever.
+  finishes and never waits forever. A COMMIT (and the reading of its fate) is not waited on past
+  a deadline of the caller's that is still ahead when it starts (`_caller_bound`: a run's
+  cut-off of an attempt the database leaves unanswered, a gateway write's deadline): past it
+  the outcome is unknown (`TransactionStateUnknownError`) rather than late.
 
 Only the tenant builds connections; engine operations receive them from a checkout.
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
@@ -98,6 +102,15 @@ CommitStatus = Callable[[str], Awaitable[str | None]]  # txid -> committed|abort
 ServerChanged = Callable[[], Awaitable[bool]]  # is the DSN's server another one than at open?
 
 XID_PROBE = "SELECT txid_current_if_assigned()::text"
+
+
+
+def _caller_bound() -> float:
+    """The caller's deadline (`trio.current_effective_deadline()`, read before any shield of
+    ours) if it is still ahead, else infinity: a caller already cancelled does not shorten a
+    COMMIT, which then finishes as before."""
+    outer = trio.current_effective_deadline()
+    return outer if outer > trio.current_time() else math.inf
 
 
 class Connection:
@@ -283,6 +296,7 @@ class Connection:
 
     async def _commit(self) -> None:
         """COMMIT a top-level transaction, resolving a lost reply when asked to."""
+        bound = _caller_bound()
         xid = None
         if self._resolve_commit and self._commit_status is not None:
             xid = self._xid
@@ -291,13 +305,14 @@ class Connection:
         self._resolve_commit = False
         self._xid = None
         try:
-            await self._finish("COMMIT")
+            await self._finish("COMMIT", bound)
         except (StoreUnavailableError, TransactionStateUnknownError) as lost:
             if xid is None:
                 raise
-            await self._resolve_lost_commit(xid, lost)
+            await self._resolve_lost_commit(xid, lost, bound)
 
-    async def _resolve_lost_commit(self, xid: str, lost: EngineError) -> None:
+    async def _resolve_lost_commit(self, xid: str, lost: EngineError,
+                                   bound: float = math.inf) -> None:
         """COMMIT's reply was lost, or it ran past `COMMIT_TIMEOUT`: read the fate of `xid` on
         a fresh connection (this one is dropped first, so its backend finishes on its own)."""
         self.close()
@@ -305,7 +320,8 @@ class Connection:
         status: str | None = "in progress"
         try:
             with trio.CancelScope(shield=True,
-                                  deadline=trio.current_time() + COMMIT_RESOLVE_TIMEOUT):
+                                  deadline=min(trio.current_time() + COMMIT_RESOLVE_TIMEOUT,
+                                               bound)):
                 status = await self._commit_status(xid)
         except EngineError as probe_error:
             raise TransactionStateUnknownError(
@@ -325,13 +341,15 @@ class Connection:
             f"({unknown})", error=lost, rollback_error=unknown,
         ) from lost
 
-    async def _finish(self, commit: str) -> None:
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + COMMIT_TIMEOUT) as scope:
+    async def _finish(self, commit: str, bound: float = math.inf) -> None:
+        started = trio.current_time()
+        deadline = min(started + COMMIT_TIMEOUT, bound)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
             await self.execute(commit)  # only our own deadline can cancel this scope
         if scope.cancelled_caught:
             self.broken = True
             raise TransactionStateUnknownError(
-                f"{commit} did not finish within {COMMIT_TIMEOUT}s; connection closed",
+                f"{commit} did not finish within {deadline - started:.1f}s; connection closed",
                 error=TimeoutError(commit),
                 rollback_error=TimeoutError(commit),
             )
