@@ -54,7 +54,8 @@ def raw(dsn: str, schema: str, keys: int) -> float:
             started = time.perf_counter()
             for i in range(keys):
                 k = receipt_key(scope, f"raw-{tag}-{i}")
-                row = await conn.fetchrow(claim_sql, k, "raw", epoch, False)
+                row = await conn.fetchrow(claim_sql, k, "raw", epoch, False,
+                                          float(receipts.DEFAULT_LEASE_S))
                 assert row["disposition"] == "claimed"
                 output = stable_dumps(normalize({"i": i, "ok": True}))
                 await conn.fetchrow(complete_sql, k, "raw", epoch, 2, output, None)
