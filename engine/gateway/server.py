@@ -69,14 +69,15 @@ from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
-from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
-from ..sheets.inputs import prepare_rows
+from ..scopes import MapScope, PlayScope, RunRef, RunScope
 from ..tenant import Tenant, open_tenant
 from . import guards, protocol
+from .bodies import (
+    ADMIT_ACTION, JSON_CONTENT_TYPE, READ_HEADERS, RequestHeaders, decode_body, encode_result,
+)
 from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
 from .tokens import VerifiedTokens
 
-ADMIT_ACTION = "sheets.admit"
 REGISTER_ACTION = "runs.register"
 
 log = logging.getLogger("runplane.gateway")
@@ -120,62 +121,6 @@ def scope_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None]:
     if isinstance(play, str):
         return None, play.strip()
     return None, None
-
-
-def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
-    """Decode and check a body; for an admission also validate, normalize, key and encode its
-    rows here (the engine then takes them as they are), ignoring any `texts` the client sent:
-    the input cells stored are always the rows' own canonical texts. Answers the keyword
-    arguments and the number of duplicate rows dropped (the answer's `skipped` adds them)."""
-    kwargs = spec.decode_input(guards.loads(raw, spec.name))
-    if spec.name != ADMIT_ACTION:
-        return kwargs, 0
-    kwargs.pop("texts", None)
-    if not kwargs["contract"].inputs or kwargs.get("staged_page") is not None:
-        return kwargs, 0
-    rows = kwargs["rows"]
-    prepared = prepare_rows(
-        rows, normalize_namespace(kwargs["table_namespace"]),
-        input_offset=kwargs.get("input_offset", 0), keys=kwargs.get("keys"), need_texts=True,
-        input_indexes=kwargs.get("input_indexes"))
-    kwargs.update(rows=prepared.rows, keys=prepared.keys, texts=prepared.texts,
-                  input_indexes=prepared.indexes)
-    return kwargs, prepared.skipped
-
-
-def encode_result(spec: Action, result: Any, skipped: int, rows_by_key: bool) -> bytes:
-    """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
-    answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
-    their keys and indexes only (`{"key", "input_index", "row": {}}`, as the codec writes an
-    `AdmittedRow`, built here without one per row)."""
-    if skipped:
-        result = attrs.evolve(result, skipped=result.skipped + skipped)
-    if not rows_by_key:
-        return protocol.dumps({"result": spec.result.encode(result, "result")})
-    encoded = spec.result.encode(attrs.evolve(result, pending=()), "result")
-    encoded["pending"] = [{"key": row.key, "input_index": row.input_index, "row": {}}
-                          for row in result.pending]
-    return protocol.dumps({"result": encoded})
-
-
-_READ_HEADERS = frozenset({b"content-length", b"authorization", protocol.REQUEST_ID_HEADER.encode(),
-                           protocol.ROWS_HEADER.encode()})
-_JSON_CONTENT_TYPE = (b"content-type", b"application/json")
-
-
-class _RequestHeaders:
-    """The request headers an action reads, by lowercase name (the first of repeated ones)."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, items: Any) -> None:
-        values: dict[str, str] = {}
-        for key, value in items:
-            values.setdefault(key.lower(), value)
-        self._values = values
-
-    def get(self, name: str, default: str | None = None) -> str | None:
-        return self._values.get(name, default)
 
 
 @attrs.define(eq=False)
@@ -259,11 +204,11 @@ class Server:
 
     async def _serve_action(self, name: str, raw_headers: list, receive: Any, send: Any) -> None:
         headers = [(key.decode("latin-1"), value.decode("latin-1")) for key, value in raw_headers
-                   if key in _READ_HEADERS]
+                   if key in READ_HEADERS]
         status, body = await self._respond(name, headers, receive)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-length", str(len(body)).encode("ascii")),
-                                _JSON_CONTENT_TYPE]})
+                                JSON_CONTENT_TYPE]})
         await send({"type": "http.response.body", "body": body})
 
     async def _respond(self, name: str, headers: Any, receive: Any) -> tuple[int, bytes]:
@@ -273,7 +218,7 @@ class Server:
         self.requests[counted] += 1
         self._period[counted] += 1
         try:
-            return 200, await self._answer(name, _RequestHeaders(headers), receive)
+            return 200, await self._answer(name, RequestHeaders(headers), receive)
         except Refusal as exc:
             return self._error(name, str(exc), exc.code, exc.status)
         except EngineError as exc:
@@ -297,7 +242,7 @@ class Server:
         self._period_errors[code] += 1
         return status, protocol.error_body(message, code, name, **extra)
 
-    async def _answer(self, name: str, headers: "_RequestHeaders", receive: Any) -> bytes:
+    async def _answer(self, name: str, headers: RequestHeaders, receive: Any) -> bytes:
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.body_limit:
             raise Refusal(f"the request body of {declared} bytes is over the limit of "

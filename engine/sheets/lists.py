@@ -41,6 +41,7 @@ from .admission_sql import cached_predicate, output_binds
 from .column_registry import COLUMNS_OF_FIELDS
 from .counters import has_deltas
 from .layout import LANE, SheetColumns, column_name, layout_for
+from .reuse import split_keys
 from .sheet_write import SheetWrite
 from .statements import BindParams, Statement
 
@@ -107,6 +108,7 @@ def record_statement(port: Port, write: SheetWrite, digest: bytes, key_digests: 
     columns = SheetColumns({f: column_name(f) for f in write.contract.outputs})
     binds = BindParams()
     org, play, ns = (binds.add(value, "text") for value in layout.counter_args)
+    list_digest = binds.add(digest, "bytea")
     digests = binds.add(key_digests, "bytea")
     count = binds.add(len(key_digests) // 16, "integer")
     outputs = output_binds(write.contract, {}, binds, columns)
@@ -131,10 +133,10 @@ WITH sheet AS (
 ), stale AS (
     DELETE FROM {lists} AS l USING sheet
      WHERE l.org_id = {org} AND l.play = {play} AND l.table_namespace = {ns}
-       AND l.writes <> sheet.writes AND l.digest <> {binds.add(digest, "bytea")}
+       AND l.writes <> sheet.writes AND l.digest <> {list_digest}
 )
 INSERT INTO {lists} (org_id, play, table_namespace, digest, writes, row_count, digests)
-SELECT {org}, {play}, {ns}, {binds.add(digest, "bytea")}, sheet.writes, {count}, {digests}
+SELECT {org}, {play}, {ns}, {list_digest}, sheet.writes, {count}, {digests}
   FROM sheet, hits
  WHERE hits.n = {count}
 ON CONFLICT (org_id, play, table_namespace, digest) DO UPDATE
@@ -149,12 +151,8 @@ async def record_list(port: Port, write: SheetWrite, digest: bytes, keys: Sequen
     hit now (one statement); returns whether it was recorded (never for keys that are not
     row-key digests: 32 hexadecimal digits)."""
     write.check_port(port)
-    joined = "".join(keys)
-    try:
-        key_digests = bytes.fromhex(joined)
-    except ValueError:
-        return False
-    if len(key_digests) != 16 * len(keys) or key_digests.hex() != joined:
+    key_digests, other_keys = split_keys(keys)
+    if key_digests is None or other_keys is not None:
         return False
     statement = record_statement(port, write, digest, key_digests)
     return await with_connection(port, LANE, lambda conn: conn.fetchval(

@@ -39,6 +39,9 @@ from ..errors import InvalidInputError
 from ..limits import key_problem
 from ..scopes import MapScope
 
+# field names live in `field_names`; imported from here too
+from .field_names import MAX_FIELD_CHARS, clean_field, field_problem, shown  # noqa: F401
+
 MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
 
 
@@ -91,38 +94,7 @@ def check_give_up_after(value: object) -> None:
             f"give_up_after must be an integer from 1 to {INT32_MAX} or None, got {value!r}")
 
 
-MAX_FIELD_CHARS = 256
 MAX_SHEET_FIELDS = 400
-
-
-def field_problem(name: str) -> str | None:
-    """Why `name` (a str) cannot be a field name, or None (NUL is the caller's to check)."""
-    if not name:
-        return "must not be empty"
-    if len(name) > MAX_FIELD_CHARS:
-        return f"must have at most {MAX_FIELD_CHARS} characters, got {len(name)}"
-    if name[0] == "_":
-        return "must not start with '_' (the prefix of the system columns)"
-    return None
-
-
-def shown(name: str) -> str:
-    """`field name 'x'`, the name cut short enough for an error message."""
-    if not name:
-        return "field name"
-    return "field name " + repr(name if len(name) <= 40 else name[:40] + "…")
-
-
-def clean_field(name: object, where: str) -> str:
-    """A contract field name, checked (see the module docstring) and cleaned as jsonb would."""
-    if not isinstance(name, str):
-        raise InvalidInputError(f"{where}: field name {name!r} is not a string")
-    if "\x00" in name:
-        raise InvalidInputError(f"{where}: {shown(name)} must not contain NUL")
-    problem = field_problem(name)
-    if problem is not None:
-        raise InvalidInputError(f"{where}: {shown(name)} {problem}")
-    return canonical.normalize(name, where)
 
 
 def _fields(where: str):

@@ -87,7 +87,7 @@ def member_condition(reuse: str, run: str, org: str, play: str, namespace: str) 
     return _MEMBER.format(run=run, reuse=reuse, recorded=recorded)
 
 
-def _split(keys: list[str]) -> tuple[bytes | None, list[str] | None]:
+def split_keys(keys: Sequence[str]) -> tuple[bytes | None, Sequence[str] | None]:
     """The keys as 16-byte digests when every one is a row key (32 lowercase hex digits), else
     as text: a 10,000-key text array costs milliseconds to encode, its digests microseconds."""
     if set(map(len, keys)) == {32}:
@@ -114,7 +114,7 @@ async def record_reuse(port: Port, run: RunRef, table_namespace: str, keys: Sequ
     unique = list(dict.fromkeys(keys))
     if not unique:
         return 0
-    digests, texts = _split(unique)
+    digests, texts = split_keys(unique)
     if texts is not None:
         for i, key in enumerate(texts):
             if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \

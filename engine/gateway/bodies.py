@@ -1,0 +1,77 @@
+"""An action request's body and headers as the gateway server reads and answers them.
+
+- `decode_body` decodes and checks a body (an admission's rows validated, keyed and encoded
+  here, off the event loop for large bodies: the server decides where it runs).
+- `encode_result` writes the answer's JSON (an admission answered by key sends pending rows'
+  keys and indexes only).
+- `RequestHeaders` holds the few headers an action reads (`READ_HEADERS`), by lowercase name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..actions import Action
+from ..scopes import normalize_namespace
+from ..sheets.inputs import prepare_rows
+from . import guards, protocol
+
+ADMIT_ACTION = "sheets.admit"
+
+
+def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
+    """Decode and check a body; for an admission also validate, normalize, key and encode its
+    rows here (the engine then takes them as they are), ignoring any `texts` the client sent:
+    the input cells stored are always the rows' own canonical texts. Answers the keyword
+    arguments and the number of duplicate rows dropped (the answer's `skipped` adds them)."""
+    kwargs = spec.decode_input(guards.loads(raw, spec.name))
+    if spec.name != ADMIT_ACTION:
+        return kwargs, 0
+    kwargs.pop("texts", None)
+    if not kwargs["contract"].inputs or kwargs.get("staged_page") is not None:
+        return kwargs, 0
+    rows = kwargs["rows"]
+    prepared = prepare_rows(
+        rows, normalize_namespace(kwargs["table_namespace"]),
+        input_offset=kwargs.get("input_offset", 0), keys=kwargs.get("keys"), need_texts=True,
+        input_indexes=kwargs.get("input_indexes"))
+    kwargs.update(rows=prepared.rows, keys=prepared.keys, texts=prepared.texts,
+                  input_indexes=prepared.indexes)
+    return kwargs, prepared.skipped
+
+
+def encode_result(spec: Action, result: Any, skipped: int, rows_by_key: bool) -> bytes:
+    """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
+    answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
+    their keys and indexes only (`{"key", "input_index", "row": {}}`, as the codec writes an
+    `AdmittedRow`, built here without one per row)."""
+    if skipped:
+        result = attrs.evolve(result, skipped=result.skipped + skipped)
+    if not rows_by_key:
+        return protocol.dumps({"result": spec.result.encode(result, "result")})
+    encoded = spec.result.encode(attrs.evolve(result, pending=()), "result")
+    encoded["pending"] = [{"key": row.key, "input_index": row.input_index, "row": {}}
+                          for row in result.pending]
+    return protocol.dumps({"result": encoded})
+
+
+READ_HEADERS = frozenset({b"content-length", b"authorization", protocol.REQUEST_ID_HEADER.encode(),
+                           protocol.ROWS_HEADER.encode()})
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+class RequestHeaders:
+    """The request headers an action reads, by lowercase name (the first of repeated ones)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, items: Any) -> None:
+        values: dict[str, str] = {}
+        for key, value in items:
+            values.setdefault(key.lower(), value)
+        self._values = values
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._values.get(name, default)
