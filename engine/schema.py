@@ -1,8 +1,9 @@
 """The tenant schema: idempotent bootstrap DDL, safe when several processes start at once.
 
-`bootstrap(conn, schema)` runs every statement below in one transaction under a transaction-level
-advisory lock keyed by the schema name, so concurrent bootstraps serialize instead of racing on
-`CREATE ... IF NOT EXISTS` (which is not atomic in PostgreSQL). `schema_status` reads the stored
+`bootstrap(conn, schema)` runs every statement below in one transaction under a lock on the
+schema's `meta` table (an advisory lock keyed by the schema name while the schema does not exist
+yet), so concurrent bootstraps serialize instead of racing on `CREATE ... IF NOT EXISTS` (which
+is not atomic in PostgreSQL). `schema_status` reads the stored
 version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here;
 `sheet_columns` is their registry (which physical column holds which field). The bootstrap also
 installs what scoped database sessions rely on (`engine.session_isolation`).
@@ -12,9 +13,10 @@ row-level security policies of database sessions; 5 makes physical names unique:
 field in `sheet_columns` (a unique index on the column name, after dropping the later of any two
 registrations that already shared one) and one table per sheet (`sheet_summary.table_name`,
 unique, filled by the next write of each sheet); 6 adds `lock_secret` (one random value no
-session may read: sheet advisory-lock keys are derived from it, so a session cannot compute and
-hold another sheet's key) and `session_scopes.sheet_lock_key` (the one key a session needs: its
-own sheet's). An older schema is upgraded in place by the same idempotent bootstrap, with no
+session may read; it derived sheet advisory-lock keys until sheet locks became row locks on
+`sheet_summary`, and the bootstrap's key until it became a table lock on `meta`) and
+`session_scopes.sheet_lock_key` (a session's own sheet's key, still recorded: it marks a
+database session's port, `Port.sheet_lock_keys`). An older schema is upgraded in place by the same idempotent bootstrap, with no
 manual step; processes of version 5 and 6 running side by side during an upgrade take
 different keys for the same sheet (writers of one sheet still serialize on its summary row);
 7 adds work-receipt leases (`work_receipts.lease_expires_at`: a running receipt whose lease
@@ -316,17 +318,19 @@ def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
 async def bootstrap(conn, schema: str, execution_role: str | None = None) -> None:
     """Create or upgrade the schema; idempotent and serialized across processes."""
     async with conn.transaction():
-        # Keyed by the lock secret once the schema has one, so no session can hold bootstraps
-        # off; a schema without one yet is locked by name (every process then agrees on that).
-        secret = await _readable_secret(conn, schema)
-        if secret is None:
+        # A schema that exists is locked by a table lock on its `meta` table, which no database
+        # session can take or hold off (sessions may only read it: their ACCESS SHARE does not
+        # conflict with this mode). An advisory key would not do: every login sees held keys in
+        # `pg_locks` and may take any key. A schema not created yet (no session can exist on
+        # it) is locked by name, so concurrent first bootstraps agree on one key.
+        meta = qualified(schema, "meta")
+        if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", meta):
+            await conn.execute(f"LOCK TABLE {meta} IN SHARE ROW EXCLUSIVE MODE")
+        else:
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
                 schema,
             )
-        else:
-            await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)",
-                               derive_lock_key(secret, "runplane.bootstrap", schema))
         # DDL on a shared table waits for every open transaction that touched it, and every
         # later statement on the table queues behind that wait: bound it, so a transaction left
         # open (a session's, say) costs other orgs at most this long, and the bootstrap fails

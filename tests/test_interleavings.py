@@ -301,10 +301,10 @@ async def test_put_page_vs_retire(tenant, dsn):
 # -- two column extensions -------------------------------------------------------------------
 def extension_step(sql: str) -> bool:
     """The statements where two extensions can interleave: the first (failing) attempt, the
-    sheet's exclusive lock, the ALTER, and the COMMIT."""
+    sheet's exclusive lock (its summary row, claimed), the ALTER, and the COMMIT."""
     text = sql.lstrip()
-    return text.startswith(("WITH sheet_lock", "SELECT pg_advisory_xact_lock(", "ALTER TABLE",
-                            "COMMIT"))
+    summary_lock = text.startswith("INSERT INTO") and "sheet_summary" in text.split("(", 1)[0]
+    return summary_lock or text.startswith(("WITH claimed", "ALTER TABLE", "COMMIT"))
 
 
 async def test_two_column_extensions(tenant, dsn):

@@ -20,7 +20,7 @@ from runplane.engine.sheets import (
     summary,
 )
 from runplane.engine.sheets import completion as completion_module
-from runplane.engine.sheets.layout import layout_for, sheet_lock_key
+from runplane.engine.sheets.layout import layout_for
 from runplane.simulations.ports import CountingPort, GatedPort
 from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 
@@ -50,8 +50,9 @@ async def test_statement_timeout_bounds_a_lock_wait_and_writes_nothing(tenant, m
     before = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     async with tenant.connection("retirement") as blocker:
         async with blocker.transaction():
-            await blocker.execute("SELECT pg_advisory_xact_lock($1::bigint)",
-                                  sheet_lock_key(tenant, layout))
+            await blocker.execute(  # the sheet lock: its summary row
+                f'SELECT 1 FROM "{tenant.schema}".sheet_summary WHERE org_id = $1 AND play = $2'
+                " AND table_namespace = $3 FOR UPDATE", *layout.counter_args)
             with trio.fail_after(10), pytest.raises(StatementTimeoutError):
                 await complete(tenant, run, NS, CONTRACT, [RowOutcome(key, "completed", {"score": 1})])
     assert await raw_rows(tenant, play_scope(tenant), NS, ["score"]) == before
@@ -162,13 +163,14 @@ async def test_ensure_sheet_of_a_known_contract_takes_the_shared_lock_and_sends_
     counted = CountingPort(tenant)
     await ensure_sheet(counted, scope, NS, CONTRACT)
     sent = " ".join(counted.statements)
-    assert "pg_advisory_xact_lock_shared" in sent and "pg_advisory_xact_lock(" not in sent
+    assert "pg_advisory" not in sent  # the sheet lock is its summary row (no advisory key)
     assert "CREATE TABLE" not in sent and "ALTER TABLE" not in sent, counted.statements
     assert counted.round_trips == 5, counted.statements
     wider = SheetContract(inputs=("name",), outputs=("score", "later"))
     counted.reset()
     await ensure_sheet(counted, scope, NS, wider)  # a new field: the exclusive path adds it
-    assert "pg_advisory_xact_lock(" in " ".join(counted.statements)
+    assert "ALTER TABLE" in " ".join(counted.statements)
+    assert "pg_advisory" not in " ".join(counted.statements)
     assert set((await summary(tenant, scope, NS)).columns) == {"score", "later"}
 
 

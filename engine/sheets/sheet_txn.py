@@ -8,8 +8,8 @@ How it works
   10,000-row chunk's CTEs stay in memory); hash and merge joins off (every join of these
   statements is a batch of primary-key probes, and hashing the whole sheet per chunk costs more
   than probing; the input-index repair looks rows up through the row-order index).
-  Then one statement takes the sheet's advisory lock and locks the sheet's `sheet_summary` row
-  (creating it if absent, claiming its unique table name); if the sheet has counter deltas of
+  Then one statement locks the sheet's `sheet_summary` row (creating it if absent, claiming its
+  unique table name): that row lock is the sheet lock. If the sheet has counter deltas of
   concurrent writers, the next statement folds them into it (`counters.FOLD`). Holding the
   summary row serializes the writers of one sheet:
   each later statement of the transaction sees every earlier writer committed, so counter
@@ -17,6 +17,11 @@ How it works
   writers (they all lock the summary row first, then sheet rows, then column-summary rows).
   Claiming the row adds one to its `writes`, so a sheet whose `writes` has not moved (and which
   has no counter deltas) has not been written since (`lists`, recorded lists).
+- The sheet lock is a row lock, not an advisory lock, so that no other login can hold it:
+  advisory keys are visible to every login in `pg_locks` and any login may take any key, while
+  a row of `sheet_summary` can be locked only by a login that can see it (database sessions
+  see their own org's rows only: row-level security). runplane takes no advisory lock on any
+  write path (docs/operations.md, "A database session").
 - A **concurrent** transaction (`concurrent=True`: the unit writes of a shared map whose
   published rows have no duplicate) holds the summary row `FOR SHARE` instead: it excludes
   every ordinary writer but not the map's other workers, and adds its counter deltas to its
@@ -26,10 +31,10 @@ How it works
   same transaction and rolls back, and the new holder's statements wait on its row locks), and
   the map's rows have distinct keys. A sheet whose summary row is missing, or a field without
   a column, sends it down the exclusive path as an ordinary writer.
-- Normal writers hold the advisory lock shared, and learn the registered columns of the fields
-  they touch in the same statement. A writer whose statements hit a missing table or column
+- Normal writers learn the registered columns of the fields they touch in the same statement
+  that claims the summary row. A writer whose statements hit a missing table or column
   (or a field with no registered column) rolls back and retries once under the exclusive
-  lock, where it creates the table and any missing columns and registers them
+  path, where it creates the table and any missing columns and registers them
   (`column_registry.prepare_columns`) before writing; if even that finds a missing relation
   the schema bootstrap is repaired and it retries once more.
 - The operation `op(conn, sheet)` runs inside; it must be safe to run again from scratch.
@@ -49,7 +54,7 @@ from ..ports import SHEET_LANE, Port, table
 
 from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
 from .counters import fold_statement, has_deltas, may_fold
-from .layout import SheetColumns, SheetLayout, sheet_lock_key
+from .layout import SheetColumns, SheetLayout
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
 
@@ -81,13 +86,12 @@ SELECT set_config('statement_timeout', $1, true),
 
 def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str],
                           concurrent: bool = False) -> Statement:
-    """Take the sheet's advisory lock shared and upsert (lock) its summary row, claiming its
+    """Upsert (lock) the sheet's summary row, claiming its
     table name (unique: a colliding sheet fails with 23505 here, before touching any row), and
     read the registered columns of `fields`: registry rows never change once committed, so what
     its snapshot shows is right, and a field it does not show sends the writer down the
-    exclusive path. `_LOCK_SUMMARY` claims the row the same way under the exclusive lock."""
+    exclusive path. `_LOCK_SUMMARY` claims the row the same way on the exclusive path."""
     binds = BindParams()
-    key = binds.add(sheet_lock_key(port, layout), "bigint")
     org, play, namespace = (binds.add(value, "text") for value in layout.counter_args)
     table_name = binds.add(layout.table, "text")
     columns = COLUMNS_OF_FIELDS.format(
@@ -96,9 +100,8 @@ def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str],
     summary = table(port, "sheet_summary")
     if concurrent:  # the summary row held shared; it must exist (else: the exclusive path)
         return binds.statement(f"""
-WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),
-claimed AS (
-    SELECT s.table_name FROM sheet_lock, {summary} AS s
+WITH claimed AS (
+    SELECT s.table_name FROM {summary} AS s
      WHERE s.org_id = {org} AND s.play = {play} AND s.table_namespace = {namespace}
        AND s.table_name = {table_name}
        FOR SHARE OF s
@@ -107,10 +110,9 @@ SELECT current_setting('server_version_num')::integer AS server_version,
        {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed
 """)
     return binds.statement(f"""
-WITH sheet_lock AS (SELECT pg_advisory_xact_lock_shared({key}) AS v),
-claimed AS (
+WITH claimed AS (
     INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
-    SELECT {org}, {play}, {namespace}, {table_name} FROM sheet_lock
+    VALUES ({org}, {play}, {namespace}, {table_name})
     ON CONFLICT (org_id, play, table_namespace)
         DO UPDATE SET updated_at = now(), writes = s.writes + 1,
                       table_name = coalesce(s.table_name, EXCLUDED.table_name)
@@ -121,8 +123,6 @@ SELECT current_setting('server_version_num')::integer AS server_version,
        {has_deltas(port, org, play, namespace)} AS has_deltas
 """)
 
-
-_LOCK_EXCLUSIVE = "SELECT pg_advisory_xact_lock($1::bigint)"
 
 _LOCK_SUMMARY = """
 INSERT INTO {summary} AS s (org_id, play, table_namespace, table_name)
@@ -203,7 +203,6 @@ async def _lock_sheet(
                 await conn.execute(fold_statement(port), *layout.counter_args)
             return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))),
                             concurrent=concurrent)
-        await conn.execute(_LOCK_EXCLUSIVE, sheet_lock_key(port, layout))
         server_version = await conn.fetchval(
             _LOCK_SUMMARY.format(summary=summary), *layout.counter_args, layout.table
         )

@@ -1,0 +1,117 @@
+"""Tenants alone, round two, in the database: advisory keys, the server's connection budget and
+the vacuum horizon (docs/operations.md, "A database session").
+
+Each attack is plain SQL run over a real minted session URL against the real server.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from runplane.actors import open_run
+from runplane.engine import open_tenant, sessions
+from runplane.engine import schema as schema_ddl
+from runplane.engine.scopes import PlayScope
+from runplane.engine.sheets import SheetContract
+from runplane.engine.sql import qualified
+
+from .session_helpers import NAMESPACE, admin_tenant, seed, session_tenant, unique
+
+CONTRACT = SheetContract(inputs=("name",), outputs=("upper",))
+
+_ADVISORY_KEYS = """
+SELECT coalesce(array_agg(DISTINCT ((classid::bigint << 32) | objid::bigint)), '{}')
+  FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid <> pg_catalog.pg_backend_pid()
+"""
+
+
+async def _upper(row):
+    await trio.sleep(0)
+    return {"upper": row["name"].upper()}
+
+
+# -- advisory keys ------------------------------------------------------------------------------
+async def test_a_session_holding_every_advisory_key_it_sees_stalls_no_other_orgs_map(dsn):
+    """The probe: read held keys from `pg_locks` with a `rows.read` session, take each with
+    `pg_advisory_lock`, hold them. Another org's 4,000-row map must finish regardless, and no
+    key of runplane's is ever there to see."""
+    victim_org, attacker_org = unique("victim"), unique("attacker")
+    async with admin_tenant(dsn, victim_org) as victim:
+        await seed(victim, "play")
+        async with open_tenant(attacker_org, dsn, schema=victim.schema) as attacker_admin:
+            scope = PlayScope(attacker_org, "play")
+            await seed(attacker_admin, "play")
+            minted = await sessions.mint(attacker_admin, scope, NAMESPACE, ["rows.read"])
+        seen: set[int] = set()
+
+        async def hold(session, key: int) -> None:
+            async with session.login_connection() as conn:
+                await conn.fetchval("SELECT pg_advisory_lock($1::bigint)", key)
+                await trio.sleep_forever()
+
+        async with session_tenant(dsn, minted, max_connections=8) as session:
+            async with trio.open_nursery() as attacks:
+                async def watch() -> None:
+                    async with session.login_connection() as conn:
+                        while len(seen) < 6:
+                            for key in await conn.fetchval(_ADVISORY_KEYS):
+                                if key not in seen:
+                                    seen.add(key)
+                                    attacks.start_soon(hold, session, key)
+                            await trio.sleep(0.001)
+
+                attacks.start_soon(watch)
+                with trio.fail_after(120):  # a stall holds the map for as long as the session likes
+                    async with open_run(victim, "play") as run:
+                        result = await run.map("t", [{"name": f"r{i}"} for i in range(4_000)],
+                                               _upper, contract=CONTRACT, concurrency=16)
+                attacks.cancel_scope.cancel()
+        assert result.completed == 4_000
+        assert seen == set(), "runplane's own statements held advisory keys a session could see"
+
+
+async def test_a_session_holding_the_bootstraps_former_keys_holds_no_open_off(dsn):
+    """The schema's bootstrap (every open under an execution role, every repair) once took an
+    advisory key a session could see in `pg_locks`; it now locks the `meta` table, which a
+    session cannot lock in a conflicting mode."""
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        seeded = await seed(admin, "play")
+        minted = await sessions.mint(admin, seeded["scope"], NAMESPACE, ["rows.read"])
+        async with admin.login_connection() as conn:
+            secret = await conn.fetchval(
+                f"SELECT secret FROM {qualified(admin.schema, schema_ddl.LOCK_SECRET_TABLE)}")
+        keys = [schema_ddl.derive_lock_key(secret, "runplane.bootstrap", admin.schema)]
+        async with session_tenant(dsn, minted) as session:
+            async with session.login_connection() as conn:
+                await conn.fetchval("SELECT hashtextextended($1, 0)", "x")  # a live login
+                for key in keys:
+                    await conn.fetchval("SELECT pg_advisory_lock($1::bigint)", key)
+                with trio.fail_after(60):
+                    await admin.repair_schema()
+                    async with open_tenant(unique("other"), dsn, schema=admin.schema) as other:
+                        await seed(other, "play")
+                await conn.fetchval("SELECT pg_advisory_unlock_all()")
+
+
+async def test_runplane_takes_no_advisory_lock_while_it_writes_or_bootstraps(dsn):
+    """Watched from a connection of its own: a map, a rerun and a schema repair hold no
+    advisory lock at any moment (whatever a session could see, it could take)."""
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        seen: set[int] = set()
+        async with trio.open_nursery() as nursery:
+            async def watch() -> None:
+                async with admin.login_connection() as conn:
+                    while True:
+                        seen.update(await conn.fetchval(_ADVISORY_KEYS))
+                        await trio.sleep(0)
+
+            nursery.start_soon(watch)
+            rows = [{"name": f"r{i}"} for i in range(2_000)]
+            for _ in range(2):
+                async with open_run(admin, "play") as run:
+                    await run.map("t", rows, _upper, contract=CONTRACT, force=True)
+            await admin.repair_schema()
+            nursery.cancel_scope.cancel()
+        assert seen == set()
