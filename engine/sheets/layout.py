@@ -15,7 +15,9 @@ How it works
   (HOT updates). Besides the primary key a sheet has one index, on its row order
   (`ORDER_INDEX_COLUMNS`). System columns added in later releases (`LATER_SYSTEM_COLUMNS`) are
   added to an older sheet under the exclusive lock the first time a writer needs them.
-- The sheet's advisory-lock key (`sheet_lock_key`) is derived with the schema's lock secret.
+- `sheet_lock_key` is a secret-derived key recorded with a database session's scope; it marks a
+  session's own sheet (`Port.sheet_lock_keys`) and locks nothing (the sheet lock is its summary
+  row, `sheet_txn`).
 Related modules: `column_registry` (allocating and registering columns, the DDL),
 `sheet_txn` (the write transaction and its lock protocol), `telemetry` (per-phase timings),
 `ensure` (`ensure_sheet`).
@@ -89,7 +91,7 @@ def column_candidates(field: str) -> Iterator[str]:
 
 @attrs.frozen
 class SheetLayout:
-    """Where one sheet lives: its table, counters identity and advisory lock key."""
+    """Where one sheet lives: its table and counters identity."""
 
     schema: str
     org_id: str
@@ -149,10 +151,9 @@ def layout_for(port: Port, scope: PlayScope, table_namespace: str) -> SheetLayou
 
 
 def sheet_lock_key(port: Port, layout: SheetLayout) -> int:
-    """The sheet's advisory-lock key: derived with the schema's lock secret (what the port read
-    when it opened), so no one without it can tell which key guards which sheet; a database
-    session, which may not read the secret, was given its own sheet's key. A port that has
-    neither (opened without a schema check) falls back to `layout.lock_key`, of public names."""
+    """The sheet's recorded key (it locks nothing: see the module docstring), derived with the
+    schema's lock secret the port read when it opened; a database session, which may not read
+    the secret, was given its own sheet's. A port with neither falls back to `layout.lock_key`."""
     given = port.sheet_lock_keys.get(layout.table)
     if given is not None:
         return given
