@@ -11,6 +11,12 @@ and the limits of one session's work.
   (`limits_comment`, read back by `recorded_limits`: no table holds them, and dropping the
   role drops them), and answered with it. The runner's router enforces them
   (`SessionUsage`): past a limit, that work goes over HTTP.
+- `SessionTimeouts`: the statement, lock-wait and idle-in-transaction limits every session
+  role starts with (`ROLE_TIMEOUTS`, set on the role) and that the sweep enforces from outside
+  (`engine.session_sweep.end_overdue`): a session may `SET` its own settings, so the role's
+  settings pace a cooperating runner and the sweep is what holds a hostile one to them; a
+  transaction may live at most `transaction_s` (statement plus idle limit), so a session that
+  keeps one open with a statement now and then cannot pin the vacuum horizon either.
 - A runner's public key is refused (`InvalidInputError`, HTTP 400) when it is over
   `MAX_JWK_BITS` or cannot encrypt, so a refused key never leaves a minted role behind.
 """
@@ -42,6 +48,28 @@ SELECT count(*) AS live,
   JOIN pg_catalog.pg_roles AS r ON r.rolname = m.role_name
  WHERE m.org_id = $1 AND r.rolvaliduntil > clock_timestamp()
 """
+
+
+@attrs.frozen
+class SessionTimeouts:
+    """The limits a session's backends are held to, in seconds (module docstring)."""
+
+    statement_s: float = 60.0
+    lock_s: float = 10.0
+    idle_s: float = 60.0
+
+    @property
+    def transaction_s(self) -> float:
+        return self.statement_s + self.idle_s
+
+    def role_settings(self) -> tuple[tuple[str, str], ...]:
+        """The `ALTER ROLE ... SET` pairs a session role starts with."""
+        return (("statement_timeout", f"{self.statement_s:g}s"),
+                ("lock_timeout", f"{self.lock_s:g}s"),
+                ("idle_in_transaction_session_timeout", f"{self.idle_s:g}s"))
+
+
+ROLE_TIMEOUTS = SessionTimeouts()
 
 
 def sessions_per_org() -> int:

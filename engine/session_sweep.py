@@ -11,9 +11,14 @@ How it works
   and drops only the roles that have no open connection.
 - `include_unexpired` also drops unexpired roles that have no open connection when looked at
   (for tests, and for revoking a schema's sessions at once); their connections are not cut.
-- `sweep_expired(tenant)` runs `drop_expired` every `SWEEP_INTERVAL_S` until cancelled: the
-  gateway and `runplane supervise` run it, so an expired session's connections end within one
-  interval of its expiry.
+- `end_overdue(tenant)` terminates this schema's session backends that are past the limits of
+  `session_limits.ROLE_TIMEOUTS`, whatever the session `SET`: idle in a transaction past the
+  idle limit, a statement running past the statement limit, a lock wait past the lock limit, a
+  transaction older than statement + idle limits. So no session pins the vacuum horizon (or
+  holds its locks) past its limit for longer than one overdue interval.
+- `sweep_expired(tenant)` runs `end_overdue` every `OVERDUE_INTERVAL_S` and `drop_expired`
+  every `SWEEP_INTERVAL_S` until cancelled: the gateway and `runplane supervise` run it, so an
+  expired session's connections end within one interval of its expiry.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import trio
 from . import pg
 from .errors import DatabaseError, EngineError, InsufficientPrivilegeError
 from .session_isolation import SCOPES_TABLE
+from .session_limits import ROLE_TIMEOUTS, SessionTimeouts
 from .sql import qualified, quote_ident
 
 if TYPE_CHECKING:
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
 
 DROP_BATCH = 200
 SWEEP_INTERVAL_S = 60.0
+OVERDUE_INTERVAL_S = 5.0
 TERMINATE_WAIT_MS = 5_000
 
 log = logging.getLogger("runplane.sessions")
@@ -56,6 +63,26 @@ _TERMINATE = """
 SELECT count(*) FILTER (WHERE NOT pg_catalog.pg_terminate_backend(a.pid, $2::bigint))
   FROM pg_catalog.pg_stat_activity AS a
  WHERE a.usename = ANY($1::text[]) AND a.pid <> pg_catalog.pg_backend_pid()
+"""
+
+
+# Session backends past a limit, with the limit they passed; `state_change` of an active backend
+# is when its statement started (or, waiting on a lock, when it began to wait at the latest).
+_OVERDUE = """
+SELECT a.pid, a.usename AS role_name,
+       CASE WHEN a.xact_start < now - make_interval(secs => $4) THEN 'transaction'
+            WHEN a.state LIKE 'idle in transaction%' THEN 'idle in transaction'
+            WHEN a.wait_event_type = 'Lock' AND a.state_change < now - make_interval(secs => $3)
+                THEN 'lock wait'
+            ELSE 'statement' END AS why
+  FROM pg_catalog.pg_stat_activity AS a, (SELECT clock_timestamp() AS now) AS t
+ WHERE a.usename IN (SELECT m.role_name FROM {m} AS m)
+   AND a.pid <> pg_catalog.pg_backend_pid()
+   AND (a.xact_start < now - make_interval(secs => $4)
+        OR (a.state LIKE 'idle in transaction%' AND a.state_change < now - make_interval(secs => $1))
+        OR (a.state = 'active' AND a.query_start < now - make_interval(secs => $2))
+        OR (a.state = 'active' AND a.wait_event_type = 'Lock'
+            AND a.state_change < now - make_interval(secs => $3)))
 """
 
 
@@ -148,14 +175,47 @@ async def drop_expired(tenant: Tenant, *, include_unexpired: bool = False, limit
     return dropped
 
 
-async def sweep_expired(tenant: Tenant, *, interval_s: float = SWEEP_INTERVAL_S) -> None:
-    """Drop expired sessions now and every `interval_s` after, until cancelled (the gateway and
-    `runplane supervise` run this). A failed sweep is logged and tried again next time."""
+async def end_overdue(tenant: Tenant, timeouts: SessionTimeouts = ROLE_TIMEOUTS) -> int:
+    """Terminate this schema's session backends past `timeouts` (module docstring); return how
+    many were ended. Needs the same signalling privilege as `drop_expired`; without it, logs a
+    warning and ends none."""
+    sql = _OVERDUE.format(m=qualified(tenant.schema, SCOPES_TABLE))
+    async with tenant.login_connection() as conn:
+        overdue = await conn.fetch(sql, timeouts.idle_s, timeouts.statement_s, timeouts.lock_s,
+                                   timeouts.transaction_s)
+        ended = 0
+        for row in overdue:
+            try:
+                if await conn.fetchval("SELECT pg_catalog.pg_terminate_backend($1)", row["pid"]):
+                    ended += 1
+                    log.warning("ended a connection of database session %s: %s past its limit",
+                                row["role_name"], row["why"])
+            except InsufficientPrivilegeError as exc:
+                log.warning("cannot end overdue connections of database sessions (grant the "
+                            "login pg_signal_backend): %s", exc)
+                break
+    return ended
+
+
+async def sweep_expired(tenant: Tenant, *, interval_s: float = SWEEP_INTERVAL_S,
+                        overdue_interval_s: float = OVERDUE_INTERVAL_S,
+                        timeouts: SessionTimeouts = ROLE_TIMEOUTS) -> None:
+    """End overdue session backends every `overdue_interval_s` and drop expired sessions every
+    `interval_s`, from now until cancelled (the gateway and `runplane supervise` run this). A
+    failed sweep is logged and tried again next time."""
+    next_drop = trio.current_time()
     while True:
         try:
-            dropped = await drop_expired(tenant)
-            if dropped:
-                log.info("dropped %d expired database session role(s) in schema %s", dropped, tenant.schema)
+            await end_overdue(tenant, timeouts)
         except EngineError as exc:
-            log.warning("dropping expired database sessions failed (will retry): %s", exc)
-        await trio.sleep(interval_s)
+            log.warning("ending overdue database-session connections failed (will retry): %s", exc)
+        if trio.current_time() >= next_drop:
+            next_drop = trio.current_time() + interval_s
+            try:
+                dropped = await drop_expired(tenant)
+                if dropped:
+                    log.info("dropped %d expired database session role(s) in schema %s", dropped,
+                             tenant.schema)
+            except EngineError as exc:
+                log.warning("dropping expired database sessions failed (will retry): %s", exc)
+        await trio.sleep(min(interval_s, overdue_interval_s))

@@ -67,7 +67,7 @@ from .session_grants import (  # noqa: F401  (public names)
     COLUMNS, OPERATIONS, ROW_OPERATIONS, SHARED_TABLES, WRITE_OPERATIONS, grants,
 )
 from .session_limits import (  # noqa: F401  (public names)
-    DEFAULT_SESSIONS_PER_ORG, ROW_LIMIT_FLOOR, SESSIONS_PER_ORG_ENV, SessionLimits,
+    DEFAULT_SESSIONS_PER_ORG, ROLE_TIMEOUTS, ROW_LIMIT_FLOOR, SESSIONS_PER_ORG_ENV, SessionLimits,
     check_public_key, check_room, limits_comment, recorded_limits, sessions_per_org,
 )
 from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
@@ -81,11 +81,10 @@ ROLE_PREFIX = "runplane_s_"
 DEFAULT_TTL_S = 600.0
 MAX_TTL_S = 24 * 3600.0
 DEFAULT_CONNECTION_LIMIT = 8
-# Defaults every session role's logins start with: a runaway statement, lock wait or
-# open transaction of a session ends on its own (a session may lower them, or raise them; what
-# keeps other orgs unaffected is that it cannot lock what they use).
-ROLE_SETTINGS = (("statement_timeout", "60s"), ("lock_timeout", "10s"),
-                 ("idle_in_transaction_session_timeout", "60s"))
+# Defaults every session role's logins start with: a runaway statement, lock wait or open
+# transaction of a session ends on its own. A session may change them; the sweep enforces the
+# same limits from outside (`session_sweep.end_overdue`).
+ROLE_SETTINGS = ROLE_TIMEOUTS.role_settings()
 
 ARRAY_FACT_KIND_PREFIX = "array_input_"
 SCRAM_ITERATIONS = 4096

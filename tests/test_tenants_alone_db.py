@@ -6,11 +6,17 @@ Each attack is plain SQL run over a real minted session URL against the real ser
 
 from __future__ import annotations
 
+import functools
+
+import pytest
 import trio
 
 from runplane.actors import open_run
 from runplane.engine import open_tenant, sessions
 from runplane.engine import schema as schema_ddl
+from runplane.engine.errors import StoreUnavailableError
+from runplane.engine.session_limits import SessionTimeouts
+from runplane.engine.session_sweep import end_overdue
 from runplane.engine.scopes import PlayScope
 from runplane.engine.sheets import SheetContract
 from runplane.engine.sql import qualified
@@ -115,3 +121,69 @@ async def test_runplane_takes_no_advisory_lock_while_it_writes_or_bootstraps(dsn
             await admin.repair_schema()
             nursery.cancel_scope.cancel()
         assert seen == set()
+
+
+# -- the vacuum horizon -------------------------------------------------------------------------
+SHORT = SessionTimeouts(statement_s=2.0, lock_s=1.0, idle_s=1.0)  # the roles' 60 s, shortened
+
+
+async def _sweeping(admin):
+    """The sweep as the gateway runs it, with short limits and intervals."""
+    return functools.partial(sessions.sweep_expired, admin, interval_s=60.0,
+                             overdue_interval_s=0.1, timeouts=SHORT)
+
+
+async def _backends_of(admin, role: str) -> int:
+    async with admin.login_connection() as conn:
+        return await conn.fetchval(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE usename = $1", role)
+
+
+@pytest.mark.parametrize("keep_alive", [False, True], ids=["idle", "statement-now-and-then"])
+async def test_a_session_that_lifts_its_own_limits_still_loses_its_snapshot(dsn, keep_alive):
+    """The probe: `SET idle_in_transaction_session_timeout = 0`, a REPEATABLE READ snapshot,
+    then hold it (or keep it alive with a statement now and then): the sweep ends the backend
+    past the role's limits, so other orgs' dead rows become removable again."""
+    victim_org, attacker_org = unique("victim"), unique("attacker")
+    async with admin_tenant(dsn, victim_org) as victim:
+        await seed(victim, "play")
+        async with open_tenant(attacker_org, dsn, schema=victim.schema) as attacker_admin:
+            scope = PlayScope(attacker_org, "play")
+            await seed(attacker_admin, "play")
+            minted = await sessions.mint(attacker_admin, scope, NAMESPACE, ["rows.read"])
+        async with session_tenant(dsn, minted) as session:
+            with pytest.raises(StoreUnavailableError):
+                async with session.login_connection() as conn:
+                    for name in ("idle_in_transaction_session_timeout", "statement_timeout",
+                                 "lock_timeout"):
+                        await conn.execute(f"SET {name} = 0")
+                    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                    await conn.fetch(f"SELECT * FROM {qualified(victim.schema, 'sheet_summary')}")
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(await _sweeping(victim))
+                        with trio.fail_after(30):
+                            while await _backends_of(victim, minted.role):
+                                if keep_alive:
+                                    await conn.fetchval("SELECT 1")
+                                await trio.sleep(0.3)
+                        nursery.cancel_scope.cancel()
+                    await conn.fetchval("SELECT 1")  # the connection is gone
+        async with victim.login_connection() as conn:
+            assert await conn.fetchval(
+                "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+                " WHERE usename = $1 AND backend_xmin IS NOT NULL", minted.role) == 0
+
+
+async def test_the_overdue_sweep_leaves_sessions_within_their_limits_alone(dsn):
+    org = unique("org")
+    async with admin_tenant(dsn, org) as admin:
+        seeded = await seed(admin, "play")
+        minted = await sessions.mint(admin, seeded["scope"], NAMESPACE, ["rows.read"])
+        async with session_tenant(dsn, minted) as session:
+            async with session.login_connection() as conn:
+                for _ in range(3):
+                    async with conn.transaction():
+                        await conn.fetchval("SELECT 1")
+                    assert await end_overdue(admin, SHORT) == 0
+                    await trio.sleep(0.5)  # idle (not in a transaction) past the idle limit
+                assert await conn.fetchval("SELECT 1") == 1
