@@ -11,7 +11,11 @@ How it works
     `COPY (SELECT …) TO STDOUT` (one snapshot: rows written meanwhile are not in it); through a
     gateway, keyset pages;
   - `csv`: a header row, then a column a field (in the sheet's order) plus `_key`, `_status`,
-    `_error`; strings as they are, other values as JSON text, a missing value empty; UTF-8;
+    `_error`; strings as they are, other values as JSON text, a missing value empty; UTF-8.
+    Formula-guarded (`--csv-safe`, the console's `csv_cell`: a cell beginning with `=`, `+`,
+    `-`, `@`, tab or CR, and not a plain number, gets a leading `'`, so a spreadsheet opening
+    the file shows it instead of running it) by default when written to a file, which is what
+    a spreadsheet opens; verbatim with `--raw`, and by default on stdout (a pipe to a program);
   - `parquet` (needs the `frames` extra): the same columns, typed by each field's kind
     (`engine.sheets.frames`: nested values as JSON text); each page becomes Arrow columns as it
     arrives, and every `ROW_GROUP_ROWS` rows are written as one row group.
@@ -33,7 +37,7 @@ from runplane.engine.actions import RemotePort
 from runplane.engine.sheets import frames
 
 from .connect import open_port
-from .operators import CommandError, require_schema, require_table
+from .operators import CommandError, UsageError, require_schema, require_table
 
 HELP = "write a table's rows to a file or stdout as JSON lines, CSV or Parquet (streaming)"
 FORMATS = ("jsonl", "csv", "parquet")
@@ -53,12 +57,13 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", default=None, metavar="RUN_ID", help="only the rows this run wrote")
     parser.add_argument("--fields", default=None, metavar="A,B",
                         help="only these fields, in this order (default: every field)")
-
-
-def csv_cell(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if type(value) is str else frames.json_text(value)
+    guard = parser.add_mutually_exclusive_group()
+    guard.add_argument("--csv-safe", dest="csv_safe", action="store_const", const=True,
+                       default=None,
+                       help="CSV: prefix with ' a cell a spreadsheet would run as a formula "
+                            "(=, +, -, @, tab, CR; numbers stay); the default with --output FILE")
+    guard.add_argument("--raw", dest="csv_safe", action="store_const", const=False,
+                       help="CSV: every cell verbatim (the default on stdout)")
 
 
 @contextlib.contextmanager
@@ -130,7 +135,13 @@ async def _rows(ds: sheets.Dataset) -> AsyncIterator[list[dict]]:
         yield [loads(line) for line in page.lines()]
 
 
-async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
+async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress, safe: bool) -> int:
+    # Imported here: the console package loads its web stack, which other commands never need.
+    from runplane.engine.console.export import csv_cell
+
+    def cell(value: Any) -> str:
+        return csv_cell(value, safe=safe)
+
     text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=False)
     writer = csv.writer(text)
     header: list[str] | None = None
@@ -140,12 +151,12 @@ async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
             if header is None:
                 header = [k for k in rows[0] if k not in frames.SYSTEM_KEYS]
                 header += list(frames.TABLE_SYSTEM_COLUMNS)
-                writer.writerow(header)
-            writer.writerows([csv_cell(row.get(name)) for name in header] for row in rows)
+                writer.writerow(map(cell, header))
+            writer.writerows([cell(row.get(name)) for name in header] for row in rows)
             written += len(rows)
             progress.advance(len(rows))
         if header is None:
-            writer.writerow([*(await ds.field_kinds()), *frames.TABLE_SYSTEM_COLUMNS])
+            writer.writerow(map(cell, [*(await ds.field_kinds()), *frames.TABLE_SYSTEM_COLUMNS]))
         text.flush()
     finally:
         text.detach()  # the caller owns (and closes) the binary stream
@@ -179,10 +190,15 @@ async def _parquet(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> in
     return written
 
 
-WRITERS = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet}
+WRITERS = {"jsonl": _jsonl, "parquet": _parquet}  # and `_csv`, which takes `safe` too
 
 
 async def export(args: argparse.Namespace) -> int:
+    safe = args.csv_safe
+    if safe is not None and args.format != "csv":
+        raise UsageError("--csv-safe and --raw apply to --format csv")
+    if safe is None:
+        safe = args.output != "-"  # a file is what a spreadsheet opens
     if args.format == "parquet":
         # Arrow's system allocator (chosen before pyarrow is first imported) hands freed
         # buffers back, where its default one keeps tens of MB of arenas: the peak stays near
@@ -203,5 +219,8 @@ async def export(args: argparse.Namespace) -> int:
         await ds.peek(1)  # unknown fields are refused before the output is opened
         total = await ds.count() if sys.stderr.isatty() else None
         with _output(args.output) as out, _Progress(total) as progress:
-            await WRITERS[args.format](ds, out, progress)
+            if args.format == "csv":
+                await _csv(ds, out, progress, safe)
+            else:
+                await WRITERS[args.format](ds, out, progress)
     return 0

@@ -16,6 +16,13 @@ How it works
   slicing and iteration read the blocks they need, checking their digests — a file changed
   since the check is refused with `InvalidInputError`) that `run.map` stages like a list,
   reading a page at a time. Memory is a few pages, whatever the file's size.
+- Bounded reads: a JSON line, or a CSV record (a quoted cell may span physical lines), holds
+  at most `MAX_RECORD_BYTES` (the page limit + 32 KiB) of file. Lines are read with that bound
+  on what is left of the record, so a longer one is refused (`LongRecordError`, naming its
+  first line and the limit) after reading at most `MAX_RECORD_BYTES + 1` bytes of it, whatever
+  its length. No row is lost by it: a CSV record's bytes are never more than its row's canonical
+  JSON, which a page limits to `MAX_PAGE_BYTES`; a JSON line past it would need more than 32 KiB
+  of spaces or escapes to fit a page.
 - CSV: the first record is the header; each later record is a row `{header: cell}` of strings
   (a short record leaves its missing cells null; a long one, or a header naming a column twice,
   is refused; blank lines are skipped). Cells up to the page limit (`MAX_PAGE_BYTES`) are
@@ -53,10 +60,21 @@ _BOM = b"\xef\xbb\xbf"
 BLOCK_ROWS = 500          # a block of the index: at most this many rows ...
 BLOCK_BYTES = 256 * 1024  # ... and it ends after the row that reaches this many bytes
 READ_CHUNK = 1 << 20      # the digest pass reads the file in chunks of this size
+MAX_RECORD_BYTES = MAX_PAGE_BYTES + 32 * 1024  # a JSON line or CSV record, in bytes of file
 
 
 class InputFileError(Exception):
     """An input file that cannot be read as rows; the message names the file and line."""
+
+
+class LongRecordError(InputFileError):
+    """A JSON line or a CSV record longer than `limit` bytes, refused when its first `limit` + 1
+    bytes have been read; `line` is the line it begins on."""
+
+    def __init__(self, path: str, line: int, what: str, limit: int) -> None:
+        self.path, self.line, self.limit = path, line, limit
+        super().__init__(f"{path}:{line}: the {what} is longer than {limit:,} bytes (a row holds "
+                         f"at most {MAX_PAGE_BYTES:,} bytes, the page limit)")
 
 
 @attrs.frozen
@@ -95,9 +113,24 @@ class _Reader:
         self.row_line = line  # the line the last row began on
         self.rows_from = (pos, line)  # where the rows begin (past a CSV header once read)
         self.blank = True  # every line so far was blank
+        self.record_pos, self.record_line = pos, line + 1  # where the current record begins
+
+    def begin_record(self) -> None:
+        """The next line read begins a record (`lines` bounds a record's bytes)."""
+        self.record_pos, self.record_line = self.pos, self.line + 1
 
     def lines(self) -> Iterator[str]:
-        for raw in self.stream:
+        readline = self.stream.readline
+        what = "record" if self.kind == "csv" else "line"
+        while True:
+            if self.kind != "csv":
+                self.begin_record()  # a JSON line is a record of its own
+            room = self.record_pos + MAX_RECORD_BYTES - self.pos
+            raw = readline(room + 1)
+            if not raw:
+                return
+            if len(raw) > room:
+                raise LongRecordError(self.path, self.record_line, what, MAX_RECORD_BYTES)
             bom = 3 if self.pos == 0 and raw.startswith(_BOM) else 0
             self.pos += len(raw)
             self.line += 1
@@ -119,9 +152,13 @@ class _Reader:
         try:
             header = self.header
             if header is None:
-                header = next((record for record in records if record), None)
-                if header is None:
+                for record in records:
+                    if record:
+                        break
+                    self.begin_record()  # a blank line before the header
+                else:
                     return
+                header = record
                 seen: dict[str, int] = {}
                 for position, name in enumerate(header, 1):
                     if name in seen:
@@ -132,10 +169,10 @@ class _Reader:
                 self.header = header = tuple(header)
                 self.rows_from = (self.pos, self.line)
             width = len(header)
-            first = self.line + 1
+            self.begin_record()
             for record in records:
                 if not record:
-                    first = self.line + 1
+                    self.begin_record()
                     continue  # a blank line
                 if len(record) > width:
                     raise InputFileError(
@@ -144,9 +181,9 @@ class _Reader:
                 row = dict(zip(header, record))
                 for name in header[len(record):]:
                     row[name] = None
-                self.row_line = first
+                self.row_line = self.record_line
                 yield row
-                first = self.line + 1
+                self.begin_record()
         except csv.Error as exc:
             message = str(exc)
             if message.startswith("field larger than field limit"):

@@ -8,11 +8,13 @@ import csv
 import io
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
 from runplane.actors import open_run
-from runplane.cli.inputs import FileRows, read_input
+from runplane.cli.inputs import MAX_RECORD_BYTES, FileRows, LongRecordError, read_input
 from runplane.engine.errors import InvalidInputError
 
 from .cli_helpers import cli_env, run_cli, schema  # noqa: F401 - fixture
@@ -43,6 +45,9 @@ async def play(run, rows):
 '''
 
 
+LIMIT_NOTE = r"\(a row holds at most 1,048,576 bytes, the page limit\)"
+
+
 def write_memory_play(tmp_path):
     play = tmp_path / "big_play.py"
     play.write_text(MEMORY_PLAY)
@@ -61,6 +66,15 @@ def test_a_bad_file_is_one_line_and_registers_no_run(schema, tmp_path):  # noqa:
          r"double quotes"),
         ("wide.csv", "name,city\n" + "a,b\n" * 3000 + "c,d,e\n",
          r"wide\.csv:3002: 3 cells, but the header has 2 columns"),
+        # A line or a CSV record past the text a row may hold (one cell, or quoted cells
+        # spanning lines), refused by the bound on what is read, not by the page limit.
+        ("long_line.jsonl", good + '{"name": "x", "city": "' + "y" * (3 << 20) + '"}\n',
+         r"long_line\.jsonl:3001: the line is longer than 1,081,344 bytes " + LIMIT_NOTE),
+        ("long_line.csv", "name,city\n" + "a,b\n" * 3000 + "y" * (3 << 20) + ",Oslo\n",
+         r"long_line\.csv:3002: the record is longer than 1,081,344 bytes " + LIMIT_NOTE),
+        ("long_record.csv", "name,city\n" + "a,b\n" * 3000 + ",".join(
+            ['"' + "y\n" * 300_000 + '"'] * 2) + "\n",
+         r"long_record\.csv:3002: the record is longer than 1,081,344 bytes " + LIMIT_NOTE),
     ]
     for name, content, message in cases:
         path = tmp_path / name
@@ -158,3 +172,83 @@ def test_file_rows_read_back_exactly_the_rows_of_the_file(tmp_path):
     rows = read_input(str(path)).rows
     assert list(rows) == [json.loads(line) for line in lines]
     assert rows[1099] == json.loads(lines[1099])
+
+
+CHECK_IN_A_CHILD = '''
+import sys
+
+from runplane.cli.inputs import InputFileError, read_input
+
+
+def peak_kib() -> int:
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec (see MEMORY_PLAY).
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+before = peak_kib()
+try:
+    read_input(sys.argv[1])
+except InputFileError as exc:
+    print(f"refused: {exc}")
+print(f"peak growth KiB: {peak_kib() - before}")
+'''
+
+LONG = 200 << 20  # the long record's size: 200 MiB, written in 1 MiB chunks
+
+
+def write_long_input(path, kind: str) -> None:
+    """A file whose second line (or CSV record) holds LONG bytes: one cell on one line, one
+    JSON line, or 400 quoted cells of 512 KiB, each spanning two physical lines."""
+    chunk = "y" * (1 << 20)
+    with path.open("w") as out:
+        if kind == "line.csv":
+            out.write("name,city\n")
+            out.writelines(chunk for _ in range(LONG >> 20))
+            out.write(",Oslo\nlast,Oslo\n")
+        elif kind == "line.jsonl":
+            out.write('{"name": "first"}\n{"name": "')
+            out.writelines(chunk for _ in range(LONG >> 20))
+            out.write('"}\n{"name": "last"}\n')
+        else:
+            cells = LONG // (512 << 10)
+            half = "y" * (256 << 10)
+            out.write(",".join(f"c{i}" for i in range(cells)) + "\n")
+            out.write(",".join(f'"{half}\n{half}"' for _ in range(cells)) + "\n")
+
+
+@pytest.mark.parametrize("kind", ["line.csv", "line.jsonl", "record.csv"])
+def test_a_long_line_or_record_is_refused_in_bounded_memory(tmp_path, kind):
+    """§28.4: the check reads at most the cell limit + 64 KiB of a long line or record before
+    it refuses it, so its peak memory does not grow with the line (before: 200 MiB of line
+    came to well over 400 MiB)."""
+    path = tmp_path / f"long_{kind}"
+    write_long_input(path, kind)
+    done = subprocess.run([sys.executable, "-c", CHECK_IN_A_CHILD, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    path.unlink()
+    assert done.returncode == 0, done.stderr
+    what = "line" if kind.endswith("jsonl") else "record"
+    assert f"refused: {path}:2: the {what} is longer than 1,081,344 bytes (a row holds at most " \
+        "1,048,576 bytes, the page limit)\n" in done.stdout, done.stdout[:500]
+    growth_kib = int(re.search(r"peak growth KiB: (\d+)", done.stdout).group(1))
+    print(f"{kind}: peak growth while refusing a {LONG >> 20} MiB record: {growth_kib} KiB")
+    assert growth_kib < 64 * 1024
+
+
+def test_a_json_line_of_the_bound_is_read_and_one_byte_more_is_refused(tmp_path):
+    """A line that fits a page once canonical (here thanks to its spaces) is read whole up to
+    MAX_RECORD_BYTES with its end of line; one byte more refuses it, with the limit as a value."""
+    def line_of(size: int) -> str:
+        head = '{"name": "' + "n" * 1_000_000 + '", "x":'
+        return head + " " * (size - len(head) - 3) + "1}\n"
+
+    path = tmp_path / "edge.jsonl"
+    path.write_text('{"name": "a"}\n' + line_of(MAX_RECORD_BYTES) + '{"name": "b"}\n')
+    rows = read_input(str(path)).rows
+    assert [len(row["name"]) for row in rows] == [1, 1_000_000, 1]
+    path.write_text('{"name": "a"}\n' + line_of(MAX_RECORD_BYTES + 1))
+    with pytest.raises(LongRecordError) as refused:
+        read_input(str(path))
+    assert (refused.value.path, refused.value.line, refused.value.limit) == (
+        str(path), 2, MAX_RECORD_BYTES)

@@ -17,7 +17,7 @@ from runplane.engine import sheets
 from .cli_helpers import ROOT, RUNPLANE
 from .dataset_support import CONTRACT, NS, fill
 from .gateway_support import server, token_for  # noqa: F401
-from .sheet_helpers import PLAY, play_scope
+from .sheet_helpers import PLAY, new_run, play_scope
 
 COLUMNS = [*CONTRACT.fields, "_key", "_status", "_error"]
 
@@ -162,3 +162,94 @@ async def test_failures_lists_the_failed_rows_in_the_sheet_order(tenant):
     assert listed == [row["_key"] for row in failed[:5]]
     name = json.dumps(failed[0]["name"], ensure_ascii=False)
     assert lines[2].endswith(f'{{"n": {failed[0]["n"]}, "name": {name}}}'), lines[2]
+
+
+# -- spreadsheet formulas (§28.14) -------------------------------------------------------------
+FORMULA_NS = "formulas"
+FORMULA_CONTRACT = sheets.SheetContract(inputs=("name",), outputs=("=total", "score"))
+# Text a spreadsheet would run as a formula (or whose tab / CR it would act on), and text
+# that is only a number, which stays as it is.
+RISKY = ["=1+2", "+SUM(A1:A9)", "-2+3", "@cmd", "\tlead", "\rlead", "-", "-inf", "+0x1F"]
+NUMBERS = ["-3.5", "+1", "-1e5", "1.5E-07", "-.5", "7"]
+
+
+async def fill_formulas(tenant) -> None:
+    scope = play_scope(tenant)
+    run = await new_run(tenant, scope.play, "rf")
+    await sheets.ensure_sheet(tenant, scope, FORMULA_NS, FORMULA_CONTRACT)
+    names = [*RISKY, *NUMBERS, "plain", "'quoted"]
+    admission = await sheets.admit(tenant, run, FORMULA_NS, FORMULA_CONTRACT,
+                                   [{"name": name} for name in names])
+    outcomes = []
+    for a in admission.pending:
+        if names[a.input_index] == "@cmd":
+            outcomes.append(sheets.RowOutcome(a.key, "failed", error="-failed: =cmd"))
+        else:
+            outcomes.append(sheets.RowOutcome(a.key, "completed", data={
+                "=total": names[a.input_index], "score": -3.5 if a.input_index % 2 else -7}))
+    await sheets.complete(tenant, run, FORMULA_NS, FORMULA_CONTRACT, outcomes)
+
+
+def check_guarded(listing: list[list[str]], guarded: bool) -> None:
+    """Every risky cell, the header's `=total` included, is prefixed with `'` when `guarded`
+    and verbatim otherwise; numbers (text or JSON) and plain text stay as they are."""
+    mark = "'" if guarded else ""
+    assert listing[0] == ["name", f"{mark}=total", "score", "_key", "_status", "_error"]
+    by_name = {}
+    for line in listing[1:]:
+        name = line[0]
+        if guarded and name[1:] in RISKY:
+            name = name[1:]
+        by_name[name] = line
+    assert sorted(by_name) == sorted([*RISKY, *NUMBERS, "plain", "'quoted"])
+    for name, line in by_name.items():
+        shown = f"{mark}{name}" if name in RISKY else name
+        assert line[0] == shown, (name, line)
+        if name == "@cmd":
+            assert line[1] == "" and line[5] == f"{mark}-failed: =cmd"
+        else:
+            assert line[1] == shown and line[2] in ("-3.5", "-7"), (name, line)
+
+
+def test_a_cell_is_guarded_only_when_a_spreadsheet_would_run_it():
+    from runplane.engine.console.export import csv_cell
+
+    for text in RISKY:
+        assert csv_cell(text, safe=True) == "'" + text
+        assert csv_cell(text, safe=False) == text
+    for value in (*NUMBERS, "plain", "'=x", " =x", "", -3.5, -7, 1e-7, -1e100, True):
+        assert csv_cell(value, safe=True) == csv_cell(value, safe=False)
+    assert csv_cell(-3.5, safe=True) == "-3.5" and csv_cell(None, safe=True) == ""
+    assert csv_cell({"a": "=x"}, safe=True) == '{"a":"=x"}'
+    assert csv_cell("-٣", safe=True) == "'-٣"  # only ASCII digits make a plain number
+    assert csv_cell("-3.5\n", safe=True) == "'-3.5\n"
+
+
+async def test_csv_export_to_a_file_guards_formulas_unless_raw(tenant, tmp_path):
+    await fill_formulas(tenant)
+
+    def listing_of(data: bytes) -> list[list[str]]:
+        return list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+
+    path = tmp_path / "out.csv"
+    for extra, guarded in (((), True), (("--raw",), False)):
+        done = await export(tenant, "--format", "csv", "--output", str(path), *extra,
+                            table=FORMULA_NS)
+        assert done.returncode == 0, done.stderr
+        check_guarded(listing_of(path.read_bytes()), guarded)
+    for extra, guarded in (((), False), (("--csv-safe",), True)):  # stdout: raw unless asked
+        done = await export(tenant, "--format", "csv", *extra, table=FORMULA_NS)
+        assert done.returncode == 0, done.stderr
+        check_guarded(listing_of(done.stdout), guarded)
+    done = await export(tenant, "--format", "jsonl", "--raw", table=FORMULA_NS)
+    assert done.returncode == 2 and b"--csv-safe and --raw apply to --format csv" in done.stderr
+
+
+async def test_the_consoles_csv_download_guards_formulas(tenant):
+    from runplane.engine.console.export import export_chunks
+
+    await fill_formulas(tenant)
+    chunks = [chunk async for chunk in export_chunks(tenant, tenant.org_id, PLAY, FORMULA_NS,
+                                                     "csv", None)]
+    check_guarded(list(csv.reader(io.StringIO(b"".join(chunks).decode("utf-8"), newline=""))),
+                  guarded=True)
