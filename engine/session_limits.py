@@ -5,6 +5,13 @@ and the limits of one session's work.
 - An org holds at most `sessions_per_org()` live sessions (`RUNPLANE_SESSIONS_PER_ORG`, default
   4): a session role counts until its `VALID UNTIL` passes. Past it, `TooManySessionsError`
   (HTTP 429) with the seconds until the org's oldest session expires.
+- The server holds at most `sessions_per_server()` live sessions of every org and schema
+  (`RUNPLANE_SESSIONS_PER_SERVER`, default 16; each logs in at most `SESSION_CONNECTION_LIMIT`
+  times): past it, the same 429. `ConnectionPlan` says what a server's `max_connections` must
+  cover so that sessions at that budget never take the connections of runplane's own
+  processes (gateways, runners, workers, the console) or of owner logins; the embedded server
+  is sized by it (`engine.embedded`). Mints of one schema are exact; mints of different
+  schemas at the same instant may each pass the server-wide count once (they share no lock).
 - `SessionLimits(max_rows, max_bytes, max_requests)`: how much work one session may carry
   (rows written or read, bytes of row data, operations), each optional; `max_rows` is at least
   `ROW_LIMIT_FLOOR` (10,000). A session's limits are recorded with it, as its role's comment
@@ -32,11 +39,14 @@ import attrs
 from .bounds import is_int
 from . import jwe, pg
 from .errors import InvalidInputError, TooManySessionsError
-from .session_isolation import SCOPES_TABLE
+from .session_isolation import GROUP, SCOPES_TABLE
 from .sql import qualified
 
 DEFAULT_SESSIONS_PER_ORG = 4
 SESSIONS_PER_ORG_ENV = "RUNPLANE_SESSIONS_PER_ORG"
+DEFAULT_SESSIONS_PER_SERVER = 16
+SESSIONS_PER_SERVER_ENV = "RUNPLANE_SESSIONS_PER_SERVER"
+SESSION_CONNECTION_LIMIT = 8  # a session role's CONNECTION LIMIT
 MAX_JWK_BITS = 8192
 
 # Mints of one schema take turns (a mint is a few milliseconds), so the live sessions an org
@@ -72,18 +82,62 @@ class SessionTimeouts:
 ROLE_TIMEOUTS = SessionTimeouts()
 
 
-def sessions_per_org() -> int:
-    """The most live sessions one org may hold: `RUNPLANE_SESSIONS_PER_ORG`, else 4."""
-    raw = os.environ.get(SESSIONS_PER_ORG_ENV, "")
+# Live session roles of the whole server (roles are cluster-wide).
+_LIVE_ON_SERVER = """
+SELECT count(*) AS live,
+       extract(epoch FROM min(r.rolvaliduntil) - clock_timestamp())::float8 AS first_expiry_s
+  FROM pg_catalog.pg_auth_members AS am
+  JOIN pg_catalog.pg_roles AS g ON g.oid = am.roleid AND g.rolname = $1
+  JOIN pg_catalog.pg_roles AS r ON r.oid = am.member
+ WHERE r.rolvaliduntil > clock_timestamp()
+"""
+
+
+def _count_setting(env: str, default: int) -> int:
+    raw = os.environ.get(env, "")
     if not raw:
-        return DEFAULT_SESSIONS_PER_ORG
+        return default
     if not raw.isdigit() or not 1 <= int(raw) <= 10_000:
-        raise InvalidInputError(f"{SESSIONS_PER_ORG_ENV} must be an integer from 1 to 10000")
+        raise InvalidInputError(f"{env} must be an integer from 1 to 10000")
     return int(raw)
 
 
-async def check_room(conn: pg.Connection, schema: str, org_id: str, max_sessions: int) -> None:
-    """Refuse with `TooManySessionsError` when the org holds `max_sessions` live sessions."""
+def sessions_per_org() -> int:
+    """The most live sessions one org may hold: `RUNPLANE_SESSIONS_PER_ORG`, else 4."""
+    return _count_setting(SESSIONS_PER_ORG_ENV, DEFAULT_SESSIONS_PER_ORG)
+
+
+def sessions_per_server() -> int:
+    """The most live sessions of every org on one server: `RUNPLANE_SESSIONS_PER_SERVER`, else
+    16."""
+    return _count_setting(SESSIONS_PER_SERVER_ENV, DEFAULT_SESSIONS_PER_SERVER)
+
+
+@attrs.frozen
+class ConnectionPlan:
+    """How one server's connections are shared (module docstring): `reserve` for owner logins
+    (the server keeps them: `superuser_reserved_connections`, or `reserved_connections` with
+    `pg_use_reserved_connections` on PostgreSQL 16+), `sessions` × `per_session` for database
+    sessions at the server-wide budget, and `hosting` for runplane's own processes."""
+
+    sessions: int
+    per_session: int = SESSION_CONNECTION_LIMIT
+    hosting: int = 100
+    reserve: int = 10
+
+    @classmethod
+    def from_environment(cls) -> "ConnectionPlan":
+        return cls(sessions=sessions_per_server())
+
+    @property
+    def max_connections(self) -> int:
+        return self.reserve + self.sessions * self.per_session + self.hosting
+
+
+async def check_room(conn: pg.Connection, schema: str, org_id: str, max_sessions: int,
+                     max_on_server: int | None = None) -> None:
+    """Refuse with `TooManySessionsError` when the org holds `max_sessions` live sessions, or
+    the server `max_on_server` (default `sessions_per_server()`)."""
     m = qualified(schema, SCOPES_TABLE)
     await conn.execute(f"LOCK TABLE {m} IN SHARE ROW EXCLUSIVE MODE")
     row = await conn.fetchrow(_LIVE_SESSIONS.format(m=m), org_id)
@@ -92,6 +146,14 @@ async def check_room(conn: pg.Connection, schema: str, org_id: str, max_sessions
         raise TooManySessionsError(
             f"org {org_id!r} already holds {row['live']} live database sessions (at most "
             f"{max_sessions}); the next one can be minted in {wait:.0f} s",
+            retry_after_s=wait)
+    limit = sessions_per_server() if max_on_server is None else max_on_server
+    row = await conn.fetchrow(_LIVE_ON_SERVER, GROUP)
+    if row["live"] >= limit:
+        wait = max(1.0, float(row["first_expiry_s"] or 1.0))
+        raise TooManySessionsError(
+            f"the server already holds {row['live']} live database sessions (at most {limit}, "
+            f"{SESSIONS_PER_SERVER_ENV}); the next one can be minted in {wait:.0f} s",
             retry_after_s=wait)
 
 

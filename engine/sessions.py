@@ -67,8 +67,9 @@ from .session_grants import (  # noqa: F401  (public names)
     COLUMNS, OPERATIONS, ROW_OPERATIONS, SHARED_TABLES, WRITE_OPERATIONS, grants,
 )
 from .session_limits import (  # noqa: F401  (public names)
-    DEFAULT_SESSIONS_PER_ORG, ROLE_TIMEOUTS, ROW_LIMIT_FLOOR, SESSIONS_PER_ORG_ENV, SessionLimits,
-    check_public_key, check_room, limits_comment, recorded_limits, sessions_per_org,
+    DEFAULT_SESSIONS_PER_ORG, ROLE_TIMEOUTS, ROW_LIMIT_FLOOR, SESSION_CONNECTION_LIMIT,
+    SESSIONS_PER_ORG_ENV, SessionLimits, check_public_key, check_room, limits_comment,
+    recorded_limits, sessions_per_org,
 )
 from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
 from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 ROLE_PREFIX = "runplane_s_"
 DEFAULT_TTL_S = 600.0
 MAX_TTL_S = 24 * 3600.0
-DEFAULT_CONNECTION_LIMIT = 8
+DEFAULT_CONNECTION_LIMIT = SESSION_CONNECTION_LIMIT
 # Defaults every session role's logins start with: a runaway statement, lock wait or open
 # transaction of a session ends on its own. A session may change them; the sweep enforces the
 # same limits from outside (`session_sweep.end_overdue`).

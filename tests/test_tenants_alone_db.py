@@ -6,8 +6,11 @@ Each attack is plain SQL run over a real minted session URL against the real ser
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 
+import httpx
 import pytest
 import trio
 
@@ -15,13 +18,18 @@ from runplane.actors import open_run
 from runplane.engine import open_tenant, sessions
 from runplane.engine import schema as schema_ddl
 from runplane.engine.errors import StoreUnavailableError
-from runplane.engine.session_limits import SessionTimeouts
+from runplane.engine.gateway import mint_token
+from runplane.engine.session_limits import ConnectionPlan, SessionTimeouts
 from runplane.engine.session_sweep import end_overdue
 from runplane.engine.scopes import PlayScope
 from runplane.engine.sheets import SheetContract
 from runplane.engine.sql import qualified
 
-from .session_helpers import NAMESPACE, admin_tenant, seed, session_tenant, unique
+from .conftest import fresh_schema
+from .gateway_support import SECRET, serving
+from .session_helpers import (
+    NAMESPACE, admin_tenant, seed, session_roles, session_tenant, unique,
+)
 
 CONTRACT = SheetContract(inputs=("name",), outputs=("upper",))
 
@@ -187,3 +195,62 @@ async def test_the_overdue_sweep_leaves_sessions_within_their_limits_alone(dsn):
                     assert await end_overdue(admin, SHORT) == 0
                     await trio.sleep(0.5)  # idle (not in a transaction) past the idle limit
                 assert await conn.fetchval("SELECT 1") == 1
+
+
+# -- the server's connection budget -------------------------------------------------------------
+async def test_the_embedded_server_keeps_room_for_sessions_runplane_and_owner_logins(dsn):
+    """Sessions at the server-wide budget, runplane's own processes and a superuser reserve all
+    fit in the embedded server's connections (was: 100, which three orgs' sessions filled)."""
+    if os.environ.get("RUNPLANE_TEST_DSN"):
+        pytest.skip("sizes only the embedded server; RUNPLANE_TEST_DSN points elsewhere")
+    plan = ConnectionPlan.from_environment()
+    assert plan.max_connections >= plan.sessions * sessions.DEFAULT_CONNECTION_LIMIT + plan.reserve
+    async with open_tenant(unique("org"), dsn, schema=fresh_schema()) as tenant:
+        async with tenant.login_connection() as conn:
+            assert int(await conn.fetchval("SHOW max_connections")) >= plan.max_connections
+            assert int(await conn.fetchval("SHOW superuser_reserved_connections")) >= plan.reserve
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{tenant.schema}" CASCADE')
+
+
+async def test_minting_past_the_server_wide_session_budget_answers_429_and_the_gateway_serves_on(
+        dsn, monkeypatch):
+    orgs = [unique(f"org{i}") for i in range(4)]
+    async with admin_tenant(dsn, orgs[0]) as admin:
+        async with admin.login_connection() as conn:
+            live = await conn.fetchval(
+                "SELECT count(*) FROM pg_catalog.pg_auth_members AS am"
+                " JOIN pg_catalog.pg_roles AS g ON g.oid = am.roleid AND g.rolname = $1"
+                " JOIN pg_catalog.pg_roles AS r ON r.oid = am.member"
+                " WHERE r.rolvaliduntil > clock_timestamp()", sessions.GROUP)
+        monkeypatch.setenv("RUNPLANE_SESSIONS_PER_SERVER", str(live + 3))
+        for org in orgs:
+            async with open_tenant(org, dsn, schema=admin.schema) as tenant:
+                await seed(tenant, "play")
+        body = {"play": "play", "table_namespace": NAMESPACE, "operations": ["rows.read"]}
+        async with serving(admin) as server, httpx.AsyncClient(timeout=30) as client:
+            def post(org, action, payload):
+                return client.post(f"{server.url}/v1/actions/{action}", json=payload,
+                                   headers={"authorization": f"Bearer {mint_token(SECRET, org)}"})
+
+            minted = []
+            for org in orgs[:3]:  # one session each: three orgs, well under their own caps
+                answer = await post(org, "db_sessions.create", body)
+                assert answer.status_code == 200, answer.text
+                minted.append((org, answer.json()["result"]["postgres_url"]))
+            refused = await post(orgs[3], "db_sessions.create", body)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["code"] == "too_many_sessions"
+            assert "the server already holds" in refused.text
+            assert len(await session_roles(admin)) == 3  # nothing was minted
+            # Every minted session at its connection limit: the gateway still serves the fourth.
+            async with contextlib.AsyncExitStack() as held:
+                for org, url in minted:
+                    session = await held.enter_async_context(open_tenant(
+                        org, url, schema=admin.schema,
+                        max_connections=sessions.DEFAULT_CONNECTION_LIMIT))
+                    for _ in range(sessions.DEFAULT_CONNECTION_LIMIT):
+                        conn = await held.enter_async_context(session.login_connection())
+                        assert await conn.fetchval("SELECT 1") == 1
+                answer = await post(orgs[3], "sheets.summary", {
+                    "scope": {"org_id": orgs[3], "play": "play"}, "table_namespace": NAMESPACE})
+                assert answer.status_code == 200, answer.text
