@@ -1,0 +1,142 @@
+"""Tenants alone, round two (§28), the gateway's part: request ids are bounded and the replay
+cache counts them; run-scoped tokens are scoped on every action that names or lists runs, and
+lease lengths are bounded; a completion never writes over a stored input cell, nor over the
+rows of a shared-map unit leased to another holder; token times allow a clock-skew leeway for
+`iat`/`nbf`, never for `exp`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import jwt
+import pytest
+import trio
+
+from runplane.engine import PlayScope, RunScope, receipts, runs
+from runplane.engine.errors import AuthError
+from runplane.engine.gateway import guards, mint_token, open_gateway, verify_token
+from runplane.engine.gateway.tokens import VerifiedTokens
+
+from .gateway_support import FAST_RETRY, SECRET, count_rows, serving, token_for  # noqa: F401
+
+PLAY = "round-two"
+
+
+def _post(client, server, name, body, token, request_id=None):
+    headers = {"authorization": f"Bearer {token}"}
+    if request_id is not None:
+        headers["runplane-request-id"] = request_id
+    return client.post(f"{server.url}/v1/actions/{name}", json=body, headers=headers)
+
+
+def _run_body(ref):
+    scope = ref.scope
+    return {"scope": {"org_id": scope.org_id, "play": scope.play, "run_id": scope.run_id},
+            "epoch": ref.epoch}
+
+
+# -- 3. request ids ------------------------------------------------------------------------------
+
+async def test_a_request_id_past_128_characters_or_outside_its_alphabet_is_refused(tenant):
+    run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "r"))
+    token = token_for(tenant)
+    async with serving(tenant) as server, httpx.AsyncClient() as client:
+        for i, bad in enumerate(["x" * 15_000, "y" * 129, "has space", "a/b", "é".encode(),
+                                   "semi;colon", "quote'", ""]):
+            body = {"run": _run_body(run), "key": f"bad-{i}", "output": {"v": i}}
+            answer = await _post(client, server, "receipts.complete", body, token, bad)
+            if bad == "":
+                assert answer.status_code == 200  # no id: nothing to replay, nothing refused
+                continue
+            assert answer.status_code == 400, (bad[:20], answer.text)
+            assert answer.json()["code"] == "invalid_input"
+            assert "request id" in answer.json()["error"]
+        assert await count_rows(tenant, "work_receipts") == 1  # only the request without an id
+        assert len(server.replay._done) == 0
+        longest = "A-z0.9_:" + "k" * 120
+        assert len(longest) == 128
+        body = {"run": _run_body(run), "key": "good", "output": {"v": 1}}
+        answer = await _post(client, server, "receipts.complete", body, token, longest)
+        assert answer.status_code == 200
+        assert (await _post(client, server, "receipts.complete", body, token, longest)).json() \
+            == answer.json()
+        assert server.replay.hits == 1
+        # what the client generates passes, and is remembered for its retries
+        async with open_gateway(server.url, token, retry=FAST_RETRY) as gw:
+            await receipts.complete(gw, run, "client", {"v": 2})
+        assert len(server.replay._done) == 2
+
+
+async def test_the_replay_cache_budget_counts_keys_and_answers():
+    """3,000 answers of a few bytes under 128-character ids: a budget counting answers only
+    kept every one of them (the ids' bytes went uncounted); counting keys, it keeps what fits."""
+    cache = guards.ReplayCache(max_bytes=100_000)
+
+    async def answer() -> bytes:
+        return b"{}"
+
+    for i in range(3000):
+        request_id = f"{i:08d}".ljust(128, "x")
+        await cache.run(("org", "play", "receipts.complete", request_id), b"d" * 32, answer)
+    kept = len(cache._done)
+    assert 0 < kept < 3000
+    assert kept * (128 + 2) <= 100_000
+    assert cache._bytes <= cache.max_bytes
+    assert cache._bytes == sum(guards.replay_entry_bytes(key, entry[1], entry[2])
+                               for key, entry in cache._done.items())
+
+
+# -- 15. clock skew --------------------------------------------------------------------------------
+
+def _token_with(**times) -> str:
+    now = int(time.time())
+    claims = {"org": "o", "plays": ["*"], "actions": ["*"], "iat": now, "exp": now + 600,
+              "jti": uuid.uuid4().hex, **times}
+    return jwt.encode(claims, SECRET, algorithm="HS256")
+
+
+def test_a_token_from_a_clock_ahead_is_accepted_within_the_leeway_and_exp_has_none(monkeypatch):
+    monkeypatch.delenv("RUNPLANE_TOKEN_LEEWAY_S", raising=False)
+    now = int(time.time())
+    ahead = [_token_with(iat=now + 20), _token_with(nbf=now + 20),
+             _token_with(iat=now + 20, nbf=now + 20, exp=now + 620)]
+    for token in ahead:  # a host whose clock runs 20 s ahead: within the default 30 s
+        assert verify_token(SECRET, token).org == "o"
+        assert VerifiedTokens(SECRET).verify(token).org == "o"
+    for token in (_token_with(iat=now + 90), _token_with(nbf=now + 90)):
+        with pytest.raises(AuthError, match="invalid token"):
+            verify_token(SECRET, token)
+    expired = _token_with(iat=now - 600, exp=now - 5)  # never any leeway for exp
+    with pytest.raises(AuthError, match="expired"):
+        verify_token(SECRET, expired)
+    with pytest.raises(AuthError, match="expired"):
+        verify_token(SECRET, expired, leeway_s=3600)
+    with pytest.raises(AuthError, match="expired"):
+        VerifiedTokens(SECRET, leeway_s=3600).verify(expired)
+    # the leeway is configurable: the environment's, or an explicit one
+    assert verify_token(SECRET, _token_with(iat=now + 90), leeway_s=120).org == "o"
+    monkeypatch.setenv("RUNPLANE_TOKEN_LEEWAY_S", "0")
+    with pytest.raises(AuthError):
+        verify_token(SECRET, ahead[0])
+    with pytest.raises(AuthError):
+        VerifiedTokens(SECRET).verify(ahead[0])
+    monkeypatch.setenv("RUNPLANE_TOKEN_LEEWAY_S", "120")
+    assert verify_token(SECRET, _token_with(iat=now + 90)).org == "o"
+    monkeypatch.setenv("RUNPLANE_TOKEN_LEEWAY_S", "soon")
+    with pytest.raises(Exception, match="RUNPLANE_TOKEN_LEEWAY_S"):
+        VerifiedTokens(SECRET)
+
+
+async def test_the_gateway_accepts_a_token_minted_by_a_host_whose_clock_runs_ahead(tenant,
+                                                                                 monkeypatch):
+    monkeypatch.delenv("RUNPLANE_TOKEN_LEEWAY_S", raising=False)
+    now = int(time.time())
+    claims = {"org": tenant.org_id, "plays": ["*"], "actions": ["*"], "iat": now + 25,
+              "nbf": now + 25, "exp": now + 625, "jti": uuid.uuid4().hex}
+    token = jwt.encode(claims, SECRET, algorithm="HS256")
+    async with serving(tenant) as server:
+        async with open_gateway(server.url, token, retry=FAST_RETRY) as gw:
+            ref = await runs.register(gw, RunScope(tenant.org_id, PLAY, "skewed"))
+    assert (await runs.get(tenant, ref.scope)).epoch == ref.epoch
