@@ -6,6 +6,7 @@ rows of a shared-map unit leased to another holder; token times allow a clock-sk
 
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 
@@ -14,8 +15,8 @@ import jwt
 import pytest
 import trio
 
-from runplane.engine import PlayScope, RunScope, receipts, runs
-from runplane.engine.errors import AuthError
+from runplane.engine import PlayScope, RunScope, history, outbox, receipts, runs, shared_maps, sheets
+from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
 from runplane.engine.gateway import guards, mint_token, open_gateway, verify_token
 from runplane.engine.gateway.tokens import VerifiedTokens
 
@@ -140,3 +141,94 @@ async def test_the_gateway_accepts_a_token_minted_by_a_host_whose_clock_runs_ahe
         async with open_gateway(server.url, token, retry=FAST_RETRY) as gw:
             ref = await runs.register(gw, RunScope(tenant.org_id, PLAY, "skewed"))
     assert (await runs.get(tenant, ref.scope)).epoch == ref.epoch
+
+
+# -- 7. run-scoped tokens ----------------------------------------------------------------------
+
+async def _runs_with_due_entries(tenant, run_ids):
+    """Registered runs of PLAY whose outbox entries are due (pending, no lease)."""
+    refs = {}
+    for run_id in run_ids:
+        scope = RunScope(tenant.org_id, PLAY, run_id)
+        refs[run_id] = await runs.register(tenant, scope)
+        assert await outbox.mark_pending(tenant, scope, "guard", 30.0)
+        await outbox.release(tenant, scope, "guard")
+    return refs
+
+
+async def test_a_run_scoped_token_drains_only_its_own_runs_outbox(tenant):
+    refs = await _runs_with_due_entries(tenant, ["mine", "other-1", "other-2"])
+    token = token_for(tenant, plays=[PLAY], runs=["mine"])
+    async with serving(tenant) as server, open_gateway(server.url, token, retry=FAST_RETRY) as gw:
+        with pytest.raises(InvalidInputError, match="lease_s"):  # until the year 33715: no
+            await outbox.claim_due(gw, "prober", limit=10, lease_s=1e12, plays=[PLAY])
+        claimed = await outbox.claim_due(gw, "prober", limit=10, lease_s=30.0, plays=[PLAY])
+        assert [entry.scope.run_id for entry in claimed] == ["mine"]
+    # the real supervisor still finds the other runs' entries due
+    drained = await outbox.claim_due(tenant, "supervisor", limit=10, lease_s=30.0)
+    assert sorted(entry.scope.run_id for entry in drained) == ["other-1", "other-2"]
+    assert refs["mine"].scope.run_id == "mine"
+
+
+async def test_a_run_scoped_token_names_and_lists_only_its_runs(tenant):
+    scope = PlayScope(tenant.org_id, PLAY)
+    refs = {run_id: await runs.register(tenant, RunScope(tenant.org_id, PLAY, run_id))
+            for run_id in ("mine", "other")}
+    started = datetime.datetime.now(datetime.timezone.utc)
+    for run_id, ref in refs.items():
+        await outbox.record_open(tenant, ref.scope)
+        await history.record_map(tenant, ref.scope, history.MapRecord(
+            "map-0", "t", "running", started, admitted=3))
+        await shared_maps.publish(tenant, ref, "map-0", "t", config={}, function="f",
+                                  play_digest="d", units=[(0, 0, 10)])
+        await shared_maps.set_state(tenant, ref, "map-0", "open", ["waiting"])
+    token = token_for(tenant, plays=[PLAY], runs=["mine"])
+    async with serving(tenant) as server, open_gateway(server.url, token, retry=FAST_RETRY) as gw:
+        assert (await runs.by_epoch(gw, scope, refs["mine"].epoch)).run_id == "mine"
+        assert await runs.by_epoch(gw, scope, refs["other"].epoch) is None
+        assert [info.run_id for info in await runs.list_runs(gw, scope)] == ["mine"]
+        assert [m.run_id for m in await history.live_maps(gw, scope)] == ["mine"]
+        assert [m.run_id for m in await history.list_maps(gw, scope, ["mine"])] == ["mine"]
+        assert list(await outbox.get_many(gw, scope, ["mine"])) == ["mine"]
+        assert [m.ref.run_id for m in await shared_maps.live_maps(gw, PLAY)] == ["mine"]
+        assert await shared_maps.units_remaining(gw, PLAY) == 1
+        denied = server.errors["scope_denied"]
+        refusals = [
+            lambda: history.list_maps(gw, scope, ["mine", "other"]),
+            lambda: outbox.get_many(gw, scope, ["other"]),
+            lambda: sheets.run_rows(gw, scope, "t", ["other"]),
+        ]
+        for call in refusals:
+            with pytest.raises(ScopeError, match="runs claim does not allow run 'other'"):
+                await call()
+        assert server.errors["scope_denied"] == denied + len(refusals)
+    # a token for every run (and a direct call) still sees them all
+    async with serving(tenant) as server, \
+            open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+        assert await runs.by_epoch(gw, scope, refs["other"].epoch) is not None
+        assert len(await runs.list_runs(gw, scope)) == 2
+        assert len(await history.live_maps(gw, scope)) == 2
+        assert len(await shared_maps.live_maps(gw, PLAY)) == 2
+        assert await shared_maps.units_remaining(gw, PLAY) == 2
+    assert len(await runs.list_runs(tenant, scope)) == 2
+
+
+async def test_lease_lengths_are_bounded(tenant):
+    ref = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "r"))
+    with pytest.raises(InvalidInputError, match="lease_s"):
+        await outbox.mark_pending(tenant, ref.scope, "guard", 1e12)
+    assert await outbox.mark_pending(tenant, ref.scope, "guard", 30.0)
+    with pytest.raises(InvalidInputError, match="lease_s"):
+        await outbox.renew(tenant, ref.scope, "guard", 1e12)
+    with pytest.raises(InvalidInputError, match="delay_s"):
+        await outbox.retry_later(tenant, ref.scope, "guard", "boom", 1e12)
+    with pytest.raises(InvalidInputError, match="lease_s"):
+        await outbox.claim_due(tenant, "o", limit=1, lease_s=1e12)
+    with pytest.raises(InvalidInputError, match="lease_s"):
+        await shared_maps.publish(tenant, ref, "map-0", "t", config={}, function="f",
+                                  play_digest="d", units=[(0, 0, 10)], lease_s=1e12)
+    async with tenant.connection("receipts") as conn:
+        far = await conn.fetchval(
+            f'SELECT count(*) FROM "{tenant.schema}".terminal_outbox'
+            " WHERE lease_expires_at > now() + interval '8 days'")
+    assert far == 0

@@ -226,8 +226,13 @@ def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScop
 
 def named_run_ids(kwargs: Mapping[str, Any]) -> list[str]:
     """Every run id an action's decoded inputs name (a `RunRef`, a `RunScope` or `MapScope`'s
-    run, a `run_id` argument such as `sheets.read_rows`'), for a token's `runs` claim."""
+    run, a `run_id` argument such as `sheets.read_rows`', each of a `run_ids` list such as
+    `history.list_maps`', `outbox.get_many`' and `sheets.run_rows`'), for a token's `runs`
+    claim."""
     found = [run.run_id for run in named_runs(kwargs, True)]
     if isinstance(kwargs.get("run_id"), str):
         found.append(kwargs["run_id"])
+    listed = kwargs.get("run_ids")
+    if isinstance(listed, (list, tuple)):
+        found.extend(run_id for run_id in listed if isinstance(run_id, str))
     return found

@@ -18,8 +18,12 @@ How it works
   rest is never read); a malformed input (400: strict JSON, values bounded to
   what the database holds, see `guards` and `codecs`); a scope whose org or play the token does
   not allow (403); a run (a `RunRef`, a `RunScope` or `MapScope`'s run, a `run_id` argument)
-  that the token's `runs` claim, when it has one, does not list (403); a run (`RunRef`) that is not registered for that org and play with that
-  epoch (409, `guards.RunCheck`). Only then does the action run, against the tenant of the token's
+  that the token's `runs` claim, when it has one, does not list (403), and likewise any run of
+  a `run_ids` list; a run (`RunRef`) that is not registered for that org and play with that
+  epoch (409, `guards.RunCheck`). An action that finds or lists runs by something else (an
+  epoch, a play: `outbox.claim_due`, `runs.by_epoch`, `runs.list_runs`, `history.live_maps`,
+  `shared_maps.live_maps`, `shared_maps.units_remaining`) is handed the token's `runs` claim as
+  `only_runs` and keeps to those runs. Only then does the action run, against the tenant of the token's
   org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
   completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
   answered 503, so a client that gave up and retried never races a write of its earlier attempt.
@@ -269,7 +273,7 @@ class Server:
             claims.check_target(name, org, play)
         for run_id in guards.named_run_ids(kwargs):  # a token's runs claim, before any query
             claims.check_run(name, run_id)
-        context = {"claims": claims, "session_dsn": self.session_dsn}
+        context = {"claims": claims, "session_dsn": self.session_dsn, "only_runs": claims.runs}
         kwargs.update({param: context[param] for param in spec.context})
         tenant = await self._tenant(claims.org)
 
