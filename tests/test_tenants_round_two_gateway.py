@@ -19,6 +19,8 @@ from runplane.engine import PlayScope, RunScope, history, outbox, receipts, runs
 from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
 from runplane.engine.gateway import guards, mint_token, open_gateway, verify_token
 from runplane.engine.gateway.tokens import VerifiedTokens
+from runplane.engine.sheets import completion
+from runplane.simulations.counters import counters_match
 
 from .gateway_support import FAST_RETRY, SECRET, count_rows, serving, token_for  # noqa: F401
 
@@ -232,3 +234,53 @@ async def test_lease_lengths_are_bounded(tenant):
             f'SELECT count(*) FROM "{tenant.schema}".terminal_outbox'
             " WHERE lease_expires_at > now() + interval '8 days'")
     assert far == 0
+
+
+# -- 11. inputs are not outputs, whatever contract the request sends ----------------------------
+
+STORED = sheets.SheetContract(inputs=("name", "x"), outputs=("score",))
+FORGED = sheets.SheetContract(inputs=("name",), outputs=("score", "x"))  # omits input x
+
+
+@pytest.fixture(params=["returning_old", "snapshot"])
+def statement_kind(request, monkeypatch):
+    """Both forms of the completion statement (PostgreSQL >= 18's, and the older one)."""
+    if request.param == "snapshot":
+        monkeypatch.setattr(completion, "RETURNING_OLD_SINCE", 10**9)
+    return request.param
+
+
+async def test_a_completion_naming_a_stored_input_as_an_output_is_refused_for_that_row(
+        tenant, statement_kind):
+    run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "r"))
+    scope = PlayScope(tenant.org_id, PLAY)
+    rows = [{"name": f"n{i}", "x": f"original{i}"} for i in range(4)]
+    pending = (await sheets.admit(tenant, run, "t", STORED, rows)).pending
+    keys = [row.key for row in pending]
+    async with serving(tenant) as server, \
+            open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+        done = await sheets.complete(gw, run, "t", FORGED, [
+            sheets.RowOutcome(keys[0], "completed", data={"score": 1}),
+            sheets.RowOutcome(keys[1], "completed", data={"score": 2, "x": "OVERWRITTEN1"}),
+            sheets.RowOutcome(keys[2], "failed", data={"x": "OVERWRITTEN2"}, error="boom"),
+        ])
+    assert done.committed_keys == (keys[0],)
+    assert {(f.key, f.reason) for f in done.fenced} == {
+        (keys[1], "input_field"), (keys[2], "input_field")}
+    assert done.updated == 1
+    # a direct call with the forged contract is refused the same way
+    direct = await sheets.complete(tenant, run, "t", FORGED, [
+        sheets.RowOutcome(keys[3], "completed", data={"score": 4, "x": "OVERWRITTEN3"})])
+    assert [f.reason for f in direct.fenced] == ["input_field"] and direct.updated == 0
+    stored = {r["name"]: r for r in await sheets.read_rows(tenant, scope, "t")}
+    assert [stored[f"n{i}"]["x"] for i in range(4)] == [f"original{i}" for i in range(4)]
+    assert [stored[f"n{i}"]["_status"] for i in range(4)] == [
+        "enriched", "pending", "pending", "pending"]
+    ok, detail = await counters_match(tenant, scope, "t")
+    assert ok, detail
+    # an output the row stores (a completed cell) may be written again, also when the
+    # request's contract calls a field an output that the row never stored
+    again = await sheets.complete(tenant, run, "t", FORGED, [
+        sheets.RowOutcome(keys[0], "completed", data={"score": 5}),
+        sheets.RowOutcome(keys[1], "completed", data={"score": 6, "extra": "new"})])
+    assert again.fenced == () and again.updated == 2

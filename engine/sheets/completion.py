@@ -11,6 +11,9 @@ How it works
     * `_write_version` newer than ours → fenced `stale_write_version`; older → `unadmitted`;
     * with an attempt, a row leased to another attempt → `attempt_superseded` (our own lease
       still counts as ours after it expired);
+    * an outcome naming a field the row stores as an input (a value without cell meta: only
+      completions write cell meta) → `input_field`, whatever contract the request sent (the
+      request's contract alone could omit the input and call it an output);
     * a failed outcome for an `enriched` row → `already_completed`, unless `force_failed`: then
       it applies, and every output it marks becomes a failed cell (completed ones included);
     * otherwise applied: completed → `enriched`, the data keys present patched, cell meta of
@@ -30,7 +33,8 @@ How it works
   the statement is one fenced UPDATE per chunk returning the old status and cell meta
   (`RETURNING old.*`); older servers read the rows first and update from that snapshot.
 - An outcome whose data holds a field named like one of the contract's inputs is refused with
-  `InvalidInputError` before any query (it would write over the input cell, and the row would
+  `InvalidInputError` before any query (and one naming a field the stored row holds as an
+  input is fenced `input_field` by the statement, above) (it would write over the input cell, and the row would
   then look completed for its original key); a map fails such a row alone instead
   (`input_fields_problem`).
 - Keys that no row has are repaired afterwards (never in the exact-key statement, so the common

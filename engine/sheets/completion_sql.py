@@ -205,12 +205,24 @@ def _policy_sets(n: _Names, failed: bool) -> str:
             f" _failed_epoch = {n.version}")
 
 
-def _fence(n: _Names, already: str) -> str:
-    """Why a row was not applied (NULL when it may be): `s` is its stored state."""
+def stored_input(n: _Names, row: str, source: str) -> str:
+    """True when the outcome `source` (an alias with `data`) names a field that the stored row
+    `row` holds as an input: a value without a cell-meta entry. Only a completion writes cell
+    meta, for every field it writes; admission stores the input cells without any. So the row
+    itself says which of its fields are inputs, whatever contract the request sent."""
+    clashes = [f"({source}.data ? {name} AND {row}.{col} IS NOT NULL"
+               f" AND NOT ({row}._cell_meta ? {name}))" for col, name in n.cols]
+    return "(" + " OR ".join(clashes) + ")" if clashes else "false"
+
+
+def _fence(n: _Names, already: str, source: str = "i") -> str:
+    """Why a row was not applied (NULL when it may be): `s` is its stored state, `source` the
+    outcome."""
     return f"""CASE WHEN s._write_version > {n.version} THEN 'stale_write_version'
                 WHEN s._write_version < {n.version} THEN 'unadmitted'
                 WHEN {n.attempt_id} IS NOT NULL AND s._attempt_id IS NOT NULL
                      AND s._attempt_id <> {n.attempt_id} THEN 'attempt_superseded'
+                WHEN {stored_input(n, "s", source)} THEN 'input_field'
                 {already}
            END"""
 
@@ -339,6 +351,7 @@ def _exact_returning_old(port: Port, layout: SheetLayout, n: _Names, errors: str
         for col, name in n.cols
     )
     not_enriched = "AND t._status <> c.kept_status" if failed and not force_failed else ""
+    stored = "".join(f", {col}" for col, _ in n.cols)
     new_error = "c.error" if failed else "NULL::text"
     new_meta = _new_meta(target, row="t", patch="c.patch", force_failed=force_failed)
     return f"""
@@ -360,6 +373,7 @@ applied AS (
       FROM source c
      WHERE t._key = c.key AND t._write_version = c.our_version
        AND (c.our_attempt IS NULL OR t._attempt_id IS NULL OR t._attempt_id = c.our_attempt)
+       AND NOT {stored_input(n, "t", "c")}
        {not_enriched}
        AND (t._status IS DISTINCT FROM {target.sql} OR t._error IS DISTINCT FROM {new_error}{data_changed}
             OR {new_meta} IS DISTINCT FROM t._cell_meta)
@@ -370,8 +384,8 @@ rest AS MATERIALIZED (
     SELECT i.ord, s._key IS NOT NULL AS found, s._write_version AS prev_version,
            {_fence(n, _already(failed, force_failed))} AS fence
       FROM source i
-      LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id FROM {t} AS s
-                          WHERE s._key = i.key LIMIT 1) AS s ON true
+      LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id, _cell_meta{stored}
+                           FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
      WHERE (SELECT count(*) FROM applied) < (SELECT count(*) FROM source)
 )
 {_chunk_result("rest")}"""
