@@ -17,6 +17,9 @@ How it works
 - A map's lease length is bounded (`receipts.MAX_LEASE_S`). `live_maps` and `units_remaining`
   take `only_runs` (the gateway fills it with a run-scoped token's `runs` claim): the maps of
   other runs are then neither listed nor counted.
+- The table namespace is stored normalized (`normalize_namespace`), as the sheet knows it: a
+  write without an attempt finds the leased units of its sheet by it (`engine.sheets
+  .completion`) and is fenced on their rows.
 Every statement reaches its rows by primary-key prefix (org, play, run, map): never the sheet.
 """
 
@@ -154,7 +157,7 @@ async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespa
         raise InvalidInputError(f"lease_s must be a number of seconds > 0 and up to "
                                 f"{MAX_LEASE_S:g}, got {lease_s!r}")
     sql = _PUBLISH.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
-    args = (*map_key(ref, map_invocation_id), ref.epoch, table_namespace,
+    args = (*map_key(ref, map_invocation_id), ref.epoch, normalize_namespace(table_namespace),
             config_text, function, play_digest,
             list(range(len(units))), [u[0] for u in units], [u[1] for u in units],
             [u[2] for u in units], float(lease_s))

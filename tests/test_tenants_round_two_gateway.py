@@ -15,7 +15,10 @@ import jwt
 import pytest
 import trio
 
-from runplane.engine import PlayScope, RunScope, history, outbox, receipts, runs, shared_maps, sheets
+from runplane.engine import (
+    PlayScope, RunScope, history, outbox, receipts, runs, shared_leases, shared_maps, shared_units,
+    sheets,
+)
 from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
 from runplane.engine.gateway import guards, mint_token, open_gateway, verify_token
 from runplane.engine.gateway.tokens import VerifiedTokens
@@ -284,3 +287,62 @@ async def test_a_completion_naming_a_stored_input_as_an_output_is_refused_for_th
         sheets.RowOutcome(keys[0], "completed", data={"score": 5}),
         sheets.RowOutcome(keys[1], "completed", data={"score": 6, "extra": "new"})])
     assert again.fenced == () and again.updated == 2
+
+
+# -- 12. unit leases bind every write to a shared map's rows ---------------------------------
+
+NUMS = sheets.SheetContract(inputs=("n",), outputs=("double",))
+
+
+async def test_a_plain_completion_is_fenced_on_rows_of_a_unit_leased_to_another_holder(
+        tenant, statement_kind):
+    scope = PlayScope(tenant.org_id, PLAY)
+    ref = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "shared"))
+    rows = [{"n": i} for i in range(15)]
+    mid = shared_maps.map_id_for("map-0", "Nums")
+    await shared_maps.publish(tenant, ref, mid, "Nums", config={}, function="f", play_digest="d",
+                              units=[(0, 0, 5), (0, 5, 5), (0, 10, 5)])
+    await shared_maps.set_state(tenant, ref, mid, shared_maps.OPEN, [shared_maps.WAITING])
+    leases = await shared_leases.claim_units(tenant, ref, mid, "holder/1", limit=2)
+    assert [lease.unit for lease in leases] == [0, 1]  # unit 2 (rows 10-14) stays free
+    admitted = await shared_units.admit_units(tenant, ref, mid, leases[:1], "nums", NUMS,
+                                              rows[:5], list(range(5)))
+    keys = {row.input_index: row.key for row in admitted.pending}
+    free = await sheets.admit(tenant, ref, "nums", NUMS, rows[10:], input_offset=10)
+    keys.update({row.input_index: row.key for row in free.pending})
+
+    def outcomes(indexes, value):
+        return [sheets.RowOutcome(keys[i], "completed", {"double": value}, input_index=i)
+                for i in indexes]
+
+    async with serving(tenant) as server, \
+            open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+        done = await sheets.complete(gw, ref, "nums", NUMS, outcomes(range(5), -1))
+        assert done.updated == 0 and done.committed_keys == ()
+        assert {f.reason for f in done.fenced} == {"attempt_superseded"}
+        assert len(done.fenced) == 5
+        # a row of a leased unit not admitted yet cannot be inserted either
+        ghost = await sheets.complete(gw, ref, "nums", NUMS, [
+            sheets.RowOutcome("ghost", "completed", {"double": -1}, input_index=7)])
+        assert [(f.key, f.reason) for f in ghost.fenced] == [("ghost", "attempt_superseded")]
+        # rows of a unit nobody holds are written as before
+        plain = await sheets.complete(gw, ref, "nums", NUMS, outcomes(range(10, 15), 1))
+        assert plain.updated == 5 and plain.fenced == ()
+    stored = {r["n"]: r for r in await sheets.read_rows(tenant, scope, "nums")}
+    assert sorted(stored) == [*range(5), *range(10, 15)]  # no ghost row
+    assert all(stored[i]["_status"] == "running" for i in range(5))
+    # the holder writes its own rows
+    settlement = shared_leases.Settlement(leases[0], "", "1f", True, {})
+    held = await shared_units.complete_units(
+        tenant, ref, mid, "holder", [settlement], "nums", NUMS,
+        [sheets.RowOutcome(keys[i], "completed", {"double": 2 * i}, input_index=i)
+         for i in range(5)])
+    assert held.updated == 5 and held.fenced == ()
+    stored = {r["n"]: r for r in await sheets.read_rows(tenant, scope, "nums")}
+    assert [stored[i]["double"] for i in range(5)] == [0, 2, 4, 6, 8]
+    # once the map is no longer open its leases bind nothing: a plain write goes through
+    await shared_maps.set_state(tenant, ref, mid, shared_maps.DONE, shared_maps.LIVE)
+    late = await sheets.complete(tenant, ref, "nums", NUMS, outcomes(range(3), 3))
+    assert late.fenced == () and late.updated == 3
+    ok, detail = await counters_match(tenant, scope, "nums")
+    assert ok, detail
