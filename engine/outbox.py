@@ -141,12 +141,11 @@ SELECT org_id, play, run_id, state, attempts, last_error FROM {t}
 """
 
 
-def _seconds(value: object, name: str, *, zero: bool = False) -> float:
-    """A lease length (more than 0) or a delay (`zero`: from 0) of at most `MAX_LEASE_S`
-    seconds; `InvalidInputError` naming `name` otherwise, before any query."""
-    low, above = (0, None) if zero else (None, 0)
-    if not is_number(value, low, MAX_LEASE_S, above=above):
-        raise InvalidInputError(f"{name} must be a number of seconds up to {MAX_LEASE_S:g}, "
+def _seconds(value: object, name: str) -> float:
+    """A lease length or a delay: a number of seconds from 0 (an expired lease, a retry now)
+    to `MAX_LEASE_S`; `InvalidInputError` naming `name` otherwise, before any query."""
+    if not is_number(value, 0, MAX_LEASE_S):
+        raise InvalidInputError(f"{name} must be a number of seconds from 0 to {MAX_LEASE_S:g}, "
                                 f"got {value!r}")
     return float(value)  # type: ignore[arg-type]
 
@@ -240,7 +239,7 @@ async def mark_done(port: Port, scope: RunScope, owner: str) -> bool:
 async def retry_later(port: Port, scope: RunScope, owner: str, error: str, delay_s: float) -> bool:
     """Release the lease, record the error and make the entry due again after `delay_s`."""
     check_scope(port, scope)
-    delay = _seconds(delay_s, "delay_s", zero=True)
+    delay = _seconds(delay_s, "delay_s")
     return _changed(
         await _execute(port, _RETRY_LATER, *_key(scope), owner, error[:2000], delay)
     )
