@@ -14,12 +14,15 @@ How it works
 - `list_maps` reads the rows of some runs of a play (`runplane runs`, `runs PLAY RUN_ID`);
   `live_maps` reads the running maps of a play written in the last `LIVE_S` seconds (its rows in
   flight, for `status`). Each row carries `age_s`, seconds since it was last written, measured
-  by the server's clock.
+  by the server's clock. `live_maps(..., only_runs=R)` reads the maps of runs `R` only (the
+  gateway fills it with a run-scoped token's `runs` claim; `list_maps` names its runs, which
+  the gateway checks against that claim).
 """
 
 from __future__ import annotations
 
 import datetime
+from typing import Sequence
 
 import attrs
 
@@ -125,6 +128,7 @@ _LIVE = f"""
 SELECT {_COLUMNS} FROM {{run_maps}}
  WHERE org_id = $1 AND play = $2 AND state = 'running'
    AND updated_at > now() - make_interval(secs => $3)
+   AND ($4::text[] IS NULL OR run_id = ANY($4::text[]))
  ORDER BY started_at
 """
 
@@ -164,11 +168,14 @@ async def list_maps(port: Port, scope: PlayScope, run_ids: list[str]) -> list[St
 
 
 @action("history.live_maps", params={"scope": PLAY_SCOPE}, result=list_of(STORED_MAP),
-        writes=False)
-async def live_maps(port: Port, scope: PlayScope) -> list[StoredMap]:
-    """The play's maps running now: state `running`, written in the last `LIVE_S` seconds."""
+        writes=False, context=("only_runs",))
+async def live_maps(port: Port, scope: PlayScope, *,
+                    only_runs: Sequence[str] | None = None) -> list[StoredMap]:
+    """The play's maps (of `only_runs`, when given) running now: state `running`, written in
+    the last `LIVE_S` seconds."""
     check_scope(port, scope)
     sql = _LIVE.format(run_maps=table(port, "run_maps"))
+    runs = None if only_runs is None else list(only_runs)
     rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
-        sql, scope.org_id, scope.play, LIVE_S))
+        sql, scope.org_id, scope.play, LIVE_S, runs))
     return [_stored(row) for row in rows]

@@ -18,6 +18,10 @@ How it works
   lease expires. Settling (done, or a retry time after a failure) applies only while the caller
   still holds the lease, so a holder that lost its lease cannot undo a newer holder's work.
   Retiring twice is harmless anyway: `engine.array_input.retire` is idempotent.
+- Lease lengths and retry delays are bounded (`receipts.MAX_LEASE_S`, a week): a lease until
+  the year 33715 would keep an entry from every supervisor (`InvalidInputError` past it).
+- `claim_due(..., only_runs=R)` leases entries of the runs `R` only: the gateway passes a
+  run-scoped token's `runs` claim, so such a token never leases another run's entry.
 - Recording a run as it opens is foreground work (the `receipts` lane); everything else here is
   background work on the `retirement` lane.
 - The run's own guard takes the lease when it marks the entry pending, retires at once, and
@@ -28,16 +32,17 @@ How it works
 from __future__ import annotations
 
 import os
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Sequence
 
 import attrs
 
-from .bounds import is_int
+from .bounds import is_int, is_number
 from .actions import action
 from .codecs import (BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, NOTHING, dict_of, list_of,
                      optional, record)
 from .errors import InvalidInputError
 from .ports import RECEIPTS_LANE, RETIREMENT_LANE, Port, table, with_connection
+from .receipts import MAX_LEASE_S
 from .scopes import PlayScope, RunScope, check_scope
 
 OPEN, PENDING, DONE = "open", "pending", "done"
@@ -84,6 +89,7 @@ _CLAIM_DUE = """
 WITH due AS (
     SELECT org_id, play, run_id FROM {t}
      WHERE org_id = $1 AND ($6::text[] IS NULL OR play = ANY($6::text[]))
+       AND ($7::text[] IS NULL OR run_id = ANY($7::text[]))
        AND (state = 'pending'
             OR (state = 'open' AND $4::float8 IS NOT NULL
                 AND updated_at < now() - make_interval(secs => $4::float8)))
@@ -135,6 +141,15 @@ SELECT org_id, play, run_id, state, attempts, last_error FROM {t}
 """
 
 
+def _seconds(value: object, name: str) -> float:
+    """A lease length or a delay: a number of seconds from 0 (an expired lease, a retry now)
+    to `MAX_LEASE_S`; `InvalidInputError` naming `name` otherwise, before any query."""
+    if not is_number(value, 0, MAX_LEASE_S):
+        raise InvalidInputError(f"{name} must be a number of seconds from 0 to {MAX_LEASE_S:g}, "
+                                f"got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
 def _key(scope: RunScope) -> tuple[str, str, str]:
     return scope.org_id, scope.play, scope.run_id
 
@@ -169,34 +184,37 @@ async def record_open(port: Port, scope: RunScope) -> None:
 async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
     """Flip the entry to `pending` leased to `owner`; False when it was already `done`."""
     check_scope(port, scope)
+    lease = _seconds(lease_s, "lease_s")
     sql = _MARK_PENDING.format(t=table(port, "terminal_outbox"))
     state = await with_connection(
-        port, RETIREMENT_LANE, lambda conn: conn.fetchval(sql, *_key(scope), owner, float(lease_s))
+        port, RETIREMENT_LANE, lambda conn: conn.fetchval(sql, *_key(scope), owner, lease)
     )
     return state == PENDING
 
 
 @action("outbox.claim_due", params={"owner": TEXT, "limit": INT, "lease_s": FLOAT,
         "abandon_after_s": optional(FLOAT), "plays": optional(list_of(STR))},
-        result=list_of(OUTBOX_ENTRY))
+        result=list_of(OUTBOX_ENTRY), context=("only_runs",))
 async def claim_due(
     port: Port, owner: str, *, limit: int, lease_s: float, abandon_after_s: float | None = None,
-    plays: list[str] | None = None,
+    plays: list[str] | None = None, only_runs: Sequence[str] | None = None,
 ) -> list[OutboxEntry]:
     """Lease up to `limit` due entries of the port's org to `owner` (skipping locked ones);
-    with `plays`, only entries of those plays (a gateway token for some plays drains those)."""
+    with `plays`, only entries of those plays (a gateway token for some plays drains those);
+    with `only_runs`, only entries of those runs (a run-scoped token's: the gateway fills it)."""
     if plays is not None and (not isinstance(plays, (list, tuple)) or not plays
                               or not all(isinstance(p, str) for p in plays)):
         raise InvalidInputError("plays must be a non-empty list of play names, or None")
     if not is_int(limit, 0):
         raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
+    lease = _seconds(lease_s, "lease_s")
     sql = _CLAIM_DUE.format(t=table(port, "terminal_outbox"))
     abandon = None if abandon_after_s is None else float(abandon_after_s)
     wanted = None if plays is None else list(plays)
+    runs = None if only_runs is None else list(only_runs)
     rows = await with_connection(
         port, RETIREMENT_LANE,
-        lambda conn: conn.fetch(sql, port.org_id, owner, int(limit), abandon, float(lease_s),
-                                wanted),
+        lambda conn: conn.fetch(sql, port.org_id, owner, int(limit), abandon, lease, wanted, runs),
     )
     return [_entry(row) for row in rows]
 
@@ -205,7 +223,8 @@ async def claim_due(
 async def renew(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
     """Extend our lease; False when we no longer hold it."""
     check_scope(port, scope)
-    return _changed(await _execute(port, _RENEW, *_key(scope), owner, float(lease_s)))
+    lease = _seconds(lease_s, "lease_s")
+    return _changed(await _execute(port, _RENEW, *_key(scope), owner, lease))
 
 
 @action("outbox.mark_done", params={"scope": RUN_SCOPE, "owner": TEXT}, result=BOOL)
@@ -220,8 +239,9 @@ async def mark_done(port: Port, scope: RunScope, owner: str) -> bool:
 async def retry_later(port: Port, scope: RunScope, owner: str, error: str, delay_s: float) -> bool:
     """Release the lease, record the error and make the entry due again after `delay_s`."""
     check_scope(port, scope)
+    delay = _seconds(delay_s, "delay_s")
     return _changed(
-        await _execute(port, _RETRY_LATER, *_key(scope), owner, error[:2000], float(delay_s))
+        await _execute(port, _RETRY_LATER, *_key(scope), owner, error[:2000], delay)
     )
 
 

@@ -7,7 +7,9 @@ One statement: insert-if-absent, else read the stored row.
 
 `get(port, RunScope)`, `by_epoch(port, PlayScope, epoch)` and `list_runs(port, PlayScope)` read
 the registry back (the command line's run existence check, the run a fence names, the
-recent-runs listing); they are plain reads.
+recent-runs listing); they are plain reads. The two that find runs by something else than their
+id take `only_runs` (the gateway fills it with a run-scoped token's `runs` claim): another run
+is then not found, nor listed.
 `record_command(port, RunScope, command)` stores how to resume a run (the command line records
 the command that started it, so `runplane runs` can print it for runs still open).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from typing import Sequence
 
 import attrs
 
@@ -75,11 +78,13 @@ SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
 _BY_EPOCH = """
 SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
  WHERE org_id = $1 AND play = $2 AND epoch = $3
+   AND ($4::text[] IS NULL OR run_id = ANY($4::text[]))
 """
 
 _LIST = """
 SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
- WHERE org_id = $1 AND play = $2 ORDER BY epoch DESC LIMIT $3
+ WHERE org_id = $1 AND play = $2 AND ($4::text[] IS NULL OR run_id = ANY($4::text[]))
+ ORDER BY epoch DESC LIMIT $3
 """
 
 
@@ -111,29 +116,35 @@ async def get(port: Port, scope: RunScope) -> RunInfo | None:
 
 
 @action("runs.by_epoch", params={"scope": PLAY_SCOPE, "epoch": INT}, result=optional(RUN_INFO),
-        writes=False)
-async def by_epoch(port: Port, scope: PlayScope, epoch: int) -> RunInfo | None:
-    """The play's run holding fencing epoch `epoch` (a fence reports epochs), or None."""
+        writes=False, context=("only_runs",))
+async def by_epoch(port: Port, scope: PlayScope, epoch: int, *,
+                   only_runs: Sequence[str] | None = None) -> RunInfo | None:
+    """The play's run holding fencing epoch `epoch` (a fence reports epochs), or None (also
+    when `only_runs` is given and does not list it)."""
     check_scope(port, scope)
     if not is_int(epoch):
         raise InvalidInputError(f"epoch must be an integer, got {epoch!r}")
     sql = _BY_EPOCH.format(runs=table(port, "runs"))
+    runs = None if only_runs is None else list(only_runs)
     row = await with_connection(
-        port, "receipts", lambda conn: conn.fetchrow(sql, scope.org_id, scope.play, epoch)
+        port, "receipts", lambda conn: conn.fetchrow(sql, scope.org_id, scope.play, epoch, runs)
     )
     return None if row is None else _info(row)
 
 
 @action("runs.list_runs", params={"scope": PLAY_SCOPE, "limit": INT}, result=list_of(RUN_INFO),
-        writes=False)
-async def list_runs(port: Port, scope: PlayScope, *, limit: int = 10) -> list[RunInfo]:
-    """The play's most recent runs, newest (largest epoch) first, at most `limit` of them."""
+        writes=False, context=("only_runs",))
+async def list_runs(port: Port, scope: PlayScope, *, limit: int = 10,
+                    only_runs: Sequence[str] | None = None) -> list[RunInfo]:
+    """The play's most recent runs (of `only_runs`, when given), newest (largest epoch) first,
+    at most `limit` of them."""
     check_scope(port, scope)
     if not is_int(limit, 0):
         raise InvalidInputError(f"limit must be an integer >= 0, got {limit!r}")
     sql = _LIST.format(runs=table(port, "runs"))
+    runs = None if only_runs is None else list(only_runs)
     rows = await with_connection(
-        port, RECEIPTS_LANE, lambda conn: conn.fetch(sql, scope.org_id, scope.play, limit)
+        port, RECEIPTS_LANE, lambda conn: conn.fetch(sql, scope.org_id, scope.play, limit, runs)
     )
     return [_info(row) for row in rows]
 

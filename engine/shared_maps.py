@@ -14,6 +14,12 @@ How it works
   `engine.shared_leases`; the unit writes in `engine.shared_units`. `map_status` sums the
   counters every unit's holders recorded (each with the rows it counts, in one transaction)
   for the coordinator's result; `units_remaining` counts the play's units not done.
+- A map's lease length is bounded (`receipts.MAX_LEASE_S`). `live_maps` and `units_remaining`
+  take `only_runs` (the gateway fills it with a run-scoped token's `runs` claim): the maps of
+  other runs are then neither listed nor counted.
+- The table namespace is stored normalized (`normalize_namespace`), as the sheet knows it: a
+  write without an attempt finds the leased units of its sheet by it (`engine.sheets
+  .completion`) and is fenced on their rows.
 Every statement reaches its rows by primary-key prefix (org, play, run, map): never the sheet.
 """
 
@@ -21,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import socket
 from typing import Any, Mapping, Sequence
@@ -30,10 +35,12 @@ import attrs
 
 from . import canonical
 from .actions import action
+from .bounds import is_number
 from .codecs import BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, list_of, optional, record
 from .errors import InvalidInputError
 from .pg import Connection
 from .ports import RECEIPTS_LANE, Port, table, with_connection
+from .receipts import MAX_LEASE_S
 from .scopes import RunRef, RunScope, check_scope, normalize_namespace
 
 UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
@@ -146,10 +153,11 @@ async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespa
     if not isinstance(config, Mapping):
         raise InvalidInputError("config must be a JSON object")
     config_text = canonical.stable_dumps(canonical.normalize(dict(config), "config"))
-    if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s) and lease_s > 0):
-        raise InvalidInputError(f"lease_s must be a number of seconds > 0, got {lease_s!r}")
+    if not is_number(lease_s, high=MAX_LEASE_S, above=0):
+        raise InvalidInputError(f"lease_s must be a number of seconds > 0 and up to "
+                                f"{MAX_LEASE_S:g}, got {lease_s!r}")
     sql = _PUBLISH.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
-    args = (*map_key(ref, map_invocation_id), ref.epoch, table_namespace,
+    args = (*map_key(ref, map_invocation_id), ref.epoch, normalize_namespace(table_namespace),
             config_text, function, play_digest,
             list(range(len(units))), [u[0] for u in units], [u[1] for u in units],
             [u[2] for u in units], float(lease_s))
@@ -214,17 +222,20 @@ _LIVE_MAPS = """
 SELECT run_id, epoch, map_invocation_id, table_namespace, config::text AS config, function,
        play_digest, state, lease_s
   FROM {maps} WHERE org_id = $1 AND play = $2 AND state IN ('waiting', 'open')
+   AND ($3::text[] IS NULL OR run_id = ANY($3::text[]))
  ORDER BY created_at
 """
 
 
 @action("shared_maps.live_maps", params={"play": TEXT}, result=list_of(SHARED_MAP),
-        writes=False)
-async def live_maps(port: Port, play: str) -> list[SharedMap]:
-    """The play's maps that are waiting or open, oldest first."""
+        writes=False, context=("only_runs",))
+async def live_maps(port: Port, play: str, *,
+                    only_runs: Sequence[str] | None = None) -> list[SharedMap]:
+    """The play's maps (of `only_runs`, when given) that are waiting or open, oldest first."""
     sql = _LIVE_MAPS.format(maps=table(port, "shared_maps"))
+    runs = None if only_runs is None else list(only_runs)
     rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
-        sql, port.org_id, play))
+        sql, port.org_id, play, runs))
     return [SharedMap(RunRef(RunScope(port.org_id, play, row["run_id"]), row["epoch"]),
                       row["map_invocation_id"], row["table_namespace"], json.loads(row["config"]),
                       row["function"], row["play_digest"], row["state"], row["lease_s"])
@@ -277,15 +288,19 @@ SELECT count(*) FROM {maps} AS m JOIN {units} AS u
     ON u.org_id = m.org_id AND u.play = m.play AND u.run_id = m.run_id
    AND u.map_invocation_id = m.map_invocation_id
  WHERE m.org_id = $1 AND m.play = $2 AND m.state IN ('waiting', 'open') AND NOT u.done
+   AND ($3::text[] IS NULL OR m.run_id = ANY($3::text[]))
 """
 
 
-@action("shared_maps.units_remaining", params={"play": TEXT}, result=INT, writes=False)
-async def units_remaining(port: Port, play: str) -> int:
-    """Units not done of the play's waiting or open maps."""
+@action("shared_maps.units_remaining", params={"play": TEXT}, result=INT, writes=False,
+        context=("only_runs",))
+async def units_remaining(port: Port, play: str, *,
+                          only_runs: Sequence[str] | None = None) -> int:
+    """Units not done of the play's waiting or open maps (of `only_runs`, when given)."""
     sql = _REMAINING.format(maps=table(port, "shared_maps"), units=table(port, "shared_units"))
+    runs = None if only_runs is None else list(only_runs)
     return await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
-        sql, port.org_id, play))
+        sql, port.org_id, play, runs))
 
 
 _WORKERS = """

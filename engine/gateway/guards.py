@@ -9,7 +9,11 @@ How it works
   retry is the same request: entries are keyed by (org, play, action, request id) and hold a
   digest of the body and of the token's claims (`request_digest`). The same id with another
   body or another token's claims is refused with `ConflictError` (409), never answered from
-  the cache, even while the first attempt is still running.
+  the cache, even while the first attempt is still running. Its byte budget counts each
+  entry whole (`replay_entry_bytes`: key, digest, answer and a fixed overhead), so small
+  answers under long ids cannot grow it past its budget.
+- `check_request_id(text)` refuses (`InvalidInputError`, 400, before the body is read) a
+  request id longer than `MAX_REQUEST_ID_CHARS` or outside `[A-Za-z0-9._:-]`.
 - `RunCheck.check(tenant, run)` refuses a `RunRef` that does not name a registered run of its
   org and play with that epoch (`ConflictError`, before the action runs, so nothing is
   written); a write naming a run by scope alone (`RunScope`, `MapScope`: staging, the outbox)
@@ -29,6 +33,8 @@ import functools
 import hashlib
 import json
 import math
+import re
+import sys
 from typing import Any, Awaitable, Callable, Mapping
 
 import attrs
@@ -44,6 +50,24 @@ REPLAY_TTL_S = 900.0
 REPLAY_MAX_BYTES = 256 * 1024 * 1024
 RUN_CHECK_ENTRIES = 100_000
 LOG_TEXT_CHARS = 120
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_REQUEST_ID_CHARS)
+REPLAY_ENTRY_OVERHEAD = 400  # bytes of an entry besides its texts: tuples, dict slot, floats
+
+
+def check_request_id(text: str) -> None:
+    """Refuse a request id past `MAX_REQUEST_ID_CHARS` or outside `[A-Za-z0-9._:-]`."""
+    if _REQUEST_ID.fullmatch(text) is None:
+        raise InvalidInputError(
+            f"the request id must be 1 to {MAX_REQUEST_ID_CHARS} characters of [A-Za-z0-9._:-] "
+            f"(got {len(text)} characters)")
+
+
+def replay_entry_bytes(key: tuple, digest: bytes, body: bytes) -> int:
+    """What one replay-cache entry holds, in bytes: its key's texts, digest and answer, plus
+    a fixed overhead for the containers."""
+    texts = sum(sys.getsizeof(part) for part in key if isinstance(part, str))
+    return REPLAY_ENTRY_OVERHEAD + texts + len(digest) + len(body)
 
 
 def _refuse_constant(text: str) -> Any:
@@ -126,12 +150,12 @@ class ReplayCache:
         now = trio.current_time()
         old = self._done.pop(key, None)
         if old is not None:
-            self._bytes -= len(old[2])
+            self._bytes -= replay_entry_bytes(key, old[1], old[2])
         self._done[key] = (now + self.ttl_s, digest, body)
-        self._bytes += len(body)
+        self._bytes += replay_entry_bytes(key, digest, body)
         while self._done and (self._bytes > self.max_bytes or next(iter(self._done.values()))[0] < now):
-            _, (_, _, dropped) = self._done.popitem(last=False)
-            self._bytes -= len(dropped)
+            dropped_key, (_, dropped_digest, dropped) = self._done.popitem(last=False)
+            self._bytes -= replay_entry_bytes(dropped_key, dropped_digest, dropped)
 
     async def run(self, key: tuple, digest: bytes, compute: Callable[[], Awaitable[bytes]]) -> bytes:
         """The cached answer for `key` (when `digest` matches), or `await compute()` (stored
@@ -202,8 +226,13 @@ def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScop
 
 def named_run_ids(kwargs: Mapping[str, Any]) -> list[str]:
     """Every run id an action's decoded inputs name (a `RunRef`, a `RunScope` or `MapScope`'s
-    run, a `run_id` argument such as `sheets.read_rows`'), for a token's `runs` claim."""
+    run, a `run_id` argument such as `sheets.read_rows`', each of a `run_ids` list such as
+    `history.list_maps`', `outbox.get_many`' and `sheets.run_rows`'), for a token's `runs`
+    claim."""
     found = [run.run_id for run in named_runs(kwargs, True)]
     if isinstance(kwargs.get("run_id"), str):
         found.append(kwargs["run_id"])
+    listed = kwargs.get("run_ids")
+    if isinstance(listed, (list, tuple)):
+        found.extend(run_id for run_id in listed if isinstance(run_id, str))
     return found

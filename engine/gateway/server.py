@@ -13,12 +13,17 @@ How it works
 - A request is refused, in this order and before any query: a declared body over the limit
   (413); a missing, invalid or expired token (401); an unknown action, or an array-input action
   on a server started with `array_actions=False` (400 `unsupported_action`); an action the
-  token's `actions` claim does not allow (403); a body that grows past the limit while it is
-  read (413, the rest is never read); a malformed input (400: strict JSON, values bounded to
+  token's `actions` claim does not allow (403); a request id header past 128 characters or
+  outside `[A-Za-z0-9._:-]` (400); a body that grows past the limit while it is read (413, the
+  rest is never read); a malformed input (400: strict JSON, values bounded to
   what the database holds, see `guards` and `codecs`); a scope whose org or play the token does
   not allow (403); a run (a `RunRef`, a `RunScope` or `MapScope`'s run, a `run_id` argument)
-  that the token's `runs` claim, when it has one, does not list (403); a run (`RunRef`) that is not registered for that org and play with that
-  epoch (409, `guards.RunCheck`). Only then does the action run, against the tenant of the token's
+  that the token's `runs` claim, when it has one, does not list (403), and likewise any run of
+  a `run_ids` list; a run (`RunRef`) that is not registered for that org and play with that
+  epoch (409, `guards.RunCheck`). An action that finds or lists runs by something else (an
+  epoch, a play: `outbox.claim_due`, `runs.by_epoch`, `runs.list_runs`, `history.live_maps`,
+  `shared_maps.live_maps`, `shared_maps.units_remaining`) is handed the token's `runs` claim as
+  `only_runs` and keeps to those runs. Only then does the action run, against the tenant of the token's
   org (opened on first use, then kept), with the action's server-side deadline (admission 30 s,
   completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
   answered 503, so a client that gave up and retried never races a write of its earlier attempt.
@@ -254,6 +259,9 @@ class Server:
         if spec is None or (not self.array_actions and name.startswith("array_input.")):
             raise Refusal(f"Unsupported action: {name}", *protocol.UNSUPPORTED_ACTION)
         claims.check_action(name)
+        request_id = headers.get(protocol.REQUEST_ID_HEADER)
+        if request_id:  # an empty header is no id (nothing to replay)
+            guards.check_request_id(request_id)  # bounded before the body is even read
         raw = await self._read_body(receive)
         kwargs, skipped = await self._decode(spec, raw)
         org, play = scope_of(kwargs)
@@ -265,7 +273,7 @@ class Server:
             claims.check_target(name, org, play)
         for run_id in guards.named_run_ids(kwargs):  # a token's runs claim, before any query
             claims.check_run(name, run_id)
-        context = {"claims": claims, "session_dsn": self.session_dsn}
+        context = {"claims": claims, "session_dsn": self.session_dsn, "only_runs": claims.runs}
         kwargs.update({param: context[param] for param in spec.context})
         tenant = await self._tenant(claims.org)
 
@@ -288,7 +296,6 @@ class Server:
             return await trio.to_thread.run_sync(encode_result, spec, result, skipped, rows_by_key,
                                                  limiter=self._decoding)
 
-        request_id = headers.get(protocol.REQUEST_ID_HEADER)
         if spec.writes and request_id:
             digest = guards.request_digest(raw, claims, "by-key" if rows_by_key else "")
             return await self.replay.run((claims.org, play, name, request_id), digest, compute)

@@ -8,6 +8,10 @@ How it works
   `TokenClaims`, or raises `AuthError` (HTTP 401). Messages never contain the token.
   `VerifiedTokens` (the server's) remembers the tokens it verified, checking only expiry on a
   repeat.
+- Clock skew: a token minted on a host whose clock runs ahead carries `iat` (and maybe `nbf`)
+  in our future. Both are accepted up to a leeway ahead of our clock (`leeway_s`; default
+  `RUNPLANE_TOKEN_LEEWAY_S` from the environment, else `DEFAULT_LEEWAY_S`). `exp` never gets
+  a leeway: a token is expired once our clock reaches its `exp`.
 - `TokenClaims.check_action(action)` and `check_target(action, org, play)` raise `ScopeError`
   (HTTP 403) naming the claim that does not allow the request. `plays` and `actions` hold
   exact names, `"*"` (anything), or for actions a family such as `"receipts.*"`. An action
@@ -23,6 +27,7 @@ This module does no I/O.
 from __future__ import annotations
 
 import math
+import os
 import time
 import uuid
 from typing import Iterable
@@ -35,6 +40,29 @@ from ..errors import AuthError, InvalidInputError, ScopeError
 
 ALGORITHM = "HS256"
 REQUIRED_CLAIMS = ("org", "plays", "actions", "exp", "iat", "jti")
+LEEWAY_ENV = "RUNPLANE_TOKEN_LEEWAY_S"
+DEFAULT_LEEWAY_S = 30.0
+MAX_LEEWAY_S = 3600.0
+
+
+def token_leeway_s(value: object = None) -> float:
+    """The clock-skew leeway for `iat`/`nbf`: `value` when given, else `RUNPLANE_TOKEN_LEEWAY_S`
+    from the environment, else `DEFAULT_LEEWAY_S`; `InvalidInputError` naming where it came
+    from unless it is a number of seconds from 0 to `MAX_LEEWAY_S`."""
+    where = "leeway_s"
+    if value is None:
+        text = os.environ.get(LEEWAY_ENV, "").strip()
+        if not text:
+            return DEFAULT_LEEWAY_S
+        where = LEEWAY_ENV
+        try:
+            value = float(text)
+        except ValueError:
+            raise InvalidInputError(f"{LEEWAY_ENV} must be a number of seconds, got {text!r}") from None
+    if not is_number(value, 0, MAX_LEEWAY_S):
+        raise InvalidInputError(f"{where} must be a number of seconds from 0 to {MAX_LEEWAY_S:g}, "
+                                f"got {value!r}")
+    return float(value)
 
 
 def _names(value: object, claim: str) -> tuple[str, ...]:
@@ -112,27 +140,37 @@ class TokenClaims:
             raise ScopeError(f"the token's runs claim does not allow run {run_id!r} for {action}")
 
 
-def verify_token(secret: str, token: str | None) -> TokenClaims:
-    """The token's claims, or `AuthError` when it is missing, invalid or expired."""
+def verify_token(secret: str, token: str | None, *, leeway_s: float | None = None) -> TokenClaims:
+    """The token's claims, or `AuthError` when it is missing, invalid or expired; `iat` and
+    `nbf` may be up to `leeway_s` ahead of our clock (see the module docstring), `exp` not."""
     if not token:
         raise AuthError("missing bearer token (Authorization: Bearer TOKEN)")
-    try:
-        claims = jwt.decode(token, secret, algorithms=[ALGORITHM],
-                            options={"require": list(REQUIRED_CLAIMS)})
-    except jwt.ExpiredSignatureError:
-        raise AuthError("the token has expired") from None
+    leeway = token_leeway_s(leeway_s)
+    try:  # PyJWT's leeway would also extend `exp`: expiry is checked below, without one
+        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], leeway=leeway,
+                            options={"require": list(REQUIRED_CLAIMS), "verify_exp": False})
     except jwt.InvalidTokenError as exc:
         raise AuthError(f"invalid token: {type(exc).__name__}") from None
     try:
         if not isinstance(claims["org"], str) or not claims["org"]:
             raise InvalidInputError("org")
         runs = claims.get("runs")
-        return TokenClaims(claims["org"], _names(claims["plays"], "plays"),
-                           _names(claims["actions"], "actions"), int(claims["exp"]),
-                           int(claims["iat"]), str(claims["jti"]),
-                           None if runs is None else _names(runs, "runs"))
-    except (InvalidInputError, TypeError, ValueError):
+        verified = TokenClaims(claims["org"], _names(claims["plays"], "plays"),
+                               _names(claims["actions"], "actions"), _timestamp(claims["exp"]),
+                               _timestamp(claims["iat"]), str(claims["jti"]),
+                               None if runs is None else _names(runs, "runs"))
+    except (InvalidInputError, TypeError, ValueError, OverflowError):
         raise AuthError("invalid token: malformed claims") from None
+    if verified.exp <= time.time():
+        raise AuthError("the token has expired")
+    return verified
+
+
+def _timestamp(value: object) -> int:
+    """A NumericDate claim as whole seconds (`TypeError` for anything but a finite number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("a time claim must be a number")
+    return int(value)
 
 
 @attrs.define(eq=False)
@@ -144,12 +182,13 @@ class VerifiedTokens:
 
     secret: str = attrs.field(repr=False)
     capacity: int = 1024
+    leeway_s: float = attrs.field(default=None, converter=token_leeway_s)  # read once, at start
     _known: dict[str, TokenClaims] = attrs.field(init=False, factory=dict, repr=False)
 
     def verify(self, token: str | None) -> TokenClaims:
         claims = self._known.pop(token, None) if token else None
         if claims is None or claims.exp <= time.time():
-            claims = verify_token(self.secret, token)
+            claims = verify_token(self.secret, token, leeway_s=self.leeway_s)
             if len(self._known) >= self.capacity:
                 del self._known[next(iter(self._known))]
         assert token is not None

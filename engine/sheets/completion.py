@@ -10,7 +10,14 @@ How it works
   `sheet_column_summary` by cell-meta status transition) — a CTE over unnest of arrays:
     * `_write_version` newer than ours → fenced `stale_write_version`; older → `unadmitted`;
     * with an attempt, a row leased to another attempt → `attempt_superseded` (our own lease
-      still counts as ours after it expired);
+      still counts as ours after it expired); without one, a row of a shared-map unit leased
+      now (`engine.shared_leases`) → `attempt_superseded` too, and such a row missing by key
+      is not inserted at its input index: only the unit's holder (whose attempt the rows
+      carry) writes them. That fence reads the run's units in the same statement (one key
+      probe), on a login that reads them (`reads_unit_leases`);
+    * an outcome naming a field the row stores as an input (a value without cell meta: only
+      completions write cell meta) → `input_field`, whatever contract the request sent (the
+      request's contract alone could omit the input and call it an output);
     * a failed outcome for an `enriched` row → `already_completed`, unless `force_failed`: then
       it applies, and every output it marks becomes a failed cell (completed ones included);
     * otherwise applied: completed → `enriched`, the data keys present patched, cell meta of
@@ -30,7 +37,8 @@ How it works
   the statement is one fenced UPDATE per chunk returning the old status and cell meta
   (`RETURNING old.*`); older servers read the rows first and update from that snapshot.
 - An outcome whose data holds a field named like one of the contract's inputs is refused with
-  `InvalidInputError` before any query (it would write over the input cell, and the row would
+  `InvalidInputError` before any query (and one naming a field the stored row holds as an
+  input is fenced `input_field` by the statement, above) (it would write over the input cell, and the row would
   then look completed for its original key); a map fails such a row alone instead
   (`input_fields_problem`).
 - Keys that no row has are repaired afterwards (never in the exact-key statement, so the common
@@ -112,6 +120,14 @@ def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[A
         checked.add(outcome.data_keys)
 
 
+def reads_unit_leases(port: Port) -> bool:
+    """Whether the port's login reads the shared maps' unit leases, so that a write without
+    an attempt is fenced on their rows: a login that reads the schema's lock secret reads every
+    runplane table (the owner's, the gateway's). A database session reads neither; it may
+    write its sheet's rows by hand anyway, so a fence in its statements would bind nothing."""
+    return getattr(port, "lock_secret", None) is not None
+
+
 def _json_array(texts: list[str]) -> str:
     """JSON texts as the text of one JSON array."""
     return "[" + ",".join(texts) + "]"
@@ -176,6 +192,7 @@ class _Writer:
     base_fields: list[str]
     clock: PhaseClock
     force_failed: bool = False
+    units: bool = False  # fence rows of shared-map units leased now (a write without attempt)
     sheet: SheetTxn | None = None  # set by each transaction attempt
 
     def _chunk(self, chunk: list[PreparedOutcome], *, indexes: bool = False) -> OutcomeChunk:
@@ -203,7 +220,7 @@ class _Writer:
             attrs.evolve(self._chunk(chunk), keys=keys), self.base_fields, failed=failed,
             force_failed=failed and self.force_failed,
             returning_old=self.sheet.server_version >= RETURNING_OLD_SINCE,
-            concurrent=self.sheet.concurrent,
+            concurrent=self.sheet.concurrent, units=self.units,
         )
         record = await self.clock.measure(phase, conn.fetchrow(statement.sql, *statement.args))
         tally.chunks += 1
@@ -254,15 +271,18 @@ class _Writer:
             assert self.sheet is not None
             statement = insert_statement(self.port, self.layout, self.write, self.sheet.columns,
                                          self._chunk(chunk, indexes=True), self.base_fields,
-                                         concurrent=self.sheet.concurrent)
+                                         concurrent=self.sheet.concurrent, units=self.units)
             record = await self.clock.measure("insert_missing",
                                               conn.fetchrow(statement.sql, *statement.args))
             tally.chunks += 1
             inserted = set(record["inserted_keys"] or ())
+            leased = set(record["leased_keys"] or ())
             tally.updated += len(inserted)
             for o in chunk:
                 if o.key in inserted:
                     tally.committed.add(o.key)
+                elif o.key in leased:  # its index is a row of a unit another holder leases
+                    tally.fenced[o.key] = FencedRow(o.key, "attempt_superseded", None)
                 else:  # a concurrent writer cannot interleave; kept for completeness
                     tally.fenced[o.key] = FencedRow(o.key, "missing", None)
 
@@ -333,7 +353,8 @@ async def _complete_here(
     base_fields = sorted(set(contract.outputs) | (data_fields - inputs))
     layout = layout_for(port, run.scope.play_scope, namespace)
     clock = PhaseClock()
-    writer = _Writer(port, layout, write, base_fields, clock, force_failed)
+    writer = _Writer(port, layout, write, base_fields, clock, force_failed,
+                     units=write.attempt is None and reads_unit_leases(port))
     completed = [o for o in prepared if not o.failed]
     failed = [o for o in prepared if o.failed]
     all_keys = [o.key for o in prepared]

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import attrs
 
-from ..ports import Port, sequence_literal
+from ..ports import Port, sequence_literal, table
 
 from .counters import column_update, summary_update
 from .layout import SheetColumns, SheetLayout
@@ -64,6 +64,7 @@ class _Names:
     cols: list[tuple[str, str]]   # (physical column, bind naming its field) per data field
     counted: list[str]            # binds naming the fields whose cell counters may move
     concurrent: bool = False      # counter deltas to this backend's delta rows (`counters`)
+    units: bool = False           # fence rows of shared-map units leased now (`leased_units`)
 
 
 def _names(binds: BindParams, layout: SheetLayout, write: SheetWrite, chunk: OutcomeChunk,
@@ -205,12 +206,51 @@ def _policy_sets(n: _Names, failed: bool) -> str:
             f" _failed_epoch = {n.version}")
 
 
-def _fence(n: _Names, already: str) -> str:
-    """Why a row was not applied (NULL when it may be): `s` is its stored state."""
+def stored_input(n: _Names, row: str, source: str) -> str:
+    """True when the outcome `source` (an alias with `data`) names a field that the stored row
+    `row` holds as an input: a value without a cell-meta entry. Only a completion writes cell
+    meta, for every field it writes; admission stores the input cells without any. So the row
+    itself says which of its fields are inputs, whatever contract the request sent."""
+    clashes = [f"({source}.data ? {name} AND {row}.{col} IS NOT NULL"
+               f" AND NOT ({row}._cell_meta ? {name}))" for col, name in n.cols]
+    return "(" + " OR ".join(clashes) + ")" if clashes else "false"
+
+
+def leased_units(port: Port, n: _Names) -> str:
+    """The CTE `leased`: the input-index ranges [low, high) of our run's shared-map units that
+    are leased now (not done, lease not expired, map open) in this sheet. A write without an
+    attempt is fenced on their rows (`in_leased_unit`): only the unit's holder, whose
+    admission gave the rows its attempt, may write them. One probe of `shared_units` by its
+    key prefix (org, play, run) per statement, nothing per row when the run shares no map."""
+    return f"""
+leased AS MATERIALIZED (
+    SELECT u.low, u.low + u.row_count AS high
+      FROM {table(port, "shared_units")} AS u
+      JOIN {table(port, "shared_maps")} AS m
+        ON m.org_id = u.org_id AND m.play = u.play AND m.run_id = u.run_id
+       AND m.map_invocation_id = u.map_invocation_id
+     WHERE u.org_id = {n.org} AND u.play = {n.play} AND u.run_id = {n.run_id}
+       AND NOT u.done AND u.expires_at > now()
+       AND m.state = 'open' AND m.table_namespace = {n.namespace}
+),"""
+
+
+def in_leased_unit(n: _Names, index: str) -> str:
+    """True when input index `index` is a row of a unit in `leased` (false without that CTE)."""
+    if not n.units:
+        return "false"
+    return f"EXISTS (SELECT 1 FROM leased AS l WHERE {index} >= l.low AND {index} < l.high)"
+
+
+def _fence(n: _Names, already: str, source: str = "i") -> str:
+    """Why a row was not applied (NULL when it may be): `s` is its stored state, `source` the
+    outcome."""
     return f"""CASE WHEN s._write_version > {n.version} THEN 'stale_write_version'
                 WHEN s._write_version < {n.version} THEN 'unadmitted'
                 WHEN {n.attempt_id} IS NOT NULL AND s._attempt_id IS NOT NULL
                      AND s._attempt_id <> {n.attempt_id} THEN 'attempt_superseded'
+                WHEN {in_leased_unit(n, "s._input_index")} THEN 'attempt_superseded'
+                WHEN {stored_input(n, "s", source)} THEN 'input_field'
                 {already}
            END"""
 
@@ -231,7 +271,7 @@ def _chunk_result(classified: str) -> str:
 def exact_statement(
     port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
     chunk: OutcomeChunk, base_fields: Sequence[str], *, failed: bool, force_failed: bool,
-    returning_old: bool, concurrent: bool = False,
+    returning_old: bool, concurrent: bool = False, units: bool = False,
 ) -> Statement:
     """The exact-key statement of one chunk.
 
@@ -239,6 +279,8 @@ def exact_statement(
     not completed it); the cell counters of `chunk.counted` may move.
     With `force_failed` a failed outcome also applies to an enriched row, and every output it
     marks becomes a failed cell (completed ones included).
+    With `units` (a write without an attempt) rows of shared-map units leased now are fenced
+    `attempt_superseded` (`leased_units`).
     Rows are looked up one index probe per key (a LATERAL with LIMIT), so a chunk never scans
     the sheet whatever the planner believes about its size; the UPDATE's only condition on the
     sheet alone is the key (the version fence compares with `cur`, whose unfenced rows have
@@ -248,7 +290,7 @@ def exact_statement(
     n = _names(binds, layout, write, chunk, base_fields)
     errors = binds.add(chunk.errors, "text[]")
     attempts = binds.add(chunk.attempts, "integer[]")
-    n = attrs.evolve(_field_binds(binds, n, column, chunk), concurrent=concurrent)
+    n = attrs.evolve(_field_binds(binds, n, column, chunk), concurrent=concurrent, units=units)
     target = RowStatus.FAILED if failed else RowStatus.ENRICHED
     build = _exact_returning_old if returning_old else _exact
     return binds.statement(build(port, layout, n, errors, attempts, target, failed, force_failed))
@@ -291,7 +333,7 @@ WITH input AS MATERIALIZED (
       FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
                       unnest({errors}), unnest({attempts}))
            WITH ORDINALITY AS u(key, data, meta, error, attempts, ord)
-),{_base_meta(n, failed)},
+),{leased_units(port, n) if n.units else ""}{_base_meta(n, failed)},
 cur AS MATERIALIZED (
     SELECT i.ord, i.key, i.data, i.error, i.attempts, s._key IS NOT NULL AS found,
            s._status AS prev_status, s._write_version AS prev_version,
@@ -339,10 +381,11 @@ def _exact_returning_old(port: Port, layout: SheetLayout, n: _Names, errors: str
         for col, name in n.cols
     )
     not_enriched = "AND t._status <> c.kept_status" if failed and not force_failed else ""
+    stored = "".join(f", {col}" for col, _ in n.cols)
     new_error = "c.error" if failed else "NULL::text"
     new_meta = _new_meta(target, row="t", patch="c.patch", force_failed=force_failed)
     return f"""
-WITH {_base_meta(n, failed).strip()},
+WITH {leased_units(port, n).strip() if n.units else ""}{_base_meta(n, failed)},
 source AS MATERIALIZED (
     SELECT i.key, i.data, i.error, i.attempts, i.ord, {_PATCH} AS patch,
            {n.version} AS our_version, {n.attempt_id} AS our_attempt,
@@ -360,6 +403,7 @@ applied AS (
       FROM source c
      WHERE t._key = c.key AND t._write_version = c.our_version
        AND (c.our_attempt IS NULL OR t._attempt_id IS NULL OR t._attempt_id = c.our_attempt)
+       AND NOT {stored_input(n, "t", "c")} AND NOT {in_leased_unit(n, "t._input_index")}
        {not_enriched}
        AND (t._status IS DISTINCT FROM {target.sql} OR t._error IS DISTINCT FROM {new_error}{data_changed}
             OR {new_meta} IS DISTINCT FROM t._cell_meta)
@@ -370,8 +414,9 @@ rest AS MATERIALIZED (
     SELECT i.ord, s._key IS NOT NULL AS found, s._write_version AS prev_version,
            {_fence(n, _already(failed, force_failed))} AS fence
       FROM source i
-      LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id FROM {t} AS s
-                          WHERE s._key = i.key LIMIT 1) AS s ON true
+      LEFT JOIN LATERAL (SELECT _key, _status, _write_version, _attempt_id, _input_index,
+                                _cell_meta{stored}
+                           FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
      WHERE (SELECT count(*) FROM applied) < (SELECT count(*) FROM source)
 )
 {_chunk_result("rest")}"""
@@ -380,15 +425,18 @@ rest AS MATERIALIZED (
 def insert_statement(
     port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
     chunk: OutcomeChunk, base_fields: Sequence[str], *, concurrent: bool = False,
+    units: bool = False,
 ) -> Statement:
     """Insert completed outcomes whose rows are missing, as `enriched` rows of our version
-    (`chunk.indexes` their input indexes), every output of `base_fields` marked completed."""
+    (`chunk.indexes` their input indexes), every output of `base_fields` marked completed;
+    with `units`, not at the input index of a row of a shared-map unit leased now (those keys
+    come back as `leased_keys`)."""
     binds = BindParams()
     n = _names(binds, layout, write, chunk, base_fields)
     indexes = binds.add(chunk.indexes, "bigint[]")
     seq = binds.add(write.attempt.seq if write.attempt else None, "integer")
     attempts = binds.add(chunk.attempts, "integer[]")
-    n = attrs.evolve(_field_binds(binds, n, column, chunk), concurrent=concurrent)
+    n = attrs.evolve(_field_binds(binds, n, column, chunk), concurrent=concurrent, units=units)
     t = layout.qualified
     insert_cols = "".join(f", {col}" for col, _ in n.cols)
     insert_vals = "".join(f", i.data -> {name}" for _, name in n.cols)
@@ -398,13 +446,14 @@ WITH input AS MATERIALIZED (
       FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
                       unnest({indexes}), unnest({attempts}))
            WITH ORDINALITY AS u(key, data, meta, idx, attempts, ord)
-),{_base_meta(n, False)},
+),{leased_units(port, n) if units else ""}{_base_meta(n, False)},
 inserted AS (
     INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
                      _attempt_seq, _attempts, _cell_meta{insert_cols})
     SELECT i.key, {RowStatus.ENRICHED.sql}, {n.run_id}, {n.version}, i.idx, {n.attempt_id}, {seq},
            coalesce(i.attempts, 1), {_PATCH}{insert_vals}
       FROM input i CROSS JOIN base b
+     WHERE NOT {in_leased_unit(n, "i.idx")}
     ON CONFLICT (_key) DO NOTHING
     RETURNING _key, _cell_meta
 ),
@@ -413,6 +462,7 @@ moved AS MATERIALIZED (
       FROM inserted
 ),{_counters(port, n, "moved", RowStatus.ENRICHED)}
 SELECT (SELECT array_agg(_key) FROM inserted) AS inserted_keys,
+       (SELECT array_agg(i.key) FROM input i WHERE {in_leased_unit(n, "i.idx")}) AS leased_keys,
        (SELECT count(*) FROM summary) + (SELECT count(*) FROM column_summary) AS counter_rows
 """)
 
