@@ -15,6 +15,10 @@ How it works
 - A list whose rows are all distinct is published `concurrent` (checked while it is staged):
   the workers' unit writes then do not wait for each other's (`engine.sheets.sheet_txn`); a
   list with a repeated row is written by one worker at a time, as any sheet.
+- While it waits, a map that has had no live worker of its play (one seen within the map's
+  lease) for `NO_WORKER_WARN_S` gets a warning line naming the org and play workers must
+  serve, then one every `NO_WORKER_REPEAT_S` (`_WorkerWatch`): a worker started for another
+  play or org would otherwise leave the run waiting in silence.
 - It then polls the map until every unit is done and closes it `done`; its `MapResult` is the
   sum of the counters the workers recorded with each unit's done mark (in the transaction of
   the unit's last completion), so it is exact whoever ran the rows. If every local worker
@@ -35,6 +39,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
+import attrs
 import trio
 
 from runplane.engine import array_input, sheets
@@ -56,6 +61,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("runplane.actors")
 
 JOIN_WAIT_S = 10.0
+NO_WORKER_WARN_S = 30.0
+NO_WORKER_REPEAT_S = 60.0
+WORKER_CHECK_S = 1.0  # how often the coordinator looks for live workers
 POLL_S = 0.05  # how often the coordinator reads its map's progress (one short read)
 CLOSE_DEADLINE_S = 5.0
 STOP_WORKERS_S = 5.0
@@ -180,7 +188,8 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
                     await wait_for_workers(run, map_invocation_id, workers)
                 await retry_transient(lambda: sm.set_state(
                     run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
-                status = await _wait_done(run, map_invocation_id, processes if not shared else [])
+                status = await _wait_done(run, map_invocation_id,
+                                          processes if not shared else [], lease_s)
                 finished = True
                 await retry_transient(lambda: sm.set_state(
                     run.port, run.ref, map_invocation_id, sm.DONE, sm.LIVE))
@@ -217,8 +226,44 @@ async def _keep_worker(command: list[str], env: dict[str, str],
                     await process.wait()
 
 
-async def _wait_done(run: Run, map_invocation_id: str,
-                     processes: list[trio.Process]) -> sm.MapStatus:
+@attrs.define(eq=False)
+class _WorkerWatch:
+    """Says when a shared map has had no live worker for a while (module docstring)."""
+
+    port: Port
+    play: str
+    map_name: str
+    lease_s: float
+    last_live: float = attrs.field(factory=trio.current_time)
+    next_check: float = 0.0
+    next_warning: float = attrs.field(init=False)
+    waiting: bool = False  # no live worker past NO_WORKER_WARN_S (what status shows)
+
+    def __attrs_post_init__(self) -> None:
+        self.next_warning = self.last_live + NO_WORKER_WARN_S
+
+    async def check(self) -> None:
+        now = trio.current_time()
+        if now < self.next_check:
+            return
+        self.next_check = now + WORKER_CHECK_S
+        seen = await retry_transient(lambda: sm.workers(self.port, self.play))
+        if any(w.seen_s_ago <= max(self.lease_s, 2 * WORKER_CHECK_S) for w in seen):
+            self.last_live, self.waiting = now, False
+            self.next_warning = now + NO_WORKER_WARN_S
+            return
+        if now >= self.next_warning:
+            self.waiting = True
+            self.next_warning = now + NO_WORKER_REPEAT_S
+            log.warning(
+                "shared map %s has had no live worker for %.0f s: start `runplane worker "
+                "PLAY.py` for org %r, play %r (its PLAY, or --play %s)", self.map_name,
+                now - self.last_live, self.port.org_id, self.play, self.play)
+
+
+async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Process],
+                     lease_s: float = sm.LEASE_S) -> sm.MapStatus:
+    watch = _WorkerWatch(run.port, run.play, f"{run.run_id}/{map_invocation_id}", lease_s)
     while True:
         status = await retry_transient(lambda: sm.map_status(
             run.port, run.ref, map_invocation_id))
@@ -233,6 +278,7 @@ async def _wait_done(run: Run, map_invocation_id: str,
             raise SharedMapError(
                 f"every local worker of shared map {map_invocation_id!r} exited (status "
                 f"{', '.join(map(str, codes))}) with {status.units - status.done} units not done")
+        await watch.check()
         await trio.sleep(POLL_S)
 
 

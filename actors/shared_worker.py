@@ -8,13 +8,14 @@ How it works
   (`actors.shared_service.MapWorker`: claims, admissions, runners, batches of completions,
   renewals). With `exit_when_idle` it waits up to `idle_wait_s` for a map to appear and
   returns once no waiting or open map of the play has a unit not done; otherwise it runs
-  until cancelled.
+  until cancelled. `notify` receives one line as it joins each map and one as it leaves it.
 - Store calls ride out an outage for the port's outage budget (`actors.retry`), then the
   worker ends with `StoreOutageError`; its leases expire and other workers take them.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import trio
@@ -52,6 +53,7 @@ def worker_plan(port: Port, shared: sm.SharedMap, fn: Callable[..., Any],
 async def serve_play(port: Port, play: str, play_file: str, *, concurrency: int | None = None,
                      exit_when_idle: bool = False, idle_wait_s: float = IDLE_WAIT_S,
                      poll_s: float = POLL_S, renew_s: float | None = None,
+                     notify: Callable[[str], None] = lambda line: None,
                      task_status=trio.TASK_STATUS_IGNORED) -> int:
     """Serve the play's shared maps (see the module docstring); the units this worker ran."""
     loaded = PlayFile.load(play_file)
@@ -74,7 +76,12 @@ async def serve_play(port: Port, play: str, play_file: str, *, concurrency: int 
                 plan = worker_plan(port, shared, fn, concurrency)
                 worker = MapWorker(port, worker_id, shared, plan, limiter,
                                    renew_s if renew_s is not None else shared.lease_s / 3)
-                units += await worker.serve()
+                where = (f"shared map {name} (table {shared.table_namespace!r}) of org "
+                         f"{port.org_id!r}, play {play!r}")
+                notify(f"worker {os.getpid()}: joined {where}")
+                served = await worker.serve()
+                units += served
+                notify(f"worker {os.getpid()}: left {where} after {served} units")
             if exit_when_idle:
                 seen = seen or bool(maps)
                 if not maps and (seen or trio.current_time() - started > idle_wait_s):

@@ -3,9 +3,11 @@
 The worker connects like every command (`--dsn` / `RUNPLANE_DSN`, `--org`, `--schema`; or
 `--gateway URL` with the token in `RUNPLANE_TOKEN`, and `--db-sessions`), loads the play file, and serves the play's shared maps (`actors.shared_worker.serve_play`) until
 interrupted, or with `--exit-when-idle` until no waiting or open shared map of the play has a
-unit not done (waiting up to 60 s for one to appear). The play name is the file's `PLAY`, else
-its stem, unless `--play` says otherwise. A play file that differs from the one a map was
-published with, or that lacks its function, is refused with one line naming both (exit 1).
+unit not done (waiting up to 60 s for one to appear). The play is resolved exactly as
+`runplane run` resolves it (the file is imported: `PLAY` may be computed, else the file's stem),
+unless `--play` says otherwise. The worker prints one line naming the org, play and shared map
+it joins, and one as it leaves it. A play file that differs from the one a map was published
+with, or that lacks its function, is refused with one line naming both (exit 1).
 """
 
 from __future__ import annotations
@@ -46,38 +48,26 @@ async def show_workers(port, play: str) -> None:
                 f"(seen {worker.seen_s_ago:.0f} s ago)")
 
 
-def play_name_of(path: str) -> str:
-    """The play name a file declares (`PLAY = "..."` at the top level), else its stem."""
-    import ast
-
-    file = Path(path)
-    try:
-        tree = ast.parse(file.read_bytes())
-    except (OSError, SyntaxError):
-        return file.stem
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "PLAY"
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            return node.value.value
-    return file.stem
-
-
 @command("worker", "join the open shared maps of a play and run their rows")(_worker_options)
 def worker(args: argparse.Namespace) -> int:
+    from runplane.actors.shared_config import PlayFile
     from runplane.actors.shared_worker import serve_play
 
     if not Path(args.play_file).is_file():
         raise UsageError(f"{args.play_file}: no such file")
     if args.dsn is None and "RUNPLANE_DSN" in os.environ:
         args.dsn = os.environ["RUNPLANE_DSN"]
-    play = args.play_name or play_name_of(args.play_file)
+    # As `runplane run` resolves it: the imported file's `PLAY` (it may be computed), else its
+    # stem. The import is the one the worker serves with (`PlayFile.load` keeps it).
+    play = args.play_name or str(getattr(PlayFile.load(args.play_file).module, "PLAY",
+                                         Path(args.play_file).stem))
 
     async def main() -> int:
         async with open_port(args) as tenant:
+            say(f"worker {os.getpid()}: serving org {tenant.org_id!r}, play {play!r}")
             units = await serve_play(tenant, play, args.play_file,
                                      concurrency=args.concurrency,
-                                     exit_when_idle=args.exit_when_idle)
+                                     exit_when_idle=args.exit_when_idle, notify=say)
         say(f"worker {os.getpid()}: {units} units done")
         return 0
 

@@ -1,0 +1,16 @@
+"""A play file whose play name is computed, as a user's may be (`os.environ.get(...)`)."""
+
+import os
+
+import trio
+
+PLAY = os.environ.get("RUNPLANE_TEST_COMPUTED_PLAY", "computed-" + "name")
+
+
+async def double(row):
+    await trio.sleep(0)
+    return {"double": row["n"] * 2}
+
+
+async def play(run, rows):
+    await run.map("nums", rows, double)

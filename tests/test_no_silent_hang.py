@@ -1,0 +1,87 @@
+"""No silent hang: a worker resolves its play as `runplane run` does and says what it joins; a
+shared map without a live worker says so."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from runplane.actors import open_run
+from runplane.actors import shared_map as shared_map_module
+from runplane.actors.shared_worker import serve_play
+from runplane.engine.sheets import SheetContract
+
+from .cli_helpers import cli_env
+from .plays.computed_play import PLAY as COMPUTED_PLAY
+from .plays.computed_play import double
+
+PLAY_FILE = Path(__file__).parent / "plays" / "computed_play.py"
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACT = SheetContract(("n",), ("double",))
+
+
+async def test_a_worker_serves_a_play_whose_name_the_file_computes_and_says_so(tenant, dsn):
+    """Was: the worker parsed only a literal `PLAY = "..."`, served the file's stem, printed
+    `0 units done` after 60 s and exited 0 while the map waited."""
+    assert COMPUTED_PLAY == "computed-name" != PLAY_FILE.stem
+    env = cli_env(RUNPLANE_DSN=dsn, RUNPLANE_SCHEMA=tenant.schema, RUNPLANE_ORG=tenant.org_id)
+    worker = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "runplane.cli", "worker", str(PLAY_FILE), "--exit-when-idle"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, cwd=ROOT)
+    out = bytearray()
+
+    async def read() -> None:
+        async for chunk in worker.stdout:
+            out.extend(chunk)
+
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                async with open_run(tenant, COMPUTED_PLAY) as run:
+                    result = await run.map("nums", [{"n": i} for i in range(50)], double,
+                                           contract=CONTRACT, shared=True)
+                await worker.wait()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+    assert result.completed == 50
+    lines = out.decode().splitlines()
+    assert any(f"org {tenant.org_id!r}, play 'computed-name'" in line and "serving" in line
+               for line in lines), lines
+    joined = [line for line in lines if "joined shared map" in line]
+    left = [line for line in lines if "left shared map" in line]
+    assert len(joined) == 1 and len(left) == 1, lines
+    assert f"of org {tenant.org_id!r}, play 'computed-name'" in joined[0]
+    assert "table 'nums'" in joined[0]
+
+
+async def test_a_shared_map_with_no_live_worker_says_which_org_and_play_need_one(
+        tenant, monkeypatch, caplog):
+    monkeypatch.setattr(shared_map_module, "NO_WORKER_WARN_S", 0.3)
+    monkeypatch.setattr(shared_map_module, "NO_WORKER_REPEAT_S", 0.5)
+    monkeypatch.setattr(shared_map_module, "WORKER_CHECK_S", 0.05)
+    caplog.set_level(logging.WARNING, logger="runplane.actors")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "no live worker" in r.getMessage()]
+
+    with trio.fail_after(60):
+        async with open_run(tenant, COMPUTED_PLAY) as run:
+            async with trio.open_nursery() as nursery:
+                async def coordinate() -> None:
+                    result = await run.map("nums", [{"n": i} for i in range(20)], double,
+                                           contract=CONTRACT, shared=True)
+                    assert result.completed == 20
+
+                nursery.start_soon(coordinate)
+                while len(warnings()) < 2:  # the first, then a repeat
+                    await trio.sleep(0.05)
+                await serve_play(tenant, COMPUTED_PLAY, str(PLAY_FILE), exit_when_idle=True)
+    first = warnings()[0]
+    assert f"org {tenant.org_id!r}" in first and "play 'computed-name'" in first
+    assert "runplane worker" in first
