@@ -63,6 +63,10 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-dsn", default=None, metavar="URL",
                         help="the postgresql:// address runners reach the database at, for the URLs "
                         "of database sessions (default: the gateway's own DSN)")
+    parser.add_argument("--forwarded-allow", action="append", default=[], metavar="HOST",
+                        help="a proxy (its IP address as this server sees it; repeatable or "
+                        "comma-separated; * for any) whose X-Forwarded-Proto and X-Forwarded-Host "
+                        "the console believes: its cookie is Secure when the proxy says https")
 
 
 @command("serve", "serve the runtime actions over HTTP (the gateway) until interrupted")(_serve_options)
@@ -84,6 +88,7 @@ def serve(args: argparse.Namespace) -> int:
                                body_limit=args.body_limit, array_actions=not args.no_array_actions,
                                log_interval_s=args.log_interval,
                                session_dsn=args.session_dsn) as server:
+            server.console.forwarded_allow = _forwarded_allow(args.forwarded_allow)
             actions = "off" if args.no_array_actions else "on"
             print(f"gateway listening on {server.url} (schema {args.schema}, body limit "
                   f"{server.body_limit:,} bytes, array actions {actions}; Ctrl-C to stop)", flush=True)
@@ -99,6 +104,11 @@ def serve(args: argparse.Namespace) -> int:
             raise
         raise CommandError(problem) from None
     return 0
+
+
+def _forwarded_allow(values: list[str]) -> tuple[str, ...]:
+    """`--forwarded-allow` values: each repeatable, each a comma-separated list of hosts."""
+    return tuple(host.strip() for value in values for host in value.split(",") if host.strip())
 
 
 def _token_options(parser: argparse.ArgumentParser) -> None:

@@ -58,7 +58,9 @@ async def client(url: str):
 
 
 async def login_token(http: httpx.AsyncClient, token: str) -> httpx.Response:
-    return await http.post("/ui/login", data={"token": token})
+    """Log in as a browser does from the console's own login page (`Origin`: the console)."""
+    origin = str(http.base_url).rstrip("/")
+    return await http.post("/ui/login", data={"token": token}, headers={"origin": origin})
 
 
 def cookie_header(response: httpx.Response) -> str:

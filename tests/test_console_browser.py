@@ -186,3 +186,24 @@ def test_the_console_commands_one_time_link_logs_in_once(world, browser, tmp_pat
         assert page.url.endswith("/ui/login")
     finally:
         again.close()
+
+
+def test_a_login_auto_submitted_from_another_site_is_refused(world, browser, tmp_path):
+    _, live = world
+    context = browser.new_context()
+    forged = (f'<form id="f" method="post" action="{live.url}/ui/login">'
+              f'<input name="token" value="{live.other_token}"></form>'
+              '<script>document.getElementById("f").submit()</script>')
+    context.route("http://attacker.example/**",
+                  lambda route: route.fulfill(body=forged, content_type="text/html"))
+    try:
+        page = context.new_page()
+        with page.expect_response(f"{live.url}/ui/login") as answer:
+            page.goto("http://attacker.example/")
+        assert answer.value.status == 403
+        page.screenshot(path=str(tmp_path / "forged-login.png"), full_page=True)
+        assert [c for c in context.cookies() if c["name"] == "runplane_console"] == []
+        page.goto(live.url + "/ui/")
+        assert page.url.endswith("/ui/login")  # the victim's browser holds no attacker session
+    finally:
+        context.close()

@@ -81,3 +81,37 @@ def test_runs_prints_each_runs_console_page_when_a_console_is_configured(dsn, mo
         assert f"console {run_id}: http://127.0.0.1:8788/ui/runs/my%20play/{run_id}?org=acme" in out
     finally:
         trio.run(drop)
+
+
+async def test_serve_believes_https_only_from_a_forwarded_allow_proxy(dsn):
+    """`runplane serve --forwarded-allow 127.0.0.1`: the console's cookie is Secure when that
+    proxy says `X-Forwarded-Proto: https`."""
+    from runplane.engine.gateway import mint_token
+
+    from .conftest import fresh_schema
+    from .console_support import SECRET, cookie_header
+
+    schema = fresh_schema()
+    env = {**os.environ, "RUNPLANE_GATEWAY_SECRET": SECRET, "RUNPLANE_DSN": dsn}
+    child = subprocess.Popen([sys.executable, "-m", "runplane.cli", "serve", "--bind",
+                              "127.0.0.1:0", "--schema", schema, "--forwarded-allow",
+                              "192.0.2.1,127.0.0.1"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        match = re.search(r"listening on (http://\S+)", line)
+        assert match, line + child.stderr.read()
+        async with httpx.AsyncClient(base_url=match.group(1), trust_env=False) as http:
+            login = await http.post(
+                "/ui/login", data={"token": mint_token(SECRET, "acme")},
+                headers={"x-forwarded-proto": "https", "x-forwarded-host": "console.example",
+                         "origin": "https://console.example"})
+            assert login.status_code == 303, login.text
+            assert "Secure" in cookie_header(login) and "runplane_console=" in cookie_header(login)
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+        from runplane.engine import open_tenant
+        async with open_tenant("local", dsn, schema=schema) as tenant:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

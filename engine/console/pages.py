@@ -21,6 +21,7 @@ import urllib.parse
 from importlib import resources
 from typing import Any, Iterable
 
+from .params import seg
 from .queries import RunRow, RunTable, TableCounters
 from .rows import Cursor, RowsPage
 
@@ -40,10 +41,6 @@ def q(path: str, **params: Any) -> str:
     """A root-relative URL with its query (None values left out), escaped for an attribute."""
     pairs = {k: v for k, v in params.items() if v not in (None, "")}
     return esc(path + ("?" + urllib.parse.urlencode(pairs) if pairs else ""))
-
-
-def seg(text: str) -> str:
-    return urllib.parse.quote(text, safe="")
 
 
 def frame(title: str, body: str, *, logged_in: bool = True) -> str:
@@ -80,10 +77,13 @@ def _options(name: str, values: Iterable[str], chosen: str | None) -> str:
 
 
 # -- login --------------------------------------------------------------------------------------
-def login_page(*, token_login: bool, message: str | None = None) -> str:
+def login_page(*, token_login: bool, message: str | None = None, csrf: str = "") -> str:
+    """The login page; `csrf` is the login form's token (see `origin`)."""
     problem = f'<p class="error">{esc(message)}</p>' if message else ""
     if token_login:
-        form = ('<form method="post" action="/ui/login"><label for="token">Gateway token</label>'
+        form = ('<form method="post" action="/ui/login">'
+                f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+                '<label for="token">Gateway token</label>'
                 '<textarea id="token" name="token" required autocomplete="off"></textarea>'
                 '<p><button type="submit">Log in</button></p></form>')
     else:

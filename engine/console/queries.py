@@ -96,6 +96,7 @@ SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
    AND ($3::text IS NULL OR r.play = $3::text)
    AND ($4::text IS NULL OR coalesce(o.state, 'open') = $4::text)
    AND ($5::bigint IS NULL OR r.epoch < $5::bigint)
+   AND ($7::text[] IS NULL OR r.run_id = ANY($7::text[]))
  ORDER BY r.epoch DESC
  LIMIT $6
 """
@@ -206,14 +207,16 @@ async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> bo
 async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | None,
                     play: str | None = None, state: str | None = None,
                     before_epoch: int | None = None, limit: int = RUNS_PAGE,
-                    with_rows: bool = True) -> list[RunRow]:
-    """Runs newest first (`org` None: every org; `plays` None: every play), one keyset page."""
+                    with_rows: bool = True, runs: tuple[str, ...] | None = None
+                    ) -> list[RunRow]:
+    """Runs newest first (`org` None: every org; `plays` None: every play; `runs` None: every
+    run, else only those run ids), one keyset page."""
     sql = _RUNS.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
 
     async def op(conn: Connection) -> list[RunRow]:
         records = await conn.fetch(sql, org, list(plays) if plays is not None else None, play,
                                    _STATE_FILTER.get(state) if state else None, before_epoch,
-                                   limit)
+                                   limit, list(runs) if runs is not None else None)
         found = [_run_row(record) for record in records]
         if with_rows and not await _rows_by_run(conn, port, found):
             return [attrs.evolve(run, rows=None) for run in found]

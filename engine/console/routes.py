@@ -6,49 +6,50 @@ How it works
   Content-Security-Policy that allows scripts, styles and connections from the console's own
   origin only (no inline script or style), `nosniff`, no framing and no caching, plus a
   `Server-Timing: app;dur=MS` header: the time the console took to produce the answer.
+- Routes match the path with each segment percent-encoded whole (`params.encoded_path`), so a
+  play or run id holding `/` (`%2F` in every link the console renders) is one segment.
 - Without a valid session cookie, a page redirects to `/ui/login` and a data endpoint (`/ui/api/…`,
-  `/ui/live/…`) answers 401: neither reads anything. With one, the org a request names (the
-  viewer's own, or `?org=` for a viewer of every org) and its play are checked against the
-  viewer before any query; what the viewer may not see answers 404, exactly like what does not
-  exist, so a page never tells another org's names apart from made-up ones.
-- The live stream (`/ui/live/runs/<play>/<run_id>`, server-sent events) reads the play's
-  counters once per `LIVE_INTERVAL_S` while the run is open (`IDLE_INTERVAL_S` after) and
-  sends each table's counters, its rows per second over the last minute (from the samples this
-  stream took) and an ETA. At most `MAX_STREAMS` streams per org are open at once (one org's
-  open pages cannot take another's streams); they end when the server shuts down.
+  `/ui/live/…`) answers 401: neither reads anything. With one, every parameter is checked
+  (`params`: no NUL, bounded, epochs and cursors in range; else 400), then the org a request
+  names (the viewer's own, or `?org=` for a viewer of every org), its play and, for a session
+  of a run-scoped token, its run are checked against the viewer before any query; what the
+  viewer may not see answers 404, exactly like what does not exist, so a page never tells
+  another org's names apart from made-up ones. Listings show only what the viewer sees.
+- `POST /ui/login` is refused (403) unless it came from the console's own login page
+  (`origin.login_allowed`: same-origin `Origin` / `Sec-Fetch-Site`, or the form's token);
+  `GET /ui/login?once=` is not checked (a link opened from a terminal). The session cookie is
+  `Secure` when the browser reached the console over https (`origin.https`, which believes
+  `X-Forwarded-Proto` only from the proxies in `Console.forwarding`).
+- The live stream (`/ui/live/runs/<play>/<run_id>`, see `live`): at most `MAX_STREAMS` per
+  org at once, counted before the stream is accepted (one org's open pages cannot take
+  another's streams); each ends with its session or when the server shuts down.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
 from importlib import resources
 from typing import Any, Awaitable, Callable
 
 import attrs
 import trio
-from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (HTMLResponse, JSONResponse, RedirectResponse, Response,
                                  StreamingResponse)
 from starlette.routing import Route
 
-from ..bounds import is_int
 from ..errors import AuthError, EngineError, ScopeError
 from ..ports import Port
 from ..scopes import PlayScope, RunScope, normalize_namespace
-from . import export, pages, queries, rows
+from . import export, live, origin, pages, params, queries, rows
 from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
 
 log = logging.getLogger("runplane.console")
 
-LIVE_INTERVAL_S = 1.0  # while the run is open
-IDLE_INTERVAL_S = 5.0  # once it is retiring or done
 MAX_STREAMS = 16  # per org
 MAX_LOGIN_BYTES = 16 * 1024  # a login form holds one token; larger bodies are never read
-RATE_WINDOW = 61  # samples kept per table: one minute of per-second rates
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()),
@@ -65,14 +66,21 @@ class NotFound(Exception):
 
 @attrs.define(eq=False)
 class Console:
-    """What the console serves from: sessions, and the store of an org (`port_for`)."""
+    """What the console serves from: sessions, and the store of an org (`port_for`).
+    `forwarded_allow`: the proxies whose `X-Forwarded-Proto` / `-Host` are believed (see
+    `origin.Forwarding`; `runplane serve --forwarded-allow` sets it)."""
 
     sessions: Sessions
     port_for: Callable[[str], Awaitable[Port]]
     token_login: bool
     default_org: str = "local"
     closing: trio.Event = attrs.field(factory=trio.Event)
+    forwarded_allow: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     streams: collections.Counter = attrs.field(init=False, factory=collections.Counter)
+
+    @property
+    def forwarding(self) -> origin.Forwarding:
+        return origin.Forwarding(self.forwarded_allow)
 
 
 def console_app(console: Console) -> Any:
@@ -97,6 +105,8 @@ def console_app(console: Console) -> Any:
 
     async def secured(scope: Any, receive: Any, send: Any) -> None:
         started = trio.current_time()
+        if scope["type"] == "http":  # a `%2F` inside a segment stays inside it
+            scope = dict(scope, path=params.encoded_path(scope["path"], scope.get("raw_path")))
 
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -128,6 +138,10 @@ class _Handlers:
     def viewer(self, request: Request) -> Viewer | None:
         return self.c.sessions.viewer(request.cookies.get(COOKIE))
 
+    def seen_as(self, request: Request) -> tuple[str, str | None, Any]:
+        peer = request.client.host if request.client else None
+        return request.url.scheme, peer, request.headers
+
     def org(self, request: Request, viewer: Viewer) -> str:
         asked = request.query_params.get("org") or None
         if viewer.org is not None:
@@ -139,7 +153,7 @@ class _Handlers:
     def play(self, request: Request, viewer: Viewer) -> tuple[str, str]:
         org = self.org(request, viewer)
         try:
-            scope = PlayScope(org, request.path_params["play"])
+            scope = PlayScope(org, params.segment(request.path_params["play"], "play"))
         except EngineError:
             raise NotFound() from None
         if not viewer.sees(scope.org_id, scope.play):
@@ -148,7 +162,7 @@ class _Handlers:
 
     def namespace(self, request: Request) -> str:
         try:
-            return normalize_namespace(request.path_params["table"])
+            return normalize_namespace(params.segment(request.path_params["table"], "table"))
         except EngineError:
             raise NotFound() from None
 
@@ -160,6 +174,9 @@ class _Handlers:
                 return JSONResponse({"error": "log in first", "code": "unauthenticated"}, 401)
             return RedirectResponse("/ui/login", status_code=303)
         try:
+            params.check_all([*params.query_items(request.query_params),
+                              *((name, params.segment(value, name))
+                                for name, value in request.path_params.items())])
             return await render(viewer)
         except NotFound:
             if api:
@@ -177,10 +194,29 @@ class _Handlers:
             return _html(pages.message_page("Unavailable", text), 503)
 
     # -- login ---------------------------------------------------------------------------------
+    def login_page(self, request: Request, message: str | None = None,
+                   status: int = 200) -> Response:
+        """The login page; with token login, its form token: the login-form cookie's, which a
+        GET sets when the browser has none (an answer to a POST sets no cookie)."""
+        if not self.c.token_login:
+            return _html(pages.login_page(token_login=False, message=message), status)
+        token = request.cookies.get(origin.LOGIN_COOKIE) or ""
+        fresh = not origin.is_form_token(token) and request.method == "GET"
+        if fresh:
+            token = origin.new_form_token()
+        response = _html(pages.login_page(token_login=True, message=message,
+                                          csrf=token if origin.is_form_token(token) else ""),
+                         status)
+        if fresh:
+            response.set_cookie(origin.LOGIN_COOKIE, token, path=COOKIE_PATH, httponly=True,
+                                samesite="strict",
+                                secure=origin.https(self.c.forwarding, *self.seen_as(request)))
+        return response
+
     async def login_form(self, request: Request) -> Response:
         code = request.query_params.get("once")
         if code is None:
-            return _html(pages.login_page(token_login=self.c.token_login))
+            return self.login_page(request)
         try:
             session = self.c.sessions.redeem(code)
         except AuthError as exc:
@@ -197,17 +233,25 @@ class _Handlers:
         try:
             if not isinstance(token, str):
                 raise AuthError("paste a gateway token")
+            if self.c.token_login and not origin.login_allowed(
+                    self.c.forwarding, *self.seen_as(request),
+                    request.cookies.get(origin.LOGIN_COOKIE), form.get("csrf")):
+                return self.login_page(request, "this login did not come from this console's "
+                                       "own login page: log in here", 403)
             session = self.c.sessions.login(token)
         except AuthError as exc:
-            return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 401)
+            return self.login_page(request, str(exc), 401)
         except ScopeError as exc:
-            return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 403)
+            return self.login_page(request, str(exc), 403)
         return self._logged_in(request, session)
 
     def _logged_in(self, request: Request, session: str) -> Response:
         response = RedirectResponse("/ui/", status_code=303)
         response.set_cookie(COOKIE, session, path=COOKIE_PATH, httponly=True, samesite="strict",
-                            secure=request.url.scheme == "https")  # Secure behind TLS
+                            secure=origin.https(self.c.forwarding, *self.seen_as(request)))
+        if origin.LOGIN_COOKIE in request.cookies:  # the login form's token has done its work
+            response.delete_cookie(origin.LOGIN_COOKIE, path=COOKIE_PATH, httponly=True,
+                                   samesite="strict")
         return response
 
     async def logout(self, request: Request) -> Response:
@@ -225,22 +269,21 @@ class _Handlers:
 
     # -- runs ------------------------------------------------------------------------------------
     async def _runs(self, request: Request, viewer: Viewer) -> dict[str, Any]:
-        params = request.query_params
-        org = params.get("org") or None
+        query = request.query_params
+        org = query.get("org") or None
         if viewer.org is not None:
             if org not in (None, viewer.org):
                 raise NotFound()
             org = viewer.org
-        play = params.get("play") or None
-        state = params.get("state") or None
+        play = query.get("play") or None
+        state = query.get("state") or None
         if state not in (None, "open", "retiring", "done"):
             raise ValueError("state")
-        before = params.get("before")
-        before_epoch = int(before) if before else None
+        before_epoch = params.epoch(query.get("before"))
         port = await self.c.port_for(org or self.c.default_org)
         found = await queries.list_runs(port, org=org, plays=viewer.play_filter, play=play,
                                         state=state, before_epoch=before_epoch,
-                                        limit=queries.RUNS_PAGE + 1)
+                                        runs=viewer.runs, limit=queries.RUNS_PAGE + 1)
         following = found[queries.RUNS_PAGE - 1].epoch if len(found) > queries.RUNS_PAGE else None
         return {"org": org, "play": play, "state": state, "runs": found[:queries.RUNS_PAGE],
                 "next": following}
@@ -266,9 +309,12 @@ class _Handlers:
     async def _run(self, request: Request, viewer: Viewer) -> tuple[Port, queries.RunRow]:
         org, play = self.play(request, viewer)
         try:
-            run_id = RunScope(org, play, request.path_params["run_id"]).run_id
+            run_id = RunScope(org, play, params.segment(request.path_params["run_id"],
+                                                        "run_id")).run_id
         except EngineError:
             raise NotFound() from None
+        if not viewer.sees_run(run_id):
+            raise NotFound()
         port = await self.c.port_for(org)
         run = await queries.get_run(port, org, play, run_id)
         if run is None:
@@ -281,7 +327,7 @@ class _Handlers:
             tables = await queries.run_tables(port, run.org_id, run.play, run.run_id)
             workers = await queries.play_workers(port, run.org_id, run.play)
             show_org = viewer.org is None
-            live = pages.q(f"/ui/live/runs/{pages.seg(run.play)}/{pages.seg(run.run_id)}",
+            live = pages.q(f"/ui/live/runs/{params.seg(run.play)}/{params.seg(run.run_id)}",
                            org=run.org_id if show_org else None)
             return _html(pages.run_page(run, tables, show_org=show_org,
                                         live_url=live.replace("&amp;", "&"), workers=workers))
@@ -296,49 +342,28 @@ class _Handlers:
         return await self.guarded(request, True, render)
 
     async def live(self, request: Request) -> Response:
+        session_id = request.cookies.get(COOKIE) or ""
+
         async def render(viewer: Viewer) -> Response:
             port, run = await self._run(request, viewer)
-            if self.c.streams[run.org_id] >= MAX_STREAMS:
+            stream = live.open_stream(self.c.streams, MAX_STREAMS, self.c.sessions, session_id,
+                                      self.c.closing, port, run)
+            if stream is None:
                 return JSONResponse({"error": "too many live streams", "code": "busy"}, 503)
-            return EventSourceResponse(self._progress(port, run), ping=15)
+            return stream
         return await self.guarded(request, True, render)
-
-    async def _progress(self, port: Port, run: queries.RunRow) -> Any:
-        self.c.streams[run.org_id] += 1
-        history: dict[str, collections.deque] = {}
-        try:
-            while not self.c.closing.is_set():
-                try:
-                    now, tables = await queries.live(port, run.org_id, run.play, run.run_id)
-                except EngineError:  # an outage: skip this tick, the next one tries again
-                    with trio.move_on_after(LIVE_INTERVAL_S):
-                        await self.c.closing.wait()
-                    continue
-                now = now or run
-                at = trio.current_time()
-                payload = {"state": now.state, "duration_s": now.duration_s, "tables": []}
-                for t in tables:
-                    samples = history.setdefault(t.namespace, collections.deque(maxlen=RATE_WINDOW))
-                    samples.append((at, t.done))
-                    payload["tables"].append(_live_table(t, samples))
-                yield {"event": "progress", "data": json.dumps(payload)}
-                pause = LIVE_INTERVAL_S if now.state == "open" else IDLE_INTERVAL_S
-                with trio.move_on_after(pause):
-                    await self.c.closing.wait()
-        finally:
-            self.c.streams[run.org_id] -= 1
 
     # -- a table and its failures ----------------------------------------------------------------
     async def _page(self, request: Request, viewer: Viewer, failed_only: bool):
         org, play = self.play(request, viewer)
         namespace = self.namespace(request)
-        port = await self.c.port_for(org)
-        params = request.query_params
-        status = "failed" if failed_only else (params.get("status") or None)
+        query = request.query_params
+        status = "failed" if failed_only else (query.get("status") or None)
         if status not in (None, *STATUSES):
             raise ValueError("status")
-        key = None if failed_only else (params.get("key") or None)
-        after = _cursor(params.get("after"))
+        key = None if failed_only else (query.get("key") or None)
+        after = _cursor(query.get("after"))  # before any query: a malformed one is a 400
+        port = await self.c.port_for(org)
         page = await rows.rows_page(port, org, play, namespace, status=status,
                                        key_prefix=key, after=after)
         if page.counters is None:
@@ -349,7 +374,7 @@ class _Handlers:
         async def render(viewer: Viewer) -> Response:
             _, org, play, namespace, page, status, key = await self._page(request, viewer, False)
             show_org = viewer.org is None
-            links = [(label, pages.q(f"/ui/export/{pages.seg(play)}/{pages.seg(namespace)}.{fmt}",
+            links = [(label, pages.q(f"/ui/export/{params.seg(play)}/{params.seg(namespace)}.{fmt}",
                                      org=org if show_org else None, status=status))
                      for label, fmt in (("JSON lines", "jsonl"), ("CSV", "csv"))]
             return _html(pages.table_page(org, play, namespace, page, show_org=show_org,
@@ -397,16 +422,8 @@ class _Handlers:
 
 
 def _cursor(text: str | None) -> rows.Cursor | None:
-    if not text:
-        return None
-    try:
-        index, created, key = json.loads(text)
-    except (TypeError, ValueError):
-        raise ValueError("after") from None
-    if (index is not None and not is_int(index)) \
-            or not isinstance(created, str) or not isinstance(key, str) or len(created) > 64:
-        raise ValueError("after")
-    return rows.Cursor(index, created, key)
+    found = params.cursor(text)
+    return None if found is None else rows.Cursor(*found)
 
 
 def _plain(_inst: Any, _field: Any, value: Any) -> Any:
@@ -418,17 +435,3 @@ def _run_json(run: queries.RunRow) -> dict[str, Any]:
             "state": run.state, "started": run.started.isoformat(),
             "duration_s": round(run.duration_s, 3), "rows": run.rows,
             "resume": run.command if run.state == "open" else None}
-
-
-def _live_table(t: queries.TableCounters, samples: collections.deque) -> dict[str, Any]:
-    points = list(samples)
-    series = [max(0.0, (b[1] - a[1]) / (b[0] - a[0])) if b[0] > a[0] else 0.0
-              for a, b in zip(points, points[1:])]
-    span = points[-1][0] - points[0][0]
-    rate = (points[-1][1] - points[0][1]) / span if span > 0 else 0.0
-    remaining = max(0, t.total - t.done)
-    eta = remaining / rate if rate > 0 and remaining else (0.0 if not remaining else None)
-    return {"table": t.namespace, "total": t.total, "queued": t.queued, "running": t.running,
-            "completed": t.completed, "failed": t.failed, "rate": round(rate, 2),
-            "eta_s": None if eta is None else round(eta, 1),
-            "series": [round(v, 2) for v in series]}
