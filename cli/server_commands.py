@@ -67,6 +67,11 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
                         help="a proxy (its IP address as this server sees it; repeatable or "
                         "comma-separated; * for any) whose X-Forwarded-Proto and X-Forwarded-Host "
                         "the console believes: its cookie is Secure when the proxy says https")
+    parser.add_argument("--tls-cert", default=None, metavar="FILE",
+                        help="serve HTTPS with this PEM certificate (with --tls-key); the "
+                        "console's cookie is then Secure")
+    parser.add_argument("--tls-key", default=None, metavar="FILE",
+                        help="the PEM private key of --tls-cert")
 
 
 @command("serve", "serve the runtime actions over HTTP (the gateway) until interrupted")(_serve_options)
@@ -87,8 +92,9 @@ def serve(args: argparse.Namespace) -> int:
         async with open_server(secret=secret, dsn=args.dsn, schema=args.schema, bind=args.bind,
                                body_limit=args.body_limit, array_actions=not args.no_array_actions,
                                log_interval_s=args.log_interval,
-                               session_dsn=args.session_dsn) as server:
-            server.console.forwarded_allow = _forwarded_allow(args.forwarded_allow)
+                               session_dsn=args.session_dsn, tls_cert=args.tls_cert,
+                               tls_key=args.tls_key,
+                               forwarded_allow=_forwarded_allow(args.forwarded_allow)) as server:
             actions = "off" if args.no_array_actions else "on"
             print(f"gateway listening on {server.url} (schema {args.schema}, body limit "
                   f"{server.body_limit:,} bytes, array actions {actions}; Ctrl-C to stop)", flush=True)

@@ -14,7 +14,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine.console import auth
-from runplane.engine.gateway import mint_token
+from runplane.engine.gateway import mint_token, open_server
 
 from .console_support import (CONTRACT, SECRET, client, cookie_header, login_token, run_ids,
                               seed, upper)
@@ -279,3 +279,49 @@ async def test_a_play_and_run_id_holding_a_slash_work_everywhere(tenant, server)
                         break
         # a literal `%` in a name stays itself: `%2F` in a segment is a `/` only once decoded
         assert (await http.get("/ui/runs/team%252Fetl/2024%2F06%2Frun-1")).status_code == 404
+
+
+def _self_signed(folder) -> tuple[str, str]:
+    """A throwaway certificate for 127.0.0.1 and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+async def test_served_over_tls_the_cookie_is_secure(tenant, tmp_path):
+    """`runplane serve --tls-cert/--tls-key`: HTTPS with Hypercorn's TLS, and a Secure cookie
+    (was: no TLS option; the cookie was never Secure under `runplane serve`)."""
+    from runplane.engine.errors import InvalidInputError
+
+    cert, key = _self_signed(tmp_path)
+    async with open_server(secret=SECRET, dsn=tenant.dsn, schema=tenant.schema,
+                           tls_cert=cert, tls_key=key) as tls:
+        assert tls.url.startswith("https://")
+        async with httpx.AsyncClient(base_url=tls.url, verify=False) as http:
+            assert (await http.get("/v1/health")).status_code == 200
+            answer = await login_token(http, mint_token(SECRET, tenant.org_id))
+            assert answer.status_code == 303 and "Secure" in cookie_header(answer)
+    with pytest.raises(InvalidInputError):
+        async with open_server(secret=SECRET, dsn=tenant.dsn, schema=tenant.schema, tls_cert=cert):
+            pass

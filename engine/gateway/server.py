@@ -161,6 +161,7 @@ class Server:
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
     _sweeping: bool = attrs.field(init=False, default=False, repr=False)
     console: Any = attrs.field(init=False, default=None, repr=False)
+    forwarded_allow: tuple[str, ...] = ()  # proxies the console believes (`open_server`)
     _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
     _latencies: list[float] = attrs.field(init=False, factory=list, repr=False)
     _period: collections.Counter = attrs.field(init=False, factory=collections.Counter, repr=False)
@@ -177,7 +178,8 @@ class Server:
         other request by Starlette (health, the console, 405 for other methods on actions)."""
         from ..console import Console, Sessions, console_app  # the web console, at /ui
 
-        self.console = Console(Sessions(self.secret), self._tenant, token_login=True)
+        self.console = Console(Sessions(self.secret), self._tenant, token_login=True,
+                               forwarded_allow=self.forwarded_allow)
         routed = Starlette(routes=[
             Route(protocol.HEALTH_PATH, self._health, methods=["GET"]),
             Route(protocol.ACTIONS_PATH + "{action}", self._action, methods=["POST"]),
@@ -400,17 +402,27 @@ async def open_server(
     log_interval_s: float = 60.0,
     tenant_options: Mapping[str, Any] | None = None,
     session_dsn: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    forwarded_allow: tuple[str, ...] = (),
 ) -> AsyncIterator[Server]:
-    """Serve the gateway until the block ends (see the module docstring)."""
+    """Serve the gateway until the block ends (see the module docstring). `tls_cert` and
+    `tls_key` (PEM files, both or neither) serve HTTPS with Hypercorn's TLS; `forwarded_allow`
+    names the proxies whose `X-Forwarded-Proto` / `-Host` the console believes. Either way the
+    console's cookie is `Secure` when the browser reached it over https."""
     if not isinstance(secret, str) or not secret:
         raise InvalidInputError("the gateway needs a non-empty signing secret")
     if not is_int(body_limit, protocol.PAGE_HEADROOM * 2):
         raise InvalidInputError(f"body_limit must be an integer >= {protocol.PAGE_HEADROOM * 2}")
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidInputError("TLS needs both a certificate and its key (--tls-cert, --tls-key)")
     server = Server(secret, resolved, schema, body_limit, array_actions, dict(tenant_options or {}),
-                    session_dsn)
+                    session_dsn, forwarded_allow=tuple(forwarded_allow))
     config = Config()
     config.bind = [bind]
+    if tls_cert is not None:
+        config.certfile, config.keyfile = tls_cert, tls_key
     config.accesslog = None
     config.loglevel = "WARNING"
     config.graceful_timeout = SHUTDOWN_GRACE_S

@@ -81,6 +81,7 @@ def with_row_statuses(template: str) -> str:
 
 FENCE_REASONS = (
     "stale_write_version", "unadmitted", "attempt_superseded", "already_completed", "missing",
+    "input_field",
 )
 BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")  # admission_sql.Disposition's blocked
 DEFAULT_ROW_ERROR = "Row execution failed."
