@@ -23,7 +23,9 @@ How it works
   sum of the counters the workers recorded with each unit's done mark (in the transaction of
   the unit's last completion), so it is exact whoever ran the rows. If every local worker
   exits while units remain (and the map is not shared), the map is cancelled and
-  `SharedMapError` says how the workers ended.
+  `SharedMapError` says how the workers ended. A local worker that exits before the map ends
+  has its leases released at once (`shared_leases.release_process`): the coordinator is its
+  parent and saw it end, so the others take its units without waiting out the lease.
 - When the coordinating run is cancelled or fails, the map is closed `cancelled` (shielded,
   with a deadline): every worker stops that map's rows at its next renewal (within a lease
   period) and its completions roll back, so nothing is half-written; local workers are then
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import attrs
 import trio
 
-from runplane.engine import array_input, sheets
+from runplane.engine import array_input, shared_leases, sheets
 from runplane.engine import shared_maps as sm
 from runplane.engine.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
@@ -264,6 +267,7 @@ class _WorkerWatch:
 async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Process],
                      lease_s: float = sm.LEASE_S) -> sm.MapStatus:
     watch = _WorkerWatch(run.port, run.play, f"{run.run_id}/{map_invocation_id}", lease_s)
+    released: set[int] = set()
     while True:
         status = await retry_transient(lambda: sm.map_status(
             run.port, run.ref, map_invocation_id))
@@ -273,6 +277,10 @@ async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Proc
         if status.state not in (sm.WAITING, sm.OPEN):
             raise SharedMapError(f"shared map {map_invocation_id!r} was {status.state} with "
                                  f"{status.units - status.done} units not done")
+        for process in processes:
+            if process.returncode is not None and process.pid not in released:
+                released.add(process.pid)
+                await _release_exited(run, map_invocation_id, process)
         if processes and all(p.returncode is not None for p in processes):
             codes = sorted({p.returncode for p in processes})
             raise SharedMapError(
@@ -280,6 +288,14 @@ async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Proc
                 f"{', '.join(map(str, codes))}) with {status.units - status.done} units not done")
         await watch.check()
         await trio.sleep(POLL_S)
+
+
+async def _release_exited(run: Run, map_invocation_id: str, process: trio.Process) -> None:
+    units = await retry_transient(lambda: shared_leases.release_process(
+        run.port, run.ref, map_invocation_id, socket.gethostname(), process.pid))
+    log.warning("shared map %s/%s: local worker pid %d exited (status %s) before the map "
+                "ended; its %d leased unit(s) were released", run.run_id, map_invocation_id,
+                process.pid, process.returncode, units)
 
 
 async def _cancel_map(run: Run, map_invocation_id: str) -> None:

@@ -17,6 +17,12 @@ How it works
   adding the batch's counters and marking the unit done once every row is settled. A replay
   of a batch whose commit reply was lost finds `after` and changes nothing; a holder that lost
   the lease finds another holder and gets `LeaseLostError`: the transaction rolls back.
+- `release_process` ends, at once, the leases held by a worker process that is known to be
+  gone (its parent, the coordinator of a `workers=N` map, reaped it): its units are claimable
+  now instead of when their leases run out, and the process no longer counts as a live worker.
+  Like an expired lease, this fences the dead holder's late statements (none can come: the
+  process is gone, and a COMMIT the server had already received is waited on by the next
+  holder's row locks and reconciled by the settled mask).
 - `lease_check` is the `within` hook of a claim's admission: every unit still held by the
   caller in an open map, the rows locked (`FOR SHARE`) until the admission commits.
 Every statement reaches its rows by primary-key prefix (org, play, run, map): never the sheet.
@@ -230,6 +236,34 @@ WITH i AS (
 )
 SELECT count(*) FROM settled
 """
+
+
+# Holders are `worker_id/claim number`, and a worker id starts with `host:pid:` (`new_worker_id`).
+_RELEASE = """
+WITH gone AS (
+    UPDATE {workers} SET seen_at = '-infinity'
+     WHERE org_id = $1 AND play = $2 AND left(worker_id, length($5)) = $5
+)
+UPDATE {units} SET expires_at = now() - interval '1 millisecond'
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND NOT done
+   AND left(holder, length($5)) = $5 AND expires_at > now()
+RETURNING unit
+"""
+
+
+async def release_process(port: Port, ref: RunRef, map_invocation_id: str, host: str,
+                          pid: int) -> int:
+    """End the leases of the map's units held by worker process `pid` on `host`, which its
+    caller knows has exited (module docstring); how many units were released. Not a gateway
+    action: only a `workers=N` coordinator, which needs a direct connection, starts processes."""
+    check_scope(port, ref)
+    if not is_int(pid, 1, 2**31 - 1) or not isinstance(host, str) or not host:
+        raise InvalidInputError("release_process needs the exited worker's host and pid")
+    sql = _RELEASE.format(workers=table(port, "shared_workers"),
+                          units=table(port, "shared_units"))
+    rows = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetch(
+        sql, *map_key(ref, map_invocation_id), f"{host}:{pid}:"))
+    return len(rows)
 
 
 def _tables(port: Port) -> dict[str, str]:

@@ -4,6 +4,8 @@ shared map without a live worker says so."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +87,34 @@ async def test_a_shared_map_with_no_live_worker_says_which_org_and_play_need_one
     first = warnings()[0]
     assert f"org {tenant.org_id!r}" in first and "play 'computed-name'" in first
     assert "runplane worker" in first
+
+
+async def test_a_local_worker_killed_mid_map_has_its_leases_released_at_once(
+        tenant, tmp_path, monkeypatch, caplog):
+    """`workers=2` with a lease far longer than the test may take: one child is SIGKILLed with
+    units leased; the coordinator, its parent, sees it exit and releases them, so the other
+    child finishes the map (was: the map waited out the whole lease)."""
+    from .plays.scale_play import logged_hang
+    from .test_shared_map import CONTRACT as SCALE_CONTRACT, PLAY as SCALE_PLAY
+
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("RUNPLANE_TEST_CALLS", str(calls))
+    monkeypatch.setenv("RUNPLANE_TEST_HANG_AT", "40")
+    caplog.set_level(logging.WARNING, logger="runplane.actors")
+    named = tmp_path / "calls.victim"
+    result = None
+    with trio.fail_after(120):  # the lease is 600 s
+        async with open_run(tenant, SCALE_PLAY) as run:
+            async def coordinate() -> None:
+                nonlocal result
+                result = await run.map("nums", [{"n": i} for i in range(600)], logged_hang,
+                                       contract=SCALE_CONTRACT, workers=2, lease_s=600.0)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(coordinate)
+                while not (named.exists() and named.read_text()):
+                    await trio.sleep(0.05)
+                os.kill(int(named.read_text()), signal.SIGKILL)
+    assert result is not None and result.completed == 600
+    released = [r.getMessage() for r in caplog.records if "were released" in r.getMessage()]
+    assert len(released) == 1 and f"pid {named.read_text()} exited" in released[0], released
