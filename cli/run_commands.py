@@ -7,7 +7,7 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from runplane.engine.ports import Port
 
@@ -123,7 +123,7 @@ def run_play(args: argparse.Namespace) -> int:
     from .results import describe_result, run_document, stopped_early
 
     name, play = load_play(args.play_file)
-    rows: list[dict] = []
+    rows: Sequence[dict] = []  # a checked input file is a `FileRows`, sized
     if args.input is None and not args.no_input:
         raise UsageError("no input: pass --input FILE.csv|.jsonl (or --no-input for a play "
                          "that reads its own data)")
@@ -146,8 +146,7 @@ def run_play(args: argparse.Namespace) -> int:
             async with open_run(tenant, play_name, run_id, force=args.force) as run:
                 await notice.started(run)
                 say(f"{len(rows)} input rows")
-                progress = RunProgress(interval_s=args.progress_every,
-                                       input_rows=len(rows) if isinstance(rows, list) else None)
+                progress = RunProgress(interval_s=args.progress_every, input_rows=len(rows))
                 result = await with_progress(run, progress, lambda: play(run, rows))
             if result is not None:
                 say(describe_result(result))

@@ -1,0 +1,103 @@
+"""What the command line tells about a run is the truth (§27, issue 35): its log lines' rate and
+total, its history after Ctrl-C, the input columns it does not store and `--infer-types`."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+
+from runplane.cli.progress import Rates
+
+from .cli_helpers import (
+    ROOT,
+    RUNPLANE,
+    cli_env,
+    run_cli,
+    schema,  # noqa: F401 - fixture
+    start_cli,
+    wait_for_text,
+)
+
+TRUTH_PLAY = '''
+import os
+
+import trio
+
+from runplane.engine.sheets import SheetContract
+
+PLAY = "truth"
+CONTRACT = SheetContract(inputs=("name",), outputs=("size",))
+DELAY = float(os.environ.get("ROW_DELAY_S", "0.01"))
+
+
+async def measure(row):
+    await trio.sleep(DELAY)
+    return {"size": len(row["name"])}
+
+
+async def play(run, rows):
+    return await run.map("things", rows, measure, contract=CONTRACT, concurrency=2)
+'''
+
+
+def truth_play(tmp_path, rows: int):
+    play = tmp_path / "truth_play.py"
+    play.write_text(TRUTH_PLAY)
+    names = tmp_path / "rows.csv"
+    names.write_text("name\n" + "".join(f"n{i}\n" for i in range(rows)))
+    return play, names
+
+
+# -- item 7: log lines ------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rates_are_completions_over_the_last_minute_never_negative():
+    clock = Clock()
+    rates = Rates(clock=clock)
+    assert rates.add(0) == 0.0  # one sample: no rate yet, and no time left from it
+    assert Rates.eta(10, 0.0) is None
+    rate = None
+    for second in range(1, 121):
+        clock.now = float(second)
+        rate = rates.add(10 * second if second <= 90 else 900)
+    # The last minute (60 s .. 120 s) held 300 completions (60 .. 90 s at 10 a second).
+    assert rate == 300 / 60
+    clock.now = 200.0
+    assert rates.add(900) == 0.0  # none in the last minute: 0, and no time left
+    clock.now = 201.0
+    assert rates.add(850) == 0.0  # a count that went back never reads as a negative rate
+
+
+def test_a_log_line_shows_the_rate_before_it_and_the_input_length_as_total(schema, tmp_path):
+    play, rows = truth_play(tmp_path, 20_000)
+    log = tmp_path / "progress.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen([*RUNPLANE, "run", str(play), "--input", str(rows),
+                                 "--schema", schema, "--progress-every", "2.5"],
+                                stdout=subprocess.DEVNULL, stderr=err, text=True,
+                                env=cli_env(ROW_DELAY_S="0.01"), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while "progress things:" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    lines = [line for line in log.read_text().splitlines() if line.startswith("progress things:")]
+    first = re.fullmatch(r"progress things: ([\d,]+)/([\d,]+) rows \(.*\); ([\d,]+) rows/s, "
+                         r"ETA (.+)", lines[0])
+    assert first is not None, lines[0]
+    settled, total, rate, eta = first.groups()
+    assert total == "20,000", lines[0]  # the file's length, not the rows admitted so far
+    assert int(settled.replace(",", "")) > 0 and int(rate.replace(",", "")) > 0, lines[0]
+    assert eta != "-", lines[0]
