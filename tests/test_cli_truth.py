@@ -9,6 +9,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from runplane.cli.progress import Rates
 
 from .cli_helpers import (
@@ -101,3 +103,37 @@ def test_a_log_line_shows_the_rate_before_it_and_the_input_length_as_total(schem
     assert total == "20,000", lines[0]  # the file's length, not the rows admitted so far
     assert int(settled.replace(",", "")) > 0 and int(rate.replace(",", "")) > 0, lines[0]
     assert eta != "-", lines[0]
+
+
+# -- item 8: history after Ctrl-C -------------------------------------------------------------
+def completed_rows(schema: str) -> int:
+    status = run_cli("status", "truth", "--schema", schema, "--json")
+    if status.returncode != 0:  # no sheet yet
+        return 0
+    return json.loads(status.stdout)["tables"].get("things", {}).get("completed", 0)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_runs_history_counts_what_a_rerun_finds_cached(schema, tmp_path, stop):
+    play, rows = truth_play(tmp_path, 3000)
+    run_log = tmp_path / "run.log"
+    runner = start_cli("run", str(play), "--input", str(rows), "--schema", schema,
+                       "--progress-every", "0.5", stdout_path=run_log,
+                       env=cli_env(ROW_DELAY_S="0.005"))
+    try:
+        wait_for_text(run_log, "input rows", runner)
+        deadline = time.monotonic() + 60
+        while completed_rows(schema) < 200:  # some rows written: interrupt it mid-map
+            assert runner.poll() is None and time.monotonic() < deadline
+    finally:
+        runner.send_signal(stop)
+        assert runner.wait(timeout=60) == 130, runner.stderr.read()
+    runs = json.loads(run_cli("runs", "truth", "--schema", schema, "--json").stdout)["runs"]
+    assert len(runs) == 1
+    interrupted = runs[0]
+    rerun = run_cli("run", str(play), "--input", str(rows), "--schema", schema, "--json",
+                    env=cli_env(ROW_DELAY_S="0"))
+    assert rerun.returncode == 0, rerun.stderr
+    cached = json.loads(rerun.stdout)["result"]["cached"]
+    assert 0 < cached < 3000
+    assert interrupted["completed"] == cached, (interrupted, cached)
