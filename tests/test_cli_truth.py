@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from runplane.cli import main
 from runplane.cli.progress import Rates
 
 from .cli_helpers import (
@@ -137,3 +138,67 @@ def test_an_interrupted_runs_history_counts_what_a_rerun_finds_cached(schema, tm
     cached = json.loads(rerun.stdout)["result"]["cached"]
     assert 0 < cached < 3000
     assert interrupted["completed"] == cached, (interrupted, cached)
+
+
+# -- item 10: input columns not stored, --infer-types -----------------------------------------
+TYPED_PLAY = '''
+from runplane.engine.sheets import SheetContract
+
+PLAY = "typed"
+CONTRACT = SheetContract(inputs=("id", "n", "flag", "zip", "blank", "word"), outputs=("kinds",))
+
+
+async def kinds(row):
+    return {"kinds": [type(row[name]).__name__ for name in CONTRACT.inputs]}
+
+
+async def play(run, rows):
+    return await run.map("cells", rows, kinds, contract=CONTRACT)
+'''
+
+TYPED_CSV = ("id,n,flag,zip,blank,word,note,extra\n"
+             "1,-3.5,true,007,,abc,a note,x\n"
+             "2,1e3,false,00.5,,TRUE,,\n")
+
+
+def exported(schema: str, capsys) -> list[dict]:
+    capsys.readouterr()
+    assert main(["export", "typed", "cells", "--schema", schema]) == 0
+    return sorted((json.loads(line) for line in capsys.readouterr().out.splitlines()),
+                  key=lambda row: str(row["id"]))
+
+
+def test_run_names_the_input_columns_no_contract_stores_before_it_starts(schema, capsys,
+                                                                           tmp_path):
+    play, rows = tmp_path / "typed_play.py", tmp_path / "typed.csv"
+    play.write_text(TYPED_PLAY)
+    rows.write_text(TYPED_CSV)
+    assert main(["run", str(play), "--input", str(rows), "--schema", schema]) == 0
+    out = capsys.readouterr().out.splitlines()
+    named = [line for line in out if "not stored" in line]
+    assert named == [f"{rows}: 2 columns not stored (no contract of {play} names them as "
+                     "inputs): note, extra"], out
+    assert out[0] == named[0]  # before the run starts (and registers)
+    jsonl = tmp_path / "typed.jsonl"
+    jsonl.write_text('{"id": 1, "n": 2, "zip": "1", "flag": true, "blank": null, "word": "w", '
+                     '"why": 1}\n')
+    assert main(["run", str(play), "--input", str(jsonl), "--schema", schema]) == 0
+    assert (f"{jsonl}: 1 column not stored (no contract of {play} names them as inputs): why"
+            in capsys.readouterr().out.splitlines())
+
+
+def test_infer_types_reads_numbers_booleans_and_empty_cells_and_keeps_007_as_text(
+        schema, capsys, tmp_path):
+    play, rows = tmp_path / "typed_play.py", tmp_path / "typed.csv"
+    play.write_text(TYPED_PLAY)
+    rows.write_text(TYPED_CSV)
+    assert main(["run", str(play), "--input", str(rows), "--schema", schema]) == 0
+    assert [row["kinds"] for row in exported(schema, capsys)] == [["str"] * 6] * 2  # default
+    # Typed inputs are other rows (other keys): the sheet then holds both readings.
+    assert main(["run", str(play), "--input", str(rows), "--schema", schema,
+                 "--infer-types"]) == 0
+    typed = [row for row in exported(schema, capsys) if not isinstance(row["id"], str)]
+    assert [(row["id"], row["n"], row["flag"], row["zip"], row["blank"], row["word"])
+            for row in typed] == [(1, -3.5, True, "007", None, "abc"),
+                                  (2, 1000, False, "00.5", None, "TRUE")]
+    assert typed[0]["kinds"] == ["int", "float", "bool", "str", "NoneType", "str"]
