@@ -7,9 +7,11 @@ How it works
   rows admitted to run and not yet given an outcome), so another terminal's `runplane status`
   sees rows in flight. When the map returns, `finish` writes its final counts (`finished`,
   `stopped_early` or `superseded`); a map that raised is written as `failed` (unless the store
-  is away: then, like a crash, it is left to the wake). A cancelled map
-  (a crash, Ctrl-C) writes nothing more: its row stays `running` with its last counters, and a
-  wake that runs the map again replaces them.
+  is away: then, like a crash, it is left to the wake). A map cancelled in its process (Ctrl-C,
+  SIGTERM) writes once more when it has flushed what it computed (`interrupted`): the counts
+  that are then durable, with nothing running, so its `completed` is what a rerun finds cached;
+  the entry stays `running` (the state a crash leaves, read as interrupted once it stops being
+  written) and a wake that runs the map again replaces it. A crash writes nothing more.
 - History is a record, never a reason to fail: a write that fails is logged and dropped (the
   next heartbeat or a later run writes again). The final write is shielded with a short
   deadline so a map that just ended is recorded even as its run is being cancelled.
@@ -29,6 +31,7 @@ from runplane.engine.ports import Port
 from runplane.engine.scopes import RunScope
 
 from .progress import MapProgress, MapResult
+from .retry import hurry_if_waiting
 
 log = logging.getLogger("runplane.actors")
 
@@ -102,3 +105,13 @@ class MapRecorder:
             record = self._record(state or "failed", self.latest, ended=True)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S):
             await self._write(record, logging.WARNING)
+
+    async def interrupted(self) -> None:
+        """The map was cancelled and has flushed its computed outcomes: write its last counts
+        with nothing running (shielded, within `FINAL_DEADLINE_S`; skipped while the run waits
+        for the database, which a crash's entry is left to as well)."""
+        record = attrs.evolve(self._record("running", self.latest), running=0)
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S), \
+                hurry_if_waiting() as waiting:
+            if not waiting:
+                await self._write(record, logging.WARNING)

@@ -242,6 +242,10 @@ class Run:
             # else the store is away: the entry stays `running`, like a crash, for the wake (a
             # write now would wait for a database that is not there)
             raise
+        except BaseException:  # cancelled (Ctrl-C, SIGTERM): its history is what it flushed
+            beat.cancel()
+            await recorder.interrupted()
+            raise
         finally:
             beat.cancel()
         await recorder.finish(result)

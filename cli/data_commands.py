@@ -91,3 +91,21 @@ def list_runs(args: argparse.Namespace) -> int:
             return status
 
     return run_trio(main)
+
+
+# -- sql (see cli.psql) -------------------------------------------------------------------------
+def _sql_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("play", help="play name")
+    parser.add_argument("table", help="table namespace")
+
+
+@command("sql", "print a SELECT over a table's sheet with readable column names (for psql)")(_sql_options)
+def sheet_sql(args: argparse.Namespace) -> int:
+    from .psql import print_sheet_select
+
+    async def main() -> int:
+        async with _read_only(args) as tenant:
+            return await print_sheet_select(tenant, args.play, args.table)
+
+    return run_trio(main)

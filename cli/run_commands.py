@@ -1,4 +1,9 @@
-"""Commands that run plays: `demo` (the main job, see `cli.demo`) and `run PLAY.py`."""
+"""Commands that run plays: `demo` (the main job, see `cli.demo`) and `run PLAY.py`.
+
+`run --input FILE` checks the file before it connects (`cli.inputs`) and, before the run
+starts, names in one line the file's columns that no contract of the play file stores as an
+input (the `SheetContract` values the play module defines at its top level; a play that builds
+its contracts elsewhere gets no such line): `run.map` drops them."""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import attrs
 
 from runplane.engine.ports import Port
 
@@ -27,7 +34,7 @@ from .commands import (
 from .connect import open_port
 from .inputs import read_input
 from .operators import RunNotice, UsageError, print_failure_summary
-from .terminal import emit_json, say
+from .terminal import emit_json, plural, say
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -66,6 +73,9 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     _json_option(parser)
     parser.add_argument("play_file", metavar="PLAY.py", help="a file defining `async def play(run, rows)`")
     parser.add_argument("--input", default=None, metavar="FILE", help="rows as .csv or .jsonl")
+    parser.add_argument("--infer-types", action="store_true",
+                        help="read CSV cells as JSON numbers, true/false, or null (empty) where "
+                             "they are one; text otherwise, `007` included (default: all text)")
     parser.add_argument("--force", action="store_true", help="every run.map recomputes rows earlier runs enriched")
     parser.add_argument("--no-input", action="store_true",
                         help="run a play that reads its own data (rows is an empty list)")
@@ -80,7 +90,16 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
                         help="start a new run with this id (default: a fresh time-ordered id)")
 
 
-def load_play(path: str) -> tuple[str, Callable[..., Any]]:
+@attrs.frozen
+class PlayFile:
+    """A loaded play file: its play name, `play` function and top-level contracts."""
+
+    name: str
+    play: Callable[..., Any]
+    contracts: tuple[Any, ...] = ()
+
+
+def load_play(path: str) -> PlayFile:
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"{path}: no such file")
@@ -95,7 +114,19 @@ def load_play(path: str) -> tuple[str, Callable[..., Any]]:
     play = getattr(module, "play", None)
     if not inspect.iscoroutinefunction(play):
         raise UsageError(f"{path}: defines no `async def play(run, rows)`")
-    return str(getattr(module, "PLAY", file.stem)), play
+    from runplane.engine.sheets import SheetContract
+
+    contracts = tuple(value for value in vars(module).values()
+                      if isinstance(value, SheetContract))
+    return PlayFile(str(getattr(module, "PLAY", file.stem)), play, contracts)
+
+
+def unstored_columns(columns: Sequence[str], contracts: Sequence[Any]) -> list[str]:
+    """The input columns no contract stores as an input (none when no contract is known)."""
+    if not contracts:
+        return []
+    stored = {name for contract in contracts for name in contract.inputs}
+    return [name for name in columns if name not in stored]
 
 
 async def choose_run_id(tenant: Port, play: str, args: argparse.Namespace) -> str | None:
@@ -122,17 +153,22 @@ def run_play(args: argparse.Namespace) -> int:
     from .progress import RunProgress, with_progress
     from .results import describe_result, run_document, stopped_early
 
-    name, play = load_play(args.play_file)
-    rows: list[dict] = []
+    loaded = load_play(args.play_file)
+    name, play = loaded.name, loaded.play
+    rows: Sequence[dict] = []  # a checked input file is a `FileRows`, sized
     if args.input is None and not args.no_input:
         raise UsageError("no input: pass --input FILE.csv|.jsonl (or --no-input for a play "
                          "that reads its own data)")
     if args.input is not None:
-        source = read_input(args.input)
+        source = read_input(args.input, infer_types=args.infer_types)
         if source.note is not None:
             say(source.note)
             return 0
         rows = source.rows
+        dropped = unstored_columns(source.columns, loaded.contracts)
+        if dropped:
+            say(f"{args.input}: {plural(len(dropped), 'column')} not stored (no contract of "
+                f"{args.play_file} names them as inputs): {', '.join(dropped)}")
     play_name = args.play_name or name
     notice = args.notice = RunNotice(args.argv, "--run-id")
 
@@ -146,8 +182,7 @@ def run_play(args: argparse.Namespace) -> int:
             async with open_run(tenant, play_name, run_id, force=args.force) as run:
                 await notice.started(run)
                 say(f"{len(rows)} input rows")
-                progress = RunProgress(interval_s=args.progress_every,
-                                       input_rows=len(rows) if isinstance(rows, list) else None)
+                progress = RunProgress(interval_s=args.progress_every, input_rows=len(rows))
                 result = await with_progress(run, progress, lambda: play(run, rows))
             if result is not None:
                 say(describe_result(result))

@@ -1,4 +1,4 @@
-"""Commands about the installation itself: `doctor`, `psql`, `simulate`."""
+"""Commands about the installation itself: `doctor`, `psql`, `views`, `simulate`."""
 
 from __future__ import annotations
 
@@ -58,6 +58,22 @@ def psql(args: argparse.Namespace) -> int:
     from .psql import run_psql
 
     return run_psql(args)
+
+
+# -- views --------------------------------------------------------------------------------------
+def _views_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_DSN, else embedded)")
+    parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"),
+                        help="tenant schema (default: RUNPLANE_SCHEMA, else 'runplane'); the views "
+                        "go to <schema>_views")
+
+
+@command("views", "(re)create the readable view of every sheet in <schema>_views (psql does at start)")(_views_options)
+def views(args: argparse.Namespace) -> int:
+    from .psql import refresh_views
+
+    run_trio(refresh_views, args.dsn, args.schema, True)
+    return 0
 
 
 # -- simulate -----------------------------------------------------------------------------------
