@@ -161,6 +161,11 @@ class Dataset:
     def fields(self) -> tuple[str, ...] | None:
         return self.filters.fields
 
+    @property
+    def cells(self) -> bool:
+        """Whether its rows carry `_cells` unless a read says otherwise."""
+        return self.filters.cells
+
     def _args(self) -> dict[str, Any]:
         return {"status": self.filters.status, "run_id": self.filters.run_id}
 

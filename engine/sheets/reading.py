@@ -13,10 +13,11 @@ How it works
   output field read, `{"status": "completed|failed|pending", "completed_at": ISO-8601 or null,
   "run_id": ..., "attempts": n, "last_value": <the value stored, or null>}`. Outputs are the
   fields with a column counter row (the contract's outputs and every output a completion
-  wrote); an output cell with no cell meta reads `pending` when it holds no value. Rows are ordered by input index (nulls last), creation
-  time and key. With `run_id`, only that run's rows are read — those it last wrote and the
-  cache hits it reused (`engine.sheets.reuse`) — and among them only the enriched ones if any
-  exist, else only the failed ones if any exist, else all of them.
+  wrote); an output cell with no cell meta reads `pending` when it holds no value. Rows are
+  ordered by input index (nulls last), creation time and key. With `run_id`, only that run's
+  rows are read — those it last wrote and the cache hits it reused (`engine.sheets.reuse`) —
+  and among them only the enriched ones if any exist, else only the failed ones if any exist,
+  else all of them.
 - `summary` reads the counter rows; a sheet never written reads as all zeros. `summaries` reads
   the counters of every sheet of a play at once (the command line's status). All are plain
   reads: no lock, one snapshot per statement.
