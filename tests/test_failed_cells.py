@@ -232,8 +232,8 @@ async def test_a_forced_rerun_interrupted_before_a_row_completes_shows_it_pendin
     async with open_run(tenant, PLAY) as run:
         result = await run.map(NS, rows, score_run1, contract=CONTRACT)
     assert (result.cached, result.completed) == (0, 2)
-    assert [(r["score"], r["label"]) for r in await sheets.dataset(tenant, scope, NS).materialize()] \
-        == [(1, "A"), (1, "B")]
+    recomputed = await sheets.dataset(tenant, scope, NS).materialize()
+    assert [(r["score"], r["label"]) for r in recomputed] == [(1, "A"), (1, "B")]
     await check_counters(tenant)
 
 

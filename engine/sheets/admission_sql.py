@@ -134,8 +134,9 @@ def pending_cells(meta: str, run_id: str, attempts: str) -> str:
     return f"""(SELECT coalesce(jsonb_object_agg(e.key,
                CASE WHEN jsonb_typeof(e.value) = 'object' THEN e.value - 'completed_at'
                     ELSE '{{}}'::jsonb END
-               || jsonb_build_object('status', {CellStatus.PENDING.sql}::text, 'run_id', {run_id}::text,
-                                     'attempts', {attempts})), '{{}}'::jsonb)
+               || jsonb_build_object('status', {CellStatus.PENDING.sql}::text,
+                                     'run_id', {run_id}::text, 'attempts', {attempts})),
+               '{{}}'::jsonb)
       FROM jsonb_each({meta}) AS e)"""
 
 

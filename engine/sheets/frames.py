@@ -2,10 +2,11 @@
 
 How it works
 - A field's kind comes from the values the rows read show (one scan, `kinds_statement`; an
-  output cell that is not completed shows null, `reading.shown_cell`): `string` (only strings), `integer` (only integral numbers within int64),
-  `float` (other numbers), `boolean`, `json` (objects, arrays or a mix of kinds: the column
-  holds each value's JSON text) and `null` (no value at all: a string column of nulls). A
-  missing output is null in every kind.
+  output cell that is not completed shows null, `reading.shown_cell`): `string` (only
+  strings), `integer` (only integral numbers within int64), `float` (other numbers),
+  `boolean`, `json` (objects, arrays or a mix of kinds: the column holds each value's JSON
+  text) and `null` (no value at all: a string column of nulls). A missing output is null in
+  every kind.
 - The columns are the fields in the sheet's order, then `_key`, `_status`, `_error` (the same
   columns a CSV export has), and with `cells` one more, `_cells`: each row's cell report as
   JSON text.
