@@ -19,6 +19,11 @@ How it works
   - `parquet` (needs the `frames` extra): the same columns, typed by each field's kind
     (`engine.sheets.frames`: nested values as JSON text); each page becomes Arrow columns as it
     arrives, and every `ROW_GROUP_ROWS` rows are written as one row group.
+- An output cell that is not completed (it failed, or a forced run re-admitted it and has not
+  completed it again) is exported as null in every format: JSON null, an empty CSV cell, a
+  Parquet null (`engine.sheets.reading.shown_cell`). `--cells` adds each row's `_cells` (per
+  output: status, completed_at, run_id, attempts, last_value): a key of each JSON line, and one
+  last column of JSON text in CSV and Parquet.
 - A progress bar (rows written, rows/s) goes to stderr only when stderr is a terminal.
 """
 
@@ -57,6 +62,9 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", default=None, metavar="RUN_ID", help="only the rows this run wrote")
     parser.add_argument("--fields", default=None, metavar="A,B",
                         help="only these fields, in this order (default: every field)")
+    parser.add_argument("--cells", action="store_true",
+                        help="add each row's _cells: per output its status, completed_at, run_id, "
+                             "attempts and the value still stored (last_value)")
     guard = parser.add_mutually_exclusive_group()
     guard.add_argument("--csv-safe", dest="csv_safe", action="store_const", const=True,
                        default=None,
@@ -136,6 +144,7 @@ async def _rows(ds: sheets.Dataset) -> AsyncIterator[list[dict]]:
 
 
 async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress, safe: bool) -> int:
+    system = frames.system_columns(ds.filters.cells)
     # Imported here: the console package loads its web stack, which other commands never need.
     from runplane.engine.console.export import csv_cell
 
@@ -150,13 +159,13 @@ async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress, safe: boo
         async for rows in _rows(ds):
             if header is None:
                 header = [k for k in rows[0] if k not in frames.SYSTEM_KEYS]
-                header += list(frames.TABLE_SYSTEM_COLUMNS)
+                header += list(system)
                 writer.writerow(map(cell, header))
             writer.writerows([cell(row.get(name)) for name in header] for row in rows)
             written += len(rows)
             progress.advance(len(rows))
         if header is None:
-            writer.writerow(map(cell, [*(await ds.field_kinds()), *frames.TABLE_SYSTEM_COLUMNS]))
+            writer.writerow(map(cell, [*(await ds.field_kinds()), *system]))
         text.flush()
     finally:
         text.detach()  # the caller owns (and closes) the binary stream
@@ -167,7 +176,8 @@ async def _parquet(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> in
     pa = frames.require("pyarrow", "--format parquet")
     pq = frames.require("pyarrow.parquet", "--format parquet")
     kinds = await ds.field_kinds()
-    schema = frames.arrow_schema(kinds)
+    cells = ds.filters.cells
+    schema = frames.arrow_schema(kinds, cells)
     written = 0
     batches: list[Any] = []  # each page as columns as soon as it arrives (compact)
 
@@ -182,7 +192,7 @@ async def _parquet(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> in
 
     with pq.ParquetWriter(out, schema) as writer:
         async for rows in _rows(ds):
-            batches.append(frames.record_batch(kinds, rows))
+            batches.append(frames.record_batch(kinds, rows, cells))
             if sum(b.num_rows for b in batches) >= ROW_GROUP_ROWS:
                 flush(writer)
         if batches or not written:
@@ -215,7 +225,7 @@ async def export(args: argparse.Namespace) -> int:
         scope = PlayScope(port.org_id, args.play)
         table = await require_table(port, scope, args.table)
         ds = sheets.dataset(port, scope, table, status=args.status, run_id=args.run,
-                            fields=fields)
+                            fields=fields, cells=args.cells)
         await ds.peek(1)  # unknown fields are refused before the output is opened
         total = await ds.count() if sys.stderr.isatty() else None
         with _output(args.output) as out, _Progress(total) as progress:

@@ -4,7 +4,8 @@ commonest errors of its failed rows (see `queries` for how every console read is
 Rows come in the sheet's row order `(_input_index, _created_at, _key)`, which the row-order index
 serves; rows whose input index is null come last, read by a second statement on
 `(_created_at, _key)` once the indexed rows are exhausted, so each statement stays an index range.
-A status filter or a key prefix narrows a page without changing its order.
+A status filter or a key prefix narrows a page without changing its order. An output cell that is
+not completed shows as null (`engine.sheets.reading.shown_cell`, as every reader of a sheet).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import attrs
 from ..pg import Connection
 from ..ports import Port, table
 from ..sheets.counters import column_source, summary_source
+from ..sheets.reading import shown_cell
 from ..sql import quote_ident
 from .queries import (MAX_FIELDS, ROWS_PAGE, TOP_ERRORS, TableCounters, _TOP_ERRORS, _counters,
                       _present, layout, read, scan)
@@ -104,20 +106,27 @@ async def rows_page(port: Port, org: str, play: str, namespace: str, *,
         outputs = {r["field"] for r in registered if r["output"]}
         if info is None or not await _present(conn, port, sheet):
             return RowsPage(fields, outputs, [], None, columns, info)
-        cols = "".join(f", {quote_ident(r['column_name'])}::text AS c{i}"
-                       for i, r in enumerate(registered))
+        names = [fields] if fields else []  # the last bind: the field names, for their cells
+
+        def statement(where: str, extra: tuple) -> str:
+            bind = f"${4 + len(extra)}::text[]"
+            cols = "".join(
+                f", ({shown_cell(quote_ident(r['column_name']), f'({bind})[{i + 1}]')})::text"
+                f" AS c{i}" for i, r in enumerate(registered))
+            return _ROWS.format(cols=cols, t=sheet.qualified, where=where)
+
         found: list[Any] = []
         if after is None or after.input_index is not None:
             where, extra = ((_INDEXED_FIRST, ()) if after is None else
                             (_INDEXED_AFTER, (after.input_index, after.created, after.key)))
-            found = list(await conn.fetch(_ROWS.format(cols=cols, t=sheet.qualified, where=where),
-                                          status, key_prefix, limit + 1, *extra))
+            found = list(await conn.fetch(statement(where, extra),
+                                          status, key_prefix, limit + 1, *extra, *names))
         if len(found) <= limit:
             last_null = after if after is not None and after.input_index is None else None
             where, extra = ((_UNINDEXED_FIRST, ()) if last_null is None else
                             (_UNINDEXED_AFTER, (last_null.created, last_null.key)))
-            found += await conn.fetch(_ROWS.format(cols=cols, t=sheet.qualified, where=where),
-                                      status, key_prefix, limit + 1 - len(found), *extra)
+            found += await conn.fetch(statement(where, extra),
+                                      status, key_prefix, limit + 1 - len(found), *extra, *names)
         rows = []
         for r in found[:limit]:
             row = {field: r[f"c{i}"] for i, field in enumerate(fields)}

@@ -20,7 +20,10 @@ How it works
       completion) → `blocked` (`gave_up`); a larger N, or None, lets it run again;
     * otherwise → (re-)admitted to ours: status pending/running, our run, version, input index
       and lease, error cleared, stored input cells refreshed, earlier output cells and cell meta
-      kept. Rows already exactly so are left untouched.
+      kept — except under `force`: then every cell meta entry turns `pending` for our run
+      (`admission_sql.pending_cells`; the values stay stored but no reader shows them until
+      they complete again, `reading.shown_cell`) and the column counters lose those cells in
+      the same statement. Rows already exactly so are left untouched.
 - Cell meta `completed_at` is epoch seconds from the server clock, so staleness is judged on
   the server's clock only; policies for fields that are not contract outputs are ignored.
 - Cache hits are not touched: their `_run_id` stays the run that wrote them; a map records

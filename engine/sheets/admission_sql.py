@@ -17,6 +17,9 @@ How it works
       takes its input cells from `rows[i].data` of the stored fact: the rows never travel again.
 - Each builder allocates its binds as it writes the text (`statements.BindParams`) and returns
   the text with its arguments (`Statement`); the write's settings come from the `SheetWrite`.
+- Under `force` the re-admission also marks every cell meta entry of the row `pending`
+  (`pending_cells`) and takes its completed and failed cells out of the column counters
+  (`cell_delta`), so a row that then fails never shows its earlier outputs as current.
 - Cache hits come back either as rows (their ordinals and one JSON array per output column,
   the public default) or as a count (`count` mode: the pending rows' ordinals, the cached
   count, the blocked rows — a few bytes for a page of hits).
@@ -38,9 +41,9 @@ from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
 from ..array_input import facts
 from .column_registry import COLUMNS_OF_FIELDS
-from .counters import summary_update
+from .counters import column_update, summary_update
 from .layout import SheetColumns, SheetLayout
-from .model import CellPolicy, OutcomeStatus, RowStatus, SheetContract, StagedPage
+from .model import CellPolicy, CellStatus, OutcomeStatus, RowStatus, SheetContract, StagedPage
 from .sheet_write import SheetWrite
 from .statements import BindParams, Statement
 
@@ -121,6 +124,45 @@ class Disposition(enum.StrEnum):
 
 _D = Disposition
 BLOCKED = f"({_D.NEWER_RUN.sql}, {_D.ATTEMPT_ACTIVE.sql}, {_D.GAVE_UP.sql})"
+
+
+def pending_cells(meta: str, run_id: str, attempts: str) -> str:
+    """The cell meta `meta` (an expression) of a row a forced admission re-admits: every entry
+    marked `pending` for run `run_id` (the row's `attempts` now: its attempts when the cell
+    was last written), its `completed_at` dropped, any other key an outcome gave it kept. The
+    values stay stored, hidden until the cell completes again (`reading.shown_cell`)."""
+    return f"""(SELECT coalesce(jsonb_object_agg(e.key,
+               CASE WHEN jsonb_typeof(e.value) = 'object' THEN e.value - 'completed_at'
+                    ELSE '{{}}'::jsonb END
+               || jsonb_build_object('status', {CellStatus.PENDING.sql}::text,
+                                     'run_id', {run_id}::text, 'attempts', {attempts})),
+               '{{}}'::jsonb)
+      FROM jsonb_each({meta}) AS e)"""
+
+
+def _all_pending(meta: str) -> str:
+    """Whether every entry of the cell meta `meta` is already pending (true when it has none)."""
+    return f"""NOT EXISTS (SELECT 1 FROM jsonb_each({meta}) AS e
+                     WHERE (e.value ->> 'status') IS DISTINCT FROM {CellStatus.PENDING.sql})"""
+
+
+def _cell_counters(port: Port, c: "_Common", *, concurrent: bool) -> str:
+    """CTEs taking the cells a forced admission marked pending out of the column counters:
+    each completed or failed entry of a re-admitted row's previous cell meta counts one less."""
+    completed, failed = CellStatus.COMPLETED.sql, CellStatus.FAILED.sql
+    update = column_update(
+        port, concurrent=concurrent, org=c.org, play=c.play, namespace=c.namespace,
+        source="cell_delta AS v", condition="v.completed <> 0 OR v.failed <> 0")
+    return f"""
+cell_delta AS (
+    SELECT e.key AS field,
+           - count(*) FILTER (WHERE e.value ->> 'status' = {completed}) AS completed,
+           - count(*) FILTER (WHERE e.value ->> 'status' = {failed}) AS failed
+      FROM readmitted AS r, jsonb_each(r.prev_meta) AS e
+     GROUP BY e.key
+),
+column_summary AS ({update}
+),"""
 
 
 def disposition_case(*, exists: str, cached: str, status: str, version: str, attempt: str,
@@ -280,6 +322,13 @@ def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
         give_up_after=give_up,
     )
     version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
+    if write.force:  # every output cell of a re-admitted row turns pending (§35)
+        cell_sets = f", _cell_meta = {pending_cells('d.prev_meta', c.run_id, 'd.prev_attempts')}"
+        cell_moved = f" OR NOT {_all_pending('d.prev_meta')}"
+        cell_ctes = _cell_counters(port, c, concurrent=concurrent)
+    else:
+        cell_sets = cell_moved = ""
+        cell_ctes = "\ncolumn_summary AS (SELECT 1 WHERE false),"
     summary = summary_update(
         port, concurrent=concurrent, org=c.org, play=c.play, namespace=c.namespace,
         source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)", deltas={
@@ -308,6 +357,7 @@ cur AS MATERIALIZED (
            s._write_version AS prev_version, s._run_id AS prev_run, s._input_index AS prev_index,
            s._attempt_id AS prev_attempt, s._attempt_expires_at AS prev_expires,
            s._error AS prev_error, s._failed_runs AS prev_failed_runs,
+           s._cell_meta AS prev_meta, s._attempts AS prev_attempts,
            {cached} AS cached{out_cols}{in_cols}
       FROM input i
       LEFT JOIN LATERAL (SELECT * FROM {t} AS s WHERE s._key = i.key LIMIT 1) AS s ON true
@@ -322,16 +372,16 @@ readmitted AS (
        SET _status = {c.status}, _run_id = {c.run_id}, _write_version = {c.version},
            _input_index = d.idx, _attempt_id = {c.attempt_id}, _attempt_seq = {c.attempt_seq},
            _attempt_expires_at = {lease}, _error = NULL, _version = {version},
-           _updated_at = now(){update_sets}
+           _updated_at = now(){update_sets}{cell_sets}
       FROM decided d
      WHERE d.disposition = {_D.ADMIT.sql} AND t._key = d.key
        AND ({c.attempt_id} IS NOT NULL OR d.prev_attempt IS NOT NULL OR d.prev_error IS NOT NULL
             OR d.prev_status IS DISTINCT FROM {c.status}
             OR d.prev_version IS DISTINCT FROM {c.version}
             OR d.prev_run IS DISTINCT FROM {c.run_id}
-            OR d.prev_index IS DISTINCT FROM d.idx{update_diff})
-    RETURNING d.prev_status
-),
+            OR d.prev_index IS DISTINCT FROM d.idx{update_diff}{cell_moved})
+    RETURNING d.prev_status, d.prev_meta
+),{cell_ctes}
 delta AS (
     SELECT (SELECT count(*) FROM inserted) AS ins, count(*) AS moved,
            count(*) FILTER (WHERE prev_status = {RowStatus.PENDING.sql}) AS was_pending,
@@ -346,6 +396,7 @@ SELECT {page_ok} AS page_ok,
        (SELECT moved FROM delta) AS readmitted,
        (SELECT count(*) FROM input) AS input_rows,
        (SELECT count(*) FROM summary) AS summary_rows,
+       (SELECT count(*) FROM column_summary) AS column_rows,
        {hits},
        (SELECT array_agg(ord ORDER BY ord) FROM decided
          WHERE disposition IN {BLOCKED}) AS blocked_ords,

@@ -1,11 +1,16 @@
 """Datasets: a sheet's rows out, in pages, in constant memory.
 
 How it works
-- `dataset(port, scope, table_namespace, *, status=None, run_id=None, fields=None)` checks its
-  input (before any query) and returns a `Dataset`: a description, not a read. `status` keeps
-  the rows of one status (`pending`, `running`, `enriched`, `failed`); `run_id` the rows that run
-  last wrote and those it reused (its cache hits, `engine.sheets.reuse`), as `read_rows(run_id=)`
-  reads them; `fields` the fields read (default: every field of the sheet, in its order).
+- `dataset(port, scope, table_namespace, *, status=None, run_id=None, fields=None,
+  cells=False)` checks its input (before any query) and returns a `Dataset`: a description, not
+  a read. `status` keeps the rows of one status (`pending`, `running`, `enriched`, `failed`);
+  `run_id` the rows that run last wrote and those it reused (its cache hits,
+  `engine.sheets.reuse`), as `read_rows(run_id=)` reads them; `fields` the fields read (default:
+  every field of the sheet, in its order); `cells` adds `_cells` to each row, as
+  `read_rows(cells=True)` does. Every way of reading it (`iterate`, `pages`, `peek`,
+  `materialize`, `to_arrow`, `to_pandas`, `copy_lines`) also takes `cells=` (None: the
+  dataset's own), so `MapResult.dataset` reads cells too. An output cell that is not completed
+  reads as null everywhere (`reading.shown_cell`).
 - `Dataset.iterate(page_rows=1000)` reads keyset pages in the sheet's row order (input index,
   nulls last; creation; key), one statement a page, each on its own connection checkout (no
   transaction is held between pages). It does not read one snapshot: while other runs write, a
@@ -29,7 +34,7 @@ import attrs
 
 from ..bounds import is_int
 from ..actions import RemotePort, action
-from ..codecs import INT, PLAY_SCOPE, STR, dict_of, list_of, optional
+from ..codecs import BOOL, INT, PLAY_SCOPE, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table, with_connection
@@ -54,6 +59,7 @@ _COUNTER_OF_STATUS = {None: "total", RowStatus.PENDING: "queued", RowStatus.RUNN
 @action("sheets.read_page", params={
     "scope": PLAY_SCOPE, "table_namespace": STR, "after": optional(CURSOR), "limit": INT,
     "status": optional(STR), "run_id": optional(STR), "fields": optional(list_of(STR)),
+    "cells": BOOL,
 }, result=PAGE, writes=False)
 async def read_page(
     port: Port,
@@ -65,10 +71,12 @@ async def read_page(
     status: str | None = None,
     run_id: str | None = None,
     fields: list[str] | None = None,
+    cells: bool = False,
 ) -> DatasetPage:
-    """The keyset page of at most `limit` rows after `after` (None: the first page)."""
+    """The keyset page of at most `limit` rows after `after` (None: the first page); with
+    `cells`, each row has `_cells` (an optional input: a request without it reads as before)."""
     check_scope(port, scope)
-    filters = check_filters(status, run_id, fields)
+    filters = check_filters(status, run_id, fields, cells)
     check_page_rows(limit)
     layout = layout_for(port, scope, table_namespace)
 
@@ -153,11 +161,23 @@ class Dataset:
     def fields(self) -> tuple[str, ...] | None:
         return self.filters.fields
 
+    @property
+    def cells(self) -> bool:
+        """Whether its rows carry `_cells` unless a read says otherwise."""
+        return self.filters.cells
+
     def _args(self) -> dict[str, Any]:
         return {"status": self.filters.status, "run_id": self.filters.run_id}
 
     def _fields_arg(self) -> list[str] | None:
         return None if self.filters.fields is None else list(self.filters.fields)
+
+    def _reading(self, cells: bool | None) -> "Dataset":
+        """This dataset read with `cells` (None: as it is)."""
+        if cells is None or cells is self.filters.cells:
+            return self
+        return attrs.evolve(self, filters=check_filters(
+            self.filters.status, self.filters.run_id, self.filters.fields, cells))
 
     async def count(self) -> int:
         """How many rows match (now)."""
@@ -168,10 +188,11 @@ class Dataset:
         return await field_kinds(self.port, self.scope, self.table_namespace, **self._args(),
                                  fields=self._fields_arg())
 
-    async def pages(self, page_rows: int = 1000) -> AsyncIterator[DatasetPage]:
+    async def pages(self, page_rows: int = 1000, *,
+                    cells: bool | None = None) -> AsyncIterator[DatasetPage]:
         """The keyset pages, each one statement (see the module docstring)."""
         check_page_rows(page_rows)
-        next_page = await self._pager(page_rows)
+        next_page = await self._reading(cells)._pager(page_rows)
         after = None
         while True:
             page = await next_page(after)
@@ -185,9 +206,11 @@ class Dataset:
         """How to read the page after a cursor: through the port's `sheets.read_page` action
         when it is remote, else one statement on a connection, the columns read once."""
         if isinstance(self.port, RemotePort):
+            # `cells` travels only when asked for, so a gateway from before it still answers.
+            extra = {"cells": True} if self.filters.cells else {}
             return lambda after: read_page(
                 self.port, self.scope, self.table_namespace, after=after, limit=page_rows,
-                **self._args(), fields=self._fields_arg())
+                **self._args(), fields=self._fields_arg(), **extra)
         check_scope(self.port, self.scope)
         layout = layout_for(self.port, self.scope, self.table_namespace)
 
@@ -202,7 +225,8 @@ class Dataset:
 
         return next_page
 
-    async def copy_lines(self, output: Callable[[bytes], Awaitable[Any]]) -> bool:
+    async def copy_lines(self, output: Callable[[bytes], Awaitable[Any]], *,
+                         cells: bool | None = None) -> bool:
         """Every matching row's JSON line (UTF-8, newline-terminated) in the sheet's order,
         handed to `output` in chunks by one `COPY ... TO STDOUT`: one statement, one snapshot,
         the text built by the server. False (nothing read) on a remote port, which pages."""
@@ -210,31 +234,34 @@ class Dataset:
             return False
         check_scope(self.port, self.scope)
         layout = layout_for(self.port, self.scope, self.table_namespace)
+        filters = self._reading(cells).filters
 
         async def op(conn: Connection) -> None:
-            read = await resolve(conn, self.port, layout, self.filters)
+            read = await resolve(conn, self.port, layout, filters)
             if read.present:
-                sql, values = lines_statement(read, self.filters)
+                sql, values = lines_statement(read, filters)
                 await conn.copy_out(sql, *values, output=output, **RAW_LINES)
 
         await with_connection(self.port, SHEET_LANE, op)
         return True
 
-    async def iterate(self, page_rows: int = 1000) -> AsyncIterator[dict]:
+    async def iterate(self, page_rows: int = 1000, *,
+                      cells: bool | None = None) -> AsyncIterator[dict]:
         """Every matching row as a dict (as `read_rows` gives), page by page."""
         loads = frames.loads
-        async for page in self.pages(page_rows):
+        async for page in self.pages(page_rows, cells=cells):
             for line in page.lines():
                 yield loads(line)
 
-    async def peek(self, n: int = 10) -> list[dict]:
+    async def peek(self, n: int = 10, *, cells: bool | None = None) -> list[dict]:
         """The first `n` matching rows."""
         check_page_rows(n)
-        async for page in self.pages(n):
+        async for page in self.pages(n, cells=cells):
             return [frames.loads(line) for line in page.lines()]
         return []
 
-    async def materialize(self, limit: int | None = None) -> list[dict]:
+    async def materialize(self, limit: int | None = None, *,
+                          cells: bool | None = None) -> list[dict]:
         """The matching rows as a list (at most `limit` of them; all when None)."""
         if limit is not None and not is_int(limit, 0):
             raise InvalidInputError(f"limit must be an integer >= 0 or None, got {limit!r}")
@@ -242,33 +269,40 @@ class Dataset:
         if limit == 0:
             return out
         page_rows = 1000 if limit is None else min(limit, 1000)
-        async for row in self.iterate(page_rows):
+        async for row in self.iterate(page_rows, cells=cells):
             out.append(row)
             if limit is not None and len(out) >= limit:
                 break
         return out
 
-    async def to_arrow(self, page_rows: int = 1000) -> Any:
+    async def to_arrow(self, page_rows: int = 1000, *, cells: bool | None = None) -> Any:
         """A `pyarrow.Table`: a column a field (typed by its kind, nested values as JSON text),
-        then `_key`, `_status`, `_error`. Needs the `frames` extra."""
+        then `_key`, `_status`, `_error` (and `_cells` as JSON text with `cells`). Needs the
+        `frames` extra."""
         pa = frames.require("pyarrow", "Dataset.to_arrow")
+        reading = self._reading(cells)
+        with_cells = reading.filters.cells
         kinds = await self.field_kinds()
-        batches = [frames.record_batch(kinds, [frames.loads(line) for line in page.lines()])
-                   async for page in self.pages(page_rows)]
-        return pa.Table.from_batches(batches, schema=frames.arrow_schema(kinds))
+        batches = [frames.record_batch(kinds, [frames.loads(line) for line in page.lines()],
+                                       with_cells)
+                   async for page in reading.pages(page_rows)]
+        return pa.Table.from_batches(batches, schema=frames.arrow_schema(kinds, with_cells))
 
-    async def to_pandas(self, page_rows: int = 1000) -> Any:
+    async def to_pandas(self, page_rows: int = 1000, *, cells: bool | None = None) -> Any:
         """A `pandas.DataFrame` of the rows as `iterate` gives them (nested values stay Python
         objects). Needs the `frames` extra."""
         pd = frames.require("pandas", "Dataset.to_pandas")
-        rows = [row async for row in self.iterate(page_rows)]
+        reading = self._reading(cells)
+        rows = [row async for row in reading.iterate(page_rows)]
+        system = [k for k in frames.SYSTEM_KEYS
+                  if reading.filters.cells or k != frames.CELLS_COLUMN]
         return pd.DataFrame.from_records(rows) if rows else pd.DataFrame(
-            columns=[*(self.filters.fields or ()), *frames.SYSTEM_KEYS])
+            columns=[*(self.filters.fields or ()), *system])
 
 
 def dataset(port: Port, scope: PlayScope, table_namespace: str, *, status: str | None = None,
-            run_id: str | None = None, fields: Any = None) -> Dataset:
+            run_id: str | None = None, fields: Any = None, cells: bool = False) -> Dataset:
     """The dataset of a sheet's matching rows (checks the filters; reads nothing yet)."""
     check_scope(port, scope)
     layout_for(port, scope, table_namespace)  # checks the namespace
-    return Dataset(port, scope, table_namespace, check_filters(status, run_id, fields))
+    return Dataset(port, scope, table_namespace, check_filters(status, run_id, fields, cells))

@@ -9,8 +9,10 @@ How it works
   both ranges (`UNION ALL` merged in order under one `LIMIT`: the second range is read past
   its first row only when the first runs out).
 - Each row comes back as JSON text built by the server: the fields under their own names (SQL
-  NULL and JSON null both read as null), then `_key`, `_status`, `_error`, `_input_index`,
-  `_attempts`, `_failed_runs` — the same dict `read_rows` gives. A page is one text, its rows
+  NULL and JSON null both read as null; an output cell that is not completed reads as null,
+  `reading.shown_cell`), then `_key`, `_status`, `_error`, `_input_index`, `_attempts`,
+  `_failed_runs`, and with `cells` `_cells` (`reading.cells_json`) — the same dict `read_rows`
+  gives. A page is one text, its rows
   joined by newlines (jsonb and JSON strings never hold a raw newline), with the next cursor
   (the last row's order columns, which come back beside each line).
 - Why it is stable while other runs write: nothing moves a row in this order except a re-admission
@@ -35,9 +37,9 @@ from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port, table
 from ..sql import quote_ident
-from .layout import FOREIGN_TABLE, BindParams, SheetLayout, existing_columns, foreign_table_error
+from .layout import BindParams, SheetLayout, existing_columns, foreign_table_error
 from .model import RowStatus
-from .reading import REGISTERED_FIELDS, check_run_id
+from .reading import cells_json, check_cells_flag, check_run_id, registered_fields, shown_cell
 from .reuse import member_condition
 
 STATUSES = tuple(status.value for status in RowStatus)
@@ -93,15 +95,18 @@ PAGE = record(DatasetPage, rows=INT, text=STR, after=optional(CURSOR))
 
 @attrs.frozen
 class Filters:
-    """Which rows a dataset holds: every row, or those of a status, of a run, or both."""
+    """Which rows a dataset holds (every row, or those of a status, of a run, or both) and
+    what of them: `fields` (None: all), and `cells`: whether each row has `_cells`."""
 
     status: str | None = None
     run_id: str | None = None
     fields: tuple[str, ...] | None = None
+    cells: bool = False
 
 
-def check_filters(status: Any, run_id: Any, fields: Any) -> Filters:
+def check_filters(status: Any, run_id: Any, fields: Any, cells: Any = False) -> Filters:
     """The filters, checked (before any query); `InvalidInputError` naming the bad one."""
+    check_cells_flag(cells)
     if status is not None and status not in STATUSES:
         raise InvalidInputError(f"status must be None or one of {list(STATUSES)}, got {status!r}")
     run_id = check_run_id(run_id)
@@ -112,7 +117,7 @@ def check_filters(status: Any, run_id: Any, fields: Any) -> Filters:
         bad = [f for f in fields if not isinstance(f, str) or not f or "\x00" in f]
         if bad:
             raise InvalidInputError(f"fields: {bad[0]!r} is not a field name")
-    return Filters(status, run_id, fields)
+    return Filters(status, run_id, fields, cells)
 
 
 def check_page_rows(page_rows: Any) -> int:
@@ -125,21 +130,22 @@ def check_page_rows(page_rows: Any) -> int:
 @attrs.frozen
 class SheetRead:
     """What a page statement needs: the table, the (field, column) pairs read, whether the
-    table has the policy counters (a sheet from before them reads zeros; no DDL here), and
-    the reuse membership table (a run's rows include those it reused)."""
+    table has the policy counters (a sheet from before them reads zeros; no DDL here), the
+    reuse membership table (a run's rows include those it reused), and which of the fields
+    read are outputs (their cells make `_cells`)."""
 
     layout: SheetLayout
     present: bool
     pairs: tuple[tuple[str, str], ...] = ()
     policy: tuple[str, ...] = ()
     reuse: str = ""
+    outputs: frozenset[str] = frozenset()
 
 
 async def resolve(conn: Connection, port: Port, layout: SheetLayout, filters: Filters) -> SheetRead:
     """The sheet's presence and columns (`InvalidInputError` for a field it does not have)."""
-    sql = REGISTERED_FIELDS.format(registry=table(port, "sheet_columns"), foreign=FOREIGN_TABLE.format(
-        summary=table(port, "sheet_summary"), t="$5", o="$1", p="$2", n="$3"))
-    info = await conn.fetchrow(sql, *layout.counter_args, layout.qualified, layout.table)
+    info = await conn.fetchrow(registered_fields(port), *layout.counter_args, layout.qualified,
+                               layout.table)
     if info["foreign_table"]:
         raise foreign_table_error(layout)
     registered = dict(zip(info["fields"], info["columns"]))
@@ -154,24 +160,41 @@ async def resolve(conn: Connection, port: Port, layout: SheetLayout, filters: Fi
     existing = await existing_columns(conn, layout)
     pairs = tuple((f, registered[f]) for f in wanted if registered[f] in existing)
     return SheetRead(layout, True, pairs, tuple(c for c in POLICY_COLUMNS if c in existing),
-                     table(port, "sheet_reuse"))
+                     table(port, "sheet_reuse"), frozenset(info["outputs"]))
 
 
-def _line(read: SheetRead, binds: BindParams) -> str:
+def field_names(read: SheetRead, binds: BindParams) -> list[str]:
+    """Per field read, the SQL naming it (an element of one text[] bind), for its cell meta."""
+    if not read.pairs:
+        return []
+    names = binds.add([field for field, _ in read.pairs], "text[]")
+    return [f"({names})[{i + 1}]" for i in range(len(read.pairs))]
+
+
+def _line(read: SheetRead, binds: BindParams, cells: bool) -> str:
     """The SQL expression of a row's JSON text (see the module docstring)."""
     names = [("{" if i == 0 else ",") + json.dumps(field, ensure_ascii=False) + ":"
              for i, (field, _) in enumerate(read.pairs)]
     names_param = binds.add(names, "text[]") if names else None
-    parts = [f"({names_param})[{i + 1}] || coalesce({quote_ident(column)}::text, 'null')"
+    fields = field_names(read, binds)
+    parts = [f"({names_param})[{i + 1}]"
+             f" || coalesce(({shown_cell(quote_ident(column), fields[i])})::text, 'null')"
              for i, (_, column) in enumerate(read.pairs)]
     opening = "," if parts else "{"
     policy = [f"{name}::text" if name in read.policy else "'0'" for name in POLICY_COLUMNS]
+    report = ""
+    if cells:
+        report = " || ',\"_cells\":' || " + cells_json(
+            [(quote_ident(column), fields[i]) for i, (field, column) in enumerate(read.pairs)
+             if field in read.outputs],
+            "_attempts" if "_attempts" in read.policy else "0")
     parts.append(
         f"'{opening}\"_key\":' || to_json(_key)::text"
         " || ',\"_status\":' || to_json(_status)::text"
         " || ',\"_error\":' || coalesce(to_json(_error)::text, 'null')"
         " || ',\"_input_index\":' || coalesce(_input_index::text, 'null')"
-        f" || ',\"_attempts\":' || {policy[0]} || ',\"_failed_runs\":' || {policy[1]} || '}}'")
+        f" || ',\"_attempts\":' || {policy[0]} || ',\"_failed_runs\":' || {policy[1]}"
+        f"{report} || '}}'")
     return " || ".join(parts)
 
 
@@ -194,7 +217,7 @@ def page_statement(read: SheetRead, filters: Filters, after: PageCursor | None,
     """The statement of the page after `after` and its bind values."""
     binds = BindParams(1)
     limit_param = binds.add(limit, "bigint")
-    line = _line(read, binds)
+    line = _line(read, binds, filters.cells)
     where = filter_sql(filters, binds, read)
     ranges = []
 
@@ -248,7 +271,7 @@ RAW_LINES = {"format": "csv", "delimiter": "\x02", "quote": "\x01"}
 def lines_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
     """One statement of every matching row's JSON line, in the sheet's order."""
     binds = BindParams(1)
-    line = _line(read, binds)
+    line = _line(read, binds, filters.cells)
     where = filter_sql(filters, binds, read) or ["true"]
     return _ALL_LINES.format(line=line, t=read.layout.qualified, where=" AND ".join(where)), \
         binds.values

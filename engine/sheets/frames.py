@@ -1,13 +1,15 @@
 """Rows as columns: the Arrow shape of a dataset (for `to_arrow` and Parquet export).
 
 How it works
-- A field's kind comes from the values the sheet holds for the rows read (one scan,
-  `kinds_statement`): `string` (only strings), `integer` (only integral numbers within int64),
-  `float` (other numbers), `boolean`, `json` (objects, arrays or a mix of kinds: the column
-  holds each value's JSON text) and `null` (no value at all: a string column of nulls). A
-  missing output is null in every kind.
+- A field's kind comes from the values the rows read show (one scan, `kinds_statement`; an
+  output cell that is not completed shows null, `reading.shown_cell`): `string` (only
+  strings), `integer` (only integral numbers within int64), `float` (other numbers),
+  `boolean`, `json` (objects, arrays or a mix of kinds: the column holds each value's JSON
+  text) and `null` (no value at all: a string column of nulls). A missing output is null in
+  every kind.
 - The columns are the fields in the sheet's order, then `_key`, `_status`, `_error` (the same
-  columns a CSV export has).
+  columns a CSV export has), and with `cells` one more, `_cells`: each row's cell report as
+  JSON text.
 - A value that no longer fits its column's kind (a concurrent run wrote another type after the
   kinds were read) raises `ConflictError` rather than being changed; a string or null column
   takes any value as its JSON text.
@@ -24,12 +26,19 @@ from typing import Any, Mapping
 
 from ..errors import ConflictError
 from ..sql import quote_ident
-from .dataset_pages import Filters, SheetRead, filter_sql
+from .dataset_pages import Filters, SheetRead, field_names, filter_sql
+from .reading import shown_cell
 from .statements import BindParams
 
 KINDS = ("string", "integer", "float", "boolean", "json", "null")
-SYSTEM_KEYS = ("_key", "_status", "_error", "_input_index", "_attempts", "_failed_runs")
+SYSTEM_KEYS = ("_key", "_status", "_error", "_input_index", "_attempts", "_failed_runs", "_cells")
 TABLE_SYSTEM_COLUMNS = ("_key", "_status", "_error")
+CELLS_COLUMN = "_cells"
+
+
+def system_columns(cells: bool) -> tuple[str, ...]:
+    """The system columns of a table (CSV, Arrow, Parquet) after the fields."""
+    return (*TABLE_SYSTEM_COLUMNS, CELLS_COLUMN) if cells else TABLE_SYSTEM_COLUMNS
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 loads = json.loads
 
@@ -48,9 +57,10 @@ def kinds_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
     integral within int64 (`n<i>`)."""
     binds = BindParams(1)
     where = filter_sql(filters, binds, read) or ["true"]
+    names = field_names(read, binds)
     columns = []
     for i, (_, column) in enumerate(read.pairs):
-        c = quote_ident(column)
+        c = f"({shown_cell(quote_ident(column), names[i])})"
         columns.append(
             f"array_agg(DISTINCT jsonb_typeof({c})) AS t{i}, "
             f"bool_and(CASE WHEN jsonb_typeof({c}) = 'number' THEN {c}::numeric = "
@@ -79,12 +89,12 @@ def json_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def arrow_schema(kinds: Mapping[str, str]) -> Any:
+def arrow_schema(kinds: Mapping[str, str], cells: bool = False) -> Any:
     pa = require("pyarrow", "Arrow output")
     types = {"string": pa.string(), "integer": pa.int64(), "float": pa.float64(),
              "boolean": pa.bool_(), "json": pa.string(), "null": pa.string()}
     return pa.schema([pa.field(name, types[kind]) for name, kind in kinds.items()]
-                     + [pa.field(name, pa.string()) for name in TABLE_SYSTEM_COLUMNS])
+                     + [pa.field(name, pa.string()) for name in system_columns(cells)])
 
 
 def _misfit(field: str, kind: str, value: Any) -> ConflictError:
@@ -113,13 +123,16 @@ def column_values(field: str, kind: str, values: list[Any]) -> list[Any]:
     return out
 
 
-def record_batch(kinds: Mapping[str, str], rows: list[dict]) -> Any:
-    """One Arrow record batch of `rows` (dicts as `Dataset.iterate` gives them)."""
+def record_batch(kinds: Mapping[str, str], rows: list[dict], cells: bool = False) -> Any:
+    """One Arrow record batch of `rows` (dicts as `Dataset.iterate` gives them; with `cells`,
+    their `_cells` as JSON text in the last column)."""
     pa = require("pyarrow", "Arrow output")
     arrays = [column_values(field, kind, [row.get(field) for row in rows])
               for field, kind in kinds.items()]
     arrays += [[row[name] for row in rows] for name in TABLE_SYSTEM_COLUMNS]
-    schema = arrow_schema(kinds)
+    if cells:
+        arrays.append([json_text(row[CELLS_COLUMN]) for row in rows])
+    schema = arrow_schema(kinds, cells)
     return pa.RecordBatch.from_arrays(
         [pa.array(a, type=t) for a, t in zip(arrays, schema.types)], schema=schema)
 

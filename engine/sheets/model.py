@@ -70,6 +70,16 @@ class OutcomeStatus(_SqlLiteral):
 
 
 OUTCOME_STATUSES = tuple(status.value for status in OutcomeStatus)
+
+
+class CellStatus(_SqlLiteral):
+    """An output cell's status in the cell meta, as `_cells[f].status` reports it: completion
+    writes `completed` or `failed` (`OutcomeStatus`); a forced admission writes `pending`. Only
+    a completed cell's value is shown (`reading.shown_cell`)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PENDING = "pending"
 _STATUS_FIELD = re.compile(r"\{(" + "|".join(status.name for status in RowStatus) + r")\}")
 
 
