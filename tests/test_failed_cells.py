@@ -247,3 +247,22 @@ async def test_read_page_carries_cells_only_when_asked_through_a_gateway(tenant,
     assert all("_cells" not in row for row in plain)
     assert await sheets.read_rows(gateway, scope, NS, cells=True) == \
         await sheets.read_rows(tenant, scope, NS, cells=True)
+
+
+async def test_runplane_sql_and_the_sheet_views_show_null_for_a_row_that_failed_after_force(
+        tenant, forced):
+    """`runplane sql`'s text and `runplane psql`'s views read cells as every read path does."""
+    from runplane.engine.sheets import views
+
+    (sheet,) = await views.read_sheets(tenant, tenant.org_id, PLAY, NS)
+    async with tenant.connection("sheet") as conn:
+        rows = [dict(r) for r in await conn.fetch(views.sheet_select(tenant.schema, sheet))]
+        await views.sync_views(tenant)
+        viewed = [dict(r) for r in await conn.fetch(
+            f'SELECT * FROM "{views.views_schema(tenant.schema)}".'
+            f'"{views.identifier(f"{tenant.org_id}/{PLAY}/{NS}")}"')]
+        await conn.execute(f'DROP SCHEMA "{views.views_schema(tenant.schema)}" CASCADE')
+    for got in (rows, viewed):
+        decoded = [{k: json.loads(v) if k in ("name", "score", "label") and v is not None else v
+                    for k, v in row.items()} for row in got]
+        assert_failed_row_reads_null(decoded)

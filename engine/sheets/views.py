@@ -4,9 +4,9 @@ How it works
 - A sheet's table and columns have hashed names (`layout`); which column holds which field is
   the column registry's to say (`sheet_columns`). `sheet_select` turns a sheet's registered
   columns into one `SELECT` whose aliases are the field names (in registry order) after the
-  readable system columns (`READABLE_SYSTEM_COLUMNS`: `_key`, `_status`, `_error`, …). Output
-  cells show the value stored (a failed cell's earlier value included; the read paths'
-  "not completed reads as null" rule is `reading`'s, not this text's).
+  readable system columns (`READABLE_SYSTEM_COLUMNS`: `_key`, `_status`, `_error`, …). A cell
+  shows its value only when it is completed, as on every read path (`reading.shown_cell`): a
+  failed or re-admitted cell reads as null.
 - `sync_views` keeps one view per sheet in the schema `<schema>_views`, named
   `"<org>/<play>/<table>"` (past 63 bytes: a prefix and a hash of the whole name, as any alias
   past PostgreSQL's identifier limit), each `WITH (security_invoker = true)`, so a reader sees
@@ -28,6 +28,7 @@ import attrs
 from ..ports import RECEIPTS_LANE, Port, table
 from ..sql import quote_ident
 from .layout import table_name
+from .reading import shown_cell
 
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 HASH_CHARS = 10
@@ -69,11 +70,17 @@ def views_schema(schema: str) -> str:
     return identifier(f"{schema}_views")
 
 
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def sheet_select(schema: str, sheet: SheetColumns) -> str:
     """A `SELECT` over the sheet with readable aliases (see the module docstring)."""
     lines = [quote_ident(name) for name in sheet.system]
-    lines += [f"{quote_ident(column)} AS {quote_ident(identifier(field))}"
-              for field, column in sheet.fields]
+    # A cell shows only when completed, as on every read path (`reading.shown_cell`); a view
+    # takes no binds, so the field name is a literal here.
+    lines += [f"{shown_cell(quote_ident(column), _literal(field))} AS "
+              f"{quote_ident(identifier(field))}" for field, column in sheet.fields]
     columns = ",\n       ".join(lines)
     return (f"SELECT {columns}\n  FROM {quote_ident(schema)}.{quote_ident(sheet.table)}\n"
             " ORDER BY _input_index, _created_at, _key")
