@@ -3,9 +3,8 @@
 How it works
 - `MapRecorder` belongs to one `run.map`. It sees every progress snapshot of the map (a cheap
   assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
-  one about every `HEARTBEAT_S` seconds while it changed (state `running`; `running` counts the
-  rows admitted to run and not yet given an outcome), so another terminal's `runplane status`
-  sees rows in flight. When the map returns, `finish` writes its final counts (`finished`,
+  one about every `HEARTBEAT_S` seconds while it changed (state `running`; `running` is the rows
+  inside a call of the function when it was written, as everywhere: `engine.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
   `stopped_early` or `superseded`); a map that raised is written as `failed` (unless the store
   is away: then, like a crash, it is left to the wake). A map cancelled in its process (Ctrl-C,
   SIGTERM) writes once more when it has flushed what it computed (`interrupted`): the counts
@@ -43,12 +42,6 @@ def now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def in_flight(snapshot: MapProgress) -> int:
-    """Rows admitted to run that have no outcome yet (queued for a worker, being called, or
-    waiting out a retry's backoff)."""
-    return max(0, snapshot.pending - snapshot.executed)
-
-
 @attrs.define(eq=False)
 class MapRecorder:
     port: Port
@@ -68,7 +61,7 @@ class MapRecorder:
         if snapshot is not None:
             counts = {name: getattr(snapshot, name) for name in (
                 "source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried")}
-            counts["running"] = in_flight(snapshot) if state == "running" else 0
+            counts["running"] = snapshot.in_call if state == "running" else 0
         return history.MapRecord(self.map_key, self.table_namespace, state, self.started_at,
                                  now() if ended else None, stop_reason=stop_reason, **counts)
 

@@ -57,7 +57,7 @@ from runplane.engine.sheets.sheet_write import check_flag
 from .backoff import MAX_WAITING_ROWS, RetryQueue
 from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
-from .progress import MapProgress, MapResult, MapTally
+from .progress import CallGauge, MapProgress, MapResult, MapTally
 from .retry import retry_transient
 from .row_functions import FailFast, failure_cause
 
@@ -123,6 +123,8 @@ class MapPlan:
     max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
     force: bool = attrs.field(default=False, validator=check_flag)
     fail_fast_rows: int | None = attrs.field(default=None, validator=_optional(int, "fail_fast"))
+    # Rows inside a call of `fn` in this process now (the one mutable part: a counter).
+    calls: CallGauge = attrs.field(factory=CallGauge, eq=False, repr=False)
     # Where and how the map writes: built (and so checked) once, with the plan.
     write: SheetWrite = attrs.field(init=False)
 
@@ -196,7 +198,7 @@ class MapState:
                  on_progress: Callable[[MapProgress], Any] | None) -> MapState:
         retries = RetryQueue(plan.max_waiting_rows) if plan.retry is not None else None
         watch = FailFast(plan.fail_fast_rows) if plan.fail_fast_rows is not None else None
-        return cls(MapTally(on_progress, retries=retries),
+        return cls(MapTally(on_progress, retries=retries, gauge=plan.calls),
                    pacer=open_pacer(plan.port, plan.rate_limit), retries=retries,
                    fail_fast=watch)
 

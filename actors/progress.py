@@ -7,6 +7,9 @@ How it works
   outcome; `calls` of the function, of which `retried` were retries and `timed_out` ran past
   the row timeout) and what the completer made durable (completed, failed, fenced), and whether
   a newer run took the map's rows (`superseded`).
+- `CallGauge` counts the rows inside a call of the function right now (`in_call`, what
+  "running" means everywhere: `engine.row_calls`); the plan owns one, every call passes
+  through it (`actors.workers.call_row`).
 - `MapProgress` is a frozen snapshot for progress reporting (with `waiting_for_store_s`, how
   long the run has been waiting for the database, from the run's `actors.retry.OutageWatch`);
   `MapResult` is the final answer of `run.map`. Both are values: holding one never pins the
@@ -20,8 +23,10 @@ How it works
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterator
 
 import attrs
 
@@ -32,6 +37,37 @@ from .retry import current_watch
 log = logging.getLogger("runplane.actors")
 
 MAX_CARRIED_ROWS = 10_000
+
+
+@attrs.define(eq=False)
+class CallGauge:
+    """Rows inside a call of one map's function in this process, now. `on_change` (the map's
+    progress report) is called as a call starts or ends, at most every `REPORT_EVERY_S`, so a
+    slow function's progress shows its calls before any of them returns."""
+
+    in_call: int = 0
+    on_change: Callable[[], Any] | None = None
+    _reported_at: float = -1e18
+
+    REPORT_EVERY_S = 1.0
+
+    @contextlib.contextmanager
+    def calling(self) -> Iterator[None]:
+        self.in_call += 1
+        self._changed()
+        try:
+            yield
+        finally:
+            self.in_call -= 1
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is None:
+            return
+        now = time.monotonic()
+        if now - self._reported_at >= self.REPORT_EVERY_S:
+            self._reported_at = now
+            self.on_change()
 
 
 @attrs.frozen
@@ -55,6 +91,7 @@ class MapProgress:
     waiting_for_store_s: float | None = None  # None: not waiting for the database
     waiting: int = 0  # rows waiting out a retry's backoff
     stopped_early: bool = False
+    in_call: int = 0  # rows inside a call of the function now ("running")
 
 
 @attrs.frozen
@@ -115,9 +152,13 @@ class MapTally:
     stopped_early: bool = False
     stop_reason: str | None = None
     retries: Any = None  # the map's delay queue (`actors.backoff.RetryQueue`), if any
+    gauge: CallGauge = attrs.field(factory=CallGauge)  # the plan's (`MapPlan.calls`)
     diagnostics: list[Any] = attrs.field(factory=list)
     fenced_rows: list[Any] = attrs.field(factory=list)
     blocked_rows: list[Any] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        self.gauge.on_change = self.report
 
     def on_admission(self, rows_in_page: int, admission: Any, dropped: int = 0) -> None:
         """Count one admitted page; `dropped` pending rows were duplicates of rows in flight."""
@@ -170,7 +211,7 @@ class MapTally:
             timed_out=self.timed_out, superseded=self.superseded,
             waiting_for_store_s=waiting_for_store_s(),
             waiting=self.retries.waiting if self.retries is not None else 0,
-            stopped_early=self.stopped_early,
+            stopped_early=self.stopped_early, in_call=self.gauge.in_call,
         )
 
     def report(self) -> None:

@@ -31,6 +31,7 @@ How it works
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
@@ -57,6 +58,7 @@ from .history import MapRecorder
 from .progress import MapProgress, MapResult
 from .row_functions import as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
+from .row_calls import report_calls
 from .sealer import stage_array
 
 log = logging.getLogger("runplane.actors")
@@ -226,9 +228,13 @@ class Run:
 
         beat = trio.CancelScope()
 
-        async def heartbeat() -> None:
+        async def heartbeat() -> None:  # history, and the rows in a call ("running")
             with beat:
-                await recorder.heartbeat()
+                async with trio.open_nursery() as beats:
+                    beats.start_soon(recorder.heartbeat)
+                    beats.start_soon(functools.partial(
+                        report_calls, self.port, self.scope, recorder.map_key,
+                        recorder.table_namespace, lambda: plan.calls.in_call))
 
         self._live_nursery().start_soon(heartbeat)
         try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import logging
 import math
 import os
@@ -52,6 +53,7 @@ from runplane.engine.tenant import outage_budget
 from .map_state import MapPlan
 from .pacing import open_pacer
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
+from .row_calls import report_calls
 from .shared_work import Claim, UnitWork, run_row
 
 log = logging.getLogger("runplane.actors")
@@ -404,6 +406,10 @@ class MapWorker:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._renew_leases)
                 nursery.start_soon(self._flush_loop)
+                nursery.start_soon(functools.partial(  # this process's rows in a call
+                    report_calls, self.port, self.shared.ref.scope,
+                    self.shared.map_invocation_id, self.shared.table_namespace,
+                    lambda: self.plan.calls.in_call))
                 for _ in range(max(1, min(self.plan.concurrency, int(self.limiter.total_tokens)))):
                     nursery.start_soon(self._run_rows)
                 await self._claim_loop(nursery)

@@ -45,13 +45,14 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
     exception the call raised (a `RowTimeoutError` when it ran past the row timeout) or None."""
     key, index = admitted.key, admitted.input_index
     try:
-        if plan.row_timeout_s is None:
-            data = await plan.fn(admitted.row)
-        else:
-            with trio.move_on_after(plan.row_timeout_s) as scope:
+        with plan.calls.calling():  # "running": inside a call (`engine.row_calls`)
+            if plan.row_timeout_s is None:
                 data = await plan.fn(admitted.row)
-            if scope.cancelled_caught:
-                raise RowTimeoutError(f"timed out after {plan.row_timeout_s:g} s")
+            else:
+                with trio.move_on_after(plan.row_timeout_s) as scope:
+                    data = await plan.fn(admitted.row)
+                if scope.cancelled_caught:
+                    raise RowTimeoutError(f"timed out after {plan.row_timeout_s:g} s")
     except Exception as exc:  # the row fails, the map goes on
         return RowOutcome(key, OutcomeStatus.FAILED, input_index=index, error=error_message(exc),
                           attempts=calls), exc

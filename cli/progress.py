@@ -3,7 +3,7 @@
 How it works
 - `RunProgress` follows every map of a run (`run.observe_progress`). When stderr is a terminal
   it shows live rich bars on stderr, one per map: rows settled of the rows to do, rate, time
-  left, and the counts (admitted, running — rows admitted and not yet given an outcome —
+  left, and the counts (admitted, running — rows inside a call of the function now —
   completed, failed, cached, retries). Otherwise (a log, CI) it writes one plain line per map
   every `interval_s` seconds (10 by default), and a last one when the run ends if it printed
   any (a run shorter than that prints none). The total is the input's length when the play
@@ -14,8 +14,7 @@ How it works
   `RunProgress` samples each map's count every `SAMPLE_S`, whatever it prints when, so its
   first log line already shows the rate of the seconds before it.
 - `watch_status` is `runplane status PLAY --watch`: every second it reads the play's sheet
-  counters and its running maps' rows in flight (`engine.history.live_maps`) from the
-  database, and shows each table with its rate and time left (a redrawn screen on a terminal,
+  counters and its rows in a call (`engine.row_calls`) from the database, and shows each table with its rate and time left (a redrawn screen on a terminal,
   a block of lines a refresh otherwise), until interrupted.
 - stdout stays the command's: progress never writes there.
 """
@@ -36,10 +35,6 @@ from .terminal import clean, write
 
 WINDOW_S = 60.0  # rows/s: completions over the last minute (§27)
 SAMPLE_S = 1.0  # a run's progress samples each map's completions this often
-
-
-def in_flight(snapshot: MapProgress) -> int:
-    return max(0, snapshot.pending - snapshot.executed)
 
 
 def settled(snapshot: MapProgress) -> int:
@@ -98,7 +93,7 @@ class Rates:
 def progress_line(table: str, snapshot: MapProgress, total: int, rate: float) -> str:
     done = settled(snapshot)
     return (f"progress {table}: {done:,}/{total:,} rows (admitted {snapshot.admitted:,}, "
-            f"running {in_flight(snapshot):,}, completed {snapshot.completed:,}, "
+            f"running {snapshot.in_call:,}, completed {snapshot.completed:,}, "
             f"failed {snapshot.failed:,}, cached {snapshot.cached:,}, "
             f"retries {snapshot.retried:,}); {rate:,.0f} rows/s, "
             f"ETA {duration(Rates.eta(total - done, rate))}")
@@ -136,7 +131,7 @@ class RunProgress:
             return
         rate = self.rates[table].rate()
         total = self.total(snapshot)
-        note = (f"admitted {snapshot.admitted:,} · running {in_flight(snapshot):,} · "
+        note = (f"admitted {snapshot.admitted:,} · running {snapshot.in_call:,} · "
                 f"completed {snapshot.completed:,} · failed {snapshot.failed:,} · "
                 f"cached {snapshot.cached:,} · retries {snapshot.retried:,} · {rate:,.0f} rows/s")
         if table not in self._tasks:

@@ -1,11 +1,11 @@
 """`runplane status PLAY [TABLE] [--watch] [--json]`: a play's sheet counters and recent runs.
 
 How it works
-- The counters are the sheet's (`engine.sheets.summaries`) with the rows in flight added: rows
-  that running maps admitted and have not yet given an outcome are stored `pending`, so they
-  are moved from `queued` to `running` using the maps' own latest entries in the run history
-  (`engine.history.live_maps`, written about once a second while a map runs). A schema or
-  gateway without run history shows the sheet's counters as they are.
+- The counters are the sheet's (`engine.sheets.summaries`): `queued` (admitted, waiting for a
+  call), `leased` (the stored `running` status: admitted to a live attempt), `completed`,
+  `failed`; and `running`, the rows inside a call of the function now, summed over every live
+  process (`engine.row_calls`: each reports at least every 5 s; a report older than 15 s no
+  longer counts). A schema or gateway without `row_calls` shows running 0.
 - `--watch` reads them again every second (`WATCH_S`) and adds each table's rate (rows settled
   a second, over about the last ten seconds) and time left, until Ctrl-C (which ends it with
   exit 0). On a terminal the screen is redrawn; otherwise each refresh is a block of lines
@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import trio
 
-from runplane.engine import PlayScope, history, outbox, runs, sheets
+from runplane.engine import PlayScope, outbox, row_calls, runs, sheets
 from runplane.engine.actions import RemotePort
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
@@ -39,24 +39,20 @@ WATCH_S = 1.0
 class TableCounts:
     total: int
     queued: int
-    running: int
+    running: int  # inside a call now (`engine.row_calls`)
+    leased: int   # the stored `running` status: admitted to a live attempt
     completed: int
     failed: int
     columns: dict[str, Any]
 
 
-async def in_flight(port: Port, scope: PlayScope) -> dict[str, int]:
-    """Rows in flight per table, from the running maps' history entries (empty when the schema
-    or gateway has no run history)."""
+async def in_call(port: Port, scope: PlayScope) -> dict[str, int]:
+    """Rows inside a call now per table (empty when the schema or gateway has no
+    `row_calls`)."""
     try:
-        live = await history.live_maps(port, scope)
+        return row_calls.by_table(await row_calls.running(port, scope))
     except EngineError:
         return {}
-    counts: dict[str, int] = {}
-    for stored in live:
-        table = stored.record.table_namespace
-        counts[table] = counts.get(table, 0) + stored.record.running
-    return counts
 
 
 async def read_counts(port: Port, scope: PlayScope, table: str | None) -> dict[str, TableCounts]:
@@ -66,18 +62,15 @@ async def read_counts(port: Port, scope: PlayScope, table: str | None) -> dict[s
         if wanted not in summaries:
             raise CommandError(f"play {scope.play!r} has no table {wanted!r}")
         summaries = {wanted: summaries[wanted]}
-    flying = await in_flight(port, scope) if summaries else {}
-    counts = {}
-    for name, s in summaries.items():
-        moved = min(flying.get(name, 0), s.queued)
-        counts[name] = TableCounts(s.total, s.queued - moved, s.running + moved, s.completed,
-                                   s.failed, dict(sorted(s.columns.items())))
-    return counts
+    calling = await in_call(port, scope) if summaries else {}
+    return {name: TableCounts(s.total, s.queued, calling.get(name, 0), s.running, s.completed,
+                              s.failed, dict(sorted(s.columns.items())))
+            for name, s in summaries.items()}
 
 
 def table_line(name: str, c: TableCounts) -> str:
     return (f"table {name}: total {c.total}, queued {c.queued}, running {c.running}, "
-            f"completed {c.completed}, failed {c.failed}")
+            f"leased {c.leased}, completed {c.completed}, failed {c.failed}")
 
 
 async def show_status(port: Port, args: argparse.Namespace) -> int:
@@ -112,7 +105,7 @@ def status_document(scope: PlayScope, counts: dict[str, TableCounts], recent: li
                     entries: dict) -> dict:
     """`status --json`: the counters of each table and column, and the recent runs."""
     tables = {
-        name: {"total": c.total, "queued": c.queued, "running": c.running,
+        name: {"total": c.total, "queued": c.queued, "running": c.running, "leased": c.leased,
                "completed": c.completed, "failed": c.failed,
                "columns": {field: {"completed": col.completed, "failed": col.failed}
                            for field, col in c.columns.items()}}
@@ -133,7 +126,7 @@ async def watch_status(port: Port, scope: PlayScope, table: str | None) -> int:
         lines = [f"{scope.play} at {datetime.datetime.now():%H:%M:%S} (Ctrl-C to stop)"]
         for name, c in counts.items():
             rate = rates.setdefault(name, Rates()).add(c.completed + c.failed)
-            left = c.queued + c.running
+            left = c.queued + c.leased
             lines.append(f"{table_line(name, c)}; {rate:,.1f} rows/s, "
                          f"ETA {duration(Rates.eta(left, rate))}")
         if terminal:

@@ -50,6 +50,7 @@ ACTION_MODULES = (
     "runplane.engine.rate_limits",
     "runplane.engine.sessions",
     "runplane.engine.history",
+    "runplane.engine.row_calls",
     "runplane.engine.shared_maps",
     "runplane.engine.shared_leases",
     "runplane.engine.shared_units",

@@ -25,6 +25,7 @@ has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused)
 9 adds shared maps (`shared_maps`, `shared_units`, `shared_workers`; `engine.shared_maps`).
 10 adds counter deltas (`sheet_counter_deltas`, `sheet_column_deltas`; `engine.sheets.counters`).
 11 adds recorded lists (`sheet_summary.writes`, `sheet_lists`; `engine.sheets.lists`).
+12 adds `row_calls`: how many rows each process has inside a call now (`engine.row_calls`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from . import session_isolation
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "11"
+SCHEMA_VERSION = "12"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -295,6 +296,20 @@ BEGIN
     END LOOP;
 END
 $grant$;
+-- end of version 11 ----------------------------------------------------------------------------
+-- Rows in a call (engine.row_calls), from version 12: every process hosting a map's rows writes
+-- how many of them are inside a call of the function now, at least every few seconds.
+CREATE TABLE IF NOT EXISTS {s}.row_calls (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    map_key text NOT NULL,
+    process text NOT NULL,
+    table_namespace text NOT NULL,
+    in_call integer NOT NULL,
+    seen_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, play, run_id, map_key, process)
+);
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """

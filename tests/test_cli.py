@@ -74,7 +74,7 @@ def test_demo_crash_after_then_resume_does_not_redo_rows(schema, capsys):
     assert resumed["executed"] == 300 - executed_before  # and nothing ran twice
     assert main(["status", "demo", "--schema", schema]) == 0
     status = capsys.readouterr().out
-    assert "total 300, queued 0, running 0, completed 300, failed 0" in status
+    assert "total 300, queued 0, running 0, leased 0, completed 300, failed 0" in status
     assert f"run {run_id} epoch" in status and "outbox done" in status
 
 
@@ -96,7 +96,7 @@ def test_run_a_play_file_with_csv_and_jsonl_input(schema, capsys):
     assert "admitted 3, cached 1, completed 1, failed 1" in capsys.readouterr().out
     assert main(["status", "enrich-companies", "companies", "--schema", schema]) == 0
     out = capsys.readouterr().out
-    assert "table companies: total 9, queued 0, running 0, completed 8, failed 1" in out
+    assert "table companies: total 9, queued 0, running 0, leased 0, completed 8, failed 1" in out
     assert "column tld: completed 8, failed 1" in out  # the failed row's cell counts as failed
     assert main(["status", "enrich-companies", "nope", "--schema", schema]) == 1
     assert capsys.readouterr().err == "runplane: play 'enrich-companies' has no table 'nope'\n"

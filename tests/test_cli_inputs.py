@@ -30,7 +30,7 @@ def test_csv_with_a_byte_order_mark_keeps_its_first_column(schema, capsys, tmp_p
     out = capsys.readouterr().out
     # `name` was read (a BOM-prefixed header would have left every row's `name` missing and
     # failed it with a KeyError).
-    assert "table things: total 2, queued 0, running 0, completed 2, failed 0" in out
+    assert "table things: total 2, queued 0, running 0, leased 0, completed 2, failed 0" in out
 
 
 def test_input_file_errors_name_the_file_and_line(schema, capsys, tmp_path):

@@ -41,7 +41,7 @@ def test_failed_rows_end_the_run_with_the_top_errors_and_failures_lists_them(
     # Column counters add up with the table's: a failed row's output cells count as failed.
     assert main(["status", "ops", "things", "--schema", schema]) == 0
     assert capsys.readouterr().out.splitlines()[:3] == [
-        "table things: total 5, queued 0, running 0, completed 2, failed 3",
+        "table things: total 5, queued 0, running 0, leased 0, completed 2, failed 3",
         "  column shout: completed 2, failed 3",
         "  column size: completed 2, failed 3",
     ]

@@ -107,7 +107,8 @@ def test_status_watch_shows_rows_in_flight_with_rate_and_eta(schema, tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             seen = watch_log.read_text()
-            if re.search(r"running [1-9]\d*, completed \d+, failed 0; [\d.,]*[1-9][\d.,]* "
+            if re.search(r"running [1-9]\d*, leased \d+, completed \d+, failed 0; "
+                         r"[\d.,]*[1-9][\d.,]* "
                          r"rows/s, ETA \d", seen):  # in flight, a rate and a time left
                 break
             time.sleep(0.2)

@@ -25,7 +25,7 @@ import trio
 from runplane.actors import open_run
 from runplane.actors.shared_worker import serve_play
 
-from runplane.engine import (PlayScope, RunScope, history, outbox, rate_limits, receipts, runs,
+from runplane.engine import (PlayScope, RunScope, history, outbox, rate_limits, receipts, row_calls, runs,
                              shared_leases, shared_maps, sheets)
 from runplane.engine.actions import actions
 from runplane.engine.gateway import open_gateway, server as server_module
@@ -66,6 +66,8 @@ async def _workload(tenant, gw) -> None:
     await runs.get(gw, ref.scope)
     await runs.by_epoch(gw, scope, ref.epoch)
     await runs.list_runs(gw, scope, limit=5)
+    await row_calls.report(gw, ref.scope, "map-0", "host:1:ab", "things", 2)
+    await row_calls.running(gw, scope)
     await runs.record_command(gw, ref.scope, "runplane run x")
     await receipts.claim(gw, ref, "k1")
     await receipts.complete(gw, ref, "k1", {"v": 1})

@@ -38,6 +38,6 @@ def test_the_readme_snippet_and_runplane_status_agree_on_the_org(dsn, tmp_path):
         status = run_cli("status", "enrich", env=env)
         assert status.returncode == 0, status.stderr
         assert status.stdout.startswith(
-            "table companies: total 2, queued 0, running 0, completed 2, failed 0\n")
+            "table companies: total 2, queued 0, running 0, leased 0, completed 2, failed 0\n")
     finally:
         trio.run(drop)

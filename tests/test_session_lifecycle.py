@@ -35,7 +35,7 @@ from .test_sessions import ALL_OPERATIONS, try_to_break_out, victim_rows
 FROZEN_SCHEMAS = {"1": "schema_v1.sql", "2": "schema_v2.sql", "3": "schema_v3.sql", "4": "schema_v4.sql",
                   "5": "schema_v5.sql", "6": "schema_v6.sql",
                   "7": "schema_v7.sql", "8": "schema_v8.sql", "9": "schema_v9.sql",
-                  "10": "schema_v10.sql"}  # every older version
+                  "10": "schema_v10.sql", "11": "schema_v11.sql"}  # every older version
 
 
 # -- migration --------------------------------------------------------------------------------
@@ -143,7 +143,8 @@ async def test_a_writer_session_minted_before_the_upgrade_to_version_11_still_wr
         assert admission.inserted == 1
 
 
-async def test_a_thousand_mint_and_expire_cycles_leave_the_catalog_as_it_was(dsn):
+async def test_a_thousand_mint_and_expire_cycles_leave_the_catalog_as_it_was(dsn, monkeypatch):
+    monkeypatch.setenv("RUNPLANE_SESSIONS_PER_SERVER", "10000")  # 1,000 live at once here
     org = unique("org")
     async with admin_tenant(dsn, org) as admin:
         scope = PlayScope(org, "play")

@@ -14,3 +14,12 @@ async def double(row):
 
 async def play(run, rows):
     await run.map("nums", rows, double)
+
+
+GATE = None  # a trio.Event a test sets: `gated` calls wait for it
+
+
+async def gated(row):
+    if GATE is not None:
+        await GATE.wait()
+    return {"double": row["n"] * 2}

@@ -1,0 +1,64 @@
+"""The reporter of a map's rows in a call (`engine.row_calls`): what "running" counts.
+
+How it works
+- `report_calls` runs beside a map in each process hosting its rows (`Run.map` for a run's own
+  rows, `MapWorker.serve` for a shared map's worker) and writes the process's count of rows
+  inside a call (`CallGauge.in_call`) to `row_calls`: once the first row enters a call, then
+  whenever the count changed (looked at every `CHECK_S`) and at least every
+  `engine.row_calls.REPORT_S` seconds, changed or not. A map whose rows never enter a call (a
+  rerun answered from the cache) writes nothing.
+- When the map ends or is cancelled (Ctrl-C, SIGTERM) the last report is 0, shielded and
+  within `FINAL_DEADLINE_S`: "running" drops at once on a clean end; a crashed process's count
+  stops counting once its last report is stale (`engine.row_calls.FRESH_S`).
+- A report that fails (the database is away) is skipped: the map's own store calls ride the
+  outage; this figure is observational and never stops a map.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Callable
+
+import trio
+
+from runplane.engine import row_calls
+from runplane.engine.errors import EngineError
+from runplane.engine.ports import Port
+from runplane.engine.scopes import RunScope
+
+CHECK_S = 1.0
+FINAL_DEADLINE_S = 2.0
+
+
+def process_name() -> str:
+    """This process, as its reports name it (host, pid and a random suffix: pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+async def report_calls(port: Port, scope: RunScope, map_key: str, table_namespace: str,
+                       in_call: Callable[[], int], *, process: str | None = None) -> None:
+    """Report `in_call()` for this process until cancelled (see the module docstring)."""
+    name = process or process_name()
+
+    async def send(value: int) -> bool:
+        try:
+            await row_calls.report(port, scope, map_key, name, table_namespace, value)
+        except EngineError:
+            return False
+        return True
+
+    sent: int | None = None
+    sent_at = 0.0
+    try:
+        while True:
+            value, now = in_call(), trio.current_time()
+            due = sent is not None and now - sent_at >= row_calls.REPORT_S
+            if (value != sent and (value or sent is not None)) or due:
+                if await send(value):
+                    sent, sent_at = value, now
+            await trio.sleep(CHECK_S)
+    finally:
+        if sent is not None:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S):
+                await send(0)
