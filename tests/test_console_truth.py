@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 
 import httpx
 import pytest
 import trio
 
 from runplane.actors import RowRetry, open_run
+from runplane.engine import open_tenant
 from runplane.engine.console import live, rates
 from runplane.engine.gateway import mint_token
 
+from .conftest import fresh_schema
 from .console_support import CONTRACT, SECRET, client, login_token, upper
 from .gateway_support import serving
 
@@ -264,3 +270,48 @@ async def test_the_rate_chart_keeps_its_last_minute_when_the_run_ends(tenant, co
                     batches[ready].set()  # that batch is written: release the next one
     series = after[-1]["tables"][0]["series"]
     assert series and max(series) > 0, series
+
+
+async def test_console_command_starts_on_a_schema_without_runplane_tables(dsn):
+    """`runplane console` on a schema no run has created yet: it starts, creates nothing,
+    shows an empty state, and fills in once a run creates the schema."""
+    schema = fresh_schema()
+    env = {**os.environ, "RUNPLANE_DSN": dsn, "RUNPLANE_SCHEMA": schema}
+    child = subprocess.Popen([sys.executable, "-m", "runplane.cli", "console", "--bind",
+                              "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        first = child.stdout.readline()
+        assert "console listening on http://127.0.0.1:" in first, first + child.stderr.read()
+        assert "no runplane tables yet" in first
+        link = child.stdout.readline().strip()
+        base = link.split("/ui/login", 1)[0]
+        async with open_tenant("probe", dsn, schema="public", bootstrap=False) as probe:
+            async with probe.connection("sheet") as conn:
+                assert await conn.fetchval("SELECT to_regnamespace($1)", schema) is None
+        async with httpx.AsyncClient(base_url=base, trust_env=False) as http:
+            assert (await http.get(link)).status_code == 303
+            empty = await http.get("/ui/")
+            assert empty.status_code == 200 and 'id="empty"' in empty.text
+            assert schema in empty.text
+            listing = (await http.get("/ui/api/runs")).json()
+            assert listing["runs"] == [] and listing["schema_ready"] is False
+            assert (await http.get("/ui/tables/p/t")).status_code == 404
+            async with open_tenant("probe", dsn, schema="public", bootstrap=False) as probe:
+                async with probe.connection("sheet") as conn:  # still nothing created
+                    assert await conn.fetchval("SELECT to_regnamespace($1)", schema) is None
+            async with open_tenant("local", dsn, schema=schema) as tenant:  # a first run
+                async with open_run(tenant, "p") as run:
+                    await run.map("t", rows(3), upper, contract=CONTRACT)
+            filled = await http.get("/ui/")
+            assert filled.status_code == 200 and run.run_id in filled.text
+            assert 'id="empty"' not in filled.text
+            page = await http.get(f"/ui/runs/p/{run.run_id}")
+            assert page.status_code == 200
+            assert re.findall(r'data-field="completed">(\d+)<', page.text) == ["3"]
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=30)
+        async with open_tenant("probe", dsn, schema="public", bootstrap=False) as probe:
+            async with probe.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
