@@ -1,7 +1,9 @@
 """`runplane console`: the web console on loopback, behind a one-time login link.
 
 Reads `--dsn` / `RUNPLANE_DSN` (else the embedded server) and `--schema` / `RUNPLANE_SCHEMA` like
-every command, opens the store read-only (nothing is created), serves `/ui/` on `--bind`
+every command, opens the store read-only (nothing is created; a schema with no runplane tables
+yet is served with an empty runs page that fills in once a run creates them), serves `/ui/` on
+`--bind`
 (loopback only; default 127.0.0.1:8788) and prints the login link
 `http://HOST:PORT/ui/login?once=CODE` as one flushed line with the port actually bound. The link
 works once and opens a session that sees every org.
@@ -32,8 +34,10 @@ def console(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with open_console(dsn=args.dsn, schema=args.schema, bind=args.bind) as server:
-            print(f"console listening on {server.url}/ui/ (schema {args.schema}; Ctrl-C to "
-                  "stop); open this link to log in (it works once):", flush=True)
+            note = "" if server.schema_ready else (
+                ", no runplane tables yet: pages fill in once a run creates them")
+            print(f"console listening on {server.url}/ui/ (schema {args.schema}{note}; Ctrl-C "
+                  "to stop); open this link to log in (it works once):", flush=True)
             print(server.login_url(), flush=True)
             await trio.sleep_forever()
 

@@ -100,8 +100,10 @@ def test_a_running_maps_counts_rise_without_a_reload(world, browser, tmp_path):
             "() => parseFloat(document.querySelector("
             "'section[data-map=\"t\"] [data-field=\"rate\"]').textContent) > 0",
             timeout=15_000)
-        width = page.get_attribute('section[data-map="t"] rect[data-seg="enriched"]', "width")
-        assert float(width) > 0
+        width = page.get_attribute('section[data-map="t"] rect[data-seg="completed"]', "width")
+        assert float(width) > 0  # this run's bar
+        shown = page.inner_text("main")  # row states read the same words as everywhere
+        assert "enriched" not in shown and "pending" not in shown and "This run" in shown
         page.wait_for_function(  # three samples drawn: the chart has a line
             "() => document.querySelector('svg.chart polyline').getAttribute('points')"
             ".split(' ').length >= 3", timeout=15_000)

@@ -5,9 +5,13 @@ How it works
   the check and the count happen with no checkpoint between them, so a burst of opens gets
   exactly the cap and the rest 503. The count is released when the answer ends, however it ends
   (`_Counted.__call__`), whether or not the stream ever sent an event.
-- The stream reads the play's counters once per `LIVE_INTERVAL_S` while the run is open
-  (`IDLE_INTERVAL_S` after) and sends each table's counters, its rows per second over the last
-  minute (from the samples this stream took) and an ETA.
+- The stream reads, in one snapshot, the run, what each of its maps did so far (its run
+  history, `figures`) and its play's counters, once per `LIVE_INTERVAL_S` while the run is open
+  (`IDLE_INTERVAL_S` after). For each table the run mapped it sends the run's own figures
+  (admitted, cached, completed, failed, retried), the map's state, the rows of the table running
+  now (the sheet's counter, any run), and its rows per second over the last minute with an ETA
+  (`rates`: from the run's own completions as its history wrote them, so never negative; the
+  chart keeps its last minute once the map stops being written).
 - It ends when its session ends: logout or eviction set the session's `ended` event, which wakes
   the stream at once; the session's expiry (a token's `exp`) bounds every pause, and each tick
   checks the session again. It also ends when the server shuts down (`Console.closing`).
@@ -25,12 +29,12 @@ from sse_starlette import EventSourceResponse
 
 from ..errors import EngineError
 from ..ports import Port
-from . import queries
+from . import queries, rates
 from .auth import Sessions
+from .figures import MapFigures
 
 LIVE_INTERVAL_S = 1.0  # while the run is open
 IDLE_INTERVAL_S = 5.0  # once it is retiring or done
-RATE_WINDOW = 61  # samples kept per table: one minute of per-second rates
 PING_S = 15
 
 
@@ -72,23 +76,20 @@ def open_stream(streams: collections.Counter, cap: int, sessions: Sessions, sess
 
 async def _progress(port: Port, run: queries.RunRow, sessions: Sessions, session_id: str,
                     ended: trio.Event, closing: trio.Event) -> Any:
-    history: dict[str, collections.deque] = {}
+    windows: dict[str, rates.RateWindow] = {}
     while not closing.is_set():
         viewer = sessions.viewer(session_id)  # None once logged out, evicted or expired
         if viewer is None:
             return
         try:
-            now, tables = await queries.live(port, run.org_id, run.play, run.run_id)
+            tick = await queries.live(port, run.org_id, run.play, run.run_id)
         except EngineError:  # an outage: skip this tick, the next one tries again
             await _rest(LIVE_INTERVAL_S, viewer.expires_at, ended, closing)
             continue
-        now = now or run
-        at = trio.current_time()
-        payload: dict[str, Any] = {"state": now.state, "duration_s": now.duration_s, "tables": []}
-        for t in tables:
-            samples = history.setdefault(t.namespace, collections.deque(maxlen=RATE_WINDOW))
-            samples.append((at, t.done))
-            payload["tables"].append(_live_table(t, samples))
+        now = tick.run or run
+        payload: dict[str, Any] = {"state": now.state, "duration_s": now.duration_s,
+                                   "tables": [_live_table(m, tick.counters.get(m.namespace),
+                                                          windows, tick.now) for m in tick.maps]}
         yield {"event": "progress", "data": json.dumps(payload)}
         pause = LIVE_INTERVAL_S if now.state == "open" else IDLE_INTERVAL_S
         await _rest(pause, viewer.expires_at, ended, closing)
@@ -106,15 +107,17 @@ async def _rest(seconds: float, expires_at: float, *events: trio.Event) -> None:
                 nursery.start_soon(until, event, nursery.cancel_scope)
 
 
-def _live_table(t: queries.TableCounters, samples: collections.deque) -> dict[str, Any]:
-    points = list(samples)
-    series = [max(0.0, (b[1] - a[1]) / (b[0] - a[0])) if b[0] > a[0] else 0.0
-              for a, b in zip(points, points[1:])]
-    span = points[-1][0] - points[0][0]
-    rate = (points[-1][1] - points[0][1]) / span if span > 0 else 0.0
-    remaining = max(0, t.total - t.done)
-    eta = remaining / rate if rate > 0 and remaining else (0.0 if not remaining else None)
-    return {"table": t.namespace, "total": t.total, "queued": t.queued, "running": t.running,
-            "completed": t.completed, "failed": t.failed, "rate": round(rate, 2),
-            "eta_s": None if eta is None else round(eta, 1),
-            "series": [round(v, 2) for v in series]}
+def _live_table(mine: MapFigures, sheet: queries.TableCounters | None,
+                windows: dict[str, rates.RateWindow], now: float | None) -> dict[str, Any]:
+    """One table's part of a tick: the run's own figures, its rate (sampled into `windows`),
+    ETA and chart, and the rows of the table running now."""
+    window = windows.setdefault(mine.namespace, rates.RateWindow())
+    window.add(mine.written_at, mine.figures.outcomes)
+    rate = window.rate(mine.written_at if now is None else now)
+    eta = rates.eta_s(mine.figures.remaining, rate)
+    return {"table": mine.namespace, "map_state": mine.state, **mine.figures.as_dict(),
+            "running": None if sheet is None else sheet.running,
+            "sheet": None if sheet is None else {name: getattr(sheet, name) for name in (
+                "total", "queued", "running", "completed", "failed")},
+            "rate": round(rate, 2), "eta_s": None if eta is None else round(eta, 1),
+            "series": [round(v, 2) for v in window.series()]}

@@ -5,6 +5,9 @@ How it works
   from the store or the request goes through `esc` (text and attribute values alike), so a row
   value `<script>…` is shown as text; the frame loads one stylesheet and one script from
   `/ui/static/`, and the Content-Security-Policy the routes send forbids any inline script.
+- Row states and figures are named by `words` (stored values such as `enriched` are never
+  shown as such). A run's page shows that run's own figures (its run history) and, labelled
+  as such, the rows of each table running now, whichever run holds them.
 - Progress bars and the rows-per-second chart are inline SVG (no inline styles, so the policy
   can forbid those too); pages work without JavaScript, the script only keeps a run page live.
 - Links are root-relative (`/ui/…`); the org rides along as `?org=` only where a viewer may see
@@ -21,9 +24,12 @@ import urllib.parse
 from importlib import resources
 from typing import Any, Iterable
 
+from .figures import RunFigures
 from .params import seg
 from .queries import RunRow, RunTable, TableCounters
 from .rows import Cursor, RowsPage
+from .words import (FIGURE_HINTS, MAP_STATE_WORDS, ROW_STATE_WORDS, RUN_FIGURES,
+                    SHEET_COUNTERS, row_state)
 
 VALUE_CHARS = 200
 UNKNOWN = '<span class="muted" title="counting took too long">…</span>'
@@ -69,10 +75,11 @@ def shorten(text: str | None, limit: int = VALUE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _options(name: str, values: Iterable[str], chosen: str | None) -> str:
+def _options(name: str, values: Iterable[str], chosen: str | None,
+             labels: dict[str, str] | None = None) -> str:
     items = ['<option value="">any</option>'] + [
-        f'<option value="{esc(v)}"{" selected" if v == chosen else ""}>{esc(v)}</option>'
-        for v in values]
+        f'<option value="{esc(v)}"{" selected" if v == chosen else ""}>'
+        f'{esc((labels or {}).get(v, v))}</option>' for v in values]
     return f'<select name="{name}">{"".join(items)}</select>'
 
 
@@ -99,13 +106,15 @@ def message_page(title: str, text: str) -> str:
 
 # -- runs ---------------------------------------------------------------------------------------
 def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str | None,
-              state: str | None, plays: list[str], next_epoch: int | None) -> str:
-    head = ["play", "run id", "state", "epoch", "started", "duration", "pending", "running",
-            "enriched", "failed"]
+              state: str | None, plays: list[str], next_epoch: int | None,
+              empty_schema: str | None = None) -> str:
+    """The runs page; `empty_schema`: the schema named has no runplane tables yet."""
+    head = ["play", "run id", "state", "epoch", "started", "duration", *RUN_FIGURES]
     if show_org:
         head.insert(0, "org")
-    numeric = ("epoch", "pending", "running", "enriched", "failed")
-    ths = "".join(f'<th class="num">{h}</th>' if h in numeric else f"<th>{h}</th>" for h in head)
+    numeric = ("epoch", *RUN_FIGURES)
+    ths = "".join(f'<th class="num" title="{esc(FIGURE_HINTS.get(h, ""))}">{h}</th>'
+                  if h in numeric else f"<th>{h}</th>" for h in head)
     lines = []
     resume = []
     for run in runs:
@@ -113,8 +122,9 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
         cells = [esc(run.play), f'<a href="{link}"><code>{esc(run.run_id)}</code></a>',
                  f'<span class="state-{esc(run.state)}">{esc(run.state)}</span>',
                  f'<td class="num">{run.epoch}', when(run.started), duration(run.duration_s)]
-        cells += [f'<td class="num">{UNKNOWN if run.rows is None else run.rows.get(s, 0)}'
-                  for s in ("pending", "running", "enriched", "failed")]
+        cells += [f'<td class="num" data-figure="{name}">'
+                  f'{"-" if run.figures is None else getattr(run.figures, name)}'
+                  for name in RUN_FIGURES]
         if show_org:
             cells.insert(0, esc(run.org_id))
         lines.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}" for c in cells)
@@ -130,12 +140,19 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
                f'<label>state{_options("state", ("open", "retiring", "done"), state)}</label>'
                '<button type="submit">Filter</button></form>')
     table = (f'<table id="runs"><thead><tr>{ths}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
+             '<p class="muted">Each run\'s own figures, from its run history: what it admitted, '
+             'found cached, completed, failed and retried (- : no map recorded yet).</p>'
              if lines else '<p class="muted">No runs.</p>')
     older = q("/ui/", org=org if show_org else None, play=play, state=state, before=next_epoch)
     more = (f'<p class="pager"><a id="older" href="{older}">Older runs →</a></p>'
             if next_epoch is not None else "")
     open_runs = (f'<h2>Resume open runs</h2><ul class="resume">{"".join(resume)}</ul>'
                  if resume else "")
+    if empty_schema is not None:
+        table = (f'<p class="notice" id="empty">Nothing has run here yet: schema '
+                 f'<code>{esc(empty_schema)}</code> holds no runplane tables. Start a run '
+                 '(<code>runplane run …</code>) with this schema and its runs appear here; '
+                 'the console itself creates nothing.</p>')
     return frame("Runs", f"<h1>Runs</h1>{filters}{table}{more}{open_runs}")
 
 
@@ -148,18 +165,37 @@ def table_url(kind: str, org: str, play: str, namespace: str, show_org: bool, **
 
 
 # -- one run --------------------------------------------------------------------------------------
-def bar(c: TableCounters) -> str:
-    total = max(c.total, c.queued + c.running + c.completed + c.failed, 1)
+def bar(segments: list[tuple[str, int]], total: int) -> str:
+    """A progress bar: one rect per (word, rows) segment, left to right, out of `total`."""
+    total = max(total, sum(value for _, value in segments), 1)
     x = 0.0
     rects = [f'<rect class="track" x="0" y="0" width="{BAR_WIDTH}" height="14"/>']
-    for name, value in (("enriched", c.completed), ("failed", c.failed),
-                        ("running", c.running), ("pending", c.queued)):
+    for name, value in segments:
         width = BAR_WIDTH * value / total
         rects.append(f'<rect class="{name}" data-seg="{name}" x="{x:.1f}" y="0" '
                      f'width="{width:.1f}" height="14"/>')
         x += width
     return (f'<svg class="bar" viewBox="0 0 {BAR_WIDTH} 14" width="{BAR_WIDTH}" height="14" '
             f'role="img" aria-label="progress">{"".join(rects)}</svg>')
+
+
+def sheet_bar(c: TableCounters) -> str:
+    """A table's rows by state, from its counters."""
+    return bar([("completed", c.completed), ("failed", c.failed), ("running", c.running),
+                ("queued", c.queued)], c.total)
+
+
+def run_bar(f: RunFigures) -> str:
+    """What a run did on a table, out of its source rows (the rest: not done yet)."""
+    return bar([("completed", f.completed), ("cached", f.cached), ("failed", f.failed)],
+               max(f.source_rows, f.admitted, f.outcomes + f.cached + f.blocked))
+
+
+def legend(words: Iterable[str], rest: str | None = None) -> str:
+    keys = "".join(f'<i class="{w}"></i>{esc(w)}' for w in words)
+    if rest:
+        keys += f'<i class="track"></i>{esc(rest)}'
+    return f'<p class="legend">{keys}</p>'
 
 
 def chart(series: list[float]) -> str:
@@ -174,8 +210,10 @@ def chart(series: list[float]) -> str:
             f'<polyline points="{points}"/></svg>')
 
 
-def _stat(label: str, field: str, value: Any) -> str:
-    return f'<div><span>{esc(label)}</span><b data-field="{field}">{esc(value)}</b></div>'
+def _stat(label: str, field: str, value: Any, hint: str | None = None) -> str:
+    title = f' title="{esc(hint)}"' if hint else ""
+    return (f'<div{title}><span>{esc(label)}</span><b data-field="{field}">{esc(value)}</b>'
+            '</div>')
 
 
 def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: str,
@@ -188,36 +226,36 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
              _stat("duration", "duration", duration(run.duration_s)), "</div>"]
     if run.state == "open" and run.command:
         parts.append(f'<p>Resume: <code>{esc(run.command)}</code></p>')
-    parts.append('<p class="legend"><i class="enriched"></i>enriched<i class="failed"></i>failed'
-                 '<i class="running"></i>running<i class="pending"></i>queued</p>')
     if not tables:
-        parts.append('<p class="muted">This play has no tables yet.</p>')
+        parts.append('<p class="muted">This run has recorded no maps yet.</p>')
     for t in tables:
-        c = t.counters
+        mine, f = t.mine, t.mine.figures
         errors = "".join(
             f'<tr><td class="num">{n}</td><td>{esc(shorten(e) if e is not None else "(no message)")}</td></tr>'
             for e, n in t.top_errors or ())
-        links = (f'<a href="{table_url("tables", org, run.play, c.namespace, show_org)}">rows</a> · '
-                 f'<a href="{table_url("failures", org, run.play, c.namespace, show_org)}">failures</a>')
+        links = (f'<a href="{table_url("tables", org, run.play, mine.namespace, show_org)}">rows</a> · '
+                 f'<a href="{table_url("failures", org, run.play, mine.namespace, show_org)}">failures</a>')
+        running = "-" if t.counters is None else t.counters.running
         parts.append(
-            f'<section class="map" data-map="{esc(c.namespace)}"><h2>Table {esc(c.namespace)}</h2>'
-            f'<p>{links}</p>{bar(c)}<div class="stats">'
-            + _stat("total", "total", c.total) + _stat("queued", "queued", c.queued)
-            + _stat("running", "running", c.running) + _stat("enriched", "completed", c.completed)
-            + _stat("failed", "failed", c.failed) + _stat("rows/s (last minute)", "rate", "-")
+            f'<section class="map" data-map="{esc(mine.namespace)}">'
+            f'<h2>Table {esc(mine.namespace)}</h2><p>{links}</p>'
+            + '<h3>This run</h3><div class="stats">'
+            + _stat("map", "map_state", MAP_STATE_WORDS.get(mine.state, mine.state))
+            + "".join(_stat(name, name, getattr(f, name), FIGURE_HINTS[name])
+                      for name in RUN_FIGURES)
+            + _stat("rows/s (last minute)", "rate", "-", "completed and failed rows a second, "
+                    "over the last 60 s")
             + _stat("ETA", "eta", "-") + "</div>"
-            f'<div class="stats"><div>{chart([])}</div></div>'
-            '<div class="stats">'
-            + "".join(_stat(f"this run: {name}", f"run_{name}",
-                            "…" if t.rows is None else t.rows.get(name, 0))
-                      for name in ("pending", "running", "enriched", "failed"))
-            + _stat("retries", "retries", "…" if t.retries is None else t.retries)
-            + _stat("timeouts", "timeouts", "…" if t.timeouts is None else t.timeouts)
+            + legend(("completed", "cached", "failed"), "not done yet") + run_bar(f)
+            + f'<div class="stats"><div>{chart([])}</div></div>'
+            + '<h3>This table now, all runs</h3><div class="stats">'
+            + _stat("running (any run)", "running", running, FIGURE_HINTS["running"])
             + "</div>"
-            + ('<p class="muted">This run\'s own figures: counting took too long (a large sheet); '
-               'the counters above stay live.</p>' if t.rows is None else "")
             + (f'<h3>Top errors of this run</h3><table class="errors"><tr><th class="num">rows</th>'
                f'<th>error</th></tr>{errors}</table>' if errors else "")
+            + (f'<p class="muted">Top errors of this run: {UNKNOWN} counting them took too '
+               'long (a large sheet); the figures above stay live.</p>'
+               if t.top_errors is None else "")
             + "</section>")
     if workers:  # the play's shared-map workers (`runplane worker`, `run --workers`)
         rows = "".join(
@@ -227,7 +265,8 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
         parts.append('<section class="workers"><h2>Workers of the play\'s shared maps</h2>'
                      '<table><tr><th class="num">pid</th><th>host</th><th class="num">units done'
                      f'</th><th class="num">last seen</th></tr>{rows}</table></section>')
-    body = f'<div id="live" data-live="{esc(live_url)}">{"".join(parts)}</div>'
+    body = (f'<div id="live" data-live="{esc(live_url)}" '
+            f'data-map-states="{esc(json.dumps(MAP_STATE_WORDS))}">{"".join(parts)}</div>')
     return frame(f"Run {run.run_id}", body)
 
 
@@ -240,9 +279,9 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
                status: str | None, key: str | None, exports: list[tuple[str, str]]) -> str:
     c = page.counters
     counts = "" if c is None else (
-        '<div class="stats">' + _stat("total", "total", c.total) + _stat("queued", "queued", c.queued)
-        + _stat("running", "running", c.running) + _stat("enriched", "completed", c.completed)
-        + _stat("failed", "failed", c.failed) + "</div>" + bar(c))
+        '<div class="stats">' + "".join(_stat(name, name, getattr(c, name))
+                                        for name in SHEET_COUNTERS)
+        + "</div>" + legend(("completed", "failed", "running", "queued")) + sheet_bar(c))
     columns = "".join(f'<tr><td>{esc(f)}</td><td class="num">{done}</td><td class="num">{failed}</td></tr>'
                       for f, done, failed in page.columns)
     columns_table = (f'<h2>Column counters</h2><table class="columns"><tr><th>field</th>'
@@ -255,12 +294,12 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
         '</p>')
     filters = (f'<form class="filters" method="get" action="/ui/tables/{esc(seg(play))}/{esc(seg(namespace))}">'
                + (f'<input type="hidden" name="org" value="{esc(org)}">' if show_org else "")
-               + f'<label>status{_options("status", ("pending", "running", "enriched", "failed"), status)}</label>'
+               + f'<label>status{_options("status", ROW_STATE_WORDS, status, ROW_STATE_WORDS)}</label>'
                f'<label>key starts with<input name="key" value="{esc(key or "")}"></label>'
                '<button type="submit">Filter</button></form>')
     head = "".join(f"<th>{esc(f)}</th>" for f in page.fields)
     rows = "".join(
-        f'<tr><td><code>{esc(r["_key"])}</code></td><td>{esc(r["_status"])}</td>'
+        f'<tr><td><code>{esc(r["_key"])}</code></td><td>{esc(row_state(r["_status"]))}</td>'
         f'<td class="num">{esc(r["_attempts"])}</td>'
         + "".join(f"<td>{_value(r.get(f))}</td>" for f in page.fields)
         + f'<td>{esc(shorten(r["_error"]))}</td></tr>' for r in page.rows)

@@ -10,10 +10,13 @@ How it works
   serves). Rows whose input index is null come last, read by a second statement on
   `(_created_at, _key)` once the indexed rows are exhausted, so each statement stays an index
   range.
-- Counters (`sheet_summary`, `sheet_column_summary`) are one primary-key range each: the live
-  stream reads only those. Per-run figures (rows a run wrote last by status, retries, timeouts,
-  top errors) filter a sheet by `_run_id` or `_status`, which no index serves: they scan the
-  sheet, bounded by the statement timeout, and are read when a page loads, never per second.
+- Every read is one snapshot (a repeatable-read transaction), so the figures of one page or one
+  live tick are of one moment.
+- Counters (`sheet_summary`, `sheet_column_summary`) are one primary-key range each, and so is
+  what a run did (its run history, `figures`): the runs list and the live stream read only
+  those. A run's top errors filter a sheet by `_run_id` and `_status`, which no index serves:
+  they scan the sheet, bounded by the statement timeout, and are read when a page loads, never
+  per second.
 - The caller passes the org (and checks the viewer may see it and the play) before any read;
   every statement filters by org and play, so a page can only show what its viewer may see.
 """
@@ -28,10 +31,10 @@ import attrs
 from ..errors import StatementTimeoutError
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
-from ..sheets.audit import RUN_ROWS_SQL
 from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
 from ..sheets.model import with_row_statuses
+from .figures import MapFigures, RunFigures, run_maps, run_totals
 
 T = TypeVar("T")
 
@@ -43,14 +46,13 @@ MAX_TABLES = 50
 MAX_FIELDS = 64
 TOP_ERRORS = 5
 STATES = {"open": "open", "pending": "retiring", "done": "done"}
-TIMEOUT_PREFIX = "timed out after"
 
 
 async def read(port: Port, operation: Callable[[Connection], Awaitable[T]]) -> T:
     """Run `operation` on a console-lane connection in a read-only, time-bounded transaction."""
     async with port.connection(CONSOLE_LANE) as conn:
         async with conn.transaction():
-            await conn.execute("SET TRANSACTION READ ONLY; "
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
                                f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
             return await operation(conn)
 
@@ -77,7 +79,7 @@ class RunRow:
     state: str
     settled: datetime.datetime | None
     command: str | None
-    rows: dict[str, int] | None = attrs.field(factory=dict)  # None: counting took too long
+    figures: RunFigures | None = None  # what the run did (its run history); None: no map recorded
 
     @property
     def duration_s(self) -> float:
@@ -116,7 +118,6 @@ SELECT table_namespace, total, queued, running, completed, failed, updated_at FR
 
 _PRESENT = "SELECT to_regclass($1) IS NOT NULL AS present, {foreign} AS foreign_table"
 
-STATUS_NAMES = ("pending", "running", "enriched", "failed")
 _STATE_FILTER = {"open": "open", "retiring": "pending", "done": "done"}
 
 
@@ -137,13 +138,6 @@ async def _present(conn: Connection, port: Port, sheet: SheetLayout) -> bool:
     record = await conn.fetchrow(sql, sheet.qualified, sheet.table, *sheet.counter_args)
     return bool(record["present"]) and not record["foreign_table"]
 
-
-_GROUP_TABLES = """
-SELECT s.org_id, s.play, s.table_namespace FROM unnest($1::text[], $2::text[]) AS g(org_id, play)
-  CROSS JOIN LATERAL (SELECT org_id, play, table_namespace FROM {summary}
-                       WHERE org_id = g.org_id AND play = g.play
-                       ORDER BY table_namespace LIMIT {limit}) AS s
-"""
 
 _PRESENT_MANY = """
 SELECT n.i, to_regclass(n.qualified) IS NOT NULL
@@ -168,49 +162,13 @@ async def own_tables(conn: Connection, port: Port, sheets: list[SheetLayout]) ->
     return [s for i, s in enumerate(sheets, 1) if i in ours]
 
 
-async def _rows_by_run(conn: Connection, port: Port, runs: list["RunRow"]) -> bool:
-    """Fill each run's rows by status (rows it wrote last, summed over its play's tables): three
-    statements for the whole page, the last one scanning each table of the page's plays; False
-    when that scan ran past `SCAN_TIMEOUT_MS`."""
-    groups = sorted({(run.org_id, run.play) for run in runs})
-    if not groups:
-        return True
-    tables = await conn.fetch(_GROUP_TABLES.format(summary=table(port, "sheet_summary"),
-                                                   limit=MAX_TABLES),
-                              [g[0] for g in groups], [g[1] for g in groups])
-    present = await own_tables(conn, port, [
-        layout(port, r["org_id"], r["play"], r["table_namespace"]) for r in tables])
-    if not present:
-        return True
-    ids = {(run.org_id, run.play): [] for run in runs}
-    for run in runs:
-        ids[(run.org_id, run.play)].append(run.run_id)
-    args: list[Any] = []
-    parts = []
-    for sheet in present:
-        n = len(args)  # this table's binds: $n+1 its runs' ids, $n+2 the org, $n+3 the play
-        one = RUN_ROWS_SQL.format(t=sheet.qualified).replace("$1", f"${n + 1}")
-        parts.append(f"(SELECT ${n + 2}::text AS org_id, ${n + 3}::text AS play, q.* "
-                     f"FROM ({one}) AS q)")
-        args += [ids[(sheet.org_id, sheet.play)], sheet.org_id, sheet.play]
-    by_run = {(run.org_id, run.play, run.run_id): run for run in runs}
-    records = await scan(conn, "\nUNION ALL\n".join(parts), *args)
-    if records is None:
-        return False
-    for record in records:
-        counts = by_run[(record["org_id"], record["play"], record["_run_id"])].rows
-        for name in STATUS_NAMES:
-            counts[name] = counts.get(name, 0) + record[name]
-    return True
-
-
 async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | None,
                     play: str | None = None, state: str | None = None,
                     before_epoch: int | None = None, limit: int = RUNS_PAGE,
                     with_rows: bool = True, runs: tuple[str, ...] | None = None
                     ) -> list[RunRow]:
     """Runs newest first (`org` None: every org; `plays` None: every play; `runs` None: every
-    run, else only those run ids), one keyset page."""
+    run, else only those run ids), one keyset page, each with what it did (`with_rows`)."""
     sql = _RUNS.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
 
     async def op(conn: Connection) -> list[RunRow]:
@@ -218,9 +176,10 @@ async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | Non
                                    _STATE_FILTER.get(state) if state else None, before_epoch,
                                    limit, list(runs) if runs is not None else None)
         found = [_run_row(record) for record in records]
-        if with_rows and not await _rows_by_run(conn, port, found):
-            return [attrs.evolve(run, rows=None) for run in found]
-        return found
+        if not with_rows:
+            return found
+        totals = await run_totals(conn, port, [(r.org_id, r.play, r.run_id) for r in found])
+        return [attrs.evolve(r, figures=totals.get((r.org_id, r.play, r.run_id))) for r in found]
 
     return await read(port, op)
 
@@ -243,24 +202,28 @@ class TableCounters:
 
 @attrs.frozen
 class RunTable:
-    """One map's table as a run sees it: the table's counters and this run's own figures."""
+    """A table a run mapped: what the run did on it (its run history) and, read at the same
+    moment, the table's counters now (None: the table has none) and the run's top errors
+    (None: counting them took too long)."""
 
-    counters: TableCounters
-    rows: dict[str, int] | None  # None (and the rest None): reading them took too long
-    retries: int | None
-    timeouts: int | None
+    mine: MapFigures
+    counters: TableCounters | None
     top_errors: list[tuple[str | None, int]] | None
 
+    @property
+    def namespace(self) -> str:
+        return self.mine.namespace
 
-_RUN_TABLE = with_row_statuses("""
-SELECT count(*) FILTER (WHERE _status = {PENDING}) AS pending,
-       count(*) FILTER (WHERE _status = {RUNNING}) AS running,
-       count(*) FILTER (WHERE _status = {ENRICHED}) AS enriched,
-       count(*) FILTER (WHERE _status = {FAILED}) AS failed,
-       coalesce(sum(greatest(_attempts - 1, 0)), 0)::bigint AS retries,
-       count(*) FILTER (WHERE _status = {FAILED} AND starts_with(_error, $2)) AS timeouts
-  FROM {t} WHERE _run_id = $1
-""")
+
+@attrs.frozen
+class LiveTick:
+    """One read of the live stream: the run, its maps, the counters of its play's tables and
+    the database's clock, all of one moment."""
+
+    run: RunRow | None
+    maps: list[MapFigures]
+    counters: dict[str, TableCounters]
+    now: float | None
 
 _TOP_ERRORS = with_row_statuses("""
 SELECT _error AS error, count(*) AS n FROM {t}
@@ -285,22 +248,17 @@ async def get_run(port: Port, org: str, play: str, run_id: str) -> RunRow | None
     return await read(port, op)
 
 
-async def counters(port: Port, org: str, play: str) -> list[TableCounters]:
-    """The counters of the play's tables (at most `MAX_TABLES`): what the live stream reads."""
-    sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
-    return await read(port, lambda conn: _fetch_counters(conn, sql, org, play))
-
-
-async def live(port: Port, org: str, play: str, run_id: str
-               ) -> tuple[RunRow | None, list[TableCounters]]:
-    """The run and its play's counters, in one read (the live stream's tick)."""
+async def live(port: Port, org: str, play: str, run_id: str) -> LiveTick:
+    """The run, its maps and its play's counters, in one snapshot (the live stream's tick)."""
     run_sql = _RUN.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
     tables_sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
 
-    async def op(conn: Connection) -> tuple[RunRow | None, list[TableCounters]]:
+    async def op(conn: Connection) -> LiveTick:
         record = await conn.fetchrow(run_sql, org, play, run_id)
-        return (None if record is None else _run_row(record),
-                await _fetch_counters(conn, tables_sql, org, play))
+        maps, now = await run_maps(conn, port, org, play, run_id)
+        found = await _fetch_counters(conn, tables_sql, org, play)
+        return LiveTick(None if record is None else _run_row(record), maps,
+                        {c.namespace: c for c in found}, now)
 
     return await read(port, op)
 
@@ -309,39 +267,31 @@ async def _fetch_counters(conn: Connection, sql: str, org: str, play: str) -> li
     return [_counters(record) for record in await conn.fetch(sql, org, play)]
 
 
-async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTable]:
-    """Each table of the play with this run's rows by status, retries, timeouts, top errors:
-    two scanning statements for all the tables together (figures, then errors), each under
-    `SCAN_TIMEOUT_MS`, so one page load costs the database at most twice that."""
+async def run_tables(port: Port, org: str, play: str, run_id: str, *,
+                     with_errors: bool = True) -> list[RunTable]:
+    """Each table the run mapped, with what the run did on it and the table's counters (one
+    snapshot), and (`with_errors`) the run's top errors: one scanning statement for all its
+    tables together, under `SCAN_TIMEOUT_MS`; without them, no statement scans a sheet."""
     sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
 
     async def op(conn: Connection) -> list[RunTable]:
-        infos = await _fetch_counters(conn, sql, org, play)
-        sheets = [layout(port, org, play, info.namespace) for info in infos]
-        present = await own_tables(conn, port, sheets)
-        figures = errors = None
+        maps, _ = await run_maps(conn, port, org, play, run_id)
+        counters = {c.namespace: c for c in await _fetch_counters(conn, sql, org, play)}
+        present = await own_tables(conn, port, [layout(port, org, play, m.namespace)
+                                                for m in maps]) if with_errors else []
+        errors = None
         if present:
-            figures = await scan(conn, "\nUNION ALL\n".join(
-                f"(SELECT {i}::int AS i, q.* FROM ({_RUN_TABLE.format(t=s.qualified)}) AS q)"
-                for i, s in enumerate(present)), run_id, TIMEOUT_PREFIX)
-        if figures is not None:
             errors = await scan(conn, "\nUNION ALL\n".join(
                 f"(SELECT {i}::int AS i, q.* FROM ("
                 f"{_TOP_ERRORS.format(t=s.qualified, limit=TOP_ERRORS)}) AS q)"
                 for i, s in enumerate(present)), run_id)
         where = {s.namespace: i for i, s in enumerate(present)}
         out = []
-        for info in infos:
-            i = where.get(info.namespace)
-            if i is None:
-                out.append(RunTable(info, dict.fromkeys(STATUS_NAMES, 0), 0, 0, []))
-            elif figures is None or errors is None:
-                out.append(RunTable(info, None, None, None, None))
-            else:
-                mine = next(r for r in figures if r["i"] == i)
-                out.append(RunTable(info, {name: mine[name] for name in STATUS_NAMES},
-                                    mine["retries"], mine["timeouts"],
-                                    [(r["error"], r["n"]) for r in errors if r["i"] == i]))
+        for mine in maps:
+            i = where.get(mine.namespace)
+            top = ([] if i is None else None if errors is None else
+                   [(r["error"], r["n"]) for r in errors if r["i"] == i])
+            out.append(RunTable(mine, counters.get(mine.namespace), top))
         return out
 
     return await read(port, op)

@@ -40,11 +40,12 @@ from starlette.responses import (HTMLResponse, JSONResponse, RedirectResponse, R
                                  StreamingResponse)
 from starlette.routing import Route
 
-from ..errors import AuthError, EngineError, ScopeError
+from ..errors import AuthError, EngineError, MissingRelationError, SchemaNotFoundError, ScopeError
 from ..ports import Port
 from ..scopes import PlayScope, RunScope, normalize_namespace
 from . import export, live, origin, pages, params, queries, rows
 from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
+from .words import ROW_STATE_WORDS
 
 log = logging.getLogger("runplane.console")
 
@@ -57,7 +58,7 @@ SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()),
                     (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"),
                     (b"cache-control", b"no-store")]
 STATIC_TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
-STATUSES = ("pending", "running", "enriched", "failed")
+STATUSES = tuple(ROW_STATE_WORDS)  # stored values: what `?status=` filters by
 
 
 class NotFound(Exception):
@@ -178,7 +179,9 @@ class _Handlers:
                               *((name, params.segment(value, name))
                                 for name, value in request.path_params.items())])
             return await render(viewer)
-        except NotFound:
+        except (NotFound, MissingRelationError, SchemaNotFoundError):
+            # a schema with no runplane tables yet (`runplane console` before the first run)
+            # holds nothing to show: the runs page shows its empty state, the rest is absent
             if api:
                 return JSONResponse({"error": "not found", "code": "not_found"}, 404)
             return _html(pages.message_page("Not found", "Nothing here for this login."), 404)
@@ -281,12 +284,16 @@ class _Handlers:
             raise ValueError("state")
         before_epoch = params.epoch(query.get("before"))
         port = await self.c.port_for(org or self.c.default_org)
-        found = await queries.list_runs(port, org=org, plays=viewer.play_filter, play=play,
-                                        state=state, before_epoch=before_epoch,
-                                        runs=viewer.runs, limit=queries.RUNS_PAGE + 1)
+        try:
+            found = await queries.list_runs(port, org=org, plays=viewer.play_filter, play=play,
+                                            state=state, before_epoch=before_epoch,
+                                            runs=viewer.runs, limit=queries.RUNS_PAGE + 1)
+        except (MissingRelationError, SchemaNotFoundError):  # no runplane tables yet
+            return {"org": org, "play": play, "state": state, "runs": [], "next": None,
+                    "empty_schema": port.schema}
         following = found[queries.RUNS_PAGE - 1].epoch if len(found) > queries.RUNS_PAGE else None
         return {"org": org, "play": play, "state": state, "runs": found[:queries.RUNS_PAGE],
-                "next": following}
+                "next": following, "empty_schema": None}
 
     async def runs(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
@@ -295,14 +302,16 @@ class _Handlers:
                 set() if viewer.every_play else set(viewer.plays)))
             return _html(pages.runs_page(got["runs"], show_org=viewer.org is None, org=got["org"],
                                          play=got["play"], state=got["state"], plays=plays,
-                                         next_epoch=got["next"]))
+                                         next_epoch=got["next"],
+                                         empty_schema=got["empty_schema"]))
         return await self.guarded(request, False, render)
 
     async def api_runs(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             got = await self._runs(request, viewer)
             return JSONResponse({"runs": [_run_json(run) for run in got["runs"]],
-                                 "next_before": got["next"]})
+                                 "next_before": got["next"],
+                                 "schema_ready": got["empty_schema"] is None})
         return await self.guarded(request, True, render)
 
     # -- a run -------------------------------------------------------------------------------------
@@ -336,9 +345,12 @@ class _Handlers:
     async def api_run(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             port, run = await self._run(request, viewer)
-            tables = await queries.counters(port, run.org_id, run.play)
-            return JSONResponse({"run": _run_json(run),
-                                 "tables": [attrs.asdict(t, value_serializer=_plain) for t in tables]})
+            tables = await queries.run_tables(port, run.org_id, run.play, run.run_id,
+                                              with_errors=False)
+            return JSONResponse({"run": _run_json(run), "maps": [
+                {"table": t.namespace, "state": t.mine.state, **t.mine.figures.as_dict(),
+                 "sheet": None if t.counters is None else attrs.asdict(
+                     t.counters, value_serializer=_plain)} for t in tables]})
         return await self.guarded(request, True, render)
 
     async def live(self, request: Request) -> Response:
@@ -433,5 +445,6 @@ def _plain(_inst: Any, _field: Any, value: Any) -> Any:
 def _run_json(run: queries.RunRow) -> dict[str, Any]:
     return {"org": run.org_id, "play": run.play, "run_id": run.run_id, "epoch": run.epoch,
             "state": run.state, "started": run.started.isoformat(),
-            "duration_s": round(run.duration_s, 3), "rows": run.rows,
+            "duration_s": round(run.duration_s, 3),
+            "figures": None if run.figures is None else run.figures.as_dict(),
             "resume": run.command if run.state == "open" else None}

@@ -1,9 +1,11 @@
 """`open_console`: the console served alone, for every org, on loopback only.
 
 How it works
-- Opens one read-only tenant pool (no bootstrap: nothing is created; a schema without runplane
-  tables is refused at start) whose only lane is the console's, and serves `console_app` at
-  `/ui` with Hypercorn's trio worker. Every org's runs are read through that pool: the console's
+- Opens one read-only tenant pool (no bootstrap: nothing is ever created) whose only lane is the
+  console's, and serves `console_app` at `/ui` with Hypercorn's trio worker. A schema that
+  holds no runplane tables yet (or does not exist) is served too: an operator may start the
+  console before the first run; its runs page shows an empty state, and every page fills in
+  once a run creates the schema (each read names its tables; nothing is cached at start). Every org's runs are read through that pool: the console's
   statements name the org themselves.
 - The bind must be a loopback address (127.0.0.0/8, ::1 or localhost): the one-time link is the
   only login, so the console is never offered to the network.
@@ -24,7 +26,7 @@ from hypercorn.trio import serve
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from ..errors import InvalidInputError, SchemaNotFoundError
+from ..errors import InvalidInputError
 from ..ports import CONSOLE_LANE, Port
 from ..schema import schema_status
 from ..tenant import open_tenant
@@ -58,6 +60,7 @@ def check_loopback(bind: str) -> None:
 class ConsoleServer:
     console: Console
     url: str = ""
+    schema_ready: bool = True  # False: the schema held no runplane tables at start
 
     def login_url(self) -> str:
         return f"{self.url}/ui/login?once={self.console.sessions.new_code()}"
@@ -71,10 +74,7 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
     async with open_tenant(POOL_ORG, dsn, schema=schema, bootstrap=False,
                            lanes={CONSOLE_LANE: LANE_LIMIT}, max_connections=LANE_LIMIT) as tenant:
         async with tenant.connection(CONSOLE_LANE) as conn:
-            if await schema_status(conn, schema) is None:
-                raise SchemaNotFoundError(
-                    f"schema {schema!r} has no runplane tables (check --schema or "
-                    "RUNPLANE_SCHEMA); nothing was created")
+            ready = await schema_status(conn, schema) is not None
 
         async def port_for(_org: str) -> Port:
             return tenant
@@ -87,7 +87,7 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
         config.loglevel = "WARNING"
         config.graceful_timeout = SHUTDOWN_GRACE_S
         shutdown = trio.Event()
-        server = ConsoleServer(console)
+        server = ConsoleServer(console, schema_ready=ready)
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(lambda task_status: serve(
                 app, config, shutdown_trigger=shutdown.wait, task_status=task_status))

@@ -5,6 +5,7 @@
   var root = document.getElementById("live");
   if (!root || !window.EventSource) { return; }
   var BAR = 600, CW = 240, CH = 48;
+  var MAP_STATES = JSON.parse(root.getAttribute("data-map-states") || "{}");
 
   function duration(s) {
     s = Math.floor(s);
@@ -16,10 +17,13 @@
     var el = scope.querySelector('[data-field="' + field + '"]');
     if (el) { el.textContent = String(value); }
   }
+  // This run's bar, as the page draws it (pages.run_bar): completed, cached, failed out of
+  // its source rows.
   function bar(section, t) {
-    var total = Math.max(t.total, t.queued + t.running + t.completed + t.failed, 1), x = 0;
-    [["enriched", t.completed], ["failed", t.failed], ["running", t.running],
-     ["pending", t.queued]].forEach(function (pair) {
+    var total = Math.max(t.source_rows, t.admitted, t.completed + t.failed + t.cached + t.blocked,
+                         1), x = 0;
+    [["completed", t.completed], ["cached", t.cached], ["failed", t.failed]
+    ].forEach(function (pair) {
       var rect = section.querySelector('rect[data-seg="' + pair[0] + '"]');
       var w = BAR * pair[1] / total;
       if (rect) { rect.setAttribute("x", x.toFixed(1)); rect.setAttribute("width", w.toFixed(1)); }
@@ -28,7 +32,7 @@
   }
   function chart(section, series) {
     var line = section.querySelector("svg.chart polyline");
-    if (!line) { return; }
+    if (!line || !series.length) { return; }  // nothing sampled: keep what is drawn
     var top = Math.max.apply(null, series.concat([1])), step = CW / 59, n = series.length;
     line.setAttribute("points", series.map(function (v, i) {
       return (CW - (n - 1 - i) * step).toFixed(1) + "," + (CH - 2 - (CH - 4) * v / top).toFixed(1);
@@ -50,9 +54,11 @@
     data.tables.forEach(function (t) {
       var section = sectionFor(t.table);
       if (!section) { return; }
-      ["total", "queued", "running", "completed", "failed"].forEach(function (f) {
+      ["admitted", "cached", "completed", "failed", "retried"].forEach(function (f) {
         set(section, f, t[f]);
       });
+      set(section, "running", t.running === null ? "-" : t.running);
+      set(section, "map_state", MAP_STATES[t.map_state] || t.map_state);
       set(section, "rate", t.rate.toFixed(1));
       set(section, "eta", t.eta_s === null ? "-" : duration(t.eta_s));
       bar(section, t);
