@@ -107,6 +107,18 @@ async def running(port: Port, scope: PlayScope, *,
     return [RunningRows(r["run_id"], r["table_namespace"], r["in_call"]) for r in rows]
 
 
+def in_call_sql(port: Port, source: str, run_id: str | None = None) -> str:
+    """SQL: the rows in a call now of the table named by `source`'s org_id, play and
+    table_namespace columns (`source` is a FROM alias, e.g. of `sheet_summary`), over every
+    run, or of the run `run_id` (an SQL text expression) when given; for a reader that shows
+    it beside a table's counters in the same statement."""
+    run = "" if run_id is None else f" AND c.run_id = {run_id}"
+    return (f"coalesce((SELECT sum(c.in_call) FROM {table(port, 'row_calls')} AS c"
+            f" WHERE c.org_id = {source}.org_id AND c.play = {source}.play"
+            f" AND c.table_namespace = {source}.table_namespace{run}"
+            f" AND c.seen_at > now() - make_interval(secs => {float(FRESH_S)!r})), 0)::bigint")
+
+
 def by_table(rows: Sequence[RunningRows]) -> dict[str, int]:
     """Rows in a call per table, over every run."""
     totals: dict[str, int] = {}

@@ -10,6 +10,10 @@ from runplane.engine import row_calls
 from runplane.engine.scopes import PlayScope, RunScope
 from runplane.engine.sheets import SheetContract
 from runplane.cli import status as status_command
+from runplane.engine.gateway import mint_token
+
+from .console_support import SECRET, client, login_token
+from .gateway_support import serving
 
 CONTRACT = SheetContract(("name",), ("upper",))
 CONCURRENCY = 4
@@ -58,6 +62,10 @@ async def test_running_is_rows_inside_a_call_on_every_surface_and_drops_when_the
                     PlayScope(tenant.org_id, "play"), counts, [], {})
                 assert document["tables"]["t"]["running"] == CONCURRENCY
                 assert counts["t"].queued + counts["t"].leased == 200  # nothing written yet
+                async with serving(tenant) as server, client(server.url) as http:  # the console
+                    await login_token(http, mint_token(SECRET, tenant.org_id))
+                    answer = (await http.get(f"/ui/api/runs/play/{run.run_id}")).json()
+                    assert [m["sheet"]["running"] for m in answer["maps"]] == [CONCURRENCY]
                 release.set()
         while await running_now(tenant, "play"):  # the last report says 0 at once
             await trio.sleep(0.05)

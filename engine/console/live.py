@@ -30,6 +30,7 @@ from sse_starlette import EventSourceResponse
 from ..errors import EngineError
 from ..ports import Port
 from . import queries, rates
+from .words import SHEET_COUNTERS
 from .auth import Sessions
 from .figures import MapFigures
 
@@ -117,7 +118,7 @@ def _live_table(mine: MapFigures, sheet: queries.TableCounters | None,
     eta = rates.eta_s(mine.figures.remaining, rate)
     return {"table": mine.namespace, "map_state": mine.state, **mine.figures.as_dict(),
             "running": None if sheet is None else sheet.running,
-            "sheet": None if sheet is None else {name: getattr(sheet, name) for name in (
-                "total", "queued", "running", "completed", "failed")},
+            "sheet": None if sheet is None else {name: getattr(sheet, name)
+                                                 for name in SHEET_COUNTERS},
             "rate": round(rate, 2), "eta_s": None if eta is None else round(eta, 1),
             "series": [round(v, 2) for v in window.series()]}

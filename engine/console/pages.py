@@ -181,7 +181,7 @@ def bar(segments: list[tuple[str, int]], total: int) -> str:
 
 def sheet_bar(c: TableCounters) -> str:
     """A table's rows by state, from its counters."""
-    return bar([("completed", c.completed), ("failed", c.failed), ("running", c.running),
+    return bar([("completed", c.completed), ("failed", c.failed), ("leased", c.leased),
                 ("queued", c.queued)], c.total)
 
 
@@ -281,7 +281,7 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
     counts = "" if c is None else (
         '<div class="stats">' + "".join(_stat(name, name, getattr(c, name))
                                         for name in SHEET_COUNTERS)
-        + "</div>" + legend(("completed", "failed", "running", "queued")) + sheet_bar(c))
+        + "</div>" + legend(("completed", "failed", "leased", "queued")) + sheet_bar(c))
     columns = "".join(f'<tr><td>{esc(f)}</td><td class="num">{done}</td><td class="num">{failed}</td></tr>'
                       for f, done, failed in page.columns)
     columns_table = (f'<h2>Column counters</h2><table class="columns"><tr><th>field</th>'

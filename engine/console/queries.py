@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import attrs
 
 from ..errors import StatementTimeoutError
+from .. import row_calls
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
 from ..sheets.counters import summary_source
@@ -111,8 +112,11 @@ SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
  WHERE r.org_id = $1 AND r.play = $2 AND r.run_id = $3
 """
 
+# A table's counters, with "running" as everywhere (rows in a call now, `engine.row_calls`) and
+# the stored `running` status as "leased".
 _TABLES = """
-SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary} AS s
+SELECT table_namespace, total, queued, running AS leased, {in_call} AS running, completed, failed,
+       updated_at FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 ORDER BY table_namespace LIMIT {limit}
 """
 
@@ -190,10 +194,11 @@ class TableCounters:
     namespace: str
     total: int
     queued: int
-    running: int
+    running: int  # rows in a call now, any run (`engine.row_calls`)
     completed: int
     failed: int
     updated: datetime.datetime | None = None
+    leased: int = 0  # the stored `running` status: admitted to a live attempt
 
     @property
     def done(self) -> int:
@@ -235,7 +240,7 @@ SELECT _error AS error, count(*) AS n FROM {t}
 def _counters(record: Any) -> TableCounters:
     return TableCounters(record["table_namespace"], record["total"], record["queued"],
                          record["running"], record["completed"], record["failed"],
-                         record["updated_at"])
+                         record["updated_at"], record["leased"])
 
 
 async def get_run(port: Port, org: str, play: str, run_id: str) -> RunRow | None:
@@ -251,7 +256,8 @@ async def get_run(port: Port, org: str, play: str, run_id: str) -> RunRow | None
 async def live(port: Port, org: str, play: str, run_id: str) -> LiveTick:
     """The run, its maps and its play's counters, in one snapshot (the live stream's tick)."""
     run_sql = _RUN.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
-    tables_sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
+    tables_sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES,
+                           in_call=row_calls.in_call_sql(port, "s"))
 
     async def op(conn: Connection) -> LiveTick:
         record = await conn.fetchrow(run_sql, org, play, run_id)
@@ -272,7 +278,8 @@ async def run_tables(port: Port, org: str, play: str, run_id: str, *,
     """Each table the run mapped, with what the run did on it and the table's counters (one
     snapshot), and (`with_errors`) the run's top errors: one scanning statement for all its
     tables together, under `SCAN_TIMEOUT_MS`; without them, no statement scans a sheet."""
-    sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES)
+    sql = _TABLES.format(summary=summary_source(port), limit=MAX_TABLES,
+                           in_call=row_calls.in_call_sql(port, "s"))
 
     async def op(conn: Connection) -> list[RunTable]:
         maps, _ = await run_maps(conn, port, org, play, run_id)

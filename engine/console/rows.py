@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from .. import row_calls
 from ..pg import Connection
 from ..ports import Port, table
 from ..sheets.counters import column_source, summary_source
@@ -56,7 +57,8 @@ SELECT field, completed, failed FROM {column_summary} AS c
 """
 
 _ONE_TABLE = """
-SELECT table_namespace, total, queued, running, completed, failed, updated_at FROM {summary} AS s
+SELECT table_namespace, total, queued, running AS leased, {in_call} AS running, completed, failed,
+       updated_at FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 """
 
@@ -75,7 +77,8 @@ _UNINDEXED_AFTER = "_input_index IS NULL AND (_created_at, _key) > ($4::text::ti
 
 
 async def table_exists(port: Port, org: str, play: str, namespace: str) -> TableCounters | None:
-    sql = _ONE_TABLE.format(summary=summary_source(port))
+    sql = _ONE_TABLE.format(summary=summary_source(port),
+                            in_call=row_calls.in_call_sql(port, "s"))
 
     async def op(conn: Connection) -> TableCounters | None:
         record = await conn.fetchrow(sql, org, play, namespace)
@@ -94,7 +97,8 @@ async def rows_page(port: Port, org: str, play: str, namespace: str, *,
                                 limit=MAX_FIELDS)
     columns_sql = _COLUMN_COUNTERS.format(column_summary=column_source(port),
                                           limit=MAX_FIELDS)
-    one_sql = _ONE_TABLE.format(summary=summary_source(port))
+    one_sql = _ONE_TABLE.format(summary=summary_source(port),
+                            in_call=row_calls.in_call_sql(port, "s"))
 
     async def op(conn: Connection) -> RowsPage:
         record = await conn.fetchrow(one_sql, *sheet.counter_args)

@@ -17,12 +17,12 @@ from ..sheets.model import RowStatus
 
 ROW_STATE_WORDS = {
     RowStatus.PENDING.value: "queued",
-    RowStatus.RUNNING.value: "running",
+    RowStatus.RUNNING.value: "leased",  # admitted to a live attempt ("running" is in a call)
     RowStatus.ENRICHED.value: "completed",
     RowStatus.FAILED.value: "failed",
 }
 # The counters of a sheet (`sheet_summary`) by the word shown for each, in display order.
-SHEET_COUNTERS = ("total", "queued", "running", "completed", "failed")
+SHEET_COUNTERS = ("total", "queued", "running", "leased", "completed", "failed")
 RUN_FIGURES = ("admitted", "cached", "completed", "failed", "retried")
 FIGURE_HINTS = {
     "admitted": "source rows this run admitted (queued to run, or found cached or blocked)",
@@ -30,8 +30,9 @@ FIGURE_HINTS = {
     "completed": "rows this run completed",
     "failed": "rows this run gave a failed outcome",
     "retried": "calls of this run that raised and were called again",
-    "running": "rows of this table handed to a live attempt and not yet written, by any run "
-               "(the sheet's rows in state running, now)",
+    "running": "rows of this table inside a call of the function now, in any live process "
+               "of any run",
+    "leased": "rows of this table admitted to a live attempt and not yet written",
 }
 MAP_STATE_WORDS = {"running": "running", "finished": "finished", "stopped_early": "stopped early",
                    "superseded": "superseded", "failed": "failed",
