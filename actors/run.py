@@ -203,8 +203,10 @@ class Run:
         if workers is not None or shared:
             from .shared_map import map_shared
 
+            observers = self._progress_observers(normalize_namespace(table_namespace), on_progress)
             return await map_shared(self, source, plan, workers=workers, shared=shared,
                                     map_invocation_id=map_invocation_id, executor=executor,
+                                    on_progress=lambda snapshot: [f(snapshot) for f in observers],
                                     **shared_tuning)
         listed = isinstance(source, (list, tuple, array_input.PagedRows))
         if not listed and not hasattr(source, "__aiter__"):  # refused before the history write
@@ -215,12 +217,8 @@ class Run:
         recorder = MapRecorder(self.port, self.scope,
                                self._map_key(table_namespace, listed, map_invocation_id),
                                normalize_namespace(table_namespace))
-        observers: list[Callable[[MapProgress], Any]] = [recorder.observe]
-        if self._observer is not None:
-            observer, namespace = self._observer, recorder.table_namespace
-            observers.append(lambda snapshot: observer(namespace, snapshot))
-        if on_progress is not None:
-            observers.append(on_progress)
+        observers = [recorder.observe,
+                     *self._progress_observers(recorder.table_namespace, on_progress)]
 
         def observe(snapshot: MapProgress) -> None:
             for f in observers:
@@ -258,6 +256,18 @@ class Run:
         if result.stopped_early:
             self.stopped_early_maps.append((normalize_namespace(table_namespace), result))
         return result
+
+    def _progress_observers(self, namespace: str, on_progress: Callable[[MapProgress], Any] | None,
+                            ) -> list[Callable[[MapProgress], Any]]:
+        """Who sees a map's progress besides its history: the run's observer (the command
+        line's bars) and the caller's `on_progress`."""
+        observers: list[Callable[[MapProgress], Any]] = []
+        if self._observer is not None:
+            observer = self._observer
+            observers.append(lambda snapshot: observer(namespace, snapshot))
+        if on_progress is not None:
+            observers.append(on_progress)
+        return observers
 
     async def stage_array(self, table_namespace: str, map_invocation_id: str, occurrences: Any):
         """Stage (or, on a wake, resume or replay) an array input; see `actors.sealer`."""

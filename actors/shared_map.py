@@ -19,6 +19,10 @@ How it works
   lease) for `NO_WORKER_WARN_S` gets a warning line naming the org and play workers must
   serve, then one every `NO_WORKER_REPEAT_S` (`_WorkerWatch`): a worker started for another
   play or org would otherwise leave the run waiting in silence.
+- While it waits it hands `on_progress` a snapshot about every `PROGRESS_S` (`_progress`): the
+  counters every worker recorded so far and the rows inside a call in every worker
+  (`engine.row_calls`), so `runplane run --workers N` shows the same bars and log lines as a
+  map run in its own process.
 - It then polls the map until every unit is done and closes it `done`; its `MapResult` is the
   sum of the counters the workers recorded with each unit's done mark (in the transaction of
   the unit's last completion), so it is exact whoever ran the rows. If every local worker
@@ -40,12 +44,12 @@ import os
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import attrs
 import trio
 
-from runplane.engine import array_input, shared_leases, sheets
+from runplane.engine import array_input, row_calls, shared_leases, sheets
 from runplane.engine import shared_maps as sm
 from runplane.engine.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
@@ -53,7 +57,7 @@ from runplane.engine.ports import Port
 
 from .executors import executor_config
 from .map_state import MapPlan
-from .progress import MapResult
+from .progress import MapProgress, MapResult
 from .retry import retry_transient
 from .sealer import stage_encoded
 from .shared_config import encode_config, function_identity
@@ -67,6 +71,7 @@ JOIN_WAIT_S = 10.0
 NO_WORKER_WARN_S = 30.0
 NO_WORKER_REPEAT_S = 60.0
 WORKER_CHECK_S = 1.0  # how often the coordinator looks for live workers
+PROGRESS_S = 1.0  # how often the coordinator reports the map's progress (when asked to)
 POLL_S = 0.05  # how often the coordinator reads its map's progress (one short read)
 CLOSE_DEADLINE_S = 5.0
 STOP_WORKERS_S = 5.0
@@ -154,7 +159,8 @@ async def wait_for_workers(run: Run, map_invocation_id: str, workers: int) -> No
 async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | None,
                      shared: bool, lease_s: float = sm.LEASE_S,
                      map_invocation_id: str | None = None, executor: Any = None,
-                     unit_rows: int = sm.UNIT_ROWS) -> MapResult:
+                     unit_rows: int = sm.UNIT_ROWS,
+                     on_progress: Callable[[MapProgress], Any] | None = None) -> MapResult:
     """Run `plan` over the list `source` as a shared map (see the module docstring)."""
     if not isinstance(source, (list, tuple, array_input.PagedRows)):
         raise InvalidInputError("a shared map's source must be a list of rows, got "
@@ -191,8 +197,10 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
                     await wait_for_workers(run, map_invocation_id, workers)
                 await retry_transient(lambda: sm.set_state(
                     run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
+                progress = _Progress(run, map_invocation_id, plan.table_namespace, len(source),
+                                     on_progress)
                 status = await _wait_done(run, map_invocation_id,
-                                          processes if not shared else [], lease_s)
+                                          processes if not shared else [], lease_s, progress)
                 finished = True
                 await retry_transient(lambda: sm.set_state(
                     run.port, run.ref, map_invocation_id, sm.DONE, sm.LIVE))
@@ -264,14 +272,53 @@ class _WorkerWatch:
                 now - self.last_live, self.port.org_id, self.play, self.play)
 
 
+@attrs.define(eq=False)
+class _Progress:
+    """The coordinator's view of a shared map's progress (module docstring)."""
+
+    run: Run
+    map_invocation_id: str
+    table_namespace: str
+    source_rows: int
+    on_progress: Callable[[MapProgress], Any] | None
+    next_at: float = 0.0
+
+    async def report(self, final: bool = False) -> None:
+        now = trio.current_time()
+        if self.on_progress is None or (now < self.next_at and not final):
+            return
+        self.next_at = now + PROGRESS_S
+        run = self.run
+        status = await retry_transient(lambda: sm.map_status(
+            run.port, run.ref, self.map_invocation_id, counters=True))
+        in_call = 0
+        if not final:
+            calling = await retry_transient(lambda: row_calls.running(
+                run.port, run.scope.play_scope, only_runs=[run.run_id]))
+            in_call = sum(r.in_call for r in calling if r.table_namespace == self.table_namespace)
+        c = status.counters
+        admitted = c["rows"] - c["skipped"]
+        snapshot = MapProgress(
+            source_rows=self.source_rows, admitted=admitted,
+            pending=admitted - c["cached"] - c["blocked"], cached=c["cached"],
+            blocked=c["blocked"], skipped=c["skipped"], executed=c["executed"],
+            completed=c["completed"], failed=c["failed"], fenced=c["fenced"], calls=c["calls"],
+            retried=c["retried"], timed_out=c["timed_out"], in_call=in_call)
+        try:
+            self.on_progress(snapshot)
+        except Exception:  # observational only
+            log.exception("map progress callback failed")
+
+
 async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Process],
-                     lease_s: float = sm.LEASE_S) -> sm.MapStatus:
+                     lease_s: float, progress: _Progress) -> sm.MapStatus:
     watch = _WorkerWatch(run.port, run.play, f"{run.run_id}/{map_invocation_id}", lease_s)
     released: set[int] = set()
     while True:
         status = await retry_transient(lambda: sm.map_status(
             run.port, run.ref, map_invocation_id))
         if status.done >= status.units:
+            await progress.report(final=True)
             return await retry_transient(lambda: sm.map_status(
                 run.port, run.ref, map_invocation_id, counters=True))
         if status.state not in (sm.WAITING, sm.OPEN):
@@ -287,6 +334,7 @@ async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Proc
                 f"every local worker of shared map {map_invocation_id!r} exited (status "
                 f"{', '.join(map(str, codes))}) with {status.units - status.done} units not done")
         await watch.check()
+        await progress.report()
         await trio.sleep(POLL_S)
 
 

@@ -118,3 +118,20 @@ async def test_a_local_worker_killed_mid_map_has_its_leases_released_at_once(
     assert result is not None and result.completed == 600
     released = [r.getMessage() for r in caplog.records if "were released" in r.getMessage()]
     assert len(released) == 1 and f"pid {named.read_text()} exited" in released[0], released
+
+
+async def test_the_coordinator_of_a_workers_map_shows_every_workers_progress(tenant, monkeypatch):
+    """Was: nothing between `3376 input rows` and the last line with `--workers`."""
+    monkeypatch.setattr(shared_map_module, "PROGRESS_S", 0.05)
+    from .plays.scale_play import slow_tag
+    from .test_shared_map import CONTRACT as SCALE_CONTRACT, PLAY as SCALE_PLAY
+
+    seen: list = []
+    with trio.fail_after(120):
+        async with open_run(tenant, SCALE_PLAY) as run:
+            result = await run.map("nums", [{"n": i} for i in range(600)], slow_tag,
+                                   contract=SCALE_CONTRACT, workers=2, on_progress=seen.append)
+    assert result.completed == 600
+    assert len(seen) >= 2 and seen[-1].completed == 600 and seen[-1].source_rows == 600
+    assert any(0 < s.completed < 600 for s in seen)  # while it ran, not only at the end
+    assert [s.completed for s in seen] == sorted(s.completed for s in seen)
