@@ -97,3 +97,30 @@ def test_psql_offers_each_sheet_as_a_view_kept_in_step_with_its_columns(schema, 
     assert refreshed.returncode == 0 and refreshed.stdout == f"1 view in {views}\n", refreshed
     seen = psql(schema, f'SELECT name, vowels FROM {views}."local/ops/things" ORDER BY name')
     assert seen.stdout == '"alpha",2\n"bb",0\n'
+
+
+async def test_a_map_that_adds_a_column_brings_the_sheets_view_along(tenant):
+    """Once `<schema>_views` exists, a write that adds a column refreshes that sheet's view in
+    the same transaction: no `runplane views` needed."""
+    from runplane.actors import open_run
+    from runplane.engine.sheets import SheetContract, views
+
+    async def one(row):
+        return {"size": len(row["name"]), "shout": row["name"].upper()}
+
+    narrow = SheetContract(inputs=("name",), outputs=("size",))
+    wide = SheetContract(inputs=("name",), outputs=("size", "shout"))
+    async with open_run(tenant, "ops") as run:
+        await run.map("things", [{"name": "ab"}], one, contract=narrow)
+    await views.sync_views(tenant)
+    view = (f'"{views.views_schema(tenant.schema)}".'
+            f'"{views.identifier(f"{tenant.org_id}/ops/things")}"')
+    try:
+        async with open_run(tenant, "ops", force=True) as run:
+            await run.map("things", [{"name": "ab"}], one, contract=wide)
+        async with tenant.connection("sheet") as conn:
+            row = dict(await conn.fetchrow(f"SELECT * FROM {view}"))
+        assert (row["size"], row["shout"]) == ("2", '"AB"')
+    finally:
+        async with tenant.connection("sheet") as conn:
+            await conn.execute(f'DROP SCHEMA "{views.views_schema(tenant.schema)}" CASCADE')

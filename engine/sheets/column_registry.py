@@ -29,6 +29,7 @@ from .layout import (
     existing_columns,
 )
 from .model import MAX_SHEET_FIELDS, with_row_statuses
+from .views import refresh_view
 
 # -- DDL (exclusive lock only) ----------------------------------------------------------------
 _CREATE_TABLE = with_row_statuses("""
@@ -116,7 +117,8 @@ async def prepare_columns(
 ) -> SheetColumns:
     """Create the sheet table and any missing field columns; register the new fields.
 
-    Runs only under the sheet's exclusive advisory lock, inside the caller's transaction;
+    Runs only on the exclusive path (the sheet's summary row held), inside the caller's
+    transaction;
     returns the registered column of every field in `fields`.
     """
     fields = list(dict.fromkeys(fields))
@@ -147,4 +149,6 @@ async def prepare_columns(
             _REGISTER_FIELDS.format(registry=registry),
             *layout.counter_args, list(new), list(new.values()),
         )
+    if new or adds:  # the sheet's readable view, when there are views, keeps in step
+        await refresh_view(conn, port, *layout.counter_args)
     return SheetColumns({f: names[f] for f in fields})

@@ -14,6 +14,9 @@ How it works
   transaction it (re)creates every sheet's view from the registry as it is now (a map that
   added a column since gets it) and drops the views of sheets that are gone; it only ever
   drops views it made (their comment says so), never anything else in that schema.
+- A write that creates a sheet's table or adds a column (`column_registry.prepare_columns`)
+  refreshes that sheet's view in the same transaction (`refresh_view`, in a savepoint) when
+  the views schema exists, so the views stay in step with the sheets.
 - Identifiers go through `sql.quote_ident`; nothing here writes a sheet.
 Who calls: `runplane sql` (`sheet_select`, read-only) and `runplane psql` / `runplane views`
 (`sync_views`, which creates the views schema on first use).
@@ -22,13 +25,18 @@ Who calls: `runplane sql` (`sheet_select`, read-only) and `runplane psql` / `run
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import attrs
 
+from ..errors import DatabaseError
+from ..pg import Connection
 from ..ports import RECEIPTS_LANE, Port, table
 from ..sql import quote_ident
 from .layout import table_name
 from .reading import shown_cell
+
+log = logging.getLogger("runplane.sheets")
 
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 HASH_CHARS = 10
@@ -112,22 +120,53 @@ async def read_sheets(port: Port, org_id: str | None = None, play: str | None = 
                       namespace: str | None = None) -> list[SheetColumns]:
     """The sheets of the schema (of one org, play or table when given) whose table exists, with
     the columns it has (a sheet from before a later system column lacks it until written)."""
+    async with port.connection(RECEIPTS_LANE) as conn:
+        return await _read_sheets(conn, port, org_id, play, namespace)
+
+
+async def _read_sheets(conn: Connection, port: Port, org_id: str | None, play: str | None,
+                       namespace: str | None) -> list[SheetColumns]:
     sql = _SHEETS.format(summary=table(port, "sheet_summary"),
                          registry=table(port, "sheet_columns"))
-    async with port.connection(RECEIPTS_LANE) as conn:
-        found = []
-        for row in await conn.fetch(sql, org_id, play, namespace):
-            name = row["table_name"] or table_name(row["org_id"], row["play"],
-                                                   row["table_namespace"])
-            present = {column["attname"] for column in await conn.fetch(
-                _COLUMNS, f"{quote_ident(port.schema)}.{quote_ident(name)}")}
-            if not present:
-                continue
-            found.append(SheetColumns(
-                row["org_id"], row["play"], row["table_namespace"], name,
-                tuple(pair for pair in zip(row["fields"], row["columns"]) if pair[1] in present),
-                tuple(c for c in READABLE_SYSTEM_COLUMNS if c in present)))
+    found = []
+    for row in await conn.fetch(sql, org_id, play, namespace):
+        name = row["table_name"] or table_name(row["org_id"], row["play"], row["table_namespace"])
+        present = {column["attname"] for column in await conn.fetch(
+            _COLUMNS, f"{quote_ident(port.schema)}.{quote_ident(name)}")}
+        if not present:
+            continue
+        found.append(SheetColumns(
+            row["org_id"], row["play"], row["table_namespace"], name,
+            tuple(pair for pair in zip(row["fields"], row["columns"]) if pair[1] in present),
+            tuple(c for c in READABLE_SYSTEM_COLUMNS if c in present)))
     return found
+
+
+async def _create_view(conn: Connection, port: Port, sheet: SheetColumns) -> None:
+    view = f"{quote_ident(views_schema(port.schema))}.{quote_ident(sheet.view_name)}"
+    await conn.execute(f"CREATE VIEW {view} WITH (security_invoker = true) AS\n"
+                       f"{sheet_select(port.schema, sheet)}")
+    await conn.execute(f"COMMENT ON VIEW {view} IS '{VIEW_COMMENT}'")
+
+
+async def refresh_view(conn: Connection, port: Port, org_id: str, play: str,
+                       namespace: str) -> None:
+    """Keep one sheet's view in step after a map added a column or created its table: inside
+    the caller's (sheet write) transaction, when `<schema>_views` exists, (re)create the view of
+    that sheet. Best effort, in a savepoint: a login that may not create there, or a view
+    someone made depend on, leaves the view as it was (`runplane views` recreates them all)."""
+    target = views_schema(port.schema)
+    if not await conn.fetchval("SELECT to_regnamespace($1) IS NOT NULL", target):
+        return
+    try:
+        async with conn.transaction():
+            for sheet in await _read_sheets(conn, port, org_id, play, namespace):
+                await conn.execute(f"DROP VIEW IF EXISTS {quote_ident(target)}."
+                                   f"{quote_ident(sheet.view_name)}")
+                await _create_view(conn, port, sheet)
+    except DatabaseError as exc:
+        log.info("the view of sheet %s/%s/%s was not refreshed (`runplane views` does it): %s",
+                 org_id, play, namespace, exc)
 
 
 _OWNED_VIEWS = """
@@ -148,8 +187,5 @@ async def sync_views(port: Port) -> list[SheetColumns]:
             for row in await conn.fetch(_OWNED_VIEWS, target, VIEW_COMMENT):
                 await conn.execute(f"DROP VIEW IF EXISTS {quoted}.{quote_ident(row['relname'])}")
             for sheet in sheets:
-                view = f"{quoted}.{quote_ident(sheet.view_name)}"
-                await conn.execute(f"CREATE VIEW {view} WITH (security_invoker = true) AS\n"
-                                   f"{sheet_select(port.schema, sheet)}")
-                await conn.execute(f"COMMENT ON VIEW {view} IS '{VIEW_COMMENT}'")
+                await _create_view(conn, port, sheet)
     return sheets
