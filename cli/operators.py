@@ -9,8 +9,8 @@ How it works
   by the option that wakes this run; a `--dsn` holding a password is left out (the resume
   command must not print it). On any end other than success, `main` prints that command.
 - `print_failure_summary` is the top-5 table of a run's failed rows that `run` and `demo` end
-  with, their messages grouped by cause (`cli.causes`: numbers, quoted values and keys
-  masked, one example each); `failures` lists failed rows and the commonest errors of one table (`runs`, what each
+  with, their messages grouped by cause (`engine.sheets.causes`: numbers, quoted values, keys
+  and the row's own input values masked, one example each); `failures` lists failed rows and the commonest errors of one table (`runs`, what each
   run did, is `cli.history`; with `RUNPLANE_CONSOLE_URL` set it also prints each
   run's page in the web console).
 - Read-only commands open the tenant with `bootstrap=False` and check the schema first
@@ -32,12 +32,13 @@ from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE, Port
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
+from runplane.engine.sheets.causes import CauseCount, ErrorCause, group_causes
 
-from .causes import MESSAGES_READ, ErrorCause, group_errors
 from .terminal import emit_json, plural, say, shell_command, table_lines
 
 WAKE_OPTIONS = ("--run-id", "--new-run-id", "--resume", "--crash-after")
 TOP_ERRORS = 5
+MESSAGES_READ = 2000
 
 
 class CommandError(Exception):
@@ -146,9 +147,9 @@ def error_table(causes: list[ErrorCause]) -> list[str]:
 
 async def error_causes(tenant: Port, scope: PlayScope, table: str,
                        run_id: str | None) -> tuple[int, list[ErrorCause]]:
-    """How many rows failed, and their messages grouped by cause (see `cli.causes`)."""
+    """How many rows failed, and their messages grouped by cause (`engine.sheets.causes`)."""
     counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=MESSAGES_READ)
-    return counts.failed, group_errors((top.error, top.count) for top in counts.top)
+    return counts.failed, group_causes(CauseCount(None, top.error, top.count) for top in counts.top)
 
 
 async def print_failure_summary(tenant: Port, scope: PlayScope, run_id: str) -> int:
