@@ -86,7 +86,8 @@ def _mask(text: str, values: dict[str, str]) -> str:
     return _pattern(values).sub(replace, text)
 
 
-def _bounded(cause: str) -> str:
+def bound_cause(cause: str) -> str:
+    """`cause` cut to at most `MAX_CAUSE_BYTES` of UTF-8, at a character."""
     if len(cause) * 4 <= MAX_CAUSE_BYTES:
         return cause
     return cause.encode("utf-8")[:MAX_CAUSE_BYTES].decode("utf-8", "ignore")
@@ -99,8 +100,8 @@ def cause_of(message: str | None, inputs: Mapping[str, Any] | None = None) -> st
         return NO_MESSAGE
     values = _input_values(inputs)
     if len(message) >= 2 and _WHOLE_QUOTED.fullmatch(message):  # a KeyError's: its key
-        return _bounded(message[0] + _mask(message[1:-1], values) + message[-1])
-    return _bounded(_mask(message, values))
+        return bound_cause(message[0] + _mask(message[1:-1], values) + message[-1])
+    return bound_cause(_mask(message, values))
 
 
 @attrs.frozen
