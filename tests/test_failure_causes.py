@@ -93,3 +93,130 @@ async def test_a_sheet_from_before_causes_gets_the_column_and_its_index_on_first
     assert [(c.pattern, c.count, c.variants) for c in counts.causes] == [("no data for N", 2, 2)]
     assert counts.distinct_causes == 1
 
+
+
+GEO_PLAY = '''
+from runplane.engine.sheets import SheetContract
+
+CONTRACT = SheetContract(inputs=("iata",), outputs=("city",))
+
+
+async def locate(row):
+    code = row["iata"]
+    if code.startswith("Q"):
+        raise KeyError(f"no airport {code!r} in the catalogue")
+    if code.startswith("O"):
+        return {"city": code.lower()}
+    raise RuntimeError(f"geo API: quota exceeded for {code}")
+
+
+async def play(run, rows):
+    return await run.map("airports", rows, locate, contract=CONTRACT, fail_fast=False)
+'''
+
+QUOTA = "geo API: quota exceeded for <iata>"
+
+
+def geo_codes() -> list[str]:
+    """199 distinct 3-letter codes that fail with the quota message (none is a word of it),
+    3 that fail another way, 2 that succeed."""
+    letters = "BCDFGHJKLMNPRSTVWXZ"
+    quota = [a + b + c for a in letters for b in letters for c in letters][:199]
+    return quota + ["QAA", "QBB", "QCC", "OKA", "OKB"]
+
+
+def error_rows(html: str, section: str) -> list[list[str]]:
+    """The cells of the errors table after `section` in a console page, tags stripped."""
+    import re
+
+    table = re.search(r'<table class="errors">(.*?)</table>', html.split(section, 1)[1], re.S)
+    assert table is not None, html
+    rows = re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)[1:]
+    return [[re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in rows]
+
+
+async def test_one_cause_per_kind_of_failure_on_every_surface(dsn, tmp_path):
+    """199 rows failing with their own code in the message are one cause, and a second kind of
+    failure another: exactly two causes in `failures`, `--json`, `error_counts` and the
+    console (failures page, its API and the run page), 199 rows for the first."""
+    import html as html_module
+
+    import trio
+
+    from runplane.engine import PlayScope, open_tenant
+    from runplane.engine.gateway import mint_token
+
+    from .cli_helpers import cli_env, run_cli
+    from .conftest import fresh_schema
+    from .console_support import client, login_token
+    from .gateway_support import SECRET, serving
+
+    schema = fresh_schema()
+    play = tmp_path / "geo.py"
+    play.write_text(GEO_PLAY)
+    rows = tmp_path / "codes.csv"
+    rows.write_text("iata\n" + "".join(f"{code}\n" for code in geo_codes()))
+    env = cli_env(RUNPLANE_DSN=dsn)
+    env.pop("RUNPLANE_ORG", None)
+    env.pop("RUNPLANE_SCHEMA", None)
+
+    def cli(*args: str):
+        return trio.to_thread.run_sync(lambda: run_cli(*args, "--schema", schema, env=env))
+
+    async with open_tenant("local", dsn, schema=schema) as tenant:
+        try:
+            done = await cli("run", str(play), "--input", str(rows))
+            assert done.returncode == 0, done.stderr
+            assert "202 failed rows in table airports, 2 causes (top 2):" in done.stdout, done.stdout
+            (run_id,) = {line.split()[1] for line in done.stdout.splitlines()
+                         if line.startswith("run ") and " of play geo started" in line}
+
+            # runplane failures, and --json
+            shown = await cli("failures", "geo", "airports")
+            assert "most common errors (2 causes, top 2):" in shown.stdout, shown.stdout
+            summary = shown.stdout.split("most common errors", 1)[1].splitlines()[2:]
+            assert [line.split()[0] for line in summary if line.strip()] == ["199", "3"]
+            assert "(+198 like it)" in summary[0] and "geo API: quota exceeded for" in summary[0]
+            document = json.loads((await cli("failures", "geo", "airports", "--json")).stdout)
+            assert document["causes"] == 2
+            assert [(e["count"], e["variants"], e["pattern"]) for e in document["errors"]] == [
+                (199, 199, QUOTA), (3, 3, "\"no airport '…' in the catalogue\"")]
+
+            # sheets.error_counts: the messages as before, the causes beside them
+            counts = await sheets.error_counts(tenant, PlayScope("local", "geo"), "airports")
+            assert (counts.failed, counts.distinct, len(counts.top)) == (202, 202, 5)
+            assert counts.distinct_causes == 2
+            assert [(c.pattern, c.count, c.variants) for c in counts.causes] == [
+                (QUOTA, 199, 199), ("\"no airport '…' in the catalogue\"", 3, 3)]
+
+            # the console: the failures page, its API, the run page, the filter by cause
+            async with serving(tenant) as server, client(server.url) as http:
+                await login_token(http, mint_token(SECRET, "local"))
+                page = (await http.get("/ui/failures/geo/airports")).text
+                top = error_rows(page, "Most common errors")
+                assert [(row[0], html_module.unescape(row[1])) for row in top] == [
+                    ("199", QUOTA), ("3", "\"no airport '…' in the catalogue\"")]
+                api = (await http.get("/ui/api/failures/geo/airports")).json()
+                assert [(c["pattern"], c["count"]) for c in api["causes"]] == [
+                    (QUOTA, 199), ("\"no airport '…' in the catalogue\"", 3)]
+                run_page = (await http.get(f"/ui/runs/geo/{run_id}")).text
+                assert [row[0] for row in error_rows(run_page, "Top errors of this run")] == [
+                    "199", "3"]
+                keys, after = [], None
+                while True:
+                    params = {"cause": QUOTA, **({"after": json.dumps(after)} if after else {})}
+                    listed = (await http.get("/ui/api/failures/geo/airports", params=params)).json()
+                    keys += [row["_key"] for row in listed["rows"]]
+                    assert all(row["_error"].startswith("geo API") for row in listed["rows"])
+                    after = listed["next"]
+                    if after is None:
+                        break
+                assert len(keys) == len(set(keys)) == 199
+                filtered = (await http.get("/ui/failures/geo/airports",
+                                           params={"cause": QUOTA})).text
+                assert 'id="cause"' in filtered and "no airport" not in filtered.split(
+                    "Most common errors")[0]
+        finally:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

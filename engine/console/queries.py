@@ -14,6 +14,8 @@ How it works
   stream reads only those. Per-run figures (rows a run wrote last by status, retries, timeouts,
   top errors) filter a sheet by `_run_id` or `_status`, which no index serves: they scan the
   sheet, bounded by the statement timeout, and are read when a page loads, never per second.
+  Top errors are causes (`sheets.causes`), counted by the sheet's stored `_cause`
+  (`sheets.audit.cause_counts_sql`, one statement for every surface) and folded here.
 - The caller passes the org (and checks the viewer may see it and the play) before any read;
   every statement filters by org and play, so a page can only show what its viewer may see.
 """
@@ -28,7 +30,8 @@ import attrs
 from ..errors import StatementTimeoutError
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
-from ..sheets.audit import RUN_ROWS_SQL
+from ..sheets.audit import RUN_ROWS_SQL, cause_counts, cause_counts_sql, sheets_with_causes
+from ..sheets.causes import ErrorCause, group_causes
 from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
 from ..sheets.model import with_row_statuses
@@ -249,7 +252,7 @@ class RunTable:
     rows: dict[str, int] | None  # None (and the rest None): reading them took too long
     retries: int | None
     timeouts: int | None
-    top_errors: list[tuple[str | None, int]] | None
+    top_errors: list[ErrorCause] | None
 
 
 _RUN_TABLE = with_row_statuses("""
@@ -262,11 +265,21 @@ SELECT count(*) FILTER (WHERE _status = {PENDING}) AS pending,
   FROM {t} WHERE _run_id = $1
 """)
 
-_TOP_ERRORS = with_row_statuses("""
-SELECT _error AS error, count(*) AS n FROM {t}
- WHERE _status = {FAILED} AND ($1::text IS NULL OR _run_id = $1::text)
- GROUP BY _error ORDER BY n DESC, error ASC NULLS LAST LIMIT {limit}
-""")
+# Top errors are causes (`sheets.causes`): failed rows counted by stored cause (or by message
+# where none was stored) in SQL, at most `CAUSE_GROUPS` groups a table, folded in Python.
+CAUSE_GROUPS = 200
+
+
+async def cause_sql(conn: Connection, sheets: list[SheetLayout]) -> list[str]:
+    """Each sheet's statement counting its failed rows by cause (`$1`: a run id or NULL)."""
+    with_cause = await sheets_with_causes(conn, [s.qualified for s in sheets])
+    return [cause_counts_sql(s.qualified, s.qualified in with_cause, CAUSE_GROUPS)
+            for s in sheets]
+
+
+def top_causes(records: list[Any]) -> list[ErrorCause]:
+    """The `TOP_ERRORS` commonest causes of one table's cause counts."""
+    return group_causes(cause_counts(records))[:TOP_ERRORS]
 
 
 def _counters(record: Any) -> TableCounters:
@@ -326,9 +339,8 @@ async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTa
                 for i, s in enumerate(present)), run_id, TIMEOUT_PREFIX)
         if figures is not None:
             errors = await scan(conn, "\nUNION ALL\n".join(
-                f"(SELECT {i}::int AS i, q.* FROM ("
-                f"{_TOP_ERRORS.format(t=s.qualified, limit=TOP_ERRORS)}) AS q)"
-                for i, s in enumerate(present)), run_id)
+                f"(SELECT {i}::int AS i, q.* FROM ({sql}) AS q)"
+                for i, sql in enumerate(await cause_sql(conn, present))), run_id)
         where = {s.namespace: i for i, s in enumerate(present)}
         out = []
         for info in infos:
@@ -341,7 +353,7 @@ async def run_tables(port: Port, org: str, play: str, run_id: str) -> list[RunTa
                 mine = next(r for r in figures if r["i"] == i)
                 out.append(RunTable(info, {name: mine[name] for name in STATUS_NAMES},
                                     mine["retries"], mine["timeouts"],
-                                    [(r["error"], r["n"]) for r in errors if r["i"] == i]))
+                                    top_causes([r for r in errors if r["i"] == i])))
         return out
 
     return await read(port, op)
