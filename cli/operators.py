@@ -185,7 +185,7 @@ async def show_failures(tenant: Port, args: argparse.Namespace) -> int:
         emit_json({
             "play": scope.play, "table": table, "run_id": args.run, "failed": failed,
             "rows": [{"key": row.key, "attempts": row.attempts, "error": row.error,
-                      "inputs": row.inputs} for row in rows],
+                      "cause": row.cause, "inputs": row.inputs} for row in rows],
             "causes": distinct,
             "errors": [{"count": cause.count, "error": cause.example, "pattern": cause.pattern,
                         "variants": cause.variants} for cause in causes],

@@ -92,6 +92,9 @@ async def test_a_sheet_from_before_causes_gets_the_column_and_its_index_on_first
     counts = await sheets.error_counts(tenant, play_scope(tenant), NS)
     assert [(c.pattern, c.count, c.variants) for c in counts.causes] == [("no data for N", 2, 2)]
     assert counts.distinct_causes == 1
+    failed = await sheets.failed_rows(tenant, play_scope(tenant), NS)
+    assert [(row.error, row.cause) for row in failed] == [
+        ("no data for 7", "no data for N"), ("no data for 8", "no data for N")]
 
 
 
@@ -180,6 +183,10 @@ async def test_one_cause_per_kind_of_failure_on_every_surface(dsn, tmp_path):
             assert "(+198 like it)" in summary[0] and "geo API: quota exceeded for" in summary[0]
             document = json.loads((await cli("failures", "geo", "airports", "--json")).stdout)
             assert document["causes"] == 2
+            assert document["rows"] and all(
+                row["cause"] == (QUOTA if "quota" in row["error"] else
+                                 "\"no airport '…' in the catalogue\"")
+                for row in document["rows"])
             assert [(e["count"], e["variants"], e["pattern"]) for e in document["errors"]] == [
                 (199, 199, QUOTA), (3, 3, "\"no airport '…' in the catalogue\"")]
 

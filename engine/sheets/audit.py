@@ -34,7 +34,7 @@ from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
-from .causes import CauseCount, ErrorCause, group_causes
+from .causes import CauseCount, ErrorCause, cause_of, group_causes
 from .counters import column_source
 from .layout import FOREIGN_TABLE, foreign_table_error, layout_for, table_present
 from .model import with_row_statuses
@@ -42,7 +42,8 @@ from .model import with_row_statuses
 
 @attrs.frozen
 class FailedRow:
-    """A failed row: its key, its input fields, the stored error and the calls it took."""
+    """A failed row: its key, its input fields, the stored error, the calls it took and its
+    cause (`sheets.causes`: stored with the row, or its message's for a row failed before)."""
 
     key: str
     inputs: dict[str, Any]
@@ -50,6 +51,7 @@ class FailedRow:
     run_id: str | None
     input_index: int | None
     attempts: int | None = None
+    cause: str | None = None
 
 
 @attrs.frozen
@@ -83,7 +85,7 @@ class RunRows:
 
 
 FAILED_ROW = record(FailedRow, key=STR, inputs=RAW, error=optional(STR), run_id=optional(STR),
-                    input_index=optional(INT), attempts=optional(INT))
+                    input_index=optional(INT), attempts=optional(INT), cause=optional(STR))
 ERROR_COUNTS = record(
     ErrorCounts, failed=INT, distinct=INT,
     top=list_of(record(ErrorCount, error=optional(STR), count=INT), as_tuple=True),
@@ -97,6 +99,8 @@ SELECT to_regclass($4) IS NOT NULL AS present,
        {foreign} AS foreign_table,
        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
                   AND attname = '_attempts' AND NOT attisdropped) AS has_attempts,
+       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
+                  AND attname = '_cause' AND NOT attisdropped) AS has_cause,
        coalesce(array_agg(r.field ORDER BY r.position, r.field)
                 FILTER (WHERE r.field IS NOT NULL), '{{}}') AS fields,
        coalesce(array_agg(r.column_name ORDER BY r.position, r.field)
@@ -110,7 +114,7 @@ SELECT to_regclass($4) IS NOT NULL AS present,
 """
 
 _FAILED_ROWS = with_row_statuses("""
-SELECT _key, _error, _run_id, _input_index{attempts}{cols} FROM {t}
+SELECT _key, _error, _run_id, _input_index{attempts}, {cause} AS cause{cols} FROM {t}
  WHERE _status = {FAILED} AND ($2::text IS NULL OR _run_id = $2::text)
  ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC
  LIMIT $1
@@ -218,7 +222,8 @@ async def failed_rows(
         pairs = list(zip(info["fields"], info["columns"]))
         cols = "".join(f", {quote_ident(c)}::text AS c{i}" for i, (_, c) in enumerate(pairs))
         attempts = ", _attempts" if info["has_attempts"] else ""
-        sql = _FAILED_ROWS.format(attempts=attempts, cols=cols, t=layout.qualified)
+        cause = "_cause" if info["has_cause"] else "NULL::text"
+        sql = _FAILED_ROWS.format(attempts=attempts, cause=cause, cols=cols, t=layout.qualified)
         records = await conn.fetch(sql, limit, run_id)
         return [
             FailedRow(
@@ -229,6 +234,8 @@ async def failed_rows(
                 run_id=record["_run_id"],
                 input_index=record["_input_index"],
                 attempts=record["_attempts"] if info["has_attempts"] else None,
+                cause=record["cause"] if record["cause"] is not None
+                else cause_of(record["_error"]),
             )
             for record in records
         ]
