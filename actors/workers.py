@@ -2,7 +2,8 @@
 
 How it works
 - **Workers** (`work`) call `await fn(row)` for each row of the batches admission hands out.
-  An exception fails that row only (its message becomes the row's `_error`); a return value
+  An exception fails that row only (its message becomes the row's `_error`, and its cause,
+  the message with the row's own input values masked, `_cause`); a return value
   must be a dict of output fields (None means no fields) that `canonical.normalize` accepts,
   or the row fails with a message saying why. A completed row's outputs are normalized and
   encoded once, here (`engine.sheets.inputs.completed_outcome`): completion writes that text. No permit is held while user code runs:
@@ -25,6 +26,7 @@ import trio
 
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import AdmittedRow, OutcomeStatus, RowOutcome
+from runplane.engine.sheets.causes import cause_of
 from runplane.engine.sheets.inputs import completed_outcome
 
 from .admission import MAX_WORK_BATCH
@@ -37,6 +39,13 @@ HAND_ON_S = 0.5            # a slow worker batch hands its outcomes on after thi
 def error_message(exc: BaseException) -> str:
     text = str(exc).strip()
     return text if text else type(exc).__name__
+
+
+def failed_outcome(admitted: AdmittedRow, calls: int, message: str) -> RowOutcome:
+    """The failed outcome of a row, with its cause: the message with the row's own input values
+    masked (the worker is where the inputs are known; `engine.sheets.causes`)."""
+    return RowOutcome(admitted.key, OutcomeStatus.FAILED, input_index=admitted.input_index,
+                      error=message, attempts=calls, cause=cause_of(message, admitted.row))
 
 
 async def call_row(plan: MapPlan, admitted: AdmittedRow,
@@ -54,20 +63,17 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
                 if scope.cancelled_caught:
                     raise RowTimeoutError(f"timed out after {plan.row_timeout_s:g} s")
     except Exception as exc:  # the row fails, the map goes on
-        return RowOutcome(key, OutcomeStatus.FAILED, input_index=index, error=error_message(exc),
-                          attempts=calls), exc
+        return failed_outcome(admitted, calls, error_message(exc)), exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        return RowOutcome(
-            key, OutcomeStatus.FAILED, input_index=index, attempts=calls,
-            error=f"map function returned {type(data).__name__}, expected a dict of outputs",
-        ), None
+        return failed_outcome(
+            admitted, calls,
+            f"map function returned {type(data).__name__}, expected a dict of outputs"), None
     try:  # normalized and encoded once: completion takes the text as it is
         return completed_outcome(key, data, index, calls, "output"), None
     except InvalidInputError as exc:
-        return RowOutcome(key, OutcomeStatus.FAILED, input_index=index, error=error_message(exc),
-                          attempts=calls), None
+        return failed_outcome(admitted, calls, error_message(exc)), None
 
 
 async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowOutcome | None:

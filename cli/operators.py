@@ -9,8 +9,8 @@ How it works
   by the option that wakes this run; a `--dsn` holding a password is left out (the resume
   command must not print it). On any end other than success, `main` prints that command.
 - `print_failure_summary` is the top-5 table of a run's failed rows that `run` and `demo` end
-  with, their messages grouped by cause (`cli.causes`: numbers, quoted values and keys
-  masked, one example each); `failures` lists failed rows and the commonest errors of one table (`runs`, what each
+  with, their messages grouped by cause (`engine.sheets.causes`: numbers, quoted values, keys
+  and the row's own input values masked, one example each); `failures` lists failed rows and the commonest errors of one table (`runs`, what each
   run did, is `cli.history`; with `RUNPLANE_CONSOLE_URL` set it also prints each
   run's page in the web console).
 - Read-only commands open the tenant with `bootstrap=False` and check the schema first
@@ -32,12 +32,13 @@ from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE, Port
 from runplane.engine.schema import schema_status
 from runplane.engine.scopes import normalize_namespace
+from runplane.engine.sheets.causes import ErrorCause
 
-from .causes import MESSAGES_READ, ErrorCause, group_errors
 from .terminal import emit_json, plural, say, shell_command, table_lines
 
 WAKE_OPTIONS = ("--run-id", "--new-run-id", "--resume", "--crash-after")
 TOP_ERRORS = 5
+CAUSES_READ = 2000  # causes `failures --json` lists at most
 
 
 class CommandError(Exception):
@@ -145,10 +146,11 @@ def error_table(causes: list[ErrorCause]) -> list[str]:
 
 
 async def error_causes(tenant: Port, scope: PlayScope, table: str,
-                       run_id: str | None) -> tuple[int, list[ErrorCause]]:
-    """How many rows failed, and their messages grouped by cause (see `cli.causes`)."""
-    counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=MESSAGES_READ)
-    return counts.failed, group_errors((top.error, top.count) for top in counts.top)
+                       run_id: str | None) -> tuple[int, int, list[ErrorCause]]:
+    """How many rows failed, how many causes they have and the commonest causes (stored with
+    each failed row: `engine.sheets.causes`)."""
+    counts = await sheets.error_counts(tenant, scope, table, run_id=run_id, limit=CAUSES_READ)
+    return counts.failed, counts.distinct_causes, list(counts.causes)
 
 
 async def print_failure_summary(tenant: Port, scope: PlayScope, run_id: str) -> int:
@@ -156,12 +158,12 @@ async def print_failure_summary(tenant: Port, scope: PlayScope, run_id: str) -> 
     failed."""
     failed = 0
     for table in await play_tables(tenant, scope):
-        count, causes = await error_causes(tenant, scope, table, run_id)
+        count, distinct, causes = await error_causes(tenant, scope, table, run_id)
         if not count:
             continue
         failed += count
         say(f"{plural(count, 'failed row')} in table {table}, "
-            f"{plural(len(causes), 'cause')} (top {min(TOP_ERRORS, len(causes))}):")
+            f"{plural(distinct, 'cause')} (top {min(TOP_ERRORS, len(causes))}):")
         for line in error_table(causes):
             say(line)
         say(f"  see them: {shell_command(['failures', scope.play, table, '--run', run_id])}")
@@ -176,14 +178,15 @@ async def show_failures(tenant: Port, args: argparse.Namespace) -> int:
     await require_schema(tenant)
     scope = PlayScope(tenant.org_id, args.play)
     table = await require_table(tenant, scope, args.table)
-    failed, causes = await error_causes(tenant, scope, table, args.run)
+    failed, distinct, causes = await error_causes(tenant, scope, table, args.run)
     of_run = f" of run {args.run}" if args.run else ""
     if getattr(args, "json", False):
         rows = await sheets.failed_rows(tenant, scope, table, run_id=args.run, limit=args.limit)
         emit_json({
             "play": scope.play, "table": table, "run_id": args.run, "failed": failed,
             "rows": [{"key": row.key, "attempts": row.attempts, "error": row.error,
-                      "inputs": row.inputs} for row in rows],
+                      "cause": row.cause, "inputs": row.inputs} for row in rows],
+            "causes": distinct,
             "errors": [{"count": cause.count, "error": cause.example, "pattern": cause.pattern,
                         "variants": cause.variants} for cause in causes],
         }, args.json_stream)
@@ -206,7 +209,7 @@ async def show_failures(tenant: Port, args: argparse.Namespace) -> int:
     ]
     for line in table_lines(("key", "attempts", "error", "inputs"), listing, right=(1,)):
         say("  " + line)
-    say(f"most common errors ({plural(len(causes), 'cause')}, top {min(TOP_ERRORS, len(causes))}):")
+    say(f"most common errors ({plural(distinct, 'cause')}, top {min(TOP_ERRORS, len(causes))}):")
     for line in error_table(causes):
         say(line)
     return 0

@@ -278,7 +278,7 @@ async def test_a_scan_that_takes_too_long_shows_unknown_figures_not_an_error(ten
         finally:
             release.set()
     (table,) = await queries.run_tables(tenant, tenant.org_id, "alpha", seeded.alpha_run)
-    assert [n for _, n in table.top_errors] == [1, 1, 1]
+    assert sum(c.count for c in table.top_errors) == 3  # its three failed rows, by cause
 
 
 async def test_live_streams_are_limited_per_org(tenant, gateway_url, seeded, monkeypatch):

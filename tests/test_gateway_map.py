@@ -233,11 +233,12 @@ def test_an_outcome_travels_as_the_row_outcome_codec_encodes_it():
         RowOutcome("clé \"quoted\"", "completed", {"ok": None}, 11),
         RowOutcome("twice", "completed", {"v": 1}, 12),
         RowOutcome("twice", "failed", None, 12, error="second wins"),
+        RowOutcome("caused", "failed", None, 13, error="quota for BGR", cause="quota for <iata>"),
     ]
     prepared, _ = prepare_outcomes(outcomes)
     texts = outcome_texts(outcomes, prepared)
     last = {outcome.key: outcome for outcome in outcomes}
-    assert len(texts) == len(prepared) == 9
+    assert len(texts) == len(prepared) == 10
     for text, one in zip(texts, prepared):
         expected = ROW_OUTCOME.encode(attrs.evolve(last[one.key], error=one.error), "o")
         assert json.loads(text) == expected

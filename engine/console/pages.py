@@ -27,6 +27,7 @@ from typing import Any, Iterable
 from .figures import RunFigures
 from .params import seg
 from .queries import RunRow, RunTable, TableCounters
+from ..sheets.causes import ErrorCause
 from .rows import Cursor, RowsPage
 from .words import (FIGURE_HINTS, MAP_STATE_WORDS, ROW_STATE_WORDS, RUN_FIGURES,
                     SHEET_COUNTERS, row_state)
@@ -230,9 +231,7 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
         parts.append('<p class="muted">This run has recorded no maps yet.</p>')
     for t in tables:
         mine, f = t.mine, t.mine.figures
-        errors = "".join(
-            f'<tr><td class="num">{n}</td><td>{esc(shorten(e) if e is not None else "(no message)")}</td></tr>'
-            for e, n in t.top_errors or ())
+        errors = _cause_rows(t.top_errors or (), org, run.play, mine.namespace, show_org)
         links = (f'<a href="{table_url("tables", org, run.play, mine.namespace, show_org)}">rows</a> · '
                  f'<a href="{table_url("failures", org, run.play, mine.namespace, show_org)}">failures</a>')
         running = "-" if t.counters is None else t.counters.running
@@ -251,8 +250,7 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
             + '<h3>This table now, all runs</h3><div class="stats">'
             + _stat("running (any run)", "running", running, FIGURE_HINTS["running"])
             + "</div>"
-            + (f'<h3>Top errors of this run</h3><table class="errors"><tr><th class="num">rows</th>'
-               f'<th>error</th></tr>{errors}</table>' if errors else "")
+            + (f'<h3>Top errors of this run</h3>{_cause_table(errors)}' if errors else "")
             + (f'<p class="muted">Top errors of this run: {UNKNOWN} counting them took too '
                'long (a large sheet); the figures above stay live.</p>'
                if t.top_errors is None else "")
@@ -322,8 +320,31 @@ def _next_link(kind: str, org: str, play: str, namespace: str, show_org: bool,
     return f'<p class="pager"><a id="next" href="{url}">Next page →</a></p>'
 
 
+# -- top errors: causes (`sheets.causes`) -----------------------------------------------------------
+def _cause_rows(causes: Iterable[ErrorCause], org: str, play: str, namespace: str,
+                show_org: bool) -> str:
+    """One row per cause: its failed rows, the cause (linked to the failures of that cause) and
+    an example message with how many other messages it stands for."""
+    lines = []
+    for cause in causes:
+        url = table_url("failures", org, play, namespace, show_org, cause=cause.pattern)
+        example = "(no message)" if cause.example is None else shorten(cause.example)
+        more = f' <span class="muted">(+{cause.variants - 1} like it)</span>' \
+            if cause.variants > 1 else ""
+        lines.append(f'<tr><td class="num">{cause.count}</td><td><a href="{url}"><code>'
+                     f'{esc(shorten(cause.pattern))}</code></a></td><td>{esc(example)}{more}</td>'
+                     '</tr>')
+    return "".join(lines)
+
+
+def _cause_table(rows: str) -> str:
+    return (f'<table class="errors"><tr><th class="num">rows</th><th>cause</th>'
+            f'<th>example</th></tr>{rows}</table>')
+
+
 def failures_page(org: str, play: str, namespace: str, page: RowsPage,
-                  errors: list[tuple[str | None, int]] | None, *, show_org: bool) -> str:
+                  errors: list[ErrorCause] | None, *, show_org: bool,
+                  cause: str | None = None) -> str:
     inputs = [f for f in page.fields if f not in page.outputs]
     lines = []
     for r in page.rows:
@@ -337,13 +358,14 @@ def failures_page(org: str, play: str, namespace: str, page: RowsPage,
     grid = (f'<table id="failures"><thead><tr><th>key</th><th class="num">attempts</th>'
             f'<th>error</th><th>inputs</th></tr></thead><tbody>{"".join(lines)}</tbody></table>'
             if lines else '<p class="muted">No failed rows.</p>')
-    top = "".join(f'<tr><td class="num">{n}</td><td>{esc(shorten(e) if e is not None else "(no message)")}</td></tr>'
-                  for e, n in errors or ())
-    top_table = (f'<h2>Most common errors</h2><table class="errors"><tr><th class="num">rows</th>'
-                 f'<th>error</th></tr>{top}</table>' if top else "")
+    top = _cause_rows(errors or (), org, play, namespace, show_org)
+    top_table = f'<h2>Most common errors</h2>{_cause_table(top)}' if top else ""
     if errors is None:
         top_table = f"<h2>Most common errors</h2><p>{UNKNOWN} (counting them took too long)</p>"
-    more = _next_link("failures", org, play, namespace, show_org, page.next)
+    more = _next_link("failures", org, play, namespace, show_org, page.next, cause=cause)
     back = f'<p><a href="{table_url("tables", org, play, namespace, show_org)}">all rows</a></p>'
+    if cause is not None:  # the filter: the rows of one cause, and the way back to all of them
+        back += (f'<p id="cause">Failures of cause <code>{esc(cause)}</code> · <a href="'
+                 f'{table_url("failures", org, play, namespace, show_org)}">all failures</a></p>')
     body = f"<h1>Failures of table {esc(namespace)} of play {esc(play)}</h1>{back}{grid}{more}{top_table}"
     return frame(f"Failures of {namespace}", body)

@@ -16,7 +16,8 @@ How it works
   what a run did (its run history, `figures`): the runs list and the live stream read only
   those. A run's top errors filter a sheet by `_run_id` and `_status`, which no index serves:
   they scan the sheet, bounded by the statement timeout, and are read when a page loads, never
-  per second.
+  per second. Top errors are causes (`sheets.causes`), counted by the sheet's stored `_cause`
+  (`sheets.audit.cause_counts_sql`, one statement for every surface) and folded here.
 - The caller passes the org (and checks the viewer may see it and the play) before any read;
   every statement filters by org and play, so a page can only show what its viewer may see.
 """
@@ -32,6 +33,8 @@ from ..errors import StatementTimeoutError
 from .. import row_calls
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
+from ..sheets.audit import cause_counts, cause_counts_sql, sheets_with_causes
+from ..sheets.causes import ErrorCause, group_causes
 from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
 from ..sheets.model import with_row_statuses
@@ -213,7 +216,7 @@ class RunTable:
 
     mine: MapFigures
     counters: TableCounters | None
-    top_errors: list[tuple[str | None, int]] | None
+    top_errors: list[ErrorCause] | None
 
     @property
     def namespace(self) -> str:
@@ -230,11 +233,21 @@ class LiveTick:
     counters: dict[str, TableCounters]
     now: float | None
 
-_TOP_ERRORS = with_row_statuses("""
-SELECT _error AS error, count(*) AS n FROM {t}
- WHERE _status = {FAILED} AND ($1::text IS NULL OR _run_id = $1::text)
- GROUP BY _error ORDER BY n DESC, error ASC NULLS LAST LIMIT {limit}
-""")
+# Top errors are causes (`sheets.causes`): failed rows counted by stored cause (or by message
+# where none was stored) in SQL, at most `CAUSE_GROUPS` groups a table, folded in Python.
+CAUSE_GROUPS = 200
+
+
+async def cause_sql(conn: Connection, sheets: list[SheetLayout]) -> list[str]:
+    """Each sheet's statement counting its failed rows by cause (`$1`: a run id or NULL)."""
+    with_cause = await sheets_with_causes(conn, [s.qualified for s in sheets])
+    return [cause_counts_sql(s.qualified, s.qualified in with_cause, CAUSE_GROUPS)
+            for s in sheets]
+
+
+def top_causes(records: list[Any]) -> list[ErrorCause]:
+    """The `TOP_ERRORS` commonest causes of one table's cause counts."""
+    return group_causes(cause_counts(records))[:TOP_ERRORS]
 
 
 def _counters(record: Any) -> TableCounters:
@@ -289,15 +302,14 @@ async def run_tables(port: Port, org: str, play: str, run_id: str, *,
         errors = None
         if present:
             errors = await scan(conn, "\nUNION ALL\n".join(
-                f"(SELECT {i}::int AS i, q.* FROM ("
-                f"{_TOP_ERRORS.format(t=s.qualified, limit=TOP_ERRORS)}) AS q)"
-                for i, s in enumerate(present)), run_id)
+                f"(SELECT {i}::int AS i, q.* FROM ({sql}) AS q)"
+                for i, sql in enumerate(await cause_sql(conn, present))), run_id)
         where = {s.namespace: i for i, s in enumerate(present)}
         out = []
         for mine in maps:
             i = where.get(mine.namespace)
             top = ([] if i is None else None if errors is None else
-                   [(r["error"], r["n"]) for r in errors if r["i"] == i])
+                   top_causes([r for r in errors if r["i"] == i]))
             out.append(RunTable(mine, counters.get(mine.namespace), top))
         return out
 

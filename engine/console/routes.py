@@ -374,10 +374,11 @@ class _Handlers:
         if status not in (None, *STATUSES):
             raise ValueError("status")
         key = None if failed_only else (query.get("key") or None)
+        cause = _cause(request) if failed_only else None
         after = _cursor(query.get("after"))  # before any query: a malformed one is a 400
         port = await self.c.port_for(org)
         page = await rows.rows_page(port, org, play, namespace, status=status,
-                                       key_prefix=key, after=after)
+                                       key_prefix=key, after=after, cause=cause)
         if page.counters is None:
             raise NotFound()
         return port, org, play, namespace, page, status, key
@@ -417,7 +418,8 @@ class _Handlers:
             port, org, play, namespace, page, _, _ = await self._page(request, viewer, True)
             errors = await rows.top_errors(port, org, play, namespace)
             return _html(pages.failures_page(org, play, namespace, page, errors,
-                                             show_org=viewer.org is None))
+                                             show_org=viewer.org is None,
+                                             cause=_cause(request)))
         return await self.guarded(request, False, render)
 
     async def api_table(self, request: Request) -> Response:
@@ -427,10 +429,19 @@ class _Handlers:
         return await self.guarded(request, True, lambda v: self._api_page(request, v, True))
 
     async def _api_page(self, request: Request, viewer: Viewer, failed_only: bool) -> Response:
-        _, _, _, _, page, _, _ = await self._page(request, viewer, failed_only)
+        port, org, play, namespace, page, _, _ = await self._page(request, viewer, failed_only)
         following = None if page.next is None else [page.next.input_index, page.next.created,
                                                     page.next.key]
-        return JSONResponse({"fields": page.fields, "rows": page.rows, "next": following})
+        body: dict[str, Any] = {"fields": page.fields, "rows": page.rows, "next": following}
+        if failed_only:  # the commonest causes (None: counting them took too long)
+            causes = await rows.top_errors(port, org, play, namespace)
+            body["causes"] = None if causes is None else [attrs.asdict(c) for c in causes]
+        return JSONResponse(body)
+
+
+def _cause(request: Request) -> str | None:
+    """The failures page's cause filter (`?cause=`: a stored cause, `sheets.causes`)."""
+    return request.query_params.get("cause") or None
 
 
 def _cursor(text: str | None) -> rows.Cursor | None:

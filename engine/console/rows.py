@@ -1,11 +1,13 @@
 """The console's reads of one sheet: a keyset page of its rows, its column counters and the
-commonest errors of its failed rows (see `queries` for how every console read is bounded).
+commonest causes of its failed rows (see `queries` for how every console read is bounded).
 
 Rows come in the sheet's row order `(_input_index, _created_at, _key)`, which the row-order index
 serves; rows whose input index is null come last, read by a second statement on
 `(_created_at, _key)` once the indexed rows are exhausted, so each statement stays an index range.
-A status filter or a key prefix narrows a page without changing its order. An output cell that is
-not completed shows as null (`engine.sheets.reading.shown_cell`, as every reader of a sheet).
+A status filter or a key prefix narrows a page without changing its order; so does a cause
+(the failures page's filter), whose rows the sheet's cause index holds in row order. An output
+cell that is not completed shows as null (`engine.sheets.reading.shown_cell`, as every reader of
+a sheet).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from ..ports import Port, table
 from ..sheets.counters import column_source, summary_source
 from ..sheets.reading import shown_cell
 from ..sql import quote_ident
-from .queries import (MAX_FIELDS, ROWS_PAGE, TOP_ERRORS, TableCounters, _TOP_ERRORS, _counters,
-                      _present, layout, read, scan)
+from ..sheets.audit import sheets_with_causes
+from ..sheets.causes import ErrorCause
+from .queries import (MAX_FIELDS, ROWS_PAGE, TableCounters, _counters, _present, cause_sql, layout,
+                      read, scan, top_causes)
 
 @attrs.frozen
 class Cursor:
@@ -76,6 +80,15 @@ _UNINDEXED_FIRST = "_input_index IS NULL"
 _UNINDEXED_AFTER = "_input_index IS NULL AND (_created_at, _key) > ($4::text::timestamptz, $5::text)"
 
 
+def _of_cause(cause: str | None, extra: tuple) -> str:
+    """The condition keeping the rows of one stored cause (its bind follows the cursor's)."""
+    return "" if cause is None else f" AND _cause = ${4 + len(extra)}::text"
+
+
+def _cause_arg(cause: str | None) -> tuple:
+    return () if cause is None else (cause,)
+
+
 async def table_exists(port: Port, org: str, play: str, namespace: str) -> TableCounters | None:
     sql = _ONE_TABLE.format(summary=summary_source(port),
                             in_call=row_calls.in_call_sql(port, "s"))
@@ -89,8 +102,10 @@ async def table_exists(port: Port, org: str, play: str, namespace: str) -> Table
 
 async def rows_page(port: Port, org: str, play: str, namespace: str, *,
                     status: str | None = None, key_prefix: str | None = None,
-                    after: Cursor | None = None, limit: int = ROWS_PAGE) -> RowsPage:
-    """One keyset page of a sheet's rows in row order, with its fields and counters."""
+                    after: Cursor | None = None, limit: int = ROWS_PAGE,
+                    cause: str | None = None) -> RowsPage:
+    """One keyset page of a sheet's rows in row order, with its fields and counters; with
+    `cause`, only the failed rows of that stored cause (the cause index's range)."""
     sheet = layout(port, org, play, namespace)
     fields_sql = _FIELDS.format(registry=table(port, "sheet_columns"),
                                 column_summary=column_source(port),
@@ -110,27 +125,30 @@ async def rows_page(port: Port, org: str, play: str, namespace: str, *,
         outputs = {r["field"] for r in registered if r["output"]}
         if info is None or not await _present(conn, port, sheet):
             return RowsPage(fields, outputs, [], None, columns, info)
+        if cause is not None and not await sheets_with_causes(conn, [sheet.qualified]):
+            return RowsPage(fields, outputs, [], None, columns, info)  # no cause stored yet
         names = [fields] if fields else []  # the last bind: the field names, for their cells
 
         def statement(where: str, extra: tuple) -> str:
-            bind = f"${4 + len(extra)}::text[]"
+            bind = f"${4 + len(extra) + len(_cause_arg(cause))}::text[]"
             cols = "".join(
                 f", ({shown_cell(quote_ident(r['column_name']), f'({bind})[{i + 1}]')})::text"
                 f" AS c{i}" for i, r in enumerate(registered))
-            return _ROWS.format(cols=cols, t=sheet.qualified, where=where)
+            return _ROWS.format(cols=cols, t=sheet.qualified,
+                                where=where + _of_cause(cause, extra))
 
         found: list[Any] = []
         if after is None or after.input_index is not None:
             where, extra = ((_INDEXED_FIRST, ()) if after is None else
                             (_INDEXED_AFTER, (after.input_index, after.created, after.key)))
-            found = list(await conn.fetch(statement(where, extra),
-                                          status, key_prefix, limit + 1, *extra, *names))
+            found = list(await conn.fetch(statement(where, extra), status, key_prefix,
+                                          limit + 1, *extra, *_cause_arg(cause), *names))
         if len(found) <= limit:
             last_null = after if after is not None and after.input_index is None else None
             where, extra = ((_UNINDEXED_FIRST, ()) if last_null is None else
                             (_UNINDEXED_AFTER, (last_null.created, last_null.key)))
-            found += await conn.fetch(statement(where, extra),
-                                      status, key_prefix, limit + 1 - len(found), *extra, *names)
+            found += await conn.fetch(statement(where, extra), status, key_prefix,
+                                      limit + 1 - len(found), *extra, *_cause_arg(cause), *names)
         rows = []
         for r in found[:limit]:
             row = {field: r[f"c{i}"] for i, field in enumerate(fields)}
@@ -148,15 +166,16 @@ async def rows_page(port: Port, org: str, play: str, namespace: str, *,
 
 
 async def top_errors(port: Port, org: str, play: str, namespace: str,
-                     run_id: str | None = None) -> list[tuple[str | None, int]] | None:
-    """The commonest error messages of the table's failed rows (a scan under the console's scan
-    timeout; None when it ran past it)."""
+                     run_id: str | None = None) -> list[ErrorCause] | None:
+    """The commonest causes of the table's failed rows (`sheets.causes`; a scan under the
+    console's scan timeout; None when it ran past it)."""
     sheet = layout(port, org, play, namespace)
 
-    async def op(conn: Connection) -> list[tuple[str | None, int]] | None:
+    async def op(conn: Connection) -> list[ErrorCause] | None:
         if not await _present(conn, port, sheet):
             return []
-        found = await scan(conn, _TOP_ERRORS.format(t=sheet.qualified, limit=TOP_ERRORS), run_id)
-        return None if found is None else [(r["error"], r["n"]) for r in found]
+        (sql,) = await cause_sql(conn, [sheet])
+        found = await scan(conn, sql, run_id)
+        return None if found is None else top_causes(found)
 
     return await read(port, op)

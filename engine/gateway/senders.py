@@ -128,7 +128,8 @@ async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admissio
     )
 
 
-_OUTCOME_FIELDS = ("key", "status", "data", "input_index", "cell_meta", "error", "attempts")
+_OUTCOME_FIELDS = ("key", "status", "data", "input_index", "cell_meta", "error", "attempts",
+                   "cause")
 _TEXT_OF_OUTCOMES = tuple(field.name for field in attrs.fields(RowOutcome)) == _OUTCOME_FIELDS
 _string = json.encoder.encode_basestring  # what `protocol.dumps` writes for a string
 
@@ -136,7 +137,8 @@ _string = json.encoder.encode_basestring  # what `protocol.dumps` writes for a s
 def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
     """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
     key): what `ROW_OUTCOME` encodes for the outcome given, with the error message as prepared
-    (normalized, so it is valid UTF-8). Written from the texts `prepare_outcomes` already made
+    (normalized, so it is valid UTF-8) and its cause as prepared when one was given (without
+    one, the server takes the message's, as `prepare_outcomes` does here). Written from the texts `prepare_outcomes` already made
     (data and cell meta normalized and encoded once), field by field in the codec's order; an
     outcome of an unexpected shape goes through the codec itself, which names what is wrong."""
     last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
@@ -145,6 +147,7 @@ def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]
     for one in prepared:
         position, outcome = last[one.key]
         index, attempts = outcome.input_index, outcome.attempts
+        cause = None if outcome.cause is None else one.cause  # none given: the server's own
         if _TEXT_OF_OUTCOMES and type(attempts) is int and (index is None or type(index) is int):
             meta = outcome.cell_meta
             texts.append(
@@ -154,10 +157,11 @@ def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]
                 f'"input_index":{"null" if index is None else int.__repr__(index)},'
                 f'"cell_meta":{"null" if meta is None else one.meta_text or "{}"},'
                 f'"error":{"null" if one.error is None else _string(one.error)},'
-                f'"attempts":{int.__repr__(attempts)}}}')
+                f'"attempts":{int.__repr__(attempts)},'
+                f'"cause":{"null" if cause is None else _string(cause)}}}')
             continue
-        if outcome.error != one.error:
-            outcome = attrs.evolve(outcome, error=one.error)
+        if outcome.error != one.error or outcome.cause != cause:
+            outcome = attrs.evolve(outcome, error=one.error, cause=cause)
         texts.append(dumps(ROW_OUTCOME.encode(outcome, f"outcomes[{position}]")).decode("utf-8"))
     return texts
 

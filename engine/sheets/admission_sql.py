@@ -371,7 +371,7 @@ readmitted AS (
     UPDATE {t} AS t
        SET _status = {c.status}, _run_id = {c.run_id}, _write_version = {c.version},
            _input_index = d.idx, _attempt_id = {c.attempt_id}, _attempt_seq = {c.attempt_seq},
-           _attempt_expires_at = {lease}, _error = NULL, _version = {version},
+           _attempt_expires_at = {lease}, _error = NULL, _cause = NULL, _version = {version},
            _updated_at = now(){update_sets}{cell_sets}
       FROM decided d
      WHERE d.disposition = {_D.ADMIT.sql} AND t._key = d.key

@@ -1,4 +1,4 @@
-"""Operator reads of sheets: failed rows, the commonest errors, rows per run.
+"""Operator reads of sheets: failed rows, the commonest errors and causes, rows per run.
 
 How it works
 - These are plain reads for people looking at a play (`runplane failures`, `runs`, the failure
@@ -9,8 +9,13 @@ How it works
   with a column counter row (`sheet_column_summary`: the contract's outputs and every output a
   completion wrote).
 - Failed rows and error counts filter `_status = 'failed'` (optionally one run's rows: those it
-  wrote last); rows per run group by `_run_id`. None of these has an index of its own: each is
-  one scan of the sheet, fine for an operator command, never used on a run's hot path.
+  wrote last); rows per run group by `_run_id`. Each is one scan of the sheet, fine for an
+  operator command, never used on a run's hot path.
+- Causes (`sheets.causes`): failed rows are counted by their stored `_cause` in SQL
+  (`cause_counts_sql`, which the console reads too); rows failed before the column existed (a
+  null `_cause`, or a sheet without the column yet) are counted by message, and `group_causes`
+  gives each its message's cause, so they still group. `error_counts` keeps the commonest
+  messages (`top`, `distinct`) and adds the commonest causes (`causes`, `distinct_causes`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ..ports import SHEET_LANE, Port, table, with_connection
 from ..scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
+from .causes import CauseCount, ErrorCause, cause_of, group_causes
 from .counters import column_source
 from .layout import FOREIGN_TABLE, foreign_table_error, layout_for, table_present
 from .model import with_row_statuses
@@ -36,7 +42,8 @@ from .model import with_row_statuses
 
 @attrs.frozen
 class FailedRow:
-    """A failed row: its key, its input fields, the stored error and the calls it took."""
+    """A failed row: its key, its input fields, the stored error, the calls it took and its
+    cause (`sheets.causes`: stored with the row, or its message's for a row failed before)."""
 
     key: str
     inputs: dict[str, Any]
@@ -44,6 +51,7 @@ class FailedRow:
     run_id: str | None
     input_index: int | None
     attempts: int | None = None
+    cause: str | None = None
 
 
 @attrs.frozen
@@ -56,11 +64,14 @@ class ErrorCount:
 
 @attrs.frozen
 class ErrorCounts:
-    """The commonest error messages of a sheet's failed rows, with the totals behind them."""
+    """The commonest error messages of a sheet's failed rows, with the totals behind them, and
+    the commonest causes (`sheets.causes`) with how many distinct causes there are."""
 
     failed: int
     distinct: int
     top: tuple[ErrorCount, ...]
+    causes: tuple[ErrorCause, ...] = ()
+    distinct_causes: int = 0
 
 
 @attrs.frozen
@@ -74,9 +85,13 @@ class RunRows:
 
 
 FAILED_ROW = record(FailedRow, key=STR, inputs=RAW, error=optional(STR), run_id=optional(STR),
-                    input_index=optional(INT), attempts=optional(INT))
-ERROR_COUNTS = record(ErrorCounts, failed=INT, distinct=INT,
-                      top=list_of(record(ErrorCount, error=optional(STR), count=INT), as_tuple=True))
+                    input_index=optional(INT), attempts=optional(INT), cause=optional(STR))
+ERROR_COUNTS = record(
+    ErrorCounts, failed=INT, distinct=INT,
+    top=list_of(record(ErrorCount, error=optional(STR), count=INT), as_tuple=True),
+    causes=list_of(record(ErrorCause, pattern=STR, count=INT, variants=INT,
+                          example=optional(STR)), as_tuple=True),
+    distinct_causes=INT)
 RUN_ROWS = record(RunRows, pending=INT, running=INT, enriched=INT, failed=INT)
 
 _INPUT_COLUMNS = """
@@ -84,6 +99,8 @@ SELECT to_regclass($4) IS NOT NULL AS present,
        {foreign} AS foreign_table,
        EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
                   AND attname = '_attempts' AND NOT attisdropped) AS has_attempts,
+       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($4)
+                  AND attname = '_cause' AND NOT attisdropped) AS has_cause,
        coalesce(array_agg(r.field ORDER BY r.position, r.field)
                 FILTER (WHERE r.field IS NOT NULL), '{{}}') AS fields,
        coalesce(array_agg(r.column_name ORDER BY r.position, r.field)
@@ -97,7 +114,7 @@ SELECT to_regclass($4) IS NOT NULL AS present,
 """
 
 _FAILED_ROWS = with_row_statuses("""
-SELECT _key, _error, _run_id, _input_index{attempts}{cols} FROM {t}
+SELECT _key, _error, _run_id, _input_index{attempts}, {cause} AS cause{cols} FROM {t}
  WHERE _status = {FAILED} AND ($2::text IS NULL OR _run_id = $2::text)
  ORDER BY _input_index ASC NULLS LAST, _created_at ASC, _key ASC
  LIMIT $1
@@ -113,6 +130,45 @@ SELECT error, n, (SELECT sum(n) FROM grouped)::bigint AS failed,
        (SELECT count(*) FROM grouped) AS distinct_errors
   FROM grouped ORDER BY n DESC, error ASC NULLS LAST LIMIT $2
 """)
+
+# Failed rows counted by stored cause, or by message where none was stored (`{cause}` is
+# `_cause`, or NULL for a sheet from before the column); `$1` a run id or NULL. `groups` is how
+# many groups there are before the limit. One home: the console reads it too.
+_CAUSE_COUNTS = with_row_statuses("""
+SELECT {cause} AS cause, CASE WHEN {cause} IS NULL THEN _error END AS message, count(*) AS n,
+       count(DISTINCT _error) + (count(*) FILTER (WHERE _error IS NULL) > 0)::int AS variants,
+       mode() WITHIN GROUP (ORDER BY _error) AS example, count(*) OVER () AS groups
+  FROM {t}
+ WHERE _status = {FAILED} AND ($1::text IS NULL OR _run_id = $1::text)
+ GROUP BY 1, 2 ORDER BY n DESC, cause ASC NULLS LAST, message ASC NULLS LAST LIMIT {limit}
+""")
+
+# Which of some sheets (`$1`, qualified names) have the `_cause` column.
+_WITH_CAUSES = """
+SELECT coalesce(array_agg(u.t), '{}') FROM unnest($1::text[]) AS u(t)
+ WHERE EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(u.t)
+                  AND attname = '_cause' AND NOT attisdropped)
+"""
+
+CAUSE_GROUPS_READ = 2000  # groups read before folding; past it the rarest are left out
+
+
+def cause_counts_sql(qualified: str, has_cause: bool, limit: int = CAUSE_GROUPS_READ) -> str:
+    """The statement counting the failed rows of the sheet `qualified` by cause (see above)."""
+    return _CAUSE_COUNTS.format(cause="_cause" if has_cause else "NULL::text", t=qualified,
+                                limit=int(limit))
+
+
+def cause_counts(records: Any) -> list[CauseCount]:
+    """The records of `cause_counts_sql` as counts `group_causes` folds."""
+    return [CauseCount(r["cause"], r["message"], r["n"], r["variants"], r["example"])
+            for r in records]
+
+
+async def sheets_with_causes(conn: Connection, qualified: list[str]) -> set[str]:
+    """Which of these sheets (qualified names) have the `_cause` column yet."""
+    return set(await conn.fetchval(_WITH_CAUSES, qualified)) if qualified else set()
+
 
 # A sheet's rows by status, per run (`$1` the run ids; the console reads it too).
 RUN_ROWS_SQL = with_row_statuses("""
@@ -166,7 +222,8 @@ async def failed_rows(
         pairs = list(zip(info["fields"], info["columns"]))
         cols = "".join(f", {quote_ident(c)}::text AS c{i}" for i, (_, c) in enumerate(pairs))
         attempts = ", _attempts" if info["has_attempts"] else ""
-        sql = _FAILED_ROWS.format(attempts=attempts, cols=cols, t=layout.qualified)
+        cause = "_cause" if info["has_cause"] else "NULL::text"
+        sql = _FAILED_ROWS.format(attempts=attempts, cause=cause, cols=cols, t=layout.qualified)
         records = await conn.fetch(sql, limit, run_id)
         return [
             FailedRow(
@@ -177,6 +234,8 @@ async def failed_rows(
                 run_id=record["_run_id"],
                 input_index=record["_input_index"],
                 attempts=record["_attempts"] if info["has_attempts"] else None,
+                cause=record["cause"] if record["cause"] is not None
+                else cause_of(record["_error"]),
             )
             for record in records
         ]
@@ -191,7 +250,9 @@ async def error_counts(
     port: Port, scope: PlayScope, table_namespace: str, *, run_id: str | None = None,
     limit: int = 5,
 ) -> ErrorCounts:
-    """The `limit` commonest error messages of failed rows (only `run_id`'s when given)."""
+    """The `limit` commonest error messages and causes of failed rows (only `run_id`'s when
+    given). Causes are exact while the failed rows hold at most `CAUSE_GROUPS_READ` causes and
+    messages without a stored cause; past that the rarest groups are left out."""
     check_scope(port, scope)
     _check_limit(limit)
     run_id = _check_run_id(run_id)
@@ -203,10 +264,17 @@ async def error_counts(
         records = await conn.fetch(_ERROR_COUNTS.format(t=layout.qualified), run_id, limit)
         if not records:
             return ErrorCounts(0, 0, ())
+        has_cause = layout.qualified in await sheets_with_causes(conn, [layout.qualified])
+        read = max(limit, CAUSE_GROUPS_READ)
+        groups = await conn.fetch(cause_counts_sql(layout.qualified, has_cause, read), run_id)
+        causes = group_causes(cause_counts(groups))
+        unread = max(0, groups[0]["groups"] - len(groups)) if groups else 0
         return ErrorCounts(
             failed=records[0]["failed"],
             distinct=records[0]["distinct_errors"],
             top=tuple(ErrorCount(record["error"], record["n"]) for record in records),
+            causes=tuple(causes[:limit]),
+            distinct_causes=len(causes) + unread,
         )
 
     return await with_connection(port, SHEET_LANE, op)

@@ -8,8 +8,8 @@ How it works
   the database refuse any sharing.
 - Writers learn the mapping of the fields they touch from the statement that takes the sheet
   lock (`sheet_txn`, with `COLUMNS_OF_FIELDS`); a field not registered yet sends the writer
-  down the exclusive path, where `prepare_columns` creates the table, its row-order index, any
-  missing system or field columns, and registers the new fields.
+  down the exclusive path, where `prepare_columns` creates the table, its row-order and cause
+  indexes, any missing system or field columns, and registers the new fields.
 - `resolve_columns` reads the registered columns of some fields (the probe, which takes no
   lock).
 Who calls: `sheet_txn` (under the exclusive lock only, for the DDL), the probe.
@@ -25,7 +25,8 @@ from ..ports import Port, sequence_literal, table
 from ..sql import quote_ident
 
 from .layout import (
-    LATER_SYSTEM_COLUMNS, ORDER_INDEX_COLUMNS, SheetColumns, SheetLayout, column_candidates,
+    CAUSE_INDEX_COLUMNS, CAUSE_INDEX_PREDICATE, LATER_SYSTEM_COLUMNS, ORDER_INDEX_COLUMNS,
+    SheetColumns, SheetLayout, column_candidates,
     existing_columns,
 )
 from .model import MAX_SHEET_FIELDS, with_row_statuses
@@ -51,6 +52,7 @@ CREATE TABLE IF NOT EXISTS {t} (
 """)
 
 _CREATE_ORDER_INDEX = "CREATE INDEX IF NOT EXISTS {name} ON {t} ({columns})"
+_CREATE_CAUSE_INDEX = "CREATE INDEX IF NOT EXISTS {name} ON {t} ({columns}) WHERE {predicate}"
 
 _REGISTERED_COLUMNS = """
 SELECT field, column_name FROM {registry}
@@ -144,6 +146,9 @@ async def prepare_columns(
              for f in fields if names[f] not in existing]
     if adds:
         await conn.execute(f"ALTER TABLE {layout.qualified} {', '.join(adds)}")
+    await conn.execute(_CREATE_CAUSE_INDEX.format(  # after `_cause` exists on an older sheet
+        name=quote_ident(layout.table + "_err"), t=layout.qualified, columns=CAUSE_INDEX_COLUMNS,
+        predicate=CAUSE_INDEX_PREDICATE))
     if new:
         await conn.execute(
             _REGISTER_FIELDS.format(registry=registry),

@@ -22,7 +22,8 @@ How it works
       it applies, and every output it marks becomes a failed cell (completed ones included);
     * otherwise applied: completed → `enriched`, the data keys present patched, cell meta of
       every output `{status: completed, run_id, completed_at}` (epoch seconds, server clock)
-      merged with the outcome's own cell meta; failed → `failed`, `_error` set, cells patched
+      merged with the outcome's own cell meta; failed → `failed`, `_error` and `_cause` set
+      (the cause computed in Python, `PreparedOutcome.cause`; completed clears both), cells patched
       likewise, and cell meta of every output the row has not completed `{status: failed,
       run_id}` (completed cells are kept), so column counters count a failed row's cells as
       failed and add up with the table's. The lease ends (`_attempt_expires_at`
@@ -203,6 +204,7 @@ class _Writer:
             data_json=_json_array([o.data_text for o in chunk]),
             metas=_nullable([o.meta_text for o in chunk]),
             errors=_nullable([o.error for o in chunk]),
+            causes=_nullable([o.cause for o in chunk]),
             attempts=_attempts(chunk),
             fields=sorted(_names(chunk, _data_keys)),
             counted=sorted(_names(chunk, _meta_keys).union(self.base_fields)),

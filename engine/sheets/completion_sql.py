@@ -45,6 +45,7 @@ class OutcomeChunk:
     fields: Sequence[str]
     counted: Sequence[str]
     indexes: list[int | None] | None = None  # inserted rows' input indexes (insert only)
+    causes: list[str | None] | None = None   # failed rows' causes (`sheets.causes`)
 
 
 @attrs.frozen
@@ -290,10 +291,12 @@ def exact_statement(
     n = _names(binds, layout, write, chunk, base_fields)
     errors = binds.add(chunk.errors, "text[]")
     attempts = binds.add(chunk.attempts, "integer[]")
+    causes = binds.add(chunk.causes, "text[]")
     n = attrs.evolve(_field_binds(binds, n, column, chunk), concurrent=concurrent, units=units)
     target = RowStatus.FAILED if failed else RowStatus.ENRICHED
     build = _exact_returning_old if returning_old else _exact
-    return binds.statement(build(port, layout, n, errors, attempts, target, failed, force_failed))
+    return binds.statement(build(port, layout, n, errors, attempts, causes, target, failed,
+                                 force_failed))
 
 
 def _sets(n: _Names, failed: bool) -> str:
@@ -318,7 +321,7 @@ def _already(failed: bool, force_failed: bool) -> str:
     return ""
 
 
-def _exact(port: Port, layout: SheetLayout, n: _Names, errors: str, attempts: str,
+def _exact(port: Port, layout: SheetLayout, n: _Names, errors: str, attempts: str, causes: str,
            target: RowStatus, failed: bool, force_failed: bool) -> str:
     t = layout.qualified
     data_changed = "".join(
@@ -326,20 +329,22 @@ def _exact(port: Port, layout: SheetLayout, n: _Names, errors: str, attempts: st
         for col, name in n.cols
     )
     new_error = "i.error" if failed else "NULL::text"
+    new_cause = "i.cause" if failed else "NULL::text"
     new_meta = _new_meta(target, row="s", patch="p.patch", force_failed=force_failed)
     return f"""
 WITH input AS MATERIALIZED (
-    SELECT u.key, u.data, u.meta, u.error, u.attempts, u.ord
+    SELECT u.key, u.data, u.meta, u.error, u.attempts, u.cause, u.ord
       FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
-                      unnest({errors}), unnest({attempts}))
-           WITH ORDINALITY AS u(key, data, meta, error, attempts, ord)
+                      unnest({errors}), unnest({attempts}), unnest({causes}))
+           WITH ORDINALITY AS u(key, data, meta, error, attempts, cause, ord)
 ),{leased_units(port, n) if n.units else ""}{_base_meta(n, failed)},
 cur AS MATERIALIZED (
-    SELECT i.ord, i.key, i.data, i.error, i.attempts, s._key IS NOT NULL AS found,
+    SELECT i.ord, i.key, i.data, i.error, i.attempts, i.cause, s._key IS NOT NULL AS found,
            s._status AS prev_status, s._write_version AS prev_version,
            s._cell_meta AS prev_meta, n.new_meta,
            {_fence(n, _already(failed, force_failed))} AS fence,
            (s._status IS DISTINCT FROM {target.sql} OR s._error IS DISTINCT FROM {new_error}
+            OR s._cause IS DISTINCT FROM {new_cause}
             OR n.new_meta IS DISTINCT FROM s._cell_meta{data_changed}) AS changed
       FROM input i
       CROSS JOIN base b
@@ -349,7 +354,8 @@ cur AS MATERIALIZED (
 ),
 applied AS (
     UPDATE {t} AS t
-       SET _status = {target.sql}, _error = c.error, _run_id = {n.run_id}, _cell_meta = c.new_meta,
+       SET _status = {target.sql}, _error = c.error, _cause = c.cause, _run_id = {n.run_id},
+           _cell_meta = c.new_meta,
            _attempt_expires_at = NULL, _version = {_row_version(port)},
            _updated_at = now(){_sets(n, failed)}
       FROM cur c
@@ -361,7 +367,7 @@ applied AS (
 
 
 def _exact_returning_old(port: Port, layout: SheetLayout, n: _Names, errors: str, attempts: str,
-                         target: RowStatus, failed: bool, force_failed: bool) -> str:
+                         causes: str, target: RowStatus, failed: bool, force_failed: bool) -> str:
     """The exact-key statement for PostgreSQL >= 18 (see `exact_statement`).
 
     The fenced UPDATE probes each row once and returns the old status and cell meta for the
@@ -383,21 +389,23 @@ def _exact_returning_old(port: Port, layout: SheetLayout, n: _Names, errors: str
     not_enriched = "AND t._status <> c.kept_status" if failed and not force_failed else ""
     stored = "".join(f", {col}" for col, _ in n.cols)
     new_error = "c.error" if failed else "NULL::text"
+    new_cause = "c.cause" if failed else "NULL::text"
     new_meta = _new_meta(target, row="t", patch="c.patch", force_failed=force_failed)
     return f"""
 WITH {leased_units(port, n).strip() if n.units else ""}{_base_meta(n, failed)},
 source AS MATERIALIZED (
-    SELECT i.key, i.data, i.error, i.attempts, i.ord, {_PATCH} AS patch,
+    SELECT i.key, i.data, i.error, i.attempts, i.cause, i.ord, {_PATCH} AS patch,
            {n.version} AS our_version, {n.attempt_id} AS our_attempt,
            {RowStatus.ENRICHED.sql}::text AS kept_status
       FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
-                      unnest({errors}), unnest({attempts}))
-           WITH ORDINALITY AS i(key, data, meta, error, attempts, ord)
+                      unnest({errors}), unnest({attempts}), unnest({causes}))
+           WITH ORDINALITY AS i(key, data, meta, error, attempts, cause, ord)
       CROSS JOIN base b
 ),
 applied AS (
     UPDATE {t} AS t
-       SET _status = {target.sql}, _error = c.error, _run_id = {n.run_id}, _cell_meta = {new_meta},
+       SET _status = {target.sql}, _error = c.error, _cause = c.cause, _run_id = {n.run_id},
+           _cell_meta = {new_meta},
            _attempt_expires_at = NULL, _version = {_row_version(port)},
            _updated_at = now(){_sets(n, failed)}
       FROM source c
@@ -406,7 +414,7 @@ applied AS (
        AND NOT {stored_input(n, "t", "c")} AND NOT {in_leased_unit(n, "t._input_index")}
        {not_enriched}
        AND (t._status IS DISTINCT FROM {target.sql} OR t._error IS DISTINCT FROM {new_error}{data_changed}
-            OR {new_meta} IS DISTINCT FROM t._cell_meta)
+            OR t._cause IS DISTINCT FROM {new_cause} OR {new_meta} IS DISTINCT FROM t._cell_meta)
     RETURNING c.ord, old._status AS prev_status, old._cell_meta AS prev_meta,
               new._cell_meta AS new_meta
 ),{_counters(port, n, "applied", target)},

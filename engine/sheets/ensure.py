@@ -28,15 +28,16 @@ ON CONFLICT DO NOTHING
 """
 
 # The shared path's one statement: the counters, and whether the table has every later system
-# column and the row-order index (false when it lacks one, or does not exist: the exclusive path
-# creates what is missing).
+# column and the row-order and cause indexes (false when it lacks one, or does not exist: the
+# exclusive path creates what is missing).
 _ENSURE_SHARED = """
 WITH counters AS (
     INSERT INTO {column_summary} (org_id, play, table_namespace, field)
     SELECT $1, $2, $3, f FROM unnest($4::text[]) AS f
     ON CONFLICT DO NOTHING
 )
-SELECT count(*) = cardinality($6::text[]) AND to_regclass($7) IS NOT NULL FROM pg_attribute
+SELECT count(*) = cardinality($6::text[]) AND to_regclass($7) IS NOT NULL
+       AND to_regclass($8) IS NOT NULL FROM pg_attribute
  WHERE attrelid = to_regclass($5) AND attname = ANY($6::text[]) AND NOT attisdropped
 """
 
@@ -72,7 +73,7 @@ async def ensure_sheet(
         if not sheet.exclusive:
             complete = await conn.fetchval(shared_sql, *layout.counter_args,
                                            list(contract.outputs), layout.regclass_text, later,
-                                           layout.order_index)
+                                           layout.order_index, layout.cause_index)
             if not complete:
                 raise MissingRelationError("the sheet's table lacks a system column or index")
         elif contract.outputs:

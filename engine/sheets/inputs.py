@@ -12,6 +12,8 @@ How it works
 - A map worker builds its completed outcomes with `completed_outcome`, which normalizes and
   encodes the output once and keeps the text on the outcome (a slot no copy carries);
   `prepare_outcomes` takes that text as it is, and checks and encodes every other outcome.
+- A failed outcome keeps the cause it was built with (bounded, cleaned like the message);
+  one built without (or with an empty message) gets its message's (`causes.cause_of`).
 This module does no I/O.
 """
 
@@ -30,6 +32,7 @@ from ..errors import InvalidInputError
 from ..limits import MAX_KEY_BYTES, key_problem
 from ..scopes import normalize_namespace
 
+from .causes import MAX_CAUSE_BYTES, bound_cause, cause_of
 from .sheet_write import check_write  # noqa: F401  (the gateway client imports it from here)
 from .model import (
     DEFAULT_ROW_ERROR, MAX_ATTEMPTS, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus,
@@ -214,6 +217,7 @@ class PreparedOutcome(NamedTuple):
     meta_keys: tuple[str, ...]
     size: int
     attempts: int
+    cause: str | None = None  # a failed outcome's (`sheets.causes`), None for a completed one
 
 
 def _refuse(value: Any) -> Any:
@@ -284,6 +288,7 @@ def completed_outcome(key: str, data: Any, input_index: int | None, attempts: in
         _set_slot(outcome, "cell_meta", None)
         _set_slot(outcome, "error", None)
         _set_slot(outcome, "attempts", attempts)
+        _set_slot(outcome, "cause", None)
     _set_slot(outcome, "_encoded", (patch_dumps(data), tuple(data)))
     return outcome
 
@@ -353,11 +358,16 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
                     raise InvalidInputError(f"outcomes[{i}].cell_meta.{name} must be an object")
             meta_text = dumps(meta)
             meta_keys = tuple(meta)
-        error = None
+        error = cause = None
         if failed:
             error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
             if not is_clean_str(error):
                 error = canonical.normalize(error)
+            cause = outcome.cause
+            if cause is None or error == DEFAULT_ROW_ERROR:
+                cause = cause_of(error)  # the message's own (no inputs known here)
+            elif not is_clean_str(cause) or len(cause) * 4 > MAX_CAUSE_BYTES:
+                cause = bound_cause(canonical.normalize(cause))
         size = len(data_text) if data_text.isascii() else len(data_text.encode("utf-8"))
         if meta_text is not None:
             size += _utf8_size(meta_text)
@@ -365,6 +375,6 @@ def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], in
             del by_key[key]  # the last wins; it takes the position of its last occurrence
         by_key[key] = PreparedOutcome(
             key, failed, outcome.input_index, data_text, meta_text, error, data_keys,
-            meta_keys, size, outcome.attempts,
+            meta_keys, size, outcome.attempts, cause,
         )
     return list(by_key.values()), len(outcomes)

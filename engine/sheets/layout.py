@@ -12,8 +12,9 @@ How it works
   with `ConflictError` (they would otherwise share one table); readers check the owner too
   (`FOREIGN_TABLE`, `table_present`).
 - Tables leave 30% of each page free (fillfactor 70) so completions can update rows in place
-  (HOT updates). Besides the primary key a sheet has one index, on its row order
-  (`ORDER_INDEX_COLUMNS`). System columns added in later releases (`LATER_SYSTEM_COLUMNS`) are
+  (HOT updates). Besides the primary key a sheet has an index on its row order
+  (`ORDER_INDEX_COLUMNS`) and a partial one of failed rows by cause (`CAUSE_INDEX_COLUMNS`),
+  neither holding a column that a completed row's update changes. System columns added in later releases (`LATER_SYSTEM_COLUMNS`) are
   added to an older sheet under the exclusive lock the first time a writer needs them.
 - `sheet_lock_key` is a secret-derived key recorded with a database session's scope; it marks a
   session's own sheet (`Port.sheet_lock_keys`) and locks nothing (the sheet lock is its summary
@@ -59,6 +60,7 @@ LATER_SYSTEM_COLUMNS = {
     "_attempts": "bigint NOT NULL DEFAULT 0",     # calls of the map function, across runs
     "_failed_runs": "integer NOT NULL DEFAULT 0",  # runs in which the row failed (give-up)
     "_failed_epoch": "bigint",                     # the last run counted in `_failed_runs`
+    "_cause": "text",                              # a failed row's cause (`sheets.causes`)
 }
 
 
@@ -112,6 +114,12 @@ class SheetLayout:
         """The qualified name of the sheet's row-order index (`ORDER_INDEX_COLUMNS`); at most
         63 bytes unqualified (a table name is at most 59)."""
         return f"{quote_ident(self.schema)}.{quote_ident(self.table + '_ord')}"
+
+    @property
+    def cause_index(self) -> str:
+        """The qualified name of the sheet's index of failed rows by cause
+        (`CAUSE_INDEX_COLUMNS`); like `order_index`, at most 63 bytes unqualified."""
+        return f"{quote_ident(self.schema)}.{quote_ident(self.table + '_err')}"
 
     @property
     def lock_key(self) -> int:
@@ -168,6 +176,15 @@ def sheet_lock_key(port: Port, layout: SheetLayout) -> int:
 # completion's repair path. No column in it changes when a row completes, so completions stay
 # HOT updates (no new index entry per row).
 ORDER_INDEX_COLUMNS = "_input_index, _created_at, _key"
+
+# The index of failed rows by cause, in row order: the console's failures filtered by cause
+# walk it as a keyset range. Partial on `_cause IS NOT NULL`, so only failed rows have entries
+# (a row's `_cause` is set with its `_error` by a failed completion and cleared with it), and
+# `_status` is not one of its columns: a completion that does not change `_cause` (every
+# completed row) stays a HOT update. An entry is bounded: a cause is at most
+# `causes.MAX_CAUSE_BYTES` and a key `limits.MAX_KEY_BYTES`.
+CAUSE_INDEX_COLUMNS = "_cause, _input_index, _created_at, _key"
+CAUSE_INDEX_PREDICATE = "_cause IS NOT NULL"
 
 _EXISTING_COLUMNS = """
 SELECT coalesce(array_agg(attname::text), '{}'::text[])

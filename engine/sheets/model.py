@@ -327,8 +327,10 @@ class RowOutcome(_EncodedOutcome):
     """The result of running the map function on one admitted row.
 
     `data` patches the row's cells (only the keys present); `cell_meta` maps field names to
-    objects merged into the row's cell meta; `error` is the failed row's message; `attempts`
-    is how many calls of the function this outcome took (added to the row's `_attempts`).
+    objects merged into the row's cell meta; `error` is the failed row's message; `cause` its
+    cause (`sheets.causes.cause_of` of the message and the row's inputs, computed where the
+    inputs are known; None: completion takes the message's own); `attempts` is how many calls
+    of the function this outcome took (added to the row's `_attempts`).
     """
 
     key: str = attrs.field(validator=_outcome_key)
@@ -340,6 +342,7 @@ class RowOutcome(_EncodedOutcome):
     )
     error: str | None = attrs.field(default=None, validator=_outcome_optional(str, "error"))
     attempts: int = attrs.field(default=1, validator=_outcome_attempts)
+    cause: str | None = attrs.field(default=None, validator=_outcome_optional(str, "cause"))
 
 
 @attrs.frozen
@@ -421,7 +424,7 @@ ATTEMPT = record(Attempt, attempt_id=STR, seq=INT, lease_s=FLOAT)
 CELL_POLICIES = dict_of(record(CellPolicy, stale_after_s=FLOAT))
 ROW_OUTCOME = record(RowOutcome, key=STR, status=STR, data=optional(USER_JSON),
                      input_index=optional(INT), cell_meta=optional(USER_JSON), error=optional(STR),
-                     attempts=INT)
+                     attempts=INT, cause=optional(STR))
 _ADMITTED = record(AdmittedRow, key=STR, input_index=INT, row=RAW)
 ADMISSION = record(
     Admission, inserted=INT, skipped=INT, pending=list_of(_ADMITTED, as_tuple=True),

@@ -5,9 +5,11 @@ How it works
   statement timeout (sent on its own, so even the lock waits below are bounded);
   `plan_cache_mode = force_custom_plan` (a generic plan cannot see the sizes of the unnest
   arrays and may pick a join that rescans the sheet per row); `work_mem` of 32 MB (a
-  10,000-row chunk's CTEs stay in memory); hash and merge joins off (every join of these
-  statements is a batch of primary-key probes, and hashing the whole sheet per chunk costs more
-  than probing; the input-index repair looks rows up through the row-order index).
+  10,000-row chunk's CTEs stay in memory); hash and merge joins and sequential scans off (every
+  join of these statements is a batch of primary-key probes, and hashing or scanning the whole
+  sheet per chunk costs more than probing, whatever stale statistics say of a sheet that was
+  emptied and refilled; the input-index repair looks rows up through the row-order index; a
+  statement with no index path still scans).
   Then one statement locks the sheet's `sheet_summary` row (creating it if absent, claiming its
   unique table name): that row lock is the sheet lock. If the sheet has counter deltas of
   concurrent writers, the next statement folds them into it (`counters.FOLD`). Holding the
@@ -81,6 +83,7 @@ SELECT set_config('statement_timeout', $1, true),
        set_config('work_mem', '32MB', true),
        set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true),
+       set_config('enable_seqscan', 'off', true),
        txid_current()::text AS xid
 """
 
