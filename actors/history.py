@@ -9,8 +9,8 @@ How it works
   is away: then, like a crash, it is left to the wake). A map cancelled in its process (Ctrl-C,
   SIGTERM) writes once more when it has flushed what it computed (`interrupted`): the counts
   that are then durable, with nothing running, so its `completed` is what a rerun finds cached;
-  the entry stays `running` (the state a crash leaves, read as interrupted once it stops being
-  written) and a wake that runs the map again replaces it. A crash writes nothing more.
+  its state is then `interrupted` at once (a crash leaves `running`, read as interrupted once
+  it stops being written), and a wake that runs the map again replaces it. A crash writes nothing more.
 - History is a record, never a reason to fail: a write that fails is logged and dropped (the
   next heartbeat or a later run writes again). The final write is shielded with a short
   deadline so a map that just ended is recorded even as its run is being cancelled.
@@ -103,7 +103,7 @@ class MapRecorder:
         """The map was cancelled and has flushed its computed outcomes: write its last counts
         with nothing running (shielded, within `FINAL_DEADLINE_S`; skipped while the run waits
         for the database, which a crash's entry is left to as well)."""
-        record = attrs.evolve(self._record("running", self.latest), running=0)
+        record = attrs.evolve(self._record("interrupted", self.latest), running=0)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S), \
                 hurry_if_waiting() as waiting:
             if not waiting:

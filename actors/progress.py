@@ -43,7 +43,8 @@ MAX_CARRIED_ROWS = 10_000
 class CallGauge:
     """Rows inside a call of one map's function in this process, now. `on_change` (the map's
     progress report) is called as a call starts or ends, at most every `REPORT_EVERY_S`, so a
-    slow function's progress shows its calls before any of them returns."""
+    slow function's progress shows its calls before any of them returns, and always when the
+    last call ends (a cancelled map's last snapshot says nothing is running)."""
 
     in_call: int = 0
     on_change: Callable[[], Any] | None = None
@@ -65,7 +66,7 @@ class CallGauge:
         if self.on_change is None:
             return
         now = time.monotonic()
-        if now - self._reported_at >= self.REPORT_EVERY_S:
+        if self.in_call == 0 or now - self._reported_at >= self.REPORT_EVERY_S:
             self._reported_at = now
             self.on_change()
 

@@ -19,7 +19,8 @@ Every figure is measured on the same server in the same run; the ratios are the 
    claim + complete of `--keys` keys one at a time through it against direct (target >= 0.3).
 Each figure is the median of `--rounds` rounds; the two sides of a ratio run back to back,
 alternating which goes first. `--quick` shrinks the sizes so a whole run takes a few minutes
-(100,000 rows for the ceiling, 200,000 for the RSS child); the README's figures use the defaults.
+(100,000 rows for the ceiling, 200,000 for the RSS child); the figures in docs/guide/benchmarks.md use the
+defaults.
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 

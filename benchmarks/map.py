@@ -20,8 +20,8 @@
 5. Row policies: a retry policy that never fires on the no-op map (time ratio with/without,
    target overhead <= 5 %), and the shared rate limiter's statements per 1,000 calls at
    500 calls/s (`RateLimit(500, key=...)`, counted at the port; target <= 20).
-Each ratio of parts 3-5 is the median over `--rounds` rounds (>= 3 for the figures in the
-README) of the ratio within a round, whose two sides run back to back, alternating which goes
+Each ratio of parts 3-5 is the median over `--rounds` rounds (>= 3 for the figures in
+docs/guide/benchmarks.md) of the ratio within a round, whose two sides run back to back, alternating which goes
 first (a load swing between rounds, common on these machines, cancels out).
 
 6. Analyzed (`--rows`): a first map into a fresh sheet, `ANALYZE`, then a tenth as many new

@@ -8,9 +8,10 @@ How it works
   when it started, was last written and ended.
 - `record_map` writes it in one upsert. A running map writes it about once a second (state
   `running`, so `runplane status --watch` sees rows in flight from another terminal) and once
-  more when it ends (`finished`, `stopped_early`, `superseded` or `failed`). A crashed map's row
-  stays `running` with its last counters until a wake of the run runs the map again and
-  replaces them with its own.
+  more when it ends (`finished`, `stopped_early`, `superseded` or `failed`; `interrupted` when
+  its process cancelled it, Ctrl-C or SIGTERM, after flushing what it computed). A crashed
+  map's row stays `running` with its last counters (read as interrupted once it is `LIVE_S`
+  old) until a wake of the run runs the map again and replaces them with its own.
 - `list_maps` reads the rows of some runs of a play (`runplane runs`, `runs PLAY RUN_ID`);
   `live_maps` reads the running maps of a play written in the last `LIVE_S` seconds (its rows in
   flight, for `status`). Each row carries `age_s`, seconds since it was last written, measured
@@ -33,7 +34,7 @@ from .errors import InvalidInputError
 from .ports import RECEIPTS_LANE, Port, table, with_connection
 from .scopes import PlayScope, RunScope, check_scope
 
-MAP_STATES = ("running", "finished", "stopped_early", "superseded", "failed")
+MAP_STATES = ("running", "finished", "stopped_early", "superseded", "failed", "interrupted")
 COUNTERS = ("source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried",
             "running")
 LIVE_S = 10.0  # a running map's row older than this is a crashed one

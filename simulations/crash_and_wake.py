@@ -366,8 +366,8 @@ async def check_final(example: Example) -> list[str]:
     return out
 
 
-# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
-# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run
+# (docs/guide/testing.md, "Simulations"). Paste the "minimal failing schedule" a failed run prints.
 REGRESSIONS: list[tuple[Plan, int]] = []
 
 

@@ -228,8 +228,8 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
     return violations, 0
 
 
-# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
-# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run
+# (docs/guide/testing.md, "Simulations"). Paste the "minimal failing schedule" a failed run prints.
 REGRESSIONS: list[tuple[Plan, int]] = []
 
 

@@ -159,8 +159,8 @@ async def _check_store(tenant: Tenant, plan: Plan, violations: list[str]) -> Non
         violations.append(f"{left} array-input facts left after the run retired")
 
 
-# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
-# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run
+# (docs/guide/testing.md, "Simulations"). Paste the "minimal failing schedule" a failed run prints.
 REGRESSIONS: list[tuple[Plan, int]] = []
 
 

@@ -292,8 +292,8 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
         return violations, example.faults
 
 
-# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run (README,
-# "Simulations"). Paste the "minimal failing schedule" a failed run prints.
+# Failing schedules found, `(plan, scheduler seed)`: each runs first in every run
+# (docs/guide/testing.md, "Simulations"). Paste the "minimal failing schedule" a failed run prints.
 REGRESSIONS: list[tuple[Plan, int]] = []
 
 

@@ -202,8 +202,11 @@ async def read_async_surfaces(tenant, http, run_ids: list[str]) -> dict[str, Any
         assert got.status_code == 200, got.text
         pages[rid] = got.json()
         events[rid] = await live_event(http, rid)
+    failures = await http.get(f"/ui/api/failures/{PLAY}/{TABLE}")
+    assert failures.status_code == 200, failures.text
     return {"history": {rid: [attrs.asdict(e.record) for e in entries if e.run_id == rid]
                         for rid in run_ids},
+            "console_failures": failures.json(),
             "read_counts": attrs.asdict(counts), "sheet": await sheet_counts(tenant, run_ids),
             "console_list": {r["run_id"]: r for r in listed if r["play"] == PLAY},
             "console_run": pages, "console_live": events}
@@ -232,6 +235,7 @@ def read_surfaces(dsn: str, schema: str, capsys, run_ids: list[str]) -> dict[str
     got["cli_status"] = cli_json(capsys, "status", PLAY, "--schema", schema)
     got["cli_failures"] = {rid: cli_json(capsys, "failures", PLAY, TABLE, "--run", rid,
                                          "--schema", schema) for rid in run_ids}
+    got["cli_failures_table"] = cli_json(capsys, "failures", PLAY, TABLE, "--schema", schema)
     return got
 
 
@@ -409,9 +413,6 @@ async def running_mid_run(tenant, http, run_id: str) -> dict[str, Any]:
 # -- the test -----------------------------------------------------------------------------------
 def test_every_surface_agrees_through_failures_retries_cache_hits_and_an_interruption(
         dsn, schema, capsys):  # noqa: F811 - fixture
-    # Disagreements the product still has: each check that found one adds it here instead of
-    # failing, so every other check still runs; the test then xfails naming them all.
-    known: list[str] = []
     report: list[str] = []
 
     def agree(what: str, found: dict[str, dict[str, int]], want: dict[str, int] | None = None):
@@ -488,6 +489,21 @@ def test_every_surface_agrees_through_failures_retries_cache_hits_and_an_interru
                       f"{[(e['count'], e['pattern']) for e in listing['errors']]}")
         assert listing["failed"] == failed, listing
         assert [e["count"] for e in listing["errors"]] == [failed], listing["errors"]
+    # The table's failed rows and their causes: `failures --json` and the console's failures
+    # API group them alike, and count what the sheet holds.
+    for label, got in (("after run 1", after1), ("after run 2", after2),
+                       ("after run 3", after3)):
+        cli, console = got["cli_failures_table"], got["console_failures"]
+        found = {"COUNT(*)": [("*", got["sheet"]["failed"])],
+                 "failures --json": [(e["pattern"], e["count"]) for e in cli["errors"]],
+                 "console /ui/api/failures": [(c["pattern"], c["count"])
+                                              for c in console["causes"]]}
+        report.append(f"failed rows by cause {label}: {found}; failures --json failed "
+                      f"{cli['failed']}, console failures page rows {len(console['rows'])}")
+        assert found["failures --json"] == found["console /ui/api/failures"], found
+        assert len(found["console /ui/api/failures"]) == 1, found
+        assert (cli["failed"] == len(console["rows"]) == got["sheet"]["failed"]
+                == found["failures --json"][0][1]), (label, found)
 
     # "running" is 0 everywhere once no process runs the play; rows/s is never negative.
     for label, got in (("after run 1", after1), ("after run 2", after2),
@@ -514,22 +530,11 @@ def test_every_surface_agrees_through_failures_retries_cache_hits_and_an_interru
     assert [(t["in_flight"], t["running"]) for t in last] == [(0, 0)], last
     for ran in (first, third):
         assert ran.log["running"] == 0, ran.log
-    # KNOWN DISAGREEMENT (xfail below): the progress line `runplane run` prints once a
-    # Ctrl-C'd map has stopped (and the bars' last note) still shows the calls that were
-    # cancelled as running. `CallGauge` reports a change at most once a second
-    # (`REPORT_EVERY_S`), and a cancelled map with nothing left to flush sends no last snapshot,
-    # so the bars keep the in-call count of the moment before the cancel. (The history write
-    # of the interrupted map forces its `running` to 0, which hides the same stale snapshot.)
-    if second.log["running"] != 0:
-        known.append(f"after Ctrl-C the interrupted run's last progress line shows running "
-                     f"{second.log['running']} (its bars' last snapshot's in_call) while every "
-                     f"other surface shows 0")
-
-    # While rows were inside a call, every surface showed them as running. (A stale snapshot,
-    # as above, would show here as the history's figure lagging the others.)
-    if set(second.mid_run.values()) != {IN_CALL}:
-        known.append(f"'running' with {IN_CALL} rows in a call of run 2 differs between "
-                     f"surfaces: {second.mid_run}")
+    # The progress line `runplane run` prints once a Ctrl-C'd map has stopped (and the bars'
+    # last note) shows nothing running: the last call to end reports at once (`CallGauge`).
+    assert second.log["running"] == 0, second.log
+    # While rows were inside a call, every surface showed them as running.
+    assert set(second.mid_run.values()) == {IN_CALL}, second.mid_run
 
     states = {rid[-4:]: {"runs RUN --json": [m["state"] for m in after3["cli_run"][rid]["maps"]],
                          "console run": [m["state"] for m in after3["console_run"][rid]["maps"]],
@@ -539,5 +544,3 @@ def test_every_surface_agrees_through_failures_retries_cache_hits_and_an_interru
     report.append(f"states after run 3: {states}")
     with capsys.disabled():
         print("\n" + "\n".join(report))
-    if known:
-        pytest.xfail("; ".join(known))

@@ -1,5 +1,5 @@
 """Tenants alone, round two, in the database: advisory keys, the server's connection budget and
-the vacuum horizon (docs/operations.md, "A database session").
+the vacuum horizon (docs/guide/operations.md, "A database session").
 
 Each attack is plain SQL run over a real minted session URL against the real server.
 """

@@ -23,7 +23,7 @@ How it works
   advisory keys are visible to every login in `pg_locks` and any login may take any key, while
   a row of `sheet_summary` can be locked only by a login that can see it (database sessions
   see their own org's rows only: row-level security). runplane takes no advisory lock on any
-  write path (docs/operations.md, "A database session").
+  write path (docs/guide/operations.md, "A database session").
 - A **concurrent** transaction (`concurrent=True`: the unit writes of a shared map whose
   published rows have no duplicate) holds the summary row `FOR SHARE` instead: it excludes
   every ordinary writer but not the map's other workers, and adds its counter deltas to its
