@@ -163,6 +163,11 @@ NOT_OPERATIONS = {
     # ordinary path), so no capability is missing there
     "runplane.engine.sheets.lists.replay_list",
     "runplane.engine.sheets.lists.record_list",
+    # only a `workers=N` coordinator, which needs a direct connection, starts worker processes
+    "runplane.engine.shared_leases.release_process",
+    # `runplane psql` / `views` / `sql`: views are made in the database psql connects to
+    "runplane.engine.sheets.views.read_sheets",
+    "runplane.engine.sheets.views.sync_views",
 }
 
 
