@@ -21,7 +21,7 @@ from runplane.engine import (
 )
 from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
 from runplane.engine.gateway import guards, mint_token, open_gateway, verify_token
-from runplane.engine.gateway.tokens import VerifiedTokens
+from runplane.engine.tokens import VerifiedTokens
 from runplane.engine.sheets import completion
 from runplane.simulations.counters import counters_match
 

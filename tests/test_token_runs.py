@@ -74,7 +74,7 @@ def test_the_servers_verified_tokens_check_expiry_on_every_use():
     import attrs
 
     from runplane.engine.errors import AuthError
-    from runplane.engine.gateway.tokens import VerifiedTokens
+    from runplane.engine.tokens import VerifiedTokens
 
     secret = "a-secret-long-enough-for-hmac-sha256"
     verified = VerifiedTokens(secret, capacity=2)

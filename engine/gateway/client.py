@@ -45,7 +45,7 @@ from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, tok
 from .retry import RetryPolicy, RetryState, answered_wait  # noqa: F401  (public names)
 from ..session_limits import SessionLimits
 from .senders import COMPLETION_ACTION, SENDERS
-from .tokens import unverified_org, unverified_plays
+from ..tokens import unverified_org, unverified_plays
 from .transport import (  # noqa: F401  (public names)
     DEADLINE_MARGIN_S, Budget, GatewayStats, attempt, attempt_timeout, with_retries,
 )

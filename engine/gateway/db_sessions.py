@@ -57,7 +57,7 @@ from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
 from ..session_limits import SessionLimits, SessionUsage
 from ..tenant import DEFAULT_LANES, Tenant
 from . import protocol
-from .tokens import allows
+from ..tokens import allows
 
 log = logging.getLogger("runplane.gateway")
 
