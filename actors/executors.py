@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol
 import attrs
 import trio
 
-from runplane.engine.bounds import is_int
+from runplane.engine.limits.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError
 
 from .shared_config import PlayFile, function_identity

@@ -15,7 +15,7 @@ How it works
   `retirement` lane, and marks the entry `done`. If the guard is cancelled or the store fails
   meanwhile, the entry stays `pending` for a supervisor (a cancelled guard gives its lease up,
   shielded, first). A cancelled or crashed run never reaches the guard: its entry stays `open`,
-  because a wake must replay its staged input (see `engine.outbox` for the state machine).
+  because a wake must replay its staged input (see `engine.runs.outbox` for the state machine).
   Retirement failures are logged, never raised: they must not turn a finished body into a failed
   one, and the outbox keeps the work. With `retire_on_exit=False` the entry stays `open` too:
   the caller keeps the staged input (for a later incarnation that ends terminally, or for a
@@ -44,10 +44,10 @@ from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageE
 from runplane.engine.tenant import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
-from runplane.engine.scopes import RunRef, RunScope, normalize_namespace
+from runplane.engine.values.scopes import RunRef, RunScope, normalize_namespace
 from runplane.engine.sheets import Attempt, CellPolicy, SheetContract
 
-from runplane.engine import outbox
+from runplane.engine.runs import outbox
 
 from . import retirement
 from .hosting import is_terminal, open_hosting_nursery

@@ -3,7 +3,7 @@
 How it works
 - The source must be a list (an array input): it is encoded and staged like any list source
   (`actors.sealer.stage_encoded`; a wake finds it staged and checks it is the same list), the
-  sheet is ensured, and the map is published (`engine.shared_maps.publish`) with its units —
+  sheet is ensured, and the map is published (`engine.shared.maps.publish`) with its units —
   slices of at most `UNIT_ROWS` rows of each staged page — its configuration, the function's
   qualified name and the play file's digest (`actors.shared_config`).
 - With `workers=N` the coordinator starts N local `runplane worker` processes first (their
@@ -21,14 +21,14 @@ How it works
   play or org would otherwise leave the run waiting in silence.
 - While it waits it hands `on_progress` a snapshot about every `PROGRESS_S` (`_progress`): the
   counters every worker recorded so far and the rows inside a call in every worker
-  (`engine.row_calls`), so `runplane run --workers N` shows the same bars and log lines as a
+  (`engine.runs.row_calls`), so `runplane run --workers N` shows the same bars and log lines as a
   map run in its own process.
 - It then polls the map until every unit is done and closes it `done`; its `MapResult` is the
   sum of the counters the workers recorded with each unit's done mark (in the transaction of
   the unit's last completion), so it is exact whoever ran the rows. If every local worker
   exits while units remain (and the map is not shared), the map is cancelled and
   `SharedMapError` says how the workers ended. A local worker that exits before the map ends
-  has its leases released at once (`shared_leases.release_process`): the coordinator is its
+  has its leases released at once (`engine.shared.leases.release_process`): the coordinator is its
   parent and saw it end, so the others take its units without waiting out the lease.
 - When the coordinating run is cancelled or fails, the map is closed `cancelled` (shielded,
   with a deadline): every worker stops that map's rows at its next renewal (within a lease
@@ -49,9 +49,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import attrs
 import trio
 
-from runplane.engine import array_input, row_calls, shared_leases, sheets
-from runplane.engine import shared_maps as sm
-from runplane.engine.bounds import is_int
+from runplane.engine import array_input, sheets
+from runplane.engine.runs import row_calls
+from runplane.engine.shared import leases as shared_leases
+from runplane.engine.shared import maps as sm
+from runplane.engine.limits.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
 from runplane.engine.ports import Port
 

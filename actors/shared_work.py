@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from runplane.engine.sheets import AdmittedRow, RowOutcome
-from runplane.engine.shared_leases import UnitLease
+from runplane.engine.shared.leases import UnitLease
 
 from .map_state import MapPlan
 from .mapper import call_row

@@ -1,7 +1,7 @@
 """A shared-map worker: joins a play's open shared maps and serves them one after the other.
 
 How it works
-- `serve_play` joins the play's maps (`engine.shared_maps.join`, a heartbeat), then loops:
+- `serve_play` joins the play's maps (`engine.shared.maps.join`, a heartbeat), then loops:
   read the play's waiting or open maps; for each, check the play file against what the map
   was published with (`actors.shared_config.check_published`: a different digest or a
   missing function refuses, `ConflictError`), then serve it while it has claimable units
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import trio
 
-from runplane.engine import shared_maps as sm
+from runplane.engine.shared import maps as sm
 from runplane.engine.ports import Port
 from runplane.engine.tenant import outage_budget
 

@@ -45,7 +45,7 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
     exception the call raised (a `RowTimeoutError` when it ran past the row timeout) or None."""
     key, index = admitted.key, admitted.input_index
     try:
-        with plan.calls.calling():  # "running": inside a call (`engine.row_calls`)
+        with plan.calls.calling():  # "running": inside a call (`engine.runs.row_calls`)
             if plan.row_timeout_s is None:
                 data = await plan.fn(admitted.row)
             else:

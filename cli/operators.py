@@ -31,7 +31,7 @@ from runplane.actors.retry import retry_transient
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE, Port
 from runplane.engine.schema import schema_status
-from runplane.engine.scopes import normalize_namespace
+from runplane.engine.values.scopes import normalize_namespace
 
 from .causes import MESSAGES_READ, ErrorCause, group_errors
 from .terminal import emit_json, plural, say, shell_command, table_lines

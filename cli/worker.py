@@ -40,7 +40,7 @@ LIVE_WORKER_S = 60.0  # `runplane status` lists the workers seen this recently
 async def show_workers(port, play: str) -> None:
     """`runplane status`: the workers of the play's shared maps seen lately (pid, host, units
     done)."""
-    from runplane.engine import shared_maps
+    from runplane.engine.shared import maps as shared_maps
 
     for worker in await shared_maps.workers(port, play):
         if worker.seen_s_ago <= LIVE_WORKER_S:

@@ -2,7 +2,7 @@
 
 from .pg import Connection
 from .ports import Port
-from .scopes import MapScope, PlayScope, RunRef, RunScope
+from .values.scopes import MapScope, PlayScope, RunRef, RunScope
 from .tenant import Tenant, open_tenant
 
 __all__ = [

@@ -38,7 +38,7 @@ from typing import Iterable
 import attrs
 import jwt
 
-from .bounds import is_number
+from .limits.bounds import is_number
 from .errors import AuthError, InvalidInputError, ScopeError
 
 ALGORITHM = "HS256"

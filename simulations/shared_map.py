@@ -32,8 +32,9 @@ from hypothesis import strategies as st
 
 from runplane.actors import open_run
 from runplane.actors.shared_worker import MapWorker, worker_plan
-from runplane.engine import PlayScope, canonical, shared_units
-from runplane.engine import shared_maps as sm
+from runplane.engine import PlayScope, canonical
+from runplane.engine.shared import units as shared_units
+from runplane.engine.shared import maps as sm
 from runplane.engine.errors import LeaseLostError
 from runplane.engine.sheets import SheetContract
 from runplane.engine.sheets.layout import column, layout_for

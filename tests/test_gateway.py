@@ -51,7 +51,8 @@ async def test_receipts_through_the_gateway_equal_direct(tenant, gateway):
 
 
 async def test_the_operators_reads_through_the_gateway_equal_direct(tenant, gateway):
-    from runplane.engine import outbox, sheets
+    from runplane.engine.runs import outbox
+    from runplane.engine import sheets
 
     run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "r1"))
     await outbox.record_open(tenant, run.scope)

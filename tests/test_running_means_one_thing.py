@@ -1,13 +1,13 @@
 """"running" means one thing everywhere: rows inside a call of the function now, reported by
-every process hosting rows (`engine.row_calls`), summed over processes seen lately."""
+every process hosting rows (`engine.runs.row_calls`), summed over processes seen lately."""
 
 from __future__ import annotations
 
 import trio
 
 from runplane.actors import open_run
-from runplane.engine import row_calls
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.runs import row_calls
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import SheetContract
 from runplane.cli import status as status_command
 from runplane.engine.gateway import mint_token

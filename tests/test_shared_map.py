@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from runplane.actors import open_run
-from runplane.engine import shared_maps as sm
-from runplane.engine import shared_units
+from runplane.engine.shared import maps as sm
+from runplane.engine.shared import units as shared_units
 from runplane.engine.errors import InvalidInputError, LeaseLostError
 from runplane.engine.sheets import RowOutcome, SheetContract
 from runplane.engine.sheets.layout import layout_for
@@ -134,7 +134,7 @@ async def test_expired_holders_cannot_write_and_a_new_holder_runs_only_what_is_l
     batch changes nothing."""
     from runplane.actors.map_state import MapPlan
     from runplane.actors.shared_map import publish_map
-    from runplane.engine.shared_leases import Settlement, claim_units, mask_text
+    from runplane.engine.shared.leases import Settlement, claim_units, mask_text
 
     rows = [{"n": i} for i in range(10)]
 

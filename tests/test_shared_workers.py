@@ -14,7 +14,7 @@ import trio
 from runplane.actors import open_run
 from runplane.actors.map_state import MapPlan
 from runplane.actors.shared_map import publish_map
-from runplane.engine import shared_maps as sm
+from runplane.engine.shared import maps as sm
 
 from .cli_helpers import cli_env, schema  # noqa: F401  (a fixture)
 from .gateway_support import server  # noqa: F401  (a fixture)

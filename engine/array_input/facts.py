@@ -2,7 +2,7 @@
 
 How it works
 - Every fact is a `work_receipts` row with status completed, the run id, a NULL epoch and an
-  `output` object whose `kind` names it. Keys come from `engine.keys.fact_key`:
+  `output` object whose `kind` names it. Keys come from `engine.values.keys.fact_key`:
     guard  [org, play, "array_input_guard", run]                     {kind, retired}
     begin  [org, play, "array_input_begin", run, namespace, map]     {kind, source_fingerprint,
                                                                       source_rows, has_source_identities}
@@ -39,13 +39,13 @@ from typing import Any, Callable, TypeVar
 
 from .. import canonical
 from ..actions import action
-from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
+from ..values.codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError
-from ..keys import fact_key
+from ..values.keys import fact_key
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES, ReceiptStatus
-from ..reissue import NotVisible, fetchrow_until_visible
-from ..scopes import MapScope, RunScope, check_scope
+from ..runs.reissue import NotVisible, fetchrow_until_visible
+from ..values.scopes import MapScope, RunScope, check_scope
 from . import pages as P
 
 T = TypeVar("T")
@@ -166,7 +166,7 @@ async def run_statement(
     port: Port, lane: str, sql: str, args: tuple, decide: Callable[[Any], T]
 ) -> T:
     """Issue `sql` and let `decide(row)` name the outcome; re-issued while it raises
-    `NotVisible`, a bounded number of times (`engine.reissue`)."""
+    `NotVisible`, a bounded number of times (`engine.runs.reissue`)."""
     return await with_connection(
         port, lane,
         lambda conn: fetchrow_until_visible(conn, sql, args, decide, what="array input facts"),

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 import attrs
 
 from .. import canonical
-from ..codecs import Codec
+from ..values.codecs import Codec
 from ..errors import CorruptFactError, InvalidInputError
 from .values import (  # noqa: F401  (re-exported: the array-input values are read from here)
     FINGERPRINT_PATTERN,

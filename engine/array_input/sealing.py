@@ -24,11 +24,11 @@ import trio
 
 from .. import canonical
 from ..actions import action
-from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
+from ..values.codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
-from ..reissue import NotVisible
-from ..scopes import MapScope
+from ..runs.reissue import NotVisible
+from ..values.scopes import MapScope
 from . import facts as F
 from . import pages as P
 

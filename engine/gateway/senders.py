@@ -23,10 +23,10 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from ..actions import Action
 from ..errors import InvalidInputError
-from ..scopes import normalize_namespace
+from ..values.scopes import normalize_namespace
 from ..sheets.admission import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
 from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows

@@ -69,12 +69,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
-from ..scopes import MapScope, PlayScope, RunRef, RunScope
+from ..values.scopes import MapScope, PlayScope, RunRef, RunScope
 from ..tenant import Tenant, open_tenant
 from . import guards, protocol
 from .bodies import (

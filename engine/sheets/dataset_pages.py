@@ -30,8 +30,8 @@ from typing import Any
 
 import attrs
 
-from ..bounds import is_int
-from ..codecs import INT, STR, TIMESTAMP, optional, record
+from ..limits.bounds import is_int
+from ..values.codecs import INT, STR, TIMESTAMP, optional, record
 from ..errors import InvalidInputError
 
 from ..pg import Connection

@@ -25,7 +25,7 @@ import attrs
 
 from ..errors import InvalidInputError
 from ..ports import Port
-from ..scopes import RunRef, check_scope, normalize_namespace
+from ..values.scopes import RunRef, check_scope, normalize_namespace
 
 from .model import (
     Attempt, CellPolicy, RowStatus, SheetContract, check_give_up_after, clean_field,

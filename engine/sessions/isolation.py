@@ -29,8 +29,8 @@ The choice, and why
 
 from __future__ import annotations
 
-from .pg import Connection
-from .sql import qualified, quote_ident
+from ..pg import Connection
+from ..sql import qualified, quote_ident
 
 GROUP = "runplane_sessions"
 SCOPES_TABLE = "session_scopes"
