@@ -16,7 +16,7 @@ from runplane.engine.errors import (
     GatewayUnavailableError, InvalidInputError, StoreUnavailableError, TransactionStateUnknownError,
 )
 from runplane.engine.gateway import RetryPolicy, open_gateway
-from runplane.engine.gateway.client import answered_wait
+from runplane.engine.gateway.retry import answered_wait
 from runplane.engine.gateway.protocol import retry_after_s
 from runplane.simulations.network import open_proxy
 

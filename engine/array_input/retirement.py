@@ -27,7 +27,7 @@ from ..receipts import SQL_STATUSES
 from ..runs.reissue import NotVisible, fetchrow_until_visible
 from ..values.scopes import RunScope
 from . import facts as F
-from .pages import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
+from .values import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
 
 # Every statement here reaches `work_receipts` by key: a constant key, a key range, or the
 # array of doomed keys (`k = ANY(ARRAY(...))`, an index lookup per key whatever the statistics

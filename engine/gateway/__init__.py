@@ -10,7 +10,9 @@ wire format; `db_sessions` runs covered work over database sessions.
 """
 
 from .db_sessions import DbSession, create_db_session
-from .client import Gateway, GatewayStats, Health, RetryPolicy, open_gateway
+from .client import Gateway, Health, open_gateway
+from .transport import GatewayStats
+from .retry import RetryPolicy
 from .protocol import DEFAULT_BODY_LIMIT
 from .server import Server, open_server
 from ..tokens import TokenClaims, mint_token, verify_token

@@ -27,9 +27,10 @@ from ..limits.bounds import is_int
 from ..actions import Action
 from ..errors import InvalidInputError
 from ..values.scopes import normalize_namespace
-from ..sheets.admission import check_give_up_after
+from ..sheets.model import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
-from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
+from ..sheets.inputs import check_input_indexes, prepare_outcomes, prepare_rows
+from ..sheets.sheet_write import check_write
 from ..sheets.model import (
     ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, RowOutcome, Timing,
 )

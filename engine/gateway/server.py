@@ -80,7 +80,7 @@ from . import guards, protocol
 from .bodies import (
     ADMIT_ACTION, JSON_CONTENT_TYPE, READ_HEADERS, RequestHeaders, decode_body, encode_result,
 )
-from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
+from .guards import ReplayCache
 from ..tokens import VerifiedTokens
 
 REGISTER_ACTION = "runs.register"

@@ -72,7 +72,6 @@ from .model import (
     SheetContract,
     StagedPage,
     Timing,
-    check_give_up_after,  # noqa: F401  (the gateway client imports it from here)
     ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, STAGED_PAGE,
 )
 from .sheet_write import ADMIT_ARGUMENTS, SheetWrite

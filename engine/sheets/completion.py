@@ -80,8 +80,9 @@ from .sheet_txn import SheetTxn, run_sheet_transaction
 from .telemetry import PhaseClock
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
-    FencedRow, SheetContract, shown,
+    FencedRow, SheetContract,
 )
+from .field_names import shown
 from .sheet_write import COMPLETE_ARGUMENTS, SheetWrite
 
 log = logging.getLogger("runplane.sheets")

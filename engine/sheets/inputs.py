@@ -30,11 +30,10 @@ from ..errors import InvalidInputError
 from ..limits.inputs import MAX_KEY_BYTES, key_problem
 from ..values.scopes import normalize_namespace
 
-from .sheet_write import check_write  # noqa: F401  (the gateway client imports it from here)
 from .model import (
-    DEFAULT_ROW_ERROR, MAX_ATTEMPTS, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus,
-    RowOutcome, field_problem, shown,
+    DEFAULT_ROW_ERROR, MAX_ATTEMPTS, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus, RowOutcome,
 )
+from .field_names import field_problem, shown
 
 
 def key_of_text(namespace: str) -> Callable[[str], str]:

@@ -39,8 +39,7 @@ from ..errors import InvalidInputError
 from ..limits.inputs import key_problem
 from ..values.scopes import MapScope
 
-# field names live in `field_names`; imported from here too
-from .field_names import MAX_FIELD_CHARS, clean_field, field_problem, shown  # noqa: F401
+from .field_names import clean_field
 
 MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
 
