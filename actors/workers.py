@@ -16,7 +16,7 @@ How it works
 - Each computed outcome enters the map's ledger at once (`MapState.record`); a batch is handed
   to the completer when done, or after `HAND_ON_S` for a slow function.
 Who calls: `actors.mapper.map_rows` starts these actors; `call_row` is also the shared
-worker's (`actors.shared_worker`).
+worker's (`actors.shared.worker`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import httpx
 import trio
 
 from runplane.actors import open_run
-from runplane.actors.shared_worker import serve_play
+from runplane.actors.shared.worker import serve_play
 
 from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
 from runplane.engine.runs import history, outbox, row_calls

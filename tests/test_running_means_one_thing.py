@@ -102,8 +102,8 @@ async def test_a_crashed_processs_report_stops_counting_once_it_is_stale(tenant,
 
 
 async def test_a_shared_map_workers_rows_in_a_call_count_as_running(tenant):
-    from runplane.actors.shared_config import PlayFile
-    from runplane.actors.shared_worker import serve_play
+    from runplane.actors.shared.config import PlayFile
+    from runplane.actors.shared.worker import serve_play
 
     from .plays import computed_play
 

@@ -51,11 +51,11 @@ from runplane.engine.shared.leases import (
 )
 from runplane.engine.tenant import outage_budget
 
-from .map_state import MapPlan
-from .pacing import open_pacer
-from .retry import OutageWatch, install_watch, reset_watch, retry_transient
-from .row_calls import report_calls
-from .shared_work import Claim, UnitWork, run_row
+from ..map_state import MapPlan
+from ..pacing import open_pacer
+from ..retry import OutageWatch, install_watch, reset_watch, retry_transient
+from ..row_calls import report_calls
+from .work import Claim, UnitWork, run_row
 
 log = logging.getLogger("runplane.actors")
 
