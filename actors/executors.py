@@ -7,7 +7,7 @@ How it works
   through a `distributed.Client`. Either way only the call travels: admission, completion and
   fencing stay in the map's own process, under its run's write version.
 - The function travels by name, not by value: a pool process (or a Dask worker) loads the play
-  file that defines it (`actors.shared_config.PlayFile`, once per process) and finds it by its
+  file that defines it (`actors.shared.config.PlayFile`, once per process) and finds it by its
   qualified name, so a function of a play loaded by `runplane run` works as well as one of an
   importable module. A function that cannot be found by name is refused before the map starts
   (`InvalidInputError`).
@@ -31,10 +31,10 @@ from typing import Any, Callable, Protocol
 import attrs
 import trio
 
-from runplane.engine.bounds import is_int
+from runplane.engine.limits.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError
 
-from .shared_config import PlayFile, function_identity
+from .shared.config import PlayFile, function_identity
 
 
 class WorkerDiedError(EngineError):

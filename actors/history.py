@@ -1,10 +1,10 @@
-"""A map's entry in the run history (`engine.history`), written while it runs and when it ends.
+"""A map's entry in the run history (`engine.runs.history`), written while it runs and when it ends.
 
 How it works
 - `MapRecorder` belongs to one `run.map`. It sees every progress snapshot of the map (a cheap
   assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
   one about every `HEARTBEAT_S` seconds while it changed (state `running`; `running` is the rows
-  inside a call of the function when it was written, as everywhere: `engine.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
+  inside a call of the function when it was written, as everywhere: `engine.runs.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
   `stopped_early` or `superseded`); a map that raised is written as `failed` (unless the store
   is away: then, like a crash, it is left to the wake). A map cancelled in its process (Ctrl-C,
   SIGTERM) writes once more when it has flushed what it computed (`interrupted`): the counts
@@ -24,10 +24,10 @@ import logging
 import attrs
 import trio
 
-from runplane.engine import history
+from runplane.engine.runs import history
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
-from runplane.engine.scopes import RunScope
+from runplane.engine.values.scopes import RunScope
 
 from .progress import MapProgress, MapResult
 from .retry import hurry_if_waiting

@@ -28,7 +28,7 @@ import trio
 
 from runplane.engine import array_input
 from runplane.engine.errors import EngineError, RetiredError
-from runplane.engine.scopes import MapScope
+from runplane.engine.values.scopes import MapScope
 from runplane.engine.sheets import lists
 
 from .map_state import MapPlan, MapState

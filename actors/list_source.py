@@ -51,7 +51,7 @@ from runplane.engine.errors import (
     ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError,
 )
 from runplane.engine.ports import Port
-from runplane.engine.scopes import MapScope, PlayScope
+from runplane.engine.values.scopes import MapScope, PlayScope
 from runplane.engine.sheets import StagedPage
 from runplane.engine.sheets.inputs import text_keys
 

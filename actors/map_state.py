@@ -39,10 +39,10 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import attrs
 import trio
 
-from runplane.engine.bounds import is_int, is_number
+from runplane.engine.limits.bounds import is_int, is_number
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
-from runplane.engine.scopes import RunRef
+from runplane.engine.values.scopes import RunRef
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome,
     SheetContract, SheetWrite, StagedPage,

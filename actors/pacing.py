@@ -7,7 +7,7 @@ How it works
 - `LocalBucket`: tokens accrue at `per_second` up to the capacity, on trio's clock; the bucket
   starts full. The k-th call (from 0) starts no earlier than `(k - capacity + 1) / per_second`
   seconds after the first.
-- `SharedBucket`: tokens come from the tenant database (`engine.rate_limits.lease`), in leases of
+- `SharedBucket`: tokens come from the tenant database (`engine.limits.rates.lease`), in leases of
   `lease_size`, one statement each; a lease that finds too few tokens says how long to wait, and
   the bucket sleeps that long before leasing again. Leased tokens are spent locally; those left
   when the map ends are dropped (the shared bucket never gets them back, so it never
@@ -22,7 +22,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from runplane.engine import rate_limits
+from runplane.engine.limits import rates as rate_limits
 from runplane.engine.ports import Port
 
 from .policies import RateLimit

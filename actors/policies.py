@@ -10,7 +10,7 @@ How it works
 - `RateLimit(per_second, burst=None, key=None)` bounds how fast calls of the map function
   start: a token bucket of `burst` tokens (default: one second's worth, at least 1) refilled
   at `per_second`. Without `key` the bucket is the map's own; with `key` it is shared by every
-  process and run of the tenant using that key (`engine.rate_limits`), and the map leases
+  process and run of the tenant using that key (`engine.limits.rates`), and the map leases
   tokens from it in batches of `lease_size` (about `LEASE_WINDOW_S` worth of calls).
 Both are frozen values, validated when built. This module does no I/O.
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import attrs
 
-from runplane.engine.bounds import is_int, is_number
+from runplane.engine.limits.bounds import is_int, is_number
 from runplane.engine.errors import InvalidInputError
-from runplane.engine.rate_limits import check_key
+from runplane.engine.limits.rates import check_key
 
 from .backoff_delays import backoff_ceiling
 

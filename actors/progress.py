@@ -8,7 +8,7 @@ How it works
   the row timeout) and what the completer made durable (completed, failed, fenced), and whether
   a newer run took the map's rows (`superseded`).
 - `CallGauge` counts the rows inside a call of the function right now (`in_call`, what
-  "running" means everywhere: `engine.row_calls`); the plan owns one, every call passes
+  "running" means everywhere: `engine.runs.row_calls`); the plan owns one, every call passes
   through it (`actors.workers.call_row`).
 - `MapProgress` is a frozen snapshot for progress reporting (with `waiting_for_store_s`, how
   long the run has been waiting for the database, from the run's `actors.retry.OutageWatch`);

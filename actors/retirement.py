@@ -21,9 +21,9 @@ import attrs
 
 from runplane.engine import array_input
 from runplane.engine.ports import Port
-from runplane.engine.scopes import RunScope
+from runplane.engine.values.scopes import RunScope
 
-from runplane.engine import outbox
+from runplane.engine.runs import outbox
 from .phases import marked
 from .retry import retry_transient
 

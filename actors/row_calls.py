@@ -1,15 +1,15 @@
-"""The reporter of a map's rows in a call (`engine.row_calls`): what "running" counts.
+"""The reporter of a map's rows in a call (`engine.runs.row_calls`): what "running" counts.
 
 How it works
 - `report_calls` runs beside a map in each process hosting its rows (`Run.map` for a run's own
   rows, `MapWorker.serve` for a shared map's worker) and writes the process's count of rows
   inside a call (`CallGauge.in_call`) to `row_calls`: once the first row enters a call, then
   whenever the count changed (looked at every `CHECK_S`) and at least every
-  `engine.row_calls.REPORT_S` seconds, changed or not. A map whose rows never enter a call (a
+  `engine.runs.row_calls.REPORT_S` seconds, changed or not. A map whose rows never enter a call (a
   rerun answered from the cache) writes nothing.
 - When the map ends or is cancelled (Ctrl-C, SIGTERM) the last report is 0, shielded and
   within `FINAL_DEADLINE_S`: "running" drops at once on a clean end; a crashed process's count
-  stops counting once its last report is stale (`engine.row_calls.FRESH_S`).
+  stops counting once its last report is stale (`engine.runs.row_calls.FRESH_S`).
 - A report that fails (the database is away) is skipped: the map's own store calls ride the
   outage; this figure is observational and never stops a map.
 """
@@ -22,10 +22,10 @@ from typing import Callable
 
 import trio
 
-from runplane.engine import row_calls
+from runplane.engine.runs import row_calls
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
-from runplane.engine.scopes import RunScope
+from runplane.engine.values.scopes import RunScope
 
 CHECK_S = 1.0
 FINAL_DEADLINE_S = 2.0

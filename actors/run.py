@@ -15,7 +15,7 @@ How it works
   `retirement` lane, and marks the entry `done`. If the guard is cancelled or the store fails
   meanwhile, the entry stays `pending` for a supervisor (a cancelled guard gives its lease up,
   shielded, first). A cancelled or crashed run never reaches the guard: its entry stays `open`,
-  because a wake must replay its staged input (see `engine.outbox` for the state machine).
+  because a wake must replay its staged input (see `engine.runs.outbox` for the state machine).
   Retirement failures are logged, never raised: they must not turn a finished body into a failed
   one, and the outbox keeps the work. With `retire_on_exit=False` the entry stays `open` too:
   the caller keeps the staged input (for a later incarnation that ends terminally, or for a
@@ -44,10 +44,10 @@ from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageE
 from runplane.engine.tenant import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
-from runplane.engine.scopes import RunRef, RunScope, normalize_namespace
+from runplane.engine.values.scopes import RunRef, RunScope, normalize_namespace
 from runplane.engine.sheets import Attempt, CellPolicy, SheetContract
 
-from runplane.engine import outbox
+from runplane.engine.runs import outbox
 
 from . import retirement
 from .hosting import is_terminal, open_hosting_nursery
@@ -181,12 +181,12 @@ class Run:
         `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
         `flush_deadline_s` (see `actors.map_state.MapPlan`).
         `workers=N` spreads the map over N local worker processes, `shared=True` publishes
-        it for workers started elsewhere (`runplane worker`); see `actors.shared_map`.
+        it for workers started elsewhere (`runplane worker`); see `actors.shared.coordinator`.
         `executor="processes"` (or an `actors.executors` executor) runs a synchronous `fn`
         in a process pool or on a Dask cluster.
         """
         if workers is None and not shared and isinstance(source, (list, array_input.PagedRows)):
-            from .shared_map import default_workers
+            from .shared.coordinator import default_workers
 
             workers = default_workers.get()
         shared_tuning = {name: tuning.pop(name) for name in ("lease_s", "unit_rows")
@@ -201,11 +201,14 @@ class Run:
                        give_up_after=give_up_after, fail_fast_rows=fail_fast_rows(fail_fast),
                        force=self.force if force is None else force, **tuning)
         if workers is not None or shared:
-            from .shared_map import map_shared
+            from .shared.coordinator import check_request, map_shared
 
             observers = self._progress_observers(normalize_namespace(table_namespace), on_progress)
-            return await map_shared(self, source, plan, workers=workers, shared=shared,
-                                    map_invocation_id=map_invocation_id, executor=executor,
+            check_request(source, plan, workers=workers, shared=shared, executor=executor)
+            if map_invocation_id is None:  # taken once the request passed its checks
+                map_invocation_id = self.next_map_invocation_id(table_namespace)
+            return await map_shared(source, plan, map_invocation_id, workers=workers,
+                                    shared=shared, executor=executor,
                                     on_progress=lambda snapshot: [f(snapshot) for f in observers],
                                     **shared_tuning)
         listed = isinstance(source, (list, tuple, array_input.PagedRows))

@@ -34,7 +34,7 @@ import trio
 from runplane.engine import array_input
 from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.ports import Port
-from runplane.engine.scopes import MapScope
+from runplane.engine.values.scopes import MapScope
 
 from .phases import marked
 from .retry import retry_transient

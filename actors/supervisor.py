@@ -27,12 +27,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
-from runplane.engine.bounds import is_number
+from runplane.engine.limits.bounds import is_number
 from runplane.engine.errors import EngineError, InvalidInputError
 from runplane.engine.ports import Port
-from runplane.engine.scopes import RunScope
+from runplane.engine.values.scopes import RunScope
 
-from runplane.engine import outbox
+from runplane.engine.runs import outbox
 
 from . import retirement
 from .backoff_delays import half_jittered_s

@@ -17,7 +17,7 @@ How it works
 - Each computed outcome enters the map's ledger at once (`MapState.record`); a batch is handed
   to the completer when done, or after `HAND_ON_S` for a slow function.
 Who calls: `actors.mapper.map_rows` starts these actors; `call_row` is also the shared
-worker's (`actors.shared_worker`).
+worker's (`actors.shared.worker`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
     exception the call raised (a `RowTimeoutError` when it ran past the row timeout) or None."""
     key, index = admitted.key, admitted.input_index
     try:
-        with plan.calls.calling():  # "running": inside a call (`engine.row_calls`)
+        with plan.calls.calling():  # "running": inside a call (`engine.runs.row_calls`)
             if plan.row_timeout_s is None:
                 data = await plan.fn(admitted.row)
             else:

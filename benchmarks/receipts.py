@@ -25,7 +25,7 @@ import trio  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.engine import RunScope, open_tenant, receipts, runs  # noqa: E402
 from runplane.engine.canonical import normalize, stable_dumps  # noqa: E402
-from runplane.engine.keys import receipt_key  # noqa: E402
+from runplane.engine.values.keys import receipt_key  # noqa: E402
 
 
 async def ours(dsn: str, schema: str, keys: int) -> float:

@@ -39,7 +39,7 @@ from _server import bench_dsn  # noqa: E402
 from scale_play import PLAY, burn, noop  # noqa: E402
 
 from runplane.actors import open_run  # noqa: E402
-from runplane.actors.shared_worker import serve_play  # noqa: E402
+from runplane.actors.shared.worker import serve_play  # noqa: E402
 from runplane.engine import open_tenant  # noqa: E402
 from runplane.engine.sheets import SheetContract  # noqa: E402
 from runplane.simulations.ports import CountingPort  # noqa: E402

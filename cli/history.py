@@ -3,7 +3,7 @@
 How it works
 - `runs PLAY` lists the play's recent runs: id, epoch, start, state (open, retiring, done),
   how long its maps took (first start to last end), and what its maps did — admitted, cached,
-  completed, failed, retried, summed over its maps from `engine.history` (a run from before
+  completed, failed, retried, summed over its maps from `engine.runs.history` (a run from before
   the run history shows `-`) — and `unfinished`, the rows the run holds that have no outcome
   yet; then the resume command of each open run.
 - `runs PLAY RUN_ID` shows one run: its state, start and resume command, then one line per map
@@ -18,10 +18,11 @@ import argparse
 import os
 import urllib.parse
 
-from runplane.engine import PlayScope, history, outbox, runs, sheets
+from runplane.engine import PlayScope, runs, sheets
+from runplane.engine.runs import history, outbox
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
-from runplane.engine.scopes import RunScope
+from runplane.engine.values.scopes import RunScope
 
 from .operators import CommandError, play_tables, require_schema
 from .progress import duration

@@ -35,12 +35,15 @@ import sys
 from runplane.engine.errors import EngineError, leaf_errors, public_name
 
 # The command modules register their commands at import, in this order (the order of `--help`).
-from . import tool_commands, run_commands, data_commands, server_commands  # noqa: F401
-from . import worker  # noqa: F401  (registers `runplane worker`, last)
+from . import tool_commands, run_commands, data_commands, server_commands
+from . import worker  # registers `runplane worker`, last
 from .commands import COMMANDS
 from .inputs import InputFileError
 from .operators import CommandError, UsageError
 from .terminal import emit_json, warn
+
+# What registered `COMMANDS`, in registration order (imported above for that alone).
+COMMAND_MODULES = (tool_commands, run_commands, data_commands, server_commands, worker)
 
 
 # -- entry point --------------------------------------------------------------------------------

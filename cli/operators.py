@@ -31,8 +31,8 @@ from runplane.actors.retry import retry_transient
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE, Port
 from runplane.engine.schema import schema_status
-from runplane.engine.scopes import normalize_namespace
 from runplane.engine.sheets.causes import ErrorCause
+from runplane.engine.values.scopes import normalize_namespace
 
 from .terminal import emit_json, plural, say, shell_command, table_lines
 

@@ -14,7 +14,7 @@ How it works
   `RunProgress` samples each map's count every `SAMPLE_S`, whatever it prints when, so its
   first log line already shows the rate of the seconds before it.
 - `watch_status` is `runplane status PLAY --watch`: every second it reads the play's sheet
-  counters and its rows in a call (`engine.row_calls`) from the database, and shows each table with its rate and time left (a redrawn screen on a terminal,
+  counters and its rows in a call (`engine.runs.row_calls`) from the database, and shows each table with its rate and time left (a redrawn screen on a terminal,
   a block of lines a refresh otherwise), until interrupted.
 - stdout stays the command's: progress never writes there.
 """

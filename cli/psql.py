@@ -37,7 +37,7 @@ from runplane.engine.embedded import default_pgdata, embedded_server, start_embe
 from runplane.engine.errors import EngineError, TenantUnavailableError
 from runplane.engine.ports import RECEIPTS_LANE, Port
 from runplane.engine.schema import schema_status
-from runplane.engine.scopes import normalize_namespace
+from runplane.engine.values.scopes import normalize_namespace
 from runplane.engine.sheets import views
 
 from .operators import CommandError, require_schema

@@ -174,7 +174,7 @@ def run_play(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         if args.workers is not None:
-            from runplane.actors.shared_map import default_workers
+            from runplane.actors.shared.coordinator import default_workers
 
             default_workers.set(args.workers)
         async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway

@@ -4,7 +4,7 @@ How it works
 - The counters are the sheet's (`engine.sheets.summaries`): `queued` (admitted, waiting for a
   call), `leased` (the stored `running` status: admitted to a live attempt), `completed`,
   `failed`; and `running`, the rows inside a call of the function now, summed over every live
-  process (`engine.row_calls`: each reports at least every 5 s; a report older than 15 s no
+  process (`engine.runs.row_calls`: each reports at least every 5 s; a report older than 15 s no
   longer counts). A schema or gateway without `row_calls` shows running 0.
 - `--watch` reads them again every second (`WATCH_S`) and adds each table's rate (rows settled
   a second, over about the last ten seconds) and time left, until Ctrl-C (which ends it with
@@ -22,11 +22,12 @@ from typing import Any
 import attrs
 import trio
 
-from runplane.engine import PlayScope, outbox, row_calls, runs, sheets
+from runplane.engine import PlayScope, runs, sheets
+from runplane.engine.runs import outbox, row_calls
 from runplane.engine.actions import RemotePort
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
-from runplane.engine.scopes import normalize_namespace
+from runplane.engine.values.scopes import normalize_namespace
 
 from .operators import CommandError, require_schema
 from .progress import Rates, duration
@@ -39,7 +40,7 @@ WATCH_S = 1.0
 class TableCounts:
     total: int
     queued: int
-    running: int  # inside a call now (`engine.row_calls`)
+    running: int  # inside a call now (`engine.runs.row_calls`)
     leased: int   # the stored `running` status: admitted to a live attempt
     completed: int
     failed: int

@@ -1,7 +1,7 @@
 """`runplane worker PLAY.py`: join the open shared maps of a play and run their rows.
 
 The worker connects like every command (`--dsn` / `RUNPLANE_DSN`, `--org`, `--schema`; or
-`--gateway URL` with the token in `RUNPLANE_TOKEN`, and `--db-sessions`), loads the play file, and serves the play's shared maps (`actors.shared_worker.serve_play`) until
+`--gateway URL` with the token in `RUNPLANE_TOKEN`, and `--db-sessions`), loads the play file, and serves the play's shared maps (`actors.shared.worker.serve_play`) until
 interrupted, or with `--exit-when-idle` until no waiting or open shared map of the play has a
 unit not done (waiting up to 60 s for one to appear). The play is resolved exactly as
 `runplane run` resolves it (the file is imported: `PLAY` may be computed, else the file's stem),
@@ -40,7 +40,7 @@ LIVE_WORKER_S = 60.0  # `runplane status` lists the workers seen this recently
 async def show_workers(port, play: str) -> None:
     """`runplane status`: the workers of the play's shared maps seen lately (pid, host, units
     done)."""
-    from runplane.engine import shared_maps
+    from runplane.engine.shared import maps as shared_maps
 
     for worker in await shared_maps.workers(port, play):
         if worker.seen_s_ago <= LIVE_WORKER_S:
@@ -50,8 +50,8 @@ async def show_workers(port, play: str) -> None:
 
 @command("worker", "join the open shared maps of a play and run their rows")(_worker_options)
 def worker(args: argparse.Namespace) -> int:
-    from runplane.actors.shared_config import PlayFile
-    from runplane.actors.shared_worker import serve_play
+    from runplane.actors.shared.config import PlayFile
+    from runplane.actors.shared.worker import serve_play
 
     if not Path(args.play_file).is_file():
         raise UsageError(f"{args.play_file}: no such file")

@@ -1,8 +1,15 @@
-"""runplane's engine: tenants, scopes, canonical JSON, runs, receipts, array inputs, sheets."""
+"""runplane's engine: tenants, scopes, canonical JSON, runs, receipts, array inputs, sheets.
+
+The root holds the spine every capability uses (errors, identifier quoting, the `Port` and the
+action registry, tenants, permits, the schema, the embedded server, diagnostics, tokens) and
+the public modules `canonical` and `receipts`; each capability is a package whose docstring
+says what it holds and who may call it: `pg`, `values`, `limits`, `runs`, `array_input`,
+`sheets`, `shared`, `sessions`, `gateway`, `console`.
+"""
 
 from .pg import Connection
 from .ports import Port
-from .scopes import MapScope, PlayScope, RunRef, RunScope
+from .values.scopes import MapScope, PlayScope, RunRef, RunScope
 from .tenant import Tenant, open_tenant
 
 __all__ = [

@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import attrs
 
-from .codecs import Codec
+from .values.codecs import Codec
 from .errors import InvalidInputError
 from .ports import Port, PortDefaults
 
@@ -42,18 +42,18 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 DEFAULT_DEADLINE_S = 30.0
 ACTION_MODULES = (
-    "runplane.engine.runs",
+    "runplane.engine.runs.registry",
     "runplane.engine.receipts",
     "runplane.engine.array_input",
     "runplane.engine.sheets",
-    "runplane.engine.outbox",
-    "runplane.engine.rate_limits",
-    "runplane.engine.sessions",
-    "runplane.engine.history",
-    "runplane.engine.row_calls",
-    "runplane.engine.shared_maps",
-    "runplane.engine.shared_leases",
-    "runplane.engine.shared_units",
+    "runplane.engine.runs.outbox",
+    "runplane.engine.limits.rates",
+    "runplane.engine.sessions.minting",
+    "runplane.engine.runs.history",
+    "runplane.engine.runs.row_calls",
+    "runplane.engine.shared.maps",
+    "runplane.engine.shared.leases",
+    "runplane.engine.shared.units",
 )
 
 _REGISTRY: dict[str, "Action"] = {}

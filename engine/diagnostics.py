@@ -28,7 +28,7 @@ from typing import Any, Callable
 import attrs
 import trio
 
-from .bounds import is_int
+from .limits.bounds import is_int
 
 log = logging.getLogger("runplane.sheets")
 line_log = logging.getLogger("runplane.sheets.diagnostics")

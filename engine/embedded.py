@@ -23,10 +23,10 @@ How the lifetime works
   new connections see the reload).
 - The server's connections are sized for database sessions at their server-wide budget plus
   runplane's own processes and a reserve only superusers (runplane's own login here) may use
-  (`session_limits.ConnectionPlan`): `max_connections` and `superuser_reserved_connections`
-  are set with `ALTER SYSTEM` when below the plan, and the server is restarted at once when
-  nobody else is connected (a new data directory); otherwise the new values apply at its next
-  start, and a line says so.
+  (`engine.sessions.limits.ConnectionPlan`): `max_connections` and
+  `superuser_reserved_connections` are set with `ALTER SYSTEM` when below the plan, and the
+  server is restarted at once when nobody else is connected (a new data directory); otherwise
+  the new values apply at its next start, and a line says so.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import attrs
 import trio
 
 from .errors import TenantUnavailableError
-from .session_limits import ConnectionPlan
+from .sessions.limits import ConnectionPlan
 
 log = logging.getLogger("runplane.embedded")
 

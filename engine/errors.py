@@ -40,8 +40,8 @@ class ConflictError(EngineError):
 
 class RowNotVisibleError(ConflictError):
     """A statement that inserts a row if absent and else reads it found neither, every time it
-    was issued (`engine.reissue.MAX_VISIBILITY_ATTEMPTS`): a concurrent writer kept inserting and
-    removing the row between our snapshots. Every such statement is idempotent, so unlike other
+    was issued (`engine.runs.reissue.MAX_VISIBILITY_ATTEMPTS`): a concurrent writer kept
+    inserting and removing the row between our snapshots. Every such statement is idempotent, so unlike other
     conflicts the same request issued again later can succeed."""
 
 

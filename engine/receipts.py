@@ -25,16 +25,18 @@ from typing import Any, Iterable, Literal, Mapping
 
 import attrs
 
-from .bounds import is_number
+from .limits.bounds import is_number
 from . import canonical
 from .actions import action
-from .codecs import PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, FLOAT, INT, USER_JSON, dict_of, list_of, optional, record
+from .values.codecs import (
+    PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, FLOAT, INT, USER_JSON, dict_of, list_of, optional, record,
+)
 from .errors import InvalidInputError, RowNotVisibleError
-from .keys import check_user_key, receipt_key
+from .values.keys import check_user_key, receipt_key
 from .ports import RECEIPTS_LANE, Port, with_connection
-from .reissue import MAX_VISIBILITY_ATTEMPTS, fetchrow_until_visible
+from .runs.reissue import MAX_VISIBILITY_ATTEMPTS, fetchrow_until_visible
 from .sql import qualified
-from .scopes import PlayScope, RunRef, check_scope
+from .values.scopes import PlayScope, RunRef, check_scope
 
 
 
@@ -293,7 +295,7 @@ async def complete_many(port: Port, run: RunRef, outputs: Mapping[str, Any]) -> 
 
     async def settle(conn: Any) -> None:
         todo = sorted(texts)
-        for _ in range(MAX_VISIBILITY_ATTEMPTS):  # see `engine.reissue`: a peer's late insert
+        for _ in range(MAX_VISIBILITY_ATTEMPTS):  # see `engine.runs.reissue`: a peer's late insert
             rows = await conn.fetch(sql, todo, [texts[k][1] for k in todo], run.run_id, run.epoch)
             for row in rows:
                 key = texts[bytes(row["k"])][0]

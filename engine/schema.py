@@ -6,9 +6,9 @@ yet), so concurrent bootstraps serialize instead of racing on `CREATE ... IF NOT
 is not atomic in PostgreSQL). `schema_status` reads the stored
 version without taking the lock. Per-sheet tables are created by `engine.sheets`, not here;
 `sheet_columns` is their registry (which physical column holds which field). The bootstrap also
-installs what scoped database sessions rely on (`engine.session_isolation`).
+installs what scoped database sessions rely on (`engine.sessions.isolation`).
 Versions: 2 added `runs.command` (how to resume a run, recorded by the command line); 3 added
-`rate_limits` (shared rate-limit buckets, `engine.rate_limits`); 4 added `session_scopes` and the
+`rate_limits` (shared rate-limit buckets, `engine.limits.rates`); 4 added `session_scopes` and the
 row-level security policies of database sessions; 5 makes physical names unique: one column per
 field in `sheet_columns` (a unique index on the column name, after dropping the later of any two
 registrations that already shared one) and one table per sheet (`sheet_summary.table_name`,
@@ -21,11 +21,11 @@ manual step; processes of version 5 and 6 running side by side during an upgrade
 different keys for the same sheet (writers of one sheet still serialize on its summary row);
 7 adds work-receipt leases (`work_receipts.lease_expires_at`: a running receipt whose lease
 has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused).
-8 adds `run_maps`, the run history (what each map of each run did, `engine.history`).
-9 adds shared maps (`shared_maps`, `shared_units`, `shared_workers`; `engine.shared_maps`).
+8 adds `run_maps`, the run history (what each map of each run did, `engine.runs.history`).
+9 adds shared maps (`shared_maps`, `shared_units`, `shared_workers`; `engine.shared.maps`).
 10 adds counter deltas (`sheet_counter_deltas`, `sheet_column_deltas`; `engine.sheets.counters`).
 11 adds recorded lists (`sheet_summary.writes`, `sheet_lists`; `engine.sheets.lists`).
-12 adds `row_calls`: how many rows each process has inside a call now (`engine.row_calls`).
+12 adds `row_calls`: how many rows each process has inside a call now (`engine.runs.row_calls`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import hashlib
 import hmac
 import secrets
 
-from . import session_isolation
+from .sessions import isolation as session_isolation
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
@@ -169,7 +169,7 @@ CREATE TABLE IF NOT EXISTS {s}.sheet_reuse (
 );
 ALTER TABLE {s}.sheet_reuse ALTER COLUMN digests SET STORAGE EXTERNAL;
 -- end of version 7
--- version 8: run history (engine.history) ------------------------------------------------
+-- version 8: run history (engine.runs.history) ------------------------------------------------
 CREATE TABLE IF NOT EXISTS {s}.run_maps (
     org_id text NOT NULL,
     play text NOT NULL,
@@ -193,7 +193,7 @@ CREATE TABLE IF NOT EXISTS {s}.run_maps (
 );
 CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = 'running';
 -- end of version 8 -----------------------------------------------------------------------------
--- Shared maps (engine.shared_maps), from version 9: a published map, its units (slices of
+-- Shared maps (engine.shared.maps), from version 9: a published map, its units (slices of
 -- staged pages, handed out as leases) and the workers that joined the play's maps.
 CREATE TABLE IF NOT EXISTS {s}.shared_maps (
     org_id text NOT NULL,
@@ -297,8 +297,8 @@ BEGIN
 END
 $grant$;
 -- end of version 11 ----------------------------------------------------------------------------
--- Rows in a call (engine.row_calls), from version 12: every process hosting a map's rows writes
--- how many of them are inside a call of the function now, at least every few seconds.
+-- Rows in a call (engine.runs.row_calls), from version 12: every process hosting a map's rows
+-- writes how many of them are inside a call of the function now, at least every few seconds.
 CREATE TABLE IF NOT EXISTS {s}.row_calls (
     org_id text NOT NULL,
     play text NOT NULL,

@@ -36,7 +36,7 @@ from typing import Any, AsyncIterator, Mapping
 import attrs
 import trio
 
-from .bounds import is_number
+from .limits.bounds import is_number
 from . import pg, schema as schema_ddl
 from .diagnostics import DiagnosticsQueue
 from .embedded import resolve_dsn
@@ -49,7 +49,7 @@ from .errors import (
     TenantUnavailableError,
     TenantUnreachableError,
 )
-from .limits import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
+from .limits.inputs import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
 from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE
 from .sql import quote_ident
@@ -374,7 +374,7 @@ class Checkout:
 def check_tenant_names(org_id: object, schema: object, execution_role: object) -> None:
     """`InvalidInputError` unless the org is an identifier and the schema and role names are
     PostgreSQL names kept exactly (at most 63 UTF-8 bytes: longer ones are truncated by the
-    server, so two schemas would merge); see `engine.limits`."""
+    server, so two schemas would merge); see `engine.limits.inputs`."""
     for name, value, max_bytes in (
         ("org_id", org_id, MAX_IDENTIFIER_BYTES), ("schema", schema, MAX_NAME_BYTES),
         ("execution_role", execution_role, MAX_NAME_BYTES),

@@ -36,7 +36,8 @@ import attrs
 import trio
 
 from runplane.actors import open_supervisor
-from runplane.engine import PlayScope, RunScope, open_tenant, outbox, sheets
+from runplane.engine import PlayScope, RunScope, open_tenant, sheets
+from runplane.engine.runs import outbox
 from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column, layout_for
 from runplane.engine.sql import quote_ident

@@ -31,7 +31,7 @@ from runplane.engine import RunScope
 from runplane.engine import array_input as A
 from runplane.engine.array_input.facts import page_key
 from runplane.engine.errors import EngineError, RetiredError
-from runplane.engine.keys import decode_key
+from runplane.engine.values.keys import decode_key
 from runplane.engine.ports import RECEIPTS_LANE, table
 from runplane.engine.tenant import Tenant
 

@@ -2,7 +2,7 @@
 
 How it works
 - Hypothesis draws a `Plan`: 30–300 rows cut into units of a drawn size, a lease period, and
-  2–4 in-process workers (`actors.shared_service.MapWorker`), each with a concurrency, a call
+  2–4 in-process workers (`actors.shared.service.MapWorker`), each with a concurrency, a call
   latency and at most one fault at a drawn stage of its n-th claim: `crash` (the worker dies
   there, renewing and writing nothing more: its leases must expire and be taken over),
   `stall` (it stops renewing and sleeps past its lease, then carries on: its late completion
@@ -31,9 +31,11 @@ import trio
 from hypothesis import strategies as st
 
 from runplane.actors import open_run
-from runplane.actors.shared_worker import MapWorker, worker_plan
-from runplane.engine import PlayScope, canonical, shared_units
-from runplane.engine import shared_maps as sm
+from runplane.actors.shared.service import MapWorker
+from runplane.actors.shared.worker import worker_plan
+from runplane.engine import PlayScope, canonical
+from runplane.engine.shared import units as shared_units
+from runplane.engine.shared import maps as sm
 from runplane.engine.errors import LeaseLostError
 from runplane.engine.sheets import SheetContract
 from runplane.engine.sheets.layout import column, layout_for

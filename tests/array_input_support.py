@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from runplane.engine import array_input as A
-from runplane.engine.keys import decode_key
+from runplane.engine.values.keys import decode_key
 from runplane.engine.ports import table
 
 

@@ -11,7 +11,7 @@ import trio
 from runplane.engine import array_input as A
 from runplane.engine import open_tenant, receipts, sessions
 from runplane.engine.runs import register
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome, SheetContract, admit, complete, ensure_sheet
 from runplane.engine.sql import qualified
 

@@ -8,7 +8,7 @@ from typing import Any
 from runplane.engine.sheets.inputs import text_keys
 from runplane.engine import array_input, canonical
 from runplane.engine.runs import register
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import SheetContract
 from runplane.engine.sheets.layout import column_name, layout_for
 from runplane.simulations.counters import counters_match  # noqa: F401  (re-exported for the tests)

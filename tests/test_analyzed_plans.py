@@ -22,7 +22,7 @@ from runplane.engine import MapScope, array_input, receipts, sheets
 from runplane.engine.array_input.pages import encode_page
 from runplane.engine.sheets import RowOutcome, SheetContract, StagedPage
 
-from runplane.actors.shared_worker import serve_play
+from runplane.actors.shared.worker import serve_play
 
 from .array_input_support import stage
 from .plays.scale_play import noop

@@ -6,11 +6,11 @@ from __future__ import annotations
 import trio
 
 from runplane.actors import open_run
-from runplane.engine import shared_maps as sm
-from runplane.engine import shared_units
+from runplane.engine.shared import maps as sm
+from runplane.engine.shared import units as shared_units
 from runplane.engine.errors import LeaseLostError
 from runplane.engine.ports import table
-from runplane.engine.shared_leases import claim_units
+from runplane.engine.shared.leases import claim_units
 from runplane.engine.sheets import RowOutcome, admit, complete, ensure_sheet
 from runplane.simulations.ports import GatedPort
 

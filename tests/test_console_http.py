@@ -318,7 +318,7 @@ async def test_console_reads_cannot_write(tenant, seeded):
 
 async def test_runs_page_by_epoch_keyset_with_filters(tenant, gateway_url, seeded):
     from runplane.engine import runs
-    from runplane.engine.scopes import RunScope
+    from runplane.engine.values.scopes import RunScope
 
     for i in range(60):
         await runs.register(tenant, RunScope(tenant.org_id, "many", f"run-{i:02d}"))
@@ -359,7 +359,7 @@ async def test_exports_stream_a_tables_rows_as_json_lines_and_csv(tenant, gatewa
 
 
 async def test_a_run_page_lists_the_workers_of_its_plays_shared_maps(tenant, gateway_url, seeded):
-    from runplane.engine import shared_maps
+    from runplane.engine.shared import maps as shared_maps
 
     await shared_maps.join(tenant, "alpha", "worker-one")  # as `runplane worker` does
     async with client(gateway_url) as http:

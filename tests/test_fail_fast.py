@@ -12,7 +12,7 @@ from runplane.actors import open_run
 from runplane.actors.row_functions import FailFast, as_row_caller, is_async_function
 from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
-from runplane.engine.scopes import PlayScope
+from runplane.engine.values.scopes import PlayScope
 
 CONTRACT = sheets.SheetContract(inputs=("name",), outputs=("upper",))
 

@@ -10,7 +10,8 @@ from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import (
     RowOutcome, SheetContract, admit, complete, ensure_sheet, read_rows,
 )
-from runplane.engine.sheets.model import MAX_FIELD_CHARS, MAX_SHEET_FIELDS
+from runplane.engine.sheets.field_names import MAX_FIELD_CHARS
+from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.simulations.ports import CountingPort
 from tests.sheet_helpers import PLAY, counters_match, new_run, play_scope
 

@@ -51,7 +51,8 @@ async def test_receipts_through_the_gateway_equal_direct(tenant, gateway):
 
 
 async def test_the_operators_reads_through_the_gateway_equal_direct(tenant, gateway):
-    from runplane.engine import outbox, sheets
+    from runplane.engine.runs import outbox
+    from runplane.engine import sheets
 
     run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "r1"))
     await outbox.record_open(tenant, run.scope)
@@ -164,7 +165,7 @@ NOT_OPERATIONS = {
     "runplane.engine.sheets.lists.replay_list",
     "runplane.engine.sheets.lists.record_list",
     # only a `workers=N` coordinator, which needs a direct connection, starts worker processes
-    "runplane.engine.shared_leases.release_process",
+    "runplane.engine.shared.leases.release_process",
     # `runplane psql` / `views` / `sql`: views are made in the database psql connects to
     "runplane.engine.sheets.views.read_sheets",
     "runplane.engine.sheets.views.sync_views",

@@ -18,7 +18,7 @@ import attrs
 import pytest
 import trio
 
-from runplane.engine import RunScope, runs, sheets
+from runplane.engine import RunRef, RunScope, runs, sheets
 from runplane.engine.actions import actions
 from runplane.engine.errors import ConflictError, GatewayUnavailableError, StoreUnavailableError
 from runplane.engine.gateway import RetryPolicy, mint_token, open_gateway
@@ -101,7 +101,7 @@ async def stub(reply: Callable[[Request, list[Request]], Awaitable[Any]], body_l
         nursery.cancel_scope.cancel()
 
 
-RUN = runs.RunRef(RunScope(ORG, PLAY, "r"), 3)
+RUN = RunRef(RunScope(ORG, PLAY, "r"), 3)
 
 
 async def test_a_body_cut_after_the_status_line_is_an_answered_attempt_that_is_retried():

@@ -23,10 +23,12 @@ import httpx
 import trio
 
 from runplane.actors import open_run
-from runplane.actors.shared_worker import serve_play
+from runplane.actors.shared.worker import serve_play
 
-from runplane.engine import (PlayScope, RunScope, history, outbox, rate_limits, receipts, row_calls, runs,
-                             shared_leases, shared_maps, sheets)
+from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
+from runplane.engine.runs import history, outbox, row_calls
+from runplane.engine.limits import rates as rate_limits
+from runplane.engine.shared import leases as shared_leases, maps as shared_maps
 from runplane.engine.actions import actions
 from runplane.engine.gateway import open_gateway, server as server_module
 

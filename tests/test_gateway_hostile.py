@@ -179,7 +179,8 @@ async def test_hostile_json_is_a_400(tenant, server, text):
 
 
 async def test_a_write_for_a_run_never_registered_is_refused(tenant, gateway):
-    from runplane.engine import array_input, outbox
+    from runplane.engine import array_input
+    from runplane.engine.runs import outbox
 
     ghost = RunScope(tenant.org_id, PLAY, "ghost")
     with pytest.raises(ConflictError, match="not registered"):

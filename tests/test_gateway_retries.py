@@ -11,12 +11,12 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
+from runplane.engine import PlayScope, RunRef, RunScope, receipts, runs, sheets
 from runplane.engine.errors import (
     GatewayUnavailableError, InvalidInputError, StoreUnavailableError, TransactionStateUnknownError,
 )
 from runplane.engine.gateway import RetryPolicy, open_gateway
-from runplane.engine.gateway.client import answered_wait
+from runplane.engine.gateway.retry import answered_wait
 from runplane.engine.gateway.protocol import retry_after_s
 from runplane.simulations.network import open_proxy
 
@@ -159,7 +159,7 @@ async def test_a_completion_stops_at_its_total_deadline(tenant):
     policy = RetryPolicy(answered_delays_s=(5.0, 5.0), completion_total_s=0.5)
     async with stub_gateway(503, {"error": "busy", "code": "store_unavailable"}) as (url, hits):
         async with open_gateway(url, token_for(tenant), retry=policy) as gw:
-            run = runs.RunRef(RunScope(tenant.org_id, PLAY, "r"), 1)
+            run = RunRef(RunScope(tenant.org_id, PLAY, "r"), 1)
             outcome = sheets.RowOutcome("k", "completed", {"upper": "K"})
             with pytest.raises(GatewayUnavailableError, match="completion deadline of 0.5 s"):
                 await sheets.complete(gw, run, "t", CONTRACT, [outcome])
@@ -195,7 +195,7 @@ async def test_the_client_waits_the_floor_after_an_answer_naming_no_wait(tenant,
     policy = RetryPolicy(answered_delays_s=(0.01,), completion_total_s=1.0, min_answered_wait_s=floor)
     async with stub_gateway(503, {"error": "busy", "code": "store_unavailable"}) as (url, seen):
         async with open_gateway(url, token_for(tenant), retry=policy) as gw:
-            run = runs.RunRef(RunScope(tenant.org_id, PLAY, "r"), 1)
+            run = RunRef(RunScope(tenant.org_id, PLAY, "r"), 1)
             outcome = sheets.RowOutcome("k", "completed", {"upper": "K"})
             with pytest.raises(error, match=message):
                 await sheets.complete(gw, run, "t", CONTRACT, [outcome])

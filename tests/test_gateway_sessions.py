@@ -16,7 +16,8 @@ import httpx
 import pytest
 import trio
 
-from runplane.engine import PlayScope, RunScope, jwe, open_tenant, receipts, runs, sheets
+from runplane.engine import PlayScope, RunScope, open_tenant, receipts, runs, sheets
+from runplane.engine.sessions import jwe
 from runplane.engine.errors import InvalidInputError, ScopeError
 from runplane.engine.gateway import create_db_session, mint_token, open_gateway
 from runplane.engine.sheets import RowOutcome

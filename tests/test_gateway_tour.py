@@ -11,9 +11,10 @@ import subprocess
 import trio
 
 from runplane.actors import open_supervisor
-from runplane.engine import outbox, runs
+from runplane.engine.runs import outbox
+from runplane.engine import runs
 from runplane.engine.gateway import open_gateway
-from runplane.engine.scopes import RunScope
+from runplane.engine.values.scopes import RunScope
 
 from .cli_helpers import RUNPLANE, ROOT, cli_env, run_cli
 from .gateway_support import FAST_RETRY, server, token_for  # noqa: F401 - fixture

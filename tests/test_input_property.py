@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from runplane.engine import canonical, open_tenant
 from runplane.engine.errors import InvalidInputError, ScopeError
 from runplane.engine.runs import register
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome, SheetContract, admit, complete, read_rows
 from runplane.simulations.ports import CountingPort
 

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from runplane.engine import MapScope, PlayScope, RunScope
 from runplane.engine.errors import InvalidInputError, ScopeError
-from runplane.engine.keys import decode_key, fact_key, receipt_key, run_key_range
+from runplane.engine.values.keys import decode_key, fact_key, receipt_key, run_key_range
 
 # Identifiers: no control characters or lone surrogates, no surrounding whitespace.
 parts = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=12).filter(

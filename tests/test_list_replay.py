@@ -10,7 +10,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine.array_input import Occurrence
-from runplane.engine.scopes import RunRef, RunScope
+from runplane.engine.values.scopes import RunRef, RunScope
 from runplane.engine.sheets import CellPolicy, SheetWrite, admit, read_rows
 from runplane.engine.sheets import lists
 from runplane.engine.sheets.layout import layout_for

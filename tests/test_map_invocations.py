@@ -10,7 +10,7 @@ from runplane.actors import open_run
 from runplane.engine import array_input, sheets
 from runplane.engine.errors import ConflictError
 from runplane.engine.runs import new_run_id
-from runplane.engine.scopes import PlayScope
+from runplane.engine.values.scopes import PlayScope
 
 from .run_helpers import fact_kinds, occurrences
 

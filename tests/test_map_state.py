@@ -7,7 +7,7 @@ import pytest
 
 from runplane.actors.map_state import MapPlan, MapState
 from runplane.engine.errors import InvalidInputError
-from runplane.engine.scopes import RunRef, RunScope
+from runplane.engine.values.scopes import RunRef, RunScope
 from runplane.engine.sheets import Admission, AdmittedRow, Completion, FencedRow, RowOutcome, SheetContract
 
 CONTRACT = SheetContract(inputs=("name",), outputs=("upper",))

@@ -13,8 +13,8 @@ from pathlib import Path
 import trio
 
 from runplane.actors import open_run
-from runplane.actors import shared_map as shared_map_module
-from runplane.actors.shared_worker import serve_play
+from runplane.actors.shared import coordinator as shared_map_module
+from runplane.actors.shared.worker import serve_play
 from runplane.engine.sheets import SheetContract
 
 from .cli_helpers import cli_env

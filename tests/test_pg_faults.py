@@ -270,7 +270,7 @@ async def test_a_sheet_transaction_learns_its_id_without_the_extra_probe(tenant,
     more statement before COMMIT; a sheet transaction gets it from its first statement, so it
     sends no such probe."""
     from runplane.engine import pg, runs, sheets
-    from runplane.engine.scopes import RunScope
+    from runplane.engine.values.scopes import RunScope
 
     sent: list[str] = []
     real = pg.Connection._send

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from runplane.engine import open_tenant, rate_limits
+from runplane.engine import open_tenant
+from runplane.engine.limits import rates as rate_limits
 from runplane.engine.errors import InvalidInputError, ScopeError
 from runplane.engine.schema import SCHEMA_VERSION
 from runplane.simulations.ports import CountingPort

@@ -8,7 +8,7 @@ import trio
 from runplane.engine import RunScope, receipts, runs
 from runplane.engine.actions import actions
 from runplane.engine.errors import InvalidInputError
-from runplane.engine.keys import receipt_key
+from runplane.engine.values.keys import receipt_key
 
 from .test_receipts import NoQueryPort
 

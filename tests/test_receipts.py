@@ -10,9 +10,9 @@ import trio
 
 from runplane.engine import PlayScope, RunScope, receipts, runs
 from runplane.engine.errors import InvalidInputError, RowNotVisibleError, ScopeError
-from runplane.engine.keys import receipt_key
+from runplane.engine.values.keys import receipt_key
 from runplane.engine.ports import PortDefaults
-from runplane.engine.reissue import MAX_VISIBILITY_ATTEMPTS
+from runplane.engine.runs.reissue import MAX_VISIBILITY_ATTEMPTS
 
 
 class NoQueryPort(PortDefaults):

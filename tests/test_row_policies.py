@@ -20,7 +20,7 @@ from runplane.actors.admission import MAX_WORK_BATCH
 from runplane.actors.pacing import LocalBucket
 from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
-from runplane.engine.scopes import PlayScope
+from runplane.engine.values.scopes import PlayScope
 from runplane.simulations.counters import counters_match
 
 CONTRACT = sheets.SheetContract(inputs=("name",), outputs=("upper",))

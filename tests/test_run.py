@@ -7,11 +7,11 @@ import trio
 import trio.testing
 
 from runplane.actors import open_run
-from runplane.engine import outbox
+from runplane.engine.runs import outbox
 from runplane.engine import receipts
 from runplane.engine.errors import InvalidInputError, ScopeError
 from runplane.engine.runs import new_run_id
-from runplane.engine.scopes import RunScope
+from runplane.engine.values.scopes import RunScope
 
 
 async def outbox_rows(tenant) -> list[tuple[str, str]]:

@@ -8,9 +8,10 @@ import pytest
 import trio
 
 from runplane.actors import open_run
-from runplane.engine import history, sheets
+from runplane.engine.runs import history
+from runplane.engine import sheets
 from runplane.engine.errors import InvalidInputError
-from runplane.engine.scopes import PlayScope
+from runplane.engine.values.scopes import PlayScope
 
 CONTRACT = sheets.SheetContract(inputs=("name",), outputs=("upper",))
 

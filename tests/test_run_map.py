@@ -48,7 +48,7 @@ async def sheet(tenant, play="play", table="t") -> dict[str, dict]:
 
 
 def sheets_scope(tenant, play):
-    from runplane.engine.scopes import PlayScope
+    from runplane.engine.values.scopes import PlayScope
 
     return PlayScope(tenant.org_id, play)
 

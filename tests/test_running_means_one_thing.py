@@ -1,13 +1,13 @@
 """"running" means one thing everywhere: rows inside a call of the function now, reported by
-every process hosting rows (`engine.row_calls`), summed over processes seen lately."""
+every process hosting rows (`engine.runs.row_calls`), summed over processes seen lately."""
 
 from __future__ import annotations
 
 import trio
 
 from runplane.actors import open_run
-from runplane.engine import row_calls
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.runs import row_calls
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import SheetContract
 from runplane.cli import status as status_command
 from runplane.engine.gateway import mint_token
@@ -102,8 +102,8 @@ async def test_a_crashed_processs_report_stops_counting_once_it_is_stale(tenant,
 
 
 async def test_a_shared_map_workers_rows_in_a_call_count_as_running(tenant):
-    from runplane.actors.shared_config import PlayFile
-    from runplane.actors.shared_worker import serve_play
+    from runplane.actors.shared.config import PlayFile
+    from runplane.actors.shared.worker import serve_play
 
     from .plays import computed_play
 

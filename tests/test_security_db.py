@@ -17,12 +17,12 @@ import trio
 from runplane.engine import open_tenant, receipts, sessions
 from runplane.engine import schema as schema_ddl
 from runplane.engine.gateway import open_gateway
-from runplane.engine.jwe import b64url
+from runplane.engine.sessions.jwe import b64url
 from runplane.engine.errors import (
     InsufficientPrivilegeError, LockTimeoutError, StoreUnavailableError,
 )
 from runplane.engine.runs import register
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome, admit, complete, read_rows, summary
 from runplane.engine.sheets.layout import layout_for, sheet_lock_key
 from runplane.engine.sql import qualified, quote_ident

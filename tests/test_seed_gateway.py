@@ -73,7 +73,7 @@ async def test_a_blocked_sink_never_delays_a_completion_through_a_gateway(tenant
 
 async def sheets_run(gateway, tenant):
     from runplane.engine import runs
-    from runplane.engine.scopes import RunScope
+    from runplane.engine.values.scopes import RunScope
 
     return await runs.register(gateway, RunScope(tenant.org_id, "play", "diag"))
 

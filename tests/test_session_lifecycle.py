@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from runplane.engine import jwe, open_tenant, receipts, sessions
+from runplane.engine.sessions import jwe
+from runplane.engine import open_tenant, receipts, sessions
 from runplane.engine.embedded import HBA_MARKER, SESSION_HBA_LINES, _reload_and_wait, with_session_hba
 from runplane.engine.errors import (
     InsufficientPrivilegeError, InvalidInputError, StoreUnavailableError,
 )
-from runplane.engine.keys import receipt_key
+from runplane.engine.values.keys import receipt_key
 from runplane.engine.runs import register
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import admit
 from runplane.engine.sql import qualified, quote_ident
 

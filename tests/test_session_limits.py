@@ -10,8 +10,8 @@ import pytest
 from runplane.engine import sessions, sheets
 from runplane.engine.errors import InsufficientPrivilegeError, InvalidInputError
 from runplane.engine.gateway import create_db_session, open_gateway
-from runplane.engine.scopes import PlayScope
-from runplane.engine.session_limits import SessionLimits, recorded_limits
+from runplane.engine.values.scopes import PlayScope
+from runplane.engine.sessions.limits import SessionLimits, recorded_limits
 from runplane.engine.sheets import RowOutcome, SheetContract
 from runplane.engine.sql import qualified
 

@@ -19,7 +19,7 @@ from runplane.engine.errors import (
     ScopeError,
     TenantUnavailableError,
 )
-from runplane.engine.scopes import PlayScope
+from runplane.engine.values.scopes import PlayScope
 from runplane.engine.sheets import RowOutcome, admit, complete, read_rows, summary
 from runplane.engine.sql import qualified, quote_ident
 
@@ -115,7 +115,7 @@ async def test_a_session_of_one_play_cannot_touch_another_play_of_its_org(dsn):
 
 
 async def test_a_session_writes_only_inside_its_key_ranges_and_never_deletes_receipts(dsn):
-    from runplane.engine.keys import fact_key, receipt_key
+    from runplane.engine.values.keys import fact_key, receipt_key
 
     org = unique("org")
     async with admin_tenant(dsn, org) as admin:
@@ -315,7 +315,7 @@ async def test_minting_checks_its_input_before_any_query(dsn):
 
 
 def test_array_facts_and_receipts_fall_in_their_own_key_ranges_and_no_one_elses():
-    from runplane.engine.keys import fact_key, receipt_key
+    from runplane.engine.values.keys import fact_key, receipt_key
 
     ranges = sessions.key_ranges(sessions.SessionScope("o", "p", "n", ["receipts", "array_input"]))
 

@@ -10,9 +10,10 @@ import sys
 import trio
 
 from runplane.actors import open_run
-from runplane.actors.shared_worker import MapWorker, serve_play, worker_plan
+from runplane.actors.shared.service import MapWorker
+from runplane.actors.shared.worker import serve_play, worker_plan
 from runplane.engine import open_tenant
-from runplane.engine import shared_maps as sm
+from runplane.engine.shared import maps as sm
 from runplane.engine.errors import StoreOutageError
 
 from .cli_helpers import cli_env

@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from runplane.actors import open_run
-from runplane.engine import shared_maps as sm
-from runplane.engine import shared_units
+from runplane.engine.shared import maps as sm
+from runplane.engine.shared import units as shared_units
 from runplane.engine.errors import InvalidInputError, LeaseLostError
 from runplane.engine.sheets import RowOutcome, SheetContract
 from runplane.engine.sheets.layout import layout_for
@@ -133,8 +133,8 @@ async def test_expired_holders_cannot_write_and_a_new_holder_runs_only_what_is_l
     the unit stays settled: the next holder admits and runs only the rest, and a replayed
     batch changes nothing."""
     from runplane.actors.map_state import MapPlan
-    from runplane.actors.shared_map import publish_map
-    from runplane.engine.shared_leases import Settlement, claim_units, mask_text
+    from runplane.actors.shared.coordinator import publish_map
+    from runplane.engine.shared.leases import Settlement, claim_units, mask_text
 
     rows = [{"n": i} for i in range(10)]
 
@@ -145,7 +145,7 @@ async def test_expired_holders_cannot_write_and_a_new_holder_runs_only_what_is_l
     async with open_run(tenant, PLAY) as run:
         mid = "map-x"
         plan = MapPlan(tenant, run.ref, None, "nums", CONTRACT, tag_pid)
-        await publish_map(run, rows, plan, mid, lease_s=0.5)
+        await publish_map(rows, plan, mid, lease_s=0.5)
         await sm.set_state(tenant, run.ref, mid, sm.OPEN, (sm.WAITING,))
 
         async def admit(lease, indexes):

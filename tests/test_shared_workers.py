@@ -13,8 +13,8 @@ import trio
 
 from runplane.actors import open_run
 from runplane.actors.map_state import MapPlan
-from runplane.actors.shared_map import publish_map
-from runplane.engine import shared_maps as sm
+from runplane.actors.shared.coordinator import publish_map
+from runplane.engine.shared import maps as sm
 
 from .cli_helpers import cli_env, schema  # noqa: F401  (a fixture)
 from .gateway_support import server  # noqa: F401  (a fixture)
@@ -118,7 +118,7 @@ async def test_a_changed_play_file_is_refused(tenant, dsn, tmp_path):
     changed.write_text(PLAY_FILE.read_text() + "\n# changed\n")
     async with open_run(tenant, PLAY) as run:
         plan = MapPlan(tenant, run.ref, None, "nums", CONTRACT, tag_pid)
-        await publish_map(run, [{"n": 1}], plan, "map-0", sm.LEASE_S)
+        await publish_map([{"n": 1}], plan, "map-0", sm.LEASE_S)
         await sm.set_state(tenant, run.ref, "map-0", sm.OPEN, (sm.WAITING,))
         with trio.fail_after(60):
             worker = await start_worker(tenant, dsn, changed, "--play", PLAY)

@@ -7,7 +7,7 @@ import pytest
 
 from runplane.engine import PlayScope
 from runplane.engine.errors import InvalidInputError, ScopeError
-from runplane.engine.scopes import RunRef, RunScope
+from runplane.engine.values.scopes import RunRef, RunScope
 from runplane.engine.sheets import (
     Attempt,
     CellPolicy,

@@ -8,12 +8,12 @@ import attrs
 import trio
 
 from runplane.actors import open_run, open_supervisor
-from runplane.engine import outbox
+from runplane.engine.runs import outbox
 from runplane.actors.retry import RETRY_DELAYS
 from runplane.actors.backoff_delays import half_jittered_s
 from runplane.engine.errors import StoreUnavailableError
 from runplane.engine.runs import new_run_id
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.simulations.ports import GatedPort, HookedPort
 
 from .run_helpers import fact_kinds, occurrences, outbox_state

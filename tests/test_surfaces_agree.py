@@ -39,9 +39,10 @@ from runplane.actors import RowRetry, open_run
 from runplane.cli import main
 from runplane.cli.progress import RunProgress, progress_line, with_progress
 from runplane.cli.status import read_counts
-from runplane.engine import history, open_tenant
+from runplane.engine import open_tenant
+from runplane.engine.runs import history
 from runplane.engine.gateway import mint_token
-from runplane.engine.scopes import PlayScope
+from runplane.engine.values.scopes import PlayScope
 from runplane.engine.sheets import SheetContract
 from runplane.engine.sheets.layout import layout_for
 

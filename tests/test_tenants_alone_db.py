@@ -19,9 +19,9 @@ from runplane.engine import open_tenant, sessions
 from runplane.engine import schema as schema_ddl
 from runplane.engine.errors import StoreUnavailableError
 from runplane.engine.gateway import mint_token
-from runplane.engine.session_limits import ConnectionPlan, SessionTimeouts
-from runplane.engine.session_sweep import end_overdue
-from runplane.engine.scopes import PlayScope
+from runplane.engine.sessions.limits import ConnectionPlan, SessionTimeouts
+from runplane.engine.sessions.sweep import end_overdue
+from runplane.engine.values.scopes import PlayScope
 from runplane.engine.sheets import SheetContract
 from runplane.engine.sql import qualified
 

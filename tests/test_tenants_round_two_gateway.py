@@ -15,13 +15,14 @@ import jwt
 import pytest
 import trio
 
-from runplane.engine import (
-    PlayScope, RunScope, history, outbox, receipts, runs, shared_leases, shared_maps, shared_units,
-    sheets,
+from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
+from runplane.engine.runs import history, outbox
+from runplane.engine.shared import (
+    leases as shared_leases, maps as shared_maps, units as shared_units,
 )
 from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
 from runplane.engine.gateway import guards, mint_token, open_gateway, verify_token
-from runplane.engine.gateway.tokens import VerifiedTokens
+from runplane.engine.tokens import VerifiedTokens
 from runplane.engine.sheets import completion
 from runplane.simulations.counters import counters_match
 

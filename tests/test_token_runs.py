@@ -11,7 +11,7 @@ from runplane.engine.errors import ScopeError
 from runplane.cli import main
 from runplane.engine.gateway import mint_token, open_gateway, verify_token
 from runplane.engine.gateway.db_sessions import token_operations
-from runplane.engine.scopes import PlayScope, RunScope
+from runplane.engine.values.scopes import PlayScope, RunScope
 from runplane.engine.sheets import RowOutcome
 
 from .gateway_support import FAST_RETRY, SECRET, count_rows, server, token_for  # noqa: F401
@@ -74,7 +74,7 @@ def test_the_servers_verified_tokens_check_expiry_on_every_use():
     import attrs
 
     from runplane.engine.errors import AuthError
-    from runplane.engine.gateway.tokens import VerifiedTokens
+    from runplane.engine.tokens import VerifiedTokens
 
     secret = "a-secret-long-enough-for-hmac-sha256"
     verified = VerifiedTokens(secret, capacity=2)

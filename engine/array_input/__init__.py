@@ -16,19 +16,11 @@ one-statement operations; `sealing` and `retirement` the two multi-step operatio
 """
 
 from .facts import begin, get_manifest, put_encoded_page, put_page, read_page
-from .pages import (
-    MAX_PAGE_BYTES,
-    MAX_PAGE_ROWS,
-    RETIRE_BATCH_ROWS,
-    Manifest,
-    Occurrence,
-    Page,
-    PageDraft,
-    RetireResult,
-    SourceIdentity,
-    paginate,
-    source_fingerprint,
+from .values import (
+    MAX_PAGE_BYTES, MAX_PAGE_ROWS, RETIRE_BATCH_ROWS, Manifest, Occurrence, Page, PageDraft,
+    RetireResult, SourceIdentity,
 )
+from .pages import paginate, source_fingerprint
 from .retirement import retire
 from .source import (
     EncodedSource, PagedRows, PagedSource, SourceShape, encode_source, scan_source,

@@ -2,7 +2,7 @@
 
 How it works
 - Every fact is a `work_receipts` row with status completed, the run id, a NULL epoch and an
-  `output` object whose `kind` names it. Keys come from `engine.keys.fact_key`:
+  `output` object whose `kind` names it. Keys come from `engine.values.keys.fact_key`:
     guard  [org, play, "array_input_guard", run]                     {kind, retired}
     begin  [org, play, "array_input_begin", run, namespace, map]     {kind, source_fingerprint,
                                                                       source_rows, has_source_identities}
@@ -39,20 +39,21 @@ from typing import Any, Callable, TypeVar
 
 from .. import canonical
 from ..actions import action
-from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
+from ..values.codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError
-from ..keys import fact_key
+from ..values.keys import fact_key
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES, ReceiptStatus
-from ..reissue import NotVisible, fetchrow_until_visible
-from ..scopes import MapScope, RunScope, check_scope
+from ..runs.reissue import NotVisible, fetchrow_until_visible
+from ..values.scopes import MapScope, RunScope, check_scope
 from . import pages as P
+from . import values as V
 
 T = TypeVar("T")
 
 GUARD_KIND = "array_input_guard"
 BEGIN_KIND = "array_input_begin"
-PAGE_KIND = P.PAGE_KIND
+PAGE_KIND = V.PAGE_KIND
 SEAL_KIND = "array_input_seal"
 FACT_KINDS = (BEGIN_KIND, PAGE_KIND, SEAL_KIND)  # what retirement deletes
 
@@ -139,7 +140,7 @@ def begin_output(status: Any, run_id: Any, output_text: str | None, scope: MapSc
     if (
         len(begin) != 4
         or not isinstance(begin.get("source_fingerprint"), str)
-        or P.FINGERPRINT_PATTERN.fullmatch(begin["source_fingerprint"]) is None
+        or V.FINGERPRINT_PATTERN.fullmatch(begin["source_fingerprint"]) is None
         or not P.is_count(begin.get("source_rows"))
         or type(begin.get("has_source_identities")) is not bool
     ):
@@ -156,7 +157,7 @@ def seal_output(status: Any, run_id: Any, output_text: str | None, scope: MapSco
         or not P.is_count(seal.get("page_count"))
         or type(seal.get("has_source_identities")) is not bool
         or not isinstance(seal.get("digest_chain"), str)
-        or P.FINGERPRINT_PATTERN.fullmatch(seal["digest_chain"]) is None
+        or V.FINGERPRINT_PATTERN.fullmatch(seal["digest_chain"]) is None
     ):
         raise CorruptFactError(f"the seal fact of {scope.map_invocation_id!r} is malformed")
     return seal
@@ -166,7 +167,7 @@ async def run_statement(
     port: Port, lane: str, sql: str, args: tuple, decide: Callable[[Any], T]
 ) -> T:
     """Issue `sql` and let `decide(row)` name the outcome; re-issued while it raises
-    `NotVisible`, a bounded number of times (`engine.reissue`)."""
+    `NotVisible`, a bounded number of times (`engine.runs.reissue`)."""
     return await with_connection(
         port, lane,
         lambda conn: fetchrow_until_visible(conn, sql, args, decide, what="array input facts"),
@@ -200,28 +201,28 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 """
 
 
-@action("array_input.get_manifest", params={"scope": MAP_SCOPE}, result=P.MANIFEST, writes=False)
-async def get_manifest(port: Port, scope: MapScope) -> P.Manifest:
+@action("array_input.get_manifest", params={"scope": MAP_SCOPE}, result=V.MANIFEST, writes=False)
+async def get_manifest(port: Port, scope: MapScope) -> V.Manifest:
     """What is staged for `scope`: absent, staging or sealed; `RetiredError` once retired."""
     scope = map_scope(port, scope)
 
-    def decide(row) -> P.Manifest:
+    def decide(row) -> V.Manifest:
         if guard_retired(row["g_status"], row["g_run"], row["g_output"], scope):
             raise RetiredError(f"run {scope.run_id!r} is retired: its array inputs are gone")
         if row["b_status"] is None:
             if row["s_status"] is not None:
                 raise CorruptFactError(f"{scope.map_invocation_id!r} has a seal but no begin fact")
-            return P.Manifest("absent")
+            return V.Manifest("absent")
         begin = begin_output(row["b_status"], row["b_run"], row["b_output"], scope)
         fields = (begin["source_fingerprint"], begin["source_rows"], begin["has_source_identities"])
         if row["g_status"] is None or row["s_status"] is None:
             # No run guard (or no seal): not sealed, so still staging, whatever else is stored;
             # the writes that need the guard check it themselves.
-            return P.Manifest("staging", *fields)
+            return V.Manifest("staging", *fields)
         seal = seal_output(row["s_status"], row["s_run"], row["s_output"], scope)
         if (seal["source_fingerprint"], seal["source_rows"], seal["has_source_identities"]) != fields:
             raise CorruptFactError(f"the seal of {scope.map_invocation_id!r} disagrees with its begin")
-        return P.Manifest("sealed", *fields, seal["page_count"])
+        return V.Manifest("sealed", *fields, seal["page_count"])
 
     sql = fact_sql(MANIFEST_SQL, port)
     args = (guard_key(scope), begin_key(scope), seal_key(scope))
@@ -263,8 +264,8 @@ async def begin(
 ) -> None:
     """Write the begin fact if absent; `ConflictError` when a different one exists."""
     scope = map_scope(port, scope)
-    P.check_fingerprint(source_fingerprint)
-    P.check_count(source_rows, "source_rows")
+    V.check_fingerprint(source_fingerprint)
+    V.check_count(source_rows, "source_rows")
     if type(has_source_identities) is not bool:
         raise InvalidInputError(
             f"has_source_identities must be a bool, got {type(has_source_identities).__name__}"
@@ -331,16 +332,16 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 
 
 @action("array_input.put_page", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
-        "ordinal": INT, "offset": INT, "rows": P.OCCURRENCES}, result=NOTHING)
+        "ordinal": INT, "offset": INT, "rows": V.OCCURRENCES}, result=NOTHING)
 async def put_page(
     port: Port, scope: MapScope, *, source_fingerprint: str, ordinal: int, offset: int,
     rows,
 ) -> None:
     """Write page `ordinal` if absent; the same page again is a no-op, a different one conflicts."""
     scope = map_scope(port, scope)
-    P.check_fingerprint(source_fingerprint)
-    P.check_count(ordinal, "ordinal")
-    P.check_count(offset, "offset")
+    V.check_fingerprint(source_fingerprint)
+    V.check_count(ordinal, "ordinal")
+    V.check_count(offset, "offset")
     page = P.encode_page(source_fingerprint, ordinal, offset, rows)
     await put_encoded_page(port, scope, source_fingerprint=source_fingerprint, ordinal=ordinal,
                            offset=offset, page=page)
@@ -355,16 +356,16 @@ async def put_encoded_page(
     """`put_page` of a page fact already encoded by this package (`encode_page`, or
     `EncodedSource.page`), so a source encoded once is not encoded again to be put."""
     scope = map_scope(port, scope)
-    P.check_fingerprint(source_fingerprint)
-    P.check_count(ordinal, "ordinal")
-    P.check_count(offset, "offset")
-    if not isinstance(page, P.EncodedPage) or not 1 <= page.row_count <= P.MAX_PAGE_ROWS:
+    V.check_fingerprint(source_fingerprint)
+    V.check_count(ordinal, "ordinal")
+    V.check_count(offset, "offset")
+    if not isinstance(page, P.EncodedPage) or not 1 <= page.row_count <= V.MAX_PAGE_ROWS:
         raise InvalidInputError("page must be an EncodedPage of 1 to 1000 rows")
     if not page.is_page(source_fingerprint, ordinal, offset):
         raise InvalidInputError(f"the encoded page is not page {ordinal} at offset {offset} of "
                                 "that source")
     end = offset + page.row_count
-    P.check_count(end, "offset + len(rows)")
+    V.check_count(end, "offset + len(rows)")
 
     def decide(row) -> None:
         require_open(row["g_status"], row["g_run"], row["g_output"], scope)
@@ -406,12 +407,12 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 """
 
 
-@action("array_input.read_page", params={"scope": MAP_SCOPE, "ordinal": INT}, result=P.PAGE,
+@action("array_input.read_page", params={"scope": MAP_SCOPE, "ordinal": INT}, result=V.PAGE,
         writes=False)
-async def read_page(port: Port, scope: MapScope, ordinal: int) -> P.Page:
+async def read_page(port: Port, scope: MapScope, ordinal: int) -> V.Page:
     """Page `ordinal` of a sealed input, its digest re-verified (`CorruptFactError` if not)."""
     scope = map_scope(port, scope)
-    P.check_count(ordinal, "ordinal")
+    V.check_count(ordinal, "ordinal")
     sql = fact_sql(_READ_PAGE, port)
     args = (guard_key(scope), seal_key(scope), page_key(scope, ordinal))
     row = await run_statement(port, RECEIPTS_LANE, sql, args, lambda row: row)
@@ -427,4 +428,4 @@ async def read_page(port: Port, scope: MapScope, ordinal: int) -> P.Page:
         raise CorruptFactError(f"sealed page {ordinal} is missing")
     fact = fact_output(row["p_status"], row["p_run"], row["p_output"], scope, PAGE_KIND)
     verified = P.verify_page(fact, source_fingerprint=seal["source_fingerprint"], ordinal=ordinal)
-    return P.Page(verified.offset, verified.rows)
+    return V.Page(verified.offset, verified.rows)

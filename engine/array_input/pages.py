@@ -27,31 +27,11 @@ from typing import Iterable, Sequence
 import attrs
 
 from .. import canonical
-from ..codecs import Codec
+from ..values.codecs import Codec
 from ..errors import CorruptFactError, InvalidInputError
-from .values import (  # noqa: F401  (re-exported: the array-input values are read from here)
-    FINGERPRINT_PATTERN,
-    MANIFEST,
-    MAX_PAGE_BYTES,
-    MAX_PAGE_ROWS,
-    MAX_SAFE_INTEGER,
-    OCCURRENCE,
-    OCCURRENCES,
-    PAGE,
-    PAGE_KIND,
-    RETIRE_BATCH_ROWS,
-    RETIRE_RESULT,
-    SEAL_BATCH_SIZES,
-    Manifest,
-    Occurrence,
-    Page,
-    PageDraft,
-    RetireResult,
-    SourceIdentity,
-    _decode_occurrence,
-    as_occurrence,
-    check_count,
-    check_fingerprint,
+from .values import (
+    MAX_PAGE_BYTES, MAX_PAGE_ROWS, MAX_SAFE_INTEGER, PAGE_KIND, Occurrence, PageDraft,
+    SourceIdentity, _decode_occurrence, as_occurrence, check_fingerprint,
 )
 
 

@@ -4,7 +4,7 @@ How it works
 - One statement locks the run guard `FOR UPDATE` (creating it already retired when the run never
   staged anything), marks it retired, and deletes up to `RETIRE_BATCH_ROWS` begin, page and seal
   facts of the run, found by the run's key-prefix range of each kind
-  (`engine.keys.run_key_range`). The guard itself is kept forever, so every later writer and
+  (`engine.values.keys.run_key_range`). The guard itself is kept forever, so every later writer and
   reader of the run refuses with `RetiredError` and nothing can re-grow.
 - READ COMMITTED detail: a statement sees rows committed before it started. A writer holding the
   guard when we arrive (a page put, a begin, a final seal write) commits while we wait for the
@@ -20,14 +20,14 @@ How it works
 from __future__ import annotations
 
 from ..actions import action
-from ..codecs import RUN_SCOPE
-from ..keys import run_key_range
+from ..values.codecs import RUN_SCOPE
+from ..values.keys import run_key_range
 from ..ports import RETIREMENT_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES
-from ..reissue import NotVisible, fetchrow_until_visible
-from ..scopes import RunScope
+from ..runs.reissue import NotVisible, fetchrow_until_visible
+from ..values.scopes import RunScope
 from . import facts as F
-from .pages import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
+from .values import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
 
 # Every statement here reaches `work_receipts` by key: a constant key, a key range, or the
 # array of doomed keys (`k = ANY(ARRAY(...))`, an index lookup per key whatever the statistics

@@ -24,13 +24,14 @@ import trio
 
 from .. import canonical
 from ..actions import action
-from ..codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
+from ..values.codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
-from ..reissue import NotVisible
-from ..scopes import MapScope
+from ..runs.reissue import NotVisible
+from ..values.scopes import MapScope
 from . import facts as F
 from . import pages as P
+from . import values as V
 
 _START = F.MANIFEST_SQL  # guard, begin and seal of the map, in one unlocked read
 
@@ -81,15 +82,15 @@ SELECT g.status AS g_status, g.run_id AS g_run, g.output::text AS g_output,
 
 
 def _check_seal_args(source_rows: int, page_count: int, batch_size: int) -> None:
-    P.check_count(source_rows, "source_rows")
-    P.check_count(page_count, "page_count")
-    if batch_size not in P.SEAL_BATCH_SIZES or type(batch_size) is not int:
-        raise InvalidInputError(f"batch_size must be one of {P.SEAL_BATCH_SIZES}, got {batch_size!r}")
-    least = -(-source_rows // P.MAX_PAGE_ROWS)
+    V.check_count(source_rows, "source_rows")
+    V.check_count(page_count, "page_count")
+    if batch_size not in V.SEAL_BATCH_SIZES or type(batch_size) is not int:
+        raise InvalidInputError(f"batch_size must be one of {V.SEAL_BATCH_SIZES}, got {batch_size!r}")
+    least = -(-source_rows // V.MAX_PAGE_ROWS)
     if not least <= page_count <= source_rows:
         raise InvalidInputError(
             f"page_count {page_count} cannot hold {source_rows} rows in pages of 1 to "
-            f"{P.MAX_PAGE_ROWS} rows"
+            f"{V.MAX_PAGE_ROWS} rows"
         )
 
 
@@ -113,7 +114,7 @@ async def seal(
 ) -> None:
     """Verify every page of the staged source and write the seal (or reuse a completed one)."""
     scope = F.map_scope(port, scope)
-    P.check_fingerprint(source_fingerprint)
+    V.check_fingerprint(source_fingerprint)
     _check_seal_args(source_rows, page_count, batch_size)
     t = table(port, "work_receipts")
 

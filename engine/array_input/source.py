@@ -49,16 +49,8 @@ import attrs
 
 from .. import canonical
 from ..errors import InvalidInputError
-from .pages import (
-    MAX_PAGE_BYTES,
-    MAX_PAGE_ROWS,
-    PAGE_KIND,
-    EncodedPage,
-    Occurrence,
-    PageDraft,
-    fact_overhead,
-    page_digest,
-)
+from .values import MAX_PAGE_BYTES, MAX_PAGE_ROWS, PAGE_KIND, Occurrence, PageDraft
+from .pages import EncodedPage, fact_overhead, page_digest
 
 
 CACHED_PAGES = 8  # pages of a PagedSource kept encoded (admission units and putters share them)

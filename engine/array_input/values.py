@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ..codecs import BOOL, INT, STR, USER_JSON, Codec, list_of, optional, record
+from ..values.codecs import BOOL, INT, STR, USER_JSON, Codec, list_of, optional, record
 from ..errors import InvalidInputError
 
 MAX_PAGE_ROWS = 1000

@@ -33,7 +33,7 @@ import attrs
 import trio
 
 from ..errors import AuthError, ScopeError
-from ..gateway.tokens import verify_token
+from ..tokens import verify_token
 
 COOKIE = "runplane_console"
 COOKIE_PATH = "/ui"

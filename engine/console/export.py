@@ -32,7 +32,7 @@ from ..errors import SchemaNotFoundError
 from ..permits import PermitStats
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port
-from ..scopes import PlayScope
+from ..values.scopes import PlayScope
 from ..sheets import dataset, frames
 
 PAGE_ROWS = 1000

@@ -1,4 +1,5 @@
-"""A run's own figures on the console, read from its run history (`engine.history`'s `run_maps`).
+"""A run's own figures on the console, read from its run history (`run_maps`, written by
+`engine.runs.history`).
 
 How it works
 - What a run did is what its maps recorded: admitted, cached, completed, failed, retried (calls
@@ -21,7 +22,7 @@ from typing import Any, Iterable
 
 import attrs
 
-from ..history import LIVE_S
+from ..runs.history import LIVE_S
 from ..pg import Connection
 from ..ports import Port, table
 

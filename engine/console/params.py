@@ -20,7 +20,7 @@ import re
 import urllib.parse
 from typing import Any, Iterable
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 
 MAX_TEXT = 2048
 INT64_MAX = 2**63 - 1

@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import attrs
 
 from ..errors import StatementTimeoutError
-from .. import row_calls
+from ..runs import row_calls
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
 from ..sheets.audit import cause_counts, cause_counts_sql, sheets_with_causes
@@ -115,7 +115,7 @@ SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
  WHERE r.org_id = $1 AND r.play = $2 AND r.run_id = $3
 """
 
-# A table's counters, with "running" as everywhere (rows in a call now, `engine.row_calls`) and
+# A table's counters, with "running" as everywhere (rows in a call now, `engine.runs.row_calls`) and
 # the stored `running` status as "leased".
 _TABLES = """
 SELECT table_namespace, total, queued, running AS leased, {in_call} AS running, completed, failed,
@@ -197,7 +197,7 @@ class TableCounters:
     namespace: str
     total: int
     queued: int
-    running: int  # rows in a call now, any run (`engine.row_calls`)
+    running: int  # rows in a call now, any run (`engine.runs.row_calls`)
     completed: int
     failed: int
     updated: datetime.datetime | None = None

@@ -42,7 +42,7 @@ from starlette.routing import Route
 
 from ..errors import AuthError, EngineError, MissingRelationError, SchemaNotFoundError, ScopeError
 from ..ports import Port
-from ..scopes import PlayScope, RunScope, normalize_namespace
+from ..values.scopes import PlayScope, RunScope, normalize_namespace
 from . import export, live, origin, pages, params, queries, rows
 from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
 from .words import ROW_STATE_WORDS

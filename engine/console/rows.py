@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from .. import row_calls
+from ..runs import row_calls
 from ..pg import Connection
 from ..ports import Port, table
 from ..sheets.counters import column_source, summary_source

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from ..actions import Action
-from ..scopes import normalize_namespace
+from ..values.scopes import normalize_namespace
 from ..sheets.inputs import prepare_rows
 from . import guards, protocol
 

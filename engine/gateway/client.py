@@ -34,7 +34,7 @@ import attrs
 import httpx
 import trio
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from ..actions import Action, RemotePort
 from ..diagnostics import DiagnosticsQueue
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError
@@ -42,13 +42,11 @@ from ..permits import Permits
 from .. import pg
 from . import protocol
 from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, token_operations
-from .retry import RetryPolicy, RetryState, answered_wait  # noqa: F401  (public names)
-from ..session_limits import SessionLimits
+from .retry import RetryPolicy, RetryState
+from ..sessions.limits import SessionLimits
 from .senders import COMPLETION_ACTION, SENDERS
-from .tokens import unverified_org, unverified_plays
-from .transport import (  # noqa: F401  (public names)
-    DEADLINE_MARGIN_S, Budget, GatewayStats, attempt, attempt_timeout, with_retries,
-)
+from ..tokens import unverified_org, unverified_plays
+from .transport import Budget, GatewayStats, attempt, attempt_timeout, with_retries
 
 
 @attrs.frozen

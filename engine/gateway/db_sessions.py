@@ -47,17 +47,18 @@ import attrs
 import jwt
 import trio
 
-from .. import jwe, pg, sessions
+from ..sessions import jwe
+from .. import pg, sessions
 from ..actions import Action
 from ..errors import (
     AuthError, DatabaseError, EngineError, GatewayUnavailableError, InsufficientPrivilegeError,
     ScopeError, TenantUnavailableError, TooManySessionsError,
 )
-from ..scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
-from ..session_limits import SessionLimits, SessionUsage
+from ..values.scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
+from ..sessions.limits import SessionLimits, SessionUsage
 from ..tenant import DEFAULT_LANES, Tenant
 from . import protocol
-from .tokens import allows
+from ..tokens import allows
 
 log = logging.getLogger("runplane.gateway")
 

@@ -43,7 +43,7 @@ import trio
 from .. import runs
 from ..errors import ConflictError, InvalidInputError
 from ..ports import Port
-from ..scopes import MapScope, RunRef, RunScope
+from ..values.scopes import MapScope, RunRef, RunScope
 
 UNKNOWN_ACTION = "(unknown action)"
 REPLAY_TTL_S = 900.0

@@ -24,7 +24,7 @@ import json
 import re
 from typing import Any
 
-from ..bounds import is_number
+from ..limits.bounds import is_number
 from ..errors import (
     ArrayInputUnavailableError,
     AuthError,

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ..bounds import is_number
+from ..limits.bounds import is_number
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError, StoreUnavailableError
 from . import protocol
 

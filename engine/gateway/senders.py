@@ -23,13 +23,14 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from ..actions import Action
 from ..errors import InvalidInputError
-from ..scopes import normalize_namespace
-from ..sheets.admission import check_give_up_after
+from ..values.scopes import normalize_namespace
+from ..sheets.model import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
-from ..sheets.inputs import check_input_indexes, check_write, prepare_outcomes, prepare_rows
+from ..sheets.inputs import check_input_indexes, prepare_outcomes, prepare_rows
+from ..sheets.sheet_write import check_write
 from ..sheets.model import (
     ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, RowOutcome, Timing,
 )

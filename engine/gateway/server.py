@@ -69,19 +69,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from .. import pg, sessions
 from ..actions import Action, actions
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError
-from ..scopes import MapScope, PlayScope, RunRef, RunScope
+from ..values.scopes import MapScope, PlayScope, RunRef, RunScope
 from ..tenant import Tenant, open_tenant
 from . import guards, protocol
 from .bodies import (
     ADMIT_ACTION, JSON_CONTENT_TYPE, READ_HEADERS, RequestHeaders, decode_body, encode_result,
 )
-from .guards import REPLAY_MAX_BYTES, REPLAY_TTL_S, ReplayCache  # noqa: F401 - public names
-from .tokens import VerifiedTokens
+from .guards import ReplayCache
+from ..tokens import VerifiedTokens
 
 REGISTER_ACTION = "runs.register"
 

@@ -52,11 +52,11 @@ import attrs
 
 from .. import array_input, canonical
 from ..actions import RemotePort, action
-from ..codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
+from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..pg import Connection
 from ..ports import Port
-from ..scopes import RunRef
+from ..values.scopes import RunRef
 
 from .admission_sql import PageRows, PayloadRows, admit_statement
 from .inputs import PreparedRows, prepare_rows
@@ -72,7 +72,6 @@ from .model import (
     SheetContract,
     StagedPage,
     Timing,
-    check_give_up_after,  # noqa: F401  (the gateway client imports it from here)
     ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, STAGED_PAGE,
 )
 from .sheet_write import ADMIT_ARGUMENTS, SheetWrite

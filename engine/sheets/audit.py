@@ -24,14 +24,14 @@ from typing import Any
 
 import attrs
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from .. import canonical
 from ..actions import action
-from ..codecs import INT, PLAY_SCOPE, RAW, STR, TEXT, dict_of, list_of, optional, record
+from ..values.codecs import INT, PLAY_SCOPE, RAW, STR, TEXT, dict_of, list_of, optional, record
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table, with_connection
-from ..scopes import PlayScope, check_scope
+from ..values.scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
 from .causes import CauseCount, ErrorCause, cause_of, group_causes

@@ -11,7 +11,7 @@ How it works
     * `_write_version` newer than ours → fenced `stale_write_version`; older → `unadmitted`;
     * with an attempt, a row leased to another attempt → `attempt_superseded` (our own lease
       still counts as ours after it expired); without one, a row of a shared-map unit leased
-      now (`engine.shared_leases`) → `attempt_superseded` too, and such a row missing by key
+      now (`engine.shared.leases`) → `attempt_superseded` too, and such a row missing by key
       is not inserted at its input index: only the unit's holder (whose attempt the rows
       carry) writes them. That fence reads the run's units in the same statement (one key
       probe), on a login that reads them (`reads_unit_leases`);
@@ -65,12 +65,12 @@ from typing import Any, Awaitable, Callable, Sequence
 import attrs
 
 from ..actions import RemotePort, action
-from ..codecs import BOOL, RUN_REF, STR, list_of, optional
+from ..values.codecs import BOOL, RUN_REF, STR, list_of, optional
 from ..diagnostics import DiagnosticsQueue, call_sink, log_diagnostics
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import Port
-from ..scopes import RunRef
+from ..values.scopes import RunRef
 
 from .completion_sql import (
     OutcomeChunk, exact_statement, insert_statement, repair_targets_statement,
@@ -81,8 +81,9 @@ from .sheet_txn import SheetTxn, run_sheet_transaction
 from .telemetry import PhaseClock
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
-    FencedRow, SheetContract, shown,
+    FencedRow, SheetContract,
 )
+from .field_names import shown
 from .sheet_write import COMPLETE_ARGUMENTS, SheetWrite
 
 log = logging.getLogger("runplane.sheets")

@@ -32,13 +32,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import attrs
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from ..actions import RemotePort, action
-from ..codecs import BOOL, INT, PLAY_SCOPE, STR, dict_of, list_of, optional
+from ..values.codecs import BOOL, INT, PLAY_SCOPE, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table, with_connection
-from ..scopes import PlayScope, check_scope
+from ..values.scopes import PlayScope, check_scope
 from . import frames
 from .dataset_pages import (
     CURSOR, PAGE, RAW_LINES, DatasetPage, Filters, PageCursor, SheetRead, check_filters,

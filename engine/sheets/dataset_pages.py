@@ -30,14 +30,15 @@ from typing import Any
 
 import attrs
 
-from ..bounds import is_int
-from ..codecs import INT, STR, TIMESTAMP, optional, record
+from ..limits.bounds import is_int
+from ..values.codecs import INT, STR, TIMESTAMP, optional, record
 from ..errors import InvalidInputError
 
 from ..pg import Connection
 from ..ports import Port, table
 from ..sql import quote_ident
-from .layout import BindParams, SheetLayout, existing_columns, foreign_table_error
+from .statements import BindParams
+from .layout import SheetLayout, existing_columns, foreign_table_error
 from .model import RowStatus
 from .reading import cells_json, check_cells_flag, check_run_id, registered_fields, shown_cell
 from .reuse import member_condition

@@ -10,11 +10,11 @@ How it works
 from __future__ import annotations
 
 from ..actions import action
-from ..codecs import PLAY_SCOPE, STR, record
+from ..values.codecs import PLAY_SCOPE, STR, record
 from ..errors import InvalidInputError, MissingRelationError
 from ..pg import Connection
 from ..ports import Port, table
-from ..scopes import PlayScope, check_scope
+from ..values.scopes import PlayScope, check_scope
 
 from .layout import LATER_SYSTEM_COLUMNS, SheetLayout, layout_for
 from .model import CONTRACT, SheetContract

@@ -25,19 +25,18 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import attrs
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from .. import canonical
 from ..canonical import is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
-from ..limits import MAX_KEY_BYTES, key_problem
-from ..scopes import normalize_namespace
+from ..limits.inputs import MAX_KEY_BYTES, key_problem
+from ..values.scopes import normalize_namespace
 
 from .causes import MAX_CAUSE_BYTES, bound_cause, cause_of
-from .sheet_write import check_write  # noqa: F401  (the gateway client imports it from here)
 from .model import (
-    DEFAULT_ROW_ERROR, MAX_ATTEMPTS, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus,
-    RowOutcome, field_problem, shown,
+    DEFAULT_ROW_ERROR, MAX_ATTEMPTS, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus, RowOutcome,
 )
+from .field_names import field_problem, shown
 
 
 def key_of_text(namespace: str) -> Callable[[str], str]:

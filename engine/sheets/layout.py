@@ -39,10 +39,9 @@ from ..errors import ConflictError
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table
 from ..schema import derive_lock_key
-from ..scopes import PlayScope, normalize_namespace
+from ..values.scopes import PlayScope, normalize_namespace
 from ..sql import quote_ident
 
-from .statements import BindParams  # noqa: F401  (the dataset readers import it from here)
 
 LANE = SHEET_LANE  # the lane of every sheet checkout
 MAX_NAME_PREFIX = 36

@@ -30,17 +30,16 @@ from typing import Any, Literal, Mapping, Sequence
 
 import attrs
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from .. import canonical
-from ..codecs import (
+from ..values.codecs import (
     FLOAT, INT, INT32_MAX, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
 )
 from ..errors import InvalidInputError
-from ..limits import key_problem
-from ..scopes import MapScope
+from ..limits.inputs import key_problem
+from ..values.scopes import MapScope
 
-# field names live in `field_names`; imported from here too
-from .field_names import MAX_FIELD_CHARS, clean_field, field_problem, shown  # noqa: F401
+from .field_names import clean_field
 
 MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
 

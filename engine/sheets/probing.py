@@ -17,11 +17,11 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ..actions import RemotePort, action
-from ..codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
+from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import MissingRelationError
 from ..pg import Connection
 from ..ports import Port
-from ..scopes import RunRef
+from ..values.scopes import RunRef
 
 from .admission import ADMIT_CHUNK_ROWS
 from .admission_sql import probe_statement

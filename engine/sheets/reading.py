@@ -27,15 +27,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bounds import is_int
+from ..limits.bounds import is_int
 from .. import canonical
 from ..actions import action
-from ..codecs import BOOL, INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
+from ..values.codecs import BOOL, INT, PLAY_SCOPE, RAW, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
-from ..limits import identifier_problem
+from ..limits.inputs import identifier_problem
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table, with_connection
-from ..scopes import PlayScope, check_scope
+from ..values.scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
 from .counters import column_source, summary_source

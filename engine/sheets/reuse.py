@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..actions import action
-from ..codecs import INT, RUN_REF, STR, list_of
+from ..values.codecs import INT, RUN_REF, STR, list_of
 from ..errors import InvalidInputError
 from ..ports import SHEET_LANE, Port, table, with_connection
-from ..scopes import RunRef, check_scope, normalize_namespace
+from ..values.scopes import RunRef, check_scope, normalize_namespace
 
 from ..canonical import is_clean_str
 from .inputs import ALWAYS_SAFE_KEY_CHARS, check_key

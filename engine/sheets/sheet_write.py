@@ -25,11 +25,10 @@ import attrs
 
 from ..errors import InvalidInputError
 from ..ports import Port
-from ..scopes import RunRef, check_scope, normalize_namespace
+from ..values.scopes import RunRef, check_scope, normalize_namespace
 
-from .model import (
-    Attempt, CellPolicy, RowStatus, SheetContract, check_give_up_after, clean_field,
-)
+from .model import Attempt, CellPolicy, RowStatus, SheetContract, check_give_up_after
+from .field_names import clean_field
 
 CacheHits = Literal["rows", "count"]
 CACHE_HITS_MODES = ("rows", "count")

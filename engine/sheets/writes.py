@@ -24,12 +24,12 @@ import time
 from typing import Any, Sequence
 
 from ..actions import action
-from ..codecs import RUN_REF, STR, USER_JSON, list_of
+from ..values.codecs import RUN_REF, STR, USER_JSON, list_of
 from ..errors import InvalidInputError
-from ..keys import check_user_key
+from ..values.keys import check_user_key
 from ..pg import Connection
 from ..ports import Port, table
-from ..scopes import RunRef, normalize_namespace
+from ..values.scopes import RunRef, normalize_namespace
 
 from .admission import admit_prepared
 from .inputs import prepare_rows, row_key

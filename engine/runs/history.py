@@ -27,12 +27,14 @@ from typing import Sequence
 
 import attrs
 
-from .bounds import is_int
-from .actions import action
-from .codecs import FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of, optional, record
-from .errors import InvalidInputError
-from .ports import RECEIPTS_LANE, Port, table, with_connection
-from .scopes import PlayScope, RunScope, check_scope
+from ..limits.bounds import is_int
+from ..actions import action
+from ..values.codecs import (
+    FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of, optional, record,
+)
+from ..errors import InvalidInputError
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..values.scopes import PlayScope, RunScope, check_scope
 
 MAP_STATES = ("running", "finished", "stopped_early", "superseded", "failed", "interrupted")
 COUNTERS = ("source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried",

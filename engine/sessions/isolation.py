@@ -29,8 +29,8 @@ The choice, and why
 
 from __future__ import annotations
 
-from .pg import Connection
-from .sql import qualified, quote_ident
+from ..pg import Connection
+from ..sql import qualified, quote_ident
 
 GROUP = "runplane_sessions"
 SCOPES_TABLE = "session_scopes"
@@ -129,7 +129,7 @@ async def missing_policies(conn: Connection, schema: str) -> list[tuple[str, str
 # everyone by default: the `pg_stat_get_*(oid)` functions and the views built on them
 # (`pg_stat_user_tables`, `pg_statio_all_indexes`, ...). A superuser bootstrap takes them from
 # PUBLIC and gives them to `pg_read_all_stats` (so `pg_monitor` keeps them). What stays readable
-# (`pg_class.reltuples` and `relpages`, table names) is listed in docs/operations.md.
+# (`pg_class.reltuples` and `relpages`, table names) is listed in docs/guide/operations.md.
 STATISTICS_READER = "pg_read_all_stats"
 
 _STATISTICS_OPEN = """

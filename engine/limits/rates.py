@@ -21,10 +21,10 @@ from __future__ import annotations
 import attrs
 
 from .bounds import is_int, is_number
-from .actions import action
-from .codecs import FLOAT, INT, STR, record
-from .errors import InvalidInputError, ScopeError
-from .ports import Port, table, with_connection
+from ..actions import action
+from ..values.codecs import FLOAT, INT, STR, record
+from ..errors import InvalidInputError, ScopeError
+from ..ports import Port, table, with_connection
 
 LANE = "receipts"  # a lease is one short statement, like a receipt; never behind sheet writes
 MAX_KEY_BYTES = 256

@@ -1,5 +1,5 @@
 """What a database session is granted, by operation: the GRANT statements `engine.sessions.mint`
-runs for a new session role (no I/O here). Row-level security (`engine.session_isolation`)
+runs for a new session role (no I/O here). Row-level security (`engine.sessions.isolation`)
 then keeps the shared tables' rows to the session's own scope.
 
 Operations and what they grant (plus USAGE on the schema and SELECT on `meta` and on its own
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .session_isolation import SCOPES_TABLE
-from .sql import qualified, quote_ident
+from .isolation import SCOPES_TABLE
+from ..sql import qualified, quote_ident
 
 OPERATIONS = ("rows.read", "rows.upsert", "rows.append", "rows.replace", "receipts", "array_input")
 WRITE_OPERATIONS = frozenset({"rows.upsert", "rows.append", "rows.replace"})

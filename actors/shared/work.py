@@ -19,11 +19,11 @@ import attrs
 import trio
 
 from runplane.engine.sheets import AdmittedRow, RowOutcome
-from runplane.engine.shared_leases import UnitLease
+from runplane.engine.shared.leases import UnitLease
 
-from .map_state import MapPlan
-from .mapper import call_row
-from .policies import RowTimeoutError
+from ..map_state import MapPlan
+from ..mapper import call_row
+from ..policies import RowTimeoutError
 
 
 async def run_row(plan: MapPlan, pacer: Any, admitted: AdmittedRow) -> tuple[RowOutcome, int]:

@@ -12,7 +12,7 @@ How it works
 - `include_unexpired` also drops unexpired roles that have no open connection when looked at
   (for tests, and for revoking a schema's sessions at once); their connections are not cut.
 - `end_overdue(tenant)` terminates this schema's session backends that are past the limits of
-  `session_limits.ROLE_TIMEOUTS`, whatever the session `SET`: idle in a transaction past the
+  `limits.ROLE_TIMEOUTS`, whatever the session `SET`: idle in a transaction past the
   idle limit, a statement running past the statement limit, a lock wait past the lock limit, a
   transaction older than statement + idle limits. So no session pins the vacuum horizon (or
   holds its locks) past its limit for longer than one overdue interval.
@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import pg
-from .errors import DatabaseError, EngineError, InsufficientPrivilegeError
-from .session_isolation import SCOPES_TABLE
-from .session_limits import ROLE_TIMEOUTS, SessionTimeouts
-from .sql import qualified, quote_ident
+from .. import pg
+from ..errors import DatabaseError, EngineError, InsufficientPrivilegeError
+from .isolation import SCOPES_TABLE
+from .limits import ROLE_TIMEOUTS, SessionTimeouts
+from ..sql import qualified, quote_ident
 
 if TYPE_CHECKING:
-    from .tenant import Tenant
+    from ..tenant import Tenant
 
 DROP_BATCH = 200
 SWEEP_INTERVAL_S = 60.0

@@ -1,7 +1,7 @@
 """Scopes: who a piece of durable state belongs to.
 
 `PlayScope` ⊂ `RunScope` ⊂ `MapScope`, each a frozen value whose parts are stripped of
-surrounding whitespace and then obey the identifier limits of `engine.limits` (never empty,
+surrounding whitespace and then obey the identifier limits of `engine.limits.inputs` (never empty,
 at most 256 UTF-8 bytes, no NUL, lone surrogate or control character; `ScopeError` otherwise). Engine operations call
 `check_scope(port, scope)` before any query so a scope can never reach another org's rows.
 Table namespaces are stored normalized (`normalize_namespace`).
@@ -13,8 +13,8 @@ import re
 
 import attrs
 
-from .errors import ScopeError
-from .limits import identifier_problem
+from ..errors import ScopeError
+from ..limits.inputs import identifier_problem
 
 _NAMESPACE_JUNK = re.compile(r"[^a-z0-9_]+")
 

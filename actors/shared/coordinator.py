@@ -3,9 +3,9 @@
 How it works
 - The source must be a list (an array input): it is encoded and staged like any list source
   (`actors.sealer.stage_encoded`; a wake finds it staged and checks it is the same list), the
-  sheet is ensured, and the map is published (`engine.shared_maps.publish`) with its units —
+  sheet is ensured, and the map is published (`engine.shared.maps.publish`) with its units —
   slices of at most `UNIT_ROWS` rows of each staged page — its configuration, the function's
-  qualified name and the play file's digest (`actors.shared_config`).
+  qualified name and the play file's digest (`actors.shared.config`).
 - With `workers=N` the coordinator starts N local `runplane worker` processes first (their
   start-up overlaps staging the list; a failed publication stops them), which inherit
   its connection (DSN, schema, org, through the environment) and the play file; it waits until
@@ -21,19 +21,23 @@ How it works
   play or org would otherwise leave the run waiting in silence.
 - While it waits it hands `on_progress` a snapshot about every `PROGRESS_S` (`_progress`): the
   counters every worker recorded so far and the rows inside a call in every worker
-  (`engine.row_calls`), so `runplane run --workers N` shows the same bars and log lines as a
+  (`engine.runs.row_calls`), so `runplane run --workers N` shows the same bars and log lines as a
   map run in its own process.
 - It then polls the map until every unit is done and closes it `done`; its `MapResult` is the
   sum of the counters the workers recorded with each unit's done mark (in the transaction of
   the unit's last completion), so it is exact whoever ran the rows. If every local worker
   exits while units remain (and the map is not shared), the map is cancelled and
   `SharedMapError` says how the workers ended. A local worker that exits before the map ends
-  has its leases released at once (`shared_leases.release_process`): the coordinator is its
+  has its leases released at once (`engine.shared.leases.release_process`): the coordinator is its
   parent and saw it end, so the others take its units without waiting out the lease.
 - When the coordinating run is cancelled or fails, the map is closed `cancelled` (shielded,
   with a deadline): every worker stops that map's rows at its next renewal (within a lease
   period) and its completions roll back, so nothing is half-written; local workers are then
   terminated.
+- What it is given: the map's plan (`actors.map_state.MapPlan`, which holds the run's port and
+  ref) and the map id its caller decided, never the `Run`. `Run.map` calls `check_request`
+  first, then takes the run's next map id for the namespace (unless it was given one), then
+  `map_shared`; so `actors.run` imports this module and nothing here imports `actors.run`.
 """
 
 from __future__ import annotations
@@ -44,26 +48,25 @@ import os
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import trio
 
-from runplane.engine import array_input, row_calls, shared_leases, sheets
-from runplane.engine import shared_maps as sm
-from runplane.engine.bounds import is_int
+from runplane.engine import array_input, sheets
+from runplane.engine.runs import row_calls
+from runplane.engine.shared import leases as shared_leases
+from runplane.engine.shared import maps as sm
+from runplane.engine.limits.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
 from runplane.engine.ports import Port
 
-from .executors import executor_config
-from .map_state import MapPlan
-from .progress import MapProgress, MapResult
-from .retry import retry_transient
-from .sealer import stage_encoded
-from .shared_config import encode_config, function_identity
-
-if TYPE_CHECKING:
-    from .run import Run
+from ..executors import executor_config
+from ..map_state import MapPlan
+from ..progress import MapProgress, MapResult
+from ..retry import retry_transient
+from ..sealer import stage_encoded
+from .config import encode_config, function_identity
 
 log = logging.getLogger("runplane.actors")
 
@@ -103,13 +106,14 @@ def worker_environment(port: Port) -> dict[str, str]:
     return env
 
 
-async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
-                      map_invocation_id: str, lease_s: float, executor: Any = None,
+async def publish_map(source: Sequence[Any], plan: MapPlan, map_invocation_id: str,
+                      lease_s: float, executor: Any = None,
                       unit_rows: int = sm.UNIT_ROWS) -> int:
-    """Stage the list, ensure the sheet and publish the map; its number of units."""
+    """Stage the list, ensure the sheet and publish the map `map_invocation_id` of the plan's
+    run; its number of units."""
     identity = function_identity(plan.fn)
-    port = run.port
-    scope = run.scope.map(plan.table_namespace, map_invocation_id)
+    port, ref = plan.port, plan.ref
+    scope = ref.scope.map(plan.table_namespace, map_invocation_id)
     items = source if isinstance(source, array_input.PagedRows) else list(source)
     encoded = await trio.to_thread.run_sync(array_input.encode_source, items)
     distinct = False
@@ -121,14 +125,14 @@ async def publish_map(run: Run, source: Sequence[Any], plan: MapPlan,
     async with trio.open_nursery() as nursery:  # the check overlaps staging
         nursery.start_soon(check_distinct)
         await retry_transient(lambda: sheets.ensure_sheet(
-            port, run.scope.play_scope, plan.table_namespace, plan.contract))
+            port, ref.scope.play_scope, plan.table_namespace, plan.contract))
         await stage_encoded(port, scope, encoded)
     units = sm.plan_units(encoded.cuts, unit_rows)
-    config = encode_config(plan, run_id=run.run_id, map_invocation_id=map_invocation_id,
+    config = encode_config(plan, run_id=ref.run_id, map_invocation_id=map_invocation_id,
                            play_file=identity.path, executor=executor_config(executor),
                            concurrent=distinct)
     await retry_transient(lambda: sm.publish(
-        port, run.ref, map_invocation_id, plan.table_namespace, config=config,
+        port, ref, map_invocation_id, plan.table_namespace, config=config,
         function=identity.qualname, play_digest=identity.digest, units=units, lease_s=lease_s))
     return len(units)
 
@@ -149,19 +153,19 @@ def rows_distinct(encoded: Any) -> bool:
     return True
 
 
-async def wait_for_workers(run: Run, map_invocation_id: str, workers: int) -> None:
+async def wait_for_workers(plan: MapPlan, map_invocation_id: str, workers: int) -> None:
     with trio.move_on_after(JOIN_WAIT_S):
         while await retry_transient(lambda: sm.workers_joined(
-                run.port, run.ref, map_invocation_id)) < workers:
+                plan.port, plan.ref, map_invocation_id)) < workers:
             await trio.sleep(POLL_S)
 
 
-async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | None,
-                     shared: bool, lease_s: float = sm.LEASE_S,
-                     map_invocation_id: str | None = None, executor: Any = None,
-                     unit_rows: int = sm.UNIT_ROWS,
-                     on_progress: Callable[[MapProgress], Any] | None = None) -> MapResult:
-    """Run `plan` over the list `source` as a shared map (see the module docstring)."""
+def check_request(source: Any, plan: MapPlan, *, workers: int | None, shared: bool,
+                  executor: Any = None) -> None:
+    """Refuse what a shared map cannot run (`InvalidInputError`), before its caller takes a
+    map id and before anything is written: a source that is not a list, a bad `workers`,
+    neither `workers` nor `shared`, `workers=N` without a DSN local workers can inherit, a
+    function workers cannot find by name, an unknown executor."""
     if not isinstance(source, (list, tuple, array_input.PagedRows)):
         raise InvalidInputError("a shared map's source must be a list of rows, got "
                                 f"{type(source).__name__}")
@@ -169,11 +173,21 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
         raise InvalidInputError(f"workers must be a positive integer, got {workers!r}")
     if workers is None and not shared:
         raise InvalidInputError("a shared map needs workers=N or shared=True")
-    env = worker_environment(run.port) if workers else None
-    function_identity(plan.fn)  # refuse a function workers cannot find, before any write
+    if workers:
+        worker_environment(plan.port)
+    function_identity(plan.fn)
     executor_config(executor)
-    if map_invocation_id is None:
-        map_invocation_id = run.next_map_invocation_id(plan.table_namespace)
+
+
+async def map_shared(source: Any, plan: MapPlan, map_invocation_id: str, *,
+                     workers: int | None, shared: bool, lease_s: float = sm.LEASE_S,
+                     executor: Any = None, unit_rows: int = sm.UNIT_ROWS,
+                     on_progress: Callable[[MapProgress], Any] | None = None) -> MapResult:
+    """Run `plan` over the list `source` as the shared map `map_invocation_id` of the plan's
+    run (see the module docstring). The caller decides the id (a run's next one for the
+    namespace, or the one it was given) after `check_request` passed, so a refused request
+    takes no id."""
+    env = worker_environment(plan.port) if workers else None
     map_invocation_id = sm.map_id_for(map_invocation_id, plan.table_namespace)
     if len(source) == 0:
         return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id)
@@ -187,29 +201,28 @@ async def map_shared(run: Run, source: Any, plan: MapPlan, *, workers: int | Non
                 processes: list[trio.Process] = []
                 if workers:  # started first: their start-up overlaps staging the list
                     identity = function_identity(plan.fn)
-                    command = worker_command(identity.path, run.play, plan.concurrency)
+                    command = worker_command(identity.path, plan.ref.scope.play,
+                                             plan.concurrency)
                     for _ in range(workers):
                         processes.append(await nursery.start(_keep_worker, command, env))
-                await publish_map(run, source, plan, map_invocation_id, lease_s, executor,
-                                  unit_rows)
+                await publish_map(source, plan, map_invocation_id, lease_s, executor, unit_rows)
                 published = True
                 if workers:
-                    await wait_for_workers(run, map_invocation_id, workers)
+                    await wait_for_workers(plan, map_invocation_id, workers)
                 await retry_transient(lambda: sm.set_state(
-                    run.port, run.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
-                progress = _Progress(run, map_invocation_id, plan.table_namespace, len(source),
-                                     on_progress)
-                status = await _wait_done(run, map_invocation_id,
+                    plan.port, plan.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
+                progress = _Progress(plan, map_invocation_id, len(source), on_progress)
+                status = await _wait_done(plan, map_invocation_id,
                                           processes if not shared else [], lease_s, progress)
                 finished = True
                 await retry_transient(lambda: sm.set_state(
-                    run.port, run.ref, map_invocation_id, sm.DONE, sm.LIVE))
+                    plan.port, plan.ref, map_invocation_id, sm.DONE, sm.LIVE))
                 # Idle local workers exit on their own once the map is closed; any still running
                 # after a grace period are terminated.
                 nursery.cancel_scope.deadline = trio.current_time() + STOP_WORKERS_S
     finally:
         if published and not finished:
-            await _cancel_map(run, map_invocation_id)
+            await _cancel_map(plan, map_invocation_id)
     counters = status.counters
     return MapResult(
         admitted=counters["rows"] - counters["skipped"], cached=counters["cached"],
@@ -276,9 +289,8 @@ class _WorkerWatch:
 class _Progress:
     """The coordinator's view of a shared map's progress (module docstring)."""
 
-    run: Run
+    plan: MapPlan
     map_invocation_id: str
-    table_namespace: str
     source_rows: int
     on_progress: Callable[[MapProgress], Any] | None
     next_at: float = 0.0
@@ -288,14 +300,15 @@ class _Progress:
         if self.on_progress is None or (now < self.next_at and not final):
             return
         self.next_at = now + PROGRESS_S
-        run = self.run
+        port, ref = self.plan.port, self.plan.ref
         status = await retry_transient(lambda: sm.map_status(
-            run.port, run.ref, self.map_invocation_id, counters=True))
+            port, ref, self.map_invocation_id, counters=True))
         in_call = 0
         if not final:
             calling = await retry_transient(lambda: row_calls.running(
-                run.port, run.scope.play_scope, only_runs=[run.run_id]))
-            in_call = sum(r.in_call for r in calling if r.table_namespace == self.table_namespace)
+                port, ref.scope.play_scope, only_runs=[ref.run_id]))
+            in_call = sum(r.in_call for r in calling
+                          if r.table_namespace == self.plan.table_namespace)
         c = status.counters
         admitted = c["rows"] - c["skipped"]
         snapshot = MapProgress(
@@ -310,24 +323,24 @@ class _Progress:
             log.exception("map progress callback failed")
 
 
-async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Process],
+async def _wait_done(plan: MapPlan, map_invocation_id: str, processes: list[trio.Process],
                      lease_s: float, progress: _Progress) -> sm.MapStatus:
-    watch = _WorkerWatch(run.port, run.play, f"{run.run_id}/{map_invocation_id}", lease_s)
+    port, ref = plan.port, plan.ref
+    watch = _WorkerWatch(port, ref.scope.play, f"{ref.run_id}/{map_invocation_id}", lease_s)
     released: set[int] = set()
     while True:
-        status = await retry_transient(lambda: sm.map_status(
-            run.port, run.ref, map_invocation_id))
+        status = await retry_transient(lambda: sm.map_status(port, ref, map_invocation_id))
         if status.done >= status.units:
             await progress.report(final=True)
             return await retry_transient(lambda: sm.map_status(
-                run.port, run.ref, map_invocation_id, counters=True))
+                port, ref, map_invocation_id, counters=True))
         if status.state not in (sm.WAITING, sm.OPEN):
             raise SharedMapError(f"shared map {map_invocation_id!r} was {status.state} with "
                                  f"{status.units - status.done} units not done")
         for process in processes:
             if process.returncode is not None and process.pid not in released:
                 released.add(process.pid)
-                await _release_exited(run, map_invocation_id, process)
+                await _release_exited(plan, map_invocation_id, process)
         if processes and all(p.returncode is not None for p in processes):
             codes = sorted({p.returncode for p in processes})
             raise SharedMapError(
@@ -338,18 +351,19 @@ async def _wait_done(run: Run, map_invocation_id: str, processes: list[trio.Proc
         await trio.sleep(POLL_S)
 
 
-async def _release_exited(run: Run, map_invocation_id: str, process: trio.Process) -> None:
+async def _release_exited(plan: MapPlan, map_invocation_id: str,
+                          process: trio.Process) -> None:
     units = await retry_transient(lambda: shared_leases.release_process(
-        run.port, run.ref, map_invocation_id, socket.gethostname(), process.pid))
+        plan.port, plan.ref, map_invocation_id, socket.gethostname(), process.pid))
     log.warning("shared map %s/%s: local worker pid %d exited (status %s) before the map "
-                "ended; its %d leased unit(s) were released", run.run_id, map_invocation_id,
+                "ended; its %d leased unit(s) were released", plan.ref.run_id, map_invocation_id,
                 process.pid, process.returncode, units)
 
 
-async def _cancel_map(run: Run, map_invocation_id: str) -> None:
+async def _cancel_map(plan: MapPlan, map_invocation_id: str) -> None:
     with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_DEADLINE_S):
         try:
-            await sm.set_state(run.port, run.ref, map_invocation_id, sm.CANCELLED, sm.LIVE)
+            await sm.set_state(plan.port, plan.ref, map_invocation_id, sm.CANCELLED, sm.LIVE)
         except EngineError as exc:
             log.warning("shared map %s: could not be marked cancelled (its leases will "
                         "expire): %s", map_invocation_id, exc)

@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 import attrs
 
-from . import canonical
-from .errors import EngineError, InvalidInputError
+from .. import canonical
+from ..errors import EngineError, InvalidInputError
 from .scopes import MapScope, PlayScope, RunRef, RunScope
 
 Encode = Callable[[Any, str], Any]

@@ -31,7 +31,7 @@ import attrs
 from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.sheets import CellPolicy, SheetContract
 
-from .policies import RateLimit, RowRetry
+from ..policies import RateLimit, RowRetry
 
 
 @attrs.frozen
@@ -75,7 +75,7 @@ def _resolve_type(name: str) -> type:
 def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: str,
                   executor: dict | None = None, concurrent: bool = False) -> dict:
     """The JSON configuration of a shared map from its `MapPlan`; `concurrent`: its workers may
-    write at once (`actors.shared_map.rows_distinct`)."""
+    write at once (`actors.shared.coordinator.rows_distinct`)."""
     retry = plan.retry
     limit = plan.rate_limit
     return {

@@ -4,14 +4,14 @@ How it works
 - `MapWorker.serve` runs four kinds of task. The **claimer** claims units (one statement,
   its fair share; about `GROUP_S` of work at the worker's measured rate, 1 to `MAX_CLAIM`
   units) and admits the rows each claim still has to run in one transaction
-  (`engine.shared_units.admit_units`, the leases checked in it; `ADMISSIONS` claims are
+  (`engine.shared.units.admit_units`, the leases checked in it; `ADMISSIONS` claims are
   admitted at once, their staged pages read at once); it claims again once the rows not yet
   started would last less than `PREFETCH_S` plus twice an admission's time, holding at most
   `CLAIMS_HELD` claims.
   `concurrency` **runners** take the admitted rows one by one and run them under the map's
   row policies (rate limit, row timeout, retries in place), handing the loop over every
   `SLICE_S`. The **flusher** records what was computed in small batches
-  (`engine.shared_units.complete_units`: the outcomes, and each unit's settled mask, counters
+  (`engine.shared.units.complete_units`: the outcomes, and each unit's settled mask, counters
   and done mark, in one transaction per claim): a batch goes `LINGER_S` after its first
   outcome, or at once when `FLUSH_ROWS` wait or no row is left to run. So a worker killed
   with SIGKILL loses its calls in flight and at most what it computed in the last `LINGER_S`
@@ -41,20 +41,21 @@ from typing import Any, Awaitable, Callable
 import attrs
 import trio
 
-from runplane.engine import array_input, shared_units
-from runplane.engine import shared_maps as sm
+from runplane.engine import array_input
+from runplane.engine.shared import units as shared_units
+from runplane.engine.shared import maps as sm
 from runplane.engine.errors import LeaseLostError
 from runplane.engine.ports import Port
-from runplane.engine.shared_leases import (
+from runplane.engine.shared.leases import (
     MAX_CLAIM, Settlement, UnitLease, claim_units, mask_of, mask_text, renew,
 )
 from runplane.engine.tenant import outage_budget
 
-from .map_state import MapPlan
-from .pacing import open_pacer
-from .retry import OutageWatch, install_watch, reset_watch, retry_transient
-from .row_calls import report_calls
-from .shared_work import Claim, UnitWork, run_row
+from ..map_state import MapPlan
+from ..pacing import open_pacer
+from ..retry import OutageWatch, install_watch, reset_watch, retry_transient
+from ..row_calls import report_calls
+from .work import Claim, UnitWork, run_row
 
 log = logging.getLogger("runplane.actors")
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from .errors import RowNotVisibleError
-from .pg import Connection
+from ..errors import RowNotVisibleError
+from ..pg import Connection
 
 T = TypeVar("T")
 

@@ -1,11 +1,11 @@
 """A shared-map worker: joins a play's open shared maps and serves them one after the other.
 
 How it works
-- `serve_play` joins the play's maps (`engine.shared_maps.join`, a heartbeat), then loops:
+- `serve_play` joins the play's maps (`engine.shared.maps.join`, a heartbeat), then loops:
   read the play's waiting or open maps; for each, check the play file against what the map
-  was published with (`actors.shared_config.check_published`: a different digest or a
+  was published with (`actors.shared.config.check_published`: a different digest or a
   missing function refuses, `ConflictError`), then serve it while it has claimable units
-  (`actors.shared_service.MapWorker`: claims, admissions, runners, batches of completions,
+  (`actors.shared.service.MapWorker`: claims, admissions, runners, batches of completions,
   renewals). With `exit_when_idle` it waits up to `idle_wait_s` for a map to appear and
   returns once no waiting or open map of the play has a unit not done; otherwise it runs
   until cancelled. `notify` receives one line as it joins each map and one as it leaves it.
@@ -20,15 +20,15 @@ from typing import Any, Callable
 
 import trio
 
-from runplane.engine import shared_maps as sm
+from runplane.engine.shared import maps as sm
 from runplane.engine.ports import Port
 from runplane.engine.tenant import outage_budget
 
-from .map_state import MapPlan
-from .retry import OutageWatch, install_watch, reset_watch, retry_transient
-from .row_functions import as_row_caller
-from .shared_config import PlayFile, check_published, decode_config
-from .shared_service import MapWorker
+from ..map_state import MapPlan
+from ..retry import OutageWatch, install_watch, reset_watch, retry_transient
+from ..row_functions import as_row_caller
+from .config import PlayFile, check_published, decode_config
+from .service import MapWorker
 
 __all__ = ["MapWorker", "serve_play", "worker_plan"]
 
@@ -40,7 +40,7 @@ def worker_plan(port: Port, shared: sm.SharedMap, fn: Callable[..., Any],
                 concurrency: int | None) -> MapPlan:
     config = decode_config(shared.config)
     if config.executor is not None:  # a process pool of the worker's own
-        from .executors import ProcessExecutor
+        from ..executors import ProcessExecutor
 
         fn = ProcessExecutor(config.executor.get("max_workers")).bind(fn)
     concurrency = concurrency or config.concurrency

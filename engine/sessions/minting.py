@@ -1,6 +1,6 @@
 """Scoped database sessions: short-lived PostgreSQL logins that can touch only one
 org's play, table namespace and operations. What confines them is described in
-`engine.session_isolation`; this module mints, describes and drops them.
+`engine.sessions.isolation`; this module mints, describes and drops them.
 
 How it works
 - `mint(tenant, scope, table_namespace, operations, ttl_s=…, limits=…)` runs on the tenant's own login
@@ -13,23 +13,23 @@ How it works
   table to grant on; new columns are DDL, which a session never runs. The role starts with
   `ROLE_SETTINGS` (statement, lock and idle-in-transaction timeouts) and, when it has a sheet,
   its scope row carries the sheet's advisory-lock key (the one key it may know). An org holds
-  at most `sessions_per_org()` live sessions (`engine.session_limits`). Its `limits`
+  at most `sessions_per_org()` live sessions (`engine.sessions.limits`). Its `limits`
   (`SessionLimits`: rows, bytes, requests; at least 10,000 rows) are recorded as the role's
   comment; the runner's router enforces them (`engine.gateway.db_sessions`).
 - Operations (`OPERATIONS`: `rows.read`, `rows.upsert`, `rows.append`, `rows.replace`,
-  `receipts`, `array_input`) and what each grants: `engine.session_grants`.
+  `receipts`, `array_input`) and what each grants: `engine.sessions.grants`.
 - When the schema lacks an isolation policy mint relies on (a schema bootstrapped before the
   policy existed), mint re-runs the idempotent bootstrap once (`tenant.repair_schema`), which
   installs it, then mints.
-- `drop_expired(tenant)` / `sweep_expired(tenant)` (`engine.session_sweep`) end the open
+- `drop_expired(tenant)` / `sweep_expired(tenant)` (`engine.sessions.sweep`) end the open
   connections of expired session roles and drop them; the gateway and `runplane supervise`
   sweep periodically.
 - `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials,
   keeping only where the server is and its TLS settings (`URL_PARAMETERS`).
 - `create(port, play, table_namespace, operations, ttl_s, public_key, limits)` is the gateway action
   `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
-  to the runner's key when one is sent (`engine.jwe`). Through a gateway the token bounds it:
-  every action an operation stands for (`operation_actions()`) must be allowed, and the session
+  to the runner's key when one is sent (`engine.sessions.jwe`). Through a gateway the token bounds
+  it: every action an operation stands for (`operation_actions()`) must be allowed, and the session
   never outlives the token.
 - `password_probe(tenant)` (for `runplane doctor`) creates a throwaway session role and tries to
   log in with it without a password; it reports whether the server let it in.
@@ -52,31 +52,27 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from . import jwe, pg
-from .actions import action, actions
-from .bounds import is_int, is_number
-from .codecs import FLOAT, INT, RAW, STR, dict_of, list_of, optional
-from .errors import (
-    AuthError, InsufficientPrivilegeError, InvalidInputError,
-    SchemaNotFoundError, ScopeError,
+from . import jwe
+from .. import pg
+from ..actions import action, actions
+from ..limits.bounds import is_int, is_number
+from ..values.codecs import FLOAT, INT, RAW, STR, dict_of, list_of, optional
+from ..errors import (
+    AuthError, InsufficientPrivilegeError, InvalidInputError, SchemaNotFoundError, ScopeError,
 )
-from .keys import USER_RECEIPT_KIND, kind_range
-from .ports import Port
-from .scopes import PlayScope, check_scope, normalize_namespace
-from .session_grants import (  # noqa: F401  (public names)
-    COLUMNS, OPERATIONS, ROW_OPERATIONS, SHARED_TABLES, WRITE_OPERATIONS, grants,
+from ..values.keys import USER_RECEIPT_KIND, kind_range
+from ..ports import Port
+from ..values.scopes import PlayScope, check_scope, normalize_namespace
+from .grants import COLUMNS, OPERATIONS, ROW_OPERATIONS, SHARED_TABLES, grants
+from .limits import (
+    ROLE_TIMEOUTS, SESSION_CONNECTION_LIMIT, SessionLimits, check_public_key, check_room,
+    limits_comment, sessions_per_org,
 )
-from .session_limits import (  # noqa: F401  (public names)
-    DEFAULT_SESSIONS_PER_ORG, ROLE_TIMEOUTS, ROW_LIMIT_FLOOR, SESSION_CONNECTION_LIMIT,
-    SESSIONS_PER_ORG_ENV, SessionLimits, check_public_key, check_room, limits_comment,
-    recorded_limits, sessions_per_org,
-)
-from .session_sweep import drop_expired, sweep_expired  # noqa: F401  (public names)
-from .session_isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
-from .sql import qualified, quote_ident
+from .isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
+from ..sql import qualified, quote_ident
 
 if TYPE_CHECKING:
-    from .tenant import Tenant
+    from ..tenant import Tenant
 
 ROLE_PREFIX = "runplane_s_"
 DEFAULT_TTL_S = 600.0
@@ -84,7 +80,7 @@ MAX_TTL_S = 24 * 3600.0
 DEFAULT_CONNECTION_LIMIT = SESSION_CONNECTION_LIMIT
 # Defaults every session role's logins start with: a runaway statement, lock wait or open
 # transaction of a session ends on its own. A session may change them; the sweep enforces the
-# same limits from outside (`session_sweep.end_overdue`).
+# same limits from outside (`sweep.end_overdue`).
 ROLE_SETTINGS = ROLE_TIMEOUTS.role_settings()
 
 ARRAY_FACT_KIND_PREFIX = "array_input_"
@@ -171,7 +167,7 @@ def session_url(dsn: str, user: str, password: str | None) -> str:
 
 def key_ranges(scope: SessionScope) -> dict[str, bytes | None]:
     """The `work_receipts` key ranges of the scope's receipts and array facts (None when the
-    operations do not include them). See `engine.keys` for why these are exact."""
+    operations do not include them). See `engine.values.keys` for why these are exact."""
     play = PlayScope(scope.org_id, scope.play)
     out: dict[str, bytes | None] = dict.fromkeys(
         ("receipts_low", "receipts_high", "facts_low", "facts_high"))
@@ -233,11 +229,11 @@ async def mint(
     limits: Any = None,
 ) -> MintedSession:
     """Create a session role for `scope` (see the module docstring); checks input first.
-    At most `max_sessions` (default `session_limits.sessions_per_org()`) live sessions per
+    At most `max_sessions` (default `limits.sessions_per_org()`) live sessions per
     org: past it, `TooManySessionsError`. `limits` (a `SessionLimits` or a mapping of
     `max_rows`, `max_bytes`, `max_requests`) are recorded with the session."""
-    from .sheets import SheetContract, ensure_sheet
-    from .sheets.layout import layout_for, sheet_lock_key
+    from ..sheets import SheetContract, ensure_sheet
+    from ..sheets.layout import layout_for, sheet_lock_key
 
     check_scope(tenant, scope)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)

@@ -36,14 +36,16 @@ from typing import Iterable, Literal, Sequence
 
 import attrs
 
-from .bounds import is_int, is_number
-from .actions import action
-from .codecs import (BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, NOTHING, dict_of, list_of,
-                     optional, record)
-from .errors import InvalidInputError
-from .ports import RECEIPTS_LANE, RETIREMENT_LANE, Port, table, with_connection
-from .receipts import MAX_LEASE_S
-from .scopes import PlayScope, RunScope, check_scope
+from ..limits.bounds import is_int, is_number
+from ..actions import action
+from ..values.codecs import (
+    BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, NOTHING, dict_of, list_of, optional,
+    record,
+)
+from ..errors import InvalidInputError
+from ..ports import RECEIPTS_LANE, RETIREMENT_LANE, Port, table, with_connection
+from ..receipts import MAX_LEASE_S
+from ..values.scopes import PlayScope, RunScope, check_scope
 
 OPEN, PENDING, DONE = "open", "pending", "done"
 State = Literal["open", "pending", "done"]

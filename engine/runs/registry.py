@@ -23,14 +23,15 @@ from typing import Sequence
 
 import attrs
 
-from .bounds import is_int
-from .actions import action
-from .codecs import (INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of,
-                     optional, record)
-from .errors import InvalidInputError
-from .ports import RECEIPTS_LANE, Port, sequence_literal, table, with_connection
+from ..limits.bounds import is_int
+from ..actions import action
+from ..values.codecs import (
+    INT, NOTHING, PLAY_SCOPE, RUN_REF, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of, optional, record,
+)
+from ..errors import InvalidInputError
+from ..ports import RECEIPTS_LANE, Port, sequence_literal, table, with_connection
 from .reissue import fetchrow_until_visible
-from .scopes import PlayScope, RunRef, RunScope, check_scope
+from ..values.scopes import PlayScope, RunRef, RunScope, check_scope
 
 
 MAX_COMMAND_CHARS = 8192

@@ -22,12 +22,12 @@ from typing import Sequence
 
 import attrs
 
-from .actions import action
-from .bounds import is_int
-from .codecs import INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, list_of, record
-from .errors import InvalidInputError
-from .ports import RECEIPTS_LANE, Port, table, with_connection
-from .scopes import PlayScope, RunScope, check_scope
+from ..actions import action
+from ..limits.bounds import is_int
+from ..values.codecs import INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, list_of, record
+from ..errors import InvalidInputError
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..values.scopes import PlayScope, RunScope, check_scope
 
 REPORT_S = 5.0   # a process hosting rows reports at least this often
 FRESH_S = 15.0   # a report older than this no longer counts

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from .errors import InvalidInputError
-from .limits import MAX_STORED_RECEIPT_KEY_BYTES, key_problem
+from ..errors import InvalidInputError
+from ..limits.inputs import MAX_STORED_RECEIPT_KEY_BYTES, key_problem
 from .scopes import PlayScope, RunScope
 
 USER_RECEIPT_KIND = "receipt"
@@ -37,7 +37,7 @@ def check_user_key(key: object) -> str:
 
 def receipt_key(scope: PlayScope | RunScope, key: str) -> bytes:
     """The stored key of a user's work receipt (only the scope's org and play are used); its
-    size is checked against what the index holds (see `engine.limits`)."""
+    size is checked against what the index holds (see `engine.limits.inputs`)."""
     stored = _encode([scope.org_id, scope.play, USER_RECEIPT_KIND, check_user_key(key)])
     if len(stored) > MAX_STORED_RECEIPT_KEY_BYTES:
         raise InvalidInputError(

@@ -20,7 +20,7 @@ and the limits of one session's work.
   (`SessionUsage`): past a limit, that work goes over HTTP.
 - `SessionTimeouts`: the statement, lock-wait and idle-in-transaction limits every session
   role starts with (`ROLE_TIMEOUTS`, set on the role) and that the sweep enforces from outside
-  (`engine.session_sweep.end_overdue`): a session may `SET` its own settings, so the role's
+  (`engine.sessions.sweep.end_overdue`): a session may `SET` its own settings, so the role's
   settings pace a cooperating runner and the sweep is what holds a hostile one to them; a
   transaction may live at most `transaction_s` (statement plus idle limit), so a session that
   keeps one open with a statement now and then cannot pin the vacuum horizon either.
@@ -36,11 +36,12 @@ from typing import Any, Mapping
 
 import attrs
 
-from .bounds import is_int
-from . import jwe, pg
-from .errors import InvalidInputError, TooManySessionsError
-from .session_isolation import GROUP, SCOPES_TABLE
-from .sql import qualified
+from ..limits.bounds import is_int
+from . import jwe
+from .. import pg
+from ..errors import InvalidInputError, TooManySessionsError
+from .isolation import GROUP, SCOPES_TABLE
+from ..sql import qualified
 
 DEFAULT_SESSIONS_PER_ORG = 4
 SESSIONS_PER_ORG_ENV = "RUNPLANE_SESSIONS_PER_ORG"

@@ -4,10 +4,10 @@ How it works
 - `admit_units` admits the rows still to run of one claim's units (all of them, or what an
   earlier holder left unsettled) in one transaction, under the claim's own `Attempt` (the
   holder id; a row lease of 0 s, since the units' leases keep other workers off their rows),
-  with the lease check in the same transaction (`shared_leases.lease_check`): a holder whose
+  with the lease check in the same transaction (`leases.lease_check`): a holder whose
   unit was taken over cannot take its rows back (`LeaseLostError`, nothing admitted).
 - `complete_units` writes a batch of one claim's outcomes and records, in the same
-  transaction, each unit's progress (`shared_leases.settle`: its settled mask, the counters
+  transaction, each unit's progress (`leases.settle`: its settled mask, the counters
   its holder tallied plus what this very completion applied — completed, failed — and fenced,
   and the done mark once every row of the unit is settled). A worker completes in small
   batches, so what it computed is durable soon; a holder that lost a lease gets
@@ -24,19 +24,19 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from . import sheets
-from .actions import action
-from .codecs import BOOL, INT, RUN_REF, TEXT, USER_JSON, list_of, optional
-from .errors import InvalidInputError
-from .pg import Connection
-from .ports import Port
-from .scopes import RunRef, check_scope
-from .shared_leases import (
-    SETTLEMENT, UNIT_LEASE, Settlement, UnitLease, check_settlements, lease_check, mask_of,
-    settle, settlement_entries, unit_finder,
+from .. import sheets
+from ..actions import action
+from ..values.codecs import BOOL, INT, RUN_REF, TEXT, USER_JSON, list_of, optional
+from ..errors import InvalidInputError
+from ..pg import Connection
+from ..ports import Port
+from ..values.scopes import RunRef, check_scope
+from .leases import (
+    SETTLEMENT, UNIT_LEASE, Settlement, UnitLease, check_settlements, lease_check, mask_of, settle,
+    settlement_entries, unit_finder,
 )
-from .sheets import Admission, Attempt, CellPolicy, Completion, RowOutcome, SheetContract
-from .sheets.model import ADMISSION, CELL_POLICIES, COMPLETION, CONTRACT, ROW_OUTCOME
+from ..sheets import Admission, Attempt, CellPolicy, Completion, RowOutcome, SheetContract
+from ..sheets.model import ADMISSION, CELL_POLICIES, COMPLETION, CONTRACT, ROW_OUTCOME
 
 
 def claim_attempt(leases: Sequence[UnitLease]) -> Attempt:

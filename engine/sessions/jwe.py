@@ -27,7 +27,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import RSAKey
 from joserfc.registry import HeaderParameter
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 ALG = "RSA-OAEP-256"
 ENC = "A256GCM"

@@ -11,7 +11,7 @@ How it works
 - Workers `join` (one row in `shared_workers`, its heartbeat `seen_at`); `workers_joined`
   counts those seen since the map was published, `workers` lists them (pid, host, units done).
 - The units' leases, claims, renewals and the checks that guard writes are in
-  `engine.shared_leases`; the unit writes in `engine.shared_units`. `map_status` sums the
+  `engine.shared.leases`; the unit writes in `engine.shared.units`. `map_status` sums the
   counters every unit's holders recorded (each with the rows it counts, in one transaction)
   for the coordinator's result; `units_remaining` counts the play's units not done.
 - A map's lease length is bounded (`receipts.MAX_LEASE_S`). `live_maps` and `units_remaining`
@@ -33,15 +33,17 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from . import canonical
-from .actions import action
-from .bounds import is_number
-from .codecs import BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, list_of, optional, record
-from .errors import InvalidInputError
-from .pg import Connection
-from .ports import RECEIPTS_LANE, Port, table, with_connection
-from .receipts import MAX_LEASE_S
-from .scopes import RunRef, RunScope, check_scope, normalize_namespace
+from .. import canonical
+from ..actions import action
+from ..limits.bounds import is_number
+from ..values.codecs import (
+    BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, list_of, optional, record,
+)
+from ..errors import InvalidInputError
+from ..pg import Connection
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..receipts import MAX_LEASE_S
+from ..values.scopes import RunRef, RunScope, check_scope, normalize_namespace
 
 UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
 LEASE_S = 30.0        # a unit's lease (workers renew it every third of it while rows run)

@@ -21,6 +21,9 @@ How it works
   that does not list `run_id`. A token without that claim allows every run; an action whose
   input names no run is not checked against it.
 The server verifies and checks before it reads the request body or runs any query.
+Who calls: the gateway (`engine.gateway`: the server verifies, the client reads its own
+token's org and plays, the session router checks `allows`) and the console's login
+(`engine.console.auth`); both sit above this module, which imports neither.
 This module does no I/O.
 """
 
@@ -35,8 +38,8 @@ from typing import Iterable
 import attrs
 import jwt
 
-from ..bounds import is_number
-from ..errors import AuthError, InvalidInputError, ScopeError
+from .limits.bounds import is_number
+from .errors import AuthError, InvalidInputError, ScopeError
 
 ALGORITHM = "HS256"
 REQUIRED_CLAIMS = ("org", "plays", "actions", "exp", "iat", "jti")

@@ -37,14 +37,14 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from .actions import action
-from .bounds import is_int
-from .codecs import BOOL, INT, INT32, RUN_REF, TEXT, dict_of, list_of, record
-from .errors import InvalidInputError, LeaseLostError
-from .pg import Connection
-from .ports import RECEIPTS_LANE, Port, table, with_connection
-from .scopes import RunRef, check_scope
-from .shared_maps import COUNTERS, map_key
+from ..actions import action
+from ..limits.bounds import is_int
+from ..values.codecs import BOOL, INT, INT32, RUN_REF, TEXT, dict_of, list_of, record
+from ..errors import InvalidInputError, LeaseLostError
+from ..pg import Connection
+from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..values.scopes import RunRef, check_scope
+from .maps import COUNTERS, map_key
 
 MAX_CLAIM = 8  # units one claim takes, at most
 _MASK = re.compile(r"^(|[1-9a-f][0-9a-f]*)$")
