@@ -31,12 +31,12 @@ This module does no I/O.
 
 from __future__ import annotations
 
-import enum
 from typing import Mapping
 
 import attrs
 
 from ..ports import Port, sequence_literal, table
+from ..sql import SqlLiteral
 from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
 from ..array_input import facts
@@ -106,7 +106,7 @@ def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
     return "coalesce(" + " AND ".join(f"({term})" for term in terms) + ", false)"
 
 
-class Disposition(enum.StrEnum):
+class Disposition(SqlLiteral):
     """What admission decides for one input row (`disposition_case`); the blocked ones are the
     reasons of `BlockedRow`. SQL text writes `Disposition.X.sql`."""
 
@@ -116,10 +116,6 @@ class Disposition(enum.StrEnum):
     ATTEMPT_ACTIVE = "attempt_active"  # blocked: another attempt's lease is live
     GAVE_UP = "gave_up"                # blocked: failed in give_up_after runs
     ADMIT = "admit"                    # (re-)admitted to our write version
-
-    @property
-    def sql(self) -> str:
-        return f"'{self.value}'"
 
 
 _D = Disposition

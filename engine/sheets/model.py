@@ -23,7 +23,6 @@ This module does no I/O.
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 from typing import Any, Literal, Mapping, Sequence
@@ -37,6 +36,7 @@ from ..values.codecs import (
 )
 from ..errors import InvalidInputError
 from ..limits.inputs import key_problem
+from ..sql import SqlLiteral
 from ..values.scopes import MapScope
 
 from .field_names import clean_field
@@ -44,14 +44,7 @@ from .field_names import clean_field
 MAX_ATTEMPTS = 1_000_000  # calls one outcome may report (a row's `_attempts` is an integer)
 
 
-class _SqlLiteral(enum.StrEnum):
-    @property
-    def sql(self) -> str:
-        """The value as an SQL string literal, for statement text (values have no quote)."""
-        return f"'{self.value}'"
-
-
-class RowStatus(_SqlLiteral):
+class RowStatus(SqlLiteral):
     """A sheet row's `_status`: the one definition Python and SQL text both use (SQL writes
     `RowStatus.ENRICHED.sql`). Staleness is never stored: it is judged from cell policies."""
 
@@ -61,7 +54,7 @@ class RowStatus(_SqlLiteral):
     FAILED = "failed"
 
 
-class OutcomeStatus(_SqlLiteral):
+class OutcomeStatus(SqlLiteral):
     """A row outcome's status, which is also the status its cells get in the cell meta."""
 
     COMPLETED = "completed"
@@ -71,7 +64,7 @@ class OutcomeStatus(_SqlLiteral):
 OUTCOME_STATUSES = tuple(status.value for status in OutcomeStatus)
 
 
-class CellStatus(_SqlLiteral):
+class CellStatus(SqlLiteral):
     """An output cell's status in the cell meta, as `_cells[f].status` reports it: completion
     writes `completed` or `failed` (`OutcomeStatus`); a forced admission writes `pending`. Only
     a completed cell's value is shown (`reading.shown_cell`)."""

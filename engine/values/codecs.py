@@ -5,6 +5,8 @@ How it works
   built from a few primitives (`STR`, `INT`, `BOOL`, `FLOAT`, `USER_JSON`, `RAW`) and
   combinators (`optional`, `list_of`, `dict_of`, `record`), so each action of the registry
   (`engine.actions`) states exactly what its input and output look like on the wire.
+- A closed set of states (an `engine.sql.SqlLiteral` enum) travels as its members' plain
+  strings (`enum_of`): the same text SQL stores, decoded back into members.
 - Both directions check types and raise `InvalidInputError` naming the path (`run.scope.play`,
   `outcomes[3].key`): a client refuses bad input before sending it, and a server refuses a
   malformed body before any query. A `record` is built by calling its attrs class, so the
@@ -23,6 +25,7 @@ This module does no I/O.
 from __future__ import annotations
 
 import datetime
+import enum
 import math
 import re
 from typing import Any, Callable
@@ -108,6 +111,27 @@ INT32 = _int_between(INT32_MIN, INT32_MAX, "a 32-bit integer")
 BOOL = _typed("a boolean", lambda v: type(v) is bool)
 FLOAT = Codec("a number", _float_encode, _float_decode)
 NOTHING = Codec("null", lambda _v, _path: None, lambda _v, _path: None)
+
+
+def enum_of(kind: type[enum.StrEnum]) -> Codec:
+    """A member of the string enum `kind`, on the wire as its plain value; a caller may pass the
+    value itself. Decoding gives the member back and refuses any other value, naming the path."""
+    values = tuple(member.value for member in kind)
+    name = "one of " + ", ".join(values)
+
+    def encode(value: Any, path: str) -> str:
+        if not isinstance(value, str) or value not in values:
+            raise InvalidInputError(f"{path} must be {name}, got {value!r}")
+        return value if type(value) is str else value.value
+
+    def decode(value: Any, path: str) -> Any:
+        if type(value) is not str or value not in values:
+            raise InvalidInputError(f"{path} must be {name}, got {value!r}")
+        return kind(value)
+
+    return Codec(name, encode, decode)
+
+
 def as_is(value: Any, _path: str) -> Any:
     """The decode (or encode) that takes a value as it is; `list_of`, `record` and `optional`
     recognise it and skip the call per item."""
