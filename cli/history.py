@@ -20,6 +20,7 @@ import urllib.parse
 
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.runs import history, outbox
+from runplane.engine.runs.outbox import OutboxState
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import RunScope
@@ -28,7 +29,6 @@ from .operators import CommandError, play_tables, require_schema
 from .progress import duration
 from .terminal import emit_json, say, table_lines
 
-STATES = {"open": "open", "pending": "retiring", "done": "done"}
 DONE = ("admitted", "cached", "completed", "failed", "retried")
 
 
@@ -88,14 +88,14 @@ async def show_runs(tenant: Port, args: argparse.Namespace) -> int:
     listing = []
     for info in recent:
         entry = entries.get(info.run_id)
-        state = STATES.get(entry.state, entry.state) if entry is not None else "open"
+        state = (entry.state if entry is not None else OutboxState.OPEN).word
         done = totals(maps[info.run_id])
         listing.append({
             "run_id": info.run_id, "epoch": info.epoch, "started": info.created_at,
             "state": state, "duration_s": span_s(maps[info.run_id]),
             **{name: (done[name] if done else None) for name in DONE},
             "unfinished": unfinished[info.run_id],
-            "resume_command": info.command if state == "open" else None,
+            "resume_command": info.command if state == OutboxState.OPEN.word else None,
         })
     if args.json:
         emit_json({"play": scope.play, "runs": [
@@ -110,7 +110,7 @@ async def show_runs(tenant: Port, args: argparse.Namespace) -> int:
     for line in table_lines(header, rows, right=(1, 4, 5, 6, 7, 8, 9, 10)):
         say(line)
     for row in listing:
-        if row["state"] != "open":
+        if row["state"] != OutboxState.OPEN.word:
             continue
         command = row["resume_command"] or (
             f"(started from Python: wake it with actors.open_run(tenant, "
@@ -129,7 +129,7 @@ async def show_run(tenant: Port, scope: PlayScope, run_id: str, args: argparse.N
     if info is None:
         raise CommandError(f"play {scope.play!r} has no run {run_id!r}")
     entry = (await outbox.get_many(tenant, scope, [run_id])).get(run_id)
-    state = STATES.get(entry.state, entry.state) if entry is not None else "open"
+    state = (entry.state if entry is not None else OutboxState.OPEN).word
     entries = (await maps_of(tenant, scope, [run_id]))[run_id]
     unfinished = (await unfinished_rows(tenant, scope, [run_id]))[run_id]
     maps = [{"map": e.record.map_key, "table": e.record.table_namespace, "state": map_state(e),
@@ -139,7 +139,7 @@ async def show_run(tenant: Port, scope: PlayScope, run_id: str, args: argparse.N
              "retried": e.record.retried, "duration_s": e.record.duration_s,
              "started": e.record.started_at.isoformat(), "stop_reason": e.record.stop_reason}
             for e in entries]
-    resume = info.command if state == "open" else None
+    resume = info.command if state == OutboxState.OPEN.word else None
     if args.json:
         emit_json({"play": scope.play, "run_id": run_id, "epoch": info.epoch,
                    "started": info.created_at.isoformat(), "state": state,

@@ -29,6 +29,7 @@ from sse_starlette import EventSourceResponse
 
 from ..errors import EngineError
 from ..ports import Port
+from ..runs.outbox import OutboxState
 from . import queries, rates
 from .words import SHEET_COUNTERS
 from .auth import Sessions
@@ -92,7 +93,7 @@ async def _progress(port: Port, run: queries.RunRow, sessions: Sessions, session
                                    "tables": [_live_table(m, tick.counters.get(m.namespace),
                                                           windows, tick.now) for m in tick.maps]}
         yield {"event": "progress", "data": json.dumps(payload)}
-        pause = LIVE_INTERVAL_S if now.state == "open" else IDLE_INTERVAL_S
+        pause = LIVE_INTERVAL_S if now.state == OutboxState.OPEN.word else IDLE_INTERVAL_S
         await _rest(pause, viewer.expires_at, ended, closing)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Iterable
 from .figures import RunFigures
 from .params import seg
 from .queries import RunRow, RunTable, TableCounters
+from ..runs.outbox import OutboxState
 from ..sheets.causes import ErrorCause
 from .rows import Cursor, RowsPage
 from .words import (FIGURE_HINTS, MAP_STATE_WORDS, ROW_STATE_WORDS, RUN_FIGURES,
@@ -130,7 +131,7 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
             cells.insert(0, esc(run.org_id))
         lines.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}" for c in cells)
                      + "</tr>")
-        if run.state == "open":
+        if run.state == OutboxState.OPEN.word:
             command = run.command or (f"(started from Python: wake it with actors.open_run("
                                       f"tenant, {run.play!r}, {run.run_id!r}))")
             resume.append(f'<li><a href="{link}"><code>{esc(run.run_id)}</code></a>: '
@@ -138,7 +139,7 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
     filters = ('<form class="filters" method="get" action="/ui/">'
                + (f'<label>org<input name="org" value="{esc(org or "")}"></label>' if show_org else "")
                + f'<label>play{_options("play", plays, play)}</label>'
-               f'<label>state{_options("state", ("open", "retiring", "done"), state)}</label>'
+               f'<label>state{_options("state", tuple(s.word for s in OutboxState), state)}</label>'
                '<button type="submit">Filter</button></form>')
     table = (f'<table id="runs"><thead><tr>{ths}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
              '<p class="muted">Each run\'s own figures, from its run history: what it admitted, '
@@ -225,7 +226,7 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
              _stat("state", "state", run.state), _stat("epoch", "epoch", run.epoch),
              _stat("started", "started", when(run.started)),
              _stat("duration", "duration", duration(run.duration_s)), "</div>"]
-    if run.state == "open" and run.command:
+    if run.state == OutboxState.OPEN.word and run.command:
         parts.append(f'<p>Resume: <code>{esc(run.command)}</code></p>')
     if not tables:
         parts.append('<p class="muted">This run has recorded no maps yet.</p>')

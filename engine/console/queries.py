@@ -31,6 +31,7 @@ import attrs
 
 from ..errors import StatementTimeoutError
 from ..runs import row_calls
+from ..runs.outbox import OutboxState
 from ..pg import Connection
 from ..ports import CONSOLE_LANE, Port, table
 from ..sheets.audit import cause_counts, cause_counts_sql, sheets_with_causes
@@ -49,7 +50,6 @@ ROWS_PAGE = 50
 MAX_TABLES = 50
 MAX_FIELDS = 64
 TOP_ERRORS = 5
-STATES = {"open": "open", "pending": "retiring", "done": "done"}
 
 
 async def read(port: Port, operation: Callable[[Connection], Awaitable[T]]) -> T:
@@ -80,38 +80,38 @@ class RunRow:
     run_id: str
     epoch: int
     started: datetime.datetime
-    state: str
+    state: str  # the word of its outbox state (`OutboxState.word`)
     settled: datetime.datetime | None
     command: str | None
     figures: RunFigures | None = None  # what the run did (its run history); None: no map recorded
 
     @property
     def duration_s(self) -> float:
-        end = self.settled if self.state != "open" and self.settled else datetime.datetime.now(
-            datetime.timezone.utc)
+        settled = self.state != OutboxState.OPEN.word and self.settled
+        end = self.settled if settled else datetime.datetime.now(datetime.timezone.utc)
         return max(0.0, (end - self.started).total_seconds())
 
 
-_RUNS = """
+_RUNS = f"""
 SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
-       coalesce(o.state, 'open') AS state, o.updated_at AS settled
-  FROM {runs} AS r
-  LEFT JOIN {outbox} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
+       coalesce(o.state, {OutboxState.OPEN.sql}) AS state, o.updated_at AS settled
+  FROM {{runs}} AS r
+  LEFT JOIN {{outbox}} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
  WHERE ($1::text IS NULL OR r.org_id = $1::text)
    AND ($2::text[] IS NULL OR r.play = ANY($2::text[]))
    AND ($3::text IS NULL OR r.play = $3::text)
-   AND ($4::text IS NULL OR coalesce(o.state, 'open') = $4::text)
+   AND ($4::text IS NULL OR coalesce(o.state, {OutboxState.OPEN.sql}) = $4::text)
    AND ($5::bigint IS NULL OR r.epoch < $5::bigint)
    AND ($7::text[] IS NULL OR r.run_id = ANY($7::text[]))
  ORDER BY r.epoch DESC
  LIMIT $6
 """
 
-_RUN = """
+_RUN = f"""
 SELECT r.org_id, r.play, r.run_id, r.epoch, r.created_at, r.command,
-       coalesce(o.state, 'open') AS state, o.updated_at AS settled
-  FROM {runs} AS r
-  LEFT JOIN {outbox} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
+       coalesce(o.state, {OutboxState.OPEN.sql}) AS state, o.updated_at AS settled
+  FROM {{runs}} AS r
+  LEFT JOIN {{outbox}} AS o ON o.org_id = r.org_id AND o.play = r.play AND o.run_id = r.run_id
  WHERE r.org_id = $1 AND r.play = $2 AND r.run_id = $3
 """
 
@@ -125,12 +125,12 @@ SELECT table_namespace, total, queued, running AS leased, {in_call} AS running, 
 
 _PRESENT = "SELECT to_regclass($1) IS NOT NULL AS present, {foreign} AS foreign_table"
 
-_STATE_FILTER = {"open": "open", "retiring": "pending", "done": "done"}
+_STATE_FILTER = {state.word: state.value for state in OutboxState}  # a run state's word
 
 
 def _run_row(record: Any) -> RunRow:
     return RunRow(record["org_id"], record["play"], record["run_id"], record["epoch"],
-                  record["created_at"], STATES.get(record["state"], record["state"]),
+                  record["created_at"], OutboxState(record["state"]).word,
                   record["settled"], record["command"])
 
 

@@ -42,6 +42,7 @@ from starlette.routing import Route
 
 from ..errors import AuthError, EngineError, MissingRelationError, SchemaNotFoundError, ScopeError
 from ..ports import Port
+from ..runs.outbox import OutboxState
 from ..values.scopes import PlayScope, RunScope, normalize_namespace
 from . import export, live, origin, pages, params, queries, rows
 from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
@@ -280,7 +281,7 @@ class _Handlers:
             org = viewer.org
         play = query.get("play") or None
         state = query.get("state") or None
-        if state not in (None, "open", "retiring", "done"):
+        if state is not None and state not in {s.word for s in OutboxState}:
             raise ValueError("state")
         before_epoch = params.epoch(query.get("before"))
         port = await self.c.port_for(org or self.c.default_org)
@@ -458,4 +459,4 @@ def _run_json(run: queries.RunRow) -> dict[str, Any]:
             "state": run.state, "started": run.started.isoformat(),
             "duration_s": round(run.duration_s, 3),
             "figures": None if run.figures is None else run.figures.as_dict(),
-            "resume": run.command if run.state == "open" else None}
+            "resume": run.command if run.state == OutboxState.OPEN.word else None}

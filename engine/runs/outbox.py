@@ -32,23 +32,37 @@ How it works
 from __future__ import annotations
 
 import os
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Sequence
 
 import attrs
 
 from ..limits.bounds import is_int, is_number
 from ..actions import action
 from ..values.codecs import (
-    BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, NOTHING, dict_of, list_of, optional,
-    record,
+    BOOL, FLOAT, INT, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, NOTHING, dict_of, enum_of, list_of,
+    optional, record,
 )
 from ..errors import InvalidInputError
 from ..ports import RECEIPTS_LANE, RETIREMENT_LANE, Port, table, with_connection
 from ..receipts import MAX_LEASE_S
+from ..sql import SqlLiteral
 from ..values.scopes import PlayScope, RunScope, check_scope
 
-OPEN, PENDING, DONE = "open", "pending", "done"
-State = Literal["open", "pending", "done"]
+
+
+class OutboxState(SqlLiteral):
+    """A `terminal_outbox` entry's `state` (the machine in the module docstring); SQL text
+    writes `OutboxState.X.sql`."""
+
+    OPEN = "open"        # the run may still be woken: nothing retires its input
+    PENDING = "pending"  # the body ended terminally: its facts are garbage, to retire
+    DONE = "done"        # retired
+
+    @property
+    def word(self) -> str:
+        """The word people read for the state (the console, `runplane runs`): a pending entry's
+        run is `retiring`."""
+        return "retiring" if self is OutboxState.PENDING else self.value
 
 
 @attrs.frozen
@@ -56,12 +70,12 @@ class OutboxEntry:
     """A claimed (or inspected) outbox entry."""
 
     scope: RunScope
-    state: str
+    state: OutboxState = attrs.field(converter=OutboxState)
     attempts: int
     last_error: str | None = None
 
 
-OUTBOX_ENTRY = record(OutboxEntry, scope=RUN_SCOPE, state=STR, attempts=INT,
+OUTBOX_ENTRY = record(OutboxEntry, scope=RUN_SCOPE, state=enum_of(OutboxState), attempts=INT,
                       last_error=optional(STR))
 
 
@@ -70,30 +84,31 @@ def new_owner_id(kind: str) -> str:
     return f"{kind}:{os.getpid()}:{os.urandom(6).hex()}"
 
 
-_RECORD_OPEN = """
-INSERT INTO {t} (org_id, play, run_id, state) VALUES ($1, $2, $3, 'open')
+_S = OutboxState
+_RECORD_OPEN = f"""
+INSERT INTO {{t}} (org_id, play, run_id, state) VALUES ($1, $2, $3, {_S.OPEN.sql})
 ON CONFLICT (org_id, play, run_id) DO NOTHING
 """
 
 # Flip to pending and take the lease for the run's own guard, in one statement. A `done` entry
 # stays done (its facts are already gone; retiring again would only re-check the guard).
-_MARK_PENDING = """
-INSERT INTO {t} AS o (org_id, play, run_id, state, lease_owner, lease_expires_at)
-VALUES ($1, $2, $3, 'pending', $4, now() + make_interval(secs => $5))
+_MARK_PENDING = f"""
+INSERT INTO {{t}} AS o (org_id, play, run_id, state, lease_owner, lease_expires_at)
+VALUES ($1, $2, $3, {_S.PENDING.sql}, $4, now() + make_interval(secs => $5))
 ON CONFLICT (org_id, play, run_id) DO UPDATE
-   SET state = 'pending', lease_owner = EXCLUDED.lease_owner,
+   SET state = {_S.PENDING.sql}, lease_owner = EXCLUDED.lease_owner,
        lease_expires_at = EXCLUDED.lease_expires_at, next_attempt_at = now(), updated_at = now()
- WHERE o.state <> 'done'
+ WHERE o.state <> {_S.DONE.sql}
 RETURNING state
 """
 
-_CLAIM_DUE = """
+_CLAIM_DUE = f"""
 WITH due AS (
-    SELECT org_id, play, run_id FROM {t}
+    SELECT org_id, play, run_id FROM {{t}}
      WHERE org_id = $1 AND ($6::text[] IS NULL OR play = ANY($6::text[]))
        AND ($7::text[] IS NULL OR run_id = ANY($7::text[]))
-       AND (state = 'pending'
-            OR (state = 'open' AND $4::float8 IS NOT NULL
+       AND (state = {_S.PENDING.sql}
+            OR (state = {_S.OPEN.sql} AND $4::float8 IS NOT NULL
                 AND updated_at < now() - make_interval(secs => $4::float8)))
        AND next_attempt_at <= now()
        AND (lease_expires_at IS NULL OR lease_expires_at < now())
@@ -101,8 +116,8 @@ WITH due AS (
      LIMIT $3
        FOR UPDATE SKIP LOCKED
 )
-UPDATE {t} AS o
-   SET state = 'pending', lease_owner = $2,
+UPDATE {{t}} AS o
+   SET state = {_S.PENDING.sql}, lease_owner = $2,
        lease_expires_at = now() + make_interval(secs => $5),
        attempts = o.attempts + 1, updated_at = now()
   FROM due
@@ -110,21 +125,21 @@ UPDATE {t} AS o
 RETURNING o.org_id, o.play, o.run_id, o.state, o.attempts, o.last_error
 """
 
-_RENEW = """
-UPDATE {t} SET lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
- WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = 'pending'
+_RENEW = f"""
+UPDATE {{t}} SET lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = {_S.PENDING.sql}
 """
 
-_MARK_DONE = """
-UPDATE {t} SET state = 'done', lease_owner = NULL, lease_expires_at = NULL, last_error = NULL,
-       updated_at = now()
- WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = 'pending'
+_MARK_DONE = f"""
+UPDATE {{t}} SET state = {_S.DONE.sql}, lease_owner = NULL, lease_expires_at = NULL,
+       last_error = NULL, updated_at = now()
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = {_S.PENDING.sql}
 """
 
-_RETRY_LATER = """
-UPDATE {t} SET lease_owner = NULL, lease_expires_at = NULL, last_error = $5,
+_RETRY_LATER = f"""
+UPDATE {{t}} SET lease_owner = NULL, lease_expires_at = NULL, last_error = $5,
        next_attempt_at = now() + make_interval(secs => $6), updated_at = now()
- WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = 'pending'
+ WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = {_S.PENDING.sql}
 """
 
 _RELEASE = """
@@ -191,7 +206,7 @@ async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) 
     state = await with_connection(
         port, RETIREMENT_LANE, lambda conn: conn.fetchval(sql, *_key(scope), owner, lease)
     )
-    return state == PENDING
+    return state == OutboxState.PENDING
 
 
 @action("outbox.claim_due", params={"owner": TEXT, "limit": INT, "lease_s": FLOAT,
