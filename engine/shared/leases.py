@@ -44,7 +44,7 @@ from ..errors import InvalidInputError, LeaseLostError
 from ..pg import Connection
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..values.scopes import RunRef, check_scope
-from .maps import COUNTERS, map_key
+from .maps import COUNTERS, MapState, map_key
 
 MAX_CLAIM = 8  # units one claim takes, at most
 _MASK = re.compile(r"^(|[1-9a-f][0-9a-f]*)$")
@@ -101,27 +101,28 @@ SETTLEMENT = record(Settlement, lease=UNIT_LEASE, before=TEXT, after=TEXT, done=
                     tally=dict_of(INT))
 
 
-_CLAIM = """
+_OPEN = MapState.OPEN.sql  # units are claimed, renewed and written only while their map is open
+_CLAIM = f"""
 WITH m AS (
-    SELECT lease_s FROM {maps}
-     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND state = 'open'
+    SELECT lease_s FROM {{maps}}
+     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND state = {_OPEN}
 ), live AS (
-    SELECT greatest(1, count(*)) AS n FROM {workers}
+    SELECT greatest(1, count(*)) AS n FROM {{workers}}
      WHERE org_id = $1 AND play = $2
        AND seen_at > now() - make_interval(secs => (SELECT lease_s FROM m))
 ), free AS (
-    SELECT count(*) AS n FROM {units}
+    SELECT count(*) AS n FROM {{units}}
      WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND NOT done
        AND (expires_at IS NULL OR expires_at < now())
 ), picked AS (
-    SELECT unit FROM {units}
+    SELECT unit FROM {{units}}
      WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4 AND NOT done
        AND (expires_at IS NULL OR expires_at < now()) AND EXISTS (SELECT 1 FROM m)
      ORDER BY unit
      LIMIT (SELECT least($6::int, ceil(free.n::float8 / live.n)::int) FROM free, live)
        FOR UPDATE SKIP LOCKED
 )
-UPDATE {units} AS u
+UPDATE {{units}} AS u
    SET holder = $5, claims = u.claims + 1,
        expires_at = now() + make_interval(secs => (SELECT lease_s FROM m))
   FROM picked
@@ -152,19 +153,19 @@ async def claim_units(port: Port, ref: RunRef, map_invocation_id: str, holder: s
                   key=lambda lease: lease.unit)
 
 
-_RENEW = """
+_RENEW = f"""
 WITH beat AS (
-    UPDATE {workers} SET seen_at = now() WHERE org_id = $1 AND play = $2 AND worker_id = $5
+    UPDATE {{workers}} SET seen_at = now() WHERE org_id = $1 AND play = $2 AND worker_id = $5
 ), renewed AS (
-    UPDATE {units} AS u SET expires_at = now() + make_interval(secs => m.lease_s)
-      FROM {maps} AS m
+    UPDATE {{units}} AS u SET expires_at = now() + make_interval(secs => m.lease_s)
+      FROM {{maps}} AS m
      WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
        AND u.unit = ANY($6::int[]) AND u.holder = ANY($7::text[]) AND NOT u.done
        AND m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
-       AND m.state = 'open'
+       AND m.state = {_OPEN}
     RETURNING u.unit
 )
-SELECT coalesce(array_agg(unit), '{{}}') FROM renewed
+SELECT coalesce(array_agg(unit), '{{{{}}}}') FROM renewed
 """
 
 
@@ -186,15 +187,15 @@ async def renew(port: Port, ref: RunRef, map_invocation_id: str, worker_id: str,
 
 # The lease check of a claim's admission: every unit still ours (and its map open); the row
 # locks (FOR SHARE) keep claims off them until the admission commits.
-_CHECK = """
+_CHECK = f"""
 SELECT count(*) FROM (
-    SELECT 1 FROM {units} AS u
+    SELECT 1 FROM {{units}} AS u
       JOIN unnest($5::int[], $6::text[]) AS l(unit, holder)
         ON l.unit = u.unit AND l.holder = u.holder
-      JOIN {maps} AS m ON m.org_id = u.org_id AND m.play = u.play AND m.run_id = u.run_id
+      JOIN {{maps}} AS m ON m.org_id = u.org_id AND m.play = u.play AND m.run_id = u.run_id
                       AND m.map_invocation_id = u.map_invocation_id
      WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
-       AND NOT u.done AND m.state = 'open'
+       AND NOT u.done AND m.state = {_OPEN}
        AND ($7::boolean IS NOT TRUE OR m.config->>'concurrent' = 'true')
        FOR SHARE OF u
 ) AS held
@@ -202,15 +203,15 @@ SELECT count(*) FROM (
 
 # A batch of progress: per unit, compare-and-set of the settled mask with its counters added
 # (a replay finds `after` and changes nothing); the worker credited with the units it finished.
-_SETTLE = """
+_SETTLE = f"""
 WITH i AS (
     SELECT * FROM jsonb_to_recordset($5::jsonb)
         AS i(unit int, holder text, before text, after text, done boolean, delta jsonb)
 ), was AS (
-    SELECT u.unit, u.done FROM {units} AS u JOIN i ON i.unit = u.unit
+    SELECT u.unit, u.done FROM {{units}} AS u JOIN i ON i.unit = u.unit
      WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
 ), settled AS (
-    UPDATE {units} AS u
+    UPDATE {{units}} AS u
        SET counters = CASE WHEN coalesce(u.counters->>'settled', '') = i.before
                            THEN (SELECT jsonb_object_agg(k, coalesce((u.counters->>k)::bigint, 0)
                                                             + coalesce((i.delta->>k)::bigint, 0))
@@ -220,15 +221,15 @@ WITH i AS (
            done = CASE WHEN coalesce(u.counters->>'settled', '') = i.before THEN i.done
                        ELSE u.done END,
            expires_at = now() + make_interval(secs => m.lease_s)
-      FROM i, {maps} AS m
+      FROM i, {{maps}} AS m
      WHERE u.org_id = $1 AND u.play = $2 AND u.run_id = $3 AND u.map_invocation_id = $4
        AND u.unit = i.unit AND u.holder = i.holder
        AND coalesce(u.counters->>'settled', '') IN (i.before, i.after)
        AND m.org_id = $1 AND m.play = $2 AND m.run_id = $3 AND m.map_invocation_id = $4
-       AND m.state = 'open' AND ($8::boolean IS NOT TRUE OR m.config->>'concurrent' = 'true')
+       AND m.state = {_OPEN} AND ($8::boolean IS NOT TRUE OR m.config->>'concurrent' = 'true')
     RETURNING u.unit, u.done
 ), credited AS (
-    UPDATE {workers}
+    UPDATE {{workers}}
        SET units_done = units_done + (SELECT count(*) FROM settled JOIN was USING (unit)
                                        WHERE settled.done AND NOT was.done),
            seen_at = now()

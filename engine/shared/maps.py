@@ -37,17 +37,31 @@ from .. import canonical
 from ..actions import action
 from ..limits.bounds import is_number
 from ..values.codecs import (
-    BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, list_of, optional, record,
+    BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, enum_of, list_of, optional,
+    record,
 )
 from ..errors import InvalidInputError
 from ..pg import Connection
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..receipts import MAX_LEASE_S
+from ..sql import SqlLiteral
 from ..values.scopes import RunRef, RunScope, check_scope, normalize_namespace
 
 UNIT_ROWS = 500       # rows of one unit, at most (a slice of one staged page)
 LEASE_S = 30.0        # a unit's lease (workers renew it every third of it while rows run)
-WAITING, OPEN, DONE, CANCELLED = "waiting", "open", "done", "cancelled"
+
+
+class MapState(SqlLiteral):
+    """A shared map's `state` in `shared_maps`; SQL text writes `MapState.X.sql`."""
+
+    WAITING = "waiting"      # published, its units not yet handed out
+    OPEN = "open"            # units are claimed by workers
+    DONE = "done"            # every unit done: the map is closed
+    CANCELLED = "cancelled"  # given up (a new publish of it starts it waiting again)
+
+
+# The names callers use (`sm.OPEN`): members of `MapState`, not a second definition.
+WAITING, OPEN, DONE, CANCELLED = MapState
 LIVE = (WAITING, OPEN)  # the states a map can be opened or closed from
 COUNTERS = ("rows", "cached", "blocked", "skipped", "executed", "completed", "failed",
             "fenced", "calls", "retried", "timed_out")
@@ -63,13 +77,14 @@ class SharedMap:
     config: Mapping[str, Any]
     function: str
     play_digest: str
-    state: str
+    state: MapState = attrs.field(converter=MapState)
     lease_s: float
 
 
 @attrs.frozen
 class MapStatus:
-    state: str | None  # None: no such map
+    state: MapState | None = attrs.field(  # None: no such map
+        converter=attrs.converters.optional(MapState))
     units: int
     done: int
     counters: Mapping[str, int]
@@ -87,8 +102,9 @@ class WorkerInfo:
 
 
 SHARED_MAP = record(SharedMap, ref=RUN_REF, map_invocation_id=TEXT, table_namespace=TEXT,
-                    config=RAW, function=TEXT, play_digest=TEXT, state=TEXT, lease_s=FLOAT)
-MAP_STATUS = record(MapStatus, state=optional(TEXT), units=INT, done=INT, counters=dict_of(INT))
+                    config=RAW, function=TEXT, play_digest=TEXT, state=enum_of(MapState),
+                    lease_s=FLOAT)
+MAP_STATUS = record(MapStatus, state=optional(enum_of(MapState)), units=INT, done=INT, counters=dict_of(INT))
 WORKER_INFO = record(WorkerInfo, worker_id=TEXT, pid=INT, host=TEXT, units_done=INT,
                      seen_s_ago=FLOAT)
 
@@ -120,17 +136,17 @@ def map_key(ref: RunRef, map_invocation_id: str) -> tuple[str, str, str, str]:
     return scope.org_id, scope.play, scope.run_id, map_invocation_id
 
 
-_PUBLISH = """
+_PUBLISH = f"""
 WITH published AS (
-    INSERT INTO {maps} AS m (org_id, play, run_id, map_invocation_id, epoch, table_namespace,
+    INSERT INTO {{maps}} AS m (org_id, play, run_id, map_invocation_id, epoch, table_namespace,
                              config, function, play_digest, state, units, lease_s)
-    VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, 'waiting', cardinality($10::int[]), $14)
+    VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, {WAITING.sql}, cardinality($10::int[]), $14)
     ON CONFLICT (org_id, play, run_id, map_invocation_id) DO UPDATE
-       SET state = 'waiting', config = EXCLUDED.config, function = EXCLUDED.function,
+       SET state = {WAITING.sql}, config = EXCLUDED.config, function = EXCLUDED.function,
            play_digest = EXCLUDED.play_digest, lease_s = EXCLUDED.lease_s
-     WHERE m.state = 'cancelled'
+     WHERE m.state = {CANCELLED.sql}
 ), units AS (
-    INSERT INTO {units} (org_id, play, run_id, map_invocation_id, unit, page, low, row_count)
+    INSERT INTO {{units}} (org_id, play, run_id, map_invocation_id, unit, page, low, row_count)
     SELECT $1, $2, $3, $4, t.unit, t.page, t.low, t.row_count
       FROM unnest($10::int[], $11::int[], $12::int[], $13::int[]) AS t(unit, page, low, row_count)
     ON CONFLICT DO NOTHING
@@ -174,17 +190,20 @@ UPDATE {maps} SET state = $5
 
 
 @action("shared_maps.set_state", params={
-    "ref": RUN_REF, "map_invocation_id": TEXT, "state": TEXT, "from_states": list_of(TEXT),
+    "ref": RUN_REF, "map_invocation_id": TEXT, "state": enum_of(MapState),
+    "from_states": list_of(enum_of(MapState)),
 }, result=BOOL)
-async def set_state(port: Port, ref: RunRef, map_invocation_id: str, state: str,
-                    from_states: Sequence[str]) -> bool:
+async def set_state(port: Port, ref: RunRef, map_invocation_id: str, state: MapState,
+                    from_states: Sequence[MapState]) -> bool:
     """Move the map to `state` if it is in one of `from_states`; whether it moved."""
     check_scope(port, ref)
-    if state not in (WAITING, OPEN, DONE, CANCELLED):
+    state = MapState.coerce(state)
+    if not isinstance(state, MapState):
         raise InvalidInputError(f"state must be waiting, open, done or cancelled, got {state!r}")
     sql = _SET_STATE.format(maps=table(port, "shared_maps"))
     status = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
-        sql, *map_key(ref, map_invocation_id), state, list(from_states)))
+        sql, *map_key(ref, map_invocation_id), state.value,
+        [s.value if isinstance(s, MapState) else s for s in from_states]))
     return not status.endswith(" 0")
 
 
@@ -220,10 +239,10 @@ async def workers_joined(port: Port, ref: RunRef, map_invocation_id: str) -> int
         sql, *map_key(ref, map_invocation_id)))
 
 
-_LIVE_MAPS = """
+_LIVE_MAPS = f"""
 SELECT run_id, epoch, map_invocation_id, table_namespace, config::text AS config, function,
        play_digest, state, lease_s
-  FROM {maps} WHERE org_id = $1 AND play = $2 AND state IN ('waiting', 'open')
+  FROM {{maps}} WHERE org_id = $1 AND play = $2 AND state IN ({MapState.sql_list(LIVE)})
    AND ($3::text[] IS NULL OR run_id = ANY($3::text[]))
  ORDER BY created_at
 """
@@ -285,11 +304,11 @@ async def map_status(port: Port, ref: RunRef, map_invocation_id: str, *,
     return await with_connection(port, RECEIPTS_LANE, read)
 
 
-_REMAINING = """
-SELECT count(*) FROM {maps} AS m JOIN {units} AS u
+_REMAINING = f"""
+SELECT count(*) FROM {{maps}} AS m JOIN {{units}} AS u
     ON u.org_id = m.org_id AND u.play = m.play AND u.run_id = m.run_id
    AND u.map_invocation_id = m.map_invocation_id
- WHERE m.org_id = $1 AND m.play = $2 AND m.state IN ('waiting', 'open') AND NOT u.done
+ WHERE m.org_id = $1 AND m.play = $2 AND m.state IN ({MapState.sql_list(LIVE)}) AND NOT u.done
    AND ($3::text[] IS NULL OR m.run_id = ANY($3::text[]))
 """
 
