@@ -30,13 +30,28 @@ import attrs
 from ..limits.bounds import is_int
 from ..actions import action
 from ..values.codecs import (
-    FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, TIMESTAMP, list_of, optional, record,
+    FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, TIMESTAMP, enum_of, list_of, optional,
+    record,
 )
 from ..errors import InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..sql import SqlLiteral
 from ..values.scopes import PlayScope, RunScope, check_scope
 
-MAP_STATES = ("running", "finished", "stopped_early", "superseded", "failed", "interrupted")
+
+
+class MapRunState(SqlLiteral):
+    """A `run_maps` row's `state` (see the module docstring); SQL text writes `.sql`."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED_EARLY = "stopped_early"
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+MAP_STATES = tuple(state.value for state in MapRunState)
 COUNTERS = ("source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried",
             "running")
 LIVE_S = 10.0  # a running map's row older than this is a crashed one
@@ -49,7 +64,7 @@ class MapRecord:
 
     map_key: str
     table_namespace: str
-    state: str
+    state: MapRunState = attrs.field(converter=MapRunState.coerce)
     started_at: datetime.datetime
     ended_at: datetime.datetime | None = None
     source_rows: int = 0
@@ -86,7 +101,8 @@ class MapRecord:
         return (self.ended_at - self.started_at).total_seconds()
 
 
-MAP_RECORD = record(MapRecord, map_key=TEXT, table_namespace=TEXT, state=TEXT, started_at=TIMESTAMP,
+MAP_RECORD = record(MapRecord, map_key=TEXT, table_namespace=TEXT, state=enum_of(MapRunState),
+                    started_at=TIMESTAMP,
                     ended_at=optional(TIMESTAMP), source_rows=INT, admitted=INT, cached=INT,
                     completed=INT, failed=INT, blocked=INT, retried=INT, running=INT,
                     stop_reason=optional(STR))
@@ -129,7 +145,7 @@ SELECT {_COLUMNS} FROM {{run_maps}}
 
 _LIVE = f"""
 SELECT {_COLUMNS} FROM {{run_maps}}
- WHERE org_id = $1 AND play = $2 AND state = 'running'
+ WHERE org_id = $1 AND play = $2 AND state = {MapRunState.RUNNING.sql}
    AND updated_at > now() - make_interval(secs => $3)
    AND ($4::text[] IS NULL OR run_id = ANY($4::text[]))
  ORDER BY started_at
@@ -146,7 +162,7 @@ async def record_map(port: Port, scope: RunScope, record: MapRecord) -> None:
     sql = _RECORD.format(run_maps=table(port, "run_maps"))
     await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
         sql, scope.org_id, scope.play, scope.run_id, record.map_key, record.table_namespace,
-        record.state, record.started_at, record.ended_at,
+        record.state.value, record.started_at, record.ended_at,
         *(getattr(record, name) for name in COUNTERS), reason))
 
 
