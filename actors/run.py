@@ -211,6 +211,16 @@ class Run:
                                     shared=shared, executor=executor,
                                     on_progress=lambda snapshot: [f(snapshot) for f in observers],
                                     **shared_tuning)
+        return await self._map_here(source, plan, table_namespace, on_progress,
+                                    map_invocation_id)
+
+    async def _map_here(self, source: Any, plan: MapPlan, table_namespace: str,
+                        on_progress: Callable[[MapProgress], Any] | None,
+                        map_invocation_id: str | None) -> MapResult:
+        """A map in this process (`actors.mapper.map_rows`): its source checked before its
+        history entry is written, the entry heartbeated while it runs (with the rows in a
+        call), and finished as it ended: failed, interrupted, or with its result (a store
+        outage leaves the entry running, like a crash, for the wake)."""
         listed = isinstance(source, (list, tuple, array_input.PagedRows))
         if not listed and not hasattr(source, "__aiter__"):  # refused before the history write
             raise InvalidInputError(

@@ -3,6 +3,7 @@
 `open_port(args)` opens the tenant the options name (`--dsn`, `--org`, `--schema`), or, with
 `--gateway URL` (or `RUNPLANE_GATEWAY_URL`), a `Gateway` acting with the token in
 `RUNPLANE_TOKEN`: its org is the token's, and the command needs no database access at all.
+`require_tenant_schema(port)` is the one place a command asks which of the two it opened.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import os
 from typing import Any, AsyncIterator
 
 from runplane.engine import open_tenant
+from runplane.engine.actions import RemotePort
+from runplane.engine.ports import Port
 
-from .operators import UsageError
+from .operators import UsageError, require_schema
 
 
 @contextlib.asynccontextmanager
@@ -38,3 +41,10 @@ async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> Asy
         async with open_tenant(args.org, args.dsn, schema=args.schema,
                                bootstrap=not read_only) as tenant:
             yield tenant
+
+
+async def require_tenant_schema(port: Port) -> None:
+    """`operators.require_schema` when `open_port` opened a tenant; nothing for a gateway (a
+    connection kind, not a capability), which checks its own schema."""
+    if not isinstance(port, RemotePort):
+        await require_schema(port)

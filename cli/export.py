@@ -38,11 +38,10 @@ import sys
 from typing import Any, AsyncIterator, BinaryIO
 
 from runplane.engine import PlayScope, sheets
-from runplane.engine.actions import RemotePort
 from runplane.engine.sheets import frames
 
-from .connect import open_port
-from .operators import CommandError, UsageError, require_schema, require_table
+from .connect import open_port, require_tenant_schema
+from .operators import CommandError, UsageError, require_table
 
 HELP = "write a table's rows to a file or stdout as JSON lines, CSV or Parquet (streaming)"
 FORMATS = ("jsonl", "csv", "parquet")
@@ -220,8 +219,7 @@ async def export(args: argparse.Namespace) -> int:
             raise CommandError(str(exc)) from None
     fields = None if args.fields is None else [f.strip() for f in args.fields.split(",")]
     async with open_port(args, read_only=True) as port:
-        if not isinstance(port, RemotePort):  # a gateway checks its own schema
-            await require_schema(port)
+        await require_tenant_schema(port)
         scope = PlayScope(port.org_id, args.play)
         table = await require_table(port, scope, args.table)
         ds = sheets.dataset(port, scope, table, status=args.status, run_id=args.run,

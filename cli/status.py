@@ -24,12 +24,12 @@ import trio
 
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.runs import outbox, row_calls
-from runplane.engine.actions import RemotePort
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import normalize_namespace
 
-from .operators import CommandError, require_schema
+from .connect import require_tenant_schema
+from .operators import CommandError
 from .progress import Rates, duration
 from .terminal import emit_json, say
 
@@ -75,8 +75,7 @@ def table_line(name: str, c: TableCounts) -> str:
 
 
 async def show_status(port: Port, args: argparse.Namespace) -> int:
-    if not isinstance(port, RemotePort):  # a gateway checks its own schema
-        await require_schema(port)
+    await require_tenant_schema(port)
     scope = PlayScope(port.org_id, args.play)
     counts = await read_counts(port, scope, args.table)
     recent = await runs.list_runs(port, scope, limit=10)

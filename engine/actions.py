@@ -21,6 +21,10 @@ How it works
   codec (checked at import).
 - `actions()` imports the modules that define actions (`ACTION_MODULES`) and returns the
   registry, filled once at import time and never changed afterwards.
+- `routes_remote(remote)` routes a port-taking function that is no action of its own the same
+  way: through a `RemotePort` the call goes to `remote` (a form made of actions, or the answer
+  of a direct-port shortcut a remote port goes without), through any other port to the
+  function. So no domain function asks which kind of port it was given.
 - A new operation: decorate it, and add its module to `ACTION_MODULES` if it is a new one;
   the registry walk in the tests fails for a public port-taking operation that is not an action.
 """
@@ -39,6 +43,7 @@ from .errors import InvalidInputError
 from .ports import Port, PortDefaults
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+G = TypeVar("G", bound=Callable[..., Any])
 
 DEFAULT_DEADLINE_S = 30.0
 ACTION_MODULES = (
@@ -146,6 +151,34 @@ def action(
         return routed  # type: ignore[return-value]
 
     return register
+
+
+def routes_remote(remote: Callable[..., Any]) -> Callable[[G], G]:
+    """Route the decorated `op(port, ...)` as `action` routes an action: through a `RemotePort`
+    the call goes to `remote(port, ...)` with the same arguments, through any other port to
+    `op`. For port-taking functions that are no action themselves: an entry point whose
+    remote form sends an action (a `SheetWrite`'s admission), or a direct-port shortcut a
+    remote port answers without (a recorded list, a `COPY`)."""
+
+    def route(function: G) -> G:
+        if inspect.iscoroutinefunction(function):
+            @functools.wraps(function)
+            async def routed_async(port: Port, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(port, RemotePort):
+                    return await remote(port, *args, **kwargs)
+                return await function(port, *args, **kwargs)
+
+            return routed_async  # type: ignore[return-value]
+
+        @functools.wraps(function)
+        def routed(port: Port, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(port, RemotePort):
+                return remote(port, *args, **kwargs)
+            return function(port, *args, **kwargs)
+
+        return routed  # type: ignore[return-value]
+
+    return route
 
 
 def actions() -> Mapping[str, Action]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 
+import attrs
 import trio
 
 from .. import canonical
@@ -116,11 +117,23 @@ async def seal(
     scope = F.map_scope(port, scope)
     V.check_fingerprint(source_fingerprint)
     _check_seal_args(source_rows, page_count, batch_size)
-    t = table(port, "work_receipts")
+    expected, sealed = await _begin_seal(port, scope, source_fingerprint, source_rows, page_count)
+    if sealed:
+        return  # a completed seal is the proof; no re-verification
+    scanned = await _scan_pages(port, scope, expected, batch_size)
+    if scanned is None:
+        return  # a peer completed the seal while we scanned
+    _check_totals(scanned, expected)
+    await _write_seal(port, scope, expected, scanned.digest_chain)
 
-    # 1. guard, begin and an existing seal.
+
+async def _begin_seal(port: Port, scope: MapScope, source_fingerprint: str, source_rows: int,
+                      page_count: int) -> tuple[dict, bool]:
+    """Step 1, one statement: the guard must be open and the begin fact agree with the source;
+    returns the seal's expected manifest and whether a completed seal already matches it."""
     start_args = (F.guard_key(scope), F.begin_key(scope), F.seal_key(scope))
-    row = await F.run_statement(port, RECEIPTS_LANE, _START.format(t=t), start_args, lambda r: r)
+    row = await F.run_statement(port, RECEIPTS_LANE, _START.format(t=table(port, "work_receipts")),
+                                start_args, lambda r: r)
     F.require_open(row["g_status"], row["g_run"], row["g_output"], scope)
     begun = F.begin_output(row["b_status"], row["b_run"], row["b_output"], scope)
     if (begun["source_fingerprint"], begun["source_rows"]) != (source_fingerprint, source_rows):
@@ -128,20 +141,34 @@ async def seal(
             f"seal of {source_rows} rows ({source_fingerprint}) disagrees with the begun source of "
             f"{begun['source_rows']} rows ({begun['source_fingerprint']})"
         )
-    identities = begun["has_source_identities"]
     expected = {"kind": F.SEAL_KIND, "source_fingerprint": source_fingerprint,
-                "source_rows": source_rows, "has_source_identities": identities,
+                "source_rows": source_rows, "has_source_identities": begun["has_source_identities"],
                 "page_count": page_count}
-    if row["s_status"] is not None and _matching_seal(
-        row["s_status"], row["s_run"], row["s_output"], scope, expected
-    ):
-        return  # a completed seal is the proof; no re-verification
+    sealed = row["s_status"] is not None and _matching_seal(
+        row["s_status"], row["s_run"], row["s_output"], scope, expected)
+    return expected, sealed
 
-    # 2. the scan, batch by batch, verifying outside the checkouts.
+
+@attrs.frozen
+class _Scanned:
+    """What the page scan found: the chained digest of the pages, their rows, and whether any
+    page carries source identities."""
+
+    digest_chain: str
+    rows: int
+    any_identity: bool
+
+
+async def _scan_pages(port: Port, scope: MapScope, expected: dict,
+                      batch_size: int) -> _Scanned | None:
+    """Step 2: every page, `batch_size` a checkout, verified outside the checkouts (in order,
+    each at the offset the previous ones end at); None when a peer's matching seal appears
+    meanwhile. The guard must stay open, and a missing page is corrupt."""
+    page_count = expected["page_count"]
     chain = hashlib.sha256()
     next_offset = 0
     any_identity = False
-    scan_sql = _SCAN_BATCH.format(t=t)
+    scan_sql = _SCAN_BATCH.format(t=table(port, "work_receipts"))
     for first in range(0, page_count, batch_size):
         ordinals = range(first, min(first + batch_size, page_count))
         keys = [F.page_key(scope, ordinal) for ordinal in ordinals]
@@ -157,7 +184,7 @@ async def seal(
         if seal_row is not None and _matching_seal(
             seal_row["status"], seal_row["run_id"], seal_row["output"], scope, expected
         ):
-            return  # a peer completed the seal while we scanned
+            return None
         found = {r["position"]: r for r in rows if r["part"] == 2}
         for position, ordinal in enumerate(ordinals, start=1):
             fact_row = found.get(position)
@@ -165,28 +192,39 @@ async def seal(
                 raise CorruptFactError(f"page {ordinal} of {page_count} is missing; cannot seal")
             fact = F.fact_output(fact_row["status"], fact_row["run_id"], fact_row["output"],
                                  scope, F.PAGE_KIND)
-            page = P.verify_page(fact, source_fingerprint=source_fingerprint, ordinal=ordinal,
-                                 offset=next_offset, build=False)
+            page = P.verify_page(fact, source_fingerprint=expected["source_fingerprint"],
+                                 ordinal=ordinal, offset=next_offset, build=False)
             chain.update(page.digest.encode())
             next_offset += page.row_count
             any_identity = any_identity or page.has_source_identities
             del fact, page, fact_row
             await trio.lowlevel.checkpoint()
         del rows, found
+    return _Scanned(chain.hexdigest(), next_offset, any_identity)
 
-    # 3. totals against the begin fact.
-    if next_offset != source_rows:
+
+def _check_totals(scanned: _Scanned, expected: dict) -> None:
+    """Step 3: the pages' rows and source identities against the begin fact's."""
+    page_count, source_rows = expected["page_count"], expected["source_rows"]
+    identities = expected["has_source_identities"]
+    if scanned.rows != source_rows:
         raise CorruptFactError(
-            f"the {page_count} pages hold {next_offset} rows; the source has {source_rows}"
+            f"the {page_count} pages hold {scanned.rows} rows; the source has {source_rows}"
         )
-    if any_identity != identities:
+    if scanned.any_identity != identities:
         raise CorruptFactError(
-            f"the pages {'carry' if any_identity else 'lack'} source identities; the begin fact "
-            f"says has_source_identities={identities}"
+            f"the pages {'carry' if scanned.any_identity else 'lack'} source identities; the "
+            f"begin fact says has_source_identities={identities}"
         )
 
-    # 4. the seal, under the locked guard.
-    output = dict(expected, digest_chain=chain.hexdigest())
+
+async def _write_seal(port: Port, scope: MapScope, expected: dict, digest_chain: str) -> None:
+    """Step 4, one statement under the locked guard: the seal is written unless one exists;
+    the begin fact must not have changed, and an existing seal must match ours (a peer's seal
+    committed after our snapshot is not visible yet: the statement is retried)."""
+    source_fingerprint, source_rows = expected["source_fingerprint"], expected["source_rows"]
+    identities = expected["has_source_identities"]
+    output = dict(expected, digest_chain=digest_chain)
 
     def decide(row) -> None:
         F.require_open(row["g_status"], row["g_run"], row["g_output"], scope)

@@ -261,51 +261,23 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
     limit). Rows are the caller's objects (`rows` is `items` itself) until an item is not its
     own canonical data; identities are listed only once an item has one.
     """
-    hasher = hashlib.sha256()
+    pages = _PageCuts(keep)
     rows: list[dict] | None = None  # built only once an item is not its own clean data
-    packed: list[bytes] = []
     identities: list[str | None] | None = None
-    cuts: list[tuple[int, int]] = []
     page_texts: list[str] = []  # the data texts of the page being cut ...
     page_identities: list[str | None] | None = None  # ... and their identities, if any has one
-    offset = size = 0  # the page being cut: first row, rows' stored bytes + separators
+    size = 0  # the page being cut: its rows' stored bytes + separators
     any_identity = False
-    page_digests: list[bytes] = []
-    room = MAX_PAGE_BYTES - fact_overhead(0, 0, MAX_PAGE_ROWS)  # for rows, whatever the count
+    room = pages.room()
     dumps = canonical.stable_dumps
     is_canonical = canonical.is_canonical
     with_rows = keep and type(items) is list
 
-    def cut() -> None:
-        nonlocal offset, size, room, page_texts, page_identities
-        if page_identities is None:
-            blob = ('{"data":' + '}\n{"data":'.join(page_texts) + '}\n').encode()
-        else:
-            blob = "".join(
-                f'{{"data":{text}}}\n' if identity is None
-                else f'{{"data":{text},"source_identity":{identity}}}\n'
-                for text, identity in zip(page_texts, page_identities)).encode()
-        hasher.update(blob)
-        if keep:
-            packed.append(_pack("\n".join(page_texts)))
-        else:
-            page_digests.append(hashlib.sha256(blob).digest())
-        count = len(page_texts)
-        cuts.append((offset, count))
-        offset, size, page_texts, page_identities = offset + count, 0, [], None
-        room = MAX_PAGE_BYTES - fact_overhead(len(cuts), offset, MAX_PAGE_ROWS)
-
     for index, item in enumerate(items):
         if type(item) is dict:
             data, identity = item, None
-        elif isinstance(item, Occurrence):
-            data, identity = item.data, _identity_text(item, f"rows[{index}]")
-        elif isinstance(item, dict):
-            data, identity = item, None
         else:
-            raise InvalidInputError(
-                f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
-            )
+            data, identity = _unwrap(index, item)
         clean = data if is_canonical(data) else \
             canonical.normalize_fast(data, f"rows[{index}].data")
         text = dumps(clean)
@@ -313,12 +285,12 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
         if identity is not None:
             row_bytes += _IDENTITY_WRAP + _utf8_len(identity)
         count = len(page_texts)
-        if count and (count >= MAX_PAGE_ROWS or size + 1 + row_bytes > room and fact_overhead(
-                len(cuts), offset, count + 1) + size + 1 + row_bytes > MAX_PAGE_BYTES):
-            cut()
+        if count and (count >= MAX_PAGE_ROWS or size + 1 + row_bytes > room and pages.overhead(
+                count + 1) + size + 1 + row_bytes > MAX_PAGE_BYTES):
+            pages.cut(page_texts, page_identities)
+            size, page_texts, page_identities, room = 0, [], None, pages.room()
             count = 0
-        if not count and row_bytes > room and \
-                fact_overhead(len(cuts), offset, 1) + row_bytes > MAX_PAGE_BYTES:
+        if not count and row_bytes > room and pages.overhead(1) + row_bytes > MAX_PAGE_BYTES:
             raise InvalidInputError(
                 f"rows[{index}] alone needs {row_bytes} bytes of canonical JSON; a page fact "
                 f"holds at most {MAX_PAGE_BYTES} bytes"
@@ -341,11 +313,63 @@ def _encode(items: Iterable[Occurrence | dict], keep: bool
             if rows is not None:
                 rows.append(clean)
     if page_texts:
-        cut()
+        pages.cut(page_texts, page_identities)
     kept: Sequence[dict] = rows if rows is not None else (items if keep else [])
-    shape = SourceShape(hasher.hexdigest(), offset, tuple(cuts), any_identity,
-                        tuple(page_digests))
-    return shape, kept, packed, identities
+    shape = SourceShape(pages.hasher.hexdigest(), pages.rows, tuple(pages.cuts), any_identity,
+                        tuple(pages.digests))
+    return shape, kept, pages.packed, identities
+
+
+def _unwrap(index: int, item: Any) -> tuple[dict, str | None]:
+    """An item that is not a plain dict: an `Occurrence`'s data and identity text, or a dict
+    subclass's own data (no identity); anything else is refused, naming its position."""
+    if isinstance(item, Occurrence):
+        return item.data, _identity_text(item, f"rows[{index}]")
+    if isinstance(item, dict):
+        return item, None
+    raise InvalidInputError(
+        f"rows[{index}] must be a dict or an Occurrence, got {type(item).__name__}"
+    )
+
+
+@attrs.define(eq=False)
+class _PageCuts:
+    """The pages one encoding pass has cut so far: their (offset, count) cuts, the fingerprint
+    hasher fed each page's stored rows, and each page's packed texts (`keep`) or else its
+    digest. `rows` counts the rows cut: the next page's offset."""
+
+    keep: bool
+    hasher: Any = attrs.field(init=False, factory=hashlib.sha256)
+    cuts: list[tuple[int, int]] = attrs.field(init=False, factory=list)
+    packed: list[bytes] = attrs.field(init=False, factory=list)
+    digests: list[bytes] = attrs.field(init=False, factory=list)
+    rows: int = attrs.field(init=False, default=0)
+
+    def room(self) -> int:
+        """The bytes the next page holds for its rows, whatever their count."""
+        return MAX_PAGE_BYTES - fact_overhead(len(self.cuts), self.rows, MAX_PAGE_ROWS)
+
+    def overhead(self, count: int) -> int:
+        """The next page's fact overhead with `count` rows (exact, for a row near the limit)."""
+        return fact_overhead(len(self.cuts), self.rows, count)
+
+    def cut(self, texts: list[str], identities: list[str | None] | None) -> None:
+        """Close a page of these data texts (and identities, when any row has one): its stored
+        rows, as one text, feed the fingerprint."""
+        if identities is None:
+            blob = ('{"data":' + '}\n{"data":'.join(texts) + '}\n').encode()
+        else:
+            blob = "".join(
+                f'{{"data":{text}}}\n' if identity is None
+                else f'{{"data":{text},"source_identity":{identity}}}\n'
+                for text, identity in zip(texts, identities)).encode()
+        self.hasher.update(blob)
+        if self.keep:
+            self.packed.append(_pack("\n".join(texts)))
+        else:
+            self.digests.append(hashlib.sha256(blob).digest())
+        self.cuts.append((self.rows, len(texts)))
+        self.rows += len(texts)
 
 
 @attrs.define(eq=False)

@@ -72,6 +72,7 @@ from .isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, poli
 from ..sql import qualified, quote_ident
 
 if TYPE_CHECKING:
+    from ..sheets.layout import SheetLayout
     from ..tenant import Tenant
 
 ROLE_PREFIX = "runplane_s_"
@@ -217,6 +218,20 @@ async def _unavailable(conn: pg.Connection, schema: str, group_present: bool) ->
         "with a login that may create roles")
 
 
+@attrs.frozen
+class _RoleDraft:
+    """The session role about to be created: its name and password verifier, what it is
+    granted (`grant`, on the sheet of `layout` when it reads or writes rows), and the limits
+    recorded with it."""
+
+    role: str
+    verifier: str = attrs.field(repr=False)
+    grant: SessionScope
+    layout: "SheetLayout | None"
+    limits: SessionLimits | None
+    connection_limit: int
+
+
 async def mint(
     tenant: Tenant,
     scope: PlayScope,
@@ -233,19 +248,12 @@ async def mint(
     org: past it, `TooManySessionsError`. `limits` (a `SessionLimits` or a mapping of
     `max_rows`, `max_bytes`, `max_requests`) are recorded with the session."""
     from ..sheets import SheetContract, ensure_sheet
-    from ..sheets.layout import layout_for, sheet_lock_key
+    from ..sheets.layout import layout_for
 
     check_scope(tenant, scope)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
     limits = SessionLimits.of(limits)
-    if not is_number(ttl_s, high=MAX_TTL_S, above=0):
-        raise InvalidInputError(f"ttl_s must be a number of seconds in (0, {MAX_TTL_S:.0f}]")
-    if not is_int(connection_limit, 1, 100):
-        raise InvalidInputError("connection_limit must be an integer from 1 to 100")
-    if max_sessions is None:
-        max_sessions = sessions_per_org()
-    if not is_int(max_sessions, 1):
-        raise InvalidInputError("max_sessions must be a positive integer")
+    max_sessions = _checked_bounds(ttl_s, connection_limit, max_sessions)
     layout = None
     if ROW_OPERATIONS & set(grant.operations):
         layout = layout_for(tenant, scope, grant.table_namespace)
@@ -255,7 +263,7 @@ async def mint(
     role = ROLE_PREFIX + secrets.token_hex(10)
     password = secrets.token_urlsafe(32)
     verifier = await trio.to_thread.run_sync(scram_verifier, password)  # ~ms of PBKDF2
-    ranges = key_ranges(grant)
+    draft = _RoleDraft(role, verifier, grant, layout, limits, connection_limit)
     if layout is not None:
         # Claims the sheet's table name first: a name another sheet holds (a hash collision)
         # raises ConflictError here, so a role is never granted another sheet's table.
@@ -272,29 +280,9 @@ async def mint(
                     raise await _unavailable(conn, tenant.schema, state["group_present"])
                 if state["sheet_present"] and not policies_missing:
                     await check_room(conn, tenant.schema, grant.org_id, max_sessions)
-                    columns = {row["table_name"]: row["columns"] for row in await conn.fetch(
-                        COLUMNS, tenant.schema, list(SHARED_TABLES))}
                     expires_at = state["expires_at"]
-                    membership = " WITH INHERIT TRUE, SET FALSE" if state["version"] >= 160000 else ""
-                    await conn.execute(";\n".join([
-                        f"CREATE ROLE {quote_ident(role)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"
-                        f" NOREPLICATION NOBYPASSRLS INHERIT CONNECTION LIMIT {connection_limit}"
-                        f" VALID UNTIL '{expires_at.isoformat()}' PASSWORD '{verifier}'",
-                        f"GRANT {quote_ident(GROUP)} TO {quote_ident(role)}{membership}",
-                        *(f"ALTER ROLE {quote_ident(role)} SET {name} = '{value}'"
-                          for name, value in ROLE_SETTINGS),
-                        *grants(tenant.schema, grant.operations, layout and layout.table, role, columns),
-                        *([f"COMMENT ON ROLE {quote_ident(role)} IS {limits_comment(limits)}"]
-                          if limits is not None else []),
-                    ]))
-                    await conn.execute(
-                        _RECORD.format(m=qualified(tenant.schema, SCOPES_TABLE)),
-                        role, grant.org_id, grant.play, grant.table_namespace,
-                        list(grant.operations), layout and layout.table,
-                        ranges["receipts_low"], ranges["receipts_high"],
-                        ranges["facts_low"], ranges["facts_high"], expires_at,
-                        layout and sheet_lock_key(tenant, layout),
-                    )
+                    await _create_role(conn, tenant.schema, draft, expires_at, state["version"])
+                    await _record_scope(conn, tenant, draft, expires_at)
                     return MintedSession(role, password, expires_at, grant, tenant.schema, limits)
         if policies_missing:
             # A schema bootstrapped before a policy sessions rely on existed: the idempotent
@@ -308,6 +296,60 @@ async def mint(
         # A session granted on rows needs its sheet table to exist: create it bare, then mint.
         await ensure_sheet(tenant, scope, grant.table_namespace, SheetContract())
     raise AssertionError("unreachable: the sheet table exists after ensure_sheet")
+
+
+def _checked_bounds(ttl_s: Any, connection_limit: Any, max_sessions: Any) -> int:
+    """The session's lifetime and connection limit checked, and the org's session cap
+    (`limits.sessions_per_org()` unless given) returned checked."""
+    if not is_number(ttl_s, high=MAX_TTL_S, above=0):
+        raise InvalidInputError(f"ttl_s must be a number of seconds in (0, {MAX_TTL_S:.0f}]")
+    if not is_int(connection_limit, 1, 100):
+        raise InvalidInputError("connection_limit must be an integer from 1 to 100")
+    if max_sessions is None:
+        max_sessions = sessions_per_org()
+    if not is_int(max_sessions, 1):
+        raise InvalidInputError("max_sessions must be a positive integer")
+    return max_sessions
+
+
+async def _create_role(conn: pg.Connection, schema: str, draft: _RoleDraft,
+                       expires_at: datetime.datetime, server_version: int) -> None:
+    """Create the login role in one batch: no privileges of its own, a member of the group
+    (inheriting, never set to it, from PostgreSQL 16), its settings, the grants of its
+    operations on the columns the schema has, and its limits as the role's comment."""
+    role, layout, limits = draft.role, draft.layout, draft.limits
+    columns = {row["table_name"]: row["columns"] for row in await conn.fetch(
+        COLUMNS, schema, list(SHARED_TABLES))}
+    membership = " WITH INHERIT TRUE, SET FALSE" if server_version >= 160000 else ""
+    await conn.execute(";\n".join([
+        f"CREATE ROLE {quote_ident(role)} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"
+        f" NOREPLICATION NOBYPASSRLS INHERIT CONNECTION LIMIT {draft.connection_limit}"
+        f" VALID UNTIL '{expires_at.isoformat()}' PASSWORD '{draft.verifier}'",
+        f"GRANT {quote_ident(GROUP)} TO {quote_ident(role)}{membership}",
+        *(f"ALTER ROLE {quote_ident(role)} SET {name} = '{value}'"
+          for name, value in ROLE_SETTINGS),
+        *grants(schema, draft.grant.operations, layout and layout.table, role, columns),
+        *([f"COMMENT ON ROLE {quote_ident(role)} IS {limits_comment(limits)}"]
+          if limits is not None else []),
+    ]))
+
+
+async def _record_scope(conn: pg.Connection, tenant: Tenant, draft: _RoleDraft,
+                        expires_at: datetime.datetime) -> None:
+    """Record what the role may touch (`SCOPES_TABLE`): its scope, operations, sheet table,
+    the key ranges of its receipts and array facts, its expiry and its sheet's lock key."""
+    from ..sheets.layout import sheet_lock_key
+
+    grant, layout = draft.grant, draft.layout
+    ranges = key_ranges(grant)
+    await conn.execute(
+        _RECORD.format(m=qualified(tenant.schema, SCOPES_TABLE)),
+        draft.role, grant.org_id, grant.play, grant.table_namespace,
+        list(grant.operations), layout and layout.table,
+        ranges["receipts_low"], ranges["receipts_high"],
+        ranges["facts_low"], ranges["facts_high"], expires_at,
+        layout and sheet_lock_key(tenant, layout),
+    )
 
 
 # -- the gateway action ---------------------------------------------------------------------

@@ -51,7 +51,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import attrs
 
 from .. import array_input, canonical
-from ..actions import RemotePort, action
+from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..pg import Connection
@@ -153,17 +153,26 @@ async def admit(
                              texts=texts, within=within, concurrent=concurrent)
 
 
+async def _send_admit(
+    port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
+    keys: Sequence[str] | None = None, staged_page: StagedPage | None = None,
+    texts: Sequence[str] | None = None,
+) -> Admission:
+    """`admit_write` through a remote port: the action `sheets.admit`, its body made of the
+    value and these arguments."""
+    return await admit(port, rows=rows, input_offset=input_offset, keys=keys,
+                       staged_page=staged_page, texts=texts,
+                       **write.arguments(*ADMIT_ARGUMENTS))
+
+
+@routes_remote(_send_admit)
 async def admit_write(
     port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
     keys: Sequence[str] | None = None, staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
 ) -> Admission:
     """`admit` of a `SheetWrite` built (and checked) by the caller. Through a remote port the
-    action `sheets.admit` is sent, its body made of the value and these arguments."""
-    if isinstance(port, RemotePort):
-        return await admit(port, rows=rows, input_offset=input_offset, keys=keys,
-                           staged_page=staged_page, texts=texts,
-                           **write.arguments(*ADMIT_ARGUMENTS))
+    action layer sends `sheets.admit` instead (`_send_admit`)."""
     return await _admit_here(port, write, rows, started=time.perf_counter(),
                              input_offset=input_offset, keys=keys, input_indexes=None,
                              staged_page=staged_page, texts=texts, within=None)

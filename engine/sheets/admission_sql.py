@@ -267,76 +267,10 @@ def _payload_source(binds: BindParams, c: _Common, rows: PayloadRows) -> str:
 )"""
 
 
-def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
-                    rows: PayloadRows | PageRows, *, concurrent: bool = False) -> Statement:
-    """The admission statement of one chunk of `rows` (`column` maps each contract field to its
-    registered column). With `PageRows` the inputs are read from the page fact, and keys may
-    hold None for rows of the page not to admit (duplicates). `concurrent`: the counter deltas
-    go to this backend's delta rows (`counters`)."""
-    binds = BindParams()
-    c = _common(binds, write, layout, rows)
-    if isinstance(rows, PageRows):
-        page_cte, input_cte = _page_source(port, binds, c, rows)
-        page_ok = "(SELECT count(*) FROM page) = 1"
-    else:
-        page_cte, input_cte = "", _payload_source(binds, c, rows)
-        page_ok = "true"
-    contract = write.contract
-    give_up = binds.add(write.give_up_after, "integer")
-    t = layout.qualified
-    inputs = [(column(f), binds.add(f, "text")) for f in contract.inputs]
-    outputs = output_binds(contract, write.cell_policies, binds, column)
-    cached = cached_predicate("s", outputs, forced_version=c.version if write.force else None)
-    out_cols = "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs))
-    in_cols = "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs))
-    insert_cols = "".join(f", {col}" for col, _ in inputs)
-    insert_vals = "".join(f", d.payload -> {name}" for _, name in inputs)
-    update_sets = "".join(f", {col} = d.payload -> {name}" for col, name in inputs)
-    update_diff = "".join(
-        f" OR d.p{i} IS DISTINCT FROM d.payload -> {name}" for i, (_, name) in enumerate(inputs)
-    )
-    if write.cache_hits == "rows":
-        hits = "".join(
-            f", (SELECT jsonb_agg(o{i} ORDER BY ord) FROM decided"
-            f" WHERE disposition = {_D.COMPLETED.sql})::text AS o{i}"
-            for i in range(len(outputs))
-        )
-        hits = ("(SELECT array_agg(ord ORDER BY ord) FROM decided"
-                f" WHERE disposition = {_D.COMPLETED.sql}) AS completed_ords" + hits)
-    else:
-        hits = (f"(SELECT count(*) FROM decided WHERE disposition = {_D.COMPLETED.sql}) AS cached,"
-                " (SELECT array_agg(ord ORDER BY ord) FROM decided"
-                f"   WHERE disposition IN ({_D.NEW.sql}, {_D.ADMIT.sql})) AS pending_ords")
-    lease = (
-        f"CASE WHEN {c.attempt_id} IS NULL THEN NULL::timestamptz"
-        f" ELSE now() + make_interval(secs => {c.lease_s}) END"
-    )
-    disposition = disposition_case(
-        exists="c.prev_exists", cached="c.cached", status="c.prev_status",
-        version="c.prev_version", attempt="c.prev_attempt", expires="c.prev_expires",
-        failed_runs="c.prev_failed_runs", our_version=c.version, our_attempt=c.attempt_id,
-        give_up_after=give_up,
-    )
-    version = f"nextval({sequence_literal(port, 'row_versions')}::regclass)"
-    if write.force:  # every output cell of a re-admitted row turns pending (§35)
-        cell_sets = f", _cell_meta = {pending_cells('d.prev_meta', c.run_id, 'd.prev_attempts')}"
-        cell_moved = f" OR NOT {_all_pending('d.prev_meta')}"
-        cell_ctes = _cell_counters(port, c, concurrent=concurrent)
-    else:
-        cell_sets = cell_moved = ""
-        cell_ctes = "\ncolumn_summary AS (SELECT 1 WHERE false),"
-    summary = summary_update(
-        port, concurrent=concurrent, org=c.org, play=c.play, namespace=c.namespace,
-        source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)", deltas={
-            "total": "d.ins",
-            "queued": f"- d.was_pending + CASE WHEN {c.status} = {RowStatus.PENDING.sql}"
-                      " THEN d.ins + d.moved ELSE 0 END",
-            "running": f"- d.was_running + CASE WHEN {c.status} = {RowStatus.RUNNING.sql}"
-                       " THEN d.ins + d.moved ELSE 0 END",
-            "completed": "- d.was_enriched",
-            "failed": "- d.was_failed",
-        })
-    sql = f"""
+# One chunk's admission in one round trip: insert the new rows, decide each existing one
+# (`decided`), re-admit those to admit, move the counters, report. Filled by `admit_statement`
+# from its parts; `{c.…}` name the shared binds (`_Common`), the rest are SQL fragments.
+_ADMIT = """
 WITH {page_cte}
 {input_cte},
 inserted AS (
@@ -370,7 +304,7 @@ readmitted AS (
            _attempt_expires_at = {lease}, _error = NULL, _cause = NULL, _version = {version},
            _updated_at = now(){update_sets}{cell_sets}
       FROM decided d
-     WHERE d.disposition = {_D.ADMIT.sql} AND t._key = d.key
+     WHERE d.disposition = {D.ADMIT.sql} AND t._key = d.key
        AND ({c.attempt_id} IS NOT NULL OR d.prev_attempt IS NOT NULL OR d.prev_error IS NOT NULL
             OR d.prev_status IS DISTINCT FROM {c.status}
             OR d.prev_version IS DISTINCT FROM {c.version}
@@ -399,7 +333,133 @@ SELECT {page_ok} AS page_ok,
        (SELECT array_agg(disposition ORDER BY ord) FROM decided
          WHERE disposition IN {BLOCKED}) AS blocked_reasons
 """
+
+
+def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
+                    rows: PayloadRows | PageRows, *, concurrent: bool = False) -> Statement:
+    """The admission statement of one chunk of `rows` (`column` maps each contract field to its
+    registered column). With `PageRows` the inputs are read from the page fact, and keys may
+    hold None for rows of the page not to admit (duplicates). `concurrent`: the counter deltas
+    go to this backend's delta rows (`counters`)."""
+    binds = BindParams()
+    c = _common(binds, write, layout, rows)
+    page_cte, input_cte, page_ok = _admit_source(port, binds, c, rows)
+    give_up = binds.add(write.give_up_after, "integer")
+    fields = _field_parts(binds, write, column, c)
+    sql = _ADMIT.format(
+        page_cte=page_cte, input_cte=input_cte, page_ok=page_ok, t=layout.qualified, c=c,
+        lease=_lease(c), disposition=_admit_disposition(c, give_up),
+        version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
+        summary=_admit_summary(port, c, concurrent=concurrent),
+        hits=_hit_columns(write.cache_hits, fields.outputs),
+        **_forced_parts(port, write, c, concurrent=concurrent), **fields.text,
+        D=_D, RowStatus=RowStatus, BLOCKED=BLOCKED,
+    )
     return binds.statement(sql)
+
+
+def _admit_source(port: Port, binds: BindParams, c: _Common,
+                  rows: PayloadRows | PageRows) -> tuple[str, str, str]:
+    """Where the chunk's rows come from: the checked page fact (and `page_ok`, whether it
+    matched) for `PageRows`, the rows sent with the statement for `PayloadRows`."""
+    if isinstance(rows, PageRows):
+        page_cte, input_cte = _page_source(port, binds, c, rows)
+        return page_cte, input_cte, "(SELECT count(*) FROM page) = 1"
+    return "", _payload_source(binds, c, rows), "true"
+
+
+@attrs.frozen
+class _FieldParts:
+    """The contract's fields in the statement: `outputs` (column, bind, policy) as
+    `output_binds` gives them, and `text`, the fragments that read, store and compare them."""
+
+    outputs: list[tuple[str, str, str | None]]
+    text: dict[str, str]
+
+
+def _field_parts(binds: BindParams, write: SheetWrite, column: SheetColumns,
+                 c: _Common) -> _FieldParts:
+    """How inputs are inserted, re-admitted and compared (a changed input re-admits a row), and
+    which output cells are read back and make a row a cache hit."""
+    contract = write.contract
+    inputs = [(column(f), binds.add(f, "text")) for f in contract.inputs]
+    outputs = output_binds(contract, write.cell_policies, binds, column)
+    return _FieldParts(outputs, {
+        "cached": cached_predicate("s", outputs,
+                                   forced_version=c.version if write.force else None),
+        "out_cols": "".join(f", s.{col} AS o{i}" for i, (col, _, _) in enumerate(outputs)),
+        "in_cols": "".join(f", s.{col} AS p{i}" for i, (col, _) in enumerate(inputs)),
+        "insert_cols": "".join(f", {col}" for col, _ in inputs),
+        "insert_vals": "".join(f", d.payload -> {name}" for _, name in inputs),
+        "update_sets": "".join(f", {col} = d.payload -> {name}" for col, name in inputs),
+        "update_diff": "".join(f" OR d.p{i} IS DISTINCT FROM d.payload -> {name}"
+                               for i, (_, name) in enumerate(inputs)),
+    })
+
+
+def _hit_columns(cache_hits: str, outputs: list[tuple[str, str, str | None]]) -> str:
+    """What the statement returns of its cache hits: their ordinals and output cells
+    (`cache_hits="rows"`), or their count and the pending rows' ordinals."""
+    if cache_hits == "rows":
+        hits = "".join(
+            f", (SELECT jsonb_agg(o{i} ORDER BY ord) FROM decided"
+            f" WHERE disposition = {_D.COMPLETED.sql})::text AS o{i}"
+            for i in range(len(outputs))
+        )
+        return ("(SELECT array_agg(ord ORDER BY ord) FROM decided"
+                f" WHERE disposition = {_D.COMPLETED.sql}) AS completed_ords" + hits)
+    return (f"(SELECT count(*) FROM decided WHERE disposition = {_D.COMPLETED.sql}) AS cached,"
+            " (SELECT array_agg(ord ORDER BY ord) FROM decided"
+            f"   WHERE disposition IN ({_D.NEW.sql}, {_D.ADMIT.sql})) AS pending_ords")
+
+
+def _lease(c: _Common) -> str:
+    """When an admitted row's lease expires: none without an attempt."""
+    return (
+        f"CASE WHEN {c.attempt_id} IS NULL THEN NULL::timestamptz"
+        f" ELSE now() + make_interval(secs => {c.lease_s}) END"
+    )
+
+
+def _admit_disposition(c: _Common, give_up: str) -> str:
+    """What becomes of each existing row (`disposition_case` over the `cur` CTE's columns)."""
+    return disposition_case(
+        exists="c.prev_exists", cached="c.cached", status="c.prev_status",
+        version="c.prev_version", attempt="c.prev_attempt", expires="c.prev_expires",
+        failed_runs="c.prev_failed_runs", our_version=c.version, our_attempt=c.attempt_id,
+        give_up_after=give_up,
+    )
+
+
+def _forced_parts(port: Port, write: SheetWrite, c: _Common, *,
+                  concurrent: bool) -> dict[str, str]:
+    """With `force`, every output cell of a re-admitted row turns pending (§35) and the column
+    counters move with them; otherwise cells are left alone and no column counter moves."""
+    if write.force:
+        return {
+            "cell_sets": ", _cell_meta = "
+                         + pending_cells("d.prev_meta", c.run_id, "d.prev_attempts"),
+            "cell_moved": f" OR NOT {_all_pending('d.prev_meta')}",
+            "cell_ctes": _cell_counters(port, c, concurrent=concurrent),
+        }
+    return {"cell_sets": "", "cell_moved": "",
+            "cell_ctes": "\ncolumn_summary AS (SELECT 1 WHERE false),"}
+
+
+def _admit_summary(port: Port, c: _Common, *, concurrent: bool) -> str:
+    """The summary counters' update: inserted rows count in, re-admitted rows move from their
+    previous status to the admitted one."""
+    return summary_update(
+        port, concurrent=concurrent, org=c.org, play=c.play, namespace=c.namespace,
+        source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)", deltas={
+            "total": "d.ins",
+            "queued": f"- d.was_pending + CASE WHEN {c.status} = {RowStatus.PENDING.sql}"
+                      " THEN d.ins + d.moved ELSE 0 END",
+            "running": f"- d.was_running + CASE WHEN {c.status} = {RowStatus.RUNNING.sql}"
+                       " THEN d.ins + d.moved ELSE 0 END",
+            "completed": "- d.was_enriched",
+            "failed": "- d.was_failed",
+        })
 
 
 def probe_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,

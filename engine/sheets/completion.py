@@ -64,7 +64,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import attrs
 
-from ..actions import RemotePort, action
+from ..actions import action, routes_remote
 from ..values.codecs import BOOL, RUN_REF, STR, list_of, optional
 from ..diagnostics import DiagnosticsQueue, call_sink, log_diagnostics
 from ..errors import InvalidInputError
@@ -325,15 +325,23 @@ async def complete(
                                 within=within, concurrent=concurrent)
 
 
+async def _send_complete(
+    port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
+    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+) -> Completion:
+    """`complete_write` through a remote port: the action `sheets.complete`, its body made of
+    the value and the outcomes."""
+    return await complete(port, outcomes=outcomes, on_diagnostics=on_diagnostics,
+                          **write.arguments(*COMPLETE_ARGUMENTS))
+
+
+@routes_remote(_send_complete)
 async def complete_write(
     port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
 ) -> Completion:
     """`complete` of a `SheetWrite` built (and checked) by the caller. Through a remote port
-    the action `sheets.complete` is sent, its body made of the value and the outcomes."""
-    if isinstance(port, RemotePort):
-        return await complete(port, outcomes=outcomes, on_diagnostics=on_diagnostics,
-                              **write.arguments(*COMPLETE_ARGUMENTS))
+    the action layer sends `sheets.complete` instead (`_send_complete`)."""
     return await _complete_here(port, write, outcomes, started=time.perf_counter(),
                                 on_diagnostics=on_diagnostics, force_failed=False, within=None)
 

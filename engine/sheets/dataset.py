@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import attrs
 
 from ..limits.bounds import is_int
-from ..actions import RemotePort, action
+from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, PLAY_SCOPE, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
@@ -192,7 +192,7 @@ class Dataset:
                     cells: bool | None = None) -> AsyncIterator[DatasetPage]:
         """The keyset pages, each one statement (see the module docstring)."""
         check_page_rows(page_rows)
-        next_page = await self._reading(cells)._pager(page_rows)
+        next_page = await _pager(self.port, self._reading(cells), page_rows)
         after = None
         while True:
             page = await next_page(after)
@@ -202,48 +202,12 @@ class Dataset:
                 return
             after = page.after
 
-    async def _pager(self, page_rows: int) -> Callable[[PageCursor | None], Awaitable[DatasetPage]]:
-        """How to read the page after a cursor: through the port's `sheets.read_page` action
-        when it is remote, else one statement on a connection, the columns read once."""
-        if isinstance(self.port, RemotePort):
-            # `cells` travels only when asked for, so a gateway from before it still answers.
-            extra = {"cells": True} if self.filters.cells else {}
-            return lambda after: read_page(
-                self.port, self.scope, self.table_namespace, after=after, limit=page_rows,
-                **self._args(), fields=self._fields_arg(), **extra)
-        check_scope(self.port, self.scope)
-        layout = layout_for(self.port, self.scope, self.table_namespace)
-
-        async def resolve_once(conn: Connection) -> SheetRead:
-            return await resolve(conn, self.port, layout, self.filters)
-
-        read = await with_connection(self.port, SHEET_LANE, resolve_once)
-
-        async def next_page(after: PageCursor | None) -> DatasetPage:
-            return await with_connection(self.port, SHEET_LANE, lambda conn: fetch_page(
-                conn, read, self.filters, after, page_rows))
-
-        return next_page
-
     async def copy_lines(self, output: Callable[[bytes], Awaitable[Any]], *,
                          cells: bool | None = None) -> bool:
         """Every matching row's JSON line (UTF-8, newline-terminated) in the sheet's order,
         handed to `output` in chunks by one `COPY ... TO STDOUT`: one statement, one snapshot,
         the text built by the server. False (nothing read) on a remote port, which pages."""
-        if isinstance(self.port, RemotePort):
-            return False
-        check_scope(self.port, self.scope)
-        layout = layout_for(self.port, self.scope, self.table_namespace)
-        filters = self._reading(cells).filters
-
-        async def op(conn: Connection) -> None:
-            read = await resolve(conn, self.port, layout, filters)
-            if read.present:
-                sql, values = lines_statement(read, filters)
-                await conn.copy_out(sql, *values, output=output, **RAW_LINES)
-
-        await with_connection(self.port, SHEET_LANE, op)
-        return True
+        return await _copy_lines(self.port, self, output, cells)
 
     async def iterate(self, page_rows: int = 1000, *,
                       cells: bool | None = None) -> AsyncIterator[dict]:
@@ -298,6 +262,62 @@ class Dataset:
                   if reading.filters.cells or k != frames.CELLS_COLUMN]
         return pd.DataFrame.from_records(rows) if rows else pd.DataFrame(
             columns=[*(self.filters.fields or ()), *system])
+
+
+PageReader = Callable[[PageCursor | None], Awaitable[DatasetPage]]
+
+
+async def _remote_pager(port: Port, ds: Dataset, page_rows: int) -> PageReader:
+    """`_pager` through a remote port: each page is the action `sheets.read_page` (which
+    resolves the columns on every request)."""
+    # `cells` travels only when asked for, so a gateway from before it still answers.
+    extra = {"cells": True} if ds.filters.cells else {}
+    return lambda after: read_page(
+        port, ds.scope, ds.table_namespace, after=after, limit=page_rows,
+        **ds._args(), fields=ds._fields_arg(), **extra)
+
+
+@routes_remote(_remote_pager)
+async def _pager(port: Port, ds: Dataset, page_rows: int) -> PageReader:
+    """How to read the page of `ds` after a cursor on this port: one statement on a
+    connection, the columns read once (a remote port pages by action: `_remote_pager`)."""
+    check_scope(port, ds.scope)
+    layout = layout_for(port, ds.scope, ds.table_namespace)
+
+    async def resolve_once(conn: Connection) -> SheetRead:
+        return await resolve(conn, port, layout, ds.filters)
+
+    read = await with_connection(port, SHEET_LANE, resolve_once)
+
+    async def next_page(after: PageCursor | None) -> DatasetPage:
+        return await with_connection(port, SHEET_LANE, lambda conn: fetch_page(
+            conn, read, ds.filters, after, page_rows))
+
+    return next_page
+
+
+async def _pages_instead(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[Any]],
+                         cells: bool | None) -> bool:
+    """`_copy_lines` through a remote port: nothing read (the caller pages instead)."""
+    return False
+
+
+@routes_remote(_pages_instead)
+async def _copy_lines(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[Any]],
+                      cells: bool | None) -> bool:
+    """`Dataset.copy_lines` on a direct port: one `COPY ... TO STDOUT` of the rows' lines."""
+    check_scope(port, ds.scope)
+    layout = layout_for(port, ds.scope, ds.table_namespace)
+    filters = ds._reading(cells).filters
+
+    async def op(conn: Connection) -> None:
+        read = await resolve(conn, port, layout, filters)
+        if read.present:
+            sql, values = lines_statement(read, filters)
+            await conn.copy_out(sql, *values, output=output, **RAW_LINES)
+
+    await with_connection(port, SHEET_LANE, op)
+    return True
 
 
 def dataset(port: Port, scope: PlayScope, table_namespace: str, *, status: str | None = None,

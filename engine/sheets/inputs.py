@@ -123,6 +123,22 @@ def prepare_rows(
     already (`engine.array_input.encode_source`): the rows are then taken as they are —
     normalized, and the caller's own — and not encoded again.
     """
+    _check_arguments(rows, input_offset, keys, texts)
+    if input_indexes is not None:
+        check_input_indexes(input_indexes, len(rows))
+    elif keys is None and not need_texts and not keep_rows:
+        fast = _probe_keys(rows, namespace)
+        if fast is not None:
+            return PreparedRows(fast, list(range(input_offset, input_offset + len(fast))), [],
+                                None, 0)
+    return _key_rows(rows, namespace, input_offset, keys, need_texts, input_indexes,
+                     keep_rows, texts)
+
+
+def _check_arguments(rows: Sequence[Any], input_offset: int, keys: Sequence[Any] | None,
+                     texts: Sequence[Any] | None) -> None:
+    """The call's shape, before any row is read: an offset >= 0, a sequence of rows, and keys
+    and texts (texts only with keys) as long as the rows."""
     if not is_int(input_offset, 0):
         raise InvalidInputError(f"input_offset must be an integer >= 0, got {input_offset!r}")
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
@@ -140,13 +156,15 @@ def prepare_rows(
         if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence) \
                 or len(texts) != len(rows):
             raise InvalidInputError("texts must be a sequence as long as rows")
-    if input_indexes is not None:
-        check_input_indexes(input_indexes, len(rows))
-    elif keys is None and not need_texts and not keep_rows:
-        fast = _probe_keys(rows, namespace)
-        if fast is not None:
-            return PreparedRows(fast, list(range(input_offset, input_offset + len(fast))), [],
-                                None, 0)
+
+
+def _key_rows(rows: Sequence[Any], namespace: str, input_offset: int,
+              keys: Sequence[Any] | None, need_texts: bool,
+              input_indexes: Sequence[Any] | None, keep_rows: bool,
+              texts: Sequence[Any] | None) -> PreparedRows:
+    """The general path, one loop over the rows: each checked to be a dict, normalized unless
+    canonical (or taken as it is with the caller's text), keyed (or its given key checked),
+    and kept only the first time its key is seen."""
     dumps = canonical_dumps
     key_of = key_of_text(namespace)
     seen: set[str] = set()

@@ -34,7 +34,7 @@ import hashlib
 import marshal
 from typing import Any, Sequence
 
-from ..actions import RemotePort
+from ..actions import routes_remote
 from ..ports import Port, table, with_connection
 
 from .admission_sql import cached_predicate, output_binds
@@ -49,10 +49,17 @@ MAX_RECORDED_ROWS = 100_000
 MARSHAL_FORMAT = 2  # no back-references: the bytes depend on the values only
 
 
+def _never_recorded(port: Port, write: SheetWrite, rows: int) -> bool:
+    """`recordable` through a remote port: never (a rerun through a gateway probes)."""
+    return False
+
+
+@routes_remote(_never_recorded)
 def recordable(port: Port, write: SheetWrite, rows: int) -> bool:
-    """Whether a list map of `rows` rows with `write` may be replayed and recorded."""
+    """Whether a list map of `rows` rows with `write` may be replayed and recorded (on a
+    direct port only: the action layer answers False for a remote one)."""
     return (0 < rows <= MAX_RECORDED_ROWS and not write.force and not write.cell_policies
-            and not isinstance(port, RemotePort) and not port.sheet_lock_keys)
+            and not port.sheet_lock_keys)
 
 
 def list_digest(write: SheetWrite, rows: Sequence[Any]) -> bytes | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from ..actions import RemotePort, action
+from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import MissingRelationError
 from ..pg import Connection
@@ -69,21 +69,28 @@ async def probe(
     return settled
 
 
+async def _send_probe(
+    port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
+    keys: Sequence[str] | None = None,
+) -> tuple[Admission | None, list[str]]:
+    """`probe_keyed` through a remote port: the keys are computed here and the action
+    `sheets.probe` is sent."""
+    if keys is None:
+        keys = prepare_rows(rows, write.table_namespace, input_offset=input_offset,
+                            keys=None, need_texts=False, keep_rows=False).keys
+    settled = await probe(port, rows=rows, input_offset=input_offset, keys=keys,
+                          **write.arguments(*PROBE_ARGUMENTS))
+    return settled, list(dict.fromkeys(keys))
+
+
+@routes_remote(_send_probe)
 async def probe_keyed(
     port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
     keys: Sequence[str] | None = None,
 ) -> tuple[Admission | None, list[str]]:
     """`probe` of a `SheetWrite`, and the rows' keys (deduplicated) it computed or was given:
     a map records the keys of the rows it reused (`engine.sheets.reuse`) without keying them
-    twice. Through a remote port the keys are computed here and the action `sheets.probe` is
-    sent."""
-    if isinstance(port, RemotePort):
-        if keys is None:
-            keys = prepare_rows(rows, write.table_namespace, input_offset=input_offset,
-                                keys=None, need_texts=False, keep_rows=False).keys
-        settled = await probe(port, rows=rows, input_offset=input_offset, keys=keys,
-                              **write.arguments(*PROBE_ARGUMENTS))
-        return settled, list(dict.fromkeys(keys))
+    twice. Through a remote port the action layer sends `sheets.probe` instead (`_send_probe`)."""
     return await _probe_here(port, write, rows, input_offset=input_offset, keys=keys)
 
 
