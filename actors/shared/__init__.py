@@ -1,4 +1,4 @@
-"""Shared maps, the actors' side: one map spread over worker processes (SPEC §20).
+"""Shared maps, the actors' side: one map spread over worker processes (docs/guide/scaling-out.md).
 
 What is where
 - `coordinator`: `Run.map(..., workers=N)` / `shared=True`: stage the list, publish the map,

@@ -1,5 +1,5 @@
 """Database sessions: short-lived PostgreSQL logins confined to one org's play, table namespace
-and operations (SPEC §17), handed to runners so covered work skips the gateway's HTTP hop.
+and operations (docs/guide/sessions.md), handed to runners so covered work skips the gateway's HTTP hop.
 
 What is where
 - `minting`: mint a session role, describe it (its URL, its key ranges), the gateway action

@@ -1,5 +1,5 @@
 """Shared maps, the engine's side: one map's units handed out as leases to many worker
-processes, and the writes those workers make under their leases (SPEC §20).
+processes, and the writes those workers make under their leases (docs/guide/scaling-out.md).
 
 What is where
 - `maps`: publishing a map and its units, its state (waiting, open, done, cancelled), the
