@@ -8,7 +8,8 @@ How it works
   `engine.runs.row_calls.REPORT_S` seconds, changed or not. A map whose rows never enter a call (a
   rerun answered from the cache) writes nothing.
 - When the map ends or is cancelled (Ctrl-C, SIGTERM) the last report is 0, shielded and
-  within `FINAL_DEADLINE_S`: "running" drops at once on a clean end; a crashed process's count
+  within `FINAL_DEADLINE_S` (skipped while the run waits for the database, so a map cancelled
+  during an outage ends at once; its report then stops counting once stale): "running" drops at once on a clean end; a crashed process's count
   stops counting once its last report is stale (`engine.runs.row_calls.FRESH_S`).
 - A report that fails (the database is away) is skipped: the map's own store calls ride the
   outage; this figure is observational and never stops a map.
@@ -22,10 +23,12 @@ from typing import Callable
 
 import trio
 
-from runplane.engine.runs import row_calls
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
+from runplane.engine.runs import row_calls
 from runplane.engine.values.scopes import RunScope
+
+from .retry import hurry_if_waiting
 
 CHECK_S = 1.0
 FINAL_DEADLINE_S = 2.0
@@ -60,5 +63,7 @@ async def report_calls(port: Port, scope: RunScope, map_key: str, table_namespac
             await trio.sleep(CHECK_S)
     finally:
         if sent is not None:
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S):
-                await send(0)
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S), \
+                    hurry_if_waiting() as waiting:
+                if not waiting:  # during an outage the report goes stale instead (15 s)
+                    await send(0)
