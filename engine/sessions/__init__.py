@@ -35,8 +35,8 @@ from .minting import (
     mint,
     operation_actions,
     password_probe,
-    session_url,
 )
+from .credentials import session_url
 from .sweep import drop_expired, sweep_expired
 
 __all__ = [

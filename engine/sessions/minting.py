@@ -25,7 +25,7 @@ How it works
   connections of expired session roles and drop them; the gateway and `runplane supervise`
   sweep periodically.
 - `session_url(dsn, role, password)` is the tenant's DSN with the session's credentials,
-  keeping only where the server is and its TLS settings (`URL_PARAMETERS`).
+  keeping only where the server is and its TLS settings (`credentials.URL_PARAMETERS`).
 - `create(port, play, table_namespace, operations, ttl_s, public_key, limits)` is the gateway action
   `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
   to the runner's key when one is sent (`engine.sessions.jwe`). Through a gateway the token bounds
@@ -37,16 +37,11 @@ How it works
 
 from __future__ import annotations
 
-import base64
 import datetime
 import functools
-import hashlib
-import hmac
 import logging
-import os
 import secrets
 import time
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -68,6 +63,7 @@ from .limits import (
     ROLE_TIMEOUTS, SESSION_CONNECTION_LIMIT, SessionLimits, check_public_key, check_room,
     limits_comment, sessions_per_org,
 )
+from .credentials import scram_verifier, session_url
 from .isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
 from ..sql import qualified, quote_ident
 
@@ -85,7 +81,6 @@ DEFAULT_CONNECTION_LIMIT = SESSION_CONNECTION_LIMIT
 ROLE_SETTINGS = ROLE_TIMEOUTS.role_settings()
 
 ARRAY_FACT_KIND_PREFIX = "array_input_"
-SCRAM_ITERATIONS = 4096
 
 log = logging.getLogger("runplane.sessions")
 
@@ -128,42 +123,6 @@ class MintedSession:
 
     def url(self, dsn: str) -> str:
         return session_url(dsn, self.role, self.password)
-
-
-# -- credentials ------------------------------------------------------------------------------
-def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = SCRAM_ITERATIONS) -> str:
-    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 5802 / 7677)."""
-    salt = os.urandom(16) if salt is None else salt
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode("utf-8"), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
-    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
-    b64 = lambda raw: base64.b64encode(raw).decode("ascii")  # noqa: E731
-    return (f"SCRAM-SHA-256${iterations}:{b64(salt)}"
-            f"${b64(hashlib.sha256(client_key).digest())}:{b64(server_key)}")
-
-
-# What a session URL keeps of the gateway's DSN: where the server is and how to reach it over
-# TLS. Everything else (sslpassword, passfile, options, client certificates, ...) belongs to the
-# gateway's own login and never travels to a runner.
-URL_PARAMETERS = frozenset({"host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert",
-                            "sslnegotiation", "sslcrl", "target_session_attrs"})
-
-
-def session_url(dsn: str, user: str, password: str | None) -> str:
-    """`dsn` (a postgresql:// URL) with its user and password replaced, keeping only its hosts,
-    ports, database and TLS mode (`URL_PARAMETERS`). `password=None` leaves the password out."""
-    if "://" not in dsn:
-        raise InvalidInputError("database sessions need a postgresql:// URL DSN")
-    url = urllib.parse.urlsplit(dsn)
-    host = url.netloc.rpartition("@")[2]
-    userinfo = urllib.parse.quote(user, safe="")
-    if password is not None:
-        userinfo += ":" + urllib.parse.quote(password, safe="")
-    query = [(k, v) for k, v in urllib.parse.parse_qsl(url.query, keep_blank_values=True)
-             if k in URL_PARAMETERS]
-    return urllib.parse.urlunsplit(
-        url._replace(netloc=f"{userinfo}@{host}", query=urllib.parse.urlencode(query), fragment="")
-    )
 
 
 def key_ranges(scope: SessionScope) -> dict[str, bytes | None]:
