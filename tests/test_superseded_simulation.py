@@ -13,14 +13,15 @@ def test_superseded_ci_sized_run_is_clean(dsn):
 
 
 async def test_an_older_run_overtaken_mid_map_is_superseded_and_stops(dsn):
-    """The older run calls one row at a time, 2 ms each (300 rows: over 0.6 s); the newest
-    starts 30 ms later, 6 at a time with no latency, and finishes every row long before
-    (retrying two), so the older run's next completion is fenced: it reports `superseded`."""
+    """The older run calls one row at a time; the newest starts after the older's 7th call
+    (mid-page: the older has admitted the rows after it) and the older's next call waits until
+    the newest (6 at a time, retrying two rows) has finished every row, so the older's next
+    completion is fenced: it reports `superseded` (events, not timing, force the order)."""
     plan = Plan(300, (
         MapPlan(0, 0, 1, 2, 5, 1, 0, frozenset(), 3, None),
         MapPlan(1, 30, 6, 0, 100, 5000, 0, frozenset({250, 280}), 2, None),
     ))
-    violations, faults = await run_example(dsn, plan)
+    violations, faults = await run_example(dsn, plan, hold_older_after=7)
     assert violations == [] and faults == {"superseded": 1, "retried": 2}
 
 
