@@ -32,9 +32,14 @@ import hashlib
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Union
 
 from .errors import InvalidInputError
+
+# A JSON value as jsonb holds it (what `normalize` returns); annotations name it, not `Any`.
+JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+# A JSON object: a row's inputs or outputs, a body, a cell map.
+JsonObject = dict[str, JsonValue]
 
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 4000
