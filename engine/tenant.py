@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import types
 import urllib.parse
 from typing import Any, AsyncIterator, Mapping
 
@@ -51,7 +52,7 @@ from .errors import (
 )
 from .limits.inputs import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
-from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE
+from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE, PortSettings
 from .sql import quote_ident
 
 DEFAULT_LANES: Mapping[str, int] = {SHEET_LANE: 6, RECEIPTS_LANE: 6, RETIREMENT_LANE: 2,
@@ -147,12 +148,22 @@ class Tenant:
     # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
     lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
     sheet_lock_keys: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
-    token_plays = None  # a tenant is confined to no plays (a gateway token may be)
     _server: str | None = attrs.field(init=False, default=None)  # pg.SERVER_IDENTITY at open
+    # The port's settings, rebuilt when `ensure_schema` reads the lock material.
+    settings: PortSettings = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
         self._connection_permits = Permits("connections", self.max_connections)
+        self.settings = self._settings()
+
+    def _settings(self) -> PortSettings:
+        """This tenant's `PortSettings`: confined to no plays (a gateway token may be)."""
+        return PortSettings(
+            self.schema, outer_transaction=self.outer_transaction,
+            outage_budget_s=self.outage_budget_s, lock_secret=self.lock_secret,
+            sheet_lock_keys=types.MappingProxyType(dict(self.sheet_lock_keys)),
+            diagnostics=self.diagnostics, dsn=self.dsn)
 
     @property
     def outer_transaction(self) -> bool:
@@ -280,6 +291,7 @@ class Tenant:
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
                 await self._bootstrap(conn)
             self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
+            self.settings = self._settings()
 
     async def _bootstrap(self, conn: pg.Connection) -> None:
         try:
