@@ -17,7 +17,8 @@ How it works
 - A connection whose first statement the driver refuses unsent (stale: its backend ended while
   it was idle) is replaced by a fresh one (`engine.pg`); a lost COMMIT reply is resolved with
   `commit_status` on a fresh connection.
-- With an `execution_role`, each checkout opens a transaction and `SET LOCAL ROLE` before the
+- With an `execution_role`, or through a transaction-mode pooler (`engine.pg.pooler`), each
+  checkout opens a transaction and runs `SET LOCAL ROLE` / `SET LOCAL search_path` before the
   caller sees the connection; the checkout commits on a clean exit and rolls back otherwise, so
   operations inside use savepoints (`outer_transaction` is true).
 - A connection that `engine.pg` marked broken (cancelled query, lost connection, failed
@@ -52,6 +53,7 @@ from .errors import (
 )
 from .limits.inputs import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
+from .pg.pooler import PoolerMode, pooler_hint, pooler_mode
 from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE, PortSettings
 from .sql import quote_ident
 
@@ -151,10 +153,21 @@ class Tenant:
     _server: str | None = attrs.field(init=False, default=None)  # pg.SERVER_IDENTITY at open
     # The port's settings, rebuilt when `ensure_schema` reads the lock material.
     settings: PortSettings = attrs.field(init=False)
+    # A transaction-mode pooler in front (`engine.pg.pooler`), and what each checkout's
+    # transaction runs first (None: checkouts open no transaction of their own).
+    pooler: PoolerMode = attrs.field(init=False)
+    _checkout_setup: str | None = attrs.field(init=False, default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
         self._connection_permits = Permits("connections", self.max_connections)
+        self.pooler = pooler_mode(self.dsn)
+        setup = []
+        if self.pooler is PoolerMode.TRANSACTION:
+            setup.append(f"SET LOCAL search_path TO {pg.PINNED_SEARCH_PATH}")
+        if self.execution_role is not None:
+            setup.append(f"SET LOCAL ROLE {quote_ident(self.execution_role)}")
+        self._checkout_setup = "; ".join(setup) or None
         self.settings = self._settings()
 
     def _settings(self) -> PortSettings:
@@ -167,7 +180,9 @@ class Tenant:
 
     @property
     def outer_transaction(self) -> bool:
-        return self.execution_role is not None
+        """Every checkout runs inside a transaction: under an execution role, or through a
+        transaction-mode pooler."""
+        return self._checkout_setup is not None
 
     @property
     def host(self) -> str:
@@ -268,7 +283,7 @@ class Tenant:
     def _unavailable(self, exc: BaseException, kind: type[TenantUnavailableError]
                      ) -> TenantUnavailableError:
         reason = str(exc).replace(self.dsn, self.host) or type(exc).__name__
-        return kind(f"cannot connect to {self.host}: {reason}")
+        return kind(f"cannot connect to {self.host}: {pooler_hint(reason) or reason}")
 
     # -- schema ----------------------------------------------------------------------------
     async def repair_schema(self) -> None:
@@ -311,11 +326,17 @@ class Tenant:
 
     @contextlib.asynccontextmanager
     async def _plain_connection(self) -> AsyncIterator[pg.Connection]:
-        """A connection as the login user (no role switch), for DDL; holds a tenant permit."""
+        """A connection as the login user (no role switch), for DDL; holds a tenant permit.
+        Through a transaction-mode pooler it is one transaction that pins the search path."""
         async with self._connection_permits.hold():
             conn = await self._checkout()
             try:
-                yield conn
+                if self.pooler is PoolerMode.TRANSACTION:
+                    async with conn.checkout_transaction():
+                        await conn.execute(f"SET LOCAL search_path TO {pg.PINNED_SEARCH_PATH}")
+                        yield conn
+                else:
+                    yield conn
             finally:
                 self._release(conn)
 
@@ -353,11 +374,11 @@ class Checkout:
                 if tenant._closed:
                     raise StoreUnavailableError("tenant is closed")
                 conn = self._conn = await tenant._checkout()
-                if tenant.execution_role is not None:
+                if tenant._checkout_setup is not None:
                     self._role_tx = conn.checkout_transaction()
                     await self._role_tx.__aenter__()
                     try:
-                        await conn.execute(f"SET LOCAL ROLE {quote_ident(tenant.execution_role)}")
+                        await conn.execute(tenant._checkout_setup)
                     except BaseException as exc:
                         await self._role_tx.__aexit__(type(exc), exc, exc.__traceback__)
                         raise
