@@ -63,6 +63,10 @@ CONNECT_RETRY_DELAYS = (0.25, 0.75, 1.5)
 MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
 DEFAULT_OUTAGE_BUDGET_S = 60.0
 OUTAGE_BUDGET_ENV = "RUNPLANE_OUTAGE_BUDGET_S"
+# A pooled connection idle this long is closed, so an idle process holds none of the server's
+# connections (managed servers cap them); `RUNPLANE_IDLE_CLOSE_S` sets another.
+IDLE_CLOSE_S = 15.0
+IDLE_CLOSE_ENV = "RUNPLANE_IDLE_CLOSE_S"
 COMMIT_STATUS_POLL_S = 0.05  # while a lost COMMIT's transaction is still "in progress"
 
 
@@ -145,7 +149,10 @@ class Tenant:
     diagnostics: DiagnosticsQueue = attrs.field(factory=DiagnosticsQueue)
     _lane_permits: dict[str, Permits] = attrs.field(init=False)
     _connection_permits: Permits = attrs.field(init=False)
-    _idle: list[Any] = attrs.field(init=False, factory=list)
+    idle_close_s: float = IDLE_CLOSE_S
+    # Pooled connections, by when they were returned (trio time), the newest last.
+    _idle: list[tuple[float, Any]] = attrs.field(init=False, factory=list)
+    _reaper: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
     _closed: bool = attrs.field(init=False, default=False)
     # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
     lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
@@ -209,7 +216,7 @@ class Tenant:
         """An idle pooled connection or a new one (replaced on its first statement if stale)."""
         raw = None
         while self._idle and raw is None:
-            raw = self._idle.pop()
+            _, raw = self._idle.pop()
             if raw.is_closed():
                 raw = None
         if raw is None:
@@ -258,9 +265,25 @@ class Tenant:
 
     def _release(self, conn: pg.Connection) -> None:
         if conn.is_reusable() and not self._closed:
-            self._idle.append(conn.raw)
+            self._idle.append((trio.current_time(), conn.raw))
         else:
             conn.close()
+
+    def start_closing_idle(self) -> None:
+        """Close pooled connections idle `idle_close_s` or longer, from now until `aclose` (a
+        system task, like the diagnostics queue's: it outlives no tenant)."""
+        trio.lowlevel.spawn_system_task(self._close_idle, name="runplane idle connections")
+
+    async def _close_idle(self) -> None:
+        with self._reaper:
+            while True:
+                await trio.sleep(self.idle_close_s / 3)
+                cutoff = trio.current_time() - self.idle_close_s
+                stale = [raw for released, raw in self._idle if released <= cutoff]
+                if stale:
+                    self._idle = [(t, raw) for t, raw in self._idle if t > cutoff]
+                    for raw in stale:
+                        await pg.close_gracefully(raw, self.driver)
 
     async def _connect(self) -> Any:
         last: BaseException | None = None
@@ -346,9 +369,10 @@ class Tenant:
 
     async def aclose(self) -> None:
         self._closed = True
+        self._reaper.cancel()
         idle, self._idle = self._idle, []
         async with trio.open_nursery() as nursery:  # at once: a blackholed server costs one timeout
-            for raw in idle:
+            for _, raw in idle:
                 nursery.start_soon(pg.close_gracefully, raw, self.driver)
 
 
@@ -404,6 +428,21 @@ class Checkout:
         return False
 
 
+def idle_close_seconds() -> float:
+    """`RUNPLANE_IDLE_CLOSE_S` (a positive number of seconds), else `IDLE_CLOSE_S`."""
+    given = os.environ.get(IDLE_CLOSE_ENV)
+    if not given:
+        return IDLE_CLOSE_S
+    try:
+        value = float(given)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < float("inf")):
+        raise InvalidInputError(f"{IDLE_CLOSE_ENV} must be a positive number of seconds, "
+                                f"got {given!r}")
+    return value
+
+
 def check_tenant_names(org_id: object, schema: object, execution_role: object) -> None:
     """`InvalidInputError` unless the org is an identifier and the schema and role names are
     PostgreSQL names kept exactly (at most 63 UTF-8 bytes: longer ones are truncated by the
@@ -452,8 +491,10 @@ async def open_tenant(
     for name, limit in lane_limits.items():
         if not isinstance(limit, int) or limit < 1:
             raise InvalidInputError(f"lane {name!r} needs a positive integer limit, got {limit!r}")
+    idle_close_s = idle_close_seconds()
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
     check_dsn(resolved)
+    pooler_mode(resolved)  # a bad pooler setting is refused before anything connects
     async with pg.open_driver() as driver:
         tenant = Tenant(
             org_id=org_id.strip(),
@@ -465,8 +506,10 @@ async def open_tenant(
             bootstrap=bootstrap,
             outage_budget_s=budget,
             lanes=lane_limits,
+            idle_close_s=idle_close_s,
         )
         tenant.diagnostics.open()
+        tenant.start_closing_idle()
         try:
             if bootstrap:
                 await tenant.ensure_schema()
