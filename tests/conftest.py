@@ -32,7 +32,7 @@ def admin_dsn() -> str:
 def dsn(admin_dsn) -> str:
     """Where runplane connects in the tests: the admin DSN, or with
     `RUNPLANE_TEST_OWNER_ROLE=1` an owner role with only CREATEROLE and CREATE on the database
-    (as on a managed service; see docs/guide/production.md)."""
+    (as on a managed service) and `pg_signal_backend` (see docs/guide/production.md)."""
     if os.environ.get("RUNPLANE_TEST_OWNER_ROLE") != "1":
         return admin_dsn
     return owner_role_dsn(admin_dsn)
@@ -56,6 +56,8 @@ def owner_role_dsn(admin_dsn: str) -> str:
                                    f"PASSWORD '{OWNER_PASSWORD}'")
             database = await conn.fetchval("SELECT current_database()")
             await conn.execute(f'GRANT CREATE ON DATABASE "{database}" TO "{OWNER_ROLE}"')
+            # What ends expired sessions' connections (docs/guide/production.md lists it).
+            await conn.execute(f'GRANT pg_signal_backend TO "{OWNER_ROLE}"')
         finally:
             await conn.close()
 
