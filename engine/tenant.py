@@ -67,6 +67,12 @@ OUTAGE_BUDGET_ENV = "RUNPLANE_OUTAGE_BUDGET_S"
 # connections (managed servers cap them); `RUNPLANE_IDLE_CLOSE_S` sets another.
 IDLE_CLOSE_S = 15.0
 IDLE_CLOSE_ENV = "RUNPLANE_IDLE_CLOSE_S"
+READ_DSN_ENV = "RUNPLANE_READ_DSN"  # where `open_reader` reads (a replica)
+_REPLAY_LAG = """
+SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL
+            WHEN pg_catalog.pg_last_wal_receive_lsn() = pg_catalog.pg_last_wal_replay_lsn() THEN 0
+            ELSE extract(epoch FROM now() - pg_catalog.pg_last_xact_replay_timestamp()) END
+"""
 COMMIT_STATUS_POLL_S = 0.05  # while a lost COMMIT's transaction is still "in progress"
 
 
@@ -150,6 +156,8 @@ class Tenant:
     _lane_permits: dict[str, Permits] = attrs.field(init=False)
     _connection_permits: Permits = attrs.field(init=False)
     idle_close_s: float = IDLE_CLOSE_S
+    # Every transaction read-only (`open_reader`): a write fails at the server.
+    read_only: bool = False
     # Pooled connections, by when they were returned (trio time), the newest last.
     _idle: list[tuple[float, Any]] = attrs.field(init=False, factory=list)
     _reaper: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
@@ -172,10 +180,26 @@ class Tenant:
         setup = []
         if self.pooler is PoolerMode.TRANSACTION:
             setup.append(f"SET LOCAL search_path TO {pg.PINNED_SEARCH_PATH}")
+            if self.read_only:  # no startup parameters through the pooler
+                setup.append("SET LOCAL transaction_read_only = on")
         if self.execution_role is not None:
             setup.append(f"SET LOCAL ROLE {quote_ident(self.execution_role)}")
         self._checkout_setup = "; ".join(setup) or None
         self.settings = self._settings()
+
+    @property
+    def _startup(self) -> dict[str, str]:
+        settings = {"application_name": "runplane"}
+        if self.read_only and self.pooler is PoolerMode.NONE:  # through a pooler: per checkout
+            settings["default_transaction_read_only"] = "on"
+        return settings
+
+    async def replay_lag_s(self) -> float | None:
+        """How far the server replays behind its primary, in seconds (0 when it has replayed
+        all it received); None when it is no replica."""
+        async with self._plain_connection() as conn:
+            lag = await conn.fetchval(_REPLAY_LAG)
+        return None if lag is None else max(float(lag), 0.0)
 
     def _settings(self) -> PortSettings:
         """This tenant's `PortSettings`: confined to no plays (a gateway token may be)."""
@@ -289,9 +313,7 @@ class Tenant:
         last: BaseException | None = None
         for delay in (*CONNECT_RETRY_DELAYS, None):
             try:
-                return await self.driver.connect(
-                    self.dsn, server_settings={"application_name": "runplane"}
-                )
+                return await self.driver.connect(self.dsn, server_settings=self._startup)
             except BaseException as exc:
                 if not (isinstance(exc, Exception) and pg.is_transient_connect_error(exc)):
                     if isinstance(exc, Exception):
@@ -483,35 +505,72 @@ async def open_tenant(
     `outage_budget_s` (default `RUNPLANE_OUTAGE_BUDGET_S`, else 60) bounds how long runs on this
     tenant ride out a store outage (see `actors.retry`); opening itself fails fast.
     """
-    check_tenant_names(org_id, schema, execution_role)
-    if max_connections < 1:
+    async with _open(_Opening(org_id, dsn, schema, max_connections, lanes, execution_role,
+                              bootstrap, outage_budget_s)) as tenant:
+        yield tenant
+
+
+@contextlib.asynccontextmanager
+async def open_reader(org_id: str, dsn: str | None = None, *, schema: str = "runplane",
+                      max_connections: int = 8, lanes: Mapping[str, int] | None = None,
+                      ) -> AsyncIterator[Tenant]:
+    """A tenant for reads only: on `RUNPLANE_READ_DSN` (a replica) when it is set, else where
+    `open_tenant` would connect. It runs no DDL (as `bootstrap=False`) and every transaction of
+    its connections is read-only, so a write fails at the server (SQLSTATE 25006) wherever the
+    DSN points. `replay_lag_s()` tells how far behind a replica is."""
+    read_dsn = os.environ.get(READ_DSN_ENV) or dsn
+    async with _open(_Opening(org_id, read_dsn, schema, max_connections, lanes, None, False,
+                              None, read_only=True)) as tenant:
+        yield tenant
+
+
+@attrs.frozen
+class _Opening:
+    """What `open_tenant` and `open_reader` were asked for."""
+
+    org_id: str
+    dsn: str | None
+    schema: str
+    max_connections: int
+    lanes: Mapping[str, int] | None
+    execution_role: str | None
+    bootstrap: bool
+    outage_budget_s: float | None
+    read_only: bool = False
+
+
+@contextlib.asynccontextmanager
+async def _open(how: _Opening) -> AsyncIterator[Tenant]:
+    check_tenant_names(how.org_id, how.schema, how.execution_role)
+    if how.max_connections < 1:
         raise InvalidInputError("max_connections must be at least 1")
-    budget = outage_budget(outage_budget_s)
-    lane_limits = dict(DEFAULT_LANES if lanes is None else lanes)
+    budget = outage_budget(how.outage_budget_s)
+    lane_limits = dict(DEFAULT_LANES if how.lanes is None else how.lanes)
     for name, limit in lane_limits.items():
         if not isinstance(limit, int) or limit < 1:
             raise InvalidInputError(f"lane {name!r} needs a positive integer limit, got {limit!r}")
     idle_close_s = idle_close_seconds()
-    resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    resolved = how.dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
     check_dsn(resolved)
     pooler_mode(resolved)  # a bad pooler setting is refused before anything connects
     async with pg.open_driver() as driver:
         tenant = Tenant(
-            org_id=org_id.strip(),
-            schema=schema,
+            org_id=how.org_id.strip(),
+            schema=how.schema,
             dsn=resolved,
             driver=driver,
-            execution_role=execution_role,
-            max_connections=max_connections,
-            bootstrap=bootstrap,
+            execution_role=how.execution_role,
+            max_connections=how.max_connections,
+            bootstrap=how.bootstrap,
             outage_budget_s=budget,
             lanes=lane_limits,
             idle_close_s=idle_close_s,
+            read_only=how.read_only,
         )
         tenant.diagnostics.open()
         tenant.start_closing_idle()
         try:
-            if bootstrap:
+            if how.bootstrap:
                 await tenant.ensure_schema()
             with contextlib.suppress(EngineError):  # best effort: only statement timeouts use it
                 await tenant.note_server()
@@ -522,4 +581,4 @@ async def open_tenant(
                 await tenant.aclose()
 
 
-__all__ = ["Tenant", "open_tenant", "describe_dsn", "check_dsn", "DEFAULT_LANES", "EngineError"]
+__all__ = ["Tenant", "open_tenant", "open_reader", "describe_dsn", "check_dsn", "DEFAULT_LANES", "EngineError"]
