@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import urllib.parse
-from typing import Any
-
 import attrs
 
+from runplane.actors import Run
 from runplane.actors.retry import retry_transient
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE, Port
@@ -103,7 +101,7 @@ class RunNotice:
     run_id: str | None = None
     resume_command: str | None = None
 
-    async def started(self, run: Any) -> None:
+    async def started(self, run: Run) -> None:
         """Print `run`'s start line (flushed), then record how to resume it."""
         self.run_id = run.run_id
         self.resume_command = shell_command(resume_words(self.argv, self.wake_option, run.run_id))
