@@ -50,6 +50,7 @@ from runplane.engine.values.scopes import RunRef, RunScope, normalize_namespace
 from runplane.engine.sheets import Attempt, SheetContract
 
 from runplane.engine.runs import outbox
+from runplane.engine.runs.history import MapRunState
 
 from . import retirement
 from .hosting import is_terminal, open_hosting_nursery
@@ -278,7 +279,7 @@ class Run:
         except Exception as exc:
             beat.cancel()
             if not any(isinstance(leaf, StoreUnavailableError) for leaf in leaf_errors(exc)):
-                await recorder.finish(None, "failed")
+                await recorder.finish(None, MapRunState.FAILED)
             # else the store is away: the entry stays `running`, like a crash, for the wake (a
             # write now would wait for a database that is not there)
             raise
