@@ -92,7 +92,8 @@ class ArrayModel:
         self.clock += 1
         return self.clock
 
-    def end_call(self, actor: str, op: Op, start: int, outcome: str, detail: object = None) -> Event:
+    def end_call(self, actor: str, op: Op, start: int, outcome: str,
+                 detail: object = None) -> Event:
         self.clock += 1
         event = Event(actor, op, start, self.clock, outcome, detail)
         self.events.append(event)

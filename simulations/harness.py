@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol, TypeVar
+from typing import (TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol,
+                    TypeVar)
 
 import trio
 import trio._core._run as trio_run

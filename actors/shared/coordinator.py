@@ -35,9 +35,10 @@ How it works
   period) and its completions roll back, so nothing is half-written; local workers are then
   terminated.
 - What it is given: the map's plan (`actors.map_state.MapPlan`, which holds the run's port and
-  ref), where its rows run (`SharedOptions`) and the map id its caller decided, never the `Run`. `Run.map` calls `check_request`
-  first, then takes the run's next map id for the namespace (unless it was given one), then
-  `map_shared`; so `actors.run` imports this module and nothing here imports `actors.run`.
+  ref), where its rows run (`SharedOptions`) and the map id its caller decided, never the
+  `Run`. `Run.map` calls `check_request` first, then takes the run's next map id for the
+  namespace (unless it was given one), then `map_shared`; so `actors.run` imports this module
+  and nothing here imports `actors.run`.
 """
 
 from __future__ import annotations

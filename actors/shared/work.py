@@ -25,7 +25,8 @@ from ..pacing import Pacer
 from ..policies import RowTimeoutError
 
 
-async def run_row(plan: MapPlan, pacer: Pacer | None, admitted: AdmittedRow) -> tuple[RowOutcome, int]:
+async def run_row(plan: MapPlan, pacer: Pacer | None,
+                  admitted: AdmittedRow) -> tuple[RowOutcome, int]:
     """A row under the map's policies: called, retried in place while the retry policy says
     so; its outcome (recording the calls it took) and how many of its calls timed out."""
     calls = timeouts = 0
