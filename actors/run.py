@@ -332,7 +332,7 @@ async def open_run(
     if attempt is not None and not isinstance(attempt, Attempt):
         raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
-    watch = OutageWatch(outage_budget(tenant.outage_budget_s))
+    watch = OutageWatch(outage_budget(tenant.settings.outage_budget_s))
     token = install_watch(watch)  # the run's tasks inherit it
     try:
         ref = await retry_transient(lambda: runs.register(tenant, scope))

@@ -102,7 +102,7 @@ class Supervisor:
         """Lease the due entries once (up to `batch`), settle each; return those retired."""
         # A gateway token for some plays drains those plays only (an org-wide claim would be
         # refused); a tenant, or a token for every play, drains the whole org.
-        plays = self.port.token_plays
+        plays = self.port.settings.token_plays
         entries = await outbox.claim_due(
             self.port, self.owner, limit=self.batch, lease_s=self.lease_s,
             abandon_after_s=self.abandon_after_s, **({"plays": list(plays)} if plays else {}),

@@ -114,7 +114,7 @@ def worker_command(play_file: str, play: str, concurrency: int) -> list[str]:
 
 def worker_environment(port: Port) -> dict[str, str]:
     """The connection a local worker inherits: the coordinator's DSN, schema and org."""
-    dsn = port.dsn
+    dsn = port.settings.dsn
     if dsn is None:
         raise InvalidInputError("workers=N needs a direct database connection (a tenant); "
                                 "through a gateway, publish with shared=True and start "

@@ -403,7 +403,7 @@ class MapWorker:
         worker finished. Store calls ride out outages for the port's outage budget."""
         self.pacer = open_pacer(self.port, self.plan.rate_limit)
         # The worker's own outage budget (its port's), whoever started it.
-        token = install_watch(OutageWatch(outage_budget(self.port.outage_budget_s)))
+        token = install_watch(OutageWatch(outage_budget(self.port.settings.outage_budget_s)))
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._renew_leases)

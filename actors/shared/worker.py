@@ -77,7 +77,7 @@ async def serve_play(port: Port, play: str, play_file: str,
     concurrency, notify, renew_s = options.concurrency, options.notify, options.renew_s
     loaded = PlayFile.load(play_file)
     worker_id = sm.new_worker_id()
-    token = install_watch(OutageWatch(outage_budget(port.outage_budget_s)))
+    token = install_watch(OutageWatch(outage_budget(port.settings.outage_budget_s)))
     try:
         await retry_transient(lambda: sm.join(port, play, worker_id))
         task_status.started(worker_id)
