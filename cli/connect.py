@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from runplane.engine import open_tenant
 from runplane.engine.actions import RemotePort
@@ -21,7 +21,7 @@ from .operators import UsageError, require_schema
 
 
 @contextlib.asynccontextmanager
-async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> AsyncIterator[Any]:
+async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> AsyncIterator[Port]:
     """The tenant the options name (with `read_only`, one that bootstraps nothing), or with
     `--gateway` a Gateway acting with RUNPLANE_TOKEN (over database sessions with
     `--db-sessions`)."""

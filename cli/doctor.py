@@ -14,10 +14,9 @@ import os
 import shlex
 import urllib.parse
 from pathlib import Path
-from typing import Any
-
 from runplane.engine.embedded import EmbeddedServer, default_pgdata, embedded_server
 from runplane.engine.errors import DatabaseError
+from runplane.engine.pg import Connection
 from runplane.engine.tenant import OUTAGE_BUDGET_ENV, Tenant
 
 
@@ -47,14 +46,14 @@ def _socket_host(dsn: str) -> bool:
     return host.startswith("/")
 
 
-async def _data_directory(conn: Any) -> str | None:
+async def _data_directory(conn: Connection) -> str | None:
     try:
         return await conn.fetchval("SELECT current_setting('data_directory')")
     except DatabaseError:  # needs superuser or pg_read_all_settings
         return None
 
 
-async def connection_lines(conn: Any, dsn: str | None) -> list[str]:
+async def connection_lines(conn: Connection, dsn: str | None) -> list[str]:
     """`connect`, `data dir` and `server pid` lines of the report."""
     server: EmbeddedServer | None
     if dsn is None:
