@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from .connect import open_port
+from .connect import Access, open_port
 from .terminal import warn
 
 T = TypeVar("T")
@@ -63,9 +63,9 @@ def _port_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_only(args: argparse.Namespace):
-    """The tenant of a read-only command: no bootstrap, nothing created (or, with `--gateway`,
-    the gateway)."""
-    return open_port(args, read_only=True)
+    """The tenant of a read-only command: a reader, on RUNPLANE_READ_DSN when set (or, with
+    `--gateway`, the gateway)."""
+    return open_port(args, access=Access.READS)
 
 
 def _json_option(parser: argparse.ArgumentParser) -> None:

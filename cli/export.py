@@ -41,7 +41,7 @@ from runplane.engine import PlayScope, sheets
 from runplane.engine.canonical import JsonObject
 from runplane.engine.sheets import frames
 
-from .connect import open_port, require_tenant_schema
+from .connect import Access, open_port, replica_line, require_tenant_schema
 from .operators import CommandError, UsageError, require_table
 
 if TYPE_CHECKING:
@@ -223,8 +223,11 @@ async def export(args: argparse.Namespace) -> int:
         except ImportError as exc:
             raise CommandError(str(exc)) from None
     fields = None if args.fields is None else [f.strip() for f in args.fields.split(",")]
-    async with open_port(args, read_only=True) as port:
+    async with open_port(args, access=Access.READS) as port:
         await require_tenant_schema(port)
+        note = await replica_line(port)
+        if note is not None:
+            print(f"export: {note}", file=sys.stderr)
         scope = PlayScope(port.org_id, args.play)
         table = await require_table(port, scope, args.table)
         ds = sheets.dataset(port, scope, table, status=args.status, run_id=args.run,

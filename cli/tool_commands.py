@@ -9,7 +9,8 @@ from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.sessions import password_probe
 
-from .commands import _read_only, _tenant_options, command, run_trio
+from .commands import _tenant_options, command, run_trio
+from .connect import Access, open_port
 from .terminal import say
 
 
@@ -19,7 +20,7 @@ def doctor(args: argparse.Namespace) -> int:
     from .doctor import connection_lines, outage_line
 
     async def main() -> None:
-        async with _read_only(args) as tenant:
+        async with open_port(args, access=Access.NO_DDL) as tenant:
             version = await tenant.server_version()
             async with tenant.connection(RECEIPTS_LANE) as conn:
                 status = await schema_status(conn, tenant.schema)

@@ -3,6 +3,8 @@ binaries), its replay lag is known, and nothing can write through a reader, wher
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import trio
 
@@ -11,6 +13,7 @@ from runplane.engine import RunScope, open_tenant, runs
 from runplane.engine.errors import DatabaseError
 from runplane.engine.tenant import open_reader
 
+from .cli_helpers import cli_env, run_cli
 from .conftest import fresh_schema
 from .failover_support import ReplicatedPair
 from .pooler_support import bouncer  # noqa: F401  (a fixture)
@@ -60,5 +63,13 @@ async def test_reads_go_to_the_replica_with_its_lag(monkeypatch):
                         await trio.sleep(0.05)
             with pytest.raises(DatabaseError):
                 await runs.register(reader, RunScope("org-test", "play", "r2"))
+        # The read commands go there too, and say so.
+        listed = await trio.to_thread.run_sync(lambda: run_cli(
+            "runs", "play", "--org", "org-test", "--schema", schema,
+            env=cli_env(RUNPLANE_DSN=primary, RUNPLANE_READ_DSN=replica)))
+        assert listed.returncode == 0, listed.stderr
+        assert re.search(r"reading from a replica \(RUNPLANE_READ_DSN, .*\), [0-9.]+ s behind",
+                         listed.stderr), listed.stderr
+        assert "done" in listed.stdout, listed.stdout
     finally:
         await trio.to_thread.run_sync(pair.remove)
