@@ -20,6 +20,8 @@ How it works
   is refused the same way when that run was never registered. A registered run's epoch never changes, so a positive answer is cached (bounded,
   oldest out first): a run costs one extra read on its first request through this gateway,
   none afterwards. A negative answer is never cached (the run may be registered next).
+- `scope_of(kwargs)` is the org and play a request's inputs name, checked against the token's
+  claims; `named_runs` and `named_run_ids` the runs they name.
 - `bucket(name, known)` is the counter key of an action name: the name itself when it is a
   registered action, else one shared bucket, so unauthenticated requests for made-up names
   cannot grow the server's state or its log line. `printable(text)` escapes what a request
@@ -43,7 +45,7 @@ import trio
 from .. import runs
 from ..errors import ConflictError, InvalidInputError
 from ..ports import Port
-from ..values.scopes import MapScope, RunRef, RunScope
+from ..values.scopes import MapScope, PlayScope, RunRef, RunScope
 
 UNKNOWN_ACTION = "(unknown action)"
 REPLAY_TTL_S = 900.0
@@ -210,6 +212,20 @@ class RunCheck:
         self._known[key] = None
         while len(self._known) > self.max_entries:
             self._known.popitem(last=False)
+
+
+def scope_of(kwargs: Mapping[str, object]) -> tuple[str | None, str | None]:
+    """The org and play an action's decoded inputs name (None, None for org-wide actions); a
+    bare `play` (as `db_sessions.create` takes) is a play of the token's org."""
+    for value in kwargs.values():
+        if isinstance(value, RunRef):
+            value = value.scope
+        if isinstance(value, (PlayScope, RunScope, MapScope)):
+            return value.org_id, value.play
+    play = kwargs.get("play")
+    if isinstance(play, str):
+        return None, play.strip()
+    return None, None
 
 
 def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScope]:
