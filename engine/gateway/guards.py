@@ -37,14 +37,16 @@ import json
 import math
 import re
 import sys
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, NoReturn
 
 import attrs
 import trio
 
 from .. import runs
+from ..canonical import JsonValue
 from ..errors import ConflictError, InvalidInputError
 from ..ports import Port
+from ..tokens import TokenClaims
 from ..values.scopes import MapScope, PlayScope, RunRef, RunScope
 
 UNKNOWN_ACTION = "(unknown action)"
@@ -72,7 +74,7 @@ def replay_entry_bytes(key: tuple, digest: bytes, body: bytes) -> int:
     return REPLAY_ENTRY_OVERHEAD + texts + len(digest) + len(body)
 
 
-def _refuse_constant(text: str) -> Any:
+def _refuse_constant(text: str) -> NoReturn:
     raise InvalidInputError(f"{text} is not a JSON number the gateway accepts")
 
 
@@ -83,7 +85,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def loads(raw: bytes, what: str) -> Any:
+def loads(raw: bytes, what: str) -> JsonValue:
     """The JSON value of a request body, or `InvalidInputError` (see the module docstring)."""
     try:
         return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
@@ -93,7 +95,7 @@ def loads(raw: bytes, what: str) -> Any:
         raise InvalidInputError(f"{what}: the body is not JSON: {exc}") from None
 
 
-def bucket(name: str, known: Mapping[str, Any]) -> str:
+def bucket(name: str, known: Mapping[str, object]) -> str:
     return name if name in known else UNKNOWN_ACTION
 
 
@@ -105,12 +107,12 @@ def printable(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _claims_text(claims: Any) -> bytes:
+def _claims_text(claims: TokenClaims) -> bytes:
     """Every claim of a token, as text (a client sends one token on every request)."""
     return repr(attrs.astuple(claims)).encode("utf-8")
 
 
-def request_digest(raw: bytes, claims: Any, extra: str = "") -> bytes:
+def request_digest(raw: bytes, claims: TokenClaims, extra: str = "") -> bytes:
     """A digest of what makes two requests the same: the body, the token's claims (every
     claim, so a token with other rights or another id is another request) and `extra`
     (headers that change the answer)."""
@@ -228,7 +230,7 @@ def scope_of(kwargs: Mapping[str, object]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScope]:
+def named_runs(kwargs: Mapping[str, object], writes: bool) -> list[RunRef | RunScope]:
     """The runs an action's decoded inputs name: every `RunRef`, and for a write every run
     named by scope alone (a `RunScope`, or the run of a `MapScope`)."""
     found: list[RunRef | RunScope] = []
@@ -240,7 +242,7 @@ def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScop
     return found
 
 
-def named_run_ids(kwargs: Mapping[str, Any]) -> list[str]:
+def named_run_ids(kwargs: Mapping[str, object]) -> list[str]:
     """Every run id an action's decoded inputs name (a `RunRef`, a `RunScope` or `MapScope`'s
     run, a `run_id` argument such as `sheets.read_rows`', each of a `run_ids` list such as
     `history.list_maps`', `outbox.get_many`' and `sheets.run_rows`'), for a token's `runs`
