@@ -33,7 +33,8 @@ from ..sheets.completion import deliver_diagnostics
 from ..sheets.inputs import PreparedOutcome, check_input_indexes, prepare_outcomes, prepare_rows
 from ..sheets.sheet_write import check_write
 from ..sheets.model import (
-    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, RowOutcome, Timing,
+    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, OutcomeStatus,
+    RowOutcome, Timing,
 )
 from . import paging, protocol
 
@@ -173,7 +174,7 @@ def outcome_texts(outcomes: Sequence[RowOutcome],
     return texts
 
 
-_COMPLETED, _FAILED = _string("completed"), _string("failed")
+_COMPLETED, _FAILED = _string(OutcomeStatus.COMPLETED.value), _string(OutcomeStatus.FAILED.value)
 
 
 async def _send_complete(gateway: Gateway, action: Action, arguments: dict) -> Completion:

@@ -25,9 +25,9 @@ How it works
   `shared_maps.live_maps`, `shared_maps.units_remaining`) is handed the token's `runs` claim as
   `only_runs` and keeps to those runs. Only then does the action run, against the tenant of the
   token's org (opened on first use, then kept: `tenants`), with the action's server-side
-  deadline (admission 30 s,
-  completion 75 s): a write that ran past it is cancelled (its transaction rolls back) and
-  answered 503, so a client that gave up and retried never races a write of its earlier attempt.
+  deadline (admission 30 s, completion 75 s): a write that ran past it is cancelled (its
+  transaction rolls back) and answered 503, so a client that gave up and retried never races a
+  write of its earlier attempt.
 - Database sessions: `db_sessions.create` is handed a `MintContext`: the verified claims (they
   bound the operations a session gets and how long it lives) and `session_dsn`, the DSN the
   session's URL is built on (default: the server's own DSN; give the address runners reach the
@@ -129,7 +129,7 @@ class ServerOptions:
     forwarded_allow: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @body_limit.validator
-    def _check_body_limit(self, _attribute: object, value: object) -> None:
+    def _check_body_limit(self, _attribute: attrs.Attribute, value: object) -> None:
         if not is_int(value, protocol.PAGE_HEADROOM * 2):
             raise InvalidInputError(
                 f"body_limit must be an integer >= {protocol.PAGE_HEADROOM * 2}")
@@ -355,15 +355,17 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def open_server(*, secret: str, dsn: str | None = None, schema: str = "runplane",
-                      options: ServerOptions = ServerOptions()) -> AsyncIterator[Server]:
+                      options: ServerOptions | None = None) -> AsyncIterator[Server]:
     """Serve the gateway until the block ends (see the module docstring): on `dsn` (default:
-    `RUNPLANE_DSN`, else the embedded server) and `schema`, as `options` say. With
-    `options.tls_cert` and `tls_key` (PEM files, both or neither) it serves HTTPS with
-    Hypercorn's TLS; `options.forwarded_allow` names the proxies whose `X-Forwarded-Proto` /
-    `-Host` the console believes. Either way the console's cookie is `Secure` when the browser
-    reached it over https."""
+    `RUNPLANE_DSN`, else the embedded server) and `schema`, as `options` say (default:
+    `ServerOptions()`). With `options.tls_cert` and `tls_key` (PEM files, both or neither) it
+    serves HTTPS with Hypercorn's TLS; `options.forwarded_allow` names the proxies whose
+    `X-Forwarded-Proto` / `-Host` the console believes. Either way the console's cookie is
+    `Secure` when the browser reached it over https."""
     if not isinstance(secret, str) or not secret:
         raise InvalidInputError("the gateway needs a non-empty signing secret")
+    if options is None:
+        options = ServerOptions()
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
     server = Server(secret, options, OrgTenants(resolved, schema, options.tenant_options))
     config = options.hypercorn_config()
