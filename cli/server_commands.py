@@ -76,7 +76,7 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
 
 @command("serve", "serve the runtime actions over HTTP (the gateway) until interrupted")(_serve_options)
 def serve(args: argparse.Namespace) -> int:
-    from runplane.engine.gateway import mint_token, open_server
+    from runplane.engine.gateway import ServerOptions, mint_token, open_server
 
     secret = os.environ.get(SECRET_ENV, "")
     if not secret:
@@ -89,15 +89,16 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging()  # the embedded server's lines go to a file in RUNPLANE_HOME
 
     async def main() -> None:
-        async with open_server(secret=secret, dsn=args.dsn, schema=args.schema, bind=args.bind,
-                               body_limit=args.body_limit, array_actions=not args.no_array_actions,
-                               log_interval_s=args.log_interval,
-                               session_dsn=args.session_dsn, tls_cert=args.tls_cert,
-                               tls_key=args.tls_key,
-                               forwarded_allow=_forwarded_allow(args.forwarded_allow)) as server:
+        options = ServerOptions(bind=args.bind, body_limit=args.body_limit,
+                                array_actions=not args.no_array_actions,
+                                log_interval_s=args.log_interval, session_dsn=args.session_dsn,
+                                tls_cert=args.tls_cert, tls_key=args.tls_key,
+                                forwarded_allow=_forwarded_allow(args.forwarded_allow))
+        async with open_server(secret=secret, dsn=args.dsn, schema=args.schema,
+                               options=options) as server:
             actions = "off" if args.no_array_actions else "on"
             print(f"gateway listening on {server.url} (schema {args.schema}, body limit "
-                  f"{server.body_limit:,} bytes, array actions {actions}; Ctrl-C to stop)", flush=True)
+                  f"{server.options.body_limit:,} bytes, array actions {actions}; Ctrl-C to stop)", flush=True)
             if args.dev:
                 print(f"dev token for org {DEFAULT_ORG}: {mint_token(secret, DEFAULT_ORG)}", flush=True)
             await trio.sleep_forever()

@@ -32,7 +32,7 @@ import hashlib
 import json
 import math
 import re
-from typing import Any, Union
+from typing import Callable, Iterable, Union
 
 from .errors import InvalidInputError
 
@@ -61,12 +61,12 @@ def _clean_str(value: str) -> str:
     return _UNSTORABLE.sub("\ufffd", value)
 
 
-def normalize(value: Any, path: str = "value") -> Any:
+def normalize(value: object, path: str = "value") -> JsonValue:
     """Return `value` exactly as jsonb will store and return it; raise `InvalidInputError`."""
     return _normalize(value, path, 0)
 
 
-def _normalize(value: Any, path: str, depth: int) -> Any:
+def _normalize(value: object, path: str, depth: int) -> JsonValue:
     # Order matters: bool is an int subclass, and str is the commonest leaf.
     if value is None or value is True or value is False:
         return value
@@ -86,7 +86,7 @@ def _normalize(value: Any, path: str, depth: int) -> Any:
     if depth >= MAX_DEPTH:
         raise InvalidInputError(f"{path}: nested deeper than {MAX_DEPTH} levels")
     if kind is dict or isinstance(value, dict):
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise InvalidInputError(f"{path}: key {key!r} is not a string")
@@ -115,7 +115,7 @@ def is_clean_str(value: str) -> bool:
     return _UNSTORABLE.search(value) is None
 
 
-def is_canonical(value: Any, strings: bool = True, _depth: int = 0) -> bool:
+def is_canonical(value: object, strings: bool = True, _depth: int = 0) -> bool:
     """True when `normalize(value)` would return an equal value of the same types.
 
     `strings=False` skips the two string rules (no NUL, no lone surrogate) for a caller that
@@ -132,7 +132,7 @@ def is_canonical(value: Any, strings: bool = True, _depth: int = 0) -> bool:
                 "\x00" not in key and (key.isascii() or _UNSTORABLE.search(key) is None)
             ):
                 return False
-        items: Any = value.values()
+        items: Iterable[object] = value.values()
     elif kind is list:
         items = value
     elif kind is str:
@@ -172,7 +172,7 @@ class _NeedsNormalize(Exception):
     """Raised by `_rebuild` when a value needs `normalize` (to clean or refuse it)."""
 
 
-def _rebuild(value: Any, depth: int) -> Any:
+def _rebuild(value: object, depth: int) -> JsonValue:
     # A value whose only departures from canonical form are integral floats.
     kind = type(value)
     if kind is str:
@@ -202,7 +202,7 @@ def _rebuild(value: Any, depth: int) -> Any:
     raise _NeedsNormalize
 
 
-def normalize_fast(value: Any, path: str = "value") -> Any:
+def normalize_fast(value: object, path: str = "value") -> JsonValue:
     """`normalize(value, path)`, without its per-element work on the common inputs.
 
     Returns `value` itself (not a copy) when it is already canonical; rebuilds a value whose
@@ -216,7 +216,7 @@ def normalize_fast(value: Any, path: str = "value") -> Any:
         return normalize(value, path)
 
 
-def _reused_encoder() -> Any:
+def _reused_encoder() -> Callable[[JsonValue], str]:
     """`_encoder.encode` as one reused C encoder (`JSONEncoder.encode` builds a new one per
     call, which costs about as much as encoding a small row); the same text and errors."""
     make = getattr(json.encoder, "c_make_encoder", None)
@@ -231,16 +231,16 @@ def _reused_encoder() -> Any:
 _encode = _reused_encoder()
 
 
-def stable_dumps(value: Any) -> str:
+def stable_dumps(value: JsonValue) -> str:
     """The canonical text of an already normalized value."""
     return _encode(value)
 
 
-def digest(value: Any) -> str:
+def digest(value: object) -> str:
     """SHA-256 hex of the canonical text of `normalize(value)`."""
     return hashlib.sha256(stable_dumps(normalize(value)).encode("utf-8")).hexdigest()
 
 
-def loads(text: str | None) -> Any:
+def loads(text: str | None) -> JsonValue:
     """Decode jsonb text as the server returns it (None stays None)."""
     return None if text is None else json.loads(text)

@@ -23,12 +23,15 @@ import collections
 import inspect
 import json
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 import trio
 
 from .limits.bounds import is_int
+
+if TYPE_CHECKING:
+    from .sheets.model import CompletionDiagnostics
 
 log = logging.getLogger("runplane.sheets")
 line_log = logging.getLogger("runplane.sheets.diagnostics")
@@ -36,10 +39,11 @@ line_log = logging.getLogger("runplane.sheets.diagnostics")
 DEFAULT_CAPACITY = 1024
 DRAIN_DEADLINE_S = 5.0
 
-Sink = Callable[[Any], Any]
+# A plain or async callable; what it returns is awaited when awaitable, else dropped.
+Sink = Callable[["CompletionDiagnostics"], object]
 
 
-async def call_sink(sink: Sink, diagnostics: Any) -> None:
+async def call_sink(sink: Sink, diagnostics: CompletionDiagnostics) -> None:
     """Call a plain or async sink; what it raises is logged, never raised."""
     try:
         result = sink(diagnostics)
@@ -49,7 +53,7 @@ async def call_sink(sink: Sink, diagnostics: Any) -> None:
         log.exception("sheet completion diagnostics sink failed; the result is unaffected")
 
 
-def log_diagnostics(diagnostics: Any) -> None:
+def log_diagnostics(diagnostics: CompletionDiagnostics) -> None:
     """One JSON line per completion at DEBUG (when no sink was given)."""
     if line_log.isEnabledFor(logging.DEBUG):
         line_log.debug("%s", json.dumps(attrs.asdict(diagnostics), sort_keys=True,
@@ -63,7 +67,8 @@ class DiagnosticsQueue:
     capacity: int = DEFAULT_CAPACITY
     dropped: int = 0
     delivered: int = 0
-    _items: collections.deque = attrs.field(init=False, factory=collections.deque)
+    _items: collections.deque[tuple[Sink, CompletionDiagnostics]] = attrs.field(
+        init=False, factory=collections.deque)
     _wake: trio.Event = attrs.field(init=False, factory=trio.Event)
     _idle: trio.Event = attrs.field(init=False, factory=trio.Event)
     _ended: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -81,7 +86,7 @@ class DiagnosticsQueue:
         """Whether a task drains the queue (between `open` and the end of `close`)."""
         return self._running
 
-    def put(self, sink: Sink, diagnostics: Any) -> None:
+    def put(self, sink: Sink, diagnostics: CompletionDiagnostics) -> None:
         """Queue one delivery; never waits (the oldest item is dropped when full, and anything
         put once the queue is closing)."""
         if self._closing or not self._running:

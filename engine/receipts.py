@@ -21,21 +21,24 @@ from __future__ import annotations
 
 import enum
 import functools
-from typing import Any, Iterable, Literal, Mapping
+from typing import Iterable, Mapping
 
 import attrs
 
 from .limits.bounds import is_number
 from . import canonical
+from .canonical import JsonValue
 from .actions import action
 from .values.codecs import (
-    PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, FLOAT, INT, USER_JSON, dict_of, list_of, optional, record,
+    PLAY_SCOPE, RAW, RUN_REF, STR, BOOL, FLOAT, INT, USER_JSON, dict_of, enum_of, list_of, optional,
+    record,
 )
 from .errors import InvalidInputError, RowNotVisibleError
 from .values.keys import check_user_key, receipt_key
+from .pg import Connection, Record
 from .ports import RECEIPTS_LANE, Port, with_connection
 from .runs.reissue import MAX_VISIBILITY_ATTEMPTS, fetchrow_until_visible
-from .sql import qualified
+from .sql import SqlLiteral, qualified
 from .values.scopes import PlayScope, RunRef, check_scope
 
 
@@ -54,14 +57,22 @@ class ReceiptStatus(enum.IntEnum):
 STATUS_NAMES = {int(status): status.name.lower() for status in ReceiptStatus}
 SQL_STATUSES = {status.name: int(status) for status in ReceiptStatus}
 
-Disposition = Literal["claimed", "reused", "running", "fenced"]
+
+
+class ClaimDisposition(SqlLiteral):
+    """What a `claim` found (the claim statement's `disposition`; SQL text writes `.sql`)."""
+
+    CLAIMED = "claimed"  # the work is ours: the receipt is running under our epoch
+    REUSED = "reused"  # already completed or skipped: its output is the answer
+    RUNNING = "running"  # another holder's lease is live
+    FENCED = "fenced"  # a newer run holds the key, or it failed under one
 
 
 @attrs.frozen
 class Receipt:
     key: str
     status: str
-    output: Any
+    output: JsonValue
     error: str | None
     run_id: str | None
     epoch: int | None = None
@@ -69,13 +80,13 @@ class Receipt:
 
 @attrs.frozen
 class Claim:
-    disposition: Disposition
+    disposition: ClaimDisposition = attrs.field(converter=ClaimDisposition)
     receipt: Receipt
 
 
 RECEIPT = record(Receipt, key=STR, status=STR, output=RAW, error=optional(STR),
                  run_id=optional(STR), epoch=optional(INT))
-CLAIM = record(Claim, disposition=STR, receipt=RECEIPT)
+CLAIM = record(Claim, disposition=enum_of(ClaimDisposition), receipt=RECEIPT)
 
 
 _COLUMNS = "status, output::text AS output, error, run_id, epoch"
@@ -83,28 +94,30 @@ _COLUMNS = "status, output::text AS output, error, run_id, epoch"
 DEFAULT_LEASE_S = 300.0
 MAX_LEASE_S = 7 * 24 * 3600.0
 
-# $1 key, $2 run id, $3 epoch, $4 reclaim running, $5 lease seconds
-_CLAIM = """
+# $1 key, $2 run id, $3 epoch, $4 reclaim running, $5 lease seconds. Fields in double braces
+# are filled per schema (`_statement`); dispositions are written here.
+_D = ClaimDisposition
+_CLAIM = f"""
 WITH claimed AS (
-    INSERT INTO {t} AS r (k, status, output, error, run_id, epoch, updated_at, lease_expires_at)
-    VALUES ($1, {RUNNING}, NULL, NULL, $2, $3, now(), now() + make_interval(secs => $5::float8))
+    INSERT INTO {{t}} AS r (k, status, output, error, run_id, epoch, updated_at, lease_expires_at)
+    VALUES ($1, {{RUNNING}}, NULL, NULL, $2, $3, now(), now() + make_interval(secs => $5::float8))
     ON CONFLICT (k) DO UPDATE
-       SET status = {RUNNING}, output = NULL, error = NULL, run_id = EXCLUDED.run_id,
+       SET status = {{RUNNING}}, output = NULL, error = NULL, run_id = EXCLUDED.run_id,
            epoch = EXCLUDED.epoch, updated_at = now(),
            lease_expires_at = EXCLUDED.lease_expires_at
      WHERE coalesce(r.epoch, 0) <= EXCLUDED.epoch
-       AND (r.status IN ({PENDING}, {FAILED})
-            OR (r.status = {RUNNING} AND ($4 OR r.lease_expires_at <= now())))
-    RETURNING {cols}
+       AND (r.status IN ({{PENDING}}, {{FAILED}})
+            OR (r.status = {{RUNNING}} AND ($4 OR r.lease_expires_at <= now())))
+    RETURNING {{cols}}
 )
-SELECT 'claimed' AS disposition, {cols} FROM claimed
+SELECT {_D.CLAIMED.sql} AS disposition, {{cols}} FROM claimed
 UNION ALL
-SELECT CASE WHEN status IN ({COMPLETED}, {SKIPPED}) THEN 'reused'
-            WHEN coalesce(epoch, 0) > $3 THEN 'fenced'
-            WHEN status = {RUNNING} THEN 'running'
-            ELSE 'fenced' END,
-       {cols}
-  FROM {t} WHERE k = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
+SELECT CASE WHEN status IN ({{COMPLETED}}, {{SKIPPED}}) THEN {_D.REUSED.sql}
+            WHEN coalesce(epoch, 0) > $3 THEN {_D.FENCED.sql}
+            WHEN status = {{RUNNING}} THEN {_D.RUNNING.sql}
+            ELSE {_D.FENCED.sql} END,
+       {{cols}}
+  FROM {{t}} WHERE k = $1 AND NOT EXISTS (SELECT 1 FROM claimed)
 """
 
 # $1 key, $2 run id, $3 epoch, $4 status, $5 output, $6 error
@@ -140,7 +153,7 @@ def _statement(template: str, schema: str, extra_fence: str = "") -> str:
     )
 
 
-def _receipt(key: str, row: Any) -> Receipt:
+def _receipt(key: str, row: Record) -> Receipt:
     return Receipt(
         key=key,
         status=STATUS_NAMES[row["status"]],
@@ -151,7 +164,7 @@ def _receipt(key: str, row: Any) -> Receipt:
     )
 
 
-async def _fetch_until_row(port: Port, key: str, sql: str, *args: Any) -> Any:
+async def _fetch_until_row(port: Port, key: str, sql: str, *args: object) -> Record:
     return await with_connection(
         port, RECEIPTS_LANE,
         lambda conn: fetchrow_until_visible(conn, sql, args, what=f"receipt {key!r}"),
@@ -178,7 +191,7 @@ async def get_many(port: Port, scope: PlayScope, keys: Iterable[str]) -> dict[st
     }
 
 
-def _check_lease(lease_s: Any) -> float:
+def _check_lease(lease_s: object) -> float:
     if not is_number(lease_s, high=MAX_LEASE_S, above=0):
         raise InvalidInputError(f"lease_s must be a number of seconds in (0, {MAX_LEASE_S:g}],"
                                 f" got {lease_s!r}")
@@ -200,7 +213,8 @@ async def claim(port: Port, run: RunRef, key: str, *, reclaim_running: bool = Fa
 
 
 async def _settle(
-    port: Port, run: RunRef, key: str, status: ReceiptStatus, output: Any, error: str | None,
+    port: Port, run: RunRef, key: str, status: ReceiptStatus, output: JsonValue,
+    error: str | None,
     extra_fence: str = "",
 ) -> Receipt:
     check_scope(port, run)
@@ -213,7 +227,7 @@ async def _settle(
 
 @action("receipts.complete", params={"run": RUN_REF, "key": STR, "output": USER_JSON},
         result=RECEIPT)
-async def complete(port: Port, run: RunRef, key: str, output: Any) -> Receipt:
+async def complete(port: Port, run: RunRef, key: str, output: JsonValue) -> Receipt:
     """Store `output` as the completed result where our epoch is not older than the stored one."""
     check_user_key(key)
     return await _settle(port, run, key, ReceiptStatus.COMPLETED, output, None)
@@ -221,7 +235,7 @@ async def complete(port: Port, run: RunRef, key: str, output: Any) -> Receipt:
 
 @action("receipts.skip", params={"run": RUN_REF, "key": STR, "output": USER_JSON},
         result=RECEIPT)
-async def skip(port: Port, run: RunRef, key: str, output: Any = None) -> Receipt:
+async def skip(port: Port, run: RunRef, key: str, output: JsonValue = None) -> Receipt:
     """Mark the work skipped (with an optional output), fenced like `complete`."""
     check_user_key(key)
     return await _settle(port, run, key, ReceiptStatus.SKIPPED, output, None)
@@ -278,7 +292,8 @@ RETURNING r.k
 
 @action("receipts.complete_many", params={"run": RUN_REF, "outputs": dict_of(USER_JSON)},
         result=dict_of(RECEIPT))
-async def complete_many(port: Port, run: RunRef, outputs: Mapping[str, Any]) -> dict[str, Receipt]:
+async def complete_many(port: Port, run: RunRef,
+                        outputs: Mapping[str, JsonValue]) -> dict[str, Receipt]:
     """`complete` for every key of `outputs` in one statement: the receipt of each key as
     stored afterwards (ours, or the newer one that fenced us), in the mapping's order."""
     check_scope(port, run)
@@ -293,7 +308,7 @@ async def complete_many(port: Port, run: RunRef, outputs: Mapping[str, Any]) -> 
     sql = _statement(_COMPLETE_MANY, port.schema)
     found: dict[str, Receipt] = {}
 
-    async def settle(conn: Any) -> None:
+    async def settle(conn: Connection) -> None:
         todo = sorted(texts)
         for _ in range(MAX_VISIBILITY_ATTEMPTS):  # see `engine.runs.reissue`: a peer's late insert
             rows = await conn.fetch(sql, todo, [texts[k][1] for k in todo], run.run_id, run.epoch)

@@ -34,7 +34,10 @@ import hashlib
 import hmac
 import secrets
 
+from .runs.history import MapRunState
+from .runs.outbox import OutboxState
 from .sessions import isolation as session_isolation
+from .shared.maps import MapState
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
@@ -112,7 +115,7 @@ CREATE TABLE IF NOT EXISTS {s}.terminal_outbox (
     org_id text NOT NULL,
     play text NOT NULL,
     run_id text NOT NULL,
-    state text NOT NULL DEFAULT 'pending',
+    state text NOT NULL DEFAULT {OutboxState.PENDING.sql},
     attempts integer NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
     lease_owner text,
@@ -131,7 +134,7 @@ CREATE TABLE IF NOT EXISTS {s}.rate_limits (
     PRIMARY KEY (org_id, key)
 );
 CREATE INDEX IF NOT EXISTS terminal_outbox_due
-    ON {s}.terminal_outbox (next_attempt_at) WHERE state = 'pending';
+    ON {s}.terminal_outbox (next_attempt_at) WHERE state = {OutboxState.PENDING.sql};
 CREATE TABLE IF NOT EXISTS {s}.session_scopes (
     role_name text PRIMARY KEY,
     org_id text NOT NULL,
@@ -191,7 +194,7 @@ CREATE TABLE IF NOT EXISTS {s}.run_maps (
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, play, run_id, map_key)
 );
-CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = 'running';
+CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = {MapRunState.RUNNING.sql};
 -- end of version 8 -----------------------------------------------------------------------------
 -- Shared maps (engine.shared.maps), from version 9: a published map, its units (slices of
 -- staged pages, handed out as leases) and the workers that joined the play's maps.
@@ -205,14 +208,14 @@ CREATE TABLE IF NOT EXISTS {s}.shared_maps (
     config jsonb NOT NULL,
     function text NOT NULL,
     play_digest text NOT NULL,
-    state text NOT NULL DEFAULT 'waiting',
+    state text NOT NULL DEFAULT {MapState.WAITING.sql},
     units integer NOT NULL,
     lease_s float8 NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, play, run_id, map_invocation_id)
 );
 CREATE INDEX IF NOT EXISTS shared_maps_live ON {s}.shared_maps (org_id, play)
-    WHERE state IN ('waiting', 'open');
+    WHERE state IN ({MapState.WAITING.sql}, {MapState.OPEN.sql});
 CREATE TABLE IF NOT EXISTS {s}.shared_units (
     org_id text NOT NULL,
     play text NOT NULL,
@@ -324,7 +327,8 @@ GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {role};
 def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
     s = quote_ident(schema)
     text = _DDL.format(s=s, version=SCHEMA_VERSION,
-                       schema_literal="'" + schema.replace("'", "''") + "'")
+                       schema_literal="'" + schema.replace("'", "''") + "'",
+                       OutboxState=OutboxState, MapRunState=MapRunState, MapState=MapState)
     if execution_role is not None:
         text += _GRANTS.format(s=s, role=quote_ident(execution_role))
     return text

@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from runplane.engine.gateway import RetryPolicy, mint_token, open_gateway, open_server
+from runplane.engine.gateway import RetryPolicy, ServerOptions, mint_token, open_gateway, open_server
 
 SECRET = "test-gateway-secret-" + "x" * 24
 FAST_RETRY = RetryPolicy(answered_delays_s=(0.01, 0.02, 0.05), unreachable_budget_s=20.0,
@@ -17,7 +17,8 @@ FAST_RETRY = RetryPolicy(answered_delays_s=(0.01, 0.02, 0.05), unreachable_budge
 @contextlib.asynccontextmanager
 async def serving(tenant, **options):
     """A gateway over the tenant's database and schema (options go to `open_server`)."""
-    async with open_server(secret=SECRET, dsn=tenant.dsn, schema=tenant.schema, **options) as server:
+    async with open_server(secret=SECRET, dsn=tenant.dsn, schema=tenant.schema,
+                           options=ServerOptions(**options)) as server:
         yield server
 
 

@@ -14,7 +14,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine.console import auth
-from runplane.engine.gateway import mint_token, open_server
+from runplane.engine.gateway import ServerOptions, mint_token, open_server
 
 from .console_support import (CONTRACT, SECRET, client, cookie_header, login_token, run_ids,
                               seed, upper)
@@ -316,12 +316,13 @@ async def test_served_over_tls_the_cookie_is_secure(tenant, tmp_path):
 
     cert, key = _self_signed(tmp_path)
     async with open_server(secret=SECRET, dsn=tenant.dsn, schema=tenant.schema,
-                           tls_cert=cert, tls_key=key) as tls:
+                           options=ServerOptions(tls_cert=cert, tls_key=key)) as tls:
         assert tls.url.startswith("https://")
         async with httpx.AsyncClient(base_url=tls.url, verify=False) as http:
             assert (await http.get("/v1/health")).status_code == 200
             answer = await login_token(http, mint_token(SECRET, tenant.org_id))
             assert answer.status_code == 303 and "Secure" in cookie_header(answer)
     with pytest.raises(InvalidInputError):
-        async with open_server(secret=SECRET, dsn=tenant.dsn, schema=tenant.schema, tls_cert=cert):
+        async with open_server(secret=SECRET, dsn=tenant.dsn, schema=tenant.schema,
+                               options=ServerOptions(tls_cert=cert)):
             pass

@@ -232,7 +232,8 @@ async def test_keyset_pages_cross_into_rows_without_an_input_index(tenant, seede
         expected = await conn.fetchval(f"SELECT count(*) FROM {sheet.qualified}")
     seen, after, pages = [], None, 0
     while True:
-        page = await rows.rows_page(tenant, tenant.org_id, "alpha", "t", after=after, limit=7)
+        page = await rows.rows_page(tenant, tenant.org_id, "alpha", "t",
+                                    rows.RowsQuery(after=after, limit=7))
         seen += [(row["_input_index"], row["_key"]) for row in page.rows]
         pages += 1
         after = page.next
@@ -242,7 +243,8 @@ async def test_keyset_pages_cross_into_rows_without_an_input_index(tenant, seede
     indexed = [index for index, _ in seen if index is not None]
     assert indexed == sorted(indexed) and all(index is None for index, _ in seen[len(indexed):])
     assert pages == 10
-    failed = await rows.rows_page(tenant, tenant.org_id, "alpha", "t", status="failed")
+    failed = await rows.rows_page(tenant, tenant.org_id, "alpha", "t",
+                                  rows.RowsQuery(status="failed"))
     assert {row["_status"] for row in failed.rows} == {"failed"} and len(failed.rows) == 3
 
 
@@ -264,7 +266,7 @@ async def test_a_scan_that_takes_too_long_shows_unknown_figures_not_an_error(ten
         nursery.start_soon(hold_the_sheet)
         await locked.wait()
         try:  # what a run did is its run history: no sheet scan, so it is shown all the same
-            runs = await queries.list_runs(tenant, org=tenant.org_id, plays=("alpha",))
+            runs = await queries.list_runs(tenant, queries.RunsQuery(org=tenant.org_id, plays=("alpha",)))
             assert [run.figures.completed for run in runs] == [61]
             (table,) = await queries.run_tables(tenant, tenant.org_id, "alpha", seeded.alpha_run)
             assert table.top_errors is None and table.mine.figures.completed == 61

@@ -2,9 +2,9 @@
 
 `console_app(Console(...))` is the ASGI application the gateway mounts at `/ui`;
 `open_console(dsn=..., bind=...)` serves it alone for every org, behind a one-time login link
-(`runplane console`). See `routes` (HTTP), `auth` (sessions), `queries` (reads), `figures` (what
-each run did, from its run history), `rates` (rows/s), `words` (the words shown for row states),
-`pages` (HTML).
+(`runplane console`). See `routes` (HTTP), `login` (the login routes), `auth` (sessions),
+`queries` (reads), `figures` (what each run did, from its run history), `rates` (rows/s),
+`words` (the words shown for row states), `pages` (HTML).
 """
 
 from .auth import CONSOLE_ACTIONS, Sessions, Viewer

@@ -18,12 +18,12 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import attrs
 
-from ..runs.history import LIVE_S
-from ..pg import Connection
+from ..runs.history import LIVE_S, MapRunState
+from ..pg import Connection, Record
 from ..ports import Port, table
 
 _FIGURES = ("source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried",
@@ -65,26 +65,26 @@ class MapFigures:
     """A run's maps of one table: their figures, state and when their entry was last written."""
 
     namespace: str
-    state: str  # a `words.MAP_STATE_WORDS` key
+    state: MapRunState  # shown as its `words.MAP_STATE_WORDS` word
     figures: RunFigures
     written_at: float  # seconds since the epoch, the database's clock
 
     @property
     def running(self) -> bool:
-        return self.state == "running"
+        return self.state is MapRunState.RUNNING
 
 
-_TOTALS = """
+_TOTALS = f"""
 SELECT m.org_id, m.play, m.run_id,
        sum(m.source_rows)::bigint AS source_rows, sum(m.admitted)::bigint AS admitted,
        sum(m.cached)::bigint AS cached, sum(m.completed)::bigint AS completed,
        sum(m.failed)::bigint AS failed, sum(m.blocked)::bigint AS blocked,
        sum(m.retried)::bigint AS retried,
-       sum(m.running) FILTER (WHERE m.state = 'running'
+       sum(m.running) FILTER (WHERE m.state = {MapRunState.RUNNING.sql}
                                 AND m.updated_at > now() - make_interval(secs => $4))::bigint
            AS in_flight
   FROM unnest($1::text[], $2::text[], $3::text[]) AS g(org_id, play, run_id)
-  JOIN {run_maps} AS m USING (org_id, play, run_id)
+  JOIN {{run_maps}} AS m USING (org_id, play, run_id)
  GROUP BY m.org_id, m.play, m.run_id
 """
 
@@ -99,7 +99,7 @@ SELECT table_namespace, state, source_rows, admitted, cached, completed, failed,
 """
 
 
-def _figures(record: Any) -> RunFigures:
+def _figures(record: Record) -> RunFigures:
     return RunFigures(*(record[f] or 0 for f in _FIGURES))
 
 
@@ -122,18 +122,20 @@ async def run_maps(conn: Connection, port: Port, org: str, play: str, run_id: st
     table summed), and the database's clock now (None when the run recorded no map)."""
     records = await conn.fetch(_MAPS.format(run_maps=table(port, "run_maps")),
                                org, play, run_id, LIVE_S)
-    by_table: dict[str, list[Any]] = {}
+    by_table: dict[str, list[Record]] = {}
     for record in records:
         by_table.setdefault(record["table_namespace"], []).append(record)
     found = []
+    running, interrupted = MapRunState.RUNNING, MapRunState.INTERRUPTED
     for namespace, entries in by_table.items():
-        states = ["interrupted" if e["state"] == "running" and e["stale"] else e["state"]
-                  for e in entries]
-        state = next((s for s in ("running", "interrupted") if s in states), states[-1])
+        # a value no member spells is kept as stored (and shown so)
+        states = [interrupted if e["state"] == running and e["stale"]
+                  else MapRunState.coerce(e["state"]) for e in entries]
+        state = next((s for s in (running, interrupted) if s in states), states[-1])
         figures = RunFigures()
         for e in entries:
             mine = _figures(e)
-            figures += mine if e["state"] == "running" and not e["stale"] else attrs.evolve(
+            figures += mine if e["state"] == running and not e["stale"] else attrs.evolve(
                 mine, in_flight=0)
         found.append(MapFigures(namespace, state, figures, max(e["written_at"] for e in entries)))
     return found, (records[0]["now"] if records else None)

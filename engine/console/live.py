@@ -22,11 +22,14 @@ from __future__ import annotations
 import collections
 import json
 import time
-from typing import Any, Callable
+from typing import AsyncIterator, Callable
 
 import trio
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import ContentStream
+from starlette.types import Receive, Scope, Send
 
+from ..canonical import JsonObject
 from ..errors import EngineError
 from ..ports import Port
 from ..runs.outbox import OutboxState
@@ -43,11 +46,12 @@ PING_S = 15
 class _Counted(EventSourceResponse):
     """A stream whose slot in its org's count is given back when the answer ends."""
 
-    def __init__(self, content: Any, release: Callable[[], None], **options: Any) -> None:
-        super().__init__(content, **options)
+    def __init__(self, content: ContentStream, release: Callable[[], None], *,
+                 ping: float) -> None:
+        super().__init__(content, ping=ping)
         self._release = release
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -77,7 +81,7 @@ def open_stream(streams: collections.Counter, cap: int, sessions: Sessions, sess
 
 
 async def _progress(port: Port, run: queries.RunRow, sessions: Sessions, session_id: str,
-                    ended: trio.Event, closing: trio.Event) -> Any:
+                    ended: trio.Event, closing: trio.Event) -> AsyncIterator[dict[str, str]]:
     windows: dict[str, rates.RateWindow] = {}
     while not closing.is_set():
         viewer = sessions.viewer(session_id)  # None once logged out, evicted or expired
@@ -89,11 +93,11 @@ async def _progress(port: Port, run: queries.RunRow, sessions: Sessions, session
             await _rest(LIVE_INTERVAL_S, viewer.expires_at, ended, closing)
             continue
         now = tick.run or run
-        payload: dict[str, Any] = {"state": now.state, "duration_s": now.duration_s,
-                                   "tables": [_live_table(m, tick.counters.get(m.namespace),
-                                                          windows, tick.now) for m in tick.maps]}
+        payload: JsonObject = {"state": now.state.word, "duration_s": now.duration_s,
+                               "tables": [_live_table(m, tick.counters.get(m.namespace),
+                                                      windows, tick.now) for m in tick.maps]}
         yield {"event": "progress", "data": json.dumps(payload)}
-        pause = LIVE_INTERVAL_S if now.state == OutboxState.OPEN.word else IDLE_INTERVAL_S
+        pause = LIVE_INTERVAL_S if now.state is OutboxState.OPEN else IDLE_INTERVAL_S
         await _rest(pause, viewer.expires_at, ended, closing)
 
 
@@ -110,7 +114,7 @@ async def _rest(seconds: float, expires_at: float, *events: trio.Event) -> None:
 
 
 def _live_table(mine: MapFigures, sheet: queries.TableCounters | None,
-                windows: dict[str, rates.RateWindow], now: float | None) -> dict[str, Any]:
+                windows: dict[str, rates.RateWindow], now: float | None) -> JsonObject:
     """One table's part of a tick: the run's own figures, its rate (sampled into `windows`),
     ETA and chart, and the rows of the table running now."""
     window = windows.setdefault(mine.namespace, rates.RateWindow())

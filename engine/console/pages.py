@@ -22,7 +22,7 @@ import json
 import string
 import urllib.parse
 from importlib import resources
-from typing import Any, Iterable
+from typing import Iterable
 
 from .figures import RunFigures
 from .params import seg
@@ -41,11 +41,11 @@ _FRAME = string.Template(resources.files(__package__).joinpath("templates/base.h
                          .read_text(encoding="utf-8"))
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def q(path: str, **params: Any) -> str:
+def q(path: str, **params: object) -> str:
     """A root-relative URL with its query (None values left out), escaped for an attribute."""
     pairs = {k: v for k, v in params.items() if v not in (None, "")}
     return esc(path + ("?" + urllib.parse.urlencode(pairs) if pairs else ""))
@@ -122,7 +122,7 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
     for run in runs:
         link = run_url(run.org_id, run.play, run.run_id, show_org)
         cells = [esc(run.play), f'<a href="{link}"><code>{esc(run.run_id)}</code></a>',
-                 f'<span class="state-{esc(run.state)}">{esc(run.state)}</span>',
+                 f'<span class="state-{esc(run.state.word)}">{esc(run.state.word)}</span>',
                  f'<td class="num">{run.epoch}', when(run.started), duration(run.duration_s)]
         cells += [f'<td class="num" data-figure="{name}">'
                   f'{"-" if run.figures is None else getattr(run.figures, name)}'
@@ -131,7 +131,7 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
             cells.insert(0, esc(run.org_id))
         lines.append("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}" for c in cells)
                      + "</tr>")
-        if run.state == OutboxState.OPEN.word:
+        if run.state is OutboxState.OPEN:
             command = run.command or (f"(started from Python: wake it with actors.open_run("
                                       f"tenant, {run.play!r}, {run.run_id!r}))")
             resume.append(f'<li><a href="{link}"><code>{esc(run.run_id)}</code></a>: '
@@ -162,7 +162,7 @@ def run_url(org: str, play: str, run_id: str, show_org: bool) -> str:
     return q(f"/ui/runs/{seg(play)}/{seg(run_id)}", org=org if show_org else None)
 
 
-def table_url(kind: str, org: str, play: str, namespace: str, show_org: bool, **params: Any) -> str:
+def table_url(kind: str, org: str, play: str, namespace: str, show_org: bool, **params: object) -> str:
     return q(f"/ui/{kind}/{seg(play)}/{seg(namespace)}", org=org if show_org else None, **params)
 
 
@@ -212,7 +212,7 @@ def chart(series: list[float]) -> str:
             f'<polyline points="{points}"/></svg>')
 
 
-def _stat(label: str, field: str, value: Any, hint: str | None = None) -> str:
+def _stat(label: str, field: str, value: object, hint: str | None = None) -> str:
     title = f' title="{esc(hint)}"' if hint else ""
     return (f'<div{title}><span>{esc(label)}</span><b data-field="{field}">{esc(value)}</b>'
             '</div>')
@@ -223,10 +223,10 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
     org = run.org_id
     parts = [f'<h1>Run <code>{esc(run.run_id)}</code> of play {esc(run.play)}</h1>',
              '<div class="stats">', _stat("org", "org", org),
-             _stat("state", "state", run.state), _stat("epoch", "epoch", run.epoch),
+             _stat("state", "state", run.state.word), _stat("epoch", "epoch", run.epoch),
              _stat("started", "started", when(run.started)),
              _stat("duration", "duration", duration(run.duration_s)), "</div>"]
-    if run.state == OutboxState.OPEN.word and run.command:
+    if run.state is OutboxState.OPEN and run.command:
         parts.append(f'<p>Resume: <code>{esc(run.command)}</code></p>')
     if not tables:
         parts.append('<p class="muted">This run has recorded no maps yet.</p>')
@@ -313,7 +313,7 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
 
 
 def _next_link(kind: str, org: str, play: str, namespace: str, show_org: bool,
-               cursor: Cursor | None, **params: Any) -> str:
+               cursor: Cursor | None, **params: object) -> str:
     if cursor is None:
         return ""
     after = json.dumps([cursor.input_index, cursor.created, cursor.key], separators=(",", ":"))

@@ -18,7 +18,9 @@ import datetime
 import json
 import re
 import urllib.parse
-from typing import Any, Iterable
+from typing import Iterable
+
+from starlette.datastructures import QueryParams
 
 from ..limits.bounds import is_int
 
@@ -101,5 +103,5 @@ def _timestamp(value: str) -> bool:
     return True
 
 
-def query_items(params: Any) -> list[tuple[str, str]]:
+def query_items(params: QueryParams) -> list[tuple[str, str]]:
     return [(name, value) for name, value in params.multi_items()]

@@ -25,20 +25,19 @@ How it works
 from __future__ import annotations
 
 import datetime
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 import attrs
 
 from ..errors import StatementTimeoutError
 from ..runs import row_calls
 from ..runs.outbox import OutboxState
-from ..pg import Connection
+from ..pg import Connection, Record
 from ..ports import CONSOLE_LANE, Port, table
 from ..sheets.audit import cause_counts, cause_counts_sql, sheets_with_causes
 from ..sheets.causes import ErrorCause, group_causes
 from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
-from ..sheets.model import with_row_statuses
 from .figures import MapFigures, RunFigures, run_maps, run_totals
 
 T = TypeVar("T")
@@ -69,7 +68,7 @@ _READ_SETUP = ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
                f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
 
 
-async def scan(conn: Connection, sql: str, *args: Any) -> list[Any] | None:
+async def scan(conn: Connection, sql: str, *args: object) -> list[Record] | None:
     """A statement that scans a sheet, in a savepoint under `SCAN_TIMEOUT_MS`: its records, or
     None when it ran past that (the page then shows the figure as unknown)."""
     try:
@@ -88,14 +87,14 @@ class RunRow:
     run_id: str
     epoch: int
     started: datetime.datetime
-    state: str  # the word of its outbox state (`OutboxState.word`)
+    state: OutboxState  # shown as its word (`OutboxState.word`)
     settled: datetime.datetime | None
     command: str | None
     figures: RunFigures | None = None  # what the run did (its run history); None: no map recorded
 
     @property
     def duration_s(self) -> float:
-        settled = self.state != OutboxState.OPEN.word and self.settled
+        settled = self.state is not OutboxState.OPEN and self.settled
         end = self.settled if settled else datetime.datetime.now(datetime.timezone.utc)
         return max(0.0, (end - self.started).total_seconds())
 
@@ -133,12 +132,9 @@ SELECT table_namespace, total, queued, running AS leased, {in_call} AS running, 
 
 _PRESENT = "SELECT to_regclass($1) IS NOT NULL AS present, {foreign} AS foreign_table"
 
-_STATE_FILTER = {state.word: state.value for state in OutboxState}  # a run state's word
-
-
-def _run_row(record: Any) -> RunRow:
+def _run_row(record: Record) -> RunRow:
     return RunRow(record["org_id"], record["play"], record["run_id"], record["epoch"],
-                  record["created_at"], OutboxState(record["state"]).word,
+                  record["created_at"], OutboxState(record["state"]),
                   record["settled"], record["command"])
 
 
@@ -177,19 +173,32 @@ async def own_tables(conn: Connection, port: Port, sheets: list[SheetLayout]) ->
     return [s for i, s in enumerate(sheets, 1) if i in ours]
 
 
-async def list_runs(port: Port, *, org: str | None, plays: tuple[str, ...] | None,
-                    play: str | None = None, state: str | None = None,
-                    before_epoch: int | None = None, limit: int = RUNS_PAGE,
-                    with_rows: bool = True, runs: tuple[str, ...] | None = None
-                    ) -> list[RunRow]:
-    """Runs newest first (`org` None: every org; `plays` None: every play; `runs` None: every
-    run, else only those run ids), one keyset page, each with what it did (`with_rows`)."""
+@attrs.frozen
+class RunsQuery:
+    """One page of the runs list: whose runs (`org` None: every org; `plays` None: every play;
+    `runs` None: every run, else only those run ids), of `play` and in `state` when given,
+    older than `before_epoch`, at most `limit` of them."""
+
+    org: str | None
+    plays: tuple[str, ...] | None
+    play: str | None = None
+    state: OutboxState | None = None
+    before_epoch: int | None = None
+    runs: tuple[str, ...] | None = None
+    limit: int = RUNS_PAGE
+
+
+async def list_runs(port: Port, query: RunsQuery, *, with_rows: bool = True) -> list[RunRow]:
+    """The runs of `query`, newest first, one keyset page, each with what it did
+    (`with_rows`)."""
     sql = _RUNS.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
+    plays = None if query.plays is None else list(query.plays)
+    runs = None if query.runs is None else list(query.runs)
+    state = None if query.state is None else query.state.value
 
     async def op(conn: Connection) -> list[RunRow]:
-        records = await conn.fetch(sql, org, list(plays) if plays is not None else None, play,
-                                   _STATE_FILTER.get(state) if state else None, before_epoch,
-                                   limit, list(runs) if runs is not None else None)
+        records = await conn.fetch(sql, query.org, plays, query.play, state, query.before_epoch,
+                                   query.limit, runs)
         found = [_run_row(record) for record in records]
         if not with_rows:
             return found
@@ -253,12 +262,12 @@ async def cause_sql(conn: Connection, sheets: list[SheetLayout]) -> list[str]:
             for s in sheets]
 
 
-def top_causes(records: list[Any]) -> list[ErrorCause]:
+def top_causes(records: list[Record]) -> list[ErrorCause]:
     """The `TOP_ERRORS` commonest causes of one table's cause counts."""
     return group_causes(cause_counts(records))[:TOP_ERRORS]
 
 
-def _counters(record: Any) -> TableCounters:
+def _counters(record: Record) -> TableCounters:
     return TableCounters(record["table_namespace"], record["total"], record["queued"],
                          record["running"], record["completed"], record["failed"],
                          record["updated_at"], record["leased"])

@@ -15,11 +15,7 @@ How it works
   of a run-scoped token, its run are checked against the viewer before any query; what the
   viewer may not see answers 404, exactly like what does not exist, so a page never tells
   another org's names apart from made-up ones. Listings show only what the viewer sees.
-- `POST /ui/login` is refused (403) unless it came from the console's own login page
-  (`origin.login_allowed`: same-origin `Origin` / `Sec-Fetch-Site`, or the form's token);
-  `GET /ui/login?once=` is not checked (a link opened from a terminal). The session cookie is
-  `Secure` when the browser reached the console over https (`origin.https`, which believes
-  `X-Forwarded-Proto` only from the proxies in `Console.forwarding`).
+- The login routes (`/ui/login`, `/ui/logout`) are `login`'s.
 - The live stream (`/ui/live/runs/<play>/<run_id>`, see `live`): at most `MAX_STREAMS` per
   org at once, counted before the stream is accepted (one org's open pages cannot take
   another's streams); each ends with its session or when the server shuts down.
@@ -30,7 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 from importlib import resources
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import attrs
 import trio
@@ -39,19 +35,22 @@ from starlette.requests import Request
 from starlette.responses import (HTMLResponse, JSONResponse, RedirectResponse, Response,
                                  StreamingResponse)
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import AuthError, EngineError, MissingRelationError, SchemaNotFoundError, ScopeError
+from ..canonical import JsonObject
+from ..errors import EngineError, MissingRelationError, SchemaNotFoundError
 from ..ports import Port
 from ..runs.outbox import OutboxState
+from ..sheets.model import RowStatus
 from ..values.scopes import PlayScope, RunScope, normalize_namespace
 from . import export, live, origin, pages, params, queries, rows
-from .auth import COOKIE, COOKIE_PATH, Sessions, Viewer
+from .auth import COOKIE, Sessions, Viewer
+from .login import LoginRoutes
 from .words import ROW_STATE_WORDS
 
 log = logging.getLogger("runplane.console")
 
 MAX_STREAMS = 16  # per org
-MAX_LOGIN_BYTES = 16 * 1024  # a login form holds one token; larger bodies are never read
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()),
@@ -60,10 +59,24 @@ SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()),
                     (b"cache-control", b"no-store")]
 STATIC_TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
 STATUSES = tuple(ROW_STATE_WORDS)  # stored values: what `?status=` filters by
+RUN_STATES = {state.word: state for state in OutboxState}  # the words `?state=` filters by
 
 
 class NotFound(Exception):
     """Nothing to show: absent, or not the viewer's to see."""
+
+
+@attrs.frozen
+class _RunsListing:
+    """One page of the runs list as asked (`state`: a word of `RUN_STATES`), and the epoch the
+    next page starts before; `empty_schema`: the schema holds no runplane tables yet."""
+
+    org: str | None
+    play: str | None
+    state: str | None
+    runs: list[queries.RunRow]
+    next_epoch: int | None
+    empty_schema: str | None = None
 
 
 @attrs.define(eq=False)
@@ -85,14 +98,15 @@ class Console:
         return origin.Forwarding(self.forwarded_allow)
 
 
-def console_app(console: Console) -> Any:
+def console_app(console: Console) -> ASGIApp:
     """The ASGI application of the console, to mount at `/ui`."""
     h = _Handlers(console)
+    login = LoginRoutes(console)
     app = Starlette(routes=[
         Route("/", h.runs, methods=["GET"]),
-        Route("/login", h.login_form, methods=["GET"]),
-        Route("/login", h.login, methods=["POST"]),
-        Route("/logout", h.logout, methods=["POST"]),
+        Route("/login", login.login_form, methods=["GET"]),
+        Route("/login", login.login, methods=["POST"]),
+        Route("/logout", login.logout, methods=["POST"]),
         Route("/static/{name}", h.static, methods=["GET"]),
         Route("/runs/{play}/{run_id}", h.run, methods=["GET"]),
         Route("/tables/{play}/{table}", h.table, methods=["GET"]),
@@ -105,12 +119,12 @@ def console_app(console: Console) -> Any:
         Route("/export/{play}/{table}.{fmt}", h.export, methods=["GET"]),
     ])
 
-    async def secured(scope: Any, receive: Any, send: Any) -> None:
+    async def secured(scope: Scope, receive: Receive, send: Send) -> None:
         started = trio.current_time()
         if scope["type"] == "http":  # a `%2F` inside a segment stays inside it
             scope = dict(scope, path=params.encoded_path(scope["path"], scope.get("raw_path")))
 
-        async def with_headers(message: Any) -> None:
+        async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 timing = f"app;dur={(trio.current_time() - started) * 1000:.1f}".encode()
                 message = dict(message, headers=[*message.get("headers", []), *SECURITY_HEADERS,
@@ -139,10 +153,6 @@ class _Handlers:
     # -- who is asking -------------------------------------------------------------------------
     def viewer(self, request: Request) -> Viewer | None:
         return self.c.sessions.viewer(request.cookies.get(COOKIE))
-
-    def seen_as(self, request: Request) -> tuple[str, str | None, Any]:
-        peer = request.client.host if request.client else None
-        return request.url.scheme, peer, request.headers
 
     def org(self, request: Request, viewer: Viewer) -> str:
         asked = request.query_params.get("org") or None
@@ -197,73 +207,6 @@ class _Handlers:
                 return JSONResponse({"error": text, "code": "store_unavailable"}, 503)
             return _html(pages.message_page("Unavailable", text), 503)
 
-    # -- login ---------------------------------------------------------------------------------
-    def login_page(self, request: Request, message: str | None = None,
-                   status: int = 200) -> Response:
-        """The login page; with token login, its form token: the login-form cookie's, which a
-        GET sets when the browser has none (an answer to a POST sets no cookie)."""
-        if not self.c.token_login:
-            return _html(pages.login_page(token_login=False, message=message), status)
-        token = request.cookies.get(origin.LOGIN_COOKIE) or ""
-        fresh = not origin.is_form_token(token) and request.method == "GET"
-        if fresh:
-            token = origin.new_form_token()
-        response = _html(pages.login_page(token_login=True, message=message,
-                                          csrf=token if origin.is_form_token(token) else ""),
-                         status)
-        if fresh:
-            response.set_cookie(origin.LOGIN_COOKIE, token, path=COOKIE_PATH, httponly=True,
-                                samesite="strict",
-                                secure=origin.https(self.c.forwarding, *self.seen_as(request)))
-        return response
-
-    async def login_form(self, request: Request) -> Response:
-        code = request.query_params.get("once")
-        if code is None:
-            return self.login_page(request)
-        try:
-            session = self.c.sessions.redeem(code)
-        except AuthError as exc:
-            return _html(pages.login_page(token_login=self.c.token_login, message=str(exc)), 401)
-        return self._logged_in(request, session)
-
-    async def login(self, request: Request) -> Response:
-        declared = request.headers.get("content-length", "")
-        if not declared.isdigit() or int(declared) > MAX_LOGIN_BYTES:
-            return _html(pages.login_page(token_login=self.c.token_login,
-                                          message="the login form is too large"), 413)
-        form = await request.form(max_files=0, max_fields=4)
-        token = form.get("token")
-        try:
-            if not isinstance(token, str):
-                raise AuthError("paste a gateway token")
-            if self.c.token_login and not origin.login_allowed(
-                    self.c.forwarding, *self.seen_as(request),
-                    request.cookies.get(origin.LOGIN_COOKIE), form.get("csrf")):
-                return self.login_page(request, "this login did not come from this console's "
-                                       "own login page: log in here", 403)
-            session = self.c.sessions.login(token)
-        except AuthError as exc:
-            return self.login_page(request, str(exc), 401)
-        except ScopeError as exc:
-            return self.login_page(request, str(exc), 403)
-        return self._logged_in(request, session)
-
-    def _logged_in(self, request: Request, session: str) -> Response:
-        response = RedirectResponse("/ui/", status_code=303)
-        response.set_cookie(COOKIE, session, path=COOKIE_PATH, httponly=True, samesite="strict",
-                            secure=origin.https(self.c.forwarding, *self.seen_as(request)))
-        if origin.LOGIN_COOKIE in request.cookies:  # the login form's token has done its work
-            response.delete_cookie(origin.LOGIN_COOKIE, path=COOKIE_PATH, httponly=True,
-                                   samesite="strict")
-        return response
-
-    async def logout(self, request: Request) -> Response:
-        self.c.sessions.logout(request.cookies.get(COOKIE))
-        response = RedirectResponse("/ui/login", status_code=303)
-        response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
-        return response
-
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         body = _static(name)
@@ -272,7 +215,7 @@ class _Handlers:
         return Response(body, media_type=STATIC_TYPES[name.rsplit(".", 1)[1]])
 
     # -- runs ------------------------------------------------------------------------------------
-    async def _runs(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+    async def _runs(self, request: Request, viewer: Viewer) -> _RunsListing:
         query = request.query_params
         org = query.get("org") or None
         if viewer.org is not None:
@@ -281,38 +224,37 @@ class _Handlers:
             org = viewer.org
         play = query.get("play") or None
         state = query.get("state") or None
-        if state is not None and state not in {s.word for s in OutboxState}:
+        if state is not None and state not in RUN_STATES:
             raise ValueError("state")
-        before_epoch = params.epoch(query.get("before"))
+        wanted = queries.RunsQuery(org, viewer.play_filter, play=play,
+                                   state=None if state is None else RUN_STATES[state],
+                                   before_epoch=params.epoch(query.get("before")),
+                                   runs=viewer.runs, limit=queries.RUNS_PAGE + 1)
         port = await self.c.port_for(org or self.c.default_org)
         try:
-            found = await queries.list_runs(port, org=org, plays=viewer.play_filter, play=play,
-                                            state=state, before_epoch=before_epoch,
-                                            runs=viewer.runs, limit=queries.RUNS_PAGE + 1)
+            found = await queries.list_runs(port, wanted)
         except (MissingRelationError, SchemaNotFoundError):  # no runplane tables yet
-            return {"org": org, "play": play, "state": state, "runs": [], "next": None,
-                    "empty_schema": port.schema}
+            return _RunsListing(org, play, state, [], None, empty_schema=port.schema)
         following = found[queries.RUNS_PAGE - 1].epoch if len(found) > queries.RUNS_PAGE else None
-        return {"org": org, "play": play, "state": state, "runs": found[:queries.RUNS_PAGE],
-                "next": following, "empty_schema": None}
+        return _RunsListing(org, play, state, found[:queries.RUNS_PAGE], following)
 
     async def runs(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             got = await self._runs(request, viewer)
-            plays = sorted({run.play for run in got["runs"]} | (
+            plays = sorted({run.play for run in got.runs} | (
                 set() if viewer.every_play else set(viewer.plays)))
-            return _html(pages.runs_page(got["runs"], show_org=viewer.org is None, org=got["org"],
-                                         play=got["play"], state=got["state"], plays=plays,
-                                         next_epoch=got["next"],
-                                         empty_schema=got["empty_schema"]))
+            return _html(pages.runs_page(got.runs, show_org=viewer.org is None, org=got.org,
+                                         play=got.play, state=got.state, plays=plays,
+                                         next_epoch=got.next_epoch,
+                                         empty_schema=got.empty_schema))
         return await self.guarded(request, False, render)
 
     async def api_runs(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             got = await self._runs(request, viewer)
-            return JSONResponse({"runs": [_run_json(run) for run in got["runs"]],
-                                 "next_before": got["next"],
-                                 "schema_ready": got["empty_schema"] is None})
+            return JSONResponse({"runs": [_run_json(run) for run in got.runs],
+                                 "next_before": got.next_epoch,
+                                 "schema_ready": got.empty_schema is None})
         return await self.guarded(request, True, render)
 
     # -- a run -------------------------------------------------------------------------------------
@@ -371,15 +313,14 @@ class _Handlers:
         org, play = self.play(request, viewer)
         namespace = self.namespace(request)
         query = request.query_params
-        status = "failed" if failed_only else (query.get("status") or None)
-        if status not in (None, *STATUSES):
-            raise ValueError("status")
-        key = None if failed_only else (query.get("key") or None)
-        cause = _cause(request) if failed_only else None
-        after = _cursor(query.get("after"))  # before any query: a malformed one is a 400
+        # checked before any query: a malformed status or cursor is a 400 (`ValueError`)
+        wanted = rows.RowsQuery(
+            status=RowStatus.FAILED if failed_only else (query.get("status") or None),
+            key_prefix=None if failed_only else (query.get("key") or None),
+            cause=_cause(request) if failed_only else None, after=_cursor(query.get("after")))
+        status, key = wanted.status, wanted.key_prefix
         port = await self.c.port_for(org)
-        page = await rows.rows_page(port, org, play, namespace, status=status,
-                                       key_prefix=key, after=after, cause=cause)
+        page = await rows.rows_page(port, org, play, namespace, wanted)
         if page.counters is None:
             raise NotFound()
         return port, org, play, namespace, page, status, key
@@ -433,7 +374,7 @@ class _Handlers:
         port, org, play, namespace, page, _, _ = await self._page(request, viewer, failed_only)
         following = None if page.next is None else [page.next.input_index, page.next.created,
                                                     page.next.key]
-        body: dict[str, Any] = {"fields": page.fields, "rows": page.rows, "next": following}
+        body: JsonObject = {"fields": page.fields, "rows": page.rows, "next": following}
         if failed_only:  # the commonest causes (None: counting them took too long)
             causes = await rows.top_errors(port, org, play, namespace)
             body["causes"] = None if causes is None else [attrs.asdict(c) for c in causes]
@@ -450,13 +391,13 @@ def _cursor(text: str | None) -> rows.Cursor | None:
     return None if found is None else rows.Cursor(*found)
 
 
-def _plain(_inst: Any, _field: Any, value: Any) -> Any:
+def _plain(_inst: type, _field: attrs.Attribute, value: object) -> object:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
-def _run_json(run: queries.RunRow) -> dict[str, Any]:
+def _run_json(run: queries.RunRow) -> JsonObject:
     return {"org": run.org_id, "play": run.play, "run_id": run.run_id, "epoch": run.epoch,
-            "state": run.state, "started": run.started.isoformat(),
+            "state": run.state.word, "started": run.started.isoformat(),
             "duration_s": round(run.duration_s, 3),
             "figures": None if run.figures is None else run.figures.as_dict(),
-            "resume": run.command if run.state == OutboxState.OPEN.word else None}
+            "resume": run.command if run.state is OutboxState.OPEN else None}

@@ -12,14 +12,14 @@ a sheet).
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from ..runs import row_calls
-from ..pg import Connection
+from ..canonical import JsonObject
+from ..pg import Connection, Record
 from ..ports import Port, table
 from ..sheets.counters import column_source, summary_source
+from ..sheets.model import RowStatus
 from ..sheets.reading import shown_cell
 from ..sql import quote_ident
 from ..sheets.audit import sheets_with_causes
@@ -40,7 +40,7 @@ class Cursor:
 class RowsPage:
     fields: list[str]
     outputs: set[str]
-    rows: list[dict[str, Any]]
+    rows: list[JsonObject]
     next: Cursor | None
     columns: list[tuple[str, int, int]]
     counters: TableCounters | None
@@ -100,13 +100,29 @@ async def table_exists(port: Port, org: str, play: str, namespace: str) -> Table
     return await read(port, op)
 
 
-async def rows_page(port: Port, org: str, play: str, namespace: str, *,
-                    status: str | None = None, key_prefix: str | None = None,
-                    after: Cursor | None = None, limit: int = ROWS_PAGE,
-                    cause: str | None = None) -> RowsPage:
-    """One keyset page of a sheet's rows in row order, with its fields and counters; with
-    `cause`, only the failed rows of that stored cause (the cause index's range)."""
+@attrs.frozen
+class RowsQuery:
+    """Which of a sheet's rows one page holds: those with `status` (a stored `_status`), whose
+    key starts with `key_prefix`, failed with the stored `cause`, after the cursor `after`, at
+    most `limit` of them (None filters nothing). A status that is no `RowStatus` raises
+    `ValueError`."""
+
+    status: RowStatus | None = attrs.field(
+        default=None, converter=lambda value: None if value is None else RowStatus(value))
+    key_prefix: str | None = None
+    cause: str | None = None
+    after: Cursor | None = None
+    limit: int = ROWS_PAGE
+
+
+async def rows_page(port: Port, org: str, play: str, namespace: str,
+                    query: RowsQuery = RowsQuery()) -> RowsPage:
+    """One keyset page of a sheet's rows in row order (`query`: which), with its fields and
+    counters; with a `cause`, only the failed rows of that stored cause (the cause index's
+    range)."""
     sheet = layout(port, org, play, namespace)
+    status = None if query.status is None else query.status.value
+    key_prefix, cause, after, limit = query.key_prefix, query.cause, query.after, query.limit
     fields_sql = _FIELDS.format(registry=table(port, "sheet_columns"),
                                 column_summary=column_source(port),
                                 limit=MAX_FIELDS)
@@ -137,7 +153,7 @@ async def rows_page(port: Port, org: str, play: str, namespace: str, *,
             return _ROWS.format(cols=cols, t=sheet.qualified,
                                 where=where + _of_cause(cause, extra))
 
-        found: list[Any] = []
+        found: list[Record] = []
         if after is None or after.input_index is not None:
             where, extra = ((_INDEXED_FIRST, ()) if after is None else
                             (_INDEXED_AFTER, (after.input_index, after.created, after.key)))

@@ -13,13 +13,14 @@ How it works
 
 from __future__ import annotations
 
+from ..runs.history import MapRunState
 from ..sheets.model import RowStatus
 
-ROW_STATE_WORDS = {
-    RowStatus.PENDING.value: "queued",
-    RowStatus.RUNNING.value: "leased",  # admitted to a live attempt ("running" is in a call)
-    RowStatus.ENRICHED.value: "completed",
-    RowStatus.FAILED.value: "failed",
+ROW_STATE_WORDS: dict[str, str] = {
+    RowStatus.PENDING: "queued",
+    RowStatus.RUNNING: "leased",  # admitted to a live attempt ("running" is in a call)
+    RowStatus.ENRICHED: "completed",
+    RowStatus.FAILED: "failed",
 }
 # The counters of a sheet (`sheet_summary`) by the word shown for each, in display order.
 SHEET_COUNTERS = ("total", "queued", "running", "leased", "completed", "failed")
@@ -34,9 +35,10 @@ FIGURE_HINTS = {
                "of any run",
     "leased": "rows of this table admitted to a live attempt and not yet written",
 }
-MAP_STATE_WORDS = {"running": "running", "finished": "finished", "stopped_early": "stopped early",
-                   "superseded": "superseded", "failed": "failed",
-                   "interrupted": "interrupted (no longer written)"}
+MAP_STATE_WORDS: dict[str, str] = {
+    MapRunState.RUNNING: "running", MapRunState.FINISHED: "finished",
+    MapRunState.STOPPED_EARLY: "stopped early", MapRunState.SUPERSEDED: "superseded",
+    MapRunState.FAILED: "failed", MapRunState.INTERRUPTED: "interrupted (no longer written)"}
 
 
 def row_state(status: str | None) -> str:

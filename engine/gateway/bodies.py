@@ -4,14 +4,18 @@
   here, off the event loop for large bodies: the server decides where it runs).
 - `encode_result` writes the answer's JSON (an admission answered by key sends pending rows'
   keys and indexes only).
+- `read_body` reads a body from ASGI `receive`, refusing it (`Refusal`, 413) as soon as it grows
+  past the server's limit: the rest is never read.
 - `RequestHeaders` holds the few headers an action reads (`READ_HEADERS`), by lowercase name.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Iterable
 
 import attrs
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from ..actions import Action
 from ..values.scopes import normalize_namespace
@@ -21,7 +25,37 @@ from . import guards, protocol
 ADMIT_ACTION = "sheets.admit"
 
 
-def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
+class Refusal(Exception):
+    """A request refused before its action ran, with its wire code and status."""
+
+    def __init__(self, message: str, code: str, status: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The request body from ASGI `receive`: `Refusal` (413) as soon as it grows past `limit`
+    bytes (the rest is never read); a client that went away raises `ClientDisconnect`."""
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise Refusal(f"the request body is over the limit of {limit} bytes",
+                              *protocol.BODY_TOO_LARGE)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, object], int]:
     """Decode and check a body; for an admission also validate, normalize, key and encode its
     rows here (the engine then takes them as they are), ignoring any `texts` the client sent:
     the input cells stored are always the rows' own canonical texts. Answers the keyword
@@ -42,7 +76,7 @@ def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, Any], int]:
     return kwargs, prepared.skipped
 
 
-def encode_result(spec: Action, result: Any, skipped: int, rows_by_key: bool) -> bytes:
+def encode_result(spec: Action, result: object, skipped: int, rows_by_key: bool) -> bytes:
     """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
     answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
     their keys and indexes only (`{"key", "input_index", "row": {}}`, as the codec writes an
@@ -67,7 +101,7 @@ class RequestHeaders:
 
     __slots__ = ("_values",)
 
-    def __init__(self, items: Any) -> None:
+    def __init__(self, items: Iterable[tuple[str, str]]) -> None:
         values: dict[str, str] = {}
         for key, value in items:
             values.setdefault(key.lower(), value)

@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import urllib.parse
 import uuid
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import AsyncIterator, Iterator, Mapping
 
 import attrs
 import httpx
@@ -36,6 +36,7 @@ import trio
 
 from ..limits.bounds import is_int
 from ..actions import Action, RemotePort
+from ..canonical import JsonValue
 from ..ports import PortSettings
 from ..diagnostics import DiagnosticsQueue
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError
@@ -111,7 +112,7 @@ class Gateway(RemotePort):
         return {"gateway": self._permits.stats()}
 
     # -- actions -----------------------------------------------------------------------------
-    async def send_action(self, action: Action, args: tuple, kwargs: dict) -> Any:
+    async def send_action(self, action: Action, args: tuple, kwargs: dict) -> object:
         if self.db_sessions is not None:
             result = await self.db_sessions.run(action, args, kwargs)
             if result is not NOT_ROUTED:
@@ -122,14 +123,14 @@ class Gateway(RemotePort):
             return await sender(self, action, arguments)
         return await self.call(action, arguments)
 
-    async def call(self, action: Action, arguments: Mapping[str, Any],
-                   budget: Budget | None = None) -> Any:
+    async def call(self, action: Action, arguments: Mapping[str, object],
+                   budget: Budget | None = None) -> object:
         """Send one action with `arguments` (by name) and decode its answer."""
         body = protocol.dumps(action.encode_input(arguments))
         return action.result.decode(await self.post(action, body, budget), "result")
 
     async def post(self, action: Action, body: bytes, budget: Budget | None = None,
-                   headers: Mapping[str, str] | None = None) -> Any:
+                   headers: Mapping[str, str] | None = None) -> JsonValue:
         """POST an encoded input, retrying per the policy; the answer's `result`."""
         self.stats.operations += 1
         if budget is None:

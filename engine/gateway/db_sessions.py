@@ -41,7 +41,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import attrs
 import jwt
@@ -50,6 +50,7 @@ import trio
 from ..sessions import jwe
 from .. import pg, sessions
 from ..actions import Action
+from ..canonical import JsonObject
 from ..errors import (
     AuthError, DatabaseError, EngineError, GatewayUnavailableError, InsufficientPrivilegeError,
     ScopeError, TenantUnavailableError, TooManySessionsError,
@@ -59,6 +60,9 @@ from ..sessions.limits import SessionLimits, SessionUsage
 from ..tenant import DEFAULT_LANES, Tenant
 from . import protocol
 from ..tokens import allows
+
+if TYPE_CHECKING:
+    from .client import Gateway
 
 log = logging.getLogger("runplane.gateway")
 
@@ -89,11 +93,11 @@ class DbSession:
 class SessionKey:
     """The RSA key a gateway client made for this process; the private half never leaves it."""
 
-    private: Any = attrs.field(repr=False)
-    public_jwk: dict
+    private: jwe.PrivateKey = attrs.field(repr=False)
+    public_jwk: JsonObject
 
 
-async def session_key(gateway: Any) -> SessionKey:
+async def session_key(gateway: Gateway) -> SessionKey:
     """The gateway client's key pair, made on first use (in a worker thread: ~0.1 s)."""
     async with gateway.session_key_lock:
         if gateway.session_key is None:
@@ -102,7 +106,7 @@ async def session_key(gateway: Any) -> SessionKey:
     return gateway.session_key
 
 
-def open_answer(answer: Any, key: SessionKey, org: str, play: str) -> DbSession:
+def open_answer(answer: JsonObject, key: SessionKey, org: str, play: str) -> DbSession:
     """The `DbSession` of a `db_sessions.create` answer, its URL decrypted and its header checked."""
     try:
         header, url = jwe.decrypt(answer["encrypted_postgres_url"], key.private)
@@ -118,7 +122,7 @@ def open_answer(answer: Any, key: SessionKey, org: str, play: str) -> DbSession:
     return session
 
 
-async def create_db_session(gateway: Any, play: str, table_namespace: str,
+async def create_db_session(gateway: Gateway, play: str, table_namespace: str,
                             operations: Iterable[str], *, ttl_s: float = sessions.DEFAULT_TTL_S,
                             limits: SessionLimits | Mapping[str, int] | None = None) -> DbSession:
     """Mint a database session through `gateway` (see the module docstring)."""
@@ -190,7 +194,7 @@ NOT_ROUTED = object()
 _ROW_ARGUMENTS = ("rows", "outcomes")
 
 
-def input_rows(arguments: Mapping[str, Any]) -> Sequence[Any]:
+def input_rows(arguments: Mapping[str, object]) -> Sequence[object]:
     """The rows an operation writes (`rows`, or a completion's `outcomes`)."""
     for name in _ROW_ARGUMENTS:
         value = arguments.get(name)
@@ -199,7 +203,7 @@ def input_rows(arguments: Mapping[str, Any]) -> Sequence[Any]:
     return ()
 
 
-def input_bytes(rows: Sequence[Any]) -> int:
+def input_bytes(rows: Sequence[object]) -> int:
     """The JSON size of the rows' data (an outcome's: its `data`)."""
     if not rows:
         return 0
@@ -210,7 +214,7 @@ def input_bytes(rows: Sequence[Any]) -> int:
         return 0  # not JSON: the operation itself refuses it
 
 
-def result_size(result: Any, with_bytes: bool) -> tuple[int, int]:
+def result_size(result: object, with_bytes: bool) -> tuple[int, int]:
     """The rows (and, `with_bytes`, their JSON bytes) a read returned: a list of rows or a
     page (`rows`, `text`); other answers (counters, kinds) carry no rows."""
     if isinstance(result, list):
@@ -225,7 +229,7 @@ def result_size(result: Any, with_bytes: bool) -> tuple[int, int]:
 class SessionRouter:
     """Runs covered engine operations over database sessions (see the module docstring)."""
 
-    gateway: Any
+    gateway: Gateway
     driver: pg.Driver
     operations: tuple[str, ...]
     limits: SessionLimits | None = None
@@ -236,7 +240,7 @@ class SessionRouter:
     _minting: dict[tuple, trio.Event] = attrs.field(init=False, factory=dict)
     _refused_until: dict[tuple, float] = attrs.field(init=False, factory=dict)
 
-    async def run(self, action: Action, args: tuple, kwargs: dict) -> Any:
+    async def run(self, action: Action, args: tuple, kwargs: dict) -> object:
         """The action's result over a session, or `NOT_ROUTED` (send it over HTTP)."""
         op = routed_actions().get(action.name)
         if op is None or op not in self.operations or self.disabled is not None:

@@ -20,6 +20,8 @@ How it works
   is refused the same way when that run was never registered. A registered run's epoch never changes, so a positive answer is cached (bounded,
   oldest out first): a run costs one extra read on its first request through this gateway,
   none afterwards. A negative answer is never cached (the run may be registered next).
+- `scope_of(kwargs)` is the org and play a request's inputs name, checked against the token's
+  claims; `named_runs` and `named_run_ids` the runs they name.
 - `bucket(name, known)` is the counter key of an action name: the name itself when it is a
   registered action, else one shared bucket, so unauthenticated requests for made-up names
   cannot grow the server's state or its log line. `printable(text)` escapes what a request
@@ -35,15 +37,17 @@ import json
 import math
 import re
 import sys
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, NoReturn
 
 import attrs
 import trio
 
 from .. import runs
+from ..canonical import JsonValue
 from ..errors import ConflictError, InvalidInputError
 from ..ports import Port
-from ..values.scopes import MapScope, RunRef, RunScope
+from ..tokens import TokenClaims
+from ..values.scopes import MapScope, PlayScope, RunRef, RunScope
 
 UNKNOWN_ACTION = "(unknown action)"
 REPLAY_TTL_S = 900.0
@@ -70,7 +74,7 @@ def replay_entry_bytes(key: tuple, digest: bytes, body: bytes) -> int:
     return REPLAY_ENTRY_OVERHEAD + texts + len(digest) + len(body)
 
 
-def _refuse_constant(text: str) -> Any:
+def _refuse_constant(text: str) -> NoReturn:
     raise InvalidInputError(f"{text} is not a JSON number the gateway accepts")
 
 
@@ -81,7 +85,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def loads(raw: bytes, what: str) -> Any:
+def loads(raw: bytes, what: str) -> JsonValue:
     """The JSON value of a request body, or `InvalidInputError` (see the module docstring)."""
     try:
         return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
@@ -91,7 +95,7 @@ def loads(raw: bytes, what: str) -> Any:
         raise InvalidInputError(f"{what}: the body is not JSON: {exc}") from None
 
 
-def bucket(name: str, known: Mapping[str, Any]) -> str:
+def bucket(name: str, known: Mapping[str, object]) -> str:
     return name if name in known else UNKNOWN_ACTION
 
 
@@ -103,12 +107,12 @@ def printable(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _claims_text(claims: Any) -> bytes:
+def _claims_text(claims: TokenClaims) -> bytes:
     """Every claim of a token, as text (a client sends one token on every request)."""
     return repr(attrs.astuple(claims)).encode("utf-8")
 
 
-def request_digest(raw: bytes, claims: Any, extra: str = "") -> bytes:
+def request_digest(raw: bytes, claims: TokenClaims, extra: str = "") -> bytes:
     """A digest of what makes two requests the same: the body, the token's claims (every
     claim, so a token with other rights or another id is another request) and `extra`
     (headers that change the answer)."""
@@ -212,7 +216,21 @@ class RunCheck:
             self._known.popitem(last=False)
 
 
-def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScope]:
+def scope_of(kwargs: Mapping[str, object]) -> tuple[str | None, str | None]:
+    """The org and play an action's decoded inputs name (None, None for org-wide actions); a
+    bare `play` (as `db_sessions.create` takes) is a play of the token's org."""
+    for value in kwargs.values():
+        if isinstance(value, RunRef):
+            value = value.scope
+        if isinstance(value, (PlayScope, RunScope, MapScope)):
+            return value.org_id, value.play
+    play = kwargs.get("play")
+    if isinstance(play, str):
+        return None, play.strip()
+    return None, None
+
+
+def named_runs(kwargs: Mapping[str, object], writes: bool) -> list[RunRef | RunScope]:
     """The runs an action's decoded inputs name: every `RunRef`, and for a write every run
     named by scope alone (a `RunScope`, or the run of a `MapScope`)."""
     found: list[RunRef | RunScope] = []
@@ -224,7 +242,7 @@ def named_runs(kwargs: Mapping[str, Any], writes: bool) -> list[RunRef | RunScop
     return found
 
 
-def named_run_ids(kwargs: Mapping[str, Any]) -> list[str]:
+def named_run_ids(kwargs: Mapping[str, object]) -> list[str]:
     """Every run id an action's decoded inputs name (a `RunRef`, a `RunScope` or `MapScope`'s
     run, a `run_id` argument such as `sheets.read_rows`', each of a `run_ids` list such as
     `history.list_maps`', `outbox.get_many`' and `sheets.run_rows`'), for a token's `runs`

@@ -20,10 +20,13 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import ConflictError, InvalidInputError
 from .protocol import PAGE_HEADROOM, dumps
+
+if TYPE_CHECKING:
+    from ..sheets.model import Admission
 
 
 def room_for_rows(fixed: dict, arrays: Sequence[str], body_limit: int, what: str) -> int:
@@ -72,7 +75,7 @@ def utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
-def check_admitted_page(page: Any, sent: Mapping[str, int], write_version: int) -> None:
+def check_admitted_page(page: Admission, sent: Mapping[str, int], write_version: int) -> None:
     """Raise `ConflictError` unless admission page `page` (an `Admission`) answers for the rows
     `sent` (key -> input index) at `write_version` (see the module docstring)."""
     def disagree(what: str) -> ConflictError:

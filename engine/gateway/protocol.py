@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Mapping
 
+from ..canonical import JsonObject, JsonValue
 from ..limits.bounds import is_number
 from ..errors import (
     ArrayInputUnavailableError,
@@ -83,7 +84,7 @@ _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
                             check_circular=False)
 
 
-def dumps(value: Any) -> bytes:
+def dumps(value: JsonValue) -> bytes:
     """Compact UTF-8 JSON of a wire value."""
     return _encoder.encode(value).encode("utf-8")
 
@@ -95,8 +96,8 @@ def error_status(exc: BaseException) -> tuple[str, int]:
     return "internal", 500
 
 
-def error_body(message: str, code: str, action: str | None, **extra: Any) -> bytes:
-    body: dict[str, Any] = {"error": message, "code": code, "action": action}
+def error_body(message: str, code: str, action: str | None, **extra: JsonValue) -> bytes:
+    body: JsonObject = {"error": message, "code": code, "action": action}
     body.update({key: value for key, value in extra.items() if value is not None})
     return dumps(body)
 
@@ -111,7 +112,8 @@ def is_retryable(status: int, payload: dict) -> bool:
         and TRANSIENT_MESSAGE.search(str(payload.get("error", ""))) is not None
 
 
-def retry_after_s(payload: dict, headers: Any, default: Any = 0.0) -> Any:
+def retry_after_s(payload: JsonObject, headers: Mapping[str, str] | None,
+                  default: float | None = 0.0) -> float | None:
     """The wait a server asked for, from `retry_after_ms` or a `Retry-After` header (seconds);
     `default` when it asked for none."""
     value = payload.get("retry_after_ms")

@@ -23,10 +23,11 @@ How it works
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal, Mapping
 
 import attrs
 
+from ..canonical import JsonObject
 from ..limits.bounds import is_number
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError, StoreUnavailableError
 from . import protocol
@@ -84,8 +85,8 @@ class Attempted:
     object (None when the body failed or was not one); `failure` what went wrong."""
 
     status: int | None
-    payload: dict | None = None
-    headers: Any = None
+    payload: JsonObject | None = None
+    headers: Mapping[str, str] | None = None
     failure: BaseException | None = None
 
 
@@ -118,7 +119,7 @@ class Decision:
     kind: Literal["answer", "retry", "stop"]
     state: RetryState
     wait_s: float = 0.0
-    payload: dict | None = None
+    payload: JsonObject | None = None
     error: EngineError | None = None
 
 

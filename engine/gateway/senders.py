@@ -19,22 +19,27 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
 from ..limits.bounds import is_int
 from ..actions import Action
+from ..canonical import JsonObject, JsonValue
 from ..errors import InvalidInputError
 from ..values.scopes import normalize_namespace
 from ..sheets.model import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
-from ..sheets.inputs import check_input_indexes, prepare_outcomes, prepare_rows
+from ..sheets.inputs import PreparedOutcome, check_input_indexes, prepare_outcomes, prepare_rows
 from ..sheets.sheet_write import check_write
 from ..sheets.model import (
-    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, RowOutcome, Timing,
+    ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, OutcomeStatus,
+    RowOutcome, Timing,
 )
 from . import paging, protocol
+
+if TYPE_CHECKING:
+    from .client import Gateway
 
 COMPLETION_ACTION = "sheets.complete"
 
@@ -43,7 +48,8 @@ _ROWS_BY_KEY = {protocol.ROWS_HEADER: protocol.ROWS_BY_KEY}
 _PENDING_FIELDS = frozenset({"key", "input_index", "row"})
 
 
-def decode_admitted_page(action: Action, answer: Any, row_of: Mapping[str, dict]) -> Admission:
+def decode_admitted_page(action: Action, answer: JsonValue,
+                         row_of: Mapping[str, JsonObject]) -> Admission:
     """An admission page's answer, its pending rows carrying the rows this call sent
     (`row_of`, by key): they come back by key (`ROWS_HEADER`), so each pending entry is
     checked as the codec checks an `AdmittedRow` and built once, with the client's row. A key
@@ -64,7 +70,7 @@ def decode_admitted_page(action: Action, answer: Any, row_of: Mapping[str, dict]
     return attrs.evolve(page, pending=tuple(rows))
 
 
-async def _send_admit(gateway: Any, action: Action, arguments: dict) -> Admission:
+async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admission:
     """`sheets.admit` in pages under the body limit, answers merged (see `paging`)."""
     started = time.perf_counter()
     run, contract = arguments["run"], arguments["contract"]
@@ -135,7 +141,8 @@ _TEXT_OF_OUTCOMES = tuple(field.name for field in attrs.fields(RowOutcome)) == _
 _string = json.encoder.encode_basestring  # what `protocol.dumps` writes for a string
 
 
-def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]:
+def outcome_texts(outcomes: Sequence[RowOutcome],
+                  prepared: Sequence[PreparedOutcome]) -> list[str]:
     """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
     key): what `ROW_OUTCOME` encodes for the outcome given, with the error message as prepared
     (normalized, so it is valid UTF-8) and its cause as prepared when one was given (without
@@ -167,10 +174,10 @@ def outcome_texts(outcomes: Sequence[Any], prepared: Sequence[Any]) -> list[str]
     return texts
 
 
-_COMPLETED, _FAILED = _string("completed"), _string("failed")
+_COMPLETED, _FAILED = _string(OutcomeStatus.COMPLETED.value), _string(OutcomeStatus.FAILED.value)
 
 
-async def _send_complete(gateway: Any, action: Action, arguments: dict) -> Completion:
+async def _send_complete(gateway: Gateway, action: Action, arguments: dict) -> Completion:
     """`sheets.complete` in pages under the body limit, one total deadline for all of them."""
     run, contract = arguments["run"], arguments["contract"]
     check_write(gateway, run, contract, arguments.get("attempt"))
@@ -210,7 +217,7 @@ def _merge_diagnostics(pages: list[CompletionDiagnostics | None], input_rows: in
         return None
     if len(pages) == 1:
         return attrs.evolve(pages[0], input_rows=input_rows)
-    merged: dict[str, Any] = {}
+    merged: dict[str, int | str] = {}
     for field in attrs.fields(CompletionDiagnostics):
         values = [getattr(page, field.name) for page in pages]
         if field.name == "outcome":
@@ -221,7 +228,7 @@ def _merge_diagnostics(pages: list[CompletionDiagnostics | None], input_rows: in
     return CompletionDiagnostics(**merged)
 
 
-async def _send_probe(gateway: Any, action: Action, arguments: dict) -> Admission | None:
+async def _send_probe(gateway: Gateway, action: Action, arguments: dict) -> Admission | None:
     """`sheets.probe` in one request. A call too large for one request is answered None, as a
     probe that settles nothing: the caller then admits (which pages). A probe is a shortcut."""
     body = protocol.dumps(action.encode_input(arguments))
@@ -231,7 +238,7 @@ async def _send_probe(gateway: Any, action: Action, arguments: dict) -> Admissio
     return action.result.decode(await gateway.post(action, body), "result")
 
 
-SENDERS: dict[str, Callable[[Any, Action, dict], Awaitable[Any]]] = {
+SENDERS: dict[str, Callable[[Gateway, Action, dict], Awaitable[object]]] = {
     "sheets.admit": _send_admit,
     "sheets.probe": _send_probe,
     COMPLETION_ACTION: _send_complete,

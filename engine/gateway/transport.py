@@ -16,13 +16,14 @@ How it works
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping
 
 import attrs
 import httpx
 import trio
 
 from ..actions import Action
+from ..canonical import JsonObject
 from ..permits import Permits
 from .retry import Attempted, RetryPolicy, RetryState, decide, window
 
@@ -56,7 +57,7 @@ class Budget:
     state: RetryState
 
 
-async def attempt(client: httpx.AsyncClient, permits: Permits, method: str, url: Any,
+async def attempt(client: httpx.AsyncClient, permits: Permits, method: str, url: httpx.URL | str,
                   timeout: float, body: bytes | None, headers: Mapping[str, str]) -> Attempted:
     """One attempt (see the module docstring)."""
     await permits.acquire()
@@ -66,7 +67,7 @@ async def attempt(client: httpx.AsyncClient, permits: Permits, method: str, url:
         permits.release()
 
 
-async def _attempt(client: httpx.AsyncClient, method: str, url: Any, timeout: float,
+async def _attempt(client: httpx.AsyncClient, method: str, url: httpx.URL | str, timeout: float,
                    body: bytes | None, headers: Mapping[str, str]) -> Attempted:
     response = None
     with trio.move_on_after(timeout):
@@ -97,7 +98,7 @@ async def _attempt(client: httpx.AsyncClient, method: str, url: Any, timeout: fl
 
 async def with_retries(policy: RetryPolicy, stats: GatewayStats, name: str, where: str,
                        budget: Budget, timeout: float,
-                       send: Callable[[float], Awaitable[Attempted]]) -> dict[str, Any]:
+                       send: Callable[[float], Awaitable[Attempted]]) -> JsonObject:
     """The first answer `send(timeout)` gets, retried as `retry.decide` says."""
     while True:
         started = trio.current_time()

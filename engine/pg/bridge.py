@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from typing import Any, AsyncIterator, Iterator
+from typing import AsyncIterator, Coroutine, Iterator, TypeVar
 
 import asyncpg
 import trio
@@ -46,6 +46,9 @@ def _plain_asyncio_outside_trio() -> None:
 
 
 _plain_asyncio_outside_trio()
+
+T = TypeVar("T")
+DriverCall = Coroutine[object, object, T]  # an asyncpg coroutine answering a T
 
 CONNECT_TIMEOUT = 5.0
 # Every connection searches only the system catalog (then its own temporary objects, which no
@@ -88,10 +91,10 @@ class Driver:
     `benchmarks/receipts.py`). The futures still belong to, and are resolved by, the same loop.
     """
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: trio_asyncio.BaseTrioEventLoop) -> None:
         self.loop = loop
 
-    async def call(self, coro: Any) -> Any:
+    async def call(self, coro: DriverCall[T]) -> T:
         """Run `coro` as an asyncio Task on the loop. A cancellation that trio did not ask for
         (the loop shutting down, or the driver cancelling its own work in teardown) is raised
         as `LoopCancelledError`, a driver error, never as `asyncio.CancelledError`."""
@@ -104,7 +107,7 @@ class Driver:
             raise LoopCancelledError(
                 "the event loop cancelled the call (it is shutting down)") from exc
 
-    async def step(self, coro: Any) -> Any:
+    async def step(self, coro: DriverCall[T]) -> T:
         """Run an asyncio coroutine to completion in the current trio task.
 
         Cancellation follows trio-asyncio's rule: the future being waited on is cancelled, the
@@ -114,7 +117,7 @@ class Driver:
         """
         task = trio.lowlevel.current_task()
         raise_cancel = None
-        to_send: Any = None
+        to_send: object = None
         to_throw: BaseException | None = None
         first = True
         token = trio_asyncio.current_loop.set(self.loop)  # for asyncio.get_running_loop()
@@ -160,7 +163,7 @@ class Driver:
         finally:
             trio_asyncio.current_loop.reset(token)
 
-    async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> Any:
+    async def connect(self, dsn: str, *, server_settings: dict[str, str]) -> asyncpg.Connection:
         """One physical connect attempt; raises the driver's error untranslated. It waits at
         most `CONNECT_TIMEOUT`, and never past the deadline of `connects_until`. The search path
         is pinned (`PINNED_SEARCH_PATH`) whatever the DSN or the role's defaults say."""
@@ -177,7 +180,7 @@ class Driver:
 
 
 async def _connect_warm(dsn: str, timeout: float, settings: dict[str, str], *,
-                        cache_size: int) -> Any:
+                        cache_size: int) -> asyncpg.Connection:
     """asyncpg.connect, then the codecs of `WARM_TYPES` learned (within the same timeout)."""
     loop = asyncio.get_running_loop()
     ends = loop.time() + timeout
@@ -247,7 +250,7 @@ async def open_driver() -> AsyncIterator[Driver]:
             yield Driver(loop)
 
 
-def terminate(raw: Any) -> None:
+def terminate(raw: asyncpg.Connection) -> None:
     """Drop a driver connection at once, without a round trip; never raises. When its event
     loop is already closed the driver cannot schedule its own cleanup, so the socket is closed
     here (the server sees the client go and rolls back what was open)."""
@@ -262,7 +265,8 @@ def terminate(raw: Any) -> None:
                 sock.close()
 
 
-async def close_gracefully(raw: Any, driver: Driver, timeout: float = 1.0) -> None:
+async def close_gracefully(raw: asyncpg.Connection, driver: Driver,
+                           timeout: float = 1.0) -> None:
     """Close a driver connection politely (Terminate message, wait for the server to hang up)
     within `timeout`, else drop it. Never raises, whatever state the connection is in: being
     closed by someone else, cancelled mid-statement, its backend terminated, or its event loop

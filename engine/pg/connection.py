@@ -5,10 +5,14 @@ How it works
   model: `transaction()` issues BEGIN/COMMIT/ROLLBACK at depth zero and SAVEPOINT/RELEASE/ROLLBACK
   TO when already inside a transaction (which is always so under an execution role, where the
   checkout itself opened one).
-- Invariant: a connection goes back to the pool only in a known, idle state. Any statement that
-  did not end with the server's answer (cancelled mid-flight, a lost connection, a driver-state
-  error, anything but an error the server reported) and a ROLLBACK that failed or ran past
-  `ROLLBACK_TIMEOUT` mark it `broken`; broken connections are closed on release, never pooled.
+- Invariant: a connection goes back to the pool only in a known, idle state. Its state is one
+  field (`Connection.state`, a `ConnectionState`): `FRESH` until the checkout's first statement,
+  then `IDLE`, `IN_TRANSACTION` while a top-level transaction of ours is open (`RESOLVING`
+  once an explicit `transaction()` ran in it: its COMMIT's reply is resolved, see below), and
+  `BROKEN` for good. Any statement that did not end with the server's answer (cancelled
+  mid-flight, a lost connection, a driver-state error, anything but an error the server
+  reported) and a ROLLBACK that failed or ran past `ROLLBACK_TIMEOUT` make it `BROKEN`; broken
+  connections are closed on release, never pooled.
 - A connection can go stale while idle (in the pool, or between its connect and its first
   statement): when its backend is terminated, the driver may read the server's farewell (which
   leaves its protocol busy: "cannot switch to state 11; another operation (2) is in progress")
@@ -41,11 +45,13 @@ Only the tenant builds connections; engine operations receive them from a checko
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import math
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
+import asyncpg
 import trio
 
 from ..errors import (
@@ -67,7 +73,8 @@ ROLLBACK_TIMEOUT = 1.0
 COMMIT_TIMEOUT = 10.0
 COMMIT_RESOLVE_TIMEOUT = 10.0  # reading a lost COMMIT's outcome on a fresh connection
 
-Record = Any  # rows are read-only mappings/tuples: row["col"] or row[0]
+Record = asyncpg.Record  # rows are read-only mappings/tuples: row["col"] or row[0]
+RawConnection = asyncpg.Connection  # the driver's connection a `Connection` wraps
 
 # Which server this is: a failover or a restart changes it. Reading pg_control_system() may
 # need a role that can read server state; the start time alone still tells a restart or
@@ -77,7 +84,8 @@ SERVER_IDENTITY = ("SELECT system_identifier::text || '/' || pg_postmaster_start
 SERVER_START = "SELECT '?/' || pg_postmaster_start_time()::text"
 SERVER_CHANGE_PROBE_TIMEOUT = 5.0
 
-StatementHook = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+# hook(sql, send): what `send()` answers is passed along, unseen (a statement's result)
+StatementHook = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[object]]
 
 PhaseReport = Callable[[str, float, bool], None]  # (phase, seconds, failed)
 
@@ -97,12 +105,21 @@ def _timed(report: PhaseReport | None, phase: str) -> Iterator[None]:
     report(phase, time.perf_counter() - started, False)
 
 
-Reconnect = Callable[[], Awaitable[Any]]        # a fresh raw connection
+Reconnect = Callable[[], Awaitable[RawConnection]]  # a fresh raw connection
 CommitStatus = Callable[[str], Awaitable[str | None]]  # txid -> committed|aborted|in progress|None
 ServerChanged = Callable[[], Awaitable[bool]]  # is the DSN's server another one than at open?
 
 XID_PROBE = "SELECT txid_current_if_assigned()::text"
 
+
+class ConnectionState(enum.Enum):
+    """Where one checkout's connection is (see the module docstring); `BROKEN` is final."""
+
+    FRESH = "fresh"  # no statement yet: a stale connection may still be replaced
+    IDLE = "idle"  # no top-level transaction of ours is open
+    IN_TRANSACTION = "in transaction"  # ours is open; a lost COMMIT reply is not resolved
+    RESOLVING = "in transaction, commit resolved"  # an explicit transaction() ran inside it
+    BROKEN = "broken"  # its state is unknown: closed on release, never pooled
 
 
 def _caller_bound() -> float:
@@ -126,36 +143,52 @@ class Connection:
     a fresh connection when a COMMIT's reply was lost (both supplied by the tenant).
     """
 
-    def __init__(self, raw: Any, driver: Driver, *, reconnect: Reconnect | None = None,
+    def __init__(self, raw: RawConnection, driver: Driver, *, reconnect: Reconnect | None = None,
                  commit_status: CommitStatus | None = None,
                  server_changed: ServerChanged | None = None) -> None:
         self._raw = raw
         self._driver = driver
-        self._depth = 0  # transactions/savepoints we opened
-        self._reconnect = reconnect  # cleared after the first statement
+        self._state = ConnectionState.FRESH
+        self._depth = 0  # transactions/savepoints we opened (their names count it)
+        self._reconnect = reconnect  # used only while FRESH
         self._commit_status = commit_status
         self._server_changed = server_changed
-        self._resolve_commit = False  # an explicit transaction() is open at the top level
         self._xid: str | None = None  # the open transaction's id, when a statement returned it
-        self.broken = False
         self.statement_hook: StatementHook | None = None
 
+    @property
+    def state(self) -> ConnectionState:
+        return self._state
+
+    @property
+    def broken(self) -> bool:
+        return self._state is ConnectionState.BROKEN
+
+    def _settle(self, state: ConnectionState) -> None:
+        """Move to `state`, unless the connection is broken (which it stays)."""
+        if self._state is not ConnectionState.BROKEN:
+            self._state = state
+
     # -- queries ---------------------------------------------------------------------------
-    async def _statement(self, sql: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _statement(self, sql: str, method: str, *args: object,
+                         **kwargs: object) -> object:
         if self.statement_hook is None:
             return await self._send(method, args, kwargs)
         return await self.statement_hook(sql, functools.partial(self._send, method, args, kwargs))
 
-    async def _send(self, method: str, args: tuple, kwargs: dict | None = None) -> Any:
+    async def _send(self, method: str, args: tuple[object, ...],
+                    kwargs: dict[str, object] | None = None) -> object:
         """Run one driver call; the one choke point every statement passes."""
-        if self.broken:
+        if self._state is ConnectionState.BROKEN:
             raise StoreUnavailableError("connection was closed after an earlier failure")
-        reconnect, self._reconnect = self._reconnect, None
+        fresh = self._state is ConnectionState.FRESH
+        if fresh:
+            self._state = ConnectionState.IDLE
         try:
             return await self._driver.step(getattr(self._raw, method)(*args, **(kwargs or {})))
         except trio.Cancelled:
             # The server may still be running the statement: the state is unknown.
-            self.broken = True
+            self._state = ConnectionState.BROKEN
             raise
         except BaseException as raised:
             exc, before_first_wait = (
@@ -170,16 +203,16 @@ class Connection:
                 changed = not lost and getattr(exc, "sqlstate", None) == STATEMENT_TIMEOUT \
                     and await self._probe_server_changed()
                 if changed:
-                    self.broken = True
+                    self._state = ConnectionState.BROKEN
                 raise translate(exc, connection_lost=lost, server_changed=changed) from exc
-            if reconnect is None:
+            if not fresh or self._reconnect is None:
                 raise StoreUnavailableError(
                     f"the server ended the connection before the statement ran ({exc})") from exc
         # A stale connection, and the checkout's first statement (see the module docstring):
         # nothing was run on it and nothing depends on it, so run the statement on a fresh one.
         terminate(self._raw)
-        self._raw = await reconnect()
-        self.broken = False
+        self._raw = await self._reconnect()
+        self._state = ConnectionState.IDLE
         return await self._send(method, args, kwargs)
 
     async def _probe_server_changed(self) -> bool:
@@ -197,33 +230,36 @@ class Connection:
     def _fail(self, exc: BaseException) -> None:
         """After a failed statement: keep the connection only when the server answered."""
         if not server_answered(exc) or self._raw.is_closed():
-            self.broken = True
+            self._state = ConnectionState.BROKEN
 
-    async def execute(self, sql: str, *args: Any) -> str:
+    # Bind values (`*args`) are anything the driver encodes for the statement's parameters.
+    async def execute(self, sql: str, *args: object) -> str:
         return await self._statement(sql, "execute", sql, *args)
 
-    async def fetch(self, sql: str, *args: Any) -> list[Record]:
+    async def fetch(self, sql: str, *args: object) -> list[Record]:
         return await self._statement(sql, "fetch", sql, *args)
 
-    async def fetchrow(self, sql: str, *args: Any) -> Record | None:
+    async def fetchrow(self, sql: str, *args: object) -> Record | None:
         return await self._statement(sql, "fetchrow", sql, *args)
 
-    async def fetchval(self, sql: str, *args: Any) -> Any:
+    async def fetchval(self, sql: str, *args: object) -> Any:  # the driver's value, untyped
         return await self._statement(sql, "fetchval", sql, *args)
 
-    async def copy_out(self, sql: str, *args: Any, output: Callable[[bytes], Awaitable[Any]],
-                       **options: Any) -> str:
+    async def copy_out(self, sql: str, *args: object,
+                       output: Callable[[bytes], Awaitable[object]], **options: str) -> str:
         """`COPY (sql) TO STDOUT`, each chunk handed to `output` as it arrives (constant
         memory); `options` are COPY's (`format`, `delimiter`, `quote`, ...). It runs as an
         asyncio task (asyncpg's COPY needs one), so `output` must not call trio."""
-        if self.broken:
+        if self._state is ConnectionState.BROKEN:
             raise StoreUnavailableError("connection was closed after an earlier failure")
-        self._reconnect = None
+        if self._state is ConnectionState.FRESH:
+            self._state = ConnectionState.IDLE
         try:
             return await self._driver.call(
                 self._raw.copy_from_query(sql, *args, output=output, **options))
         except trio.Cancelled:
-            self.broken = True  # the server may still be sending: the state is unknown
+            # the server may still be sending: the state is unknown
+            self._state = ConnectionState.BROKEN
             raise
         except BaseException as exc:
             self._fail(exc)
@@ -274,18 +310,23 @@ class Connection:
             )
         else:
             begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
-            self._resolve_commit = False
             self._xid = None
         with _timed(on_phase, "begin"):
             await self.execute(begin)
         self._depth += 1
-        if resolve:
-            self._resolve_commit = True
+        if top:
+            self._settle(ConnectionState.RESOLVING if resolve else ConnectionState.IN_TRANSACTION)
+        elif resolve and self._state is ConnectionState.IN_TRANSACTION:
+            self._state = ConnectionState.RESOLVING
         try:
             yield self
         except BaseException as exc:
             self._depth -= 1
-            await self._roll_back(rollback, exc)
+            try:
+                await self._roll_back(rollback, exc)
+            finally:
+                if top:
+                    self._settle(ConnectionState.IDLE)
             raise
         self._depth -= 1
         with _timed(on_phase, "commit"):
@@ -298,11 +339,11 @@ class Connection:
         """COMMIT a top-level transaction, resolving a lost reply when asked to."""
         bound = _caller_bound()
         xid = None
-        if self._resolve_commit and self._commit_status is not None:
+        if self._state is ConnectionState.RESOLVING and self._commit_status is not None:
             xid = self._xid
             if xid is None:
                 xid = await self._send("fetchval", (XID_PROBE,))  # not an operation statement
-        self._resolve_commit = False
+        self._settle(ConnectionState.IDLE)
         self._xid = None
         try:
             await self._finish("COMMIT", bound)
@@ -347,7 +388,7 @@ class Connection:
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
             await self.execute(commit)  # only our own deadline can cancel this scope
         if scope.cancelled_caught:
-            self.broken = True
+            self._state = ConnectionState.BROKEN
             raise TransactionStateUnknownError(
                 f"{commit} did not finish within {deadline - started:.1f}s; connection closed",
                 error=TimeoutError(commit),
@@ -370,7 +411,7 @@ class Connection:
             rollback_error = TimeoutError(f"{rollback} took over {ROLLBACK_TIMEOUT}s")
         if rollback_error is None:
             return
-        self.broken = True
+        self._state = ConnectionState.BROKEN
         if isinstance(rollback_error, StoreUnavailableError) and isinstance(exc, Exception):
             # The server ended the connection before COMMIT was sent: it rolled the transaction
             # back itself, so the outcome is known (nothing was written) and this is an outage.
@@ -392,10 +433,10 @@ class Connection:
 
     def close(self) -> None:
         """Close at once without a round trip (the server rolls back what was open)."""
-        self.broken = True
+        self._state = ConnectionState.BROKEN
         terminate(self._raw)
 
     @property
-    def raw(self) -> Any:
+    def raw(self) -> RawConnection:
         return self._raw
 

@@ -17,10 +17,10 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from ..errors import RowNotVisibleError
-from ..pg import Connection
+from ..pg import Connection, Record
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ class NotVisible(Exception):
     """Raised by a `decide` callback: a peer committed the row after our snapshot; issue again."""
 
 
-def _present(row: Any) -> Any:
+def _present(row: Record | None) -> Record:
     if row is None:
         raise NotVisible
     return row
@@ -40,8 +40,8 @@ def _present(row: Any) -> Any:
 async def fetchrow_until_visible(
     conn: Connection,
     sql: str,
-    args: tuple,
-    decide: Callable[[Any], T] = _present,
+    args: tuple[object, ...],
+    decide: Callable[[Record | None], T] = _present,
     *,
     what: str,
 ) -> T:

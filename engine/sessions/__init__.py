@@ -28,6 +28,7 @@ from .minting import (
     CREATE_ACTION,
     DEFAULT_CONNECTION_LIMIT,
     DEFAULT_TTL_S,
+    MintContext,
     MintedSession,
     SessionScope,
     create,
@@ -41,7 +42,7 @@ from .sweep import drop_expired, sweep_expired
 
 __all__ = [
     "mint", "create", "password_probe", "operation_actions", "session_url", "key_ranges",
-    "SessionScope", "MintedSession", "CREATE_ACTION", "DEFAULT_TTL_S", "DEFAULT_CONNECTION_LIMIT",
+    "SessionScope", "MintContext", "MintedSession", "CREATE_ACTION", "DEFAULT_TTL_S", "DEFAULT_CONNECTION_LIMIT",
     "OPERATIONS", "GROUP", "SessionLimits", "DEFAULT_SESSIONS_PER_ORG", "SESSIONS_PER_ORG_ENV",
     "drop_expired", "sweep_expired",
 ]

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
 
 from joserfc import jwe as _jwe
 from joserfc.errors import JoseError
 from joserfc.jwk import RSAKey
 from joserfc.registry import HeaderParameter
 
+from ..canonical import JsonObject, JsonValue
 from ..errors import InvalidInputError
 
 ALG = "RSA-OAEP-256"
@@ -65,7 +65,7 @@ def generate_key(bits: int = 2048) -> tuple[PrivateKey, dict[str, str]]:
     return private, {"kty": "RSA", "n": public["n"], "e": public["e"]}
 
 
-def load_public_jwk(jwk: Any) -> RSAKey:
+def load_public_jwk(jwk: JsonValue) -> RSAKey:
     """The RSA public key of a JWK; `InvalidInputError` naming the member that is wrong."""
     if not isinstance(jwk, dict) or jwk.get("kty") != "RSA":
         raise InvalidInputError('public_key must be a JWK object with "kty": "RSA"')
@@ -81,14 +81,14 @@ def load_public_jwk(jwk: Any) -> RSAKey:
         raise InvalidInputError(f"public_key is not a valid RSA key: {exc}") from exc
 
 
-def encrypt(plaintext: bytes, jwk: Any, header: dict[str, Any] | None = None) -> str:
+def encrypt(plaintext: bytes, jwk: JsonValue, header: JsonObject | None = None) -> str:
     """The JWE compact serialization of `plaintext` for the holder of `jwk`'s private key."""
     key = load_public_jwk(jwk)
     protected = {"alg": ALG, "enc": ENC, **(header or {})}
     return _jwe.encrypt_compact(protected, plaintext, key, registry=_REGISTRY)
 
 
-def decrypt(token: str, private_key: PrivateKey) -> tuple[dict[str, Any], bytes]:
+def decrypt(token: str, private_key: PrivateKey) -> tuple[JsonObject, bytes]:
     """`(protected header, plaintext)`; `InvalidInputError` for anything but an intact JWE
     made for this key with `RSA-OAEP-256` + `A256GCM`."""
     parts = token.split(".") if isinstance(token, str) else []

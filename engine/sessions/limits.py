@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Mapping
 
 import attrs
 
+from ..canonical import JsonObject
 from ..limits.bounds import is_int
 from . import jwe
 from .. import pg
@@ -158,7 +159,7 @@ async def check_room(conn: pg.Connection, schema: str, org_id: str, max_sessions
             retry_after_s=wait)
 
 
-def check_public_key(public_key: Any) -> None:
+def check_public_key(public_key: JsonObject) -> None:
     """Refuse a key the answer could not be encrypted to, before any role exists."""
     jwe.load_public_jwk(public_key)  # names the member that is wrong
     bits = int.from_bytes(jwe.b64url_decode(public_key["n"], "public_key.n"), "big").bit_length()
@@ -180,7 +181,7 @@ _COMMENT_KEY = "runplane_session_limits"
 
 
 def _limit(floor: int):
-    def check(_instance: object, attribute: Any, value: object) -> None:
+    def check(_instance: object, attribute: attrs.Attribute, value: object) -> None:
         if value is None:
             return
         if not is_int(value, floor, _MAX_LIMIT):
@@ -201,7 +202,7 @@ class SessionLimits:
     max_requests: int | None = attrs.field(default=None, validator=_limit(1))
 
     @classmethod
-    def of(cls, value: Any) -> "SessionLimits | None":
+    def of(cls, value: object) -> "SessionLimits | None":
         """`value` (None, a `SessionLimits` or a mapping of `LIMIT_NAMES`) as limits, checked;
         None when it sets none. `InvalidInputError` names the bad member."""
         if value is None or isinstance(value, SessionLimits):

@@ -28,9 +28,10 @@ How it works
   keeping only where the server is and its TLS settings (`credentials.URL_PARAMETERS`).
 - `create(port, play, table_namespace, operations, ttl_s, public_key, limits)` is the gateway action
   `db_sessions.create`: it mints on the port's org and answers with the session's URL, encrypted
-  to the runner's key when one is sent (`engine.sessions.jwe`). Through a gateway the token bounds
-  it: every action an operation stands for (`operation_actions()`) must be allowed, and the session
-  never outlives the token.
+  to the runner's key when one is sent (`engine.sessions.jwe`). Through a gateway (which hands it
+  a `MintContext`: the verified token's claims and the DSN session URLs are built on) the token
+  bounds it: every action an operation stands for (`operation_actions()`) must be allowed, and
+  the session never outlives the token.
 - `password_probe(tenant)` (for `runplane doctor`) creates a throwaway session role and tries to
   log in with it without a password; it reports whether the server let it in.
 """
@@ -42,7 +43,7 @@ import functools
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import attrs
 import trio
@@ -50,6 +51,7 @@ import trio
 from . import jwe
 from .. import pg
 from ..actions import action, actions
+from ..canonical import JsonObject
 from ..limits.bounds import is_int, is_number
 from ..values.codecs import FLOAT, INT, RAW, STR, dict_of, list_of, optional
 from ..errors import (
@@ -66,6 +68,7 @@ from .limits import (
 from .credentials import scram_verifier, session_url
 from .isolation import GROUP, SCOPES_TABLE, group_exists, missing_policies, policies
 from ..sql import qualified, quote_ident
+from ..tokens import TokenClaims
 
 if TYPE_CHECKING:
     from ..sheets.layout import SheetLayout
@@ -85,7 +88,7 @@ ARRAY_FACT_KIND_PREFIX = "array_input_"
 log = logging.getLogger("runplane.sessions")
 
 
-def _operations(value: Any) -> tuple[str, ...]:
+def _operations(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not hasattr(value, "__iter__"):
         raise InvalidInputError(f"operations must be a list of names from {list(OPERATIONS)}")
     ops = set(value)
@@ -106,7 +109,7 @@ class SessionScope:
     table_namespace: str = attrs.field(converter=normalize_namespace)
     operations: tuple[str, ...] = attrs.field(converter=_operations)
 
-    def covers(self, operations: Any) -> bool:
+    def covers(self, operations: Iterable[str]) -> bool:
         return set(_operations(operations)) <= set(self.operations)
 
 
@@ -195,12 +198,12 @@ async def mint(
     tenant: Tenant,
     scope: PlayScope,
     table_namespace: str,
-    operations: Any,
+    operations: Iterable[str],
     *,
     ttl_s: float = DEFAULT_TTL_S,
     connection_limit: int = DEFAULT_CONNECTION_LIMIT,
     max_sessions: int | None = None,
-    limits: Any = None,
+    limits: SessionLimits | Mapping[str, int] | None = None,
 ) -> MintedSession:
     """Create a session role for `scope` (see the module docstring); checks input first.
     At most `max_sessions` (default `limits.sessions_per_org()`) live sessions per
@@ -257,7 +260,7 @@ async def mint(
     raise AssertionError("unreachable: the sheet table exists after ensure_sheet")
 
 
-def _checked_bounds(ttl_s: Any, connection_limit: Any, max_sessions: Any) -> int:
+def _checked_bounds(ttl_s: object, connection_limit: object, max_sessions: object) -> int:
     """The session's lifetime and connection limit checked, and the org's session cap
     (`limits.sessions_per_org()` unless given) returned checked."""
     if not is_number(ttl_s, high=MAX_TTL_S, above=0):
@@ -336,30 +339,43 @@ def operation_actions() -> dict[str, tuple[str, ...]]:
     return {op: out[op] for op in OPERATIONS}
 
 
+@attrs.frozen
+class MintContext:
+    """What a gateway adds to a mint request: the verified token's claims (they bound the
+    session) and the DSN the session's URL is built on (None: the port's own)."""
+
+    claims: TokenClaims
+    session_dsn: str | None = attrs.field(default=None, repr=False)
+
+
 @action(CREATE_ACTION, params={"play": STR, "table_namespace": STR, "operations": list_of(STR),
                                "ttl_s": FLOAT, "public_key": optional(RAW),
                                "limits": optional(dict_of(INT))},
-        result=RAW, context=("claims", "session_dsn"))
-async def create(port: Port, play: str, table_namespace: str, operations: Any,
-                 ttl_s: float = DEFAULT_TTL_S, public_key: Any = None, limits: Any = None, *,
-                 claims: Any = None, session_dsn: str | None = None) -> dict[str, Any]:
+        result=RAW, context=("minting",))
+async def create(port: Port, play: str, table_namespace: str, operations: Iterable[str],
+                 ttl_s: float = DEFAULT_TTL_S, public_key: JsonObject | None = None,
+                 limits: SessionLimits | Mapping[str, int] | None = None, *,
+                 minting: MintContext | None = None) -> JsonObject:
     """Mint a session on the port's org and answer with `expires_at`, `org`,
     `play`, `table_namespace`, `operations`, `schema`, `limits` (those set, recorded with the
     session: `max_rows` at least 10,000, `max_bytes`, `max_requests`), and
     `encrypted_postgres_url` (a JWE for `public_key`) or, without a key, `postgres_url`.
 
-    Through a gateway (`claims` are the verified token's): every action an operation stands for
-    must be allowed by the token, and the session lives at most as long as the token. A token
-    whose `runs` claim limits it to some runs gets no session (a session reaches every run of
-    its play): `ScopeError`.
+    Through a gateway (`minting` is what it knows of the request): every action an operation
+    stands for must be allowed by the token, and the session lives at most as long as the token.
+    A token whose `runs` claim limits it to some runs gets no session (a session reaches every
+    run of its play): `ScopeError`. The URL is built on `minting.session_dsn` when the gateway
+    names one, else on the port's DSN.
     """
     scope = PlayScope(port.org_id, play)
     grant = SessionScope(scope.org_id, scope.play, table_namespace, operations)
     limits = SessionLimits.of(limits)
     if public_key is not None:
         check_public_key(public_key)
+    claims = None if minting is None else minting.claims
+    session_dsn = None if minting is None else minting.session_dsn
     if claims is not None:
-        if getattr(claims, "runs", None) is not None:
+        if claims.runs is not None:
             raise ScopeError("a token limited to some runs (its runs claim) cannot mint a "
                              "database session; its work goes over HTTP")
         for name in (n for op in grant.operations for n in operation_actions()[op]):
@@ -371,7 +387,7 @@ async def create(port: Port, play: str, table_namespace: str, operations: Any,
     minted = await mint(port, scope, grant.table_namespace, grant.operations, ttl_s=ttl_s,
                         limits=limits)
     expires_at = minted.expires_at.isoformat()
-    answer: dict[str, Any] = {
+    answer: JsonObject = {
         "expires_at": expires_at, "org": grant.org_id, "play": grant.play,
         "table_namespace": grant.table_namespace, "operations": list(grant.operations),
         "schema": minted.schema, "limits": limits.as_dict() if limits is not None else {},

@@ -24,7 +24,7 @@ How it works
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -134,7 +134,7 @@ async def _drop_roles(conn: pg.Connection, schema: str, roles: list[str], sheet_
             f"DELETE FROM {qualified(schema, SCOPES_TABLE)} WHERE role_name = ANY($1::text[])", roles)
 
 
-async def _terminate(conn: pg.Connection, rows: list[Any]) -> list[Any]:
+async def _terminate(conn: pg.Connection, rows: list[pg.Record]) -> list[pg.Record]:
     """End the connections of the expired roles among `rows`; return the rows to drop (those
     whose connections are gone, or that had none)."""
     connected = [r["role_name"] for r in rows if r["connected"]]

@@ -28,16 +28,20 @@ import datetime
 import enum
 import math
 import re
-from typing import Any, Callable
+from typing import Callable, Iterable, TypeVar
 
 import attrs
 
 from .. import canonical
+from ..canonical import JsonObject, JsonValue
 from ..errors import EngineError, InvalidInputError
 from .scopes import MapScope, PlayScope, RunRef, RunScope
 
-Encode = Callable[[Any, str], Any]
-Decode = Callable[[Any, str], Any]
+T = TypeVar("T")
+# encode(value, path): an engine value (of any type: the codec checks it) to JSON;
+# decode(json, path): JSON (of any shape: the codec checks it) to an engine value.
+Encode = Callable[[object, str], JsonValue]
+Decode = Callable[[JsonValue, str], object]
 
 
 @attrs.frozen
@@ -49,8 +53,9 @@ class Codec:
     decode: Decode
 
 
-def _typed(name: str, check: Callable[[Any], bool], convert: Callable[[Any], Any] = lambda v: v) -> Codec:
-    def code(value: Any, path: str) -> Any:
+def _typed(name: str, check: Callable[[object], bool],
+           convert: Callable[[object], JsonValue] = lambda v: v) -> Codec:
+    def code(value: object, path: str) -> JsonValue:
         if not check(value):
             raise InvalidInputError(f"{path} must be {name}, got {type(value).__name__}")
         return convert(value)
@@ -64,7 +69,7 @@ MAX_FLOAT = 1e12  # seconds, rates and bursts: 31,000 years of seconds, far past
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _str_decode(value: Any, path: str) -> str:
+def _str_decode(value: object, path: str) -> str:
     if type(value) is not str:
         raise InvalidInputError(f"{path} must be a string, got {type(value).__name__}")
     if not value.isascii() and _SURROGATE.search(value) is not None:
@@ -72,7 +77,7 @@ def _str_decode(value: Any, path: str) -> str:
     return value
 
 
-def _text_decode(value: Any, path: str) -> str:
+def _text_decode(value: object, path: str) -> str:
     value = _str_decode(value, path)
     if "\x00" in value:
         raise InvalidInputError(f"{path} holds NUL, which text cannot store")
@@ -80,7 +85,7 @@ def _text_decode(value: Any, path: str) -> str:
 
 
 def _int_between(low: int, high: int, what: str) -> Codec:
-    def code(value: Any, path: str) -> int:
+    def code(value: object, path: str) -> int:
         if type(value) is not int:
             raise InvalidInputError(f"{path} must be an integer, got {type(value).__name__}")
         if not low <= value <= high:
@@ -90,13 +95,13 @@ def _int_between(low: int, high: int, what: str) -> Codec:
     return Codec(f"an integer ({what})", code, code)
 
 
-def _float_encode(value: Any, path: str) -> float:
+def _float_encode(value: object, path: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise InvalidInputError(f"{path} must be a finite number, got {value!r}")
     return float(value)
 
 
-def _float_decode(value: Any, path: str) -> float:
+def _float_decode(value: object, path: str) -> float:
     if type(value) not in (int, float):
         raise InvalidInputError(f"{path} must be a number, got {type(value).__name__}")
     if not -MAX_FLOAT <= value <= MAX_FLOAT:  # NaN fails both comparisons
@@ -119,12 +124,12 @@ def enum_of(kind: type[enum.StrEnum]) -> Codec:
     values = tuple(member.value for member in kind)
     name = "one of " + ", ".join(values)
 
-    def encode(value: Any, path: str) -> str:
+    def encode(value: object, path: str) -> str:
         if not isinstance(value, str) or value not in values:
             raise InvalidInputError(f"{path} must be {name}, got {value!r}")
         return value if type(value) is str else value.value
 
-    def decode(value: Any, path: str) -> Any:
+    def decode(value: object, path: str) -> enum.StrEnum:
         if type(value) is not str or value not in values:
             raise InvalidInputError(f"{path} must be {name}, got {value!r}")
         return kind(value)
@@ -132,7 +137,7 @@ def enum_of(kind: type[enum.StrEnum]) -> Codec:
     return Codec(name, encode, decode)
 
 
-def as_is(value: Any, _path: str) -> Any:
+def as_is(value: T, _path: str) -> T:
     """The decode (or encode) that takes a value as it is; `list_of`, `record` and `optional`
     recognise it and skip the call per item."""
     return value
@@ -142,13 +147,13 @@ RAW = Codec("JSON", as_is, as_is)
 USER_JSON = Codec("user JSON", canonical.normalize_fast, as_is)
 
 
-def _encode_timestamp(value: Any, path: str) -> str:
+def _encode_timestamp(value: object, path: str) -> str:
     if not isinstance(value, datetime.datetime) or value.tzinfo is None:
         raise InvalidInputError(f"{path} must be an aware datetime, got {value!r}")
     return value.isoformat()
 
 
-def _decode_timestamp(value: Any, path: str) -> datetime.datetime:
+def _decode_timestamp(value: object, path: str) -> datetime.datetime:
     if type(value) is str:
         try:
             parsed = datetime.datetime.fromisoformat(value)
@@ -171,7 +176,7 @@ def optional(inner: Codec) -> Codec:
     )
 
 
-def _items(value: Any) -> list | tuple:
+def _items(value: Iterable[T]) -> list[T] | tuple[T, ...]:
     return value if type(value) in (list, tuple) else list(value)
 
 
@@ -181,7 +186,7 @@ def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
     nothing on the way through)."""
     inner_encode, inner_decode = inner.encode, inner.decode
 
-    def encode(value: Any, path: str) -> list:
+    def encode(value: object, path: str) -> list[JsonValue]:
         if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
             raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
         items = _items(value)  # a one-shot iterable is read once
@@ -191,7 +196,7 @@ def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
             [inner_encode(item, f"{path}[{i}]") for i, item in enumerate(items)]
             raise exc  # pragma: no cover - a codec that failed once fails again
 
-    def decode(value: Any, path: str) -> Any:
+    def decode(value: object, path: str) -> list[object] | tuple[object, ...]:
         if type(value) is not list:
             raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
         if inner_decode is as_is:
@@ -209,7 +214,7 @@ def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
 def dict_of(inner: Codec) -> Codec:
     """An object with string keys, its values coded by `inner` (order kept)."""
 
-    def encode(value: Any, path: str) -> dict:
+    def encode(value: object, path: str) -> JsonObject:
         if not isinstance(value, dict):
             raise InvalidInputError(f"{path} must be a mapping, got {type(value).__name__}")
         out = {}
@@ -219,7 +224,7 @@ def dict_of(inner: Codec) -> Codec:
             out[key] = inner.encode(item, f"{path}[{key!r}]")
         return out
 
-    def decode(value: Any, path: str) -> dict:
+    def decode(value: object, path: str) -> dict[str, object]:
         if type(value) is not dict:
             raise InvalidInputError(f"{path} must be an object, got {type(value).__name__}")
         return {key: inner.decode(item, f"{path}[{key!r}]") for key, item in value.items()}
@@ -247,10 +252,10 @@ def record(cls: type, *, default: Codec | None = None, **fields: Codec) -> Codec
     known = frozenset(codecs)
     width = len(known)
 
-    def encode_paths(value: Any, path: str) -> dict:
+    def encode_paths(value: object, path: str) -> JsonObject:
         return {name: codec.encode(getattr(value, name), f"{path}.{name}") for name, codec in items}
 
-    def encode(value: Any, path: str) -> dict:
+    def encode(value: object, path: str) -> JsonObject:
         if not isinstance(value, cls):
             raise InvalidInputError(f"{path} must be a {cls.__name__}, got {type(value).__name__}")
         try:  # fields are coded with the record's path; a failure is coded again with theirs
@@ -259,7 +264,7 @@ def record(cls: type, *, default: Codec | None = None, **fields: Codec) -> Codec
             encode_paths(value, path)
             raise exc  # pragma: no cover - a codec that failed once fails again
 
-    def decode(value: Any, path: str) -> Any:
+    def decode(value: object, path: str) -> object:
         if type(value) is not dict:
             raise InvalidInputError(f"{path} must be an object ({cls.__name__}), got {type(value).__name__}")
         if len(value) > width or not known.issuperset(value):

@@ -1,0 +1,92 @@
+"""The gateway's tenants: one per org, opened on the org's first request and kept until the
+server stops.
+
+How it works
+- `OrgTenants.get(org)` answers at once for an org whose tenant is open. An org's first request
+  starts a holder task in the server's nursery (`serve_in`), which opens the org's tenant (the
+  server's DSN and schema, `options` for the rest) and keeps it open; that request and any
+  other of the org arriving meanwhile wait for it. A tenant that could not be opened is
+  forgotten: every waiter gets the error, and the org's next request tries again.
+- The first tenant that opens also runs the session sweep (`sessions.sweep_expired`: the
+  schema's expired session roles dropped every minute) for as long as it is held.
+- `close()` (the server has stopped serving) refuses new orgs (`StoreUnavailableError`) and has
+  every holder close its tenant.
+Only `engine.gateway.server` uses this module.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+import trio
+
+from .. import sessions
+from ..errors import EngineError, StoreUnavailableError
+from ..tenant import Tenant, open_tenant
+
+
+@attrs.define(eq=False)
+class _TenantSlot:
+    """One org's tenant, once its holder opened it (or the error that kept it from opening)."""
+
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    tenant: Tenant | None = None
+    error: BaseException | None = None
+
+
+@attrs.define(eq=False)
+class OrgTenants:
+    """The open tenants of a gateway, by org (see the module docstring). `options` are the
+    keyword arguments of `open_tenant` besides the DSN and schema."""
+
+    dsn: str = attrs.field(repr=False)
+    schema: str
+    options: Mapping[str, object] = attrs.field(factory=dict)
+    _slots: dict[str, _TenantSlot] = attrs.field(init=False, factory=dict, repr=False)
+    _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
+    _sweeping: bool = attrs.field(init=False, default=False, repr=False)
+    _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
+
+    def serve_in(self, nursery: trio.Nursery) -> None:
+        """Hold the tenants opened from now on in `nursery` (the server's)."""
+        self._nursery = nursery
+
+    def close(self) -> None:
+        """Open no more tenants, and close the open ones (their holders end)."""
+        self._nursery = None
+        self._closing.set()
+
+    async def get(self, org: str) -> Tenant:
+        """The tenant of `org`, opened on first use; raises what opening it raised."""
+        slot = self._slots.get(org)
+        if slot is not None and slot.tenant is not None:
+            return slot.tenant  # open already: no wait (nor a trip through the scheduler)
+        if slot is None:
+            if self._nursery is None:
+                raise StoreUnavailableError("the gateway is shutting down")
+            slot = self._slots[org] = _TenantSlot()
+            self._nursery.start_soon(self._hold, org, slot)
+        await slot.ready.wait()
+        if slot.tenant is None:
+            assert slot.error is not None
+            raise slot.error
+        return slot.tenant
+
+    async def _hold(self, org: str, slot: _TenantSlot) -> None:
+        try:
+            async with open_tenant(org, self.dsn, schema=self.schema, **self.options) as tenant:
+                slot.tenant = tenant
+                slot.ready.set()
+                async with trio.open_nursery() as nursery:
+                    if not self._sweeping:  # one tenant's login drops the schema's expired sessions
+                        self._sweeping = True
+                        nursery.start_soon(sessions.sweep_expired, tenant)
+                    await self._closing.wait()
+                    nursery.cancel_scope.cancel()
+        except EngineError as exc:
+            slot.error = exc
+            if self._slots.get(org) is slot:
+                del self._slots[org]  # the next request tries again
+        finally:
+            slot.ready.set()
