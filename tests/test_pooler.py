@@ -11,9 +11,11 @@ import pytest
 import trio
 
 from runplane.actors import open_run
-from runplane.engine import open_tenant
+from runplane.engine import open_tenant, sessions
+from runplane.engine.errors import InvalidInputError
 from runplane.engine.console.serve import open_console
 from runplane.engine.gateway import open_gateway, open_server
+from runplane.engine.gateway.server import ServerOptions
 from runplane.engine.sheets import SheetContract
 
 from .cli_helpers import cli_env, run_cli, start_cli, wait_for_text, write_play
@@ -170,5 +172,32 @@ async def test_the_gateway_and_the_console_over_the_pooler(bouncer, dsn):
                 assert page.status_code == 200, page.text[:500]
                 runs = (await client.get("/ui/api/runs")).json()["runs"]
                 assert [run["play"] for run in runs] == ["play"], runs
+    finally:
+        await _drop(dsn, schema)
+
+
+async def test_database_sessions_are_refused_through_the_pooler_and_work_beside_it(bouncer, dsn):
+    """A session is a login role the pooler cannot log in as: minting through the pooler is
+    refused with the reason; with `session_dsn` naming the server itself, the gateway (over the
+    pooler) mints sessions that work."""
+    schema = fresh_schema()
+    try:
+        async with open_tenant("org-test", dsn, schema=schema) as direct:
+            token = token_for(direct)
+        async with open_server(secret=SECRET, dsn=bouncer.dsn, schema=schema) as server:
+            async with open_gateway(server.url, token, retry=FAST_RETRY) as gateway:
+                with pytest.raises(InvalidInputError, match="transaction-mode pooler.*--session-dsn"):
+                    await sessions.create(gateway, "play", "nums", ["rows.read"])
+        beside = ServerOptions(session_dsn=dsn)
+        async with open_server(secret=SECRET, dsn=bouncer.dsn, schema=schema,
+                               options=beside) as server:
+            async with open_gateway(server.url, token, retry=FAST_RETRY,
+                                    db_sessions=True) as gateway:
+                async with open_run(gateway, "play") as run:
+                    result = await run.map("nums", [{"n": i} for i in range(300)], double,
+                                           contract=CONTRACT)
+                assert result.completed == 300
+                assert gateway.db_sessions.disabled is None
+            assert server.requests["db_sessions.create"] >= 1
     finally:
         await _drop(dsn, schema)

@@ -1,8 +1,8 @@
 """`open_console`: the console served alone, for every org, on loopback only.
 
 How it works
-- Opens one read-only tenant pool (no bootstrap: nothing is ever created) whose only lane is the
-  console's, and serves `console_app` at `/ui` with Hypercorn's trio worker. A schema that
+- Opens one reader (`tenant.open_reader`: no bootstrap, every transaction read-only, on
+  `RUNPLANE_READ_DSN` when that names a replica) whose only lane is the console's, and serves `console_app` at `/ui` with Hypercorn's trio worker. A schema that
   holds no runplane tables yet (or does not exist) is served too: an operator may start the
   console before the first run; its runs page shows an empty state, and every page fills in
   once a run creates the schema (each read names its tables; nothing is cached at start). Every org's runs are read through that pool: the console's
@@ -29,7 +29,7 @@ from starlette.routing import Mount
 from ..errors import InvalidInputError
 from ..ports import CONSOLE_LANE, Port
 from ..schema import schema_status
-from ..tenant import open_tenant
+from ..tenant import open_reader
 from .auth import Sessions
 from .routes import Console, console_app
 
@@ -71,8 +71,9 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
                        bind: str = "127.0.0.1:8788") -> AsyncIterator[ConsoleServer]:
     """Serve the console until the block ends (see the module docstring)."""
     check_loopback(bind)
-    async with open_tenant(POOL_ORG, dsn, schema=schema, bootstrap=False,
-                           lanes={CONSOLE_LANE: LANE_LIMIT}, max_connections=LANE_LIMIT) as tenant:
+    # A reader: on RUNPLANE_READ_DSN (a replica) when set, every transaction read-only.
+    async with open_reader(POOL_ORG, dsn, schema=schema, lanes={CONSOLE_LANE: LANE_LIMIT},
+                           max_connections=LANE_LIMIT) as tenant:
         async with tenant.connection(CONSOLE_LANE) as conn:
             ready = await schema_status(conn, schema) is not None
 

@@ -50,6 +50,7 @@ import trio
 
 from . import jwe
 from .. import pg
+from ..pg.pooler import PoolerMode, pooler_mode
 from ..actions import action, actions
 from ..canonical import JsonObject
 from ..limits.bounds import is_int, is_number
@@ -339,6 +340,12 @@ def operation_actions() -> dict[str, tuple[str, ...]]:
     return {op: out[op] for op in OPERATIONS}
 
 
+THROUGH_A_POOLER = (
+    "database sessions cannot go through a transaction-mode pooler: a session is a login role "
+    "with settings of its own (timeouts, a connection limit) and a password the pooler does "
+    "not know; give the gateway --session-dsn with the server's own address")
+
+
 @attrs.frozen
 class MintContext:
     """What a gateway adds to a mint request: the verified token's claims (they bound the
@@ -374,6 +381,9 @@ async def create(port: Port, play: str, table_namespace: str, operations: Iterab
         check_public_key(public_key)
     claims = None if minting is None else minting.claims
     session_dsn = None if minting is None else minting.session_dsn
+    if session_dsn is None and port.settings.dsn is not None \
+            and pooler_mode(port.settings.dsn) is PoolerMode.TRANSACTION:
+        raise InvalidInputError(THROUGH_A_POOLER)
     if claims is not None:
         if claims.runs is not None:
             raise ScopeError("a token limited to some runs (its runs claim) cannot mint a "
