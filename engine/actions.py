@@ -15,10 +15,10 @@ How it works
   sends from it, and an operation cannot exist on one side only.
 - `local` names parameters that never travel (a callback such as `on_diagnostics`); the
   client's handling of the action deals with them. `context` names parameters that never
-  travel either but that the server fills from the request: `claims` (the verified token),
-  `session_dsn` (the DSN a database session's URL is built on) and `only_runs` (the token's
-  `runs` claim: an action that finds or lists runs by something else than their ids keeps to
-  these); a direct call leaves them None. Every other parameter after the port must have a
+  travel either but that the server fills from the request: `minting` (the verified token's
+  claims and the DSN a database session's URL is built on, `sessions.minting.MintContext`) and
+  `only_runs` (the token's `runs` claim: an action that finds or lists runs by something else
+  than their ids keeps to these); a direct call leaves them None. Every other parameter after the port must have a
   codec (checked at import).
 - `actions()` imports the modules that define actions (`ACTION_MODULES`) and returns the
   registry, filled once at import time and never changed afterwards.
