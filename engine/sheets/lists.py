@@ -9,7 +9,7 @@ How it works
   completed plus the rows it found cached; nothing failed, blocked, fenced or repeated) records
   the list (`record_list`, one statement): the list's digest (`list_digest`), its rows' keys
   (16-byte digests) and the sheet's `writes`, provided that in that statement's snapshot every
-  key is a cache hit (the probe's own predicate, `admission_sql.cached_predicate`) and the
+  key is a cache hit (the probe's own predicate, `dispositions.cached_predicate`) and the
   sheet has no deltas. The same statement deletes the sheet's records of another `writes`
   (stale: the sheet changed since).
 - A later map of the same list (`replay_list`) is answered by one statement when a record of its
@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from ..actions import routes_remote
 from ..ports import Port, table, with_connection
 
-from .admission_sql import cached_predicate, output_binds
+from .dispositions import cached_predicate, output_binds
 from .column_registry import COLUMNS_OF_FIELDS
 from .counters import has_deltas
 from .layout import LANE, SheetColumns, column_name, layout_for

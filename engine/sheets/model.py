@@ -85,7 +85,7 @@ FENCE_REASONS = (
     "stale_write_version", "unadmitted", "attempt_superseded", "already_completed", "missing",
     "input_field",
 )
-BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")  # admission_sql.Disposition's blocked
+BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")  # dispositions.Disposition's blocked
 DEFAULT_ROW_ERROR = "Row execution failed."
 
 
