@@ -72,9 +72,9 @@ from ..pg import Connection
 from ..ports import Port
 from ..values.scopes import RunRef
 
-from .completion_sql import (
-    OutcomeChunk, exact_statement, insert_statement, repair_targets_statement,
-)
+from .completion_parts import CompletionSheet, OutcomeChunk
+from .completion_repair_sql import insert_statement, repair_targets_statement
+from .completion_sql import exact_statement
 from .inputs import PreparedOutcome, prepare_outcomes
 from .layout import SheetLayout, layout_for
 from .sheet_txn import SheetTxn, run_sheet_transaction
@@ -197,6 +197,15 @@ class _Writer:
     units: bool = False  # fence rows of shared-map units leased now (a write without attempt)
     sheet: SheetTxn | None = None  # set by each transaction attempt
 
+    @property
+    def target(self) -> CompletionSheet:
+        """Where this transaction attempt's statements write, and how."""
+        assert self.sheet is not None
+        return CompletionSheet(
+            self.port, self.layout, self.write, self.sheet.columns, self.base_fields,
+            concurrent=self.sheet.concurrent, units=self.units,
+            returning_old=self.sheet.server_version >= RETURNING_OLD_SINCE)
+
     def _chunk(self, chunk: list[PreparedOutcome], *, indexes: bool = False) -> OutcomeChunk:
         """A chunk as its statement's arrays; the counted fields are those whose cell-meta
         status it may move."""
@@ -217,14 +226,8 @@ class _Writer:
         phase: str, tally: _Tally,
     ) -> list[PreparedOutcome]:
         """Apply one chunk by exact key (`keys[i]` is the row for `chunk[i]`); return misses."""
-        assert self.sheet is not None
-        statement = exact_statement(
-            self.port, self.layout, self.write, self.sheet.columns,
-            attrs.evolve(self._chunk(chunk), keys=keys), self.base_fields, failed=failed,
-            force_failed=failed and self.force_failed,
-            returning_old=self.sheet.server_version >= RETURNING_OLD_SINCE,
-            concurrent=self.sheet.concurrent, units=self.units,
-        )
+        statement = exact_statement(self.target, attrs.evolve(self._chunk(chunk), keys=keys),
+                                    failed=failed, force_failed=failed and self.force_failed)
         record = await self.clock.measure(phase, conn.fetchrow(statement.sql, *statement.args))
         tally.chunks += 1
         tally.updated += record["updated"]
@@ -271,10 +274,7 @@ class _Writer:
             if o.failed:
                 tally.fenced[o.key] = FencedRow(o.key, "missing", None)
         for chunk in _chunks(to_insert):
-            assert self.sheet is not None
-            statement = insert_statement(self.port, self.layout, self.write, self.sheet.columns,
-                                         self._chunk(chunk, indexes=True), self.base_fields,
-                                         concurrent=self.sheet.concurrent, units=self.units)
+            statement = insert_statement(self.target, self._chunk(chunk, indexes=True))
             record = await self.clock.measure("insert_missing",
                                               conn.fetchrow(statement.sql, *statement.args))
             tally.chunks += 1
