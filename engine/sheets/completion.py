@@ -60,7 +60,7 @@ import logging
 import time
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 
@@ -77,7 +77,7 @@ from .completion_repair_sql import insert_statement, repair_targets_statement
 from .completion_sql import exact_statement
 from .inputs import PreparedOutcome, prepare_outcomes
 from .layout import SheetLayout, layout_for
-from .sheet_txn import SheetTxn, run_sheet_transaction
+from .sheet_txn import SheetTxn, UnitGuard, run_sheet_transaction
 from .telemetry import PhaseClock
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
@@ -290,13 +290,10 @@ class _Writer:
                     tally.fenced[o.key] = FencedRow(o.key, "missing", None)
 
 
-Within = Callable[[Connection, frozenset[str], dict[str, FencedRow]], Awaitable[None]]
-
-
 @action("sheets.complete", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT,
     "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT), "force_failed": BOOL,
-}, result=COMPLETION, local=("on_diagnostics", "within", "concurrent"), deadline_s=75.0)
+}, result=COMPLETION, local=("on_diagnostics",), deadline_s=75.0)
 async def complete(
     port: Port,
     run: RunRef,
@@ -307,30 +304,28 @@ async def complete(
     attempt: Attempt | None = None,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
     force_failed: bool = False,
-    within: Within | None = None,
-    concurrent: bool = False,
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring).
 
     `force_failed=True` lets a failed outcome replace an enriched row of our write version:
-    its completed cells become failed cells. `within(conn, committed_keys, fenced)` runs
-    last inside the completion's transaction (a shared map's unit lease check and done
-    mark): what it raises rolls the whole completion back. It may run more than once (the
-    transaction is retried from scratch). `concurrent=True` runs it as a concurrent sheet
-    transaction (`sheet_txn`; a shared map's unit writes only)."""
+    its completed cells become failed cells."""
     started = time.perf_counter()
     write = SheetWrite(run, table_namespace, contract, attempt=attempt)
     return await _complete_here(port, write, outcomes, started=started,
-                                on_diagnostics=on_diagnostics, force_failed=force_failed,
-                                within=within, concurrent=concurrent)
+                                on_diagnostics=on_diagnostics, force_failed=force_failed)
 
 
 async def _send_complete(
     port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    guard: UnitGuard | None = None,
 ) -> Completion:
     """`complete_write` through a remote port: the action `sheets.complete`, its body made of
-    the value and the outcomes."""
+    the value and the outcomes. A unit guard runs inside the write's own transaction: it
+    cannot travel."""
+    if guard is not None:
+        raise InvalidInputError("a unit guard runs in the completion's own transaction; "
+                                "a remote port cannot take one")
     return await complete(port, outcomes=outcomes, on_diagnostics=on_diagnostics,
                           **write.arguments(*COMPLETE_ARGUMENTS))
 
@@ -339,19 +334,24 @@ async def _send_complete(
 async def complete_write(
     port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    guard: UnitGuard | None = None,
 ) -> Completion:
-    """`complete` of a `SheetWrite` built (and checked) by the caller. Through a remote port
-    the action layer sends `sheets.complete` instead (`_send_complete`)."""
+    """`complete` of a `SheetWrite` built (and checked) by the caller. `guard`: a shared map's
+    unit completion, `guard.within(conn, committed_keys, fenced)` last inside the transaction
+    (the units' settlement: what it raises rolls the whole completion back; it may run more
+    than once, the transaction being retried from scratch), concurrent when it says so.
+    Through a remote port the action layer sends `sheets.complete` instead (`_send_complete`)."""
     return await _complete_here(port, write, outcomes, started=time.perf_counter(),
-                                on_diagnostics=on_diagnostics, force_failed=False, within=None)
+                                on_diagnostics=on_diagnostics, force_failed=False, guard=guard)
 
 
 async def _complete_here(
     port: Port, write: SheetWrite, outcomes: Sequence[Any], *, started: float,
     on_diagnostics: Callable[[CompletionDiagnostics], Any] | None, force_failed: bool,
-    within: Within | None, concurrent: bool = False,
+    guard: UnitGuard | None = None,
 ) -> Completion:
     """Completion on this port: the per-call arguments checked, the outcomes prepared."""
+    within, concurrent = (guard.within, guard.concurrent) if guard else (None, False)
     write.check_port(port)
     if not isinstance(force_failed, bool):
         raise InvalidInputError(f"force_failed must be True or False, got {force_failed!r}")
