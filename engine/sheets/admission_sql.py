@@ -32,7 +32,7 @@ from ..ports import Port, sequence_literal, table
 from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
 from ..array_input import facts
-from .counters import column_update, summary_update
+from .counters import column_update, previous_statuses, status_deltas, summary_update
 from .dispositions import (
     BLOCKED, Disposition, StoredRow, cached_predicate, disposition_case, output_binds,
 )
@@ -241,10 +241,7 @@ readmitted AS (
 ),{cell_ctes}
 delta AS (
     SELECT (SELECT count(*) FROM inserted) AS ins, count(*) AS moved,
-           count(*) FILTER (WHERE prev_status = {RowStatus.PENDING.sql}) AS was_pending,
-           count(*) FILTER (WHERE prev_status = {RowStatus.RUNNING.sql}) AS was_running,
-           count(*) FILTER (WHERE prev_status = {RowStatus.ENRICHED.sql}) AS was_enriched,
-           count(*) FILTER (WHERE prev_status = {RowStatus.FAILED.sql}) AS was_failed
+           {was}
       FROM readmitted
 ),
 summary AS ({summary})
@@ -280,7 +277,7 @@ def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
         summary=_admit_summary(port, c, concurrent=concurrent),
         hits=_hit_columns(write.cache_hits, fields.outputs),
         **_forced_parts(port, write, c, concurrent=concurrent), **fields.text,
-        D=_D, RowStatus=RowStatus, BLOCKED=BLOCKED,
+        D=_D, BLOCKED=BLOCKED, was=previous_statuses(),
     )
     return binds.statement(sql)
 
@@ -380,12 +377,7 @@ def _admit_summary(port: Port, c: _Common, *, concurrent: bool) -> str:
     previous status to the admitted one."""
     return summary_update(
         port, concurrent=concurrent, org=c.org, play=c.play, namespace=c.namespace,
-        source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)", deltas={
-            "total": "d.ins",
-            "queued": f"- d.was_pending + CASE WHEN {c.status} = {RowStatus.PENDING.sql}"
-                      " THEN d.ins + d.moved ELSE 0 END",
-            "running": f"- d.was_running + CASE WHEN {c.status} = {RowStatus.RUNNING.sql}"
-                       " THEN d.ins + d.moved ELSE 0 END",
-            "completed": "- d.was_enriched",
-            "failed": "- d.was_failed",
-        })
+        source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)",
+        deltas=status_deltas("d.ins", {
+            status: f"CASE WHEN {c.status} = {status.sql} THEN d.ins + d.moved ELSE 0 END"
+            for status in (RowStatus.PENDING, RowStatus.RUNNING)}))

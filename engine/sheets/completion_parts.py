@@ -25,7 +25,7 @@ import attrs
 from ..ports import Port, sequence_literal, table
 from ..shared.maps import MapState
 
-from .counters import column_update, summary_update
+from .counters import column_update, previous_statuses, status_deltas, summary_update
 from .layout import SheetColumns, SheetLayout
 from .model import OutcomeStatus, RowStatus
 from .sheet_write import SheetWrite
@@ -145,8 +145,6 @@ def counter_ctes(port: Port, n: CompletionBinds, moved: str, target: RowStatus) 
     prev_meta, new_meta); `target` is the status they moved to; the fields whose cell-meta
     status may have moved are `n.counted` (one pass over `moved` for all of them). Where the
     deltas go: `counters.summary_update` / `column_update`."""
-    completed_plus = "d.n" if target == RowStatus.ENRICHED else "0"
-    failed_plus = "d.n" if target == RowStatus.FAILED else "0"
     completed, failed = OutcomeStatus.COMPLETED.sql, OutcomeStatus.FAILED.sql
     sums = ", ".join(
         f"sum(((m.new_meta -> {name} ->> 'status') IS NOT DISTINCT FROM {completed})::int"
@@ -171,17 +169,11 @@ column_summary AS ({column_update(
         cells = """
 column_summary AS (SELECT 1 WHERE false)"""
     summary = summary_update(port, **where, source="status_delta AS d", condition="d.n > 0",
-                             deltas={"total": "d.was_absent", "queued": "- d.was_pending",
-                                     "running": "- d.was_running",
-                                     "completed": f"- d.was_enriched + {completed_plus}",
-                                     "failed": f"- d.was_failed + {failed_plus}"})
+                             deltas=status_deltas("d.was_absent", {target: "d.n"}))
     return f"""
 status_delta AS (
     SELECT count(*) AS n,
-           count(*) FILTER (WHERE prev_status = {RowStatus.PENDING.sql}) AS was_pending,
-           count(*) FILTER (WHERE prev_status = {RowStatus.RUNNING.sql}) AS was_running,
-           count(*) FILTER (WHERE prev_status = {RowStatus.ENRICHED.sql}) AS was_enriched,
-           count(*) FILTER (WHERE prev_status = {RowStatus.FAILED.sql}) AS was_failed,
+           {previous_statuses()},
            count(*) FILTER (WHERE prev_status IS NULL) AS was_absent
       FROM {moved}
 ),

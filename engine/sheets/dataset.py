@@ -37,7 +37,7 @@ from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, PLAY_SCOPE, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
-from ..ports import SHEET_LANE, Port, table, with_connection
+from ..ports import SHEET_LANE, Port, with_connection
 from ..values.scopes import PlayScope, check_scope
 from . import frames
 from .dataset_pages import (
@@ -52,8 +52,6 @@ _COUNTERS = """
 SELECT total, queued, running, completed, failed FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 """
-_COUNTER_OF_STATUS = {None: "total", RowStatus.PENDING: "queued", RowStatus.RUNNING: "running",
-                      RowStatus.ENRICHED: "completed", RowStatus.FAILED: "failed"}
 
 
 @action("sheets.read_page", params={
@@ -103,7 +101,8 @@ async def count(port: Port, scope: PlayScope, table_namespace: str, *,
         if filters.run_id is None:
             row = await conn.fetchrow(_COUNTERS.format(summary=summary_source(port)),
                                       *layout.counter_args)
-            return 0 if row is None else row[_COUNTER_OF_STATUS[filters.status]]
+            counter = "total" if filters.status is None else RowStatus(filters.status).counter
+            return 0 if row is None else row[counter]
         read = await resolve(conn, port, layout, Filters())
         if not read.present:
             return 0

@@ -99,7 +99,7 @@ class Filters:
     """Which rows a dataset holds (every row, or those of a status, of a run, or both) and
     what of them: `fields` (None: all), and `cells`: whether each row has `_cells`."""
 
-    status: str | None = None
+    status: str | None = None  # a `RowStatus` value (it travels as a string)
     run_id: str | None = None
     fields: tuple[str, ...] | None = None
     cells: bool = False

@@ -53,6 +53,22 @@ class RowStatus(SqlLiteral):
     ENRICHED = "enriched"
     FAILED = "failed"
 
+    @property
+    def counter(self) -> str:
+        """The sheet counter (a `Summary` field, a `sheet_summary` column) of rows in this
+        status, in the words users read: a pending row is `queued`, an enriched one
+        `completed` (`COUNTER_OF_STATUS`, the one mapping)."""
+        return COUNTER_OF_STATUS[self]
+
+
+# Stored row statuses and the counters users read them by: the one mapping between the two.
+COUNTER_OF_STATUS: Mapping[RowStatus, str] = {
+    RowStatus.PENDING: "queued", RowStatus.RUNNING: "running",
+    RowStatus.ENRICHED: "completed", RowStatus.FAILED: "failed",
+}
+# Every counter of a sheet (`Summary`'s fields, `sheet_summary`'s columns), in that order.
+SUMMARY_COUNTERS = ("total", *COUNTER_OF_STATUS.values())
+
 
 class OutcomeStatus(SqlLiteral):
     """A row outcome's status, which is also the status its cells get in the cell meta."""
@@ -72,6 +88,8 @@ class CellStatus(SqlLiteral):
     COMPLETED = "completed"
     FAILED = "failed"
     PENDING = "pending"
+
+
 _STATUS_FIELD = re.compile(r"\{(" + "|".join(status.name for status in RowStatus) + r")\}")
 
 
@@ -399,8 +417,9 @@ class ColumnSummary:
 
 @attrs.frozen
 class Summary:
-    """Counters of a sheet: all rows, pending (`queued`), running, enriched (`completed`) and
-    failed rows; per field, cells whose cell meta status is completed / failed."""
+    """Counters of a sheet: all rows, then the rows of each status by its counter
+    (`RowStatus.counter`: pending rows are `queued`, enriched ones `completed`); per field,
+    cells whose cell meta status is completed / failed."""
 
     total: int
     queued: int

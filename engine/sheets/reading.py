@@ -40,7 +40,7 @@ from ..sql import quote_ident
 
 from .counters import column_source, summary_source
 from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
-from .model import SUMMARY, CellStatus, ColumnSummary, Summary, with_row_statuses
+from .model import SUMMARY, SUMMARY_COUNTERS, CellStatus, ColumnSummary, Summary, with_row_statuses
 from .reuse import MEMBERS
 
 # Whether the sheet exists (and is its own), its registered fields and their columns in order,
@@ -158,9 +158,6 @@ SELECT table_namespace, field, completed, failed FROM {column_summary} AS c
  WHERE org_id = $1 AND play = $2
  ORDER BY table_namespace, field
 """
-
-_COUNTERS = ("total", "queued", "running", "completed", "failed")
-
 
 MAX_READ_ROWS = 10_000
 
@@ -280,7 +277,7 @@ async def summary(port: Port, scope: PlayScope, table_namespace: str) -> Summary
     async def op(conn: Connection) -> Summary:
         row = await conn.fetchrow(summary_sql, *layout.counter_args)
         columns = await conn.fetch(columns_sql, *layout.counter_args)
-        values = dict(row) if row is not None else dict.fromkeys(_COUNTERS, 0)
+        values = dict(row) if row is not None else dict.fromkeys(SUMMARY_COUNTERS, 0)
         return Summary(
             **values,
             columns={r["field"]: ColumnSummary(r["completed"], r["failed"]) for r in columns},
@@ -309,7 +306,7 @@ async def summaries(port: Port, scope: PlayScope) -> dict[str, Summary]:
             )
         return {
             r["table_namespace"]: Summary(
-                **{name: r[name] for name in _COUNTERS},
+                **{name: r[name] for name in SUMMARY_COUNTERS},
                 columns=per_table.get(r["table_namespace"], {}),
             )
             for r in rows
