@@ -23,7 +23,7 @@ import collections
 import hashlib
 import operator
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import attrs
 
@@ -50,12 +50,12 @@ class PagedRows(Sequence):
     def __len__(self) -> int: ...
 
     @abc.abstractmethod
-    def read_span(self, low: int, high: int) -> list[Any]: ...
+    def read_span(self, low: int, high: int) -> list[Occurrence | dict]: ...
 
     def shape(self) -> SourceShape | None:
         return None
 
-    def __getitem__(self, index: Any) -> Any:
+    def __getitem__(self, index: int | slice) -> Occurrence | dict | list[Occurrence | dict]:
         size = len(self)
         if isinstance(index, slice):
             low, high, step = index.indices(size)
@@ -69,7 +69,7 @@ class PagedRows(Sequence):
             raise IndexError("row index out of range")
         return self.read_span(position, position + 1)[0]
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Occurrence | dict]:
         size = len(self)
         for low in range(0, size, self.SPAN_ROWS):
             yield from self.read_span(low, min(size, low + self.SPAN_ROWS))

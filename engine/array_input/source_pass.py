@@ -34,7 +34,7 @@ import bisect
 import hashlib
 import math
 import zlib
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import attrs
 
@@ -255,7 +255,7 @@ def encode_pass(items: Iterable[Occurrence | dict], keep: bool
     return shape, kept, pages.packed, identities
 
 
-def _unwrap(index: int, item: Any) -> tuple[dict, str | None]:
+def _unwrap(index: int, item: object) -> tuple[dict, str | None]:
     """An item that is not a plain dict: an `Occurrence`'s data and identity text, or a dict
     subclass's own data (no identity); anything else is refused, naming its position."""
     if isinstance(item, Occurrence):
@@ -274,7 +274,7 @@ class _PageCuts:
     digest. `rows` counts the rows cut: the next page's offset."""
 
     keep: bool
-    hasher: Any = attrs.field(init=False, factory=hashlib.sha256)
+    hasher: hashlib._Hash = attrs.field(init=False, factory=hashlib.sha256)
     cuts: list[tuple[int, int]] = attrs.field(init=False, factory=list)
     packed: list[bytes] = attrs.field(init=False, factory=list)
     digests: list[bytes] = attrs.field(init=False, factory=list)

@@ -46,7 +46,7 @@ How it works
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
@@ -54,7 +54,7 @@ from .. import array_input, canonical
 from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
-from ..pg import Connection
+from ..pg import Connection, Record
 from ..ports import Port
 from ..values.scopes import RunRef
 
@@ -84,7 +84,7 @@ ADMIT_STATEMENT_TIMEOUT_MS = 120_000
 Prelude = Callable[[Connection, SheetTxn], Awaitable[int]]
 
 
-def _check_staged(run: RunRef, staged_page: Any, rows: Sequence[Any]) -> StagedPage:
+def _check_staged(run: RunRef, staged_page: object, rows: object) -> StagedPage:
     if not isinstance(staged_page, StagedPage):
         raise InvalidInputError("staged_page must be a StagedPage or None")
     scope = staged_page.scope
@@ -237,7 +237,7 @@ async def admit_prepared(
     n = len(prepared.keys)
     shift = 0
 
-    async def op(conn: Connection, sheet: SheetTxn) -> list[tuple[int, Any]]:
+    async def op(conn: Connection, sheet: SheetTxn) -> list[tuple[int, Record]]:
         nonlocal shift
         if page is not None:
             statement = admit_statement(port, layout, write, sheet.columns, page,
@@ -306,7 +306,7 @@ async def _explain_refused_page(port: Port, staged_page: StagedPage) -> None:
     )
 
 
-def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[int, Any]],
+def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[int, Record]],
                locate: Callable[[int, int], int], timings: tuple[Timing, ...]) -> Admission:
     """The `Admission` the chunks' result records (with the chunk's first row) say."""
     inserted = 0

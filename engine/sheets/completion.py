@@ -60,7 +60,7 @@ import logging
 import time
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import attrs
 
@@ -81,12 +81,16 @@ from .sheet_txn import SheetTxn, UnitGuard, run_sheet_transaction
 from .telemetry import PhaseClock
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
-    FencedRow, SheetContract,
+    FencedRow, RowOutcome, SheetContract,
 )
 from .field_names import shown
 from .sheet_write import COMPLETE_ARGUMENTS, SheetWrite
 
 log = logging.getLogger("runplane.sheets")
+
+T = TypeVar("T")
+# Where a completion's diagnostics go: a plain or async callable (what it returns is ignored).
+DiagnosticsSink = Callable[[CompletionDiagnostics], object]
 
 COMPLETE_CHUNK_ROWS = 10_000
 COMPLETE_CHUNK_BYTES = 2 * 1024 * 1024
@@ -105,7 +109,7 @@ def input_fields_problem(names: Sequence[str], inputs: Sequence[str]) -> str | N
     return f"{shown(clash[0])} is an input of the contract; an output cannot be named like an input"
 
 
-def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[Any],
+def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[RowOutcome],
                            inputs: tuple[str, ...]) -> None:
     """Refuse (before any query) an outcome whose data names a contract input, naming the
     outcome by its position (the last occurrence of its key: the one that would be written)."""
@@ -135,7 +139,7 @@ def _json_array(texts: list[str]) -> str:
     return "[" + ",".join(texts) + "]"
 
 
-def _nullable(values: list[Any]) -> list[Any] | None:
+def _nullable(values: list[T]) -> list[T] | None:
     """An array bind, or None when every entry is None: a NULL array, which a multi-argument
     unnest pads with NULLs, costs nothing to encode and send."""
     return values if any(v is not None for v in values) else None
@@ -299,10 +303,10 @@ async def complete(
     run: RunRef,
     table_namespace: str,
     contract: SheetContract,
-    outcomes: Sequence[Any],
+    outcomes: Sequence[RowOutcome],
     *,
     attempt: Attempt | None = None,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    on_diagnostics: DiagnosticsSink | None = None,
     force_failed: bool = False,
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring).
@@ -316,8 +320,8 @@ async def complete(
 
 
 async def _send_complete(
-    port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    port: Port, write: SheetWrite, outcomes: Sequence[RowOutcome], *,
+    on_diagnostics: DiagnosticsSink | None = None,
     guard: UnitGuard | None = None,
 ) -> Completion:
     """`complete_write` through a remote port: the action `sheets.complete`, its body made of
@@ -332,8 +336,8 @@ async def _send_complete(
 
 @routes_remote(_send_complete)
 async def complete_write(
-    port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    port: Port, write: SheetWrite, outcomes: Sequence[RowOutcome], *,
+    on_diagnostics: DiagnosticsSink | None = None,
     guard: UnitGuard | None = None,
 ) -> Completion:
     """`complete` of a `SheetWrite` built (and checked) by the caller. `guard`: a shared map's
@@ -346,8 +350,8 @@ async def complete_write(
 
 
 async def _complete_here(
-    port: Port, write: SheetWrite, outcomes: Sequence[Any], *, started: float,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None, force_failed: bool,
+    port: Port, write: SheetWrite, outcomes: Sequence[RowOutcome], *, started: float,
+    on_diagnostics: DiagnosticsSink | None, force_failed: bool,
     guard: UnitGuard | None = None,
 ) -> Completion:
     """Completion on this port: the per-call arguments checked, the outcomes prepared."""
@@ -416,10 +420,11 @@ async def _complete_here(
     )
 
 
-def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int, prepared, tally: _Tally,
+def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int,
+                 prepared: list[PreparedOutcome], tally: _Tally,
                  total_s: float) -> CompletionDiagnostics:
     ms, failures = clock.ms, clock.failures
-    values: dict[str, Any] = {}
+    values: dict[str, float] = {}
     for phase in ("permit_wait", "connect", "begin", "update", "insert_missing",
                   "failed_update", "commit"):
         values[f"{phase}_ms"] = round(ms.get(phase, 0.0), 3)
@@ -439,6 +444,7 @@ def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int, prepared, tal
     )
 
 
-async def deliver_diagnostics(sink: Callable[[CompletionDiagnostics], Any], diagnostics) -> None:
+async def deliver_diagnostics(sink: DiagnosticsSink,
+                              diagnostics: CompletionDiagnostics) -> None:
     """Hand diagnostics to the sink now; its failures are logged, never raised."""
     await call_sink(sink, diagnostics)

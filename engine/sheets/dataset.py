@@ -28,7 +28,7 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
 
@@ -165,7 +165,7 @@ class Dataset:
         """Whether its rows carry `_cells` unless a read says otherwise."""
         return self.filters.cells
 
-    def _args(self) -> dict[str, Any]:
+    def _args(self) -> dict[str, str | None]:
         return {"status": self.filters.status, "run_id": self.filters.run_id}
 
     def _fields_arg(self) -> list[str] | None:
@@ -201,7 +201,7 @@ class Dataset:
                 return
             after = page.after
 
-    async def copy_lines(self, output: Callable[[bytes], Awaitable[Any]], *,
+    async def copy_lines(self, output: Callable[[bytes], Awaitable[object]], *,
                          cells: bool | None = None) -> bool:
         """Every matching row's JSON line (UTF-8, newline-terminated) in the sheet's order,
         handed to `output` in chunks by one `COPY ... TO STDOUT`: one statement, one snapshot,
@@ -295,14 +295,14 @@ async def _pager(port: Port, ds: Dataset, page_rows: int) -> PageReader:
     return next_page
 
 
-async def _pages_instead(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[Any]],
+async def _pages_instead(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[object]],
                          cells: bool | None) -> bool:
     """`_copy_lines` through a remote port: nothing read (the caller pages instead)."""
     return False
 
 
 @routes_remote(_pages_instead)
-async def _copy_lines(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[Any]],
+async def _copy_lines(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[object]],
                       cells: bool | None) -> bool:
     """`Dataset.copy_lines` on a direct port: one `COPY ... TO STDOUT` of the rows' lines."""
     check_scope(port, ds.scope)
@@ -320,7 +320,8 @@ async def _copy_lines(port: Port, ds: Dataset, output: Callable[[bytes], Awaitab
 
 
 def dataset(port: Port, scope: PlayScope, table_namespace: str, *, status: str | None = None,
-            run_id: str | None = None, fields: Any = None, cells: bool = False) -> Dataset:
+            run_id: str | None = None, fields: Sequence[str] | None = None,
+            cells: bool = False) -> Dataset:
     """The dataset of a sheet's matching rows (checks the filters; reads nothing yet)."""
     check_scope(port, scope)
     layout_for(port, scope, table_namespace)  # checks the namespace

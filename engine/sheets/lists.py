@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import marshal
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..actions import routes_remote
 from ..ports import Port, table, with_connection
@@ -62,7 +62,7 @@ def recordable(port: Port, write: SheetWrite, rows: int) -> bool:
             and not port.sheet_lock_keys)
 
 
-def list_digest(write: SheetWrite, rows: Sequence[Any]) -> bytes | None:
+def list_digest(write: SheetWrite, rows: Sequence[object]) -> bytes | None:
     """The digest of a list of rows mapped with `write` (see the module docstring), or None
     when a row is not a dict of core types."""
     if not all([type(row) is dict for row in rows]):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import attrs
 
@@ -55,18 +55,15 @@ class RowStatus(SqlLiteral):
 
     @property
     def counter(self) -> str:
-        """The sheet counter (a `Summary` field, a `sheet_summary` column) of rows in this
-        status, in the words users read: a pending row is `queued`, an enriched one
-        `completed` (`COUNTER_OF_STATUS`, the one mapping)."""
+        """The sheet counter (`Summary` field) of rows in this status, in users' words."""
         return COUNTER_OF_STATUS[self]
 
 
-# Stored row statuses and the counters users read them by: the one mapping between the two.
+# Stored statuses -> the counters users read them by (a pending row is queued, an enriched one
+# completed): the one mapping. `SUMMARY_COUNTERS`: every counter, in `Summary`'s order.
 COUNTER_OF_STATUS: Mapping[RowStatus, str] = {
     RowStatus.PENDING: "queued", RowStatus.RUNNING: "running",
-    RowStatus.ENRICHED: "completed", RowStatus.FAILED: "failed",
-}
-# Every counter of a sheet (`Summary`'s fields, `sheet_summary`'s columns), in that order.
+    RowStatus.ENRICHED: "completed", RowStatus.FAILED: "failed"}
 SUMMARY_COUNTERS = ("total", *COUNTER_OF_STATUS.values())
 
 
@@ -290,7 +287,7 @@ def _plain_status(value: object) -> object:
     return value.value if isinstance(value, OutcomeStatus) else value
 
 
-def _outcome_status(instance: Any, _attribute: object, value: object) -> None:
+def _outcome_status(instance: RowOutcome, _attribute: object, value: object) -> None:
     if value not in OUTCOME_STATUSES:
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: status {value!r} is not one of {OUTCOME_STATUSES}"
@@ -298,7 +295,7 @@ def _outcome_status(instance: Any, _attribute: object, value: object) -> None:
 
 
 def _outcome_optional(kind: type, name: str):
-    def check(instance: Any, _attribute: object, value: object) -> None:
+    def check(instance: RowOutcome, _attribute: object, value: object) -> None:
         if value is not None and not isinstance(value, kind):
             raise InvalidInputError(
                 f"RowOutcome {instance.key!r}: {name} must be a {kind.__name__} or None, "
@@ -308,14 +305,14 @@ def _outcome_optional(kind: type, name: str):
     return check
 
 
-def _outcome_attempts(instance: Any, _attribute: object, value: object) -> None:
+def _outcome_attempts(instance: RowOutcome, _attribute: object, value: object) -> None:
     if not is_int(value, 1, MAX_ATTEMPTS):
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: attempts must be an integer from 1 to {MAX_ATTEMPTS}"
         )
 
 
-def _outcome_index(instance: Any, _attribute: object, value: object) -> None:
+def _outcome_index(instance: RowOutcome, _attribute: object, value: object) -> None:
     if value is not None and not is_int(value, 0):
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: input_index must be an integer >= 0 or None"
@@ -417,9 +414,8 @@ class ColumnSummary:
 
 @attrs.frozen
 class Summary:
-    """Counters of a sheet: all rows, then the rows of each status by its counter
-    (`RowStatus.counter`: pending rows are `queued`, enriched ones `completed`); per field,
-    cells whose cell meta status is completed / failed."""
+    """Counters of a sheet: all rows, the rows of each status (`RowStatus.counter`: pending
+    rows are `queued`, enriched ones `completed`); per field, cells completed / failed."""
 
     total: int
     queued: int

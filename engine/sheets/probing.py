@@ -14,12 +14,12 @@ How it works
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import MissingRelationError
-from ..pg import Connection
+from ..pg import Connection, Record
 from ..ports import Port
 from ..values.scopes import RunRef
 
@@ -110,7 +110,7 @@ async def _probe_here(
     # tells (`columns_ok`); then the registry is read and the probe runs again.
     columns = SheetColumns({f: column_name(f) for f in write.contract.outputs})
 
-    async def op(conn: Connection) -> list[Any] | None:
+    async def op(conn: Connection) -> list[Record] | None:
         nonlocal columns
         results = []
         for low in range(0, n, ADMIT_CHUNK_ROWS):

@@ -25,8 +25,6 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..limits.bounds import is_int
 from .. import canonical
 from ..actions import action
@@ -171,13 +169,13 @@ def _check_page(limit: object, offset: object) -> int:
     return min(max(limit, 1), MAX_READ_ROWS)  # type: ignore[type-var]
 
 
-def check_cells_flag(cells: Any) -> None:
+def check_cells_flag(cells: object) -> None:
     """`cells` must be True or False (`InvalidInputError` before any query)."""
     if not isinstance(cells, bool):
         raise InvalidInputError(f"cells must be True or False, got {cells!r}")
 
 
-def check_run_id(run_id: Any) -> str | None:
+def check_run_id(run_id: object) -> str | None:
     """A run-id filter, stripped; `InvalidInputError` before any query for anything else."""
     if run_id is None:
         return None
