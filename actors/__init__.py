@@ -1,6 +1,7 @@
 """runplane's actors: runs as trio nurseries of actors, and the embedded supervisor."""
 
 from .executors import DaskExecutor, ProcessExecutor
+from .map_state import MapOptions
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult
 from .run import Run, open_run
@@ -9,5 +10,5 @@ from .supervisor import Supervisor, open_supervisor
 
 __all__ = [
     "open_run", "Run", "MapResult", "MapProgress", "StagedArray", "open_supervisor", "Supervisor",
-    "RowRetry", "RateLimit", "ProcessExecutor", "DaskExecutor",
+    "RowRetry", "RateLimit", "ProcessExecutor", "DaskExecutor", "MapOptions",
 ]

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, AsyncIterable, Awaitable, Callable
+from typing import AsyncIterable, Awaitable, Callable
 
 import trio
 
+from runplane.engine.canonical import JsonObject
 from runplane.engine.sheets import Admission
 
 from .admission_steps import AdmissionSteps, Event, event_of
@@ -52,7 +53,7 @@ PROBES_IN_FLIGHT = 2
 
 
 # -- the source actor ------------------------------------------------------------------------
-async def stream_pages(source: AsyncIterable[Any], page_rows: int, pages_send,
+async def stream_pages(source: AsyncIterable[JsonObject], page_rows: int, pages_send,
                        *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with pages_send:

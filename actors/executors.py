@@ -26,15 +26,22 @@ from __future__ import annotations
 import contextvars
 import inspect
 import os
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 import attrs
 import trio
 
+from runplane.engine.canonical import JsonObject
 from runplane.engine.limits.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError
 
+from .row_functions import RowCaller, RowFunction
 from .shared.config import PlayFile, function_identity
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+T = TypeVar("T")
 
 
 class WorkerDiedError(EngineError):
@@ -42,10 +49,13 @@ class WorkerDiedError(EngineError):
 
 
 class Executor(Protocol):
-    def bind(self, fn: Callable[[dict], Any]) -> Callable[[dict], Any]: ...
+    """Where a map's synchronous function runs: `bind` makes the async function of one row
+    the map calls."""
+
+    def bind(self, fn: RowFunction) -> RowCaller: ...
 
 
-def call_play_function(path: str, qualname: str, row: dict) -> Any:
+def call_play_function(path: str, qualname: str, row: JsonObject) -> object:
     """Run in a pool process or a Dask worker: the play file's function on one row."""
     fn = PlayFile.load(path).find(qualname)
     if fn is None:
@@ -53,7 +63,7 @@ def call_play_function(path: str, qualname: str, row: dict) -> Any:
     return fn(row)
 
 
-def _sync_function(fn: Any) -> None:
+def _sync_function(fn: object) -> None:
     if not callable(fn) or inspect.iscoroutinefunction(inspect.unwrap(fn)):
         raise InvalidInputError("an executor runs a synchronous function of one row "
                                 "(`def fn(row)`), not an async one")
@@ -72,14 +82,14 @@ class ProcessExecutor:
 
     max_workers: int | None = attrs.field(default=None, validator=_positive_or_none)
 
-    def bind(self, fn: Callable[[dict], Any]) -> Callable[[dict], Any]:
+    def bind(self, fn: RowFunction) -> RowCaller:
         import trio_parallel
 
         _sync_function(fn)
         identity = function_identity(fn)
         limiter = trio.CapacityLimiter(self.max_workers or os.cpu_count() or 1)
 
-        async def call(row: dict) -> Any:
+        async def call(row: JsonObject) -> object:
             try:
                 return await trio_parallel.run_sync(
                     call_play_function, identity.path, identity.qualname, row,
@@ -105,17 +115,17 @@ def _exit_reason(exc: BaseException) -> str:
 class DaskExecutor:
     """Calls sent to a running Dask cluster through `client` (a `distributed.Client`)."""
 
-    client: Any
+    client: Client
 
-    def bind(self, fn: Callable[[dict], Any]) -> Callable[[dict], Any]:
+    def bind(self, fn: RowFunction) -> RowCaller:
         _sync_function(fn)
         identity = function_identity(fn)
         client = self.client
 
-        async def call(row: dict) -> Any:
-            submitted: list[Any] = []
+        async def call(row: JsonObject) -> object:
+            submitted: list[Future] = []
 
-            def remote() -> Any:  # in a thread, outside the run's asyncio loop (see below)
+            def remote() -> object:  # in a thread, outside the run's asyncio loop (see below)
                 future = client.submit(call_play_function, identity.path, identity.qualname,
                                        row, pure=False)
                 submitted.append(future)
@@ -133,14 +143,14 @@ class DaskExecutor:
         return call
 
 
-def outside_event_loop(fn: Callable[[], Any]) -> Any:
+def outside_event_loop(fn: Callable[[], T]) -> T:
     """Run `fn` in an empty context: a worker thread inherits the run's context variables,
     among them the asyncio loop `engine.pg` runs on trio, which `distributed` would otherwise
     take for its own."""
     return contextvars.Context().run(fn)
 
 
-def executor_for(executor: Any) -> Executor:
+def executor_for(executor: object) -> Executor:
     """The executor `run.map(executor=...)` names: "processes", or an executor object."""
     if executor == "processes":
         return ProcessExecutor()
@@ -150,7 +160,7 @@ def executor_for(executor: Any) -> Executor:
                             f"DaskExecutor, got {executor!r}")
 
 
-def executor_config(executor: Any) -> dict | None:
+def executor_config(executor: object) -> JsonObject | None:
     """A shared map's executor as JSON (a process pool is each worker's own); a Dask client
     cannot travel."""
     if executor is None:

@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from runplane.engine.runs import history
+from runplane.engine.runs.history import MapRunState
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import RunScope
@@ -55,13 +56,13 @@ class MapRecorder:
     def observe(self, snapshot: MapProgress) -> None:
         self.latest = snapshot
 
-    def _record(self, state: str, snapshot: MapProgress | None, *, ended: bool = False,
+    def _record(self, state: MapRunState, snapshot: MapProgress | None, *, ended: bool = False,
                 stop_reason: str | None = None) -> history.MapRecord:
         counts: dict[str, int] = {}
         if snapshot is not None:
             counts = {name: getattr(snapshot, name) for name in (
                 "source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried")}
-            counts["running"] = snapshot.in_call if state == "running" else 0
+            counts["running"] = snapshot.in_call if state == MapRunState.RUNNING else 0
         return history.MapRecord(self.map_key, self.table_namespace, state, self.started_at,
                                  now() if ended else None, stop_reason=stop_reason, **counts)
 
@@ -74,19 +75,20 @@ class MapRecorder:
 
     async def heartbeat(self) -> None:
         """Write the latest snapshot while it changes, until cancelled."""
-        await self._write(self._record("running", self.latest))
+        await self._write(self._record(MapRunState.RUNNING, self.latest))
         while True:
             await trio.sleep(HEARTBEAT_S)
             if self.latest is not None and self.latest != self.written:
                 self.written = self.latest
-                await self._write(self._record("running", self.latest))
+                await self._write(self._record(MapRunState.RUNNING, self.latest))
 
-    async def finish(self, result: MapResult | None, state: str | None = None) -> None:
+    async def finish(self, result: MapResult | None,
+                     state: MapRunState | None = None) -> None:
         """The map's last entry: its result's counts, or `state` (`failed`) with the last
         snapshot's."""
         if result is not None:
-            state = ("stopped_early" if result.stopped_early else
-                     "superseded" if result.superseded else "finished")
+            state = (MapRunState.STOPPED_EARLY if result.stopped_early else
+                     MapRunState.SUPERSEDED if result.superseded else MapRunState.FINISHED)
             snapshot = self.latest
             record = history.MapRecord(
                 self.map_key, self.table_namespace, state, self.started_at, now(),
@@ -95,7 +97,7 @@ class MapRecorder:
                 failed=result.failed, blocked=result.blocked, retried=result.retried,
                 stop_reason=result.stop_reason)
         else:
-            record = self._record(state or "failed", self.latest, ended=True)
+            record = self._record(state or MapRunState.FAILED, self.latest, ended=True)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S):
             await self._write(record, logging.WARNING)
 
@@ -103,7 +105,7 @@ class MapRecorder:
         """The map was cancelled and has flushed its computed outcomes: write its last counts
         with nothing running (shielded, within `FINAL_DEADLINE_S`; skipped while the run waits
         for the database, which a crash's entry is left to as well)."""
-        record = attrs.evolve(self._record("interrupted", self.latest), running=0)
+        record = attrs.evolve(self._record(MapRunState.INTERRUPTED, self.latest), running=0)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S), \
                 hurry_if_waiting() as waiting:
             if not waiting:

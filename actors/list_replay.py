@@ -21,12 +21,13 @@ How it works
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Sequence
 
 import attrs
 import trio
 
 from runplane.engine import array_input
+from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import EngineError, RetiredError
 from runplane.engine.values.scopes import MapScope
 from runplane.engine.sheets import lists
@@ -46,7 +47,7 @@ class ListReplay:
     digest: bytes
 
     @classmethod
-    async def for_map(cls, plan: MapPlan, rows: Sequence[Any]) -> ListReplay | None:
+    async def for_map(cls, plan: MapPlan, rows: Sequence[JsonObject]) -> ListReplay | None:
         if not plan.fast_admission or not lists.recordable(plan.port, plan.write, len(rows)):
             return None
         if len(rows) <= DIGEST_INLINE_ROWS:

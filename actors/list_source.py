@@ -40,13 +40,12 @@ How it works
 from __future__ import annotations
 
 import logging
-from typing import Any
-
 import attrs
 import trio
 
 from runplane.engine import array_input, sheets
-from runplane.engine.array_input import Occurrence
+from runplane.engine.array_input import Manifest, Occurrence
+from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import (
     ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError,
 )
@@ -56,7 +55,7 @@ from runplane.engine.sheets import StagedPage
 from runplane.engine.sheets.inputs import text_keys
 
 from .retry import retry_transient
-from .sealer import stage_encoded
+from .sealer import EncodedList, stage_encoded
 
 log = logging.getLogger("runplane.actors")
 
@@ -95,10 +94,10 @@ class ListSource:
 
     port: Port
     scope: MapScope
-    items: list[Any] | array_input.PagedRows = attrs.field(repr=False)
-    encoded: Any = attrs.field(default=None, repr=False)  # EncodedSource or PagedSource
+    items: list[JsonObject | Occurrence] | array_input.PagedRows = attrs.field(repr=False)
+    encoded: EncodedList | None = attrs.field(default=None, repr=False)
     keys: list[str] | None = attrs.field(default=None, repr=False)  # all keys, if computed
-    manifest: Any = None
+    manifest: Manifest | None = None
     mode: str = "unstaged"  # unstaged → (staging →) staged | direct
     sheet_rows: int | None = None  # rows in the sheet as the map began (a hint; None: unknown)
     replaying: bool = False  # staged before the map began: pages are admitted from facts

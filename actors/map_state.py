@@ -1,6 +1,9 @@
 """What one map reads and what it changes: a frozen `MapPlan` and an owned `MapState`.
 
 How it works
+- `MapOptions` is what a caller asks of one map: `run.map`'s keywords, with their defaults, as
+  one frozen value (an unknown keyword is refused with `TypeError`). The run builds the map's
+  plan from it (`Run._plan`); the options are checked there, as the plan is built.
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
   `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`), `force` (recompute
@@ -34,14 +37,16 @@ This module does no I/O of its own; `MapPlan.admit`/`complete` call `engine.shee
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import attrs
 import trio
 
+from runplane.engine.canonical import JsonObject
 from runplane.engine.limits.bounds import is_int, is_number
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
+from runplane.engine.shared import maps as sm
 from runplane.engine.values.scopes import RunRef
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome,
@@ -59,7 +64,10 @@ from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
 from .progress import CallGauge, MapProgress, MapResult, MapTally
 from .retry import retry_transient
-from .row_functions import FailFast, failure_cause
+from .row_functions import FailFast, RowCaller, failure_cause
+
+if TYPE_CHECKING:
+    from .executors import Executor
 
 PAGE_ROWS = 5000           # rows admitted per transaction for a streamed source, at most ...
 FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first rows run soon
@@ -97,6 +105,53 @@ def _timeout(_instance: object, _attribute: object, value: object) -> None:
         raise InvalidInputError(f"row_timeout_s must be a number of seconds > 0, got {value!r}")
 
 
+SHARED_ONLY = frozenset({"lease_s", "unit_rows"})  # `run.map` keywords of a shared map only
+
+
+@attrs.frozen(kw_only=True)
+class MapOptions:
+    """How `run.map` runs one map; every field is also a keyword of `run.map` (see `Run.map`),
+    with the same default."""
+
+    concurrency: int = 16
+    cell_policies: Mapping[str, CellPolicy] | None = None
+    retry: RowRetry | None = None
+    row_timeout_s: float | None = None
+    rate_limit: RateLimit | None = None
+    give_up_after: int | None = None
+    on_progress: Callable[[MapProgress], object] | None = None
+    map_invocation_id: str | None = None
+    force: bool | None = None  # None: the run's (`open_run(..., force=...)`)
+    fail_fast: bool | int = True
+    workers: int | None = None
+    shared: bool = False
+    executor: Executor | str | None = None
+    # the pipeline's tuning (`MapPlan`)
+    page_rows: int = PAGE_ROWS
+    linger_s: float = LINGER_S
+    batch_rows: int = BATCH_ROWS
+    batch_bytes: int = BATCH_BYTES
+    flush_deadline_s: float = FLUSH_DEADLINE_S
+    fast_admission: bool = True
+    max_waiting_rows: int = MAX_WAITING_ROWS
+    # a shared map's (`actors.shared.coordinator`)
+    lease_s: float = sm.LEASE_S
+    unit_rows: int = sm.UNIT_ROWS
+
+    @classmethod
+    def from_call(cls, options: MapOptions | None,
+                  keywords: Mapping[str, object]) -> MapOptions:
+        """`options` (or the defaults) with `run.map`'s keywords over it; an unknown keyword
+        raises `TypeError`, as for any function."""
+        if options is not None and not isinstance(options, MapOptions):
+            raise InvalidInputError(f"options must be a MapOptions, got {options!r}")
+        known = attrs.fields_dict(cls)
+        for name in keywords:
+            if name not in known:
+                raise TypeError(f"Run.map() got an unexpected keyword argument {name!r}")
+        return attrs.evolve(options if options is not None else cls(), **keywords)
+
+
 @attrs.frozen
 class MapPlan:
     """How one map runs; read by every actor, never changed."""
@@ -106,7 +161,7 @@ class MapPlan:
     attempt: Attempt | None
     table_namespace: str
     contract: SheetContract
-    fn: Callable[[dict], Awaitable[Any]] = attrs.field(validator=_callable)
+    fn: RowCaller = attrs.field(validator=_callable)
     concurrency: int = attrs.field(default=16, validator=_positive_int)
     cell_policies: Mapping[str, CellPolicy] | None = None
     page_rows: int = attrs.field(default=PAGE_ROWS, validator=_positive_int)
@@ -134,7 +189,7 @@ class MapPlan:
                           cell_policies=self.cell_policies, give_up_after=self.give_up_after,
                           cache_hits="count", force=self.force)
 
-    async def admit(self, rows: list[Any], input_offset: int, *,
+    async def admit(self, rows: list[JsonObject], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
                     cache_hits: str = "count", texts: list[str] | None = None) -> Admission:
         """Admit one page under the run's write version, cache hits counted (from its staged
@@ -147,20 +202,20 @@ class MapPlan:
                                          texts=texts),
         ))
 
-    async def probe(self, rows: list[Any], input_offset: int, *,
+    async def probe(self, rows: list[JsonObject], input_offset: int, *,
                     keys: list[str] | None = None) -> Admission | None:
         """The admission of a page whose every row is settled (a fresh cache hit or blocked),
         from its keys in one read-only statement; None when some row needs admitting."""
         settled, _keys = await self.probe_keyed(rows, input_offset, keys=keys)
         return settled
 
-    async def probe_keyed(self, rows: list[Any], input_offset: int, *,
+    async def probe_keyed(self, rows: list[JsonObject], input_offset: int, *,
                           keys: list[str] | None = None) -> tuple[Admission | None, list[str]]:
         """`probe`, and the keys of the probed rows (for the reuse the map records)."""
         return await retry_transient(lambda: probe_keyed(
             self.port, self.write, rows, input_offset=input_offset, keys=keys))
 
-    def row_keys(self, rows: list[Any]) -> list[str]:
+    def row_keys(self, rows: list[JsonObject]) -> list[str]:
         """The keys admission gives `rows` (a streamed page's, whose keys were not computed)."""
         return prepare_rows(rows, self.write.table_namespace, input_offset=0,
                             keys=None, need_texts=False, keep_rows=False).keys
@@ -190,12 +245,12 @@ class MapState:
     admitted_keys: list[str] | None = attrs.field(init=False, default=None)
 
     @classmethod
-    def observed_by(cls, on_progress: Callable[[MapProgress], Any] | None) -> MapState:
+    def observed_by(cls, on_progress: Callable[[MapProgress], object] | None) -> MapState:
         return cls(MapTally(on_progress))
 
     @classmethod
     def for_plan(cls, plan: MapPlan,
-                 on_progress: Callable[[MapProgress], Any] | None) -> MapState:
+                 on_progress: Callable[[MapProgress], object] | None) -> MapState:
         retries = RetryQueue(plan.max_waiting_rows) if plan.retry is not None else None
         watch = FailFast(plan.fail_fast_rows) if plan.fail_fast_rows is not None else None
         return cls(MapTally(on_progress, retries=retries, gauge=plan.calls),

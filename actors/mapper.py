@@ -47,12 +47,13 @@ How it works
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterable, Callable, Sequence
+from typing import AsyncIterable, Callable, Sequence, Union
 
 import attrs
 import trio
 
 from runplane.engine import array_input, runs, sheets
+from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
 
 from .admission import admit_pages, stream_pages
@@ -60,7 +61,7 @@ from .completer import batch_outcomes, flush_unsettled, write_outcomes
 from .list_replay import ListReplay
 from .list_source import ListSource
 from .map_state import MapPlan, MapState
-from .progress import MapResult
+from .progress import MapProgress, MapResult
 from .retry import retry_transient
 from .workers import call_row, release_retries, work
 
@@ -68,9 +69,13 @@ __all__ = ["map_rows", "call_row"]  # call_row: the shared worker's, imported fr
 
 log = logging.getLogger("runplane.actors")
 
+# What a map reads: a list of rows (a `PagedRows` is read in place), staged before its first
+# row runs, or an async iterable of rows, admitted page by page.
+MapSource = Union[Sequence[JsonObject], AsyncIterable[JsonObject]]
 
-async def map_rows(source: Sequence[Any] | AsyncIterable[Any], plan: MapPlan, *,
-                   on_progress: Callable[[Any], Any] | None = None,
+
+async def map_rows(source: MapSource, plan: MapPlan, *,
+                   on_progress: Callable[[MapProgress], object] | None = None,
                    map_invocation_id: str | None = None,
                    background: trio.Nursery | None = None) -> MapResult:
     """Run the pipeline of `plan` over `source` and count it (a list is encoded first and

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from typing import Any, Awaitable, Callable, Literal, TypeVar
+from typing import Awaitable, Callable, Literal, ParamSpec, TypeVar
 
 Phase = Literal["staging", "admission", "completion", "flush", "retirement"]
 PHASES: tuple[Phase, ...] = ("staging", "admission", "completion", "flush", "retirement")
 
 PHASE: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("runplane_phase", default=None)
 
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def current() -> Phase | None:
@@ -32,20 +33,20 @@ def current() -> Phase | None:
     return PHASE.get()
 
 
-def marked(phase: Phase) -> Callable[[F], F]:
+def marked(phase: Phase) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """Decorate an async actor function so that its calls run in `phase`."""
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
 
-    def decorate(fn: F) -> F:
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         @functools.wraps(fn)
-        async def in_phase(*args: Any, **kwargs: Any) -> Any:
+        async def in_phase(*args: P.args, **kwargs: P.kwargs) -> R:
             token = PHASE.set(phase)
             try:
                 return await fn(*args, **kwargs)
             finally:
                 PHASE.reset(token)
 
-        return in_phase  # type: ignore[return-value]
+        return in_phase
 
     return decorate

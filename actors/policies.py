@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
 
 import attrs
 
@@ -47,7 +46,7 @@ def _number(minimum: float, *, strict: bool = False):
     return check
 
 
-def _exception_types(value: Any) -> tuple[type[BaseException], ...]:
+def _exception_types(value: object) -> tuple[type[BaseException], ...]:
     types = (value,) if isinstance(value, type) else value
     if not isinstance(types, (tuple, list)) or not all(
             isinstance(t, type) and issubclass(t, Exception) for t in types):
@@ -89,7 +88,7 @@ class RowRetry:
         return (rng or random).uniform(0.0, ceiling)
 
 
-def _optional_key(value: Any) -> str | None:
+def _optional_key(value: object) -> str | None:
     return None if value is None else check_key(value)
 
 

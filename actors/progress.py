@@ -26,11 +26,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import attrs
 
-from runplane.engine.sheets import OutcomeStatus
+from runplane.engine.sheets import (Admission, BlockedRow, Completion, CompletionDiagnostics,
+                                    Dataset, FencedRow, OutcomeStatus, RowOutcome)
+
+from .backoff import RetryQueue
 
 from .retry import current_watch
 
@@ -47,7 +50,7 @@ class CallGauge:
     last call ends (a cancelled map's last snapshot says nothing is running)."""
 
     in_call: int = 0
-    on_change: Callable[[], Any] | None = None
+    on_change: Callable[[], object] | None = None
     _reported_at: float = -1e18
 
     REPORT_EVERY_S = 1.0
@@ -111,9 +114,9 @@ class MapResult:
     failed: int
     blocked: int
     fenced: int
-    diagnostics: tuple[Any, ...] = ()
-    fenced_rows: tuple[Any, ...] = ()
-    blocked_rows: tuple[Any, ...] = ()
+    diagnostics: tuple[CompletionDiagnostics, ...] = ()
+    fenced_rows: tuple[FencedRow, ...] = ()
+    blocked_rows: tuple[BlockedRow, ...] = ()
     skipped: int = 0
     executed: int = 0
     map_invocation_id: str | None = None
@@ -122,7 +125,7 @@ class MapResult:
     superseded: bool = False
     superseded_by: str | None = None
     # The rows of the map's table that this run wrote (`engine.sheets.Dataset`).
-    dataset: Any = attrs.field(default=None, eq=False, repr=False)
+    dataset: Dataset | None = attrs.field(default=None, eq=False, repr=False)
     stopped_early: bool = False
     stop_reason: str | None = None
 
@@ -135,7 +138,7 @@ def waiting_for_store_s() -> float | None:
 
 @attrs.define(eq=False)
 class MapTally:
-    on_progress: Callable[[MapProgress], Any] | None = None
+    on_progress: Callable[[MapProgress], object] | None = None
     source_rows: int = 0
     admitted: int = 0
     pending: int = 0
@@ -152,16 +155,16 @@ class MapTally:
     superseded: bool = False
     stopped_early: bool = False
     stop_reason: str | None = None
-    retries: Any = None  # the map's delay queue (`actors.backoff.RetryQueue`), if any
+    retries: RetryQueue | None = None  # the map's delay queue, if any
     gauge: CallGauge = attrs.field(factory=CallGauge)  # the plan's (`MapPlan.calls`)
-    diagnostics: list[Any] = attrs.field(factory=list)
-    fenced_rows: list[Any] = attrs.field(factory=list)
-    blocked_rows: list[Any] = attrs.field(factory=list)
+    diagnostics: list[CompletionDiagnostics] = attrs.field(factory=list)
+    fenced_rows: list[FencedRow] = attrs.field(factory=list)
+    blocked_rows: list[BlockedRow] = attrs.field(factory=list)
 
     def __attrs_post_init__(self) -> None:
         self.gauge.on_change = self.report
 
-    def on_admission(self, rows_in_page: int, admission: Any, dropped: int = 0) -> None:
+    def on_admission(self, rows_in_page: int, admission: Admission, dropped: int = 0) -> None:
         """Count one admitted page; `dropped` pending rows were duplicates of rows in flight."""
         pending = len(admission.pending) - dropped
         self.source_rows += rows_in_page
@@ -183,7 +186,7 @@ class MapTally:
         self.cached += rows
         self.report()
 
-    def on_completion(self, outcomes: list[Any], completion: Any) -> None:
+    def on_completion(self, outcomes: list[RowOutcome], completion: Completion) -> None:
         fenced_keys = {row.key for row in completion.fenced}
         last: dict[str, str] = {}
         for outcome in outcomes:  # duplicates: the last outcome of a key wins

@@ -24,18 +24,25 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import attrs
 import trio
 
+from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import OutcomeStatus
 
 FAIL_FAST_ROWS = 20
 
+# The map's function as `run.map` is given it: async or plain, of one row; it returns the row's
+# outputs (anything else fails the row as a bad return value).
+RowFunction = Callable[[JsonObject], object]
+# The map's function as the workers call it: an async function of one row.
+RowCaller = Callable[[JsonObject], Awaitable[object]]
 
-def is_async_function(fn: Any) -> bool:
+
+def is_async_function(fn: object) -> bool:
     """`fn` returns a coroutine when called: a coroutine function, a partial of one, or an
     object whose `__call__` is one."""
     while isinstance(fn, functools.partial):
@@ -46,16 +53,16 @@ def is_async_function(fn: Any) -> bool:
     return not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
 
 
-def as_row_caller(fn: Any, concurrency: int) -> Callable[[dict], Awaitable[Any]]:
+def as_row_caller(fn: RowFunction, concurrency: int) -> RowCaller:
     """`fn` as an async function of one row (see the module docstring)."""
     if not callable(fn) or is_async_function(fn):
         return fn  # a non-callable is refused by the map's plan, naming the argument
     limiter = trio.CapacityLimiter(concurrency)
 
-    def boxed(row: dict) -> tuple[Any]:  # trio refuses a thread's coroutine unless boxed
+    def boxed(row: JsonObject) -> tuple[object]:  # trio refuses a thread's coroutine unless boxed
         return (fn(row),)
 
-    async def in_thread(row: dict) -> Any:
+    async def in_thread(row: JsonObject) -> object:
         (value,) = await trio.to_thread.run_sync(boxed, row, limiter=limiter,
                                                  abandon_on_cancel=True)
         if inspect.isawaitable(value):
@@ -67,7 +74,7 @@ def as_row_caller(fn: Any, concurrency: int) -> Callable[[dict], Awaitable[Any]]
     return in_thread
 
 
-def fail_fast_rows(value: Any) -> int | None:
+def fail_fast_rows(value: object) -> int | None:
     """`run.map`'s `fail_fast` as a number of rows to watch (None: off)."""
     if value is True:
         return FAIL_FAST_ROWS

@@ -33,33 +33,35 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
 import trio
 
 from runplane.engine import array_input, receipts, runs
+from runplane.engine.array_input import Occurrence
+from runplane.engine.canonical import JsonObject, JsonValue
 from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
                                      StoreUnavailableError, leaf_errors)
 from runplane.engine.tenant import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
 from runplane.engine.values.scopes import RunRef, RunScope, normalize_namespace
-from runplane.engine.sheets import Attempt, CellPolicy, SheetContract
+from runplane.engine.sheets import Attempt, SheetContract
 
 from runplane.engine.runs import outbox
+from runplane.engine.runs.history import MapRunState
 
 from . import retirement
 from .hosting import is_terminal, open_hosting_nursery
-from .map_state import MapPlan
-from .mapper import map_rows
-from .policies import RateLimit, RowRetry
+from .map_state import SHARED_ONLY, MapOptions, MapPlan
+from .mapper import MapSource, map_rows
 from .history import MapRecorder
 from .progress import MapProgress, MapResult
-from .row_functions import as_row_caller, fail_fast_rows
+from .row_functions import RowFunction, as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
 from .row_calls import report_calls
-from .sealer import stage_array
+from .sealer import StagedArray, stage_array
 
 log = logging.getLogger("runplane.actors")
 
@@ -83,7 +85,7 @@ class Run:
     stopped_early_maps: list[tuple[str, MapResult]] = attrs.field(init=False, factory=list,
                                                                    repr=False)
     _stream_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
-    _observer: Callable[[str, MapProgress], Any] | None = attrs.field(default=None, repr=False)
+    _observer: Callable[[str, MapProgress], object] | None = attrs.field(default=None, repr=False)
 
     @property
     def scope(self) -> RunScope:
@@ -102,11 +104,13 @@ class Run:
         return self.ref.scope.play
 
     # -- tasks ---------------------------------------------------------------------------------
-    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> Any:
+    async def start(self, fn: Callable[..., Awaitable[object]], *args: object,
+                    name: str | None = None) -> object:
         """Start an actor in the run's nursery (`fn(*args, task_status=...)`)."""
         return await self._live_nursery().start(fn, *args, name=name)
 
-    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+    def start_soon(self, fn: Callable[..., Awaitable[object]], *args: object,
+                   name: str | None = None) -> None:
         """Start a background task in the run's nursery; the run waits for it before ending."""
         self._live_nursery().start_soon(fn, *args, name=name)
 
@@ -115,7 +119,7 @@ class Run:
             raise RuntimeError("the run is closed")
         return self._nursery
 
-    def observe_progress(self, observer: Callable[[str, MapProgress], Any] | None) -> None:
+    def observe_progress(self, observer: Callable[[str, MapProgress], object] | None) -> None:
         """Also hand every map's progress snapshots to `observer(table_namespace, snapshot)`
         (the command line's progress display); None stops it."""
         self._observer = observer
@@ -135,13 +139,13 @@ class Run:
         return await receipts.claim(self.port, self.ref, key, reclaim_running=reclaim_running,
                                     lease_s=lease_s)
 
-    async def complete(self, key: str, output: Any) -> Receipt:
+    async def complete(self, key: str, output: JsonValue) -> Receipt:
         return await receipts.complete(self.port, self.ref, key, output)
 
     async def fail(self, key: str, error: str) -> Receipt:
         return await receipts.fail(self.port, self.ref, key, error)
 
-    async def skip(self, key: str, output: Any = None) -> Receipt:
+    async def skip(self, key: str, output: JsonValue = None) -> Receipt:
         return await receipts.skip(self.port, self.ref, key, output)
 
     # -- maps and array inputs -----------------------------------------------------------------
@@ -157,19 +161,15 @@ class Run:
         self._map_ordinals[namespace] = ordinal + 1
         return f"map-{ordinal}"
 
-    async def map(self, table_namespace: str, source: Any, fn: Callable[[dict], Awaitable[Any]],
-                  *, contract: SheetContract, concurrency: int = 16,
-                  cell_policies: Mapping[str, CellPolicy] | None = None,
-                  retry: RowRetry | None = None, row_timeout_s: float | None = None,
-                  rate_limit: RateLimit | None = None, give_up_after: int | None = None,
-                  on_progress: Callable[[MapProgress], Any] | None = None,
-                  map_invocation_id: str | None = None, force: bool | None = None,
-                  fail_fast: bool | int = True, workers: int | None = None,
-                  shared: bool = False, executor: Any = None, **tuning: Any) -> MapResult:
+    async def map(self, table_namespace: str, source: MapSource, fn: RowFunction, *,
+                  contract: SheetContract, options: MapOptions | None = None,
+                  **options_kw: object) -> MapResult:
         """Map `fn` over `source` into the sheet `table_namespace`; see `actors.mapper`.
 
-        Row policies (`actors.policies`): `retry` retries a failed call in place after a
-        backoff; `row_timeout_s` cancels a call running longer (a failed attempt);
+        How it runs is a `MapOptions` (`options`), each of whose fields may also be given as a
+        keyword (a keyword wins over the same field of `options`; an unknown one raises
+        `TypeError`). Row policies (`actors.policies`): `retry` retries a failed call in place
+        after a backoff; `row_timeout_s` cancels a call running longer (a failed attempt);
         `rate_limit` bounds how fast calls start; `give_up_after=N` leaves out rows that
         failed in N runs (blocked, reason `gave_up`). `force=True` recomputes the rows earlier
         runs enriched (the rows this run enriched already stay, so a wake resumes); None takes
@@ -178,44 +178,68 @@ class Run:
         `concurrency` at once (`actors.row_functions`). `fail_fast` (default on, the first 20
         rows; a number sets how many) stops the map early when those rows all failed for one
         cause from the function: `MapResult.stopped_early`, the run's `stopped_early_maps`.
-        `tuning` sets the pipeline's `page_rows`, `linger_s`, `batch_rows`, `batch_bytes` and
-        `flush_deadline_s` (see `actors.map_state.MapPlan`).
+        `page_rows`, `linger_s`, `batch_rows`, `batch_bytes`, `flush_deadline_s`,
+        `fast_admission` and `max_waiting_rows` tune the pipeline (`actors.map_state.MapPlan`).
         `workers=N` spreads the map over N local worker processes, `shared=True` publishes
-        it for workers started elsewhere (`runplane worker`); see `actors.shared.coordinator`.
+        it for workers started elsewhere (`runplane worker`; `lease_s` and `unit_rows` tune
+        it); see `actors.shared.coordinator`.
         `executor="processes"` (or an `actors.executors` executor) runs a synchronous `fn`
         in a process pool or on a Dask cluster.
         """
-        if workers is None and not shared and isinstance(source, (list, array_input.PagedRows)):
+        options = MapOptions.from_call(options, options_kw)
+        workers = options.workers
+        if workers is None and not options.shared and isinstance(
+                source, (list, array_input.PagedRows)):
             from .shared.coordinator import default_workers
 
             workers = default_workers.get()
-        shared_tuning = {name: tuning.pop(name) for name in ("lease_s", "unit_rows")
-                         if name in tuning} if workers is not None or shared else {}
-        if executor is not None:
+        spread = workers is not None or options.shared
+        if options.executor is not None:
             from .executors import executor_for
 
-            fn = executor_for(executor).bind(fn)
-        plan = MapPlan(self.port, self.ref, self.attempt, table_namespace, contract,
-                       as_row_caller(fn, concurrency), concurrency, cell_policies, retry=retry,
-                       row_timeout_s=row_timeout_s, rate_limit=rate_limit,
-                       give_up_after=give_up_after, fail_fast_rows=fail_fast_rows(fail_fast),
-                       force=self.force if force is None else force, **tuning)
-        if workers is not None or shared:
-            from .shared.coordinator import check_request, map_shared
+            fn = executor_for(options.executor).bind(fn)
+        if not spread and (given := sorted(SHARED_ONLY & options_kw.keys())):
+            raise TypeError(f"Run.map() got an unexpected keyword argument {given[0]!r} (a "
+                            "shared map's: it needs workers=N or shared=True)")
+        plan = self._plan(table_namespace, contract, fn, options)
+        if spread:
+            return await self._map_shared(source, plan, options, workers)
+        return await self._map_here(source, plan, table_namespace, options.on_progress,
+                                    options.map_invocation_id)
 
-            observers = self._progress_observers(normalize_namespace(table_namespace), on_progress)
-            check_request(source, plan, workers=workers, shared=shared, executor=executor)
-            if map_invocation_id is None:  # taken once the request passed its checks
-                map_invocation_id = self.next_map_invocation_id(table_namespace)
-            return await map_shared(source, plan, map_invocation_id, workers=workers,
-                                    shared=shared, executor=executor,
-                                    on_progress=lambda snapshot: [f(snapshot) for f in observers],
-                                    **shared_tuning)
-        return await self._map_here(source, plan, table_namespace, on_progress,
-                                    map_invocation_id)
+    def _plan(self, table_namespace: str, contract: SheetContract, fn: RowFunction,
+              options: MapOptions) -> MapPlan:
+        """The plan of one map of this run (validated as it is built: `InvalidInputError`)."""
+        o = options
+        return MapPlan(
+            self.port, self.ref, self.attempt, table_namespace, contract,
+            as_row_caller(fn, o.concurrency), o.concurrency, o.cell_policies,
+            page_rows=o.page_rows, linger_s=o.linger_s, batch_rows=o.batch_rows,
+            batch_bytes=o.batch_bytes, flush_deadline_s=o.flush_deadline_s, retry=o.retry,
+            row_timeout_s=o.row_timeout_s, rate_limit=o.rate_limit,
+            give_up_after=o.give_up_after, fast_admission=o.fast_admission,
+            max_waiting_rows=o.max_waiting_rows, force=self.force if o.force is None else o.force,
+            fail_fast_rows=fail_fast_rows(o.fail_fast))
 
-    async def _map_here(self, source: Any, plan: MapPlan, table_namespace: str,
-                        on_progress: Callable[[MapProgress], Any] | None,
+    async def _map_shared(self, source: MapSource, plan: MapPlan, options: MapOptions,
+                          workers: int | None) -> MapResult:
+        """A map run by workers (`actors.shared.coordinator`): the request checked before the
+        run's next map id is taken for it."""
+        from .shared.coordinator import SharedOptions, check_request, map_shared
+
+        observers = self._progress_observers(normalize_namespace(plan.table_namespace),
+                                             options.on_progress)
+        shared = SharedOptions(workers, options.shared, options.executor,
+                               lease_s=options.lease_s, unit_rows=options.unit_rows)
+        check_request(source, plan, shared)
+        map_invocation_id = options.map_invocation_id
+        if map_invocation_id is None:  # taken once the request passed its checks
+            map_invocation_id = self.next_map_invocation_id(plan.table_namespace)
+        return await map_shared(source, plan, map_invocation_id, shared,
+                                on_progress=lambda snapshot: [f(snapshot) for f in observers])
+
+    async def _map_here(self, source: MapSource, plan: MapPlan, table_namespace: str,
+                        on_progress: Callable[[MapProgress], object] | None,
                         map_invocation_id: str | None) -> MapResult:
         """A map in this process (`actors.mapper.map_rows`): its source checked before its
         history entry is written, the entry heartbeated while it runs (with the rows in a
@@ -255,7 +279,7 @@ class Run:
         except Exception as exc:
             beat.cancel()
             if not any(isinstance(leaf, StoreUnavailableError) for leaf in leaf_errors(exc)):
-                await recorder.finish(None, "failed")
+                await recorder.finish(None, MapRunState.FAILED)
             # else the store is away: the entry stays `running`, like a crash, for the wake (a
             # write now would wait for a database that is not there)
             raise
@@ -270,11 +294,12 @@ class Run:
             self.stopped_early_maps.append((normalize_namespace(table_namespace), result))
         return result
 
-    def _progress_observers(self, namespace: str, on_progress: Callable[[MapProgress], Any] | None,
-                            ) -> list[Callable[[MapProgress], Any]]:
+    def _progress_observers(self, namespace: str,
+                            on_progress: Callable[[MapProgress], object] | None,
+                            ) -> list[Callable[[MapProgress], object]]:
         """Who sees a map's progress besides its history: the run's observer (the command
         line's bars) and the caller's `on_progress`."""
-        observers: list[Callable[[MapProgress], Any]] = []
+        observers: list[Callable[[MapProgress], object]] = []
         if self._observer is not None:
             observer = self._observer
             observers.append(lambda snapshot: observer(namespace, snapshot))
@@ -282,7 +307,8 @@ class Run:
             observers.append(on_progress)
         return observers
 
-    async def stage_array(self, table_namespace: str, map_invocation_id: str, occurrences: Any):
+    async def stage_array(self, table_namespace: str, map_invocation_id: str,
+                          occurrences: Sequence[Occurrence | JsonObject]) -> StagedArray:
         """Stage (or, on a wake, resume or replay) an array input; see `actors.sealer`."""
         return await stage_array(self.port, self.scope.map(table_namespace, map_invocation_id),
                                  occurrences)
@@ -306,7 +332,7 @@ async def open_run(
     if attempt is not None and not isinstance(attempt, Attempt):
         raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
-    watch = OutageWatch(outage_budget(tenant.outage_budget_s))
+    watch = OutageWatch(outage_budget(tenant.settings.outage_budget_s))
     token = install_watch(watch)  # the run's tasks inherit it
     try:
         ref = await retry_transient(lambda: runs.register(tenant, scope))

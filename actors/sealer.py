@@ -26,12 +26,14 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Sequence
+from typing import AsyncIterator, Sequence, Union
 
 import attrs
 import trio
 
 from runplane.engine import array_input
+from runplane.engine.array_input import EncodedSource, Manifest, Occurrence, Page, PagedSource
+from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import MapScope
@@ -42,6 +44,9 @@ from .retry import retry_transient
 PUT_TASKS = 3
 SEAL_BATCH_PAGES = 4
 
+# A list source encoded once (`array_input.encode_source`): held whole, or read page by page.
+EncodedList = Union[EncodedSource, PagedSource]
+
 
 @attrs.frozen
 class StagedArray:
@@ -49,19 +54,19 @@ class StagedArray:
 
     port: Port = attrs.field(repr=False)
     scope: MapScope
-    manifest: Any
+    manifest: Manifest
 
     @property
     def page_count(self) -> int:
         return self.manifest.page_count
 
-    async def pages(self) -> AsyncIterator[Any]:
+    async def pages(self) -> AsyncIterator[Page]:
         for ordinal in range(self.manifest.page_count):
             yield await retry_transient(
                 lambda: array_input.read_page(self.port, self.scope, ordinal))
 
 
-def check_same_source(scope: MapScope, manifest: Any, source: Any) -> None:
+def check_same_source(scope: MapScope, manifest: Manifest, source: EncodedList) -> None:
     """`ConflictError` unless the caller's (encoded) source is the one staged for `scope`."""
     if (manifest.source_fingerprint, manifest.has_source_identities, manifest.source_rows) != (
         source.fingerprint, source.has_source_identities, source.source_rows
@@ -74,7 +79,7 @@ def check_same_source(scope: MapScope, manifest: Any, source: Any) -> None:
         )
 
 
-async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
+async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Occurrence | JsonObject],
                       *, put_tasks: int = PUT_TASKS) -> StagedArray:
     """Stage, resume or replay the array input of `scope`; return it sealed."""
     if not isinstance(occurrences, (list, tuple)):
@@ -87,7 +92,7 @@ async def stage_array(port: Port, scope: MapScope, occurrences: Sequence[Any],
 
 
 @marked("staging")
-async def put_pages(port: Port, scope: MapScope, source: Any, ordinals_recv,
+async def put_pages(port: Port, scope: MapScope, source: EncodedList, ordinals_recv,
                     *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A putter actor: build and put each page whose ordinal it is sent (a permit only inside
     each put)."""
@@ -102,7 +107,8 @@ async def put_pages(port: Port, scope: MapScope, source: Any, ordinals_recv,
             ))
 
 
-async def stage_encoded(port: Port, scope: MapScope, source: Any, *, manifest: Any = None,
+async def stage_encoded(port: Port, scope: MapScope, source: EncodedList, *,
+                        manifest: Manifest | None = None,
                         put_tasks: int = PUT_TASKS) -> StagedArray:
     """Stage (or resume) an encoded source; return it sealed. A `manifest` already read saves
     a round trip. An input already sealed must be this source (`ConflictError` otherwise)."""

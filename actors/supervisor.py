@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import attrs
 import trio
@@ -30,6 +30,7 @@ import trio
 from runplane.engine.limits.bounds import is_number
 from runplane.engine.errors import EngineError, InvalidInputError
 from runplane.engine.ports import Port
+from runplane.engine.sheets import Attempt
 from runplane.engine.values.scopes import RunScope
 
 from runplane.engine.runs import outbox
@@ -40,6 +41,8 @@ from .hosting import open_hosting_nursery
 from .run import DEFAULT_LEASE_S, RELEASE_DEADLINE_S, Run, open_run
 
 log = logging.getLogger("runplane.actors")
+
+T = TypeVar("T")
 
 
 def _positive(name: str):
@@ -78,11 +81,14 @@ class Supervisor:
     _settled: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
 
     # -- hosting runs --------------------------------------------------------------------------
-    async def run(self, play: str, body: Callable[[Run], Awaitable[Any]],
-                  run_id: str | None = None, **options: Any) -> Any:
-        """Run `await body(run)` inside a supervised run and return what it returns."""
+    async def run(self, play: str, body: Callable[[Run], Awaitable[T]],
+                  run_id: str | None = None, *, attempt: Attempt | None = None,
+                  retire_on_exit: bool = True, force: bool = False) -> T:
+        """Run `await body(run)` inside a supervised run (`open_run` with these options) and
+        return what it returns."""
         try:
-            async with open_run(self.port, play, run_id, lease_s=self.lease_s, **options) as run:
+            async with open_run(self.port, play, run_id, attempt=attempt, lease_s=self.lease_s,
+                                retire_on_exit=retire_on_exit, force=force) as run:
                 return await body(run)
         finally:
             self.nudge()
@@ -96,7 +102,7 @@ class Supervisor:
         """Lease the due entries once (up to `batch`), settle each; return those retired."""
         # A gateway token for some plays drains those plays only (an org-wide claim would be
         # refused); a tenant, or a token for every play, drains the whole org.
-        plays = self.port.token_plays
+        plays = self.port.settings.token_plays
         entries = await outbox.claim_due(
             self.port, self.owner, limit=self.batch, lease_s=self.lease_s,
             abandon_after_s=self.abandon_after_s, **({"plays": list(plays)} if plays else {}),
@@ -168,8 +174,10 @@ class Supervisor:
 
 
 @contextlib.asynccontextmanager
-async def open_supervisor(tenant: Port, *, drain: bool = True, **options: Any) -> AsyncIterator[Supervisor]:
-    """Host runs and (unless `drain=False`) drain the outbox until the block ends."""
+async def open_supervisor(tenant: Port, *, drain: bool = True,
+                          **options: float | str | None) -> AsyncIterator[Supervisor]:
+    """Host runs and (unless `drain=False`) drain the outbox until the block ends; `options`
+    are the `Supervisor`'s settings (`poll_interval`, `lease_s`, `batch`, ...)."""
     sup = Supervisor(tenant, **options)
     async with open_hosting_nursery(cancel_on_exit=True) as nursery:
         if drain:

@@ -39,7 +39,7 @@ from _server import bench_dsn  # noqa: E402
 from scale_play import PLAY, burn, noop  # noqa: E402
 
 from runplane.actors import open_run  # noqa: E402
-from runplane.actors.shared.worker import serve_play  # noqa: E402
+from runplane.actors.shared.worker import WorkerOptions, serve_play  # noqa: E402
 from runplane.engine import open_tenant  # noqa: E402
 from runplane.engine.sheets import SheetContract  # noqa: E402
 from runplane.simulations.ports import CountingPort  # noqa: E402
@@ -124,8 +124,8 @@ async def lease_statements(dsn: str, n: int) -> None:
         async with open_run(tenant, PLAY) as run:
             async with trio.open_nursery() as nursery:
                 for _ in range(2):
-                    nursery.start_soon(lambda: serve_play(port, PLAY, PLAY_FILE,
-                                                          exit_when_idle=True, poll_s=0.2))
+                    nursery.start_soon(lambda: serve_play(
+                        port, PLAY, PLAY_FILE, WorkerOptions(exit_when_idle=True, poll_s=0.2)))
                 await run.map("leases", rows(n), noop, contract=NOOP, shared=True)
         kinds = {"claims": "SKIP LOCKED", "renewals": "renewed AS",
                  "progress batches (settled masks, done marks)": "settled AS",

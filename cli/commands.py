@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-from typing import Any, Callable
+from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from .connect import open_port
+from .connect import Access, open_port
 from .terminal import warn
+
+T = TypeVar("T")
 
 DEFAULT_ORG = "local"
 ROW_ERRORS_EXIT = 3
@@ -61,9 +63,9 @@ def _port_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_only(args: argparse.Namespace):
-    """The tenant of a read-only command: no bootstrap, nothing created (or, with `--gateway`,
-    the gateway)."""
-    return open_port(args, read_only=True)
+    """The tenant of a read-only command: a reader, on RUNPLANE_READ_DSN when set (or, with
+    `--gateway`, the gateway)."""
+    return open_port(args, access=Access.READS)
 
 
 def _json_option(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +114,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
+def run_trio(async_fn: Callable[..., Awaitable[T]], *args: object) -> T:
     """`trio.run`, with SIGINT and SIGTERM turned into a cancellation of the whole command.
 
     Teardown (flushing computed outcomes, rollbacks, closing the pool) then runs at checkpoints,
@@ -120,7 +122,7 @@ def run_trio(async_fn: Callable[..., Any], *args: Any) -> Any:
     command raises KeyboardInterrupt so `main` reports "interrupted" and exits 130.
     """
 
-    async def guarded() -> Any:
+    async def guarded() -> T:
         interrupted = False
         result = None
 

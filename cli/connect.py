@@ -4,27 +4,40 @@
 `--gateway URL` (or `RUNPLANE_GATEWAY_URL`), a `Gateway` acting with the token in
 `RUNPLANE_TOKEN`: its org is the token's, and the command needs no database access at all.
 `require_tenant_schema(port)` is the one place a command asks which of the two it opened.
+What a command may do to the database is its `Access`: read commands (`status`, `runs`,
+`failures`, `export`, `sql`) open a reader, on `RUNPLANE_READ_DSN` (a replica) when it is set,
+whose every transaction is read-only; `replica_line` says how far behind that replica is.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import os
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from runplane.engine import open_tenant
 from runplane.engine.actions import RemotePort
 from runplane.engine.ports import Port
+from runplane.engine.tenant import READ_DSN_ENV, Tenant, open_reader
 
 from .operators import UsageError, require_schema
 
 
+class Access(enum.Enum):
+    """What a command may do to the database."""
+
+    WRITES = "writes"    # bootstraps the schema and writes
+    NO_DDL = "no DDL"    # creates no schema (`doctor`, which probes with a role of its own)
+    READS = "reads"      # reads only, on RUNPLANE_READ_DSN when set
+
+
 @contextlib.asynccontextmanager
-async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> AsyncIterator[Any]:
-    """The tenant the options name (with `read_only`, one that bootstraps nothing), or with
-    `--gateway` a Gateway acting with RUNPLANE_TOKEN (over database sessions with
-    `--db-sessions`)."""
+async def open_port(args: argparse.Namespace, *, access: Access = Access.WRITES
+                    ) -> AsyncIterator[Port]:
+    """The tenant the options name, as `access` allows, or with `--gateway` a Gateway acting
+    with RUNPLANE_TOKEN (over database sessions with `--db-sessions`)."""
     if getattr(args, "gateway", None):
         from runplane.engine.gateway import open_gateway
 
@@ -38,9 +51,23 @@ async def open_port(args: argparse.Namespace, *, read_only: bool = False) -> Asy
     else:
         if getattr(args, "db_sessions", False):
             raise UsageError("--db-sessions needs --gateway URL (or RUNPLANE_GATEWAY_URL)")
+        if access is Access.READS:
+            async with open_reader(args.org, args.dsn, schema=args.schema) as reader:
+                yield reader
+            return
         async with open_tenant(args.org, args.dsn, schema=args.schema,
-                               bootstrap=not read_only) as tenant:
+                               bootstrap=access is Access.WRITES) as tenant:
             yield tenant
+
+
+async def replica_line(port: Port) -> str | None:
+    """`reading from a replica …, N s behind its primary` when the port reads a replica."""
+    if not (isinstance(port, Tenant) and port.read_only and os.environ.get(READ_DSN_ENV)):
+        return None
+    lag = await port.replay_lag_s()
+    if lag is None:
+        return f"reading through {READ_DSN_ENV} ({port.host}), which is no replica"
+    return f"reading from a replica ({READ_DSN_ENV}, {port.host}), {lag:.1f} s behind its primary"
 
 
 async def require_tenant_schema(port: Port) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from . import export as export_command
 from .commands import (
@@ -14,6 +15,7 @@ from .commands import (
     command,
     run_trio,
 )
+from .connect import replica_line
 from .operators import show_failures
 
 
@@ -33,6 +35,7 @@ def status(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _read_only(args) as tenant:
+            await say_replica(tenant)
             return await show_status(tenant, args)
 
     try:
@@ -41,6 +44,13 @@ def status(args: argparse.Namespace) -> int:
         if args.watch:  # Ctrl-C is how a watch ends
             return 0
         raise
+
+
+async def say_replica(port) -> None:
+    """The replica a read command reads, and its lag, on stderr (stdout may be JSON)."""
+    note = await replica_line(port)
+    if note is not None:
+        print(note, file=sys.stderr)
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -57,6 +67,7 @@ def _failures_options(parser: argparse.ArgumentParser) -> None:
 def failures(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with _read_only(args) as tenant:
+            await say_replica(tenant)
             return await show_failures(tenant, args)
 
     return run_trio(main)
@@ -85,6 +96,7 @@ def list_runs(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _read_only(args) as tenant:
+            await say_replica(tenant)
             status = await show_runs(tenant, args)
             if not getattr(args, "json", False):  # one JSON document with --json
                 await show_workers(tenant, args.play)

@@ -34,16 +34,16 @@ import argparse
 import collections
 import random
 import time
-from typing import Any
-
 import attrs
 import trio
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
+                           TimeElapsedColumn)
 from rich.table import Table
 from rich.text import Text
 
-from runplane.actors import MapProgress, MapResult, RateLimit, RowRetry, open_supervisor
+from runplane.actors import (MapOptions, MapProgress, MapResult, RateLimit, RowRetry, Run,
+                             open_supervisor)
 from runplane.actors.retry import OutageWatch
 from runplane.engine import RunScope, runs, sheets
 from runplane.engine.errors import unwrap_single_error
@@ -113,9 +113,9 @@ class LiveBars:
 
     progress: Progress
     total: int
-    tasks: dict[str, Any] = attrs.field(factory=dict)
+    tasks: dict[str, TaskID] = attrs.field(factory=dict)
     last: MapProgress | None = None
-    waiting_task: Any = None
+    waiting_task: TaskID | None = None
     recent: collections.deque = attrs.field(factory=collections.deque)  # (time, calls)
 
     @classmethod
@@ -178,21 +178,17 @@ class LiveBars:
             await trio.sleep(WAIT_POLL_S)
 
 
-def row_policies(args: argparse.Namespace) -> dict[str, Any]:
-    """`run.map`'s row policies from `--retries` and `--rate`."""
-    policies: dict[str, Any] = {}
+def row_policies(args: argparse.Namespace) -> MapOptions:
+    """`run.map`'s row policies from `--retries`, `--rate` and `--force`."""
     retries = getattr(args, "retries", 0)
-    if retries:
-        policies["retry"] = RowRetry(max_attempts=retries + 1, initial_s=0.05,
-                                     max_interval_s=1.0, retry_on=(EnrichmentUnavailable,))
-    if getattr(args, "rate", None) is not None:
-        policies["rate_limit"] = RateLimit(args.rate)
-    if getattr(args, "force", False):
-        policies["force"] = True
-    return policies
+    retry = RowRetry(max_attempts=retries + 1, initial_s=0.05, max_interval_s=1.0,
+                     retry_on=(EnrichmentUnavailable,)) if retries else None
+    rate = getattr(args, "rate", None)
+    return MapOptions(retry=retry, rate_limit=None if rate is None else RateLimit(rate),
+                      force=True if getattr(args, "force", False) else None)
 
 
-def summary_table(title: str, rows: list[tuple[str, Any]]) -> Table:
+def summary_table(title: str, rows: list[tuple[str, object]]) -> Table:
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -214,9 +210,9 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
             crash.cancel()
 
     result: MapResult | None = None
-    run_ref: dict[str, Any] = {}
+    run_ref: dict[str, Run] = {}
 
-    async def body(run) -> MapResult:
+    async def body(run: Run) -> MapResult:
         run_ref["run"] = run
         await args.notice.started(run)  # a plain line before the bars take the terminal
         with bars.progress:
@@ -225,9 +221,9 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
                     nursery.start_soon(bars.follow_outages, run.outage)
                     try:
                         return await run.map(TABLE, rows, tool, contract=CONTRACT,
+                                             options=row_policies(args),
                                              concurrency=args.concurrency, on_progress=on_progress,
-                                             fail_fast=False,  # its failures are random by design
-                                             **row_policies(args))
+                                             fail_fast=False)  # its failures are random by design
                     finally:
                         nursery.cancel_scope.cancel()
 

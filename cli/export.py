@@ -35,13 +35,18 @@ import csv
 import io
 import os
 import sys
-from typing import Any, AsyncIterator, BinaryIO
+from typing import TYPE_CHECKING, AsyncIterator, BinaryIO
 
 from runplane.engine import PlayScope, sheets
+from runplane.engine.canonical import JsonObject
 from runplane.engine.sheets import frames
 
-from .connect import open_port, require_tenant_schema
+from .connect import Access, open_port, replica_line, require_tenant_schema
 from .operators import CommandError, UsageError, require_table
+
+if TYPE_CHECKING:
+    from pyarrow import RecordBatch
+    from pyarrow.parquet import ParquetWriter
 
 HELP = "write a table's rows to a file or stdout as JSON lines, CSV or Parquet (streaming)"
 FORMATS = ("jsonl", "csv", "parquet")
@@ -104,7 +109,7 @@ class _Progress:
             self.bar.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
@@ -136,7 +141,7 @@ async def _jsonl(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> int:
     return written
 
 
-async def _rows(ds: sheets.Dataset) -> AsyncIterator[list[dict]]:
+async def _rows(ds: sheets.Dataset) -> AsyncIterator[list[JsonObject]]:
     loads = frames.loads
     async for page in ds.pages(PAGE_ROWS):
         yield [loads(line) for line in page.lines()]
@@ -147,7 +152,7 @@ async def _csv(ds: sheets.Dataset, out: BinaryIO, progress: _Progress, safe: boo
     # Imported here: the console package loads its web stack, which other commands never need.
     from runplane.engine.console.export import csv_cell
 
-    def cell(value: Any) -> str:
+    def cell(value: object) -> str:
         return csv_cell(value, safe=safe)
 
     text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=False)
@@ -178,9 +183,9 @@ async def _parquet(ds: sheets.Dataset, out: BinaryIO, progress: _Progress) -> in
     cells = ds.filters.cells
     schema = frames.arrow_schema(kinds, cells)
     written = 0
-    batches: list[Any] = []  # each page as columns as soon as it arrives (compact)
+    batches: list[RecordBatch] = []  # each page as columns as soon as it arrives (compact)
 
-    def flush(writer: Any) -> None:
+    def flush(writer: ParquetWriter) -> None:
         nonlocal written, batches
         rows = sum(b.num_rows for b in batches)
         writer.write_table(pa.Table.from_batches(batches, schema=schema),
@@ -218,8 +223,11 @@ async def export(args: argparse.Namespace) -> int:
         except ImportError as exc:
             raise CommandError(str(exc)) from None
     fields = None if args.fields is None else [f.strip() for f in args.fields.split(",")]
-    async with open_port(args, read_only=True) as port:
+    async with open_port(args, access=Access.READS) as port:
         await require_tenant_schema(port)
+        note = await replica_line(port)
+        if note is not None:
+            print(f"export: {note}", file=sys.stderr)
         scope = PlayScope(port.org_id, args.play)
         table = await require_table(port, scope, args.table)
         ds = sheets.dataset(port, scope, table, status=args.status, run_id=args.run,

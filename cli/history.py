@@ -20,6 +20,7 @@ import urllib.parse
 
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.runs import history, outbox
+from runplane.engine.runs.history import MapRunState
 from runplane.engine.runs.outbox import OutboxState
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
@@ -45,8 +46,8 @@ async def maps_of(tenant: Port, scope: PlayScope, run_ids: list[str]) -> dict[st
 
 
 def map_state(entry: history.StoredMap) -> str:
-    if entry.record.state == "running" and entry.age_s > history.LIVE_S:
-        return "interrupted"
+    if entry.record.state == MapRunState.RUNNING and entry.age_s > history.LIVE_S:
+        return MapRunState.INTERRUPTED.value
     return entry.record.state.replace("_", " ")
 
 

@@ -52,11 +52,12 @@ import io
 import json
 import re
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Iterator, Sequence
 
 import attrs
 
 from runplane.engine import canonical
+from runplane.engine.canonical import JsonObject, JsonValue
 from runplane.engine.array_input import MAX_PAGE_BYTES, PagedRows, SourceShape, scan_source
 from runplane.engine.errors import InvalidInputError
 
@@ -110,7 +111,7 @@ def read_input(path: str, *, infer_types: bool = False) -> InputFile:
     return _check(path, kind, infer_types)
 
 
-def infer_cell(cell: str | None) -> Any:
+def infer_cell(cell: str | None) -> JsonValue:
     """A CSV cell as the JSON scalar it spells (a number, a boolean, empty: null), else text."""
     if cell is None or cell == "":
         return None
@@ -203,7 +204,7 @@ class _Reader:
                     raise InputFileError(
                         f"{self.path}:{self.line}: {len(record)} cells, but the header has "
                         f"{width} columns")
-                row: dict[str, Any] = dict(zip(header, record))
+                row: JsonObject = dict(zip(header, record))
                 for name in header[len(record):]:
                     row[name] = None
                 if self.infer_types:
@@ -243,7 +244,7 @@ def _check(path: str, kind: str, infer_types: bool) -> InputFile:
         first_rows: list[int] = []
         starts: list[int] = []
         lines: list[int] = []
-        current: list[Any] = [None]
+        current: list[JsonObject | None] = [None]
 
         def indexed_rows() -> Iterator[dict]:
             end = line = 0
@@ -273,11 +274,12 @@ def _check(path: str, kind: str, infer_types: bool) -> InputFile:
         return InputFile([], f"{path}: a header and no rows; nothing to run")
     digests = _block_digests(path, starts, end)
     columns = reader.header if kind == "csv" else tuple(keys)[:MAX_COLUMNS_NAMED]
-    return InputFile(FileRows(path, kind, reader.header, shape, first_rows, starts, lines,
-                              digests, end, infer_types), columns=tuple(columns or ()))
+    index = BlockIndex(first_rows, starts, lines, digests, end)
+    return InputFile(FileRows(path, kind, reader.header, shape, index, infer_types),
+                     columns=tuple(columns or ()))
 
 
-def _why_refused(row: Any, message: str) -> str:
+def _why_refused(row: JsonObject | None, message: str) -> str:
     """A row the encoding refused: the field jsonb cannot hold, or the row's size."""
     try:
         canonical.normalize(row, "row")
@@ -286,7 +288,7 @@ def _why_refused(row: Any, message: str) -> str:
     return "the row " + re.sub(r"^rows\[\d+\] ", "", message)
 
 
-def _digest() -> Any:
+def _digest() -> hashlib.blake2b:
     return hashlib.blake2b(digest_size=16)
 
 
@@ -308,17 +310,28 @@ def _block_digests(path: str, starts: list[int], end: int) -> list[bytes]:
 
 
 # -- the rows a play receives ------------------------------------------------------------------
+@attrs.frozen
+class BlockIndex:
+    """The checking pass's index of a file's blocks: each block's first row number, byte
+    offset and line, and the digest of its bytes; `end` is the byte offset where the rows end."""
+
+    first_rows: list[int]
+    starts: list[int]
+    lines: list[int]
+    digests: list[bytes]
+    end: int
+
+
 class FileRows(PagedRows):
     """The rows of a checked input file, read from it a span at a time (see the module
     docstring); a read-only sequence that `run.map` stages like a list."""
 
     def __init__(self, path: str, kind: str, header: tuple[str, ...] | None, shape: SourceShape,
-                 first_rows: list[int], starts: list[int], lines: list[int],
-                 digests: list[bytes], end: int, infer_types: bool = False) -> None:
+                 index: BlockIndex, infer_types: bool = False) -> None:
         self.path, self.kind, self.header, self._shape = path, kind, header, shape
         self.infer_types = infer_types
-        self._first_rows, self._starts, self._lines = first_rows, starts, lines
-        self._digests, self._end = digests, end
+        self._first_rows, self._starts, self._lines = index.first_rows, index.starts, index.lines
+        self._digests, self._end = index.digests, index.end
 
     def __len__(self) -> int:
         return self._shape.source_rows
@@ -368,7 +381,7 @@ def refusal(row: dict, fallback: str) -> str:
     return f"field {field_path(parts)}: {reason}"
 
 
-def _first_refused(value: Any, parts: list, depth: int) -> tuple[list, str] | None:
+def _first_refused(value: object, parts: list, depth: int) -> tuple[list, str] | None:
     if isinstance(value, dict) or isinstance(value, list):
         if depth >= canonical.MAX_DEPTH:
             return parts, f"nested deeper than {canonical.MAX_DEPTH} levels"

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import urllib.parse
-from typing import Any
-
 import attrs
 
+from runplane.actors import Run
 from runplane.actors.retry import retry_transient
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.ports import RECEIPTS_LANE, Port
 from runplane.engine.schema import schema_status
+from runplane.engine.sheets import RowStatus
 from runplane.engine.sheets.causes import ErrorCause
 from runplane.engine.values.scopes import normalize_namespace
 
@@ -103,7 +102,7 @@ class RunNotice:
     run_id: str | None = None
     resume_command: str | None = None
 
-    async def started(self, run: Any) -> None:
+    async def started(self, run: Run) -> None:
         """Print `run`'s start line (flushed), then record how to resume it."""
         self.run_id = run.run_id
         self.resume_command = shell_command(resume_words(self.argv, self.wake_option, run.run_id))
@@ -197,7 +196,7 @@ async def show_failures(tenant: Port, args: argparse.Namespace) -> int:
     # The failed rows in the sheet's order, paged through the dataset; a field with no column
     # counters is an input (outputs have them).
     outputs = set((await sheets.summaries(tenant, scope))[table].columns)
-    listed = sheets.dataset(tenant, scope, table, status="failed", run_id=args.run)
+    listed = sheets.dataset(tenant, scope, table, status=RowStatus.FAILED, run_id=args.run)
     rows = await listed.materialize(limit=args.limit)
     say(f"{plural(failed, 'failed row')}{of_run} in table {table} of play {scope.play}"
         + (f" (first {len(rows)})" if len(rows) < failed else "") + ":")

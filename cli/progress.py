@@ -24,14 +24,19 @@ from __future__ import annotations
 import collections
 import sys
 import time
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Awaitable, Callable, TextIO, TypeVar
 
 import attrs
 import trio
 
-from runplane.actors import MapProgress
+from runplane.actors import MapProgress, Run
 
 from .terminal import clean, write
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+T = TypeVar("T")
 
 WINDOW_S = 60.0  # rows/s: completions over the last minute (§27)
 SAMPLE_S = 1.0  # a run's progress samples each map's completions this often
@@ -109,8 +114,8 @@ class RunProgress:
     live: bool = attrs.field(default=None)
     latest: dict[str, MapProgress] = attrs.field(factory=dict)
     rates: dict[str, Rates] = attrs.field(factory=dict)
-    _progress: Any = None
-    _tasks: dict[str, Any] = attrs.field(factory=dict)
+    _progress: Progress | None = None
+    _tasks: dict[str, TaskID] = attrs.field(factory=dict)
     _lines_printed: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -153,7 +158,7 @@ class RunProgress:
             self._progress.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -186,7 +191,7 @@ class RunProgress:
             next_line = trio.current_time() + self.interval_s
 
 
-async def with_progress(run: Any, progress: RunProgress, body: Callable[[], Any]) -> Any:
+async def with_progress(run: Run, progress: RunProgress, body: Callable[[], Awaitable[T]]) -> T:
     """`await body()` with `progress` following the run's maps (its periodic lines ticking in
     the run's nursery, stopped when the body ends)."""
     run.observe_progress(progress.update)

@@ -3,9 +3,8 @@ error of a map that stopped early."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from runplane.actors import MapResult
+from runplane.actors import MapResult, Run
+from runplane.engine.canonical import JsonObject, JsonValue
 
 from .operators import RunNotice, StoppedEarly
 
@@ -14,23 +13,23 @@ RESULT_FIELDS = ("admitted", "cached", "completed", "failed", "blocked", "fenced
                  "stopped_early", "stop_reason")
 
 
-def describe_result(result: Any) -> str:
+def describe_result(result: object) -> str:
     if isinstance(result, MapResult):
         return (f"admitted {result.admitted}, cached {result.cached}, completed {result.completed}, "
                 f"failed {result.failed}, blocked {result.blocked}, fenced {result.fenced}")
     return repr(result)
 
 
-def run_document(run: Any, notice: RunNotice, result: Any, failed: int | None) -> dict[str, Any]:
+def run_document(run: Run, notice: RunNotice, result: object, failed: int | None) -> JsonObject:
     """`run --json`: the run and what its play returned (a MapResult's counts)."""
-    returned: Any = None if result is None else repr(result)
+    returned: JsonValue = None if result is None else repr(result)
     if isinstance(result, MapResult):
         returned = {name: getattr(result, name) for name in RESULT_FIELDS}
     return {"run_id": run.run_id, "play": run.play, "epoch": run.epoch, "status": "finished",
             "result": returned, "failed_rows": failed, "resume_command": notice.resume_command}
 
 
-def stopped_early(run: Any) -> StoppedEarly:
+def stopped_early(run: Run) -> StoppedEarly:
     """The one error of a run whose maps stopped early: each map's reason, and the way out."""
     return StoppedEarly("; ".join(
         f"map {table} stopped early: {result.stop_reason}"

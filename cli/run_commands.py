@@ -12,10 +12,11 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 import attrs
 
+from runplane.engine.canonical import JsonObject
 from runplane.engine.ports import Port
 
 from .commands import (
@@ -35,6 +36,10 @@ from .connect import open_port
 from .inputs import read_input
 from .operators import RunNotice, UsageError, print_failure_summary
 from .terminal import emit_json, plural, say
+
+if TYPE_CHECKING:
+    from runplane.actors import Run
+    from runplane.engine.sheets import SheetContract
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -95,8 +100,8 @@ class PlayFile:
     """A loaded play file: its play name, `play` function and top-level contracts."""
 
     name: str
-    play: Callable[..., Any]
-    contracts: tuple[Any, ...] = ()
+    play: Callable[[Run, Sequence[JsonObject]], Awaitable[object]]
+    contracts: tuple[SheetContract, ...] = ()
 
 
 def load_play(path: str) -> PlayFile:
@@ -121,7 +126,7 @@ def load_play(path: str) -> PlayFile:
     return PlayFile(str(getattr(module, "PLAY", file.stem)), play, contracts)
 
 
-def unstored_columns(columns: Sequence[str], contracts: Sequence[Any]) -> list[str]:
+def unstored_columns(columns: Sequence[str], contracts: Sequence[SheetContract]) -> list[str]:
     """The input columns no contract stores as an input (none when no contract is known)."""
     if not contracts:
         return []
@@ -155,7 +160,7 @@ def run_play(args: argparse.Namespace) -> int:
 
     loaded = load_play(args.play_file)
     name, play = loaded.name, loaded.play
-    rows: Sequence[dict] = []  # a checked input file is a `FileRows`, sized
+    rows: Sequence[JsonObject] = []  # a checked input file is a `FileRows`, sized
     if args.input is None and not args.no_input:
         raise UsageError("no input: pass --input FILE.csv|.jsonl (or --no-input for a play "
                          "that reads its own data)")

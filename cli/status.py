@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from typing import Any
-
 import attrs
 import trio
 
 from runplane.engine import PlayScope, runs, sheets
 from runplane.engine.runs import outbox, row_calls
+from runplane.engine.sheets import ColumnSummary
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import normalize_namespace
@@ -44,7 +43,7 @@ class TableCounts:
     leased: int   # the stored `running` status: admitted to a live attempt
     completed: int
     failed: int
-    columns: dict[str, Any]
+    columns: dict[str, ColumnSummary]
 
 
 async def in_call(port: Port, scope: PlayScope) -> dict[str, int]:

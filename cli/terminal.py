@@ -20,18 +20,18 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, Iterable, TextIO
+from typing import Iterable, TextIO
 
 _SPACING = re.compile(r"[\t\n\v\f\r]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def clean(text: Any) -> str:
+def clean(text: object) -> str:
     """`text` as one printable line: line breaks and tabs become spaces, other controls go."""
     return _CONTROL.sub("", _SPACING.sub(" ", str(text)))
 
 
-def say(line: Any = "", *, file: TextIO | None = None) -> None:
+def say(line: object = "", *, file: TextIO | None = None) -> None:
     """Print one cleaned line and flush it."""
     write(clean(line) + "\n", sys.stdout if file is None else file)
 
@@ -56,12 +56,13 @@ def stdout_gone() -> None:
         pass
 
 
-def emit_json(document: Any, stream: TextIO) -> None:
-    """The command's one JSON document, on `stream` (the real stdout)."""
+def emit_json(document: object, stream: TextIO) -> None:
+    """The command's one JSON document, on `stream` (the real stdout); a value JSON has no
+    type for (a time) is written as its text."""
     write(json.dumps(document, ensure_ascii=False, default=str, indent=2) + "\n", stream)
 
 
-def warn(line: Any) -> None:
+def warn(line: object) -> None:
     say(line, file=sys.stderr)
 
 
@@ -75,7 +76,7 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def table_lines(header: tuple[str, ...], rows: list[tuple[Any, ...]],
+def table_lines(header: tuple[str, ...], rows: list[tuple[object, ...]],
                 right: tuple[int, ...] = ()) -> list[str]:
     """A plain text table: columns padded to their widest cleaned cell (at most 80 wide)."""
     cells = [[clean(c) for c in header]] + [[clean(c) for c in row] for row in rows]

@@ -9,21 +9,23 @@ from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.schema import SCHEMA_VERSION, schema_status
 from runplane.engine.sessions import password_probe
 
-from .commands import _read_only, _tenant_options, command, run_trio
+from .commands import _tenant_options, command, run_trio
+from .connect import Access, open_port
 from .terminal import say
 
 
 # -- doctor -------------------------------------------------------------------------------------
 @command("doctor", "connect and report the server, how to reach it with psql, schema status and permit lanes")(_tenant_options)
 def doctor(args: argparse.Namespace) -> int:
-    from .doctor import connection_lines, outage_line
+    from .doctor import connection_budget_lines, connection_lines, outage_line
 
     async def main() -> None:
-        async with _read_only(args) as tenant:
+        async with open_port(args, access=Access.NO_DDL) as tenant:
             version = await tenant.server_version()
             async with tenant.connection(RECEIPTS_LANE) as conn:
                 status = await schema_status(conn, tenant.schema)
                 where = await connection_lines(conn, args.dsn or os.environ.get("RUNPLANE_DSN"))
+                budget = await connection_budget_lines(conn, tenant.schema)
             say(f"server      PostgreSQL {version}")
             for line in where:
                 say(line)
@@ -38,6 +40,8 @@ def doctor(args: argparse.Namespace) -> int:
             say(outage_line(tenant))
             for name, stats in tenant.permits().items():
                 say(f"lane        {name:<12} limit {stats.limit}")
+            for line in budget:
+                say(line)
             say(f"sessions    {await password_probe(tenant)}")
 
     run_trio(main)

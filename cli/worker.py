@@ -51,7 +51,7 @@ async def show_workers(port, play: str) -> None:
 @command("worker", "join the open shared maps of a play and run their rows")(_worker_options)
 def worker(args: argparse.Namespace) -> int:
     from runplane.actors.shared.config import PlayFile
-    from runplane.actors.shared.worker import serve_play
+    from runplane.actors.shared.worker import WorkerOptions, serve_play
 
     if not Path(args.play_file).is_file():
         raise UsageError(f"{args.play_file}: no such file")
@@ -65,9 +65,8 @@ def worker(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_port(args) as tenant:
             say(f"worker {os.getpid()}: serving org {tenant.org_id!r}, play {play!r}")
-            units = await serve_play(tenant, play, args.play_file,
-                                     concurrency=args.concurrency,
-                                     exit_when_idle=args.exit_when_idle, notify=say)
+            units = await serve_play(tenant, play, args.play_file, WorkerOptions(
+                concurrency=args.concurrency, exit_when_idle=args.exit_when_idle, notify=say))
         say(f"worker {os.getpid()}: {units} units done")
         return 0
 

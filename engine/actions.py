@@ -8,7 +8,8 @@ How it works
 
   The decorator records an `Action` (name, the undecorated function, its signature, one codec
   per parameter and one for the result, its server-side deadline) and returns a thin wrapper:
-  called with a `RemotePort` (an `engine.gateway.Gateway`) the wrapper hands the call to it,
+  called with a `RemotePort` (an `engine.gateway.Gateway`; its settings say `remote`) the
+  wrapper hands the call to it,
   which sends the action over HTTP; called with any other port it runs the function. So one
   definition is both sides: the gateway server dispatches from this registry and the client
   sends from it, and an operation cannot exist on one side only.
@@ -40,7 +41,7 @@ import attrs
 
 from .values.codecs import Codec
 from .errors import InvalidInputError
-from .ports import Port, PortDefaults
+from .ports import Port, PortSettings
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 G = TypeVar("G", bound=Callable[..., Any])
@@ -64,15 +65,17 @@ ACTION_MODULES = (
 _REGISTRY: dict[str, "Action"] = {}
 
 
-class RemotePort(PortDefaults):
-    """Base of ports that run engine operations elsewhere (a gateway client); what such a port
-    lacks of a `Port` (lock material, diagnostics queue, DSN, ...) keeps `PortDefaults`' values.
+class RemotePort:
+    """Base of ports that run engine operations elsewhere (a gateway client): their settings
+    say `remote=True`, which is what the action layer routes by.
 
     A subclass implements `send_action(action, args, kwargs)`: `args` and `kwargs` are the
     call's arguments after the port, exactly as the caller passed them.
     """
 
     org_id: str
+    # A subclass's own settings replace these (a gateway's carry its token's plays).
+    settings: PortSettings = PortSettings("remote", remote=True)
 
     async def send_action(self, action: "Action", args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError
@@ -143,8 +146,8 @@ def action(
 
         @functools.wraps(function)
         async def routed(port: Port, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(port, RemotePort):
-                return await port.send_action(spec, args, kwargs)
+            if port.settings.remote:
+                return await port.send_action(spec, args, kwargs)  # type: ignore[attr-defined]
             return await function(port, *args, **kwargs)
 
         routed.action = spec  # type: ignore[attr-defined]
@@ -164,7 +167,7 @@ def routes_remote(remote: Callable[..., Any]) -> Callable[[G], G]:
         if inspect.iscoroutinefunction(function):
             @functools.wraps(function)
             async def routed_async(port: Port, *args: Any, **kwargs: Any) -> Any:
-                if isinstance(port, RemotePort):
+                if port.settings.remote:
                     return await remote(port, *args, **kwargs)
                 return await function(port, *args, **kwargs)
 
@@ -172,7 +175,7 @@ def routes_remote(remote: Callable[..., Any]) -> Callable[[G], G]:
 
         @functools.wraps(function)
         def routed(port: Port, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(port, RemotePort):
+            if port.settings.remote:
                 return remote(port, *args, **kwargs)
             return function(port, *args, **kwargs)
 

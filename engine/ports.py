@@ -1,13 +1,12 @@
 """The `Port`: what every engine operation talks to the store through.
 
-A port is anything that offers what `Port` names: its org and schema, whether checkouts run
-inside an outer transaction, connections on permit lanes, the schema repair, and what runs and
-sheets read from it (outage budget, sheet lock material, the diagnostics queue, permit
-telemetry, the DSN workers inherit, the plays a gateway token confines it to). `Tenant` is the
-real one; a `Gateway` (a `RemotePort`) runs operations on the gateway server; simulations and
-tests wrap a tenant to count queries or inject delays, faults and cancellations at checkouts
-and query boundaries. `PortDefaults` gives a port that has none of the optional parts their
-"none" values.
+A port is anything that offers what `Port` names: its org, its schema, its `PortSettings`
+(one frozen value built once: outer transaction, outage budget, lock material, diagnostics
+queue, DSN, token plays, whether it is remote), connections on permit lanes, permit telemetry
+and the schema repair. `Tenant` is the real one; a `Gateway` (a `RemotePort`) runs operations on
+the gateway server; simulations and tests wrap a port in a `PortWrapper` to count queries or
+inject delays, faults and cancellations at checkouts and query boundaries. `PortDefaults` is a
+port that has none of the optional parts: its settings are the defaults for its schema.
 
 `with_connection` is how engine operations run: it checks out a connection on a lane and runs
 the operation; when the operation hits a missing relation or column (42P01 / 42703) it repairs
@@ -19,6 +18,8 @@ from __future__ import annotations
 import types
 from typing import (TYPE_CHECKING, AsyncContextManager, Awaitable, Callable, Mapping, Protocol,
                     TypeVar, runtime_checkable)
+
+import attrs
 
 from .errors import MissingRelationError
 from .pg import Connection
@@ -37,6 +38,34 @@ RETIREMENT_LANE = "retirement"  # retirement and the terminal outbox (background
 CONSOLE_LANE = "console"        # the web console's read-only, bounded reads (small)
 LANES = (SHEET_LANE, RECEIPTS_LANE, RETIREMENT_LANE, CONSOLE_LANE)
 
+_NO_KEYS: Mapping[str, int] = types.MappingProxyType({})
+
+
+@attrs.frozen
+class PortSettings:
+    """What a port is, beyond its connections: built once when the port opens (a tenant
+    rebuilds it when it reads its lock material), read by operations and actors."""
+
+    schema: str
+    # Every checkout already runs inside a transaction (an execution role): operations open
+    # savepoints.
+    outer_transaction: bool = False
+    # How long runs on this port ride out a store outage; None: the default
+    # (`RUNPLANE_OUTAGE_BUDGET_S`, else 60 s).
+    outage_budget_s: float | None = None
+    # The schema's secret sheet keys are derived with (None: not read), and keys given
+    # outright by sheet table (a database session's own sheet).
+    lock_secret: bytes | None = attrs.field(default=None, repr=False)
+    sheet_lock_keys: Mapping[str, int] = attrs.field(default=_NO_KEYS, repr=False)
+    # The queue completion diagnostics go through to their sinks (None: delivered inline).
+    diagnostics: "DiagnosticsQueue | None" = attrs.field(default=None, repr=False)
+    # The database address local worker processes inherit (None: no direct connection).
+    dsn: str | None = attrs.field(default=None, repr=False)
+    # The plays this port is confined to (a gateway token's); None: every play.
+    token_plays: tuple[str, ...] | None = None
+    # Operations run elsewhere (a gateway client): the action layer sends them.
+    remote: bool = False
+
 
 @runtime_checkable
 class Port(Protocol):
@@ -46,39 +75,15 @@ class Port(Protocol):
     def org_id(self) -> str:
         """The one org this port serves; scopes naming another are refused."""
 
+    # `settings.schema` too: a member of its own because every statement qualifies its tables
+    # by it (`table(port, name)`), and wrappers and test ports name it first.
     @property
     def schema(self) -> str:
         """The tenant schema its tables live in."""
 
     @property
-    def outer_transaction(self) -> bool:
-        """Whether every checkout already runs inside a transaction (an execution role), so
-        operations open savepoints."""
-
-    @property
-    def outage_budget_s(self) -> float | None:
-        """How long runs on this port ride out a store outage; None: the default
-        (`RUNPLANE_OUTAGE_BUDGET_S`, else 60 s)."""
-
-    @property
-    def lock_secret(self) -> bytes | None:
-        """The schema's secret sheet advisory-lock keys are derived with (None: not read)."""
-
-    @property
-    def sheet_lock_keys(self) -> Mapping[str, int]:
-        """Sheet lock keys given outright, by sheet table (a database session's own sheet)."""
-
-    @property
-    def diagnostics(self) -> "DiagnosticsQueue | None":
-        """The queue completion diagnostics go through to their sinks (None: delivered inline)."""
-
-    @property
-    def dsn(self) -> str | None:
-        """The database address local worker processes inherit (None: no direct connection)."""
-
-    @property
-    def token_plays(self) -> tuple[str, ...] | None:
-        """The plays this port is confined to (a gateway token's); None: every play."""
+    def settings(self) -> PortSettings:
+        """What the port is beyond its connections (see `PortSettings`)."""
 
     def permits(self) -> "Mapping[str, PermitStats]":
         """Permit telemetry by lane (empty when the port has no permits of its own)."""
@@ -91,18 +96,47 @@ class Port(Protocol):
 
 
 class PortDefaults:
-    """The values of a port's optional parts for a port that has none of them: the default
-    outage budget, no lock material, inline diagnostics, no DSN, every play, no permits."""
+    """A port with none of the optional parts: its settings are the defaults for its schema
+    (default outage budget, no lock material, inline diagnostics, no DSN, every play) and it
+    has no permits. A subclass gives `org_id`, `schema`, `connection` and `repair_schema`."""
 
-    outage_budget_s: float | None = None
-    lock_secret: bytes | None = None
-    sheet_lock_keys: Mapping[str, int] = types.MappingProxyType({})
-    diagnostics: "DiagnosticsQueue | None" = None
-    dsn: str | None = None
-    token_plays: tuple[str, ...] | None = None
+    schema: str
+
+    @property
+    def settings(self) -> PortSettings:
+        return PortSettings(self.schema)
 
     def permits(self) -> "Mapping[str, PermitStats]":
         return {}
+
+
+@attrs.define(eq=False)
+class PortWrapper:
+    """A port that is `inner` in everything a subclass does not override (usually
+    `connection`, to watch or disturb checkouts and statements)."""
+
+    inner: Port
+
+    @property
+    def org_id(self) -> str:
+        return self.inner.org_id
+
+    @property
+    def schema(self) -> str:
+        return self.inner.schema
+
+    @property
+    def settings(self) -> PortSettings:
+        return self.inner.settings
+
+    def permits(self) -> "Mapping[str, PermitStats]":
+        return self.inner.permits()
+
+    def connection(self, lane: str) -> AsyncContextManager[Connection]:
+        return self.inner.connection(lane)
+
+    async def repair_schema(self) -> None:
+        await self.inner.repair_schema()
 
 
 async def with_connection(

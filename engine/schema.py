@@ -16,7 +16,7 @@ unique, filled by the next write of each sheet); 6 adds `lock_secret` (one rando
 session may read; it derived sheet advisory-lock keys until sheet locks became row locks on
 `sheet_summary`, and the bootstrap's key until it became a table lock on `meta`) and
 `session_scopes.sheet_lock_key` (a session's own sheet's key, still recorded: it marks a
-database session's port, `Port.sheet_lock_keys`). An older schema is upgraded in place by the same idempotent bootstrap, with no
+database session's port, `PortSettings.sheet_lock_keys`). An older schema is upgraded in place by the same idempotent bootstrap, with no
 manual step; processes of version 5 and 6 running side by side during an upgrade take
 different keys for the same sheet (writers of one sheet still serialize on its summary row);
 7 adds work-receipt leases (`work_receipts.lease_expires_at`: a running receipt whose lease

@@ -17,7 +17,8 @@ How it works
 - A connection whose first statement the driver refuses unsent (stale: its backend ended while
   it was idle) is replaced by a fresh one (`engine.pg`); a lost COMMIT reply is resolved with
   `commit_status` on a fresh connection.
-- With an `execution_role`, each checkout opens a transaction and `SET LOCAL ROLE` before the
+- With an `execution_role`, or through a transaction-mode pooler (`engine.pg.pooler`), each
+  checkout opens a transaction and runs `SET LOCAL ROLE` / `SET LOCAL search_path` before the
   caller sees the connection; the checkout commits on a clean exit and rolls back otherwise, so
   operations inside use savepoints (`outer_transaction` is true).
 - A connection that `engine.pg` marked broken (cancelled query, lost connection, failed
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import types
 import urllib.parse
 from typing import Any, AsyncIterator, Mapping
 
@@ -51,7 +53,8 @@ from .errors import (
 )
 from .limits.inputs import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .permits import PermitStats, Permits
-from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE
+from .pg.pooler import PoolerMode, pooler_hint, pooler_mode
+from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE, PortSettings
 from .sql import quote_ident
 
 DEFAULT_LANES: Mapping[str, int] = {SHEET_LANE: 6, RECEIPTS_LANE: 6, RETIREMENT_LANE: 2,
@@ -60,6 +63,16 @@ CONNECT_RETRY_DELAYS = (0.25, 0.75, 1.5)
 MAX_IDLE_CONNECTIONS_CLOSED_AT_EXIT_TIMEOUT = 2.0
 DEFAULT_OUTAGE_BUDGET_S = 60.0
 OUTAGE_BUDGET_ENV = "RUNPLANE_OUTAGE_BUDGET_S"
+# A pooled connection idle this long is closed, so an idle process holds none of the server's
+# connections (managed servers cap them); `RUNPLANE_IDLE_CLOSE_S` sets another.
+IDLE_CLOSE_S = 15.0
+IDLE_CLOSE_ENV = "RUNPLANE_IDLE_CLOSE_S"
+READ_DSN_ENV = "RUNPLANE_READ_DSN"  # where `open_reader` reads (a replica)
+_REPLAY_LAG = """
+SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL
+            WHEN pg_catalog.pg_last_wal_receive_lsn() = pg_catalog.pg_last_wal_replay_lsn() THEN 0
+            ELSE extract(epoch FROM now() - pg_catalog.pg_last_xact_replay_timestamp()) END
+"""
 COMMIT_STATUS_POLL_S = 0.05  # while a lost COMMIT's transaction is still "in progress"
 
 
@@ -142,21 +155,65 @@ class Tenant:
     diagnostics: DiagnosticsQueue = attrs.field(factory=DiagnosticsQueue)
     _lane_permits: dict[str, Permits] = attrs.field(init=False)
     _connection_permits: Permits = attrs.field(init=False)
-    _idle: list[Any] = attrs.field(init=False, factory=list)
+    idle_close_s: float = IDLE_CLOSE_S
+    # Every transaction read-only (`open_reader`): a write fails at the server.
+    read_only: bool = False
+    # Pooled connections, by when they were returned (trio time), the newest last.
+    _idle: list[tuple[float, Any]] = attrs.field(init=False, factory=list)
+    _reaper: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
     _closed: bool = attrs.field(init=False, default=False)
     # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
     lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
     sheet_lock_keys: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
-    token_plays = None  # a tenant is confined to no plays (a gateway token may be)
     _server: str | None = attrs.field(init=False, default=None)  # pg.SERVER_IDENTITY at open
+    # The port's settings, rebuilt when `ensure_schema` reads the lock material.
+    settings: PortSettings = attrs.field(init=False)
+    # A transaction-mode pooler in front (`engine.pg.pooler`), and what each checkout's
+    # transaction runs first (None: checkouts open no transaction of their own).
+    pooler: PoolerMode = attrs.field(init=False)
+    _checkout_setup: str | None = attrs.field(init=False, default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
         self._connection_permits = Permits("connections", self.max_connections)
+        self.pooler = pooler_mode(self.dsn)
+        setup = []
+        if self.pooler is PoolerMode.TRANSACTION:
+            setup.append(f"SET LOCAL search_path TO {pg.PINNED_SEARCH_PATH}")
+            if self.read_only:  # no startup parameters through the pooler
+                setup.append("SET LOCAL transaction_read_only = on")
+        if self.execution_role is not None:
+            setup.append(f"SET LOCAL ROLE {quote_ident(self.execution_role)}")
+        self._checkout_setup = "; ".join(setup) or None
+        self.settings = self._settings()
+
+    @property
+    def _startup(self) -> dict[str, str]:
+        settings = {"application_name": "runplane"}
+        if self.read_only and self.pooler is PoolerMode.NONE:  # through a pooler: per checkout
+            settings["default_transaction_read_only"] = "on"
+        return settings
+
+    async def replay_lag_s(self) -> float | None:
+        """How far the server replays behind its primary, in seconds (0 when it has replayed
+        all it received); None when it is no replica."""
+        async with self._plain_connection() as conn:
+            lag = await conn.fetchval(_REPLAY_LAG)
+        return None if lag is None else max(float(lag), 0.0)
+
+    def _settings(self) -> PortSettings:
+        """This tenant's `PortSettings`: confined to no plays (a gateway token may be)."""
+        return PortSettings(
+            self.schema, outer_transaction=self.outer_transaction,
+            outage_budget_s=self.outage_budget_s, lock_secret=self.lock_secret,
+            sheet_lock_keys=types.MappingProxyType(dict(self.sheet_lock_keys)),
+            diagnostics=self.diagnostics, dsn=self.dsn)
 
     @property
     def outer_transaction(self) -> bool:
-        return self.execution_role is not None
+        """Every checkout runs inside a transaction: under an execution role, or through a
+        transaction-mode pooler."""
+        return self._checkout_setup is not None
 
     @property
     def host(self) -> str:
@@ -183,7 +240,7 @@ class Tenant:
         """An idle pooled connection or a new one (replaced on its first statement if stale)."""
         raw = None
         while self._idle and raw is None:
-            raw = self._idle.pop()
+            _, raw = self._idle.pop()
             if raw.is_closed():
                 raw = None
         if raw is None:
@@ -232,17 +289,31 @@ class Tenant:
 
     def _release(self, conn: pg.Connection) -> None:
         if conn.is_reusable() and not self._closed:
-            self._idle.append(conn.raw)
+            self._idle.append((trio.current_time(), conn.raw))
         else:
             conn.close()
+
+    def start_closing_idle(self) -> None:
+        """Close pooled connections idle `idle_close_s` or longer, from now until `aclose` (a
+        system task, like the diagnostics queue's: it outlives no tenant)."""
+        trio.lowlevel.spawn_system_task(self._close_idle, name="runplane idle connections")
+
+    async def _close_idle(self) -> None:
+        with self._reaper:
+            while True:
+                await trio.sleep(self.idle_close_s / 3)
+                cutoff = trio.current_time() - self.idle_close_s
+                stale = [raw for released, raw in self._idle if released <= cutoff]
+                if stale:
+                    self._idle = [(t, raw) for t, raw in self._idle if t > cutoff]
+                    for raw in stale:
+                        await pg.close_gracefully(raw, self.driver)
 
     async def _connect(self) -> Any:
         last: BaseException | None = None
         for delay in (*CONNECT_RETRY_DELAYS, None):
             try:
-                return await self.driver.connect(
-                    self.dsn, server_settings={"application_name": "runplane"}
-                )
+                return await self.driver.connect(self.dsn, server_settings=self._startup)
             except BaseException as exc:
                 if not (isinstance(exc, Exception) and pg.is_transient_connect_error(exc)):
                     if isinstance(exc, Exception):
@@ -257,7 +328,7 @@ class Tenant:
     def _unavailable(self, exc: BaseException, kind: type[TenantUnavailableError]
                      ) -> TenantUnavailableError:
         reason = str(exc).replace(self.dsn, self.host) or type(exc).__name__
-        return kind(f"cannot connect to {self.host}: {reason}")
+        return kind(f"cannot connect to {self.host}: {pooler_hint(reason) or reason}")
 
     # -- schema ----------------------------------------------------------------------------
     async def repair_schema(self) -> None:
@@ -280,6 +351,7 @@ class Tenant:
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
                 await self._bootstrap(conn)
             self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
+            self.settings = self._settings()
 
     async def _bootstrap(self, conn: pg.Connection) -> None:
         try:
@@ -299,11 +371,17 @@ class Tenant:
 
     @contextlib.asynccontextmanager
     async def _plain_connection(self) -> AsyncIterator[pg.Connection]:
-        """A connection as the login user (no role switch), for DDL; holds a tenant permit."""
+        """A connection as the login user (no role switch), for DDL; holds a tenant permit.
+        Through a transaction-mode pooler it is one transaction that pins the search path."""
         async with self._connection_permits.hold():
             conn = await self._checkout()
             try:
-                yield conn
+                if self.pooler is PoolerMode.TRANSACTION:
+                    async with conn.checkout_transaction():
+                        await conn.execute(f"SET LOCAL search_path TO {pg.PINNED_SEARCH_PATH}")
+                        yield conn
+                else:
+                    yield conn
             finally:
                 self._release(conn)
 
@@ -313,9 +391,10 @@ class Tenant:
 
     async def aclose(self) -> None:
         self._closed = True
+        self._reaper.cancel()
         idle, self._idle = self._idle, []
         async with trio.open_nursery() as nursery:  # at once: a blackholed server costs one timeout
-            for raw in idle:
+            for _, raw in idle:
                 nursery.start_soon(pg.close_gracefully, raw, self.driver)
 
 
@@ -341,11 +420,11 @@ class Checkout:
                 if tenant._closed:
                     raise StoreUnavailableError("tenant is closed")
                 conn = self._conn = await tenant._checkout()
-                if tenant.execution_role is not None:
+                if tenant._checkout_setup is not None:
                     self._role_tx = conn.checkout_transaction()
                     await self._role_tx.__aenter__()
                     try:
-                        await conn.execute(f"SET LOCAL ROLE {quote_ident(tenant.execution_role)}")
+                        await conn.execute(tenant._checkout_setup)
                     except BaseException as exc:
                         await self._role_tx.__aexit__(type(exc), exc, exc.__traceback__)
                         raise
@@ -369,6 +448,21 @@ class Checkout:
             self._tenant._connection_permits.release()
             self._lane.release()
         return False
+
+
+def idle_close_seconds() -> float:
+    """`RUNPLANE_IDLE_CLOSE_S` (a positive number of seconds), else `IDLE_CLOSE_S`."""
+    given = os.environ.get(IDLE_CLOSE_ENV)
+    if not given:
+        return IDLE_CLOSE_S
+    try:
+        value = float(given)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < float("inf")):
+        raise InvalidInputError(f"{IDLE_CLOSE_ENV} must be a positive number of seconds, "
+                                f"got {given!r}")
+    return value
 
 
 def check_tenant_names(org_id: object, schema: object, execution_role: object) -> None:
@@ -411,31 +505,72 @@ async def open_tenant(
     `outage_budget_s` (default `RUNPLANE_OUTAGE_BUDGET_S`, else 60) bounds how long runs on this
     tenant ride out a store outage (see `actors.retry`); opening itself fails fast.
     """
-    check_tenant_names(org_id, schema, execution_role)
-    if max_connections < 1:
+    async with _open(_Opening(org_id, dsn, schema, max_connections, lanes, execution_role,
+                              bootstrap, outage_budget_s)) as tenant:
+        yield tenant
+
+
+@contextlib.asynccontextmanager
+async def open_reader(org_id: str, dsn: str | None = None, *, schema: str = "runplane",
+                      max_connections: int = 8, lanes: Mapping[str, int] | None = None,
+                      ) -> AsyncIterator[Tenant]:
+    """A tenant for reads only: on `RUNPLANE_READ_DSN` (a replica) when it is set, else where
+    `open_tenant` would connect. It runs no DDL (as `bootstrap=False`) and every transaction of
+    its connections is read-only, so a write fails at the server (SQLSTATE 25006) wherever the
+    DSN points. `replay_lag_s()` tells how far behind a replica is."""
+    read_dsn = os.environ.get(READ_DSN_ENV) or dsn
+    async with _open(_Opening(org_id, read_dsn, schema, max_connections, lanes, None, False,
+                              None, read_only=True)) as tenant:
+        yield tenant
+
+
+@attrs.frozen
+class _Opening:
+    """What `open_tenant` and `open_reader` were asked for."""
+
+    org_id: str
+    dsn: str | None
+    schema: str
+    max_connections: int
+    lanes: Mapping[str, int] | None
+    execution_role: str | None
+    bootstrap: bool
+    outage_budget_s: float | None
+    read_only: bool = False
+
+
+@contextlib.asynccontextmanager
+async def _open(how: _Opening) -> AsyncIterator[Tenant]:
+    check_tenant_names(how.org_id, how.schema, how.execution_role)
+    if how.max_connections < 1:
         raise InvalidInputError("max_connections must be at least 1")
-    budget = outage_budget(outage_budget_s)
-    lane_limits = dict(DEFAULT_LANES if lanes is None else lanes)
+    budget = outage_budget(how.outage_budget_s)
+    lane_limits = dict(DEFAULT_LANES if how.lanes is None else how.lanes)
     for name, limit in lane_limits.items():
         if not isinstance(limit, int) or limit < 1:
             raise InvalidInputError(f"lane {name!r} needs a positive integer limit, got {limit!r}")
-    resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    idle_close_s = idle_close_seconds()
+    resolved = how.dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
     check_dsn(resolved)
+    pooler_mode(resolved)  # a bad pooler setting is refused before anything connects
     async with pg.open_driver() as driver:
         tenant = Tenant(
-            org_id=org_id.strip(),
-            schema=schema,
+            org_id=how.org_id.strip(),
+            schema=how.schema,
             dsn=resolved,
             driver=driver,
-            execution_role=execution_role,
-            max_connections=max_connections,
-            bootstrap=bootstrap,
+            execution_role=how.execution_role,
+            max_connections=how.max_connections,
+            bootstrap=how.bootstrap,
             outage_budget_s=budget,
             lanes=lane_limits,
+            idle_close_s=idle_close_s,
+            read_only=how.read_only,
         )
         tenant.diagnostics.open()
+        tenant.start_closing_idle()
         try:
-            if bootstrap:
+            if how.bootstrap:
                 await tenant.ensure_schema()
             with contextlib.suppress(EngineError):  # best effort: only statement timeouts use it
                 await tenant.note_server()
@@ -446,4 +581,4 @@ async def open_tenant(
                 await tenant.aclose()
 
 
-__all__ = ["Tenant", "open_tenant", "describe_dsn", "check_dsn", "DEFAULT_LANES", "EngineError"]
+__all__ = ["Tenant", "open_tenant", "open_reader", "describe_dsn", "check_dsn", "DEFAULT_LANES", "EngineError"]

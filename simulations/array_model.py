@@ -20,7 +20,7 @@ How it works
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
@@ -43,7 +43,7 @@ class Event:
     start: int
     end: int
     outcome: str  # "ok", "cancelled", or the exception's class name
-    detail: Any = None  # the return value (a RetireResult, a Page, a Manifest) when ok
+    detail: object = None  # the return value (a RetireResult, a Page, a Manifest) when ok
 
 
 @attrs.frozen
@@ -92,7 +92,8 @@ class ArrayModel:
         self.clock += 1
         return self.clock
 
-    def end_call(self, actor: str, op: Op, start: int, outcome: str, detail: Any = None) -> Event:
+    def end_call(self, actor: str, op: Op, start: int, outcome: str,
+                 detail: object = None) -> Event:
         self.clock += 1
         event = Event(actor, op, start, self.clock, outcome, detail)
         self.events.append(event)

@@ -15,13 +15,12 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import trio
 from hypothesis import strategies as st
 
 from runplane.engine import PlayScope, RunScope, runs
+from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets import Attempt, RowOutcome, SheetContract, admit, complete, row_key
@@ -187,7 +186,7 @@ async def _act(tenant, actor: Actor, run_refs, stats: dict) -> None:
                 for i, failed, meta_failed in zip(batch.rows, batch.failed, batch.meta_failed):
                     key = row_key(_row(i), NS) if not batch.ghost else f"ghost-{i}"
                     meta = {"tag": {"status": "failed"}} if meta_failed else None
-                    data: dict[str, Any] = {"score": i * 10 + n}
+                    data: JsonObject = {"score": i * 10 + n}
                     if not failed:
                         data["tag"] = f"{actor.name}:{n}"
                     if batch.extra_field:
@@ -218,7 +217,7 @@ async def _watch(tenant, done: trio.Event, violations: list[str]) -> None:
 
 async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
     violations: list[str] = []
-    stats: dict[str, Any] = {"faults": 0, "errors": 0, "ports": {}}
+    stats: JsonObject = {"faults": 0, "errors": 0, "ports": {}}
     async with open_example_tenant(ORG, dsn) as tenant:
         run_refs = [
             await runs.register(tenant, RunScope(ORG, PLAY, f"run-{i}"))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import logging
 import uuid
-from typing import Any, Literal
+from typing import Callable, Literal
 
 import attrs
 import trio
@@ -47,6 +47,8 @@ from runplane.actors import open_run, phases
 from runplane.engine import PlayScope, sheets
 from runplane.engine.errors import EngineError, RetiredError, StoreUnavailableError
 from runplane.engine.ports import SHEET_LANE
+from runplane.engine.runs.outbox import OutboxState
+from runplane.engine.sheets import RowStatus
 from runplane.engine.sheets.layout import column, layout_for
 from runplane.engine.tenant import Tenant
 
@@ -152,7 +154,7 @@ class CrashPoint:
 
     phase: Phase
     at: int
-    crash: Any  # a callable: cancel, or hand over to the wake
+    crash: Callable[[], object]  # cancel, or hand over to the wake
     flush_fault: bool = False
     counts: collections.Counter = attrs.field(factory=collections.Counter)
     fired: bool = False
@@ -266,7 +268,7 @@ class Example:
 
     async def enriched_now(self) -> set[int]:
         rows = await sheets.read_rows(self.tenant, PlayScope(ORG, PLAY), TABLE, limit=10_000)
-        return {row["i"] for row in rows if row["_status"] == "enriched"}
+        return {row["i"] for row in rows if row["_status"] == RowStatus.ENRICHED}
 
 
 async def run_example(dsn: str, plan: Plan) -> tuple[list[str], int]:
@@ -328,8 +330,8 @@ async def check_final(example: Example) -> list[str]:
         out.append(f"the sheet holds {len(rows)} rows, expected {plan.rows} distinct")
     for i, row in sorted(by_index.items()):
         status, upper, error = expected(plan, i)
-        got = (row["_status"], row.get("upper") if status == "enriched" else None,
-               row["_error"] if status == "failed" else None)
+        got = (row["_status"], row.get("upper") if status == RowStatus.ENRICHED else None,
+               row["_error"] if status == RowStatus.FAILED else None)
         if got != (status, upper, error):
             out.append(f"row {i}: expected {(status, upper, error)}, found {got}")
             break
@@ -361,7 +363,7 @@ async def check_final(example: Example) -> list[str]:
     kinds = sorted(row["kind"] for row in facts)
     if kinds not in ([], ["array_input_guard"]):
         out.append(f"array facts left after the terminal retirement: {kinds}")
-    if state != "done":
+    if state != OutboxState.DONE:
         out.append(f"the outbox entry is {state!r} after the terminal retirement")
     return out
 

@@ -38,6 +38,8 @@ import trio
 from runplane.actors import open_supervisor
 from runplane.engine import PlayScope, RunScope, open_tenant, sheets
 from runplane.engine.runs import outbox
+from runplane.engine.runs.outbox import OutboxState
+from runplane.engine.sheets import RowStatus
 from runplane.engine.ports import SHEET_LANE
 from runplane.engine.sheets.layout import column, layout_for
 from runplane.engine.sql import quote_ident
@@ -99,7 +101,7 @@ async def play_child(dsn: str, schema: str, play: str, run_id: str,
         await trio.lowlevel.checkpoint()
         calls.append(row["i"])
         status, upper, error = expected(row["i"])
-        if status == "failed":
+        if status == RowStatus.FAILED:
             raise LookupError(error)
         return {"upper": upper}
 
@@ -115,7 +117,7 @@ async def play_child(dsn: str, schema: str, play: str, run_id: str,
             await sup.run(play, body, run_id=run_id)
             state = None
             with trio.move_on_after(DONE_TIMEOUT_S):
-                while (state := await _outbox_state(port, scope)) != "done":
+                while (state := await _outbox_state(port, scope)) != OutboxState.DONE:
                     sup.nudge()
                     await trio.sleep(POLL_S)
     return {"statements": 0 if crash is None else crash.sent, "calls": calls, "outbox": state}
@@ -199,7 +201,7 @@ async def check_boundary(tenant, dsn: str, k: int) -> tuple[list[str], str | Non
     before = await sheet_state(tenant, scope)
     # Finished = its outputs are stored. A failed row is run again by design (a rerun
     # re-executes failed rows), so only enriched rows must be left alone by the wake.
-    finished = {i: row for i, row in before.items() if row["status"] == "enriched"}
+    finished = {i: row for i, row in before.items() if row["status"] == RowStatus.ENRICHED}
     wake = await spawn(dsn, tenant.schema, play, run_id, None)
     if wake.returncode != 0:
         return [f"{where}: the wake failed ({wake.returncode}): {wake.stderr.decode()[-400:]}"], killed
@@ -210,8 +212,8 @@ async def check_boundary(tenant, dsn: str, k: int) -> tuple[list[str], str | Non
         out.append(f"{where}: the sheet holds rows {sorted(after)}, expected 0..{ROWS - 1}")
     for i, row in sorted(after.items()):
         status, upper, error = expected(i)
-        got = (row["status"], row["upper"] if status == "enriched" else None,
-               row["error"] if status == "failed" else None)
+        got = (row["status"], row["upper"] if status == RowStatus.ENRICHED else None,
+               row["error"] if status == RowStatus.FAILED else None)
         if got != (status, upper, error):
             out.append(f"{where}: row {i} is {got}, expected {(status, upper, error)}")
             break
@@ -226,7 +228,7 @@ async def check_boundary(tenant, dsn: str, k: int) -> tuple[list[str], str | Non
     if not ok:
         out.append(f"{where}: {detail}")
     state = await _outbox_state(tenant, RunScope(ORG, play, run_id))
-    if state != "done":
+    if state != OutboxState.DONE:
         out.append(f"{where}: the outbox entry is {state!r}")
     async with tenant.connection(SHEET_LANE) as conn:
         records = await conn.fetch(

@@ -25,7 +25,7 @@ How it works
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import trio

@@ -21,8 +21,6 @@ How it works
 from __future__ import annotations
 
 import collections
-from typing import Any
-
 import attrs
 import trio
 from hypothesis import strategies as st
@@ -30,7 +28,8 @@ from hypothesis import strategies as st
 from runplane.actors import open_run
 from runplane.engine import PlayScope, sheets
 from runplane.engine.array_input import Occurrence
-from runplane.engine.gateway import RetryPolicy, mint_token, open_gateway, open_server
+from runplane.engine.gateway import (Gateway, RetryPolicy, mint_token, open_gateway,
+                                     open_server)
 from runplane.engine.ports import RECEIPTS_LANE
 from runplane.engine.tenant import Tenant
 
@@ -108,7 +107,7 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], collections.Coun
     return violations, fired
 
 
-async def _play(gateway: Any, plan: Plan, violations: list[str]) -> None:
+async def _play(gateway: Gateway, plan: Plan, violations: list[str]) -> None:
     calls: collections.Counter = collections.Counter()
 
     async def upper(row: dict) -> dict:

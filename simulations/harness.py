@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol, TypeVar
+from typing import (TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Protocol,
+                    TypeVar)
 
 import trio
 import trio._core._run as trio_run
@@ -47,6 +48,9 @@ from runplane.engine.sql import quote_ident
 from . import resolve_dsn
 from .faults import collect_ports
 from .report import SimulationReport
+
+if TYPE_CHECKING:
+    from .faults import FaultyPort
 
 
 class DescribedPlan(Protocol):
@@ -83,7 +87,7 @@ SCHEDULER_SEEDS = st.integers(0, 2**32 - 1)
 class InvariantViolated(AssertionError):
     """An example broke an invariant; carries the plan and scheduler seed that did it."""
 
-    def __init__(self, violations: list[str], plan: Any, scheduler: int) -> None:
+    def __init__(self, violations: list[str], plan: DescribedPlan, scheduler: int) -> None:
         self.violations = list(violations)
         self.plan = plan
         self.scheduler = scheduler
@@ -167,7 +171,7 @@ def record_failure(report: SimulationReport, failure: InvariantViolated, note: s
     )
 
 
-def unfired(port_faults: Mapping[str, Any]) -> list[str]:
+def unfired(port_faults: Mapping[str, FaultyPort]) -> list[str]:
     """Violations for fault-injecting ports that drew faults but met no boundary at all (the
     port was never wired into the calls it was meant to disturb). `port_faults` maps a label to
     a `FaultyPort`."""

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Mapping, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Literal, Mapping, Sequence
 
 import attrs
 import trio
 
 from runplane.engine import open_tenant
+from runplane.engine.pg import Connection
 from runplane.engine.ports import Port
 
 from .ports import Boundary, HookedPort
@@ -51,7 +52,7 @@ def default_step(sql: str) -> bool:
 @attrs.frozen
 class Session:
     name: str
-    program: Callable[[Port], Awaitable[Any]]
+    program: Callable[[Port], Awaitable[object]]
     is_step: Callable[[str], bool] = default_step
 
 
@@ -69,7 +70,7 @@ class _Live:
     pid: int | None = None
     parked_sql: str | None = None
     steps: int = 0
-    result: Any = None
+    result: object = None
     error: BaseException | None = None
 
     async def at_boundary(self, boundary: Boundary) -> None:
@@ -99,7 +100,7 @@ class _SessionPort(HookedPort):
         super().__init__(inner, live)
 
     @contextlib.asynccontextmanager
-    async def connection(self, lane: str) -> AsyncIterator[Any]:
+    async def connection(self, lane: str) -> AsyncIterator[Connection]:
         async with super().connection(lane) as conn:
             self.hook.pid = conn.backend_pid
             yield conn
@@ -112,7 +113,7 @@ class Played:
     schedule: tuple[str, ...]
     granted: tuple[tuple[str, str], ...]  # (session, statement) in grant order
     reordered: bool
-    results: Mapping[str, Any]
+    results: Mapping[str, object]
     errors: Mapping[str, BaseException | None]
 
     def first_grant(self, session: str, prefix: str = "") -> int:

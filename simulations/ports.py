@@ -1,7 +1,7 @@
 """Instrumented ports: see, count, pause or disturb every checkout and query of an engine call.
 
 How it works
-- `HookedPort(inner, hook)` is a `Port` that forwards to `inner` (a `Tenant` or another port).
+- `HookedPort(inner, hook)` is a `PortWrapper`: the port `inner` (a `Tenant` or another port).
   Before each connection checkout it awaits `hook.at_boundary(Boundary("checkout", ...))`, and
   on the connection it yields it installs a `statement_hook` (the public hook of
   `engine.pg.Connection`) that awaits `hook.at_boundary(Boundary("query", ...))` before every
@@ -25,16 +25,14 @@ Only tests, simulations and benchmarks use this module; engine code never does.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Mapping, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
 import attrs
 import trio
 
 from runplane.engine import pg
-from runplane.engine.diagnostics import DiagnosticsQueue
 from runplane.engine.errors import StoreUnavailableError
-from runplane.engine.permits import PermitStats
-from runplane.engine.ports import Port
+from runplane.engine.ports import Port, PortWrapper
 
 BoundaryKind = Literal["checkout", "query"]
 
@@ -66,56 +64,12 @@ class Hook(Protocol):
 
 
 @attrs.define(eq=False)
-class HookedPort:
-    """A `Port` forwarding to `inner` that runs `hook` at every checkout and statement."""
+class HookedPort(PortWrapper):
+    """A port that is `inner` but runs `hook` at every checkout and statement."""
 
-    inner: Port
     hook: Hook
     checkouts: int = attrs.field(init=False, default=0)
     queries: int = attrs.field(init=False, default=0)
-
-    @property
-    def org_id(self) -> str:
-        return self.inner.org_id
-
-    @property
-    def schema(self) -> str:
-        return self.inner.schema
-
-    @property
-    def outer_transaction(self) -> bool:
-        return self.inner.outer_transaction
-
-    # Everything else a port offers is the inner port's (sheet lock keys, budget, permits, ...).
-    @property
-    def lock_secret(self) -> bytes | None:
-        return self.inner.lock_secret
-
-    @property
-    def sheet_lock_keys(self) -> Mapping[str, int]:
-        return self.inner.sheet_lock_keys
-
-    @property
-    def outage_budget_s(self) -> float | None:
-        return self.inner.outage_budget_s
-
-    @property
-    def diagnostics(self) -> DiagnosticsQueue | None:
-        return self.inner.diagnostics
-
-    @property
-    def dsn(self) -> str | None:
-        return self.inner.dsn
-
-    @property
-    def token_plays(self) -> tuple[str, ...] | None:
-        return self.inner.token_plays
-
-    def permits(self) -> Mapping[str, PermitStats]:
-        return self.inner.permits()
-
-    async def repair_schema(self) -> None:
-        await self.inner.repair_schema()
 
     @contextlib.asynccontextmanager
     async def connection(self, lane: str) -> AsyncIterator[pg.Connection]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections
-
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
+
+if TYPE_CHECKING:
+    from .harness import DescribedPlan
 
 
 @attrs.define(eq=False)
@@ -21,7 +23,7 @@ class SimulationReport:
     # Examples that broke an invariant (the first one and its shrinking steps), and the minimal
     # failing schedule, `(plan, scheduler seed)`, once hypothesis has shrunk it.
     failing_examples: int = 0
-    minimal: tuple[Any, int] | None = None
+    minimal: tuple[DescribedPlan, int] | None = None
     notes: list[str] = attrs.field(factory=list)  # what hypothesis printed about the failure
     # Faults of the examples' fault ports: drawn, fired, neutralized, not reached.
     drawn_faults: collections.Counter = attrs.field(factory=collections.Counter)

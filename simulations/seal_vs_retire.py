@@ -21,7 +21,7 @@ How it works
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import trio
@@ -131,7 +131,7 @@ class _Example:
     faults: int = 0
     ports: dict = attrs.field(factory=dict)
 
-    async def call(self, actor: Actor, port: FaultyPort, op: str, fn) -> tuple[str, Any]:
+    async def call(self, actor: Actor, port: FaultyPort, op: str, fn) -> tuple[str, object]:
         start = self.model.begin_call()
         outcome, value = "ok", None
         with port.cancellable() as scope:

@@ -37,7 +37,7 @@ from runplane.engine import PlayScope, canonical
 from runplane.engine.shared import units as shared_units
 from runplane.engine.shared import maps as sm
 from runplane.engine.errors import LeaseLostError
-from runplane.engine.sheets import SheetContract
+from runplane.engine.sheets import RowStatus, SheetContract
 from runplane.engine.sheets.layout import column, layout_for
 
 from .counters import counters_match
@@ -202,13 +202,13 @@ async def run_example(dsn: str, plan: Plan) -> tuple[list[str], dict[str, int]]:
         for row in rows:
             by = canonical.loads(row["by"])
             writer = (row["_attempt_id"] or "").split(":")[0]
-            if row["_status"] != "enriched" or row["_attempts"] != 1:
+            if row["_status"] != RowStatus.ENRICHED or row["_attempts"] != 1:
                 violations.append(f"row {row['_input_index']}: {row['_status']} after "
                                   f"{row['_attempts']} writes")
             elif by != writer:
                 violations.append(f"row {row['_input_index']} computed by {by}, but written "
                                   f"under {row['_attempt_id']}")
-        enriched = sum(1 for row in rows if row["_status"] == "enriched")
+        enriched = sum(1 for row in rows if row["_status"] == RowStatus.ENRICHED)
         if result is None or (result.completed, result.failed, result.fenced,
                               result.admitted) != (enriched, 0, 0, plan.rows):
             violations.append(f"the coordinator's result {result} does not match the sheet "

@@ -21,11 +21,10 @@ This module does no I/O.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
-from runplane.engine.sheets.model import BLOCK_REASONS
+from runplane.engine.canonical import JsonValue
+from runplane.engine.sheets.model import BLOCK_REASONS, OutcomeStatus, RowStatus
 
 
 @attrs.frozen
@@ -34,7 +33,7 @@ class StoredRow:
     status: str
     write_version: int
     attempt_id: str | None
-    value: Any  # the `score` output cell
+    value: JsonValue  # the `score` output cell
     error: str | None
 
 
@@ -117,11 +116,12 @@ class SheetHistory:
                     f"row {key}: write version {row.write_version}, but the highest version "
                     f"that took it is {max(takers[key])}"
                 )
-            shown = row.value if row.status == "enriched" else row.error
+            shown = row.value if row.status == RowStatus.ENRICHED else row.error
             if shown in fenced_values.get(key, ()):
                 out.append(f"row {key}: holds {shown!r}, the value of a fenced outcome")
-            if row.status in ("enriched", "failed"):
-                want = "completed" if row.status == "enriched" else "failed"
+            if row.status in (RowStatus.ENRICHED, RowStatus.FAILED):
+                want = (OutcomeStatus.COMPLETED if row.status == RowStatus.ENRICHED
+                        else OutcomeStatus.FAILED)
                 writers = [
                     (call, sent) for call, sent in written.get(key, [])
                     if sent.status == want and sent.value == shown
@@ -167,8 +167,8 @@ def _check_completion(call: CompleteCall) -> list[str]:
             "stale_write_version": version is not None and version > call.epoch,
             "unadmitted": version is not None and version < call.epoch,
             "attempt_superseded": version == call.epoch and call.attempt_id is not None,
-            "already_completed": version == call.epoch and status.get(key) == "failed",
-            "missing": version is None and status.get(key) == "failed",
+            "already_completed": version == call.epoch and status.get(key) == OutcomeStatus.FAILED,
+            "missing": version is None and status.get(key) == OutcomeStatus.FAILED,
         }.get(reason, False)
         if not ok:
             out.append(

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from runplane.actors import RowRetry, open_run
 from runplane.actors.admission import MAX_WORK_BATCH
 from runplane.engine import PlayScope, RunScope, canonical, runs
-from runplane.engine.sheets import Attempt, SheetContract
+from runplane.engine.sheets import Attempt, RowStatus, SheetContract
 from runplane.engine.sheets.layout import column, layout_for
 
 from .counters import counters_match
@@ -199,13 +199,13 @@ async def run_example(dsn: str, plan: Plan, *, hold_older_after: int | None = No
             violations.append(f"{len(stored)} rows stored, expected {plan.rows}")
         # The newest run's outcome of a row is what it wrote, or the enriched row it found
         # cached when it admitted it (an older run finished the row first).
-        mine = ("enriched", refs[newest].epoch, f"run-{newest}")
+        mine = (RowStatus.ENRICHED, refs[newest].epoch, f"run-{newest}")
         written = sum(1 for row in stored.values() if row == mine)
         cached = {key: row for key, row in stored.items() if row != mine}
         final = results[newest]
-        if any(row[0] != "enriched" or row[2] is None for row in cached.values()):
+        if any(row[0] != RowStatus.ENRICHED or row[2] is None for row in cached.values()):
             violations.append(f"rows neither written nor cached by the newest run: "
-                              f"{[row for row in cached.values() if row[0] != 'enriched'][:3]}")
+                              f"{[r for r in cached.values() if r[0] != RowStatus.ENRICHED][:3]}")
         if (written, len(cached), final.blocked) != (final.completed, final.cached, 0):
             violations.append(
                 f"the newest run wrote {written} rows and found {len(cached)} cached, but "

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 import attrs
 
 from runplane.engine import pg
-from runplane.engine.ports import Port
+from runplane.engine.ports import PortWrapper
 
 # Statements with no plan worth checking (transaction control, settings, DDL, locks).
 _NO_PLAN = re.compile(
@@ -66,39 +66,12 @@ def scans_off_index(plan: dict, watched: Callable[[str], bool], limited: bool = 
 
 
 @attrs.define(eq=False)
-class PlanPort:
-    """A port forwarding to `inner` that explains every statement before it is sent."""
+class PlanPort(PortWrapper):
+    """A port that is `inner` but explains every statement before it is sent."""
 
-    inner: Port
     generic: bool = True
     explained: list[Explained] = attrs.field(factory=list)
     _busy: bool = attrs.field(default=False)
-
-    @property
-    def org_id(self) -> str:
-        return self.inner.org_id
-
-    @property
-    def schema(self) -> str:
-        return self.inner.schema
-
-    @property
-    def outer_transaction(self) -> bool:
-        return self.inner.outer_transaction
-
-    async def repair_schema(self) -> None:
-        await self.inner.repair_schema()
-
-    # Everything else a port offers is the inner port's (permits, outage budget, ...).
-    outage_budget_s = property(lambda self: self.inner.outage_budget_s)
-    lock_secret = property(lambda self: self.inner.lock_secret)
-    sheet_lock_keys = property(lambda self: self.inner.sheet_lock_keys)
-    diagnostics = property(lambda self: self.inner.diagnostics)
-    dsn = property(lambda self: self.inner.dsn)
-    token_plays = property(lambda self: self.inner.token_plays)
-
-    def permits(self) -> Any:
-        return self.inner.permits()
 
     @contextlib.asynccontextmanager
     async def connection(self, lane: str) -> AsyncIterator[pg.Connection]:

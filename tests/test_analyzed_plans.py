@@ -22,7 +22,7 @@ from runplane.engine import MapScope, array_input, receipts, sheets
 from runplane.engine.array_input.pages import encode_page
 from runplane.engine.sheets import RowOutcome, SheetContract, StagedPage
 
-from runplane.actors.shared.worker import serve_play
+from runplane.actors.shared.worker import WorkerOptions, serve_play
 
 from .array_input_support import stage
 from .plays.scale_play import noop
@@ -124,8 +124,8 @@ async def hot_paths(port, round_no: int) -> None:
     # admission and the done mark in the completion.
     async with open_run(port, "play") as run:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: serve_play(port, "play", SHARED_PLAY, exit_when_idle=True,
-                                                  poll_s=0.05))
+            nursery.start_soon(lambda: serve_play(port, "play", SHARED_PLAY, WorkerOptions(
+                exit_when_idle=True, poll_s=0.05)))
             shared = await run.map(NS, rows("s", base + 17_000, base + 18_000), noop,
                                    contract=CONTRACT, shared=True)
     assert shared.completed == 1_000, shared

@@ -23,7 +23,7 @@ import httpx
 import trio
 
 from runplane.actors import open_run
-from runplane.actors.shared.worker import serve_play
+from runplane.actors.shared.worker import WorkerOptions, serve_play
 
 from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
 from runplane.engine.runs import history, outbox, row_calls
@@ -117,8 +117,8 @@ async def _workload(tenant, gw) -> None:
     # A shared map served by a worker through the gateway: the unit-lease actions.
     async with open_run(gw, PLAY) as run:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: serve_play(gw, PLAY, SHARED_PLAY, exit_when_idle=True,
-                                                  poll_s=0.05))
+            nursery.start_soon(lambda: serve_play(gw, PLAY, SHARED_PLAY, WorkerOptions(
+                exit_when_idle=True, poll_s=0.05)))
             await run.map("shared", [{"name": f"s{i}", "n": i} for i in range(20)], noop,
                           contract=CONTRACT, shared=True)
         await shared_maps.live_maps(gw, PLAY)

@@ -30,7 +30,7 @@ async def test_a_token_for_some_plays_drains_those_plays_without_complaint(tenan
     token = token_for(tenant, plays=("demo",))
     caplog.set_level(logging.WARNING, logger="runplane.actors")
     async with open_gateway(server.url, token, retry=FAST_RETRY) as gateway:
-        assert gateway.token_plays == ("demo",)
+        assert gateway.settings.token_plays == ("demo",)
         async with open_supervisor(gateway, poll_interval=0.05) as sup:
             with trio.fail_after(30):
                 await sup.wait_retired(mine)

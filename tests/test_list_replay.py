@@ -15,6 +15,7 @@ from runplane.engine.sheets import CellPolicy, SheetWrite, admit, read_rows
 from runplane.engine.sheets import lists
 from runplane.engine.sheets.layout import layout_for
 from runplane.simulations.ports import CountingPort, GatedPort
+from runplane.engine.ports import PortSettings
 
 from .run_helpers import forget_recorded_lists
 from .sheet_helpers import CONTRACT, PLAY, counters_match, new_run, play_scope, raw_rows
@@ -201,4 +202,4 @@ def test_a_list_digest_changes_with_any_value_type_or_key_order():
 
 class _DirectPort:
     def __init__(self, sheet_lock_keys=None):
-        self.sheet_lock_keys = sheet_lock_keys or {}
+        self.settings = PortSettings("s", sheet_lock_keys=sheet_lock_keys or {})

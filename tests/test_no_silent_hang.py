@@ -14,7 +14,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.actors.shared import coordinator as shared_map_module
-from runplane.actors.shared.worker import serve_play
+from runplane.actors.shared.worker import WorkerOptions, serve_play
 from runplane.engine.sheets import SheetContract
 
 from .cli_helpers import cli_env
@@ -83,7 +83,8 @@ async def test_a_shared_map_with_no_live_worker_says_which_org_and_play_need_one
                 nursery.start_soon(coordinate)
                 while len(warnings()) < 2:  # the first, then a repeat
                     await trio.sleep(0.05)
-                await serve_play(tenant, COMPUTED_PLAY, str(PLAY_FILE), exit_when_idle=True)
+                await serve_play(tenant, COMPUTED_PLAY, str(PLAY_FILE),
+                                 WorkerOptions(exit_when_idle=True))
     first = warnings()[0]
     assert f"org {tenant.org_id!r}" in first and "play 'computed-name'" in first
     assert "runplane worker" in first

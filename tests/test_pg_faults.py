@@ -37,7 +37,7 @@ async def test_a_pooled_connection_whose_backend_was_terminated_while_idle_is_re
         async with open_tenant("org-test", proxy.dsn, schema=tenant.schema) as proxied:
             async with proxied.connection("receipts") as a, proxied.connection("sheet") as b:
                 pids = {a.backend_pid, b.backend_pid}
-            probe, stale = proxied._idle
+            (_, probe), (_, stale) = proxied._idle
             proxy.hold_close = True
             await _terminate(tenant, pids)
             with trio.fail_after(10):
@@ -47,7 +47,7 @@ async def test_a_pooled_connection_whose_backend_was_terminated_while_idle_is_re
             await trio.testing.wait_all_tasks_blocked(cushion=0.1)
             assert not probe.is_closed() and not stale.is_closed()
             # The forced state, shown on one of them through the bare driver:
-            proxied._idle.remove(probe)
+            proxied._idle[:] = [entry for entry in proxied._idle if entry[1] is not probe]
             with pytest.raises(Exception, match="another operation .* is in progress"):
                 await proxied.driver.call(probe.fetchval("SELECT 1"))
             probe.terminate()
@@ -55,7 +55,7 @@ async def test_a_pooled_connection_whose_backend_was_terminated_while_idle_is_re
             async with proxied.connection("receipts") as conn:
                 assert await conn.fetchval("SELECT 41 + 1") == 42
                 assert conn.backend_pid not in pids
-            assert stale.is_closed() and proxied._idle and proxied._idle[0] is not stale
+            assert stale.is_closed() and proxied._idle and proxied._idle[0][1] is not stale
             proxy.release_close()
 
 

@@ -103,7 +103,7 @@ async def test_a_crashed_processs_report_stops_counting_once_it_is_stale(tenant,
 
 async def test_a_shared_map_workers_rows_in_a_call_count_as_running(tenant):
     from runplane.actors.shared.config import PlayFile
-    from runplane.actors.shared.worker import serve_play
+    from runplane.actors.shared.worker import WorkerOptions, serve_play
 
     from .plays import computed_play
 
@@ -116,8 +116,8 @@ async def test_a_shared_map_workers_rows_in_a_call_count_as_running(tenant):
                     "nums", [{"n": i} for i in range(40)], computed_play.gated,
                     contract=SheetContract(("n",), ("double",)), shared=True))
                 nursery.start_soon(lambda: serve_play(
-                    tenant, computed_play.PLAY, computed_play.__file__, concurrency=3,
-                    exit_when_idle=True))
+                    tenant, computed_play.PLAY, computed_play.__file__,
+                    WorkerOptions(concurrency=3, exit_when_idle=True)))
                 while await running_now(tenant, computed_play.PLAY) != {"nums": 3}:
                     await trio.sleep(0.05)
                 release.set()

@@ -199,8 +199,10 @@ def test_session_lines_go_ahead_of_every_rule_once():
     assert HBA_MARKER in with_session_hba("")
 
 
-async def test_the_embedded_server_checks_session_passwords_before_any_trust_rule(tenant):
-    async with tenant.login_connection() as conn:
+async def test_the_embedded_server_checks_session_passwords_before_any_trust_rule(tenant,
+                                                                                  admin_dsn):
+    async with open_tenant("org-admin", admin_dsn, schema=tenant.schema) as admin, \
+            admin.login_connection() as conn:
         rules = await conn.fetch(
             "SELECT type, user_name, auth_method FROM pg_hba_file_rules ORDER BY rule_number")
     assert [tuple(r) for r in rules[:3]] == [
@@ -216,9 +218,11 @@ def run_doctor(dsn: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=120)
 
 
-async def test_doctor_warns_when_a_session_role_gets_in_without_its_password(tenant, dsn):
+async def test_doctor_warns_when_a_session_role_gets_in_without_its_password(tenant, dsn,
+                                                                            admin_dsn):
     database = f"rp_trust_{uuid.uuid4().hex[:10]}"
-    async with tenant.login_connection() as conn:
+    async with open_tenant("org-admin", admin_dsn, schema=tenant.schema) as admin, \
+            admin.login_connection() as conn:
         hba = Path(await conn.fetchval("SHOW hba_file"))
         await conn.execute(f"CREATE DATABASE {database}")
     original = hba.read_text()
@@ -226,7 +230,7 @@ async def test_doctor_warns_when_a_session_role_gets_in_without_its_password(ten
         with open(hba, "r+") as handle:  # a trust rule for one database only, ahead of ours
             handle.write(f"local {database} all trust\n" + original)
             handle.truncate()
-        await trio.to_thread.run_sync(_reload_and_wait, dsn)
+        await trio.to_thread.run_sync(_reload_and_wait, admin_dsn)
         trusting = dsn.replace("/postgres?", f"/{database}?")
         result = await trio.to_thread.run_sync(run_doctor, trusting)
         assert result.returncode == 0, result.stderr
@@ -235,8 +239,9 @@ async def test_doctor_warns_when_a_session_role_gets_in_without_its_password(ten
         with open(hba, "r+") as handle:
             handle.write(original)
             handle.truncate()
-        await trio.to_thread.run_sync(_reload_and_wait, dsn)
-        async with tenant.login_connection() as conn:
+        await trio.to_thread.run_sync(_reload_and_wait, admin_dsn)
+        async with open_tenant("org-admin", admin_dsn, schema=tenant.schema) as admin, \
+                admin.login_connection() as conn:
             await conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
 
 

@@ -11,7 +11,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.actors.shared.service import MapWorker
-from runplane.actors.shared.worker import serve_play, worker_plan
+from runplane.actors.shared.worker import WorkerOptions, serve_play, worker_plan
 from runplane.engine import open_tenant
 from runplane.engine.shared import maps as sm
 from runplane.engine.errors import StoreOutageError
@@ -78,7 +78,8 @@ async def test_a_worker_cut_off_rides_out_its_budget_then_others_take_its_units(
                         # new ones never answered
                         proxy.set_blackhole(True, sever=True)
                         nursery.start_soon(lambda: serve_play(
-                            tenant, PLAY, str(PLAY_FILE), exit_when_idle=True, poll_s=0.1))
+                            tenant, PLAY, str(PLAY_FILE),
+                            WorkerOptions(exit_when_idle=True, poll_s=0.1)))
             proxy.set_blackhole(False)
     assert len(ended) == 1  # it rode out the budget, then gave up
     stored = await raw_rows(tenant, play_scope(tenant, PLAY), "nums", ("n", "pid", "double"))

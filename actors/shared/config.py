@@ -24,14 +24,19 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import attrs
 
+from runplane.engine.canonical import JsonObject, JsonValue
 from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.sheets import CellPolicy, SheetContract
 
 from ..policies import RateLimit, RowRetry
+
+if TYPE_CHECKING:
+    from ..map_state import MapPlan
 
 
 @attrs.frozen
@@ -45,7 +50,7 @@ def file_digest(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def function_identity(fn: Callable[..., Any]) -> FunctionIdentity:
+def function_identity(fn: object) -> FunctionIdentity:
     """Where workers find `fn` (the user's function behind an executor's binding)."""
     target = inspect.unwrap(getattr(fn, "__runplane_function__", fn))
     qualname = getattr(target, "__qualname__", None)
@@ -66,14 +71,14 @@ def _type_name(kind: type) -> str:
 
 def _resolve_type(name: str) -> type:
     module_name, _, qualname = name.partition(":")
-    target: Any = importlib.import_module(module_name)
+    target: object = importlib.import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
     return target
 
 
-def encode_config(plan: Any, *, run_id: str, map_invocation_id: str, play_file: str,
-                  executor: dict | None = None, concurrent: bool = False) -> dict:
+def encode_config(plan: MapPlan, *, run_id: str, map_invocation_id: str, play_file: str,
+                  executor: JsonObject | None = None, concurrent: bool = False) -> JsonObject:
     """The JSON configuration of a shared map from its `MapPlan`; `concurrent`: its workers may
     write at once (`actors.shared.coordinator.rows_distinct`)."""
     retry = plan.retry
@@ -111,10 +116,10 @@ class MapConfig:
     rate_limit: RateLimit | None
     give_up_after: int | None
     play_file: str
-    executor: Mapping[str, Any] | None = None
+    executor: Mapping[str, JsonValue] | None = None
 
 
-def decode_config(config: Mapping[str, Any]) -> MapConfig:
+def decode_config(config: Mapping[str, JsonValue]) -> MapConfig:
     retry = config.get("retry")
     limit = config.get("rate_limit")
     return MapConfig(
@@ -144,7 +149,7 @@ class PlayFile:
 
     path: str
     digest: str
-    module: Any
+    module: ModuleType
 
     @classmethod
     def load(cls, path: str) -> PlayFile:
@@ -164,8 +169,8 @@ class PlayFile:
             spec.loader.exec_module(module)
         return cls(str(file), digest, module)
 
-    def find(self, qualname: str) -> Callable[..., Any] | None:
-        target: Any = self.module
+    def find(self, qualname: str) -> Callable[..., object] | None:
+        target: object = self.module
         for part in qualname.split("."):
             target = getattr(target, part, None)
             if target is None:

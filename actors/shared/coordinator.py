@@ -35,9 +35,10 @@ How it works
   period) and its completions roll back, so nothing is half-written; local workers are then
   terminated.
 - What it is given: the map's plan (`actors.map_state.MapPlan`, which holds the run's port and
-  ref) and the map id its caller decided, never the `Run`. `Run.map` calls `check_request`
-  first, then takes the run's next map id for the namespace (unless it was given one), then
-  `map_shared`; so `actors.run` imports this module and nothing here imports `actors.run`.
+  ref), where its rows run (`SharedOptions`) and the map id its caller decided, never the
+  `Run`. `Run.map` calls `check_request` first, then takes the run's next map id for the
+  namespace (unless it was given one), then `map_shared`; so `actors.run` imports this module
+  and nothing here imports `actors.run`.
 """
 
 from __future__ import annotations
@@ -48,12 +49,13 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import attrs
 import trio
 
 from runplane.engine import array_input, sheets
+from runplane.engine.canonical import JsonObject
 from runplane.engine.runs import row_calls
 from runplane.engine.shared import leases as shared_leases
 from runplane.engine.shared import maps as sm
@@ -63,10 +65,14 @@ from runplane.engine.ports import Port
 
 from ..executors import executor_config
 from ..map_state import MapPlan
+from ..mapper import MapSource
 from ..progress import MapProgress, MapResult
 from ..retry import retry_transient
-from ..sealer import stage_encoded
+from ..sealer import EncodedList, stage_encoded
 from .config import encode_config, function_identity
+
+if TYPE_CHECKING:
+    from ..executors import Executor
 
 log = logging.getLogger("runplane.actors")
 
@@ -89,6 +95,18 @@ class SharedMapError(EngineError):
     """A shared map could not finish: every local worker exited while units remained."""
 
 
+@attrs.frozen
+class SharedOptions:
+    """Where a shared map's rows run: `workers` local worker processes, or (`shared`) workers
+    started anywhere; the `executor` they call the function in; its units' lease and size."""
+
+    workers: int | None = None
+    shared: bool = False
+    executor: Executor | str | None = None
+    lease_s: float = sm.LEASE_S
+    unit_rows: int = sm.UNIT_ROWS
+
+
 def worker_command(play_file: str, play: str, concurrency: int) -> list[str]:
     return [sys.executable, "-m", "runplane.cli", "worker", play_file, "--play", play,
             "--concurrency", str(concurrency), "--exit-when-idle"]
@@ -96,7 +114,7 @@ def worker_command(play_file: str, play: str, concurrency: int) -> list[str]:
 
 def worker_environment(port: Port) -> dict[str, str]:
     """The connection a local worker inherits: the coordinator's DSN, schema and org."""
-    dsn = port.dsn
+    dsn = port.settings.dsn
     if dsn is None:
         raise InvalidInputError("workers=N needs a direct database connection (a tenant); "
                                 "through a gateway, publish with shared=True and start "
@@ -106,8 +124,8 @@ def worker_environment(port: Port) -> dict[str, str]:
     return env
 
 
-async def publish_map(source: Sequence[Any], plan: MapPlan, map_invocation_id: str,
-                      lease_s: float, executor: Any = None,
+async def publish_map(source: Sequence[JsonObject], plan: MapPlan, map_invocation_id: str,
+                      lease_s: float, executor: Executor | str | None = None,
                       unit_rows: int = sm.UNIT_ROWS) -> int:
     """Stage the list, ensure the sheet and publish the map `map_invocation_id` of the plan's
     run; its number of units."""
@@ -137,7 +155,7 @@ async def publish_map(source: Sequence[Any], plan: MapPlan, map_invocation_id: s
     return len(units)
 
 
-def rows_distinct(encoded: Any) -> bool:
+def rows_distinct(encoded: EncodedList) -> bool:
     """Whether no two rows of a staged list have the same canonical text (so no two rows share
     a key, which is derived from it): its workers may then write at once. Compared by Python
     hash, so a collision answers no, the safe side; a paged source answers no."""
@@ -160,8 +178,7 @@ async def wait_for_workers(plan: MapPlan, map_invocation_id: str, workers: int) 
             await trio.sleep(POLL_S)
 
 
-def check_request(source: Any, plan: MapPlan, *, workers: int | None, shared: bool,
-                  executor: Any = None) -> None:
+def check_request(source: MapSource, plan: MapPlan, options: SharedOptions) -> None:
     """Refuse what a shared map cannot run (`InvalidInputError`), before its caller takes a
     map id and before anything is written: a source that is not a list, a bad `workers`,
     neither `workers` nor `shared`, `workers=N` without a DSN local workers can inherit, a
@@ -169,24 +186,25 @@ def check_request(source: Any, plan: MapPlan, *, workers: int | None, shared: bo
     if not isinstance(source, (list, tuple, array_input.PagedRows)):
         raise InvalidInputError("a shared map's source must be a list of rows, got "
                                 f"{type(source).__name__}")
+    workers = options.workers
     if workers is not None and not is_int(workers, 1):
         raise InvalidInputError(f"workers must be a positive integer, got {workers!r}")
-    if workers is None and not shared:
+    if workers is None and not options.shared:
         raise InvalidInputError("a shared map needs workers=N or shared=True")
     if workers:
         worker_environment(plan.port)
     function_identity(plan.fn)
-    executor_config(executor)
+    executor_config(options.executor)
 
 
-async def map_shared(source: Any, plan: MapPlan, map_invocation_id: str, *,
-                     workers: int | None, shared: bool, lease_s: float = sm.LEASE_S,
-                     executor: Any = None, unit_rows: int = sm.UNIT_ROWS,
-                     on_progress: Callable[[MapProgress], Any] | None = None) -> MapResult:
+async def map_shared(source: Sequence[JsonObject], plan: MapPlan, map_invocation_id: str,
+                     options: SharedOptions, *,
+                     on_progress: Callable[[MapProgress], object] | None = None) -> MapResult:
     """Run `plan` over the list `source` as the shared map `map_invocation_id` of the plan's
     run (see the module docstring). The caller decides the id (a run's next one for the
     namespace, or the one it was given) after `check_request` passed, so a refused request
     takes no id."""
+    workers, unit_rows = options.workers, options.unit_rows
     env = worker_environment(plan.port) if workers else None
     map_invocation_id = sm.map_id_for(map_invocation_id, plan.table_namespace)
     if len(source) == 0:
@@ -205,7 +223,8 @@ async def map_shared(source: Any, plan: MapPlan, map_invocation_id: str, *,
                                              plan.concurrency)
                     for _ in range(workers):
                         processes.append(await nursery.start(_keep_worker, command, env))
-                await publish_map(source, plan, map_invocation_id, lease_s, executor, unit_rows)
+                await publish_map(source, plan, map_invocation_id, options.lease_s,
+                                  options.executor, unit_rows)
                 published = True
                 if workers:
                     await wait_for_workers(plan, map_invocation_id, workers)
@@ -213,7 +232,8 @@ async def map_shared(source: Any, plan: MapPlan, map_invocation_id: str, *,
                     plan.port, plan.ref, map_invocation_id, sm.OPEN, (sm.WAITING,)))
                 progress = _Progress(plan, map_invocation_id, len(source), on_progress)
                 status = await _wait_done(plan, map_invocation_id,
-                                          processes if not shared else [], lease_s, progress)
+                                          processes if not options.shared else [],
+                                          options.lease_s, progress)
                 finished = True
                 await retry_transient(lambda: sm.set_state(
                     plan.port, plan.ref, map_invocation_id, sm.DONE, sm.LIVE))
@@ -292,7 +312,7 @@ class _Progress:
     plan: MapPlan
     map_invocation_id: str
     source_rows: int
-    on_progress: Callable[[MapProgress], Any] | None
+    on_progress: Callable[[MapProgress], object] | None
     next_at: float = 0.0
 
     async def report(self, final: bool = False) -> None:

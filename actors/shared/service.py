@@ -36,12 +36,13 @@ import functools
 import logging
 import math
 import os
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import attrs
 import trio
 
 from runplane.engine import array_input
+from runplane.engine.array_input import Page
 from runplane.engine.shared import units as shared_units
 from runplane.engine.shared import maps as sm
 from runplane.engine.errors import LeaseLostError
@@ -52,7 +53,7 @@ from runplane.engine.shared.leases import (
 from runplane.engine.tenant import outage_budget
 
 from ..map_state import MapPlan
-from ..pacing import open_pacer
+from ..pacing import Pacer, open_pacer
 from ..retry import OutageWatch, install_watch, reset_watch, retry_transient
 from ..row_calls import report_calls
 from .work import Claim, UnitWork, run_row
@@ -82,12 +83,12 @@ class MapWorker:
     plan: MapPlan
     limiter: trio.CapacityLimiter
     renew_s: float
-    pacer: Any = None
+    pacer: Pacer | None = None
     units_run: int = 0
     # Fault injection (simulations): awaited at each stage ("claimed", "admitted" with a
     # claim's leases; "computed" before a batch is written and "completed" after, with its
     # leases and, once completed, its `(settlements, outcomes)`).
-    fault: Callable[[str, list[UnitLease], Any], Awaitable[None]] | None = None
+    fault: Callable[[str, list[UnitLease], object], Awaitable[None]] | None = None
     renewing: bool = True  # a simulation stalls a worker's renewals to let its leases expire
     _claims: list[Claim] = attrs.field(factory=list)
     _queue: collections.deque = attrs.field(factory=collections.deque)
@@ -97,7 +98,7 @@ class MapWorker:
     _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _flush_wanted: trio.Event = attrs.field(factory=trio.Event)
     _urgent: trio.Event = attrs.field(factory=trio.Event)
-    _pages: dict = attrs.field(factory=dict)
+    _pages: dict[int, Page] = attrs.field(factory=dict)
     _claim_prefix: str = attrs.field(factory=lambda: os.urandom(3).hex())
     _claim_no: int = 0
     _finished: int = 0
@@ -161,7 +162,7 @@ class MapWorker:
             self._admitting -= 1
             self._changed.unpark_all()
 
-    async def _read_pages(self, ordinals: set[int]) -> dict[int, Any]:
+    async def _read_pages(self, ordinals: set[int]) -> dict[int, Page]:
         """The staged pages `ordinals`: those not at hand read at once; the last few kept."""
         scope = self.plan.ref.scope.map(self.shared.table_namespace,
                                         self.shared.map_invocation_id)
@@ -393,7 +394,7 @@ class MapWorker:
             self._claims.remove(claim)
         self._changed.unpark_all()
 
-    async def _stage(self, stage: str, leases: list[UnitLease], detail: Any = None) -> None:
+    async def _stage(self, stage: str, leases: list[UnitLease], detail: object = None) -> None:
         if self.fault is not None:
             await self.fault(stage, leases, detail)
 
@@ -402,7 +403,7 @@ class MapWorker:
         worker finished. Store calls ride out outages for the port's outage budget."""
         self.pacer = open_pacer(self.port, self.plan.rate_limit)
         # The worker's own outage budget (its port's), whoever started it.
-        token = install_watch(OutageWatch(outage_budget(self.port.outage_budget_s)))
+        token = install_watch(OutageWatch(outage_budget(self.port.settings.outage_budget_s)))
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._renew_leases)

@@ -13,8 +13,6 @@ It makes no store call.
 from __future__ import annotations
 
 import collections
-from typing import Any
-
 import attrs
 import trio
 
@@ -23,10 +21,12 @@ from runplane.engine.shared.leases import UnitLease
 
 from ..map_state import MapPlan
 from ..mapper import call_row
+from ..pacing import Pacer
 from ..policies import RowTimeoutError
 
 
-async def run_row(plan: MapPlan, pacer: Any, admitted: AdmittedRow) -> tuple[RowOutcome, int]:
+async def run_row(plan: MapPlan, pacer: Pacer | None,
+                  admitted: AdmittedRow) -> tuple[RowOutcome, int]:
     """A row under the map's policies: called, retried in place while the retry policy says
     so; its outcome (recording the calls it took) and how many of its calls timed out."""
     calls = timeouts = 0

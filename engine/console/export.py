@@ -23,15 +23,13 @@ from __future__ import annotations
 import csv
 import io
 import re
-from typing import Any, AsyncContextManager, AsyncIterator, Mapping
+from typing import Any, AsyncContextManager, AsyncIterator
 
 import attrs
 
-from ..diagnostics import DiagnosticsQueue
 from ..errors import SchemaNotFoundError
-from ..permits import PermitStats
 from ..pg import Connection
-from ..ports import CONSOLE_LANE, Port
+from ..ports import CONSOLE_LANE, Port, PortWrapper
 from ..values.scopes import PlayScope
 from ..sheets import dataset, frames
 
@@ -40,49 +38,17 @@ FORMATS = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/csv; cha
 
 
 @attrs.define(eq=False)
-class ConsolePort:
-    """`tenant` seen as org `org_id`, with every checkout on the console lane."""
+class ConsolePort(PortWrapper):
+    """The tenant `inner` seen as org `org_id`, with every checkout on the console lane."""
 
-    tenant: Port = attrs.field(repr=False)
-    org_id: str
-
-    @property
-    def schema(self) -> str:
-        return self.tenant.schema
+    _org_id: str  # (its init argument is `org_id`)
 
     @property
-    def outer_transaction(self) -> bool:
-        return self.tenant.outer_transaction
-
-    @property
-    def outage_budget_s(self) -> float | None:
-        return self.tenant.outage_budget_s
-
-    @property
-    def lock_secret(self) -> bytes | None:
-        return self.tenant.lock_secret
-
-    @property
-    def sheet_lock_keys(self) -> Mapping[str, int]:
-        return self.tenant.sheet_lock_keys
-
-    @property
-    def diagnostics(self) -> DiagnosticsQueue | None:
-        return self.tenant.diagnostics
-
-    @property
-    def dsn(self) -> str | None:
-        return self.tenant.dsn
-
-    @property
-    def token_plays(self) -> tuple[str, ...] | None:
-        return self.tenant.token_plays
-
-    def permits(self) -> Mapping[str, PermitStats]:
-        return self.tenant.permits()
+    def org_id(self) -> str:
+        return self._org_id
 
     def connection(self, _lane: str) -> AsyncContextManager[Connection]:
-        return self.tenant.connection(CONSOLE_LANE)
+        return self.inner.connection(CONSOLE_LANE)
 
     async def repair_schema(self) -> None:
         """The console never runs DDL: a missing relation is an error here, not a repair."""

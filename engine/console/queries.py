@@ -53,12 +53,20 @@ TOP_ERRORS = 5
 
 
 async def read(port: Port, operation: Callable[[Connection], Awaitable[T]]) -> T:
-    """Run `operation` on a console-lane connection in a read-only, time-bounded transaction."""
+    """Run `operation` on a console-lane connection in a read-only, time-bounded transaction
+    (the checkout's own, when it opened one: an execution role or a transaction-mode pooler;
+    it has taken no snapshot yet, so its isolation may still be set)."""
     async with port.connection(CONSOLE_LANE) as conn:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
-                               f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        if conn.in_transaction:
+            await conn.execute(_READ_SETUP)
             return await operation(conn)
+        async with conn.transaction():
+            await conn.execute(_READ_SETUP)
+            return await operation(conn)
+
+
+_READ_SETUP = ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
+               f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
 
 
 async def scan(conn: Connection, sql: str, *args: Any) -> list[Any] | None:

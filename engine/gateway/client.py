@@ -36,6 +36,7 @@ import trio
 
 from ..limits.bounds import is_int
 from ..actions import Action, RemotePort
+from ..ports import PortSettings
 from ..diagnostics import DiagnosticsQueue
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError
 from ..permits import Permits
@@ -70,7 +71,6 @@ class Gateway(RemotePort):
     max_in_flight: int
     _client: httpx.AsyncClient = attrs.field(repr=False)
     schema: str = "gateway"
-    outer_transaction: bool = False
     stats: GatewayStats = attrs.field(init=False, factory=GatewayStats)
     _permits: Permits = attrs.field(init=False, repr=False)
     _health: Health | None = attrs.field(init=False, default=None, repr=False)
@@ -78,6 +78,7 @@ class Gateway(RemotePort):
     diagnostics: DiagnosticsQueue = attrs.field(init=False, factory=DiagnosticsQueue, repr=False)
     db_sessions: SessionRouter | None = attrs.field(init=False, default=None, repr=False)
     session_key: SessionKey | None = attrs.field(init=False, default=None, repr=False)
+    settings: PortSettings = attrs.field(init=False, repr=False)
     session_key_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
 
     _headers: dict[str, str] = attrs.field(init=False, repr=False)
@@ -89,16 +90,14 @@ class Gateway(RemotePort):
         self._permits = Permits("gateway", self.max_in_flight)
         self._headers = {"authorization": f"Bearer {self.token}",
                          "content-type": "application/json"}
+        # The token's plays (None: every play): an outbox drainer works on these.
+        self.settings = PortSettings(self.schema, diagnostics=self.diagnostics,
+                                     token_plays=unverified_plays(self.token), remote=True)
 
     def _request_id(self) -> str:
         """A new operation's request id: this gateway's random prefix and a counter (unique
         without asking the system for randomness on every request)."""
         return f"{self._id_prefix}{next(self._ids):016x}"
-
-    @property
-    def token_plays(self) -> tuple[str, ...] | None:
-        """The plays the token allows (None: every play); an outbox drainer works on these."""
-        return unverified_plays(self.token)
 
     # -- the Port surface ------------------------------------------------------------------
     def connection(self, lane: str):

@@ -31,6 +31,7 @@ import trio
 import trio_asyncio
 
 from ..errors import unwrap_single_error
+from .pooler import PoolerMode, pooler_mode, without_pooler_param
 
 
 def _plain_asyncio_outside_trio() -> None:
@@ -166,16 +167,22 @@ class Driver:
         timeout = connect_timeout()
         if timeout <= 0:
             raise asyncio.TimeoutError("no connect attempt: the caller's deadline has passed")
+        if pooler_mode(dsn) is PoolerMode.TRANSACTION:
+            # No session state through the pooler: the checkout's transaction sets the search
+            # path, and statements are unnamed (see `engine.pg.pooler`).
+            return await self.call(_connect_warm(without_pooler_param(dsn), timeout,
+                                                 dict(server_settings), cache_size=0))
         settings = {**server_settings, "search_path": PINNED_SEARCH_PATH}
-        return await self.call(_connect_warm(dsn, timeout, settings))
+        return await self.call(_connect_warm(dsn, timeout, settings, cache_size=256))
 
 
-async def _connect_warm(dsn: str, timeout: float, settings: dict[str, str]) -> Any:
+async def _connect_warm(dsn: str, timeout: float, settings: dict[str, str], *,
+                        cache_size: int) -> Any:
     """asyncpg.connect, then the codecs of `WARM_TYPES` learned (within the same timeout)."""
     loop = asyncio.get_running_loop()
     ends = loop.time() + timeout
     raw = await asyncpg.connect(dsn, timeout=timeout, server_settings=settings,
-                                statement_cache_size=256)
+                                statement_cache_size=cache_size)
     try:
         await raw.fetchrow(_WARM, timeout=max(ends - loop.time(), 0.001))
     except Exception as exc:

@@ -20,6 +20,7 @@ import asyncio
 
 import asyncpg
 
+from .pooler import pooler_hint
 from ..errors import (
     DatabaseError,
     EngineError,
@@ -79,6 +80,8 @@ def translate(exc: BaseException, *, connection_lost: bool = False,
             return LockTimeoutError(message, sqlstate=sqlstate)
         if sqlstate == "42501":
             return InsufficientPrivilegeError(message, sqlstate=sqlstate)
+        if sqlstate == "26000":  # a prepared statement the server connection lacks: a pooler
+            return DatabaseError(pooler_hint(message) or message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
     if isinstance(exc, asyncpg.exceptions.DataError):
         return DatabaseError(f"cannot encode a query argument: {exc}")

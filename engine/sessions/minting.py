@@ -376,7 +376,7 @@ async def create(port: Port, play: str, table_namespace: str, operations: Any,
         "table_namespace": grant.table_namespace, "operations": list(grant.operations),
         "schema": minted.schema, "limits": limits.as_dict() if limits is not None else {},
     }
-    url = minted.url(session_dsn or port.dsn)
+    url = minted.url(session_dsn or port.settings.dsn)
     if public_key is None:
         answer["postgres_url"] = url
     else:

@@ -97,6 +97,22 @@ def _revokes(schema: str, roles: list[str], sheet_tables: list[str]) -> str:
             f"REVOKE ALL ON SEQUENCE {qualified(schema, 'row_versions')} FROM {rs}")
 
 
+async def _drop_owned(conn: pg.Connection, roles: str) -> bool:
+    """`DROP OWNED BY roles` (quoted, comma-separated); False when this login may not. A
+    superuser may; an owner role with CREATEROLE administers the roles it created and may once
+    it made itself their member."""
+    for statements in ((f"DROP OWNED BY {roles}",),
+                       (f"GRANT {roles} TO CURRENT_USER", f"DROP OWNED BY {roles}")):
+        try:
+            async with conn.transaction():
+                for statement in statements:
+                    await conn.execute(statement)
+            return True
+        except InsufficientPrivilegeError:
+            continue
+    return False
+
+
 async def _drop_roles(conn: pg.Connection, schema: str, roles: list[str], sheet_tables: list[str]) -> None:
     """Drop `roles` with what they own and were granted (one savepoint, all or nothing)."""
     async with conn.transaction():
@@ -105,12 +121,9 @@ async def _drop_roles(conn: pg.Connection, schema: str, roles: list[str], sheet_
             " WHERE rolname = ANY($1::text[])", roles)
         if existing:
             rs = ", ".join(quote_ident(r) for r in existing)
-            try:
-                async with conn.transaction():
-                    await conn.execute(f"DROP OWNED BY {rs}")
-            except InsufficientPrivilegeError:
-                # Not a superuser: revoke what mint granted. A role that still owns something
-                # (a large object it made) then cannot be dropped; every sweep tries again.
+            if not await _drop_owned(conn, rs):
+                # Revoke what mint granted instead. A role that still owns something (a large
+                # object it made) then cannot be dropped; every sweep tries again.
                 present = await conn.fetchval(
                     "SELECT coalesce(array_agg(t), '{}') FROM unnest($1::text[]) AS t"
                     " WHERE to_regclass(quote_ident($2) || '.' || quote_ident(t)) IS NOT NULL",

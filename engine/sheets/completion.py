@@ -131,7 +131,7 @@ def reads_unit_leases(port: Port) -> bool:
     an attempt is fenced on their rows: a login that reads the schema's lock secret reads every
     runplane table (the owner's, the gateway's). A database session reads neither; it may
     write its sheet's rows by hand anyway, so a fence in its statements would bind nothing."""
-    return getattr(port, "lock_secret", None) is not None
+    return port.settings.lock_secret is not None
 
 
 def _json_array(texts: list[str]) -> str:
@@ -407,7 +407,7 @@ async def _complete_here(
         if on_diagnostics is None:
             log_diagnostics(diagnostics)
         else:
-            queue = port.diagnostics
+            queue = port.settings.diagnostics
             if isinstance(queue, DiagnosticsQueue) and queue.running:
                 queue.put(on_diagnostics, diagnostics)
             else:

@@ -166,8 +166,8 @@ HAS_DELTAS = """(EXISTS (SELECT 1 FROM {deltas} AS x
 
 def may_fold(port: Port) -> bool:
     """Whether writers on `port` fold deltas: not a database session (whose sheet lock keys are
-    given outright, `Port.sheet_lock_keys`), which holds no DELETE on shared tables."""
-    return not port.sheet_lock_keys
+    given outright, `PortSettings.sheet_lock_keys`), which holds no DELETE on shared tables."""
+    return not port.settings.sheet_lock_keys
 
 
 def fold_statement(port: Port) -> str:

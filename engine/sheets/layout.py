@@ -17,7 +17,7 @@ How it works
   neither holding a column that a completed row's update changes. System columns added in later releases (`LATER_SYSTEM_COLUMNS`) are
   added to an older sheet under the exclusive lock the first time a writer needs them.
 - `sheet_lock_key` is a secret-derived key recorded with a database session's scope; it marks a
-  session's own sheet (`Port.sheet_lock_keys`) and locks nothing (the sheet lock is its summary
+  session's own sheet (`PortSettings.sheet_lock_keys`) and locks nothing (the sheet lock is its summary
   row, `sheet_txn`).
 Related modules: `column_registry` (allocating and registering columns, the DDL),
 `sheet_txn` (the write transaction and its lock protocol), `telemetry` (per-phase timings),
@@ -161,10 +161,10 @@ def sheet_lock_key(port: Port, layout: SheetLayout) -> int:
     """The sheet's recorded key (it locks nothing: see the module docstring), derived with the
     schema's lock secret the port read when it opened; a database session, which may not read
     the secret, was given its own sheet's. A port with neither falls back to `layout.lock_key`."""
-    given = port.sheet_lock_keys.get(layout.table)
+    given = port.settings.sheet_lock_keys.get(layout.table)
     if given is not None:
         return given
-    secret = port.lock_secret
+    secret = port.settings.lock_secret
     if secret is not None:
         return derive_lock_key(secret, "runplane.sheet", layout.schema, layout.table)
     return layout.lock_key

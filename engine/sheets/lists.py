@@ -59,7 +59,7 @@ def recordable(port: Port, write: SheetWrite, rows: int) -> bool:
     """Whether a list map of `rows` rows with `write` may be replayed and recorded (on a
     direct port only: the action layer answers False for a remote one)."""
     return (0 < rows <= MAX_RECORDED_ROWS and not write.force and not write.cell_policies
-            and not port.sheet_lock_keys)
+            and not port.settings.sheet_lock_keys)
 
 
 def list_digest(write: SheetWrite, rows: Sequence[object]) -> bytes | None:
