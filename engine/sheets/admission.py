@@ -39,8 +39,11 @@ How it works
   judging them by the same SQL fragments as admission.
 - What is written where, and how, is one `SheetWrite` (`sheet_write`), built and checked once:
   by `admit` from its arguments, or by the caller of `admit_write` (a map builds it once).
-  `admit_prepared` is admission after its checks; the write modes (`writes`) run it with a
-  prelude in the same transaction.
+  The call's rows and where they sit are one `AdmitBatch`. A shared map's unit admission adds
+  a `UnitGuard` (`sheet_txn`: its lease check runs last inside the transaction; it may make the
+  transaction concurrent); it is no argument of the action `sheets.admit`, whose parameters are
+  its JSON body. `admit_prepared` is admission after its checks; the write modes (`writes`)
+  run it with a prelude in the same transaction.
 """
 
 from __future__ import annotations

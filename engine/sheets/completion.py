@@ -52,6 +52,8 @@ How it works
   task (`engine.diagnostics`; bounded, oldest dropped) and `complete` returns at once; what the
   sink raises is logged. A port with no such queue running delivers inline. With no sink, one
   JSON line per completion is logged at DEBUG.
+- A shared map's unit completion is `complete_write` with a `UnitGuard` (`sheet_txn`), never
+  the action `sheets.complete` (whose parameters are its JSON body).
 """
 
 from __future__ import annotations
@@ -89,8 +91,7 @@ from .sheet_write import COMPLETE_ARGUMENTS, SheetWrite
 log = logging.getLogger("runplane.sheets")
 
 T = TypeVar("T")
-# Where a completion's diagnostics go: a plain or async callable (what it returns is ignored).
-DiagnosticsSink = Callable[[CompletionDiagnostics], object]
+DiagnosticsSink = Callable[[CompletionDiagnostics], object]  # a plain or async callable
 
 COMPLETE_CHUNK_ROWS = 10_000
 COMPLETE_CHUNK_BYTES = 2 * 1024 * 1024
@@ -340,11 +341,9 @@ async def complete_write(
     on_diagnostics: DiagnosticsSink | None = None,
     guard: UnitGuard | None = None,
 ) -> Completion:
-    """`complete` of a `SheetWrite` built (and checked) by the caller. `guard`: a shared map's
-    unit completion, `guard.within(conn, committed_keys, fenced)` last inside the transaction
-    (the units' settlement: what it raises rolls the whole completion back; it may run more
-    than once, the transaction being retried from scratch), concurrent when it says so.
-    Through a remote port the action layer sends `sheets.complete` instead (`_send_complete`)."""
+    """`complete` of a `SheetWrite` built (and checked) by the caller; `guard`: a shared map's
+    unit completion, its settlement last inside the transaction (`UnitGuard`). Through a remote
+    port the action layer sends `sheets.complete` instead (`_send_complete`)."""
     return await _complete_here(port, write, outcomes, started=time.perf_counter(),
                                 on_diagnostics=on_diagnostics, force_failed=False, guard=guard)
 
