@@ -52,7 +52,7 @@ from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome,
     SheetContract, SheetWrite, StagedPage,
 )
-from runplane.engine.sheets.admission import admit_write
+from runplane.engine.sheets.admission import AdmitBatch, admit_write
 from runplane.engine.sheets.completion import complete_write, input_fields_problem
 from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
@@ -198,8 +198,8 @@ class MapPlan:
         write = self.write if cache_hits == "count" else attrs.evolve(self.write,
                                                                        cache_hits=cache_hits)
         return await retry_transient(lambda: admit_write(
-            self.port, write, rows, input_offset=input_offset, keys=keys,
-            staged_page=staged_page, texts=texts,
+            self.port, write, AdmitBatch(rows, input_offset, keys, staged_page=staged_page,
+                                         texts=texts),
         ))
 
     async def probe(self, rows: list[JsonObject], input_offset: int, *,

@@ -11,7 +11,9 @@ from runplane.engine.shared import units as shared_units
 from runplane.engine.errors import LeaseLostError
 from runplane.engine.ports import table
 from runplane.engine.shared.leases import claim_units
-from runplane.engine.sheets import RowOutcome, admit, complete, ensure_sheet
+from runplane.engine.sheets import RowOutcome, SheetWrite, admit, ensure_sheet
+from runplane.engine.sheets.completion import complete_write
+from runplane.engine.sheets.sheet_txn import UnitGuard
 from runplane.simulations.ports import GatedPort
 
 from .plays.scale_play import tag_pid
@@ -55,13 +57,14 @@ async def _two_writers(tenant, second_concurrent: bool) -> tuple[dict, bool]:
     finished_while_parked = False
 
     async def writer_a() -> None:
-        results["a"] = await complete(gated, run, NS, CONTRACT,
-                                      [RowOutcome(a, "completed", {"score": 1})], concurrent=True)
+        results["a"] = await complete_write(gated, SheetWrite(run, NS, CONTRACT),
+                                            [RowOutcome(a, "completed", {"score": 1})],
+                                            guard=UnitGuard(concurrent=True))
 
     async def writer_b() -> None:
-        results["b"] = await complete(tenant, run, NS, CONTRACT,
-                                      [RowOutcome(b, "completed", {"score": 2})],
-                                      concurrent=second_concurrent)
+        results["b"] = await complete_write(tenant, SheetWrite(run, NS, CONTRACT),
+                                            [RowOutcome(b, "completed", {"score": 2})],
+                                            guard=UnitGuard(concurrent=second_concurrent))
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from runplane.actors import open_run
 from runplane.actors import admission as mapper_admission
 from runplane.engine import PlayScope, RunScope, runs, sheets
-from runplane.engine.array_input import source as array_source
+from runplane.engine.array_input import source_pass as array_source
 from runplane.engine.runs import new_run_id
 from runplane.engine.sheets.layout import layout_for
 from runplane.simulations import fast_admission as sim

@@ -6,7 +6,8 @@ from runplane.actors.map_state import MapPlan
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.values.scopes import PlayScope, RunRef, RunScope
 from runplane.engine.sheets import CellPolicy, RowStatus, SheetContract, SheetWrite
-from runplane.engine.sheets.admission_sql import PayloadRows, admit_statement, probe_statement
+from runplane.engine.sheets.admission_sql import PayloadRows, admit_statement
+from runplane.engine.sheets.dispositions import probe_statement
 from runplane.engine.sheets.layout import SheetColumns, column_name, layout_for
 
 CONTRACT = SheetContract(inputs=("name",), outputs=("score",))

@@ -9,8 +9,8 @@ facts at most 128 per call). `get_manifest` says where a map's staging stands.
 
 `encode_source` encodes a whole list source once (fingerprint, page cuts, page facts on demand,
 and each row's canonical text; a `PagedRows` source, too large to hold, page by page), and
-`put_encoded_page` puts a page it encoded. `pages` holds the
-values and the pure encoding; `facts` the keys, the guard and the
+`put_encoded_page` puts a page it encoded (`source`; its one encoding pass: `source_pass`).
+`pages` holds the values and the pure encoding; `facts` the keys, the guard and the
 one-statement operations; `sealing` and `retirement` the two multi-step operations. Errors are typed
 (`engine.errors`); bad input is refused before any query.
 """
@@ -22,9 +22,8 @@ from .values import (
 )
 from .pages import paginate, source_fingerprint
 from .retirement import retire
-from .source import (
-    EncodedSource, PagedRows, PagedSource, SourceShape, encode_source, scan_source,
-)
+from .source import PagedRows, PagedSource, encode_source
+from .source_pass import EncodedSource, SourceShape, scan_source
 from .sealing import seal
 
 __all__ = [

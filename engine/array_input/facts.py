@@ -35,13 +35,14 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from .. import canonical
 from ..actions import action
 from ..values.codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError
 from ..values.keys import fact_key
+from ..pg import Record
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES, ReceiptStatus
 from ..runs.reissue import NotVisible, fetchrow_until_visible
@@ -101,7 +102,7 @@ def page_key(scope: MapScope, ordinal: int) -> bytes:
 # -- decoding stored facts ---------------------------------------------------------------------
 
 
-def fact_output(status: Any, run_id: Any, output_text: str | None, scope, kind: str) -> dict:
+def fact_output(status: int | None, run_id: str | None, output_text: str | None, scope, kind: str) -> dict:
     """The output of a present fact of `kind`, or `CorruptFactError` when it is malformed."""
     output = canonical.loads(output_text)
     if status != ReceiptStatus.COMPLETED or run_id != scope.run_id or type(output) is not dict \
@@ -110,7 +111,7 @@ def fact_output(status: Any, run_id: Any, output_text: str | None, scope, kind: 
     return output
 
 
-def guard_retired(status: Any, run_id: Any, output_text: str | None, scope) -> bool | None:
+def guard_retired(status: int | None, run_id: str | None, output_text: str | None, scope) -> bool | None:
     """None when there is no guard; else whether the run is retired."""
     if status is None:
         return None
@@ -120,7 +121,7 @@ def guard_retired(status: Any, run_id: Any, output_text: str | None, scope) -> b
     return guard["retired"]
 
 
-def require_open(status: Any, run_id: Any, output_text: str | None, scope) -> None:
+def require_open(status: int | None, run_id: str | None, output_text: str | None, scope) -> None:
     """Raise unless the guard exists and is not retired."""
     retired = guard_retired(status, run_id, output_text, scope)
     if retired is None:
@@ -131,7 +132,7 @@ def require_open(status: Any, run_id: Any, output_text: str | None, scope) -> No
         raise RetiredError(f"run {scope.run_id!r} is retired: its array inputs are gone")
 
 
-def begin_output(status: Any, run_id: Any, output_text: str | None, scope: MapScope) -> dict:
+def begin_output(status: int | None, run_id: str | None, output_text: str | None, scope: MapScope) -> dict:
     if status is None:
         raise CorruptFactError(
             f"array input {scope.table_namespace}/{scope.map_invocation_id} has no begin fact"
@@ -148,7 +149,7 @@ def begin_output(status: Any, run_id: Any, output_text: str | None, scope: MapSc
     return begin
 
 
-def seal_output(status: Any, run_id: Any, output_text: str | None, scope: MapScope) -> dict:
+def seal_output(status: int | None, run_id: str | None, output_text: str | None, scope: MapScope) -> dict:
     seal = fact_output(status, run_id, output_text, scope, SEAL_KIND)
     if (
         len(seal) != 6
@@ -164,7 +165,7 @@ def seal_output(status: Any, run_id: Any, output_text: str | None, scope: MapSco
 
 
 async def run_statement(
-    port: Port, lane: str, sql: str, args: tuple, decide: Callable[[Any], T]
+    port: Port, lane: str, sql: str, args: tuple, decide: Callable[[Record | None], T]
 ) -> T:
     """Issue `sql` and let `decide(row)` name the outcome; re-issued while it raises
     `NotVisible`, a bounded number of times (`engine.runs.reissue`)."""
@@ -178,7 +179,7 @@ def fact_sql(template: str, port: Port, *, guard_run: str | None = None) -> str:
     """`template` for the port's schema: `{t}` is `work_receipts`, `{COMPLETED}` and the other
     statuses their values, and `{guard_open}` the open-guard test on the CTE `guard` for the run
     id parameter `guard_run` (e.g. `"$4"`)."""
-    parts: dict[str, Any] = dict(SQL_STATUSES, t=table(port, "work_receipts"))
+    parts: dict[str, object] = dict(SQL_STATUSES, t=table(port, "work_receipts"))
     if guard_run is not None:
         parts["guard_open"] = GUARD_IS_OPEN.format(g="guard", run=guard_run, **SQL_STATUSES)
     return template.format(**parts)

@@ -25,7 +25,7 @@ import trio
 
 from .. import canonical
 from ..actions import action
-from ..values.codecs import BOOL, INT, MAP_SCOPE, NOTHING, STR
+from ..values.codecs import INT, MAP_SCOPE, NOTHING, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..runs.reissue import NotVisible

@@ -14,7 +14,7 @@ How it works
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
@@ -47,12 +47,12 @@ def check_fingerprint(value: object, name: str = "source_fingerprint") -> str:
     return value
 
 
-def _dataset_id(instance: Any, attribute: Any, value: object) -> None:
+def _dataset_id(instance: object, attribute: attrs.Attribute, value: object) -> None:
     if not isinstance(value, str) or not value:
         raise InvalidInputError(f"source_identity.dataset_id must be a non-empty string, got {value!r}")
 
 
-def _row_index(instance: Any, attribute: Any, value: object) -> None:
+def _row_index(instance: object, attribute: attrs.Attribute, value: object) -> None:
     check_count(value, "source_identity.row_index")
 
 
@@ -72,7 +72,7 @@ def _source_identity(value: object) -> SourceIdentity | None:
     raise InvalidInputError(f"source_identity must be a SourceIdentity or None, got {value!r}")
 
 
-def _data(instance: Any, attribute: Any, value: object) -> None:
+def _data(instance: object, attribute: attrs.Attribute, value: object) -> None:
     if not isinstance(value, dict):
         raise InvalidInputError(f"occurrence data must be an object (dict), got {type(value).__name__}")
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -43,6 +43,7 @@ from ..values.codecs import BOOL, INT, INT32, RUN_REF, TEXT, dict_of, list_of, r
 from ..errors import InvalidInputError, LeaseLostError
 from ..pg import Connection
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
+from ..sheets.model import FencedRow, RowOutcome
 from ..values.scopes import RunRef, check_scope
 from .maps import COUNTERS, MapState, map_key
 
@@ -332,12 +333,12 @@ def check_settlements(settlements: Sequence[Settlement]) -> None:
             raise InvalidInputError(f"settlements[{i}].tally: unknown counters {sorted(unknown)}")
 
 
-def unit_finder(leases: Sequence[UnitLease]) -> Callable[[Any], UnitLease | None]:
+def unit_finder(leases: Sequence[UnitLease]) -> Callable[[object], UnitLease | None]:
     """The lease whose unit holds an input index (None for any other index)."""
     ordered = sorted(leases, key=lambda lease: lease.low)
     lows = [lease.low for lease in ordered]
 
-    def find(input_index: Any) -> UnitLease | None:
+    def find(input_index: object) -> UnitLease | None:
         if type(input_index) is not int:
             return None
         at = bisect.bisect_right(lows, input_index) - 1
@@ -348,8 +349,8 @@ def unit_finder(leases: Sequence[UnitLease]) -> Callable[[Any], UnitLease | None
     return find
 
 
-def settlement_entries(settlements: Sequence[Settlement], outcomes: Sequence[Any],
-                       committed: frozenset[str], fenced: Mapping[str, Any]
+def settlement_entries(settlements: Sequence[Settlement], outcomes: Sequence[RowOutcome],
+                       committed: frozenset[str], fenced: Mapping[str, FencedRow]
                        ) -> list[tuple[Settlement, dict[str, int]]]:
     """Each settlement with its counters delta: its tally plus, of the completion's outcomes
     in its unit, those applied (completed, failed) and those fenced."""

@@ -29,12 +29,13 @@ import hashlib
 import json
 import os
 import socket
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import attrs
 
 from .. import canonical
 from ..actions import action
+from ..canonical import JsonObject, JsonValue
 from ..limits.bounds import is_number
 from ..values.codecs import (
     BOOL, FLOAT, INT, INT32, NOTHING, RAW, RUN_REF, TEXT, dict_of, enum_of, list_of, optional,
@@ -74,7 +75,7 @@ class SharedMap:
     ref: RunRef
     map_invocation_id: str
     table_namespace: str
-    config: Mapping[str, Any]
+    config: JsonObject
     function: str
     play_digest: str
     state: MapState = attrs.field(converter=MapState)
@@ -160,7 +161,7 @@ SELECT 1
     "function": TEXT, "play_digest": TEXT, "units": list_of(list_of(INT32)), "lease_s": FLOAT,
 }, result=NOTHING)
 async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespace: str, *,
-                  config: Mapping[str, Any], function: str, play_digest: str,
+                  config: Mapping[str, JsonValue], function: str, play_digest: str,
                   units: Sequence[tuple[int, int, int]], lease_s: float = LEASE_S) -> None:
     """Publish a map and its units (see the module docstring); idempotent."""
     check_scope(port, ref)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .. import sheets
 from ..actions import action
 from ..values.codecs import BOOL, INT, RUN_REF, TEXT, USER_JSON, list_of, optional
 from ..errors import InvalidInputError
@@ -36,7 +35,11 @@ from .leases import (
     settlement_entries, unit_finder,
 )
 from ..sheets import Admission, Attempt, CellPolicy, Completion, RowOutcome, SheetContract
-from ..sheets.model import ADMISSION, CELL_POLICIES, COMPLETION, CONTRACT, ROW_OUTCOME
+from ..sheets.admission import AdmitBatch, admit_write
+from ..sheets.completion import complete_write
+from ..sheets.model import ADMISSION, FencedRow, CELL_POLICIES, COMPLETION, CONTRACT, ROW_OUTCOME
+from ..sheets.sheet_txn import UnitGuard
+from ..sheets.sheet_write import SheetWrite
 
 
 def claim_attempt(leases: Sequence[UnitLease]) -> Attempt:
@@ -82,11 +85,12 @@ async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
         if lease is None or mask_of(lease.settled) >> (index - lease.low) & 1:
             raise InvalidInputError(f"input_indexes[{i}]: {index} is not an unsettled row "
                                     "of the leases")
-    return await sheets.admit(
-        port, ref, table_namespace, contract, rows, input_indexes=input_indexes,
-        attempt=claim_attempt(leases), cell_policies=cell_policies,
-        give_up_after=give_up_after, cache_hits="count", concurrent=concurrent,
-        within=lease_check(port, ref, map_invocation_id, leases, concurrent))
+    write = SheetWrite(ref, table_namespace, contract, attempt=claim_attempt(leases),
+                       cell_policies=cell_policies, give_up_after=give_up_after,
+                       cache_hits="count")
+    guard = UnitGuard(lease_check(port, ref, map_invocation_id, leases, concurrent), concurrent)
+    return await admit_write(port, write, AdmitBatch(rows, input_indexes=input_indexes),
+                             guard=guard)
 
 
 @action("shared_maps.complete_units", params={
@@ -109,10 +113,10 @@ async def complete_units(port: Port, ref: RunRef, map_invocation_id: str, worker
         if not isinstance(outcome, RowOutcome) or find(outcome.input_index) is None:
             raise InvalidInputError(f"outcomes[{i}] is not a row of the settled units")
 
-    async def within(conn: Connection, committed: frozenset[str], fenced: dict) -> None:
+    async def within(conn: Connection, committed: frozenset[str],
+                     fenced: dict[str, FencedRow]) -> None:
         await settle(conn, port, ref, map_invocation_id, worker_id,
                      settlement_entries(settlements, outcomes, committed, fenced), concurrent)
 
-    return await sheets.complete(
-        port, ref, table_namespace, contract, outcomes, attempt=claim_attempt(leases),
-        within=within, concurrent=concurrent)
+    write = SheetWrite(ref, table_namespace, contract, attempt=claim_attempt(leases))
+    return await complete_write(port, write, outcomes, guard=UnitGuard(within, concurrent))

@@ -39,14 +39,17 @@ How it works
   judging them by the same SQL fragments as admission.
 - What is written where, and how, is one `SheetWrite` (`sheet_write`), built and checked once:
   by `admit` from its arguments, or by the caller of `admit_write` (a map builds it once).
-  `admit_prepared` is admission after its checks; the write modes (`writes`) run it with a
-  prelude in the same transaction.
+  The call's rows and where they sit are one `AdmitBatch`. A shared map's unit admission adds
+  a `UnitGuard` (`sheet_txn`: its lease check runs last inside the transaction; it may make the
+  transaction concurrent); it is no argument of the action `sheets.admit`, whose parameters are
+  its JSON body. `admit_prepared` is admission after its checks; the write modes (`writes`)
+  run it with a prelude in the same transaction.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
@@ -54,14 +57,14 @@ from .. import array_input, canonical
 from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
-from ..pg import Connection
+from ..pg import Connection, Record
 from ..ports import Port
 from ..values.scopes import RunRef
 
 from .admission_sql import PageRows, PayloadRows, admit_statement
 from .inputs import PreparedRows, prepare_rows
 from .layout import layout_for
-from .sheet_txn import SheetTxn, run_sheet_transaction
+from .sheet_txn import SheetTxn, UnitGuard, run_sheet_transaction
 from .telemetry import PhaseClock
 from .model import (
     Admission,
@@ -79,14 +82,12 @@ from .sheet_write import ADMIT_ARGUMENTS, SheetWrite
 ADMIT_CHUNK_ROWS = 10_000
 ADMIT_STATEMENT_TIMEOUT_MS = 120_000
 
-# Runs last inside the admission's transaction (a shared map's unit lease check).
-Within = Callable[[Connection, frozenset[str], dict], Awaitable[None]]
 # What a write mode runs first in the admission's transaction (`engine.sheets.writes`): it may
 # change the sheet and returns how much to add to every row's input index.
 Prelude = Callable[[Connection, SheetTxn], Awaitable[int]]
 
 
-def _check_staged(run: RunRef, staged_page: Any, rows: Sequence[Any]) -> StagedPage:
+def _check_staged(run: RunRef, staged_page: object, rows: object) -> StagedPage:
     if not isinstance(staged_page, StagedPage):
         raise InvalidInputError("staged_page must be a StagedPage or None")
     scope = staged_page.scope
@@ -99,6 +100,29 @@ def _check_staged(run: RunRef, staged_page: Any, rows: Sequence[Any]) -> StagedP
     return staged_page
 
 
+@attrs.frozen
+class AdmitBatch:
+    """The rows of one admission call and where they sit in the input: at `input_offset` +
+    position, or at `input_indexes` (one per row); with the `keys` and canonical `texts` a
+    caller computed already, or read from a sealed `staged_page` of the run (see `admit`)."""
+
+    rows: Sequence[dict]
+    input_offset: int = 0
+    keys: Sequence[str] | None = None
+    input_indexes: Sequence[int] | None = None
+    staged_page: StagedPage | None = None
+    texts: Sequence[str] | None = None
+
+    def arguments(self) -> dict[str, object]:
+        """The batch's part of the action `sheets.admit`'s keyword arguments
+        (`input_indexes` only when given: a body without them reads as before)."""
+        given = {"rows": self.rows, "input_offset": self.input_offset, "keys": self.keys,
+                 "staged_page": self.staged_page, "texts": self.texts}
+        if self.input_indexes is not None:
+            given["input_indexes"] = self.input_indexes
+        return given
+
+
 class _PageRefused(Exception):
     """The staged page fact was not the expected one; the transaction rolls back."""
 
@@ -109,7 +133,7 @@ class _PageRefused(Exception):
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
     "texts": optional(list_of(STR)), "force": BOOL,
-}, result=ADMISSION, local=("within", "concurrent"), deadline_s=600.0)  # a big first admission may take minutes
+}, result=ADMISSION, deadline_s=600.0)  # a big first admission may take minutes
 async def admit(
     port: Port,
     run: RunRef,
@@ -127,8 +151,6 @@ async def admit(
     staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
     force: bool = False,
-    within: Within | None = None,
-    concurrent: bool = False,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -140,66 +162,56 @@ async def admit(
     caller's word, as `keys` are, so the rows are not encoded again.
     `force=True` re-admits enriched rows an older write version wrote (they run again); rows
     our version already enriched stay cache hits, so a wake of a forced run resumes it.
-    `within(conn, frozenset(), {})` runs last inside the admission's transaction (a shared
-    map's unit lease check): what it raises rolls the admission back. `concurrent=True` runs
-    it as a concurrent sheet transaction (`sheet_txn`; a shared map's unit writes only).
+    (Its parameters are the action's JSON body, field by field.)
     """
     started = time.perf_counter()
     write = SheetWrite(run, table_namespace, contract, attempt=attempt,
                        cell_policies=cell_policies, give_up_after=give_up_after,
                        cache_hits=cache_hits, force=force)
-    return await _admit_here(port, write, rows, started=started, input_offset=input_offset,
-                             keys=keys, input_indexes=input_indexes, staged_page=staged_page,
-                             texts=texts, within=within, concurrent=concurrent)
+    batch = AdmitBatch(rows, input_offset, keys, input_indexes, staged_page, texts)
+    return await _admit_here(port, write, batch, started=started)
 
 
-async def _send_admit(
-    port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
-    keys: Sequence[str] | None = None, staged_page: StagedPage | None = None,
-    texts: Sequence[str] | None = None,
-) -> Admission:
+async def _send_admit(port: Port, write: SheetWrite, batch: AdmitBatch, *,
+                      guard: UnitGuard | None = None) -> Admission:
     """`admit_write` through a remote port: the action `sheets.admit`, its body made of the
-    value and these arguments."""
-    return await admit(port, rows=rows, input_offset=input_offset, keys=keys,
-                       staged_page=staged_page, texts=texts,
-                       **write.arguments(*ADMIT_ARGUMENTS))
+    write and the batch. A unit guard runs inside the write's own transaction: it cannot
+    travel."""
+    if guard is not None:
+        raise InvalidInputError("a unit guard runs in the admission's own transaction; "
+                                "a remote port cannot take one")
+    return await admit(port, **batch.arguments(), **write.arguments(*ADMIT_ARGUMENTS))
 
 
 @routes_remote(_send_admit)
-async def admit_write(
-    port: Port, write: SheetWrite, rows: Sequence[dict], *, input_offset: int = 0,
-    keys: Sequence[str] | None = None, staged_page: StagedPage | None = None,
-    texts: Sequence[str] | None = None,
-) -> Admission:
-    """`admit` of a `SheetWrite` built (and checked) by the caller. Through a remote port the
-    action layer sends `sheets.admit` instead (`_send_admit`)."""
-    return await _admit_here(port, write, rows, started=time.perf_counter(),
-                             input_offset=input_offset, keys=keys, input_indexes=None,
-                             staged_page=staged_page, texts=texts, within=None)
+async def admit_write(port: Port, write: SheetWrite, batch: AdmitBatch, *,
+                      guard: UnitGuard | None = None) -> Admission:
+    """`admit` of a `SheetWrite` built (and checked) by the caller, for `batch`; `guard`: a
+    shared map's unit admission, its lease check last inside the transaction (what it raises
+    rolls the admission back), concurrent when it says so. Through a remote port the action
+    layer sends `sheets.admit` instead (`_send_admit`)."""
+    return await _admit_here(port, write, batch, started=time.perf_counter(), guard=guard)
 
 
-async def _admit_here(
-    port: Port, write: SheetWrite, rows: Sequence[dict], *, started: float, input_offset: int,
-    keys: Sequence[str] | None, input_indexes: Sequence[int] | None,
-    staged_page: StagedPage | None, texts: Sequence[str] | None, within: Within | None,
-    concurrent: bool = False,
-) -> Admission:
+async def _admit_here(port: Port, write: SheetWrite, batch: AdmitBatch, *, started: float,
+                      guard: UnitGuard | None = None) -> Admission:
     """Admission on this port: the per-call arguments checked, the rows prepared."""
     write.check_port(port)
+    rows, input_offset, input_indexes = batch.rows, batch.input_offset, batch.input_indexes
+    staged_page = batch.staged_page
     if staged_page is not None:
         staged_page = _check_staged(write.run, staged_page, rows)
         if input_indexes is not None:
             raise InvalidInputError("staged_page and input_indexes cannot be combined")
     prepared = prepare_rows(
-        rows, write.table_namespace, input_offset=input_offset, keys=keys,
+        rows, write.table_namespace, input_offset=input_offset, keys=batch.keys,
         need_texts=bool(write.contract.inputs) and staged_page is None,
-        input_indexes=input_indexes, texts=texts,
+        input_indexes=input_indexes, texts=batch.texts,
     )
     page = None
     if staged_page is not None:
         page = _page_rows(prepared, staged_page, len(rows), input_offset)
-    return await admit_prepared(port, write, prepared, started=started, page=page,
-                                within=within, concurrent=concurrent)
+    return await admit_prepared(port, write, prepared, started=started, page=page, guard=guard)
 
 
 def _page_rows(prepared: PreparedRows, staged_page: StagedPage, page_size: int,
@@ -215,19 +227,20 @@ def _page_rows(prepared: PreparedRows, staged_page: StagedPage, page_size: int,
 
 async def admit_prepared(
     port: Port, write: SheetWrite, prepared: PreparedRows, *, started: float,
-    page: PageRows | None = None, prelude: Prelude | None = None, within: Within | None = None,
-    concurrent: bool = False,
+    page: PageRows | None = None, prelude: Prelude | None = None,
+    guard: UnitGuard | None = None,
 ) -> Admission:
     """Admission after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
     staged page) runs first in the same transaction; what it returns shifts every input index;
-    `within` runs last in it (see `admit`)."""
+    a `guard`'s hook runs last in it (see `admit_write`)."""
+    guard = guard or UnitGuard()
     layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
     clock = PhaseClock()
     clock.add("prepare", time.perf_counter() - started)
     n = len(prepared.keys)
     shift = 0
 
-    async def op(conn: Connection, sheet: SheetTxn) -> list[tuple[int, Any]]:
+    async def op(conn: Connection, sheet: SheetTxn) -> list[tuple[int, Record]]:
         nonlocal shift
         if page is not None:
             statement = admit_statement(port, layout, write, sheet.columns, page,
@@ -253,8 +266,8 @@ async def admit_prepared(
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             results.append((low, record))
-        if within is not None:
-            await within(conn, frozenset(), {})
+        if guard.within is not None:
+            await guard.within(conn, frozenset(), {})
         return results
 
     results = []
@@ -262,7 +275,7 @@ async def admit_prepared(
         try:
             results = await run_sheet_transaction(
                 port, layout, write.contract.fields, op,
-                timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock, concurrent=concurrent,
+                timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock, concurrent=guard.concurrent,
             )
         except _PageRefused:
             assert page is not None
@@ -296,7 +309,7 @@ async def _explain_refused_page(port: Port, staged_page: StagedPage) -> None:
     )
 
 
-def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[int, Any]],
+def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[int, Record]],
                locate: Callable[[int, int], int], timings: tuple[Timing, ...]) -> Admission:
     """The `Admission` the chunks' result records (with the chunk's first row) say."""
     inserted = 0

@@ -1,11 +1,9 @@
-"""The SQL of admission: one statement per chunk that decides and writes, and a read-only probe.
+"""The SQL of admission: one statement per chunk that decides and writes.
 
 How it works
-- Both statements judge an existing row by the same two fragments: `cached_predicate` (enriched,
-  every contract output present and its cell meta completed, no cell stale under its
-  `CellPolicy`, judged on the server's clock) and `disposition_case` (completed, newer_run,
-  attempt_active, gave_up, or admit; `new` when no row has the key). A probe therefore settles a row
-  exactly when the admission statement would have left it untouched.
+- The statement judges each existing row by the fragments it shares with the probe
+  (`dispositions`: `cached_predicate`, `disposition_case`), so a probe settles a row exactly
+  when this statement would have left it untouched.
 - The admission statement (`admit_statement`) takes the chunk's inputs from one of two sources:
     * `PayloadRows`: the rows' canonical JSON, sent as one array and expanded beside keys and
       indexes (`ROWS FROM`);
@@ -15,7 +13,7 @@ How it works
       guard is open; otherwise the input is empty, nothing is written, and `page_ok` is false.
       Its rows are zipped positionally with the key and index arrays (`ROWS FROM`), so each row
       takes its input cells from `rows[i].data` of the stored fact: the rows never travel again.
-- Each builder allocates its binds as it writes the text (`statements.BindParams`) and returns
+- The builder allocates its binds as it writes the text (`statements.BindParams`) and returns
   the text with its arguments (`Statement`); the write's settings come from the `SheetWrite`.
 - Under `force` the re-admission also marks every cell meta entry of the row `pending`
   (`pending_cells`) and takes its completed and failed cells out of the column counters
@@ -23,30 +21,27 @@ How it works
 - Cache hits come back either as rows (their ordinals and one JSON array per output column,
   the public default) or as a count (`count` mode: the pending rows' ordinals, the cached
   count, the blocked rows — a few bytes for a page of hits).
-- `probe_statement` is one read-only statement over keys only (sorted, each found by its own
-  primary-key probe): it counts cache hits and lists blocked rows, and tells how many rows
-  would need admission (new, or to be re-admitted).
 This module does no I/O.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import attrs
 
 from ..ports import Port, sequence_literal, table
-from ..sql import SqlLiteral
 from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
 from ..array_input import facts
-from .column_registry import COLUMNS_OF_FIELDS
-from .counters import column_update, summary_update
+from .counters import column_update, previous_statuses, status_deltas, summary_update
+from .dispositions import (
+    BLOCKED, Disposition, StoredRow, cached_predicate, disposition_case, output_binds,
+)
 from .layout import SheetColumns, SheetLayout
-from .model import CellPolicy, CellStatus, OutcomeStatus, RowStatus, SheetContract, StagedPage
+from .model import CellStatus, RowStatus, StagedPage
 from .sheet_write import SheetWrite
 from .statements import BindParams, Statement
 
+_D = Disposition
 
 
 @attrs.frozen
@@ -68,58 +63,6 @@ class PageRows:
     indexes: list[int]
     page: StagedPage
     offset: int
-
-
-def output_binds(contract: SheetContract, policies: Mapping[str, CellPolicy],
-                 extra: BindParams, column: SheetColumns) -> list[tuple[str, str, str | None]]:
-    """(column, field bind, stale-after bind or None) per contract output."""
-    outputs = []
-    for f in contract.outputs:
-        name = extra.add(f, "text")
-        policy = policies.get(f)
-        seconds = extra.add(float(policy.stale_after_s), "float8") if policy else None
-        outputs.append((column(f), name, seconds))
-    return outputs
-
-
-def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
-                     forced_version: str | None = None) -> str:
-    """True when the row `alias` is a fresh cache hit (never NULL). With `forced_version` (the
-    bind of our write version, under `force=True`) only a row our version wrote counts: a forced
-    run recomputes what older runs wrote, and a wake of it keeps what it recomputed already."""
-    terms = [f"{alias}._status = {RowStatus.ENRICHED.sql}"]
-    if forced_version is not None:
-        terms.append(f"{alias}._write_version = {forced_version}")
-    for col, name, seconds in outputs:
-        terms.append(
-            f"{alias}.{col} IS NOT NULL AND {alias}.{col} <> 'null'::jsonb"
-            f" AND {alias}.{col} <> '\"\"'::jsonb"
-            f" AND ({alias}._cell_meta -> {name} ->> 'status')"
-            f" IS NOT DISTINCT FROM {OutcomeStatus.COMPLETED.sql}"
-        )
-        if seconds is not None:
-            terms.append(
-                f"CASE WHEN jsonb_typeof({alias}._cell_meta -> {name} -> 'completed_at') = 'number'"
-                f" THEN ({alias}._cell_meta -> {name} ->> 'completed_at')::float8"
-                f" >= extract(epoch FROM now())::float8 - {seconds} ELSE false END"
-            )
-    return "coalesce(" + " AND ".join(f"({term})" for term in terms) + ", false)"
-
-
-class Disposition(SqlLiteral):
-    """What admission decides for one input row (`disposition_case`); the blocked ones are the
-    reasons of `BlockedRow`. SQL text writes `Disposition.X.sql`."""
-
-    NEW = "new"                        # no row has the key
-    COMPLETED = "completed"            # a fresh cache hit, left untouched
-    NEWER_RUN = "newer_run"            # blocked: a newer write version owns the row
-    ATTEMPT_ACTIVE = "attempt_active"  # blocked: another attempt's lease is live
-    GAVE_UP = "gave_up"                # blocked: failed in give_up_after runs
-    ADMIT = "admit"                    # (re-)admitted to our write version
-
-
-_D = Disposition
-BLOCKED = f"({_D.NEWER_RUN.sql}, {_D.ATTEMPT_ACTIVE.sql}, {_D.GAVE_UP.sql})"
 
 
 def pending_cells(meta: str, run_id: str, attempts: str) -> str:
@@ -159,22 +102,6 @@ cell_delta AS (
 ),
 column_summary AS ({update}
 ),"""
-
-
-def disposition_case(*, exists: str, cached: str, status: str, version: str, attempt: str,
-                     expires: str, failed_runs: str, our_version: str, our_attempt: str,
-                     give_up_after: str) -> str:
-    """The disposition of one input row, from expressions for the existing row's columns."""
-    return f"""CASE WHEN NOT {exists} THEN {_D.NEW.sql}
-                WHEN {cached} THEN {_D.COMPLETED.sql}
-                WHEN {version} > {our_version} THEN {_D.NEWER_RUN.sql}
-                WHEN {version} = {our_version}
-                     AND {status} IN ({RowStatus.PENDING.sql}, {RowStatus.RUNNING.sql})
-                     AND {attempt} IS NOT NULL AND {attempt} IS DISTINCT FROM {our_attempt}
-                     AND {expires} > now() THEN {_D.ATTEMPT_ACTIVE.sql}
-                WHEN {status} = {RowStatus.FAILED.sql} AND {failed_runs} >= {give_up_after}
-                     THEN {_D.GAVE_UP.sql}
-                ELSE {_D.ADMIT.sql} END"""
 
 
 @attrs.frozen
@@ -314,10 +241,7 @@ readmitted AS (
 ),{cell_ctes}
 delta AS (
     SELECT (SELECT count(*) FROM inserted) AS ins, count(*) AS moved,
-           count(*) FILTER (WHERE prev_status = {RowStatus.PENDING.sql}) AS was_pending,
-           count(*) FILTER (WHERE prev_status = {RowStatus.RUNNING.sql}) AS was_running,
-           count(*) FILTER (WHERE prev_status = {RowStatus.ENRICHED.sql}) AS was_enriched,
-           count(*) FILTER (WHERE prev_status = {RowStatus.FAILED.sql}) AS was_failed
+           {was}
       FROM readmitted
 ),
 summary AS ({summary})
@@ -353,7 +277,7 @@ def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
         summary=_admit_summary(port, c, concurrent=concurrent),
         hits=_hit_columns(write.cache_hits, fields.outputs),
         **_forced_parts(port, write, c, concurrent=concurrent), **fields.text,
-        D=_D, RowStatus=RowStatus, BLOCKED=BLOCKED,
+        D=_D, BLOCKED=BLOCKED, was=previous_statuses(),
     )
     return binds.statement(sql)
 
@@ -421,14 +345,16 @@ def _lease(c: _Common) -> str:
     )
 
 
+# The existing row as the `cur` CTE names its columns.
+_CUR_ROW = StoredRow(exists="c.prev_exists", cached="c.cached", status="c.prev_status",
+                     version="c.prev_version", attempt="c.prev_attempt",
+                     expires="c.prev_expires", failed_runs="c.prev_failed_runs")
+
+
 def _admit_disposition(c: _Common, give_up: str) -> str:
     """What becomes of each existing row (`disposition_case` over the `cur` CTE's columns)."""
-    return disposition_case(
-        exists="c.prev_exists", cached="c.cached", status="c.prev_status",
-        version="c.prev_version", attempt="c.prev_attempt", expires="c.prev_expires",
-        failed_runs="c.prev_failed_runs", our_version=c.version, our_attempt=c.attempt_id,
-        give_up_after=give_up,
-    )
+    return disposition_case(_CUR_ROW, our_version=c.version, our_attempt=c.attempt_id,
+                            give_up_after=give_up)
 
 
 def _forced_parts(port: Port, write: SheetWrite, c: _Common, *,
@@ -451,61 +377,7 @@ def _admit_summary(port: Port, c: _Common, *, concurrent: bool) -> str:
     previous status to the admitted one."""
     return summary_update(
         port, concurrent=concurrent, org=c.org, play=c.play, namespace=c.namespace,
-        source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)", deltas={
-            "total": "d.ins",
-            "queued": f"- d.was_pending + CASE WHEN {c.status} = {RowStatus.PENDING.sql}"
-                      " THEN d.ins + d.moved ELSE 0 END",
-            "running": f"- d.was_running + CASE WHEN {c.status} = {RowStatus.RUNNING.sql}"
-                       " THEN d.ins + d.moved ELSE 0 END",
-            "completed": "- d.was_enriched",
-            "failed": "- d.was_failed",
-        })
-
-
-def probe_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
-                    keys: list[str]) -> Statement:
-    """The read-only probe of a chunk of `keys` (unique, sorted).
-
-    Returns how many keys would need admission (`unsettled`: the keys no row has, plus the rows
-    to re-admit), the cache hits (`cached`), the blocked rows' keys and reasons (two arrays
-    aggregated in one pass, so they pair up element by element), and `columns_ok`: whether
-    `column` is what the registry says for every output (the probe may be built from
-    first-choice names before the registry is read; its counts mean something only when this
-    is true). Each key is looked up by its own primary-key probe (a `LATERAL … LIMIT 1`, which
-    the planner cannot turn into a scan of the sheet, whatever its statistics say: `= ANY` over
-    5,000 keys became a bitmap or sequential scan of an analyzed 200,000-row sheet); sorted
-    keys keep consecutive probes on the same index pages. The aggregates need no order, so
-    nothing is sorted on the server.
-    """
-    binds = BindParams()
-    key_array = binds.add(keys, "text[]")
-    version = binds.add(write.run.epoch, "bigint")
-    attempt_id = binds.add(write.attempt.attempt_id if write.attempt else None, "text")
-    give_up = binds.add(write.give_up_after, "integer")
-    contract = write.contract
-    outputs = output_binds(contract, write.cell_policies, binds, column)
-    fields = binds.add(list(contract.outputs), "text[]")
-    expected = binds.add([column.names[f] for f in contract.outputs], "text[]")
-    registered = COLUMNS_OF_FIELDS.format(
-        fields=fields, registry=table(port, "sheet_columns"), org=binds.add(layout.org_id, "text"),
-        play=binds.add(layout.play, "text"), ns=binds.add(layout.namespace, "text"))
-    disposition = disposition_case(
-        exists="true",
-        cached=cached_predicate("s", outputs, forced_version=version if write.force else None),
-        status="s._status", version="s._write_version", attempt="s._attempt_id",
-        expires="s._attempt_expires_at", failed_runs="s._failed_runs",
-        our_version=version, our_attempt=attempt_id, give_up_after=give_up,
-    )
-    sql = f"""
-SELECT {registered} = {expected} AS columns_ok,
-       cardinality({key_array}) - count(*)
-           + count(*) FILTER (WHERE disposition = {_D.ADMIT.sql}) AS unsettled,
-       count(*) FILTER (WHERE disposition = {_D.COMPLETED.sql}) AS cached,
-       array_agg(key) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_keys,
-       array_agg(disposition) FILTER (WHERE disposition IN {BLOCKED}) AS blocked_reasons
-  FROM (SELECT s._key AS key, {disposition} AS disposition
-          FROM unnest({key_array}) AS k(key)
-          CROSS JOIN LATERAL (SELECT * FROM {layout.qualified} AS s
-                               WHERE s._key = k.key LIMIT 1) AS s) AS decided
-"""
-    return binds.statement(sql)
+        source="delta AS d", condition="(d.ins > 0 OR d.moved > 0)",
+        deltas=status_deltas("d.ins", {
+            status: f"CASE WHEN {c.status} = {status.sql} THEN d.ins + d.moved ELSE 0 END"
+            for status in (RowStatus.PENDING, RowStatus.RUNNING)}))

@@ -20,7 +20,7 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Iterable
 
 import attrs
 
@@ -29,7 +29,8 @@ from .. import canonical
 from ..actions import action
 from ..values.codecs import INT, PLAY_SCOPE, RAW, STR, TEXT, dict_of, list_of, optional, record
 from ..errors import InvalidInputError
-from ..pg import Connection
+from ..canonical import JsonObject
+from ..pg import Connection, Record
 from ..ports import SHEET_LANE, Port, table, with_connection
 from ..values.scopes import PlayScope, check_scope
 from ..sql import quote_ident
@@ -46,7 +47,7 @@ class FailedRow:
     cause (`sheets.causes`: stored with the row, or its message's for a row failed before)."""
 
     key: str
-    inputs: dict[str, Any]
+    inputs: JsonObject
     error: str | None
     run_id: str | None
     input_index: int | None
@@ -159,7 +160,7 @@ def cause_counts_sql(qualified: str, has_cause: bool, limit: int = CAUSE_GROUPS_
                                 limit=int(limit))
 
 
-def cause_counts(records: Any) -> list[CauseCount]:
+def cause_counts(records: Iterable[Record]) -> list[CauseCount]:
     """The records of `cause_counts_sql` as counts `group_causes` folds."""
     return [CauseCount(r["cause"], r["message"], r["n"], r["variants"], r["example"])
             for r in records]

@@ -31,9 +31,11 @@ This module does no I/O: the readers (`sheets.audit`, the console) count in SQL 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import attrs
+
+from ..canonical import JsonValue
 
 MIN_INPUT_CHARS = 3
 MAX_CAUSE_BYTES = 512
@@ -52,7 +54,7 @@ _LETTER = re.compile(r"[^\W\d_]")
 _SCALARS = (str, int, float, bool)
 
 
-def _input_values(inputs: Mapping[str, Any] | None) -> dict[str, str]:
+def _input_values(inputs: Mapping[str, JsonValue] | None) -> dict[str, str]:
     """The maskable string forms of the row's input scalars -> the field each one names
     (the first field in the row's order when two fields hold one value)."""
     found: dict[str, str] = {}
@@ -93,7 +95,7 @@ def bound_cause(cause: str) -> str:
     return cause.encode("utf-8")[:MAX_CAUSE_BYTES].decode("utf-8", "ignore")
 
 
-def cause_of(message: str | None, inputs: Mapping[str, Any] | None = None) -> str:
+def cause_of(message: str | None, inputs: Mapping[str, JsonValue] | None = None) -> str:
     """`message` with its row-specific parts masked (see the module docstring); `inputs` are
     the row's input fields (field -> value) as the function was given them."""
     if message is None:
@@ -130,17 +132,17 @@ class ErrorCause:
 def group_causes(counts: Iterable[CauseCount]) -> list[ErrorCause]:
     """`counts` folded by cause, commonest cause first (then by cause). A count without a
     stored cause takes its message's (`cause_of(message)`)."""
-    groups: dict[str, list[Any]] = {}
+    # cause -> (count, variants, example, the example's own count)
+    groups: dict[str, tuple[int, int, str | None, int]] = {}
     for one in counts:
         if one.cause is not None:
             cause, example = one.cause, one.example
         else:
             cause, example = cause_of(one.message), one.message
-        group = groups.setdefault(cause, [0, 0, example, -1])
-        group[0] += one.count
-        group[1] += one.variants
-        if one.count > group[3]:  # the commonest message is the example
-            group[2], group[3] = example, one.count
+        total, variants, shown, top = groups.get(cause, (0, 0, example, -1))
+        if one.count > top:  # the commonest message is the example
+            shown, top = example, one.count
+        groups[cause] = (total + one.count, variants + one.variants, shown, top)
     causes = [ErrorCause(cause, total, variants, example)
               for cause, (total, variants, example, _) in groups.items()]
     return sorted(causes, key=lambda cause: (-cause.count, cause.pattern))

@@ -52,6 +52,8 @@ How it works
   task (`engine.diagnostics`; bounded, oldest dropped) and `complete` returns at once; what the
   sink raises is logged. A port with no such queue running delivers inline. With no sink, one
   JSON line per completion is logged at DEBUG.
+- A shared map's unit completion is `complete_write` with a `UnitGuard` (`sheet_txn`), never
+  the action `sheets.complete` (whose parameters are its JSON body).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import logging
 import time
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import attrs
 
@@ -72,21 +74,24 @@ from ..pg import Connection
 from ..ports import Port
 from ..values.scopes import RunRef
 
-from .completion_sql import (
-    OutcomeChunk, exact_statement, insert_statement, repair_targets_statement,
-)
+from .completion_parts import CompletionSheet, OutcomeChunk
+from .completion_repair_sql import insert_statement, repair_targets_statement
+from .completion_sql import exact_statement
 from .inputs import PreparedOutcome, prepare_outcomes
 from .layout import SheetLayout, layout_for
-from .sheet_txn import SheetTxn, run_sheet_transaction
+from .sheet_txn import SheetTxn, UnitGuard, run_sheet_transaction
 from .telemetry import PhaseClock
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
-    FencedRow, SheetContract,
+    FencedRow, RowOutcome, SheetContract,
 )
 from .field_names import shown
 from .sheet_write import COMPLETE_ARGUMENTS, SheetWrite
 
 log = logging.getLogger("runplane.sheets")
+
+T = TypeVar("T")
+DiagnosticsSink = Callable[[CompletionDiagnostics], object]  # a plain or async callable
 
 COMPLETE_CHUNK_ROWS = 10_000
 COMPLETE_CHUNK_BYTES = 2 * 1024 * 1024
@@ -105,7 +110,7 @@ def input_fields_problem(names: Sequence[str], inputs: Sequence[str]) -> str | N
     return f"{shown(clash[0])} is an input of the contract; an output cannot be named like an input"
 
 
-def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[Any],
+def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[RowOutcome],
                            inputs: tuple[str, ...]) -> None:
     """Refuse (before any query) an outcome whose data names a contract input, naming the
     outcome by its position (the last occurrence of its key: the one that would be written)."""
@@ -135,7 +140,7 @@ def _json_array(texts: list[str]) -> str:
     return "[" + ",".join(texts) + "]"
 
 
-def _nullable(values: list[Any]) -> list[Any] | None:
+def _nullable(values: list[T]) -> list[T] | None:
     """An array bind, or None when every entry is None: a NULL array, which a multi-argument
     unnest pads with NULLs, costs nothing to encode and send."""
     return values if any(v is not None for v in values) else None
@@ -197,6 +202,15 @@ class _Writer:
     units: bool = False  # fence rows of shared-map units leased now (a write without attempt)
     sheet: SheetTxn | None = None  # set by each transaction attempt
 
+    @property
+    def target(self) -> CompletionSheet:
+        """Where this transaction attempt's statements write, and how."""
+        assert self.sheet is not None
+        return CompletionSheet(
+            self.port, self.layout, self.write, self.sheet.columns, self.base_fields,
+            concurrent=self.sheet.concurrent, units=self.units,
+            returning_old=self.sheet.server_version >= RETURNING_OLD_SINCE)
+
     def _chunk(self, chunk: list[PreparedOutcome], *, indexes: bool = False) -> OutcomeChunk:
         """A chunk as its statement's arrays; the counted fields are those whose cell-meta
         status it may move."""
@@ -217,14 +231,8 @@ class _Writer:
         phase: str, tally: _Tally,
     ) -> list[PreparedOutcome]:
         """Apply one chunk by exact key (`keys[i]` is the row for `chunk[i]`); return misses."""
-        assert self.sheet is not None
-        statement = exact_statement(
-            self.port, self.layout, self.write, self.sheet.columns,
-            attrs.evolve(self._chunk(chunk), keys=keys), self.base_fields, failed=failed,
-            force_failed=failed and self.force_failed,
-            returning_old=self.sheet.server_version >= RETURNING_OLD_SINCE,
-            concurrent=self.sheet.concurrent, units=self.units,
-        )
+        statement = exact_statement(self.target, attrs.evolve(self._chunk(chunk), keys=keys),
+                                    failed=failed, force_failed=failed and self.force_failed)
         record = await self.clock.measure(phase, conn.fetchrow(statement.sql, *statement.args))
         tally.chunks += 1
         tally.updated += record["updated"]
@@ -271,10 +279,7 @@ class _Writer:
             if o.failed:
                 tally.fenced[o.key] = FencedRow(o.key, "missing", None)
         for chunk in _chunks(to_insert):
-            assert self.sheet is not None
-            statement = insert_statement(self.port, self.layout, self.write, self.sheet.columns,
-                                         self._chunk(chunk, indexes=True), self.base_fields,
-                                         concurrent=self.sheet.concurrent, units=self.units)
+            statement = insert_statement(self.target, self._chunk(chunk, indexes=True))
             record = await self.clock.measure("insert_missing",
                                               conn.fetchrow(statement.sql, *statement.args))
             tally.chunks += 1
@@ -290,68 +295,66 @@ class _Writer:
                     tally.fenced[o.key] = FencedRow(o.key, "missing", None)
 
 
-Within = Callable[[Connection, frozenset[str], dict[str, FencedRow]], Awaitable[None]]
-
-
 @action("sheets.complete", params={
     "run": RUN_REF, "table_namespace": STR, "contract": CONTRACT,
     "outcomes": list_of(ROW_OUTCOME), "attempt": optional(ATTEMPT), "force_failed": BOOL,
-}, result=COMPLETION, local=("on_diagnostics", "within", "concurrent"), deadline_s=75.0)
+}, result=COMPLETION, local=("on_diagnostics",), deadline_s=75.0)
 async def complete(
     port: Port,
     run: RunRef,
     table_namespace: str,
     contract: SheetContract,
-    outcomes: Sequence[Any],
+    outcomes: Sequence[RowOutcome],
     *,
     attempt: Attempt | None = None,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    on_diagnostics: DiagnosticsSink | None = None,
     force_failed: bool = False,
-    within: Within | None = None,
-    concurrent: bool = False,
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring).
 
     `force_failed=True` lets a failed outcome replace an enriched row of our write version:
-    its completed cells become failed cells. `within(conn, committed_keys, fenced)` runs
-    last inside the completion's transaction (a shared map's unit lease check and done
-    mark): what it raises rolls the whole completion back. It may run more than once (the
-    transaction is retried from scratch). `concurrent=True` runs it as a concurrent sheet
-    transaction (`sheet_txn`; a shared map's unit writes only)."""
+    its completed cells become failed cells."""
     started = time.perf_counter()
     write = SheetWrite(run, table_namespace, contract, attempt=attempt)
     return await _complete_here(port, write, outcomes, started=started,
-                                on_diagnostics=on_diagnostics, force_failed=force_failed,
-                                within=within, concurrent=concurrent)
+                                on_diagnostics=on_diagnostics, force_failed=force_failed)
 
 
 async def _send_complete(
-    port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    port: Port, write: SheetWrite, outcomes: Sequence[RowOutcome], *,
+    on_diagnostics: DiagnosticsSink | None = None,
+    guard: UnitGuard | None = None,
 ) -> Completion:
     """`complete_write` through a remote port: the action `sheets.complete`, its body made of
-    the value and the outcomes."""
+    the value and the outcomes. A unit guard runs inside the write's own transaction: it
+    cannot travel."""
+    if guard is not None:
+        raise InvalidInputError("a unit guard runs in the completion's own transaction; "
+                                "a remote port cannot take one")
     return await complete(port, outcomes=outcomes, on_diagnostics=on_diagnostics,
                           **write.arguments(*COMPLETE_ARGUMENTS))
 
 
 @routes_remote(_send_complete)
 async def complete_write(
-    port: Port, write: SheetWrite, outcomes: Sequence[Any], *,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None = None,
+    port: Port, write: SheetWrite, outcomes: Sequence[RowOutcome], *,
+    on_diagnostics: DiagnosticsSink | None = None,
+    guard: UnitGuard | None = None,
 ) -> Completion:
-    """`complete` of a `SheetWrite` built (and checked) by the caller. Through a remote port
-    the action layer sends `sheets.complete` instead (`_send_complete`)."""
+    """`complete` of a `SheetWrite` built (and checked) by the caller; `guard`: a shared map's
+    unit completion, its settlement last inside the transaction (`UnitGuard`). Through a remote
+    port the action layer sends `sheets.complete` instead (`_send_complete`)."""
     return await _complete_here(port, write, outcomes, started=time.perf_counter(),
-                                on_diagnostics=on_diagnostics, force_failed=False, within=None)
+                                on_diagnostics=on_diagnostics, force_failed=False, guard=guard)
 
 
 async def _complete_here(
-    port: Port, write: SheetWrite, outcomes: Sequence[Any], *, started: float,
-    on_diagnostics: Callable[[CompletionDiagnostics], Any] | None, force_failed: bool,
-    within: Within | None, concurrent: bool = False,
+    port: Port, write: SheetWrite, outcomes: Sequence[RowOutcome], *, started: float,
+    on_diagnostics: DiagnosticsSink | None, force_failed: bool,
+    guard: UnitGuard | None = None,
 ) -> Completion:
     """Completion on this port: the per-call arguments checked, the outcomes prepared."""
+    within, concurrent = (guard.within, guard.concurrent) if guard else (None, False)
     write.check_port(port)
     if not isinstance(force_failed, bool):
         raise InvalidInputError(f"force_failed must be True or False, got {force_failed!r}")
@@ -416,10 +419,11 @@ async def _complete_here(
     )
 
 
-def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int, prepared, tally: _Tally,
+def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int,
+                 prepared: list[PreparedOutcome], tally: _Tally,
                  total_s: float) -> CompletionDiagnostics:
     ms, failures = clock.ms, clock.failures
-    values: dict[str, Any] = {}
+    values: dict[str, float] = {}
     for phase in ("permit_wait", "connect", "begin", "update", "insert_missing",
                   "failed_update", "commit"):
         values[f"{phase}_ms"] = round(ms.get(phase, 0.0), 3)
@@ -439,6 +443,7 @@ def _diagnostics(clock: PhaseClock, outcome: str, input_rows: int, prepared, tal
     )
 
 
-async def deliver_diagnostics(sink: Callable[[CompletionDiagnostics], Any], diagnostics) -> None:
+async def deliver_diagnostics(sink: DiagnosticsSink,
+                              diagnostics: CompletionDiagnostics) -> None:
     """Hand diagnostics to the sink now; its failures are logged, never raised."""
     await call_sink(sink, diagnostics)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..ports import Port, table
+from .model import RowStatus
 
 # The sheet summary rows as readers see them: stored counters plus unfolded deltas. Use it
 # where a table name goes, with an alias: `FROM {summary} AS s`.
@@ -84,6 +85,25 @@ def summary_update(port: Port, *, concurrent: bool, org: str, play: str, namespa
      WHERE {condition}
     ON CONFLICT (org_id, play, table_namespace, slot) DO UPDATE SET {sets}
     RETURNING 1"""
+
+
+def previous_statuses() -> str:
+    """The select list counting, of the moved rows (a `prev_status` column each), how many were
+    of each row status before: `was_pending`, `was_running`, … (one per `RowStatus`)."""
+    return ",\n           ".join(
+        f"count(*) FILTER (WHERE prev_status = {status.sql}) AS was_{status.value}"
+        for status in RowStatus)
+
+
+def status_deltas(total: str, gained: Mapping[RowStatus, str]) -> dict[str, str]:
+    """`summary_update`'s deltas for rows that moved between statuses (`previous_statuses`
+    counted as `d`): `total` adds to the total, each status's counter (`RowStatus.counter`)
+    loses the rows that were of it and gains `gained[status]`."""
+    deltas = {"total": total}
+    for status in RowStatus:
+        more = gained.get(status)
+        deltas[status.counter] = f"- d.was_{status.value}" + (f" + {more}" if more else "")
+    return deltas
 
 
 def column_update(port: Port, *, concurrent: bool, org: str, play: str, namespace: str,

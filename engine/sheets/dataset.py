@@ -28,7 +28,7 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import attrs
 
@@ -37,7 +37,7 @@ from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, PLAY_SCOPE, STR, dict_of, list_of, optional
 from ..errors import InvalidInputError
 from ..pg import Connection
-from ..ports import SHEET_LANE, Port, table, with_connection
+from ..ports import SHEET_LANE, Port, with_connection
 from ..values.scopes import PlayScope, check_scope
 from . import frames
 from .dataset_pages import (
@@ -52,8 +52,6 @@ _COUNTERS = """
 SELECT total, queued, running, completed, failed FROM {summary} AS s
  WHERE org_id = $1 AND play = $2 AND table_namespace = $3
 """
-_COUNTER_OF_STATUS = {None: "total", RowStatus.PENDING: "queued", RowStatus.RUNNING: "running",
-                      RowStatus.ENRICHED: "completed", RowStatus.FAILED: "failed"}
 
 
 @action("sheets.read_page", params={
@@ -103,7 +101,8 @@ async def count(port: Port, scope: PlayScope, table_namespace: str, *,
         if filters.run_id is None:
             row = await conn.fetchrow(_COUNTERS.format(summary=summary_source(port)),
                                       *layout.counter_args)
-            return 0 if row is None else row[_COUNTER_OF_STATUS[filters.status]]
+            counter = "total" if filters.status is None else RowStatus(filters.status).counter
+            return 0 if row is None else row[counter]
         read = await resolve(conn, port, layout, Filters())
         if not read.present:
             return 0
@@ -166,7 +165,7 @@ class Dataset:
         """Whether its rows carry `_cells` unless a read says otherwise."""
         return self.filters.cells
 
-    def _args(self) -> dict[str, Any]:
+    def _args(self) -> dict[str, str | None]:
         return {"status": self.filters.status, "run_id": self.filters.run_id}
 
     def _fields_arg(self) -> list[str] | None:
@@ -202,7 +201,7 @@ class Dataset:
                 return
             after = page.after
 
-    async def copy_lines(self, output: Callable[[bytes], Awaitable[Any]], *,
+    async def copy_lines(self, output: Callable[[bytes], Awaitable[object]], *,
                          cells: bool | None = None) -> bool:
         """Every matching row's JSON line (UTF-8, newline-terminated) in the sheet's order,
         handed to `output` in chunks by one `COPY ... TO STDOUT`: one statement, one snapshot,
@@ -296,14 +295,14 @@ async def _pager(port: Port, ds: Dataset, page_rows: int) -> PageReader:
     return next_page
 
 
-async def _pages_instead(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[Any]],
+async def _pages_instead(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[object]],
                          cells: bool | None) -> bool:
     """`_copy_lines` through a remote port: nothing read (the caller pages instead)."""
     return False
 
 
 @routes_remote(_pages_instead)
-async def _copy_lines(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[Any]],
+async def _copy_lines(port: Port, ds: Dataset, output: Callable[[bytes], Awaitable[object]],
                       cells: bool | None) -> bool:
     """`Dataset.copy_lines` on a direct port: one `COPY ... TO STDOUT` of the rows' lines."""
     check_scope(port, ds.scope)
@@ -321,7 +320,8 @@ async def _copy_lines(port: Port, ds: Dataset, output: Callable[[bytes], Awaitab
 
 
 def dataset(port: Port, scope: PlayScope, table_namespace: str, *, status: str | None = None,
-            run_id: str | None = None, fields: Any = None, cells: bool = False) -> Dataset:
+            run_id: str | None = None, fields: Sequence[str] | None = None,
+            cells: bool = False) -> Dataset:
     """The dataset of a sheet's matching rows (checks the filters; reads nothing yet)."""
     check_scope(port, scope)
     layout_for(port, scope, table_namespace)  # checks the namespace

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import json
-from typing import Any
 
 import attrs
 
@@ -99,13 +98,14 @@ class Filters:
     """Which rows a dataset holds (every row, or those of a status, of a run, or both) and
     what of them: `fields` (None: all), and `cells`: whether each row has `_cells`."""
 
-    status: str | None = None
+    status: str | None = None  # a `RowStatus` value (it travels as a string)
     run_id: str | None = None
     fields: tuple[str, ...] | None = None
     cells: bool = False
 
 
-def check_filters(status: Any, run_id: Any, fields: Any, cells: Any = False) -> Filters:
+def check_filters(status: object, run_id: object, fields: object,
+                  cells: object = False) -> Filters:
     """The filters, checked (before any query); `InvalidInputError` naming the bad one."""
     check_cells_flag(cells)
     if status is not None and status not in STATUSES:
@@ -121,7 +121,7 @@ def check_filters(status: Any, run_id: Any, fields: Any, cells: Any = False) -> 
     return Filters(status, run_id, fields, cells)
 
 
-def check_page_rows(page_rows: Any) -> int:
+def check_page_rows(page_rows: object) -> int:
     if not is_int(page_rows, 1, MAX_PAGE_ROWS):
         raise InvalidInputError(f"page rows must be an integer from 1 to {MAX_PAGE_ROWS}, "
                                 f"got {page_rows!r}")
@@ -214,7 +214,7 @@ def filter_sql(filters: Filters, binds: BindParams, read: SheetRead) -> list[str
 
 
 def page_statement(read: SheetRead, filters: Filters, after: PageCursor | None,
-                   limit: int) -> tuple[str, list[Any]]:
+                   limit: int) -> tuple[str, list[object]]:
     """The statement of the page after `after` and its bind values."""
     binds = BindParams(1)
     limit_param = binds.add(limit, "bigint")
@@ -269,7 +269,7 @@ _ALL_LINES = "SELECT {line} FROM {t} WHERE {where} ORDER BY _input_index, _creat
 RAW_LINES = {"format": "csv", "delimiter": "\x02", "quote": "\x01"}
 
 
-def lines_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
+def lines_statement(read: SheetRead, filters: Filters) -> tuple[str, list[object]]:
     """One statement of every matching row's JSON line, in the sheet's order."""
     binds = BindParams(1)
     line = _line(read, binds, filters.cells)
@@ -278,7 +278,7 @@ def lines_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
         binds.values
 
 
-def count_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
+def count_statement(read: SheetRead, filters: Filters) -> tuple[str, list[object]]:
     binds = BindParams(1)
     where = filter_sql(filters, binds, read) or ["true"]
     return _COUNT.format(t=read.layout.qualified, where=" AND ".join(where)), binds.values

@@ -24,6 +24,7 @@ import importlib
 import json
 from typing import Any, Mapping
 
+from ..canonical import JsonValue
 from ..errors import ConflictError
 from ..sql import quote_ident
 from .dataset_pages import Filters, SheetRead, field_names, filter_sql
@@ -52,7 +53,7 @@ def require(module: str, what: str) -> Any:
                           "`pip install 'runplane[frames]'`") from None
 
 
-def kinds_statement(read: SheetRead, filters: Filters) -> tuple[str, list[Any]]:
+def kinds_statement(read: SheetRead, filters: Filters) -> tuple[str, list[object]]:
     """One scan giving, per field i, its JSON types (`t<i>`) and whether its numbers are all
     integral within int64 (`n<i>`)."""
     binds = BindParams(1)
@@ -84,7 +85,7 @@ def kind_of(types: list[str | None] | None, integral: bool | None) -> str:
     return "json"
 
 
-def json_text(value: Any) -> str:
+def json_text(value: JsonValue) -> str:
     """A value as compact JSON text (UTF-8, not ASCII-escaped)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -97,18 +98,18 @@ def arrow_schema(kinds: Mapping[str, str], cells: bool = False) -> Any:
                      + [pa.field(name, pa.string()) for name in system_columns(cells)])
 
 
-def _misfit(field: str, kind: str, value: Any) -> ConflictError:
+def _misfit(field: str, kind: str, value: JsonValue) -> ConflictError:
     return ConflictError(f"field {field!r} holds a {type(value).__name__} where its column "
                          f"is {kind} (a run wrote it during the read); read it again")
 
 
-def column_values(field: str, kind: str, values: list[Any]) -> list[Any]:
+def column_values(field: str, kind: str, values: list[JsonValue]) -> list[JsonValue]:
     """`values` as the column of `kind` holds them (see the module docstring)."""
     if kind in ("string", "null"):
         return [v if v is None or type(v) is str else json_text(v) for v in values]
     if kind == "json":
         return [None if v is None else json_text(v) for v in values]
-    out: list[Any] = []
+    out: list[JsonValue] = []
     for v in values:
         if v is None:
             out.append(None)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, NoReturn, Sequence
 
 import attrs
 
 from ..limits.bounds import is_int
 from .. import canonical
-from ..canonical import is_canonical, is_clean_str, normalize_fast
+from ..canonical import JsonValue, is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
 from ..limits.inputs import MAX_KEY_BYTES, key_problem
 from ..values.scopes import normalize_namespace
@@ -58,7 +58,7 @@ def text_key(table_namespace: str, row_text: str) -> str:
     return text_keys(table_namespace, (row_text,))[0]
 
 
-def row_key(row: Mapping[str, Any], table_namespace: str) -> str:
+def row_key(row: Mapping[str, object], table_namespace: str) -> str:
     """The stable identity of a row in a sheet: hash of normalized namespace and row."""
     if not isinstance(row, Mapping):
         raise InvalidInputError(f"row must be a dict, got {type(row).__name__}")
@@ -93,7 +93,7 @@ def check_key(key: object, where: str) -> str:
     return key
 
 
-def check_input_indexes(input_indexes: Any, count: int) -> None:
+def check_input_indexes(input_indexes: object, count: int) -> None:
     """Explicit input indexes: a sequence of `count` integers >= 0."""
     if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
             or len(input_indexes) != count:
@@ -104,15 +104,15 @@ def check_input_indexes(input_indexes: Any, count: int) -> None:
 
 
 def prepare_rows(
-    rows: Sequence[Any],
+    rows: Sequence[object],
     namespace: str,
     *,
     input_offset: int,
-    keys: Sequence[Any] | None,
+    keys: Sequence[object] | None,
     need_texts: bool,
-    input_indexes: Sequence[Any] | None = None,
+    input_indexes: Sequence[object] | None = None,
     keep_rows: bool = True,
-    texts: Sequence[Any] | None = None,
+    texts: Sequence[object] | None = None,
 ) -> PreparedRows:
     """Validate, normalize, key and deduplicate admission rows; raise before any query.
 
@@ -135,8 +135,8 @@ def prepare_rows(
                      keep_rows, texts)
 
 
-def _check_arguments(rows: Sequence[Any], input_offset: int, keys: Sequence[Any] | None,
-                     texts: Sequence[Any] | None) -> None:
+def _check_arguments(rows: Sequence[object], input_offset: int, keys: Sequence[object] | None,
+                     texts: Sequence[object] | None) -> None:
     """The call's shape, before any row is read: an offset >= 0, a sequence of rows, and keys
     and texts (texts only with keys) as long as the rows."""
     if not is_int(input_offset, 0):
@@ -158,10 +158,10 @@ def _check_arguments(rows: Sequence[Any], input_offset: int, keys: Sequence[Any]
             raise InvalidInputError("texts must be a sequence as long as rows")
 
 
-def _key_rows(rows: Sequence[Any], namespace: str, input_offset: int,
-              keys: Sequence[Any] | None, need_texts: bool,
-              input_indexes: Sequence[Any] | None, keep_rows: bool,
-              texts: Sequence[Any] | None) -> PreparedRows:
+def _key_rows(rows: Sequence[object], namespace: str, input_offset: int,
+              keys: Sequence[object] | None, need_texts: bool,
+              input_indexes: Sequence[object] | None, keep_rows: bool,
+              texts: Sequence[object] | None) -> PreparedRows:
     """The general path, one loop over the rows: each checked to be a dict, normalized unless
     canonical (or taken as it is with the caller's text), keyed (or its given key checked),
     and kept only the first time its key is seen."""
@@ -209,7 +209,7 @@ def _key_rows(rows: Sequence[Any], namespace: str, input_offset: int,
     )
 
 
-def _probe_keys(rows: Sequence[Any], namespace: str) -> list[str] | None:
+def _probe_keys(rows: Sequence[object], namespace: str) -> list[str] | None:
     """The keys of `rows` when every row is a canonical dict and no two are alike, else None
     (then the general loop of `prepare_rows` keys them, or refuses one naming it). A probe's
     hot path: no copies, and `map` instead of a Python loop per step."""
@@ -237,11 +237,11 @@ class PreparedOutcome(NamedTuple):
     cause: str | None = None  # a failed outcome's (`sheets.causes`), None for a completed one
 
 
-def _refuse(value: Any) -> Any:
+def _refuse(value: object) -> NoReturn:
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
-def _c_encoder(sort_keys: bool) -> Callable[[Any], str]:
+def _c_encoder(sort_keys: bool) -> Callable[[JsonValue], str]:
     """A reusable C JSON encoder (json.dumps builds a new one per call) with the canonical
     settings: compact, UTF-8 text, no NaN. Only for values already canonical."""
     make = getattr(json.encoder, "c_make_encoder", None)
@@ -277,7 +277,7 @@ _new_object = object.__new__
 _set_slot = object.__setattr__
 
 
-def completed_outcome(key: str, data: Any, input_index: int | None, attempts: int,
+def completed_outcome(key: str, data: object, input_index: int | None, attempts: int,
                       path: str = "output") -> RowOutcome:
     """`RowOutcome(key, "completed", data=normalize_fast(data, path), input_index=...,
     attempts=...)`, with the data's patch text and output names encoded once here and kept on
@@ -315,7 +315,7 @@ def encoded_data(outcome: RowOutcome) -> tuple[str, tuple[str, ...]] | None:
     return getattr(outcome, "_encoded", None)
 
 
-def prepare_outcomes(outcomes: Sequence[Any]) -> tuple[list[PreparedOutcome], int]:
+def prepare_outcomes(outcomes: Sequence[object]) -> tuple[list[PreparedOutcome], int]:
     """Validate and encode outcomes; duplicates collapse to the last one.
 
     Returns the unique outcomes (each at the position of its last occurrence) and the number

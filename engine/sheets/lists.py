@@ -9,7 +9,7 @@ How it works
   completed plus the rows it found cached; nothing failed, blocked, fenced or repeated) records
   the list (`record_list`, one statement): the list's digest (`list_digest`), its rows' keys
   (16-byte digests) and the sheet's `writes`, provided that in that statement's snapshot every
-  key is a cache hit (the probe's own predicate, `admission_sql.cached_predicate`) and the
+  key is a cache hit (the probe's own predicate, `dispositions.cached_predicate`) and the
   sheet has no deltas. The same statement deletes the sheet's records of another `writes`
   (stale: the sheet changed since).
 - A later map of the same list (`replay_list`) is answered by one statement when a record of its
@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import hashlib
 import marshal
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..actions import routes_remote
 from ..ports import Port, table, with_connection
 
-from .admission_sql import cached_predicate, output_binds
+from .dispositions import cached_predicate, output_binds
 from .column_registry import COLUMNS_OF_FIELDS
 from .counters import has_deltas
 from .layout import LANE, SheetColumns, column_name, layout_for
@@ -62,7 +62,7 @@ def recordable(port: Port, write: SheetWrite, rows: int) -> bool:
             and not port.settings.sheet_lock_keys)
 
 
-def list_digest(write: SheetWrite, rows: Sequence[Any]) -> bytes | None:
+def list_digest(write: SheetWrite, rows: Sequence[object]) -> bytes | None:
     """The digest of a list of rows mapped with `write` (see the module docstring), or None
     when a row is not a dict of core types."""
     if not all([type(row) is dict for row in rows]):

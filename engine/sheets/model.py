@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import attrs
 
@@ -53,6 +53,19 @@ class RowStatus(SqlLiteral):
     ENRICHED = "enriched"
     FAILED = "failed"
 
+    @property
+    def counter(self) -> str:
+        """The sheet counter (`Summary` field) of rows in this status, in users' words."""
+        return COUNTER_OF_STATUS[self]
+
+
+# Stored statuses -> the counters users read them by (a pending row is queued, an enriched one
+# completed): the one mapping. `SUMMARY_COUNTERS`: every counter, in `Summary`'s order.
+COUNTER_OF_STATUS: Mapping[RowStatus, str] = {
+    RowStatus.PENDING: "queued", RowStatus.RUNNING: "running",
+    RowStatus.ENRICHED: "completed", RowStatus.FAILED: "failed"}
+SUMMARY_COUNTERS = ("total", *COUNTER_OF_STATUS.values())
+
 
 class OutcomeStatus(SqlLiteral):
     """A row outcome's status, which is also the status its cells get in the cell meta."""
@@ -72,6 +85,8 @@ class CellStatus(SqlLiteral):
     COMPLETED = "completed"
     FAILED = "failed"
     PENDING = "pending"
+
+
 _STATUS_FIELD = re.compile(r"\{(" + "|".join(status.name for status in RowStatus) + r")\}")
 
 
@@ -85,7 +100,7 @@ FENCE_REASONS = (
     "stale_write_version", "unadmitted", "attempt_superseded", "already_completed", "missing",
     "input_field",
 )
-BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")  # admission_sql.Disposition's blocked
+BLOCK_REASONS = ("newer_run", "attempt_active", "gave_up")  # dispositions.Disposition's blocked
 DEFAULT_ROW_ERROR = "Row execution failed."
 
 
@@ -272,7 +287,7 @@ def _plain_status(value: object) -> object:
     return value.value if isinstance(value, OutcomeStatus) else value
 
 
-def _outcome_status(instance: Any, _attribute: object, value: object) -> None:
+def _outcome_status(instance: RowOutcome, _attribute: object, value: object) -> None:
     if value not in OUTCOME_STATUSES:
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: status {value!r} is not one of {OUTCOME_STATUSES}"
@@ -280,7 +295,7 @@ def _outcome_status(instance: Any, _attribute: object, value: object) -> None:
 
 
 def _outcome_optional(kind: type, name: str):
-    def check(instance: Any, _attribute: object, value: object) -> None:
+    def check(instance: RowOutcome, _attribute: object, value: object) -> None:
         if value is not None and not isinstance(value, kind):
             raise InvalidInputError(
                 f"RowOutcome {instance.key!r}: {name} must be a {kind.__name__} or None, "
@@ -290,14 +305,14 @@ def _outcome_optional(kind: type, name: str):
     return check
 
 
-def _outcome_attempts(instance: Any, _attribute: object, value: object) -> None:
+def _outcome_attempts(instance: RowOutcome, _attribute: object, value: object) -> None:
     if not is_int(value, 1, MAX_ATTEMPTS):
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: attempts must be an integer from 1 to {MAX_ATTEMPTS}"
         )
 
 
-def _outcome_index(instance: Any, _attribute: object, value: object) -> None:
+def _outcome_index(instance: RowOutcome, _attribute: object, value: object) -> None:
     if value is not None and not is_int(value, 0):
         raise InvalidInputError(
             f"RowOutcome {instance.key!r}: input_index must be an integer >= 0 or None"
@@ -399,8 +414,8 @@ class ColumnSummary:
 
 @attrs.frozen
 class Summary:
-    """Counters of a sheet: all rows, pending (`queued`), running, enriched (`completed`) and
-    failed rows; per field, cells whose cell meta status is completed / failed."""
+    """Counters of a sheet: all rows, the rows of each status (`RowStatus.counter`: pending
+    rows are `queued`, enriched ones `completed`); per field, cells completed / failed."""
 
     total: int
     queued: int

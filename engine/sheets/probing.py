@@ -4,7 +4,7 @@ How it works
 - When every row is a fresh cache hit or blocked it returns the `Admission` a count-mode
   `admit` would have returned (nothing to write: admission touches neither), otherwise None
   and the caller admits. It judges rows by the same SQL fragments as admission
-  (`admission_sql`), on the server's clock; its snapshot is a committed state, so its answer is
+  (`dispositions`), on the server's clock; its snapshot is a committed state, so its answer is
   the one an admission at that instant would give.
 - `probe_keyed` is the same probe of a `SheetWrite` the caller built (a map builds it once),
   which also hands back the rows' keys it computed (the mapper records the keys of the rows
@@ -14,17 +14,17 @@ How it works
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
 from ..errors import MissingRelationError
-from ..pg import Connection
+from ..pg import Connection, Record
 from ..ports import Port
 from ..values.scopes import RunRef
 
 from .admission import ADMIT_CHUNK_ROWS
-from .admission_sql import probe_statement
+from .dispositions import probe_statement
 from .inputs import prepare_rows
 from .column_registry import resolve_columns
 from .layout import LANE, SheetColumns, column_name, layout_for
@@ -110,7 +110,7 @@ async def _probe_here(
     # tells (`columns_ok`); then the registry is read and the probe runs again.
     columns = SheetColumns({f: column_name(f) for f in write.contract.outputs})
 
-    async def op(conn: Connection) -> list[Any] | None:
+    async def op(conn: Connection) -> list[Record] | None:
         nonlocal columns
         results = []
         for low in range(0, n, ADMIT_CHUNK_ROWS):

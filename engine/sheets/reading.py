@@ -25,8 +25,6 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..limits.bounds import is_int
 from .. import canonical
 from ..actions import action
@@ -40,7 +38,7 @@ from ..sql import quote_ident
 
 from .counters import column_source, summary_source
 from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
-from .model import SUMMARY, CellStatus, ColumnSummary, Summary, with_row_statuses
+from .model import SUMMARY, SUMMARY_COUNTERS, CellStatus, ColumnSummary, Summary, with_row_statuses
 from .reuse import MEMBERS
 
 # Whether the sheet exists (and is its own), its registered fields and their columns in order,
@@ -159,9 +157,6 @@ SELECT table_namespace, field, completed, failed FROM {column_summary} AS c
  ORDER BY table_namespace, field
 """
 
-_COUNTERS = ("total", "queued", "running", "completed", "failed")
-
-
 MAX_READ_ROWS = 10_000
 
 
@@ -174,13 +169,13 @@ def _check_page(limit: object, offset: object) -> int:
     return min(max(limit, 1), MAX_READ_ROWS)  # type: ignore[type-var]
 
 
-def check_cells_flag(cells: Any) -> None:
+def check_cells_flag(cells: object) -> None:
     """`cells` must be True or False (`InvalidInputError` before any query)."""
     if not isinstance(cells, bool):
         raise InvalidInputError(f"cells must be True or False, got {cells!r}")
 
 
-def check_run_id(run_id: Any) -> str | None:
+def check_run_id(run_id: object) -> str | None:
     """A run-id filter, stripped; `InvalidInputError` before any query for anything else."""
     if run_id is None:
         return None
@@ -280,7 +275,7 @@ async def summary(port: Port, scope: PlayScope, table_namespace: str) -> Summary
     async def op(conn: Connection) -> Summary:
         row = await conn.fetchrow(summary_sql, *layout.counter_args)
         columns = await conn.fetch(columns_sql, *layout.counter_args)
-        values = dict(row) if row is not None else dict.fromkeys(_COUNTERS, 0)
+        values = dict(row) if row is not None else dict.fromkeys(SUMMARY_COUNTERS, 0)
         return Summary(
             **values,
             columns={r["field"]: ColumnSummary(r["completed"], r["failed"]) for r in columns},
@@ -309,7 +304,7 @@ async def summaries(port: Port, scope: PlayScope) -> dict[str, Summary]:
             )
         return {
             r["table_namespace"]: Summary(
-                **{name: r[name] for name in _COUNTERS},
+                **{name: r[name] for name in SUMMARY_COUNTERS},
                 columns=per_table.get(r["table_namespace"], {}),
             )
             for r in rows

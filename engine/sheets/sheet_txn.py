@@ -39,7 +39,9 @@ How it works
   path, where it creates the table and any missing columns and registers them
   (`column_registry.prepare_columns`) before writing; if even that finds a missing relation
   the schema bootstrap is repaired and it retries once more.
-- The operation `op(conn, sheet)` runs inside; it must be safe to run again from scratch.
+- The operation `op(conn, sheet)` runs inside; it must be safe to run again from scratch. A
+  shared map's unit writes add a `UnitGuard`: a hook that runs last inside, and the choice of
+  a concurrent transaction.
 Who calls: admission, completion, the write modes and `ensure_sheet`.
 """
 
@@ -57,11 +59,27 @@ from ..ports import SHEET_LANE, Port, table
 from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
 from .counters import fold_statement, has_deltas, may_fold
 from .layout import SheetColumns, SheetLayout
+from .model import FencedRow
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
+
+
+# Runs last inside a unit write's transaction: `within(conn, committed_keys, fenced)`.
+Within = Callable[[Connection, frozenset[str], dict[str, FencedRow]], Awaitable[None]]
+
+
+@attrs.frozen
+class UnitGuard:
+    """How a shared map's unit write runs its sheet transaction: `within(conn, committed_keys,
+    fenced)` runs last inside it (the units' lease check or settlement: what it raises rolls
+    the write back, and it may run more than once, the transaction being retried from
+    scratch); `concurrent` makes it a concurrent transaction (module docstring)."""
+
+    within: Within | None = None
+    concurrent: bool = False
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ This module does no I/O.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Literal, Mapping
 
 import attrs
 
@@ -107,7 +107,7 @@ class SheetWrite:
         """The status admitted rows take: running under the attempt's lease, else pending."""
         return (RowStatus.RUNNING if self.attempt is not None else RowStatus.PENDING).value
 
-    def arguments(self, *names: str) -> dict[str, Any]:
+    def arguments(self, *names: str) -> dict[str, object]:
         """The value's part of an action's keyword arguments (`names`: the action's)."""
         every = {
             "run": self.run, "table_namespace": self.table_namespace, "contract": self.contract,
@@ -118,7 +118,7 @@ class SheetWrite:
         return {name: every[name] for name in names}
 
 
-def check_write(port: Port, run: Any, contract: Any, attempt: Any) -> None:
+def check_write(port: Port, run: object, contract: object, attempt: object) -> None:
     """The checks of a write's run, contract and attempt for a caller that sends them as they
     are (the gateway client), with the validators `SheetWrite` uses."""
     check_scope(port, run)

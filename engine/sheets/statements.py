@@ -11,8 +11,6 @@ This module does no I/O.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 
@@ -21,17 +19,17 @@ class Statement:
     """SQL text and the arguments of its binds, in order."""
 
     sql: str
-    args: tuple[Any, ...]
+    args: tuple[object, ...]
 
 
 class BindParams:
     """Allocates `$n` bind positions while a statement is built (values stay binds)."""
 
     def __init__(self, first: int = 1) -> None:
-        self.values: list[Any] = []
+        self.values: list[object] = []
         self.first = first
 
-    def add(self, value: Any, cast: str) -> str:
+    def add(self, value: object, cast: str) -> str:
         self.values.append(value)
         return f"${self.first + len(self.values) - 1}::{cast}"
 

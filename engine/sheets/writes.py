@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..actions import action
 from ..values.codecs import RUN_REF, STR, USER_JSON, list_of
@@ -71,7 +71,7 @@ def appended_key(table_namespace: str, idempotency_key: str, ordinal: int, key: 
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
-def _check_rows(rows: Any) -> None:
+def _check_rows(rows: object) -> None:
     if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, Sequence):
         raise InvalidInputError("rows must be a sequence of dicts")
 
