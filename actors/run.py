@@ -43,7 +43,7 @@ from runplane.engine.array_input import Occurrence
 from runplane.engine.canonical import JsonObject, JsonValue
 from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
                                      StoreUnavailableError, leaf_errors)
-from runplane.engine.tenant import outage_budget
+from runplane.engine.opening import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
 from runplane.engine.values.scopes import RunRef, RunScope, normalize_namespace

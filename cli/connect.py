@@ -20,7 +20,8 @@ from typing import AsyncIterator
 from runplane.engine import open_tenant
 from runplane.engine.actions import RemotePort
 from runplane.engine.ports import Port
-from runplane.engine.tenant import READ_DSN_ENV, Tenant, open_reader
+from runplane.engine.opening import open_reader
+from runplane.engine.tenant import READ_DSN_ENV, Tenant
 
 from .operators import UsageError, require_schema
 

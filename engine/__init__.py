@@ -10,7 +10,8 @@ says what it holds and who may call it: `pg`, `values`, `limits`, `runs`, `array
 from .pg import Connection
 from .ports import Port
 from .values.scopes import MapScope, PlayScope, RunRef, RunScope
-from .tenant import Tenant, open_tenant
+from .opening import open_tenant
+from .tenant import Tenant
 
 __all__ = [
     "open_tenant", "Tenant", "Port", "Connection", "PlayScope", "RunScope", "MapScope", "RunRef",

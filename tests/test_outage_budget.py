@@ -16,7 +16,8 @@ from runplane.engine.errors import (
     ConflictError, GatewayUnavailableError, InvalidInputError, StoreOutageError,
     StoreUnavailableError, TenantUnavailableError, TenantUnreachableError,
 )
-from runplane.engine.tenant import DEFAULT_OUTAGE_BUDGET_S, OUTAGE_BUDGET_ENV, outage_budget
+from runplane.engine.opening import outage_budget
+from runplane.engine.tenant import DEFAULT_OUTAGE_BUDGET_S, OUTAGE_BUDGET_ENV
 
 
 class Flaky:

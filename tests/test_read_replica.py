@@ -11,7 +11,7 @@ import trio
 from runplane.actors import open_run
 from runplane.engine import RunScope, open_tenant, runs
 from runplane.engine.errors import DatabaseError
-from runplane.engine.tenant import open_reader
+from runplane.engine.opening import open_reader
 
 from .cli_helpers import cli_env, run_cli
 from .conftest import fresh_schema

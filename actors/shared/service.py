@@ -50,7 +50,7 @@ from runplane.engine.ports import Port
 from runplane.engine.shared.leases import (
     MAX_CLAIM, Settlement, UnitLease, claim_units, mask_of, mask_text, renew,
 )
-from runplane.engine.tenant import outage_budget
+from runplane.engine.opening import outage_budget
 
 from ..map_state import MapPlan
 from ..pacing import Pacer, open_pacer

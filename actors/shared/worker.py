@@ -24,7 +24,7 @@ import trio
 
 from runplane.engine.shared import maps as sm
 from runplane.engine.ports import Port
-from runplane.engine.tenant import outage_budget
+from runplane.engine.opening import outage_budget
 
 from ..map_state import MapPlan
 from ..retry import OutageWatch, install_watch, reset_watch, retry_transient

@@ -1,7 +1,7 @@
 """`open_console`: the console served alone, for every org, on loopback only.
 
 How it works
-- Opens one reader (`tenant.open_reader`: no bootstrap, every transaction read-only, on
+- Opens one reader (`opening.open_reader`: no bootstrap, every transaction read-only, on
   `RUNPLANE_READ_DSN` when that names a replica) whose only lane is the console's, and serves `console_app` at `/ui` with Hypercorn's trio worker. A schema that
   holds no runplane tables yet (or does not exist) is served too: an operator may start the
   console before the first run; its runs page shows an empty state, and every page fills in
@@ -29,7 +29,7 @@ from starlette.routing import Mount
 from ..errors import InvalidInputError
 from ..ports import CONSOLE_LANE, Port
 from ..schema import schema_status
-from ..tenant import open_reader
+from ..opening import open_reader
 from .auth import Sessions
 from .routes import Console, console_app
 

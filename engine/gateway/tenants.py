@@ -23,7 +23,8 @@ import trio
 
 from .. import sessions
 from ..errors import EngineError, StoreUnavailableError
-from ..tenant import Tenant, open_tenant
+from ..opening import open_tenant
+from ..tenant import Tenant
 
 
 @attrs.define(eq=False)
