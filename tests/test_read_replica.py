@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import pytest
 import trio
 
 from runplane.actors import open_run
 from runplane.engine import RunScope, open_tenant, runs
+from runplane.engine.console.serve import open_console
 from runplane.engine.errors import DatabaseError
 from runplane.engine.opening import open_reader
 
@@ -71,5 +73,14 @@ async def test_reads_go_to_the_replica_with_its_lag(monkeypatch):
         assert re.search(r"reading from a replica \(RUNPLANE_READ_DSN, .*\), [0-9.]+ s behind",
                          listed.stderr), listed.stderr
         assert "done" in listed.stdout, listed.stdout
+        # So does the console.
+        async with open_console(dsn=primary, schema=schema, bind="127.0.0.1:0") as console:
+            async with httpx.AsyncClient(base_url=console.url, follow_redirects=True) as client:
+                assert (await client.get(console.login_url())).status_code == 200
+                page = await client.get("/ui/")
+                assert re.search(r"reading from a replica, [0-9.]+ s behind its primary",
+                                 page.text), page.text[:800]
+                runs_json = (await client.get("/ui/api/runs")).json()
+                assert runs_json["replica_lag_s"] >= 0 and len(runs_json["runs"]) == 1
     finally:
         await trio.to_thread.run_sync(pair.remove)

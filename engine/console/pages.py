@@ -57,6 +57,11 @@ def frame(title: str, body: str, *, logged_in: bool = True) -> str:
     return _FRAME.substitute(title=esc(title), nav=nav, body=body)
 
 
+def with_notice(page: str, text: str) -> str:
+    """`page` with one line of `text` first in its main part."""
+    return page.replace("<main>\n", f'<main>\n<p class="muted notice">{esc(text)}</p>\n', 1)
+
+
 def when(value: datetime.datetime | None) -> str:
     return "-" if value is None else value.astimezone(datetime.timezone.utc).strftime(
         "%Y-%m-%d %H:%M:%S UTC")

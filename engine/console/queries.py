@@ -25,6 +25,7 @@ How it works
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Awaitable, Callable, TypeVar
 
 import attrs
@@ -38,6 +39,7 @@ from ..sheets.audit import cause_counts, cause_counts_sql, sheets_with_causes
 from ..sheets.causes import ErrorCause, group_causes
 from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
+from ..tenant import READ_DSN_ENV, Tenant
 from .figures import MapFigures, RunFigures, run_maps, run_totals
 
 T = TypeVar("T")
@@ -66,6 +68,14 @@ async def read(port: Port, operation: Callable[[Connection], Awaitable[T]]) -> T
 
 _READ_SETUP = ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
                f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+
+
+async def replica_lag(port: Port) -> float | None:
+    """How far behind its primary the replica this port reads is (`RUNPLANE_READ_DSN`), in
+    seconds; None when it reads no replica."""
+    if not (isinstance(port, Tenant) and port.read_only and os.environ.get(READ_DSN_ENV)):
+        return None
+    return await port.replay_lag_s()
 
 
 async def scan(conn: Connection, sql: str, *args: object) -> list[Record] | None:

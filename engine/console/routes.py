@@ -77,6 +77,7 @@ class _RunsListing:
     runs: list[queries.RunRow]
     next_epoch: int | None
     empty_schema: str | None = None
+    replica_lag_s: float | None = None  # read from a replica (RUNPLANE_READ_DSN) this far behind
 
 
 @attrs.define(eq=False)
@@ -236,17 +237,21 @@ class _Handlers:
         except (MissingRelationError, SchemaNotFoundError):  # no runplane tables yet
             return _RunsListing(org, play, state, [], None, empty_schema=port.schema)
         following = found[queries.RUNS_PAGE - 1].epoch if len(found) > queries.RUNS_PAGE else None
-        return _RunsListing(org, play, state, found[:queries.RUNS_PAGE], following)
+        return _RunsListing(org, play, state, found[:queries.RUNS_PAGE], following,
+                            replica_lag_s=await queries.replica_lag(port))
 
     async def runs(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             got = await self._runs(request, viewer)
             plays = sorted({run.play for run in got.runs} | (
                 set() if viewer.every_play else set(viewer.plays)))
-            return _html(pages.runs_page(got.runs, show_org=viewer.org is None, org=got.org,
-                                         play=got.play, state=got.state, plays=plays,
-                                         next_epoch=got.next_epoch,
-                                         empty_schema=got.empty_schema))
+            page = pages.runs_page(got.runs, show_org=viewer.org is None, org=got.org,
+                                   play=got.play, state=got.state, plays=plays,
+                                   next_epoch=got.next_epoch, empty_schema=got.empty_schema)
+            if got.replica_lag_s is not None:
+                page = pages.with_notice(page, f"reading from a replica, "
+                                               f"{got.replica_lag_s:.1f} s behind its primary")
+            return _html(page)
         return await self.guarded(request, False, render)
 
     async def api_runs(self, request: Request) -> Response:
@@ -254,7 +259,8 @@ class _Handlers:
             got = await self._runs(request, viewer)
             return JSONResponse({"runs": [_run_json(run) for run in got.runs],
                                  "next_before": got.next_epoch,
-                                 "schema_ready": got.empty_schema is None})
+                                 "schema_ready": got.empty_schema is None,
+                                 "replica_lag_s": got.replica_lag_s})
         return await self.guarded(request, True, render)
 
     # -- a run -------------------------------------------------------------------------------------
