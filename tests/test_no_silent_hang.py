@@ -104,6 +104,7 @@ async def test_a_local_worker_killed_mid_map_has_its_leases_released_at_once(
     caplog.set_level(logging.WARNING, logger="runplane.actors")
     named = tmp_path / "calls.victim"
     result = None
+    victim = None
     with trio.fail_after(120):  # the lease is 600 s
         async with open_run(tenant, SCALE_PLAY) as run:
             async def coordinate() -> None:
@@ -115,10 +116,12 @@ async def test_a_local_worker_killed_mid_map_has_its_leases_released_at_once(
                 nursery.start_soon(coordinate)
                 while not (named.exists() and named.read_text()):
                     await trio.sleep(0.05)
-                os.kill(int(named.read_text()), signal.SIGKILL)
+                # Read once: the file is a hard link another process may rewrite later.
+                victim = int(named.read_text())
+                os.kill(victim, signal.SIGKILL)
     assert result is not None and result.completed == 600
     released = [r.getMessage() for r in caplog.records if "were released" in r.getMessage()]
-    assert len(released) == 1 and f"pid {named.read_text()} exited" in released[0], released
+    assert len(released) == 1 and f"pid {victim} exited" in released[0], released
 
 
 async def test_the_coordinator_of_a_workers_map_shows_every_workers_progress(tenant, monkeypatch):
