@@ -28,9 +28,11 @@ How it works
   the database leaves unanswered for the whole budget is an outage, as over a network that
   drops packets). From then on the run is ending: later calls under the same watch (the
   shielded flush of computed outcomes, the run's guard) try once, for at most
-  `ENDING_ATTEMPT_S`, and do not wait. The same holds inside `hurry_if_waiting()` while the run
-  waits for the database (the flush of a map cancelled during an outage: Ctrl-C then exits at
-  once instead of flushing against a database that is away). An outage ends when a call
+  `ENDING_ATTEMPT_S`, and do not wait. The same holds inside `hurry_if_waiting()` while the
+  database looks away — calls wait for it, or an attempt its caller gave up on had waited past
+  `STALL_S` unanswered (a hung connect fails no call before the budget cuts it): the flush of a
+  map cancelled during an outage, so Ctrl-C exits at once instead of flushing against a
+  database that is away. An outage ends when a call
   answers again; calls that gave up (cancelled) leave it under way. The watch
   tells observers (progress output) that the run is waiting for the database and since when,
   and logs one warning when a wait begins and one when the database is back.
@@ -67,6 +69,7 @@ RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0)
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_CAP_S = 2.0
 ENDING_ATTEMPT_S = 0.5  # one try of a call once the run is ending (budget spent, or hurried)
+STALL_S = 0.5  # an attempt cancelled after this long unanswered marks the database as away
 TRANSIENT = (StoreUnavailableError, TransactionStateUnknownError)
 NOT_RETRIED = (GatewayUnavailableError, StoreOutageError, RollbackFailedError)
 
@@ -82,6 +85,9 @@ class OutageWatch:
     outages: int = 0              # waits that ended with the database back
     waited_s: float = 0.0         # their total length
     exhausted: bool = False       # a call ran out of budget: the run is ending
+    # an attempt abandoned (cancelled from outside) after waiting past `STALL_S` unanswered:
+    # when it began (None once a call answers) — the database may be away though no call failed
+    stalled_since: float | None = None
     # attempts in flight: their cancel scopes, and when each began
     _attempts: dict = attrs.field(factory=dict, repr=False)
 
@@ -94,6 +100,17 @@ class OutageWatch:
         if self.since is None and self.budget_s <= 0:
             return math.inf  # a zero budget ends the run at its first failure, never sooner
         return (now if self.since is None else min(now, self.since)) + self.budget_s
+
+    def away(self) -> bool:
+        """Whether the database looks away: calls are waiting for it, or an attempt was left
+        unanswered past `STALL_S` when its caller gave up (a connect or statement that hangs
+        fails no call until the budget cuts it, so Ctrl-C can arrive before any failure)."""
+        return self.since is not None or self.stalled_since is not None
+
+    def _abandoned(self, began: float) -> None:
+        if trio.current_time() - began >= STALL_S:
+            self.stalled_since = began if self.stalled_since is None else min(
+                self.stalled_since, began)
 
     def waiting_s(self) -> float | None:
         """Seconds the run has been waiting for the database, or None when it is not."""
@@ -154,11 +171,11 @@ _hurry: contextvars.ContextVar[bool] = contextvars.ContextVar("runplane_hurry", 
 
 @contextlib.contextmanager
 def hurry_if_waiting() -> Iterator[bool]:
-    """In the block, when the current run is waiting for the database, store calls try once,
+    """In the block, when the database looks away (`OutageWatch.away`), store calls try once,
     for at most `ENDING_ATTEMPT_S`, and do not wait: for teardown that must not wait out the
     budget (a map cancelled during an outage). Yields whether the run was waiting."""
     watch = _watch.get()
-    waiting = watch is not None and watch.since is not None
+    waiting = watch is not None and watch.away()
     token = _hurry.set(waiting or _hurry.get())
     try:
         yield waiting
@@ -209,10 +226,15 @@ async def _ride(operation: Callable[[], Awaitable[T]], watch: OutageWatch) -> T:
                     raise
                 except TRANSIENT as exc:
                     error = exc
+                except trio.Cancelled:
+                    if not cut.cancel_called:  # the caller gave up, not the budget
+                        watch._abandoned(attempt_at)
+                    raise
                 finally:
                     del watch._attempts[cut]
             if error is None and not cut.cancelled_caught:
                 recovered = True
+                watch.stalled_since = None
                 if started is None and watch.waiting == 0:
                     watch._answered()  # an outage whose calls gave up is over
                 return result
