@@ -364,11 +364,15 @@ class MapState:
             return
         cause = failure_cause(outcome.status, error, outcome.error)
         if self.fail_fast.observe(cause, outcome.error):
-            self.tally.stopped_early = True
-            self.tally.stop_reason = self.fail_fast.reason()
-            if self.retries is not None:
-                self.retries.stop()
-            self.tally.report()
+            self.stop_early(self.fail_fast.reason())
+
+    def stop_early(self, reason: str) -> None:
+        """The map stopped before its rows were done (its run was cancelled)."""
+        self.tally.stopped_early = True
+        self.tally.stop_reason = reason
+        if self.retries is not None:
+            self.retries.stop()
+        self.tally.report()
 
     def resolve(self) -> None:
         """A worker is done with a row (outcome recorded, deferred, or left)."""

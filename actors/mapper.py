@@ -46,6 +46,7 @@ How it works
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import AsyncIterable, Callable, Sequence, Union
 
@@ -57,6 +58,7 @@ from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
 
 from .admission import admit_pages, stream_pages
+from .cancellation import RunStop
 from .completer import batch_outcomes, flush_unsettled, write_outcomes
 from .list_replay import ListReplay
 from .list_source import ListSource
@@ -77,12 +79,14 @@ MapSource = Union[Sequence[JsonObject], AsyncIterable[JsonObject]]
 async def map_rows(source: MapSource, plan: MapPlan, *,
                    on_progress: Callable[[MapProgress], object] | None = None,
                    map_invocation_id: str | None = None,
-                   background: trio.Nursery | None = None) -> MapResult:
+                   background: trio.Nursery | None = None,
+                   stop: RunStop | None = None) -> MapResult:
     """Run the pipeline of `plan` over `source` and count it (a list is encoded first and
     staged before its first row is admitted). A list source needs its `map_invocation_id`
     (the run gives each list map of a sheet its own, `Run.next_map_invocation_id`). Given
     `background` (the run's nursery), a list is recorded for reruns there, after the map has
-    returned; else before it returns."""
+    returned; else before it returns. Given the run's `stop`, a cancellation of the run stops
+    the pipeline and the map returns stopped early (`actors.cancellation`)."""
     listed = isinstance(source, (list, tuple, array_input.PagedRows))
     if not listed and not hasattr(source, "__aiter__"):
         raise InvalidInputError(
@@ -113,8 +117,9 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
                 nursery.start_soon(listed_source.open)
                 if plan.fast_admission:
                     nursery.start_soon(listed_source.count_sheet_rows, plan.ref.scope.play_scope)
+    stopping = stop.scope() if stop is not None else contextlib.nullcontext()
     try:
-        with unwrap_single_error(Exception):
+        with stopping, unwrap_single_error(Exception):
             async with trio.open_nursery() as nursery:
                 # Capacities: one streamed page ahead of admission (a list is read in place);
                 # about two batches per worker in each
@@ -140,6 +145,9 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
                     await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:
         await flush_unsettled(plan, state)
+    if stop is not None and stop.cancelled:
+        state.stop_early(stop.reason)
+        replay = None  # the list was not gone through: nothing to record for reruns
     await record_reuse(plan, state)
     if replay is not None:
         if background is not None:

@@ -26,6 +26,10 @@ How it works
   `open` and its staged input kept, so a wake finishes it (the guard could not run anyway).
 - Bad arguments (an empty play or run id, an attempt that is not an `engine.sheets.Attempt`)
   raise before any query.
+- Cancellation (`actors.cancellation`): a system task polls the run's cancellation stamp; a
+  cancelled run's maps stop early (`stop_reason` "cancelled") and return, and the body goes on
+  to its end — a run cancelled this way ends terminally and is retired (`Run.cancelled` says
+  so). "A cancelled run" above means cancelled as a task (Ctrl-C), which is not terminal.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from runplane.engine.runs import outbox
 from runplane.engine.runs.history import MapRunState
 
 from . import retirement
+from .cancellation import RunStop, watch_for_cancel
 from .hosting import is_terminal, open_hosting_nursery
 from .map_state import SHARED_ONLY, MapOptions, MapPlan
 from .mapper import MapSource, map_rows
@@ -86,10 +91,18 @@ class Run:
                                                                    repr=False)
     _stream_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
     _observer: Callable[[str, MapProgress], object] | None = attrs.field(default=None, repr=False)
+    # the run's cancellation (`actors.cancellation`): its maps stop when it is cancelled
+    stop: RunStop = attrs.field(init=False, factory=RunStop, repr=False)
 
     @property
     def scope(self) -> RunScope:
         return self.ref.scope
+
+    @property
+    def cancelled(self) -> bool:
+        """The run was cancelled (`runplane cancel`, the console, `runs.cancel`): its maps
+        stopped early with `stop_reason` "cancelled" and the run ends retired."""
+        return self.stop.cancelled
 
     @property
     def epoch(self) -> int:
@@ -125,13 +138,15 @@ class Run:
         self._observer = observer
 
     def _map_key(self, table_namespace: str, listed: bool, map_invocation_id: str | None) -> str:
-        """The map's key in the run history: its map invocation id, or `stream-N`."""
-        if map_invocation_id is not None:
-            return map_invocation_id
+        """The map's key in the run history: its table and its map invocation id (or
+        `stream-N`). Invocation ids count per table, so the table keeps two tables' first maps
+        apart."""
         namespace = normalize_namespace(table_namespace)
-        ordinal = self._stream_ordinals.get(namespace, 0)
-        self._stream_ordinals[namespace] = ordinal + 1
-        return f"stream-{ordinal}"
+        if map_invocation_id is None:
+            ordinal = self._stream_ordinals.get(namespace, 0)
+            self._stream_ordinals[namespace] = ordinal + 1
+            map_invocation_id = f"stream-{ordinal}"
+        return f"{namespace}/{map_invocation_id}"
 
     # -- work receipts -------------------------------------------------------------------------
     async def claim(self, key: str, *, reclaim_running: bool = False,
@@ -275,7 +290,7 @@ class Run:
         try:
             result = await map_rows(source, plan, on_progress=observe,
                                     map_invocation_id=map_invocation_id,
-                                    background=self._live_nursery())
+                                    background=self._live_nursery(), stop=self.stop)
         except Exception as exc:
             beat.cancel()
             if not any(isinstance(leaf, StoreUnavailableError) for leaf in leaf_errors(exc)):
@@ -340,7 +355,9 @@ async def open_run(
         error: BaseException | None = None
         run = Run(tenant, ref, attempt, outage=watch, force=force)
         try:
-            async with open_hosting_nursery() as nursery:
+            async with open_hosting_nursery(cancel_on_exit=True) as system, \
+                    open_hosting_nursery() as nursery:
+                system.start_soon(watch_for_cancel, tenant, scope, run.stop)
                 run._nursery = nursery
                 yield run
         except BaseException as exc:  # classified, then re-raised unchanged

@@ -49,7 +49,7 @@ from runplane.engine import RunScope, runs, sheets
 from runplane.engine.errors import unwrap_single_error
 
 from .connect import open_port
-from .operators import RunUnfinished, UsageError, print_failure_summary
+from .operators import RunCancelled, RunUnfinished, UsageError, print_failure_summary
 from .terminal import clean, say
 
 PLAY = "demo"
@@ -270,6 +270,8 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
             f"executed {result.executed} completed {result.completed} failed {result.failed}")
         if result.retried:
             say(f"demo: {result.retried} retried tool calls")
+        if run.cancelled:
+            raise RunCancelled(run.run_id)
         if result.superseded:
             say(f"demo: run {run.run_id} was superseded by run "
                 f"{result.superseded_by or '(id unknown)'}: it stopped early and left the "

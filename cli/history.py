@@ -133,7 +133,7 @@ async def show_run(tenant: Port, scope: PlayScope, run_id: str, args: argparse.N
     state = (entry.state if entry is not None else OutboxState.OPEN).word
     entries = (await maps_of(tenant, scope, [run_id]))[run_id]
     unfinished = (await unfinished_rows(tenant, scope, [run_id]))[run_id]
-    maps = [{"map": e.record.map_key, "table": e.record.table_namespace, "state": map_state(e),
+    maps = [{"map": e.record.map_id, "table": e.record.table_namespace, "state": map_state(e),
              "source_rows": e.record.source_rows, "admitted": e.record.admitted,
              "cached": e.record.cached, "completed": e.record.completed,
              "failed": e.record.failed, "blocked": e.record.blocked,

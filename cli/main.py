@@ -5,7 +5,7 @@ Every command connects through `engine.open_tenant` (the embedded default, or `R
 `RUNPLANE_GATEWAY_URL`, with the token in `RUNPLANE_TOKEN`), needing no database access at all.
 Errors reach the user as one line on stderr and a non-zero exit status, never a traceback:
 engine errors and refusals exit 1, usage errors (bad arguments, unreadable input files) 2, rows
-that failed under `--fail-on-row-errors` 3, an interrupt 130. Errors that come out of trio
+that failed under `--fail-on-row-errors` 3, an interrupt or a cancelled run 130. Errors that come out of trio
 nurseries as exception groups are unwrapped to their first leaf for that line. A run that ends
 any other way than success (interrupt, SIGTERM, a store failure, a failing play, a simulated
 crash) exits non-zero and prints the command that resumes it on stderr (see
@@ -39,7 +39,7 @@ from . import tool_commands, run_commands, data_commands, server_commands
 from . import worker  # registers `runplane worker`, last
 from .commands import COMMANDS
 from .inputs import InputFileError
-from .operators import CommandError, UsageError
+from .operators import CommandError, RunCancelled, UsageError
 from .terminal import emit_json, warn
 
 # What registered `COMMANDS`, in registration order (imported above for that alone).
@@ -103,6 +103,9 @@ def _report(exc: BaseException, command_name: str) -> int | None:
     """Print `exc` as one line and return the exit status, or None to let it through."""
     if isinstance(exc, KeyboardInterrupt):
         warn("runplane: interrupted")
+        return 130
+    if isinstance(exc, RunCancelled):
+        warn(f"runplane: {exc}")
         return 130
     if isinstance(exc, (UsageError, InputFileError)):
         warn(f"runplane: {exc}")

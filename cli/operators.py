@@ -56,6 +56,17 @@ class StoppedEarly(CommandError):
     resumable = False
 
 
+class RunCancelled(CommandError):
+    """The run was cancelled (`runplane cancel`, the console): exit 130. The run finished (no
+    resume command); what it wrote stays, and a new run reuses its finished rows."""
+
+    resumable = False
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} was cancelled: what it wrote stays, and a new run "
+                         "reuses its finished rows")
+
+
 class UsageError(Exception):
     """Bad command-line input argparse could not see (a file's content, a missing function, a
     run id that does not exist or already does): exit 2."""

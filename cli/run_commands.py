@@ -1,4 +1,5 @@
-"""Commands that run plays: `demo` (the main job, see `cli.demo`) and `run PLAY.py`.
+"""Commands that run plays: `demo` (the main job, see `cli.demo`), `run PLAY.py`, and
+`cancel PLAY RUN_ID` (every process of the run stops its rows; `run` then exits 130).
 
 `run --input FILE` checks the file before it connects (`cli.inputs`) and, before the run
 starts, names in one line the file's columns that no contract of the play file stores as an
@@ -34,7 +35,7 @@ from .commands import (
 )
 from .connect import open_port
 from .inputs import read_input
-from .operators import RunNotice, UsageError, print_failure_summary
+from .operators import RunCancelled, RunNotice, UsageError, print_failure_summary
 from .terminal import emit_json, plural, say
 
 if TYPE_CHECKING:
@@ -191,6 +192,8 @@ def run_play(args: argparse.Namespace) -> int:
                 result = await with_progress(run, progress, lambda: play(run, rows))
             if result is not None:
                 say(describe_result(result))
+            if run.cancelled:
+                raise RunCancelled(run.run_id)
             if run.stopped_early_maps:  # the cause once, not a table of the same error
                 if args.json:
                     emit_json({**run_document(run, notice, result, None),
@@ -203,3 +206,31 @@ def run_play(args: argparse.Namespace) -> int:
 
     failed = run_trio(main)
     return ROW_ERRORS_EXIT if failed and args.fail_on_row_errors else 0
+
+
+# -- cancel -------------------------------------------------------------------------------------
+def _cancel_options(parser: argparse.ArgumentParser) -> None:
+    _port_options(parser)
+    parser.add_argument("play", help="play name")
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run to stop")
+
+
+@command("cancel", "cancel a run: every process of it stops its rows within seconds")(_cancel_options)
+def cancel_run(args: argparse.Namespace) -> int:
+    from runplane.engine.runs.cancel import CANCEL_POLL_S, CancelAnswer, request_cancel
+    from runplane.engine.values.scopes import RunScope
+
+    async def main() -> int:
+        async with open_port(args) as port:
+            scope = RunScope(port.org_id, args.play, args.run_id)
+            answer = await request_cancel(port, scope)
+        if answer is CancelAnswer.UNKNOWN:
+            raise UsageError(f"no run {args.run_id!r} of play {args.play!r}")
+        say({CancelAnswer.REQUESTED: f"run {args.run_id}: cancelled; its processes stop their "
+                                     f"rows within {CANCEL_POLL_S:g}s and the run ends",
+             CancelAnswer.ALREADY: f"run {args.run_id}: already cancelled",
+             CancelAnswer.FINISHED: f"run {args.run_id}: already finished, nothing to "
+                                    "cancel"}[answer])
+        return 0
+
+    return run_trio(main)

@@ -57,6 +57,7 @@ ACTION_MODULES = (
     "runplane.engine.sessions.minting",
     "runplane.engine.runs.history",
     "runplane.engine.runs.row_calls",
+    "runplane.engine.runs.cancel",
     "runplane.engine.shared.maps",
     "runplane.engine.shared.leases",
     "runplane.engine.shared.units",

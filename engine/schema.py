@@ -26,6 +26,7 @@ has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused)
 10 adds counter deltas (`sheet_counter_deltas`, `sheet_column_deltas`; `engine.sheets.counters`).
 11 adds recorded lists (`sheet_summary.writes`, `sheet_lists`; `engine.sheets.lists`).
 12 adds `row_calls`: how many rows each process has inside a call now (`engine.runs.row_calls`).
+13 adds `runs.cancel_requested_at`: a run asked to stop (`engine.runs.cancel`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .shared.maps import MapState
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "12"
+SCHEMA_VERSION = "13"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -62,6 +63,7 @@ CREATE TABLE IF NOT EXISTS {s}.runs (
     PRIMARY KEY (org_id, play, run_id)
 );
 ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS command text;
+ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS cancel_requested_at timestamptz;
 CREATE TABLE IF NOT EXISTS {s}.work_receipts (
     k bytea PRIMARY KEY,
     status smallint NOT NULL,

@@ -26,7 +26,7 @@ from runplane.actors import open_run
 from runplane.actors.shared.worker import WorkerOptions, serve_play
 
 from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
-from runplane.engine.runs import history, outbox, row_calls
+from runplane.engine.runs import cancel, history, outbox, row_calls
 from runplane.engine.limits import rates as rate_limits
 from runplane.engine.shared import leases as shared_leases, maps as shared_maps
 from runplane.engine.actions import actions
@@ -71,6 +71,8 @@ async def _workload(tenant, gw) -> None:
     await row_calls.report(gw, ref.scope, "map-0", "host:1:ab", "things", 2)
     await row_calls.running(gw, scope)
     await runs.record_command(gw, ref.scope, "runplane run x")
+    await cancel.cancel_requested(gw, ref.scope)
+    await cancel.request_cancel(gw, ref.scope)
     await receipts.claim(gw, ref, "k1")
     await receipts.complete(gw, ref, "k1", {"v": 1})
     await receipts.skip(gw, ref, "k2", {"v": 2})

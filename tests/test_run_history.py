@@ -44,8 +44,9 @@ async def test_each_map_records_what_it_did(tenant):
         await run.map("Other Table", stream(), fn, contract=CONTRACT)
     scope = PlayScope(tenant.org_id, "play")
     stored = await history.list_maps(tenant, scope, [run.run_id, "no-such-run"])
-    by_key = {(entry.record.table_namespace, entry.record.map_key): entry.record
+    by_key = {(entry.record.table_namespace, entry.record.map_id): entry.record
               for entry in stored}
+    assert {entry.record.map_key for entry in stored} == {"t/map-0", "other_table/stream-0"}
     listed, streamed = by_key[("t", "map-0")], by_key[("other_table", "stream-0")]
     assert (listed.state, listed.admitted, listed.completed, listed.failed, listed.running) == (
         "finished", 30, 27, 3, 0)
@@ -53,6 +54,20 @@ async def test_each_map_records_what_it_did(tenant):
         "finished", 7, 6, 1)
     assert listed.duration_s is not None and listed.duration_s >= 0
     assert await history.live_maps(tenant, scope) == []  # nothing is running now
+
+
+async def test_two_tables_first_maps_in_one_run_keep_their_own_history(tenant):
+    """Map ids count per table: the first list map of each table is `map-0`, and the history
+    keeps both (the second used to overwrite the first)."""
+    async def fn(row):
+        return {"upper": row["name"].upper()}
+
+    async with open_run(tenant, "play") as run:
+        await run.map("a", rows(3), fn, contract=CONTRACT)
+        await run.map("b", rows(5), fn, contract=CONTRACT)
+    stored = await history.list_maps(tenant, PlayScope(tenant.org_id, "play"), [run.run_id])
+    assert sorted((e.record.table_namespace, e.record.map_id, e.record.admitted)
+                  for e in stored) == [("a", "map-0", 3), ("b", "map-0", 5)]
 
 
 async def test_a_crashed_map_keeps_its_last_counts_until_the_wake_replaces_them(tenant):

@@ -7,6 +7,7 @@ What is where
 - `outbox`: the terminal outbox, leased to-do entries for retiring finished runs.
 - `history`: run history, what each map of each run did (`run_maps`).
 - `row_calls`: rows in a call, what "running" means on every surface (`row_calls`).
+- `cancel`: a run asked to stop (`request_cancel`, `cancel_requested`, `CancelAnswer`).
 - `reissue`: re-issuing a statement until the row it decides on is visible; every
   insert-if-absent-else-read statement goes through it (`engine.receipts`, `registry`, the
   array-input facts).

@@ -95,6 +95,12 @@ class MapRecord:
                 raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
 
     @property
+    def map_id(self) -> str:
+        """The map's id within its table (`map-N`, `stream-N`): a run writes `map_key` as
+        `<table>/<id>`, since ids count per table (older entries hold the id alone)."""
+        return self.map_key.rpartition("/")[2]
+
+    @property
     def duration_s(self) -> float | None:
         if self.ended_at is None:
             return None

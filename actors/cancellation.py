@@ -1,0 +1,78 @@
+"""A run's cancellation, as every process hosting its rows sees it.
+
+How it works
+- `runplane cancel`, the console and the gateway's `runs.cancel` action stamp the run
+  (`engine.runs.cancel`). Each process of the run polls the stamp every `CANCEL_POLL_S` with
+  `watch_for_cancel`, a system task of the run (the first poll comes one period after the run
+  opened, so short runs never poll); a poll the store does not answer is skipped, not fatal.
+- On a stamp, `RunStop.cancel` cancels the scope each running map's pipeline runs in: the calls
+  in flight are cancelled (their rows are left, like a crash's, for the next run), what was
+  computed is flushed as on Ctrl-C, and the map returns a result with `stopped_early` and
+  `stop_reason = "cancelled"` — its history says the same. A map started after the stamp stops
+  at once. The run itself ends terminally (retired: a cancelled run is finished, and a new run
+  reuses every finished row); `Run.cancelled` tells the caller (`runplane run` exits 130).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+import attrs
+import trio
+
+from runplane.engine.errors import EngineError
+from runplane.engine.ports import Port
+from runplane.engine.runs.cancel import CANCEL_POLL_S, cancel_requested
+from runplane.engine.values.scopes import RunScope
+
+log = logging.getLogger("runplane.actors")
+
+CANCELLED = "cancelled"  # the stop reason of a map stopped by a run's cancellation
+
+
+@attrs.define(eq=False)
+class RunStop:
+    """Whether the run was cancelled, and the scopes that stop when it is."""
+
+    reason: str | None = None
+    _scopes: set[trio.CancelScope] = attrs.field(factory=set, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.reason is not None
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[trio.CancelScope]:
+        """A cancel scope that the run's cancellation cancels (at once if it came already)."""
+        scope = trio.CancelScope()
+        if self.cancelled:
+            scope.cancel()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._scopes.discard(scope)
+
+    def cancel(self, reason: str = CANCELLED) -> None:
+        if self.reason is None:
+            self.reason = reason
+        for scope in self._scopes:
+            scope.cancel()
+
+
+async def watch_for_cancel(port: Port, scope: RunScope, stop: RunStop, *,
+                           poll_s: float = CANCEL_POLL_S) -> None:
+    """Poll the run's cancellation stamp until it is set, then stop the run's maps."""
+    while not stop.cancelled:
+        await trio.sleep(poll_s)
+        try:
+            requested = await cancel_requested(port, scope)
+        except EngineError as exc:  # the store is away: the run's own calls ride it out
+            log.debug("run %s: cancellation poll failed: %s", scope.run_id, exc)
+            continue
+        if requested:
+            log.warning("run %s: cancelled; stopping its rows", scope.run_id)
+            stop.cancel()

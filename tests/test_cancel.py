@@ -1,0 +1,127 @@
+"""Cancelling a run (SPEC §32, §35): a stamp on the run that every process of the run polls;
+its maps stop early with stop reason "cancelled", what was written stays and is counted, and
+the run ends retired. The same through the gateway, and from the command line."""
+
+from __future__ import annotations
+
+import trio
+
+from runplane.actors import open_run
+from runplane.actors.cancellation import CANCELLED
+from runplane.engine import sheets
+from runplane.engine.gateway import open_gateway
+from runplane.engine.runs import history, outbox
+from runplane.engine.runs.cancel import CancelAnswer, cancel_requested, request_cancel
+from runplane.engine.runs.history import MapRunState
+from runplane.engine.values.scopes import RunScope
+
+from .cli_helpers import RUNPLANE, cli_env, schema, start_cli, wait_for_text  # noqa: F401
+from .gateway_support import FAST_RETRY, server, token_for  # noqa: F401 - fixture
+
+CONTRACT = sheets.SheetContract(inputs=("n",), outputs=("double",))
+ROWS = [{"n": i} for i in range(5_000)]
+
+
+async def cancel_once_started(port, run, started: trio.Event) -> list[CancelAnswer]:
+    """Ask twice once rows are running: the second request finds the first."""
+    await started.wait()
+    return [await request_cancel(port, run.scope), await request_cancel(port, run.scope)]
+
+
+async def map_until_cancelled(port, requester_port, play: str):
+    """Map slow rows; once 50 are done, ask (through `requester_port`) for the run to stop.
+    Returns (the run, the map's result, the cancel answer)."""
+    started = trio.Event()
+    done = 0
+    answers: list[CancelAnswer] = []
+
+    async def double(row: dict) -> dict:
+        nonlocal done
+        await trio.sleep(0.005)
+        done += 1
+        if done >= 50:
+            started.set()
+        return {"double": row["n"] * 2}
+
+    async with open_run(port, play) as run:
+        async with trio.open_nursery() as nursery:
+            async def ask() -> None:
+                answers.extend(await cancel_once_started(requester_port, run, started))
+            nursery.start_soon(ask)
+            result = await run.map("things", ROWS, double, contract=CONTRACT, concurrency=4)
+        later = await run.map("others", ROWS[:10], double, contract=CONTRACT)
+    return run, result, later, answers
+
+
+async def test_a_cancelled_run_stops_its_maps_keeps_what_it_wrote_and_is_retired(tenant):
+    run, result, later, answers = await map_until_cancelled(tenant, tenant, "cancel")
+    assert answers == [CancelAnswer.REQUESTED, CancelAnswer.ALREADY]
+    assert run.cancelled
+    assert result.stopped_early and result.stop_reason == CANCELLED
+    assert 50 <= result.completed < len(ROWS)
+    summary = await sheets.summary(tenant, run.scope.play_scope, "things")
+    assert summary.completed == result.completed  # what was written stays, counted
+    assert later.stopped_early and later.admitted == 0  # a map after the cancel stops at once
+    maps = {m.record.table_namespace: m.record for m in await history.list_maps(
+        tenant, run.scope.play_scope, [run.run_id])}
+    assert maps["things"].state == MapRunState.STOPPED_EARLY
+    assert maps["things"].stop_reason == CANCELLED
+    entry = await outbox.get(tenant, run.scope)
+    assert entry is not None and entry.state == outbox.OutboxState.DONE  # retired
+    # a finished run: nothing to stop; an unknown run: unknown
+    assert await request_cancel(tenant, run.scope) is CancelAnswer.FINISHED
+    async with open_run(tenant, "cancel") as other:
+        pass
+    assert await request_cancel(tenant, other.scope) is CancelAnswer.FINISHED
+    assert not await cancel_requested(tenant, other.scope)
+    unknown = RunScope(tenant.org_id, "cancel", "no-such-run")
+    assert await request_cancel(tenant, unknown) is CancelAnswer.UNKNOWN
+
+
+async def test_a_run_through_the_gateway_is_cancelled_by_the_runs_cancel_action(tenant, server):
+    async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as runner, \
+            open_gateway(server.url, token_for(tenant, actions=("runs.cancel",)),
+                         retry=FAST_RETRY) as operator:
+        run, result, _, answers = await map_until_cancelled(runner, operator, "cancel-remote")
+    assert answers == [CancelAnswer.REQUESTED, CancelAnswer.ALREADY]
+    assert result.stopped_early and result.stop_reason == CANCELLED
+    assert result.completed < len(ROWS)
+    entry = await outbox.get(tenant, run.scope)
+    assert entry is not None and entry.state == outbox.OutboxState.DONE
+
+
+def test_runplane_cancel_stops_a_running_demo_which_exits_130(schema, tmp_path, capsys):
+    import json
+    import re
+    import subprocess
+
+    from runplane.cli import main
+
+    log = tmp_path / "demo.log"
+    proc = start_cli("demo", "--rows", "100000", "--latency-ms", "40", "--concurrency", "4",
+                     "--schema", schema, stdout_path=log, env=cli_env())
+    try:
+        content = wait_for_text(log, "started (epoch", proc)
+        run_id = re.search(r"^run (\S+) of play demo started", content, re.MULTILINE).group(1)
+        assert main(["cancel", "demo", run_id, "--schema", schema]) == 0
+        assert "cancelled; its processes stop their rows" in capsys.readouterr().out
+        status = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert status == 130, err
+    assert f"runplane: run {run_id} was cancelled" in err
+    assert "resume" not in err  # finished: a new run reuses its rows, nothing to resume
+    assert main(["cancel", "demo", run_id, "--schema", schema]) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert main(["cancel", "demo", "no-such-run", "--schema", schema]) == 2
+    shown = subprocess.run([*RUNPLANE, "runs", "demo", run_id, "--schema", schema, "--json"],
+                           capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["state"] == "done" and document["resume_command"] is None  # retired
+    (shown_map,) = document["maps"]
+    assert (shown_map["state"], shown_map["stop_reason"]) == ("stopped early", "cancelled")
+    assert shown_map["completed"] < 100_000
