@@ -250,8 +250,11 @@ class Run:
         map_invocation_id = options.map_invocation_id
         if map_invocation_id is None:  # taken once the request passed its checks
             map_invocation_id = self.next_map_invocation_id(plan.table_namespace)
-        return await map_shared(source, plan, map_invocation_id, shared,
-                                on_progress=lambda snapshot: [f(snapshot) for f in observers])
+        result = await map_shared(source, plan, map_invocation_id, shared, stop=self.stop,
+                                  on_progress=lambda snapshot: [f(snapshot) for f in observers])
+        if result.stopped_early:
+            self.stopped_early_maps.append((normalize_namespace(plan.table_namespace), result))
+        return result
 
     async def _map_here(self, source: MapSource, plan: MapPlan, table_namespace: str,
                         on_progress: Callable[[MapProgress], object] | None,

@@ -125,3 +125,44 @@ def test_runplane_cancel_stops_a_running_demo_which_exits_130(schema, tmp_path, 
     (shown_map,) = document["maps"]
     assert (shown_map["state"], shown_map["stop_reason"]) == ("stopped early", "cancelled")
     assert shown_map["completed"] < 100_000
+
+
+async def test_a_cancelled_shared_map_stops_its_workers_and_the_run_is_retired(tenant):
+    from pathlib import Path
+
+    from runplane.actors.shared.worker import WorkerOptions, serve_play
+    from runplane.engine.shared import maps as sm
+
+    from .plays.scale_play import slow_tag
+    from .sheet_helpers import counters_match
+
+    contract = sheets.SheetContract(("n",), ("pid", "double"))
+    play_file = str(Path(__file__).parent / "plays" / "scale_play.py")
+    rows = [{"n": i} for i in range(3000)]
+    with trio.fail_after(120):
+        async with open_run(tenant, "scale") as run:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: serve_play(tenant, "scale", play_file, WorkerOptions(
+                    exit_when_idle=True, poll_s=0.05, concurrency=4)))
+
+                done_enough = trio.Event()
+
+                def watch(snapshot) -> None:
+                    if snapshot.completed >= 50:
+                        done_enough.set()
+
+                async def cancel_when_rows_are_done() -> None:
+                    await done_enough.wait()
+                    assert await request_cancel(tenant, run.scope) is CancelAnswer.REQUESTED
+                nursery.start_soon(cancel_when_rows_are_done)
+                result = await run.map("nums", rows, slow_tag, contract=contract, shared=True,
+                                       concurrency=4, on_progress=watch)
+    assert run.cancelled
+    assert result.stopped_early and result.stop_reason == CANCELLED
+    assert 50 <= result.completed < len(rows)
+    status = await sm.map_status(tenant, run.ref, result.map_invocation_id)
+    assert status.state == "cancelled"
+    ok, why = await counters_match(tenant, run.scope.play_scope, "nums")
+    assert ok, why
+    entry = await outbox.get(tenant, run.scope)
+    assert entry is not None and entry.state == outbox.OutboxState.DONE

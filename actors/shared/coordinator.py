@@ -43,6 +43,7 @@ How it works
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
@@ -63,6 +64,7 @@ from runplane.engine.limits.bounds import is_int
 from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single_error
 from runplane.engine.ports import Port
 
+from ..cancellation import RunStop
 from ..executors import executor_config
 from ..map_state import MapPlan
 from ..mapper import MapSource
@@ -199,11 +201,13 @@ def check_request(source: MapSource, plan: MapPlan, options: SharedOptions) -> N
 
 async def map_shared(source: Sequence[JsonObject], plan: MapPlan, map_invocation_id: str,
                      options: SharedOptions, *,
-                     on_progress: Callable[[MapProgress], object] | None = None) -> MapResult:
+                     on_progress: Callable[[MapProgress], object] | None = None,
+                     stop: RunStop | None = None) -> MapResult:
     """Run `plan` over the list `source` as the shared map `map_invocation_id` of the plan's
     run (see the module docstring). The caller decides the id (a run's next one for the
     namespace, or the one it was given) after `check_request` passed, so a refused request
-    takes no id."""
+    takes no id. A cancellation of the run (`stop`) cancels the map: its workers stop, and the
+    result counts what was written, stopped early."""
     workers, unit_rows = options.workers, options.unit_rows
     env = worker_environment(plan.port) if workers else None
     map_invocation_id = sm.map_id_for(map_invocation_id, plan.table_namespace)
@@ -213,8 +217,9 @@ async def map_shared(source: Sequence[JsonObject], plan: MapPlan, map_invocation
         raise InvalidInputError(f"unit_rows must be an integer from 1 to {sm.UNIT_ROWS}, "
                                 f"got {unit_rows!r}")
     published = finished = False
+    stopping = stop.scope() if stop is not None else contextlib.nullcontext()
     try:
-        with unwrap_single_error(Exception):  # a refused list raises as itself
+        with stopping, unwrap_single_error(Exception):  # a refused list raises as itself
             async with trio.open_nursery() as nursery:
                 processes: list[trio.Process] = []
                 if workers:  # started first: their start-up overlaps staging the list
@@ -243,13 +248,21 @@ async def map_shared(source: Sequence[JsonObject], plan: MapPlan, map_invocation
     finally:
         if published and not finished:
             await _cancel_map(plan, map_invocation_id)
+    cancelled = stop is not None and stop.cancelled and not finished
+    if cancelled:
+        if not published:
+            return MapResult(0, 0, 0, 0, 0, 0, map_invocation_id=map_invocation_id,
+                             stopped_early=True, stop_reason=stop.reason)
+        status = await retry_transient(lambda: sm.map_status(
+            plan.port, plan.ref, map_invocation_id, counters=True))
     counters = status.counters
     return MapResult(
         admitted=counters["rows"] - counters["skipped"], cached=counters["cached"],
         completed=counters["completed"], failed=counters["failed"], blocked=counters["blocked"],
         fenced=counters["fenced"], skipped=counters["skipped"], executed=counters["executed"],
         map_invocation_id=map_invocation_id, retried=counters["retried"],
-        timed_out=counters["timed_out"])
+        timed_out=counters["timed_out"], stopped_early=cancelled,
+        stop_reason=stop.reason if cancelled else None)
 
 
 async def _keep_worker(command: list[str], env: dict[str, str],

@@ -20,6 +20,9 @@ How it works
   unit no longer held (taken over, or the map cancelled or closed): its calls are cancelled
   and nothing more of it is written. A batch refused with `LeaseLostError` (a lease lost
   meanwhile) makes the flusher ask which units are still held and write the rest.
+- A cancellation of the map's run (`actors.cancellation`, polled every second) cancels the
+  service: calls in flight and outcomes not yet written are left, as by a crash; the
+  coordinator marks the map cancelled.
 - Store calls ride out an outage for the port's outage budget (`actors.retry`), then `serve`
   ends with `StoreOutageError`; the leases expire and other workers take the units.
 - No permit is held while the function runs; at most `concurrency` rows run at once.
@@ -52,6 +55,7 @@ from runplane.engine.shared.leases import (
 )
 from runplane.engine.opening import outage_budget
 
+from ..cancellation import RunStop, watch_for_cancel
 from ..map_state import MapPlan
 from ..pacing import Pacer, open_pacer
 from ..retry import OutageWatch, install_watch, reset_watch, retry_transient
@@ -404,18 +408,26 @@ class MapWorker:
         self.pacer = open_pacer(self.port, self.plan.rate_limit)
         # The worker's own outage budget (its port's), whoever started it.
         token = install_watch(OutageWatch(outage_budget(self.port.settings.outage_budget_s)))
+        stop = RunStop()  # the run's cancellation stops this worker's service of its map
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._renew_leases)
-                nursery.start_soon(self._flush_loop)
-                nursery.start_soon(functools.partial(  # this process's rows in a call
-                    report_calls, self.port, self.shared.ref.scope,
-                    self.shared.map_invocation_id, self.shared.table_namespace,
-                    lambda: self.plan.calls.in_call))
-                for _ in range(max(1, min(self.plan.concurrency, int(self.limiter.total_tokens)))):
-                    nursery.start_soon(self._run_rows)
-                await self._claim_loop(nursery)
-                nursery.cancel_scope.cancel()
+            with stop.scope():
+                await self._serve(stop)
         finally:
             reset_watch(token)
         return self.units_run
+
+    async def _serve(self, stop: RunStop) -> None:
+        """The worker's tasks; a cancellation of the map's run (polled like the run's own
+        processes do) cancels them: calls in flight, and outcomes not yet written, are left."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_for_cancel, self.port, self.shared.ref.scope, stop)
+            nursery.start_soon(self._renew_leases)
+            nursery.start_soon(self._flush_loop)
+            nursery.start_soon(functools.partial(  # this process's rows in a call
+                report_calls, self.port, self.shared.ref.scope,
+                self.shared.map_invocation_id, self.shared.table_namespace,
+                lambda: self.plan.calls.in_call))
+            for _ in range(max(1, min(self.plan.concurrency, int(self.limiter.total_tokens)))):
+                nursery.start_soon(self._run_rows)
+            await self._claim_loop(nursery)
+            nursery.cancel_scope.cancel()
