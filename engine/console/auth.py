@@ -16,7 +16,10 @@ How it works
   org with fewer sessions than any other is never the one logged out. (The sessions of
   `runplane console`, which see every org, count as one more org.) Sessions expire
   (`SESSION_TTL_S` for a one-time link's session, the token's `exp` for a token's).
-- A token's `runs` claim, when it has one, limits the session to those runs (`Viewer.runs`).
+- A token's `runs` claim, when it has one, limits the session to those runs (`Viewer.runs`);
+  its `actions` claim says which console actions the session may take (`Viewer.may`: e.g.
+  `runs.cancel`; a one-time link's session may take every one). Each session has its own
+  random form token (`Sessions.csrf`) that every action form carries (`console.actions`).
 - A session that ends (logout, eviction) sets its `ended` event, so a live stream of it stops at
   once; one that expires is seen as ended from its `expires_at`. Tokens and codes are never
   logged or shown.
@@ -33,7 +36,7 @@ import attrs
 import trio
 
 from ..errors import AuthError, ScopeError
-from ..tokens import verify_token
+from ..tokens import allows, verify_token
 
 COOKIE = "runplane_console"
 COOKIE_PATH = "/ui"
@@ -52,6 +55,7 @@ class Viewer:
     plays: tuple[str, ...]
     expires_at: float
     runs: tuple[str, ...] | None = None
+    actions: tuple[str, ...] = ("*",)  # the token's action claims (a one-time link's: every one)
 
     @property
     def every_play(self) -> bool:
@@ -71,11 +75,17 @@ class Viewer:
     def sees_run(self, run_id: str) -> bool:
         return self.runs is None or run_id in self.runs
 
+    def may(self, action: str) -> bool:
+        """Whether the session's action claims allow `action` (`runs.cancel`, ...)."""
+        return allows(self.actions, action)
+
 
 @attrs.define(eq=False)
 class _Session:
     viewer: Viewer
     ended: trio.Event = attrs.field(factory=trio.Event)
+    # the session's token for its action forms (`console.actions`): random, in its pages only
+    csrf: str = attrs.field(factory=lambda: secrets.token_urlsafe(24), repr=False)
 
 
 @attrs.define(eq=False)
@@ -111,12 +121,18 @@ class Sessions:
         claims = verify_token(self.secret, token.strip() or None)
         for name in CONSOLE_ACTIONS:
             claims.check_action(name)
-        return self._open(Viewer(claims.org, claims.plays, float(claims.exp), claims.runs))
+        return self._open(Viewer(claims.org, claims.plays, float(claims.exp), claims.runs,
+                                 claims.actions))
 
     def viewer(self, session_id: str | None) -> Viewer | None:
         """The viewer of a session cookie, or None (no cookie, unknown, expired)."""
         session = self._session(session_id)
         return None if session is None else session.viewer
+
+    def csrf(self, session_id: str | None) -> str | None:
+        """The action-form token of a live session, or None."""
+        session = self._session(session_id)
+        return None if session is None else session.csrf
 
     def ended(self, session_id: str | None) -> trio.Event | None:
         """The event a live session's end (logout, eviction) sets; None when it is not live."""

@@ -224,15 +224,25 @@ def _stat(label: str, field: str, value: object, hint: str | None = None) -> str
 
 
 def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: str,
-             workers: list = ()) -> str:
+             workers: list = (), cancel_csrf: str | None = None,
+             notice: str | None = None) -> str:
+    """A run's page; `cancel_csrf` (the session's form token) adds the cancel button, `notice`
+    says what an action just did."""
     org = run.org_id
     parts = [f'<h1>Run <code>{esc(run.run_id)}</code> of play {esc(run.play)}</h1>',
+             *([f'<p class="notice">{esc(notice)}</p>'] if notice else []),
              '<div class="stats">', _stat("org", "org", org),
              _stat("state", "state", run.state.word), _stat("epoch", "epoch", run.epoch),
              _stat("started", "started", when(run.started)),
              _stat("duration", "duration", duration(run.duration_s)), "</div>"]
     if run.state is OutboxState.OPEN and run.command:
         parts.append(f'<p>Resume: <code>{esc(run.command)}</code></p>')
+    if run.state is OutboxState.OPEN and cancel_csrf:
+        action = q(f"/ui/runs/{seg(run.play)}/{seg(run.run_id)}/cancel",
+                   org=org if show_org else None)
+        parts.append(f'<form method="post" action="{action}" class="action">'
+                     f'<input type="hidden" name="csrf" value="{esc(cancel_csrf)}">'
+                     '<button type="submit" name="cancel">Cancel run</button></form>')
     if not tables:
         parts.append('<p class="muted">This run has recorded no maps yet.</p>')
     for t in tables:

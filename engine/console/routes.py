@@ -15,7 +15,9 @@ How it works
   of a run-scoped token, its run are checked against the viewer before any query; what the
   viewer may not see answers 404, exactly like what does not exist, so a page never tells
   another org's names apart from made-up ones. Listings show only what the viewer sees.
-- The login routes (`/ui/login`, `/ui/logout`) are `login`'s.
+- The login routes (`/ui/login`, `/ui/logout`) are `login`'s; the action POSTs
+  (`/ui/runs/<play>/<run_id>/cancel`) are `actions`' and are checked there (session, form token,
+  action claim) before they write.
 - The live stream (`/ui/live/runs/<play>/<run_id>`, see `live`): at most `MAX_STREAMS` per
   org at once, counted before the stream is accepted (one org's open pages cannot take
   another's streams); each ends with its session or when the server shuts down.
@@ -24,6 +26,7 @@ How it works
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from importlib import resources
 from typing import Awaitable, Callable
@@ -43,7 +46,7 @@ from ..ports import Port
 from ..runs.outbox import OutboxState
 from ..sheets.model import RowStatus
 from ..values.scopes import PlayScope, RunScope, normalize_namespace
-from . import export, live, origin, pages, params, queries, rows
+from . import actions, export, live, origin, pages, params, queries, rows
 from .auth import COOKIE, Sessions, Viewer
 from .login import LoginRoutes
 from .words import ROW_STATE_WORDS
@@ -92,6 +95,8 @@ class Console:
     default_org: str = "local"
     closing: trio.Event = attrs.field(factory=trio.Event)
     forwarded_allow: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    # the store an action writes to, per org (None: a read-only console; see `actions`)
+    writer_for: Callable[[str], Awaitable[Port]] | None = None
     streams: collections.Counter = attrs.field(init=False, factory=collections.Counter)
 
     @property
@@ -110,6 +115,8 @@ def console_app(console: Console) -> ASGIApp:
         Route("/logout", login.logout, methods=["POST"]),
         Route("/static/{name}", h.static, methods=["GET"]),
         Route("/runs/{play}/{run_id}", h.run, methods=["GET"]),
+        Route("/runs/{play}/{run_id}/cancel", functools.partial(actions.cancel_run, h),
+              methods=["POST"]),
         Route("/tables/{play}/{table}", h.table, methods=["GET"]),
         Route("/failures/{play}/{table}", h.failures, methods=["GET"]),
         Route("/api/runs", h.api_runs, methods=["GET"]),
@@ -287,8 +294,12 @@ class _Handlers:
             show_org = viewer.org is None
             live = pages.q(f"/ui/live/runs/{params.seg(run.play)}/{params.seg(run.run_id)}",
                            org=run.org_id if show_org else None)
-            return _html(pages.run_page(run, tables, show_org=show_org,
-                                        live_url=live.replace("&amp;", "&"), workers=workers))
+            may_cancel = viewer.may(actions.CANCEL) and self.c.writer_for is not None
+            return _html(pages.run_page(
+                run, tables, show_org=show_org, live_url=live.replace("&amp;", "&"),
+                workers=workers, notice=actions.DONE_WORDS.get(request.query_params.get("done")),
+                cancel_csrf=self.c.sessions.csrf(request.cookies.get(COOKIE))
+                if may_cancel else None))
         return await self.guarded(request, False, render)
 
     async def api_run(self, request: Request) -> Response:

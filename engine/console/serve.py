@@ -7,6 +7,8 @@ How it works
   console before the first run; its runs page shows an empty state, and every page fills in
   once a run creates the schema (each read names its tables; nothing is cached at start). Every org's runs are read through that pool: the console's
   statements name the org themselves.
+- Actions (cancel a run, `console.actions`) write through one tenant per org, opened at that
+  org's first action (`_Writers`), so a console that is only looked at writes nothing.
 - The bind must be a loopback address (127.0.0.0/8, ::1 or localhost): the one-time link is the
   only login, so the console is never offered to the network.
 - `ConsoleServer.login_url()` makes a new one-time link `http://HOST:PORT/ui/login?once=CODE`
@@ -27,9 +29,9 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from ..errors import InvalidInputError
-from ..ports import CONSOLE_LANE, Port
+from ..ports import CONSOLE_LANE, RECEIPTS_LANE, Port
 from ..schema import schema_status
-from ..opening import open_reader
+from ..opening import open_reader, open_tenant
 from .auth import Sessions
 from .routes import Console, console_app
 
@@ -66,6 +68,34 @@ class ConsoleServer:
         return f"{self.url}/ui/login?once={self.console.sessions.new_code()}"
 
 
+@attrs.define(eq=False)
+class _Writers:
+    """The console's writers, one tenant per org, opened at the first action of that org (an
+    operator who only looks never opens one), each hosted by a task of the console's nursery
+    until the console closes."""
+
+    dsn: str | None
+    schema: str
+    nursery: trio.Nursery | None = None
+    closing: trio.Event = attrs.field(factory=trio.Event)
+    _tenants: dict[str, Port] = attrs.field(factory=dict)
+    _lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def get(self, org: str) -> Port:
+        async with self._lock:
+            if org not in self._tenants:
+                if self.nursery is None or self.closing.is_set():
+                    raise InvalidInputError("the console is closing")
+                self._tenants[org] = await self.nursery.start(self._host, org)
+            return self._tenants[org]
+
+    async def _host(self, org: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with open_tenant(org, self.dsn, schema=self.schema, lanes={RECEIPTS_LANE: 1},
+                               max_connections=1) as tenant:
+            task_status.started(tenant)
+            await self.closing.wait()
+
+
 @contextlib.asynccontextmanager
 async def open_console(*, dsn: str | None = None, schema: str = "runplane",
                        bind: str = "127.0.0.1:8788") -> AsyncIterator[ConsoleServer]:
@@ -80,7 +110,8 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
         async def port_for(_org: str) -> Port:
             return tenant
 
-        console = Console(Sessions(), port_for, token_login=False)
+        writers = _Writers(dsn, schema)
+        console = Console(Sessions(), port_for, token_login=False, writer_for=writers.get)
         app = Starlette(routes=[Mount("/ui", app=console_app(console))])
         config = Config()
         config.bind = [bind]
@@ -90,6 +121,7 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
         shutdown = trio.Event()
         server = ConsoleServer(console, schema_ready=ready)
         async with trio.open_nursery() as nursery:
+            writers.nursery = nursery
             binds = await nursery.start(lambda task_status: serve(
                 app, config, shutdown_trigger=shutdown.wait, task_status=task_status))
             server.url = binds[0]
@@ -97,4 +129,5 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
                 yield server
             finally:
                 console.closing.set()
+                writers.closing.set()
                 shutdown.set()

@@ -190,7 +190,8 @@ class Server:
         from ..console import Console, Sessions, console_app  # the web console, at /ui
 
         self.console = Console(Sessions(self.secret), self.tenants.get, token_login=True,
-                               forwarded_allow=self.options.forwarded_allow)
+                               forwarded_allow=self.options.forwarded_allow,
+                               writer_for=self.tenants.get)  # actions as the org's tenant
         routed = Starlette(routes=[
             Route(protocol.HEALTH_PATH, self._health, methods=["GET"]),
             Route(protocol.ACTIONS_PATH + "{action}", self._action, methods=["POST"]),
