@@ -239,30 +239,27 @@ class Run:
     async def _map_shared(self, source: MapSource, plan: MapPlan, options: MapOptions,
                           workers: int | None) -> MapResult:
         """A map run by workers (`actors.shared.coordinator`): the request checked before the
-        run's next map id is taken for it."""
+        run's next map id is taken for it; recorded in the run history like a map run here
+        (its workers report their own rows in a call)."""
         from .shared.coordinator import SharedOptions, check_request, map_shared
 
-        observers = self._progress_observers(normalize_namespace(plan.table_namespace),
-                                             options.on_progress)
         shared = SharedOptions(workers, options.shared, options.executor,
                                lease_s=options.lease_s, unit_rows=options.unit_rows)
         check_request(source, plan, shared)
         map_invocation_id = options.map_invocation_id
         if map_invocation_id is None:  # taken once the request passed its checks
             map_invocation_id = self.next_map_invocation_id(plan.table_namespace)
-        result = await map_shared(source, plan, map_invocation_id, shared, stop=self.stop,
-                                  on_progress=lambda snapshot: [f(snapshot) for f in observers])
-        if result.stopped_early:
-            self.stopped_early_maps.append((normalize_namespace(plan.table_namespace), result))
-        return result
+        recorder = MapRecorder(self.port, self.scope,
+                               self._map_key(plan.table_namespace, True, map_invocation_id),
+                               normalize_namespace(plan.table_namespace))
+        return await self._recorded(recorder, options.on_progress, lambda observe: map_shared(
+            source, plan, map_invocation_id, shared, stop=self.stop, on_progress=observe))
 
     async def _map_here(self, source: MapSource, plan: MapPlan, table_namespace: str,
                         on_progress: Callable[[MapProgress], object] | None,
                         map_invocation_id: str | None) -> MapResult:
-        """A map in this process (`actors.mapper.map_rows`): its source checked before its
-        history entry is written, the entry heartbeated while it runs (with the rows in a
-        call), and finished as it ended: failed, interrupted, or with its result (a store
-        outage leaves the entry running, like a crash, for the wake)."""
+        """A map in this process (`actors.mapper.map_rows`), its source checked before its
+        history entry is written; its rows in a call are reported with the heartbeat."""
         listed = isinstance(source, (list, tuple, array_input.PagedRows))
         if not listed and not hasattr(source, "__aiter__"):  # refused before the history write
             raise InvalidInputError(
@@ -272,6 +269,20 @@ class Run:
         recorder = MapRecorder(self.port, self.scope,
                                self._map_key(table_namespace, listed, map_invocation_id),
                                normalize_namespace(table_namespace))
+        return await self._recorded(
+            recorder, on_progress, lambda observe: map_rows(
+                source, plan, on_progress=observe, map_invocation_id=map_invocation_id,
+                background=self._live_nursery(), stop=self.stop),
+            in_call=lambda: plan.calls.in_call)
+
+    async def _recorded(self, recorder: MapRecorder,
+                        on_progress: Callable[[MapProgress], object] | None,
+                        run_map: Callable[[Callable[[MapProgress], None]], Awaitable[MapResult]],
+                        in_call: Callable[[], int] | None = None) -> MapResult:
+        """`run_map(observe)` with its history entry heartbeated while it runs (and, given
+        `in_call`, its rows in a call reported) and finished as it ended: failed, interrupted,
+        or with its result (a store outage leaves the entry running, like a crash, for the
+        wake)."""
         observers = [recorder.observe,
                      *self._progress_observers(recorder.table_namespace, on_progress)]
 
@@ -285,15 +296,14 @@ class Run:
             with beat:
                 async with trio.open_nursery() as beats:
                     beats.start_soon(recorder.heartbeat)
-                    beats.start_soon(functools.partial(
-                        report_calls, self.port, self.scope, recorder.map_key,
-                        recorder.table_namespace, lambda: plan.calls.in_call))
+                    if in_call is not None:
+                        beats.start_soon(functools.partial(
+                            report_calls, self.port, self.scope, recorder.map_key,
+                            recorder.table_namespace, in_call))
 
         self._live_nursery().start_soon(heartbeat)
         try:
-            result = await map_rows(source, plan, on_progress=observe,
-                                    map_invocation_id=map_invocation_id,
-                                    background=self._live_nursery(), stop=self.stop)
+            result = await run_map(observe)
         except Exception as exc:
             beat.cancel()
             if not any(isinstance(leaf, StoreUnavailableError) for leaf in leaf_errors(exc)):
@@ -309,7 +319,7 @@ class Run:
             beat.cancel()
         await recorder.finish(result)
         if result.stopped_early:
-            self.stopped_early_maps.append((normalize_namespace(table_namespace), result))
+            self.stopped_early_maps.append((recorder.table_namespace, result))
         return result
 
     def _progress_observers(self, namespace: str,
