@@ -29,7 +29,7 @@ How it works
   drops packets). From then on the run is ending: later calls under the same watch (the
   shielded flush of computed outcomes, the run's guard) try once, for at most
   `ENDING_ATTEMPT_S`, and do not wait. The same holds inside `hurry_if_waiting()` while the
-  database looks away — calls wait for it, or an attempt its caller gave up on had waited past
+  database looks away — calls wait for it, or a connect its caller gave up on had waited past
   `STALL_S` unanswered (a hung connect fails no call before the budget cuts it): the flush of a
   map cancelled during an outage, so Ctrl-C exits at once instead of flushing against a
   database that is away. An outage ends when a call
@@ -69,7 +69,7 @@ RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0)
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_CAP_S = 2.0
 ENDING_ATTEMPT_S = 0.5  # one try of a call once the run is ending (budget spent, or hurried)
-STALL_S = 0.5  # an attempt cancelled after this long unanswered marks the database as away
+STALL_S = 0.5  # a connect given up after this long unanswered marks the database as away
 TRANSIENT = (StoreUnavailableError, TransactionStateUnknownError)
 NOT_RETRIED = (GatewayUnavailableError, StoreOutageError, RollbackFailedError)
 
@@ -85,9 +85,9 @@ class OutageWatch:
     outages: int = 0              # waits that ended with the database back
     waited_s: float = 0.0         # their total length
     exhausted: bool = False       # a call ran out of budget: the run is ending
-    # an attempt abandoned (cancelled from outside) after waiting past `STALL_S` unanswered:
-    # when it began (None once a call answers) — the database may be away though no call failed
-    stalled_since: float | None = None
+    # connects abandoned (their caller gave up) after `STALL_S` unanswered: the database may be
+    # away though no call failed yet (`engine.pg.ConnectWatch`; cleared when a call answers)
+    connects: pg.ConnectWatch = attrs.field(factory=lambda: pg.ConnectWatch(STALL_S))
     # attempts in flight: their cancel scopes, and when each began
     _attempts: dict = attrs.field(factory=dict, repr=False)
 
@@ -102,15 +102,11 @@ class OutageWatch:
         return (now if self.since is None else min(now, self.since)) + self.budget_s
 
     def away(self) -> bool:
-        """Whether the database looks away: calls are waiting for it, or an attempt was left
-        unanswered past `STALL_S` when its caller gave up (a connect or statement that hangs
-        fails no call until the budget cuts it, so Ctrl-C can arrive before any failure)."""
-        return self.since is not None or self.stalled_since is not None
-
-    def _abandoned(self, began: float) -> None:
-        if trio.current_time() - began >= STALL_S:
-            self.stalled_since = began if self.stalled_since is None else min(
-                self.stalled_since, began)
+        """Whether the database looks away: calls are waiting for it, or a connect was left
+        unanswered past `STALL_S` when its caller gave up (a connect that hangs fails no call
+        until the budget cuts it, so Ctrl-C can arrive before any failure). A statement that
+        is merely slow does not count: a busy server answers connects at once."""
+        return self.since is not None or self.connects.stalled_since is not None
 
     def waiting_s(self) -> float | None:
         """Seconds the run has been waiting for the database, or None when it is not."""
@@ -220,21 +216,18 @@ async def _ride(operation: Callable[[], Awaitable[T]], watch: OutageWatch) -> T:
             with trio.CancelScope(deadline=cut_at) as cut:
                 watch._attempts[cut] = attempt_at
                 try:
-                    with pg.connects_until(None if cut_at == math.inf else cut_at):
+                    with pg.connects_until(None if cut_at == math.inf else cut_at), \
+                            pg.watching_connects(watch.connects):
                         result = await operation()
                 except NOT_RETRIED:
                     raise
                 except TRANSIENT as exc:
                     error = exc
-                except trio.Cancelled:
-                    if not cut.cancel_called:  # the caller gave up, not the budget
-                        watch._abandoned(attempt_at)
-                    raise
                 finally:
                     del watch._attempts[cut]
             if error is None and not cut.cancelled_caught:
                 recovered = True
-                watch.stalled_since = None
+                watch.connects.clear()
                 if started is None and watch.waiting == 0:
                     watch._answered()  # an outage whose calls gave up is over
                 return result

@@ -168,29 +168,3 @@ async def test_a_run_gets_the_tenants_budget_and_its_tasks_see_the_watch(dsn):
         async with tenant.connection("sheet") as conn:
             await conn.execute('DROP SCHEMA IF EXISTS "outage_budget_probe" CASCADE')
 
-
-async def test_an_attempt_abandoned_unanswered_makes_teardown_hurry(autojump_clock):
-    """A connect or statement that hangs fails no call until the budget cuts it; a map cancelled
-    (Ctrl-C) in that window must still not flush against a database that is away."""
-    from runplane.actors.retry import STALL_S, hurry_if_waiting, install_watch, reset_watch
-
-    watch = OutageWatch(budget_s=60)
-    token = install_watch(watch)
-    try:
-        with trio.move_on_after(STALL_S / 2):  # cancelled while healthy-fast: not a stall
-            await retry_transient(trio.sleep_forever, watch=watch)
-        with hurry_if_waiting() as waiting:
-            assert not waiting
-        with trio.move_on_after(STALL_S * 2):  # unanswered past STALL_S, then given up
-            await retry_transient(trio.sleep_forever, watch=watch)
-        assert watch.since is None  # no call failed ...
-        with hurry_if_waiting() as waiting:  # ... yet teardown tries once, briefly
-            assert waiting
-            started = trio.current_time()
-            with pytest.raises(StoreOutageError, match="the run is ending"):
-                await retry_transient(trio.sleep_forever, watch=watch)
-            assert trio.current_time() - started <= 0.5 + 1e-6
-        assert await retry_transient(Flaky(failures=0), watch=watch) == "ok"
-        assert not watch.away()  # a call answered: the database is back
-    finally:
-        reset_watch(token)

@@ -126,6 +126,50 @@ async def test_a_map_cancelled_during_an_outage_ends_at_once(dsn):
     assert elapsed + closed_s < BOUND_S, (elapsed, closed_s)
 
 
+async def test_a_connect_abandoned_unanswered_makes_teardown_hurry(dsn):
+    """A connect the server leaves unanswered fails no call until the budget cuts it; a map
+    cancelled (Ctrl-C) in that window must still not flush against a database that is away.
+    A statement that is merely slow when given up on is no such sign."""
+    from runplane.actors.retry import STALL_S, hurry_if_waiting, install_watch, reset_watch
+
+    watch = OutageWatch(budget_s=60)
+    token = install_watch(watch)
+    try:
+        async with open_pg_proxy(dsn) as proxy:
+            async with open_tenant("org-clock", proxy.dsn, schema=fresh_schema()) as tenant:
+                async def slow_statement() -> None:
+                    async with tenant.connection("sheet") as conn:
+                        await conn.execute("SELECT pg_sleep(30)")
+
+                with trio.move_on_after(STALL_S * 2):  # slow, given up: the server is there
+                    await retry_transient(slow_statement, watch=watch)
+                with hurry_if_waiting() as waiting:
+                    assert not waiting
+                proxy.set_blackhole(True, sever=True)  # open connections dropped, connects hang
+
+                async def fresh_connect() -> None:
+                    async with tenant.connection("sheet") as conn:
+                        await conn.fetchval("SELECT 1")
+
+                with trio.move_on_after(STALL_S * 2):  # unanswered past STALL_S, given up
+                    while True:  # the pooled connection fails at once; then a connect hangs
+                        try:
+                            await retry_transient(fresh_connect, watch=watch)
+                        except StoreOutageError:
+                            break
+                assert proxy.fired["blackhole_connect"] >= 1
+                assert watch.connects.stalled_since is not None  # the hung connect was seen
+                watch.since = None  # as when no call had failed yet (a pool with no
+                watch.waiting = 0   # connection to drop): the hung connect alone tells
+                with hurry_if_waiting() as waiting:  # ... teardown tries once, briefly
+                    assert waiting
+                proxy.set_blackhole(False)
+                await retry_transient(fresh_connect, watch=watch)
+                assert not watch.away()  # a call answered: the database is back
+    finally:
+        reset_watch(token)
+
+
 def test_doctor_prints_the_outage_budget_in_force(dsn):
     from .test_doctor import run_doctor
 

@@ -23,9 +23,11 @@ from .bridge import (
     LoopCancelledError,
     NotSent,
     close_gracefully,
+    ConnectWatch,
     connect_timeout,
     connects_until,
     ladder_delay,
+    watching_connects,
     open_driver,
     terminate,
 )
@@ -59,7 +61,7 @@ from .translation import (
 
 __all__ = [
     "CONNECT_TIMEOUT", "PINNED_SEARCH_PATH", "Driver", "LoopCancelledError", "NotSent",
-    "close_gracefully", "connect_timeout", "connects_until", "ladder_delay", "open_driver",
+    "close_gracefully", "ConnectWatch", "connect_timeout", "connects_until", "watching_connects", "ladder_delay", "open_driver",
     "terminate",
     "COMMIT_RESOLVE_TIMEOUT", "COMMIT_TIMEOUT", "ROLLBACK_TIMEOUT", "SERVER_CHANGE_PROBE_TIMEOUT",
     "SERVER_IDENTITY", "SERVER_START", "XID_PROBE", "CommitStatus", "Connection", "ConnectionState", "PhaseReport",

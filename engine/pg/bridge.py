@@ -27,6 +27,7 @@ import contextvars
 from typing import AsyncIterator, Coroutine, Iterator, TypeVar
 
 import asyncpg
+import attrs
 import trio
 import trio_asyncio
 
@@ -170,6 +171,17 @@ class Driver:
         timeout = connect_timeout()
         if timeout <= 0:
             raise asyncio.TimeoutError("no connect attempt: the caller's deadline has passed")
+        started = trio.current_time()
+        try:
+            return await self._connect(dsn, timeout, server_settings)
+        except trio.Cancelled:  # the caller gave up on a connect the server left unanswered
+            watch = _connect_watch.get()
+            if watch is not None:
+                watch.abandoned(started)
+            raise
+
+    async def _connect(self, dsn: str, timeout: float,
+                       server_settings: dict[str, str]) -> asyncpg.Connection:
         if pooler_mode(dsn) is PoolerMode.TRANSACTION:
             # No session state through the pooler: the checkout's transaction sets the search
             # path, and statements are unnamed (see `engine.pg.pooler`).
@@ -202,6 +214,38 @@ async def _connect_warm(dsn: str, timeout: float, settings: dict[str, str], *,
 
 _connect_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "runplane_connect_deadline", default=None)
+
+
+@attrs.define(eq=False)
+class ConnectWatch:
+    """Connects whose caller gave up after `stall_s` without an answer: when the oldest of
+    them began (None: none, or `clear`ed). A server that accepts no connection fails no call
+    until a deadline cuts the attempt; a caller tearing down (Ctrl-C) reads this instead."""
+
+    stall_s: float
+    stalled_since: float | None = None
+
+    def abandoned(self, started: float) -> None:
+        if trio.current_time() - started >= self.stall_s:
+            self.stalled_since = started if self.stalled_since is None else min(
+                self.stalled_since, started)
+
+    def clear(self) -> None:
+        self.stalled_since = None
+
+
+_connect_watch: contextvars.ContextVar[ConnectWatch | None] = contextvars.ContextVar(
+    "runplane_connect_watch", default=None)
+
+
+@contextlib.contextmanager
+def watching_connects(watch: ConnectWatch | None) -> Iterator[None]:
+    """Connects made in the block report to `watch` when abandoned unanswered."""
+    token = _connect_watch.set(watch)
+    try:
+        yield
+    finally:
+        _connect_watch.reset(token)
 
 
 @contextlib.contextmanager
