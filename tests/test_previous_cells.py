@@ -6,6 +6,7 @@ gateway."""
 from __future__ import annotations
 
 import collections
+import datetime
 
 import pytest
 
@@ -63,9 +64,13 @@ async def test_a_rerun_reads_the_output_a_row_error_stored_and_skips_it(tenant):
     # `first` is a completed cell of the failed row, `second` a failed one
     assert ada["_status"] == "failed" and ada["first"] == "ADA" and ada["second"] is None
     assert ada["_error"] == "second failed for ada"
-    assert ada["_cells"]["first"]["status"] == "completed"
-    assert ada["_cells"]["first"]["completed_at"] is not None
-    assert ada["_cells"]["second"]["status"] == "failed"
+    # the seed's cell meta (status, completedAt, runId, attempts, the value) as `_cells`
+    first, second = ada["_cells"]["first"], ada["_cells"]["second"]
+    assert datetime.datetime.fromisoformat(first.pop("completed_at")).tzinfo is not None
+    assert first == {"status": "completed", "run_id": run.run_id, "attempts": 1,
+                     "last_value": "ADA"}
+    assert second == {"status": "failed", "completed_at": None, "run_id": run.run_id,
+                      "attempts": 1, "last_value": None}
     summary = await sheets.summary(tenant, play_scope(tenant, "play"), NS)
     assert (summary.failed, summary.columns["first"].completed,
             summary.columns["second"].failed) == (2, 2, 2)
