@@ -100,7 +100,7 @@ async def test_without_the_option_a_rerun_sees_its_inputs_only(tenant):
     assert seen == [None] and calls == {"first": 1, "second": 1}
 
 
-async def test_cells_past_the_budget_are_marked_truncated(tenant):
+async def test_cells_past_the_budget_are_marked_truncated(tenant, monkeypatch):
     scope = play_scope(tenant, "play")
     run = await new_run(tenant, "play", "r1")
     names = [f"n{i}" for i in range(6)]
@@ -120,12 +120,9 @@ async def test_cells_past_the_budget_are_marked_truncated(tenant):
     rerun3 = await new_run(tenant, "play", "r3")
     from runplane.engine.sheets import admission as admission_module
 
-    admission_module.ADMIT_CHUNK_ROWS, saved = 4, admission_module.ADMIT_CHUNK_ROWS
-    try:
-        again = await sheets.admit(tenant, rerun3, NS, CONTRACT, [{"name": n} for n in names],
-                                   previous_cells=True, previous_cells_budget_bytes=5 * 12)
-    finally:
-        admission_module.ADMIT_CHUNK_ROWS = saved
+    monkeypatch.setattr(admission_module, "ADMIT_CHUNK_ROWS", 4)
+    again = await sheets.admit(tenant, rerun3, NS, CONTRACT, [{"name": n} for n in names],
+                               previous_cells=True, previous_cells_budget_bytes=5 * 12)
     assert [row.row["_previous"] for row in again.pending] == \
         [{"first": "x" * 10}] * 5 + [{"_truncated": True}]
     # the previous cells are the admission's answer only: a read does not show them
