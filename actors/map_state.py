@@ -7,7 +7,9 @@ How it works
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
   `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`), `force` (recompute
-  rows older runs enriched, see `engine.sheets.admit`) and the pipeline's
+  rows older runs enriched, see `engine.sheets.admit`), `previous_cells` (re-admitted rows
+  carry their completed cells as `row["_previous"]`, `engine.sheets.previous_cells`) and the
+  pipeline's
   tuning (`fast_admission=False` admits every page without probing it first, cache hits
   listed and rows sent: the reference the fast path is tested against; `max_waiting_rows`
   bounds the delay queue, see `actors.backoff`). It is a frozen
@@ -57,7 +59,7 @@ from runplane.engine.sheets.completion import complete_write, input_fields_probl
 from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets.probing import probe_keyed
-from runplane.engine.sheets.sheet_write import check_flag
+from runplane.engine.sheets.sheet_write import PREVIOUS_CELLS_BUDGET_BYTES, check_flag
 
 from .backoff import MAX_WAITING_ROWS, RetryQueue
 from .pacing import Pacer, open_pacer
@@ -122,6 +124,8 @@ class MapOptions:
     on_progress: Callable[[MapProgress], object] | None = None
     map_invocation_id: str | None = None
     force: bool | None = None  # None: the run's (`open_run(..., force=...)`)
+    previous_cells: bool = False  # re-admitted rows get row["_previous"] (`sheets.admit`)
+    previous_cells_budget_bytes: int = PREVIOUS_CELLS_BUDGET_BYTES
     fail_fast: bool | int = True
     workers: int | None = None
     shared: bool = False
@@ -178,6 +182,8 @@ class MapPlan:
     max_waiting_rows: int = attrs.field(default=MAX_WAITING_ROWS, validator=_positive_int)
     force: bool = attrs.field(default=False, validator=check_flag)
     fail_fast_rows: int | None = attrs.field(default=None, validator=_optional(int, "fail_fast"))
+    previous_cells: bool = attrs.field(default=False, validator=check_flag)
+    previous_cells_budget_bytes: int = PREVIOUS_CELLS_BUDGET_BYTES
     # Rows inside a call of `fn` in this process now (the one mutable part: a counter).
     calls: CallGauge = attrs.field(factory=CallGauge, eq=False, repr=False)
     # Where and how the map writes: built (and so checked) once, with the plan.
@@ -187,7 +193,9 @@ class MapPlan:
     def _write(self) -> SheetWrite:
         return SheetWrite(self.ref, self.table_namespace, self.contract, attempt=self.attempt,
                           cell_policies=self.cell_policies, give_up_after=self.give_up_after,
-                          cache_hits="count", force=self.force)
+                          cache_hits="count", force=self.force,
+                          previous_cells=self.previous_cells,
+                          previous_cells_budget_bytes=self.previous_cells_budget_bytes)
 
     async def admit(self, rows: list[JsonObject], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
@@ -272,7 +280,7 @@ class MapState:
         fields than a sheet holds once this map's additions are counted):
         such a row fails alone and the rest of its batch is written. Most rows share one set of
         output names: a set already accepted costs one lookup."""
-        if outcome.status != OutcomeStatus.COMPLETED or not outcome.data:
+        if not outcome.data:  # a failed one may carry outputs too (`actors.RowError`)
             return outcome
         names = tuple(outcome.data)
         if names in self._storable_names:
@@ -289,8 +297,11 @@ class MapState:
                 self._added_fields.update(new)
                 self._storable_names.add(names)
                 return outcome
+        error = f"outputs cannot be stored: {problem}"
+        if outcome.status == OutcomeStatus.FAILED:
+            error = f"{outcome.error} ({error})"
         return RowOutcome(outcome.key, OutcomeStatus.FAILED, input_index=outcome.input_index,
-                          error=f"outputs cannot be stored: {problem}", attempts=outcome.attempts)
+                          error=error, attempts=outcome.attempts)
 
     # -- admission ---------------------------------------------------------------------------
     def note_reuse(self, keys: list[str]) -> None:

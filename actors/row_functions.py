@@ -18,13 +18,18 @@ How it works
   failures may be their data's). A rerun of a map that stopped early, its function still
   broken, finds no cache hit and stops again.
   `run.map(..., fail_fast=False)` turns it off; `fail_fast=N` watches the first N rows.
+- `RowError(message, outputs={...})`, raised by the function, fails the row with `message`
+  but stores `outputs` as completed cells (every other output of the row is failed): a rerun
+  with `previous_cells=True` finds them in `row["_previous"]` and need not compute them again.
+  Under a retry policy only the last call's outcome is written (a retried call's outputs are
+  dropped with it).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -40,6 +45,18 @@ FAIL_FAST_ROWS = 20
 RowFunction = Callable[[JsonObject], object]
 # The map's function as the workers call it: an async function of one row.
 RowCaller = Callable[[JsonObject], Awaitable[object]]
+
+
+class RowError(Exception):
+    """Raised by a map function: the row fails with `message`, and the `outputs` given (a dict
+    of output fields, as a function would return them) are stored as completed cells."""
+
+    def __init__(self, message: str, outputs: Mapping[str, object] | None = None) -> None:
+        super().__init__(message)
+        if outputs is not None and not isinstance(outputs, Mapping):
+            raise InvalidInputError(
+                f"RowError outputs must be a dict of output fields, got {type(outputs).__name__}")
+        self.outputs: dict[str, object] = dict(outputs or {})
 
 
 def is_async_function(fn: object) -> bool:

@@ -200,10 +200,18 @@ class Run:
         it); see `actors.shared.coordinator`.
         `executor="processes"` (or an `actors.executors` executor) runs a synchronous `fn`
         in a process pool or on a Dask cluster.
+        `previous_cells=True` hands each re-admitted row the output cells it completed before,
+        as `row["_previous"]` (`{}` for a new row; `{"_truncated": True}` past
+        `previous_cells_budget_bytes` of cell text per admission, default 1 MiB); a function
+        raising `actors.RowError(message, outputs={...})` stores those outputs and fails the
+        rest. It runs the map in this process (not with workers=N or shared=True).
         """
         options = MapOptions.from_call(options, options_kw)
         workers = options.workers
-        if workers is None and not options.shared and isinstance(
+        if options.previous_cells and (workers is not None or options.shared):
+            raise InvalidInputError("previous_cells is not available for a map spread over "
+                                    "workers (workers=N or shared=True) yet")
+        if workers is None and not options.shared and not options.previous_cells and isinstance(
                 source, (list, array_input.PagedRows)):
             from .shared.coordinator import default_workers
 
@@ -234,7 +242,8 @@ class Run:
             row_timeout_s=o.row_timeout_s, rate_limit=o.rate_limit,
             give_up_after=o.give_up_after, fast_admission=o.fast_admission,
             max_waiting_rows=o.max_waiting_rows, force=self.force if o.force is None else o.force,
-            fail_fast_rows=fail_fast_rows(o.fail_fast))
+            fail_fast_rows=fail_fast_rows(o.fail_fast), previous_cells=o.previous_cells,
+            previous_cells_budget_bytes=o.previous_cells_budget_bytes)
 
     async def _map_shared(self, source: MapSource, plan: MapPlan, options: MapOptions,
                           workers: int | None) -> MapResult:

@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import trio
 
+from runplane.engine.canonical import normalize_fast
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import AdmittedRow, OutcomeStatus, RowOutcome
 from runplane.engine.sheets.causes import cause_of
 from runplane.engine.sheets.inputs import completed_outcome
+from runplane.engine.sheets.previous_cells import PREVIOUS
 
 from .admission import MAX_WORK_BATCH
 from .map_state import MapPlan, MapState
 from .policies import RowTimeoutError
+from .row_functions import RowError
 
 HAND_ON_S = 0.5            # a slow worker batch hands its outcomes on after this long, and reports
 
@@ -41,11 +44,32 @@ def error_message(exc: BaseException) -> str:
     return text if text else type(exc).__name__
 
 
-def failed_outcome(admitted: AdmittedRow, calls: int, message: str) -> RowOutcome:
+def failed_outcome(admitted: AdmittedRow, calls: int, message: str,
+                   outputs: dict | None = None) -> RowOutcome:
     """The failed outcome of a row, with its cause: the message with the row's own input values
-    masked (the worker is where the inputs are known; `engine.sheets.causes`)."""
-    return RowOutcome(admitted.key, OutcomeStatus.FAILED, input_index=admitted.input_index,
-                      error=message, attempts=calls, cause=cause_of(message, admitted.row))
+    masked (the worker is where the inputs are known; `engine.sheets.causes`). `outputs`
+    (normalized; a `RowError`'s) are written as completed cells; completion fails the rest."""
+    meta = None
+    if outputs:
+        meta = {name: {"status": OutcomeStatus.COMPLETED.value} for name in outputs}
+    return RowOutcome(admitted.key, OutcomeStatus.FAILED, data=outputs or None,
+                      input_index=admitted.input_index, error=message, attempts=calls,
+                      cause=cause_of(message, _inputs(admitted.row)), cell_meta=meta)
+
+
+def _inputs(row: dict) -> dict:
+    """A row as its inputs: without the previous cells admission may have added."""
+    return {k: v for k, v in row.items() if k != PREVIOUS} if PREVIOUS in row else row
+
+
+def _row_error_outcome(admitted: AdmittedRow, calls: int, exc: RowError) -> RowOutcome:
+    """The outcome of a call that raised `RowError`: failed, with its outputs when they can be
+    stored (else failed saying why)."""
+    try:
+        outputs = normalize_fast(exc.outputs, "RowError outputs")
+    except InvalidInputError as problem:
+        return failed_outcome(admitted, calls, f"{error_message(exc)} ({problem})")
+    return failed_outcome(admitted, calls, error_message(exc), outputs)
 
 
 async def call_row(plan: MapPlan, admitted: AdmittedRow,
@@ -62,6 +86,8 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
                     data = await plan.fn(admitted.row)
                 if scope.cancelled_caught:
                     raise RowTimeoutError(f"timed out after {plan.row_timeout_s:g} s")
+    except RowError as exc:  # the row fails, keeping the outputs it names
+        return _row_error_outcome(admitted, calls, exc), exc
     except Exception as exc:  # the row fails, the map goes on
         return failed_outcome(admitted, calls, error_message(exc)), exc
     if data is None:
@@ -94,6 +120,7 @@ async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowO
         return outcome
     if isinstance(error, RowTimeoutError):
         state.tally.timed_out += 1
+    outcome = state.storable(plan.contract, outcome)  # a RowError's outputs
     retry = plan.retry
     if retry is not None and retry.retries(error, calls) and not state.stopping:
         state.defer(admitted, calls, retry.delay_s(calls))

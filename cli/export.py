@@ -63,7 +63,7 @@ def options(parser: argparse.ArgumentParser) -> None:
                         help="file to write (default: -, stdout)")
     parser.add_argument("--status", choices=sheets.dataset_pages.STATUSES, default=None,
                         help="only rows of this status")
-    parser.add_argument("--run", default=None, metavar="RUN_ID", help="only the rows this run wrote")
+    parser.add_argument("--run", default=None, metavar="RUN_ID", help="only that run's rows: those it wrote and those it reused")
     parser.add_argument("--fields", default=None, metavar="A,B",
                         help="only these fields, in this order (default: every field)")
     parser.add_argument("--cells", action="store_true",

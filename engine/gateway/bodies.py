@@ -3,7 +3,7 @@
 - `decode_body` decodes and checks a body (an admission's rows validated, keyed and encoded
   here, off the event loop for large bodies: the server decides where it runs).
 - `encode_result` writes the answer's JSON (an admission answered by key sends pending rows'
-  keys and indexes only).
+  keys and indexes only, and their previous cells when they have some).
 - `read_body` reads a body from ASGI `receive`, refusing it (`Refusal`, 413) as soon as it grows
   past the server's limit: the rest is never read.
 - `RequestHeaders` holds the few headers an action reads (`READ_HEADERS`), by lowercase name.
@@ -20,6 +20,7 @@ from starlette.types import Receive
 from ..actions import Action
 from ..values.scopes import normalize_namespace
 from ..sheets.inputs import prepare_rows
+from ..sheets.previous_cells import PREVIOUS
 from . import guards, protocol
 
 ADMIT_ACTION = "sheets.admit"
@@ -80,15 +81,21 @@ def encode_result(spec: Action, result: object, skipped: int, rows_by_key: bool)
     """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
     answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
     their keys and indexes only (`{"key", "input_index", "row": {}}`, as the codec writes an
-    `AdmittedRow`, built here without one per row)."""
+    `AdmittedRow`, built here without one per row), and their previous cells when admission
+    gave them some (`"row": {"_previous": ...}`: the client merges them into its row)."""
     if skipped:
         result = attrs.evolve(result, skipped=result.skipped + skipped)
     if not rows_by_key:
         return protocol.dumps({"result": spec.result.encode(result, "result")})
     encoded = spec.result.encode(attrs.evolve(result, pending=()), "result")
-    encoded["pending"] = [{"key": row.key, "input_index": row.input_index, "row": {}}
-                          for row in result.pending]
+    encoded["pending"] = [{"key": row.key, "input_index": row.input_index,
+                           "row": _previous_only(row.row)} for row in result.pending]
     return protocol.dumps({"result": encoded})
+
+
+def _previous_only(row: dict) -> dict:
+    """What an answer by key sends of a pending row: its previous cells, if it has them."""
+    return {PREVIOUS: row[PREVIOUS]} if PREVIOUS in row else {}
 
 
 READ_HEADERS = frozenset({b"content-length", b"authorization", protocol.REQUEST_ID_HEADER.encode(),

@@ -31,6 +31,7 @@ from ..values.scopes import normalize_namespace
 from ..sheets.model import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
 from ..sheets.inputs import PreparedOutcome, check_input_indexes, prepare_outcomes, prepare_rows
+from ..sheets.previous_cells import PREVIOUS, cells_bytes, with_previous
 from ..sheets.sheet_write import check_write
 from ..sheets.model import (
     ROW_OUTCOME, Admission, AdmittedRow, Completion, CompletionDiagnostics, OutcomeStatus,
@@ -53,7 +54,8 @@ def decode_admitted_page(action: Action, answer: JsonValue,
     """An admission page's answer, its pending rows carrying the rows this call sent
     (`row_of`, by key): they come back by key (`ROWS_HEADER`), so each pending entry is
     checked as the codec checks an `AdmittedRow` and built once, with the client's row. A key
-    the call did not send keeps the row answered (`check_admitted_page` then refuses it)."""
+    the call did not send keeps the row answered (`check_admitted_page` then refuses it). A
+    pending row's previous cells come back with it and join the client's row."""
     pending = answer.get("pending") if type(answer) is dict else None
     if type(pending) is not list:
         return action.result.decode(answer, "result")  # the codec names what is wrong
@@ -65,8 +67,11 @@ def decode_admitted_page(action: Action, answer: JsonValue,
                 or "row" not in item:
             action.result.decode(answer, "result")  # raises, naming the entry
             raise InvalidInputError(f"result.pending[{i}] is not an admitted row")
-        key = item["key"]
-        rows.append(AdmittedRow(key, item["input_index"], row_of.get(key, item["row"])))
+        key, answered = item["key"], item["row"]
+        row = row_of.get(key, answered)
+        if row is not answered and type(answered) is dict and PREVIOUS in answered:
+            row = with_previous(row, answered[PREVIOUS])  # the only field answered by key
+        rows.append(AdmittedRow(key, item["input_index"], row))
     return attrs.evolve(page, pending=tuple(rows))
 
 
@@ -112,7 +117,13 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
              for row, key, index in zip(prepared.texts, key_texts, index_texts)]
     results: list[Admission] = []
     row_of = dict(zip(prepared.keys, prepared.rows))
+    budget = arguments.get("previous_cells_budget_bytes") if arguments.get("previous_cells") \
+        else None
     for start, end in paging.pack(sizes, positions, room, "rows"):
+        if budget is not None and results:  # the pages of one call share its budget
+            budget = max(0, budget - sum(cells_bytes(row.row.get(PREVIOUS))
+                                         for row in results[-1].pending))
+            fixed["previous_cells_budget_bytes"] = budget
         body = paging.page_body(fixed, [("rows", prepared.texts[start:end]),
                                         ("keys", key_texts[start:end]),
                                         ("input_indexes", index_texts[start:end])])

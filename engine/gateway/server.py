@@ -25,9 +25,13 @@ How it works
   `shared_maps.live_maps`, `shared_maps.units_remaining`) is handed the token's `runs` claim as
   `only_runs` and keeps to those runs. Only then does the action run, against the tenant of the
   token's org (opened on first use, then kept: `tenants`), with the action's server-side
-  deadline (admission 30 s, completion 75 s): a write that ran past it is cancelled (its
-  transaction rolls back) and answered 503, so a client that gave up and retried never races a
-  write of its earlier attempt.
+  deadline (the registry's: admission 30 s, completion 75 s, `sheets.append_rows` and
+  `replace_rows` 120 s; `ServerOptions.deadlines_s` may set another per action): a write that
+  ran past it — a lock wait included — is cancelled (its transaction rolls back) and answered
+  503 with `retry_after_ms`, so a client that gave up and retried never races a write of its
+  earlier attempt. The client's own limit is longer (one admission attempt may wait 10
+  minutes, `RetryPolicy.admission_timeout_s`): it rides the server's 503s instead of cutting
+  off a queued admission.
 - Database sessions: `db_sessions.create` is handed a `MintContext`: the verified claims (they
   bound the operations a session gets and how long it lives) and `session_dsn`, the DSN the
   session's URL is built on (default: the server's own DSN; give the address runners reach the
@@ -76,7 +80,7 @@ from ..actions import Action, actions
 from ..canonical import JsonValue
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError, TooManySessionsError
-from ..limits.bounds import is_int
+from ..limits.bounds import is_int, is_number
 from ..sessions import MintContext
 from ..tokens import VerifiedTokens
 from . import guards, protocol
@@ -127,6 +131,22 @@ class ServerOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     forwarded_allow: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    # per action, a server-side deadline other than the one it is registered with (seconds)
+    deadlines_s: Mapping[str, float] = attrs.field(factory=dict, converter=lambda v: dict(v or {}))
+
+    @deadlines_s.validator
+    def _check_deadlines(self, _attribute: attrs.Attribute, value: Mapping[str, object]) -> None:
+        known = actions()
+        for name, seconds in value.items():
+            if name not in known:
+                raise InvalidInputError(f"deadlines_s: no action is named {name!r}")
+            if not is_number(seconds, above=0, finite=True):
+                raise InvalidInputError(
+                    f"deadlines_s[{name!r}] must be a number of seconds > 0, got {seconds!r}")
+
+    def deadline_s(self, spec: Action) -> float:
+        """How long the server lets action `spec` run (`deadlines_s`, else its own)."""
+        return self.deadlines_s.get(spec.name, spec.deadline_s)
 
     @body_limit.validator
     def _check_body_limit(self, _attribute: attrs.Attribute, value: object) -> None:
@@ -301,15 +321,17 @@ class Server:
         rows_by_key = (name == ADMIT_ACTION
                        and headers.get(protocol.ROWS_HEADER) == protocol.ROWS_BY_KEY)
 
+        deadline_s = self.options.deadline_s(spec)
+
         async def compute() -> bytes:
-            with trio.move_on_after(spec.deadline_s) as deadline:
+            with trio.move_on_after(deadline_s) as deadline:
                 checked = spec.writes and name != REGISTER_ACTION  # registering names a new run
                 for run in guards.named_runs(kwargs, checked):  # refused before any write
                     await self.run_check.check(tenant, run)
                 result = await spec.function(tenant, **kwargs)
             if deadline.cancelled_caught:
                 raise StoreUnavailableError(
-                    f"{name} ran past the gateway's {spec.deadline_s:.0f} s deadline and was "
+                    f"{name} ran past the gateway's {deadline_s:g} s deadline and was "
                     f"rolled back")
             if len(raw) < OFF_LOOP_BYTES:
                 return encode_result(spec, result, skipped, rows_by_key)

@@ -77,7 +77,8 @@ from .model import (
     Timing,
     ADMISSION, ATTEMPT, CELL_POLICIES, CONTRACT, STAGED_PAGE,
 )
-from .sheet_write import ADMIT_ARGUMENTS, SheetWrite
+from .previous_cells import PREVIOUS_CELLS_BUDGET_BYTES, previous_of, with_previous
+from .sheet_write import ADMIT_ARGUMENTS, PREVIOUS_ARGUMENTS, SheetWrite
 
 ADMIT_CHUNK_ROWS = 10_000
 ADMIT_STATEMENT_TIMEOUT_MS = 120_000
@@ -132,8 +133,9 @@ class _PageRefused(Exception):
     "input_offset": INT, "keys": optional(list_of(STR)), "attempt": optional(ATTEMPT),
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
-    "texts": optional(list_of(STR)), "force": BOOL,
-}, result=ADMISSION, deadline_s=600.0)  # a big first admission may take minutes
+    "texts": optional(list_of(STR)), "force": BOOL, "previous_cells": BOOL,
+    "previous_cells_budget_bytes": INT,
+}, result=ADMISSION)  # the server's 30 s; the client waits up to 10 minutes (retries)
 async def admit(
     port: Port,
     run: RunRef,
@@ -151,6 +153,8 @@ async def admit(
     staged_page: StagedPage | None = None,
     texts: Sequence[str] | None = None,
     force: bool = False,
+    previous_cells: bool = False,
+    previous_cells_budget_bytes: int = PREVIOUS_CELLS_BUDGET_BYTES,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -162,12 +166,16 @@ async def admit(
     caller's word, as `keys` are, so the rows are not encoded again.
     `force=True` re-admits enriched rows an older write version wrote (they run again); rows
     our version already enriched stay cache hits, so a wake of a forced run resumes it.
+    `previous_cells=True` gives every pending row `row["_previous"]`: a re-admitted row's
+    completed output cells, within `previous_cells_budget_bytes` of cell text for the call
+    (`engine.sheets.previous_cells`).
     (Its parameters are the action's JSON body, field by field.)
     """
     started = time.perf_counter()
     write = SheetWrite(run, table_namespace, contract, attempt=attempt,
                        cell_policies=cell_policies, give_up_after=give_up_after,
-                       cache_hits=cache_hits, force=force)
+                       cache_hits=cache_hits, force=force, previous_cells=previous_cells,
+                       previous_cells_budget_bytes=previous_cells_budget_bytes)
     batch = AdmitBatch(rows, input_offset, keys, input_indexes, staged_page, texts)
     return await _admit_here(port, write, batch, started=started)
 
@@ -180,7 +188,8 @@ async def _send_admit(port: Port, write: SheetWrite, batch: AdmitBatch, *,
     if guard is not None:
         raise InvalidInputError("a unit guard runs in the admission's own transaction; "
                                 "a remote port cannot take one")
-    return await admit(port, **batch.arguments(), **write.arguments(*ADMIT_ARGUMENTS))
+    names = ADMIT_ARGUMENTS + (PREVIOUS_ARGUMENTS if write.previous_cells else ())
+    return await admit(port, **batch.arguments(), **write.arguments(*names))
 
 
 @routes_remote(_send_admit)
@@ -242,9 +251,10 @@ async def admit_prepared(
 
     async def op(conn: Connection, sheet: SheetTxn) -> list[tuple[int, Record]]:
         nonlocal shift
+        budget = write.previous_cells_budget_bytes  # what this call's chunks may hand out
         if page is not None:
             statement = admit_statement(port, layout, write, sheet.columns, page,
-                                        concurrent=sheet.concurrent)
+                                        concurrent=sheet.concurrent, previous_budget=budget)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             if not record["page_ok"]:
@@ -262,9 +272,11 @@ async def admit_prepared(
                                 "[" + ",".join(texts[low:high]) + "]" if texts is not None
                                 else None)
             statement = admit_statement(port, layout, write, sheet.columns, chunk,
-                                        concurrent=sheet.concurrent)
+                                        concurrent=sheet.concurrent, previous_budget=budget)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
+            if write.previous_cells:
+                budget = max(0, budget - record["previous_bytes"])
             results.append((low, record))
         if guard.within is not None:
             await guard.within(conn, frozenset(), {})
@@ -321,8 +333,11 @@ def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[in
     counting = write.cache_hits == "count"
     outputs = write.contract.outputs
     loads = canonical.loads
+    previous: dict[int, dict] | None = {} if write.previous_cells else None
     for low, record in results:
         inserted += record["inserted"]
+        if previous is not None:
+            previous_of(record, low, locate, previous)
         for ord_, reason in zip(record["blocked_ords"] or [], record["blocked_reasons"] or []):
             i = locate(low, ord_)
             blocked.append(BlockedRow(prepared.keys[i], prepared.indexes[i], reason))
@@ -345,18 +360,15 @@ def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[in
             completed.append(AdmittedRow(prepared.keys[i], prepared.indexes[i], row))
             taken.add(i)
         cached += len(ords)
-    if counting:
-        pending_at.sort()
-        pending = tuple(
-            AdmittedRow(prepared.keys[i], prepared.indexes[i], prepared.rows[i]) for i in pending_at
-        )
-    else:
-        pending = tuple(
-            AdmittedRow(key, index, row)
-            for i, (key, index, row) in enumerate(
-                zip(prepared.keys, prepared.indexes, prepared.rows))
-            if i not in taken
-        )
+    if not counting:
+        pending_at = [i for i in range(len(prepared.keys)) if i not in taken]
+    pending_at.sort()
+    rows = prepared.rows
+    if previous is not None:
+        rows = {i: with_previous(rows[i], previous.get(i)) for i in pending_at}
+    pending = tuple(
+        AdmittedRow(prepared.keys[i], prepared.indexes[i], rows[i]) for i in pending_at
+    )
     return Admission(
         inserted=inserted, skipped=prepared.skipped, pending=pending, completed=tuple(completed),
         blocked=tuple(blocked), write_version=write.run.epoch, timings=timings, cached=cached,

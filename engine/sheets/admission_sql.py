@@ -18,6 +18,8 @@ How it works
 - Under `force` the re-admission also marks every cell meta entry of the row `pending`
   (`pending_cells`) and takes its completed and failed cells out of the column counters
   (`cell_delta`), so a row that then fails never shows its earlier outputs as current.
+- With `previous_cells` the statement also returns each re-admitted row's fresh completed
+  output cells, within the byte budget it is given (`previous_cells`).
 - Cache hits come back either as rows (their ordinals and one JSON array per output column,
   the public default) or as a count (`count` mode: the pending rows' ordinals, the cached
   count, the blocked rows — a few bytes for a page of hits).
@@ -38,6 +40,7 @@ from .dispositions import (
 )
 from .layout import SheetColumns, SheetLayout
 from .model import CellStatus, RowStatus, StagedPage
+from .previous_cells import previous_columns, previous_cte
 from .sheet_write import SheetWrite
 from .statements import BindParams, Statement
 
@@ -223,7 +226,7 @@ cur AS MATERIALIZED (
 decided AS MATERIALIZED (
     SELECT c.*, {disposition} AS disposition
       FROM cur c
-),
+),{previous_cte}
 readmitted AS (
     UPDATE {t} AS t
        SET _status = {c.status}, _run_id = {c.run_id}, _write_version = {c.version},
@@ -255,16 +258,18 @@ SELECT {page_ok} AS page_ok,
        (SELECT array_agg(ord ORDER BY ord) FROM decided
          WHERE disposition IN {BLOCKED}) AS blocked_ords,
        (SELECT array_agg(disposition ORDER BY ord) FROM decided
-         WHERE disposition IN {BLOCKED}) AS blocked_reasons
+         WHERE disposition IN {BLOCKED}) AS blocked_reasons{previous_cols}
 """
 
 
 def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
-                    rows: PayloadRows | PageRows, *, concurrent: bool = False) -> Statement:
+                    rows: PayloadRows | PageRows, *, concurrent: bool = False,
+                    previous_budget: int = 0) -> Statement:
     """The admission statement of one chunk of `rows` (`column` maps each contract field to its
     registered column). With `PageRows` the inputs are read from the page fact, and keys may
     hold None for rows of the page not to admit (duplicates). `concurrent`: the counter deltas
-    go to this backend's delta rows (`counters`)."""
+    go to this backend's delta rows (`counters`). With `write.previous_cells` it also returns
+    the re-admitted rows' previous cells, `previous_budget` bytes of them (`previous_cells`)."""
     binds = BindParams()
     c = _common(binds, write, layout, rows)
     page_cte, input_cte, page_ok = _admit_source(port, binds, c, rows)
@@ -278,8 +283,19 @@ def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
         hits=_hit_columns(write.cache_hits, fields.outputs),
         **_forced_parts(port, write, c, concurrent=concurrent), **fields.text,
         D=_D, BLOCKED=BLOCKED, was=previous_statuses(),
+        **_previous_parts(binds, write, fields.outputs, previous_budget),
     )
     return binds.statement(sql)
+
+
+def _previous_parts(binds: BindParams, write: SheetWrite,
+                    outputs: list[tuple[str, str, str | None]], budget: int) -> dict[str, str]:
+    """The CTE and result columns of previous cells with `write.previous_cells`; none without
+    (the statement is then exactly what it was before the option existed)."""
+    if not write.previous_cells:
+        return {"previous_cte": "", "previous_cols": ""}
+    return {"previous_cte": previous_cte(outputs),
+            "previous_cols": previous_columns(binds.add(budget, "bigint"))}
 
 
 def _admit_source(port: Port, binds: BindParams, c: _Common,

@@ -134,9 +134,12 @@ base AS MATERIALIZED (
 
 
 # The cell-meta patch of one outcome: the base, each field merged with the outcome's own meta
-# for it.
-PATCH = """CASE WHEN i.meta IS NULL THEN b.meta ELSE b.meta || (
-    SELECT jsonb_object_agg(e.key, coalesce(b.meta -> e.key, '{}'::jsonb) || e.value)
+# for it. An entry the outcome marks completed (a failed outcome's stored outputs,
+# `actors.RowError`) gets `completed_at` from the server's clock unless it gives one.
+PATCH = f"""CASE WHEN i.meta IS NULL THEN b.meta ELSE b.meta || (
+    SELECT jsonb_object_agg(e.key, CASE WHEN e.value ->> 'status' = {OutcomeStatus.COMPLETED.sql}
+               THEN jsonb_build_object('completed_at', extract(epoch FROM now())::float8)
+               ELSE '{{}}'::jsonb END || coalesce(b.meta -> e.key, '{{}}'::jsonb) || e.value)
       FROM jsonb_each(i.meta) AS e) END"""
 
 

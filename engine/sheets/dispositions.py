@@ -41,6 +41,20 @@ def output_binds(contract: SheetContract, policies: Mapping[str, CellPolicy],
     return outputs
 
 
+def fresh_cell(value: str, meta: str, seconds: str | None) -> str:
+    """True when the output cell `value` (an expression) with cell meta entry `meta` is one a
+    cache hit needs (NULL for a missing one): present (not NULL, JSON null or ""), its meta
+    status `completed`, and, with a stale-after bind `seconds`, completed no longer ago than
+    that on the server's clock."""
+    term = (f"{value} IS NOT NULL AND {value} <> 'null'::jsonb AND {value} <> '\"\"'::jsonb"
+            f" AND ({meta} ->> 'status') IS NOT DISTINCT FROM {OutcomeStatus.COMPLETED.sql}")
+    if seconds is not None:
+        term += (f" AND CASE WHEN jsonb_typeof({meta} -> 'completed_at') = 'number'"
+                 f" THEN ({meta} ->> 'completed_at')::float8"
+                 f" >= extract(epoch FROM now())::float8 - {seconds} ELSE false END")
+    return term
+
+
 def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
                      forced_version: str | None = None) -> str:
     """True when the row `alias` is a fresh cache hit (never NULL). With `forced_version` (the
@@ -50,18 +64,7 @@ def cached_predicate(alias: str, outputs: list[tuple[str, str, str | None]], *,
     if forced_version is not None:
         terms.append(f"{alias}._write_version = {forced_version}")
     for col, name, seconds in outputs:
-        terms.append(
-            f"{alias}.{col} IS NOT NULL AND {alias}.{col} <> 'null'::jsonb"
-            f" AND {alias}.{col} <> '\"\"'::jsonb"
-            f" AND ({alias}._cell_meta -> {name} ->> 'status')"
-            f" IS NOT DISTINCT FROM {OutcomeStatus.COMPLETED.sql}"
-        )
-        if seconds is not None:
-            terms.append(
-                f"CASE WHEN jsonb_typeof({alias}._cell_meta -> {name} -> 'completed_at') = 'number'"
-                f" THEN ({alias}._cell_meta -> {name} ->> 'completed_at')::float8"
-                f" >= extract(epoch FROM now())::float8 - {seconds} ELSE false END"
-            )
+        terms.append(fresh_cell(f"{alias}.{col}", f"({alias}._cell_meta -> {name})", seconds))
     return "coalesce(" + " AND ".join(f"({term})" for term in terms) + ", false)"
 
 

@@ -5,7 +5,9 @@ How it works
   (normalized), the contract, the attempt (rows are leased to it), the cell policies (when a
   completed cell is stale), `give_up_after` (failed runs that block a row), the cache-hit mode
   of admission (`rows` lists hits with their outputs, `count` only counts them) and `force`
-  (older runs' enriched rows run again). It is validated where it is built — an invalid one
+  (older runs' enriched rows run again), and whether admission hands re-admitted rows their
+  previous cells (`previous_cells`, within `previous_cells_budget_bytes` per call:
+  `previous_cells`). It is validated where it is built — an invalid one
   cannot exist, and `InvalidInputError` names the field before any query — and passed whole
   from `run.map` (`actors.map_state.MapPlan.write`) through admission, the probe and
   completion (`admit_write`, `probe_keyed`, `complete_write`): no layer checks it again.
@@ -24,6 +26,7 @@ from typing import Literal, Mapping
 import attrs
 
 from ..errors import InvalidInputError
+from ..limits.bounds import is_int
 from ..ports import Port
 from ..values.scopes import RunRef, check_scope, normalize_namespace
 
@@ -31,6 +34,17 @@ from .model import Attempt, CellPolicy, RowStatus, SheetContract, check_give_up_
 from .field_names import clean_field
 
 CacheHits = Literal["rows", "count"]
+PREVIOUS_CELLS_BUDGET_BYTES = 1 << 20  # of cell text per admission call (`previous_cells`)
+MAX_PREVIOUS_CELLS_BUDGET_BYTES = 1 << 30
+
+
+def check_budget(value: object) -> int:
+    """`previous_cells_budget_bytes`, checked: an integer from 0 to 1 GiB."""
+    if not is_int(value, 0, MAX_PREVIOUS_CELLS_BUDGET_BYTES):
+        raise InvalidInputError(
+            "previous_cells_budget_bytes must be an integer from 0 to "
+            f"{MAX_PREVIOUS_CELLS_BUDGET_BYTES}, got {value!r}")
+    return value  # type: ignore[return-value]
 CACHE_HITS_MODES = ("rows", "count")
 
 
@@ -97,6 +111,9 @@ class SheetWrite:
     give_up_after: int | None = attrs.field(default=None, validator=_give_up_after)
     cache_hits: CacheHits = attrs.field(default="rows", validator=_cache_hits)
     force: bool = attrs.field(default=False, validator=check_flag)
+    previous_cells: bool = attrs.field(default=False, validator=check_flag)
+    previous_cells_budget_bytes: int = attrs.field(default=PREVIOUS_CELLS_BUDGET_BYTES,
+                                                   converter=check_budget)
 
     def check_port(self, port: Port) -> None:
         """`ScopeError` unless the run belongs to the org `port` serves."""
@@ -113,7 +130,8 @@ class SheetWrite:
             "run": self.run, "table_namespace": self.table_namespace, "contract": self.contract,
             "attempt": self.attempt, "cell_policies": dict(self.cell_policies) or None,
             "give_up_after": self.give_up_after, "cache_hits": self.cache_hits,
-            "force": self.force,
+            "force": self.force, "previous_cells": self.previous_cells,
+            "previous_cells_budget_bytes": self.previous_cells_budget_bytes,
         }
         return {name: every[name] for name in names}
 
@@ -128,6 +146,8 @@ def check_write(port: Port, run: object, contract: object, attempt: object) -> N
 
 ADMIT_ARGUMENTS = ("run", "table_namespace", "contract", "attempt", "cell_policies",
                    "give_up_after", "cache_hits", "force")
+# sent only when asked for, so an admission without them reads as before on any server
+PREVIOUS_ARGUMENTS = ("previous_cells", "previous_cells_budget_bytes")
 PROBE_ARGUMENTS = ("run", "table_namespace", "contract", "attempt", "cell_policies",
                    "give_up_after", "force")
 COMPLETE_ARGUMENTS = ("run", "table_namespace", "contract", "attempt")

@@ -11,8 +11,9 @@ How it works
   retried append (same K, same rows) finds its rows and adds nothing twice. Input indexes
   continue from the sheet's largest (`_MAX_INDEX`: one step down the row-order index); a retry
   keeps the indexes its first attempt gave (`_RETRY_BASE`: the first row, looked up by key).
-- `replace_rows`: the table's rows are removed (`TRUNCATE`, transactional: readers see the old
-  rows until commit; it needs no scan, so no plan of it depends on the sheet's size), its
+- `replace_rows`: the table's rows are removed (`TRUNCATE`, transactional: it takes an ACCESS
+  EXCLUSIVE lock, so a reader of the sheet waits until the replace commits or rolls back, then
+  sees the new rows — it never sees a half-replaced table; it needs no scan, so no plan of it depends on the sheet's size), its
   counters set to zero, and `rows` admitted as new `pending` rows (duplicates: the first wins,
   as with `admit`); the counters then equal exactly the rows admitted.
 """
