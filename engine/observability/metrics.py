@@ -22,6 +22,7 @@ Choices
 from __future__ import annotations
 
 import enum
+import heapq
 import time
 import weakref
 from typing import Iterable, Iterator, Protocol
@@ -55,10 +56,9 @@ class RowOutcome(enum.Enum):
 
 class SharedUnitState(enum.Enum):
     """The `state` label of `runplane_shared_units` (a shared map's units, as its coordinator
-    last read them)."""
+    last read them): `open` (free or leased: not done) or `done`."""
 
-    FREE = "free"
-    LEASED = "leased"
+    OPEN = "open"
     DONE = "done"
 
 
@@ -73,13 +73,9 @@ GATEWAY_REQUESTS = Counter("runplane_gateway_requests", "Gateway action requests
                            "action and HTTP status", ["action", "code"], registry=REGISTRY)
 GATEWAY_SECONDS = Histogram("runplane_gateway_request_seconds", "Gateway action requests' time, "
                             "by action", ["action"], registry=REGISTRY)
-SHARED_UNITS = Gauge("runplane_shared_units", "Units of the shared maps this process "
-                     "coordinates, by state", ["state"], registry=REGISTRY)
 LEASE_TAKEOVERS = Counter("runplane_lease_takeovers", "Shared-map units this process claimed "
                           "after another holder had them (expired or released)",
                           registry=REGISTRY)
-SESSIONS_LIVE = Gauge("runplane_sessions_live", "Database sessions minted by this process and not "
-                      "yet ended (a total: no org label)", registry=REGISTRY)
 CONSOLE_STREAMS = Gauge("runplane_console_streams", "Console live-update streams open",
                         registry=REGISTRY)
 
@@ -104,6 +100,8 @@ class InCall(Protocol):
 
 
 _gauges: "weakref.WeakSet[InCall]" = weakref.WeakSet()
+_shared: dict[str, tuple[int, int]] = {}  # map invocation id -> (units, done), maps in flight
+_sessions: list[float] = []  # expiry times (epoch seconds) of sessions minted here, a heap
 
 
 class _Running:
@@ -118,7 +116,29 @@ class _Running:
         return list(self.collect())
 
 
-for _collector in (_Running(), ROW_SECONDS, STATEMENT_SECONDS, PERMIT_WAIT):
+class _Shared:
+    """`runplane_shared_units{state}` and `runplane_sessions_live`, read at scrape time."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        units = GaugeMetricFamily("runplane_shared_units", "Units of the shared maps this "
+                                  "process coordinates (in flight), by state", labels=["state"])
+        figures = list(_shared.values())
+        done = sum(d for _, d in figures)
+        units.add_metric([SharedUnitState.OPEN.value], sum(u for u, _ in figures) - done)
+        units.add_metric([SharedUnitState.DONE.value], done)
+        yield units
+        now = time.time()
+        while _sessions and _sessions[0] <= now:
+            heapq.heappop(_sessions)
+        yield GaugeMetricFamily("runplane_sessions_live", "Database sessions minted by this "
+                                "process and not yet expired (a total: no org label)",
+                                value=len(_sessions))
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self.collect())
+
+
+for _collector in (_Running(), _Shared(), ROW_SECONDS, STATEMENT_SECONDS, PERMIT_WAIT):
     REGISTRY.register(_collector)
 
 
@@ -202,10 +222,17 @@ def gateway_request(action: str, code: int, seconds: float) -> None:
     GATEWAY_SECONDS.labels(label).observe(seconds)
 
 
-def shared_units(free: int, leased: int, done: int) -> None:
-    for state, value in ((SharedUnitState.FREE, free), (SharedUnitState.LEASED, leased),
-                         (SharedUnitState.DONE, done)):
-        SHARED_UNITS.labels(state.value).set(value)
+def shared_units(map_invocation_id: str, units: int, done: int, final: bool) -> None:
+    """A coordinator read its shared map's units; `final`: the map ended (it stops counting)."""
+    if final:
+        _shared.pop(map_invocation_id, None)
+    else:
+        _shared[map_invocation_id] = (units, done)
+
+
+def session_minted(expires_at: float) -> None:
+    """A database session was minted here; it counts as live until `expires_at` (epoch s)."""
+    heapq.heappush(_sessions, expires_at)
 
 
 def lease_takeovers(count: int) -> None:
