@@ -13,7 +13,7 @@ from typing import AsyncIterator
 import attrs
 import trio
 
-from .observability.metrics import permit_waited
+from .observability import metrics
 
 
 @attrs.frozen
@@ -52,7 +52,7 @@ class Permits:
             finally:
                 self._waiting -= 1
                 self._wait_seconds += (waited := trio.current_time() - started)
-                permit_waited(self.name, waited)  # `runplane_permit_wait_seconds`
+                metrics.permit_waited(self.name, waited)  # `runplane_permit_wait_seconds`
         self._acquired += 1
 
     def release(self) -> None:

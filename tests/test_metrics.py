@@ -191,3 +191,21 @@ async def test_the_listener_serves_inside_the_trio_run():
             answer = await client.get(url)
         nursery.cancel_scope.cancel()
     assert answer.status_code == 200 and "runplane_rows_running" in answer.text
+
+
+def test_the_guide_lists_every_metric_and_the_dashboard_queries_only_them():
+    """docs/guide/observability.md's table names exactly the metrics a process exposes, and
+    every query of docs/dashboard.json uses only those."""
+    import re
+
+    guide = (ROOT / "docs" / "guide" / "observability.md").read_text()
+    listed = set(re.findall(r"^\| `(runplane_[a-z_]+)", guide, re.M))
+    exposed = {family.name for family in text_string_to_metric_families(
+        metrics.exposition().decode()) if not family.name.endswith("_created")}
+    exposed = {name + "_total" if f"{name}_total" in listed else name for name in exposed}
+    assert listed == exposed
+    dashboard = json.loads((ROOT / "docs" / "dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"runplane_[a-z_]+", target["expr"])}
+    known = exposed | {f"{n}_{s}" for n in exposed for s in ("bucket", "count", "sum")}
+    assert used <= known, used - known

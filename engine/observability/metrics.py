@@ -186,6 +186,21 @@ def call_seconds(seconds: float) -> None:
     _CALL_TIME.observe(seconds)
 
 
+def _nothing(*_args: object) -> None:
+    return None
+
+
+_HOT = ("call_seconds", "statement_seconds", "permit_waited")
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the per-call and per-statement observations on (the default) or off: the
+    benchmark's switch (`benchmarks/metrics_overhead.py`); callers look them up through this
+    module, so the swap holds at once. Row counters, gauges and the gateway's are unaffected."""
+    for name in _HOT:
+        globals()[name] = _HOT_ON[name] if on else _nothing
+
+
 # -- store -------------------------------------------------------------------------------------
 def statement_kind(sql: str) -> str:
     """The first word of `sql`, lower-cased, when it is a known kind; else `other` (cached)."""
@@ -252,3 +267,6 @@ class Timer:
 
     def __exit__(self, *_exc: object) -> None:
         self.seconds = time.perf_counter() - self.started
+
+
+_HOT_ON = {name: globals()[name] for name in _HOT}  # the observing versions, for `set_enabled`

@@ -60,7 +60,7 @@ from ..errors import (
     StoreUnavailableError,
     TransactionStateUnknownError,
 )
-from ..observability.metrics import statement_seconds
+from ..observability import metrics
 from .bridge import Driver, NotSent, terminate
 from .translation import (
     STATEMENT_TIMEOUT,
@@ -181,7 +181,7 @@ class Connection:
             return await self.statement_hook(sql, functools.partial(self._send, method, args,
                                                                     kwargs))
         finally:
-            statement_seconds(self.lane, sql, time.perf_counter() - started)
+            metrics.statement_seconds(self.lane, sql, time.perf_counter() - started)
 
     async def _send(self, method: str, args: tuple[object, ...],
                     kwargs: dict[str, object] | None = None) -> object:
