@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 
 import attrs
 
+from runplane.engine.observability import context as where, metrics
 from runplane.engine.sheets import (Admission, BlockedRow, Completion, CompletionDiagnostics,
                                     Dataset, FencedRow, OutcomeStatus, RowOutcome)
 
@@ -55,13 +56,18 @@ class CallGauge:
 
     REPORT_EVERY_S = 1.0
 
+    def __attrs_post_init__(self) -> None:
+        metrics.track_calls(self)  # `runplane_rows_running` sums the live gauges
+
     @contextlib.contextmanager
     def calling(self) -> Iterator[None]:
         self.in_call += 1
         self._changed()
+        started = time.perf_counter()
         try:
             yield
         finally:
+            metrics.call_seconds(time.perf_counter() - started)  # `runplane_row_seconds`
             self.in_call -= 1
             self._changed()
 
@@ -160,6 +166,9 @@ class MapTally:
     diagnostics: list[CompletionDiagnostics] = attrs.field(factory=list)
     fenced_rows: list[FencedRow] = attrs.field(factory=list)
     blocked_rows: list[BlockedRow] = attrs.field(factory=list)
+    # `runplane_rows_total` of the map's play and table (`engine.observability.context`)
+    meters: metrics.RowMeters = attrs.field(
+        factory=lambda: metrics.RowMeters.of(where.current().play, where.current().map))
 
     def __attrs_post_init__(self) -> None:
         self.gauge.on_change = self.report
@@ -218,8 +227,15 @@ class MapTally:
             stopped_early=self.stopped_early, in_call=self.gauge.in_call,
         )
 
+    def publish(self) -> None:
+        """Bring `runplane_rows_total` up to the tally (deltas: a few additions)."""
+        o = metrics.RowOutcome
+        self.meters.push({o.COMPLETED: self.completed, o.FAILED: self.failed, o.CACHED: self.cached,
+                          o.RETRIED: self.retried, o.FENCED: self.fenced, o.SKIPPED: self.skipped})
+
     def report(self) -> None:
         """Hand a snapshot to the observer; what it raises is logged, never propagated."""
+        self.publish()
         if self.on_progress is None:
             return
         try:
@@ -228,6 +244,7 @@ class MapTally:
             log.exception("map progress callback failed")
 
     def result(self, map_invocation_id: str | None, superseded_by: str | None = None) -> MapResult:
+        self.publish()
         return MapResult(
             admitted=self.admitted, cached=self.cached, completed=self.completed,
             failed=self.failed, blocked=self.blocked, fenced=self.fenced,

@@ -54,6 +54,7 @@ import attrs
 import trio
 
 from runplane.engine import pg
+from runplane.engine.observability import metrics
 from runplane.engine.errors import (
     GatewayUnavailableError, RollbackFailedError, StoreOutageError, StoreUnavailableError,
     TransactionStateUnknownError,
@@ -137,6 +138,7 @@ class OutageWatch:
         waited = trio.current_time() - self.since
         self.outages += 1
         self.waited_s += waited
+        metrics.outage_ended(waited)  # `runplane_store_outage_seconds_total`
         log.warning("the database is back after %.1fs; resuming", waited)
         self.since = None
         if not self.exhausted:

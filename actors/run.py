@@ -47,6 +47,7 @@ from runplane.engine.array_input import Occurrence
 from runplane.engine.canonical import JsonObject, JsonValue
 from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
                                      StoreUnavailableError, leaf_errors)
+from runplane.engine.observability import context as where
 from runplane.engine.opening import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
@@ -225,10 +226,15 @@ class Run:
             raise TypeError(f"Run.map() got an unexpected keyword argument {given[0]!r} (a "
                             "shared map's: it needs workers=N or shared=True)")
         plan = self._plan(table_namespace, contract, fn, options)
-        if spread:
-            return await self._map_shared(source, plan, options, workers)
-        return await self._map_here(source, plan, table_namespace, options.on_progress,
-                                    options.map_invocation_id)
+        with where.bound(map=normalize_namespace(table_namespace)):  # log and metric fields
+            if spread:
+                result = await self._map_shared(source, plan, options, workers)
+            else:
+                result = await self._map_here(source, plan, table_namespace, options.on_progress,
+                                              options.map_invocation_id)
+            log.info("map ended: %d completed, %d failed, %d cached", result.completed,
+                     result.failed, result.cached)
+            return result
 
     def _plan(self, table_namespace: str, contract: SheetContract, fn: RowFunction,
               options: MapOptions) -> MapPlan:
@@ -370,7 +376,8 @@ async def open_run(
         raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
     watch = OutageWatch(outage_budget(tenant.settings.outage_budget_s))
-    token = install_watch(watch)  # the run's tasks inherit it
+    token = install_watch(watch)  # the run's tasks inherit it, and its log fields
+    fields = where.enter(org=scope.org_id, play=scope.play, run_id=scope.run_id)
     try:
         ref = await retry_transient(lambda: runs.register(tenant, scope))
         await retry_transient(lambda: outbox.record_open(tenant, scope))
@@ -390,6 +397,7 @@ async def open_run(
             if retire_on_exit and is_terminal(error) and not ended_by_outage(error):
                 await guard_retirement(tenant, scope, lease_s=lease_s)
     finally:
+        where.leave(fields)
         reset_watch(token)
 
 

@@ -6,7 +6,8 @@ How it works
   `data_commands`, `server_commands`, `worker`) register at import, and `cli.main` builds the
   parser from `COMMANDS` in registration order.
 - `run_trio` runs a command's trio code with SIGINT and SIGTERM turned into a cancellation, so
-  teardown runs at checkpoints and the command then exits as interrupted.
+  teardown runs at checkpoints and the command then exits as interrupted; it also serves
+  `/metrics` for the command's run with `--metrics-bind` (`cli.observing`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
+from . import observing
 from .connect import Access, open_port
 from .terminal import warn
 
@@ -139,6 +141,7 @@ def run_trio(async_fn: Callable[..., Awaitable[T]], *args: object) -> T:
             async with trio.open_nursery() as nursery:
                 work = trio.CancelScope()
                 nursery.start_soon(watch, work)
+                await observing.start_metrics(nursery)  # with --metrics-bind
                 with work:
                     result = await async_fn(*args)
                 nursery.cancel_scope.cancel()

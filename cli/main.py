@@ -37,6 +37,7 @@ from runplane.engine.errors import EngineError, leaf_errors, public_name
 # The command modules register their commands at import, in this order (the order of `--help`).
 from . import tool_commands, run_commands, data_commands, server_commands
 from . import worker  # registers `runplane worker`, last
+from . import observing
 from .commands import COMMANDS
 from .inputs import InputFileError
 from .operators import CommandError, RunCancelled, UsageError
@@ -53,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, configure, help) in COMMANDS.items():
         # No abbreviations: the resume command is rebuilt from the exact option names.
-        configure(sub.add_parser(name, help=help, description=help, allow_abbrev=False))
+        command_parser = sub.add_parser(name, help=help, description=help, allow_abbrev=False)
+        configure(command_parser)
+        observing.add_options(name, command_parser)  # --log-format, --metrics-bind
     return parser
 
 
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     human = contextlib.redirect_stdout(sys.stderr) if getattr(args, "json", False) else None
     handler = COMMANDS[args.command][0]
     try:
+        observing.apply(args)
         if human is None:
             return handler(args)
         with human:  # ... and every other line to stderr

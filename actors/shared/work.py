@@ -7,6 +7,7 @@ How it works
   ran), with their outcomes and counters, which the next batch records (`taken`, then
   `recorded_batch` once its transaction committed). A `Claim` is the units claimed under one
   holder (one attempt): a batch of completions covers one claim.
+`count_written` adds a written batch to `runplane_rows_total` (`engine.observability`).
 It makes no store call.
 """
 
@@ -16,7 +17,8 @@ import collections
 import attrs
 import trio
 
-from runplane.engine.sheets import AdmittedRow, RowOutcome
+from runplane.engine.observability.metrics import RowMeters, RowOutcome as Counted
+from runplane.engine.sheets import AdmittedRow, Completion, OutcomeStatus, RowOutcome
 from runplane.engine.shared.leases import UnitLease
 
 from ..map_state import MapPlan
@@ -95,3 +97,20 @@ class Claim:
     @property
     def leases(self) -> list[UnitLease]:
         return [work.lease for work in self.units.values()]
+
+
+def count_written(meters: RowMeters, outcomes: list[RowOutcome], completion: Completion,
+                  tallies: list[collections.Counter]) -> None:
+    """Count one written batch in `runplane_rows_total`: its outcomes (the last of a key wins,
+    fenced ones as fenced) and its units' admission counters (cached, skipped, retried)."""
+    fenced = {row.key for row in completion.fenced}
+    last = {outcome.key: outcome.status for outcome in outcomes}
+    completed = sum(1 for key, status in last.items()
+                    if key not in fenced and status == OutcomeStatus.COMPLETED)
+    counts = {Counted.COMPLETED: completed,
+              Counted.FAILED: len(last) - len(fenced & last.keys()) - completed,
+              Counted.FENCED: len(completion.fenced)}
+    for tally in tallies:
+        for outcome in (Counted.CACHED, Counted.SKIPPED, Counted.RETRIED):
+            counts[outcome] = counts.get(outcome, 0) + tally[outcome.value]
+    meters.add(counts)

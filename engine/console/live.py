@@ -31,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..canonical import JsonObject
 from ..errors import EngineError
+from ..observability import metrics
 from ..ports import Port
 from ..runs.outbox import OutboxState
 from . import queries, rates
@@ -52,9 +53,11 @@ class _Counted(EventSourceResponse):
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        metrics.CONSOLE_STREAMS.inc()
         try:
             await super().__call__(scope, receive, send)
         finally:
+            metrics.CONSOLE_STREAMS.dec()
             self._release()
 
 

@@ -13,6 +13,8 @@ How it works
   only login, so the console is never offered to the network.
 - `ConsoleServer.login_url()` makes a new one-time link `http://HOST:PORT/ui/login?once=CODE`
   (valid once, for a session that sees every org).
+- `GET /metrics` answers the operator's `RUNPLANE_METRICS_TOKEN` bearer only
+  (`engine.observability.exposition`); the console's sessions never open it.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from starlette.applications import Starlette
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 
 from ..errors import InvalidInputError
+from ..observability.exposition import METRICS_PATH, metrics_route
 from ..ports import CONSOLE_LANE, RECEIPTS_LANE, Port
 from ..schema import schema_status
 from ..opening import open_reader, open_tenant
@@ -112,7 +115,8 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
 
         writers = _Writers(dsn, schema)
         console = Console(Sessions(), port_for, token_login=False, writer_for=writers.get)
-        app = Starlette(routes=[Mount("/ui", app=console_app(console))])
+        app = Starlette(routes=[Mount("/ui", app=console_app(console)),  # and the operator's:
+                                Route(METRICS_PATH, metrics_route, methods=["GET"])])
         config = Config()
         config.bind = [bind]
         config.accesslog = None

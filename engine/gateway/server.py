@@ -52,7 +52,9 @@ How it works
   names cannot grow the server's state), `errors` (count by code), `max_body_bytes` (largest
   body accepted), and a log line every `log_interval_s` with requests by action, errors by code
   and p50/p99 latency. Tokens never reach a log line or an error message, and text from a
-  request reaches one only escaped (`guards.printable`).
+  request reaches one only escaped (`guards.printable`). Each answer is also counted in
+  `runplane_gateway_requests_total{action,code}` and `runplane_gateway_request_seconds`, served
+  at `GET /metrics` to the operator's `RUNPLANE_METRICS_TOKEN` (`engine.observability`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from importlib import metadata
 from typing import TYPE_CHECKING, AsyncIterator, Iterable, Mapping
 
@@ -81,6 +84,8 @@ from ..canonical import JsonValue
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError, TooManySessionsError
 from ..limits.bounds import is_int, is_number
+from ..observability import metrics
+from ..observability.exposition import METRICS_PATH, metrics_route
 from ..sessions import MintContext
 from ..tokens import VerifiedTokens
 from . import guards, protocol
@@ -201,6 +206,7 @@ class Server:
 
     def __attrs_post_init__(self) -> None:
         self._tokens = VerifiedTokens(self.secret)
+        metrics.know_actions(self._actions)  # `action` labels: these names, else `other`
 
     # -- the application ---------------------------------------------------------------------
     def app(self) -> ASGIApp:
@@ -214,6 +220,7 @@ class Server:
                                writer_for=self.tenants.get)  # actions as the org's tenant
         routed = Starlette(routes=[
             Route(protocol.HEALTH_PATH, self._health, methods=["GET"]),
+            Route(METRICS_PATH, metrics_route, methods=["GET"]),  # operator's bearer secret
             Route(protocol.ACTIONS_PATH + "{action}", self._action, methods=["POST"]),
             Mount("/ui", app=console_app(self.console)),
         ])
@@ -254,6 +261,14 @@ class Server:
 
     async def _respond(self, name: str, headers: Iterable[tuple[str, str]],
                        receive: Receive) -> tuple[int, bytes]:
+        """The status and JSON body answering action `name`, counted in the metrics."""
+        started = time.perf_counter()
+        status, body = await self._respond_to(name, headers, receive)
+        metrics.gateway_request(name, status, time.perf_counter() - started)
+        return status, body
+
+    async def _respond_to(self, name: str, headers: Iterable[tuple[str, str]],
+                          receive: Receive) -> tuple[int, bytes]:
         """The status and JSON body answering action `name` (see the module docstring)."""
         started = trio.current_time()
         counted = guards.bucket(name, self._actions)

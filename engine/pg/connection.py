@@ -60,6 +60,7 @@ from ..errors import (
     StoreUnavailableError,
     TransactionStateUnknownError,
 )
+from ..observability import metrics
 from .bridge import Driver, NotSent, terminate
 from .translation import (
     STATEMENT_TIMEOUT,
@@ -155,6 +156,7 @@ class Connection:
         self._server_changed = server_changed
         self._xid: str | None = None  # the open transaction's id, when a statement returned it
         self.statement_hook: StatementHook | None = None
+        self.lane = "other"  # the checkout's lane (`runplane_statement_seconds`), set by the tenant
 
     @property
     def state(self) -> ConnectionState:
@@ -172,9 +174,14 @@ class Connection:
     # -- queries ---------------------------------------------------------------------------
     async def _statement(self, sql: str, method: str, *args: object,
                          **kwargs: object) -> object:
-        if self.statement_hook is None:
-            return await self._send(method, args, kwargs)
-        return await self.statement_hook(sql, functools.partial(self._send, method, args, kwargs))
+        started = time.perf_counter()
+        try:
+            if self.statement_hook is None:
+                return await self._send(method, args, kwargs)
+            return await self.statement_hook(sql, functools.partial(self._send, method, args,
+                                                                    kwargs))
+        finally:
+            metrics.statement_seconds(self.lane, sql, time.perf_counter() - started)
 
     async def _send(self, method: str, args: tuple[object, ...],
                     kwargs: dict[str, object] | None = None) -> object:

@@ -54,6 +54,7 @@ from ..pg.pooler import PoolerMode, pooler_mode
 from ..actions import action, actions
 from ..canonical import JsonObject
 from ..limits.bounds import is_int, is_number
+from ..observability import metrics
 from ..values.codecs import FLOAT, INT, RAW, STR, dict_of, list_of, optional
 from ..errors import (
     AuthError, InsufficientPrivilegeError, InvalidInputError, SchemaNotFoundError, ScopeError,
@@ -396,6 +397,7 @@ async def create(port: Port, play: str, table_namespace: str, operations: Iterab
                 raise AuthError("the token has expired")
     minted = await mint(port, scope, grant.table_namespace, grant.operations, ttl_s=ttl_s,
                         limits=limits)
+    metrics.session_minted(minted.expires_at.timestamp())  # `runplane_sessions_live`
     expires_at = minted.expires_at.isoformat()
     answer: JsonObject = {
         "expires_at": expires_at, "org": grant.org_id, "play": grant.play,
