@@ -86,7 +86,7 @@ class OutageWatch:
     outages: int = 0              # waits that ended with the database back
     waited_s: float = 0.0         # their total length
     exhausted: bool = False       # a call ran out of budget: the run is ending
-    # connects abandoned (their caller gave up) after `STALL_S` unanswered: the database may be
+    # the connects of the run's tasks: one unanswered past `STALL_S` says the database may be
     # away though no call failed yet (`engine.pg.ConnectWatch`; cleared when a call answers)
     connects: pg.ConnectWatch = attrs.field(factory=lambda: pg.ConnectWatch(STALL_S))
     # attempts in flight: their cancel scopes, and when each began
@@ -103,11 +103,11 @@ class OutageWatch:
         return (now if self.since is None else min(now, self.since)) + self.budget_s
 
     def away(self) -> bool:
-        """Whether the database looks away: calls are waiting for it, or a connect was left
-        unanswered past `STALL_S` when its caller gave up (a connect that hangs fails no call
-        until the budget cuts it, so Ctrl-C can arrive before any failure). A statement that
-        is merely slow does not count: a busy server answers connects at once."""
-        return self.since is not None or self.connects.stalled_since is not None
+        """Whether the database looks away: calls are waiting for it, or a connect of the run's
+        tasks has gone unanswered past `STALL_S` (in flight, or given up on): a connect that
+        hangs fails no call until the budget cuts it, so Ctrl-C can arrive before any failure.
+        A statement that is merely slow does not count: a busy server answers connects."""
+        return self.since is not None or self.connects.stalled()
 
     def waiting_s(self) -> float | None:
         """Seconds the run has been waiting for the database, or None when it is not."""
@@ -155,13 +155,15 @@ def current_watch() -> OutageWatch | None:
     return _watch.get()
 
 
-def install_watch(watch: OutageWatch | None) -> contextvars.Token:
-    """Make `watch` the current task's (and its future children's) watch; reset with the token."""
-    return _watch.set(watch)
+def install_watch(watch: OutageWatch | None) -> tuple[contextvars.Token, contextvars.Token]:
+    """Make `watch` the current task's (and its future children's) watch, and its connect
+    watch theirs (`engine.pg.ConnectWatch`); reset with the token."""
+    return _watch.set(watch), pg.watch_connects(None if watch is None else watch.connects)
 
 
-def reset_watch(token: contextvars.Token) -> None:
-    _watch.reset(token)
+def reset_watch(token: tuple[contextvars.Token, contextvars.Token]) -> None:
+    pg.reset_connect_watch(token[1])
+    _watch.reset(token[0])
 
 
 _hurry: contextvars.ContextVar[bool] = contextvars.ContextVar("runplane_hurry", default=False)
@@ -218,8 +220,7 @@ async def _ride(operation: Callable[[], Awaitable[T]], watch: OutageWatch) -> T:
             with trio.CancelScope(deadline=cut_at) as cut:
                 watch._attempts[cut] = attempt_at
                 try:
-                    with pg.connects_until(None if cut_at == math.inf else cut_at), \
-                            pg.watching_connects(watch.connects):
+                    with pg.connects_until(None if cut_at == math.inf else cut_at):
                         result = await operation()
                 except NOT_RETRIED:
                     raise

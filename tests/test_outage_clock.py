@@ -158,7 +158,7 @@ async def test_a_connect_abandoned_unanswered_makes_teardown_hurry(dsn):
                         except StoreOutageError:
                             break
                 assert proxy.fired["blackhole_connect"] >= 1
-                assert watch.connects.stalled_since is not None  # the hung connect was seen
+                assert watch.connects.stalled()  # the hung connect was seen
                 watch.since = None  # as when no call had failed yet (a pool with no
                 watch.waiting = 0   # connection to drop): the hung connect alone tells
                 with hurry_if_waiting() as waiting:  # ... teardown tries once, briefly

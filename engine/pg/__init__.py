@@ -27,7 +27,8 @@ from .bridge import (
     connect_timeout,
     connects_until,
     ladder_delay,
-    watching_connects,
+    reset_connect_watch,
+    watch_connects,
     open_driver,
     terminate,
 )
@@ -61,7 +62,7 @@ from .translation import (
 
 __all__ = [
     "CONNECT_TIMEOUT", "PINNED_SEARCH_PATH", "Driver", "LoopCancelledError", "NotSent",
-    "close_gracefully", "ConnectWatch", "connect_timeout", "connects_until", "watching_connects", "ladder_delay", "open_driver",
+    "close_gracefully", "ConnectWatch", "connect_timeout", "connects_until", "watch_connects", "reset_connect_watch", "ladder_delay", "open_driver",
     "terminate",
     "COMMIT_RESOLVE_TIMEOUT", "COMMIT_TIMEOUT", "ROLLBACK_TIMEOUT", "SERVER_CHANGE_PROBE_TIMEOUT",
     "SERVER_IDENTITY", "SERVER_START", "XID_PROBE", "CommitStatus", "Connection", "ConnectionState", "PhaseReport",

@@ -171,14 +171,11 @@ class Driver:
         timeout = connect_timeout()
         if timeout <= 0:
             raise asyncio.TimeoutError("no connect attempt: the caller's deadline has passed")
-        started = trio.current_time()
-        try:
+        watch = _connect_watch.get()
+        if watch is None:
             return await self._connect(dsn, timeout, server_settings)
-        except trio.Cancelled:  # the caller gave up on a connect the server left unanswered
-            watch = _connect_watch.get()
-            if watch is not None:
-                watch.abandoned(started)
-            raise
+        with watch.connecting():
+            return await self._connect(dsn, timeout, server_settings)
 
     async def _connect(self, dsn: str, timeout: float,
                        server_settings: dict[str, str]) -> asyncpg.Connection:
@@ -218,34 +215,52 @@ _connect_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar
 
 @attrs.define(eq=False)
 class ConnectWatch:
-    """Connects whose caller gave up after `stall_s` without an answer: when the oldest of
-    them began (None: none, or `clear`ed). A server that accepts no connection fails no call
-    until a deadline cuts the attempt; a caller tearing down (Ctrl-C) reads this instead."""
+    """The connects of one caller's tasks (a run's): those in flight, and the oldest one given
+    up on after `stall_s` without an answer. A server that accepts no connection fails no call
+    until a deadline cuts the attempt; a caller tearing down (Ctrl-C) asks `stalled` instead."""
 
     stall_s: float
     stalled_since: float | None = None
+    _in_flight: dict[object, float] = attrs.field(factory=dict, repr=False)
 
-    def abandoned(self, started: float) -> None:
-        if trio.current_time() - started >= self.stall_s:
-            self.stalled_since = started if self.stalled_since is None else min(
-                self.stalled_since, started)
+    def stalled(self) -> bool:
+        """A connect in flight, or given up on, has gone unanswered for `stall_s`."""
+        if self.stalled_since is not None:
+            return True
+        now = trio.current_time()
+        return any(now - started >= self.stall_s for started in self._in_flight.values())
 
     def clear(self) -> None:
+        """A call was answered: the server is there."""
         self.stalled_since = None
+
+    @contextlib.contextmanager
+    def connecting(self) -> Iterator[None]:
+        token, started = object(), trio.current_time()
+        self._in_flight[token] = started
+        try:
+            yield
+        except trio.Cancelled:  # the caller gave up on it
+            if trio.current_time() - started >= self.stall_s:
+                self.stalled_since = started if self.stalled_since is None else min(
+                    self.stalled_since, started)
+            raise
+        finally:
+            del self._in_flight[token]
 
 
 _connect_watch: contextvars.ContextVar[ConnectWatch | None] = contextvars.ContextVar(
     "runplane_connect_watch", default=None)
 
 
-@contextlib.contextmanager
-def watching_connects(watch: ConnectWatch | None) -> Iterator[None]:
-    """Connects made in the block report to `watch` when abandoned unanswered."""
-    token = _connect_watch.set(watch)
-    try:
-        yield
-    finally:
-        _connect_watch.reset(token)
+def watch_connects(watch: ConnectWatch | None) -> contextvars.Token:
+    """From now on, connects made by this task and the tasks it starts report to `watch`
+    (`reset_connect_watch` with the token undoes it)."""
+    return _connect_watch.set(watch)
+
+
+def reset_connect_watch(token: contextvars.Token) -> None:
+    _connect_watch.reset(token)
 
 
 @contextlib.contextmanager
