@@ -48,6 +48,7 @@ from .connection import (
     StatementHook,
 )
 from .translation import (
+    CROWDED_SQLSTATES,
     FAILOVER_SQLSTATES,
     MISSING_RELATION_SQLSTATES,
     STATEMENT_TIMEOUT,
@@ -64,6 +65,6 @@ __all__ = [
     "COMMIT_RESOLVE_TIMEOUT", "COMMIT_TIMEOUT", "ROLLBACK_TIMEOUT", "SERVER_CHANGE_PROBE_TIMEOUT",
     "SERVER_IDENTITY", "SERVER_START", "XID_PROBE", "CommitStatus", "Connection", "ConnectionState", "PhaseReport",
     "RawConnection", "Reconnect", "Record", "ServerChanged", "StatementHook",
-    "FAILOVER_SQLSTATES", "MISSING_RELATION_SQLSTATES", "STATEMENT_TIMEOUT", "TRANSIENT_SQLSTATES",
+    "CROWDED_SQLSTATES", "FAILOVER_SQLSTATES", "MISSING_RELATION_SQLSTATES", "STATEMENT_TIMEOUT", "TRANSIENT_SQLSTATES",
     "is_outage", "is_transient_connect_error", "translate",
 ]
