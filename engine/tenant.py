@@ -236,8 +236,10 @@ class Tenant:
             await self._pool.close_extra(raw)
 
     async def note_server(self) -> None:
-        """Remember which server the DSN reaches now (see `server_changed`)."""
-        self._server = await self._server_identity()
+        """Remember which server the DSN reaches now (see `server_changed`): read at open, on a
+        pooled connection (a slot of the budget like any other, not an extra one)."""
+        async with self._plain_connection() as conn:
+            self._server = await _identity(conn)
 
     async def server_changed(self) -> bool:
         """Whether the server the DSN reaches now is another one than when this tenant last
@@ -250,11 +252,7 @@ class Tenant:
     async def _server_identity(self) -> str:
         raw = await self._pool.extra()
         try:
-            conn = pg.Connection(raw, self.driver)
-            try:
-                return await conn.fetchval(pg.SERVER_IDENTITY)
-            except InsufficientPrivilegeError:
-                return await conn.fetchval(pg.SERVER_START)
+            return await _identity(pg.Connection(raw, self.driver))
         finally:
             await self._pool.close_extra(raw)
 
@@ -354,6 +352,14 @@ class Tenant:
         await self._pool.aclose()
         if self.budget is not None:
             self.budget.forget(self._pool.account)
+
+
+async def _identity(conn: pg.Connection) -> str:
+    """The server's identity (`pg.SERVER_IDENTITY`, else its start time without the right)."""
+    try:
+        return await conn.fetchval(pg.SERVER_IDENTITY)
+    except InsufficientPrivilegeError:
+        return await conn.fetchval(pg.SERVER_START)
 
 
 class Checkout:
