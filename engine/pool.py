@@ -9,8 +9,10 @@ How it works
 - `give(raw, reusable)` pools a connection, or closes it when it is not reusable, the pool is
   closed, or others wait for a slot of the budget (a tenant never keeps an idle connection
   somebody else is waiting for). A connection closed here frees its slot once it is closed.
-- The budget may also ask for an idle connection back (`give_back`): the oldest one is closed
-  (in the reaper's task) and its slot returned.
+- The budget may also take an idle connection (`take_idle`: the oldest) for a tenant that can
+  use it, or have it closed (`discard`: in the reaper's task, its slot returned once closed);
+  a checkout that ends while others wait hands its connection to the next in line when that
+  tenant can use it (see `engine.limits.connections`).
 - A pooled connection idle `idle_close_s` (15 s, `RUNPLANE_IDLE_CLOSE_S`) is closed by the
   reaper, a task the tenant owns from `start()` to `aclose()`, so an idle process holds none of
   the server's connections.
@@ -50,7 +52,7 @@ class ConnectionPool:
 
     def __attrs_post_init__(self) -> None:
         if self.account is not None:
-            self.account.give_back = self._give_back
+            self.account.pool = self
 
     async def take(self) -> Raw:
         """An idle pooled connection, else a new one (after a budget slot)."""
@@ -60,7 +62,11 @@ class ConnectionPool:
                 return raw
             self._free()
         if self.account is not None:
-            await self.account.acquire()
+            handed = await self.account.acquire()
+            if handed is not None:
+                if not handed.is_closed():
+                    return handed
+                pg.terminate(handed)
         try:
             return await self.connect()
         except BaseException:
@@ -69,9 +75,12 @@ class ConnectionPool:
 
     def give(self, raw: Raw, reusable: bool) -> None:
         """Pool `raw`, or close it at once (module docstring)."""
-        budget = self.account.budget if self.account is not None else None
-        if reusable and not self.closed and not (budget is not None and budget.wanted()):
+        account = self.account
+        wanted = account is not None and account.budget.wanted()
+        if reusable and not self.closed and not wanted:
             self.idle.append((trio.current_time(), raw))
+            return
+        if reusable and not self.closed and account is not None and account.hand_off(raw):
             return
         pg.terminate(raw)
         self._free()
@@ -99,14 +108,19 @@ class ConnectionPool:
         if self.account is not None:
             self.account.release()
 
-    def _give_back(self) -> bool:
-        """The budget wants a slot: close the oldest idle connection (in the reaper's task)."""
-        if not self.idle or self.closed:
-            return False
-        _, raw = self.idle.pop(0)
+    def take_idle(self) -> Raw | None:
+        """Remove and answer the oldest idle connection that is still open (None: none)."""
+        while self.idle and not self.closed:
+            _, raw = self.idle.pop(0)
+            if not raw.is_closed():
+                return raw
+            self._free()
+        return None
+
+    def discard(self, raw: Raw) -> None:
+        """Close `raw` in the reaper's task; its slot is released once it is closed."""
         self._to_close.append(raw)
         self._wake.set()
-        return True
 
     # -- the reaper --------------------------------------------------------------------------
     def start(self) -> None:

@@ -146,9 +146,11 @@ class Tenant:
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
         self._connection_permits = Permits("connections", self.max_connections)
-        account = None if self.budget is None else self.budget.account(self.org_id)
-        self._pool = ConnectionPool(self.driver, self._connect, self.idle_close_s, account)
         self.pooler = pooler_mode(self.dsn)
+        # Tenants whose connections are alike (DSN, startup settings, loop) may pass them on.
+        key = (self.dsn, tuple(sorted(self._startup.items())), id(self.driver.loop))
+        account = None if self.budget is None else self.budget.account(self.org_id, key)
+        self._pool = ConnectionPool(self.driver, self._connect, self.idle_close_s, account)
         setup = []
         if self.pooler is PoolerMode.TRANSACTION:
             setup.append(f"SET LOCAL search_path TO {pg.PINNED_SEARCH_PATH}")

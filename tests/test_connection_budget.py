@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from runplane.engine import RunScope, open_tenant, runs
+from runplane.engine.opening import open_reader
 from runplane.engine.errors import (
     GatewayUnavailableError, InvalidInputError, StoreUnavailableError, TenantUnreachableError,
 )
@@ -133,41 +134,56 @@ async def _backends(tenant, pids) -> int:
             "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])", sorted(pids))
 
 
-async def test_tenants_share_the_budget_and_an_idle_connection_goes_to_who_waits(dsn, tenant):
+async def test_tenants_share_the_budget_and_pass_connections_on(dsn, tenant):
     budget = ServerBudget(2)
     with hosting(budget):
         async with open_tenant("org-a", dsn, schema=tenant.schema) as a, \
                 open_tenant("org-b", dsn, schema=tenant.schema) as b:
             assert budget.stats().in_use == 2  # each keeps its opening's connection pooled
+            b_idle = b._idle[0][1].get_server_pid()
             async with a.connection("sheet") as one, a.connection("receipts") as two:
-                pids = {one.backend_pid, two.backend_pid}  # b's idle one was closed for a
-                assert b._idle == [] and budget.stats().in_use == 2
+                # the budget is full: b's idle connection moved to a, with its slot
+                assert b._idle == [] and b_idle in {one.backend_pid, two.backend_pid}
+                assert (a._pool.account.held, b._pool.account.held) == (2, 0)
+                pids = {one.backend_pid, two.backend_pid}
             assert len(a._idle) == 2 and budget.stats().in_use == 2
-            async with b.connection("sheet") as conn:  # a's oldest idle one is closed for b
-                assert await conn.fetchval("SELECT 1") == 1
-                assert len(a._idle) == 1 and budget.stats().in_use == 2
-            with trio.fail_after(10):
-                while await _backends(tenant, pids) != 1:
-                    await trio.sleep(0.01)
+            async with b.connection("sheet") as conn:  # a's oldest idle one moves to b
+                assert conn.backend_pid in pids and len(a._idle) == 1
             held, done = trio.Event(), trio.Event()
+            got = {}
 
             async def b_works():
-                async with b.connection("sheet"):
+                async with b.connection("sheet") as conn:
+                    got["pid"] = conn.backend_pid
                     held.set()
                     await done.wait()
 
             async with trio.open_nursery() as nursery:
                 async with a.connection("sheet") as first:  # a holds both slots
-                    async with a.connection("receipts"):
-                        assert b._idle == []
+                    async with a.connection("receipts") as second:
+                        handed = second.backend_pid
                         nursery.start_soon(b_works)
                         await wait_until(lambda: budget.stats().orgs_waiting == 1)
-                    # a's checkout ended while b waits: closed, not pooled, and b gets the slot
+                    # a's checkout ended while b waits: its connection goes to b, not the pool
                     await held.wait()
-                    assert a._idle == [] and budget.stats().in_use == 2
+                    assert got["pid"] == handed and a._idle == []
+                    assert budget.stats().in_use == 2
                     assert await first.fetchval("SELECT 1") == 1
                 done.set()
     assert budget.stats().in_use == 0 and budget.stats().overdrawn == 0
+
+
+async def test_an_idle_connection_another_tenant_cannot_use_is_closed_for_it(dsn, tenant):
+    budget = ServerBudget(1)
+    with hosting(budget):
+        async with open_tenant("org-a", dsn, schema=tenant.schema) as a:
+            pid = a._idle[0][1].get_server_pid()
+            async with open_reader("org-b", dsn, schema=tenant.schema) as b:  # other settings
+                assert await b.server_version()
+                assert a._idle == [] and budget.stats().in_use == 1
+            with trio.fail_after(10):
+                while await _backends(tenant, {pid}):
+                    await trio.sleep(0.01)
 
 
 # -- too many clients ---------------------------------------------------------------------------

@@ -12,10 +12,15 @@ How it works
   else to the account that has waited longest among the others, one slot per turn: an org that
   holds connections yields to an org that holds none, every active org gets at least one, and
   orgs that keep asking take turns (round robin, FIFO within an org).
-- Idle connections go back: when someone starts waiting, one account that keeps an idle pooled
-  connection is asked to close it (`BudgetAccount.give_back`, set by its tenant), and a tenant
-  whose checkout ends while others wait closes that connection rather than pool it
-  (`ServerBudget.wanted`). The tenant's idle reaper (15 s) returns the rest.
+- Idle connections go back, and connections move between tenants rather than close and reopen:
+  accounts whose tenants could use each other's connections share a `key` (same DSN, startup
+  settings and driver loop: runplane keeps no session state on a pooled connection). A caller
+  at a full budget with nobody in line takes an idle connection of another account with its
+  key (slot and connection move together); one that has to wait asks an account with an idle
+  connection of another key to close it (`pool.take_idle`, `pool.discard`). A tenant whose
+  checkout ends while others wait hands the connection to the next caller in line when it has
+  the same key (`hand_off`), else closes it rather than pool it (`ServerBudget.wanted`). The
+  tenant's idle reaper (15 s) returns the rest.
 - Waiting is cancellable and counts against the caller's deadline: a `trio` cancel scope around
   the request ends the wait, and a slot granted at that very moment is passed on, never lost.
 - `overdraw()` takes a slot without waiting, even past the size: for a connection opened while
@@ -36,7 +41,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
-from typing import Callable, Iterator
+from typing import Iterator, Protocol
 
 import attrs
 import trio
@@ -72,21 +77,40 @@ class _Waiter:
     since: float
     event: trio.Event = attrs.field(factory=trio.Event)
     granted: bool = False
+    raw: object = None  # a connection handed over with the slot
+
+
+class IdlePool(Protocol):
+    """What a budget asks of a tenant's pool (`engine.pool.ConnectionPool`)."""
+
+    def take_idle(self) -> object | None:
+        """Remove and answer the oldest idle connection (None: it has none)."""
+
+    def discard(self, raw: object) -> None:
+        """Close `raw` (one of the account's) and release its slot once closed."""
 
 
 @attrs.define(eq=False)
 class BudgetAccount:
-    """One tenant's share of a budget: `held` slots. `give_back` is set by the tenant: close one
-    idle pooled connection (releasing its slot once closed) and say whether it had one."""
+    """One tenant's share of a budget: `held` slots; `key` says whose connections it can use
+    (module docstring); `pool` is set by the tenant's pool."""
 
     budget: "ServerBudget"
     name: str
+    key: object = None
     held: int = 0
-    give_back: Callable[[], bool] | None = None
+    pool: IdlePool | None = None
     _line: collections.deque[_Waiter] = attrs.field(init=False, factory=collections.deque)
 
-    async def acquire(self) -> None:
-        await self.budget._acquire(self)
+    async def acquire(self) -> object | None:
+        """Take a slot (waiting in line past the budget); answers the connection that came
+        with it when another tenant handed one over, else None (open one)."""
+        return await self.budget._acquire(self)
+
+    def hand_off(self, raw: object) -> bool:
+        """Hand `raw` and its slot to the next caller in line if it can use it (else False:
+        close it and `release()`)."""
+        return self.budget._hand_off(self, raw)
 
     def release(self) -> None:
         self.budget._release(self)
@@ -116,9 +140,9 @@ class ServerBudget:
     _waits: list[float] = attrs.field(init=False, factory=list)
     _longest: float = attrs.field(init=False, default=0.0)
 
-    def account(self, name: str) -> BudgetAccount:
+    def account(self, name: str, key: object = None) -> BudgetAccount:
         """A new account (one per tenant) named after its org."""
-        account = BudgetAccount(self, name)
+        account = BudgetAccount(self, name, key)
         self._accounts.append(account)
         return account
 
@@ -132,12 +156,18 @@ class ServerBudget:
         return bool(self._hungry or self._fed)
 
     # -- the queue ---------------------------------------------------------------------------
-    async def _acquire(self, account: BudgetAccount) -> None:
-        if self._in_use < self.size and not self.wanted():
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._grant(account)
-            self._sample(0.0)
-            return
+    async def _acquire(self, account: BudgetAccount) -> object | None:
+        if not self.wanted():
+            if self._in_use < self.size:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                self._grant(account)
+                self._sample(0.0)
+                return None
+            raw = self._take_idle(account)
+            if raw is not None:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                self._sample(0.0)
+                return raw
         waiter = _Waiter(trio.current_time())
         account._line.append(waiter)
         if account not in self._hungry and account not in self._fed:
@@ -146,13 +176,39 @@ class ServerBudget:
         try:
             await waiter.event.wait()
         except BaseException:
-            if waiter.granted:  # granted as we were cancelled: pass the slot on
-                self._release(account)
-            else:
+            if not waiter.granted:
                 self._leave(account, waiter)
+            elif waiter.raw is None:  # granted as we were cancelled: pass the slot on
+                self._release(account)
+            elif not self._hand_off(account, waiter.raw):
+                assert account.pool is not None
+                account.pool.discard(waiter.raw)
             raise
         finally:
             self._sample(trio.current_time() - waiter.since)
+        return waiter.raw
+
+    def _take_idle(self, account: BudgetAccount) -> object | None:
+        """An idle connection of another account with `account`'s key, moved with its slot."""
+        for other in self._accounts:
+            if other is not account and other.key == account.key and other.pool is not None:
+                raw = other.pool.take_idle()
+                if raw is not None:
+                    self._give_up(other)
+                    self._grant(account)
+                    return raw
+        return None
+
+    def _hand_off(self, account: BudgetAccount, raw: object) -> bool:
+        line = self._hungry or self._fed
+        if not line or next(iter(line)).key != account.key:
+            return False
+        self._give_up(account)
+        receiver, waiter = self._pick()
+        self._grant(receiver)
+        waiter.granted, waiter.raw = True, raw
+        waiter.event.set()
+        return True
 
     def _grant(self, account: BudgetAccount) -> None:
         self._in_use += 1
@@ -166,12 +222,15 @@ class ServerBudget:
             self._fed.pop(account, None)
 
     def _release(self, account: BudgetAccount) -> None:
+        self._give_up(account)
+        self._hand_on()
+
+    def _give_up(self, account: BudgetAccount) -> None:
         account.held -= 1
         self._in_use -= 1
         if account.held == 0 and account in self._fed:  # it waits and now holds nothing
             del self._fed[account]
             self._hungry[account] = None
-        self._hand_on()
 
     def _overdraw(self, account: BudgetAccount) -> None:
         if self._in_use >= self.size:
@@ -181,22 +240,29 @@ class ServerBudget:
     def _hand_on(self) -> None:
         """Give free slots to the callers in line, in turn (module docstring)."""
         while self._in_use < self.size and self.wanted():
-            line = self._hungry or self._fed
-            account = next(iter(line))
-            del line[account]
-            waiter = account._line.popleft()
+            account, waiter = self._pick()
             self._grant(account)
             waiter.granted = True
             waiter.event.set()
-            if account._line:  # its next caller waits for its next turn, at the back
-                self._fed[account] = None
+
+    def _pick(self) -> tuple[BudgetAccount, _Waiter]:
+        """The next caller in line (its account's next caller goes to the back)."""
+        line = self._hungry or self._fed
+        account = next(iter(line))
+        del line[account]
+        waiter = account._line.popleft()
+        if account._line:  # it will hold a slot: its next caller waits among the fed
+            self._fed[account] = None
+        return account, waiter
 
     def _ask_for_idle(self) -> None:
         """Ask one account that keeps an idle connection to close it (its slot comes back)."""
         if self._in_use < self.size:
             return
         for account in self._accounts:
-            if account.held and account.give_back is not None and account.give_back():
+            raw = account.pool.take_idle() if account.held and account.pool is not None else None
+            if raw is not None:
+                account.pool.discard(raw)
                 return
 
     # -- telemetry ---------------------------------------------------------------------------
