@@ -23,7 +23,7 @@ How it works
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import attrs
 import trio
@@ -31,7 +31,7 @@ import trio
 from . import pg
 from .limits.connections import BudgetAccount
 
-Raw = Any  # a driver connection (`pg.RawConnection`)
+Raw = pg.RawConnection  # a driver connection
 
 
 @attrs.define(eq=False)
