@@ -60,6 +60,10 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
                         help=f"without {SECRET_ENV}: a throwaway secret and a printed token for org local")
     parser.add_argument("--log-interval", type=float, default=60.0, metavar="SECONDS",
                         help="seconds between statistics log lines (default 60)")
+    parser.add_argument("--max-connections", type=_positive, default=None, metavar="N",
+                        help="connections the gateway may hold to its server, shared fairly by "
+                        "every org (default: half of what max_connections leaves past the owner "
+                        "reserve and the session budget)")
     parser.add_argument("--session-dsn", default=None, metavar="URL",
                         help="the postgresql:// address runners reach the database at, for the URLs "
                         "of database sessions (default: the gateway's own DSN)")
@@ -93,7 +97,8 @@ def serve(args: argparse.Namespace) -> int:
                                 array_actions=not args.no_array_actions,
                                 log_interval_s=args.log_interval, session_dsn=args.session_dsn,
                                 tls_cert=args.tls_cert, tls_key=args.tls_key,
-                                forwarded_allow=_forwarded_allow(args.forwarded_allow))
+                                forwarded_allow=_forwarded_allow(args.forwarded_allow),
+                                max_connections=args.max_connections)
         async with open_server(secret=secret, dsn=args.dsn, schema=args.schema,
                                options=options) as server:
             actions = "off" if args.no_array_actions else "on"

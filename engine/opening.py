@@ -5,6 +5,9 @@
   its own driver loop, start its diagnostics queue and its closing of idle connections, and
   close everything when the block ends, however it ends.
 - `open_tenant` bootstraps (or upgrades) the schema unless `bootstrap=False`.
+- A tenant opened inside `engine.limits.connections.hosting(budget)` (a process hosting many
+  tenants: the gateway) takes a slot of that server budget for each connection it opens,
+  this opening's included.
 - `open_reader` connects to `RUNPLANE_READ_DSN` (a replica) when it is set, runs no DDL, and
   opens every transaction read-only, so a write fails at the server wherever the DSN points.
 """
@@ -23,6 +26,7 @@ from . import pg
 from .embedded import resolve_dsn
 from .errors import EngineError, InvalidInputError
 from .limits.bounds import is_number
+from .limits.connections import current_budget
 from .limits.inputs import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .pg.pooler import pooler_mode
 from .tenant import (DEFAULT_LANES, DEFAULT_OUTAGE_BUDGET_S, IDLE_CLOSE_ENV, IDLE_CLOSE_S,
@@ -179,6 +183,7 @@ async def _open(how: _Opening) -> AsyncIterator[Tenant]:
             lanes=lane_limits,
             idle_close_s=idle_close_s,
             read_only=how.read_only,
+            budget=current_budget(),
         )
         tenant.diagnostics.open()
         tenant.start_closing_idle()

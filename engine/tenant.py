@@ -23,8 +23,11 @@ How it works
   operations inside use savepoints (`outer_transaction` is true).
 - A connection that `engine.pg` marked broken (cancelled query, lost connection, failed
   rollback) is closed at release, never pooled.
-- A pooled connection idle `idle_close_s` (15 s; `RUNPLANE_IDLE_CLOSE_S`) is closed by a task
-  the tenant owns, so an idle process holds none of the server's connections.
+- Physical connections live in a `engine.pool.ConnectionPool`: a pooled connection idle
+  `idle_close_s` (15 s; `RUNPLANE_IDLE_CLOSE_S`) is closed by a task the tenant owns, so an idle
+  process holds none of the server's connections. With a `budget` (a process hosting many
+  tenants: `engine.limits.connections`), every connection the tenant opens takes a slot of
+  that server budget first, waiting in its fair line past it.
 - `tenant.diagnostics` is the tenant's queue of completion diagnostics for sinks, drained by a
   task the tenant owns from open to close (`engine.diagnostics`): a sink never delays a write.
 - A tenant is opened by `engine.opening` (`open_tenant`, `open_reader`).
@@ -42,6 +45,7 @@ import trio
 
 from . import pg, schema as schema_ddl
 from .diagnostics import DiagnosticsQueue
+from .limits.connections import ServerBudget
 from .errors import (
     EngineError,
     InsufficientPrivilegeError,
@@ -52,6 +56,7 @@ from .errors import (
     TenantUnreachableError,
 )
 from .permits import PermitStats, Permits
+from .pool import ConnectionPool
 from .pg.pooler import PoolerMode, pooler_hint, pooler_mode
 from .ports import CONSOLE_LANE, RECEIPTS_LANE, RETIREMENT_LANE, SHEET_LANE, PortSettings
 from .sql import quote_ident
@@ -123,9 +128,9 @@ class Tenant:
     idle_close_s: float = IDLE_CLOSE_S
     # Every transaction read-only (`open_reader`): a write fails at the server.
     read_only: bool = False
-    # Pooled connections, by when they were returned (trio time), the newest last.
-    _idle: list[tuple[float, Any]] = attrs.field(init=False, factory=list)
-    _reaper: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
+    # The server budget this tenant's connections take slots of (None: no budget).
+    budget: ServerBudget | None = attrs.field(default=None, repr=False)
+    _pool: ConnectionPool = attrs.field(init=False, repr=False)
     _closed: bool = attrs.field(init=False, default=False)
     # What sheet advisory-lock keys are derived from (`engine.schema.lock_material`).
     lock_secret: bytes | None = attrs.field(init=False, default=None, repr=False)
@@ -142,6 +147,10 @@ class Tenant:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
         self._connection_permits = Permits("connections", self.max_connections)
         self.pooler = pooler_mode(self.dsn)
+        # Tenants whose connections are alike (DSN, startup settings, loop) may pass them on.
+        key = (self.dsn, tuple(sorted(self._startup.items())), id(self.driver.loop))
+        account = None if self.budget is None else self.budget.account(self.org_id, key)
+        self._pool = ConnectionPool(self.driver, self._connect, self.idle_close_s, account)
         setup = []
         if self.pooler is PoolerMode.TRANSACTION:
             setup.append(f"SET LOCAL search_path TO {pg.PINNED_SEARCH_PATH}")
@@ -201,15 +210,14 @@ class Tenant:
             ) from None
         return Checkout(self, lane_permits)
 
+    @property
+    def _idle(self) -> list[tuple[float, Any]]:
+        """Pooled connections, by when they were returned (trio time), the newest last."""
+        return self._pool.idle
+
     async def _checkout(self) -> pg.Connection:
         """An idle pooled connection or a new one (replaced on its first statement if stale)."""
-        raw = None
-        while self._idle and raw is None:
-            _, raw = self._idle.pop()
-            if raw.is_closed():
-                raw = None
-        if raw is None:
-            raw = await self._connect()
+        raw = await self._pool.take()
         return pg.Connection(raw, self.driver, reconnect=self._connect,
                              commit_status=self.commit_status,
                              server_changed=self.server_changed)
@@ -218,7 +226,7 @@ class Tenant:
         """The fate of transaction `xid` (`committed`, `aborted`, or None when the server no
         longer knows it), read on a fresh connection once it is no longer `in progress` (a
         backend whose client vanished finishes or aborts its transaction on its own)."""
-        raw = await self._connect()
+        raw = await self._pool.extra()
         try:
             conn = pg.Connection(raw, self.driver)
             while True:
@@ -227,11 +235,13 @@ class Tenant:
                     return status
                 await trio.sleep(COMMIT_STATUS_POLL_S)
         finally:
-            await pg.close_gracefully(raw, self.driver)
+            await self._pool.close_extra(raw)
 
     async def note_server(self) -> None:
-        """Remember which server the DSN reaches now (see `server_changed`)."""
-        self._server = await self._server_identity()
+        """Remember which server the DSN reaches now (see `server_changed`): read at open, on a
+        pooled connection (a slot of the budget like any other, not an extra one)."""
+        async with self._plain_connection() as conn:
+            self._server = await _identity(conn)
 
     async def server_changed(self) -> bool:
         """Whether the server the DSN reaches now is another one than when this tenant last
@@ -242,37 +252,22 @@ class Tenant:
         return before is not None and now != before
 
     async def _server_identity(self) -> str:
-        raw = await self._connect()
+        raw = await self._pool.extra()
         try:
-            conn = pg.Connection(raw, self.driver)
-            try:
-                return await conn.fetchval(pg.SERVER_IDENTITY)
-            except InsufficientPrivilegeError:
-                return await conn.fetchval(pg.SERVER_START)
+            return await _identity(pg.Connection(raw, self.driver))
         finally:
-            await pg.close_gracefully(raw, self.driver)
+            await self._pool.close_extra(raw)
 
     def _release(self, conn: pg.Connection) -> None:
         if conn.is_reusable() and not self._closed:
-            self._idle.append((trio.current_time(), conn.raw))
+            self._pool.give(conn.raw, True)
         else:
             conn.close()
+            self._pool.broken()
 
     def start_closing_idle(self) -> None:
-        """Close pooled connections idle `idle_close_s` or longer, from now until `aclose` (a
-        system task, like the diagnostics queue's: it outlives no tenant)."""
-        trio.lowlevel.spawn_system_task(self._close_idle, name="runplane idle connections")
-
-    async def _close_idle(self) -> None:
-        with self._reaper:
-            while True:
-                await trio.sleep(self.idle_close_s / 3)
-                cutoff = trio.current_time() - self.idle_close_s
-                stale = [raw for released, raw in self._idle if released <= cutoff]
-                if stale:
-                    self._idle = [(t, raw) for t, raw in self._idle if t > cutoff]
-                    for raw in stale:
-                        await pg.close_gracefully(raw, self.driver)
+        """Close pooled connections idle `idle_close_s` or longer, from now until `aclose`."""
+        self._pool.start()
 
     async def _connect(self) -> Any:
         last: BaseException | None = None
@@ -356,11 +351,17 @@ class Tenant:
 
     async def aclose(self) -> None:
         self._closed = True
-        self._reaper.cancel()
-        idle, self._idle = self._idle, []
-        async with trio.open_nursery() as nursery:  # at once: a blackholed server costs one timeout
-            for _, raw in idle:
-                nursery.start_soon(pg.close_gracefully, raw, self.driver)
+        await self._pool.aclose()
+        if self.budget is not None:
+            self.budget.forget(self._pool.account)
+
+
+async def _identity(conn: pg.Connection) -> str:
+    """The server's identity (`pg.SERVER_IDENTITY`, else its start time without the right)."""
+    try:
+        return await conn.fetchval(pg.SERVER_IDENTITY)
+    except InsufficientPrivilegeError:
+        return await conn.fetchval(pg.SERVER_START)
 
 
 class Checkout:

@@ -35,7 +35,7 @@ def test_an_answer_ends_the_operation_and_counts_one_answered_attempt():
 
 def test_answered_failures_wait_the_ladder_or_the_server_whichever_is_longer():
     state = RetryState(0.0)
-    busy = Attempted(503, error("unavailable", retry_after_ms=3000))
+    busy = Attempted(504, error("unavailable", retry_after_ms=3000))
     d = decide(POLICY, state, busy, 0.0, 0.0, "x", WHERE)
     assert (d.kind, d.wait_s) == ("retry", 3.0)  # the server's 3 s beats the ladder's 1 s
     silent = Attempted(503, error("unavailable"))
@@ -81,7 +81,7 @@ def test_an_outage_extends_a_completions_deadline():
     assert window(POLICY, d.state, 25.0, 30.0, "sheets.complete", WHERE) == 2.0
     with pytest.raises(GatewayUnavailableError, match="completion deadline"):
         window(POLICY, d.state, 27.0, 30.0, "sheets.complete", WHERE)
-    busy = Attempted(503, error("unavailable", retry_after_ms=5000))
+    busy = Attempted(504, error("unavailable", retry_after_ms=5000))
     late = decide(POLICY, d.state, busy, 23.0, 23.0, "c", WHERE)
     assert late.kind == "stop" and "last answer" in str(late.error)  # 23 + 5 > 27
 

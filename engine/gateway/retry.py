@@ -8,7 +8,10 @@ How it works
   no wait (`answered_wait`), at most `len(answered_delays_s) + 1` answered attempts. An attempt
   with no status line (refused, reset, DNS, timed out) is *unanswered*: it does not spend the
   ladder; it waits the ladder's step (then its last step) and retries until
-  `unreachable_budget_s` after the operation began. A 200 whose body is not a JSON object is a
+  `unreachable_budget_s` after the operation began. A 503 that names a wait (`retry_after_ms`
+  or `Retry-After`: the gateway is at its connection budget, or its store is away) is an outage
+  too: it spends no answered attempt, waits what the server asked and is ridden within the same
+  `unreachable_budget_s` (SPEC §35). A 200 whose body is not a JSON object is a
   failed body (retried as above). A completion also has a total deadline,
   `completion_total_s` from its start plus the time spent unreachable (an outage extends it).
 - `RetryState` is the bookkeeping of one operation (or of every page of one completion).
@@ -149,6 +152,10 @@ def decide(policy: RetryPolicy, state: RetryState, got: Attempted, started: floa
                 f"{policy.unreachable_budget_s:g} s ran out: {describe(got.failure)}"))
         return Decision("retry", attrs.evolve(state, unreachable_s=state.unreachable_s + delay),
                         delay)
+    if got.status == 503 and got.payload is not None and protocol.is_retryable(503, got.payload):
+        asked = protocol.retry_after_s(got.payload, got.headers, None)
+        if asked is not None:
+            return _ride(policy, state, got, (started, now, asked), name, where)
     state = attrs.evolve(state, answered=state.answered + 1)
     if got.status == 200 and got.payload is not None:
         return Decision("answer", state, payload=got.payload)
@@ -171,6 +178,22 @@ def decide(policy: RetryPolicy, state: RetryState, got: Attempted, started: floa
             f"{name}: the completion deadline of {policy.completion_total_s:g} s ran out "
             f"({where}; last answer: {error})"))
     return Decision("retry", state, delay)
+
+
+def _ride(policy: RetryPolicy, state: RetryState, got: Attempted,
+          times: tuple[float, float, float], name: str, where: str) -> Decision:
+    """A 503 naming a wait: ridden like an outage within the unreachable budget (the attempt
+    and the wait count as time unreachable); `times` is (started, now, the wait asked)."""
+    started, now, asked = times
+    state = attrs.evolve(state, unreachable_s=state.unreachable_s + (now - started))
+    remaining = state.unreachable_deadline(policy) - now
+    if remaining <= 0 or asked >= remaining:
+        assert got.payload is not None
+        error = protocol.error_from(503, got.payload, name, where)
+        return Decision("stop", state, max(0.0, remaining), error=GatewayUnavailableError(
+            f"{name}: {where} answered 503 until the unreachable budget of "
+            f"{policy.unreachable_budget_s:g} s ran out: {error}"))
+    return Decision("retry", attrs.evolve(state, unreachable_s=state.unreachable_s + asked), asked)
 
 
 def describe(failure: BaseException | None) -> str:

@@ -153,6 +153,15 @@ class ServerOptions:
         """How long the server lets action `spec` run (`deadlines_s`, else its own)."""
         return self.deadlines_s.get(spec.name, spec.deadline_s)
 
+    # The connections the gateway may hold to its server, shared by every org (None: the
+    # server's default share, `engine.limits.server_share`).
+    max_connections: int | None = attrs.field(default=None)
+
+    @max_connections.validator
+    def _check_max_connections(self, _attribute: attrs.Attribute, value: object) -> None:
+        if value is not None and not is_int(value, 1, 1_000_000):
+            raise InvalidInputError("max_connections must be an integer from 1 to 1000000")
+
     @body_limit.validator
     def _check_body_limit(self, _attribute: attrs.Attribute, value: object) -> None:
         if not is_int(value, protocol.PAGE_HEADROOM * 2):
@@ -378,6 +387,9 @@ class Server:
         by_code = ", ".join(f"{n} {c}" for n, c in self._period_errors.most_common()) or "none"
         line = (f"gateway: {sum(self._period.values())} requests ({by_action}); errors: {by_code}; "
                 f"p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+        budget = self.tenants.budget_stats()
+        if budget is not None:  # connections in use / budget, orgs waiting, the longest wait
+            line += f"; {budget.line()}"
         self._period.clear()
         self._period_errors.clear()
         self._latencies.clear()
@@ -405,7 +417,8 @@ async def open_server(*, secret: str, dsn: str | None = None, schema: str = "run
     if options is None:
         options = ServerOptions()
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
-    server = Server(secret, options, OrgTenants(resolved, schema, options.tenant_options))
+    tenants = OrgTenants(resolved, schema, options.tenant_options, options.max_connections)
+    server = Server(secret, options, tenants)
     config = options.hypercorn_config()
     shutdown = trio.Event()
     served = trio.Event()

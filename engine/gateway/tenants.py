@@ -9,6 +9,10 @@ How it works
   forgotten: every waiter gets the error, and the org's next request tries again.
 - The first tenant that opens also runs the session sweep (`sessions.sweep_expired`: the
   schema's expired session roles dropped every minute) for as long as it is held.
+- Every tenant draws on one connection budget for the server (`engine.limits.connections`):
+  `max_connections` slots, else the server's default share (`engine.limits.server_share`,
+  read on the first request: an unreachable server fails that request, and the next one reads
+  again). Orgs past the budget wait in its fair line, within their request's deadline.
 - `close()` (the server has stopped serving) refuses new orgs (`StoreUnavailableError`) and has
   every holder close its tenant.
 Only `engine.gateway.server` uses this module.
@@ -23,6 +27,8 @@ import trio
 
 from .. import sessions
 from ..errors import EngineError, StoreUnavailableError
+from ..limits.connections import BudgetStats, ServerBudget, hosting
+from ..limits.server_share import server_budget
 from ..opening import open_tenant
 from ..tenant import Tenant
 
@@ -39,11 +45,15 @@ class _TenantSlot:
 @attrs.define(eq=False)
 class OrgTenants:
     """The open tenants of a gateway, by org (see the module docstring). `options` are the
-    keyword arguments of `open_tenant` besides the DSN and schema."""
+    keyword arguments of `open_tenant` besides the DSN and schema; `max_connections` the
+    budget's size (None: the server's default share)."""
 
     dsn: str = attrs.field(repr=False)
     schema: str
     options: Mapping[str, object] = attrs.field(factory=dict)
+    max_connections: int | None = None
+    budget: ServerBudget | None = attrs.field(init=False, default=None)
+    _sizing: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
     _slots: dict[str, _TenantSlot] = attrs.field(init=False, factory=dict, repr=False)
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
     _sweeping: bool = attrs.field(init=False, default=False, repr=False)
@@ -58,11 +68,24 @@ class OrgTenants:
         self._nursery = None
         self._closing.set()
 
+    def budget_stats(self) -> BudgetStats | None:
+        """The connection budget's figures, starting a new period for the longest wait (None
+        before the first request sized the budget)."""
+        return None if self.budget is None else self.budget.stats(new_period=True)
+
+    async def _size_budget(self) -> None:
+        async with self._sizing:
+            if self.budget is None:
+                self.budget = await server_budget(self.dsn, self.max_connections)
+
     async def get(self, org: str) -> Tenant:
         """The tenant of `org`, opened on first use; raises what opening it raised."""
         slot = self._slots.get(org)
         if slot is not None and slot.tenant is not None:
             return slot.tenant  # open already: no wait (nor a trip through the scheduler)
+        if self.budget is None:
+            await self._size_budget()
+        slot = self._slots.get(org)
         if slot is None:
             if self._nursery is None:
                 raise StoreUnavailableError("the gateway is shutting down")
@@ -76,18 +99,23 @@ class OrgTenants:
 
     async def _hold(self, org: str, slot: _TenantSlot) -> None:
         try:
-            async with open_tenant(org, self.dsn, schema=self.schema, **self.options) as tenant:
-                slot.tenant = tenant
-                slot.ready.set()
-                async with trio.open_nursery() as nursery:
-                    if not self._sweeping:  # one tenant's login drops the schema's expired sessions
-                        self._sweeping = True
-                        nursery.start_soon(sessions.sweep_expired, tenant)
-                    await self._closing.wait()
-                    nursery.cancel_scope.cancel()
+            with hosting(self.budget):
+                async with open_tenant(org, self.dsn, schema=self.schema, **self.options) as tenant:
+                    slot.tenant = tenant
+                    slot.ready.set()
+                    await self._keep(tenant)
         except EngineError as exc:
             slot.error = exc
             if self._slots.get(org) is slot:
                 del self._slots[org]  # the next request tries again
         finally:
             slot.ready.set()
+
+    async def _keep(self, tenant: Tenant) -> None:
+        """Hold `tenant` open until `close()`."""
+        async with trio.open_nursery() as nursery:
+            if not self._sweeping:  # one tenant's login drops the schema's expired sessions
+                self._sweeping = True
+                nursery.start_soon(sessions.sweep_expired, tenant)
+            await self._closing.wait()
+            nursery.cancel_scope.cancel()

@@ -51,6 +51,7 @@ from .connection import (
     StatementHook,
 )
 from .translation import (
+    CROWDED_SQLSTATES,
     FAILOVER_SQLSTATES,
     MISSING_RELATION_SQLSTATES,
     STATEMENT_TIMEOUT,
@@ -67,6 +68,6 @@ __all__ = [
     "COMMIT_RESOLVE_TIMEOUT", "COMMIT_TIMEOUT", "ROLLBACK_TIMEOUT", "SERVER_CHANGE_PROBE_TIMEOUT",
     "SERVER_IDENTITY", "SERVER_START", "XID_PROBE", "CommitStatus", "Connection", "ConnectionState", "PhaseReport",
     "RawConnection", "Reconnect", "Record", "ServerChanged", "StatementHook",
-    "FAILOVER_SQLSTATES", "MISSING_RELATION_SQLSTATES", "STATEMENT_TIMEOUT", "TRANSIENT_SQLSTATES",
+    "CROWDED_SQLSTATES", "FAILOVER_SQLSTATES", "MISSING_RELATION_SQLSTATES", "STATEMENT_TIMEOUT", "TRANSIENT_SQLSTATES",
     "is_outage", "is_transient_connect_error", "translate",
 ]

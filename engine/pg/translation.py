@@ -4,6 +4,8 @@ How it works
 - `translate` maps an asyncpg or transport error to an `engine.errors` type, keeping the
   server's SQLSTATE; the caller chains the driver error with `from`. Nothing above `engine.pg`
   sees an asyncpg type.
+- A connect refused for too many clients (53300) is retried like a refused one
+  (`is_transient_connect_error`), then raised as an outage (`TenantUnreachableError`).
 - Outages vs errors (`is_outage`): lost connections, shutdown/startup (57P0x) and a server gone
   read-only under a failover (25006) are outages, which runs retry within their budget; a
   statement timeout is one only when its connection dropped with it (or the server changed).
@@ -34,6 +36,10 @@ from ..errors import (
 # SQLSTATEs that mean "the connection, not the statement, failed": retry on a fresh one.
 TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004"})
 MISSING_RELATION_SQLSTATES = frozenset({"42P01", "42703"})
+# A connect the server refused for want of room: too many clients (the server's or a role's
+# connection limit, 53300), or out of resources (53000). Connections come back, so a connect is
+# retried and, past its ladder, the failure is an outage ridden within the outage budget.
+CROWDED_SQLSTATES = frozenset({"53300", "53000"})
 
 
 # A promotion or failover in progress: the server went read-only under us (a demoted primary,
@@ -123,9 +129,11 @@ def server_answered(exc: BaseException) -> bool:
 
 
 def is_transient_connect_error(exc: BaseException) -> bool:
-    """Connect failures worth another attempt: refused, reset, timed out, terminated, starting."""
+    """Connect failures worth another attempt: refused, reset, timed out, terminated, starting,
+    too many clients (`CROWDED_SQLSTATES`)."""
     if isinstance(exc, asyncpg.PostgresError):
-        return getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES
+        sqlstate = getattr(exc, "sqlstate", None)
+        return sqlstate in TRANSIENT_SQLSTATES or sqlstate in CROWDED_SQLSTATES
     if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
         return True  # no host is writable yet: a failover is under way
     return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError, asyncpg.InterfaceError))

@@ -1,0 +1,134 @@
+"""Many orgs through one gateway inside its connection budget (issue 43, SPEC §35).
+
+    python benchmarks/gateway_orgs.py [--many 100] [--few 10] [--rows 100000] [--max-connections N]
+
+A gateway server runs in a child process (as `runplane serve` would) with its default
+connection budget (half of what the server's `max_connections` leaves past the owner reserve
+and the session budget; `--max-connections` sets another). In the same run:
+1. `--few` orgs (10) map `--rows` rows between them at once (10 × 10,000), each org's runner
+   a trio task here with its own token;
+2. `--many` orgs (100) map the same `--rows` rows between them at once (100 × 1,000).
+Prints the total rows/s of each, the ratio many/few (target >= 0.8: a hundred orgs share the
+budget without losing throughput to connection churn) and the p99 wait for a connection slot
+in the gateway during each phase.
+The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio  # noqa: E402
+
+from _server import bench_dsn  # noqa: E402
+from runplane.actors import open_run  # noqa: E402
+from runplane.engine import open_tenant, sheets  # noqa: E402
+from runplane.engine.gateway import RetryPolicy, ServerOptions, mint_token, open_gateway, open_server  # noqa: E402
+
+CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
+OUTPUT = {"ok": True}
+PLAY = "bench"
+SECRET = "benchmark-gateway-orgs-" + uuid.uuid4().hex
+RETRY = RetryPolicy(unreachable_budget_s=600.0, completion_total_s=900.0)
+
+
+async def noop(_row: dict) -> dict:
+    return OUTPUT
+
+
+async def one_org(url: str, org: str, rows: int, done: list[int]) -> None:
+    async with open_gateway(url, mint_token(SECRET, org), retry=RETRY) as gateway:
+        async with open_run(gateway, PLAY, f"run-{uuid.uuid4().hex[:8]}") as run:
+            result = await run.map("t", [{"name": f"{org}-{i}", "n": i} for i in range(rows)],
+                                   noop, contract=CONTRACT, concurrency=16)
+    assert result.completed == rows, result
+    done.append(rows)
+
+
+async def phase(url: str, orgs: int, rows: int, tag: str) -> float:
+    done: list[int] = []
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(orgs):
+            nursery.start_soon(one_org, url, f"{tag}-{i:03d}", rows // orgs, done)
+    elapsed = time.perf_counter() - started
+    assert sum(done) == rows // orgs * orgs
+    return sum(done) / elapsed
+
+
+def p99_wait(child: subprocess.Popen) -> float:
+    """The p99 of the slot waits in the gateway since the last ask (the child answers)."""
+    child.stdin.write("waits\n")
+    child.stdin.flush()
+    return float(child.stdout.readline())
+
+
+async def serve_child(dsn: str, schema: str, max_connections: int | None) -> None:
+    options = ServerOptions(bind="127.0.0.1:0", max_connections=max_connections)
+    async with open_server(secret=SECRET, dsn=dsn, schema=schema, options=options) as server:
+        print(server.url, flush=True)
+        while await trio.to_thread.run_sync(sys.stdin.readline):
+            budget = server.tenants.budget
+            waits = sorted(budget.take_waits()) if budget is not None else []
+            p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))] if waits else 0.0
+            print(f"{p99:.6f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--many", type=int, default=100)
+    parser.add_argument("--few", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--max-connections", type=int, default=None)
+    parser.add_argument("--dsn", default=None)
+    parser.add_argument("--serve-child", default=None, metavar="SCHEMA", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    dsn = args.dsn or bench_dsn()
+    if args.serve_child:
+        global SECRET
+        SECRET = os.environ["RUNPLANE_GATEWAY_SECRET"]
+        trio.run(serve_child, dsn, args.serve_child, args.max_connections)
+        return
+    schema = f"bench_orgs_{uuid.uuid4().hex[:8]}"
+    extra = [] if args.max_connections is None else ["--max-connections", str(args.max_connections)]
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve-child", schema, "--dsn", dsn, *extra],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "RUNPLANE_GATEWAY_SECRET": SECRET})
+    try:
+        url = child.stdout.readline().strip()
+        if not url:
+            raise SystemExit("the gateway child did not start")
+        few = trio.run(phase, url, args.few, args.rows, "few")
+        few_p99 = p99_wait(child)
+        many = trio.run(phase, url, args.many, args.rows, "many")
+        many_p99 = p99_wait(child)
+    finally:
+        child.stdin.close()
+        child.terminate()
+        child.wait(timeout=30)
+        trio.run(drop_schema, dsn, schema)
+    print(f"{args.few} orgs x {args.rows // args.few:,} rows:  {few:,.0f} rows/s; "
+          f"p99 wait for a connection {few_p99 * 1000:.0f} ms")
+    print(f"{args.many} orgs x {args.rows // args.many:,} rows: {many:,.0f} rows/s; "
+          f"p99 wait for a connection {many_p99 * 1000:.0f} ms")
+    print(f"ratio many/few: {many / few:.2f} (target >= 0.80)")
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    async with open_tenant("bench", dsn, schema=schema) as tenant:
+        async with tenant.connection("sheet") as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+if __name__ == "__main__":
+    main()
