@@ -5,6 +5,7 @@ How it works
   (`engine.runs.cancel`). Each process of the run polls the stamp every `CANCEL_POLL_S` with
   `watch_for_cancel`, a system task of the run (the first poll comes one period after the run
   opened, so short runs never poll); a poll the store does not answer is skipped, not fatal.
+  The poller is a system task (`watching_for_cancel`), so no nursery of the run waits for it.
 - On a stamp, `RunStop.cancel` cancels the scope each running map's pipeline runs in: the calls
   in flight are cancelled (their rows are left, like a crash's, for the next run), what was
   computed is flushed as on Ctrl-C, and the map returns a result with `stopped_early` and
@@ -16,6 +17,7 @@ How it works
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 from typing import Iterator
 
@@ -61,6 +63,28 @@ class RunStop:
             self.reason = reason
         for scope in self._scopes:
             scope.cancel()
+
+
+@contextlib.contextmanager
+def watching_for_cancel(port: Port, scope: RunScope, stop: RunStop) -> Iterator[None]:
+    """`watch_for_cancel` for the duration of the block, in a system task: the block's own
+    nurseries never wait for it (a cancellation arriving as a run's body returns must land
+    where it did before, not in a nursery waiting for the watcher), and it ends with the block."""
+    poller = trio.CancelScope()
+
+    async def poll() -> None:
+        with poller:
+            try:
+                await watch_for_cancel(port, scope, stop)
+            except Exception:  # a system task must not raise: the run goes on unwatched
+                log.exception("run %s: the cancellation watch failed", scope.run_id)
+
+    trio.lowlevel.spawn_system_task(poll, name=f"cancel-watch {scope.run_id}",
+                                    context=contextvars.copy_context())
+    try:
+        yield
+    finally:
+        poller.cancel()
 
 
 async def watch_for_cancel(port: Port, scope: RunScope, stop: RunStop, *,

@@ -58,7 +58,7 @@ from runplane.engine.runs import outbox
 from runplane.engine.runs.history import MapRunState
 
 from . import retirement
-from .cancellation import RunStop, watch_for_cancel
+from .cancellation import RunStop, watching_for_cancel
 from .hosting import is_terminal, open_hosting_nursery
 from .map_state import SHARED_ONLY, MapOptions, MapPlan
 from .mapper import MapSource, map_rows
@@ -384,11 +384,10 @@ async def open_run(
         error: BaseException | None = None
         run = Run(tenant, ref, attempt, outage=watch, force=force)
         try:
-            async with open_hosting_nursery(cancel_on_exit=True) as system, \
-                    open_hosting_nursery() as nursery:
-                system.start_soon(watch_for_cancel, tenant, scope, run.stop)
-                run._nursery = nursery
-                yield run
+            with watching_for_cancel(tenant, scope, run.stop):
+                async with open_hosting_nursery() as nursery:
+                    run._nursery = nursery
+                    yield run
         except BaseException as exc:  # classified, then re-raised unchanged
             error = exc
             raise
