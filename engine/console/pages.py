@@ -167,6 +167,12 @@ def run_url(org: str, play: str, run_id: str, show_org: bool) -> str:
     return q(f"/ui/runs/{seg(play)}/{seg(run_id)}", org=org if show_org else None)
 
 
+def row_url(org: str, play: str, namespace: str, key: str, show_org: bool) -> str:
+    """A row's page (`/ui/rows/PLAY/TABLE/KEY`)."""
+    return q(f"/ui/rows/{seg(play)}/{seg(namespace)}/{seg(key)}",
+             org=org if show_org else None)
+
+
 def table_url(kind: str, org: str, play: str, namespace: str, show_org: bool, **params: object) -> str:
     return q(f"/ui/{kind}/{seg(play)}/{seg(namespace)}", org=org if show_org else None, **params)
 
@@ -290,7 +296,9 @@ def _value(text: str | None) -> str:
 
 
 def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org: bool,
-               status: str | None, key: str | None, exports: list[tuple[str, str]]) -> str:
+               status: str | None, key: str | None, exports: list[tuple[str, str]],
+               search: str = "") -> str:
+    """A table's page; `search` is its search form (`row_html.search_form`)."""
     c = page.counters
     counts = "" if c is None else (
         '<div class="stats">' + "".join(_stat(name, name, getattr(c, name))
@@ -313,7 +321,8 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
                '<button type="submit">Filter</button></form>')
     head = "".join(f"<th>{esc(f)}</th>" for f in page.fields)
     rows = "".join(
-        f'<tr><td><code>{esc(r["_key"])}</code></td><td>{esc(row_state(r["_status"]))}</td>'
+        f'<tr><td><a href="{row_url(org, play, namespace, r["_key"], show_org)}"><code>'
+        f'{esc(r["_key"])}</code></a></td><td>{esc(row_state(r["_status"]))}</td>'
         f'<td class="num">{esc(r["_attempts"])}</td>'
         + "".join(f"<td>{_value(r.get(f))}</td>" for f in page.fields)
         + f'<td>{esc(shorten(r["_error"]))}</td></tr>' for r in page.rows)
@@ -322,7 +331,8 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
             if page.rows else '<p class="muted">No rows.</p>')
     more = _next_link("tables", org, play, namespace, show_org, page.next, status=status, key=key)
     links = (f'<p><a href="{table_url("failures", org, play, namespace, show_org)}">failures</a></p>')
-    body = (f"<h1>Table {esc(namespace)} of play {esc(play)}</h1>{links}{counts}{filters}{grid}"
+    body = (f"<h1>Table {esc(namespace)} of play {esc(play)}</h1>{links}{counts}{search}"
+            f"{filters}{grid}"
             f"{more}{columns_table}{export}")
     return frame(f"Table {namespace}", body)
 
@@ -368,7 +378,8 @@ def failures_page(org: str, play: str, namespace: str, page: RowsPage,
         text = "{" + ", ".join(f"{json.dumps(f)}: {v}" for f, v in shown.items()) + "}"
         error = r["_error"] or "(no message)"
         lines.append(
-            f'<tr><td><code>{esc(r["_key"])}</code></td><td class="num">{esc(r["_attempts"])}</td>'
+            f'<tr><td><a href="{row_url(org, play, namespace, r["_key"], show_org)}"><code>'
+            f'{esc(r["_key"])}</code></a></td><td class="num">{esc(r["_attempts"])}</td>'
             f'<td><details><summary>{esc(shorten(error, 80))}</summary><pre class="mono">'
             f'{esc(error)}</pre></details></td><td><code>{esc(shorten(text, 400))}</code></td></tr>')
     grid = (f'<table id="failures"><thead><tr><th>key</th><th class="num">attempts</th>'

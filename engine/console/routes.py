@@ -46,7 +46,7 @@ from ..ports import Port
 from ..runs.outbox import OutboxState
 from ..sheets.model import RowStatus
 from ..values.scopes import PlayScope, RunScope, normalize_namespace
-from . import actions, export, live, origin, pages, params, queries, rows
+from . import actions, export, live, origin, pages, params, queries, row_routes, rows
 from .auth import COOKIE, Sessions, Viewer
 from .login import LoginRoutes
 from .words import ROW_STATE_WORDS
@@ -119,6 +119,12 @@ def console_app(console: Console) -> ASGIApp:
               methods=["POST"]),
         Route("/tables/{play}/{table}", h.table, methods=["GET"]),
         Route("/failures/{play}/{table}", h.failures, methods=["GET"]),
+        Route("/rows/{play}/{table}/{key}", functools.partial(row_routes.row, h), methods=["GET"]),
+        Route("/api/rows/{play}/{table}/{key}", functools.partial(row_routes.api_row, h),
+              methods=["GET"]),
+        Route("/search/{play}/{table}", functools.partial(row_routes.find, h), methods=["GET"]),
+        Route("/api/search/{play}/{table}", functools.partial(row_routes.api_find, h),
+              methods=["GET"]),
         Route("/api/runs", h.api_runs, methods=["GET"]),
         Route("/api/runs/{play}/{run_id}", h.api_run, methods=["GET"]),
         Route("/api/tables/{play}/{table}", h.api_table, methods=["GET"]),
@@ -344,13 +350,16 @@ class _Handlers:
 
     async def table(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
-            _, org, play, namespace, page, status, key = await self._page(request, viewer, False)
+            port, org, play, namespace, page, status, key = await self._page(request, viewer, False)
             show_org = viewer.org is None
+            search = await row_routes.table_search(port, org, play, namespace, page,
+                                                   show_org=show_org)
             links = [(label, pages.q(f"/ui/export/{params.seg(play)}/{params.seg(namespace)}.{fmt}",
                                      org=org if show_org else None, status=status))
                      for label, fmt in (("JSON lines", "jsonl"), ("CSV", "csv"))]
             return _html(pages.table_page(org, play, namespace, page, show_org=show_org,
-                                          status=status, key=key, exports=links))
+                                          status=status, key=key, exports=links,
+                                          search=search))
         return await self.guarded(request, False, render)
 
     async def export(self, request: Request) -> Response:
