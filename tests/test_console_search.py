@@ -4,6 +4,7 @@ console's search answered from it, and without it a bounded scan that says so.""
 from __future__ import annotations
 
 import pytest
+import trio
 
 from runplane.actors import open_run
 from runplane.engine import sheets
@@ -181,3 +182,17 @@ async def test_bad_searches_and_indexes_are_refused_before_any_read(tenant, gate
         assert theirs.status_code == 303
         assert (await http.get("/ui/api/search/beta/u", params={
             "field": "name", "value": "beta-row"})).status_code == 404
+
+
+async def test_the_index_command(tenant, seeded):
+    from .cli_helpers import cli_env, run_cli
+
+    env = cli_env(RUNPLANE_DSN=tenant.dsn, RUNPLANE_SCHEMA=tenant.schema, RUNPLANE_ORG=tenant.org_id)
+    first = await trio.to_thread.run_sync(lambda: run_cli("index", "alpha", "t", "name", env=env))
+    assert first.returncode == 0, first.stderr
+    assert "of field 'name' of alpha/t: created" in first.stdout
+    again = await trio.to_thread.run_sync(lambda: run_cli("index", "alpha", "t", "name", env=env))
+    assert again.returncode == 0 and "already there" in again.stdout
+    assert await _index_of(tenant, "t", "name") == ("hash", True)
+    output = await trio.to_thread.run_sync(lambda: run_cli("index", "alpha", "t", "upper", env=env))
+    assert output.returncode == 2 and "is an output" in output.stderr
