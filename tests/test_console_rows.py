@@ -116,3 +116,26 @@ async def test_only_the_viewers_rows(tenant, gateway_url, seeded):
     async with client(gateway_url) as http:
         assert (await http.get(f"/ui/api/rows/alpha/t/{key}")).status_code == 401
         assert (await http.get(f"/ui/rows/alpha/t/{key}")).status_code == 303
+
+
+async def test_failures_grouped_by_cause_with_counts_and_a_filter(tenant, gateway_url, seeded):
+    from runplane.engine.console import queries, rows
+
+    causes = await rows.top_errors(tenant, tenant.org_id, "alpha", "t", limit=20)
+    assert [(c.count, c.variants) for c in causes] == [(3, 3)]
+    (cause,) = causes
+    async with client(gateway_url) as http:
+        await login_token(http, mint_token(SECRET, tenant.org_id))
+        page = (await http.get("/ui/failures/alpha/t", params={"cause": cause.pattern})).text
+        assert 'id="causes"' in page and "(3 rows)" in page
+        assert len(re.findall(r'href="/ui/rows/alpha/t/[^"]+"', page)) == 3
+    # a failed row without a stored cause (failed before causes were stored) still counts:
+    # the index of stored causes no longer accounts for every failed row, so the sheet is read
+    sheet = queries.layout(tenant, tenant.org_id, "alpha", "t")
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f"UPDATE {sheet.qualified} SET _cause = NULL, _error = 'old failure'"
+                           " WHERE _key = (SELECT min(_key) FROM "
+                           f"{sheet.qualified} WHERE _status = 'failed')")
+    causes = await rows.top_errors(tenant, tenant.org_id, "alpha", "t", limit=20)
+    assert sorted((c.pattern, c.count) for c in causes) == sorted(
+        [(cause.pattern, 2), ("old failure", 1)])

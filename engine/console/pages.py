@@ -386,13 +386,16 @@ def failures_page(org: str, play: str, namespace: str, page: RowsPage,
             f'<th>error</th><th>inputs</th></tr></thead><tbody>{"".join(lines)}</tbody></table>'
             if lines else '<p class="muted">No failed rows.</p>')
     top = _cause_rows(errors or (), org, play, namespace, show_org)
-    top_table = f'<h2>Most common errors</h2>{_cause_table(top)}' if top else ""
+    heading = "<h2>Most common errors, by cause</h2>"
+    top_table = f'{heading}<div id="causes">{_cause_table(top)}</div>' if top else ""
     if errors is None:
-        top_table = f"<h2>Most common errors</h2><p>{UNKNOWN} (counting them took too long)</p>"
+        top_table = f"{heading}<p>{UNKNOWN} (counting them took too long)</p>"
     more = _next_link("failures", org, play, namespace, show_org, page.next, cause=cause)
     back = f'<p><a href="{table_url("tables", org, play, namespace, show_org)}">all rows</a></p>'
     if cause is not None:  # the filter: the rows of one cause, and the way back to all of them
-        back += (f'<p id="cause">Failures of cause <code>{esc(cause)}</code> · <a href="'
+        count = next((c.count for c in errors or () if c.pattern == cause), None)
+        rows_of = "" if count is None else f" ({count} row{'s' if count != 1 else ''})"
+        back += (f'<p id="cause">Failures of cause <code>{esc(cause)}</code>{rows_of} · <a href="'
                  f'{table_url("failures", org, play, namespace, show_org)}">all failures</a></p>')
     body = f"<h1>Failures of table {esc(namespace)} of play {esc(play)}</h1>{back}{grid}{more}{top_table}"
     return frame(f"Failures of {namespace}", body)

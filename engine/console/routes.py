@@ -384,7 +384,7 @@ class _Handlers:
     async def failures(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             port, org, play, namespace, page, _, _ = await self._page(request, viewer, True)
-            errors = await rows.top_errors(port, org, play, namespace)
+            errors = await rows.top_errors(port, org, play, namespace, limit=rows.FAILURE_CAUSES)
             return _html(pages.failures_page(org, play, namespace, page, errors,
                                              show_org=viewer.org is None,
                                              cause=_cause(request)))
@@ -402,7 +402,7 @@ class _Handlers:
                                                     page.next.key]
         body: JsonObject = {"fields": page.fields, "rows": page.rows, "next": following}
         if failed_only:  # the commonest causes (None: counting them took too long)
-            causes = await rows.top_errors(port, org, play, namespace)
+            causes = await rows.top_errors(port, org, play, namespace, limit=rows.FAILURE_CAUSES)
             body["causes"] = None if causes is None else [attrs.asdict(c) for c in causes]
         return JSONResponse(body)
 
