@@ -46,7 +46,8 @@ from ..ports import Port
 from ..runs.outbox import OutboxState
 from ..sheets.model import RowStatus
 from ..values.scopes import PlayScope, RunScope, normalize_namespace
-from . import actions, export, live, origin, pages, params, queries, row_routes, rows
+from . import (actions, export, live, live_runs, origin, pages, params, queries, row_routes,
+               rows)
 from .auth import COOKIE, Sessions, Viewer
 from .login import LoginRoutes
 from .words import ROW_STATE_WORDS
@@ -129,6 +130,7 @@ def console_app(console: Console) -> ASGIApp:
         Route("/api/runs/{play}/{run_id}", h.api_run, methods=["GET"]),
         Route("/api/tables/{play}/{table}", h.api_table, methods=["GET"]),
         Route("/api/failures/{play}/{table}", h.api_failures, methods=["GET"]),
+        Route("/live/runs", functools.partial(live_runs.stream_runs, h), methods=["GET"]),
         Route("/live/runs/{play}/{run_id}", h.live, methods=["GET"]),
         Route("/export/{play}/{table}.{fmt}", h.export, methods=["GET"]),
     ])
@@ -260,7 +262,8 @@ class _Handlers:
                 set() if viewer.every_play else set(viewer.plays)))
             page = pages.runs_page(got.runs, show_org=viewer.org is None, org=got.org,
                                    play=got.play, state=got.state, plays=plays,
-                                   next_epoch=got.next_epoch, empty_schema=got.empty_schema)
+                                   next_epoch=got.next_epoch, empty_schema=got.empty_schema,
+                                   live=request.query_params.get("before") is None)
             if got.replica_lag_s is not None:
                 page = pages.with_notice(page, f"reading from a replica, "
                                                f"{got.replica_lag_s:.1f} s behind its primary")
