@@ -133,7 +133,8 @@ async def touching_runs(port: Port, org: str, play: str, row: RowView) -> list[T
     for field, cell in sorted(row.cells.items()):
         run_id = cell.get("run_id") if isinstance(cell, dict) else None
         if isinstance(run_id, str) and run_id:
-            roles.setdefault(run_id, []).append(f"wrote {field}")
+            done = cell.get("status") == "completed"
+            roles.setdefault(run_id, []).append(f"{'wrote' if done else 'failed'} {field}")
     sql = _RUNS.format(runs=table(port, "runs"))
 
     async def op(conn: Connection) -> list[TouchingRun]:
