@@ -236,9 +236,9 @@ def _stat(label: str, field: str, value: object, hint: str | None = None) -> str
 
 def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: str,
              workers: list = (), cancel_csrf: str | None = None,
-             notice: str | None = None) -> str:
+             notice: str | None = None, timeline: str = "") -> str:
     """A run's page; `cancel_csrf` (the session's form token) adds the cancel button, `notice`
-    says what an action just did."""
+    says what an action just did, `timeline` is its timeline (`timeline.timeline_section`)."""
     org = run.org_id
     parts = [f'<h1>Run <code>{esc(run.run_id)}</code> of play {esc(run.play)}</h1>',
              *([f'<p class="notice">{esc(notice)}</p>'] if notice else []),
@@ -282,6 +282,7 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
                'long (a large sheet); the figures above stay live.</p>'
                if t.top_errors is None else "")
             + "</section>")
+    parts.append(timeline)
     if workers:  # the play's shared-map workers (`runplane worker`, `run --workers`)
         rows = "".join(
             f'<tr><td class="num">{w.pid}</td><td>{esc(w.host)}</td><td class="num">'

@@ -47,7 +47,7 @@ from ..runs.outbox import OutboxState
 from ..sheets.model import RowStatus
 from ..values.scopes import PlayScope, RunScope, normalize_namespace
 from . import (actions, export, live, live_runs, origin, pages, params, queries, row_routes,
-               rows)
+               rows, timeline)
 from .auth import COOKIE, Sessions, Viewer
 from .login import LoginRoutes
 from .words import ROW_STATE_WORDS
@@ -304,9 +304,11 @@ class _Handlers:
             live = pages.q(f"/ui/live/runs/{params.seg(run.play)}/{params.seg(run.run_id)}",
                            org=run.org_id if show_org else None)
             may_cancel = viewer.may(actions.CANCEL) and self.c.writer_for is not None
+            events = await timeline.run_timeline(port, run.org_id, run.play, run.run_id)
             return _html(pages.run_page(
                 run, tables, show_org=show_org, live_url=live.replace("&amp;", "&"),
                 workers=workers, notice=actions.DONE_WORDS.get(request.query_params.get("done")),
+                timeline=timeline.timeline_section(events),
                 cancel_csrf=self.c.sessions.csrf(request.cookies.get(COOKIE))
                 if may_cancel else None))
         return await self.guarded(request, False, render)
@@ -319,7 +321,10 @@ class _Handlers:
             return JSONResponse({"run": _run_json(run), "maps": [
                 {"table": t.namespace, "state": t.mine.state, **t.mine.figures.as_dict(),
                  "sheet": None if t.counters is None else attrs.asdict(
-                     t.counters, value_serializer=_plain)} for t in tables]})
+                     t.counters, value_serializer=_plain)} for t in tables],
+                "timeline": [{"at": e.at.isoformat(), "event": e.kind.value, "text": e.text,
+                              "table": e.table} for e in await timeline.run_timeline(
+                                  port, run.org_id, run.play, run.run_id)]})
         return await self.guarded(request, True, render)
 
     async def live(self, request: Request) -> Response:
