@@ -69,7 +69,7 @@ def test_the_runs_list_is_kept_live(world, browser, tmp_path):  # noqa: F811
     try:
         page.evaluate("window.__notReloaded = true")
         page.wait_for_function(
-            "() => document.getElementById('live-runs').hasAttribute('data-updated')",
+            "() => document.getElementById('runs-list').hasAttribute('data-updated')",
             timeout=15_000)
         assert page.evaluate("window.__notReloaded") is True
         assert live.live_run in page.inner_text("#runs")
@@ -77,7 +77,7 @@ def test_the_runs_list_is_kept_live(world, browser, tmp_path):  # noqa: F811
         page.click("form.filters button")
         page.wait_for_url(re.compile(r"state=done"))
         page.wait_for_function(
-            "() => document.getElementById('live-runs').hasAttribute('data-updated')",
+            "() => document.getElementById('runs-list').hasAttribute('data-updated')",
             timeout=15_000)
         text = page.inner_text("#runs")
         assert live.alpha_run in text and live.live_run not in text

@@ -114,9 +114,9 @@ def message_page(title: str, text: str) -> str:
 # -- runs ---------------------------------------------------------------------------------------
 def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str | None,
               state: str | None, plays: list[str], next_epoch: int | None,
-              empty_schema: str | None = None, live: bool = False) -> str:
-    """The runs page; `empty_schema`: the schema named has no runplane tables yet; `live`:
-    the script keeps its list current (`/ui/live/runs`, the first page only)."""
+              empty_schema: str | None = None) -> str:
+    """The runs page; `empty_schema`: the schema named has no runplane tables yet. Its list
+    (`#runs-list`) is kept live once `with_live_runs` names its stream."""
     head = ["play", "run id", "state", "epoch", "started", "duration", *RUN_FIGURES]
     if show_org:
         head.insert(0, "org")
@@ -150,11 +150,8 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
     table = (f'<table id="runs"><thead><tr>{ths}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
              '<p class="muted">Each run\'s own figures, from its run history: what it admitted, '
              'found cached, completed, failed and retried (- : no map recorded yet).</p>'
-             if lines or live else "") + ("" if lines else '<p class="muted" id="no-runs">No runs.</p>')
-    if live and empty_schema is None:
-        feed = q("/ui/live/runs", org=org if show_org else None, play=play, state=state)
-        table = (f'<div id="live-runs" data-live="{feed}" data-show-org="{int(show_org)}">'
-                 f'{table}</div>')
+             ) + ("" if lines else '<p class="muted" id="no-runs">No runs.</p>')
+    table = f'<div id="runs-list" data-show-org="{int(show_org)}">{table}</div>'
     older = q("/ui/", org=org if show_org else None, play=play, state=state, before=next_epoch)
     more = (f'<p class="pager"><a id="older" href="{older}">Older runs →</a></p>'
             if next_epoch is not None else "")
@@ -166,6 +163,13 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
                  '(<code>runplane run …</code>) with this schema and its runs appear here; '
                  'the console itself creates nothing.</p>')
     return frame("Runs", f"<h1>Runs</h1>{filters}{table}{more}{open_runs}")
+
+
+def with_live_runs(page: str, *, org: str | None, play: str | None, state: str | None) -> str:
+    """The runs `page` with its list kept live by `/ui/live/runs` of the same filters (`org`:
+    for a viewer of every org)."""
+    feed = q("/ui/live/runs", org=org, play=play, state=state)
+    return page.replace('<div id="runs-list"', f'<div id="runs-list" data-live="{feed}"', 1)
 
 
 def run_url(org: str, play: str, run_id: str, show_org: bool) -> str:

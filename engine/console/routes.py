@@ -262,8 +262,10 @@ class _Handlers:
                 set() if viewer.every_play else set(viewer.plays)))
             page = pages.runs_page(got.runs, show_org=viewer.org is None, org=got.org,
                                    play=got.play, state=got.state, plays=plays,
-                                   next_epoch=got.next_epoch, empty_schema=got.empty_schema,
-                                   live=request.query_params.get("before") is None)
+                                   next_epoch=got.next_epoch, empty_schema=got.empty_schema)
+            if request.query_params.get("before") is None and got.empty_schema is None:
+                page = pages.with_live_runs(page, org=got.org if viewer.org is None else None,
+                                            play=got.play, state=got.state)
             if got.replica_lag_s is not None:
                 page = pages.with_notice(page, f"reading from a replica, "
                                                f"{got.replica_lag_s:.1f} s behind its primary")

@@ -72,8 +72,8 @@
 
 // The runs page: its list kept current from /ui/live/runs (the rows rebuilt with text nodes only).
 (function () {
-  var root = document.getElementById("live-runs");
-  if (!root || !window.EventSource) { return; }
+  var root = document.getElementById("runs-list");
+  if (!root || !root.hasAttribute("data-live") || !window.EventSource) { return; }
   var FIGURES = ["admitted", "cached", "completed", "failed", "retried"];
   var showOrg = root.getAttribute("data-show-org") === "1";
   var body = root.querySelector("#runs tbody"), none = document.getElementById("no-runs");
