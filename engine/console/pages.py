@@ -24,6 +24,8 @@ import urllib.parse
 from importlib import resources
 from typing import Iterable
 
+import attrs
+
 from .figures import RunFigures
 from .params import seg
 from .queries import RunRow, RunTable, TableCounters
@@ -305,10 +307,19 @@ def _value(text: str | None) -> str:
     return '<span class="muted">∅</span>' if text is None else f"<code>{esc(shorten(text))}</code>"
 
 
+@attrs.frozen
+class TableTools:
+    """What a table's page offers besides its rows: export links (label, URL) and the search
+    form by input value (`row_html.search_form`)."""
+
+    exports: tuple[tuple[str, str], ...]
+    search: str = ""
+
+
 def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org: bool,
-               status: str | None, key: str | None, exports: list[tuple[str, str]],
-               search: str = "") -> str:
-    """A table's page; `search` is its search form (`row_html.search_form`)."""
+               status: str | None, key: str | None, tools: TableTools) -> str:
+    """A table's page, with its export links and search form (`tools`)."""
+    exports, search = tools.exports, tools.search
     c = page.counters
     counts = "" if c is None else (
         '<div class="stats">' + "".join(_stat(name, name, getattr(c, name))

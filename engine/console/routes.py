@@ -368,8 +368,8 @@ class _Handlers:
                                      org=org if show_org else None, status=status))
                      for label, fmt in (("JSON lines", "jsonl"), ("CSV", "csv"))]
             return _html(pages.table_page(org, play, namespace, page, show_org=show_org,
-                                          status=status, key=key, exports=links,
-                                          search=search))
+                                          status=status, key=key,
+                                          tools=pages.TableTools(tuple(links), search)))
         return await self.guarded(request, False, render)
 
     async def export(self, request: Request) -> Response:
