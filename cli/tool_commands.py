@@ -1,4 +1,4 @@
-"""Commands about the installation itself: `doctor`, `psql`, `views`, `simulate`."""
+"""Commands about the installation itself: `doctor`, `psql`, `views`, `index`, `simulate`."""
 
 from __future__ import annotations
 
@@ -77,6 +77,38 @@ def views(args: argparse.Namespace) -> int:
     from .psql import refresh_views
 
     run_trio(refresh_views, args.dsn, args.schema, True)
+    return 0
+
+
+# -- index --------------------------------------------------------------------------------------
+def _index_options(parser: argparse.ArgumentParser) -> None:
+    _tenant_options(parser)
+    parser.add_argument("play", help="play name")
+    parser.add_argument("table", help="table namespace")
+    parser.add_argument("field", help="an input field of the table")
+
+
+@command("index", "index an input field of a table, so the console finds a row by its value at once")(_index_options)
+def index(args: argparse.Namespace) -> int:
+    from runplane.engine.errors import InvalidInputError
+    from runplane.engine.sheets.field_index import create_field_index
+    from runplane.engine.values.scopes import PlayScope
+
+    from .connect import require_tenant_schema
+    from .operators import UsageError
+
+    async def main() -> None:
+        async with open_port(args, access=Access.NO_DDL) as tenant:
+            await require_tenant_schema(tenant)
+            try:
+                made = await create_field_index(tenant, PlayScope(tenant.org_id, args.play),
+                                                args.table, args.field)
+            except InvalidInputError as exc:
+                raise UsageError(str(exc)) from None
+            say(f"index {made.name} of field {made.field!r} of {args.play}/{args.table}: "
+                f"{made.build.value}")
+
+    run_trio(main)
     return 0
 
 

@@ -24,6 +24,8 @@ import urllib.parse
 from importlib import resources
 from typing import Iterable
 
+import attrs
+
 from .figures import RunFigures
 from .params import seg
 from .queries import RunRow, RunTable, TableCounters
@@ -115,7 +117,8 @@ def message_page(title: str, text: str) -> str:
 def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str | None,
               state: str | None, plays: list[str], next_epoch: int | None,
               empty_schema: str | None = None) -> str:
-    """The runs page; `empty_schema`: the schema named has no runplane tables yet."""
+    """The runs page; `empty_schema`: the schema named has no runplane tables yet. Its list
+    (`#runs-list`) is kept live once `with_live_runs` names its stream."""
     head = ["play", "run id", "state", "epoch", "started", "duration", *RUN_FIGURES]
     if show_org:
         head.insert(0, "org")
@@ -149,7 +152,8 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
     table = (f'<table id="runs"><thead><tr>{ths}</tr></thead><tbody>{"".join(lines)}</tbody></table>'
              '<p class="muted">Each run\'s own figures, from its run history: what it admitted, '
              'found cached, completed, failed and retried (- : no map recorded yet).</p>'
-             if lines else '<p class="muted">No runs.</p>')
+             ) + ("" if lines else '<p class="muted" id="no-runs">No runs.</p>')
+    table = f'<div id="runs-list" data-show-org="{int(show_org)}">{table}</div>'
     older = q("/ui/", org=org if show_org else None, play=play, state=state, before=next_epoch)
     more = (f'<p class="pager"><a id="older" href="{older}">Older runs →</a></p>'
             if next_epoch is not None else "")
@@ -163,8 +167,21 @@ def runs_page(runs: list[RunRow], *, show_org: bool, org: str | None, play: str 
     return frame("Runs", f"<h1>Runs</h1>{filters}{table}{more}{open_runs}")
 
 
+def with_live_runs(page: str, *, org: str | None, play: str | None, state: str | None) -> str:
+    """The runs `page` with its list kept live by `/ui/live/runs` of the same filters (`org`:
+    for a viewer of every org)."""
+    feed = q("/ui/live/runs", org=org, play=play, state=state)
+    return page.replace('<div id="runs-list"', f'<div id="runs-list" data-live="{feed}"', 1)
+
+
 def run_url(org: str, play: str, run_id: str, show_org: bool) -> str:
     return q(f"/ui/runs/{seg(play)}/{seg(run_id)}", org=org if show_org else None)
+
+
+def row_url(org: str, play: str, namespace: str, key: str, show_org: bool) -> str:
+    """A row's page (`/ui/rows/PLAY/TABLE/KEY`)."""
+    return q(f"/ui/rows/{seg(play)}/{seg(namespace)}/{seg(key)}",
+             org=org if show_org else None)
 
 
 def table_url(kind: str, org: str, play: str, namespace: str, show_org: bool, **params: object) -> str:
@@ -225,9 +242,9 @@ def _stat(label: str, field: str, value: object, hint: str | None = None) -> str
 
 def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: str,
              workers: list = (), cancel_csrf: str | None = None,
-             notice: str | None = None) -> str:
+             notice: str | None = None, timeline: str = "") -> str:
     """A run's page; `cancel_csrf` (the session's form token) adds the cancel button, `notice`
-    says what an action just did."""
+    says what an action just did, `timeline` is its timeline (`timeline.timeline_section`)."""
     org = run.org_id
     parts = [f'<h1>Run <code>{esc(run.run_id)}</code> of play {esc(run.play)}</h1>',
              *([f'<p class="notice">{esc(notice)}</p>'] if notice else []),
@@ -271,6 +288,7 @@ def run_page(run: RunRow, tables: list[RunTable], *, show_org: bool, live_url: s
                'long (a large sheet); the figures above stay live.</p>'
                if t.top_errors is None else "")
             + "</section>")
+    parts.append(timeline)
     if workers:  # the play's shared-map workers (`runplane worker`, `run --workers`)
         rows = "".join(
             f'<tr><td class="num">{w.pid}</td><td>{esc(w.host)}</td><td class="num">'
@@ -289,8 +307,19 @@ def _value(text: str | None) -> str:
     return '<span class="muted">∅</span>' if text is None else f"<code>{esc(shorten(text))}</code>"
 
 
+@attrs.frozen
+class TableTools:
+    """What a table's page offers besides its rows: export links (label, URL) and the search
+    form by input value (`row_html.search_form`)."""
+
+    exports: tuple[tuple[str, str], ...]
+    search: str = ""
+
+
 def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org: bool,
-               status: str | None, key: str | None, exports: list[tuple[str, str]]) -> str:
+               status: str | None, key: str | None, tools: TableTools) -> str:
+    """A table's page, with its export links and search form (`tools`)."""
+    exports, search = tools.exports, tools.search
     c = page.counters
     counts = "" if c is None else (
         '<div class="stats">' + "".join(_stat(name, name, getattr(c, name))
@@ -313,7 +342,8 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
                '<button type="submit">Filter</button></form>')
     head = "".join(f"<th>{esc(f)}</th>" for f in page.fields)
     rows = "".join(
-        f'<tr><td><code>{esc(r["_key"])}</code></td><td>{esc(row_state(r["_status"]))}</td>'
+        f'<tr><td><a href="{row_url(org, play, namespace, r["_key"], show_org)}"><code>'
+        f'{esc(r["_key"])}</code></a></td><td>{esc(row_state(r["_status"]))}</td>'
         f'<td class="num">{esc(r["_attempts"])}</td>'
         + "".join(f"<td>{_value(r.get(f))}</td>" for f in page.fields)
         + f'<td>{esc(shorten(r["_error"]))}</td></tr>' for r in page.rows)
@@ -322,7 +352,8 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
             if page.rows else '<p class="muted">No rows.</p>')
     more = _next_link("tables", org, play, namespace, show_org, page.next, status=status, key=key)
     links = (f'<p><a href="{table_url("failures", org, play, namespace, show_org)}">failures</a></p>')
-    body = (f"<h1>Table {esc(namespace)} of play {esc(play)}</h1>{links}{counts}{filters}{grid}"
+    body = (f"<h1>Table {esc(namespace)} of play {esc(play)}</h1>{links}{counts}{search}"
+            f"{filters}{grid}"
             f"{more}{columns_table}{export}")
     return frame(f"Table {namespace}", body)
 
@@ -368,20 +399,24 @@ def failures_page(org: str, play: str, namespace: str, page: RowsPage,
         text = "{" + ", ".join(f"{json.dumps(f)}: {v}" for f, v in shown.items()) + "}"
         error = r["_error"] or "(no message)"
         lines.append(
-            f'<tr><td><code>{esc(r["_key"])}</code></td><td class="num">{esc(r["_attempts"])}</td>'
+            f'<tr><td><a href="{row_url(org, play, namespace, r["_key"], show_org)}"><code>'
+            f'{esc(r["_key"])}</code></a></td><td class="num">{esc(r["_attempts"])}</td>'
             f'<td><details><summary>{esc(shorten(error, 80))}</summary><pre class="mono">'
             f'{esc(error)}</pre></details></td><td><code>{esc(shorten(text, 400))}</code></td></tr>')
     grid = (f'<table id="failures"><thead><tr><th>key</th><th class="num">attempts</th>'
             f'<th>error</th><th>inputs</th></tr></thead><tbody>{"".join(lines)}</tbody></table>'
             if lines else '<p class="muted">No failed rows.</p>')
     top = _cause_rows(errors or (), org, play, namespace, show_org)
-    top_table = f'<h2>Most common errors</h2>{_cause_table(top)}' if top else ""
+    heading = "<h2>Most common errors, by cause</h2>"
+    top_table = f'{heading}<div id="causes">{_cause_table(top)}</div>' if top else ""
     if errors is None:
-        top_table = f"<h2>Most common errors</h2><p>{UNKNOWN} (counting them took too long)</p>"
+        top_table = f"{heading}<p>{UNKNOWN} (counting them took too long)</p>"
     more = _next_link("failures", org, play, namespace, show_org, page.next, cause=cause)
     back = f'<p><a href="{table_url("tables", org, play, namespace, show_org)}">all rows</a></p>'
     if cause is not None:  # the filter: the rows of one cause, and the way back to all of them
-        back += (f'<p id="cause">Failures of cause <code>{esc(cause)}</code> · <a href="'
+        count = next((c.count for c in errors or () if c.pattern == cause), None)
+        rows_of = "" if count is None else f" ({count} row{'s' if count != 1 else ''})"
+        back += (f'<p id="cause">Failures of cause <code>{esc(cause)}</code>{rows_of} · <a href="'
                  f'{table_url("failures", org, play, namespace, show_org)}">all failures</a></p>')
     body = f"<h1>Failures of table {esc(namespace)} of play {esc(play)}</h1>{back}{grid}{more}{top_table}"
     return frame(f"Failures of {namespace}", body)

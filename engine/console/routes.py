@@ -46,7 +46,8 @@ from ..ports import Port
 from ..runs.outbox import OutboxState
 from ..sheets.model import RowStatus
 from ..values.scopes import PlayScope, RunScope, normalize_namespace
-from . import actions, export, live, origin, pages, params, queries, rows
+from . import (actions, export, live, live_runs, origin, pages, params, queries, row_routes,
+               rows, timeline)
 from .auth import COOKIE, Sessions, Viewer
 from .login import LoginRoutes
 from .words import ROW_STATE_WORDS
@@ -119,10 +120,17 @@ def console_app(console: Console) -> ASGIApp:
               methods=["POST"]),
         Route("/tables/{play}/{table}", h.table, methods=["GET"]),
         Route("/failures/{play}/{table}", h.failures, methods=["GET"]),
+        Route("/rows/{play}/{table}/{key}", functools.partial(row_routes.row, h), methods=["GET"]),
+        Route("/api/rows/{play}/{table}/{key}", functools.partial(row_routes.api_row, h),
+              methods=["GET"]),
+        Route("/search/{play}/{table}", functools.partial(row_routes.find, h), methods=["GET"]),
+        Route("/api/search/{play}/{table}", functools.partial(row_routes.api_find, h),
+              methods=["GET"]),
         Route("/api/runs", h.api_runs, methods=["GET"]),
         Route("/api/runs/{play}/{run_id}", h.api_run, methods=["GET"]),
         Route("/api/tables/{play}/{table}", h.api_table, methods=["GET"]),
         Route("/api/failures/{play}/{table}", h.api_failures, methods=["GET"]),
+        Route("/live/runs", functools.partial(live_runs.stream_runs, h), methods=["GET"]),
         Route("/live/runs/{play}/{run_id}", h.live, methods=["GET"]),
         Route("/export/{play}/{table}.{fmt}", h.export, methods=["GET"]),
     ])
@@ -255,6 +263,9 @@ class _Handlers:
             page = pages.runs_page(got.runs, show_org=viewer.org is None, org=got.org,
                                    play=got.play, state=got.state, plays=plays,
                                    next_epoch=got.next_epoch, empty_schema=got.empty_schema)
+            if request.query_params.get("before") is None and got.empty_schema is None:
+                page = pages.with_live_runs(page, org=got.org if viewer.org is None else None,
+                                            play=got.play, state=got.state)
             if got.replica_lag_s is not None:
                 page = pages.with_notice(page, f"reading from a replica, "
                                                f"{got.replica_lag_s:.1f} s behind its primary")
@@ -295,9 +306,11 @@ class _Handlers:
             live = pages.q(f"/ui/live/runs/{params.seg(run.play)}/{params.seg(run.run_id)}",
                            org=run.org_id if show_org else None)
             may_cancel = viewer.may(actions.CANCEL) and self.c.writer_for is not None
+            events = await timeline.run_timeline(port, run.org_id, run.play, run.run_id)
             return _html(pages.run_page(
                 run, tables, show_org=show_org, live_url=live.replace("&amp;", "&"),
                 workers=workers, notice=actions.DONE_WORDS.get(request.query_params.get("done")),
+                timeline=timeline.timeline_section(events),
                 cancel_csrf=self.c.sessions.csrf(request.cookies.get(COOKIE))
                 if may_cancel else None))
         return await self.guarded(request, False, render)
@@ -310,7 +323,10 @@ class _Handlers:
             return JSONResponse({"run": _run_json(run), "maps": [
                 {"table": t.namespace, "state": t.mine.state, **t.mine.figures.as_dict(),
                  "sheet": None if t.counters is None else attrs.asdict(
-                     t.counters, value_serializer=_plain)} for t in tables]})
+                     t.counters, value_serializer=_plain)} for t in tables],
+                "timeline": [{"at": e.at.isoformat(), "event": e.kind.value, "text": e.text,
+                              "table": e.table} for e in await timeline.run_timeline(
+                                  port, run.org_id, run.play, run.run_id)]})
         return await self.guarded(request, True, render)
 
     async def live(self, request: Request) -> Response:
@@ -344,13 +360,16 @@ class _Handlers:
 
     async def table(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
-            _, org, play, namespace, page, status, key = await self._page(request, viewer, False)
+            port, org, play, namespace, page, status, key = await self._page(request, viewer, False)
             show_org = viewer.org is None
+            search = await row_routes.table_search(port, org, play, namespace, page,
+                                                   show_org=show_org)
             links = [(label, pages.q(f"/ui/export/{params.seg(play)}/{params.seg(namespace)}.{fmt}",
                                      org=org if show_org else None, status=status))
                      for label, fmt in (("JSON lines", "jsonl"), ("CSV", "csv"))]
             return _html(pages.table_page(org, play, namespace, page, show_org=show_org,
-                                          status=status, key=key, exports=links))
+                                          status=status, key=key,
+                                          tools=pages.TableTools(tuple(links), search)))
         return await self.guarded(request, False, render)
 
     async def export(self, request: Request) -> Response:
@@ -375,7 +394,7 @@ class _Handlers:
     async def failures(self, request: Request) -> Response:
         async def render(viewer: Viewer) -> Response:
             port, org, play, namespace, page, _, _ = await self._page(request, viewer, True)
-            errors = await rows.top_errors(port, org, play, namespace)
+            errors = await rows.top_errors(port, org, play, namespace, limit=rows.FAILURE_CAUSES)
             return _html(pages.failures_page(org, play, namespace, page, errors,
                                              show_org=viewer.org is None,
                                              cause=_cause(request)))
@@ -393,7 +412,7 @@ class _Handlers:
                                                     page.next.key]
         body: JsonObject = {"fields": page.fields, "rows": page.rows, "next": following}
         if failed_only:  # the commonest causes (None: counting them took too long)
-            causes = await rows.top_errors(port, org, play, namespace)
+            causes = await rows.top_errors(port, org, play, namespace, limit=rows.FAILURE_CAUSES)
             body["causes"] = None if causes is None else [attrs.asdict(c) for c in causes]
         return JSONResponse(body)
 

@@ -22,10 +22,13 @@ from ..sheets.counters import column_source, summary_source
 from ..sheets.model import RowStatus
 from ..sheets.reading import shown_cell
 from ..sql import quote_ident
-from ..sheets.audit import sheets_with_causes
-from ..sheets.causes import ErrorCause
-from .queries import (MAX_FIELDS, ROWS_PAGE, TableCounters, _counters, _present, cause_sql, layout,
-                      read, scan, top_causes)
+from ..sheets.audit import cause_counts, cause_counts_sql, sheets_with_causes
+from ..sheets.causes import ErrorCause, group_causes
+from .queries import (CAUSE_GROUPS, MAX_FIELDS, ROWS_PAGE, TOP_ERRORS, TableCounters, _counters,
+                      _present, cause_sql, layout, read, scan)
+
+FAILURE_CAUSES = 20  # causes listed on a table's failures page
+
 
 @attrs.frozen
 class Cursor:
@@ -182,16 +185,32 @@ async def rows_page(port: Port, org: str, play: str, namespace: str,
 
 
 async def top_errors(port: Port, org: str, play: str, namespace: str,
-                     run_id: str | None = None) -> list[ErrorCause] | None:
-    """The commonest causes of the table's failed rows (`sheets.causes`; a scan under the
-    console's scan timeout; None when it ran past it)."""
+                     run_id: str | None = None, *,
+                     limit: int = TOP_ERRORS) -> list[ErrorCause] | None:
+    """The `limit` commonest causes of the table's failed rows (`sheets.causes`; None when
+    counting them ran past the console's scan timeout). A table's causes (no `run_id`) are
+    counted from its partial cause index (its failed rows only, never a scan of the sheet) when
+    that accounts for every failed row of its counters; otherwise (rows failed before causes
+    were stored, one run's rows) they are a scan under the scan timeout."""
     sheet = layout(port, org, play, namespace)
+    counters_sql = _ONE_TABLE.format(summary=summary_source(port),
+                                     in_call=row_calls.in_call_sql(port, "s"))
+
+    def fold(records: list[Record]) -> list[ErrorCause]:
+        return group_causes(cause_counts(records))[:limit]
 
     async def op(conn: Connection) -> list[ErrorCause] | None:
         if not await _present(conn, port, sheet):
             return []
+        if run_id is None and await sheets_with_causes(conn, [sheet.qualified]):
+            stored = await scan(conn, cause_counts_sql(sheet.qualified, True, CAUSE_GROUPS,
+                                                       stored_only=True), None)
+            counters = await conn.fetchrow(counters_sql, *sheet.counter_args)
+            failed = 0 if counters is None else counters["failed"]
+            if stored is not None and sum(r["n"] for r in stored) == failed:
+                return fold(stored)
         (sql,) = await cause_sql(conn, [sheet])
         found = await scan(conn, sql, run_id)
-        return None if found is None else top_causes(found)
+        return None if found is None else fold(found)
 
     return await read(port, op)

@@ -140,7 +140,7 @@ SELECT {cause} AS cause, CASE WHEN {cause} IS NULL THEN _error END AS message, c
        count(DISTINCT _error) + (count(*) FILTER (WHERE _error IS NULL) > 0)::int AS variants,
        mode() WITHIN GROUP (ORDER BY _error) AS example, count(*) OVER () AS groups
   FROM {t}
- WHERE _status = {FAILED} AND ($1::text IS NULL OR _run_id = $1::text)
+ WHERE _status = {FAILED} AND ($1::text IS NULL OR _run_id = $1::text){stored}
  GROUP BY 1, 2 ORDER BY n DESC, cause ASC NULLS LAST, message ASC NULLS LAST LIMIT {limit}
 """)
 
@@ -154,10 +154,14 @@ SELECT coalesce(array_agg(u.t), '{}') FROM unnest($1::text[]) AS u(t)
 CAUSE_GROUPS_READ = 2000  # groups read before folding; past it the rarest are left out
 
 
-def cause_counts_sql(qualified: str, has_cause: bool, limit: int = CAUSE_GROUPS_READ) -> str:
-    """The statement counting the failed rows of the sheet `qualified` by cause (see above)."""
+def cause_counts_sql(qualified: str, has_cause: bool, limit: int = CAUSE_GROUPS_READ, *,
+                     stored_only: bool = False) -> str:
+    """The statement counting the failed rows of the sheet `qualified` by cause (see above);
+    `stored_only`: only rows with a stored cause, a range of the sheet's partial cause index
+    (the failed rows) instead of a scan of the whole sheet."""
+    stored = " AND _cause IS NOT NULL" if stored_only and has_cause else ""
     return _CAUSE_COUNTS.format(cause="_cause" if has_cause else "NULL::text", t=qualified,
-                                limit=int(limit))
+                                limit=int(limit), stored=stored)
 
 
 def cause_counts(records: Iterable[Record]) -> list[CauseCount]:

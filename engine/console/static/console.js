@@ -69,3 +69,65 @@
     if (source.readyState === EventSource.CLOSED) { root.setAttribute("data-closed", "1"); }
   };
 })();
+
+// The runs page: its list kept current from /ui/live/runs (the rows rebuilt with text nodes only).
+(function () {
+  var root = document.getElementById("runs-list");
+  if (!root || !root.hasAttribute("data-live") || !window.EventSource) { return; }
+  var FIGURES = ["admitted", "cached", "completed", "failed", "retried"];
+  var showOrg = root.getAttribute("data-show-org") === "1";
+  var body = root.querySelector("#runs tbody"), none = document.getElementById("no-runs");
+
+  function duration(s) {
+    s = Math.floor(s);
+    if (s < 60) { return s + "s"; }
+    if (s < 3600) { return Math.floor(s / 60) + "m " + String(s % 60).padStart(2, "0") + "s"; }
+    return Math.floor(s / 3600) + "h " + String(Math.floor(s % 3600 / 60)).padStart(2, "0") + "m";
+  }
+  function started(iso) {
+    return new Date(iso).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+  }
+  function cell(row, text, cls) {
+    var td = document.createElement("td");
+    if (cls) { td.className = cls; }
+    if (text !== null) { td.textContent = String(text); }
+    row.appendChild(td);
+    return td;
+  }
+  function line(run) {
+    var tr = document.createElement("tr");
+    tr.setAttribute("data-run", run.run_id);
+    if (showOrg) { cell(tr, run.org); }
+    cell(tr, run.play);
+    var link = document.createElement("a"), code = document.createElement("code");
+    link.href = "/ui/runs/" + encodeURIComponent(run.play) + "/" + encodeURIComponent(run.run_id)
+      + (showOrg ? "?org=" + encodeURIComponent(run.org) : "");
+    code.textContent = run.run_id;
+    link.appendChild(code);
+    cell(tr, null).appendChild(link);
+    var state = document.createElement("span");
+    state.className = "state-" + run.state;
+    state.textContent = run.state;
+    cell(tr, null).appendChild(state);
+    cell(tr, run.epoch, "num");
+    cell(tr, started(run.started));
+    cell(tr, duration(run.duration_s));
+    FIGURES.forEach(function (name) {
+      var td = cell(tr, run.figures === null ? "-" : run.figures[name], "num");
+      td.setAttribute("data-figure", name);
+    });
+    return tr;
+  }
+  var source = new EventSource(root.getAttribute("data-live"));
+  source.addEventListener("runs", function (event) {
+    var data = JSON.parse(event.data);
+    if (!body) { return; }
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    data.runs.forEach(function (run) { body.appendChild(line(run)); });
+    if (none) { none.hidden = data.runs.length > 0; }
+    root.setAttribute("data-updated", String(Date.now()));
+  });
+  source.onerror = function () {
+    if (source.readyState === EventSource.CLOSED) { root.setAttribute("data-closed", "1"); }
+  };
+})();
