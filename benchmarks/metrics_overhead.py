@@ -13,7 +13,7 @@ alternating which goes first so a load swing between rounds cancels out. The row
 (`MapTally` pushing deltas as it reports) run either way: they cost a few additions per report,
 not per row. `--metrics-only` leaves tracing off on both sides (and works without the `otel`
 extra). Prints rows/s of both sides (medians of rounds) and the median of the per-round ratios
-on/off (target >= 0.97, SPEC §31).
+on/off (target >= 0.97, SPEC §31), and the same ratio of this process's CPU seconds (off/on).
 
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
@@ -82,19 +82,20 @@ class Tracing:
 
 
 async def one_side(run, table: str, rows: int, concurrency: int, on: bool,
-                   traced: Tracing) -> float:
+                   traced: Tracing) -> tuple[float, float]:
+    """rows/s, and this process's CPU seconds, of one map."""
     metrics.set_enabled(on)
     traced.switch(on)
     try:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = await run.map(table, stream(rows), noop, contract=CONTRACT,
                                concurrency=concurrency)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
         metrics.set_enabled(True)
         traced.switch(True)
     assert result.completed == rows, result
-    return rows / elapsed
+    return rows / elapsed, cpu
 
 
 async def measure(dsn: str, rows: int, rounds: int, concurrency: int, traced: Tracing) -> None:
@@ -103,7 +104,7 @@ async def measure(dsn: str, rows: int, rounds: int, concurrency: int, traced: Tr
     traced.switch(True)  # the run's own span, when traced
     async with open_tenant("bench", dsn, schema=schema) as tenant:
         try:
-            on_rates, off_rates, ratios = [], [], []
+            on_rates, off_rates, ratios, cpu_ratios = [], [], [], []
             async with open_run(tenant, "bench") as run:
                 for r in range(rounds):
                     order = (True, False) if r % 2 == 0 else (False, True)
@@ -111,15 +112,19 @@ async def measure(dsn: str, rows: int, rounds: int, concurrency: int, traced: Tr
                     for on in order:
                         got[on] = await one_side(run, f"{'on' if on else 'off'}_{r}", rows,
                                                  concurrency, on, traced)
-                    on_rates.append(got[True])
-                    off_rates.append(got[False])
-                    ratios.append(got[True] / got[False])
+                    on_rates.append(got[True][0])
+                    off_rates.append(got[False][0])
+                    ratios.append(got[True][0] / got[False][0])
+                    cpu_ratios.append(got[False][1] / got[True][1])
             sampled = f"; row spans sampled at {traced.ratio:g}" if traced.provider else ""
             print(f"{what} on:  {statistics.median(on_rates):,.0f} rows/s over {rows:,} rows "
                   f"(median of {rounds}{sampled})")
             print(f"{what} off: {statistics.median(off_rates):,.0f} rows/s")
             print(f"ratio on/off: {statistics.median(ratios):.3f} (per round: "
                   f"{', '.join(f'{x:.3f}' for x in ratios)}; target >= 0.97)")
+            print(f"CPU seconds of this process off/on: {statistics.median(cpu_ratios):.3f} "
+                  f"(per round: {', '.join(f'{x:.3f}' for x in cpu_ratios)}; steadier than "
+                  "rows/s when other work shares the machine)")
         finally:
             tracing.configure(None)
             if traced.provider is not None:
