@@ -121,7 +121,7 @@ def decide() -> bool:
     if provider is not None:
         from opentelemetry import trace
 
-        if type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider":
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # none set
             trace.set_tracer_provider(provider)
         configure(provider, ratio)
     return ON
