@@ -17,7 +17,8 @@ How it works
   the argument, before any query). Where and how it writes is its `write`, one
   `engine.sheets.sheet_write.SheetWrite` built (and so checked) with the plan and passed whole
   to the store calls the actors make — `admit`, `probe`, `complete` — which are retried
-  through transient faults (`actors.retry`).
+  through transient faults (`actors.retry`), each in a batch span when tracing is on
+  (`engine.observability.tracing`: `runplane.admission`, `runplane.completion`).
 - `MapState` is everything the map changes while it runs, owned by `map_rows` and changed only
   by its actors (all in one trio thread, so plain updates are atomic between checkpoints). Its
   methods are named after the actor that calls them:
@@ -46,6 +47,7 @@ import trio
 
 from runplane.engine.canonical import JsonObject
 from runplane.engine.limits.bounds import is_int, is_number
+from runplane.engine.observability import tracing
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
 from runplane.engine.shared import maps as sm
@@ -205,10 +207,9 @@ class MapPlan:
         retried through transient faults)."""
         write = self.write if cache_hits == "count" else attrs.evolve(self.write,
                                                                        cache_hits=cache_hits)
-        return await retry_transient(lambda: admit_write(
-            self.port, write, AdmitBatch(rows, input_offset, keys, staged_page=staged_page,
-                                         texts=texts),
-        ))
+        with tracing.batch(tracing.SpanName.ADMISSION, len(rows)):
+            return await retry_transient(lambda: admit_write(self.port, write, AdmitBatch(
+                rows, input_offset, keys, staged_page=staged_page, texts=texts)))
 
     async def probe(self, rows: list[JsonObject], input_offset: int, *,
                     keys: list[str] | None = None) -> Admission | None:
@@ -220,8 +221,9 @@ class MapPlan:
     async def probe_keyed(self, rows: list[JsonObject], input_offset: int, *,
                           keys: list[str] | None = None) -> tuple[Admission | None, list[str]]:
         """`probe`, and the keys of the probed rows (for the reuse the map records)."""
-        return await retry_transient(lambda: probe_keyed(
-            self.port, self.write, rows, input_offset=input_offset, keys=keys))
+        with tracing.span(tracing.SpanName.ADMISSION, rows=len(rows), probe=True):
+            return await retry_transient(lambda: probe_keyed(
+                self.port, self.write, rows, input_offset=input_offset, keys=keys))
 
     def row_keys(self, rows: list[JsonObject]) -> list[str]:
         """The keys admission gives `rows` (a streamed page's, whose keys were not computed)."""
@@ -230,7 +232,8 @@ class MapPlan:
 
     async def complete(self, outcomes: list[RowOutcome]) -> Completion:
         """Write outcomes, fenced by the run's write version (retried through transient faults)."""
-        return await retry_transient(lambda: complete_write(self.port, self.write, outcomes))
+        with tracing.batch(tracing.SpanName.COMPLETION, len(outcomes)):
+            return await retry_transient(lambda: complete_write(self.port, self.write, outcomes))
 
 
 @attrs.define(eq=False)

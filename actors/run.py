@@ -47,7 +47,7 @@ from runplane.engine.array_input import Occurrence
 from runplane.engine.canonical import JsonObject, JsonValue
 from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
                                      StoreUnavailableError, leaf_errors)
-from runplane.engine.observability import context as where
+from runplane.engine.observability import context as where, tracing
 from runplane.engine.opening import outage_budget
 from runplane.engine.ports import Port
 from runplane.engine.receipts import Claim, Receipt
@@ -226,7 +226,7 @@ class Run:
             raise TypeError(f"Run.map() got an unexpected keyword argument {given[0]!r} (a "
                             "shared map's: it needs workers=N or shared=True)")
         plan = self._plan(table_namespace, contract, fn, options)
-        with where.bound(map=normalize_namespace(table_namespace)):  # log and metric fields
+        with where.bound(map=normalize_namespace(table_namespace)), tracing.mapped(table_namespace):
             if spread:
                 result = await self._map_shared(source, plan, options, workers)
             else:
@@ -376,6 +376,7 @@ async def open_run(
         raise InvalidInputError(f"attempt must be an engine.sheets.Attempt, got {attempt!r}")
     scope = RunScope(tenant.org_id, play, runs.new_run_id() if run_id is None else run_id)
     watch = OutageWatch(outage_budget(tenant.settings.outage_budget_s))
+    traced = tracing.enter_run(scope.org_id, scope.play, scope.run_id)  # the run's span
     token = install_watch(watch)  # the run's tasks inherit it, and its log fields
     fields = where.enter(org=scope.org_id, play=scope.play, run_id=scope.run_id)
     try:
@@ -389,13 +390,14 @@ async def open_run(
                     run._nursery = nursery
                     yield run
         except BaseException as exc:  # classified, then re-raised unchanged
-            error = exc
+            error = traced.error = exc
             raise
         finally:
             run._nursery = None
             if retire_on_exit and is_terminal(error) and not ended_by_outage(error):
                 await guard_retirement(tenant, scope, lease_s=lease_s)
     finally:
+        tracing.leave(traced)
         where.leave(fields)
         reset_watch(token)
 

@@ -14,6 +14,8 @@ How it works
   queue (`actors.backoff`) and the worker goes on with the next row — the **releaser**
   (`release_retries`) sends it back to the workers when its backoff is over. The outcome
   records the calls the row took.
+- A sampled row call (tracing on, `RUNPLANE_TRACE_ROWS_RATIO` of them, default 1 %) runs
+  inside a `runplane.row` span (`engine.observability.tracing`); tracing off, one check.
 - Each computed outcome enters the map's ledger at once (`MapState.record`); a batch is handed
   to the completer when done, or after `HAND_ON_S` for a slow function.
 Who calls: `actors.mapper.map_rows` starts these actors; `call_row` is also the shared
@@ -26,6 +28,7 @@ import trio
 
 from runplane.engine.canonical import normalize_fast
 from runplane.engine.errors import InvalidInputError
+from runplane.engine.observability import tracing
 from runplane.engine.sheets import AdmittedRow, OutcomeStatus, RowOutcome
 from runplane.engine.sheets.causes import cause_of
 from runplane.engine.sheets.inputs import completed_outcome
@@ -113,7 +116,10 @@ async def run_row(plan: MapPlan, state: MapState, admitted: AdmittedRow) -> RowO
         if state.stopping:
             return None
     state.count_call(calls)
-    outcome, error = await call_row(plan, admitted, calls)
+    if tracing.ROWS and tracing.sampled():  # a sampled row call gets a span (off: one check)
+        outcome, error = await tracing.row_call(call_row(plan, admitted, calls), admitted.key, calls)
+    else:
+        outcome, error = await call_row(plan, admitted, calls)
     if error is None:
         outcome = state.storable(plan.contract, outcome)
         state.observe(outcome, None)

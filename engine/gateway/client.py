@@ -11,6 +11,8 @@ How it works
   (`RetryPolicy`: answered attempts spend a ladder, unreachable ones a time budget; a
   completion has a total deadline). A 200 whose JSON object has no `result` is a server that
   does not speak this protocol: `GatewayUnavailableError` at once.
+- Traces (`engine.observability.tracing`): an operation, its retries included, is one client
+  span, and its requests carry W3C `traceparent` naming it.
 - One operation keeps one request id across its retries, so the server answers a retry of a
   write it already applied from its replay cache; every action is idempotent besides.
 - `sheets.admit`, `sheets.complete` and `sheets.probe` are sent their own way
@@ -40,6 +42,7 @@ from ..canonical import JsonValue
 from ..ports import PortSettings
 from ..diagnostics import DiagnosticsQueue
 from ..errors import EngineError, GatewayUnavailableError, InvalidInputError
+from ..observability import tracing
 from ..permits import Permits
 from .. import pg
 from . import protocol
@@ -145,10 +148,11 @@ class Gateway(RemotePort):
         url = self._urls.get(action.name)
         if url is None:
             url = self._urls[action.name] = httpx.URL(self.url + protocol.ACTIONS_PATH + action.name)
-        answer = await with_retries(
-            self.retry, self.stats, action.name, self._where, budget,
-            attempt_timeout(self.retry, action),
-            lambda t: attempt(self._client, self._permits, "POST", url, t, body, headers))
+        with tracing.client_action(action.name, headers):  # a span; `traceparent` in headers
+            answer = await with_retries(
+                self.retry, self.stats, action.name, self._where, budget,
+                attempt_timeout(self.retry, action),
+                lambda t: attempt(self._client, self._permits, "POST", url, t, body, headers))
         if "result" not in answer:
             raise GatewayUnavailableError(
                 f"{action.name}: the gateway at {self.url} answered HTTP 200 with no result")
@@ -202,6 +206,7 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise InvalidInputError("retry must be a RetryPolicy or None")
     session_limits = SessionLimits.of(session_limits)
+    tracing.decide()  # traces on or off (a bad RUNPLANE_TRACE_ROWS_RATIO refused), once
     org = unverified_org(token.strip())
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
     async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) as client:

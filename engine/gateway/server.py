@@ -54,7 +54,8 @@ How it works
   and p50/p99 latency. Tokens never reach a log line or an error message, and text from a
   request reaches one only escaped (`guards.printable`). Each answer is also counted in
   `runplane_gateway_requests_total{action,code}` and `runplane_gateway_request_seconds`, served
-  at `GET /metrics` to the operator's `RUNPLANE_METRICS_TOKEN` (`engine.observability`).
+  at `GET /metrics` to the operator's `RUNPLANE_METRICS_TOKEN` (`engine.observability`), and
+  with tracing on answered in a span, child of the client's `traceparent` (`tracing.served`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ from ..canonical import JsonValue
 from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError, TooManySessionsError
 from ..limits.bounds import is_int, is_number
-from ..observability import metrics
+from ..observability import metrics, tracing
 from ..observability.exposition import METRICS_PATH, metrics_route
 from ..sessions import MintContext
 from ..tokens import VerifiedTokens
@@ -272,7 +273,7 @@ class Server:
                        receive: Receive) -> tuple[int, bytes]:
         """The status and JSON body answering action `name`, counted in the metrics."""
         started = time.perf_counter()
-        status, body = await self._respond_to(name, headers, receive)
+        status, body = await tracing.served(name, headers, self._respond_to, receive)  # a span
         metrics.gateway_request(name, status, time.perf_counter() - started)
         return status, body
 
@@ -414,8 +415,8 @@ async def open_server(*, secret: str, dsn: str | None = None, schema: str = "run
     `Secure` when the browser reached it over https."""
     if not isinstance(secret, str) or not secret:
         raise InvalidInputError("the gateway needs a non-empty signing secret")
-    if options is None:
-        options = ServerOptions()
+    options = ServerOptions() if options is None else options
+    tracing.decide()  # traces on or off, a bad RUNPLANE_TRACE_ROWS_RATIO refused, at the start
     resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
     tenants = OrgTenants(resolved, schema, options.tenant_options, options.max_connections)
     server = Server(secret, options, tenants)

@@ -231,6 +231,11 @@ def know_actions(names: Iterable[str]) -> None:
     _actions.known.update(names)
 
 
+def action_label(action: str) -> str:
+    """`action` as the `action` label takes it: a known action's name, else `other`."""
+    return _actions(action)
+
+
 def gateway_request(action: str, code: int, seconds: float) -> None:
     label = _actions(action)
     GATEWAY_REQUESTS.labels(label, _codes(str(code))).inc()
