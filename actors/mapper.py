@@ -119,7 +119,7 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
                     nursery.start_soon(listed_source.count_sheet_rows, plan.ref.scope.play_scope)
     stopping = stop.scope() if stop is not None else contextlib.nullcontext()
     try:
-        with stopping, unwrap_single_error(Exception):
+        with stopping as stop_scope, unwrap_single_error(Exception):
             async with trio.open_nursery() as nursery:
                 # Capacities: one streamed page ahead of admission (a list is read in place);
                 # about two batches per worker in each
@@ -145,7 +145,7 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
                     await nursery.start(stream_pages, source, plan.page_rows, pages_send)
     finally:
         await flush_unsettled(plan, state)
-    if stop is not None and stop.cancelled:
+    if stop_scope is not None and stop_scope.cancelled_caught:  # not a map that just finished
         state.stop_early(stop.reason)
         replay = None  # the list was not gone through: nothing to record for reruns
     await record_reuse(plan, state)
