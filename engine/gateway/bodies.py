@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Iterable
 
 import attrs
-from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from ..actions import Action
@@ -37,13 +36,15 @@ class Refusal(Exception):
 
 async def read_body(receive: Receive, limit: int) -> bytes:
     """The request body from ASGI `receive`: `Refusal` (413) as soon as it grows past `limit`
-    bytes (the rest is never read); a client that went away raises `ClientDisconnect`."""
+    bytes (the rest is never read); a client that went away before its body arrived is a
+    `Refusal` too (499, `client_disconnected`: counted, answered to nobody, no traceback)."""
     chunks = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            raise ClientDisconnect()
+            raise Refusal("the client went away before its request body arrived",
+                          "client_disconnected", 499)
         chunk = message.get("body", b"")
         if chunk:
             size += len(chunk)
