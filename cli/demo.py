@@ -245,27 +245,7 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
             raise RunUnfinished(f"run {run.run_id} stopped after {executed} executed rows "
                                 "(--crash-after: a simulated crash)")
         summary = await sheets.summary(tenant, run.scope.play_scope, TABLE)
-        console.print(summary_table("runplane demo", [
-            ("run id", run.run_id),
-            ("epoch", run.epoch),
-            ("source rows", len(rows)),
-            ("admitted", result.admitted),
-            ("cached", result.cached),
-            ("executed", result.executed),
-            ("completed", result.completed),
-            ("failed", result.failed),
-            ("blocked", result.blocked),
-            ("fenced", result.fenced),
-            ("tool calls", bars.last.calls if bars.last else 0),
-            ("retried", result.retried),
-            *([("superseded by", result.superseded_by or "a newer run")]
-              if result.superseded else []),
-            ("elapsed s", f"{elapsed:.2f}"),
-            ("rows/s", f"{len(rows) / elapsed:,.0f}" if elapsed > 0 else "-"),
-            ("sheet total", summary.total),
-            ("sheet enriched", summary.completed),
-            ("sheet failed", summary.failed),
-        ]))
+        console.print(_summary(run, len(rows), result, bars, elapsed, summary))
         say(f"demo: run {run.run_id} admitted {result.admitted} cached {result.cached} "
             f"executed {result.executed} completed {result.completed} failed {result.failed}")
         if result.retried:
@@ -279,3 +259,30 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
         failed = await print_failure_summary(tenant, run.scope.play_scope, run.run_id)
     say("run retired; run `runplane demo` again to see the cache")
     return failed
+
+
+
+def _summary(run: Run, source_rows: int, result: MapResult, bars: LiveBars, elapsed: float,
+             summary: sheets.Summary):
+    """The demo's closing table: what the run did, how fast, and the sheet after it."""
+    return summary_table("runplane demo", [
+        ("run id", run.run_id),
+        ("epoch", run.epoch),
+        ("source rows", source_rows),
+        ("admitted", result.admitted),
+        ("cached", result.cached),
+        ("executed", result.executed),
+        ("completed", result.completed),
+        ("failed", result.failed),
+        ("blocked", result.blocked),
+        ("fenced", result.fenced),
+        ("tool calls", bars.last.calls if bars.last else 0),
+        ("retried", result.retried),
+        *([("superseded by", result.superseded_by or "a newer run")]
+          if result.superseded else []),
+        ("elapsed s", f"{elapsed:.2f}"),
+        ("rows/s", f"{source_rows / elapsed:,.0f}" if elapsed > 0 else "-"),
+        ("sheet total", summary.total),
+        ("sheet enriched", summary.completed),
+        ("sheet failed", summary.failed),
+    ])

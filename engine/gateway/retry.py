@@ -11,7 +11,7 @@ How it works
   `unreachable_budget_s` after the operation began. A 503 that names a wait (`retry_after_ms`
   or `Retry-After`: the gateway is at its connection budget, or its store is away) is an outage
   too: it spends no answered attempt, waits what the server asked and is ridden within the same
-  `unreachable_budget_s` (SPEC §35). A 200 whose body is not a JSON object is a
+  `unreachable_budget_s` (docs/guide/gateway.md). A 200 whose body is not a JSON object is a
   failed body (retried as above). A completion also has a total deadline,
   `completion_total_s` from its start plus the time spent unreachable (an outage extends it).
 - `RetryState` is the bookkeeping of one operation (or of every page of one completion).

@@ -1,6 +1,6 @@
 """How big a hosting process's connection budget is (`engine.limits.connections`).
 
-The server's `max_connections` is shared out (SPEC §35):
+The server's `max_connections` is shared out (docs/guide/operations.md, "Connection budget"):
 
     max_connections = owner reserve + session budget + each hosting process's budget
 

@@ -1,4 +1,5 @@
-"""runplane's Prometheus metrics (SPEC §31): one registry per process, bounded labels, cheap updates.
+"""runplane's Prometheus metrics (docs/guide/observability.md): one registry per process,
+bounded labels, cheap updates.
 
 Choices
 - One `CollectorRegistry` owned by runplane (`REGISTRY`), not prometheus_client's global one:

@@ -1,5 +1,6 @@
-"""OpenTelemetry traces (SPEC §31, the `otel` extra): spans for a run, a map, each admission and
-completion batch, each gateway action on both sides, and a sample of row calls.
+"""OpenTelemetry traces (docs/guide/observability.md, the `otel` extra): spans for a run, a
+map, each admission and completion batch, each gateway action on both sides, and a sample of
+row calls.
 
 Choices
 - Decided once per process (`decide`, at the first run, map, batch or gateway action):
