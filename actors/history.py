@@ -24,6 +24,7 @@ import logging
 import attrs
 import trio
 
+from runplane.engine.canonical import JsonObject
 from runplane.engine.runs import history
 from runplane.engine.runs.history import MapRunState
 from runplane.engine.errors import EngineError
@@ -49,6 +50,7 @@ class MapRecorder:
     scope: RunScope
     map_key: str
     table_namespace: str
+    spec: JsonObject | None = None  # what a retry of the table runs (`engine.runs.retry_spec`)
     started_at: datetime.datetime = attrs.field(factory=now)
     latest: MapProgress | None = None
     written: MapProgress | None = None
@@ -64,7 +66,8 @@ class MapRecorder:
                 "source_rows", "admitted", "cached", "completed", "failed", "blocked", "retried")}
             counts["running"] = snapshot.in_call if state == MapRunState.RUNNING else 0
         return history.MapRecord(self.map_key, self.table_namespace, state, self.started_at,
-                                 now() if ended else None, stop_reason=stop_reason, **counts)
+                                 now() if ended else None, stop_reason=stop_reason,
+                                 spec=self.spec, **counts)
 
     async def _write(self, record: history.MapRecord, level: int = logging.DEBUG) -> None:
         try:

@@ -67,6 +67,7 @@ from .progress import MapProgress, MapResult
 from .row_functions import RowFunction, as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
 from .row_calls import report_calls
+from .shared.config import map_spec
 from .sealer import StagedArray, stage_array
 
 log = logging.getLogger("runplane.actors")
@@ -138,16 +139,17 @@ class Run:
         (the command line's progress display); None stops it."""
         self._observer = observer
 
-    def _map_key(self, table_namespace: str, listed: bool, map_invocation_id: str | None) -> str:
-        """The map's key in the run history: its table and its map invocation id (or
-        `stream-N`). Invocation ids count per table, so the table keeps two tables' first maps
-        apart."""
-        namespace = normalize_namespace(table_namespace)
+    def _recorder(self, plan: MapPlan, listed: bool, map_invocation_id: str | None) -> MapRecorder:
+        """The map's run-history entry, keyed by its table and its map invocation id (or
+        `stream-N`: ids count per table, so the table keeps two tables' first maps apart), with
+        what a retry of its table runs (`actors.shared.config.map_spec`)."""
+        namespace = normalize_namespace(plan.table_namespace)
         if map_invocation_id is None:
             ordinal = self._stream_ordinals.get(namespace, 0)
             self._stream_ordinals[namespace] = ordinal + 1
             map_invocation_id = f"stream-{ordinal}"
-        return f"{namespace}/{map_invocation_id}"
+        return MapRecorder(self.port, self.scope, f"{namespace}/{map_invocation_id}", namespace,
+                           spec=map_spec(plan, map_invocation_id))
 
     # -- work receipts -------------------------------------------------------------------------
     async def claim(self, key: str, *, reclaim_running: bool = False,
@@ -264,9 +266,7 @@ class Run:
         map_invocation_id = options.map_invocation_id
         if map_invocation_id is None:  # taken once the request passed its checks
             map_invocation_id = self.next_map_invocation_id(plan.table_namespace)
-        recorder = MapRecorder(self.port, self.scope,
-                               self._map_key(plan.table_namespace, True, map_invocation_id),
-                               normalize_namespace(plan.table_namespace))
+        recorder = self._recorder(plan, True, map_invocation_id)
         return await self._recorded(recorder, options.on_progress, lambda observe: map_shared(
             source, plan, map_invocation_id, shared, stop=self.stop, on_progress=observe))
 
@@ -281,9 +281,7 @@ class Run:
                 f"source must be a list of rows or an async iterable, got {type(source).__name__}")
         if listed and map_invocation_id is None:
             map_invocation_id = self.next_map_invocation_id(table_namespace)
-        recorder = MapRecorder(self.port, self.scope,
-                               self._map_key(table_namespace, listed, map_invocation_id),
-                               normalize_namespace(table_namespace))
+        recorder = self._recorder(plan, listed, map_invocation_id)
         return await self._recorded(
             recorder, on_progress, lambda observe: map_rows(
                 source, plan, on_progress=observe, map_invocation_id=map_invocation_id,

@@ -234,3 +234,48 @@ def cancel_run(args: argparse.Namespace) -> int:
         return 0
 
     return run_trio(main)
+
+
+# -- retry --------------------------------------------------------------------------------------
+def _retry_options(parser: argparse.ArgumentParser) -> None:
+    _port_options(parser)
+    parser.add_argument("play", help="play name")
+    parser.add_argument("table", metavar="TABLE", help="the table whose rows run again")
+    parser.add_argument("--status", default="failed",
+                        help="the rows to run: failed (default), enriched, pending, running, or "
+                             "all (every row); anything but failed needs --force")
+    parser.add_argument("--run", dest="only_run", default=None, metavar="RUN_ID",
+                        help="only the rows this run wrote")
+    parser.add_argument("--force", action="store_true",
+                        help="compute the chosen rows again even when they finished")
+    parser.add_argument("--progress-every", type=_non_negative, default=10.0, metavar="SECONDS",
+                        help="without a terminal on stderr: a progress line this often (default 10)")
+
+
+@command("retry", "run a table's failed rows again (or recompute rows with --force) on the "
+                  "play's workers")(_retry_options)
+def retry_rows(args: argparse.Namespace) -> int:
+    from runplane.actors import open_run
+    from runplane.actors.retrying import RetrySelection, prepare_retry, retry_table
+
+    from .progress import RunProgress, with_progress
+    from .results import describe_result
+
+    selection = RetrySelection(None if args.status == "all" else args.status, args.only_run,
+                               args.force)
+
+    async def main() -> int:
+        async with open_port(args) as tenant:
+            plan = await prepare_retry(tenant, args.play, args.table, selection)
+            async with open_run(tenant, args.play) as run:
+                say(f"run {run.run_id}: {'recomputing' if args.force else 'retrying'} "
+                    f"{'every' if selection.status is None else selection.status} row(s) of "
+                    f"{args.table}; `runplane worker PLAY.py` runs them")
+                progress = RunProgress(interval_s=args.progress_every)
+                result = await with_progress(run, progress, lambda: retry_table(run, plan))
+            say(describe_result(result))
+            if run.cancelled:
+                raise RunCancelled(run.run_id)
+            return 0
+
+    return run_trio(main)

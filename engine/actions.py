@@ -58,6 +58,7 @@ ACTION_MODULES = (
     "runplane.engine.runs.history",
     "runplane.engine.runs.row_calls",
     "runplane.engine.runs.cancel",
+    "runplane.engine.runs.retry_spec",
     "runplane.engine.shared.maps",
     "runplane.engine.shared.leases",
     "runplane.engine.shared.units",

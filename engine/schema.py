@@ -27,6 +27,8 @@ has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused)
 11 adds recorded lists (`sheet_summary.writes`, `sheet_lists`; `engine.sheets.lists`).
 12 adds `row_calls`: how many rows each process has inside a call now (`engine.runs.row_calls`).
 13 adds `runs.cancel_requested_at`: a run asked to stop (`engine.runs.cancel`).
+14 adds `run_maps.spec`: the function and policies a map ran with, for retries
+(`engine.runs.retry_spec`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .shared.maps import MapState
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "13"
+SCHEMA_VERSION = "14"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -197,6 +199,7 @@ CREATE TABLE IF NOT EXISTS {s}.run_maps (
     PRIMARY KEY (org_id, play, run_id, map_key)
 );
 CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = {MapRunState.RUNNING.sql};
+ALTER TABLE {s}.run_maps ADD COLUMN IF NOT EXISTS spec jsonb;
 -- end of version 8 -----------------------------------------------------------------------------
 -- Shared maps (engine.shared.maps), from version 9: a published map, its units (slices of
 -- staged pages, handed out as leases) and the workers that joined the play's maps.

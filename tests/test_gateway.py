@@ -156,6 +156,8 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
 NOT_OPERATIONS = {
     # DDL an operator runs with the schema owner's login (`runplane index`), no runtime action
     "runplane.engine.sheets.field_index.create_field_index",
+    # picks one of two actions (`maps.retry_failed`, `maps.force`) by the retry's kind
+    "runplane.engine.runs.retry_spec.retry_spec",
     "runplane.engine.array_input.facts.run_statement",
     "runplane.engine.sheets.sheet_txn.run_sheet_transaction",
     "runplane.engine.sheets.admission.admit_prepared",  # the write modes' shared admission

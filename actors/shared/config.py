@@ -41,9 +41,24 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class FunctionIdentity:
+    """Where workers find a map's function. `digest` "" accepts any version of the play file
+    and `keyed` says each staged row carries its sheet key as `_key` (both: a retry)."""
+
     path: str
     qualname: str
     digest: str
+    keyed: bool = False
+
+
+@attrs.frozen
+class PublishedFunction:
+    """A function known by its identity only: what the coordinator of a retry maps with. It
+    runs no rows (the play's workers do), so calling it is a bug."""
+
+    identity: FunctionIdentity
+
+    async def __call__(self, row: JsonObject) -> JsonObject:
+        raise RuntimeError(f"{self.identity.qualname} runs in the play's workers, not here")
 
 
 def file_digest(path: str | Path) -> str:
@@ -53,16 +68,43 @@ def file_digest(path: str | Path) -> str:
 def function_identity(fn: object) -> FunctionIdentity:
     """Where workers find `fn` (the user's function behind an executor's binding)."""
     target = inspect.unwrap(getattr(fn, "__runplane_function__", fn))
+    if isinstance(target, PublishedFunction):
+        return target.identity
+    location = function_location(target)
+    if location is None:
+        raise InvalidInputError(
+            "fn of a shared map must be a function defined at the top level of a play file, "
+            f"so workers can find it by name; got {fn!r}")
+    path, qualname = location
+    return FunctionIdentity(path, qualname, file_digest(path))
+
+
+def function_location(fn: object) -> tuple[str, str] | None:
+    """The play file and qualified name a worker finds `fn` by; None for a function no worker
+    can find by name (a lambda, one defined inside another, a builtin)."""
+    target = inspect.unwrap(getattr(fn, "__runplane_function__", fn))
+    if isinstance(target, PublishedFunction):
+        return target.identity.path, target.identity.qualname
     qualname = getattr(target, "__qualname__", None)
     try:
         path = inspect.getsourcefile(target)
     except TypeError:
         path = None
     if not qualname or "<locals>" in qualname or "<lambda>" in qualname or path is None:
-        raise InvalidInputError(
-            "fn of a shared map must be a function defined at the top level of a play file, "
-            f"so workers can find it by name; got {fn!r}")
-    return FunctionIdentity(str(Path(path).resolve()), qualname, file_digest(path))
+        return None
+    return str(Path(path).resolve()), qualname
+
+
+def map_spec(plan: MapPlan, map_key: str) -> JsonObject | None:
+    """What a map records for a later retry of its table (`engine.runs.retry_spec`): its
+    function's location and its configuration; None when no worker could find the function."""
+    location = function_location(plan.fn)
+    if location is None:
+        return None
+    path, qualname = location
+    config = encode_config(plan, run_id=plan.ref.run_id, map_invocation_id=map_key,
+                           play_file=path)
+    return {"function": qualname, "play_file": path, "config": config}
 
 
 def _type_name(kind: type) -> str:
@@ -78,9 +120,11 @@ def _resolve_type(name: str) -> type:
 
 
 def encode_config(plan: MapPlan, *, run_id: str, map_invocation_id: str, play_file: str,
-                  executor: JsonObject | None = None, concurrent: bool = False) -> JsonObject:
+                  executor: JsonObject | None = None, concurrent: bool = False,
+                  keyed: bool = False) -> JsonObject:
     """The JSON configuration of a shared map from its `MapPlan`; `concurrent`: its workers may
-    write at once (`actors.shared.coordinator.rows_distinct`)."""
+    write at once (`actors.shared.coordinator.rows_distinct`); `keyed`: each staged row carries
+    its key as `_key` (a retry)."""
     retry = plan.retry
     limit = plan.rate_limit
     return {
@@ -103,6 +147,8 @@ def encode_config(plan: MapPlan, *, run_id: str, map_invocation_id: str, play_fi
         "play_file": play_file,
         "executor": executor,
         "concurrent": concurrent,
+        "force": plan.force,
+        "keyed": keyed,
     }
 
 
@@ -117,6 +163,8 @@ class MapConfig:
     give_up_after: int | None
     play_file: str
     executor: Mapping[str, JsonValue] | None = None
+    force: bool = False
+    keyed: bool = False
 
 
 def decode_config(config: Mapping[str, JsonValue]) -> MapConfig:
@@ -140,6 +188,8 @@ def decode_config(config: Mapping[str, JsonValue]) -> MapConfig:
         give_up_after=config.get("give_up_after"),
         play_file=config.get("play_file", ""),
         executor=config.get("executor"),
+        force=config.get("force") is True,
+        keyed=config.get("keyed") is True,
     )
 
 
@@ -179,8 +229,9 @@ class PlayFile:
 
 
 def check_published(play: PlayFile, map_name: str, function: str, digest: str) -> Callable:
-    """The published function from `play`, or `ConflictError` naming both sides."""
-    if play.digest != digest:
+    """The published function from `play`, or `ConflictError` naming both sides (a retry's
+    digest "" accepts any version of the file: it re-runs rows after the function changed)."""
+    if digest and play.digest != digest:
         raise ConflictError(
             f"play file {play.path} (digest {play.digest[:12]}) differs from the one shared map "
             f"{map_name} was published with (digest {digest[:12]}); refusing to join")

@@ -151,7 +151,7 @@ async def publish_map(source: Sequence[JsonObject], plan: MapPlan, map_invocatio
     units = sm.plan_units(encoded.cuts, unit_rows)
     config = encode_config(plan, run_id=ref.run_id, map_invocation_id=map_invocation_id,
                            play_file=identity.path, executor=executor_config(executor),
-                           concurrent=distinct)
+                           concurrent=distinct, keyed=identity.keyed)
     await retry_transient(lambda: sm.publish(
         port, ref, map_invocation_id, plan.table_namespace, config=config,
         function=identity.qualname, play_digest=identity.digest, units=units, lease_s=lease_s))

@@ -204,12 +204,16 @@ class MapWorker:
                 if not work.recorded >> offset & 1:
                     rows.append(page.rows[start + offset].data)
                     indexes.append(lease.low + offset)
+        keys = None
+        if self.shared.config.get("keyed") is True:  # a retry: each row names its stored key
+            keys = [row["_key"] for row in rows]
+            rows = [{f: v for f, v in row.items() if f != "_key"} for row in rows]
         try:
             admission = await retry_transient(lambda: shared_units.admit_units(
                 self.port, plan.ref, self.shared.map_invocation_id, claim.leases,
                 plan.table_namespace, plan.contract, rows, indexes,
                 cell_policies=plan.cell_policies, give_up_after=plan.give_up_after,
-                concurrent=self.concurrent))
+                concurrent=self.concurrent, keys=keys, force=plan.force))
         except LeaseLostError as exc:
             log.info("worker %s: %s", self.worker_id, exc)
             return

@@ -67,7 +67,7 @@ def worker_plan(port: Port, shared: sm.SharedMap, fn: RowFunction,
     return MapPlan(port, shared.ref, None, shared.table_namespace, config.contract,
                    as_row_caller(fn, concurrency), concurrency, config.cell_policies, retry=config.retry,
                    row_timeout_s=config.row_timeout_s, rate_limit=config.rate_limit,
-                   give_up_after=config.give_up_after)
+                   give_up_after=config.give_up_after, force=config.force)
 
 
 async def serve_play(port: Port, play: str, play_file: str,

@@ -27,11 +27,13 @@ from typing import Sequence
 
 import attrs
 
+from .. import canonical
+from ..canonical import JsonObject
 from ..limits.bounds import is_int
 from ..actions import action
 from ..values.codecs import (
-    FLOAT, INT, NOTHING, PLAY_SCOPE, RUN_SCOPE, STR, TEXT, TIMESTAMP, enum_of, list_of, optional,
-    record,
+    FLOAT, INT, NOTHING, PLAY_SCOPE, RAW, RUN_SCOPE, STR, TEXT, TIMESTAMP, enum_of, list_of,
+    optional, record,
 )
 from ..errors import InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
@@ -78,6 +80,9 @@ class MapRecord:
     # A user's error text: NUL (which text columns cannot store) becomes U+FFFD.
     stop_reason: str | None = attrs.field(
         default=None, converter=lambda v: v.replace("\x00", "\ufffd") if isinstance(v, str) else v)
+    # What the map ran (its function's name and its policies, `engine.runs.retry_spec`), for a
+    # retry: written with the entry, kept when a later write carries none; never read back here.
+    spec: JsonObject | None = None
 
     def __attrs_post_init__(self) -> None:  # an invalid record cannot be built
         if self.state not in MAP_STATES:
@@ -111,7 +116,7 @@ MAP_RECORD = record(MapRecord, map_key=TEXT, table_namespace=TEXT, state=enum_of
                     started_at=TIMESTAMP,
                     ended_at=optional(TIMESTAMP), source_rows=INT, admitted=INT, cached=INT,
                     completed=INT, failed=INT, blocked=INT, retried=INT, running=INT,
-                    stop_reason=optional(STR))
+                    stop_reason=optional(STR), spec=optional(RAW))
 
 
 @attrs.frozen
@@ -128,15 +133,15 @@ STORED_MAP = record(StoredMap, run_id=STR, record=MAP_RECORD, age_s=FLOAT)
 _RECORD = """
 INSERT INTO {run_maps} AS m (org_id, play, run_id, map_key, table_namespace, state, started_at,
                              ended_at, source_rows, admitted, cached, completed, failed,
-                             blocked, retried, running, stop_reason, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, now())
+                             blocked, retried, running, stop_reason, spec, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18::jsonb, now())
 ON CONFLICT (org_id, play, run_id, map_key) DO UPDATE SET
     table_namespace = EXCLUDED.table_namespace, state = EXCLUDED.state,
     started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
     source_rows = EXCLUDED.source_rows, admitted = EXCLUDED.admitted, cached = EXCLUDED.cached,
     completed = EXCLUDED.completed, failed = EXCLUDED.failed, blocked = EXCLUDED.blocked,
     retried = EXCLUDED.retried, running = EXCLUDED.running, stop_reason = EXCLUDED.stop_reason,
-    updated_at = now()
+    spec = coalesce(EXCLUDED.spec, m.spec), updated_at = now()
 """
 
 _COLUMNS = """run_id, map_key, table_namespace, state, started_at, ended_at, source_rows, admitted,
@@ -169,7 +174,9 @@ async def record_map(port: Port, scope: RunScope, record: MapRecord) -> None:
     await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
         sql, scope.org_id, scope.play, scope.run_id, record.map_key, record.table_namespace,
         record.state.value, record.started_at, record.ended_at,
-        *(getattr(record, name) for name in COUNTERS), reason))
+        *(getattr(record, name) for name in COUNTERS), reason,
+        None if record.spec is None else canonical.stable_dumps(
+            canonical.normalize(dict(record.spec), "spec"))))
 
 
 def _stored(row) -> StoredMap:

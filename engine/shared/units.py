@@ -63,7 +63,8 @@ def _check_leases(leases: Sequence[UnitLease]) -> None:
     "ref": RUN_REF, "map_invocation_id": TEXT, "leases": list_of(UNIT_LEASE),
     "table_namespace": TEXT, "contract": CONTRACT, "rows": list_of(USER_JSON),
     "input_indexes": list_of(INT), "cell_policies": optional(CELL_POLICIES),
-    "give_up_after": optional(INT), "concurrent": BOOL,
+    "give_up_after": optional(INT), "concurrent": BOOL, "keys": optional(list_of(TEXT)),
+    "force": BOOL,
 }, result=ADMISSION)
 async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
                       leases: Sequence[UnitLease], table_namespace: str,
@@ -71,11 +72,14 @@ async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
                       input_indexes: Sequence[int], *,
                       cell_policies: Mapping[str, CellPolicy] | None = None,
                       give_up_after: int | None = None,
-                      concurrent: bool = False) -> Admission:
+                      concurrent: bool = False, keys: Sequence[str] | None = None,
+                      force: bool = False) -> Admission:
     """Admit `rows` (at `input_indexes`, each a row of one of `leases` not settled) under the
-    claim's attempt, the leases checked in the same transaction."""
+    claim's attempt, the leases checked in the same transaction; `keys` are the rows' own (a
+    retry's stored keys), `force` re-admits rows an earlier run finished."""
     check_scope(port, ref)
     _check_bool(concurrent, "concurrent")
+    _check_bool(force, "force")
     _check_leases(leases)
     if len(rows) != len(input_indexes) or not rows:
         raise InvalidInputError("rows and input_indexes must be as many, at least one")
@@ -87,10 +91,11 @@ async def admit_units(port: Port, ref: RunRef, map_invocation_id: str,
                                     "of the leases")
     write = SheetWrite(ref, table_namespace, contract, attempt=claim_attempt(leases),
                        cell_policies=cell_policies, give_up_after=give_up_after,
-                       cache_hits="count")
+                       cache_hits="count", force=force)
     guard = UnitGuard(lease_check(port, ref, map_invocation_id, leases, concurrent), concurrent)
-    return await admit_write(port, write, AdmitBatch(rows, input_indexes=input_indexes),
-                             guard=guard)
+    batch = AdmitBatch(rows, input_indexes=input_indexes,
+                       keys=None if keys is None else list(keys))
+    return await admit_write(port, write, batch, guard=guard)
 
 
 @action("shared_maps.complete_units", params={
