@@ -15,6 +15,9 @@ How it works
 - Without `force` admission re-runs the failed rows and leaves finished ones (a row that
   finished meanwhile is a cache hit); with `force` every selected row is computed again.
 - Nothing to run (no row matches) gives an empty result without publishing anything.
+- `RetryHost` hosts the coordinators of the retries a console starts (`runplane console`): each
+  in a task of the console's nursery, with a tenant of its own, answering the new run's id
+  once it is registered; a refused order raises to the console before anything is written.
 Refused before anything is written (`InvalidInputError`): an unknown status, finished rows
 without `force`, a table no map recorded a function for (a lambda or a nested function: run the
 play again instead).
@@ -22,12 +25,16 @@ play again instead).
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import attrs
+import trio
 
 from runplane.engine.canonical import JsonObject
+from runplane.engine.console.actions import RetryOrder
 from runplane.engine.errors import InvalidInputError
+from runplane.engine.opening import open_tenant
 from runplane.engine.ports import Port
 from runplane.engine.runs.retry_spec import RetrySpec, retry_spec
 from runplane.engine.sheets.dataset import dataset
@@ -36,9 +43,11 @@ from runplane.engine.values.scopes import PlayScope, normalize_namespace
 
 from .map_state import MapOptions
 from .progress import MapProgress, MapResult
-from .run import Run
+from .run import Run, open_run
 from .shared.config import FunctionIdentity, PublishedFunction, decode_config
 
+
+log = logging.getLogger("runplane.actors")
 
 PAGE_ROWS = 5000  # rows read per page of the table
 
@@ -111,3 +120,39 @@ async def retry_table(run: Run, plan: RetryPlan, *,
         on_progress=on_progress, fail_fast=False)
     return await run.map(namespace, rows, PublishedFunction(identity), contract=config.contract,
                          options=options)
+
+
+RETRY_CONNECTIONS = 4  # a retry's coordinator: staging, publication, progress reads
+
+
+@attrs.define(eq=False)
+class RetryHost:
+    """Hosts the coordinators of a console's retries in `nursery` (see the module docstring)."""
+
+    dsn: str | None
+    schema: str
+    nursery: trio.Nursery
+
+    async def start(self, order: RetryOrder) -> str:
+        """Start the retry `order`; its run id once registered (`InvalidInputError` when
+        refused, before anything is written)."""
+        return await self.nursery.start(self._coordinate, order)
+
+    async def _coordinate(self, order: RetryOrder, *,
+                          task_status=trio.TASK_STATUS_IGNORED) -> None:
+        selection = RetrySelection(order.status, None, order.force)
+        async with open_tenant(order.org, self.dsn, schema=self.schema,
+                               max_connections=RETRY_CONNECTIONS) as tenant:
+            plan = await prepare_retry(tenant, order.play, order.table, selection)
+            started = False
+            try:
+                async with open_run(tenant, order.play) as run:
+                    task_status.started(run.run_id)
+                    started = True
+                    result = await retry_table(run, plan)
+                log.info("retry run %s of %s/%s: %d completed, %d failed", run.run_id,
+                         order.play, order.table, result.completed, result.failed)
+            except Exception as exc:  # once started, its run's history says how it ended
+                if not started:
+                    raise
+                log.warning("retry of %s/%s ended: %s", order.play, order.table, exc)

@@ -6,7 +6,9 @@ yet is served with an empty runs page that fills in once a run creates them), se
 `--bind`
 (loopback only; default 127.0.0.1:8788) and prints the login link
 `http://HOST:PORT/ui/login?once=CODE` as one flushed line with the port actually bound. The link
-works once and opens a session that sees every org.
+works once and opens a session that sees every org and may take every action. Retries started
+from it are coordinated in this process (`actors.retrying.RetryHost`); the play's `runplane
+worker`s run their rows.
 """
 
 from __future__ import annotations
@@ -28,12 +30,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def console(args: argparse.Namespace) -> int:
+    from runplane.actors.retrying import RetryHost
     from runplane.engine.console import open_console
 
     from .commands import run_trio
 
     async def main() -> None:
-        async with open_console(dsn=args.dsn, schema=args.schema, bind=args.bind) as server:
+        async with trio.open_nursery() as nursery:  # hosts the retries started from the console
+            host = RetryHost(args.dsn, args.schema, nursery)
+            await serve_console(host)
+            nursery.cancel_scope.cancel()
+
+    async def serve_console(host) -> None:
+        async with open_console(dsn=args.dsn, schema=args.schema, bind=args.bind,
+                                start_retry=host.start) as server:
             note = "" if server.schema_ready else (
                 ", no runplane tables yet: pages fill in once a run creates them")
             print(f"console listening on {server.url}/ui/ (schema {args.schema}{note}; Ctrl-C "

@@ -111,3 +111,59 @@ async def test_a_retry_is_refused_before_anything_is_written(tenant, monkeypatch
         await prepare_retry(tenant, PLAY, "anon", RetrySelection())
     with pytest.raises(InvalidInputError, match="recorded a function"):
         await prepare_retry(tenant, PLAY, "never-mapped", RetrySelection())
+
+
+async def test_the_console_starts_a_retry_and_says_when_no_worker_came(tenant, monkeypatch):
+    """The local console (with a `RetryHost`): the table page offers both buttons; a recompute
+    of every row starts a run of its own (JSON answer: its id), whose page says no worker has
+    come (the 30 s shortened by its setting); a retry of a table never mapped is a 400. The
+    gateway's console, which hosts no retry, refuses with 403, and a token without
+    `maps.force` may not recompute."""
+    from runplane.actors.retrying import RetryHost
+    from runplane.engine.console import actions as console_actions
+    from runplane.engine.console import open_console
+    from runplane.engine.console.auth import CONSOLE_ACTIONS
+    from runplane.engine.gateway import mint_token
+
+    from .console_support import SECRET, client, login_token
+    from .gateway_support import serving
+    from .test_console_actions import CSRF
+
+    await _first_run(tenant, monkeypatch)
+    monkeypatch.setattr(console_actions, "NO_WORKER_S", 0.2)
+    org = {"org": tenant.org_id}
+    json_answer = {"accept": "application/json"}
+    async with trio.open_nursery() as nursery:
+        host = RetryHost(tenant.dsn, tenant.schema, nursery)
+        async with open_console(dsn=tenant.dsn, schema=tenant.schema, bind="127.0.0.1:0",
+                                start_retry=host.start) as server, client(server.url) as http:
+            assert (await http.get(server.login_url().removeprefix(server.url))).status_code == 303
+            page = await http.get(f"/ui/tables/{PLAY}/nums", params=org)
+            assert "Retry 100 failed rows" in page.text and "Recompute" in page.text
+            csrf = CSRF.search(page.text).group(1)
+            path = f"/ui/tables/{PLAY}/nums/retry"
+            started = await http.post(path, params=org, headers=json_answer,
+                                      data={"csrf": csrf, "kind": "recompute", "status": "all"})
+            assert started.status_code == 200, started.text
+            run_id = started.json()["run_id"]
+            await trio.sleep(0.5)  # past the shortened no-worker wait
+            run_page = await http.get(f"/ui/runs/{PLAY}/{run_id}", params=org)
+            assert "No worker of play retrying has been seen" in run_page.text
+            never = await http.post(f"/ui/tables/{PLAY}/nums/retry", params=org,
+                                    headers=json_answer, data={"csrf": csrf, "kind": "bogus"})
+            assert never.status_code == 400
+        nursery.cancel_scope.cancel()
+    no_force = mint_token(SECRET, tenant.org_id,
+                          actions=(*CONSOLE_ACTIONS, "runs.cancel", "maps.retry_failed"))
+    async with serving(tenant) as server, client(server.url) as http, \
+            open_run(tenant, PLAY, retire_on_exit=False) as live:
+        assert (await login_token(http, no_force)).status_code == 303
+        page = await http.get(f"/ui/tables/{PLAY}/nums")
+        assert "Recompute" not in page.text and "Retry 100" not in page.text  # hosts no retry
+        csrf = CSRF.search((await http.get(f"/ui/runs/{PLAY}/{live.run_id}")).text).group(1)
+        path = f"/ui/tables/{PLAY}/nums/retry"
+        refused = await http.post(path, headers=json_answer,
+                                  data={"csrf": csrf, "kind": "recompute", "status": "all"})
+        assert refused.status_code == 403 and "maps.force" in refused.text
+        refused = await http.post(path, data={"csrf": csrf, "kind": "failed"})
+        assert refused.status_code == 403 and "cannot start retries" in refused.text

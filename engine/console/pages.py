@@ -314,6 +314,7 @@ class TableTools:
 
     exports: tuple[tuple[str, str], ...]
     search: str = ""
+    again: str = ""  # the retry and recompute forms (`actions.retry_forms`)
 
 
 def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org: bool,
@@ -352,9 +353,8 @@ def table_page(org: str, play: str, namespace: str, page: RowsPage, *, show_org:
             if page.rows else '<p class="muted">No rows.</p>')
     more = _next_link("tables", org, play, namespace, show_org, page.next, status=status, key=key)
     links = (f'<p><a href="{table_url("failures", org, play, namespace, show_org)}">failures</a></p>')
-    body = (f"<h1>Table {esc(namespace)} of play {esc(play)}</h1>{links}{counts}{search}"
-            f"{filters}{grid}"
-            f"{more}{columns_table}{export}")
+    body = (f"<h1>Table {esc(namespace)} of play {esc(play)}</h1>{links}{counts}{tools.again}"
+            f"{search}{filters}{grid}{more}{columns_table}{export}")
     return frame(f"Table {namespace}", body)
 
 

@@ -98,6 +98,8 @@ class Console:
     forwarded_allow: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     # the store an action writes to, per org (None: a read-only console; see `actions`)
     writer_for: Callable[[str], Awaitable[Port]] | None = None
+    # starts a retry's run in the console's process (None: no retries; see `actions`)
+    start_retry: actions.RetryStarter | None = None
     streams: collections.Counter = attrs.field(init=False, factory=collections.Counter)
 
     @property
@@ -119,6 +121,8 @@ def console_app(console: Console) -> ASGIApp:
         Route("/runs/{play}/{run_id}/cancel", functools.partial(actions.cancel_run, h),
               methods=["POST"]),
         Route("/tables/{play}/{table}", h.table, methods=["GET"]),
+        Route("/tables/{play}/{table}/retry", functools.partial(actions.retry_table, h),
+              methods=["POST"]),
         Route("/failures/{play}/{table}", h.failures, methods=["GET"]),
         Route("/rows/{play}/{table}/{key}", functools.partial(row_routes.row, h), methods=["GET"]),
         Route("/api/rows/{play}/{table}/{key}", functools.partial(row_routes.api_row, h),
@@ -307,9 +311,11 @@ class _Handlers:
                            org=run.org_id if show_org else None)
             may_cancel = viewer.may(actions.CANCEL) and self.c.writer_for is not None
             events = await timeline.run_timeline(port, run.org_id, run.play, run.run_id)
+            notice = (await actions.no_worker_notice(port, run, workers)
+                      or actions.DONE_WORDS.get(request.query_params.get("done")))
             return _html(pages.run_page(
                 run, tables, show_org=show_org, live_url=live.replace("&amp;", "&"),
-                workers=workers, notice=actions.DONE_WORDS.get(request.query_params.get("done")),
+                workers=workers, notice=notice,
                 timeline=timeline.timeline_section(events),
                 cancel_csrf=self.c.sessions.csrf(request.cookies.get(COOKIE))
                 if may_cancel else None))
@@ -367,9 +373,12 @@ class _Handlers:
             links = [(label, pages.q(f"/ui/export/{params.seg(play)}/{params.seg(namespace)}.{fmt}",
                                      org=org if show_org else None, status=status))
                      for label, fmt in (("JSON lines", "jsonl"), ("CSV", "csv"))]
+            failed = 0 if page.counters is None else page.counters.failed
+            again = actions.retry_forms(self, request, viewer, play, namespace, failed,
+                                        org if show_org else None)
             return _html(pages.table_page(org, play, namespace, page, show_org=show_org,
                                           status=status, key=key,
-                                          tools=pages.TableTools(tuple(links), search)))
+                                          tools=pages.TableTools(tuple(links), search, again)))
         return await self.guarded(request, False, render)
 
     async def export(self, request: Request) -> Response:

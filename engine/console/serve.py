@@ -35,6 +35,7 @@ from ..observability.exposition import METRICS_PATH, metrics_route
 from ..ports import CONSOLE_LANE, RECEIPTS_LANE, Port
 from ..schema import schema_status
 from ..opening import open_reader, open_tenant
+from .actions import RetryStarter
 from .auth import Sessions
 from .routes import Console, console_app
 
@@ -101,8 +102,10 @@ class _Writers:
 
 @contextlib.asynccontextmanager
 async def open_console(*, dsn: str | None = None, schema: str = "runplane",
-                       bind: str = "127.0.0.1:8788") -> AsyncIterator[ConsoleServer]:
-    """Serve the console until the block ends (see the module docstring)."""
+                       bind: str = "127.0.0.1:8788",
+                       start_retry: RetryStarter | None = None) -> AsyncIterator[ConsoleServer]:
+    """Serve the console until the block ends (see the module docstring); `start_retry` hosts
+    the retries its operators start (`actions.RetryStarter`; None: no retry buttons)."""
     check_loopback(bind)
     # A reader: on RUNPLANE_READ_DSN (a replica) when set, every transaction read-only.
     async with open_reader(POOL_ORG, dsn, schema=schema, lanes={CONSOLE_LANE: LANE_LIMIT},
@@ -114,7 +117,8 @@ async def open_console(*, dsn: str | None = None, schema: str = "runplane",
             return tenant
 
         writers = _Writers(dsn, schema)
-        console = Console(Sessions(), port_for, token_login=False, writer_for=writers.get)
+        console = Console(Sessions(), port_for, token_login=False, writer_for=writers.get,
+                          start_retry=start_retry)
         app = Starlette(routes=[Mount("/ui", app=console_app(console)),  # and the operator's:
                                 Route(METRICS_PATH, metrics_route, methods=["GET"])])
         config = Config()
