@@ -15,6 +15,7 @@ from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import summary
 
 from .cli_helpers import cli_env
+from .gateway_support import server  # noqa: F401  (a fixture)
 from .plays import retry_play
 from .sheet_helpers import counters_match, play_scope, raw_rows
 from .test_shared_workers import PLAY_FILE as _SCALE_PLAY, ROOT, worker_env
@@ -167,3 +168,31 @@ async def test_the_console_starts_a_retry_and_says_when_no_worker_came(tenant, m
         assert refused.status_code == 403 and "maps.force" in refused.text
         refused = await http.post(path, data={"csrf": csrf, "kind": "failed"})
         assert refused.status_code == 403 and "cannot start retries" in refused.text
+
+
+async def test_a_retry_through_a_gateway_needs_its_claim(tenant, dsn, server, monkeypatch):
+    """Through a gateway: a token without `maps.retry_failed` is refused before anything is
+    written; with it (and the shared-map actions), the retry runs like a direct one."""
+    from runplane.engine.errors import ScopeError
+    from runplane.engine.gateway import open_gateway
+
+    from .gateway_support import FAST_RETRY, token_for
+
+    await _first_run(tenant, monkeypatch)
+    reader = token_for(tenant, actions=("runs.*", "sheets.*", "shared_maps.*", "history.*"))
+    async with open_gateway(server.url, reader, retry=FAST_RETRY) as gateway:
+        with pytest.raises(ScopeError, match="maps.retry_failed"):
+            await prepare_retry(gateway, PLAY, "nums", RetrySelection())
+    worker = await _worker(tenant, dsn)
+    allowed = token_for(tenant, actions=(
+        "array_input.*", "history.*", "outbox.*", "row_calls.*", "runs.*", "sheets.*",
+        "shared_maps.*", "maps.retry_failed"))
+    async with open_gateway(server.url, allowed, retry=FAST_RETRY) as gateway:
+        plan = await prepare_retry(gateway, PLAY, "nums", RetrySelection())
+        with trio.fail_after(120):
+            async with open_run(gateway, PLAY) as run:
+                result = await retry_table(run, plan)
+            await worker.wait()
+    assert (result.admitted, result.completed, result.failed) == (100, 100, 0)
+    counts = await summary(tenant, play_scope(tenant, PLAY), "nums")
+    assert (counts.completed, counts.failed, counts.total) == (300, 0, 300)
