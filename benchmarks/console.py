@@ -58,7 +58,8 @@ async def noop(_row: dict) -> dict:
 
 def server_ms(response: httpx.Response) -> float:
     match = re.search(r"dur=([0-9.]+)", response.headers.get("server-timing", ""))
-    assert response.status_code == 200 and match, (response.status_code, response.text[:200])
+    assert response.status_code == 200 and match, (response.status_code, response.text[:200],
+                                                    response.headers.get("location"))
     return float(match.group(1))
 
 
