@@ -27,12 +27,13 @@ import trio
 from runplane.engine.canonical import JsonObject
 from runplane.engine.runs import history
 from runplane.engine.runs.history import MapRunState
+from runplane.engine.runs.outages import record_outages
 from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import RunScope
 
 from .progress import MapProgress, MapResult
-from .retry import hurry_if_waiting
+from .retry import current_watch, hurry_if_waiting
 
 log = logging.getLogger("runplane.actors")
 
@@ -84,6 +85,19 @@ class MapRecorder:
             if self.latest is not None and self.latest != self.written:
                 self.written = self.latest
                 await self._write(self._record(MapRunState.RUNNING, self.latest))
+            await self._write_outages()
+
+    async def _write_outages(self) -> None:
+        """The run's outages ridden out since the last write, for its timeline."""
+        watch = current_watch()
+        outages = [] if watch is None else watch.take_ended()
+        if not outages:
+            return
+        try:
+            await record_outages(self.port, self.scope, outages)
+        except EngineError as exc:  # written with the next ones
+            watch.give_back(outages)
+            log.debug("run %s: outages not written: %s", self.scope.run_id, exc)
 
     async def finish(self, result: MapResult | None,
                      state: MapRunState | None = None) -> None:
@@ -103,6 +117,7 @@ class MapRecorder:
             record = self._record(state or MapRunState.FAILED, self.latest, ended=True)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S):
             await self._write(record, logging.WARNING)
+            await self._write_outages()
 
     async def interrupted(self) -> None:
         """The map was cancelled and has flushed its computed outcomes: write its last counts

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import logging
 import math
 import random
@@ -55,6 +56,7 @@ import trio
 
 from runplane.engine import pg
 from runplane.engine.observability import metrics
+from runplane.engine.runs.outages import MAX_OUTAGES, Outage
 from runplane.engine.errors import (
     GatewayUnavailableError, RollbackFailedError, StoreOutageError, StoreUnavailableError,
     TransactionStateUnknownError,
@@ -91,6 +93,17 @@ class OutageWatch:
     connects: pg.ConnectWatch = attrs.field(factory=lambda: pg.ConnectWatch(STALL_S))
     # attempts in flight: their cancel scopes, and when each began
     _attempts: dict = attrs.field(factory=dict, repr=False)
+    # outages that ended and are not yet written for the run's timeline (`take_ended`)
+    _ended: list[Outage] = attrs.field(factory=list, repr=False)
+
+    def take_ended(self) -> list[Outage]:
+        """The outages that ended since the last call (`engine.runs.outages`)."""
+        ended, self._ended = self._ended, []
+        return ended
+
+    def give_back(self, outages: list[Outage]) -> None:
+        """Outages that could not be written: written with the next ones."""
+        self._ended[:0] = outages[-MAX_OUTAGES:]
 
     def attempt_deadline(self, ending: bool) -> float:
         """The trio time at which an attempt starting now is cut off: after the budget, from
@@ -139,6 +152,8 @@ class OutageWatch:
         self.outages += 1
         self.waited_s += waited
         metrics.outage_ended(waited)  # `runplane_store_outage_seconds_total`
+        began = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=waited)
+        self._ended = [*self._ended, Outage(began, waited)][-MAX_OUTAGES:]
         log.warning("the database is back after %.1fs; resuming", waited)
         self.since = None
         if not self.exhausted:

@@ -56,6 +56,7 @@ ACTION_MODULES = (
     "runplane.engine.limits.rates",
     "runplane.engine.sessions.minting",
     "runplane.engine.runs.history",
+    "runplane.engine.runs.outages",
     "runplane.engine.runs.row_calls",
     "runplane.engine.runs.cancel",
     "runplane.engine.runs.retry_spec",

@@ -28,7 +28,8 @@ has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused)
 12 adds `row_calls`: how many rows each process has inside a call now (`engine.runs.row_calls`).
 13 adds `runs.cancel_requested_at`: a run asked to stop (`engine.runs.cancel`).
 14 adds `run_maps.spec`: the function and policies a map ran with, for retries
-(`engine.runs.retry_spec`).
+(`engine.runs.retry_spec`), and `run_outages`, the outages a run rode out
+(`engine.runs.outages`).
 """
 
 from __future__ import annotations
@@ -200,6 +201,14 @@ CREATE TABLE IF NOT EXISTS {s}.run_maps (
 );
 CREATE INDEX IF NOT EXISTS run_maps_live ON {s}.run_maps (org_id, play) WHERE state = {MapRunState.RUNNING.sql};
 ALTER TABLE {s}.run_maps ADD COLUMN IF NOT EXISTS spec jsonb;
+CREATE TABLE IF NOT EXISTS {s}.run_outages (
+    org_id text NOT NULL,
+    play text NOT NULL,
+    run_id text NOT NULL,
+    began_at timestamptz NOT NULL,
+    seconds float8 NOT NULL,
+    PRIMARY KEY (org_id, play, run_id, began_at)
+);
 -- end of version 8 -----------------------------------------------------------------------------
 -- Shared maps (engine.shared.maps), from version 9: a published map, its units (slices of
 -- staged pages, handed out as leases) and the workers that joined the play's maps.

@@ -76,3 +76,45 @@ async def test_cancellation_and_units_claimed_again(tenant):
                                "0 cached; 3 units claimed again (leases taken over or released)")
     assert EventKind.PUBLISHED in kinds
     assert await run_timeline(tenant, tenant.org_id, "p", "no-such-run") == []
+
+
+async def test_an_outage_the_run_rode_out_is_on_its_timeline(tenant):
+    """The database goes away for a second mid-map (a real proxy, severed and blackholed) and
+    comes back: the run goes on, and its timeline shows the wait between the map's start and
+    end, with how long it lasted."""
+    import trio
+
+    from runplane.engine import open_tenant
+
+    from .conftest import fresh_schema
+    from .pg_proxy import open_pg_proxy
+
+    async with open_pg_proxy(tenant.dsn) as proxy:
+        async with open_tenant("org-outage", proxy.dsn, schema=fresh_schema(),
+                               outage_budget_s=30) as proxied:
+            halfway = trio.Event()
+
+            async def slow(row: dict) -> dict:
+                if row["n"] >= 100:
+                    halfway.set()
+                await trio.sleep(0.002)
+                return {"upper": row["name"].upper()}
+
+            async with open_run(proxied, "p") as run, trio.open_nursery() as nursery:
+                async def outage() -> None:
+                    await halfway.wait()
+                    proxy.set_blackhole(True, sever=True)
+                    await trio.sleep(1.0)
+                    proxy.set_blackhole(False)
+                nursery.start_soon(outage)
+                result = await run.map("t", [{"name": f"n{i}", "n": i} for i in range(3000)],
+                                       slow, contract=CONTRACT, concurrency=4)
+            assert result.completed == 3000, result
+            events = await run_timeline(proxied, proxied.org_id, "p", run.run_id)
+    kinds = [e.kind for e in events]
+    assert EventKind.OUTAGE in kinds, kinds
+    outage = events[kinds.index(EventKind.OUTAGE)]
+    assert kinds.index(EventKind.MAP_STARTED) < kinds.index(EventKind.OUTAGE) \
+        < kinds.index(EventKind.MAP_ENDED)
+    seconds = float(outage.text.split("waited ")[1].split(" s")[0])
+    assert 0.5 <= seconds <= 30, outage.text

@@ -9,9 +9,10 @@ How it works
   `history.LIVE_S` is shown as no longer written since then), and for shared maps
   (`shared_maps`, `shared_units`) when each was published and how many of its units were claimed
   again (a unit's `claims` past its first: a lease taken over after it expired or was released).
+- The outages the run rode out (`run_outages`, `engine.runs.outages`): when each wait began and
+  how long it lasted, as its processes wrote them with a map's next heartbeat.
 - Retries and lease takeovers are counted per map, not stamped one by one: they are shown on
-  the map's end (or last write). Outages a run rode out are not stored (a process keeps them in
-  memory), so the timeline cannot show them.
+  the map's end (or last write).
 - `timeline_section` renders it for a run's page (every value escaped, `pages.esc`).
 """
 
@@ -42,6 +43,7 @@ class EventKind(enum.Enum):
     MAP_ENDED = "map_ended"
     MAP_LAST_WRITTEN = "map_last_written"
     CANCEL_REQUESTED = "cancel_requested"
+    OUTAGE = "outage"
     RUN_ENDED = "run_ended"
 
 
@@ -76,6 +78,13 @@ SELECT m.map_key, m.table_namespace, m.state, m.started_at, m.ended_at, m.update
 """
 
 
+_OUTAGES = """
+SELECT began_at, seconds FROM {outages}
+ WHERE org_id = $1 AND play = $2 AND run_id = $3
+ ORDER BY began_at LIMIT {limit}
+"""
+
+
 def _map_end(r) -> str:
     state = MAP_STATE_WORDS.get(r["state"], r["state"])
     said = [f"{r['completed']} completed, {r['failed']} failed, {r['cached']} cached"]
@@ -92,6 +101,8 @@ async def run_timeline(port: Port, org: str, play: str, run_id: str) -> list[Eve
     run_sql = _RUN.format(runs=table(port, "runs"), outbox=table(port, "terminal_outbox"))
     maps_sql = _MAPS.format(maps=table(port, "run_maps"), units=table(port, "shared_units"),
                             shared=table(port, "shared_maps"), limit=MAX_MAPS)
+    outages_table = table(port, "run_outages")  # (a schema older than version 14 has none)
+    outages_sql = _OUTAGES.format(outages=outages_table, limit=MAX_MAPS)
 
     async def op(conn: Connection) -> list[Event]:
         run = await conn.fetchrow(run_sql, org, play, run_id)
@@ -111,6 +122,11 @@ async def run_timeline(port: Port, org: str, play: str, run_id: str) -> list[Eve
                 events.append(Event(r["updated_at"], EventKind.MAP_LAST_WRITTEN,
                                     f"map of {ns} last written (its process is gone): "
                                     + _map_end(r).split(": ", 1)[1], ns))
+        kept = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", outages_table)
+        for r in await conn.fetch(outages_sql, org, play, run_id) if kept else ():
+            events.append(Event(r["began_at"], EventKind.OUTAGE,
+                                f"the database was away: the run waited {r['seconds']:.1f} s "
+                                "and went on"))
         if run["cancel_requested_at"] is not None:
             events.append(Event(run["cancel_requested_at"], EventKind.CANCEL_REQUESTED,
                                 "cancellation requested"))
@@ -129,5 +145,5 @@ def timeline_section(events: list[Event]) -> str:
     items = "".join(f'<li data-event="{e.kind.value}"><time>{esc(when(e.at))}</time> '
                     f'{esc(e.text)}</li>' for e in events)
     return (f'<section id="timeline"><h2>Timeline</h2><ol class="timeline">{items}</ol>'
-            '<p class="muted">Retries and units claimed again are counted per map; outages '
-            'the run rode out are not stored.</p></section>')
+            '<p class="muted">Retries and units claimed again are counted per map.</p>'
+            '</section>')
