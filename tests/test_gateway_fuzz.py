@@ -15,6 +15,7 @@ first two items) is replaced, one at a time, by each hostile value:
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 import uuid
@@ -26,7 +27,7 @@ from runplane.actors import open_run
 from runplane.actors.shared.worker import WorkerOptions, serve_play
 
 from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
-from runplane.engine.runs import cancel, history, outbox, row_calls
+from runplane.engine.runs import cancel, history, outages, outbox, retry_spec, row_calls
 from runplane.engine.limits import rates as rate_limits
 from runplane.engine.shared import leases as shared_leases, maps as shared_maps
 from runplane.engine.actions import actions
@@ -73,6 +74,10 @@ async def _workload(tenant, gw) -> None:
     await runs.record_command(gw, ref.scope, "runplane run x")
     await cancel.cancel_requested(gw, ref.scope)
     await cancel.request_cancel(gw, ref.scope)
+    await retry_spec.retry_spec(gw, scope, "things")
+    await retry_spec.retry_spec(gw, scope, "things", force=True)
+    await outages.record_outages(gw, ref.scope, [outages.Outage(
+        datetime.datetime.now(datetime.timezone.utc), 1.5)])
     await receipts.claim(gw, ref, "k1")
     await receipts.complete(gw, ref, "k1", {"v": 1})
     await receipts.skip(gw, ref, "k2", {"v": 2})

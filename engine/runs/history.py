@@ -98,6 +98,8 @@ class MapRecord:
             value = getattr(self, name)
             if not is_int(value, 0):
                 raise InvalidInputError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.spec is not None and not isinstance(self.spec, dict):
+            raise InvalidInputError(f"spec must be a JSON object or null, got {self.spec!r}")
 
     @property
     def map_id(self) -> str:
@@ -176,7 +178,7 @@ async def record_map(port: Port, scope: RunScope, record: MapRecord) -> None:
         record.state.value, record.started_at, record.ended_at,
         *(getattr(record, name) for name in COUNTERS), reason,
         None if record.spec is None else canonical.stable_dumps(
-            canonical.normalize(dict(record.spec), "spec"))))
+            canonical.normalize(record.spec, "spec"))))
 
 
 def _stored(row) -> StoredMap:
