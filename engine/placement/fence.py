@@ -1,0 +1,167 @@
+"""The fence inside the database: while an org moves, any write of its rows fails, whatever path
+it came by (a gateway, a direct runner, a database session, `runplane sql`).
+
+How it works
+- `install(conn, schema, org)` creates, in one transaction, triggers that raise SQLSTATE 55P03
+  (lock not available: `LockTimeoutError`, a `StoreUnavailableError` every layer retries and the
+  gateway answers 503 with `retry_after_ms`) on every write of the org: a row trigger with a
+  `WHEN` on `org_id` on each table of the schema that has that column, one on `work_receipts`
+  whose key starts with the org's prefix (`engine.values.keys`), and a statement trigger on each
+  of the org's own sheet tables. Creating a trigger waits for the transactions writing that
+  table to end, so once `install` returns, no write of the org is in flight: the run's last
+  writes either committed before the fence (and are copied) or fail and are retried after.
+- Triggers exist only while the org is fenced (other orgs pay one `WHEN` test per row, during a
+  move only). The lock wait is bounded (`FENCE_LOCK_TIMEOUT`) and retried, so a long
+  transaction of another org delays the fence, never blocks that org for long.
+- `remove(conn, schema, org)` drops them; `org_tables(conn, schema, org)` lists what belongs to
+  an org (`OrgTables`), which the copy and `--drop-source` share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import attrs
+import trio
+
+from .. import pg
+from ..errors import LockTimeoutError
+from ..sheets.layout import table_name
+from ..sql import qualified, quote_ident
+
+FENCE_FUNCTION = "runplane_fenced"
+FENCE_LOCK_TIMEOUT = "2s"
+FENCE_ATTEMPTS = 30
+RECEIPTS_TABLE = "work_receipts"
+NOT_COPIED = frozenset({"session_scopes"})  # database sessions are roles of one server
+
+_FUNCTION = """
+CREATE OR REPLACE FUNCTION {s}.{f}() RETURNS trigger LANGUAGE plpgsql AS $fence$
+BEGIN
+    RAISE EXCEPTION 'org % is fenced: it is moving to another server, retry shortly',
+        TG_ARGV[0] USING ERRCODE = '55P03';
+END
+$fence$
+"""
+
+_ORG_TABLES = """
+SELECT c.relname FROM pg_catalog.pg_class AS c
+  JOIN pg_catalog.pg_attribute AS a ON a.attrelid = c.oid AND a.attname = 'org_id'
+ WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'r' AND NOT a.attisdropped
+ ORDER BY c.relname
+"""
+
+_SHEETS = """
+SELECT play, table_namespace, table_name FROM {summary} WHERE org_id = $1
+"""
+
+
+def literal(value: str) -> str:
+    """`value` as an SQL string literal (for trigger DDL, which takes no bind values)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def receipt_prefix(org: str) -> bytes:
+    """The bytes every stored receipt key of `org` starts with (`engine.values.keys`)."""
+    return json.dumps([org], separators=(",", ":"), ensure_ascii=False).encode()[:-1] + b","
+
+
+@attrs.frozen
+class OrgTables:
+    """What belongs to an org in one schema: tables shared by orgs (keyed by `org_id`) and
+    the org's own sheet tables (that exist)."""
+
+    schema: str
+    shared: tuple[str, ...]
+    sheets: tuple[str, ...]
+
+
+async def org_tables(conn: pg.Connection, schema: str, org: str) -> OrgTables:
+    shared = [row["relname"] for row in await conn.fetch(_ORG_TABLES, quote_ident(schema))]
+    names = set()
+    if "sheet_summary" in shared:
+        for row in await conn.fetch(_SHEETS.format(summary=qualified(schema, "sheet_summary")),
+                                    org):
+            names.add(row["table_name"] or table_name(org, row["play"], row["table_namespace"]))
+    exists = await conn.fetch(
+        "SELECT relname FROM pg_catalog.pg_class WHERE relnamespace = $1::regnamespace"
+        " AND relkind = 'r' AND relname = ANY($2::text[])", quote_ident(schema), sorted(names))
+    return OrgTables(schema, tuple(shared), tuple(sorted(row["relname"] for row in exists)))
+
+
+def _trigger(org: str, suffix: str) -> str:
+    return f"runplane_fence_{hashlib.sha256(org.encode()).hexdigest()[:16]}_{suffix}"
+
+
+def _fence_sql(tables: OrgTables, org: str) -> list[str]:
+    s, lit = quote_ident(tables.schema), literal(org)
+    run = f"EXECUTE FUNCTION {s}.{FENCE_FUNCTION}({lit})"
+    statements = [_FUNCTION.format(s=s, f=FENCE_FUNCTION)]
+    for name in tables.shared:
+        t = qualified(tables.schema, name)
+        statements.append(f"CREATE TRIGGER {_trigger(org, 'w')} BEFORE INSERT OR UPDATE ON {t}"
+                          f" FOR EACH ROW WHEN (NEW.org_id = {lit}) {run}")
+        statements.append(f"CREATE TRIGGER {_trigger(org, 'd')} BEFORE DELETE ON {t}"
+                          f" FOR EACH ROW WHEN (OLD.org_id = {lit}) {run}")
+    prefix = receipt_prefix(org)
+    receipts = qualified(tables.schema, RECEIPTS_TABLE)
+    starts = f"'\\x{prefix.hex()}'::bytea"
+    for suffix, row, ops in (("w", "NEW", "INSERT OR UPDATE"), ("d", "OLD", "DELETE")):
+        statements.append(
+            f"CREATE TRIGGER {_trigger(org, suffix)} BEFORE {ops} ON {receipts} FOR EACH ROW"
+            f" WHEN (substring({row}.k from 1 for {len(prefix)}) = {starts}) {run}")
+    for name in tables.sheets:
+        statements.append(
+            f"CREATE TRIGGER {_trigger(org, 's')} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE"
+            f" ON {qualified(tables.schema, name)} FOR EACH STATEMENT {run}")
+    return statements
+
+
+async def _triggers(conn: pg.Connection, schema: str, org: str) -> list[tuple[str, str]]:
+    rows = await conn.fetch(
+        "SELECT t.tgname, c.relname FROM pg_catalog.pg_trigger AS t"
+        " JOIN pg_catalog.pg_class AS c ON c.oid = t.tgrelid"
+        " WHERE c.relnamespace = $1::regnamespace AND t.tgname LIKE $2",
+        quote_ident(schema), _trigger(org, "%"))
+    return [(row["tgname"], row["relname"]) for row in rows]
+
+
+async def is_fenced(conn: pg.Connection, schema: str, org: str) -> bool:
+    return bool(await _triggers(conn, schema, org))
+
+
+async def bounded(conn: pg.Connection, statements: list[str]) -> None:
+    """Run `statements` in one transaction whose lock waits are bounded, retried."""
+    for attempt in range(FENCE_ATTEMPTS):
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT set_config('lock_timeout', $1, true)",
+                                   FENCE_LOCK_TIMEOUT)
+                for statement in statements:
+                    await conn.execute(statement)
+            return
+        except LockTimeoutError:
+            if attempt == FENCE_ATTEMPTS - 1:
+                raise
+            await trio.sleep(0.1)
+
+
+async def drops(conn: pg.Connection, schema: str, org: str) -> list[str]:
+    """The statements that drop the fence of `org` in `schema` (none when it has none)."""
+    return [f"DROP TRIGGER IF EXISTS {quote_ident(name)} ON {qualified(schema, table)}"
+            for name, table in await _triggers(conn, schema, org)]
+
+
+async def install(conn: pg.Connection, schema: str, org: str) -> OrgTables:
+    """Fence `org` in `schema` (idempotent: an existing fence is replaced)."""
+    tables = await org_tables(conn, schema, org)
+    await bounded(conn, await drops(conn, schema, org) + _fence_sql(tables, org))
+    return tables
+
+
+async def remove(conn: pg.Connection, schema: str, org: str) -> None:
+    """Lift the fence of `org` in `schema` (nothing to do when it has none)."""
+    statements = await drops(conn, schema, org)
+    if statements:
+        await bounded(conn, statements)
