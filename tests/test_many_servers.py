@@ -14,7 +14,9 @@ import trio
 from runplane.actors import open_run
 from runplane.engine import PlayScope, RunScope, open_tenant, runs, sheets
 from runplane.engine.embedded import start_embedded
-from runplane.engine.errors import InvalidInputError, ScopeError, StoreUnavailableError
+from runplane.engine.errors import (
+    ConflictError, InvalidInputError, ScopeError, StoreUnavailableError,
+)
 from runplane.engine.gateway import ServerOptions, mint_token, open_gateway, open_server
 from runplane.engine.placement import fence, load_tenants_file, parse_tenants
 from runplane.engine.placement.control import MoveStep, control_connection
@@ -182,3 +184,66 @@ async def test_an_org_moves_to_another_server_in_the_middle_of_a_run(dsn, second
         assert await _org_rows(conn, schema, org_a) == 0  # server 1 holds no A rows
         assert await _org_rows(conn, schema, org_b) > 0
         assert not await fence.is_fenced(conn, schema, org_a)
+
+
+class Crash(Exception):
+    """The mover dies at a step (as a killed process would, between two statements)."""
+
+
+async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_path):
+    schema, org = fresh_schema(), f"c{uuid.uuid4().hex[:10]}"
+    path = tenants_toml(tmp_path / "t.toml", {"s1": dsn, "s2": second_dsn}, {org: "s1"}, schema)
+    file = load_tenants_file(path)
+    async with open_tenant(org, dsn, schema=schema) as on_s1:
+        run = await runs.register(on_s1, RunScope(org, "p", "r1"))
+        await sheets.ensure_sheet(on_s1, PlayScope(org, "p"), "t", CONTRACT)
+        await sheets.admit(on_s1, run, "t", CONTRACT, [{"name": f"x{i}", "n": i} for i in range(50)])
+
+    def crash_at(where: MoveStep):
+        async def hook(step: MoveStep) -> None:
+            if step is where:
+                raise Crash(step.value)
+        return hook
+
+    with pytest.raises(Crash):  # dies after fencing, before the copy
+        await move_org(file, MoveRequest(org, to="s2"), on_step=crash_at(MoveStep.COPY))
+    with pytest.raises(ConflictError):  # a new move while one is recorded: resume or abort
+        await move_org(file, MoveRequest(org, to="s2"))
+    aborted = await move_org(file, MoveRequest(org, abort=True))
+    assert aborted.aborted
+    async with control_connection(dsn) as conn:
+        assert not await fence.is_fenced(conn, schema, org)
+        assert (await load_router(path)).resolve(org).server == "s1"
+    async with open_tenant(org, dsn, schema=schema) as on_s1:
+        assert (await runs.register(on_s1, RunScope(org, "p", "r2"))).epoch > run.epoch
+    with pytest.raises(Crash):  # dies after the verified copy, before the route switched
+        await move_org(file, MoveRequest(org, to="s2"), on_step=crash_at(MoveStep.SWITCH))
+    resumed = await move_org(file, MoveRequest(org, resume=True))
+    assert resumed.rows["runs"] == 2 and resumed.rows["sheet_summary"] == 1
+    assert (await load_router(path)).resolve(org).server == "s2"
+    with pytest.raises(ConflictError):  # server 1 still holds the rows: drop them first
+        await move_org(file, MoveRequest(org, to="s1"))
+    assert (await move_org(file, MoveRequest(org, drop_source=True))).dropped
+    async with control_connection(dsn) as conn:
+        assert await _org_rows(conn, schema, org) == 0
+    async with open_tenant(org, second_dsn, schema=schema) as on_s2:
+        summary = await sheets.summary(on_s2, PlayScope(org, "p"), "t")
+        assert summary.total == 50 and summary.queued + summary.running == 50
+
+
+def test_the_command_line_follows_the_tenants_file(dsn, second_dsn, tmp_path, capsys):
+    from runplane.cli.main import main
+
+    schema, org = fresh_schema(), f"d{uuid.uuid4().hex[:10]}"
+    path = tenants_toml(tmp_path / "t.toml", {"s1": dsn, "s2": second_dsn}, {org: "s2"}, schema)
+    demo = ["demo", "--rows", "120", "--fail-rate", "0", "--tenants", path, "--org", org]
+    assert main(demo) == 0
+    assert "admitted 120" in capsys.readouterr().out
+    assert main(["move-org", org, "--to", "s1", "--tenants", path]) == 0
+    assert f"moved org {org} from s2 to s1" in capsys.readouterr().out
+    assert main(demo) == 0  # the rerun reads its cache on server 1
+    assert "cached 120" in capsys.readouterr().out
+    assert main(["move-org", org, "--drop-source", "--tenants", path]) == 0
+    assert main(["move-org", org, "--resume", "--tenants", path]) == 1  # nothing to resume
+    assert main(["move-org", org, "--tenants", path]) == 2  # no --to
+    assert main(["demo", "--rows", "1", "--tenants", path, "--org", "nobody"]) == 1  # refused

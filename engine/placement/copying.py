@@ -112,6 +112,8 @@ async def table_ddl(source: pg.Connection, schema: str, name: str) -> list[str]:
 async def drop_org(conn: pg.Connection, schema: str, org: str) -> None:
     """Delete `org`'s rows and sheet tables from `schema` on `conn`'s server, fence lifted."""
     tables = await fence.org_tables(conn, schema, org)
+    if not tables.shared:
+        return  # no runplane schema there: nothing of the org
     prefix = fence.receipt_prefix(org)
     statements = await fence.drops(conn, schema, org)
     statements += [f"DROP TABLE IF EXISTS {qualified(schema, name)}" for name in tables.sheets]

@@ -78,6 +78,9 @@ class OrgTables:
 
 
 async def org_tables(conn: pg.Connection, schema: str, org: str) -> OrgTables:
+    """What belongs to `org` in `schema` on `conn`'s server (nothing when no such schema)."""
+    if await conn.fetchval("SELECT to_regnamespace($1)", quote_ident(schema)) is None:
+        return OrgTables(schema, (), ())
     shared = [row["relname"] for row in await conn.fetch(_ORG_TABLES, quote_ident(schema))]
     names = set()
     if "sheet_summary" in shared:

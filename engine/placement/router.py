@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import threading
 from typing import AsyncIterator, Mapping
 
 import attrs
@@ -120,15 +121,9 @@ async def open_router(path: str, *, poll_s: float = POLL_S) -> AsyncIterator[Rou
     router = await load_router(path, poll_s=poll_s)
     async with trio.open_nursery() as nursery:
         await nursery.start(router._poll)
-        if trio.lowlevel.current_root_task() is not None and _main_thread():
+        if threading.current_thread() is threading.main_thread():  # signals reach it only
             nursery.start_soon(router._on_sighup)
         try:
             yield router
         finally:
             nursery.cancel_scope.cancel()
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
