@@ -119,7 +119,7 @@ async def drop_org(conn: pg.Connection, schema: str, org: str) -> None:
     statements += [f"DROP TABLE IF EXISTS {qualified(schema, name)}" for name in tables.sheets]
     await fence.bounded(conn, statements)
     async with conn.transaction():
-        for name in tables.shared:
+        for name in (name for name in tables.shared if name not in fence.NOT_COPIED):
             await conn.execute(f"DELETE FROM {qualified(schema, name)} WHERE org_id = $1", org)
         await conn.execute(f"DELETE FROM {qualified(schema, fence.RECEIPTS_TABLE)}"
                            " WHERE k >= $1 AND k < $2", prefix, prefix + b"\xff")

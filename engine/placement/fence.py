@@ -13,6 +13,8 @@ How it works
 - Triggers exist only while the org is fenced (other orgs pay one `WHEN` test per row, during a
   move only). The lock wait is bounded (`FENCE_LOCK_TIMEOUT`) and retried, so a long
   transaction of another org delays the fence, never blocks that org for long.
+- `end_sessions` expires the org's database-session roles on the source and ends their
+  connections: a runner mints its next session through the gateway, on the new server.
 - `remove(conn, schema, org)` drops them; `org_tables(conn, schema, org)` lists what belongs to
   an org (`OrgTables`), which the copy and `--drop-source` share.
 """
@@ -21,20 +23,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 
 import attrs
 import trio
 
 from .. import pg
-from ..errors import LockTimeoutError
+from ..errors import InsufficientPrivilegeError, LockTimeoutError
 from ..sheets.layout import table_name
 from ..sql import qualified, quote_ident
+
+log = logging.getLogger("runplane.placement")
 
 FENCE_FUNCTION = "runplane_fenced"
 FENCE_LOCK_TIMEOUT = "2s"
 FENCE_ATTEMPTS = 30
 RECEIPTS_TABLE = "work_receipts"
-NOT_COPIED = frozenset({"session_scopes"})  # database sessions are roles of one server
+# Database sessions are roles of one server: their scope rows are neither fenced nor copied nor
+# deleted by a move; `end_sessions` expires the org's roles at the fence (the sweep drops them).
+NOT_COPIED = frozenset({"session_scopes"})
 
 _FUNCTION = """
 CREATE OR REPLACE FUNCTION {s}.{f}() RETURNS trigger LANGUAGE plpgsql AS $fence$
@@ -101,7 +108,7 @@ def _fence_sql(tables: OrgTables, org: str) -> list[str]:
     s, lit = quote_ident(tables.schema), literal(org)
     run = f"EXECUTE FUNCTION {s}.{FENCE_FUNCTION}({lit})"
     statements = [_FUNCTION.format(s=s, f=FENCE_FUNCTION)]
-    for name in tables.shared:
+    for name in (name for name in tables.shared if name not in NOT_COPIED):
         t = qualified(tables.schema, name)
         statements.append(f"CREATE TRIGGER {_trigger(org, 'w')} BEFORE INSERT OR UPDATE ON {t}"
                           f" FOR EACH ROW WHEN (NEW.org_id = {lit}) {run}")
@@ -168,3 +175,25 @@ async def remove(conn: pg.Connection, schema: str, org: str) -> None:
     statements = await drops(conn, schema, org)
     if statements:
         await bounded(conn, statements)
+
+
+async def end_sessions(conn: pg.Connection, schema: str, org: str) -> int:
+    """Expire `org`'s database-session roles in `schema` and end their connections (a runner
+    mints a new session, through the gateway, on the org's new server); the schema's sweep
+    drops them. Returns how many roles were ended; a login that may not signal them only
+    expires them (logged)."""
+    scopes = qualified(schema, "session_scopes")
+    if await conn.fetchval("SELECT to_regclass($1)", scopes) is None:
+        return 0
+    roles = [row["rolname"] for row in await conn.fetch(
+        f"SELECT r.rolname FROM {scopes} AS s JOIN pg_catalog.pg_roles AS r"
+        " ON r.rolname = s.role_name WHERE s.org_id = $1", org)]
+    for role in roles:
+        await conn.execute(f"ALTER ROLE {quote_ident(role)} VALID UNTIL 'epoch'")
+    try:
+        await conn.execute("SELECT pg_catalog.pg_terminate_backend(pid)"
+                           " FROM pg_catalog.pg_stat_activity WHERE usename = ANY($1::text[])",
+                           roles)
+    except InsufficientPrivilegeError as exc:
+        log.warning("move: the org's session connections were not ended: %s", exc)
+    return len(roles)

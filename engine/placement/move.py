@@ -120,6 +120,7 @@ async def _steps(driver: pg.Driver, file: TenantsFile, conn: pg.Connection,
         if placement.move_step is MoveStep.FENCE:
             await on_step(MoveStep.FENCE)
             await fence.install(src, schema, org)
+            await fence.end_sessions(src, schema, org)
             placement = await control.record_step(conn, placement, MoveStep.COPY)
         if placement.move_step is MoveStep.COPY:
             await on_step(MoveStep.COPY)
