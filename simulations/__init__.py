@@ -22,7 +22,7 @@ SCENARIOS: dict[str, str] = {}
 
 def _register_available() -> None:
     for name in ("seal_vs_retire", "fencing", "counters", "crash_and_wake", "gateway",
-                 "fast_admission", "superseded", "crash_anywhere", "shared_map"):
+                 "fast_admission", "superseded", "crash_anywhere", "shared_map", "routing"):
         if importlib.util.find_spec(f"runplane.simulations.{name}") is not None:
             SCENARIOS[name] = f"runplane.simulations.{name}"
 

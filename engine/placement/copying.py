@@ -109,34 +109,36 @@ async def table_ddl(source: pg.Connection, schema: str, name: str) -> list[str]:
     return statements + [row["def"] for row in await source.fetch(_INDEXES, t)]
 
 
-async def drop_org(conn: pg.Connection, schema: str, org: str) -> None:
-    """Delete `org`'s rows and sheet tables from `schema` on `conn`'s server, fence lifted."""
+async def drop_org(conn: pg.Connection, schema: str, org: str,
+                   also: Sequence[str] = ()) -> None:
+    """Delete `org`'s rows and sheet tables (and the tables named in `also`, if they exist)
+    from `schema` on `conn`'s server, its fence there lifted."""
     tables = await fence.org_tables(conn, schema, org)
     if not tables.shared:
         return  # no runplane schema there: nothing of the org
+    present = await conn.fetch(
+        "SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass($2 || '.' || quote_ident(t))"
+        " IS NOT NULL", list(also), quote_ident(schema))
+    dropping = tuple(sorted(set(tables.sheets) | {row["t"] for row in present}))
     prefix = fence.receipt_prefix(org)
-    statements = await fence.drops(conn, schema, org)
-    statements += [f"DROP TABLE IF EXISTS {qualified(schema, name)}" for name in tables.sheets]
-    await fence.bounded(conn, statements)
-    async with conn.transaction():
-        for name in (name for name in tables.shared if name not in fence.NOT_COPIED):
-            await conn.execute(f"DELETE FROM {qualified(schema, name)} WHERE org_id = $1", org)
-        await conn.execute(f"DELETE FROM {qualified(schema, fence.RECEIPTS_TABLE)}"
-                           " WHERE k >= $1 AND k < $2", prefix, prefix + b"\xff")
+    deletes = [f"DELETE FROM {qualified(schema, name)} WHERE org_id = {fence.literal(org)}"
+               for name in tables.shared if name not in fence.NOT_COPIED]
+    low, high = prefix.hex(), (prefix + b"\xff").hex()
+    deletes.append(f"DELETE FROM {qualified(schema, fence.RECEIPTS_TABLE)}"
+                   f" WHERE k >= '\\x{low}'::bytea AND k < '\\x{high}'::bytea")
+    await fence.remove(conn, schema, org, dropping=dropping, then=deletes)
 
 
 async def prepare_target(source: pg.Connection, target: pg.Connection,
                          copies: Sequence[TableCopy], org: str) -> None:
     """The target's schema ready for the org's rows (see the module docstring)."""
     schema = copies[0].schema
+    sheets = [copy.name for copy in copies if copy.sheet]
     await schema_ddl.bootstrap(target, schema)
-    await drop_org(target, schema, org)
-    ddl = [f"DROP TABLE IF EXISTS {qualified(schema, copy.name)}"  # an interrupted move's
-           for copy in copies if copy.sheet]
-    ddl += [statement for copy in copies if copy.sheet
-            for statement in await table_ddl(source, schema, copy.name)]
-    if ddl:
-        await fence.bounded(target, ddl)
+    await drop_org(target, schema, org, also=sheets)  # an interrupted move's leftovers too
+    ddl = [statement for name in sheets for statement in await table_ddl(source, schema, name)]
+    if ddl:  # new tables: nothing else holds them
+        await fence.bounded(target, ddl, fence.Locks())
 
 
 async def copy_rows(source: pg.Connection, target: pg.Connection,

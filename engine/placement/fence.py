@@ -11,8 +11,10 @@ How it works
   table to end, so once `install` returns, no write of the org is in flight: the run's last
   writes either committed before the fence (and are copied) or fail and are retried after.
 - Triggers exist only while the org is fenced (other orgs pay one `WHEN` test per row, during a
-  move only). The lock wait is bounded (`FENCE_LOCK_TIMEOUT`) and retried, so a long
-  transaction of another org delays the fence, never blocks that org for long.
+  move only). The DDL takes all its table locks first (`bounded`): without waiting, then, under
+  load, waiting at most half the server's `deadlock_timeout` for all of them before it rolls
+  back and tries again. So no other org's writer queues behind the fence for long, and none is
+  ever chosen as the victim of a deadlock with it.
 - `end_sessions` expires the org's database-session roles on the source and ends their
   connections: a runner mints its next session through the gateway, on the new server.
 - `remove(conn, schema, org)` drops them; `org_tables(conn, schema, org)` lists what belongs to
@@ -24,20 +26,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from typing import Sequence
 
 import attrs
 import trio
 
 from .. import pg
-from ..errors import InsufficientPrivilegeError, LockTimeoutError
+from ..errors import InsufficientPrivilegeError, LockTimeoutError, StatementTimeoutError
 from ..sheets.layout import table_name
 from ..sql import qualified, quote_ident
 
 log = logging.getLogger("runplane.placement")
 
 FENCE_FUNCTION = "runplane_fenced"
-FENCE_LOCK_TIMEOUT = "2s"
-FENCE_ATTEMPTS = 30
+LOCK_PHASE_MS = 400
+FENCE_ATTEMPTS = 600
+NOWAIT_ATTEMPTS, NOWAIT_PAUSE_S = 20, 0.02
 RECEIPTS_TABLE = "work_receipts"
 # Database sessions are roles of one server: their scope rows are neither fenced nor copied nor
 # deleted by a move; `end_sessions` expires the org's roles at the fence (the sweep drops them).
@@ -55,7 +59,7 @@ $fence$
 _ORG_TABLES = """
 SELECT c.relname FROM pg_catalog.pg_class AS c
   JOIN pg_catalog.pg_attribute AS a ON a.attrelid = c.oid AND a.attname = 'org_id'
- WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'r' AND NOT a.attisdropped
+ WHERE c.relnamespace = to_regnamespace($1) AND c.relkind = 'r' AND NOT a.attisdropped
  ORDER BY c.relname
 """
 
@@ -95,7 +99,7 @@ async def org_tables(conn: pg.Connection, schema: str, org: str) -> OrgTables:
                                     org):
             names.add(row["table_name"] or table_name(org, row["play"], row["table_namespace"]))
     exists = await conn.fetch(
-        "SELECT relname FROM pg_catalog.pg_class WHERE relnamespace = $1::regnamespace"
+        "SELECT relname FROM pg_catalog.pg_class WHERE relnamespace = to_regnamespace($1)"
         " AND relkind = 'r' AND relname = ANY($2::text[])", quote_ident(schema), sorted(names))
     return OrgTables(schema, tuple(shared), tuple(sorted(row["relname"] for row in exists)))
 
@@ -132,7 +136,7 @@ async def _triggers(conn: pg.Connection, schema: str, org: str) -> list[tuple[st
     rows = await conn.fetch(
         "SELECT t.tgname, c.relname FROM pg_catalog.pg_trigger AS t"
         " JOIN pg_catalog.pg_class AS c ON c.oid = t.tgrelid"
-        " WHERE c.relnamespace = $1::regnamespace AND t.tgname LIKE $2",
+        " WHERE c.relnamespace = to_regnamespace($1) AND t.tgname LIKE $2",
         quote_ident(schema), _trigger(org, "%"))
     return [(row["tgname"], row["relname"]) for row in rows]
 
@@ -141,40 +145,86 @@ async def is_fenced(conn: pg.Connection, schema: str, org: str) -> bool:
     return bool(await _triggers(conn, schema, org))
 
 
-async def bounded(conn: pg.Connection, statements: list[str]) -> None:
-    """Run `statements` in one transaction whose lock waits are bounded, retried."""
-    for attempt in range(FENCE_ATTEMPTS):
+@attrs.frozen
+class Locks:
+    """The tables a DDL transaction of a move locks first: `share` in SHARE ROW EXCLUSIVE mode
+    (what creating a trigger takes), `exclusive` in ACCESS EXCLUSIVE (what dropping a trigger
+    or a table takes). Qualified names."""
+
+    share: tuple[str, ...] = ()
+    exclusive: tuple[str, ...] = ()
+
+
+async def _lock(conn: pg.Connection, locks: Locks, *, wait: bool) -> None:
+    for mode, names in (("SHARE ROW EXCLUSIVE", locks.share),
+                        ("ACCESS EXCLUSIVE", locks.exclusive)):
+        if names:
+            await conn.execute(f"LOCK TABLE {', '.join(sorted(set(names)))} IN {mode} MODE"
+                               + ("" if wait else " NOWAIT"))
+
+
+async def _lock_phase_ms(conn: pg.Connection) -> int:
+    """How long the waiting lock phase may last: half the server's `deadlock_timeout`, at most
+    `LOCK_PHASE_MS` (a writer waiting on the fence is then never waiting long enough for its
+    own deadlock check to run while the fence waits too)."""
+    seconds = await conn.fetchval(
+        "SELECT extract(epoch FROM current_setting('deadlock_timeout')::interval)")
+    return max(10, min(LOCK_PHASE_MS, int(float(seconds) * 500)))
+
+
+async def bounded(conn: pg.Connection, statements: list[str], locks: Locks) -> None:
+    """Run `statements` in one transaction that first takes `locks`, then runs them without
+    waiting for anything else. The locks are tried without waiting (`NOWAIT`) first, then with
+    waits whose whole phase is bounded (`_lock_phase_ms`), each attempt rolled back and retried
+    when it does not get them: the fence is never in a deadlock whose victim is another org's
+    writer, and a writer queues behind it at most that long."""
+    phase_ms = await _lock_phase_ms(conn)
+    for attempt in range(NOWAIT_ATTEMPTS + FENCE_ATTEMPTS):
+        wait = attempt >= NOWAIT_ATTEMPTS
         try:
             async with conn.transaction():
-                await conn.execute("SELECT set_config('lock_timeout', $1, true)",
-                                   FENCE_LOCK_TIMEOUT)
+                if wait:
+                    await conn.execute("SELECT set_config('statement_timeout', $1, true)",
+                                       f"{phase_ms}ms")
+                await _lock(conn, locks, wait=wait)
+                await conn.execute("SELECT set_config('statement_timeout', '0', true)")
                 for statement in statements:
                     await conn.execute(statement)
             return
-        except LockTimeoutError:
-            if attempt == FENCE_ATTEMPTS - 1:
+        except (LockTimeoutError, StatementTimeoutError):
+            if attempt == NOWAIT_ATTEMPTS + FENCE_ATTEMPTS - 1:
                 raise
-            await trio.sleep(0.1)
+            await trio.sleep(NOWAIT_PAUSE_S)
 
 
-async def drops(conn: pg.Connection, schema: str, org: str) -> list[str]:
-    """The statements that drop the fence of `org` in `schema` (none when it has none)."""
-    return [f"DROP TRIGGER IF EXISTS {quote_ident(name)} ON {qualified(schema, table)}"
-            for name, table in await _triggers(conn, schema, org)]
+async def _drops(conn: pg.Connection, schema: str, org: str) -> tuple[list[str], Locks]:
+    found = await _triggers(conn, schema, org)
+    return ([f"DROP TRIGGER IF EXISTS {quote_ident(name)} ON {qualified(schema, table)}"
+             for name, table in found],
+            Locks(exclusive=tuple(qualified(schema, table) for _, table in found)))
 
 
 async def install(conn: pg.Connection, schema: str, org: str) -> OrgTables:
     """Fence `org` in `schema` (idempotent: an existing fence is replaced)."""
     tables = await org_tables(conn, schema, org)
-    await bounded(conn, await drops(conn, schema, org) + _fence_sql(tables, org))
+    drops, locks = await _drops(conn, schema, org)
+    fenced = [name for name in tables.shared if name not in NOT_COPIED]
+    fenced += [RECEIPTS_TABLE, *tables.sheets]
+    await bounded(conn, drops + _fence_sql(tables, org), attrs.evolve(
+        locks, share=tuple(qualified(schema, t) for t in fenced)))
     return tables
 
 
-async def remove(conn: pg.Connection, schema: str, org: str) -> None:
-    """Lift the fence of `org` in `schema` (nothing to do when it has none)."""
-    statements = await drops(conn, schema, org)
-    if statements:
-        await bounded(conn, statements)
+async def remove(conn: pg.Connection, schema: str, org: str, *,
+                 dropping: tuple[str, ...] = (), then: Sequence[str] = ()) -> None:
+    """Lift the fence of `org` in `schema`; in the same transaction drop the tables named in
+    `dropping` and run the statements `then` (deleting the org's rows: nothing slips in between)."""
+    drops, locks = await _drops(conn, schema, org)
+    drops += [f"DROP TABLE IF EXISTS {qualified(schema, name)}" for name in dropping]
+    drops += then
+    if drops:
+        await bounded(conn, drops, attrs.evolve(
+            locks, exclusive=locks.exclusive + tuple(qualified(schema, n) for n in dropping)))
 
 
 async def end_sessions(conn: pg.Connection, schema: str, org: str) -> int:

@@ -25,7 +25,7 @@ from typing import Awaitable, Callable
 
 import attrs
 
-from .. import pg
+from .. import pg, schema as schema_ddl
 from ..errors import ConflictError, InvalidInputError
 from . import control, copying, fence
 from .control import MoveStep, Placement
@@ -119,6 +119,7 @@ async def _steps(driver: pg.Driver, file: TenantsFile, conn: pg.Connection,
             control.connect(driver, file.dsn(target)) as dst:
         if placement.move_step is MoveStep.FENCE:
             await on_step(MoveStep.FENCE)
+            await schema_ddl.bootstrap(src, schema)  # an org placed but never used yet
             await fence.install(src, schema, org)
             await fence.end_sessions(src, schema, org)
             placement = await control.record_step(conn, placement, MoveStep.COPY)
