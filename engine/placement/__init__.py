@@ -11,7 +11,8 @@ How it works
 - `fence`: the fence inside the database (triggers that fail any write of a fenced org);
   `copying`: an org's tables copied with COPY, verified by counts and digests; `move`: the
   steps of `move-org`, each recorded so an interrupted move resumes or rolls back.
-See docs/architecture.md ("Many servers") and docs/guide/operations.md ("Moving an org").
+See docs/architecture.md ("Many servers") and docs/guide/operations.md ("Many servers:
+moving an org").
 """
 
 from .tenants_file import OrgPlacement, TenantsFile, load_tenants_file, parse_tenants
