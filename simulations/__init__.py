@@ -41,6 +41,10 @@ def resolve_dsn(dsn: str | None = None) -> str:
     return start_embedded(Path(tempfile.mkdtemp(prefix="runplane-sim-")) / "pg", temporary=True)
 
 
-def run_scenario(name: str, *, examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
+def run_scenario(name: str, *, examples: int | None, seed: int | None,
+                 dsn: str | None = None) -> SimulationReport:
+    """Run scenario `name`; `examples` None: the scenario's `DEFAULT_EXAMPLES`, else 100."""
     module = importlib.import_module(SCENARIOS[name])
+    if examples is None:
+        examples = getattr(module, "DEFAULT_EXAMPLES", 100)
     return module.run(examples=examples, seed=seed, dsn=resolve_dsn(dsn))

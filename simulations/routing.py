@@ -35,7 +35,9 @@ import trio
 from hypothesis import strategies as st
 
 from runplane.engine import PlayScope, RunScope, open_tenant, runs, sheets
-from runplane.engine.gateway import RetryPolicy, ServerOptions, mint_token, open_gateway, open_server
+from runplane.engine.gateway import (
+    RetryPolicy, ServerOptions, mint_token, open_gateway, open_server,
+)
 from runplane.engine.placement import fence, load_tenants_file
 from runplane.engine.placement.control import MoveStep, control_connection
 from runplane.engine.placement.move import MoveRequest, move_org
@@ -216,8 +218,9 @@ async def _check_org(path: str, dsns: dict[str, str], schema: str, org: str,
         for run_id, epoch in ledger.epochs:
             stored = await runs.get(tenant, RunScope(org, PLAY, run_id))
             if stored is None or stored.epoch != epoch:
-                problems.append(f"{org}: run {run_id} answered with epoch {epoch} is "
-                                f"{'lost' if stored is None else stored.epoch} on {placement.server}")
+                found = "lost" if stored is None else stored.epoch
+                problems.append(f"{org}: run {run_id} answered with epoch {epoch} is {found} "
+                                f"on {placement.server}")
         seen = [epoch for _, epoch in ledger.epochs]
         if seen != sorted(set(seen)):
             problems.append(f"{org}: epochs not increasing in answer order: {seen}")
@@ -280,7 +283,8 @@ async def _example(dsns: dict[str, str], control_dsn: str, _dsn: str, plan: Plan
 DEFAULT_EXAMPLES = 5  # each example starts a gateway and moves orgs: seconds, not milliseconds
 
 
-def run(examples: int = DEFAULT_EXAMPLES, seed: int | None = None, dsn: str | None = None) -> SimulationReport:
+def run(examples: int = DEFAULT_EXAMPLES, seed: int | None = None,
+        dsn: str | None = None) -> SimulationReport:
     """Run the scenario on `SERVERS` databases created on `dsn`'s server (dropped after)."""
     from . import resolve_dsn
 

@@ -97,6 +97,23 @@ async def _org_rows(conn, schema: str, org: str) -> int:
         prefix, prefix + b"\xff")
 
 
+async def _check_moved(dsn: str, schema: str, org: str, run_id: str, late_epoch: int) -> None:
+    """The moved org's run on its new server: every row once, completed, counters exact, and
+    the run registered during the fence there with an epoch past the first run's."""
+    async with open_tenant(org, dsn, schema=schema) as moved:
+        scope = PlayScope(org, "p")
+        stored = await sheets.read_rows(moved, scope, "things")
+        assert sorted(row["name"] for row in stored) == sorted(f"r{i}" for i in range(300))
+        assert all(row["upper"] == row["name"].upper() for row in stored)
+        summary = await sheets.summary(moved, scope, "things")
+        assert (summary.total, summary.completed, summary.failed) == (300, 300, 0)
+        assert (await counters_match(moved, scope, "things"))[0]
+        first = await runs.get(moved, RunScope(org, "p", run_id))
+        registered_late = await runs.get(moved, RunScope(org, "late", "r"))
+        assert first is not None and registered_late is not None
+        assert registered_late.epoch == late_epoch > first.epoch  # epochs still increase
+
+
 async def test_an_org_moves_to_another_server_in_the_middle_of_a_run(dsn, second_dsn, tmp_path):
     schema, tag = fresh_schema(), uuid.uuid4().hex[:8]
     org_a, org_b = f"a{tag}", f"b{tag}"
@@ -166,18 +183,7 @@ async def test_an_org_moves_to_another_server_in_the_middle_of_a_run(dsn, second
     _, result_b = results[org_b]
     assert (result_a.admitted, result_a.completed, result_a.failed) == (300, 300, 0)
     assert (result_b.admitted, result_b.completed, result_b.failed) == (400, 400, 0)
-    async with open_tenant(org_a, second_dsn, schema=schema) as a_on_s2:
-        scope = PlayScope(org_a, "p")
-        stored = await sheets.read_rows(a_on_s2, scope, "things")
-        assert sorted(row["name"] for row in stored) == sorted(f"r{i}" for i in range(300))
-        assert all(row["upper"] == row["name"].upper() for row in stored)
-        summary = await sheets.summary(a_on_s2, scope, "things")
-        assert (summary.total, summary.completed, summary.failed) == (300, 300, 0)
-        assert (await counters_match(a_on_s2, scope, "things"))[0]
-        first = await runs.get(a_on_s2, RunScope(org_a, "p", run_a))
-        registered_late = await runs.get(a_on_s2, RunScope(org_a, "late", "r"))
-        assert first is not None and registered_late is not None
-        assert registered_late.epoch == late[0].epoch > first.epoch  # epochs still increase
+    await _check_moved(second_dsn, schema, org_a, run_a, late[0].epoch)
     dropped = await move_org(load_tenants_file(path), MoveRequest(org_a, drop_source=True))
     assert dropped.dropped
     async with control_connection(dsn) as conn:
@@ -197,7 +203,8 @@ async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_pa
     async with open_tenant(org, dsn, schema=schema) as on_s1:
         run = await runs.register(on_s1, RunScope(org, "p", "r1"))
         await sheets.ensure_sheet(on_s1, PlayScope(org, "p"), "t", CONTRACT)
-        await sheets.admit(on_s1, run, "t", CONTRACT, [{"name": f"x{i}", "n": i} for i in range(50)])
+        await sheets.admit(on_s1, run, "t", CONTRACT,
+                           [{"name": f"x{i}", "n": i} for i in range(50)])
 
     def crash_at(where: MoveStep):
         async def hook(step: MoveStep) -> None:
