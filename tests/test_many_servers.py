@@ -81,8 +81,14 @@ async def test_the_control_table_routes_and_the_file_only_seeds_it(dsn, second_d
         await polled.wait_for_poll()
         await polled.wait_for_poll()
         assert polled.resolve(org).fenced  # followed without a signal
+        newcomer = f"{org}-new"  # SIGHUP's reload: the file's new orgs are seeded
+        tenants_toml(tmp_path / "t.toml", {"s1": dsn, "s2": second_dsn},
+                     {org: "s1", newcomer: "s2"}, schema)
+        await polled.reload()
+        assert polled.resolve(newcomer).server == "s2" and polled.resolve(org).server == "s2"
     async with control_connection(dsn) as conn:
-        await conn.execute("DELETE FROM runplane_control.placements WHERE org_id = $1", org)
+        await conn.execute("DELETE FROM runplane_control.placements WHERE org_id = ANY($1)",
+                           [org, f"{org}-new"])
 
 
 async def _org_rows(conn, schema: str, org: str) -> int:
