@@ -21,7 +21,7 @@ Commands: `demo` (the main job, see `cli.demo`), `run PLAY.py` (a user's play), 
 
 The commands live in a module per group (`tool_commands`: doctor, psql, simulate;
 `run_commands`: demo, run; `data_commands`: status, failures, export, runs; `server_commands`:
-supervise, serve, token, console; `worker`), registered through `commands.command`; this
+supervise, serve, token, console; `worker`; `placement_commands`: move-org), registered through `commands.command`; this
 module builds the parser and turns errors into exit statuses.
 """
 
@@ -36,7 +36,8 @@ from runplane.engine.errors import EngineError, leaf_errors, public_name
 
 # The command modules register their commands at import, in this order (the order of `--help`).
 from . import tool_commands, run_commands, data_commands, server_commands
-from . import worker  # registers `runplane worker`, last
+from . import worker  # registers `runplane worker`
+from . import placement_commands  # registers `runplane move-org`, last
 from . import observing
 from .commands import COMMANDS
 from .inputs import InputFileError
@@ -44,7 +45,8 @@ from .operators import CommandError, RunCancelled, UsageError
 from .terminal import emit_json, warn
 
 # What registered `COMMANDS`, in registration order (imported above for that alone).
-COMMAND_MODULES = (tool_commands, run_commands, data_commands, server_commands, worker)
+COMMAND_MODULES = (tool_commands, run_commands, data_commands, server_commands, worker,
+                   placement_commands)
 
 
 # -- entry point --------------------------------------------------------------------------------
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = COMMANDS[args.command][0]
     try:
         observing.apply(args)
+        placement_commands.apply(args)  # --tenants: the org's server and schema
         if human is None:
             return handler(args)
         with human:  # ... and every other line to stderr

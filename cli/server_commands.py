@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 
@@ -23,11 +24,17 @@ def _supervise_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between idle polls")
     parser.add_argument("--abandon-after", type=float, default=None, metavar="SECONDS",
                         help="also retire open runs untouched this long (never woken again)")
+    parser.set_defaults(routes_by_org=True)  # --tenants: every placed org, each on its server
 
 
 @command("supervise", "drain the terminal outbox (retire finished runs) until interrupted")(_supervise_options)
 def supervise(args: argparse.Namespace) -> int:
     from runplane.actors import open_supervisor
+
+    if args.tenants:
+        from .placement_commands import supervise_placed
+
+        return supervise_placed(args)
 
     async def main() -> None:
         async with open_tenant(args.org, args.dsn, schema=args.schema) as tenant:
@@ -76,11 +83,16 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
                         "console's cookie is then Secure")
     parser.add_argument("--tls-key", default=None, metavar="FILE",
                         help="the PEM private key of --tls-cert")
+    parser.add_argument("--tenants", default=None, metavar="FILE",
+                        help="a tenants file (TOML): route each request by its token's org to "
+                        "that org's server (instead of --dsn and --schema)")
+    parser.set_defaults(routes_by_org=True)
 
 
 @command("serve", "serve the runtime actions over HTTP (the gateway) until interrupted")(_serve_options)
 def serve(args: argparse.Namespace) -> int:
     from runplane.engine.gateway import ServerOptions, mint_token, open_server
+    from runplane.engine.placement.router import open_router
 
     secret = os.environ.get(SECRET_ENV, "")
     if not secret:
@@ -99,10 +111,14 @@ def serve(args: argparse.Namespace) -> int:
                                 tls_cert=args.tls_cert, tls_key=args.tls_key,
                                 forwarded_allow=_forwarded_allow(args.forwarded_allow),
                                 max_connections=args.max_connections)
-        async with open_server(secret=secret, dsn=args.dsn, schema=args.schema,
-                               options=options) as server:
+        async with contextlib.AsyncExitStack() as stack:
+            router = None if not args.tenants else await stack.enter_async_context(
+                open_router(args.tenants))  # polled every second; SIGHUP reloads the file
+            server = await stack.enter_async_context(open_server(
+                secret=secret, dsn=args.dsn, schema=args.schema, options=options, router=router))
             actions = "off" if args.no_array_actions else "on"
-            print(f"gateway listening on {server.url} (schema {args.schema}, body limit "
+            where = f"schema {args.schema}" if router is None else f"tenants {args.tenants}"
+            print(f"gateway listening on {server.url} ({where}, body limit "
                   f"{server.options.body_limit:,} bytes, array actions {actions}; Ctrl-C to stop)", flush=True)
             if args.dev:
                 print(f"dev token for org {DEFAULT_ORG}: {mint_token(secret, DEFAULT_ORG)}", flush=True)

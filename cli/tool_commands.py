@@ -117,7 +117,8 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
     from runplane import simulations
 
     parser.add_argument("name", nargs="?", default="all", choices=[*simulations.SCENARIOS, "all"])
-    parser.add_argument("--examples", type=int, default=100)
+    parser.add_argument("--examples", type=int, default=None,
+                        help="examples per scenario (default: the scenario's; 100 for most)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_TEST_DSN or a throwaway embedded server)")
 
@@ -126,7 +127,9 @@ def _simulate_options(parser: argparse.ArgumentParser) -> None:
 def simulate(args: argparse.Namespace) -> int:
     from runplane.simulations.__main__ import main as run_simulations
 
-    argv = [args.name, "--examples", str(args.examples)]
+    argv = [args.name]
+    if args.examples is not None:
+        argv += ["--examples", str(args.examples)]
     if args.seed is not None:
         argv += ["--seed", str(args.seed)]
     if args.dsn:

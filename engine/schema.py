@@ -27,7 +27,9 @@ has expired may be claimed again) and `sheet_reuse` (the rows each rerun reused)
 11 adds recorded lists (`sheet_summary.writes`, `sheet_lists`; `engine.sheets.lists`).
 12 adds `row_calls`: how many rows each process has inside a call now (`engine.runs.row_calls`).
 13 adds `runs.cancel_requested_at`: a run asked to stop (`engine.runs.cancel`).
-14 adds `run_maps.spec`: the function and policies a map ran with, for retries
+14 makes run epochs unique per org (`runs (org_id, epoch)`), not per schema: an org moved to
+another server (`engine.placement`) keeps its epochs beside the orgs already there.
+15 adds `run_maps.spec`: the function and policies a map ran with, for retries
 (`engine.runs.retry_spec`), and `run_outages`, the outages a run rode out
 (`engine.runs.outages`).
 """
@@ -45,7 +47,7 @@ from .shared.maps import MapState
 from .errors import InsufficientPrivilegeError
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "14"
+SCHEMA_VERSION = "15"
 LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
@@ -327,6 +329,9 @@ CREATE TABLE IF NOT EXISTS {s}.row_calls (
     seen_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (org_id, play, run_id, map_key, process)
 );
+-- version 14: run epochs unique per org (an org moved between servers keeps its epochs)
+CREATE UNIQUE INDEX IF NOT EXISTS runs_org_epoch ON {s}.runs (org_id, epoch);
+ALTER TABLE {s}.runs DROP CONSTRAINT IF EXISTS runs_epoch_key;
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """

@@ -22,7 +22,7 @@ SCENARIOS: dict[str, str] = {}
 
 def _register_available() -> None:
     for name in ("seal_vs_retire", "fencing", "counters", "crash_and_wake", "gateway",
-                 "fast_admission", "superseded", "crash_anywhere", "shared_map"):
+                 "fast_admission", "superseded", "crash_anywhere", "shared_map", "routing"):
         if importlib.util.find_spec(f"runplane.simulations.{name}") is not None:
             SCENARIOS[name] = f"runplane.simulations.{name}"
 
@@ -41,6 +41,10 @@ def resolve_dsn(dsn: str | None = None) -> str:
     return start_embedded(Path(tempfile.mkdtemp(prefix="runplane-sim-")) / "pg", temporary=True)
 
 
-def run_scenario(name: str, *, examples: int, seed: int | None, dsn: str | None = None) -> SimulationReport:
+def run_scenario(name: str, *, examples: int | None, seed: int | None,
+                 dsn: str | None = None) -> SimulationReport:
+    """Run scenario `name`; `examples` None: the scenario's `DEFAULT_EXAMPLES`, else 100."""
     module = importlib.import_module(SCENARIOS[name])
+    if examples is None:
+        examples = getattr(module, "DEFAULT_EXAMPLES", 100)
     return module.run(examples=examples, seed=seed, dsn=resolve_dsn(dsn))

@@ -16,7 +16,8 @@ from . import SCENARIOS, run_scenario
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runplane.simulations", description=__doc__.splitlines()[0])
     parser.add_argument("name", nargs="?", choices=[*SCENARIOS, "all"], default="all")
-    parser.add_argument("--examples", type=int, default=100)
+    parser.add_argument("--examples", type=int, default=None,
+                        help="examples per scenario (default: the scenario's, else 100)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: RUNPLANE_TEST_DSN or embedded)")
     args = parser.parse_args(argv)

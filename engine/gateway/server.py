@@ -32,12 +32,11 @@ How it works
   earlier attempt. The client's own limit is longer (one admission attempt may wait 10
   minutes, `RetryPolicy.admission_timeout_s`): it rides the server's 503s instead of cutting
   off a queued admission.
-- Database sessions: `db_sessions.create` is handed a `MintContext`: the verified claims (they
-  bound the operations a session gets and how long it lives) and `session_dsn`, the DSN the
-  session's URL is built on (default: the server's own DSN; give the address runners reach the
-  database at). The first tenant's login drops the schema's expired session roles every minute.
-- Per-org concurrency is what the tenant's lanes and connection cap allow, exactly as for
-  in-process runners: requests wait FIFO for permits.
+- Database sessions: `db_sessions.create` is handed a `MintContext`: the verified claims (the
+  operations a session gets, how long it lives) and `session_dsn`, the DSN its URL is built on
+  (default: the server's own; give the address runners reach the database at). The first
+  tenant's login drops the schema's expired session roles every minute.
+- Per-org concurrency is what the tenant's lanes and connection cap allow (FIFO permits).
 - Writes are answered from a replay cache when their request id (one per client operation) was
   already applied for the same org, play and action with the same body and token claims: a
   retry after a reply lost in the network returns the first answer, and a retry arriving while
@@ -48,11 +47,11 @@ How it works
   once), an admission's rows validated, normalized, keyed and encoded there too, and the answer
   to such a request encoded there as well: a 4 MB admission does not hold the event loop that
   serves every other org's requests.
-- Statistics: `requests` (count by known action; unknown names share one bucket, so made-up
-  names cannot grow the server's state), `errors` (count by code), `max_body_bytes` (largest
-  body accepted), and a log line every `log_interval_s` with requests by action, errors by code
-  and p50/p99 latency. Tokens never reach a log line or an error message, and text from a
-  request reaches one only escaped (`guards.printable`). Each answer is also counted in
+- Statistics: `requests` (by known action; unknown names share one bucket, so made-up names
+  cannot grow the server's state), `errors` (by code), `max_body_bytes` (largest body accepted),
+  a log line every `log_interval_s` (requests by action, errors by code, p50/p99 latency).
+  Tokens never reach a log line or an error message, and text from a request reaches one only
+  escaped (`guards.printable`). Each answer is also counted in
   `runplane_gateway_requests_total{action,code}` and `runplane_gateway_request_seconds`, served
   at `GET /metrics` to the operator's `RUNPLANE_METRICS_TOKEN` (`engine.observability`), and
   with tracing on answered in a span, child of the client's `traceparent` (`tracing.served`).
@@ -64,7 +63,6 @@ import collections
 import contextlib
 import functools
 import logging
-import os
 import time
 from importlib import metadata
 from typing import TYPE_CHECKING, AsyncIterator, Iterable, Mapping
@@ -82,7 +80,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .. import pg
 from ..actions import Action, actions
 from ..canonical import JsonValue
-from ..embedded import resolve_dsn
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError, TooManySessionsError
 from ..limits.bounds import is_int, is_number
 from ..observability import metrics, tracing
@@ -95,20 +92,20 @@ from .bodies import (
     encode_result, read_body,
 )
 from .guards import ReplayCache
-from .tenants import OrgTenants
+from .tenants import OrgTenants, gateway_tenants
 
 if TYPE_CHECKING:
     from ..console import Console
+    from ..placement.routed import RoutedTenants
+    from ..placement.router import Router
 
 REGISTER_ACTION = "runs.register"
-
 log = logging.getLogger("runplane.gateway")
 
 DEADLINE_RETRY_AFTER_MS = 1000
 SHUTDOWN_GRACE_S = 5.0
-MAX_LATENCY_SAMPLES = 100_000
+MAX_LATENCY_SAMPLES, DECODE_THREADS = 100_000, 2
 OFF_LOOP_BYTES = 64 * 1024  # bodies this large are decoded in a worker thread
-DECODE_THREADS = 2
 KEEP_ALIVE_MAX_REQUESTS = 1_000_000  # requests one connection may carry before it is closed
 
 
@@ -196,7 +193,7 @@ class Server:
 
     secret: str = attrs.field(repr=False)
     options: ServerOptions
-    tenants: OrgTenants
+    tenants: OrgTenants | RoutedTenants  # many servers: routed by org (engine.placement)
     url: str = ""
     requests: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
     errors: collections.Counter[str] = attrs.field(init=False, factory=collections.Counter)
@@ -261,8 +258,8 @@ class Server:
 
     async def _serve_action(self, name: str, raw_headers: Iterable[tuple[bytes, bytes]],
                             receive: Receive, send: Send) -> None:
-        headers = [(key.decode("latin-1"), value.decode("latin-1")) for key, value in raw_headers
-                   if key in READ_HEADERS]
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers
+                   if k in READ_HEADERS]
         status, body = await self._respond(name, headers, receive)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-length", str(len(body)).encode("ascii")),
@@ -345,7 +342,6 @@ class Server:
 
         rows_by_key = (name == ADMIT_ACTION
                        and headers.get(protocol.ROWS_HEADER) == protocol.ROWS_BY_KEY)
-
         deadline_s = self.options.deadline_s(spec)
 
         async def compute() -> bytes:
@@ -406,19 +402,21 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def open_server(*, secret: str, dsn: str | None = None, schema: str = "runplane",
-                      options: ServerOptions | None = None) -> AsyncIterator[Server]:
+                      options: ServerOptions | None = None,
+                      router: Router | None = None) -> AsyncIterator[Server]:
     """Serve the gateway until the block ends (see the module docstring): on `dsn` (default:
     `RUNPLANE_DSN`, else the embedded server) and `schema`, as `options` say (default:
     `ServerOptions()`). With `options.tls_cert` and `tls_key` (PEM files, both or neither) it
     serves HTTPS with Hypercorn's TLS; `options.forwarded_allow` names the proxies whose
     `X-Forwarded-Proto` / `-Host` the console believes. Either way the console's cookie is
-    `Secure` when the browser reached it over https."""
+    `Secure` when the browser reached it over https. With a `router` (`runplane serve
+    --tenants`) each org goes to the server the control table places it on instead."""
     if not isinstance(secret, str) or not secret:
         raise InvalidInputError("the gateway needs a non-empty signing secret")
     options = ServerOptions() if options is None else options
     tracing.decide()  # traces on or off, a bad RUNPLANE_TRACE_ROWS_RATIO refused, at the start
-    resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
-    tenants = OrgTenants(resolved, schema, options.tenant_options, options.max_connections)
+    tenants = await gateway_tenants(dsn, schema, options.tenant_options,
+                                    options.max_connections, router)
     server = Server(secret, options, tenants)
     config = options.hypercorn_config()
     shutdown = trio.Event()

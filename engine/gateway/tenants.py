@@ -15,22 +15,30 @@ How it works
   again). Orgs past the budget wait in its fair line, within their request's deadline.
 - `close()` (the server has stopped serving) refuses new orgs (`StoreUnavailableError`) and has
   every holder close its tenant.
-Only `engine.gateway.server` uses this module.
+`gateway_tenants` opens these, or a gateway's tenants over many servers
+(`engine.placement.routed`: one `OrgTenants` per server, each org routed by the control table).
+Only `engine.gateway.server` and `engine.placement.routed` use this module.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import os
+from typing import TYPE_CHECKING, Mapping
 
 import attrs
 import trio
 
 from .. import sessions
+from ..embedded import resolve_dsn
 from ..errors import EngineError, StoreUnavailableError
 from ..limits.connections import BudgetStats, ServerBudget, hosting
 from ..limits.server_share import server_budget
 from ..opening import open_tenant
 from ..tenant import Tenant
+
+if TYPE_CHECKING:
+    from ..placement.routed import RoutedTenants
+    from ..placement.router import Router
 
 
 @attrs.define(eq=False)
@@ -119,3 +127,16 @@ class OrgTenants:
                 nursery.start_soon(sessions.sweep_expired, tenant)
             await self._closing.wait()
             nursery.cancel_scope.cancel()
+
+
+async def gateway_tenants(dsn: str | None, schema: str, options: Mapping[str, object],
+                          max_connections: int | None,
+                          router: Router | None) -> OrgTenants | RoutedTenants:
+    """A gateway's tenants: on `dsn` (default `RUNPLANE_DSN`, else the embedded server) and
+    `schema`, or with a `router` each org on its own server (`engine.placement.routed`)."""
+    if router is not None:
+        from ..placement.routed import RoutedTenants  # it builds on this module
+
+        return RoutedTenants(router, options, max_connections)
+    resolved = dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    return OrgTenants(resolved, schema, options, max_connections)

@@ -1,0 +1,20 @@
+"""Many servers: where each org lives, and moving an org from one PostgreSQL to another online.
+
+How it works
+- `tenants_file`: the operator's tenants file (TOML, read with the standard library): servers by
+  name, orgs placed on them, an optional `[orgs.default]` and `[control]`.
+- `control`: the control table on the control server (the first server of the file, or
+  `[control] dsn`): each org's placement, fence and move step. The file only seeds it; every
+  process reads placements from the table.
+- `router`: a process's view of the control table, polled every second, the file reloaded on
+  SIGHUP; `routed`: the gateway's tenants over many servers, routed by the token's org.
+- `fence`: the fence inside the database (triggers that fail any write of a fenced org);
+  `copying`: an org's tables copied with COPY, verified by counts and digests; `move`: the
+  steps of `move-org`, each recorded so an interrupted move resumes or rolls back.
+See docs/architecture.md ("Many servers") and docs/guide/operations.md ("Many servers:
+moving an org").
+"""
+
+from .tenants_file import OrgPlacement, TenantsFile, load_tenants_file, parse_tenants
+
+__all__ = ["OrgPlacement", "TenantsFile", "load_tenants_file", "parse_tenants"]
