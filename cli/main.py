@@ -22,7 +22,8 @@ Commands: `demo` (the main job, see `cli.demo`), `run PLAY.py` (a user's play), 
 The commands live in a module per group (`tool_commands`: doctor, psql, simulate;
 `run_commands`: demo, run; `data_commands`: status, failures, export, runs; `server_commands`:
 supervise, serve, token, console; `worker`), registered through `commands.command`; this
-module builds the parser and turns errors into exit statuses.
+module builds the parser and turns errors into exit statuses. The process's own hosting command
+(`collector.HOSTING_COMMANDS`) runs with the garbage collector tuned (`cli.collector`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from runplane.engine.errors import EngineError, leaf_errors, public_name
 # The command modules register their commands at import, in this order (the order of `--help`).
 from . import tool_commands, run_commands, data_commands, server_commands
 from . import worker  # registers `runplane worker`, last
-from . import observing
+from . import collector, observing
 from .commands import COMMANDS
 from .inputs import InputFileError
 from .operators import CommandError, RunCancelled, UsageError
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = COMMANDS[args.command][0]
     try:
         observing.apply(args)
+        if process and args.command in collector.HOSTING_COMMANDS:
+            collector.tune_for_hosting()  # after every import and the parse
         if human is None:
             return handler(args)
         with human:  # ... and every other line to stderr
