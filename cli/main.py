@@ -21,8 +21,10 @@ Commands: `demo` (the main job, see `cli.demo`), `run PLAY.py` (a user's play), 
 
 The commands live in a module per group (`tool_commands`: doctor, psql, simulate;
 `run_commands`: demo, run; `data_commands`: status, failures, export, runs; `server_commands`:
-supervise, serve, token, console; `worker`; `placement_commands`: move-org), registered through `commands.command`; this
-module builds the parser and turns errors into exit statuses.
+supervise, serve, token, console; `worker`; `placement_commands`: move-org), registered
+through `commands.command`; this module builds the parser and turns errors into exit statuses.
+The process's own hosting command (`collector.HOSTING_COMMANDS`) runs with the garbage
+collector tuned (`cli.collector`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from runplane.engine.errors import EngineError, leaf_errors, public_name
 from . import tool_commands, run_commands, data_commands, server_commands
 from . import worker  # registers `runplane worker`
 from . import placement_commands  # registers `runplane move-org`, last
-from . import observing
+from . import collector, observing
 from .commands import COMMANDS
 from .inputs import InputFileError
 from .operators import CommandError, RunCancelled, UsageError
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         observing.apply(args)
         placement_commands.apply(args)  # --tenants: the org's server and schema
+        if process and args.command in collector.HOSTING_COMMANDS:
+            collector.tune_for_hosting()  # after every import and the parse
         if human is None:
             return handler(args)
         with human:  # ... and every other line to stderr

@@ -33,7 +33,7 @@ import uuid
 from typing import AsyncIterator, Iterator, Mapping
 
 import attrs
-import httpx
+import httpcore
 import trio
 
 from ..limits.bounds import is_int
@@ -73,7 +73,7 @@ class Gateway(RemotePort):
     org_id: str
     retry: RetryPolicy
     max_in_flight: int
-    _client: httpx.AsyncClient = attrs.field(repr=False)
+    _client: httpcore.AsyncConnectionPool = attrs.field(repr=False)
     schema: str = "gateway"
     stats: GatewayStats = attrs.field(init=False, factory=GatewayStats)
     _permits: Permits = attrs.field(init=False, repr=False)
@@ -86,7 +86,7 @@ class Gateway(RemotePort):
     session_key_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
 
     _headers: dict[str, str] = attrs.field(init=False, repr=False)
-    _urls: dict[str, httpx.URL] = attrs.field(init=False, factory=dict, repr=False)
+    _urls: dict[str, str] = attrs.field(init=False, factory=dict, repr=False)
     _ids: Iterator[int] = attrs.field(init=False, factory=itertools.count, repr=False)
     _id_prefix: str = attrs.field(init=False, factory=lambda: uuid.uuid4().hex[:16], repr=False)
 
@@ -147,7 +147,7 @@ class Gateway(RemotePort):
                    **(headers or {})}
         url = self._urls.get(action.name)
         if url is None:
-            url = self._urls[action.name] = httpx.URL(self.url + protocol.ACTIONS_PATH + action.name)
+            url = self._urls[action.name] = self.url + protocol.ACTIONS_PATH + action.name
         with tracing.client_action(action.name, headers):  # a span; `traceparent` in headers
             answer = await with_retries(
                 self.retry, self.stats, action.name, self._where, budget,
@@ -208,8 +208,8 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
     session_limits = SessionLimits.of(session_limits)
     tracing.decide()  # traces on or off (a bad RUNPLANE_TRACE_ROWS_RATIO refused), once
     org = unverified_org(token.strip())
-    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
-    async with httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) as client:
+    async with httpcore.AsyncConnectionPool(max_connections=max_in_flight,
+                                            max_keepalive_connections=max_in_flight) as client:
         gateway = Gateway(url.rstrip("/"), token.strip(), org, retry or RetryPolicy(),
                           max_in_flight, client)
         gateway.diagnostics.open()

@@ -26,6 +26,12 @@ How it works
 - Only plain maps on a direct port use it (`recordable`): no `force`, no cell policies (their
   freshness depends on the clock), not a gateway or a database session (which has no grant on
   `sheet_lists`), at most `MAX_RECORDED_ROWS` rows (recording checks every key once).
+- Recording checks the keys as one `_key = ANY(array)` index scan (keys are distinct, `_key`
+  is the primary key): PostgreSQL sorts the array and walks the index once in key order, ~2 µs
+  a key against ~4.5 µs for a lookup per key (100,000 keys into a 100,000- or 1,000,000-row
+  sheet). The array is built in the statement, so the planner sees no row count to prefer a
+  scan of the sheet (a hash join is faster when the list is most of the sheet, and ten times
+  slower for 10,000 keys of 1,000,000 rows).
 """
 
 from __future__ import annotations
@@ -131,12 +137,10 @@ WITH sheet AS (
        AND NOT {has_deltas(port, org, play, ns)} AND {registered} = {expected}
 ), hits AS (
     SELECT count(*) AS n
-      FROM generate_series(0, length({digests}) / 16 - 1) AS i
-     CROSS JOIN LATERAL (
-         SELECT * FROM {layout.qualified} AS s
-          WHERE s._key = encode(substring({digests} FROM i * 16 + 1 FOR 16), 'hex') LIMIT 1
-     ) AS s
-     WHERE {cached_predicate("s", outputs)}
+      FROM {layout.qualified} AS s
+     WHERE s._key = ANY(ARRAY(SELECT encode(substring({digests} FROM i * 16 + 1 FOR 16), 'hex')
+                                FROM generate_series(0, length({digests}) / 16 - 1) AS i))
+       AND {cached_predicate("s", outputs)}
 ), stale AS (
     DELETE FROM {lists} AS l USING sheet
      WHERE l.org_id = {org} AND l.play = {play} AND l.table_namespace = {ns}
