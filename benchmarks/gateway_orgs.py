@@ -10,7 +10,9 @@ and the session budget; `--max-connections` sets another). In the same run:
 2. `--many` orgs (100) map the same `--rows` rows between them at once (100 × 1,000).
 Prints the total rows/s of each, the ratio many/few (target >= 0.8: a hundred orgs share the
 budget without losing throughput to connection churn) and the p99 wait for a connection slot
-in the gateway during each phase.
+in the gateway during each phase. Then the floor: `--few` and `--many` new orgs each map one
+row at once (an org's fixed cost: its first run, a new sheet, its first connections), and the
+rows/s and ratio with that fixed cost taken out of each phase.
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 
@@ -55,6 +57,7 @@ async def one_org(url: str, org: str, rows: int, done: list[int]) -> None:
 
 
 async def phase(url: str, orgs: int, rows: int, tag: str) -> float:
+    """`orgs` new orgs map `rows` rows between them at once; the seconds it took."""
     done: list[int] = []
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -62,7 +65,7 @@ async def phase(url: str, orgs: int, rows: int, tag: str) -> float:
             nursery.start_soon(one_org, url, f"{tag}-{i:03d}", rows // orgs, done)
     elapsed = time.perf_counter() - started
     assert sum(done) == rows // orgs * orgs
-    return sum(done) / elapsed
+    return elapsed
 
 
 def p99_wait(child: subprocess.Popen) -> float:
@@ -108,20 +111,33 @@ def main() -> None:
         url = child.stdout.readline().strip()
         if not url:
             raise SystemExit("the gateway child did not start")
-        few = trio.run(phase, url, args.few, args.rows, "few")
+        few_s = trio.run(phase, url, args.few, args.rows, "few")
         few_p99 = p99_wait(child)
-        many = trio.run(phase, url, args.many, args.rows, "many")
+        many_s = trio.run(phase, url, args.many, args.rows, "many")
         many_p99 = p99_wait(child)
+        # the floor: each org's fixed cost (its first run, a new sheet), one row an org
+        few_fixed = trio.run(phase, url, args.few, args.few, "few-fixed")
+        many_fixed = trio.run(phase, url, args.many, args.many, "many-fixed")
     finally:
         child.stdin.close()
         child.terminate()
         child.wait(timeout=30)
         trio.run(drop_schema, dsn, schema)
+    few, many = args.rows / few_s, args.rows / many_s
     print(f"{args.few} orgs x {args.rows // args.few:,} rows:  {few:,.0f} rows/s; "
           f"p99 wait for a connection {few_p99 * 1000:.0f} ms")
     print(f"{args.many} orgs x {args.rows // args.many:,} rows: {many:,.0f} rows/s; "
           f"p99 wait for a connection {many_p99 * 1000:.0f} ms")
     print(f"ratio many/few: {many / few:.2f} (target >= 0.80)")
+    few_net = rows_per_s(args.rows, few_s - few_fixed)
+    many_net = rows_per_s(args.rows, many_s - many_fixed)
+    print(f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
+          f"{few_fixed:.2f} s, {args.many} orgs {many_fixed:.2f} s; rows/s with it taken out: "
+          f"{few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}")
+
+
+def rows_per_s(rows: int, seconds: float) -> float:
+    return rows / max(seconds, 1e-9)
 
 
 async def drop_schema(dsn: str, schema: str) -> None:

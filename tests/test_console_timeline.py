@@ -79,11 +79,14 @@ async def test_cancellation_and_units_claimed_again(tenant):
 
 
 async def test_an_outage_the_run_rode_out_is_on_its_timeline(tenant):
-    """The database goes away for a second mid-map (a real proxy, severed and blackholed) and
-    comes back: the run goes on, and its timeline shows the wait between the map's start and
-    end, with how long it lasted."""
+    """The database goes away for a second mid-map (a real proxy: a statement in flight is
+    severed and connects hang until the proxy lets them through) and comes back: the run rides
+    it out, and its timeline shows the wait between the map's start and end, with how long it
+    lasted. The map's later rows wait until the severed call has recovered, so the outage has
+    ended (and is written with the map's next history write) before the map ends."""
     import trio
 
+    from runplane.actors.retry import retry_transient
     from runplane.engine import open_tenant
 
     from .conftest import fresh_schema
@@ -92,29 +95,45 @@ async def test_an_outage_the_run_rode_out_is_on_its_timeline(tenant):
     async with open_pg_proxy(tenant.dsn) as proxy:
         async with open_tenant("org-outage", proxy.dsn, schema=fresh_schema(),
                                outage_budget_s=30) as proxied:
-            halfway = trio.Event()
+            halfway, recovered = trio.Event(), trio.Event()
+            attempts = []
 
             async def slow(row: dict) -> dict:
                 if row["n"] >= 100:
                     halfway.set()
-                await trio.sleep(0.002)
+                if row["n"] >= 200:
+                    await recovered.wait()
+                await trio.sleep(0.001)
                 return {"upper": row["name"].upper()}
 
-            async with open_run(proxied, "p") as run, trio.open_nursery() as nursery:
-                async def outage() -> None:
-                    await halfway.wait()
+            async def in_flight() -> None:  # the first attempt is severed mid-statement
+                attempts.append(1)
+                async with proxied.connection("receipts") as conn:
+                    await conn.execute("SELECT pg_sleep($1)", 5.0 if len(attempts) == 1 else 0)
+
+            async def outage() -> None:
+                await halfway.wait()
+                async with trio.open_nursery() as nursery:
+                    async def call() -> None:
+                        await retry_transient(in_flight)  # with the run's outage watch
+                        recovered.set()
+                    nursery.start_soon(call)
+                    await trio.sleep(0.2)
                     proxy.set_blackhole(True, sever=True)
                     await trio.sleep(1.0)
                     proxy.set_blackhole(False)
+
+            async with open_run(proxied, "p") as run, trio.open_nursery() as nursery:
                 nursery.start_soon(outage)
-                result = await run.map("t", [{"name": f"n{i}", "n": i} for i in range(3000)],
+                result = await run.map("t", [{"name": f"n{i}", "n": i} for i in range(600)],
                                        slow, contract=CONTRACT, concurrency=4)
-            assert result.completed == 3000, result
+            assert result.completed == 600, result
+            assert run.outage.outages >= 1 and len(attempts) >= 2
             events = await run_timeline(proxied, proxied.org_id, "p", run.run_id)
     kinds = [e.kind for e in events]
     assert EventKind.OUTAGE in kinds, kinds
-    outage = events[kinds.index(EventKind.OUTAGE)]
+    outage_event = events[kinds.index(EventKind.OUTAGE)]
     assert kinds.index(EventKind.MAP_STARTED) < kinds.index(EventKind.OUTAGE) \
         < kinds.index(EventKind.MAP_ENDED)
-    seconds = float(outage.text.split("waited ")[1].split(" s")[0])
-    assert 0.5 <= seconds <= 30, outage.text
+    seconds = float(outage_event.text.split("waited ")[1].split(" s")[0])
+    assert 0.5 <= seconds <= 30, outage_event.text
