@@ -52,6 +52,7 @@ class MapRecorder:
     map_key: str
     table_namespace: str
     spec: JsonObject | None = None  # what a retry of the table runs (`engine.runs.retry_spec`)
+    spec_written: bool = False  # the spec goes with the first write that lands, not every one
     started_at: datetime.datetime = attrs.field(factory=now)
     latest: MapProgress | None = None
     written: MapProgress | None = None
@@ -68,11 +69,12 @@ class MapRecorder:
             counts["running"] = snapshot.in_call if state == MapRunState.RUNNING else 0
         return history.MapRecord(self.map_key, self.table_namespace, state, self.started_at,
                                  now() if ended else None, stop_reason=stop_reason,
-                                 spec=self.spec, **counts)
+                                 spec=None if self.spec_written else self.spec, **counts)
 
     async def _write(self, record: history.MapRecord, level: int = logging.DEBUG) -> None:
         try:
             await history.record_map(self.port, self.scope, record)
+            self.spec_written = self.spec_written or record.spec is not None
         except EngineError as exc:  # the next heartbeat, or a later run, writes again
             log.log(level, "run %s: map %s: run history not written: %s",
                     self.scope.run_id, self.table_namespace, exc)
@@ -112,7 +114,7 @@ class MapRecorder:
                 source_rows=snapshot.source_rows if snapshot is not None else result.admitted,
                 admitted=result.admitted, cached=result.cached, completed=result.completed,
                 failed=result.failed, blocked=result.blocked, retried=result.retried,
-                stop_reason=result.stop_reason)
+                stop_reason=result.stop_reason, spec=None if self.spec_written else self.spec)
         else:
             record = self._record(state or MapRunState.FAILED, self.latest, ended=True)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S):

@@ -200,13 +200,20 @@ async def _mover(path: str, orgs: list[str], ledgers: list[Ledger], plan: Plan,
     return crashes
 
 
-async def _org_rows(conn, schema: str, org: str) -> int:
+async def org_rows(conn, schema: str, org: str) -> int:
+    """Every row the org holds on one server: its sheets' rows, its rows of the shared tables
+    and its work receipts (none once the server neither places it nor keeps it fenced)."""
     tables = await fence.org_tables(conn, schema, org)
     total = len(tables.sheets)
     for name in tables.shared:
         total += await conn.fetchval(f'SELECT count(*) FROM "{schema}"."{name}" WHERE org_id = $1',
                                      org)
-    return total
+    receipts = f'"{schema}".work_receipts'
+    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", receipts):
+        return total  # a server the schema was never created on
+    prefix = fence.receipt_prefix(org)
+    return total + await conn.fetchval(
+        f"SELECT count(*) FROM {receipts} WHERE k >= $1 AND k < $2", prefix, prefix + b"\xff")
 
 
 async def _check_org(path: str, dsns: dict[str, str], schema: str, org: str,
@@ -238,7 +245,7 @@ async def _check_org(path: str, dsns: dict[str, str], schema: str, org: str,
         if server == placement.server:
             continue
         async with control_connection(dsn) as conn:
-            rows = await _org_rows(conn, schema, org)
+            rows = await org_rows(conn, schema, org)
             fenced = await fence.is_fenced(conn, schema, org)
         if rows and not (server == placement.moved_from and fenced):
             problems.append(f"{org}: {rows} rows on {server}, which is neither its server nor "

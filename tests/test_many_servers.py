@@ -22,6 +22,7 @@ from runplane.engine.placement import fence, load_tenants_file, parse_tenants
 from runplane.engine.placement.control import MoveStep, control_connection
 from runplane.engine.placement.move import MoveRequest, move_org
 from runplane.engine.placement.router import load_router, open_router
+from runplane.simulations.routing import org_rows
 
 from .conftest import fresh_schema
 from .gateway_support import FAST_RETRY, SECRET
@@ -89,18 +90,6 @@ async def test_the_control_table_routes_and_the_file_only_seeds_it(dsn, second_d
     async with control_connection(dsn) as conn:
         await conn.execute("DELETE FROM runplane_control.placements WHERE org_id = ANY($1)",
                            [org, f"{org}-new"])
-
-
-async def _org_rows(conn, schema: str, org: str) -> int:
-    tables = await fence.org_tables(conn, schema, org)
-    total = len(tables.sheets)
-    for name in tables.shared:
-        total += await conn.fetchval(f'SELECT count(*) FROM "{schema}"."{name}" WHERE org_id = $1',
-                                     org)
-    prefix = fence.receipt_prefix(org)
-    return total + await conn.fetchval(
-        f'SELECT count(*) FROM "{schema}".work_receipts WHERE k >= $1 AND k < $2',
-        prefix, prefix + b"\xff")
 
 
 async def _check_moved(dsn: str, schema: str, org: str, run_id: str, late_epoch: int) -> None:
@@ -184,7 +173,7 @@ async def test_an_org_moves_to_another_server_in_the_middle_of_a_run(dsn, second
                 assert server.tenants.server_of(org_a) == "s2"
                 assert gateways[org_b].stats.retries == 0  # B never saw a 503
                 async with a_on_s1.connection("receipts") as conn:
-                    assert await _org_rows(conn, schema, org_a) > 0  # kept until --drop-source
+                    assert await org_rows(conn, schema, org_a) > 0  # kept until --drop-source
     run_a, result_a = results[org_a]
     _, result_b = results[org_b]
     assert (result_a.admitted, result_a.completed, result_a.failed) == (300, 300, 0)
@@ -193,8 +182,8 @@ async def test_an_org_moves_to_another_server_in_the_middle_of_a_run(dsn, second
     dropped = await move_org(load_tenants_file(path), MoveRequest(org_a, drop_source=True))
     assert dropped.dropped
     async with control_connection(dsn) as conn:
-        assert await _org_rows(conn, schema, org_a) == 0  # server 1 holds no A rows
-        assert await _org_rows(conn, schema, org_b) > 0
+        assert await org_rows(conn, schema, org_a) == 0  # server 1 holds no A rows
+        assert await org_rows(conn, schema, org_b) > 0
         assert not await fence.is_fenced(conn, schema, org_a)
 
 
@@ -238,7 +227,7 @@ async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_pa
         await move_org(file, MoveRequest(org, to="s1"))
     assert (await move_org(file, MoveRequest(org, drop_source=True))).dropped
     async with control_connection(dsn) as conn:
-        assert await _org_rows(conn, schema, org) == 0
+        assert await org_rows(conn, schema, org) == 0
     async with open_tenant(org, second_dsn, schema=schema) as on_s2:
         summary = await sheets.summary(on_s2, PlayScope(org, "p"), "t")
         assert summary.total == 50 and summary.queued + summary.running == 50

@@ -6,7 +6,8 @@
   function cannot be found by name (a lambda, a function defined inside another) records none,
   and its table cannot be retried: the play is run again instead.
 - `retry_spec(port, scope, table_namespace, force=...)` reads the newest recorded spec of the
-  table's maps in the play (one indexed read), or None when no map of it recorded one.
+  table's maps in the play (one read of the play's history rows, by its primary-key
+  prefix), or None when no map of it recorded one.
 - It is served as two actions named after the token claims that allow what follows them:
   `maps.retry_failed` (re-run a table's failed rows) and `maps.force` (recompute rows, finished
   ones too). The console checks the same two claims. The retry itself is then published through
