@@ -80,14 +80,21 @@ class MapRecorder:
                     self.scope.run_id, self.table_namespace, exc)
 
     async def heartbeat(self) -> None:
-        """Write the latest snapshot while it changes, until cancelled."""
-        await self._write(self._record(MapRunState.RUNNING, self.latest))
+        """Write the latest snapshot while it changes, until cancelled (a write under way when
+        the map ends is finished, within `FINAL_DEADLINE_S`: cancelling it would cost its
+        connection; the store keeps the map's last entry over it, `engine.runs.history`)."""
+        await self._beat(self._record(MapRunState.RUNNING, self.latest))
         while True:
             await trio.sleep(HEARTBEAT_S)
             if self.latest is not None and self.latest != self.written:
                 self.written = self.latest
-                await self._write(self._record(MapRunState.RUNNING, self.latest))
+                await self._beat(self._record(MapRunState.RUNNING, self.latest))
             await self._write_outages()
+
+    async def _beat(self, record: history.MapRecord) -> None:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S), \
+                hurry_if_waiting():
+            await self._write(record)
 
     async def _write_outages(self) -> None:
         """The run's outages ridden out since the last write, for its timeline."""

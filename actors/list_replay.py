@@ -4,11 +4,12 @@ How it works
 - `ListReplay.for_map` digests a list the map may replay (`lists.recordable`, and not with
   `fast_admission=False`; in a worker thread for a long list); None when it may not, or the
   list has no digest.
-- `answer` asks the store in one statement whether the list is recorded and the sheet unchanged
-  since; if so the statement has recorded the run's membership of its rows, and the map counts
-  every row cached (`MapTally.on_replayed`) and ends without keying, probing or staging a row.
-  A map whose list input was already staged (a wake of an incarnation that began staging) does
-  not take that answer: its staging is resumed and sealed by the ordinary path.
+- `answer` asks the store in one statement whether the list is recorded, the sheet unchanged
+  since and nothing of the map staged; if so the statement has recorded the run's membership of
+  its rows, and the map counts every row cached (`MapTally.on_replayed`) and ends without
+  keying, probing or staging a row. A map whose list input was already staged (a wake of an
+  incarnation that began staging) gets no answer: its staging is resumed and sealed by the
+  ordinary path.
 - Otherwise the map runs as usual, keeping the keys of the rows it admits
   (`MapState.admitted_keys`), and `record` records the list once the map has ended with every
   row a cache hit for it (the rows it completed and the ones it found cached; nothing failed,
@@ -26,9 +27,8 @@ from typing import Sequence
 import attrs
 import trio
 
-from runplane.engine import array_input
 from runplane.engine.canonical import JsonObject
-from runplane.engine.errors import EngineError, RetiredError
+from runplane.engine.errors import EngineError
 from runplane.engine.values.scopes import MapScope
 from runplane.engine.sheets import lists
 
@@ -60,29 +60,13 @@ class ListReplay:
         """Whether the recorded list answered the whole map (its rows then counted cached)."""
         plan = self.plan
         replayed: int | None = None
-        staged = False
-
-        async def replay() -> None:
-            nonlocal replayed
-            try:
-                replayed = await retry_transient(
-                    lambda: lists.replay_list(plan.port, plan.write, self.digest))
-            except EngineError as exc:
-                log.info("map %s: its recorded list could not be read (%s); mapping it row by "
-                         "row", plan.table_namespace, exc)
-
-        async def manifest() -> None:
-            nonlocal staged
-            try:
-                found = await retry_transient(lambda: array_input.get_manifest(plan.port, scope))
-            except RetiredError:
-                return
-            staged = found.state != "absent"
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(replay)
-            nursery.start_soon(manifest)
-        if replayed != self.rows or staged:
+        try:
+            replayed = await retry_transient(
+                lambda: lists.replay_list(plan.port, plan.write, self.digest, scope))
+        except EngineError as exc:
+            log.info("map %s: its recorded list could not be read (%s); mapping it row by "
+                     "row", plan.table_namespace, exc)
+        if replayed != self.rows:
             state.admitted_keys = []
             return False
         state.tally.on_replayed(self.rows)

@@ -294,8 +294,8 @@ class Run:
                         in_call: Callable[[], int] | None = None) -> MapResult:
         """`run_map(observe)` with its history entry heartbeated while it runs (and, given
         `in_call`, its rows in a call reported) and finished as it ended: failed, interrupted,
-        or with its result (a store outage leaves the entry running, like a crash, for the
-        wake)."""
+        or with its result, that last one in the run's nursery after the map returned (a store
+        outage leaves the entry running, like a crash, for the wake)."""
         observers = [recorder.observe,
                      *self._progress_observers(recorder.table_namespace, on_progress)]
 
@@ -330,7 +330,9 @@ class Run:
             raise
         finally:
             beat.cancel()
-        await recorder.finish(result)
+        # The last entry is written in the run's nursery: the caller does not wait for a record
+        # (the run's exit does; a late heartbeat never replaces it, `engine.runs.history`).
+        self._live_nursery().start_soon(recorder.finish, result, name="map_history")
         if result.stopped_early:
             self.stopped_early_maps.append((recorder.table_namespace, result))
         return result

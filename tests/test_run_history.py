@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 
+import attrs
 import pytest
 import trio
 
@@ -108,3 +109,23 @@ async def test_a_crashed_map_keeps_its_last_counts_until_the_wake_replaces_them(
     [entry] = await history.list_maps(tenant, scope, [run_id])
     assert (entry.record.state, entry.record.admitted) == ("finished", 2000)
     assert entry.record.cached == result.cached > 0  # what finished before the crash
+
+
+async def test_a_late_heartbeat_never_replaces_the_maps_last_entry(tenant):
+    """A heartbeat still under way when its map ends may land after the last entry: it changes
+    nothing; a wake (a new call of the map, another `started_at`) replaces the entry."""
+    async with open_run(tenant, "play") as run:
+        await run.map("t", rows(3), lambda row: {"upper": row["name"].upper()},
+                      contract=CONTRACT)
+    scope = PlayScope(tenant.org_id, "play")
+    [done] = await history.list_maps(tenant, scope, [run.run_id])
+    heartbeat = history.MapRecord(done.record.map_key, "t", "running", done.record.started_at,
+                                  admitted=1, running=1)
+    await history.record_map(tenant, run.scope, heartbeat)
+    [entry] = await history.list_maps(tenant, scope, [run.run_id])
+    assert (entry.record.state, entry.record.admitted) == ("finished", 3)
+    woken = attrs.evolve(heartbeat, started_at=done.record.started_at
+                         + datetime.timedelta(seconds=1))
+    await history.record_map(tenant, run.scope, woken)
+    [entry] = await history.list_maps(tenant, scope, [run.run_id])
+    assert (entry.record.state, entry.record.admitted) == ("running", 1)

@@ -18,6 +18,13 @@ How it works
   by the server's clock. `live_maps(..., only_runs=R)` reads the maps of runs `R` only (the
   gateway fills it with a run-scoped token's `runs` claim; `list_maps` names its runs, which
   the gateway checks against that claim).
+- A `running` write never replaces an ended entry of the same map call (same `started_at`): a
+  heartbeat that lands after the map's last entry changes nothing; a wake, which starts the
+  map again, replaces it.
+- Its writes commit asynchronously (`synchronous_commit` off for that transaction: no wait for
+  the WAL flush on a map's path). History is a record: a server crash within the WAL writer's
+  delay loses at most the entry's latest write, and any later synchronous commit (the run's
+  retirement, a sheet write) flushes it first, because the WAL is written in order.
 """
 
 from __future__ import annotations
@@ -144,6 +151,9 @@ ON CONFLICT (org_id, play, run_id, map_key) DO UPDATE SET
     completed = EXCLUDED.completed, failed = EXCLUDED.failed, blocked = EXCLUDED.blocked,
     retried = EXCLUDED.retried, running = EXCLUDED.running, stop_reason = EXCLUDED.stop_reason,
     spec = coalesce(EXCLUDED.spec, m.spec), updated_at = now()
+ WHERE NOT (EXCLUDED.state = {running} AND m.state <> {running}
+            AND m.started_at = EXCLUDED.started_at)
+RETURNING set_config('synchronous_commit', 'off', true)
 """
 
 _COLUMNS = """run_id, map_key, table_namespace, state, started_at, ended_at, source_rows, admitted,
@@ -172,7 +182,7 @@ async def record_map(port: Port, scope: RunScope, record: MapRecord) -> None:
     if not isinstance(record, MapRecord):
         raise InvalidInputError(f"record must be a MapRecord, got {type(record).__name__}")
     reason = None if record.stop_reason is None else record.stop_reason[:MAX_TEXT]
-    sql = _RECORD.format(run_maps=table(port, "run_maps"))
+    sql = _RECORD.format(run_maps=table(port, "run_maps"), running=MapRunState.RUNNING.sql)
     await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
         sql, scope.org_id, scope.play, scope.run_id, record.map_key, record.table_namespace,
         record.state.value, record.started_at, record.ended_at,

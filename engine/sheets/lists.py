@@ -13,16 +13,23 @@ How it works
   sheet has no deltas. The same statement deletes the sheet's records of another `writes`
   (stale: the sheet changed since).
 - A later map of the same list (`replay_list`) is answered by one statement when a record of its
-  digest holds the sheet's current `writes` and the sheet has no deltas: every row is still a
+  digest holds the sheet's current `writes`, the sheet has no deltas and the map has staged
+  nothing (a wake of a map that began staging resumes its staging instead): every row is still a
   cache hit, so the statement records the run's membership (`sheet_reuse`, from the recorded
   key digests) and returns the row count, and the map reports every row cached without keying
-  or probing one. Anything else (no record, a write since) takes the ordinary path, which
+  or probing one. That statement commits asynchronously (`synchronous_commit` off for it: no
+  wait for the WAL flush). A server crash can lose it only before a later synchronous commit
+  (the WAL is written in order, and the run's retirement commits synchronously): the run is then
+  not finished, and its wake maps the list again. Anything else (no record, a write since) takes the ordinary path, which
   records the list again when it ends with every row a cache hit.
 - The digest is SHA-256 over the namespace, the contract and `marshal` (format 2, which has no
   back-references: equal lists of core types give equal bytes) of the rows. A list holding
-  anything else (an `Occurrence`, a datetime) has none and takes the ordinary path; two lists
-  that differ in a value, a type or the order of a row's keys have different digests (an
-  unchanged list rebuilt in another key order misses, never the reverse).
+  anything else (an `Occurrence`, a datetime, a dict subclass) has none and takes the ordinary
+  path; two lists that differ in a value, a type or the order of a row's keys have different
+  digests (an unchanged list rebuilt in another key order misses, never the reverse). Format 4
+  is 2-3x faster but writes an object that something else also holds as a back-reference, so
+  its bytes change with what the caller keeps (a function that keeps the rows it was handed
+  made every rerun miss, `tests/test_list_replay.py`): not used.
 - Only plain maps on a direct port use it (`recordable`): no `force`, no cell policies (their
   freshness depends on the clock), not a gateway or a database session (which has no grant on
   `sheet_lists`), at most `MAX_RECORDED_ROWS` rows (recording checks every key once).
@@ -41,7 +48,9 @@ import marshal
 from typing import Sequence
 
 from ..actions import routes_remote
+from ..array_input import facts
 from ..ports import Port, table, with_connection
+from ..values.scopes import MapScope
 
 from .dispositions import cached_predicate, output_binds
 from .column_registry import COLUMNS_OF_FIELDS
@@ -70,9 +79,8 @@ def recordable(port: Port, write: SheetWrite, rows: int) -> bool:
 
 def list_digest(write: SheetWrite, rows: Sequence[object]) -> bytes | None:
     """The digest of a list of rows mapped with `write` (see the module docstring), or None
-    when a row is not a dict of core types."""
-    if not all([type(row) is dict for row in rows]):
-        return None
+    when a value is not of a core type (marshal refuses it; a row that is not a dict never
+    matches a record, as the ordinary path that records lists refuses it)."""
     contract = write.contract
     try:
         body = marshal.dumps((write.table_namespace, contract.inputs, contract.outputs, rows),
@@ -82,7 +90,8 @@ def list_digest(write: SheetWrite, rows: Sequence[object]) -> bytes | None:
     return hashlib.sha256(body).digest()
 
 
-# $1 org, $2 play, $3 namespace, $4 list digest, $5 run id, $6 epoch
+# $1 org, $2 play, $3 namespace, $4 list digest, $5 run id, $6 epoch, $7 the keys of the map's
+# begin and seal facts (`engine.array_input.facts`)
 _REPLAY = """
 WITH hit AS (
     SELECT l.row_count, l.digests
@@ -91,26 +100,31 @@ WITH hit AS (
         ON s.org_id = l.org_id AND s.play = l.play AND s.table_namespace = l.table_namespace
      WHERE l.org_id = $1 AND l.play = $2 AND l.table_namespace = $3 AND l.digest = $4
        AND s.writes = l.writes AND NOT {deltas}
+       AND NOT EXISTS (SELECT 1 FROM {facts} AS f WHERE f.k = ANY($7::bytea[]))
 ), membership AS (
     INSERT INTO {reuse} (org_id, play, table_namespace, run_id, epoch, digests, keys)
     SELECT $1, $2, $3, $5, $6, h.digests, NULL FROM hit AS h
     RETURNING 1
 )
-SELECT h.row_count FROM hit AS h
+SELECT h.row_count, set_config('synchronous_commit', 'off', true) FROM hit AS h
 """
 
 
-async def replay_list(port: Port, write: SheetWrite, digest: bytes) -> int | None:
-    """If the list of `digest` is recorded and the sheet has not changed since, record the run's
-    membership of its rows and return how many there are (one statement); else None."""
+async def replay_list(port: Port, write: SheetWrite, digest: bytes, scope: MapScope
+                      ) -> int | None:
+    """If the list of `digest` is recorded, the sheet has not changed since and nothing of the
+    map `scope` is staged (no begin or seal fact: a wake that began staging resumes it), record
+    the run's membership of its rows and return how many there are (one statement, committed
+    asynchronously: see the module docstring); else None."""
     write.check_port(port)
     run = write.run
-    scope = run.scope
     sql = _REPLAY.format(lists=table(port, "sheet_lists"), summary=table(port, "sheet_summary"),
-                         reuse=table(port, "sheet_reuse"),
+                         reuse=table(port, "sheet_reuse"), facts=table(port, "work_receipts"),
                          deltas=has_deltas(port, "$1::text", "$2::text", "$3::text"))
+    staged = [facts.begin_key(scope), facts.seal_key(scope)]
     return await with_connection(port, LANE, lambda conn: conn.fetchval(
-        sql, scope.org_id, scope.play, write.table_namespace, digest, scope.run_id, run.epoch))
+        sql, run.scope.org_id, run.scope.play, write.table_namespace, digest, run.scope.run_id,
+        run.epoch, staged))
 
 
 def record_statement(port: Port, write: SheetWrite, digest: bytes, key_digests: bytes
