@@ -108,16 +108,17 @@ class MapRecorder:
             watch.give_back(outages)
             log.debug("run %s: outages not written: %s", self.scope.run_id, exc)
 
-    async def finish(self, result: MapResult | None,
-                     state: MapRunState | None = None) -> None:
+    async def finish(self, result: MapResult | None, state: MapRunState | None = None,
+                     ended_at: datetime.datetime | None = None) -> None:
         """The map's last entry: its result's counts, or `state` (`failed`) with the last
-        snapshot's."""
+        snapshot's; ended `ended_at` (default now: a caller writing it later passes when the
+        map returned)."""
         if result is not None:
             state = (MapRunState.STOPPED_EARLY if result.stopped_early else
                      MapRunState.SUPERSEDED if result.superseded else MapRunState.FINISHED)
             snapshot = self.latest
             record = history.MapRecord(
-                self.map_key, self.table_namespace, state, self.started_at, now(),
+                self.map_key, self.table_namespace, state, self.started_at, ended_at or now(),
                 source_rows=snapshot.source_rows if snapshot is not None else result.admitted,
                 admitted=result.admitted, cached=result.cached, completed=result.completed,
                 failed=result.failed, blocked=result.blocked, retried=result.retried,

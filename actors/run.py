@@ -62,7 +62,7 @@ from .cancellation import RunStop, watching_for_cancel
 from .hosting import is_terminal, open_hosting_nursery
 from .map_state import SHARED_ONLY, MapOptions, MapPlan
 from .mapper import MapSource, map_rows
-from .history import MapRecorder
+from .history import MapRecorder, now as history_now
 from .progress import MapProgress, MapResult
 from .row_functions import RowFunction, as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
@@ -332,7 +332,8 @@ class Run:
             beat.cancel()
         # The last entry is written in the run's nursery: the caller does not wait for a record
         # (the run's exit does; a late heartbeat never replaces it, `engine.runs.history`).
-        self._live_nursery().start_soon(recorder.finish, result, name="map_history")
+        self._live_nursery().start_soon(recorder.finish, result, None, history_now(),
+                                        name="map_history")
         if result.stopped_early:
             self.stopped_early_maps.append((recorder.table_namespace, result))
         return result
