@@ -5,12 +5,16 @@ How it works
   assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
   one about every `HEARTBEAT_S` seconds while it changed (state `running`; `running` is the rows
   inside a call of the function when it was written, as everywhere: `engine.runs.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
-  `stopped_early` or `superseded`); a map that raised is written as `failed` (unless the store
+  `stopped_early` or `superseded`, ended when the map returned) in the run's nursery, so the
+  caller of `run.map` does not wait for a record (the run's exit does); a map that raised is written as `failed` (unless the store
   is away: then, like a crash, it is left to the wake). A map cancelled in its process (Ctrl-C,
   SIGTERM) writes once more when it has flushed what it computed (`interrupted`): the counts
   that are then durable, with nothing running, so its `completed` is what a rerun finds cached;
   its state is then `interrupted` at once (a crash leaves `running`, read as interrupted once
   it stops being written), and a wake that runs the map again replaces it. A crash writes nothing more.
+- A heartbeat write under way when the map ends is finished, not cancelled (a cancelled
+  statement costs its connection); the store never lets a `running` write replace the ended
+  entry of the same map call, so it may land after the last entry (`engine.runs.history`).
 - History is a record, never a reason to fail: a write that fails is logged and dropped (the
   next heartbeat or a later run writes again). The final write is shielded with a short
   deadline so a map that just ended is recorded even as its run is being cancelled.
