@@ -5,6 +5,10 @@ How it works
   (`engine.runs.cancel`). Each process of the run polls the stamp every `CANCEL_POLL_S` with
   `watch_for_cancel`, a system task of the run (the first poll comes one period after the run
   opened, so short runs never poll); a poll the store does not answer is skipped, not fatal.
+  A map's history write answers the stamp too (`engine.runs.history.record_map`), and
+  `RunStop.heard` counts it as a poll, and no poll is sent while such a write is in flight
+  (`RunStop.answering`): while a map's heartbeat writes every second, the run sends no poll of
+  its own (one request a second per run, not two).
   The poller is a system task (`watching_for_cancel`), so no nursery of the run waits for it.
 - On a stamp, `RunStop.cancel` cancels the scope each running map's pipeline runs in: the calls
   in flight are cancelled (their rows are left, like a crash's, for the next run), what was
@@ -39,6 +43,8 @@ class RunStop:
     """Whether the run was cancelled, and the scopes that stop when it is."""
 
     reason: str | None = None
+    heard_at: float = float("-inf")  # trio time the stamp was last read, by a poll or otherwise
+    asking: int = 0  # requests in flight whose answer reads the stamp (`answering`)
     _scopes: set[trio.CancelScope] = attrs.field(factory=set, repr=False)
 
     @property
@@ -57,6 +63,24 @@ class RunStop:
                 yield scope
         finally:
             self._scopes.discard(scope)
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around a request whose answer reads the stamp: while it is in flight the watcher
+        does not poll (under load a request can take longer than a poll period)."""
+        self.asking += 1
+        try:
+            yield
+        finally:
+            self.asking -= 1
+
+    def heard(self, requested: bool) -> None:
+        """The run's stamp was read just now (`requested`: it is set): the watcher's next poll
+        waits a whole period from here."""
+        self.heard_at = trio.current_time()
+        if requested:
+            log.warning("run cancelled; stopping its rows")
+            self.cancel()
 
     def cancel(self, reason: str = CANCELLED) -> None:
         if self.reason is None:
@@ -89,14 +113,21 @@ def watching_for_cancel(port: Port, scope: RunScope, stop: RunStop) -> Iterator[
 
 async def watch_for_cancel(port: Port, scope: RunScope, stop: RunStop, *,
                            poll_s: float = CANCEL_POLL_S) -> None:
-    """Poll the run's cancellation stamp until it is set, then stop the run's maps."""
+    """Poll the run's cancellation stamp until it is set, then stop the run's maps: a period
+    after the stamp was last read (by this poll or by another request that answers it)."""
+    stop.heard_at = max(stop.heard_at, trio.current_time())  # the first poll: a period from now
     while not stop.cancelled:
-        await trio.sleep(poll_s)
+        due = stop.heard_at + poll_s
+        if trio.current_time() < due:
+            await trio.sleep_until(due)
+            continue  # read meanwhile by a map's history write: wait from then
+        if stop.asking:  # a write in flight reads it: look again a period later
+            stop.heard_at = trio.current_time()
+            continue
         try:
             requested = await cancel_requested(port, scope)
         except EngineError as exc:  # the store is away: the run's own calls ride it out
             log.debug("run %s: cancellation poll failed: %s", scope.run_id, exc)
+            stop.heard_at = trio.current_time()  # try again a period later
             continue
-        if requested:
-            log.warning("run %s: cancelled; stopping its rows", scope.run_id)
-            stop.cancel()
+        stop.heard(requested)

@@ -3,7 +3,8 @@
 How it works
 - `MapRecorder` belongs to one `run.map`. It sees every progress snapshot of the map (a cheap
   assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
-  one about every `HEARTBEAT_S` seconds while it changed (state `running`; `running` is the rows
+  one about every `HEARTBEAT_S` seconds while it changed (less often while the store is slow to
+  answer, see `heartbeat`) (state `running`; `running` is the rows
   inside a call of the function when it was written, as everywhere: `engine.runs.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
   `stopped_early` or `superseded`, ended when the map returned) in the run's nursery, so the
   caller of `run.map` does not wait for a record (the run's exit does); a map that raised is written as `failed` (unless the store
@@ -16,7 +17,8 @@ How it works
   statement costs its connection); the store never lets a `running` write replace the ended
   entry of the same map call, so it may land after the last entry (`engine.runs.history`).
 - History is a record, never a reason to fail: a write that fails is logged and dropped (the
-  next heartbeat or a later run writes again). The final write is shielded with a short
+  next heartbeat or a later run writes again). Each write also answers whether the run was
+  asked to cancel, which the run's `RunStop` takes as its cancellation poll. The final write is shielded with a short
   deadline so a map that just ended is recorded even as its run is being cancelled.
 """
 
@@ -36,12 +38,14 @@ from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import RunScope
 
+from .cancellation import RunStop
 from .progress import MapProgress, MapResult
 from .retry import current_watch, hurry_if_waiting
 
 log = logging.getLogger("runplane.actors")
 
 HEARTBEAT_S = 1.0
+MAX_HEARTBEAT_S = 1.5  # below `CANCEL_POLL_S`: a busy map's heartbeat still answers its run's cancellation
 FINAL_DEADLINE_S = 5.0
 
 
@@ -57,6 +61,7 @@ class MapRecorder:
     table_namespace: str
     spec: JsonObject | None = None  # what a retry of the table runs (`engine.runs.retry_spec`)
     spec_written: bool = False  # the spec goes with the first write that lands, not every one
+    stop: RunStop | None = None  # the run's cancellation: each write answers its stamp
     started_at: datetime.datetime = attrs.field(factory=now)
     latest: MapProgress | None = None
     written: MapProgress | None = None
@@ -77,22 +82,35 @@ class MapRecorder:
 
     async def _write(self, record: history.MapRecord, level: int = logging.DEBUG) -> None:
         try:
-            await history.record_map(self.port, self.scope, record)
+            if self.stop is None:
+                await history.record_map(self.port, self.scope, record)
+            else:
+                with self.stop.answering():
+                    requested = await history.record_map(self.port, self.scope, record)
+                self.stop.heard(requested)
             self.spec_written = self.spec_written or record.spec is not None
         except EngineError as exc:  # the next heartbeat, or a later run, writes again
             log.log(level, "run %s: map %s: run history not written: %s",
                     self.scope.run_id, self.table_namespace, exc)
 
     async def heartbeat(self) -> None:
-        """Write the latest snapshot while it changes, until cancelled (a write under way when
-        the map ends is finished, within `FINAL_DEADLINE_S`: cancelling it would cost its
-        connection; the store keeps the map's last entry over it, `engine.runs.history`)."""
+        """Write the latest snapshot while it changes, until cancelled: every `HEARTBEAT_S`,
+        or, when the store is slow to answer (a busy gateway or server), twice as long as the
+        last write took (at most `MAX_HEARTBEAT_S`): history never takes more than a third of
+        the store's time for a map, and a loaded server is not loaded more by its history. A
+        write under way when the map ends is finished (within `FINAL_DEADLINE_S`), not
+        cancelled: that would cost its connection, and the store keeps the map's last entry
+        over it (`engine.runs.history`)."""
         await self._beat(self._record(MapRunState.RUNNING, self.latest))
+        pause = HEARTBEAT_S
         while True:
-            await trio.sleep(HEARTBEAT_S)
+            await trio.sleep(pause)
             if self.latest is not None and self.latest != self.written:
                 self.written = self.latest
+                started = trio.current_time()
                 await self._beat(self._record(MapRunState.RUNNING, self.latest))
+                took = trio.current_time() - started
+                pause = min(MAX_HEARTBEAT_S, max(HEARTBEAT_S, 2 * took))
             await self._write_outages()
 
     async def _beat(self, record: history.MapRecord) -> None:

@@ -99,6 +99,7 @@ class ListSource:
     keys: list[str] | None = attrs.field(default=None, repr=False)  # all keys, if computed
     manifest: Manifest | None = None
     mode: str = "unstaged"  # unstaged → (staging →) staged | direct
+    begun: bool = False  # this map wrote its begin fact (`start_staging`)
     sheet_rows: int | None = None  # rows in the sheet as the map began (a hint; None: unknown)
     replaying: bool = False  # staged before the map began: pages are admitted from facts
     _staging: trio.Lock = attrs.field(init=False, factory=trio.Lock)
@@ -241,7 +242,7 @@ class ListSource:
     async def _stage(self) -> None:
         try:
             staged = await stage_encoded(self.port, self.scope, self.encoded,
-                                         manifest=self.manifest)
+                                         manifest=self.manifest, begun=self.begun)
         except ArrayInputUnavailableError:
             self._admit_directly_no_arrays()
             return
@@ -273,7 +274,7 @@ class ListSource:
                 self._admit_directly_retired()
                 return
             self.mode = "staging"
-            self.manifest = None  # staging now: let the stager read it
+            self.begun = True  # the stager neither reads the manifest nor begins again
             nursery.start_soon(self._stage, name="stage_list")
 
     async def staged_page(self, page: SourcePage,

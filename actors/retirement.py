@@ -1,18 +1,18 @@
 """Retirement: removing a finished run's array-input facts, batch by batch, on the retirement lane.
 
 How it works
-- `retire_run` calls `engine.array_input.retire` until it reports `done`. Each call is one
+- `finish_entry` calls `engine.array_input.retire_entry` until it reports `done`. Each call is one
   transaction that marks the run guard retired (so any sealer or page writer of the run is fenced
   by the guard row from then on) and deletes at most `RETIRE_BATCH_ROWS` facts. The guard itself
   is retained forever.
 - `engine.array_input.retire` checks out on the `retirement` lane: background retirement holds
   at most that lane's permits and never starves foreground sheet or receipt work.
-- With an outbox lease (`owner`), the lease is renewed after every batch; when the renewal finds
+- The holder's outbox lease (`owner`) is renewed after every batch; when the renewal finds
   the lease gone (it expired and another drainer took the entry), this holder stops and leaves
   the rest to the new holder.
 - Each step is idempotent (or fenced by the lease) and retried through transient store faults.
-- `finish_entry` is the whole job for one outbox entry: retire, then mark the entry done. Both the
-  run's own guard (`actors.run`) and the supervisor call it.
+- `finish_entry` is the whole job for one outbox entry: retire, and mark the entry done with the
+  last batch (one request). Both the run's own guard (`actors.run`) and the supervisor call it.
 """
 
 from __future__ import annotations
@@ -40,26 +40,16 @@ class RetirementOutcome:
 
 
 @marked("retirement")
-async def retire_run(
-    port: Port, scope: RunScope, *, owner: str | None = None, lease_s: float = 60.0
-) -> RetirementOutcome:
-    """Retire the run's array inputs until done (or until our outbox lease is lost)."""
-    deleted = 0
-    while True:
-        result = await retry_transient(lambda: array_input.retire(port, scope))
-        deleted += result.deleted
-        if result.done:
-            return RetirementOutcome(deleted, True)
-        if owner is not None and not await retry_transient(
-                lambda: outbox.renew(port, scope, owner, lease_s)):
-            return RetirementOutcome(deleted, False)
-
-
 async def finish_entry(
     port: Port, scope: RunScope, owner: str, *, lease_s: float = 60.0
 ) -> RetirementOutcome:
-    """Retire the run under `owner`'s lease and settle its outbox entry as done."""
-    outcome = await retire_run(port, scope, owner=owner, lease_s=lease_s)
-    if outcome.finished and await retry_transient(lambda: outbox.mark_done(port, scope, owner)):
-        return RetirementOutcome(outcome.deleted, True, True)
-    return outcome
+    """Retire the run under `owner`'s lease, batch by batch, and settle its outbox entry as
+    done: the last batch settles it in the same request (`array_input.retire_entry`)."""
+    deleted = 0
+    while True:
+        result = await retry_transient(lambda: array_input.retire_entry(port, scope, owner))
+        deleted += result.deleted
+        if result.done:
+            return RetirementOutcome(deleted, True, result.settled)
+        if not await retry_transient(lambda: outbox.renew(port, scope, owner, lease_s)):
+            return RetirementOutcome(deleted, False)

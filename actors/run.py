@@ -149,7 +149,7 @@ class Run:
             self._stream_ordinals[namespace] = ordinal + 1
             map_invocation_id = f"stream-{ordinal}"
         return MapRecorder(self.port, self.scope, f"{namespace}/{map_invocation_id}", namespace,
-                           spec=map_spec(plan, map_invocation_id))
+                           spec=map_spec(plan, map_invocation_id), stop=self.stop)
 
     # -- work receipts -------------------------------------------------------------------------
     async def claim(self, key: str, *, reclaim_running: bool = False,
@@ -381,8 +381,7 @@ async def open_run(
     token = install_watch(watch)  # the run's tasks inherit it, and its log fields
     fields = where.enter(org=scope.org_id, play=scope.play, run_id=scope.run_id)
     try:
-        ref = await retry_transient(lambda: runs.register(tenant, scope))
-        await retry_transient(lambda: outbox.record_open(tenant, scope))
+        ref = await retry_transient(lambda: runs.register(tenant, scope))  # and its outbox entry
         error: BaseException | None = None
         run = Run(tenant, ref, attempt, outage=watch, force=force)
         try:

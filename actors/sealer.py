@@ -108,18 +108,20 @@ async def put_pages(port: Port, scope: MapScope, source: EncodedList, ordinals_r
 
 
 async def stage_encoded(port: Port, scope: MapScope, source: EncodedList, *,
-                        manifest: Manifest | None = None,
+                        manifest: Manifest | None = None, begun: bool = False,
                         put_tasks: int = PUT_TASKS) -> StagedArray:
     """Stage (or resume) an encoded source; return it sealed. A `manifest` already read saves
-    a round trip. An input already sealed must be this source (`ConflictError` otherwise)."""
-    if manifest is None:
-        manifest = await retry_transient(lambda: array_input.get_manifest(port, scope))
-    if manifest.state == "sealed":
-        check_same_source(scope, manifest, source)
-        return StagedArray(port, scope, manifest)
-    await retry_transient(lambda: array_input.begin(
-        port, scope, source_fingerprint=source.fingerprint, source_rows=source.source_rows,
-        has_source_identities=source.has_source_identities))
+    a round trip; `begun=True` (the caller just wrote this source's begin fact) saves two.
+    An input already sealed must be this source (`ConflictError` otherwise)."""
+    if not begun:
+        if manifest is None:
+            manifest = await retry_transient(lambda: array_input.get_manifest(port, scope))
+        if manifest.state == "sealed":
+            check_same_source(scope, manifest, source)
+            return StagedArray(port, scope, manifest)
+        await retry_transient(lambda: array_input.begin(
+            port, scope, source_fingerprint=source.fingerprint, source_rows=source.source_rows,
+            has_source_identities=source.has_source_identities))
     async with trio.open_nursery() as nursery:
         # Capacity: an ordinal per putter waiting, so a putter never idles between pages.
         ordinals_send, ordinals_recv = trio.open_memory_channel(put_tasks)
@@ -129,8 +131,7 @@ async def stage_encoded(port: Port, scope: MapScope, source: EncodedList, *,
         async with ordinals_send:
             for ordinal in range(source.page_count):
                 await ordinals_send.send(ordinal)
-    await retry_transient(lambda: array_input.seal(
+    sealed = await retry_transient(lambda: array_input.seal(
         port, scope, source_fingerprint=source.fingerprint, source_rows=source.source_rows,
         page_count=source.page_count, batch_size=SEAL_BATCH_PAGES))
-    return StagedArray(port, scope,
-                       await retry_transient(lambda: array_input.get_manifest(port, scope)))
+    return StagedArray(port, scope, sealed)

@@ -166,3 +166,27 @@ async def test_a_cancelled_shared_map_stops_its_workers_and_the_run_is_retired(t
     assert ok, why
     entry = await outbox.get(tenant, run.scope)
     assert entry is not None and entry.state == outbox.OutboxState.DONE
+
+
+async def test_a_map_history_write_is_the_run_cancellation_poll(tenant):
+    """A map's heartbeat answers the run's cancellation stamp (one request a second per run, not
+    two): while writes answer it, the run's watcher (polling every `CANCEL_POLL_S`) sends no
+    poll of its own; a stamp set meanwhile stops the run at the next write."""
+    from runplane.actors.history import MapRecorder
+    from runplane.engine.runs.cancel import CANCEL_POLL_S
+
+    async with open_run(tenant, "cancel-heard") as run:
+        recorder = MapRecorder(tenant, run.scope, "t/map-0", "t", stop=run.stop)
+        record = recorder._record(MapRunState.RUNNING, None)
+        before = tenant.permits()["receipts"].acquired
+        writes = 0
+        while writes * 0.2 < 2 * CANCEL_POLL_S:  # a write every 0.2 s, for two poll periods
+            await recorder._write(record)
+            writes += 1
+            assert not run.cancelled
+            await trio.sleep(0.2)
+        assert tenant.permits()["receipts"].acquired - before == writes, (
+            "the run's watcher polled although every write answered the stamp")
+        assert await request_cancel(tenant, run.scope) == CancelAnswer.REQUESTED
+        await recorder._write(record)
+        assert run.cancelled  # the write saw the stamp

@@ -20,7 +20,7 @@ How it works
   unit no longer held (taken over, or the map cancelled or closed): its calls are cancelled
   and nothing more of it is written. A batch refused with `LeaseLostError` (a lease lost
   meanwhile) makes the flusher ask which units are still held and write the rest.
-- A cancellation of the map's run (`actors.cancellation`, polled every second) cancels the
+- A cancellation of the map's run (`actors.cancellation`, polled every `CANCEL_POLL_S`) cancels the
   service: calls in flight and outcomes not yet written are left, as by a crash; the
   coordinator marks the map cancelled.
 - Store calls ride out an outage for the port's outage budget (`actors.retry`), then `serve`

@@ -21,7 +21,7 @@ from .values import (
     RetireResult, SourceIdentity,
 )
 from .pages import paginate, source_fingerprint
-from .retirement import retire
+from .retirement import retire, retire_entry
 from .source import PagedRows, PagedSource, encode_source
 from .source_pass import EncodedSource, SourceShape, scan_source
 from .sealing import seal
@@ -29,7 +29,7 @@ from .sealing import seal
 __all__ = [
     "Occurrence", "SourceIdentity", "PageDraft", "Page", "Manifest", "RetireResult",
     "source_fingerprint", "paginate", "get_manifest", "begin", "put_page", "seal", "read_page",
-    "retire", "MAX_PAGE_ROWS", "MAX_PAGE_BYTES", "RETIRE_BATCH_ROWS", "EncodedSource",
+    "retire", "retire_entry", "MAX_PAGE_ROWS", "MAX_PAGE_BYTES", "RETIRE_BATCH_ROWS", "EncodedSource",
     "encode_source", "put_encoded_page", "PagedRows", "PagedSource", "SourceShape",
     "scan_source",
 ]

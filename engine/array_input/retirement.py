@@ -15,12 +15,16 @@ How it works
   needs no second look. So a call is one or two statements, at most 128 facts, and `done` is
   true only when fewer than 128 were deleted and none can be left behind.
 - Callers (the terminal outbox) repeat until `done`; a lost answer is safe to retry.
+- `retire_entry(scope, owner)` is one batch that, when it is the last (`done`), also settles the
+  run's outbox entry as done under `owner`'s lease (`engine.runs.outbox.mark_done`): a run's
+  retirement ends in one request, not two. Both are idempotent, so a retry of the pair is too.
 """
 
 from __future__ import annotations
 
 from ..actions import action
-from ..values.codecs import RUN_SCOPE
+from ..runs import outbox
+from ..values.codecs import RUN_SCOPE, TEXT
 from ..values.keys import run_key_range
 from ..ports import RETIREMENT_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES
@@ -124,3 +128,13 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
         return RetireResult(done=total < RETIRE_BATCH_ROWS, deleted=total)
 
     return await with_connection(port, RETIREMENT_LANE, op)
+
+
+@action("array_input.retire_entry", params={"scope": RUN_SCOPE, "owner": TEXT}, result=RETIRE_RESULT)
+async def retire_entry(port: Port, scope: RunScope, owner: str) -> RetireResult:
+    """`retire`, and once it is done, settle the run's outbox entry as done under `owner`'s
+    lease (`settled`: False when the lease was lost)."""
+    result = await retire(port, scope)
+    if not result.done:
+        return result
+    return RetireResult(True, result.deleted, await outbox.mark_done(port, scope, owner))

@@ -25,7 +25,7 @@ import trio
 
 from .. import canonical
 from ..actions import action
-from ..values.codecs import INT, MAP_SCOPE, NOTHING, STR
+from ..values.codecs import INT, MAP_SCOPE, STR
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..runs.reissue import NotVisible
@@ -107,24 +107,28 @@ def _matching_seal(row_status, row_run, row_output, scope: MapScope, expected: d
 
 
 @action("array_input.seal", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
-        "source_rows": INT, "page_count": INT, "batch_size": INT}, result=NOTHING,
+        "source_rows": INT, "page_count": INT, "batch_size": INT}, result=V.MANIFEST,
         deadline_s=75.0)
 async def seal(
     port: Port, scope: MapScope, *, source_fingerprint: str, source_rows: int, page_count: int,
     batch_size: int = 4,
-) -> None:
-    """Verify every page of the staged source and write the seal (or reuse a completed one)."""
+) -> V.Manifest:
+    """Verify every page of the staged source and write the seal (or reuse a completed one);
+    answers the sealed manifest (what `get_manifest` now reads), saving the caller that read."""
     scope = F.map_scope(port, scope)
     V.check_fingerprint(source_fingerprint)
     _check_seal_args(source_rows, page_count, batch_size)
     expected, sealed = await _begin_seal(port, scope, source_fingerprint, source_rows, page_count)
+    manifest = V.Manifest("sealed", source_fingerprint, source_rows,
+                          expected["has_source_identities"], page_count)
     if sealed:
-        return  # a completed seal is the proof; no re-verification
+        return manifest  # a completed seal is the proof; no re-verification
     scanned = await _scan_pages(port, scope, expected, batch_size)
     if scanned is None:
-        return  # a peer completed the seal while we scanned
+        return manifest  # a peer completed the same seal while we scanned
     _check_totals(scanned, expected)
     await _write_seal(port, scope, expected, scanned.digest_chain)
+    return manifest
 
 
 async def _begin_seal(port: Port, scope: MapScope, source_fingerprint: str, source_rows: int,

@@ -115,10 +115,12 @@ class Manifest:
 
 @attrs.frozen
 class RetireResult:
-    """One retirement batch: `deleted` facts removed; `done` once no begin/page/seal fact is left."""
+    """One retirement batch: `deleted` facts removed; `done` once no begin/page/seal fact is left;
+    `settled` when the batch also settled the run's outbox entry as done (`retire_entry`)."""
 
     done: bool
     deleted: int
+    settled: bool = False
 
 
 # -- wire codecs (engine.actions) ----------------------------------------------------------------
@@ -144,7 +146,7 @@ OCCURRENCES = list_of(OCCURRENCE)
 MANIFEST = record(Manifest, state=STR, source_fingerprint=optional(STR), source_rows=optional(INT),
                   has_source_identities=optional(BOOL), page_count=optional(INT))
 PAGE = record(Page, offset=INT, rows=list_of(OCCURRENCE, as_tuple=True))
-RETIRE_RESULT = record(RetireResult, done=BOOL, deleted=INT)
+RETIRE_RESULT = record(RetireResult, done=BOOL, deleted=INT, settled=BOOL)
 
 
 def as_occurrence(value: object, path: str) -> Occurrence:

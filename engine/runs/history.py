@@ -6,7 +6,9 @@ How it works
   the table namespace, the map's state, its counters (source rows, admitted, cached,
   completed, failed, blocked, retried, and `running`: rows admitted and not yet written) and
   when it started, was last written and ended.
-- `record_map` writes it in one upsert. A running map writes it about once a second (state
+- `record_map` writes it in one upsert, and answers in the same statement whether the run was
+  asked to cancel (`engine.runs.cancel`): a map's heartbeat is also its run's cancellation poll,
+  so a process writing history needs no separate poll. A running map writes it about once a second (state
   `running`, so `runplane status --watch` sees rows in flight from another terminal) and once
   more when it ends (`finished`, `stopped_early`, `superseded` or `failed`; `interrupted` when
   its process cancelled it, Ctrl-C or SIGTERM, after flushing what it computed). A crashed
@@ -39,7 +41,7 @@ from ..canonical import JsonObject
 from ..limits.bounds import is_int
 from ..actions import action
 from ..values.codecs import (
-    FLOAT, INT, NOTHING, PLAY_SCOPE, RAW, RUN_SCOPE, STR, TEXT, TIMESTAMP, enum_of, list_of,
+    BOOL, FLOAT, INT, PLAY_SCOPE, RAW, RUN_SCOPE, STR, TEXT, TIMESTAMP, enum_of, list_of,
     optional, record,
 )
 from ..errors import InvalidInputError
@@ -140,6 +142,7 @@ class StoredMap:
 STORED_MAP = record(StoredMap, run_id=STR, record=MAP_RECORD, age_s=FLOAT)
 
 _RECORD = """
+WITH written AS (
 INSERT INTO {run_maps} AS m (org_id, play, run_id, map_key, table_namespace, state, started_at,
                              ended_at, source_rows, admitted, cached, completed, failed,
                              blocked, retried, running, stop_reason, spec, updated_at)
@@ -153,7 +156,11 @@ ON CONFLICT (org_id, play, run_id, map_key) DO UPDATE SET
     spec = coalesce(EXCLUDED.spec, m.spec), updated_at = now()
  WHERE NOT (EXCLUDED.state = {running} AND m.state <> {running}
             AND m.started_at = EXCLUDED.started_at)
-RETURNING set_config('synchronous_commit', 'off', true)
+RETURNING 1
+)
+SELECT cancel_requested_at IS NOT NULL, set_config('synchronous_commit', 'off', true)
+  FROM {runs}
+ WHERE org_id = $1 AND play = $2 AND run_id = $3
 """
 
 _COLUMNS = """run_id, map_key, table_namespace, state, started_at, ended_at, source_rows, admitted,
@@ -175,20 +182,23 @@ SELECT {_COLUMNS} FROM {{run_maps}}
 """
 
 
-@action("history.record_map", params={"scope": RUN_SCOPE, "record": MAP_RECORD}, result=NOTHING)
-async def record_map(port: Port, scope: RunScope, record: MapRecord) -> None:
-    """Write what a map of run `scope` did (so far); one upsert."""
+@action("history.record_map", params={"scope": RUN_SCOPE, "record": MAP_RECORD}, result=BOOL)
+async def record_map(port: Port, scope: RunScope, record: MapRecord) -> bool:
+    """Write what a map of run `scope` did (so far), in one upsert; answers whether the run
+    was asked to cancel (False for a run never registered)."""
     check_scope(port, scope)
     if not isinstance(record, MapRecord):
         raise InvalidInputError(f"record must be a MapRecord, got {type(record).__name__}")
     reason = None if record.stop_reason is None else record.stop_reason[:MAX_TEXT]
-    sql = _RECORD.format(run_maps=table(port, "run_maps"), running=MapRunState.RUNNING.sql)
-    await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
+    sql = _RECORD.format(run_maps=table(port, "run_maps"), runs=table(port, "runs"),
+                         running=MapRunState.RUNNING.sql)
+    cancelled = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
         sql, scope.org_id, scope.play, scope.run_id, record.map_key, record.table_namespace,
         record.state.value, record.started_at, record.ended_at,
         *(getattr(record, name) for name in COUNTERS), reason,
         None if record.spec is None else canonical.stable_dumps(
             canonical.normalize(record.spec, "spec"))))
+    return bool(cancelled)
 
 
 def _stored(row) -> StoredMap:

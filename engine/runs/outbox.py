@@ -5,7 +5,8 @@ How it works
 
       open ──(run body ends terminally)──▶ pending ──(array inputs retired)──▶ done
 
-  `open_run` records the entry as `open` before the body starts. `open` means "this run may
+  Registering a run (`engine.runs.registry.register`, as `open_run` does before the body
+  starts) records the entry as `open` in the same statement; `record_open` does it alone. `open` means "this run may
   still be woken": a run that was cancelled or whose process crashed stays `open`, so nothing
   retires the input a wake must replay. The retirement guard flips the entry to `pending` when
   the body ends terminally (returns, or raises anything but cancellation); that is the only

@@ -3,6 +3,8 @@
 `register(port, RunScope)` allocates the run's epoch from the `run_epochs` sequence the first time
 the run is seen and returns the same epoch on every later call (a wake). Sequences only grow, so
 a later run always gets a larger epoch; every fenced write compares epochs, never run ids.
+The same statement records the run's terminal-outbox entry as `open` when it has none
+(`engine.runs.outbox`: "this run may still be woken"), so opening a run is one round trip.
 One statement: insert-if-absent, else read the stored row.
 
 `get(port, RunScope)`, `by_epoch(port, PlayScope, epoch)` and `list_runs(port, PlayScope)` read
@@ -30,6 +32,7 @@ from ..values.codecs import (
 )
 from ..errors import InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, sequence_literal, table, with_connection
+from .outbox import OutboxState
 from .reissue import fetchrow_until_visible
 from ..values.scopes import PlayScope, RunRef, RunScope, check_scope
 
@@ -58,16 +61,19 @@ class RunInfo:
 RUN_INFO = record(RunInfo, scope=RUN_SCOPE, epoch=INT, created_at=TIMESTAMP,
                   command=optional(STR))
 
-_REGISTER = """
+_REGISTER = f"""
 WITH inserted AS (
-    INSERT INTO {runs} (org_id, play, run_id, epoch)
-    VALUES ($1, $2, $3, nextval({seq}::regclass))
+    INSERT INTO {{runs}} (org_id, play, run_id, epoch)
+    VALUES ($1, $2, $3, nextval({{seq}}::regclass))
     ON CONFLICT (org_id, play, run_id) DO NOTHING
     RETURNING epoch
+), opened AS (
+    INSERT INTO {{outbox}} (org_id, play, run_id, state) VALUES ($1, $2, $3, {OutboxState.OPEN.sql})
+    ON CONFLICT (org_id, play, run_id) DO NOTHING
 )
 SELECT epoch FROM inserted
 UNION ALL
-SELECT epoch FROM {runs}
+SELECT epoch FROM {{runs}}
  WHERE org_id = $1 AND play = $2 AND run_id = $3 AND NOT EXISTS (SELECT 1 FROM inserted)
 """
 
@@ -92,7 +98,8 @@ SELECT org_id, play, run_id, epoch, created_at, command FROM {runs}
 @action("runs.register", params={"scope": RUN_SCOPE}, result=RUN_REF)
 async def register(port: Port, scope: RunScope) -> RunRef:
     check_scope(port, scope)
-    sql = _REGISTER.format(runs=table(port, "runs"), seq=sequence_literal(port, "run_epochs"))
+    sql = _REGISTER.format(runs=table(port, "runs"), seq=sequence_literal(port, "run_epochs"),
+                           outbox=table(port, "terminal_outbox"))
 
     # No row only when a concurrent registration committed after our snapshot: issue it again.
     row = await with_connection(port, RECEIPTS_LANE, lambda conn: fetchrow_until_visible(
