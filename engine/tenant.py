@@ -309,13 +309,14 @@ class Tenant:
             status = await schema_ddl.schema_status(conn, self.schema)
             # Under an execution role the bootstrap also (re)grants the role its privileges.
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
-                await self._bootstrap(conn)
+                await self._bootstrap(conn, unless_current=True)
             self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
             self.settings = self._settings()
 
-    async def _bootstrap(self, conn: pg.Connection) -> None:
+    async def _bootstrap(self, conn: pg.Connection, *, unless_current: bool = False) -> None:
         try:
-            await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
+            await schema_ddl.bootstrap(conn, self.schema, self.execution_role,
+                                       unless_current=unless_current)
         except InsufficientPrivilegeError as exc:
             raise InsufficientPrivilegeError(
                 f"schema {self.schema!r} needs DDL (a bootstrap, an upgrade or a missing relation) "
