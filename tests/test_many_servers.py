@@ -4,6 +4,7 @@ in the middle of a run while another org keeps running."""
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -24,6 +25,7 @@ from runplane.engine.placement.move import MoveRequest, move_org
 from runplane.engine.placement.router import load_router, open_router
 from runplane.simulations.routing import org_rows
 
+from .cli_helpers import RUNPLANE, ROOT, cli_env
 from .conftest import fresh_schema
 from .gateway_support import FAST_RETRY, SECRET
 from .sheet_helpers import counters_match
@@ -249,3 +251,89 @@ def test_the_command_line_follows_the_tenants_file(dsn, second_dsn, tmp_path, ca
     assert main(["move-org", org, "--resume", "--tenants", path]) == 1  # nothing to resume
     assert main(["move-org", org, "--tenants", path]) == 2  # no --to
     assert main(["demo", "--rows", "1", "--tenants", path, "--org", "nobody"]) == 1  # refused
+
+
+# A play whose row 150 is in its call across a whole move: it says "midway" and waits for a
+# line on stdin (the test sends it once the org is fenced).
+HELD_PLAY = """
+import sys
+
+import trio
+
+from runplane.engine.sheets import SheetContract
+
+PLAY = "p"
+CONTRACT = SheetContract(inputs=("name", "n"), outputs=("upper",))
+
+
+async def enrich(row):
+    if row["n"] == 150:
+        print("midway", flush=True)
+        await trio.to_thread.run_sync(sys.stdin.readline)
+    return {"upper": row["name"].upper()}
+
+
+async def play(run, rows):
+    return await run.map("things", [{"name": f"r{i}", "n": i} for i in range(300)], enrich,
+                         contract=CONTRACT, concurrency=8)
+"""
+
+
+async def _read_until(stream, text: bytes, seen: bytearray) -> None:
+    while text not in seen:
+        chunk = await stream.receive_some(4096)
+        assert chunk, f"the process closed its output before {text!r}: {bytes(seen)!r}"
+        seen.extend(chunk)
+
+
+async def _drain(stream, seen: bytearray) -> None:
+    while chunk := await stream.receive_some(4096):
+        seen.extend(chunk)
+
+
+async def test_a_direct_run_follows_its_org_to_another_server_while_it_runs(dsn, second_dsn,
+                                                                            tmp_path):
+    """`runplane run --tenants F --org A` on a direct connection: A moves from server 1 to 2
+    while a row is in its call; the run's writes meet the fence, ride it, and land on server 2,
+    where the same process finishes the run (no restart)."""
+    schema, org = fresh_schema(), f"f{uuid.uuid4().hex[:10]}"
+    path = tenants_toml(tmp_path / "t.toml", {"s1": dsn, "s2": second_dsn}, {org: "s1"}, schema)
+    play = tmp_path / "held_play.py"
+    play.write_text(HELD_PLAY)
+    env = {k: v for k, v in cli_env().items() if not k.startswith("RUNPLANE_")}
+    env["RUNPLANE_OUTAGE_BUDGET_S"] = "20"  # without following, the run would end after it
+    out, err = bytearray(), bytearray()
+    proc = await trio.lowlevel.open_process(
+        [*RUNPLANE, "run", str(play), "--no-input", "--tenants", path, "--org", org],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        async with trio.open_nursery() as tasks:
+            tasks.start_soon(_drain, proc.stderr, err)
+            await _read_until(proc.stdout, b"midway", out)
+
+            async def release_when_fenced(step: MoveStep) -> None:
+                if step is MoveStep.COPY:  # fenced: row 150's completion meets the fence
+                    await proc.stdin.send_all(b"go\n")
+
+            report = await move_org(load_tenants_file(path), MoveRequest(org, to="s2"),
+                                    on_step=release_when_fenced)
+            tasks.start_soon(_drain, proc.stdout, out)
+            assert await proc.wait() == 0, (bytes(out), bytes(err))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert report.rows["runs"] == 1 and b"admitted 300" in out, bytes(out)
+    async with open_tenant(org, second_dsn, schema=schema) as moved:
+        scope = PlayScope(org, "p")
+        stored = await sheets.read_rows(moved, scope, "things")
+        assert sorted(row["name"] for row in stored) == sorted(f"r{i}" for i in range(300))
+        assert all(row["upper"] == row["name"].upper() for row in stored)
+        summary = await sheets.summary(moved, scope, "things")
+        assert (summary.total, summary.completed, summary.failed) == (300, 300, 0)
+        assert (await counters_match(moved, scope, "things"))[0]
+        async with moved.connection("receipts") as conn:  # one run: the process never restarted
+            assert await conn.fetchval(f'SELECT count(*) FROM "{schema}".runs'
+                                       " WHERE org_id = $1", org) == 1
+    async with open_tenant(org, dsn, schema=schema) as source:  # the fence kept server 1 as
+        left = await sheets.summary(source, PlayScope(org, "p"), "things")  # it was copied
+        assert left.total == 300 and left.completed < 300
