@@ -337,3 +337,45 @@ async def test_a_direct_run_follows_its_org_to_another_server_while_it_runs(dsn,
     async with open_tenant(org, dsn, schema=schema) as source:  # the fence kept server 1 as
         left = await sheets.summary(source, PlayScope(org, "p"), "things")  # it was copied
         assert left.total == 300 and left.completed < 300
+
+
+async def _one_run(dsn: str, schema: str, org: str) -> str:
+    async with open_tenant(org, dsn, schema=schema) as tenant:
+        async with open_run(tenant, "p") as run:
+            await run.map("things", [{"name": "x", "n": 1}], _upper, contract=CONTRACT)
+            return run.run_id
+
+
+async def _upper(row: dict) -> dict:
+    return {"upper": row["name"].upper()}
+
+
+async def test_the_local_console_follows_its_org_to_another_server(dsn, second_dsn, tmp_path):
+    """`runplane console --tenants F --org A` serves A's server, and after A moves, the same
+    process shows what A writes on the new one (its pooled connections to the old closed)."""
+    import httpx
+
+    schema, org = fresh_schema(), f"k{uuid.uuid4().hex[:10]}"
+    path = tenants_toml(tmp_path / "t.toml", {"s1": dsn, "s2": second_dsn}, {org: "s1"}, schema)
+    before = await _one_run(dsn, schema, org)
+    env = {k: v for k, v in cli_env().items() if not k.startswith("RUNPLANE_")}
+    proc = await trio.lowlevel.open_process(
+        [*RUNPLANE, "console", "--tenants", path, "--org", org, "--bind", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        out = bytearray()
+        await _read_until(proc.stdout, b"once=", out)
+        await _read_until(proc.stdout, b"\n", out)  # the whole link line
+        link = out.decode().split()[-1]
+        async with httpx.AsyncClient(base_url=link.split("/ui/")[0], trust_env=False) as http:
+            assert (await http.get(link)).status_code == 303
+            assert before in (await http.get("/ui/")).text
+            await move_org(load_tenants_file(path), MoveRequest(org, to="s2"))
+            after = await _one_run(second_dsn, schema, org)  # on server 2 only
+            with trio.fail_after(30):
+                while after not in (page := (await http.get("/ui/")).text):
+                    await trio.sleep(0.1)  # polls the page until its router polled
+            assert before in page  # copied with the org
+    finally:
+        proc.kill()
+        await proc.wait()
