@@ -14,6 +14,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine import PlayScope, RunScope, open_tenant, runs, sheets
+from runplane.engine.sheets import views
 from runplane.engine.embedded import start_embedded
 from runplane.engine.errors import (
     ConflictError, InvalidInputError, ScopeError, StoreUnavailableError,
@@ -202,6 +203,7 @@ async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_pa
         await sheets.ensure_sheet(on_s1, PlayScope(org, "p"), "t", CONTRACT)
         await sheets.admit(on_s1, run, "t", CONTRACT,
                            [{"name": f"x{i}", "n": i} for i in range(50)])
+        await views.sync_views(on_s1)  # `runplane views`: the move takes the org's view along
 
     def crash_at(where: MoveStep):
         async def hook(step: MoveStep) -> None:
@@ -227,12 +229,16 @@ async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_pa
     assert (await load_router(path)).resolve(org).server == "s2"
     with pytest.raises(ConflictError):  # server 1 still holds the rows: drop them first
         await move_org(file, MoveRequest(org, to="s1"))
+    view = f'"{schema}_views"."{org}/p/t"'
     assert (await move_org(file, MoveRequest(org, drop_source=True))).dropped
     async with control_connection(dsn) as conn:
         assert await org_rows(conn, schema, org) == 0
+        assert await conn.fetchval("SELECT to_regclass($1)", view) is None  # dropped with it
     async with open_tenant(org, second_dsn, schema=schema) as on_s2:
         summary = await sheets.summary(on_s2, PlayScope(org, "p"), "t")
         assert summary.total == 50 and summary.queued + summary.running == 50
+        async with on_s2.connection("receipts") as conn:  # the view, recreated on server 2
+            assert await conn.fetchval(f"SELECT count(*) FROM {view}") == 50
 
 
 def test_the_command_line_follows_the_tenants_file(dsn, second_dsn, tmp_path, capsys):

@@ -15,8 +15,10 @@ How it works
   and an order-free digest (the sum of the first 60 bits of each row's md5) on both servers
   (`ConflictError` naming the first table that differs). `advance_sequences` moves every
   sequence of the target's schema past the source's (run epochs stay increasing for the org).
-- `drop_org(conn, schema, org)`: the org's rows and sheet tables deleted from a server, and its
-  fence there lifted, in one transaction (`--drop-source`).
+- `copy_views` recreates the org's sheet views (`runplane views`) on the target
+  (`org_views`); `drop_org` drops them first.
+- `drop_org(conn, schema, org)`: the org's rows, views and sheet tables deleted from a server,
+  and its fence there lifted, in one transaction (`--drop-source`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .. import pg, schema as schema_ddl
 from ..errors import ConflictError
 from ..pg.transfer import copy_between
 from ..sql import qualified, quote_ident
-from . import fence
+from . import fence, org_views
 
 _COLUMNS = """
 SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull,
@@ -126,7 +128,8 @@ async def drop_org(conn: pg.Connection, schema: str, org: str,
     low, high = prefix.hex(), (prefix + b"\xff").hex()
     deletes.append(f"DELETE FROM {qualified(schema, fence.RECEIPTS_TABLE)}"
                    f" WHERE k >= '\\x{low}'::bytea AND k < '\\x{high}'::bytea")
-    await fence.remove(conn, schema, org, dropping=dropping, then=deletes)
+    views = org_views.view_names(schema, await org_views.org_views(conn, schema, org))
+    await fence.remove(conn, schema, org, dropping=dropping, then=deletes, views=views)
 
 
 async def prepare_target(source: pg.Connection, target: pg.Connection,
@@ -139,6 +142,16 @@ async def prepare_target(source: pg.Connection, target: pg.Connection,
     ddl = [statement for name in sheets for statement in await table_ddl(source, schema, name)]
     if ddl:  # new tables: nothing else holds them
         await fence.bounded(target, ddl, fence.Locks())
+
+
+async def copy_views(source: pg.Connection, target: pg.Connection, schema: str,
+                     org: str) -> int:
+    """The org's sheet views recreated on the target as the source has them
+    (`org_views`); how many."""
+    views = await org_views.org_views(source, schema, org)
+    if views:
+        await fence.bounded(target, org_views.create_statements(schema, views), fence.Locks())
+    return len(views)
 
 
 async def copy_rows(source: pg.Connection, target: pg.Connection,

@@ -7,7 +7,8 @@ How it works (`move_org(file, MoveRequest(org, to=...))`, the steps of `runplane
    Installing it waits for the org's transactions in flight: runs in flight are cut there, their
    next write fails, is retried, and lands on the target after the switch.
 2. `copy`: the target's schema is prepared, every table of the org is copied with COPY in one
-   target transaction, counts and digests are compared per table, and every sequence of the
+   target transaction, counts and digests are compared per table, the org's sheet views
+   (`runplane views`) are recreated there, and every sequence of the
    target's schema is moved past the source's (run epochs stay increasing for the org); then
    the control table routes the org to the target (`switch`), still fenced.
 3. `unfence`: the org is unfenced; the control table remembers the source (`moved_from`),
@@ -129,6 +130,7 @@ async def _steps(driver: pg.Driver, file: TenantsFile, conn: pg.Connection,
             await copying.prepare_target(src, dst, copies, org)
             copy_s = await copying.copy_rows(src, dst, copies)
             rows = await copying.verify(src, dst, copies)
+            await copying.copy_views(src, dst, schema, org)
             await copying.advance_sequences(src, dst, schema)
             await on_step(MoveStep.SWITCH)
             placement = await control.switch(conn, placement)
