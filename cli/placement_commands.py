@@ -7,8 +7,8 @@
 - `apply(args)`: a command given `--tenants FILE` (and no `--dsn`) is pointed at the server and
   schema the control table places `--org` on as it starts. Commands that open their tenant
   through `connect.open_port` (`run`, `worker`, `demo`, `retry`, `status`, ...) and the
-  console then follow the org while they run (`engine.placement.following`); the others (`sql`,
-  `views`) use the server read at start. `serve` and `supervise` route by org themselves
+  console then follow the org while they run (`engine.placement.following`); the others
+  (`psql`, `views`) use the server read at start. `serve` and `supervise` route by org themselves
   (`routes_by_org`) and follow moves while they run.
 - `supervise_placed(args)`: one supervisor per org the control table names, each on its
   org's server, restarted on the new server when its org moves (the router's poll).
