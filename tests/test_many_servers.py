@@ -20,7 +20,7 @@ from runplane.engine.errors import (
     ConflictError, InvalidInputError, ScopeError, StoreUnavailableError,
 )
 from runplane.engine.gateway import ServerOptions, mint_token, open_gateway, open_server
-from runplane.engine.placement import fence, load_tenants_file, parse_tenants
+from runplane.engine.placement import copying, fence, load_tenants_file, parse_tenants
 from runplane.engine.placement.control import MoveStep, control_connection
 from runplane.engine.placement.move import MoveRequest, move_org
 from runplane.engine.placement.router import load_router, open_router
@@ -65,6 +65,15 @@ def test_the_tenants_file_is_checked_before_anything_connects():
                 {"servers": {"one": {"dsn": 5}}}, {"servers": servers, "extra": {}}):
         with pytest.raises(InvalidInputError):
             parse_tenants(bad)
+
+
+def test_the_verification_names_the_first_table_whose_copy_differs():
+    copies = [copying.TableCopy("s", name, ("a",)) for name in ("runs", "sheet_x")]
+    assert copying.compare(copies, [(3, 7), (5, 9)], [(3, 7), (5, 9)]) == {"runs": 3,
+                                                                           "sheet_x": 5}
+    for theirs in ([(3, 7), (4, 9)], [(3, 7), (5, 8)]):  # a row missing; a row changed
+        with pytest.raises(ConflictError, match="copy of sheet_x differs"):
+            copying.compare(copies, [(3, 7), (5, 9)], theirs)
 
 
 async def test_the_control_table_routes_and_the_file_only_seeds_it(dsn, second_dsn, tmp_path):

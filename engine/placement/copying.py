@@ -11,9 +11,11 @@ How it works
   the org's sheet tables as the source's catalog describes them (columns, defaults,
   constraints, indexes, storage options).
 - `copy_rows` streams each table with binary COPY (`engine.pg.transfer`) inside one target
-  transaction: all of the org's rows arrive or none. `verify` compares, per table, the row count
-  and an order-free digest (the sum of the first 60 bits of each row's md5) on both servers
-  (`ConflictError` naming the first table that differs). `advance_sequences` moves every
+  transaction: all of the org's rows arrive or none. `copy_verified` compares, per table, the
+  row count and an order-free digest (the sum of the first 60 bits of each row's md5) on both
+  servers (`ConflictError` naming the first table that differs); it reads the source's digests
+  on a second connection while the copy streams (the source is fenced: they cannot change), so
+  the fence lasts the copy and the target's digests, not the source's as well. `advance_sequences` moves every
   sequence of the target's schema past the source's (run epochs stay increasing for the org).
 - `copy_views` recreates the org's sheet views (`runplane views`) on the target
   (`org_views`); `drop_org` drops them first.
@@ -27,6 +29,7 @@ import time
 from typing import Sequence
 
 import attrs
+import trio
 
 from .. import pg, schema as schema_ddl
 from ..errors import ConflictError
@@ -166,20 +169,44 @@ async def copy_rows(source: pg.Connection, target: pg.Connection,
     return time.perf_counter() - started
 
 
-async def verify(source: pg.Connection, target: pg.Connection,
-                 copies: Sequence[TableCopy]) -> dict[str, int]:
-    """Row counts by table, the same on both servers with the same digests, else
-    ConflictError naming the table."""
-    counts = {}
+Digest = tuple[int, int]  # a table's row count and order-free digest
+
+
+async def digests(conn: pg.Connection, copies: Sequence[TableCopy]) -> list[Digest]:
+    """Each table's count and digest on `conn`'s server, in `copies`' order."""
+    found = []
     for copy in copies:
-        mine = await source.fetchrow(copy.digest(), *copy.args)
-        theirs = await target.fetchrow(copy.digest(), *copy.args)
-        if (mine["n"], mine["d"]) != (theirs["n"], theirs["d"]):
+        row = await conn.fetchrow(copy.digest(), *copy.args)
+        found.append((row["n"], row["d"]))
+    return found
+
+
+def compare(copies: Sequence[TableCopy], mine: Sequence[Digest],
+            theirs: Sequence[Digest]) -> dict[str, int]:
+    """Row counts by table when both servers' counts and digests agree, else ConflictError
+    naming the first table that differs."""
+    for copy, (n, d), (their_n, their_d) in zip(copies, mine, theirs, strict=True):
+        if (n, d) != (their_n, their_d):
             raise ConflictError(
-                f"the copy of {copy.name} differs: {mine['n']} rows on the source, "
-                f"{theirs['n']} on the target (or their digests differ)")
-        counts[copy.name] = mine["n"]
-    return counts
+                f"the copy of {copy.name} differs: {n} rows on the source, {their_n} on the "
+                "target (or their digests differ)")
+    return {copy.name: n for copy, (n, _) in zip(copies, mine)}
+
+
+async def copy_verified(source: pg.Connection, reader: pg.Connection, target: pg.Connection,
+                        copies: Sequence[TableCopy]) -> tuple[dict[str, int], float]:
+    """`copy_rows`, with the source's digests read meanwhile on `reader` (a second connection
+    to the fenced source: what it reads cannot change), then the target's compared with them;
+    returns the rows by table and the copy's seconds."""
+    mine: list[Digest] = []
+
+    async def read_source() -> None:
+        mine.extend(await digests(reader, copies))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_source)
+        copy_s = await copy_rows(source, target, copies)
+    return compare(copies, mine, await digests(target, copies)), copy_s
 
 
 async def advance_sequences(source: pg.Connection, target: pg.Connection, schema: str) -> None:

@@ -128,8 +128,8 @@ async def _steps(driver: pg.Driver, file: TenantsFile, conn: pg.Connection,
             await on_step(MoveStep.COPY)
             copies = await copying.plan(src, schema, org)
             await copying.prepare_target(src, dst, copies, org)
-            copy_s = await copying.copy_rows(src, dst, copies)
-            rows = await copying.verify(src, dst, copies)
+            async with control.connect(driver, file.dsn(source)) as reader:
+                rows, copy_s = await copying.copy_verified(src, reader, dst, copies)
             await copying.copy_views(src, dst, schema, org)
             await copying.advance_sequences(src, dst, schema)
             await on_step(MoveStep.SWITCH)
