@@ -191,7 +191,8 @@ async def test_an_org_moves_to_another_server_in_the_middle_of_a_run(dsn, second
     assert (result_a.admitted, result_a.completed, result_a.failed) == (300, 300, 0)
     assert (result_b.admitted, result_b.completed, result_b.failed) == (400, 400, 0)
     await _check_moved(second_dsn, schema, org_a, run_a, late[0].epoch)
-    dropped = await move_org(load_tenants_file(path), MoveRequest(org_a, drop_source=True))
+    dropped = await move_org(load_tenants_file(path), MoveRequest(  # its router polled at 0.1 s
+        org_a, drop_source=True, drop_grace_s=0.3))
     assert dropped.dropped
     async with control_connection(dsn) as conn:
         assert await org_rows(conn, schema, org_a) == 0  # server 1 holds no A rows
@@ -239,7 +240,7 @@ async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_pa
     with pytest.raises(ConflictError):  # server 1 still holds the rows: drop them first
         await move_org(file, MoveRequest(org, to="s1"))
     view = f'"{schema}_views"."{org}/p/t"'
-    assert (await move_org(file, MoveRequest(org, drop_source=True))).dropped
+    assert (await move_org(file, MoveRequest(org, drop_source=True, drop_grace_s=0))).dropped
     async with control_connection(dsn) as conn:
         assert await org_rows(conn, schema, org) == 0
         assert await conn.fetchval("SELECT to_regclass($1)", view) is None  # dropped with it
