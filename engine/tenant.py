@@ -39,6 +39,7 @@ How it works
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from typing import Any, AsyncIterator, Mapping, Protocol
 
@@ -207,14 +208,19 @@ class Tenant:
         if self.route is not None:
             self.route.follow(self)
         raw = await self._pool.take()
-        return pg.Connection(raw, self.driver, reconnect=self._connect,
-                             commit_status=self.commit_status,
+        status = (self.commit_status if self.route is None
+                  else functools.partial(self.commit_status, on=self.dsn))
+        return pg.Connection(raw, self.driver, reconnect=self._connect, commit_status=status,
                              server_changed=self.server_changed)
 
-    async def commit_status(self, xid: str) -> str | None:
+    async def commit_status(self, xid: str, on: str | None = None) -> str | None:
         """The fate of transaction `xid` (`committed`, `aborted`, or None when the server no
         longer knows it), read on a fresh connection once it is no longer `in progress` (a
-        backend whose client vanished finishes or aborts its transaction on its own)."""
+        backend whose client vanished finishes or aborts its transaction on its own). `on`:
+        the DSN it ran on; once the org moved away from it (`route`), its fate is not read on
+        another server (an error: the outcome stays unknown and the operation is retried)."""
+        if on is not None and on != self.dsn:
+            raise StoreUnavailableError("the org moved to another server during the COMMIT")
         raw = await self._pool.extra()
         try:
             conn = pg.Connection(raw, self.driver)

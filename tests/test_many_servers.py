@@ -269,6 +269,40 @@ def test_the_command_line_follows_the_tenants_file(dsn, second_dsn, tmp_path, ca
     assert main(["demo", "--rows", "1", "--tenants", path, "--org", "nobody"]) == 1  # refused
 
 
+async def _server_id(tenant) -> str:
+    async with tenant.connection("receipts") as conn:
+        return await conn.fetchval("SELECT current_setting('data_directory')")
+
+
+async def test_a_placed_tenant_follows_its_org_connection_by_connection(dsn, second_dsn,
+                                                                       tmp_path):
+    """A tenant opened under `placed`: after the move (once its router polled), its pooled
+    connection to server 1 is closed, new ones reach server 2, it reads server 2's lock
+    material, and a lost COMMIT's fate is never read on the other server."""
+    from runplane.engine.placement.following import placed
+
+    schema, org = fresh_schema(), f"p{uuid.uuid4().hex[:10]}"
+    path = tenants_toml(tmp_path / "t.toml", {"s1": dsn, "s2": second_dsn}, {org: "s1"}, schema)
+    async with open_tenant(org, second_dsn, schema=schema) as on_s2:  # its own lock secret
+        there, secret_there = await _server_id(on_s2), on_s2.lock_secret
+    async with open_router(path, poll_s=0.05) as router:
+        with placed(router, org):
+            async with open_tenant(org, schema=schema) as tenant:
+                here, opened_on = await _server_id(tenant), tenant.dsn
+                assert opened_on == dsn and here != there and len(tenant._idle) == 1
+                assert tenant.lock_secret not in (None, secret_there)  # each server its own
+                await move_org(router.file, MoveRequest(org, to="s2"))
+                await router.wait_for_poll()
+                assert await _server_id(tenant) == there and tenant.dsn == second_dsn
+                assert len(tenant._idle) == 1 and tenant.lock_secret == secret_there
+                assert tenant.route.moves == 1
+                with pytest.raises(StoreUnavailableError):  # its xid means nothing on s2
+                    await tenant.commit_status("1234", on=opened_on)
+                async with tenant.connection("receipts") as conn:
+                    xid = await conn.fetchval("SELECT txid_current()::text")
+                assert await tenant.commit_status(xid, on=second_dsn) == "committed"
+
+
 # A play whose row 150 is in its call across a whole move: it says "midway" and waits for a
 # line on stdin (the test sends it once the org is fenced).
 HELD_PLAY = """
