@@ -94,6 +94,9 @@ class Route(Protocol):
 
     def current(self, tenant: "Tenant", raw: Any) -> bool: ...
 
+    @property
+    def tenants_file(self) -> str | None: ...
+
 
 @attrs.define(eq=False)
 class Tenant:
@@ -169,7 +172,8 @@ class Tenant:
             self.schema, outer_transaction=self.outer_transaction,
             outage_budget_s=self.outage_budget_s, lock_secret=self.lock_secret,
             sheet_lock_keys=types.MappingProxyType(dict(self.sheet_lock_keys)),
-            diagnostics=self.diagnostics, dsn=self.dsn)
+            diagnostics=self.diagnostics, dsn=self.dsn,
+            tenants_file=None if self.route is None else self.route.tenants_file)
 
     @property
     def outer_transaction(self) -> bool:

@@ -5,6 +5,7 @@ one real embedded server to another, without a restart."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 
@@ -50,6 +51,10 @@ async def test_a_placed_tenant_follows_its_org_connection_by_connection(dsn, sec
             async with open_tenant(org, schema=schema) as tenant:
                 here, opened_on = await _server_id(tenant), tenant.dsn
                 assert opened_on == dsn and here != there and len(tenant._idle) == 1
+                # local workers (`run --workers N`) are given the file, so they follow it too
+                from runplane.actors.shared.coordinator import worker_environment
+                assert tenant.settings.tenants_file == os.path.abspath(path)
+                assert worker_environment(tenant)["RUNPLANE_TENANTS"] == os.path.abspath(path)
                 assert tenant.lock_secret not in (None, secret_there)  # each server its own
                 await move_org(router.file, MoveRequest(org, to="s2"))
                 await router.wait_for_poll()

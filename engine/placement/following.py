@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import weakref
 from typing import AsyncIterator, Callable, Iterator
 
@@ -55,6 +56,12 @@ class Following:
 
     def dsn(self) -> str:
         return self.router.dsn(self.router.resolve(self.org).server)
+
+    @property
+    def tenants_file(self) -> str | None:
+        """The file the router read (local worker processes follow the org with it)."""
+        path = self.router.file.path
+        return None if path is None else os.path.abspath(path)
 
     def follow(self, tenant: Tenant) -> None:
         dsn = self.dsn()
