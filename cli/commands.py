@@ -51,9 +51,11 @@ def _tenant_options(parser: argparse.ArgumentParser) -> None:
                         help=f"org id (default: RUNPLANE_ORG, else {DEFAULT_ORG!r})")
     parser.add_argument("--schema", default=os.environ.get("RUNPLANE_SCHEMA", "runplane"),
                         help="tenant schema (default: RUNPLANE_SCHEMA, else 'runplane')")
-    parser.add_argument("--tenants", default=None, metavar="FILE",
+    parser.add_argument("--tenants", default=os.environ.get("RUNPLANE_TENANTS") or None,
+                        metavar="FILE",
                         help="a tenants file (TOML): connect to the server and schema it places "
-                        "--org on (instead of --dsn and --schema)")
+                        "--org on, following its moves (instead of --dsn and --schema; default: "
+                        "RUNPLANE_TENANTS)")
 
 
 def _port_options(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,8 @@
 `open_port(args)` opens the tenant the options name (`--dsn`, `--org`, `--schema`), or, with
 `--gateway URL` (or `RUNPLANE_GATEWAY_URL`), a `Gateway` acting with the token in
 `RUNPLANE_TOKEN`: its org is the token's, and the command needs no database access at all.
+With `--tenants FILE` the tenant is opened where the file's control table places `--org`, and
+follows the org when it moves while the command runs (`engine.placement.following`).
 `require_tenant_schema(port)` is the one place a command asks which of the two it opened.
 What a command may do to the database is its `Access`: read commands (`status`, `runs`,
 `failures`, `export`, `sql`) open a reader, on `RUNPLANE_READ_DSN` (a replica) when it is set,
@@ -15,12 +17,13 @@ import argparse
 import contextlib
 import enum
 import os
-from typing import AsyncIterator
+from typing import AsyncContextManager, AsyncIterator
 
 from runplane.engine import open_tenant
 from runplane.engine.actions import RemotePort
 from runplane.engine.ports import Port
 from runplane.engine.opening import open_reader
+from runplane.engine.placement.following import following
 from runplane.engine.tenant import READ_DSN_ENV, Tenant
 
 from .operators import UsageError, require_schema
@@ -52,12 +55,19 @@ async def open_port(args: argparse.Namespace, *, access: Access = Access.WRITES
     else:
         if getattr(args, "db_sessions", False):
             raise UsageError("--db-sessions needs --gateway URL (or RUNPLANE_GATEWAY_URL)")
-        if access is Access.READS:
-            async with open_reader(args.org, args.dsn, schema=args.schema) as reader:
-                yield reader
+
+        def opener(dsn: str | None) -> AsyncContextManager[Tenant]:
+            if access is Access.READS:
+                return open_reader(args.org, dsn, schema=args.schema)
+            return open_tenant(args.org, dsn, schema=args.schema,
+                               bootstrap=access is Access.WRITES)
+
+        if getattr(args, "tenants", None):  # placed by a tenants file: follow its moves
+            async with following(args.tenants, args.org):
+                async with opener(None) as tenant:
+                    yield tenant
             return
-        async with open_tenant(args.org, args.dsn, schema=args.schema,
-                               bootstrap=access is Access.WRITES) as tenant:
+        async with opener(args.dsn) as tenant:
             yield tenant
 
 

@@ -4,9 +4,12 @@
 - `move-org ORG --to SERVER --tenants FILE` moves an org online (`engine.placement.move`);
   `--resume` / `--abort` finish or roll back an interrupted move; `--drop-source` deletes the
   org's rows from the server it left (alone, or after a move in the same command).
-- `apply(args)`: a command given `--tenants FILE` (and no `--dsn`) connects to the server and
-  schema the control table places `--org` on, read once as it starts. `serve` and `supervise`
-  route by org themselves (`routes_by_org`) and follow moves while they run.
+- `apply(args)`: a command given `--tenants FILE` (and no `--dsn`) is pointed at the server and
+  schema the control table places `--org` on as it starts. Commands that open their tenant
+  through `connect.open_port` (`run`, `worker`, `demo`, `retry`, `status`, ...) and the
+  console then follow the org while they run (`engine.placement.following`); the others
+  (`psql`, `views`) use the server read at start. `serve` and `supervise` route by org themselves
+  (`routes_by_org`) and follow moves while they run.
 - `supervise_placed(args)`: one supervisor per org the control table names, each on its
   org's server, restarted on the new server when its org moves (the router's poll).
 """
@@ -40,6 +43,8 @@ def apply(args: argparse.Namespace) -> None:
         return
     if getattr(args, "dsn", None):
         raise UsageError("--tenants and --dsn exclude each other")
+    if not getattr(args, "org", None):
+        raise UsageError("--tenants needs --org ORG (or RUNPLANE_ORG): the org to follow")
 
     async def resolve() -> tuple[Placement, str]:
         router = await load_router(path)

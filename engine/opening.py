@@ -10,14 +10,17 @@
   this opening's included.
 - `open_reader` connects to `RUNPLANE_READ_DSN` (a replica) when it is set, runs no DDL, and
   opens every transaction read-only, so a write fails at the server wherever the DSN points.
+- A tenant opened without a DSN where a tenants file places orgs (`PLACER`, set by
+  `engine.placement.following.placed`) connects to its org's server and follows it there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import urllib.parse
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 import attrs
 import trio
@@ -30,7 +33,13 @@ from .limits.connections import current_budget
 from .limits.inputs import MAX_IDENTIFIER_BYTES, MAX_NAME_BYTES, identifier_problem
 from .pg.pooler import pooler_mode
 from .tenant import (DEFAULT_LANES, DEFAULT_OUTAGE_BUDGET_S, IDLE_CLOSE_ENV, IDLE_CLOSE_S,
-                     OUTAGE_BUDGET_ENV, READ_DSN_ENV, Tenant)
+                     OUTAGE_BUDGET_ENV, READ_DSN_ENV, Route, Tenant)
+
+# Where a tenant opened without a DSN connects while a tenants file places its org
+# (`engine.placement.following.placed`): given the org, the DSN now and the route it follows.
+Placer = Callable[[str], tuple[str, Route]]
+PLACER: contextvars.ContextVar[Placer | None] = contextvars.ContextVar("runplane_placer",
+                                                                      default=None)
 
 
 def outage_budget(value: object = None) -> float:
@@ -167,7 +176,10 @@ async def _open(how: _Opening) -> AsyncIterator[Tenant]:
         if not isinstance(limit, int) or limit < 1:
             raise InvalidInputError(f"lane {name!r} needs a positive integer limit, got {limit!r}")
     idle_close_s = idle_close_seconds()
-    resolved = how.dsn or os.environ.get("RUNPLANE_DSN") or await resolve_dsn()
+    placer = PLACER.get() if how.dsn is None else None
+    placed = None if placer is None else placer(how.org_id.strip())
+    resolved = (how.dsn or (placed[0] if placed else None) or os.environ.get("RUNPLANE_DSN")
+                or await resolve_dsn())
     check_dsn(resolved)
     pooler_mode(resolved)  # a bad pooler setting is refused before anything connects
     async with pg.open_driver() as driver:
@@ -185,6 +197,7 @@ async def _open(how: _Opening) -> AsyncIterator[Tenant]:
             read_only=how.read_only,
             budget=current_budget(),
         )
+        tenant.route = None if placed is None else placed[1]
         tenant.diagnostics.open()
         tenant.start_closing_idle()
         try:

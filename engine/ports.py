@@ -61,6 +61,8 @@ class PortSettings:
     diagnostics: "DiagnosticsQueue | None" = attrs.field(default=None, repr=False)
     # The database address local worker processes inherit (None: no direct connection).
     dsn: str | None = attrs.field(default=None, repr=False)
+    # The tenants file placing this port's org (local workers follow its moves with it too).
+    tenants_file: str | None = None
     # The plays this port is confined to (a gateway token's); None: every play.
     token_plays: tuple[str, ...] | None = None
     # Operations run elsewhere (a gateway client): the action layer sends them.

@@ -353,8 +353,12 @@ def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
     return text
 
 
-async def bootstrap(conn, schema: str, execution_role: str | None = None) -> None:
-    """Create or upgrade the schema; idempotent and serialized across processes."""
+async def bootstrap(conn, schema: str, execution_role: str | None = None, *,
+                    unless_current: bool = False) -> None:
+    """Create or upgrade the schema; idempotent and serialized across processes. With
+    `unless_current`, a schema found current once the lock is held (a peer bootstrapped it
+    while this one waited: many tenants opening at once on a new schema) is left as it is,
+    so they wait for one bootstrap, not for one each."""
     async with conn.transaction():
         # A schema that exists is locked by a table lock on its `meta` table, which no database
         # session can take or hold off (sessions may only read it: their ACCESS SHARE does not
@@ -374,6 +378,9 @@ async def bootstrap(conn, schema: str, execution_role: str | None = None) -> Non
         # open (a session's, say) costs other orgs at most this long, and the bootstrap fails
         # with a retryable `LockTimeoutError` instead.
         await conn.execute("SELECT set_config('lock_timeout', $1, true)", BOOTSTRAP_LOCK_TIMEOUT)
+        if unless_current and execution_role is None \
+                and await schema_status(conn, schema) == SCHEMA_VERSION:
+            return
         await conn.execute(bootstrap_sql(schema, execution_role))
         await conn.execute(
             f"INSERT INTO {qualified(schema, LOCK_SECRET_TABLE)} (secret) VALUES ($1)"

@@ -28,6 +28,9 @@ How it works
   process holds none of the server's connections. With a `budget` (a process hosting many
   tenants: `engine.limits.connections`), every connection the tenant opens takes a slot of
   that server budget first, waiting in its fair line past it.
+- With a `route` (its org placed by a tenants file: `engine.placement.following`), each checkout
+  and connect first asks where the org lives now; after a move (`moved_to`) new connections go
+  to the new server and the old server's close (idle ones at once, checked-out ones at release).
 - `tenant.diagnostics` is the tenant's queue of completion diagnostics for sinks, drained by a
   task the tenant owns from open to close (`engine.diagnostics`): a sink never delays a write.
 - A tenant is opened by `engine.opening` (`open_tenant`, `open_reader`).
@@ -36,15 +39,16 @@ How it works
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
-import urllib.parse
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping, Protocol
 
 import attrs
 import trio
 
 from . import pg, schema as schema_ddl
 from .diagnostics import DiagnosticsQueue
+from .dsn_text import describe_dsn
 from .limits.connections import ServerBudget
 from .errors import (
     EngineError,
@@ -80,33 +84,18 @@ SELECT CASE WHEN NOT pg_catalog.pg_is_in_recovery() THEN NULL
 COMMIT_STATUS_POLL_S = 0.05  # while a lost COMMIT's transaction is still "in progress"
 
 
-def describe_dsn(dsn: str) -> str:
-    """`host:port/database` of a DSN (URL or key=value form), never its password."""
-    host = port = database = None
-    if "://" in dsn:
-        try:
-            url = urllib.parse.urlsplit(dsn)
-        except ValueError:
-            return "a malformed DSN"
-        query = urllib.parse.parse_qs(url.query)
-        host = url.hostname or (query.get("host") or [None])[0]
-        try:
-            port = url.port
-        except ValueError:
-            port = None
-        port = port or (query.get("port") or [None])[0]
-        database = url.path.lstrip("/") or None
-    else:
-        fields = dict(
-            part.split("=", 1) for part in dsn.split() if "=" in part
-        )
-        host, port, database = fields.get("host"), fields.get("port"), fields.get("dbname")
-    where = host or "localhost"
-    if port:
-        where += f":{port}"
-    if database:
-        where += f"/{database}"
-    return where
+class Route(Protocol):
+    """Where a tenant's org lives now (`engine.placement.following`): asked before each checkout
+    and connect, told of each new connection, asked whether one may be pooled again."""
+
+    def follow(self, tenant: "Tenant") -> None: ...
+
+    async def opened(self, tenant: "Tenant", raw: Any, dsn: str) -> None: ...
+
+    def current(self, tenant: "Tenant", raw: Any) -> bool: ...
+
+    @property
+    def tenants_file(self) -> str | None: ...
 
 
 @attrs.define(eq=False)
@@ -142,6 +131,8 @@ class Tenant:
     # transaction runs first (None: checkouts open no transaction of their own).
     pooler: PoolerMode = attrs.field(init=False)
     _checkout_setup: str | None = attrs.field(init=False, default=None, repr=False)
+    # Where the org lives now, when a tenants file places it (None: `dsn`, always).
+    route: Route | None = attrs.field(init=False, default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self._lane_permits = {name: Permits(name, limit) for name, limit in self.lanes.items()}
@@ -181,7 +172,8 @@ class Tenant:
             self.schema, outer_transaction=self.outer_transaction,
             outage_budget_s=self.outage_budget_s, lock_secret=self.lock_secret,
             sheet_lock_keys=types.MappingProxyType(dict(self.sheet_lock_keys)),
-            diagnostics=self.diagnostics, dsn=self.dsn)
+            diagnostics=self.diagnostics, dsn=self.dsn,
+            tenants_file=None if self.route is None else self.route.tenants_file)
 
     @property
     def outer_transaction(self) -> bool:
@@ -217,15 +209,22 @@ class Tenant:
 
     async def _checkout(self) -> pg.Connection:
         """An idle pooled connection or a new one (replaced on its first statement if stale)."""
+        if self.route is not None:
+            self.route.follow(self)
         raw = await self._pool.take()
-        return pg.Connection(raw, self.driver, reconnect=self._connect,
-                             commit_status=self.commit_status,
+        status = (self.commit_status if self.route is None
+                  else functools.partial(self.commit_status, on=self.dsn))
+        return pg.Connection(raw, self.driver, reconnect=self._connect, commit_status=status,
                              server_changed=self.server_changed)
 
-    async def commit_status(self, xid: str) -> str | None:
+    async def commit_status(self, xid: str, on: str | None = None) -> str | None:
         """The fate of transaction `xid` (`committed`, `aborted`, or None when the server no
         longer knows it), read on a fresh connection once it is no longer `in progress` (a
-        backend whose client vanished finishes or aborts its transaction on its own)."""
+        backend whose client vanished finishes or aborts its transaction on its own). `on`:
+        the DSN it ran on; once the org moved away from it (`route`), its fate is not read on
+        another server (an error: the outcome stays unknown and the operation is retried)."""
+        if on is not None and on != self.dsn:
+            raise StoreUnavailableError("the org moved to another server during the COMMIT")
         raw = await self._pool.extra()
         try:
             conn = pg.Connection(raw, self.driver)
@@ -258,8 +257,17 @@ class Tenant:
         finally:
             await self._pool.close_extra(raw)
 
+    def moved_to(self, dsn: str) -> None:
+        """The org moved to the server at `dsn` (`route`): new connections go there, idle
+        pooled ones close now and checked-out ones at release; the server identity is unknown."""
+        self.dsn, self._server = dsn, None
+        self.settings = self._settings()
+        while (raw := self._pool.take_idle()) is not None:
+            self._pool.discard(raw)
+
     def _release(self, conn: pg.Connection) -> None:
-        if conn.is_reusable() and not self._closed:
+        if conn.is_reusable() and not self._closed and (
+                self.route is None or self.route.current(self, conn.raw)):
             self._pool.give(conn.raw, True)
         else:
             conn.close()
@@ -270,25 +278,36 @@ class Tenant:
         self._pool.start()
 
     async def _connect(self) -> Any:
+        """A new connection to the org's server: `dsn`, or where `route` says it lives now."""
+        if self.route is None:
+            return await self._connect_to(self.dsn)
+        self.route.follow(self)
+        dsn = self.dsn
+        raw = await self._connect_to(dsn)
+        await self.route.opened(self, raw, dsn)
+        return raw
+
+    async def _connect_to(self, dsn: str) -> Any:
         last: BaseException | None = None
         for delay in (*CONNECT_RETRY_DELAYS, None):
             try:
-                return await self.driver.connect(self.dsn, server_settings=self._startup)
+                return await self.driver.connect(dsn, server_settings=self._startup)
             except BaseException as exc:
                 if not (isinstance(exc, Exception) and pg.is_transient_connect_error(exc)):
                     if isinstance(exc, Exception):
-                        raise self._unavailable(exc, TenantUnavailableError) from exc
+                        raise self._unavailable(exc, TenantUnavailableError, dsn) from exc
                     raise
                 last = exc
             if delay is not None:
                 await trio.sleep(pg.ladder_delay(delay))  # cut to a run's outage budget
         assert last is not None
-        raise self._unavailable(last, TenantUnreachableError) from last
+        raise self._unavailable(last, TenantUnreachableError, dsn) from last
 
-    def _unavailable(self, exc: BaseException, kind: type[TenantUnavailableError]
+    def _unavailable(self, exc: BaseException, kind: type[TenantUnavailableError], dsn: str
                      ) -> TenantUnavailableError:
-        reason = str(exc).replace(self.dsn, self.host) or type(exc).__name__
-        return kind(f"cannot connect to {self.host}: {pooler_hint(reason) or reason}")
+        host = describe_dsn(dsn)
+        reason = str(exc).replace(dsn, host) or type(exc).__name__
+        return kind(f"cannot connect to {host}: {pooler_hint(reason) or reason}")
 
     # -- schema ----------------------------------------------------------------------------
     async def repair_schema(self) -> None:
@@ -309,13 +328,19 @@ class Tenant:
             status = await schema_ddl.schema_status(conn, self.schema)
             # Under an execution role the bootstrap also (re)grants the role its privileges.
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
-                await self._bootstrap(conn)
-            self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
-            self.settings = self._settings()
+                await self._bootstrap(conn, unless_current=True)
+            await self.read_lock_material(conn)
 
-    async def _bootstrap(self, conn: pg.Connection) -> None:
+    async def read_lock_material(self, conn: pg.Connection) -> None:
+        """Read what sheet lock keys are derived from on `conn`'s server (at open; again on
+        the server an org moved to)."""
+        self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
+        self.settings = self._settings()
+
+    async def _bootstrap(self, conn: pg.Connection, *, unless_current: bool = False) -> None:
         try:
-            await schema_ddl.bootstrap(conn, self.schema, self.execution_role)
+            await schema_ddl.bootstrap(conn, self.schema, self.execution_role,
+                                       unless_current=unless_current)
         except InsufficientPrivilegeError as exc:
             raise InsufficientPrivilegeError(
                 f"schema {self.schema!r} needs DDL (a bootstrap, an upgrade or a missing relation) "

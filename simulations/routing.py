@@ -11,8 +11,11 @@ How it works
   a few moves: which org, to which server, after how many of that org's operations, at which
   step the mover dies (`MoveStep`, or never), whether it is then resumed or rolled back, and
   whether the source is dropped after.
-- Each writer, through the gateway: registers its run, admits its rows in batches and completes
-  them, then keeps registering extra runs until every move is done (load during every move).
+- Each writer, through the gateway or (drawn per org) on a tenant of its own that the
+  router places and that follows its org (`engine.placement.following`, each call retried
+  through the fence's refusals as a run's are): registers its run, admits its rows in batches
+  and completes them, then keeps registering extra runs until every move is done (load during
+  every move). `--drop-source` waits `DROP_GRACE_S` after a move, as it does in production.
 - Invariants, checked on each org's current server at the end: nothing lost (every run whose
   registration was answered is there with the answered epoch; every row admitted, completed
   once), no row written twice (one row per key, counters equal to a COUNT, `counters_match`),
@@ -24,16 +27,19 @@ How it works
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 import urllib.parse
 import uuid
 from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import attrs
 import trio
 from hypothesis import strategies as st
 
+from runplane.actors.retry import OutageWatch, retry_transient
 from runplane.engine import PlayScope, RunScope, open_tenant, runs, sheets
 from runplane.engine.gateway import (
     RetryPolicy, ServerOptions, mint_token, open_gateway, open_server,
@@ -41,7 +47,9 @@ from runplane.engine.gateway import (
 from runplane.engine.placement import fence, load_tenants_file
 from runplane.engine.placement.control import MoveStep, control_connection
 from runplane.engine.placement.move import MoveRequest, move_org
-from runplane.engine.placement.router import load_router, open_router
+from runplane.engine.placement.following import placed
+from runplane.engine.placement.router import Router, load_router, open_router
+from runplane.engine.ports import Port
 from runplane.engine.sheets import RowOutcome, SheetContract
 
 from .counters import counters_match
@@ -58,6 +66,15 @@ RETRY = RetryPolicy(answered_delays_s=(0.01, 0.02, 0.05), unreachable_budget_s=6
                     request_timeout_s=30.0, completion_total_s=60.0, min_answered_wait_s=0.0)
 CRASH_STEPS = (None, MoveStep.FENCE, MoveStep.COPY, MoveStep.SWITCH, MoveStep.UNFENCE)
 EXAMPLE_TIMEOUT = 120.0
+POLL_S = 0.05  # every router of an example polls the control table this often
+DROP_GRACE_S = 4 * POLL_S  # `--drop-source` waits that long after the move (`move.DROP_GRACE_S`)
+T = TypeVar("T")
+
+
+class Call(Protocol):
+    """How a writer makes one store call (once, or retried through outages)."""
+
+    async def __call__(self, operation: Callable[[], Awaitable[T]]) -> T: ...
 
 
 class MoverCrash(Exception):
@@ -79,12 +96,14 @@ class Plan:
     servers: tuple[int, ...]  # each org's first server
     writer_crash: tuple[int | None, ...]  # each org's writer is cancelled after this op
     moves: tuple[Move, ...]
+    direct: tuple[bool, ...] = ()  # each org's writer: on a placed tenant, not the gateway
 
     def describe(self) -> str:
         moves = ", ".join(f"org{m.org}->s{m.to} after {m.after_ops} (crash {m.crash_at}, "
                           f"{'abort' if m.abort else 'resume'}{', drop' if m.drop_source else ''})"
                           for m in self.moves)
-        return f"orgs on {list(self.servers)}, writer crashes {list(self.writer_crash)}; {moves}"
+        return (f"orgs on {list(self.servers)}, direct {list(self.direct)}, writer crashes "
+                f"{list(self.writer_crash)}; {moves}")
 
 
 @st.composite
@@ -95,7 +114,8 @@ def plans(draw) -> Plan:
                        draw(st.booleans()), draw(st.booleans()))
                   for _ in range(draw(st.integers(1, 3))))
     return Plan(tuple(draw(st.integers(0, SERVERS - 1)) for _ in range(orgs)),
-                tuple(draw(st.one_of(st.none(), st.integers(1, 8))) for _ in range(orgs)), moves)
+                tuple(draw(st.one_of(st.none(), st.integers(1, 8))) for _ in range(orgs)), moves,
+                tuple(draw(st.booleans()) for _ in range(orgs)))
 
 
 @attrs.define
@@ -124,44 +144,74 @@ async def _databases(dsn: str, names: list[str], *, create: bool) -> None:
             await conn.execute(f'{verb} "{name}"' + ("" if create else " WITH (FORCE)"))
 
 
-async def _writer(url: str, org: str, ledger: Ledger, done: trio.Event, crash_after: int | None
-                  ) -> None:
+@contextlib.asynccontextmanager
+async def _port(url: str, router: Router, schema: str, org: str, direct: bool
+                ) -> AsyncIterator[tuple[Port, Call]]:
+    """The writer's port and how it calls: through the gateway (whose client rides 503s), or
+    on a tenant placed by the router (`engine.placement.following`), each call retried through
+    outages (the fence's refusals) as a run's are."""
+    if not direct:
+        async with open_gateway(url, mint_token(SECRET, org), retry=RETRY) as gateway:
+            yield gateway, _once
+        return
+    watch = OutageWatch(RETRY.unreachable_budget_s)
+
+    async def ride(operation: Callable[[], Awaitable[T]]) -> T:
+        return await retry_transient(operation, watch=watch)
+
+    with placed(router, org):
+        async with open_tenant(org, schema=schema) as tenant:
+            yield tenant, ride
+
+
+async def _once(operation: Callable[[], Awaitable[T]]) -> T:
+    return await operation()
+
+
+async def _writer(port: Port, call: Call, org: str, ledger: Ledger, done: trio.Event,
+                  crash_after: int | None) -> None:
     """One org's load; a crash cancels it after `crash_after` ops and a new writer resumes."""
-    async with open_gateway(url, mint_token(SECRET, org), retry=RETRY) as gateway:
-        while True:
-            with trio.CancelScope() as scope:
-                async def crash() -> None:
-                    while crash_after is None or ledger.ops < crash_after:
-                        await ledger.progressed.wait()
-                    scope.cancel()
+    while True:
+        with trio.CancelScope() as scope:
+            async def crash() -> None:
+                while crash_after is None or ledger.ops < crash_after:
+                    await ledger.progressed.wait()
+                scope.cancel()
 
-                async with trio.open_nursery() as nursery:
-                    if crash_after is not None and ledger.ops < crash_after:
-                        nursery.start_soon(crash)
-                    await _write(gateway, org, ledger, done)
-                    nursery.cancel_scope.cancel()
-                return
-            crash_after = None  # crashed once: the next writer resumes the same run
+            async with trio.open_nursery() as nursery:
+                if crash_after is not None and ledger.ops < crash_after:
+                    nursery.start_soon(crash)
+                await _write(port, call, org, ledger, done)
+                nursery.cancel_scope.cancel()
+            return
+        crash_after = None  # crashed once: the next writer resumes the same run
 
 
-async def _write(gateway, org: str, ledger: Ledger, done: trio.Event) -> None:
-    run = await runs.register(gateway, RunScope(org, PLAY, "main"))
+async def _org_load(url: str, router: Router, schema: str, org: str, ledger: Ledger,
+                    done: trio.Event, crash_after: int | None, direct: bool) -> None:
+    async with _port(url, router, schema, org, direct) as (port, call):
+        await _writer(port, call, org, ledger, done, crash_after)
+
+
+async def _write(port: Port, call: Call, org: str, ledger: Ledger, done: trio.Event) -> None:
+    run = await call(lambda: runs.register(port, RunScope(org, PLAY, "main")))
     if ("main", run.epoch) not in ledger.epochs:  # a resumed writer registers it again
         ledger.epochs.append(("main", run.epoch))
     ledger.tick()
-    await sheets.ensure_sheet(gateway, PlayScope(org, PLAY), NS, CONTRACT)
+    await call(lambda: sheets.ensure_sheet(port, PlayScope(org, PLAY), NS, CONTRACT))
     for start in range(0, ROWS, BATCH):
         rows = [{"name": f"row-{i}"} for i in range(start, start + BATCH)]
-        admitted = await sheets.admit(gateway, run, NS, CONTRACT, rows)
+        admitted = await call(lambda: sheets.admit(port, run, NS, CONTRACT, rows))
         ledger.tick()
         outcomes = [RowOutcome(p.key, "completed", {"upper": p.row["name"].upper()})
                     for p in admitted.pending]
         if outcomes:
-            await sheets.complete(gateway, run, NS, CONTRACT, outcomes)
+            await call(lambda: sheets.complete(port, run, NS, CONTRACT, outcomes))
         ledger.completed.update(row["name"] for row in rows)
         ledger.tick()
     while not done.is_set():
-        ref = await runs.register(gateway, RunScope(org, PLAY, f"extra-{len(ledger.epochs)}"))
+        run_id = f"extra-{len(ledger.epochs)}"
+        ref = await call(lambda: runs.register(port, RunScope(org, PLAY, run_id)))
         ledger.epochs.append((ref.scope.run_id, ref.epoch))
         ledger.tick()
 
@@ -185,7 +235,7 @@ async def _mover(path: str, orgs: list[str], ledgers: list[Ledger], plan: Plan,
             if placement.server == target:
                 continue
             if placement.moved_from == target:  # its old rows are still there: drop them first
-                await move_org(file, MoveRequest(org, drop_source=True))
+                await move_org(file, MoveRequest(org, drop_source=True, drop_grace_s=DROP_GRACE_S))
             try:
                 await move_org(file, MoveRequest(org, to=target), on_step=hook)
             except MoverCrash:
@@ -194,7 +244,7 @@ async def _mover(path: str, orgs: list[str], ledgers: list[Ledger], plan: Plan,
                 await move_org(file, MoveRequest(org, abort=move.abort and not switched,
                                                  resume=not move.abort or switched))
             if move.drop_source:
-                await move_org(file, MoveRequest(org, drop_source=True))
+                await move_org(file, MoveRequest(org, drop_source=True, drop_grace_s=DROP_GRACE_S))
     finally:
         done.set()
     return crashes
@@ -273,18 +323,20 @@ async def _example(dsns: dict[str, str], control_dsn: str, _dsn: str, plan: Plan
     done = trio.Event()
     crashes = 0
     with trio.fail_after(EXAMPLE_TIMEOUT):
-        async with open_router(path, poll_s=0.05) as router:
+        async with open_router(path, poll_s=POLL_S) as router:
             async with open_server(secret=SECRET, options=ServerOptions(), router=router) as server:
                 async with trio.open_nursery() as nursery:
-                    for org, ledger, crash_after in zip(orgs, ledgers, plan.writer_crash):
-                        nursery.start_soon(_writer, server.url, org, ledger, done, crash_after)
+                    for org, ledger, crash_after, direct in zip(orgs, ledgers, plan.writer_crash,
+                                                                plan.direct):
+                        nursery.start_soon(_org_load, server.url, router, schema, org, ledger,
+                                           done, crash_after, direct)
                     crashes = await _mover(path, orgs, ledgers, plan, done)
     problems = []
     for org, ledger in zip(orgs, ledgers):
         problems += await _check_org(path, dsns, schema, org, ledger)
     writer_crashes = sum(1 for c in plan.writer_crash if c is not None)
     return problems, {"mover crashes": crashes, "writer crashes": writer_crashes,
-                      "moves": len(plan.moves)}
+                      "moves": len(plan.moves), "direct writers": sum(plan.direct)}
 
 
 DEFAULT_EXAMPLES = 5  # each example starts a gateway and moves orgs: seconds, not milliseconds

@@ -29,6 +29,14 @@ def admin_dsn() -> str:
 
 
 @pytest.fixture(scope="session")
+def second_dsn() -> str:
+    """A second embedded PostgreSQL server (its own data directory), started by the first test
+    that asks for it (many servers: tests/test_many_servers*.py)."""
+    root = Path(tempfile.mkdtemp(prefix="runplane-test-2-"))
+    return start_embedded(root / "pg", temporary=True)
+
+
+@pytest.fixture(scope="session")
 def dsn(admin_dsn) -> str:
     """Where runplane connects in the tests: the admin DSN, or with
     `RUNPLANE_TEST_OWNER_ROLE=1` an owner role with only CREATEROLE and CREATE on the database

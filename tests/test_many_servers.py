@@ -4,21 +4,19 @@ in the middle of a run while another org keeps running."""
 
 from __future__ import annotations
 
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 import trio
 
 from runplane.actors import open_run
 from runplane.engine import PlayScope, RunScope, open_tenant, runs, sheets
-from runplane.engine.embedded import start_embedded
+from runplane.engine.sheets import views
 from runplane.engine.errors import (
     ConflictError, InvalidInputError, ScopeError, StoreUnavailableError,
 )
 from runplane.engine.gateway import ServerOptions, mint_token, open_gateway, open_server
-from runplane.engine.placement import fence, load_tenants_file, parse_tenants
+from runplane.engine.placement import copying, fence, load_tenants_file, parse_tenants
 from runplane.engine.placement.control import MoveStep, control_connection
 from runplane.engine.placement.move import MoveRequest, move_org
 from runplane.engine.placement.router import load_router, open_router
@@ -26,26 +24,10 @@ from runplane.simulations.routing import org_rows
 
 from .conftest import fresh_schema
 from .gateway_support import FAST_RETRY, SECRET
+from .many_servers_support import tenants_toml
 from .sheet_helpers import counters_match
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper",))
-
-
-@pytest.fixture(scope="module")
-def second_dsn() -> str:
-    """A second embedded PostgreSQL server (its own data directory), for this module."""
-    return start_embedded(Path(tempfile.mkdtemp(prefix="runplane-test-2-")) / "pg", temporary=True)
-
-
-def tenants_toml(path: Path, servers: dict[str, str], orgs: dict[str, str], schema: str,
-                 default: str | None = None) -> str:
-    lines = [f'[servers.{name}]\ndsn = "{dsn}"' for name, dsn in servers.items()]
-    lines += [f'[orgs.{org}]\nserver = "{server}"\nschema = "{schema}"'
-              for org, server in orgs.items()]
-    if default is not None:
-        lines.append(f'[orgs.default]\nserver = "{default}"\nschema = "{schema}"')
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
 
 
 def test_the_tenants_file_is_checked_before_anything_connects():
@@ -62,6 +44,15 @@ def test_the_tenants_file_is_checked_before_anything_connects():
                 {"servers": {"one": {"dsn": 5}}}, {"servers": servers, "extra": {}}):
         with pytest.raises(InvalidInputError):
             parse_tenants(bad)
+
+
+def test_the_verification_names_the_first_table_whose_copy_differs():
+    copies = [copying.TableCopy("s", name, ("a",)) for name in ("runs", "sheet_x")]
+    assert copying.compare(copies, [(3, 7), (5, 9)], [(3, 7), (5, 9)]) == {"runs": 3,
+                                                                           "sheet_x": 5}
+    for theirs in ([(3, 7), (4, 9)], [(3, 7), (5, 8)]):  # a row missing; a row changed
+        with pytest.raises(ConflictError, match="copy of sheet_x differs"):
+            copying.compare(copies, [(3, 7), (5, 9)], theirs)
 
 
 async def test_the_control_table_routes_and_the_file_only_seeds_it(dsn, second_dsn, tmp_path):
@@ -179,7 +170,8 @@ async def test_an_org_moves_to_another_server_in_the_middle_of_a_run(dsn, second
     assert (result_a.admitted, result_a.completed, result_a.failed) == (300, 300, 0)
     assert (result_b.admitted, result_b.completed, result_b.failed) == (400, 400, 0)
     await _check_moved(second_dsn, schema, org_a, run_a, late[0].epoch)
-    dropped = await move_org(load_tenants_file(path), MoveRequest(org_a, drop_source=True))
+    dropped = await move_org(load_tenants_file(path), MoveRequest(  # its router polled at 0.1 s
+        org_a, drop_source=True, drop_grace_s=0.3))
     assert dropped.dropped
     async with control_connection(dsn) as conn:
         assert await org_rows(conn, schema, org_a) == 0  # server 1 holds no A rows
@@ -200,6 +192,7 @@ async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_pa
         await sheets.ensure_sheet(on_s1, PlayScope(org, "p"), "t", CONTRACT)
         await sheets.admit(on_s1, run, "t", CONTRACT,
                            [{"name": f"x{i}", "n": i} for i in range(50)])
+        await views.sync_views(on_s1)  # `runplane views`: the move takes the org's view along
 
     def crash_at(where: MoveStep):
         async def hook(step: MoveStep) -> None:
@@ -225,12 +218,16 @@ async def test_an_interrupted_move_resumes_or_rolls_back(dsn, second_dsn, tmp_pa
     assert (await load_router(path)).resolve(org).server == "s2"
     with pytest.raises(ConflictError):  # server 1 still holds the rows: drop them first
         await move_org(file, MoveRequest(org, to="s1"))
-    assert (await move_org(file, MoveRequest(org, drop_source=True))).dropped
+    view = f'"{schema}_views"."{org}/p/t"'
+    assert (await move_org(file, MoveRequest(org, drop_source=True, drop_grace_s=0))).dropped
     async with control_connection(dsn) as conn:
         assert await org_rows(conn, schema, org) == 0
+        assert await conn.fetchval("SELECT to_regclass($1)", view) is None  # dropped with it
     async with open_tenant(org, second_dsn, schema=schema) as on_s2:
         summary = await sheets.summary(on_s2, PlayScope(org, "p"), "t")
         assert summary.total == 50 and summary.queued + summary.running == 50
+        async with on_s2.connection("receipts") as conn:  # the view, recreated on server 2
+            assert await conn.fetchval(f"SELECT count(*) FROM {view}") == 50
 
 
 def test_the_command_line_follows_the_tenants_file(dsn, second_dsn, tmp_path, capsys):

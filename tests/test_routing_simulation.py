@@ -10,3 +10,4 @@ def test_routing_ci_sized_run_is_clean(dsn):
     report = run_scenario("routing", examples=4, seed=20261202, dsn=dsn)
     assert (report.violations, report.examples) == ([], 4)
     assert report.fault_counts["moves"] > 0
+    assert report.fault_counts["direct writers"] > 0  # placed tenants following their org

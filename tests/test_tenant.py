@@ -91,9 +91,17 @@ def test_describe_dsn_forms():
     assert describe_dsn("host=h port=1 dbname=d password=pw") == "h:1/d"
 
 
-async def test_concurrent_bootstraps_of_one_schema_all_succeed(dsn):
+async def test_concurrent_bootstraps_of_one_schema_all_succeed(dsn, monkeypatch):
+    """Tenants opening at once on a new schema (a gateway's first orgs) all succeed, and they
+    wait for one bootstrap: its DDL runs once, not once per tenant in turn."""
+    from runplane.engine import schema as schema_ddl
+
     schema = fresh_schema()
     opened = []
+    ddl_runs = []
+    original = schema_ddl.bootstrap_sql
+    monkeypatch.setattr(schema_ddl, "bootstrap_sql",
+                        lambda *args: ddl_runs.append(args) or original(*args))
 
     async def open_one():
         async with open_tenant("o", dsn, schema=schema) as tenant:
@@ -103,6 +111,7 @@ async def test_concurrent_bootstraps_of_one_schema_all_succeed(dsn):
         for _ in range(4):
             nursery.start_soon(open_one)
     assert len({ref.epoch for ref in opened}) == 1
+    assert len(opened) == 4 and len(ddl_runs) == 1
 
 
 async def test_missing_relation_is_repaired_once(tenant):

@@ -116,7 +116,9 @@ def worker_command(play_file: str, play: str, concurrency: int) -> list[str]:
 
 
 def worker_environment(port: Port) -> dict[str, str]:
-    """The connection a local worker inherits: the coordinator's DSN, schema and org."""
+    """The connection a local worker inherits: the coordinator's DSN, schema and org, and the
+    tenants file placing the org when there is one (`RUNPLANE_TENANTS`: the worker then follows
+    the org's moves as the coordinator does)."""
     dsn = port.settings.dsn
     if dsn is None:
         raise InvalidInputError("workers=N needs a direct database connection (a tenant); "
@@ -124,6 +126,8 @@ def worker_environment(port: Port) -> dict[str, str]:
                                 "`runplane worker` yourself")
     env = dict(os.environ)
     env.update(RUNPLANE_DSN=dsn, RUNPLANE_SCHEMA=port.schema, RUNPLANE_ORG=port.org_id)
+    if port.settings.tenants_file is not None:
+        env["RUNPLANE_TENANTS"] = port.settings.tenants_file
     return env
 
 

@@ -53,7 +53,7 @@ from ..actions import Action
 from ..canonical import JsonObject
 from ..errors import (
     AuthError, DatabaseError, EngineError, GatewayUnavailableError, InsufficientPrivilegeError,
-    ScopeError, TenantUnavailableError, TooManySessionsError,
+    ScopeError, StoreUnavailableError, TenantUnavailableError, TooManySessionsError,
 )
 from ..values.scopes import MapScope, PlayScope, RunRef, RunScope, normalize_namespace
 from ..sessions.limits import SessionLimits, SessionUsage
@@ -64,6 +64,8 @@ from ..tokens import allows
 if TYPE_CHECKING:
     from .client import Gateway
 
+# A session's login refused because its role was ended (`engine.placement.fence.end_sessions`).
+ENDED_SQLSTATES = frozenset({"28P01", "28000"})
 log = logging.getLogger("runplane.gateway")
 
 RENEW_WITHIN_S = 60.0
@@ -275,6 +277,9 @@ class SessionRouter:
                      action.name, exc)
             return NOT_ROUTED
         except TenantUnavailableError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) in ENDED_SQLSTATES:
+                pool.retired = True  # ended (its org moved servers): the retry mints another
+                raise StoreUnavailableError(f"the database session was ended: {exc}") from exc
             self._disable(f"the database is not reachable with a session's URL ({exc})")
             return NOT_ROUTED
         finally:

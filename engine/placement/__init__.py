@@ -8,9 +8,12 @@ How it works
   process reads placements from the table.
 - `router`: a process's view of the control table, polled every second, the file reloaded on
   SIGHUP; `routed`: the gateway's tenants over many servers, routed by the token's org.
+- `following`: a direct tenant (a command given `--tenants FILE --org ORG`, the local console)
+  that follows its org to its new server while it runs, connection by connection.
 - `fence`: the fence inside the database (triggers that fail any write of a fenced org);
-  `copying`: an org's tables copied with COPY, verified by counts and digests; `move`: the
-  steps of `move-org`, each recorded so an interrupted move resumes or rolls back.
+  `copying`: an org's tables copied with COPY, verified by counts and digests; `org_views`: its
+  sheet views, recreated on the target; `move`: the steps of `move-org`, each recorded so an
+  interrupted move resumes or rolls back.
 See docs/architecture.md ("Many servers") and docs/guide/operations.md ("Many servers:
 moving an org").
 """

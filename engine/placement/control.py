@@ -147,6 +147,13 @@ async def switch(conn: pg.Connection, placement: Placement) -> Placement:
                         move_step=MoveStep.UNFENCE)
 
 
+async def since_update_s(conn: pg.Connection, org: str) -> float:
+    """Seconds since the org's row last changed (by the control server's clock; 0: no row)."""
+    seconds = await conn.fetchval(
+        f"SELECT extract(epoch FROM now() - updated_at) FROM {TABLE} WHERE org_id = $1", org)
+    return 0.0 if seconds is None else float(seconds)
+
+
 async def settle(conn: pg.Connection, org: str, *, moved_from: str | None) -> None:
     """End a move (done or rolled back): unfenced, no step, `moved_from` as given (the server
     that still holds the org's rows until `--drop-source`)."""

@@ -11,12 +11,16 @@ How it works
   the org's sheet tables as the source's catalog describes them (columns, defaults,
   constraints, indexes, storage options).
 - `copy_rows` streams each table with binary COPY (`engine.pg.transfer`) inside one target
-  transaction: all of the org's rows arrive or none. `verify` compares, per table, the row count
-  and an order-free digest (the sum of the first 60 bits of each row's md5) on both servers
-  (`ConflictError` naming the first table that differs). `advance_sequences` moves every
+  transaction: all of the org's rows arrive or none. `copy_verified` compares, per table, the
+  row count and an order-free digest (the sum of the first 60 bits of each row's md5) on both
+  servers (`ConflictError` naming the first table that differs); it reads the source's digests
+  on a second connection while the copy streams (the source is fenced: they cannot change), so
+  the fence lasts the copy and the target's digests, not the source's as well. `advance_sequences` moves every
   sequence of the target's schema past the source's (run epochs stay increasing for the org).
-- `drop_org(conn, schema, org)`: the org's rows and sheet tables deleted from a server, and its
-  fence there lifted, in one transaction (`--drop-source`).
+- `copy_views` recreates the org's sheet views (`runplane views`) on the target
+  (`org_views`); `drop_org` drops them first.
+- `drop_org(conn, schema, org)`: the org's rows, views and sheet tables deleted from a server,
+  and its fence there lifted, in one transaction (`--drop-source`).
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import time
 from typing import Sequence
 
 import attrs
+import trio
 
 from .. import pg, schema as schema_ddl
 from ..errors import ConflictError
 from ..pg.transfer import copy_between
 from ..sql import qualified, quote_ident
-from . import fence
+from . import fence, org_views
 
 _COLUMNS = """
 SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull,
@@ -126,7 +131,8 @@ async def drop_org(conn: pg.Connection, schema: str, org: str,
     low, high = prefix.hex(), (prefix + b"\xff").hex()
     deletes.append(f"DELETE FROM {qualified(schema, fence.RECEIPTS_TABLE)}"
                    f" WHERE k >= '\\x{low}'::bytea AND k < '\\x{high}'::bytea")
-    await fence.remove(conn, schema, org, dropping=dropping, then=deletes)
+    views = org_views.view_names(schema, await org_views.org_views(conn, schema, org))
+    await fence.remove(conn, schema, org, dropping=dropping, then=deletes, views=views)
 
 
 async def prepare_target(source: pg.Connection, target: pg.Connection,
@@ -141,6 +147,16 @@ async def prepare_target(source: pg.Connection, target: pg.Connection,
         await fence.bounded(target, ddl, fence.Locks())
 
 
+async def copy_views(source: pg.Connection, target: pg.Connection, schema: str,
+                     org: str) -> int:
+    """The org's sheet views recreated on the target as the source has them
+    (`org_views`); how many."""
+    views = await org_views.org_views(source, schema, org)
+    if views:
+        await fence.bounded(target, org_views.create_statements(schema, views), fence.Locks())
+    return len(views)
+
+
 async def copy_rows(source: pg.Connection, target: pg.Connection,
                     copies: Sequence[TableCopy]) -> float:
     """Every table's rows streamed from source to target in one target transaction; returns
@@ -153,20 +169,44 @@ async def copy_rows(source: pg.Connection, target: pg.Connection,
     return time.perf_counter() - started
 
 
-async def verify(source: pg.Connection, target: pg.Connection,
-                 copies: Sequence[TableCopy]) -> dict[str, int]:
-    """Row counts by table, the same on both servers with the same digests, else
-    ConflictError naming the table."""
-    counts = {}
+Digest = tuple[int, int]  # a table's row count and order-free digest
+
+
+async def digests(conn: pg.Connection, copies: Sequence[TableCopy]) -> list[Digest]:
+    """Each table's count and digest on `conn`'s server, in `copies`' order."""
+    found = []
     for copy in copies:
-        mine = await source.fetchrow(copy.digest(), *copy.args)
-        theirs = await target.fetchrow(copy.digest(), *copy.args)
-        if (mine["n"], mine["d"]) != (theirs["n"], theirs["d"]):
+        row = await conn.fetchrow(copy.digest(), *copy.args)
+        found.append((row["n"], row["d"]))
+    return found
+
+
+def compare(copies: Sequence[TableCopy], mine: Sequence[Digest],
+            theirs: Sequence[Digest]) -> dict[str, int]:
+    """Row counts by table when both servers' counts and digests agree, else ConflictError
+    naming the first table that differs."""
+    for copy, (n, d), (their_n, their_d) in zip(copies, mine, theirs, strict=True):
+        if (n, d) != (their_n, their_d):
             raise ConflictError(
-                f"the copy of {copy.name} differs: {mine['n']} rows on the source, "
-                f"{theirs['n']} on the target (or their digests differ)")
-        counts[copy.name] = mine["n"]
-    return counts
+                f"the copy of {copy.name} differs: {n} rows on the source, {their_n} on the "
+                "target (or their digests differ)")
+    return {copy.name: n for copy, (n, _) in zip(copies, mine)}
+
+
+async def copy_verified(source: pg.Connection, reader: pg.Connection, target: pg.Connection,
+                        copies: Sequence[TableCopy]) -> tuple[dict[str, int], float]:
+    """`copy_rows`, with the source's digests read meanwhile on `reader` (a second connection
+    to the fenced source: what it reads cannot change), then the target's compared with them;
+    returns the rows by table and the copy's seconds."""
+    mine: list[Digest] = []
+
+    async def read_source() -> None:
+        mine.extend(await digests(reader, copies))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_source)
+        copy_s = await copy_rows(source, target, copies)
+    return compare(copies, mine, await digests(target, copies)), copy_s
 
 
 async def advance_sequences(source: pg.Connection, target: pg.Connection, schema: str) -> None:

@@ -216,15 +216,18 @@ async def install(conn: pg.Connection, schema: str, org: str) -> OrgTables:
 
 
 async def remove(conn: pg.Connection, schema: str, org: str, *,
-                 dropping: tuple[str, ...] = (), then: Sequence[str] = ()) -> None:
-    """Lift the fence of `org` in `schema`; in the same transaction drop the tables named in
-    `dropping` and run the statements `then` (deleting the org's rows: nothing slips in between)."""
+                 dropping: tuple[str, ...] = (), then: Sequence[str] = (),
+                 views: tuple[str, ...] = ()) -> None:
+    """Lift the fence of `org` in `schema`; in the same transaction drop the views named in
+    `views` (qualified) and then the tables named in `dropping`, and run the statements `then`
+    (deleting the org's rows: nothing slips in between)."""
     drops, locks = await _drops(conn, schema, org)
+    drops = [f"DROP VIEW IF EXISTS {name}" for name in views] + drops
     drops += [f"DROP TABLE IF EXISTS {qualified(schema, name)}" for name in dropping]
     drops += then
     if drops:
-        await bounded(conn, drops, attrs.evolve(
-            locks, exclusive=locks.exclusive + tuple(qualified(schema, n) for n in dropping)))
+        await bounded(conn, drops, attrs.evolve(locks, exclusive=(
+            locks.exclusive + views + tuple(qualified(schema, n) for n in dropping))))
 
 
 async def end_sessions(conn: pg.Connection, schema: str, org: str) -> int:

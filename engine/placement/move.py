@@ -7,11 +7,15 @@ How it works (`move_org(file, MoveRequest(org, to=...))`, the steps of `runplane
    Installing it waits for the org's transactions in flight: runs in flight are cut there, their
    next write fails, is retried, and lands on the target after the switch.
 2. `copy`: the target's schema is prepared, every table of the org is copied with COPY in one
-   target transaction, counts and digests are compared per table, and every sequence of the
+   target transaction, counts and digests are compared per table, the org's sheet views
+   (`runplane views`) are recreated there, and every sequence of the
    target's schema is moved past the source's (run epochs stay increasing for the org); then
    the control table routes the org to the target (`switch`), still fenced.
 3. `unfence`: the org is unfenced; the control table remembers the source (`moved_from`),
-   which keeps the org's rows, still fenced in its database, until `drop_source`.
+   which keeps the org's rows, still fenced in its database, until `drop_source`. Dropping
+   them lifts that fence, so it waits until the move ended `drop_grace_s` (3 polls) ago: a
+   process that had not yet read the switch would otherwise write to the source, unfenced, and
+   its write would be lost to the org.
 Each step is recorded in the control table before it runs, and each is idempotent, so
 `resume=True` redoes the recorded step and goes on; `abort=True` rolls a move back (source
 unfenced, the target's partial copy deleted) unless the route already switched (then only
@@ -24,15 +28,19 @@ import time
 from typing import Awaitable, Callable
 
 import attrs
+import trio
 
 from .. import pg, schema as schema_ddl
 from ..errors import ConflictError, InvalidInputError
 from . import control, copying, fence
 from .control import MoveStep, Placement
-from .router import Router
+from .router import POLL_S, Router
 from .tenants_file import TenantsFile
 
 StepHook = Callable[[MoveStep], Awaitable[None]]
+# Every process polls the control table each second (`router.POLL_S`): past this, every live
+# one routes the org to its new server, so none can still write to the source once unfenced.
+DROP_GRACE_S = 3 * POLL_S
 
 
 @attrs.frozen
@@ -45,6 +53,8 @@ class MoveRequest:
     resume: bool = False
     abort: bool = False
     drop_source: bool = False
+    # How long after the move's last step `drop_source` waits (module docstring).
+    drop_grace_s: float = DROP_GRACE_S
 
 
 @attrs.frozen
@@ -92,8 +102,8 @@ async def move_org(file: TenantsFile, request: MoveRequest, *,
             if placement.move_step is not None:
                 report = await _steps(driver, file, conn, placement, on_step)
             if request.drop_source:
-                report = attrs.evolve(report, dropped=await _drop_source(driver, file, conn,
-                                                                         request.org))
+                report = attrs.evolve(report, dropped=await _drop_source(
+                    driver, file, conn, request.org, request.drop_grace_s))
             return report
 
 
@@ -127,8 +137,9 @@ async def _steps(driver: pg.Driver, file: TenantsFile, conn: pg.Connection,
             await on_step(MoveStep.COPY)
             copies = await copying.plan(src, schema, org)
             await copying.prepare_target(src, dst, copies, org)
-            copy_s = await copying.copy_rows(src, dst, copies)
-            rows = await copying.verify(src, dst, copies)
+            async with control.connect(driver, file.dsn(source)) as reader:
+                rows, copy_s = await copying.copy_verified(src, reader, dst, copies)
+            await copying.copy_views(src, dst, schema, org)
             await copying.advance_sequences(src, dst, schema)
             await on_step(MoveStep.SWITCH)
             placement = await control.switch(conn, placement)
@@ -154,13 +165,15 @@ async def _abort(driver: pg.Driver, file: TenantsFile, conn: pg.Connection,
 
 
 async def _drop_source(driver: pg.Driver, file: TenantsFile, conn: pg.Connection,
-                       org: str) -> bool:
-    """Delete the org's rows from the server it moved away from (False: none to drop)."""
+                       org: str, grace_s: float) -> bool:
+    """Delete the org's rows from the server it moved away from (False: none to drop), once
+    the move ended `grace_s` ago (module docstring)."""
     placement = Router(file, await control.read(conn)).resolve(org)
     if placement.move_step is not None:
         raise ConflictError(f"a move of org {org!r} is under way: finish it first (--resume)")
     if placement.moved_from is None or placement.moved_from == placement.server:
         return False
+    await trio.sleep(max(0.0, grace_s - await control.since_update_s(conn, org)))
     async with control.connect(driver, file.dsn(placement.moved_from)) as src:
         await copying.drop_org(src, placement.schema, org)
     await control.settle(conn, org, moved_from=None)
