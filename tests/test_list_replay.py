@@ -203,3 +203,17 @@ def test_a_list_digest_changes_with_any_value_type_or_key_order():
 class _DirectPort:
     def __init__(self, sheet_lock_keys=None):
         self.settings = PortSettings("s", sheet_lock_keys=sheet_lock_keys or {})
+
+
+async def test_a_map_that_began_staging_its_list_is_not_answered_from_the_record(tenant):
+    """A wake of a map that began staging resumes its staging: the replay statement answers
+    only a map with no begin or seal fact (it checks them itself, no manifest read beside)."""
+    await mapped(tenant, "first")
+    async with open_run(tenant, PLAY, "second") as run:
+        write = SheetWrite(run.ref, NS, CONTRACT)
+        digest = lists.list_digest(write, ROWS)
+        await run.stage_array(NS, "map-0", ROWS)  # begun and sealed, as a wake finds it
+        staged = run.ref.scope.map(NS, "map-0")
+        assert await lists.replay_list(tenant, write, digest, staged) is None
+        fresh = run.ref.scope.map(NS, "map-1")
+        assert await lists.replay_list(tenant, write, digest, fresh) == len(ROWS)
