@@ -26,7 +26,7 @@ import trio
 from runplane.actors import open_run
 from runplane.actors.shared.worker import WorkerOptions, serve_play
 
-from runplane.engine import PlayScope, RunScope, receipts, runs, sheets
+from runplane.engine import PlayScope, RunScope, array_input, receipts, runs, sheets
 from runplane.engine.runs import cancel, history, outages, outbox, retry_spec, row_calls
 from runplane.engine.limits import rates as rate_limits
 from runplane.engine.shared import leases as shared_leases, maps as shared_maps
@@ -134,6 +134,7 @@ async def _workload(tenant, gw) -> None:
         await shared_maps.workers_joined(gw, run.ref, "map-0")
         await shared_maps.map_status(gw, run.ref, "map-0", counters=True)
         await shared_leases.renew(gw, run.ref, "map-0", "gone-worker", [])
+    await array_input.retire(gw, ref.scope)  # a run's own close uses `retire_entry`
 
 
 def _paths(value, prefix=()):
