@@ -12,7 +12,9 @@ Prints the total rows/s of each, the ratio many/few (target >= 0.8: a hundred or
 budget without losing throughput to connection churn) and the p99 wait for a connection slot
 in the gateway during each phase. Then the floor: `--few` and `--many` new orgs each map one
 row at once (an org's fixed cost: its first run, a new sheet, its first connections), and the
-rows/s and ratio with that fixed cost taken out of each phase.
+rows/s and ratio with that fixed cost taken out of each phase. Each phase also prints the gateway
+requests a run sent, and the run ends with one request's CPU cost (a one-read action, 2,000
+times in a row): the client's and the gateway's, which each run's requests multiply.
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 
@@ -29,11 +31,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import attrs  # noqa: E402
 import trio  # noqa: E402
 
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
 from runplane.engine import open_tenant, sheets  # noqa: E402
+from runplane.engine.runs.cancel import cancel_requested  # noqa: E402
 from runplane.engine.gateway import RetryPolicy, ServerOptions, mint_token, open_gateway, open_server  # noqa: E402
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
@@ -41,6 +45,7 @@ OUTPUT = {"ok": True}
 PLAY = "bench"
 SECRET = "benchmark-gateway-orgs-" + uuid.uuid4().hex
 RETRY = RetryPolicy(unreachable_budget_s=600.0, completion_total_s=900.0)
+FLOOR_CALLS = 2_000
 
 
 async def noop(_row: dict) -> dict:
@@ -68,11 +73,35 @@ async def phase(url: str, orgs: int, rows: int, tag: str) -> float:
     return elapsed
 
 
-def p99_wait(child: subprocess.Popen) -> float:
-    """The p99 of the slot waits in the gateway since the last ask (the child answers)."""
-    child.stdin.write("waits\n")
+@attrs.frozen
+class Reading:
+    """What the gateway child answers: the p99 of its slot waits since the last ask, the
+    requests it answered so far and its CPU seconds so far."""
+
+    p99_wait_s: float
+    requests: int
+    cpu_s: float
+
+
+def ask(child: subprocess.Popen) -> Reading:
+    child.stdin.write("ask\n")
     child.stdin.flush()
-    return float(child.stdout.readline())
+    p99, requests, cpu = child.stdout.readline().split()
+    return Reading(float(p99), int(requests), float(cpu))
+
+
+async def request_floor(url: str, child: subprocess.Popen, calls: int) -> tuple[float, float]:
+    """One org's `runs.cancel_requested` (one primary-key read) `calls` times in a row: the
+    CPU seconds of this process (the client) and of the gateway child, per call."""
+    async with open_gateway(url, mint_token(SECRET, "floor"), retry=RETRY) as gateway:
+        async with open_run(gateway, PLAY, f"run-{uuid.uuid4().hex[:8]}") as run:
+            for _ in range(100):  # warm: the tenant, the run's registration, the connection
+                await cancel_requested(gateway, run.scope)
+            before, started = ask(child), time.process_time()
+            for _ in range(calls):
+                await cancel_requested(gateway, run.scope)
+            client, after = time.process_time() - started, ask(child)
+    return client / calls, (after.cpu_s - before.cpu_s) / calls
 
 
 async def serve_child(dsn: str, schema: str, max_connections: int | None) -> None:
@@ -83,7 +112,9 @@ async def serve_child(dsn: str, schema: str, max_connections: int | None) -> Non
             budget = server.tenants.budget
             waits = sorted(budget.take_waits()) if budget is not None else []
             p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))] if waits else 0.0
-            print(f"{p99:.6f}", flush=True)
+            cpu = os.times()
+            print(f"{p99:.6f} {sum(server.requests.values())} {cpu.user + cpu.system:.6f}",
+                  flush=True)
 
 
 def main() -> None:
@@ -111,24 +142,32 @@ def main() -> None:
         url = child.stdout.readline().strip()
         if not url:
             raise SystemExit("the gateway child did not start")
+        start = ask(child)
         few_s = trio.run(phase, url, args.few, args.rows, "few")
-        few_p99 = p99_wait(child)
+        few = ask(child)
         many_s = trio.run(phase, url, args.many, args.rows, "many")
-        many_p99 = p99_wait(child)
+        many = ask(child)
         # the floor: each org's fixed cost (its first run, a new sheet), one row an org
         few_fixed = trio.run(phase, url, args.few, args.few, "few-fixed")
         many_fixed = trio.run(phase, url, args.many, args.many, "many-fixed")
+        # and one request's cost: the client's CPU and the gateway's, per call
+        client_cpu, gateway_cpu = trio.run(request_floor, url, child, FLOOR_CALLS)
     finally:
         child.stdin.close()
         child.terminate()
         child.wait(timeout=30)
         trio.run(drop_schema, dsn, schema)
-    few, many = args.rows / few_s, args.rows / many_s
-    print(f"{args.few} orgs x {args.rows // args.few:,} rows:  {few:,.0f} rows/s; "
-          f"p99 wait for a connection {few_p99 * 1000:.0f} ms")
-    print(f"{args.many} orgs x {args.rows // args.many:,} rows: {many:,.0f} rows/s; "
-          f"p99 wait for a connection {many_p99 * 1000:.0f} ms")
-    print(f"ratio many/few: {many / few:.2f} (target >= 0.80)")
+    few_rate, many_rate = args.rows / few_s, args.rows / many_s
+    print(f"{args.few} orgs x {args.rows // args.few:,} rows:  {few_rate:,.0f} rows/s; "
+          f"p99 wait for a connection {few.p99_wait_s * 1000:.0f} ms; "
+          f"{(few.requests - start.requests) / args.few:.1f} requests a run")
+    print(f"{args.many} orgs x {args.rows // args.many:,} rows: {many_rate:,.0f} rows/s; "
+          f"p99 wait for a connection {many.p99_wait_s * 1000:.0f} ms; "
+          f"{(many.requests - few.requests) / args.many:.1f} requests a run")
+    print(f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)")
+    print(f"one request's CPU (runs.cancel_requested, {FLOOR_CALLS:,} in a row): client "
+          f"{client_cpu * 1000:.2f} ms + gateway {gateway_cpu * 1000:.2f} ms")
+    few, many = few_rate, many_rate
     few_net = rows_per_s(args.rows, few_s - few_fixed)
     many_net = rows_per_s(args.rows, many_s - many_fixed)
     print(f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
