@@ -211,6 +211,13 @@ async def test_every_action_with_hostile_values_in_every_field_is_a_4xx(tenant, 
     bodies.setdefault("array_input.put_page", {
         "scope": staged["scope"], "source_fingerprint": staged["source_fingerprint"],
         "ordinal": 0, "offset": 0, "rows": [{"data": {"name": "r0", "n": 0}}]})
+    one_page = bodies["array_input.put_and_seal"]  # a small list is put and sealed in one call
+    bodies.setdefault("array_input.put_encoded_page", {
+        "scope": one_page["scope"], "source_fingerprint": one_page["source_fingerprint"],
+        "ordinal": 0, "offset": 0, "page": one_page["page"]})
+    bodies.setdefault("array_input.seal", {
+        "scope": one_page["scope"], "source_fingerprint": one_page["source_fingerprint"],
+        "source_rows": one_page["source_rows"], "page_count": 1, "batch_size": 1})
     assert set(bodies) == set(actions()), sorted(set(actions()) - set(bodies))
 
     cases = list(_cases(bodies))

@@ -24,12 +24,12 @@ from .pages import paginate, source_fingerprint
 from .retirement import retire, retire_entry
 from .source import PagedRows, PagedSource, encode_source
 from .source_pass import EncodedSource, SourceShape, scan_source
-from .sealing import seal
+from .sealing import put_and_seal, seal
 
 __all__ = [
     "Occurrence", "SourceIdentity", "PageDraft", "Page", "Manifest", "RetireResult",
     "source_fingerprint", "paginate", "get_manifest", "begin", "put_page", "seal", "read_page",
-    "retire", "retire_entry", "MAX_PAGE_ROWS", "MAX_PAGE_BYTES", "RETIRE_BATCH_ROWS", "EncodedSource",
+    "retire", "retire_entry", "put_and_seal", "MAX_PAGE_ROWS", "MAX_PAGE_BYTES", "RETIRE_BATCH_ROWS", "EncodedSource",
     "encode_source", "put_encoded_page", "PagedRows", "PagedSource", "SourceShape",
     "scan_source",
 ]

@@ -247,3 +247,16 @@ async def _write_seal(port: Port, scope: MapScope, expected: dict, digest_chain:
             source_fingerprint, source_rows, identities, canonical.stable_dumps(output))
     await F.run_statement(port, RECEIPTS_LANE, write_sql, args, decide)
 
+
+
+@action("array_input.put_and_seal", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
+        "source_rows": INT, "page": P.ENCODED_PAGE}, result=V.MANIFEST, deadline_s=75.0)
+async def put_and_seal(port: Port, scope: MapScope, *, source_fingerprint: str, source_rows: int,
+                       page: P.EncodedPage) -> V.Manifest:
+    """A one-page source staged in one call: its page put (`put_encoded_page`, ordinal 0) and
+    the source sealed (`seal`), so a small list is staged in two requests (begin, this), not
+    three. Each step is idempotent, so a retry of the pair is too."""
+    await F.put_encoded_page(port, scope, source_fingerprint=source_fingerprint, ordinal=0,
+                             offset=0, page=page)
+    return await seal(port, scope, source_fingerprint=source_fingerprint,
+                      source_rows=source_rows, page_count=1, batch_size=1)
