@@ -22,7 +22,7 @@ from ..values.codecs import BOOL, RUN_SCOPE, enum_of
 from ..values.scopes import RunScope, check_scope
 from .outbox import OutboxState
 
-CANCEL_POLL_S = 2.0  # how often a process of a run looks for a cancellation (SPEC: at most 2 s)
+CANCEL_POLL_S = 2.0  # how often a process of a run looks for a cancellation (at most every 2 s)
 
 
 class CancelAnswer(SqlLiteral):
