@@ -24,8 +24,7 @@ from runplane.simulations.routing import org_rows
 
 from .conftest import fresh_schema
 from .gateway_support import FAST_RETRY, SECRET
-from .many_servers_support import tenants_toml
-from .sheet_helpers import counters_match
+from .many_servers_support import assert_moved_rows, tenants_toml
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper",))
 
@@ -87,13 +86,7 @@ async def _check_moved(dsn: str, schema: str, org: str, run_id: str, late_epoch:
     """The moved org's run on its new server: every row once, completed, counters exact, and
     the run registered during the fence there with an epoch past the first run's."""
     async with open_tenant(org, dsn, schema=schema) as moved:
-        scope = PlayScope(org, "p")
-        stored = await sheets.read_rows(moved, scope, "things")
-        assert sorted(row["name"] for row in stored) == sorted(f"r{i}" for i in range(300))
-        assert all(row["upper"] == row["name"].upper() for row in stored)
-        summary = await sheets.summary(moved, scope, "things")
-        assert (summary.total, summary.completed, summary.failed) == (300, 300, 0)
-        assert (await counters_match(moved, scope, "things"))[0]
+        await assert_moved_rows(moved, org)
         first = await runs.get(moved, RunScope(org, "p", run_id))
         registered_late = await runs.get(moved, RunScope(org, "late", "r"))
         assert first is not None and registered_late is not None

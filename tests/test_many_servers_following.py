@@ -24,7 +24,7 @@ from runplane.engine.placement.router import open_router
 from .cli_helpers import RUNPLANE, ROOT, cli_env
 from .conftest import fresh_schema
 from .gateway_support import FAST_RETRY, SECRET
-from .many_servers_support import drain, read_until, tenants_toml
+from .many_servers_support import assert_moved_rows, drain, read_until, tenants_toml
 from .sheet_helpers import counters_match
 
 CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("upper",))
@@ -127,13 +127,7 @@ async def test_a_direct_run_follows_its_org_to_another_server_while_it_runs(dsn,
             proc.kill()
     assert report.rows["runs"] == 1 and b"admitted 300" in out, bytes(out)
     async with open_tenant(org, second_dsn, schema=schema) as moved:
-        scope = PlayScope(org, "p")
-        stored = await sheets.read_rows(moved, scope, "things")
-        assert sorted(row["name"] for row in stored) == sorted(f"r{i}" for i in range(300))
-        assert all(row["upper"] == row["name"].upper() for row in stored)
-        summary = await sheets.summary(moved, scope, "things")
-        assert (summary.total, summary.completed, summary.failed) == (300, 300, 0)
-        assert (await counters_match(moved, scope, "things"))[0]
+        await assert_moved_rows(moved, org)
         async with moved.connection("receipts") as conn:  # one run: the process never restarted
             assert await conn.fetchval(f'SELECT count(*) FROM "{schema}".runs'
                                        " WHERE org_id = $1", org) == 1
