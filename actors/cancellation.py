@@ -5,10 +5,10 @@ How it works
   (`engine.runs.cancel`). Each process of the run polls the stamp every `CANCEL_POLL_S` with
   `watch_for_cancel`, a system task of the run (the first poll comes one period after the run
   opened, so short runs never poll); a poll the store does not answer is skipped, not fatal.
-  A map's history write answers the stamp too (`engine.runs.history.record_map`), and
-  `RunStop.heard` counts it as a poll, and no poll is sent while such a write is in flight
-  (`RunStop.answering`): while a map's heartbeat writes every second, the run sends no poll of
-  its own (one request a second per run, not two).
+  A map's history write answers the stamp too (`engine.runs.history.record_map`):
+  `RunStop.heard` counts its answer as a poll, and no poll is sent while such a write is in
+  flight (`RunStop.answering`). While a map's heartbeat writes every second or so, the run
+  sends no poll of its own (one periodic request per run, not two).
   The poller is a system task (`watching_for_cancel`), so no nursery of the run waits for it.
 - On a stamp, `RunStop.cancel` cancels the scope each running map's pipeline runs in: the calls
   in flight are cancelled (their rows are left, like a crash's, for the next run), what was

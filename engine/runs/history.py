@@ -8,8 +8,9 @@ How it works
   when it started, was last written and ended.
 - `record_map` writes it in one upsert, and answers in the same statement whether the run was
   asked to cancel (`engine.runs.cancel`): a map's heartbeat is also its run's cancellation poll,
-  so a process writing history needs no separate poll. A running map writes it about once a second (state
-  `running`, so `runplane status --watch` sees rows in flight from another terminal) and once
+  so a process writing history needs no separate poll. A running map writes it about once a
+  second (state `running`, so `runplane status --watch` sees rows in flight from another
+  terminal; less often while the store is slow to answer: `actors.history`) and once
   more when it ends (`finished`, `stopped_early`, `superseded` or `failed`; `interrupted` when
   its process cancelled it, Ctrl-C or SIGTERM, after flushing what it computed). A crashed
   map's row stays `running` with its last counters (read as interrupted once it is `LIVE_S`
