@@ -40,7 +40,7 @@ from runplane.engine.values.scopes import RunScope
 
 from .cancellation import RunStop
 from .progress import MapProgress, MapResult
-from .retry import current_watch, hurry_if_waiting
+from .retry import ENDING_ATTEMPT_S, current_watch, hurry_if_waiting
 
 log = logging.getLogger("runplane.actors")
 
@@ -64,6 +64,7 @@ class MapRecorder:
     stop: RunStop | None = None  # the run's cancellation: each write answers its stamp
     started_at: datetime.datetime = attrs.field(factory=now)
     latest: MapProgress | None = None
+    _beating: trio.CancelScope | None = attrs.field(init=False, default=None, repr=False)
     written: MapProgress | None = None
 
     def observe(self, snapshot: MapProgress) -> None:
@@ -98,7 +99,7 @@ class MapRecorder:
         or, when the store is slow to answer (a busy gateway or server), twice as long as the
         last write took (at most `MAX_HEARTBEAT_S`): history never takes more than a third of
         the store's time for a map, and a loaded server is not loaded more by its history. A
-        write under way when the map ends is finished (within `FINAL_DEADLINE_S`), not
+        write under way when the map ends is finished (within `ENDING_ATTEMPT_S`, `ending`), not
         cancelled: that would cost its connection, and the store keeps the map's last entry
         over it (`engine.runs.history`)."""
         await self._beat(self._record(MapRunState.RUNNING, self.latest))
@@ -114,9 +115,22 @@ class MapRecorder:
             await self._write_outages()
 
     async def _beat(self, record: history.MapRecord) -> None:
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S), \
-                hurry_if_waiting():
-            await self._write(record)
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S) \
+                as scope, hurry_if_waiting():
+            self._beating = scope
+            try:
+                await self._write(record)
+            finally:
+                self._beating = None
+
+    def ending(self, heartbeat: trio.CancelScope) -> None:
+        """The map ended: cancel its `heartbeat`; a heartbeat write under way gets at most
+        `ENDING_ATTEMPT_S` more. A store that answers finishes it; one that is away (a write
+        hanging on a dead connection) does not hold the map's end past its budget."""
+        if self._beating is not None:
+            self._beating.deadline = min(self._beating.deadline,
+                                         trio.current_time() + ENDING_ATTEMPT_S)
+        heartbeat.cancel()
 
     async def _write_outages(self) -> None:
         """The run's outages ridden out since the last write, for its timeline."""

@@ -318,18 +318,18 @@ class Run:
         try:
             result = await run_map(observe)
         except Exception as exc:
-            beat.cancel()
+            recorder.ending(beat)
             if not any(isinstance(leaf, StoreUnavailableError) for leaf in leaf_errors(exc)):
                 await recorder.finish(None, MapRunState.FAILED)
             # else the store is away: the entry stays `running`, like a crash, for the wake (a
             # write now would wait for a database that is not there)
             raise
         except BaseException:  # cancelled (Ctrl-C, SIGTERM): its history is what it flushed
-            beat.cancel()
+            recorder.ending(beat)
             await recorder.interrupted()
             raise
         finally:
-            beat.cancel()
+            recorder.ending(beat)
         # The last entry is written in the run's nursery: the caller does not wait for a record
         # (the run's exit does; a late heartbeat never replaces it, `engine.runs.history`).
         self._live_nursery().start_soon(recorder.finish, result, None, history_now(),
