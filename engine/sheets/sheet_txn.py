@@ -161,6 +161,17 @@ class _UnregisteredField(MissingRelationError):
     """A field the writer needs has no registered column yet (retry under the exclusive lock)."""
 
 
+class _TableNameTaken(Exception):
+    """The summary row's table name is taken: by another sheet (a hash collision), or by this
+    sheet's own row that a concurrent first write inserted meanwhile (`ON CONFLICT` arbitrates
+    on the primary key only, so that race surfaces on the table-name index). Tried once more;
+    a second time it is the collision."""
+
+    def __init__(self, conflict: ConflictError) -> None:
+        super().__init__(str(conflict))
+        self.conflict = conflict
+
+
 def _table_name_taken(exc: DatabaseError, layout: SheetLayout) -> ConflictError | None:
     if exc.sqlstate == "23505" and TABLE_NAME_CONSTRAINT in str(exc):
         return ConflictError(
@@ -241,7 +252,7 @@ async def _lock_sheet(
     except DatabaseError as exc:
         conflict = _table_name_taken(exc, layout)
         if conflict is not None:
-            raise conflict from exc
+            raise _TableNameTaken(conflict) from exc
         raise
 
 
@@ -265,11 +276,15 @@ async def run_sheet_transaction(
     """
     fields = list(fields)
     clock = clock if clock is not None else PhaseClock()
-    repaired = False
+    repaired = raced = False
     while True:
         try:
             return await _transaction_once(port, layout, fields, op, mode, timeout_ms, clock,
                                            concurrent)
+        except _TableNameTaken as exc:
+            if raced:
+                raise exc.conflict from exc.__cause__
+            raced = True  # a concurrent first write of this sheet: its row is there now
         except MissingRelationError:
             if mode == "shared":
                 mode = "exclusive"
