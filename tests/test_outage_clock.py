@@ -19,7 +19,7 @@ from runplane.actors.retry import OutageWatch, retry_transient
 from runplane.actors.run import ended_by_outage
 from runplane.engine import open_tenant, sheets
 from runplane.engine.errors import StoreOutageError, TransactionStateUnknownError
-from runplane.engine.pg import COMMIT_TIMEOUT
+from runplane.engine.pg import COMMIT_RESOLVE_TIMEOUT, COMMIT_TIMEOUT
 
 from .cli_helpers import cli_env, start_cli, wait_for_text
 from .conftest import fresh_schema
@@ -116,6 +116,34 @@ async def test_a_commit_left_unanswered_is_not_waited_on_past_the_callers_deadli
                 waited = trio.current_time() - started
             proxy.set_blackhole(False)
     assert waited < COMMIT_TIMEOUT, waited
+
+
+async def test_a_lost_commits_fate_is_not_waited_on_past_a_cancellation(dsn):
+    """A COMMIT lost with its connection is resolved on a fresh one; when the server is away
+    that connect hangs. A cancellation (Ctrl-C) arriving meanwhile ends the wait: found when a
+    run cancelled during an outage waited out its whole budget in an admission's resolve."""
+    async with open_pg_proxy(dsn) as proxy:
+        async with open_tenant("org-clock", proxy.dsn, schema=fresh_schema()) as tenant:
+            async with tenant.connection("sheet") as conn:
+                scope = trio.CancelScope()
+                async with trio.open_nursery() as nursery:
+                    async def ctrl_c() -> None:
+                        while not proxy.fired["blackhole_connect"]:  # the fate's connect hangs
+                            await trio.sleep(0.01)
+                        scope.cancel()
+                    nursery.start_soon(ctrl_c)
+                    started = trio.current_time()
+                    with scope:
+                        async with conn.transaction():
+                            conn.note_transaction_id(
+                                await conn.fetchval("SELECT txid_current()::text"))
+                            # the connection is dropped; the fate's connect is never answered
+                            proxy.set_blackhole(True, sever=True)
+                    waited = trio.current_time() - started
+            proxy.set_blackhole(False)
+    assert scope.cancelled_caught
+    assert proxy.fired["blackhole_connect"] >= 1
+    assert waited < COMMIT_RESOLVE_TIMEOUT, waited
 
 
 async def test_a_map_cancelled_during_an_outage_ends_at_once(dsn):
