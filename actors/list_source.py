@@ -16,7 +16,7 @@ How it works
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
   after a ramp of smaller units (`ramp_cuts`: 100 rows, then twice as many each, as a streamed
-  source's first pages, so the workers start soon); on a wake (the
+  source's first pages, so the workers start soon, while the rest is more than a unit); on a wake (the
   input was staged before the map began) one page each, admitted from its stored fact
   (`StagedPage`: the rows are not sent again). A one-page unit of a sealed input is always
   admitted from its fact.
@@ -76,14 +76,19 @@ class SourcePage:
     texts: list[str] | None = None
 
 
-def ramp_cuts(unit_rows: int) -> frozenset[int]:
+def ramp_cuts(unit_rows: int, source_rows: int) -> frozenset[int]:
     """Offsets ending a list's first units: `FIRST_UNIT_ROWS` rows, then twice as many each,
-    while under half `unit_rows` (then units of whole pages as usual)."""
+    while under half `unit_rows` (then units of whole pages as usual), and only while the
+    rest of the list does not fit one unit: the ramp lets the workers start before the large
+    units are written, and once the rest is one unit more cuts only add transactions (a
+    1,000-row list is admitted in two, not four: requests a gateway answers)."""
     cuts, size, low = set(), FIRST_UNIT_ROWS, 0
-    while size < unit_rows // 2:
+    while size < unit_rows // 2 and source_rows - low > unit_rows:
         low += size
         cuts.add(low)
         size *= 2
+    if not cuts and source_rows > FIRST_UNIT_ROWS:
+        cuts.add(FIRST_UNIT_ROWS)  # the first unit stays small: work starts soon
     return frozenset(cuts)
 
 
@@ -177,7 +182,7 @@ class ListSource:
         namespace = self.scope.table_namespace
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
         if not self.replaying and start == 0:
-            cut_at = cut_at | ramp_cuts(unit_rows)
+            cut_at = cut_at | ramp_cuts(unit_rows, self.source_rows)
         cuts = sorted(offset for offset in cut_at if offset > start)
 
         def segments():

@@ -13,8 +13,9 @@ budget without losing throughput to connection churn) and the p99 wait for a con
 in the gateway during each phase. Then the floor: `--few` and `--many` new orgs each map one
 row at once (an org's fixed cost: its first run, a new sheet, its first connections), and the
 rows/s and ratio with that fixed cost taken out of each phase. Each phase also prints the gateway
-requests a run sent, and the run ends with one request's CPU cost (a one-read action, 2,000
-times in a row): the client's and the gateway's, which each run's requests multiply.
+requests a run sent and where its CPU went (the client, the gateway, the rest of the machine,
+and how busy its cores were), and the run ends with one request's CPU cost (a one-read action,
+2,000 times in a row): the client's and the gateway's, which each run's requests multiply.
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 
@@ -142,11 +143,11 @@ def main() -> None:
         url = child.stdout.readline().strip()
         if not url:
             raise SystemExit("the gateway child did not start")
-        start = ask(child)
+        start, cpu_start = ask(child), cpu_now()
         few_s = trio.run(phase, url, args.few, args.rows, "few")
-        few = ask(child)
+        few, cpu_few = ask(child), cpu_now()
         many_s = trio.run(phase, url, args.many, args.rows, "many")
-        many = ask(child)
+        many, cpu_many = ask(child), cpu_now()
         # the floor: each org's fixed cost (its first run, a new sheet), one row an org
         few_fixed = trio.run(phase, url, args.few, args.few, "few-fixed")
         many_fixed = trio.run(phase, url, args.many, args.many, "many-fixed")
@@ -165,6 +166,10 @@ def main() -> None:
           f"p99 wait for a connection {many.p99_wait_s * 1000:.0f} ms; "
           f"{(many.requests - few.requests) / args.many:.1f} requests a run")
     print(f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)")
+    for tag, seconds, (c0, g0), (c1, g1) in (
+            ("few", few_s, (cpu_start, start), (cpu_few, few)),
+            ("many", many_s, (cpu_few, few), (cpu_many, many))):
+        print(cpu_split(tag, seconds, c0, c1, g1.cpu_s - g0.cpu_s))
     print(f"one request's CPU (runs.cancel_requested, {FLOOR_CALLS:,} in a row): client "
           f"{client_cpu * 1000:.2f} ms + gateway {gateway_cpu * 1000:.2f} ms")
     few, many = few_rate, many_rate
@@ -173,6 +178,38 @@ def main() -> None:
     print(f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
           f"{few_fixed:.2f} s, {args.many} orgs {many_fixed:.2f} s; rows/s with it taken out: "
           f"{few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}")
+
+
+@attrs.frozen
+class CpuNow:
+    """CPU seconds so far: this process's (the client's) and the whole machine's busy time
+    (`/proc/stat`; None where there is none)."""
+
+    client_s: float
+    machine_s: float | None
+
+
+def cpu_now() -> CpuNow:
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:]]
+    except OSError:
+        return CpuNow(time.process_time(), None)
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    return CpuNow(time.process_time(), busy / os.sysconf("SC_CLK_TCK"))
+
+
+def cpu_split(tag: str, seconds: float, before: CpuNow, after: CpuNow, gateway_s: float) -> str:
+    """Where a phase's CPU went: the client, the gateway, and the rest of the machine (the
+    PostgreSQL server, mostly), and how busy the machine's cores were."""
+    client_s = after.client_s - before.client_s
+    line = f"{tag} phase CPU: client {client_s:.1f} s, gateway {gateway_s:.1f} s"
+    if before.machine_s is None or after.machine_s is None:
+        return line
+    busy_s = after.machine_s - before.machine_s
+    cores = os.cpu_count() or 1
+    return (f"{line}, the rest (the server) {busy_s - client_s - gateway_s:.1f} s; "
+            f"{busy_s / seconds / cores:.0%} of {cores} cores busy")
 
 
 def rows_per_s(rows: int, seconds: float) -> float:

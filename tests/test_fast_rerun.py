@@ -315,3 +315,24 @@ def test_list_units_cover_the_source_in_order_and_respect_the_cuts():
             assert unit.keys == [sheets.row_key(row, "t") for row in unit.rows]
             if unit.ordinal is not None:
                 assert (unit.offset, len(unit.rows)) == pages[unit.ordinal]
+
+
+def test_a_list_ramps_its_first_units_only_while_the_rest_is_more_than_a_unit():
+    """The first unit is small so work starts soon; the ramp's further cuts stop once the rest
+    of the list fits one unit (each cut is one more admission request)."""
+    from runplane.actors.list_source import FIRST_UNIT_ROWS, ListSource
+
+    from .sheet_helpers import encode_and_key
+    from runplane.engine import MapScope
+
+    for rows, unit_rows, expected in ((1000, 5000, [0, FIRST_UNIT_ROWS]),
+                                      (80, 5000, [0]),
+                                      (12000, 5000, [0, 100, 300, 700, 1500, 3100])):
+        items = [{"name": f"n{i}"} for i in range(rows)]
+        listed = ListSource(None, MapScope("org", "play", "run", "t", "map-0"), items)
+        listed.encoded, listed.keys = encode_and_key(items, "t")
+        offsets = [unit.offset for group in listed.page_groups(100_000, unit_rows)
+                   for unit in group]
+        assert offsets[:len(expected)] == expected, (rows, offsets)
+        if rows <= unit_rows:
+            assert offsets == expected, (rows, offsets)
