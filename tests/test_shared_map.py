@@ -195,3 +195,28 @@ async def test_expired_holders_cannot_write_and_a_new_holder_runs_only_what_is_l
     assert [r["_attempts"] for r in await sheet_state(tenant, "nums")] == [1] * 10
     ok, why = await counters_match(tenant, play_scope(tenant, PLAY), "nums")
     assert ok, why
+
+
+def test_a_retry_policy_naming_an_exception_of_the_play_file_decodes_for_workers(tmp_path):
+    """`runplane run play.py` loads the play under a module name no import finds; a shared
+    map's `retry_on` type defined in that file is found in the worker's load of the file (it
+    failed to decode before: the workers could not join)."""
+    from runplane.actors.shared.config import PlayFile, _type_name, decode_config
+    from runplane.cli.run_commands import load_play
+
+    play_file = tmp_path / "flaky_play.py"
+    play_file.write_text("class Flaky(Exception):\n    pass\n\n\n"
+                         "async def enrich(row):\n    return {'x': 1}\n\n\n"
+                         "async def play(run, rows):\n    pass\n")
+    flaky = load_play(str(play_file)).play.__globals__["Flaky"]  # as `runplane run` has it
+    config = {"contract": {"inputs": ["n"], "outputs": ["x"]}, "cell_policies": {},
+              "retry": {"max_attempts": 3, "initial_s": 0.1, "backoff": 2.0,
+                        "max_interval_s": 1.0, "jitter": False,
+                        "retry_on": [_type_name(flaky)], "give_up_on": []},
+              "play_file": str(play_file)}
+    worker = PlayFile.load(str(play_file))
+    decoded = decode_config(config, worker).retry
+    assert decoded.retry_on == (worker.module.Flaky,)
+    assert decoded.retries(worker.module.Flaky("again"), 1)
+    # without the worker's load (a retry command): the play file the map was published from
+    assert decode_config(config).retry.retry_on[0].__name__ == "Flaky"

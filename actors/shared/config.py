@@ -6,7 +6,8 @@ How it works
   (SHA-256 of its bytes). A function defined inside another function cannot be found by name:
   `InvalidInputError` before anything is written.
 - `encode_config(plan)` is the map's contract and row policies as JSON (exception types of a
-  retry policy by module and qualified name); `decode_config` rebuilds them in a worker. An
+  retry policy by module and qualified name); `decode_config` rebuilds them in a worker (a type
+  the play file defines is found in the worker's load of that file). An
   unkeyed `RateLimit` becomes one limit for the whole map across its workers (keyed by run and
   map).
 - `load_function(path, qualname)` loads a play file as a module of its own (its folder first on
@@ -111,9 +112,19 @@ def _type_name(kind: type) -> str:
     return f"{kind.__module__}:{kind.__qualname__}"
 
 
-def _resolve_type(name: str) -> type:
+# The module names a play file is loaded under (`runplane run`'s, a worker's): no import finds
+# them, so a type of theirs is looked up in the map's play file instead.
+PLAY_MODULE_PREFIXES = ("runplane_play_", "runplane_worker_play_")
+
+
+def _resolve_type(name: str, play: Callable[[], ModuleType]) -> type:
+    """The exception type `module:qualname`; one the play file defines (its module one a play
+    is loaded under, not importable) is found in `play()`, the worker's load of that file."""
     module_name, _, qualname = name.partition(":")
-    target: object = importlib.import_module(module_name)
+    if module_name.startswith(PLAY_MODULE_PREFIXES) and module_name not in sys.modules:
+        target: object = play()
+    else:
+        target = importlib.import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
     return target
@@ -167,9 +178,15 @@ class MapConfig:
     keyed: bool = False
 
 
-def decode_config(config: Mapping[str, JsonValue]) -> MapConfig:
+def decode_config(config: Mapping[str, JsonValue], play: PlayFile | None = None) -> MapConfig:
+    """The map's configuration; exception types defined in its play file are found in `play`
+    (a worker's loaded play file), else in the play file the map was published from."""
     retry = config.get("retry")
     limit = config.get("rate_limit")
+
+    def play_module() -> ModuleType:
+        return (play or PlayFile.load(str(config.get("play_file", "")))).module
+
     return MapConfig(
         contract=SheetContract(tuple(config["contract"]["inputs"]),
                                tuple(config["contract"]["outputs"])),
@@ -180,8 +197,8 @@ def decode_config(config: Mapping[str, JsonValue]) -> MapConfig:
             max_attempts=retry["max_attempts"], initial_s=retry["initial_s"],
             backoff=retry["backoff"], max_interval_s=retry["max_interval_s"],
             jitter=retry["jitter"],
-            retry_on=tuple(_resolve_type(n) for n in retry["retry_on"]),
-            give_up_on=tuple(_resolve_type(n) for n in retry["give_up_on"])),
+            retry_on=tuple(_resolve_type(n, play_module) for n in retry["retry_on"]),
+            give_up_on=tuple(_resolve_type(n, play_module) for n in retry["give_up_on"])),
         row_timeout_s=config.get("row_timeout_s"),
         rate_limit=None if limit is None else RateLimit(
             limit["per_second"], limit["burst"], limit["key"]),

@@ -57,8 +57,8 @@ class WorkerOptions:
 
 
 def worker_plan(port: Port, shared: sm.SharedMap, fn: RowFunction,
-                concurrency: int | None) -> MapPlan:
-    config = decode_config(shared.config)
+                concurrency: int | None, play: PlayFile | None = None) -> MapPlan:
+    config = decode_config(shared.config, play)
     if config.executor is not None:  # a process pool of the worker's own
         from ..executors import ProcessExecutor
 
@@ -92,7 +92,7 @@ async def serve_play(port: Port, play: str, play_file: str,
                 fn = check_published(loaded, name, shared.function, shared.play_digest)
                 if shared.state != sm.OPEN:
                     continue
-                plan = worker_plan(port, shared, fn, concurrency)
+                plan = worker_plan(port, shared, fn, concurrency, loaded)
                 worker = MapWorker(port, worker_id, shared, plan, limiter,
                                    renew_s if renew_s is not None else shared.lease_s / 3)
                 where = (f"shared map {name} (table {shared.table_namespace!r}) of org "
