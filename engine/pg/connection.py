@@ -34,8 +34,7 @@ How it works
   `TransactionStateUnknownError`. A COMMIT that runs past `COMMIT_TIMEOUT` is resolved alike.
   The probe is not a statement of the operation, so the statement hook does not see it.
 - COMMIT, ROLLBACK and release run in shielded cancel scopes with deadlines, so teardown always
-  finishes and never waits forever (the reading of a lost COMMIT's fate is cut short by a
-  cancellation that arrives while it waits). A COMMIT (and that reading) is not waited on past
+  finishes and never waits forever. A COMMIT (and the reading of its fate) is not waited on past
   a deadline of the caller's that is still ahead when it starts (`_caller_bound`: a run's
   cut-off of an attempt the database leaves unanswered, a gateway write's deadline): past it
   the outcome is unknown (`TransactionStateUnknownError`) rather than late.
@@ -362,19 +361,16 @@ class Connection:
 
     async def _resolve_lost_commit(self, xid: str, lost: EngineError,
                                    bound: float = math.inf) -> None:
-        """COMMIT's reply was lost, or it ran past `COMMIT_TIMEOUT`: read the fate of `xid` on
-        a fresh connection (this one is dropped first, so its backend finishes on its own).
-        A caller cancelled before the read still gets it (shielded, within the deadline); one
-        cancelled during it stops waiting (Ctrl-C while the server is away must not wait for a
-        connect that hangs): it is going away, and what it wrote is idempotent or fenced."""
+        """COMMIT's reply was lost, or it ran past `COMMIT_TIMEOUT`: read `xid`'s fate on a fresh
+        connection (this one dropped first); shielded only for a caller already cancelled (a
+        cancel during the read, Ctrl-C while a connect hangs, ends it: writes are idempotent)."""
         self.close()
         assert self._commit_status is not None
         status: str | None = "in progress"
-        cancelled = trio.current_effective_deadline() == -math.inf
+        shield = trio.current_effective_deadline() == -math.inf  # the caller is cancelled
+        deadline = min(trio.current_time() + COMMIT_RESOLVE_TIMEOUT, bound)
         try:
-            with trio.CancelScope(shield=cancelled,
-                                  deadline=min(trio.current_time() + COMMIT_RESOLVE_TIMEOUT,
-                                               bound)):
+            with trio.CancelScope(shield=shield, deadline=deadline):
                 status = await self._commit_status(xid)
         except EngineError as probe_error:
             raise TransactionStateUnknownError(
