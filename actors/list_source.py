@@ -83,12 +83,12 @@ def ramp_cuts(unit_rows: int, source_rows: int) -> frozenset[int]:
     units are written, and once the rest is one unit more cuts only add transactions (a
     1,000-row list is admitted in two, not four: requests a gateway answers)."""
     cuts, size, low = set(), FIRST_UNIT_ROWS, 0
-    while size < unit_rows // 2 and source_rows - low > unit_rows:
+    while size < unit_rows // 2:
         low += size
         cuts.add(low)
         size *= 2
-    if not cuts and source_rows > FIRST_UNIT_ROWS:
-        cuts.add(FIRST_UNIT_ROWS)  # the first unit stays small: work starts soon
+        if source_rows - low <= unit_rows:
+            break
     return frozenset(cuts)
 
 

@@ -327,6 +327,7 @@ def test_a_list_ramps_its_first_units_only_while_the_rest_is_more_than_a_unit():
 
     for rows, unit_rows, expected in ((1000, 5000, [0, FIRST_UNIT_ROWS]),
                                       (80, 5000, [0]),
+                                      (200, 200, [0]),  # a unit under 200 rows: no ramp
                                       (12000, 5000, [0, 100, 300, 700, 1500, 3100])):
         items = [{"name": f"n{i}"} for i in range(rows)]
         listed = ListSource(None, MapScope("org", "play", "run", "t", "map-0"), items)
