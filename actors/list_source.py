@@ -16,8 +16,8 @@ How it works
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
   after a ramp of smaller units (`ramp_cuts`: 100 rows, then twice as many each, as a streamed
-  source's first pages, so the workers start soon, while the rest is more than a unit); on a wake (the
-  input was staged before the map began) one page each, admitted from its stored fact
+  source's first pages, so the workers start soon; until the rest fits one unit); on a wake
+  (the input was staged before the map began) one page each, admitted from its stored fact
   (`StagedPage`: the rows are not sent again). A one-page unit of a sealed input is always
   admitted from its fact.
 - Staging is lazy: the mapper's admission first probes a unit by its keys (read-only); only

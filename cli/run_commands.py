@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 import attrs
 
+from runplane.actors.shared.config import RUN_PLAY_MODULE
 from runplane.engine.canonical import JsonObject
 from runplane.engine.ports import Port
 
@@ -109,7 +110,7 @@ def load_play(path: str) -> PlayFile:
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"{path}: no such file")
-    spec = importlib.util.spec_from_file_location(f"runplane_play_{file.stem}", file)
+    spec = importlib.util.spec_from_file_location(f"{RUN_PLAY_MODULE}{file.stem}", file)
     if spec is None or spec.loader is None:
         raise UsageError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)

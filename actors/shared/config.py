@@ -112,16 +112,18 @@ def _type_name(kind: type) -> str:
     return f"{kind.__module__}:{kind.__qualname__}"
 
 
-# The module names a play file is loaded under (`runplane run`'s, a worker's): no import finds
-# them, so a type of theirs is looked up in the map's play file instead.
-PLAY_MODULE_PREFIXES = ("runplane_play_", "runplane_worker_play_")
+# The module names a play file is loaded under, by `runplane run` and by a worker: no import
+# finds them, so a type named with one is looked up in the map's play file instead.
+RUN_PLAY_MODULE = "runplane_play_"
+WORKER_PLAY_MODULE = "runplane_worker_play_"
 
 
 def _resolve_type(name: str, play: Callable[[], ModuleType]) -> type:
-    """The exception type `module:qualname`; one the play file defines (its module one a play
-    is loaded under, not importable) is found in `play()`, the worker's load of that file."""
+    """The exception type `module:qualname`: imported, or, when the play file defines it (a
+    play module's name, not importable), found in `play()`, the worker's load of that file."""
     module_name, _, qualname = name.partition(":")
-    if module_name.startswith(PLAY_MODULE_PREFIXES) and module_name not in sys.modules:
+    if module_name.startswith((RUN_PLAY_MODULE, WORKER_PLAY_MODULE)) \
+            and module_name not in sys.modules:
         target: object = play()
     else:
         target = importlib.import_module(module_name)
@@ -224,7 +226,7 @@ class PlayFile:
         if not file.is_file():
             raise InvalidInputError(f"{path}: no such play file")
         digest = file_digest(file)
-        name = f"runplane_worker_play_{digest[:12]}"
+        name = f"{WORKER_PLAY_MODULE}{digest[:12]}"
         module = sys.modules.get(name)
         if module is None:
             spec = importlib.util.spec_from_file_location(name, file)
