@@ -33,7 +33,6 @@ import uuid
 from typing import AsyncIterator, Iterator, Mapping
 
 import attrs
-import httpcore
 import trio
 
 from ..limits.bounds import is_int
@@ -51,6 +50,7 @@ from .retry import RetryPolicy, RetryState
 from ..sessions.limits import SessionLimits
 from .senders import COMPLETION_ACTION, SENDERS
 from ..tokens import unverified_org, unverified_plays
+from .http11 import ConnectionPool
 from .transport import Budget, GatewayStats, attempt, attempt_timeout, with_retries
 
 
@@ -73,7 +73,7 @@ class Gateway(RemotePort):
     org_id: str
     retry: RetryPolicy
     max_in_flight: int
-    _client: httpcore.AsyncConnectionPool = attrs.field(repr=False)
+    _client: ConnectionPool = attrs.field(repr=False)
     schema: str = "gateway"
     stats: GatewayStats = attrs.field(init=False, factory=GatewayStats)
     _permits: Permits = attrs.field(init=False, repr=False)
@@ -145,14 +145,14 @@ class Gateway(RemotePort):
                 f"{health.body_limit} bytes a request")
         headers = {**self._headers, protocol.REQUEST_ID_HEADER: self._request_id(),
                    **(headers or {})}
-        url = self._urls.get(action.name)
-        if url is None:
-            url = self._urls[action.name] = self.url + protocol.ACTIONS_PATH + action.name
+        target = self._urls.get(action.name)
+        if target is None:
+            target = self._urls[action.name] = self._path + protocol.ACTIONS_PATH + action.name
         with tracing.client_action(action.name, headers):  # a span; `traceparent` in headers
             answer = await with_retries(
                 self.retry, self.stats, action.name, self._where, budget,
                 attempt_timeout(self.retry, action),
-                lambda t: attempt(self._client, self._permits, "POST", url, t, body, headers))
+                lambda t: attempt(self._client, self._permits, "POST", target, t, body, headers))
         if "result" not in answer:
             raise GatewayUnavailableError(
                 f"{action.name}: the gateway at {self.url} answered HTTP 200 with no result")
@@ -164,6 +164,11 @@ class Gateway(RemotePort):
         return Budget(RetryState(trio.current_time(), total_deadline=name == COMPLETION_ACTION))
 
     @property
+    def _path(self) -> str:
+        """The gateway URL's path, which every request's path starts with ('' at the root)."""
+        return urllib.parse.urlsplit(self.url).path
+
+    @property
     def _where(self) -> str:
         return f"the gateway at {self.url}"
 
@@ -173,11 +178,11 @@ class Gateway(RemotePort):
             return self._health
         async with self._health_lock:
             if self._health is None:
-                url = self.url + protocol.HEALTH_PATH
+                target = self._path + protocol.HEALTH_PATH
                 answer = await with_retries(
                     self.retry, self.stats, "health", self._where, self.budget("health"),
                     self.retry.request_timeout_s,
-                    lambda t: attempt(self._client, self._permits, "GET", url, t, None, {}))
+                    lambda t: attempt(self._client, self._permits, "GET", target, t, None, {}))
                 try:
                     self._health = Health(str(answer.get("version")), int(answer["body_limit"]),
                                           bool(answer.get("array_actions", False)))
@@ -208,8 +213,8 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
     session_limits = SessionLimits.of(session_limits)
     tracing.decide()  # traces on or off (a bad RUNPLANE_TRACE_ROWS_RATIO refused), once
     org = unverified_org(token.strip())
-    async with httpcore.AsyncConnectionPool(max_connections=max_in_flight,
-                                            max_keepalive_connections=max_in_flight) as client:
+    client = ConnectionPool(url, max_idle=max_in_flight)
+    try:
         gateway = Gateway(url.rstrip("/"), token.strip(), org, retry or RetryPolicy(),
                           max_in_flight, client)
         gateway.diagnostics.open()
@@ -228,3 +233,5 @@ async def open_gateway(url: str, token: str, *, retry: RetryPolicy | None = None
                     await router.aclose()
         finally:
             await gateway.diagnostics.close()
+    finally:
+        await client.aclose()

@@ -5,10 +5,9 @@ How it works
   for one attempt, never across a retry's wait) and reads the whole answer within `timeout`:
   it returns an `Attempted` (`engine.gateway.retry`): no status when nothing answered, the
   status and no payload when the body failed or was not a JSON object.
-- Requests go through an `httpcore.AsyncConnectionPool` (HTTP/1.1 keep-alive over h11): the
-  connection layer under httpx, without httpx's request and response models, which took a
-  quarter of a round trip on this machine (a health check: 1.0 ms through httpx, 0.75 ms
-  through httpcore). `url` is a string; the answer's headers come back by lower-case name.
+- Requests go through the client's `http11.ConnectionPool` (HTTP/1.1 keep-alive, `h11` over
+  trio streams): no request or response model, a request sent in one write. `target` is the
+  path (the pool knows the origin); the answer's headers come back by lower-case name.
 - `with_retries(...)` runs attempts until `retry.decide` answers or stops; it sleeps the waits
   the decisions name and keeps the client's `GatewayStats`.
 - `attempt_timeout(policy, action)`: one attempt may take `request_timeout_s`, or the action's
@@ -23,18 +22,15 @@ import json
 from typing import Awaitable, Callable, Mapping
 
 import attrs
-import httpcore
 import trio
 
 from ..actions import Action
 from ..canonical import JsonObject
 from ..permits import Permits
+from .http11 import Answer, ConnectionPool, TransportError
 from .retry import Attempted, RetryPolicy, RetryState, decide, window
 
 DEADLINE_MARGIN_S = 5.0
-# What a connection pool raises when an attempt got no (whole) answer: every httpcore error.
-HTTP_ERRORS = (httpcore.ConnectionNotAvailable, httpcore.NetworkError, httpcore.ProtocolError,
-               httpcore.TimeoutException, httpcore.UnsupportedProtocol, httpcore.ProxyError)
 ADMISSION_ACTION = "sheets.admit"
 
 
@@ -64,45 +60,37 @@ class Budget:
     state: RetryState
 
 
-async def attempt(pool: httpcore.AsyncConnectionPool, permits: Permits, method: str, url: str,
+async def attempt(pool: ConnectionPool, permits: Permits, method: str, target: str,
                   timeout: float, body: bytes | None, headers: Mapping[str, str]) -> Attempted:
     """One attempt (see the module docstring)."""
     await permits.acquire()
     try:
-        return await _attempt(pool, method, url, timeout, body, headers)
+        return await _attempt(pool, method, target, timeout, body, headers)
     finally:
         permits.release()
 
 
-async def _attempt(pool: httpcore.AsyncConnectionPool, method: str, url: str, timeout: float,
+async def _attempt(pool: ConnectionPool, method: str, target: str, timeout: float,
                    body: bytes | None, headers: Mapping[str, str]) -> Attempted:
-    status: int | None = None
-    answered: dict[str, str] | None = None
+    answer = Answer()
     with trio.move_on_after(timeout):
         try:
-            async with pool.stream(method, url, headers=list(headers.items()),
-                                   content=body) as response:
-                status, answered = response.status, response_headers(response.headers)
-                raw = await response.aread()
-        except HTTP_ERRORS as exc:
-            return Attempted(status, None, answered, exc) if status is not None \
-                else Attempted(None, failure=exc)
+            await pool.request(method, target, list(headers.items()), body, answer)
+        except TransportError as exc:
+            return Attempted(answer.status, None, answer.headers, exc) \
+                if answer.status is not None else Attempted(None, failure=exc)
         try:
-            payload = json.loads(raw)
+            payload = json.loads(answer.body)
         except ValueError as exc:
-            return Attempted(status, None, answered, exc)
+            return Attempted(answer.status, None, answer.headers, exc)
         if type(payload) is not dict:
-            return Attempted(status, None, answered, ValueError("not a JSON object"))
-        return Attempted(status, payload, answered)
-    if status is None:
+            return Attempted(answer.status, None, answer.headers,
+                             ValueError("not a JSON object"))
+        return Attempted(answer.status, payload, answer.headers)
+    if answer.status is None:
         return Attempted(None, failure=TimeoutError(f"no answer within {timeout:g} s"))
-    return Attempted(status, None, answered, TimeoutError(
+    return Attempted(answer.status, None, answer.headers, TimeoutError(
         f"the answer's body did not arrive within {timeout:g} s"))
-
-
-def response_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """An answer's headers by lower-case name (the last of a repeated one)."""
-    return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw}
 
 
 async def with_retries(policy: RetryPolicy, stats: GatewayStats, name: str, where: str,
