@@ -48,10 +48,14 @@ class CallGauge:
     """Rows inside a call of one map's function in this process, now. `on_change` (the map's
     progress report) is called as a call starts or ends, at most every `REPORT_EVERY_S`, so a
     slow function's progress shows its calls before any of them returns, and always when the
-    last call ends (a cancelled map's last snapshot says nothing is running)."""
+    last call ends while the last snapshot still counted calls (a cancelled map's last
+    snapshot says nothing is running). `reported` is the count the last snapshot carried: a
+    fast function's calls, each over before the next starts, report once a second, not once a
+    call."""
 
     in_call: int = 0
     on_change: Callable[[], object] | None = None
+    reported: int = 0
     _reported_at: float = -1e18
 
     REPORT_EVERY_S = 1.0
@@ -75,7 +79,8 @@ class CallGauge:
         if self.on_change is None:
             return
         now = time.monotonic()
-        if self.in_call == 0 or now - self._reported_at >= self.REPORT_EVERY_S:
+        if (self.in_call == 0 and self.reported != 0) \
+                or now - self._reported_at >= self.REPORT_EVERY_S:
             self._reported_at = now
             self.on_change()
 
@@ -216,6 +221,7 @@ class MapTally:
         self.report()
 
     def snapshot(self) -> MapProgress:
+        self.gauge.reported = self.gauge.in_call
         return MapProgress(
             source_rows=self.source_rows, admitted=self.admitted, pending=self.pending,
             cached=self.cached, blocked=self.blocked, skipped=self.skipped,

@@ -123,3 +123,21 @@ async def test_a_shared_map_workers_rows_in_a_call_count_as_running(tenant):
                 release.set()
         while await running_now(tenant, computed_play.PLAY):
             await trio.sleep(0.05)
+
+
+async def test_a_fast_functions_calls_report_progress_once_a_second_not_once_a_call(tenant):
+    """Was: a call that ended before the next began reported a snapshot each time (a snapshot,
+    the metrics' push and the observer: a fifth of a no-op map's CPU). The snapshots now come
+    from admission, completion and at most one a second from the calls; the last says 0."""
+    seen: list = []
+
+    async def fast(row):
+        return {"upper": row["name"].upper()}
+
+    rows = 2_000
+    async with open_run(tenant, "play") as run:
+        result = await run.map("fast", [{"name": f"r{i}"} for i in range(rows)], fast,
+                               contract=CONTRACT, concurrency=CONCURRENCY, on_progress=seen.append)
+    assert result.completed == rows
+    assert len(seen) < rows // 10, len(seen)
+    assert seen[-1].in_call == 0 and seen[-1].completed == rows
