@@ -80,8 +80,10 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
     """Call the user function once on a row: its outcome (the row's `calls`-th call), and the
     exception the call raised (a `RowTimeoutError` when it ran past the row timeout) or None."""
     key, index = admitted.key, admitted.input_index
+    gauge = plan.calls
     try:
-        with plan.calls.calling():  # "running": inside a call (`engine.runs.row_calls`)
+        started = gauge.enter()  # "running": inside a call (`engine.runs.row_calls`)
+        try:
             if plan.row_timeout_s is None:
                 data = await plan.fn(admitted.row)
             else:
@@ -89,6 +91,8 @@ async def call_row(plan: MapPlan, admitted: AdmittedRow,
                     data = await plan.fn(admitted.row)
                 if scope.cancelled_caught:
                     raise RowTimeoutError(f"timed out after {plan.row_timeout_s:g} s")
+        finally:
+            gauge.leave(started)
     except RowError as exc:  # the row fails, keeping the outputs it names
         return _row_error_outcome(admitted, calls, exc), exc
     except Exception as exc:  # the row fails, the map goes on
