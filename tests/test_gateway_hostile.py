@@ -54,6 +54,20 @@ async def test_a_forged_run_is_refused_before_any_write(tenant, gateway, server)
     assert server.run_check.lookups == lookups  # a registered run's epoch is remembered
 
 
+async def test_a_run_registered_through_the_gateway_is_never_looked_up(tenant, gateway, server):
+    """Its registration's answer is remembered, by epoch and by scope alone: writing with its
+    `RunRef` (a claim) and by its scope (staging's begin fact) reads nothing more."""
+    from runplane.engine import array_input
+
+    lookups = server.run_check.lookups
+    ref = await runs.register(gateway, RunScope(tenant.org_id, PLAY, "fresh"))
+    assert (await receipts.claim(gateway, ref, "k")).disposition == "claimed"
+    scope = ref.scope.map("t", "map-0")
+    await array_input.begin(gateway, scope, source_fingerprint="a" * 64, source_rows=1,
+                            has_source_identities=False)
+    assert server.run_check.lookups == lookups
+
+
 async def test_a_reused_request_id_with_another_token_or_body_is_refused(tenant, server):
     run = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "r"))
     wide = token_for(tenant)

@@ -18,8 +18,9 @@ How it works
   org and play with that epoch (`ConflictError`, before the action runs, so nothing is
   written); a write naming a run by scope alone (`RunScope`, `MapScope`: staging, the outbox)
   is refused the same way when that run was never registered. A registered run's epoch never changes, so a positive answer is cached (bounded,
-  oldest out first): a run costs one extra read on its first request through this gateway,
-  none afterwards. A negative answer is never cached (the run may be registered next).
+  oldest out first), by epoch and by scope alone: a run registered through this gateway
+  (`runs.register`'s answer is remembered) costs no extra read, another one read on its first
+  request through this gateway, none afterwards. A negative answer is never cached (the run may be registered next).
 - `scope_of(kwargs)` is the org and play a request's inputs name, checked against the token's
   claims; `named_runs` and `named_run_ids` the runs they name.
 - `bucket(name, known)` is the counter key of an action name: the name itself when it is a
@@ -211,7 +212,14 @@ class RunCheck:
             raise ConflictError(
                 f"run {printable(scope.run_id)!r} of play {printable(scope.play)!r} holds epoch "
                 f"{info.epoch}, not {run.epoch}")
-        self._known[key] = None
+        self.known(RunRef(scope, info.epoch))
+
+    def known(self, ref: RunRef) -> None:
+        """Remember that `ref` is registered (a lookup, or `runs.register` answering it): both
+        with its epoch and by its scope alone, so neither form is looked up again."""
+        scope = ref.scope
+        for epoch in (ref.epoch, None):
+            self._known[(scope.org_id, scope.play, scope.run_id, epoch)] = None
         while len(self._known) > self.max_entries:
             self._known.popitem(last=False)
 

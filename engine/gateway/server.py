@@ -350,6 +350,8 @@ class Server:
                 for run in guards.named_runs(kwargs, checked):  # refused before any write
                     await self.run_check.check(tenant, run)
                 result = await spec.function(tenant, **kwargs)
+                if name == REGISTER_ACTION:  # the run it answers needs no lookup
+                    self.run_check.known(result)
             if deadline.cancelled_caught:
                 raise StoreUnavailableError(
                     f"{name} ran past the gateway's {deadline_s:g} s deadline and was "
