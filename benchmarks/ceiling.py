@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402  (the HTTP floor only)
 import trio  # noqa: E402
 
+from _memory import peak_rss_mb  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 import _ceilings as ceilings  # noqa: E402
 import gateway as gateway_bench  # noqa: E402
@@ -208,7 +208,7 @@ async def rss_child(dsn: str, rows: int, concurrency: int) -> None:
             listed_mb = resident_mb()
             started = time.perf_counter()
             elapsed = await map_seconds(tenant, "rss", source, concurrency=concurrency)
-            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            peak_mb = peak_rss_mb()
             print(f"{peak_mb:.1f} {listed_mb:.1f} {elapsed:.2f}")
         finally:
             async with tenant.connection("sheet") as conn:

@@ -9,7 +9,7 @@
    sheet). Prints rows/s of both and the ratio map/direct (target >= 0.7): what the actors cost
    (channels, workers, batching) on top of the two engine calls.
 2. Memory: peak RSS of a child process that streams `--rss-rows` rows through `run.map`
-   (`resource.getrusage(RUSAGE_SELF).ru_maxrss`; target <= 300 MB whatever the source size).
+   (its own `VmHWM`, `benchmarks/_memory.py`; target <= 300 MB whatever the source size).
 
 3. List vs stream (`--list-rows`, default 100,000): the first run of `run.map` over a list
    (encoded once, staged, admitted from its page facts) against the same rows from an async
@@ -36,7 +36,6 @@ The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway e
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio  # noqa: E402
 
+from _memory import peak_rss_mb  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 import analyzed  # noqa: E402
 from runplane.actors import RateLimit, RowRetry, open_run  # noqa: E402
@@ -132,7 +132,7 @@ async def rss_child(dsn: str, rows: int, concurrency: int) -> None:
                                        concurrency=concurrency)
             elapsed = time.perf_counter() - started
             assert result.completed == rows, result
-            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            peak_mb = peak_rss_mb()
             print(f"{peak_mb:.1f} {elapsed:.1f}")
         finally:
             async with tenant.connection("sheet") as conn:
