@@ -139,5 +139,5 @@ async def test_a_fast_functions_calls_report_progress_once_a_second_not_once_a_c
         result = await run.map("fast", [{"name": f"r{i}"} for i in range(rows)], fast,
                                contract=CONTRACT, concurrency=CONCURRENCY, on_progress=seen.append)
     assert result.completed == rows
-    assert len(seen) < rows // 10, len(seen)
+    assert len(seen) < rows // 4, len(seen)  # was one a row; now admissions, batches, 1/s
     assert seen[-1].in_call == 0 and seen[-1].completed == rows
