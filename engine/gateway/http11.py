@@ -30,6 +30,8 @@ import attrs
 import h11
 import trio
 
+from .retry import describe
+
 IDLE_EXPIRY_S = 30.0
 READ_BYTES = 65_536
 
@@ -87,7 +89,7 @@ class ConnectionPool:
             done = True
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                 h11.ProtocolError) as exc:
-            raise TransportError(f"{self._where}: {_describe(exc)}") from exc
+            raise TransportError(f"{self._where}: {describe(exc)}") from exc
         finally:
             if done and connection.protocol.our_state is h11.DONE \
                     and connection.protocol.their_state is h11.DONE \
@@ -122,7 +124,7 @@ class ConnectionPool:
         try:
             tcp = await trio.open_tcp_stream(self.host, self.port)
         except OSError as exc:
-            raise TransportError(f"cannot connect to {self._where}: {_describe(exc)}") from exc
+            raise TransportError(f"cannot connect to {self._where}: {describe(exc)}") from exc
         stream: trio.abc.Stream = tcp
         if self.tls:
             if self._ssl is None:
@@ -134,7 +136,7 @@ class ConnectionPool:
             except (OSError, trio.BrokenResourceError) as exc:
                 await trio.aclose_forcefully(stream)
                 raise TransportError(
-                    f"TLS with {self._where} failed: {_describe(exc)}") from exc
+                    f"TLS with {self._where} failed: {describe(exc)}") from exc
         return _Connection(stream, tcp.socket, h11.Connection(h11.CLIENT))
 
     async def _exchange(self, connection: _Connection, method: str, target: str,
@@ -171,8 +173,3 @@ class ConnectionPool:
 def _close_now(connection: _Connection) -> None:
     """Close a connection without waiting (an idle one: nothing is under way on it)."""
     connection.socket.close()
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or (str(exc.__cause__).strip() if exc.__cause__ else "")
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

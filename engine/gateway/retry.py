@@ -197,9 +197,11 @@ def _ride(policy: RetryPolicy, state: RetryState, got: Attempted,
 
 
 def describe(failure: BaseException | None) -> str:
+    """`Type: message` of a failure; an empty message borrows its cause's (a socket error
+    wrapped by trio says nothing of its own)."""
     if failure is None:
         return "no detail"
-    text = str(failure).strip()
+    text = str(failure).strip() or (str(failure.__cause__).strip() if failure.__cause__ else "")
     return f"{type(failure).__name__}: {text}" if text else type(failure).__name__
 
 
