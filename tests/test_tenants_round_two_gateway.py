@@ -24,6 +24,7 @@ from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
 from runplane.engine.gateway import guards, mint_token, open_gateway, verify_token
 from runplane.engine.tokens import VerifiedTokens
 from runplane.engine.sheets import completion
+from runplane.engine.sheets.layout import layout_for
 from runplane.simulations.counters import counters_match
 
 from .gateway_support import FAST_RETRY, SECRET, count_rows, serving, token_for  # noqa: F401
@@ -345,5 +346,57 @@ async def test_a_plain_completion_is_fenced_on_rows_of_a_unit_leased_to_another_
     await shared_maps.set_state(tenant, ref, mid, shared_maps.DONE, shared_maps.LIVE)
     late = await sheets.complete(tenant, ref, "nums", NUMS, outcomes(range(3), 3))
     assert late.fenced == () and late.updated == 3
+    ok, detail = await counters_match(tenant, scope, "nums")
+    assert ok, detail
+
+
+async def test_a_plain_admission_with_explicit_keys_leaves_the_rows_of_a_leased_unit_alone(tenant):
+    """Admission is fenced like completion: a plain admission of the run (no unit guard),
+    with the holder's own keys, neither re-admits a leased unit's rows (even once their row
+    leases lapsed: only the unit's lease is renewed) nor inserts its missing rows."""
+    scope = PlayScope(tenant.org_id, PLAY)
+    ref = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "shared"))
+    rows = [{"n": i} for i in range(15)]
+    mid = shared_maps.map_id_for("map-0", "Nums")
+    await shared_maps.publish(tenant, ref, mid, "Nums", config={}, function="f", play_digest="d",
+                              units=[(0, 0, 5), (0, 5, 5), (0, 10, 5)])
+    await shared_maps.set_state(tenant, ref, mid, shared_maps.OPEN, [shared_maps.WAITING])
+    leases = await shared_leases.claim_units(tenant, ref, mid, "holder/1", limit=2)
+    assert [lease.unit for lease in leases] == [0, 1]  # unit 2 (rows 10-14) stays free
+    admitted = await shared_units.admit_units(tenant, ref, mid, leases[:1], "nums", NUMS,
+                                              rows[:5], list(range(5)))
+    keys = [row.key for row in admitted.pending]
+    sheet = layout_for(tenant, scope, "nums").qualified
+    async with tenant.connection("sheet") as conn:  # the rows' own leases lapse
+        await conn.execute(f"UPDATE {sheet} SET _attempt_expires_at = now() - interval '1 s'")
+    taker = sheets.Attempt("taker/1", 1, 30.0)
+
+    async with serving(tenant) as server, \
+            open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+        for port, attempt in ((gw, None), (tenant, taker)):
+            taken = await sheets.admit(port, ref, "nums", NUMS, [*rows[:5], rows[7]],
+                                       keys=[*keys, "ghost"], input_indexes=[*range(5), 7],
+                                       attempt=attempt)
+            assert taken.pending == () and taken.inserted == 0
+            assert [(b.key, b.reason) for b in taken.blocked] == [
+                *((key, "attempt_active") for key in keys), ("ghost", "attempt_active")]
+        free = await sheets.admit(gw, ref, "nums", NUMS, rows[10:], input_offset=10)
+        assert len(free.pending) == 5 and free.blocked == ()
+    stored = {r["n"]: r for r in await sheets.read_rows(tenant, scope, "nums")}
+    assert sorted(stored) == [*range(5), *range(10, 15)]  # no ghost row
+    async with tenant.connection("sheet") as conn:
+        holders = await conn.fetch(f"SELECT DISTINCT _attempt_id FROM {sheet} WHERE _input_index < 5")
+    assert [r["_attempt_id"] for r in holders] == ["holder/1"]
+    # the holder writes its own rows
+    settlement = shared_leases.Settlement(leases[0], "", "1f", True, {})
+    held = await shared_units.complete_units(
+        tenant, ref, mid, "holder", [settlement], "nums", NUMS,
+        [sheets.RowOutcome(key, "completed", {"double": 2 * i}, input_index=i)
+         for i, key in enumerate(keys)])
+    assert held.updated == 5 and held.fenced == ()
+    # once the map is no longer open its leases bind nothing: a plain admission goes through
+    await shared_maps.set_state(tenant, ref, mid, shared_maps.DONE, shared_maps.LIVE)
+    late = await sheets.admit(tenant, ref, "nums", NUMS, [rows[7]], input_indexes=[7])
+    assert late.inserted == 1 and late.blocked == ()
     ok, detail = await counters_match(tenant, scope, "nums")
     assert ok, detail

@@ -15,7 +15,10 @@ How it works
       hit whichever run wrote it; the row is not touched;
     * otherwise, owned by a newer write version → `blocked` (`newer_run`);
     * of our write version, `pending`/`running` under another attempt's unexpired lease →
-      `blocked` (`attempt_active`);
+      `blocked` (`attempt_active`); so is, in a plain admission (no unit guard) on a login
+      that reads unit leases, a row of one of the run's shared-map units leased now, even
+      once the row's own lease lapsed, and such a row missing is not inserted: only the
+      unit's holder admits it (`unit_fence`);
     * with `give_up_after=N`, `failed` in N or more runs (`_failed_runs`, counted by
       completion) → `blocked` (`gave_up`); a larger N, or None, lets it run again;
     * otherwise → (re-)admitted to ours: status pending/running, our run, version, input index
@@ -61,6 +64,7 @@ from ..pg import Connection, Record
 from ..ports import Port
 from ..values.scopes import RunRef
 
+from . import unit_fence
 from .admission_sql import PageRows, PayloadRows, admit_statement
 from .inputs import PreparedRows, prepare_rows
 from .layout import layout_for
@@ -242,6 +246,7 @@ async def admit_prepared(
     """Admission after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
     staged page) runs first in the same transaction; what it returns shifts every input index;
     a `guard`'s hook runs last in it (see `admit_write`)."""
+    units = guard is None and unit_fence.reads_unit_leases(port)  # a plain admission
     guard = guard or UnitGuard()
     layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
     clock = PhaseClock()
@@ -254,7 +259,8 @@ async def admit_prepared(
         budget = write.previous_cells_budget_bytes  # what this call's chunks may hand out
         if page is not None:
             statement = admit_statement(port, layout, write, sheet.columns, page,
-                                        concurrent=sheet.concurrent, previous_budget=budget)
+                                        concurrent=sheet.concurrent, previous_budget=budget,
+                                        units=units)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             if not record["page_ok"]:
@@ -272,7 +278,8 @@ async def admit_prepared(
                                 "[" + ",".join(texts[low:high]) + "]" if texts is not None
                                 else None)
             statement = admit_statement(port, layout, write, sheet.columns, chunk,
-                                        concurrent=sheet.concurrent, previous_budget=budget)
+                                        concurrent=sheet.concurrent, previous_budget=budget,
+                                        units=units)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             if write.previous_cells:

@@ -35,6 +35,7 @@ from ..array_input.facts import GUARD_IS_OPEN
 from ..receipts import SQL_STATUSES
 from ..array_input import facts
 from .counters import column_update, previous_statuses, status_deltas, summary_update
+from . import unit_fence
 from .dispositions import (
     BLOCKED, Disposition, StoredRow, cached_predicate, disposition_case, output_binds,
 )
@@ -202,13 +203,13 @@ def _payload_source(binds: BindParams, c: _Common, rows: PayloadRows) -> str:
 # from its parts; `{c.…}` name the shared binds (`_Common`), the rest are SQL fragments.
 _ADMIT = """
 WITH {page_cte}
-{input_cte},
+{input_cte},{leased_cte}
 inserted AS (
     INSERT INTO {t} (_key, _status, _run_id, _write_version, _input_index, _attempt_id,
                      _attempt_seq, _attempt_expires_at{insert_cols})
     SELECT d.key, {c.status}, {c.run_id}, {c.version}, d.idx, {c.attempt_id}, {c.attempt_seq},
            {lease}{insert_vals}
-      FROM input d
+      FROM input d{insert_filter}
     ON CONFLICT (_key) DO NOTHING
     RETURNING 1
 ),
@@ -264,12 +265,14 @@ SELECT {page_ok} AS page_ok,
 
 def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: SheetColumns,
                     rows: PayloadRows | PageRows, *, concurrent: bool = False,
-                    previous_budget: int = 0) -> Statement:
+                    previous_budget: int = 0, units: bool = False) -> Statement:
     """The admission statement of one chunk of `rows` (`column` maps each contract field to its
     registered column). With `PageRows` the inputs are read from the page fact, and keys may
     hold None for rows of the page not to admit (duplicates). `concurrent`: the counter deltas
     go to this backend's delta rows (`counters`). With `write.previous_cells` it also returns
-    the re-admitted rows' previous cells, `previous_budget` bytes of them (`previous_cells`)."""
+    the re-admitted rows' previous cells, `previous_budget` bytes of them (`previous_cells`).
+    `units`: a plain admission fenced on the rows of the run's leased shared-map units
+    (`unit_fence`): they are `attempt_active`, and those missing are not inserted."""
     binds = BindParams()
     c = _common(binds, write, layout, rows)
     page_cte, input_cte, page_ok = _admit_source(port, binds, c, rows)
@@ -277,7 +280,7 @@ def admit_statement(port: Port, layout: SheetLayout, write: SheetWrite, column: 
     fields = _field_parts(binds, write, column, c)
     sql = _ADMIT.format(
         page_cte=page_cte, input_cte=input_cte, page_ok=page_ok, t=layout.qualified, c=c,
-        lease=_lease(c), disposition=_admit_disposition(c, give_up),
+        lease=_lease(c), **_unit_parts(port, c, give_up, units),
         version=f"nextval({sequence_literal(port, 'row_versions')}::regclass)",
         summary=_admit_summary(port, c, concurrent=concurrent),
         hits=_hit_columns(write.cache_hits, fields.outputs),
@@ -367,10 +370,23 @@ _CUR_ROW = StoredRow(exists="c.prev_exists", cached="c.cached", status="c.prev_s
                      expires="c.prev_expires", failed_runs="c.prev_failed_runs")
 
 
-def _admit_disposition(c: _Common, give_up: str) -> str:
-    """What becomes of each existing row (`disposition_case` over the `cur` CTE's columns)."""
-    return disposition_case(_CUR_ROW, our_version=c.version, our_attempt=c.attempt_id,
-                            give_up_after=give_up)
+def _unit_parts(port: Port, c: _Common, give_up: str, units: bool) -> dict[str, str]:
+    """What becomes of each row (`disposition_case` over the `cur` CTE's columns) and, with
+    `units`, the `leased` CTE and the filter that keeps the rows of leased units out of the
+    insert (`unit_fence`); without, the statement is what it was before the fence existed."""
+    if not units:
+        return {"leased_cte": "", "insert_filter": "",
+                "disposition": disposition_case(_CUR_ROW, our_version=c.version,
+                                                our_attempt=c.attempt_id, give_up_after=give_up)}
+    index = "CASE WHEN c.prev_exists THEN c.prev_index ELSE c.idx END"
+    return {
+        "leased_cte": unit_fence.leased_units(port, org=c.org, play=c.play, run_id=c.run_id,
+                                              namespace=c.namespace),
+        "insert_filter": f"\n     WHERE NOT {unit_fence.in_leased('d.idx')}",
+        "disposition": disposition_case(_CUR_ROW, our_version=c.version,
+                                        our_attempt=c.attempt_id, give_up_after=give_up,
+                                        leased=unit_fence.in_leased(index)),
+    }
 
 
 def _forced_parts(port: Port, write: SheetWrite, c: _Common, *,

@@ -14,7 +14,7 @@ How it works
       now (`engine.shared.leases`) → `attempt_superseded` too, and such a row missing by key
       is not inserted at its input index: only the unit's holder (whose attempt the rows
       carry) writes them. That fence reads the run's units in the same statement (one key
-      probe), on a login that reads them (`reads_unit_leases`);
+      probe), on a login that reads them (`unit_fence.reads_unit_leases`);
     * an outcome naming a field the row stores as an input (a value without cell meta: only
       completions write cell meta) → `input_field`, whatever contract the request sent (the
       request's contract alone could omit the input and call it an output);
@@ -74,6 +74,7 @@ from ..pg import Connection
 from ..ports import Port
 from ..values.scopes import RunRef
 
+from . import unit_fence
 from .completion_parts import CompletionSheet, OutcomeChunk
 from .completion_repair_sql import insert_statement, repair_targets_statement
 from .completion_sql import exact_statement
@@ -125,14 +126,6 @@ def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[R
             position = max(i for i, given in enumerate(outcomes) if given.key == outcome.key)
             raise InvalidInputError(f"outcomes[{position}].data: {problem}")
         checked.add(outcome.data_keys)
-
-
-def reads_unit_leases(port: Port) -> bool:
-    """Whether the port's login reads the shared maps' unit leases, so that a write without
-    an attempt is fenced on their rows: a login that reads the schema's lock secret reads every
-    runplane table (the owner's, the gateway's). A database session reads neither; it may
-    write its sheet's rows by hand anyway, so a fence in its statements would bind nothing."""
-    return port.settings.lock_secret is not None
 
 
 def _json_array(texts: list[str]) -> str:
@@ -368,7 +361,7 @@ async def _complete_here(
     layout = layout_for(port, run.scope.play_scope, namespace)
     clock = PhaseClock()
     writer = _Writer(port, layout, write, base_fields, clock, force_failed,
-                     units=write.attempt is None and reads_unit_leases(port))
+                     units=write.attempt is None and unit_fence.reads_unit_leases(port))
     completed = [o for o in prepared if not o.failed]
     failed = [o for o in prepared if o.failed]
     all_keys = [o.key for o in prepared]

@@ -23,8 +23,8 @@ from typing import Sequence
 import attrs
 
 from ..ports import Port, sequence_literal, table
-from ..shared.maps import MapState
 
+from . import unit_fence
 from .counters import column_update, previous_statuses, status_deltas, summary_update
 from .layout import SheetColumns, SheetLayout
 from .model import OutcomeStatus, RowStatus
@@ -186,31 +186,16 @@ summary AS ({summary}
 
 
 def leased_units(port: Port, n: CompletionBinds) -> str:
-    """The CTE `leased`: the input-index ranges [low, high) of our run's shared-map units that
-    are leased now (not done, lease not expired, map open) in this sheet. A write without an
-    attempt is fenced on their rows (`in_leased_unit`): only the unit's holder, whose
-    admission gave the rows its attempt, may write them. One probe of `shared_units` by its
-    key prefix (org, play, run) per statement, nothing per row when the run shares no map."""
-    return f"""
-leased AS MATERIALIZED (
-    SELECT u.low, u.low + u.row_count AS high
-      FROM {table(port, "shared_units")} AS u
-      JOIN {table(port, "shared_maps")} AS m
-        ON m.org_id = u.org_id AND m.play = u.play AND m.run_id = u.run_id
-       AND m.map_invocation_id = u.map_invocation_id
-     WHERE u.org_id = {n.org} AND u.play = {n.play} AND u.run_id = {n.run_id}
-       AND NOT u.done AND u.expires_at > now()
-       AND m.state = {MapState.OPEN.sql} AND m.table_namespace = {n.namespace}
-),"""
+    """The CTE `leased` of the completion's run and sheet (`unit_fence`): a write without an
+    attempt is fenced on its rows (`in_leased_unit`); only the unit's holder, whose admission
+    gave the rows its attempt, may write them."""
+    return unit_fence.leased_units(port, org=n.org, play=n.play, run_id=n.run_id,
+                                   namespace=n.namespace)
 
 
 def in_leased_unit(n: CompletionBinds, index: str) -> str:
     """True when input index `index` is a row of a unit in `leased` (false without that CTE)."""
-    if not n.units:
-        return "false"
-    return f"EXISTS (SELECT 1 FROM leased AS l WHERE {index} >= l.low AND {index} < l.high)"
-
-
+    return unit_fence.in_leased(index) if n.units else "false"
 
 
 def row_version(port: Port) -> str:

@@ -6,8 +6,10 @@ How it works
   meta completed, no cell stale under its `CellPolicy`, judged on the server's clock) and
   `disposition_case` (completed, newer_run, attempt_active, gave_up, or admit; `new` when no
   row has the key). A probe therefore settles a row exactly when the admission statement would
-  have left it untouched. `disposition_case` reads the row through a `StoredRow`: the SQL
-  expressions naming its columns in the statement at hand.
+  have left it untouched (a row of a leased shared-map unit, which only a plain admission
+  fences, `unit_fence`, the probe leaves unsettled: the admission then reports it blocked).
+  `disposition_case` reads the row through a `StoredRow`: the SQL expressions naming its
+  columns in the statement at hand.
 - `probe_statement` is one read-only statement over keys only (sorted, each found by its own
   primary-key probe): it counts cache hits and lists blocked rows, and tells how many rows
   would need admission (new, or to be re-admitted).
@@ -100,12 +102,20 @@ class StoredRow:
 
 
 def disposition_case(row: StoredRow, *, our_version: str, our_attempt: str,
-                     give_up_after: str) -> str:
+                     give_up_after: str, leased: str | None = None) -> str:
     """The disposition of one input row, from the existing row's columns (`row`) and the binds
-    of our write version, our attempt and `give_up_after`."""
-    return f"""CASE WHEN NOT {row.exists} THEN {_D.NEW.sql}
+    of our write version, our attempt and `give_up_after`. `leased` (a plain admission on a
+    login that reads unit leases, `unit_fence`): true for a row of a shared-map unit leased now,
+    which is `attempt_active` unless it is a cache hit or a newer run's, and is not inserted."""
+    if leased is None:
+        new, fenced = f"WHEN NOT {row.exists} THEN {_D.NEW.sql}", ""
+    else:
+        new = (f"WHEN NOT {row.exists} THEN CASE WHEN {leased} THEN {_D.ATTEMPT_ACTIVE.sql}"
+               f" ELSE {_D.NEW.sql} END")
+        fenced = f"\n                WHEN {leased} THEN {_D.ATTEMPT_ACTIVE.sql}"
+    return f"""CASE {new}
                 WHEN {row.cached} THEN {_D.COMPLETED.sql}
-                WHEN {row.version} > {our_version} THEN {_D.NEWER_RUN.sql}
+                WHEN {row.version} > {our_version} THEN {_D.NEWER_RUN.sql}{fenced}
                 WHEN {row.version} = {our_version}
                      AND {row.status} IN ({RowStatus.PENDING.sql}, {RowStatus.RUNNING.sql})
                      AND {row.attempt} IS NOT NULL AND {row.attempt} IS DISTINCT FROM {our_attempt}
