@@ -296,9 +296,9 @@ async def test_a_completion_naming_a_stored_input_as_an_output_is_refused_for_th
 NUMS = sheets.SheetContract(inputs=("n",), outputs=("double",))
 
 
-async def test_a_plain_completion_is_fenced_on_rows_of_a_unit_leased_to_another_holder(
-        tenant, statement_kind):
-    scope = PlayScope(tenant.org_id, PLAY)
+async def _units_leased(tenant):
+    """A run sharing a map of 15 rows in three units: "holder/1" leases units 0 and 1 (rows
+    0-9) and admitted unit 0's rows; unit 2 (rows 10-14) is free."""
     ref = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "shared"))
     rows = [{"n": i} for i in range(15)]
     mid = shared_maps.map_id_for("map-0", "Nums")
@@ -309,6 +309,13 @@ async def test_a_plain_completion_is_fenced_on_rows_of_a_unit_leased_to_another_
     assert [lease.unit for lease in leases] == [0, 1]  # unit 2 (rows 10-14) stays free
     admitted = await shared_units.admit_units(tenant, ref, mid, leases[:1], "nums", NUMS,
                                               rows[:5], list(range(5)))
+    return ref, rows, mid, leases, admitted
+
+
+async def test_a_plain_completion_is_fenced_on_rows_of_a_unit_leased_to_another_holder(
+        tenant, statement_kind):
+    scope = PlayScope(tenant.org_id, PLAY)
+    ref, rows, mid, leases, admitted = await _units_leased(tenant)
     keys = {row.input_index: row.key for row in admitted.pending}
     free = await sheets.admit(tenant, ref, "nums", NUMS, rows[10:], input_offset=10)
     keys.update({row.input_index: row.key for row in free.pending})
@@ -355,16 +362,7 @@ async def test_a_plain_admission_with_explicit_keys_leaves_the_rows_of_a_leased_
     with the holder's own keys, neither re-admits a leased unit's rows (even once their row
     leases lapsed: only the unit's lease is renewed) nor inserts its missing rows."""
     scope = PlayScope(tenant.org_id, PLAY)
-    ref = await runs.register(tenant, RunScope(tenant.org_id, PLAY, "shared"))
-    rows = [{"n": i} for i in range(15)]
-    mid = shared_maps.map_id_for("map-0", "Nums")
-    await shared_maps.publish(tenant, ref, mid, "Nums", config={}, function="f", play_digest="d",
-                              units=[(0, 0, 5), (0, 5, 5), (0, 10, 5)])
-    await shared_maps.set_state(tenant, ref, mid, shared_maps.OPEN, [shared_maps.WAITING])
-    leases = await shared_leases.claim_units(tenant, ref, mid, "holder/1", limit=2)
-    assert [lease.unit for lease in leases] == [0, 1]  # unit 2 (rows 10-14) stays free
-    admitted = await shared_units.admit_units(tenant, ref, mid, leases[:1], "nums", NUMS,
-                                              rows[:5], list(range(5)))
+    ref, rows, mid, leases, admitted = await _units_leased(tenant)
     keys = [row.key for row in admitted.pending]
     sheet = layout_for(tenant, scope, "nums").qualified
     async with tenant.connection("sheet") as conn:  # the rows' own leases lapse
