@@ -359,6 +359,18 @@ async def bootstrap(conn, schema: str, execution_role: str | None = None, *,
     `unless_current`, a schema found current once the lock is held (a peer bootstrapped it
     while this one waited: many tenants opening at once on a new schema) is left as it is,
     so they wait for one bootstrap, not for one each."""
+    # Once more when a peer created the schema while this one waited for its name: a new
+    # transaction sees it. Inside a transaction of the caller's (a checkout through a
+    # transaction-mode pooler) none would: the idempotent DDL then runs again, table locks and all.
+    retry = not conn.in_transaction
+    if not await _bootstrap_once(conn, schema, execution_role, unless_current, retry):
+        await _bootstrap_once(conn, schema, execution_role, unless_current, False)
+
+
+async def _bootstrap_once(conn, schema: str, execution_role: str | None,
+                          unless_current: bool, may_retry: bool) -> bool:
+    """One bootstrap transaction; False (nothing done) when `may_retry` and a peer created the
+    schema while this one waited for the schema's name."""
     async with conn.transaction():
         # A schema that exists is locked by a table lock on its `meta` table, which no database
         # session can take or hold off (sessions may only read it: their ACCESS SHARE does not
@@ -373,6 +385,14 @@ async def bootstrap(conn, schema: str, execution_role: str | None = None, *,
                 "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
                 schema,
             )
+            # The peer that held the name may have created the schema meanwhile. This backend's
+            # catalog cache learns of that only in its next transaction (an advisory lock, unlike
+            # a table lock, takes in no catalog changes), so `to_regclass` here would still say
+            # "absent" and every tenant opening at once would run the whole DDL in turn, taking
+            # ACCESS EXCLUSIVE locks on tables that runs are writing. The catalog's own rows,
+            # read with this statement's snapshot, tell.
+            if may_retry and await conn.fetchval(_META_CREATED, schema):
+                return False
         # DDL on a shared table waits for every open transaction that touched it, and every
         # later statement on the table queues behind that wait: bound it, so a transaction left
         # open (a session's, say) costs other orgs at most this long, and the bootstrap fails
@@ -380,12 +400,22 @@ async def bootstrap(conn, schema: str, execution_role: str | None = None, *,
         await conn.execute("SELECT set_config('lock_timeout', $1, true)", BOOTSTRAP_LOCK_TIMEOUT)
         if unless_current and execution_role is None \
                 and await schema_status(conn, schema) == SCHEMA_VERSION:
-            return
+            return True
         await conn.execute(bootstrap_sql(schema, execution_role))
         await conn.execute(
             f"INSERT INTO {qualified(schema, LOCK_SECRET_TABLE)} (secret) VALUES ($1)"
             " ON CONFLICT DO NOTHING", secrets.token_bytes(32))
         await session_isolation.install(conn, schema)
+    return True
+
+
+# Whether the schema's `meta` table exists, read from the catalog's rows (the statement's
+# snapshot), not through the backend's catalog cache.
+_META_CREATED = """
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                WHERE n.nspname = $1 AND c.relname = 'meta')
+"""
 
 
 async def schema_status(conn, schema: str) -> str | None:
