@@ -10,7 +10,9 @@ and the session budget; `--max-connections` sets another). In the same run:
 2. `--many` orgs (100) map the same `--rows` rows between them at once (100 × 1,000).
 Prints the total rows/s of each, the ratio many/few (target >= 0.8: a hundred orgs share the
 budget without losing throughput to connection churn) and the p99 wait for a connection slot
-in the gateway during each phase. Then the floor: `--few` and `--many` new orgs each map one
+in the gateway during each phase. Then both phases again with the same orgs, new rows (each
+org's second run: its tenant open in the gateway, its sheet made; a gateway's steady state)
+and their ratio. Then the floor: `--few` and `--many` new orgs each map one
 row at once (an org's fixed cost: its first run, a new sheet, its first connections), and the
 rows/s and ratio with that fixed cost taken out of each phase. Each phase also prints the gateway
 requests a run sent and where its CPU went (the client, the gateway, the rest of the machine,
@@ -53,22 +55,26 @@ async def noop(_row: dict) -> dict:
     return OUTPUT
 
 
-async def one_org(url: str, org: str, rows: int, done: list[int]) -> None:
+async def one_org(url: str, org: str, rows: int, done: list[int], again: int = 0) -> None:
+    """One run of `org` mapping `rows` new rows (`again`: the how-manieth time for this org,
+    so its rows are new ones, not cache hits)."""
     async with open_gateway(url, mint_token(SECRET, org), retry=RETRY) as gateway:
         async with open_run(gateway, PLAY, f"run-{uuid.uuid4().hex[:8]}") as run:
-            result = await run.map("t", [{"name": f"{org}-{i}", "n": i} for i in range(rows)],
+            result = await run.map("t", [{"name": f"{org}-{again}-{i}", "n": i}
+                                         for i in range(rows)],
                                    noop, contract=CONTRACT, concurrency=16)
     assert result.completed == rows, result
     done.append(rows)
 
 
-async def phase(url: str, orgs: int, rows: int, tag: str) -> float:
-    """`orgs` new orgs map `rows` rows between them at once; the seconds it took."""
+async def phase(url: str, orgs: int, rows: int, tag: str, again: int = 0) -> float:
+    """`orgs` orgs map `rows` new rows between them at once (new orgs, or with `again` the
+    orgs of an earlier phase of `tag`); the seconds it took."""
     done: list[int] = []
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for i in range(orgs):
-            nursery.start_soon(one_org, url, f"{tag}-{i:03d}", rows // orgs, done)
+            nursery.start_soon(one_org, url, f"{tag}-{i:03d}", rows // orgs, done, again)
     elapsed = time.perf_counter() - started
     assert sum(done) == rows // orgs * orgs
     return elapsed
@@ -148,6 +154,11 @@ def main() -> None:
         few, cpu_few = ask(child), cpu_now()
         many_s = trio.run(phase, url, args.many, args.rows, "many")
         many, cpu_many = ask(child), cpu_now()
+        # the same orgs again: their tenants open, their sheets made (a gateway's steady state)
+        few_again_s = trio.run(phase, url, args.few, args.rows, "few", 1)
+        few_again = ask(child)
+        many_again_s = trio.run(phase, url, args.many, args.rows, "many", 1)
+        many_again = ask(child)
         # the floor: each org's fixed cost (its first run, a new sheet), one row an org
         few_fixed = trio.run(phase, url, args.few, args.few, "few-fixed")
         many_fixed = trio.run(phase, url, args.many, args.many, "many-fixed")
@@ -170,6 +181,12 @@ def main() -> None:
             ("few", few_s, (cpu_start, start), (cpu_few, few)),
             ("many", many_s, (cpu_few, few), (cpu_many, many))):
         print(cpu_split(tag, seconds, c0, c1, g1.cpu_s - g0.cpu_s))
+    again_few, again_many = args.rows / few_again_s, args.rows / many_again_s
+    print(f"the same orgs again (their second run): {args.few} orgs {again_few:,.0f} rows/s, "
+          f"{args.many} orgs {again_many:,.0f} rows/s (p99 wait for a connection "
+          f"{many_again.p99_wait_s * 1000:.0f} ms, "
+          f"{(many_again.requests - few_again.requests) / args.many:.1f} requests a run); "
+          f"ratio {again_many / again_few:.2f}")
     print(f"one request's CPU (runs.cancel_requested, {FLOOR_CALLS:,} in a row): client "
           f"{client_cpu * 1000:.2f} ms + gateway {gateway_cpu * 1000:.2f} ms")
     few, many = few_rate, many_rate
