@@ -22,7 +22,7 @@ from typing import AsyncContextManager, AsyncIterator
 from runplane.engine import open_tenant
 from runplane.engine.actions import RemotePort
 from runplane.engine.ports import Port
-from runplane.engine.opening import open_reader
+from runplane.engine.opening import open_reader, reads_replica
 from runplane.engine.placement.following import following
 from runplane.engine.tenant import READ_DSN_ENV, Tenant
 
@@ -73,8 +73,9 @@ async def open_port(args: argparse.Namespace, *, access: Access = Access.WRITES
 
 async def replica_line(port: Port) -> str | None:
     """`reading from a replica …, N s behind its primary` when the port reads a replica."""
-    if not (isinstance(port, Tenant) and port.read_only and os.environ.get(READ_DSN_ENV)):
+    if not reads_replica(port):
         return None
+    assert isinstance(port, Tenant)
     lag = await port.replay_lag_s()
     if lag is None:
         return f"reading through {READ_DSN_ENV} ({port.host}), which is no replica"

@@ -150,6 +150,12 @@ async def open_reader(org_id: str, dsn: str | None = None, *, schema: str = "run
         yield tenant
 
 
+def reads_replica(port: object) -> bool:
+    """Whether `port` is a reader `open_reader` opened on `RUNPLANE_READ_DSN` (a replica, as
+    far as the setting says: `replay_lag_s()` tells whether the server is one)."""
+    return isinstance(port, Tenant) and port.read_only and bool(os.environ.get(READ_DSN_ENV))
+
+
 @attrs.frozen
 class _Opening:
     """What `open_tenant` and `open_reader` were asked for."""
@@ -212,4 +218,4 @@ async def _open(how: _Opening) -> AsyncIterator[Tenant]:
                 await tenant.aclose()
 
 
-__all__ = ["open_tenant", "open_reader", "outage_budget", "check_dsn"]
+__all__ = ["open_tenant", "open_reader", "reads_replica", "outage_budget", "check_dsn"]

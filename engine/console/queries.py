@@ -25,7 +25,6 @@ How it works
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Awaitable, Callable, TypeVar
 
 import attrs
@@ -39,7 +38,8 @@ from ..sheets.audit import cause_counts, cause_counts_sql, sheets_with_causes
 from ..sheets.causes import ErrorCause, group_causes
 from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
-from ..tenant import READ_DSN_ENV, Tenant
+from ..opening import reads_replica
+from ..tenant import Tenant
 from .figures import MapFigures, RunFigures, run_maps, run_totals
 
 T = TypeVar("T")
@@ -73,8 +73,9 @@ _READ_SETUP = ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
 async def replica_lag(port: Port) -> float | None:
     """How far behind its primary the replica this port reads is (`RUNPLANE_READ_DSN`), in
     seconds; None when it reads no replica."""
-    if not (isinstance(port, Tenant) and port.read_only and os.environ.get(READ_DSN_ENV)):
+    if not reads_replica(port):
         return None
+    assert isinstance(port, Tenant)
     return await port.replay_lag_s()
 
 

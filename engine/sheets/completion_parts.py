@@ -22,7 +22,7 @@ from typing import Sequence
 
 import attrs
 
-from ..ports import Port, sequence_literal, table
+from ..ports import Port, sequence_literal
 
 from . import unit_fence
 from .counters import column_update, previous_statuses, status_deltas, summary_update
