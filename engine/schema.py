@@ -36,19 +36,16 @@ another server (`engine.placement`) keeps its epochs beside the orgs already the
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 
 from .runs.history import MapRunState
 from .runs.outbox import OutboxState
 from .sessions import isolation as session_isolation
 from .shared.maps import MapState
-from .errors import InsufficientPrivilegeError
+from .lock_keys import LOCK_SECRET_TABLE
 from .sql import qualified, quote_ident
 
 SCHEMA_VERSION = "15"
-LOCK_SECRET_TABLE = "lock_secret"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
 _DDL = """
@@ -428,35 +425,3 @@ async def schema_status(conn, schema: str) -> str | None:
     return await conn.fetchval(
         f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'"
     )
-
-
-def derive_lock_key(secret: bytes, *parts: str) -> int:
-    """A signed 64-bit advisory-lock key for `parts`, keyed by the schema's lock secret: without
-    the secret nobody can tell which key guards what."""
-    digest = hmac.new(secret, "\x00".join(parts).encode("utf-8"), hashlib.sha256).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-async def _readable_secret(conn, schema: str) -> bytes | None:
-    """The schema's lock secret, or None (no such table or row yet, or not ours to read)."""
-    secret_table = qualified(schema, LOCK_SECRET_TABLE)
-    readable = await conn.fetchval(
-        "SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)", secret_table)
-    if not readable:
-        return None
-    return await conn.fetchval(f"SELECT secret FROM {secret_table}")
-
-
-async def lock_material(conn, schema: str) -> tuple[bytes | None, dict[str, int]]:
-    """`(secret, {})` for a login that may read the schema's lock secret; for a database
-    session, `(None, {its sheet table: its key})` from its own scope row."""
-    secret = await _readable_secret(conn, schema)
-    if secret is not None:
-        return secret, {}
-    try:
-        rows = await conn.fetch(
-            f"SELECT sheet_table, sheet_lock_key FROM {qualified(schema, 'session_scopes')}"
-            " WHERE role_name = current_user AND sheet_lock_key IS NOT NULL")
-    except InsufficientPrivilegeError:
-        return None, {}
-    return None, {row["sheet_table"]: row["sheet_lock_key"] for row in rows}

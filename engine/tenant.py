@@ -46,7 +46,7 @@ from typing import Any, AsyncIterator, Mapping, Protocol
 import attrs
 import trio
 
-from . import pg, schema as schema_ddl
+from . import lock_keys, pg, schema as schema_ddl
 from .diagnostics import DiagnosticsQueue
 from .dsn_text import describe_dsn
 from .limits.connections import ServerBudget
@@ -334,7 +334,7 @@ class Tenant:
     async def read_lock_material(self, conn: pg.Connection) -> None:
         """Read what sheet lock keys are derived from on `conn`'s server (at open; again on
         the server an org moved to)."""
-        self.lock_secret, self.sheet_lock_keys = await schema_ddl.lock_material(conn, self.schema)
+        self.lock_secret, self.sheet_lock_keys = await lock_keys.lock_material(conn, self.schema)
         self.settings = self._settings()
 
     async def _bootstrap(self, conn: pg.Connection, *, unless_current: bool = False) -> None:

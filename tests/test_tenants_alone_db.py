@@ -16,7 +16,7 @@ import trio
 
 from runplane.actors import open_run
 from runplane.engine import open_tenant, sessions
-from runplane.engine import schema as schema_ddl
+from runplane.engine import lock_keys
 from runplane.engine.errors import StoreUnavailableError
 from runplane.engine.gateway import mint_token
 from runplane.engine.sessions.limits import ConnectionPlan, SessionTimeouts
@@ -94,8 +94,8 @@ async def test_a_session_holding_the_bootstraps_former_keys_holds_no_open_off(ds
         minted = await sessions.mint(admin, seeded["scope"], NAMESPACE, ["rows.read"])
         async with admin.login_connection() as conn:
             secret = await conn.fetchval(
-                f"SELECT secret FROM {qualified(admin.schema, schema_ddl.LOCK_SECRET_TABLE)}")
-        keys = [schema_ddl.derive_lock_key(secret, "runplane.bootstrap", admin.schema)]
+                f"SELECT secret FROM {qualified(admin.schema, lock_keys.LOCK_SECRET_TABLE)}")
+        keys = [lock_keys.derive_lock_key(secret, "runplane.bootstrap", admin.schema)]
         async with session_tenant(dsn, minted) as session:
             async with session.login_connection() as conn:
                 await conn.fetchval("SELECT hashtextextended($1, 0)", "x")  # a live login

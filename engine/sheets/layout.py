@@ -38,7 +38,7 @@ import attrs
 from ..errors import ConflictError
 from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table
-from ..schema import derive_lock_key
+from ..lock_keys import derive_lock_key
 from ..values.scopes import PlayScope, normalize_namespace
 from ..sql import quote_ident
 
