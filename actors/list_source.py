@@ -24,7 +24,8 @@ How it works
   when some row must be admitted does it stage. `start_staging` writes the begin fact — from
   then on a wake must pass this very list (same fingerprint, `ConflictError` otherwise), so a
   row may run — and puts and seals the pages in the background (in the map's nursery, so the
-  map ends only once the input is sealed) while admission goes on with the rows sent. A rerun
+  map ends only once the input is sealed) while admission goes on with the rows sent; a
+  one-page list is begun, put and sealed in one request before its first unit. A rerun
   whose every row is already settled therefore writes no array input at all: nothing of it
   runs, so nothing needs replaying. A map whose manifest is already `staging` or `sealed` (a
   wake) is staged (resumed, or checked) before its first unit, at `open`.
@@ -262,11 +263,15 @@ class ListSource:
     async def start_staging(self, nursery: trio.Nursery) -> None:
         """Write the begin fact (so a wake must pass this very list), then put and seal the
         pages in the background (`nursery`): rows may run meanwhile, their pages admitted with
-        their rows until the seal exists."""
+        their rows until the seal exists. A one-page list (at most `MAX_PAGE_ROWS` rows) is
+        begun, put and sealed at once instead, in one request."""
         async with self._staging:
             if self.mode != "unstaged":
                 return
             encoded = self.encoded
+            if encoded.page_count == 1:
+                await self._stage()
+                return
             try:
                 await retry_transient(lambda: array_input.begin(
                     self.port, self.scope, source_fingerprint=encoded.fingerprint,

@@ -9,8 +9,8 @@ How it works
     the pages are put by `PUT_TASKS` putter actors that share one bounded channel of page
     ordinals (each put is its own transaction, so a putter holds a permit only for its page; a
     re-put of a page that exists is a no-op), then `seal` verifies every page and writes the
-    seal under the run guard. A one-page source's page is put and sealed in one request
-    (`put_and_seal`).
+    seal under the run guard. A one-page source is begun, put and sealed in one request
+    (`put_and_seal`); one whose begin fact the caller wrote, put and sealed in one.
 - The source is encoded once (`array_input.encode_source`: fingerprint, page cuts and each row's
   canonical text in one pass), in a worker thread so the run's other actors keep their event
   loop (no permit is held meanwhile); each putter builds its page fact from those texts
@@ -109,11 +109,14 @@ async def put_pages(port: Port, scope: MapScope, source: EncodedList, ordinals_r
 
 
 @marked("staging")
-async def put_and_seal(port: Port, scope: MapScope, source: EncodedList) -> Manifest:
-    """A one-page source's page put and the source sealed, in one request."""
+async def put_and_seal(port: Port, scope: MapScope, source: EncodedList, *,
+                       begin: bool = False) -> Manifest:
+    """A one-page source's page put and the source sealed, in one request; with `begin`, its
+    begin fact written first in the same request."""
+    identities = source.has_source_identities if begin else None
     return await retry_transient(lambda: array_input.put_and_seal(
         port, scope, source_fingerprint=source.fingerprint, source_rows=source.source_rows,
-        page=source.page(0)))
+        page=source.page(0), has_source_identities=identities))
 
 
 async def stage_encoded(port: Port, scope: MapScope, source: EncodedList, *,
@@ -128,6 +131,8 @@ async def stage_encoded(port: Port, scope: MapScope, source: EncodedList, *,
         if manifest.state == "sealed":
             check_same_source(scope, manifest, source)
             return StagedArray(port, scope, manifest)
+        if source.page_count == 1:  # begun, put and sealed in one request
+            return StagedArray(port, scope, await put_and_seal(port, scope, source, begin=True))
         await retry_transient(lambda: array_input.begin(
             port, scope, source_fingerprint=source.fingerprint, source_rows=source.source_rows,
             has_source_identities=source.has_source_identities))

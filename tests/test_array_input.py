@@ -75,6 +75,22 @@ async def test_begin_is_idempotent_and_a_changed_source_conflicts(tenant):
     assert await snapshot(tenant) == before
 
 
+async def test_a_one_page_source_is_begun_put_and_sealed_in_one_call(tenant):
+    source = A.encode_source(occurrences(5, identities=True))
+    call = dict(source_fingerprint=source.fingerprint, source_rows=5, page=source.page(0))
+    for _ in range(2):  # idempotent as a whole: a retried request changes nothing
+        manifest = await A.put_and_seal(tenant, SCOPE, **call, has_source_identities=True)
+        assert manifest == A.Manifest("sealed", source.fingerprint, 5, True, 1)
+    assert (await A.read_page(tenant, SCOPE, 0)).rows == tuple(occurrences(5, identities=True))
+    before = await snapshot(tenant)
+    with pytest.raises(ConflictError):  # the begin fact written is this source's
+        await A.put_and_seal(tenant, SCOPE, **call, has_source_identities=False)
+    other = RUN.map("Companies", "map-2")
+    with pytest.raises(CorruptFactError):  # without the flag, the caller must have begun
+        await A.put_and_seal(tenant, other, **call)
+    assert await snapshot(tenant) == before
+
+
 async def test_put_is_write_once_and_checked_against_begin(tenant):
     source = occurrences(10)
     fingerprint, drafts = await stage(tenant, SCOPE, source, seal=False)

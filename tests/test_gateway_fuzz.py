@@ -206,12 +206,16 @@ async def test_every_action_with_hostile_values_in_every_field_is_a_4xx(tenant, 
     async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
         await _workload(tenant, gw)
     monkeypatch.setattr(server_module, "decode_body", decode)
-    staged = bodies["array_input.begin"]  # the map staged its list: the page actions are alike
-    bodies.setdefault("array_input.read_page", {"scope": staged["scope"], "ordinal": 0})
+    # the map staged its one-page list in one call (begun, put and sealed): the others are alike
+    one_page = bodies["array_input.put_and_seal"]
+    assert one_page["has_source_identities"] is False
+    bodies.setdefault("array_input.begin", {
+        "scope": one_page["scope"], "source_fingerprint": one_page["source_fingerprint"],
+        "source_rows": one_page["source_rows"], "has_source_identities": False})
+    bodies.setdefault("array_input.read_page", {"scope": one_page["scope"], "ordinal": 0})
     bodies.setdefault("array_input.put_page", {
-        "scope": staged["scope"], "source_fingerprint": staged["source_fingerprint"],
+        "scope": one_page["scope"], "source_fingerprint": one_page["source_fingerprint"],
         "ordinal": 0, "offset": 0, "rows": [{"data": {"name": "r0", "n": 0}}]})
-    one_page = bodies["array_input.put_and_seal"]  # a small list is put and sealed in one call
     bodies.setdefault("array_input.put_encoded_page", {
         "scope": one_page["scope"], "source_fingerprint": one_page["source_fingerprint"],
         "ordinal": 0, "offset": 0, "page": one_page["page"]})

@@ -25,7 +25,7 @@ import trio
 
 from .. import canonical
 from ..actions import action
-from ..values.codecs import INT, MAP_SCOPE, STR
+from ..values.codecs import BOOL, INT, MAP_SCOPE, STR, optional
 from ..errors import ConflictError, CorruptFactError, InvalidInputError
 from ..ports import RECEIPTS_LANE, Port, table, with_connection
 from ..runs.reissue import NotVisible
@@ -250,12 +250,18 @@ async def _write_seal(port: Port, scope: MapScope, expected: dict, digest_chain:
 
 
 @action("array_input.put_and_seal", params={"scope": MAP_SCOPE, "source_fingerprint": STR,
-        "source_rows": INT, "page": P.ENCODED_PAGE}, result=V.MANIFEST, deadline_s=75.0)
+        "source_rows": INT, "page": P.ENCODED_PAGE, "has_source_identities": optional(BOOL)},
+        result=V.MANIFEST, deadline_s=75.0)
 async def put_and_seal(port: Port, scope: MapScope, *, source_fingerprint: str, source_rows: int,
-                       page: P.EncodedPage) -> V.Manifest:
-    """A one-page source staged in one call: its page put (`put_encoded_page`, ordinal 0) and
-    the source sealed (`seal`), so a small list is staged in two requests (begin, this), not
-    three. Each step is idempotent, so a retry of the pair is too."""
+                       page: P.EncodedPage, has_source_identities: bool | None = None
+                       ) -> V.Manifest:
+    """A one-page source staged in one call: with `has_source_identities` its begin fact
+    written first (`begin`), then its page put (`put_encoded_page`, ordinal 0) and the source
+    sealed (`seal`), so a small list is staged in one request, not three. Each step is
+    idempotent, so a retry of the whole is too."""
+    if has_source_identities is not None:
+        await F.begin(port, scope, source_fingerprint=source_fingerprint,
+                      source_rows=source_rows, has_source_identities=has_source_identities)
     await F.put_encoded_page(port, scope, source_fingerprint=source_fingerprint, ordinal=0,
                              offset=0, page=page)
     return await seal(port, scope, source_fingerprint=source_fingerprint,

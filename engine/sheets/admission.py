@@ -98,6 +98,7 @@ def _check_staged(run: RunRef, staged_page: object, rows: object) -> StagedPage:
     scope = staged_page.scope
     if (scope.org_id, scope.play, scope.run_id) != (run.scope.org_id, run.scope.play, run.run_id):
         raise InvalidInputError("staged_page must be an array input of the admitting run")
+    array_input.values.check_count(staged_page.ordinal, "staged_page.ordinal")
     if not isinstance(rows, Sequence) or not 1 <= len(rows) <= array_input.MAX_PAGE_ROWS:
         raise InvalidInputError(
             f"with staged_page, rows must be the page's 1 to {array_input.MAX_PAGE_ROWS} rows"

@@ -153,7 +153,7 @@ def _page_source(port: Port, binds: BindParams, c: _Common, rows: PageRows) -> t
     digest = binds.add(rows.page.digest, "text")
     offset = binds.add(rows.offset, "bigint")
     row_count = binds.add(len(rows.keys), "integer")
-    ordinal = binds.add(rows.page.ordinal, "integer")
+    ordinal = binds.add(rows.page.ordinal, "bigint")
     guard_open = GUARD_IS_OPEN.format(g="g", run=c.run_id, **SQL_STATUSES)
     page = f"""page AS MATERIALIZED (
     SELECT h.rows
