@@ -12,7 +12,8 @@ How it works
   staged input (a wake passes the same list; the begin fact's fingerprint proves it,
   `ConflictError` otherwise).
 - The map reads the sheet's row count as it begins (`count_sheet_rows`): a list going into an
-  empty sheet is not probed at all.
+  empty sheet is not probed at all. Through a gateway, the sheet, the manifest and the row
+  count are one request (`open_with_sheet`).
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
   after a ramp of smaller units (`ramp_cuts`: 100 rows, then twice as many each, as a streamed
@@ -48,7 +49,7 @@ from runplane.engine import array_input, sheets
 from runplane.engine.array_input import Manifest, Occurrence
 from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import (
-    ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError,
+    ArrayInputUnavailableError, EngineError, InvalidInputError, RetiredError, ScopeError,
 )
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import MapScope, PlayScope
@@ -149,7 +150,7 @@ class ListSource:
         """Read the manifest: a map already staged (a wake) is encoded and resumed or checked
         at once."""
         try:
-            self.manifest = await retry_transient(
+            manifest = await retry_transient(
                 lambda: array_input.get_manifest(self.port, self.scope))
         except RetiredError:
             self._admit_directly_retired()
@@ -157,7 +158,29 @@ class ListSource:
         except ArrayInputUnavailableError:
             self._admit_directly_no_arrays()
             return
-        if self.manifest.state != "absent":
+        await self._opened(manifest)
+
+    async def open_with_sheet(self, contract: sheets.SheetContract, count_rows: bool) -> bool:
+        """Through a gateway: ensure the sheet, read the manifest and (`count_rows`) the
+        sheet's rows in one request (the action `array_input.open_list_map`), then open as
+        `open` does. False when the gateway refuses that action (no array actions, or a token
+        that does not allow it): nothing is done, and the caller opens the map with the three
+        calls."""
+        try:
+            opening = await retry_transient(lambda: sheets.open_list_map(
+                self.port, self.scope, contract, count_rows))
+        except (ArrayInputUnavailableError, ScopeError):
+            return False
+        self.sheet_rows = opening.sheet_rows
+        if opening.manifest is None:
+            self._admit_directly_retired()
+        else:
+            await self._opened(opening.manifest)
+        return True
+
+    async def _opened(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        if manifest.state != "absent":
             await self.encode()
             await self.ensure_staged()
             self.replaying = self.mode == "staged"

@@ -110,13 +110,17 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
         await retry_transient(lambda: sheets.ensure_sheet(
             plan.port, plan.ref.scope.play_scope, plan.table_namespace, plan.contract))
 
-    with unwrap_single_error(Exception):  # three independent reads and writes at once
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ensure_sheet)
-            if listed_source is not None:
-                nursery.start_soon(listed_source.open)
-                if plan.fast_admission:
-                    nursery.start_soon(listed_source.count_sheet_rows, plan.ref.scope.play_scope)
+    opened = listed_source is not None and plan.port.settings.remote \
+        and await listed_source.open_with_sheet(plan.contract, plan.fast_admission)
+    if not opened:
+        with unwrap_single_error(Exception):  # three independent reads and writes at once
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ensure_sheet)
+                if listed_source is not None:
+                    nursery.start_soon(listed_source.open)
+                    if plan.fast_admission:
+                        nursery.start_soon(listed_source.count_sheet_rows,
+                                           plan.ref.scope.play_scope)
     stopping = stop.scope() if stop is not None else contextlib.nullcontext()
     try:
         with stopping as stop_scope, unwrap_single_error(Exception):

@@ -179,6 +179,38 @@ async def test_an_old_gateway_without_array_actions_falls_back_to_direct_admissi
     assert server.errors["unsupported_action"] >= 2
 
 
+async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
+    """Through a gateway a list map's sheet, manifest and row count are one request
+    (`array_input.open_list_map`) and a one-page list is begun, put and sealed in one
+    (`array_input.put_and_seal`); a token that does not allow the opening action opens the map
+    with the three calls instead, to the same rows."""
+    opening = ("sheets.ensure_sheet", "array_input.get_manifest", "sheets.summary")
+    async with serving(tenant) as server:
+        for play, claims in (("one", {}), ("three", {"actions": [
+                "runs.*", "sheets.*", "history.*", "outbox.*", "row_calls.*",
+                "array_input.get_manifest", "array_input.begin", "array_input.put_and_seal",
+                "array_input.retire_entry", "array_input.read_page"]})):
+            async with open_gateway(server.url, token_for(tenant, **claims),
+                                    retry=FAST_RETRY) as gw:
+                before = dict(server.requests)
+                for _ in range(2):  # the second map: a rerun into a sheet with rows
+                    _, result = await run_map(gw, play, rows(40))
+                    assert (result.admitted, result.failed) == (40, 6)
+                sent = {name: server.requests[name] - before.get(name, 0)
+                        for name in server.requests}
+            if play == "one":
+                assert sent["array_input.open_list_map"] == 2
+                assert [sent.get(name, 0) for name in opening] == [0, 0, 0]
+                assert sent["array_input.put_and_seal"] == 2
+                assert sent.get("array_input.begin", 0) == 0
+            else:
+                assert [sent[name] for name in opening] == [2, 2, 2]
+            scope = PlayScope(tenant.org_id, play)
+            assert (await counters_match(tenant, scope, "things"))[0]
+        assert comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, "one"), "things")) \
+            == comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, "three"), "things"))
+
+
 async def test_admitted_rows_come_back_by_key_and_the_client_restores_them(tenant):
     """With `runplane-rows: by-key` the server answers pending rows without their inputs (the
     client has them); without it, in full. Either way `admit` through the gateway returns what

@@ -1,0 +1,76 @@
+"""A list map's opening reads in one request: its sheet ensured, its array input's manifest and
+the sheet's row count (`open_list_map`).
+
+How it works
+- A map over a list begins with three independent calls: `ensure_sheet`, the array input's
+  `get_manifest` (a wake finds its input staged) and `summary` (a list going into an empty
+  sheet is not probed). On a direct port they run at once on three connections; through a
+  gateway each is a request, and a small run's fixed cost is mostly requests. This action makes
+  them one: the same three calls in turn, on the server's port.
+- Each part keeps its own semantics: a failing `ensure_sheet` fails the action; a retired run
+  is an answer (`retired`, no manifest: the map admits its list without staging), not an
+  error; a row count that cannot be read is no count (`sheet_rows` None: probing goes on as
+  without it).
+- Its name is an array-input action's, so a gateway started without array actions refuses it
+  as it refuses the others (`ArrayInputUnavailableError`): the caller then opens the map with
+  the three calls (`actors.list_source`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from .. import array_input
+from ..actions import action
+from ..array_input import values as V
+from ..errors import EngineError, RetiredError
+from ..ports import Port
+from ..values.codecs import BOOL, INT, MAP_SCOPE, optional, record
+from ..values.scopes import MapScope
+
+from .ensure import LAYOUT, ensure_sheet
+from .layout import SheetLayout
+from .model import CONTRACT, SheetContract
+from .reading import summary
+
+log = logging.getLogger("runplane.sheets")
+
+
+@attrs.frozen
+class ListMapOpening:
+    """What `open_list_map` read: where the sheet lives, the input's manifest (None when the
+    run is `retired`) and the sheet's rows as the map began (None: not asked, or unknown)."""
+
+    layout: SheetLayout
+    manifest: V.Manifest | None
+    retired: bool
+    sheet_rows: int | None
+
+
+OPENING = record(ListMapOpening, layout=LAYOUT, manifest=optional(V.MANIFEST), retired=BOOL,
+                 sheet_rows=optional(INT))
+
+
+@action("array_input.open_list_map", params={
+    "scope": MAP_SCOPE, "contract": CONTRACT, "count_rows": BOOL,
+}, result=OPENING, deadline_s=60.0)
+async def open_list_map(port: Port, scope: MapScope, contract: SheetContract,
+                        count_rows: bool = False) -> ListMapOpening:
+    """Ensure the sheet of `scope` (`ensure_sheet`), read its array input's manifest and, with
+    `count_rows`, the sheet's row count: a list map's opening, in one call."""
+    layout = await ensure_sheet(port, scope.play_scope, scope.table_namespace, contract)
+    manifest: V.Manifest | None = None
+    try:
+        manifest = await array_input.get_manifest(port, scope)
+    except RetiredError:
+        pass
+    sheet_rows = None
+    if count_rows:
+        try:
+            sheet_rows = (await summary(port, scope.play_scope, scope.table_namespace)).total
+        except EngineError as exc:
+            log.debug("map %s: the sheet's counters could not be read (%s)",
+                      scope.table_namespace, exc)
+    return ListMapOpening(layout, manifest, manifest is None, sheet_rows)
