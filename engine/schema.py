@@ -356,18 +356,6 @@ async def bootstrap(conn, schema: str, execution_role: str | None = None, *,
     `unless_current`, a schema found current once the lock is held (a peer bootstrapped it
     while this one waited: many tenants opening at once on a new schema) is left as it is,
     so they wait for one bootstrap, not for one each."""
-    # Once more when a peer created the schema while this one waited for its name: a new
-    # transaction sees it. Inside a transaction of the caller's (a checkout through a
-    # transaction-mode pooler) none would: the idempotent DDL then runs again, table locks and all.
-    retry = not conn.in_transaction
-    if not await _bootstrap_once(conn, schema, execution_role, unless_current, retry):
-        await _bootstrap_once(conn, schema, execution_role, unless_current, False)
-
-
-async def _bootstrap_once(conn, schema: str, execution_role: str | None,
-                          unless_current: bool, may_retry: bool) -> bool:
-    """One bootstrap transaction; False (nothing done) when `may_retry` and a peer created the
-    schema while this one waited for the schema's name."""
     async with conn.transaction():
         # A schema that exists is locked by a table lock on its `meta` table, which no database
         # session can take or hold off (sessions may only read it: their ACCESS SHARE does not
@@ -375,21 +363,23 @@ async def _bootstrap_once(conn, schema: str, execution_role: str | None,
         # `pg_locks` and may take any key. A schema not created yet (no session can exist on
         # it) is locked by name, so concurrent first bootstraps agree on one key.
         meta = qualified(schema, "meta")
+        lock_meta = f"LOCK TABLE {meta} IN SHARE ROW EXCLUSIVE MODE"
         if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", meta):
-            await conn.execute(f"LOCK TABLE {meta} IN SHARE ROW EXCLUSIVE MODE")
+            await conn.execute(lock_meta)
         else:
             await conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended('runplane.bootstrap:' || $1, 0))",
                 schema,
             )
             # The peer that held the name may have created the schema meanwhile. This backend's
-            # catalog cache learns of that only in its next transaction (an advisory lock, unlike
-            # a table lock, takes in no catalog changes), so `to_regclass` here would still say
-            # "absent" and every tenant opening at once would run the whole DDL in turn, taking
-            # ACCESS EXCLUSIVE locks on tables that runs are writing. The catalog's own rows,
-            # read with this statement's snapshot, tell.
-            if may_retry and await conn.fetchval(_META_CREATED, schema):
-                return False
+            # catalog cache does not know yet (an advisory lock, unlike a table lock, takes in
+            # no catalog changes), so `to_regclass` would still say "absent" and every tenant
+            # opening at once would run the whole DDL in turn, taking ACCESS EXCLUSIVE locks on
+            # tables that runs are writing. The catalog's own rows, read with this statement's
+            # snapshot, tell; locking `meta` by name then takes the changes in, inside this
+            # transaction (which may be a caller's, through a transaction-mode pooler).
+            if await conn.fetchval(_META_CREATED, schema):
+                await conn.execute(lock_meta)
         # DDL on a shared table waits for every open transaction that touched it, and every
         # later statement on the table queues behind that wait: bound it, so a transaction left
         # open (a session's, say) costs other orgs at most this long, and the bootstrap fails
@@ -397,13 +387,12 @@ async def _bootstrap_once(conn, schema: str, execution_role: str | None,
         await conn.execute("SELECT set_config('lock_timeout', $1, true)", BOOTSTRAP_LOCK_TIMEOUT)
         if unless_current and execution_role is None \
                 and await schema_status(conn, schema) == SCHEMA_VERSION:
-            return True
+            return
         await conn.execute(bootstrap_sql(schema, execution_role))
         await conn.execute(
             f"INSERT INTO {qualified(schema, LOCK_SECRET_TABLE)} (secret) VALUES ($1)"
             " ON CONFLICT DO NOTHING", secrets.token_bytes(32))
         await session_isolation.install(conn, schema)
-    return True
 
 
 # Whether the schema's `meta` table exists, read from the catalog's rows (the statement's

@@ -91,14 +91,19 @@ def test_describe_dsn_forms():
     assert describe_dsn("host=h port=1 dbname=d password=pw") == "h:1/d"
 
 
-async def test_concurrent_bootstraps_of_one_schema_all_succeed(dsn, monkeypatch):
+@pytest.mark.parametrize("pooler", [None, "transaction"])
+async def test_concurrent_bootstraps_of_one_schema_all_succeed(dsn, monkeypatch, pooler):
     """Tenants opening at once on a new schema (a gateway's first orgs) all succeed, and they
     wait for one bootstrap: its DDL runs once, not once per tenant in turn. Enough of them that
     some wait for the schema's name while the first creates it: their backends' catalog caches
     still say the schema is absent when they get the name (with four, none did; with thirty,
-    half of them ran the whole DDL again before `bootstrap` read the catalog's rows)."""
+    half of them ran the whole DDL again before `bootstrap` read the catalog's rows and locked
+    `meta`). Through a transaction-mode pooler (`RUNPLANE_POOLER`: the bootstrap runs inside
+    the caller's transaction) as well."""
     from runplane.engine import schema as schema_ddl
 
+    if pooler is not None:
+        monkeypatch.setenv("RUNPLANE_POOLER", pooler)
     schema = fresh_schema()
     opened = []
     ddl_runs = []
