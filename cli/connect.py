@@ -75,7 +75,6 @@ async def replica_line(port: Port) -> str | None:
     """`reading from a replica …, N s behind its primary` when the port reads a replica."""
     if not reads_replica(port):
         return None
-    assert isinstance(port, Tenant)
     lag = await port.replay_lag_s()
     if lag is None:
         return f"reading through {READ_DSN_ENV} ({port.host}), which is no replica"

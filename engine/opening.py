@@ -20,7 +20,7 @@ import contextlib
 import contextvars
 import os
 import urllib.parse
-from typing import AsyncIterator, Callable, Mapping
+from typing import AsyncIterator, Callable, Mapping, TypeGuard
 
 import attrs
 import trio
@@ -150,7 +150,7 @@ async def open_reader(org_id: str, dsn: str | None = None, *, schema: str = "run
         yield tenant
 
 
-def reads_replica(port: object) -> bool:
+def reads_replica(port: object) -> TypeGuard[Tenant]:
     """Whether `port` is a reader `open_reader` opened on `RUNPLANE_READ_DSN` (a replica, as
     far as the setting says: `replay_lag_s()` tells whether the server is one)."""
     return isinstance(port, Tenant) and port.read_only and bool(os.environ.get(READ_DSN_ENV))

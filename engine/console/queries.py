@@ -39,7 +39,6 @@ from ..sheets.causes import ErrorCause, group_causes
 from ..sheets.counters import summary_source
 from ..sheets.layout import FOREIGN_TABLE, SheetLayout, table_name
 from ..opening import reads_replica
-from ..tenant import Tenant
 from .figures import MapFigures, RunFigures, run_maps, run_totals
 
 T = TypeVar("T")
@@ -75,7 +74,6 @@ async def replica_lag(port: Port) -> float | None:
     seconds; None when it reads no replica."""
     if not reads_replica(port):
         return None
-    assert isinstance(port, Tenant)
     return await port.replay_lag_s()
 
 
