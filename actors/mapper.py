@@ -106,21 +106,7 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
         listed_source = ListSource(plan.port, scope, source if isinstance(
             source, array_input.PagedRows) else list(source))  # a PagedRows is read in place
 
-    async def ensure_sheet() -> None:
-        await retry_transient(lambda: sheets.ensure_sheet(
-            plan.port, plan.ref.scope.play_scope, plan.table_namespace, plan.contract))
-
-    opened = listed_source is not None and plan.port.settings.remote \
-        and await listed_source.open_with_sheet(plan.contract, plan.fast_admission)
-    if not opened:
-        with unwrap_single_error(Exception):  # three independent reads and writes at once
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(ensure_sheet)
-                if listed_source is not None:
-                    nursery.start_soon(listed_source.open)
-                    if plan.fast_admission:
-                        nursery.start_soon(listed_source.count_sheet_rows,
-                                           plan.ref.scope.play_scope)
+    await open_map(plan, listed_source)
     stopping = stop.scope() if stop is not None else contextlib.nullcontext()
     try:
         with stopping as stop_scope, unwrap_single_error(Exception):
@@ -160,6 +146,26 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
             await replay.record(state)
     state.report()
     return _finished(plan, state, map_invocation_id, await newer_run_id(plan, state))
+
+
+async def open_map(plan: MapPlan, listed_source: ListSource | None) -> None:
+    """Ensure the map's sheet and open its list source: three independent reads and writes at
+    once, or one request through a gateway (`ListSource.open_with_sheet`)."""
+    if listed_source is not None and plan.port.settings.remote \
+            and await listed_source.open_with_sheet(plan.contract, plan.fast_admission):
+        return
+
+    async def ensure_sheet() -> None:
+        await retry_transient(lambda: sheets.ensure_sheet(
+            plan.port, plan.ref.scope.play_scope, plan.table_namespace, plan.contract))
+
+    with unwrap_single_error(Exception):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ensure_sheet)
+            if listed_source is not None:
+                nursery.start_soon(listed_source.open)
+                if plan.fast_admission:
+                    nursery.start_soon(listed_source.count_sheet_rows, plan.ref.scope.play_scope)
 
 
 def _finished(plan: MapPlan, state: MapState, map_invocation_id: str | None,
