@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import trio
 
 from runplane.actors import open_run, open_supervisor
 from runplane.engine import PlayScope, RunScope, array_input, runs, sheets
@@ -209,6 +210,44 @@ async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
             assert (await counters_match(tenant, scope, "things"))[0]
         assert comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, "one"), "things")) \
             == comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, "three"), "things"))
+
+
+async def test_a_wake_through_the_gateway_replays_the_one_page_list_its_crash_staged(tenant):
+    """A run whose incarnation staged its one-page list (begun, put and sealed in one request)
+    and died mid-map wakes through the gateway: the map opens in one request, finds the input
+    sealed, keeps what was done and runs the rest; a wake with another list is refused."""
+    from runplane.engine.errors import ConflictError
+
+    source = rows(60)
+    async with serving(tenant) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            with trio.CancelScope() as crash:
+                async def dies_mid_map(row: dict) -> dict:
+                    if row["n"] == 30:
+                        crash.cancel()  # the process dies here, its run not retired
+                        await trio.sleep_forever()
+                    return await enrich(row)
+
+                async with open_run(gw, "woken", "run-w", retire_on_exit=False) as run:
+                    await run.map("things", source, dies_mid_map, contract=CONTRACT,
+                                  concurrency=1)
+            assert crash.cancelled_caught
+            scope = RunScope(tenant.org_id, "woken", "run-w").map("things", "map-0")
+            manifest = await array_input.get_manifest(tenant, scope)
+            assert (manifest.state, manifest.source_rows) == ("sealed", 60)
+            done_before = (await sheets.summary(tenant, scope.play_scope, "things")).completed
+            assert 0 < done_before < 60
+            async with open_run(gw, "woken", "run-w", retire_on_exit=False) as run:
+                with pytest.raises(ConflictError):
+                    await run.map("things", rows(61), enrich, contract=CONTRACT)
+            async with open_run(gw, "woken", "run-w") as run:
+                before = server.requests["array_input.open_list_map"]
+                result = await run.map("things", source, enrich, contract=CONTRACT)
+                assert server.requests["array_input.open_list_map"] == before + 1
+    assert result.failed == 9 and result.cached + result.completed == 51
+    assert result.cached >= done_before  # what the crashed incarnation completed stays
+    assert await fact_kinds(tenant, "run-w") == ["array_input_guard"]  # retired at the end
+    assert (await counters_match(tenant, scope.play_scope, "things"))[0]
 
 
 async def test_admitted_rows_come_back_by_key_and_the_client_restores_them(tenant):
