@@ -9,11 +9,11 @@ and the session budget; `--max-connections` sets another). In the same run:
    a trio task here with its own token;
 2. `--many` orgs (100) map the same `--rows` rows between them at once (100 × 1,000).
 Prints the total rows/s of each, the ratio many/few (target >= 0.8: a hundred orgs share the
-budget without losing throughput to connection churn) and the p99 wait for a connection slot
-in the gateway during each phase. Then both phases again with the same orgs, new rows (each
-org's second run: its tenant open in the gateway, its sheet made; a gateway's steady state)
-and their ratio. Then the floor: `--few` and `--many` new orgs each map one
-row at once (an org's fixed cost: its first run, a new sheet, its first connections), and the
+budget without losing throughput to connection churn), the p99 wait for a connection slot
+in the gateway during each phase, and the `--many` phase's requests a run by action. Then
+both phases again with the same orgs, new rows (each org's second run: its tenant open in the
+gateway, its sheet made; a gateway's steady state) and their ratio. Then the floor: `--few`
+and `--many` new orgs each map one row at once (an org's fixed cost: its first run, a new sheet, its first connections), and the
 rows/s and ratio with that fixed cost taken out of each phase. Each phase also prints the gateway
 requests a run sent and where its CPU went (the client, the gateway, the rest of the machine,
 and how busy its cores were), and the run ends with one request's CPU cost (a one-read action,
@@ -24,6 +24,7 @@ The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway e
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -83,18 +84,28 @@ async def phase(url: str, orgs: int, rows: int, tag: str, again: int = 0) -> flo
 @attrs.frozen
 class Reading:
     """What the gateway child answers: the p99 of its slot waits since the last ask, the
-    requests it answered so far and its CPU seconds so far."""
+    requests it answered so far (in all, and by action) and its CPU seconds so far."""
 
     p99_wait_s: float
     requests: int
     cpu_s: float
+    by_action: dict[str, int]
 
 
 def ask(child: subprocess.Popen) -> Reading:
     child.stdin.write("ask\n")
     child.stdin.flush()
-    p99, requests, cpu = child.stdout.readline().split()
-    return Reading(float(p99), int(requests), float(cpu))
+    p99, requests, cpu, by_action = child.stdout.readline().split(maxsplit=3)
+    return Reading(float(p99), int(requests), float(cpu), json.loads(by_action))
+
+
+def per_run(before: Reading, after: Reading, runs: int) -> str:
+    """The requests a run sent between two readings, by action, most first."""
+    sent = {name: (after.by_action.get(name, 0) - before.by_action.get(name, 0)) / runs
+            for name in after.by_action}
+    return ", ".join(f"{name} {count:.1f}"
+                     for name, count in sorted(sent.items(), key=lambda item: -item[1])
+                     if count >= 0.05)
 
 
 async def request_floor(url: str, child: subprocess.Popen, calls: int) -> tuple[float, float]:
@@ -120,8 +131,8 @@ async def serve_child(dsn: str, schema: str, max_connections: int | None) -> Non
             waits = sorted(budget.take_waits()) if budget is not None else []
             p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))] if waits else 0.0
             cpu = os.times()
-            print(f"{p99:.6f} {sum(server.requests.values())} {cpu.user + cpu.system:.6f}",
-                  flush=True)
+            print(f"{p99:.6f} {sum(server.requests.values())} {cpu.user + cpu.system:.6f} "
+                  f"{json.dumps(dict(server.requests))}", flush=True)
 
 
 def main() -> None:
@@ -177,6 +188,7 @@ def main() -> None:
           f"p99 wait for a connection {many.p99_wait_s * 1000:.0f} ms; "
           f"{(many.requests - few.requests) / args.many:.1f} requests a run")
     print(f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)")
+    print(f"requests a run by action, {args.many} orgs: {per_run(few, many, args.many)}")
     for tag, seconds, (c0, g0), (c1, g1) in (
             ("few", few_s, (cpu_start, start), (cpu_few, few)),
             ("many", many_s, (cpu_few, few), (cpu_many, many))):
