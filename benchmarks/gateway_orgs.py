@@ -13,8 +13,9 @@ budget without losing throughput to connection churn), the p99 wait for a connec
 in the gateway during each phase, and the `--many` phase's requests a run by action. Then
 both phases again with the same orgs, new rows (each org's second run: its tenant open in the
 gateway, its sheet made; a gateway's steady state) and their ratio. Then the floor: `--few`
-and `--many` new orgs each map one row at once (an org's fixed cost: its first run, a new sheet, its first connections), and the
-rows/s and ratio with that fixed cost taken out of each phase. Each phase also prints the gateway
+and `--many` new orgs each map one row at once (an org's fixed cost: its first run, a new
+sheet, its first connections), and the rows/s and ratio with that fixed cost taken out of each
+phase. Each phase also prints the gateway
 requests a run sent and where its CPU went (the client, the gateway, the rest of the machine,
 and how busy its cores were), and the run ends with one request's CPU cost (a one-read action,
 2,000 times in a row): the client's and the gateway's, which each run's requests multiply.
