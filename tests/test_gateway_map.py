@@ -208,8 +208,9 @@ async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
                 assert [sent[name] for name in opening] == [2, 2, 2]
             scope = PlayScope(tenant.org_id, play)
             assert (await counters_match(tenant, scope, "things"))[0]
-        assert comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, "one"), "things")) \
-            == comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, "three"), "things"))
+        stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
+                  for play in ("one", "three")]
+        assert stored[0] == stored[1]
 
 
 async def test_a_wake_through_the_gateway_replays_the_one_page_list_its_crash_staged(tenant):
