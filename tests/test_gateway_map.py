@@ -251,6 +251,26 @@ async def test_a_wake_through_the_gateway_replays_the_one_page_list_its_crash_st
     assert (await counters_match(tenant, scope.play_scope, "things"))[0]
 
 
+@pytest.mark.parametrize("through", ["direct", "gateway"])
+async def test_a_list_map_in_a_retired_run_is_admitted_without_staging(tenant, through):
+    """A wake of a run already retired (its staged input gone, nothing to replay it) maps a new
+    list by admitting it directly, directly and through the gateway (where the map's one
+    opening request answers the retirement)."""
+    async with serving(tenant) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            port = gw if through == "gateway" else tenant
+            play, run_id = f"retired-{through}", f"run-{through}"
+            async with open_run(port, play, run_id) as run:
+                await run.map("things", rows(10), enrich, contract=CONTRACT)
+            assert await outbox_state(tenant, run_id) == "done"
+            async with open_run(port, play, run_id, retire_on_exit=False) as run:
+                result = await run.map("things", rows(20), enrich, contract=CONTRACT)
+            opened = server.requests["array_input.open_list_map"]
+    assert (result.admitted, result.cached, result.completed, result.failed) == (20, 9, 8, 3)
+    assert await fact_kinds(tenant, run_id) == ["array_input_guard"]  # nothing was staged
+    assert opened == (2 if through == "gateway" else 0)
+
+
 async def test_admitted_rows_come_back_by_key_and_the_client_restores_them(tenant):
     """With `runplane-rows: by-key` the server answers pending rows without their inputs (the
     client has them); without it, in full. Either way `admit` through the gateway returns what

@@ -8,8 +8,7 @@ How it works
   gateway each is a request, and a small run's fixed cost is mostly requests. This action makes
   them one: the same three calls in turn, on the server's port.
 - Each part keeps its own semantics: a failing `ensure_sheet` fails the action; a retired run
-  is an answer (`retired`, no manifest: the map admits its list without staging), not an
-  error; a row count that cannot be read is no count (`sheet_rows` None: probing goes on as
+  is an answer (no manifest: the map admits its list without staging), not an error; a row count that cannot be read is no count (`sheet_rows` None: probing goes on as
   without it).
 - Its name is an array-input action's, so a gateway started without array actions refuses it
   as it refuses the others (`ArrayInputUnavailableError`): the caller then opens the map with
@@ -40,16 +39,15 @@ log = logging.getLogger("runplane.sheets")
 
 @attrs.frozen
 class ListMapOpening:
-    """What `open_list_map` read: where the sheet lives, the input's manifest (None when the
-    run is `retired`) and the sheet's rows as the map began (None: not asked, or unknown)."""
+    """What `open_list_map` read: where the sheet lives, the input's manifest (None: the run
+    is retired) and the sheet's rows as the map began (None: not asked, or unknown)."""
 
     layout: SheetLayout
     manifest: V.Manifest | None
-    retired: bool
     sheet_rows: int | None
 
 
-OPENING = record(ListMapOpening, layout=LAYOUT, manifest=optional(V.MANIFEST), retired=BOOL,
+OPENING = record(ListMapOpening, layout=LAYOUT, manifest=optional(V.MANIFEST),
                  sheet_rows=optional(INT))
 
 
@@ -73,4 +71,4 @@ async def open_list_map(port: Port, scope: MapScope, contract: SheetContract,
         except EngineError as exc:
             log.debug("map %s: the sheet's counters could not be read (%s)",
                       scope.table_namespace, exc)
-    return ListMapOpening(layout, manifest, manifest is None, sheet_rows)
+    return ListMapOpening(layout, manifest, sheet_rows)
