@@ -212,6 +212,21 @@ def unverified_plays(token: str) -> tuple[str, ...] | None:
     return tuple(plays)
 
 
+def unverified_actions(token: str) -> tuple[str, ...] | None:
+    """The `actions` claim's names, read without checking the signature (a client skips an
+    optional action its token cannot send); None for every action, or a token that cannot be
+    read (the gateway's answer will say why)."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError:
+        return None
+    actions = claims.get("actions")
+    if not isinstance(actions, list) or "*" in actions \
+            or not all(isinstance(a, str) for a in actions):
+        return None
+    return tuple(actions)
+
+
 def unverified_org(token: str) -> str:
     """The org a token names, read without checking its signature (a client learns its org this
     way; the gateway verifies every request)."""

@@ -16,7 +16,7 @@ from runplane import engine
 from runplane.engine import PlayScope, RunRef, RunScope, receipts, runs
 from runplane.engine.actions import RemotePort, actions
 from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
-from runplane.engine.gateway import mint_token, open_gateway, verify_token
+from runplane.engine.gateway import mint_token, open_gateway, protocol, verify_token
 
 from .gateway_support import FAST_RETRY, SECRET, count_rows, gateway, server, serving, token_for  # noqa: F401
 
@@ -133,6 +133,7 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
             health = (await client.get(f"{server.url}/v1/health")).json()
             assert health["ok"] is True and health["body_limit"] == 20_000
             assert health["array_actions"] is True
+            assert health["features"] == list(protocol.ARRAY_FEATURES)
             unknown = await client.post(f"{server.url}/v1/actions/nope.nothing", json={},
                                         headers=headers)
             assert unknown.status_code == 400

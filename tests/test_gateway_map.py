@@ -178,13 +178,15 @@ async def test_an_old_gateway_without_array_actions_falls_back_to_direct_admissi
     warnings = [r for r in caplog.records if "re-read" in r.getMessage()]
     assert len(warnings) == 2  # one per map
     assert server.errors["unsupported_action"] >= 2
+    assert server.requests.get("array_input.open_list_map", 0) == 0  # its health lists none
 
 
 async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
     """Through a gateway a list map's sheet, manifest and row count are one request
     (`array_input.open_list_map`) and a one-page list is begun, put and sealed in one
     (`array_input.put_and_seal`); a token that does not allow the opening action opens the map
-    with the three calls instead, to the same rows."""
+    with the three calls instead, to the same rows, without sending the action it cannot
+    (no 403 a map)."""
     opening = ("sheets.ensure_sheet", "array_input.get_manifest", "sheets.summary")
     async with serving(tenant) as server:
         for play, claims in (("one", {}), ("three", {"actions": [
@@ -206,11 +208,48 @@ async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
                 assert sent.get("array_input.begin", 0) == 0
             else:
                 assert [sent[name] for name in opening] == [2, 2, 2]
+                assert sent.get("array_input.open_list_map", 0) == 0
+                assert server.errors.get("scope_denied", 0) == 0
             scope = PlayScope(tenant.org_id, play)
             assert (await counters_match(tenant, scope, "things"))[0]
         stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
                   for play in ("one", "three")]
         assert stored[0] == stored[1]
+
+
+async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant, monkeypatch):
+    """A gateway whose health lists no features (one from before `open_list_map` and
+    `put_and_seal`'s begin fields, which refuses those fields as unknown) serves a newer
+    runner's one-page list map: the runner opens it with the three calls and begins the input
+    in a request of its own, to the same rows as a gateway that lists them."""
+    from runplane.engine.actions import Action
+    from runplane.engine.gateway import protocol
+
+    decode_input = Action.decode_input
+
+    def as_before(self, body):
+        if self.name == "array_input.put_and_seal" and "has_source_identities" in body:
+            raise InvalidInputError(f"{self.name}: unknown input fields ['has_source_identities']")
+        return decode_input(self, body)
+
+    async def mapped(play: str) -> dict[str, int]:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            before = dict(server.requests)
+            _, result = await run_map(gw, play, rows(40))
+            assert (result.admitted, result.failed) == (40, 6)
+        return {name: server.requests[name] - before.get(name, 0) for name in server.requests}
+
+    async with serving(tenant) as server:
+        newer = await mapped("newer")
+        monkeypatch.setattr(protocol, "ARRAY_FEATURES", ())  # health: an older gateway's
+        monkeypatch.setattr(Action, "decode_input", as_before)
+        older = await mapped("older")
+    assert (newer["array_input.open_list_map"], newer.get("array_input.begin", 0)) == (1, 0)
+    assert (older.get("array_input.open_list_map", 0), older["array_input.begin"]) == (0, 1)
+    assert older["array_input.put_and_seal"] == 1 and older["sheets.ensure_sheet"] == 1
+    stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
+              for play in ("newer", "older")]
+    assert stored[0] == stored[1]
 
 
 async def test_a_wake_through_the_gateway_replays_the_one_page_list_its_crash_staged(tenant):

@@ -49,7 +49,7 @@ from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, tok
 from .retry import RetryPolicy, RetryState
 from ..sessions.limits import SessionLimits
 from .senders import COMPLETION_ACTION, SENDERS
-from ..tokens import unverified_org, unverified_plays
+from ..tokens import unverified_actions, unverified_org, unverified_plays
 from .http11 import ConnectionPool
 from .transport import Budget, GatewayStats, attempt, attempt_timeout, with_retries
 
@@ -61,6 +61,7 @@ class Health:
     version: str
     body_limit: int
     array_actions: bool
+    features: frozenset[str] = frozenset()  # `protocol.ARRAY_FEATURES` it lists (older: none)
 
 
 @attrs.define(eq=False)
@@ -85,6 +86,9 @@ class Gateway(RemotePort):
     settings: PortSettings = attrs.field(init=False, repr=False)
     session_key_lock: trio.Lock = attrs.field(init=False, factory=trio.Lock, repr=False)
 
+    # The token's actions claim (None: every action), read unverified: an optional action it
+    # does not allow is not sent (the caller takes its longer way at once, no 403 counted).
+    token_actions: tuple[str, ...] | None = attrs.field(init=False, repr=False)
     _headers: dict[str, str] = attrs.field(init=False, repr=False)
     _urls: dict[str, str] = attrs.field(init=False, factory=dict, repr=False)
     _ids: Iterator[int] = attrs.field(init=False, factory=itertools.count, repr=False)
@@ -97,6 +101,7 @@ class Gateway(RemotePort):
         # The token's plays (None: every play): an outbox drainer works on these.
         self.settings = PortSettings(self.schema, diagnostics=self.diagnostics,
                                      token_plays=unverified_plays(self.token), remote=True)
+        self.token_actions = unverified_actions(self.token)
 
     def _request_id(self) -> str:
         """A new operation's request id: this gateway's random prefix and a counter (unique
@@ -184,8 +189,11 @@ class Gateway(RemotePort):
                     self.retry.request_timeout_s,
                     lambda t: attempt(self._client, self._permits, "GET", target, t, None, {}))
                 try:
+                    listed = answer.get("features")
+                    features = frozenset(f for f in listed if isinstance(f, str)) \
+                        if isinstance(listed, list) else frozenset()
                     self._health = Health(str(answer.get("version")), int(answer["body_limit"]),
-                                          bool(answer.get("array_actions", False)))
+                                          bool(answer.get("array_actions", False)), features)
                 except (KeyError, TypeError, ValueError):
                     raise GatewayUnavailableError(
                         f"{self.url} answered its health check with no body limit") from None

@@ -74,6 +74,12 @@ ERRORS: tuple[tuple[str, int, type[EngineError]], ...] = (
     ("internal", 500, EngineError),
 )
 UNSUPPORTED_ACTION = ("unsupported_action", 400)
+# What a gateway does beyond the protocol's first form, listed in its health answer
+# (`features`): a client sends a newer form only to a gateway that lists it, so a newer runner
+# works against an older gateway (which lists nothing) with the older requests.
+OPEN_LIST_MAP = "array_input.open_list_map"  # the action (else: three calls)
+PUT_AND_SEAL_BEGINS = "array_input.put_and_seal:begins"  # its begin fields (else: begin first)
+ARRAY_FEATURES = (OPEN_LIST_MAP, PUT_AND_SEAL_BEGINS)  # listed when array actions are served
 BODY_TOO_LARGE = ("body_too_large", 413)
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 TRANSIENT_MESSAGE = re.compile(
@@ -87,6 +93,14 @@ _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 def dumps(value: JsonValue) -> bytes:
     """Compact UTF-8 JSON of a wire value."""
     return _encoder.encode(value).encode("utf-8")
+
+
+def health_answer(version: str, body_limit: int, array_actions: bool) -> JsonObject:
+    """`GET /v1/health`'s body: the gateway's version, its body limit, whether it serves
+    array-input actions, and the newer forms it takes (`features`)."""
+    return {"ok": True, "version": version, "body_limit": body_limit,
+            "array_actions": array_actions,
+            "features": list(ARRAY_FEATURES if array_actions else ())}
 
 
 def error_status(exc: BaseException) -> tuple[str, int]:

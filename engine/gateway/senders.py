@@ -13,6 +13,10 @@ How it works
   encoded once: its size is what the pager counts. Its text is written from the data and cell
   meta texts `prepare_outcomes` already made, so no outcome's data is checked or encoded twice.
 - An admission page's pending rows (by key) are decoded straight into the rows this call sent.
+- Newer forms go only to a gateway whose health lists them (`protocol.ARRAY_FEATURES`):
+  `array_input.open_list_map` is refused here when unlisted or outside the token's `actions`
+  claim (the caller opens the map with three calls), and a `put_and_seal` with begin fields
+  goes to an older gateway as `begin`, then `put_and_seal` without them.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 import attrs
 
 from ..limits.bounds import is_int
+from ..tokens import allows
 from ..actions import Action
 from ..canonical import JsonObject, JsonValue
-from ..errors import InvalidInputError
+from ..array_input import facts
+from ..errors import ArrayInputUnavailableError, InvalidInputError, ScopeError
 from ..values.scopes import normalize_namespace
 from ..sheets.model import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
@@ -249,10 +255,39 @@ async def _send_probe(gateway: Gateway, action: Action, arguments: dict) -> Admi
     return action.result.decode(await gateway.post(action, body), "result")
 
 
+async def _send_open_list_map(gateway: Gateway, action: Action, arguments: dict) -> object:
+    """`array_input.open_list_map`, an optional shortcut: refused here, with the error the
+    gateway would answer and no request, when the gateway does not list it (an older one, or
+    one without array actions) or the token's actions claim does not allow it. The caller then
+    opens the map with the three calls it stands for."""
+    if protocol.OPEN_LIST_MAP not in (await gateway.health()).features:
+        raise ArrayInputUnavailableError(
+            f"{action.name}: {gateway.url} does not list it among its features")
+    if gateway.token_actions is not None and not allows(gateway.token_actions, action.name):
+        raise ScopeError(f"the token's actions claim does not allow {action.name}")
+    return await gateway.call(action, arguments)
+
+
+async def _send_put_and_seal(gateway: Gateway, action: Action, arguments: dict) -> object:
+    """`array_input.put_and_seal`; to a gateway that does not list its begin fields (an older
+    one), the begin fact goes first in a request of its own and the call without them."""
+    if protocol.PUT_AND_SEAL_BEGINS in (await gateway.health()).features:
+        return await gateway.call(action, arguments)
+    arguments = dict(arguments)
+    begins = arguments.pop("has_source_identities", None)
+    if begins is not None:
+        await facts.begin(gateway, arguments["scope"],
+                          source_fingerprint=arguments["source_fingerprint"],
+                          source_rows=arguments["source_rows"], has_source_identities=begins)
+    return await gateway.call(action, arguments)
+
+
 SENDERS: dict[str, Callable[[Gateway, Action, dict], Awaitable[object]]] = {
     "sheets.admit": _send_admit,
     "sheets.probe": _send_probe,
     COMPLETION_ACTION: _send_complete,
+    protocol.OPEN_LIST_MAP: _send_open_list_map,
+    "array_input.put_and_seal": _send_put_and_seal,
 }
 
 

@@ -245,9 +245,8 @@ class Server:
         return app
 
     async def _health(self, _request: Request) -> Response:
-        body = protocol.dumps({"ok": True, "version": runplane_version(),
-                               "body_limit": self.options.body_limit,
-                               "array_actions": self.options.array_actions})
+        body = protocol.dumps(protocol.health_answer(
+            runplane_version(), self.options.body_limit, self.options.array_actions))
         return Response(body, media_type="application/json")
 
     async def _action(self, request: Request) -> Response:
