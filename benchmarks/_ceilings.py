@@ -1,8 +1,8 @@
 """The raw ceilings of a durable map for `benchmarks/ceiling.py`: no engine, one connection.
 
 - sheet-shaped: per 10,000 rows a binary COPY of the admitted rows (SHA-256 key, canonical JSON
-  inputs, one jsonb column per field) into a table shaped like a sheet (its system columns and
-  order index), then one fenced `UPDATE … FROM unnest … WHERE _write_version = $v` of their
+  inputs, one jsonb column per field) into a table shaped like a sheet (its system columns,
+  order index and fillfactor), then one fenced `UPDATE … FROM unnest … WHERE _write_version = $v` of their
   completions.
 - minimal: the same into a five-column table (key, inputs as one jsonb, status, version,
   outputs): a binary COPY of (key, inputs, status, version), then a fenced unnest UPDATE of
@@ -16,6 +16,8 @@ import hashlib
 import json
 import time
 
+from runplane.engine.sheets.layout import SHEET_FILLFACTOR
+
 CHUNK = 10_000
 
 _SHEET_TABLE = """
@@ -25,7 +27,7 @@ CREATE TABLE {t} (
     _cell_meta jsonb NOT NULL DEFAULT '{{}}'::jsonb,
     _created_at timestamptz NOT NULL DEFAULT now(), _updated_at timestamptz NOT NULL DEFAULT now(),
     name jsonb, n jsonb, ok jsonb
-) WITH (fillfactor = 70)"""
+) WITH (fillfactor = {fillfactor})"""
 _SHEET_INDEX = "CREATE INDEX ON {t} (_input_index, _created_at, _key)"
 _SHEET_COMPLETE = """
 UPDATE {t} AS s SET _status = 'completed', ok = u.ok, _updated_at = now()
@@ -78,7 +80,8 @@ async def ceiling_rate(tenant, schema: str, table: str, rows: list[dict], *,
     output = _dumps({"ok": True}) if minimal else _dumps(True)
     columns = _MINIMAL_COLUMNS if minimal else _SHEET_COLUMNS
     async with tenant.connection("sheet") as conn:
-        await conn.execute((_MINIMAL_TABLE if minimal else _SHEET_TABLE).format(t=qualified))
+        await conn.execute((_MINIMAL_TABLE if minimal else _SHEET_TABLE).format(
+            t=qualified, fillfactor=SHEET_FILLFACTOR))
         if not minimal:
             await conn.execute(_SHEET_INDEX.format(t=qualified))
         complete = (_MINIMAL_COMPLETE if minimal else _SHEET_COMPLETE).format(t=qualified)

@@ -35,6 +35,7 @@ from _server import bench_dsn  # noqa: E402
 from analyzed import analyze_schema  # noqa: E402
 from runplane.engine import PlayScope, RunScope, open_tenant, runs  # noqa: E402
 from runplane.engine.sheets import RowOutcome, SheetContract, admit, complete, ensure_sheet  # noqa: E402
+from runplane.engine.sheets import layout  # noqa: E402
 from runplane.engine.sheets.layout import column, layout_for  # noqa: E402
 
 CHUNK = 10_000
@@ -120,7 +121,8 @@ def raw(dsn: str, sheet: str, keys: list[str], epoch: int) -> tuple[float, float
         try:
             await conn.execute(f"CREATE TABLE {raw_table} (LIKE {sheet} INCLUDING ALL)")
             # the same storage parameters as the sheet (LIKE does not copy fillfactor)
-            await conn.execute(f"ALTER TABLE {raw_table} SET (fillfactor = 70)")
+            await conn.execute(
+                f"ALTER TABLE {raw_table} SET (fillfactor = {layout.SHEET_FILLFACTOR})")
             started = time.perf_counter()
             async with conn.transaction():
                 for low in range(0, len(keys), CHUNK):

@@ -42,10 +42,11 @@ from .runs.history import MapRunState
 from .runs.outbox import OutboxState
 from .sessions import isolation as session_isolation
 from .shared.maps import MapState
+from .sheets.layout import SHEET_FILLFACTOR
 from .lock_keys import LOCK_SECRET_TABLE
 from .sql import qualified, quote_ident
 
-SCHEMA_VERSION = "15"
+SCHEMA_VERSION = "16"
 BOOTSTRAP_LOCK_TIMEOUT = "5s"
 
 _DDL = """
@@ -329,6 +330,28 @@ CREATE TABLE IF NOT EXISTS {s}.row_calls (
 -- version 14: run epochs unique per org (an org moved between servers keeps its epochs)
 CREATE UNIQUE INDEX IF NOT EXISTS runs_org_epoch ON {s}.runs (org_id, epoch);
 ALTER TABLE {s}.runs DROP CONSTRAINT IF EXISTS runs_epoch_key;
+-- version 16: sheets leave 60% of each page free (engine.sheets.layout.SHEET_FILLFACTOR) so a
+-- completion updates its rows in place; a sheet made before is set to it once (pages written
+-- afterwards follow it). A sheet this login may not alter, or cannot lock at once, keeps its own.
+DO $fill$
+DECLARE t text;
+BEGIN
+    IF coalesce((SELECT value FROM {s}.meta WHERE key = 'schema_version'), '16')::integer < 16 THEN
+        FOR t IN SELECT c.relname FROM pg_catalog.pg_class AS c
+                   JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                  WHERE n.nspname = {schema_literal} AND c.relkind = 'r'
+                    AND c.relname IN (SELECT table_name FROM {s}.sheet_summary)
+        LOOP
+            BEGIN
+                EXECUTE format('ALTER TABLE %I.%I SET (fillfactor = {fillfactor})',
+                               {schema_literal}, t);
+            EXCEPTION WHEN insufficient_privilege OR lock_not_available THEN
+                NULL;
+            END;
+        END LOOP;
+    END IF;
+END
+$fill$;
 INSERT INTO {s}.meta (key, value) VALUES ('schema_version', '{version}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """
@@ -342,7 +365,7 @@ GRANT ALL ON ALL SEQUENCES IN SCHEMA {s} TO {role};
 
 def bootstrap_sql(schema: str, execution_role: str | None = None) -> str:
     s = quote_ident(schema)
-    text = _DDL.format(s=s, version=SCHEMA_VERSION,
+    text = _DDL.format(s=s, version=SCHEMA_VERSION, fillfactor=SHEET_FILLFACTOR,
                        schema_literal="'" + schema.replace("'", "''") + "'",
                        OutboxState=OutboxState, MapRunState=MapRunState, MapState=MapState)
     if execution_role is not None:

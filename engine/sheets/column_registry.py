@@ -26,6 +26,7 @@ from ..sql import quote_ident
 
 from .layout import (
     CAUSE_INDEX_COLUMNS, CAUSE_INDEX_PREDICATE, LATER_SYSTEM_COLUMNS, ORDER_INDEX_COLUMNS,
+    SHEET_FILLFACTOR,
     SheetColumns, SheetLayout, column_candidates,
     existing_columns,
 )
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     _version bigint NOT NULL DEFAULT nextval({seq}::regclass),
     _created_at timestamptz NOT NULL DEFAULT now(),
     _updated_at timestamptz NOT NULL DEFAULT now(){later}
-) WITH (fillfactor = 70)
+) WITH (fillfactor = {fillfactor})
 """)
 
 _CREATE_ORDER_INDEX = "CREATE INDEX IF NOT EXISTS {name} ON {t} ({columns})"
@@ -127,6 +128,7 @@ async def prepare_columns(
     later = "".join(f",\n    {name} {kind}" for name, kind in LATER_SYSTEM_COLUMNS.items())
     await conn.execute(_CREATE_TABLE.format(
         t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
+        fillfactor=SHEET_FILLFACTOR,
     ))
     await conn.execute(_CREATE_ORDER_INDEX.format(
         name=quote_ident(layout.table + "_ord"), t=layout.qualified, columns=ORDER_INDEX_COLUMNS))

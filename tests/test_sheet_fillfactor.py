@@ -1,0 +1,60 @@
+"""A sheet leaves room on each page for its rows' completed versions (`SHEET_FILLFACTOR`)."""
+
+from __future__ import annotations
+
+from runplane.engine import open_tenant
+from runplane.engine.sheets import RowOutcome, admit, complete
+from runplane.engine.sheets.layout import SHEET_FILLFACTOR, layout_for
+from tests.sheet_helpers import CONTRACT, PLAY, new_run, play_scope
+
+NS = "fill"
+
+
+async def pages(tenant) -> dict[str, int]:
+    """Each row's heap page, by row key."""
+    layout = layout_for(tenant, play_scope(tenant), NS)
+    async with tenant.connection("sheet") as conn:
+        rows = await conn.fetch(
+            f"SELECT _key, (ctid::text::point)[0]::bigint AS page FROM {layout.qualified}")
+    return {row["_key"]: row["page"] for row in rows}
+
+
+async def fillfactor(tenant, schema: str) -> list[str] | None:
+    layout = layout_for(tenant, play_scope(tenant), NS)
+    async with tenant.connection("sheet") as conn:
+        return await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = $1::regclass",
+                                   layout.qualified)
+
+
+async def test_a_completion_writes_its_rows_on_their_own_pages(tenant):
+    """A completed version fits on the page its admitted row is on (a HOT update: no index
+    entry, no other page) for rows of the common shape, small inputs and an output with its
+    cell meta: here all but at most one row a page (for these smallest rows, whose completion
+    more than doubles them). At the fillfactor before (70), three rows in four moved."""
+    run = await new_run(tenant, PLAY, "r1")
+    admitted = (await admit(tenant, run, NS, CONTRACT,
+                            [{"name": f"row-{i}"} for i in range(2_000)])).pending
+    before = await pages(tenant)
+    assert len(set(before.values())) > 10  # many pages, not one
+    await complete(tenant, run, NS, CONTRACT,
+                   [RowOutcome(row.key, "completed", {"score": i}) for i, row in enumerate(admitted)])
+    after = await pages(tenant)
+    moved = [key for key in before if after[key] != before[key]]
+    assert len(moved) <= len(set(before.values())) and len(moved) < len(before) // 10
+    assert await fillfactor(tenant, tenant.schema) == [f"fillfactor={SHEET_FILLFACTOR}"]
+
+
+async def test_the_upgrade_sets_an_older_sheet_to_the_fillfactor(tenant, dsn):
+    """A sheet made by a release before schema version 16 (fillfactor 70) is set to
+    `SHEET_FILLFACTOR` by the next `open_tenant`'s upgrade; its rows stay as they were."""
+    run = await new_run(tenant, PLAY, "r1")
+    await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+    layout = layout_for(tenant, play_scope(tenant), NS)
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f"ALTER TABLE {layout.qualified} SET (fillfactor = 70)")
+        await conn.execute(
+            f"""UPDATE "{tenant.schema}".meta SET value = '15' WHERE key = 'schema_version'""")
+    before = await pages(tenant)
+    async with open_tenant(tenant.org_id, dsn, schema=tenant.schema) as reopened:
+        assert await fillfactor(reopened, tenant.schema) == [f"fillfactor={SHEET_FILLFACTOR}"]
+        assert await pages(reopened) == before
