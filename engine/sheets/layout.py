@@ -11,7 +11,7 @@ How it works
   statement (`sheet_txn`), so two (org, play, namespace) whose table names collide are refused
   with `ConflictError` (they would otherwise share one table); readers check the owner too
   (`FOREIGN_TABLE`, `table_present`).
-- Tables leave 60% of each page free (`SHEET_FILLFACTOR`) so that a completion's new version
+- Tables leave 65% of each page free (`SHEET_FILLFACTOR`) so that a completion's new version
   of every row fits on the row's own page: a HOT update, which touches no index and no other
   page. Besides the primary key a sheet has an index on its row order
   (`ORDER_INDEX_COLUMNS`) and a partial one of failed rows by cause (`CAUSE_INDEX_COLUMNS`),
@@ -55,12 +55,13 @@ SYSTEM_COLUMNS = (
 )
 
 # A completed row holds its outputs and their cell meta (about 100 bytes a field) beside its
-# inputs: typically 1.5-2x the row admission wrote. At fillfactor 70 a page had room for a
-# quarter of its rows' completed versions (the rest moved to other pages, each adding an entry
-# to every index); at 40 all of them fit. A 100,000-row map of small rows (two inputs, one
-# output): every completion HOT, the table 56 MB and its indexes 15 MB (66 and 25 at 70), and
-# a quarter less of the server's CPU a row. Rows with wide inputs leave pages emptier.
-SHEET_FILLFACTOR = 40
+# inputs: 1.5-3x the row admission wrote. At fillfactor 70 a page had room for a quarter of its
+# rows' completed versions; the rest moved to other pages, each adding an entry to every index.
+# At 35 every completion was HOT in two shapes measured (100,000 rows of two inputs and one
+# output: the table 65 MB either way, its indexes 15 MB not 25, a fifth less of the server's
+# CPU a row; 20,000 rows of three inputs and three outputs: the table 27 MB not 25, its indexes
+# 3 MB not 5). Rows with wide inputs and small outputs leave pages emptier than they need.
+SHEET_FILLFACTOR = 35
 
 # System columns added after the first release, with their definitions: a sheet created before
 # them gets them (under the exclusive lock) the first time a writer or `ensure_sheet` needs them.
