@@ -58,9 +58,9 @@ SYSTEM_COLUMNS = (
 # inputs: 1.5-3x the row admission wrote. At fillfactor 70 a page had room for a quarter of its
 # rows' completed versions; the rest moved to other pages, each adding an entry to every index.
 # At 35 every completion was HOT in two shapes measured (100,000 rows of two inputs and one
-# output: the table 65 MB either way, its indexes 15 MB not 25, a fifth less of the server's
-# CPU a row; 20,000 rows of three inputs and three outputs: the table 27 MB not 25, its indexes
-# 3 MB not 5). Rows with wide inputs and small outputs leave pages emptier than they need.
+# output: the table 65 MB either way, its indexes 15 MB not 25; 20,000 rows of three inputs
+# and three outputs: the table 27 MB not 25, its indexes 3 MB not 5). Rows with wide inputs
+# and small outputs leave pages emptier than they need.
 SHEET_FILLFACTOR = 35
 
 # System columns added after the first release, with their definitions: a sheet created before
