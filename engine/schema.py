@@ -330,7 +330,7 @@ CREATE TABLE IF NOT EXISTS {s}.row_calls (
 -- version 14: run epochs unique per org (an org moved between servers keeps its epochs)
 CREATE UNIQUE INDEX IF NOT EXISTS runs_org_epoch ON {s}.runs (org_id, epoch);
 ALTER TABLE {s}.runs DROP CONSTRAINT IF EXISTS runs_epoch_key;
--- version 16: sheets leave 60% of each page free (engine.sheets.layout.SHEET_FILLFACTOR) so a
+-- version 16: sheets leave 65% of each page free (engine.sheets.layout.SHEET_FILLFACTOR) so a
 -- completion updates its rows in place; a sheet made before is set to it once (pages written
 -- afterwards follow it). A sheet this login may not alter, or cannot lock at once, keeps its own.
 DO $fill$

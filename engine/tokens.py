@@ -199,32 +199,28 @@ class VerifiedTokens:
         return claims
 
 
-def unverified_plays(token: str) -> tuple[str, ...] | None:
-    """The plays a token allows, read without checking its signature; None for every play (or
-    a token that cannot be read: the gateway's answer will say why)."""
+def _unverified_names(token: str, claim: str) -> tuple[str, ...] | None:
+    """A list claim's names, read without checking the token's signature; None for `*` (every
+    name) or a token that cannot be read (the gateway's answer will say why)."""
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.InvalidTokenError:
         return None
-    plays = claims.get("plays")
-    if not isinstance(plays, list) or "*" in plays or not all(isinstance(p, str) for p in plays):
+    names = claims.get(claim)
+    if not isinstance(names, list) or "*" in names or not all(isinstance(n, str) for n in names):
         return None
-    return tuple(plays)
+    return tuple(names)
+
+
+def unverified_plays(token: str) -> tuple[str, ...] | None:
+    """The plays a token allows, read unverified; None for every play."""
+    return _unverified_names(token, "plays")
 
 
 def unverified_actions(token: str) -> tuple[str, ...] | None:
-    """The `actions` claim's names, read without checking the signature (a client skips an
-    optional action its token cannot send); None for every action, or a token that cannot be
-    read (the gateway's answer will say why)."""
-    try:
-        claims = jwt.decode(token, options={"verify_signature": False})
-    except jwt.InvalidTokenError:
-        return None
-    actions = claims.get("actions")
-    if not isinstance(actions, list) or "*" in actions \
-            or not all(isinstance(a, str) for a in actions):
-        return None
-    return tuple(actions)
+    """The `actions` claim's names, read unverified (a client skips an optional action its
+    token cannot send); None for every action."""
+    return _unverified_names(token, "actions")
 
 
 def unverified_org(token: str) -> str:
