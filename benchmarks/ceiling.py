@@ -25,7 +25,9 @@ Every figure is measured on the same server in the same run; the ratios are the 
    beside the HTTP floor of the same client and server: a round trip the gateway refuses
    before any query, and the ratio two such round trips a key would allow.
 Each figure is the median of `--rounds` rounds; the two sides of a ratio run back to back,
-alternating which goes first. `--quick` shrinks the sizes so a whole run takes a few minutes
+alternating which goes first. Between parts the server settles (a checkpoint, then a wait while
+autovacuum works on what the part before wrote), so a part is not measured against the last
+one's clean-up. `--quick` shrinks the sizes so a whole run takes a few minutes
 (100,000 rows for the ceiling, 200,000 for the RSS child, 10,000 for lists); the figures in docs/guide/benchmarks.md use the
 defaults.
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
@@ -34,6 +36,7 @@ The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway e
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import subprocess
@@ -45,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import asyncpg  # noqa: E402  (settling the server between parts only)
 import trio  # noqa: E402
 
 from _memory import peak_rss_mb  # noqa: E402
@@ -316,6 +320,25 @@ def gateway_part(dsn: str, args) -> None:
         trio.run(gateway_bench.drop_schema, dsn, schema)
 
 
+async def settle(dsn: str, limit_s: float = 60.0) -> None:
+    """Let the server finish what the part before left it (its dropped tables' WAL, autovacuum
+    of what it wrote) before the next part's clock starts: a checkpoint, then a wait while an
+    autovacuum worker runs (at most `limit_s`). A login that may not checkpoint skips it.
+    Plain asyncpg on asyncio, between the parts' trio runs."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        try:
+            await conn.execute("CHECKPOINT")
+        except asyncpg.PostgresError:  # neither a superuser nor in pg_checkpoint
+            pass
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"):
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
 async def in_schema(dsn: str, part, args) -> None:
     schema = f"bench_ceiling_{uuid.uuid4().hex[:8]}"
     async with open_tenant("bench", dsn, schema=schema) as tenant:
@@ -354,7 +377,9 @@ def main() -> None:
         trio.run(rss_child, dsn, args.rss_rows, args.concurrency)
         return
     parts = args.parts.split(",")
-    for part in parts:
+    for i, part in enumerate(parts):
+        if i:
+            asyncio.run(settle(dsn))
         print(f"-- {part}", flush=True)
         if part in ("ceiling", "lists", "io", "rerun"):
             trio.run(in_schema, dsn, globals()[part], args)
