@@ -124,13 +124,16 @@ async def stage_encoded(port: Port, scope: MapScope, source: EncodedList, *,
                         put_tasks: int = PUT_TASKS) -> StagedArray:
     """Stage (or resume) an encoded source; return it sealed. A `manifest` already read saves
     a round trip; `begun=True` (the caller just wrote this source's begin fact) saves two.
-    An input already sealed must be this source (`ConflictError` otherwise)."""
+    An input already sealed must be this source (`ConflictError` otherwise); one begun with
+    this source (a wake of a map that began staging it) is not begun again."""
     if not begun:
         if manifest is None:
             manifest = await retry_transient(lambda: array_input.get_manifest(port, scope))
         if manifest.state == "sealed":
             check_same_source(scope, manifest, source)
             return StagedArray(port, scope, manifest)
+        begun = manifest.state == "staging" and manifest.source_fingerprint == source.fingerprint
+    if not begun:
         if source.page_count == 1:  # begun, put and sealed in one request
             return StagedArray(port, scope, await put_and_seal(port, scope, source, begin=True))
         await retry_transient(lambda: array_input.begin(

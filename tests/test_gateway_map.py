@@ -217,11 +217,9 @@ async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
         assert stored[0] == stored[1]
 
 
-async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant, monkeypatch):
-    """A gateway whose health lists no features (one from before `open_list_map` and
-    `put_and_seal`'s begin fields, which refuses those fields as unknown) serves a newer
-    runner's one-page list map: the runner opens it with the three calls and begins the input
-    in a request of its own, to the same rows as a gateway that lists them."""
+def as_an_older_gateway(monkeypatch) -> None:
+    """The gateway answers as one from before `open_list_map` and `put_and_seal`'s begin
+    fields: its health lists no features, and it refuses those fields as unknown."""
     from runplane.engine.actions import Action
     from runplane.engine.gateway import protocol
 
@@ -232,6 +230,15 @@ async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant,
             raise InvalidInputError(f"{self.name}: unknown input fields ['has_source_identities']")
         return decode_input(self, body)
 
+    monkeypatch.setattr(protocol, "ARRAY_FEATURES", ())
+    monkeypatch.setattr(Action, "decode_input", as_before)
+
+
+async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant, monkeypatch):
+    """A gateway whose health lists no features (one from before `open_list_map` and
+    `put_and_seal`'s begin fields, which refuses those fields as unknown) serves a newer
+    runner's one-page list map: the runner opens it with the three calls and begins the input
+    in a request of its own, to the same rows as a gateway that lists them."""
     async def mapped(play: str) -> dict[str, int]:
         async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
             before = dict(server.requests)
@@ -241,8 +248,7 @@ async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant,
 
     async with serving(tenant) as server:
         newer = await mapped("newer")
-        monkeypatch.setattr(protocol, "ARRAY_FEATURES", ())  # health: an older gateway's
-        monkeypatch.setattr(Action, "decode_input", as_before)
+        as_an_older_gateway(monkeypatch)
         older = await mapped("older")
     assert (newer["array_input.open_list_map"], newer.get("array_input.begin", 0)) == (1, 0)
     assert (older.get("array_input.open_list_map", 0), older["array_input.begin"]) == (0, 1)
@@ -250,6 +256,30 @@ async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant,
     stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
               for play in ("newer", "older")]
     assert stored[0] == stored[1]
+
+
+async def test_an_older_gateway_puts_and_seals_a_one_page_list_already_begun(tenant, monkeypatch):
+    """A one-page list whose begin fact is written already (a wake of a map that began its
+    staging) is put and sealed through an older gateway in one request without the begin
+    fields, and not begun again."""
+    from runplane.actors.sealer import stage_encoded
+
+    source = array_input.encode_source(rows(20))
+    async with serving(tenant) as server:
+        as_an_older_gateway(monkeypatch)
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            async with open_run(gw, "begun", "run-b", retire_on_exit=False) as run:
+                scope = run.scope.map("things", "map-0")
+                await array_input.begin(
+                    gw, scope, source_fingerprint=source.fingerprint,
+                    source_rows=source.source_rows,
+                    has_source_identities=source.has_source_identities)
+                before = dict(server.requests)
+                staged = await stage_encoded(gw, scope, source)
+                sent = {name: count - before.get(name, 0)
+                        for name, count in server.requests.items() if count > before.get(name, 0)}
+    assert (staged.manifest.state, staged.manifest.source_rows) == ("sealed", 20)
+    assert sent == {"array_input.get_manifest": 1, "array_input.put_and_seal": 1}
 
 
 async def test_a_wake_through_the_gateway_replays_the_one_page_list_its_crash_staged(tenant):
