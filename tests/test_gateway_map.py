@@ -404,3 +404,43 @@ def test_an_outcome_travels_as_the_row_outcome_codec_encodes_it():
         expected = ROW_OUTCOME.encode(attrs.evolve(last[one.key], error=one.error), "o")
         assert json.loads(text) == expected
         assert list(json.loads(text)) == list(expected)  # the codec's field order too
+
+
+def test_the_gateway_decodes_plain_completed_outcomes_as_the_codec_does():
+    """The gateway's short way for a completion of plain completed outcomes
+    (`bodies.completed_outcomes`) gives the outcomes the codec gives, prepared to the same
+    texts; a list with any other outcome is left to the codec, whose error names the outcome."""
+    import json
+
+    from runplane.engine.actions import _REGISTRY
+    from runplane.engine.gateway.bodies import completed_outcomes, decode_body
+    from runplane.engine.sheets.inputs import prepare_outcomes
+    from runplane.engine.sheets.model import ROW_OUTCOME, RowOutcome
+    from runplane.engine.values.codecs import list_of
+
+    plain = [RowOutcome("a", "completed", {"ok": True, "half": 2.0, "s": "é", "n": [1.0]}, 3,
+                        attempts=2),
+             RowOutcome("b", "completed", {}, None)]
+    wire = json.loads(json.dumps([ROW_OUTCOME.encode(outcome, "o") for outcome in plain]))
+    fast, slow = completed_outcomes(wire), list_of(ROW_OUTCOME).decode(wire, "outcomes")
+    assert fast == slow and prepare_outcomes(fast) == prepare_outcomes(slow)
+    assert fast[0].data == {"ok": True, "half": 2, "s": "é", "n": [1]}  # normalized
+
+    failed = ROW_OUTCOME.encode(RowOutcome("c", "failed", None, 1, error="no"), "o")
+    for other in ([*wire, failed], [{**wire[0], "cell_meta": {"ok": {"src": "x"}}}],
+                  [{**wire[0], "extra": 1}], [{**wire[0], "input_index": True}],
+                  [{**wire[0], "data": None}], [{**wire[0], "key": ""}], {"not": "a list"}):
+        assert completed_outcomes(other) is None
+
+    spec = _REGISTRY["sheets.complete"]
+    body = {"run": {"scope": {"org_id": "o", "play": "p", "run_id": "r"}, "epoch": 1},
+            "table_namespace": "t", "contract": {"inputs": ["x"], "outputs": ["ok"]},
+            "outcomes": wire}
+    kwargs, _ = decode_body(spec, json.dumps(body).encode())
+    assert kwargs["outcomes"] == slow
+    body["outcomes"] = [wire[0], {**wire[1], "input_index": -1}]
+    with pytest.raises(InvalidInputError) as by_codec:
+        list_of(ROW_OUTCOME).decode(body["outcomes"], "outcomes")
+    with pytest.raises(InvalidInputError, match="RowOutcome 'b': input_index") as by_gateway:
+        decode_body(spec, json.dumps(body).encode())
+    assert str(by_gateway.value) == str(by_codec.value)
