@@ -219,8 +219,9 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                 steps.on(Event.REST_UNSETTLED)
             page = group[position]
             position += 1
-            admission, settled, keys = await admit_page(plan, page, listed, steps.probes_unit,
-                                                        background)
+            with state.writing():
+                admission, settled, keys = await admit_page(plan, page, listed,
+                                                            steps.probes_unit, background)
             if admission.cached:
                 state.note_reuse(keys if keys is not None else plan.row_keys(page.rows))
             steps.on(event_of(settled, admission.inserted, len(page.rows)))

@@ -96,7 +96,9 @@ async def write_outcomes(plan: MapPlan, state: MapState, flush_recv,
     task_status.started()
     async with flush_recv:
         async for tickets, outcomes in flush_recv:
-            state.settle(tickets, outcomes, await plan.complete(outcomes))
+            with state.writing():
+                completion = await plan.complete(outcomes)
+            state.settle(tickets, outcomes, completion)
 
 
 @marked("flush")
@@ -111,7 +113,9 @@ async def flush_unsettled(plan: MapPlan, state: MapState) -> None:
         try:
             for start in range(0, len(outcomes), plan.batch_rows):
                 chunk = outcomes[start:start + plan.batch_rows]
-                state.count_flushed(chunk, await plan.complete(chunk))
+                with state.writing():
+                    completion = await plan.complete(chunk)
+                state.count_flushed(chunk, completion)
         except EngineError as exc:
             log.warning("map %s: flushing %d computed outcomes failed: %s",
                         plan.table_namespace, len(outcomes), exc)

@@ -106,7 +106,7 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
         listed_source = ListSource(plan.port, scope, source if isinstance(
             source, array_input.PagedRows) else list(source))  # a PagedRows is read in place
 
-    await open_map(plan, listed_source)
+    await open_map(plan, state, listed_source)
     stopping = stop.scope() if stop is not None else contextlib.nullcontext()
     try:
         with stopping as stop_scope, unwrap_single_error(Exception):
@@ -148,16 +148,18 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
     return _finished(plan, state, map_invocation_id, await newer_run_id(plan, state))
 
 
-async def open_map(plan: MapPlan, listed_source: ListSource | None) -> None:
+async def open_map(plan: MapPlan, state: MapState, listed_source: ListSource | None) -> None:
     """Ensure the map's sheet and open its list source: three independent reads and writes at
-    once, or one request through a gateway (`ListSource.open_with_sheet`)."""
+    once, or one request through a gateway (`ListSource.open_with_sheet`). Ensuring the sheet
+    is the map's first sheet write, before any row is probed or admitted (`state.writing`)."""
     if listed_source is not None and plan.port.settings.remote \
             and await listed_source.open_with_sheet(plan.contract, plan.fast_admission):
         return
 
     async def ensure_sheet() -> None:
-        await retry_transient(lambda: sheets.ensure_sheet(
-            plan.port, plan.ref.scope.play_scope, plan.table_namespace, plan.contract))
+        with state.writing():
+            await retry_transient(lambda: sheets.ensure_sheet(
+                plan.port, plan.ref.scope.play_scope, plan.table_namespace, plan.contract))
 
     with unwrap_single_error(Exception):
         async with trio.open_nursery() as nursery:

@@ -78,6 +78,70 @@ async def test_an_unchanged_rerun_is_answered_in_one_statement_as_the_ordinary_p
     assert ok, detail
 
 
+def recordings(port: CountingPort) -> list[str]:
+    return [sql for sql in port.statements if "sheet_lists" in sql and "stale AS (" in sql]
+
+
+async def test_a_map_that_proves_every_row_a_hit_records_its_list_without_a_key_check(tenant):
+    """A first run of a list: its write ledger shows nobody else wrote the sheet, and every
+    outcome gave a value, so the recording checks no key; the rerun replays it."""
+    port = CountingPort(tenant)
+    first, _ = await mapped(port, "first")
+    [recording] = recordings(port)
+    sheet_table = layout_for(tenant, play_scope(tenant), NS).qualified
+    assert first.completed == 300 and sheet_table not in recording  # no row read
+    assert await recorded(tenant) == 1
+    port = CountingPort(tenant)
+    result, calls = await mapped(port, "second")
+    assert calls == [] and result.cached == 300 and len(replays(port)) == 1
+
+
+async def test_another_writer_during_the_map_makes_the_recording_check_every_key(tenant):
+    """A writer that re-admits a row the map completed already, while the map still runs,
+    takes a `writes` value between the map's: no proof, so the recording checks every key,
+    finds that row no cache hit, and records nothing; the rerun runs that row."""
+    scope = play_scope(tenant)
+
+    async def score(row):
+        if row["name"] == "n150":  # once n3's completion committed
+            while not any(r["_input_index"] == 3 and r["_status"] == "enriched"
+                          for r in (await raw_rows(tenant, scope, NS)).values()):
+                await trio.sleep(0.01)
+            newer = await new_run(tenant, PLAY, "newer")  # its write version is newer
+            await admit(tenant, newer, NS, CONTRACT, [ROWS[3]], force=True)  # n3 pending again
+        return {"score": len(row["name"])}
+
+    port = CountingPort(tenant)
+    first, _ = await mapped(port, "first", fn=score, concurrency=1)
+    [recording] = recordings(port)
+    sheet_table = layout_for(tenant, play_scope(tenant), NS).qualified
+    assert (first.completed, first.fenced) == (300, 0) and sheet_table in recording
+    assert await recorded(tenant) == 0
+    result, calls = await mapped(tenant, "second")
+    assert calls == [ROWS[3]] and (result.completed, result.cached) == (1, 299)
+
+
+def test_a_write_ledger_proves_only_contiguous_writes_without_deltas():
+    from runplane.engine.sheets.write_ledger import WriteLedger, keeping, note_commit
+
+    sheet, other = ("org", "play", "ns"), ("org", "play", "other")
+    ledger = WriteLedger(sheet)
+    assert ledger.proven_writes() is None  # nothing written: nothing proven
+    with keeping(ledger):
+        for writes in (7, 9, 8):  # committed in any order
+            note_commit(sheet, writes, False)
+        note_commit(other, 42, True)  # another sheet: not this ledger's
+    note_commit(sheet, 11, False)  # outside `keeping`: not noted
+    assert ledger.values == [7, 9, 8] and ledger.proven_writes() == 9
+    ledger.note(11, False)  # 10 is missing: another writer's
+    assert ledger.proven_writes() is None
+    for spoiler in ((12, True), (None, False)):  # deltas found; a concurrent transaction
+        spoiled = WriteLedger(sheet)
+        spoiled.note(5, False)
+        spoiled.note(*spoiler)
+        assert spoiled.proven_writes() is None
+
+
 async def test_a_write_since_the_recording_sends_the_rerun_down_the_ordinary_path(tenant):
     await mapped(tenant, "first")
     newer = await new_run(tenant, PLAY, "newer")

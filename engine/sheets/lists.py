@@ -33,6 +33,10 @@ How it works
 - Only plain maps on a direct port use it (`recordable`): no `force`, no cell policies (their
   freshness depends on the clock), not a gateway or a database session (which has no grant on
   `sheet_lists`), at most `MAX_RECORDED_ROWS` rows (recording checks every key once).
+- A map that proves every row of its list a hit itself (`write_ledger`: nobody else wrote the
+  sheet since its first write, and every outcome gave its outputs values) records with
+  `proven_writes`: the statement checks no key, only that the sheet's `writes` is still the
+  map's last (`actors.list_replay`). Otherwise:
 - Recording checks the keys as one `_key = ANY(array)` index scan (keys are distinct, `_key`
   is the primary key): PostgreSQL sorts the array and walks the index once in key order, ~2 µs
   a key against ~4.5 µs for a lookup per key (100,000 keys into a 100,000- or 1,000,000-row
@@ -127,10 +131,13 @@ async def replay_list(port: Port, write: SheetWrite, digest: bytes, scope: MapSc
         run.epoch, staged))
 
 
-def record_statement(port: Port, write: SheetWrite, digest: bytes, key_digests: bytes
-                     ) -> Statement:
+def record_statement(port: Port, write: SheetWrite, digest: bytes, key_digests: bytes,
+                     proven_writes: int | None = None) -> Statement:
     """The statement recording a list (see the module docstring): `key_digests` its rows' keys
-    as 16-byte digests, distinct, in any order. Returns a row when it recorded."""
+    as 16-byte digests, distinct, in any order. Returns a row when it recorded. With
+    `proven_writes` (the sheet's `writes` after the map's last write, nobody else having
+    written it since the map's first: `write_ledger`) it checks no key: it records only if
+    the sheet's `writes` is still that value (and it has no deltas)."""
     layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
     columns = SheetColumns({f: column_name(f) for f in write.contract.outputs})
     binds = BindParams()
@@ -138,23 +145,29 @@ def record_statement(port: Port, write: SheetWrite, digest: bytes, key_digests: 
     list_digest = binds.add(digest, "bytea")
     digests = binds.add(key_digests, "bytea")
     count = binds.add(len(key_digests) // 16, "integer")
-    outputs = output_binds(write.contract, {}, binds, columns)
     registered = COLUMNS_OF_FIELDS.format(
         fields=binds.add(list(write.contract.outputs), "text[]"),
         registry=table(port, "sheet_columns"), org=org, play=play, ns=ns)
     expected = binds.add([columns.names[f] for f in write.contract.outputs], "text[]")
     lists = table(port, "sheet_lists")
+    if proven_writes is None:
+        outputs = output_binds(write.contract, {}, binds, columns)
+        hits = f"""SELECT count(*) AS n
+      FROM {layout.qualified} AS s
+     WHERE s._key = ANY(ARRAY(SELECT encode(substring({digests} FROM i * 16 + 1 FOR 16), 'hex')
+                                FROM generate_series(0, length({digests}) / 16 - 1) AS i))
+       AND {cached_predicate("s", outputs)}"""
+        unchanged = "true"
+    else:
+        hits = f"SELECT {count} AS n"  # proven: every row is as the map left it
+        unchanged = f"s.writes = {binds.add(proven_writes, 'bigint')}"
     return binds.statement(f"""
 WITH sheet AS (
     SELECT s.writes FROM {table(port, "sheet_summary")} AS s
      WHERE s.org_id = {org} AND s.play = {play} AND s.table_namespace = {ns}
-       AND NOT {has_deltas(port, org, play, ns)} AND {registered} = {expected}
+       AND NOT {has_deltas(port, org, play, ns)} AND {registered} = {expected} AND {unchanged}
 ), hits AS (
-    SELECT count(*) AS n
-      FROM {layout.qualified} AS s
-     WHERE s._key = ANY(ARRAY(SELECT encode(substring({digests} FROM i * 16 + 1 FOR 16), 'hex')
-                                FROM generate_series(0, length({digests}) / 16 - 1) AS i))
-       AND {cached_predicate("s", outputs)}
+    {hits}
 ), stale AS (
     DELETE FROM {lists} AS l USING sheet
      WHERE l.org_id = {org} AND l.play = {play} AND l.table_namespace = {ns}
@@ -171,14 +184,16 @@ RETURNING 1
 """)
 
 
-async def record_list(port: Port, write: SheetWrite, digest: bytes, keys: Sequence[str]) -> bool:
+async def record_list(port: Port, write: SheetWrite, digest: bytes, keys: Sequence[str],
+                      proven_writes: int | None = None) -> bool:
     """Record the list of `digest` whose rows have `keys` (distinct) if every row is a cache
-    hit now (one statement); returns whether it was recorded (never for keys that are not
-    row-key digests: 32 hexadecimal digits)."""
+    hit now (one statement; with `proven_writes`, if the sheet is unchanged since the map that
+    proved every row a hit: `record_statement`); returns whether it was recorded (never for
+    keys that are not row-key digests: 32 hexadecimal digits)."""
     write.check_port(port)
     key_digests, other_keys = split_keys(keys)
     if key_digests is None or other_keys is not None:
         return False
-    statement = record_statement(port, write, digest, key_digests)
+    statement = record_statement(port, write, digest, key_digests, proven_writes)
     return await with_connection(port, LANE, lambda conn: conn.fetchval(
         statement.sql, *statement.args)) is not None

@@ -18,7 +18,9 @@ How it works
   deltas computed from the rows it reads are exact, and there is no lock-order cycle between
   writers (they all lock the summary row first, then sheet rows, then column-summary rows).
   Claiming the row adds one to its `writes`, so a sheet whose `writes` has not moved (and which
-  has no counter deltas) has not been written since (`lists`, recorded lists).
+  has no counter deltas) has not been written since (`lists`, recorded lists). The value a
+  transaction left is noted, once it committed, in the write ledger a map keeps
+  (`write_ledger`: proof that nobody else wrote the sheet while the map ran).
 - The sheet lock is a row lock, not an advisory lock, so that no other login can hold it:
   advisory keys are visible to every login in `pg_locks` and any login may take any key, while
   a row of `sheet_summary` can be locked only by a login that can see it (database sessions
@@ -62,6 +64,7 @@ from .layout import SheetColumns, SheetLayout
 from .model import FencedRow
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
+from .write_ledger import note_commit
 
 T = TypeVar("T")
 LockMode = Literal["shared", "exclusive"]
@@ -90,6 +93,8 @@ class SheetTxn:
     columns: SheetColumns
     exclusive: bool = False  # under the exclusive lock (the table and columns were prepared)
     concurrent: bool = False  # counters go to this backend's delta rows (module docstring)
+    writes: int | None = None  # the summary row's `writes` this transaction left (ordinary ones)
+    found_deltas: bool = False  # the sheet had counter deltas of concurrent writers
 
 
 # Transaction-local settings, sent before the lock so the lock wait is bounded by the timeout.
@@ -137,10 +142,11 @@ WITH claimed AS (
     ON CONFLICT (org_id, play, table_namespace)
         DO UPDATE SET updated_at = now(), writes = s.writes + 1,
                       table_name = coalesce(s.table_name, EXCLUDED.table_name)
-    RETURNING 1
+    RETURNING s.writes
 )
 SELECT current_setting('server_version_num')::integer AS server_version,
        {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed,
+       (SELECT writes FROM claimed) AS writes,
        {has_deltas(port, org, play, namespace)} AS has_deltas
 """)
 
@@ -151,7 +157,8 @@ VALUES ($1, $2, $3, $4)
 ON CONFLICT (org_id, play, table_namespace)
     DO UPDATE SET updated_at = now(), writes = s.writes + 1,
                   table_name = coalesce(s.table_name, EXCLUDED.table_name)
-RETURNING current_setting('server_version_num')::integer
+RETURNING current_setting('server_version_num')::integer AS server_version, s.writes,
+          {has_deltas} AS has_deltas
 """
 
 TABLE_NAME_CONSTRAINT = "sheet_summary_table_name"
@@ -209,7 +216,9 @@ async def _transaction_once(
                 settings = await conn.fetchrow(_SETTINGS, str(timeout_ms))
                 conn.note_transaction_id(settings["xid"])
                 sheet = await _lock_sheet(conn, port, layout, fields, mode, concurrent)
-                return await op(conn, sheet)
+                result = await op(conn, sheet)
+        note_commit(layout.counter_args, sheet.writes, sheet.found_deltas)  # committed
+        return result
     except BaseException:
         if not checked_out:  # the checkout itself failed (re-raised below)
             clock.add("connect", time.perf_counter() - started, failed=True)
@@ -234,9 +243,13 @@ async def _lock_sheet(
             if not concurrent and record["has_deltas"] and may_fold(port):
                 await conn.execute(fold_statement(port), *layout.counter_args)
             return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))),
-                            concurrent=concurrent)
-        server_version = await conn.fetchval(
-            _LOCK_SUMMARY.format(summary=summary), *layout.counter_args, layout.table
+                            concurrent=concurrent,
+                            writes=None if concurrent else record["writes"],
+                            found_deltas=not concurrent and record["has_deltas"])
+        locked = await conn.fetchrow(
+            _LOCK_SUMMARY.format(summary=summary,
+                                 has_deltas=has_deltas(port, "$1::text", "$2::text", "$3::text")),
+            *layout.counter_args, layout.table
         )
         try:
             columns = await prepare_columns(conn, port, layout, fields)
@@ -246,7 +259,8 @@ async def _lock_sheet(
                 "login may not create (a database session runs no DDL: let the gateway "
                 f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
             ) from exc
-        return SheetTxn(server_version, columns, exclusive=True)
+        return SheetTxn(locked["server_version"], columns, exclusive=True,
+                        writes=locked["writes"], found_deltas=locked["has_deltas"])
     except MissingRelationError:
         raise
     except DatabaseError as exc:

@@ -1,0 +1,73 @@
+"""The sheet writes one map made, kept to prove that nobody else wrote its sheet meanwhile.
+
+How it works
+- Every ordinary sheet write transaction adds one to its sheet's `sheet_summary.writes` under
+  the sheet lock (`sheet_txn`) and learns the value it left. A `WriteLedger` of one sheet,
+  set for a map with `keeping` (a context variable: the map's actors inherit it), is told the
+  value of each of the map's write transactions on that sheet once it committed
+  (`note_commit`), and whether the transaction found counter deltas of concurrent writers.
+- `proven_writes()` answers the sheet's `writes` after the map's last transaction when the
+  values it was told are contiguous and no transaction found deltas: then, from the map's
+  first write transaction on, no other transaction wrote the sheet (each would have taken a
+  value in between), and the rows the map wrote are as it left them. A value it was not told
+  (a transaction of the map that committed but whose caller never learned it, or another
+  writer) leaves a gap, and the proof fails: the caller then checks what it wanted to prove
+  the long way. A failed proof costs time, never a wrong answer.
+- Only ordinary writers count: the writers of a shared map add deltas instead of a value, so
+  a transaction that found deltas spoils the proof (`engine.sheets.lists`, `counters`).
+Who uses it: `engine.sheets.lists` (a list recorded without its per-key check) and the map
+that records it (`actors.list_replay`). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator
+
+import attrs
+
+
+@attrs.define(eq=False)
+class WriteLedger:
+    """The write values of one sheet's (`sheet`: its counter arguments) transactions of a map."""
+
+    sheet: tuple[str, str, str]
+    values: list[int] = attrs.field(factory=list)
+    spoiled: bool = False  # a transaction found deltas, or left no value
+
+    def note(self, writes: int | None, found_deltas: bool) -> None:
+        if writes is None or found_deltas:
+            self.spoiled = True
+        else:
+            self.values.append(writes)
+
+    def proven_writes(self) -> int | None:
+        """The sheet's `writes` after the last noted transaction when nobody else wrote the
+        sheet from the first one on (module docstring); None when that is not proven."""
+        values = sorted(self.values)
+        if self.spoiled or not values or values[-1] - values[0] + 1 != len(values):
+            return None
+        return values[-1]
+
+
+_KEPT: contextvars.ContextVar[WriteLedger | None] = contextvars.ContextVar(
+    "runplane_write_ledger", default=None)
+
+
+@contextlib.contextmanager
+def keeping(ledger: WriteLedger) -> Iterator[WriteLedger]:
+    """Note the committed write transactions of `ledger`'s sheet made in this context (and in
+    the tasks it starts meanwhile) in `ledger`."""
+    token = _KEPT.set(ledger)
+    try:
+        yield ledger
+    finally:
+        _KEPT.reset(token)
+
+
+def note_commit(sheet: tuple[str, str, str], writes: int | None, found_deltas: bool) -> None:
+    """A sheet write transaction of `sheet` committed, leaving `writes` (None: unknown)."""
+    ledger = _KEPT.get()
+    if ledger is not None and ledger.sheet == sheet:
+        ledger.note(writes, found_deltas)
