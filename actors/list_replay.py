@@ -20,7 +20,7 @@ How it works
   transactions, kept in a `WriteLedger` (`engine.sheets.write_ledger`; the first is the
   map's `ensure_sheet`, before any row is probed or admitted), show that nobody else wrote
   the sheet meanwhile, and every outcome it completed gave every contract output a value a
-  cache hit needs (not null, not ""; `MapState.hit_outputs`). The statement then only
+  cache hit needs (not null, not ""; `actors.list_proof`). The statement then only
   checks that the sheet's `writes` has not moved since. Otherwise it checks every key
   (~2.5 µs of server work a row).
 """
@@ -40,6 +40,7 @@ from runplane.engine.sheets import lists
 from runplane.engine.sheets.layout import layout_for
 from runplane.engine.sheets.write_ledger import WriteLedger
 
+from .list_proof import ListProof
 from .map_state import MapPlan, MapState
 from .retry import retry_transient
 
@@ -53,12 +54,6 @@ class ListReplay:
     plan: MapPlan
     rows: int
     digest: bytes
-    ledger: WriteLedger = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        plan = self.plan
-        self.ledger = WriteLedger(layout_for(plan.port, plan.ref.scope.play_scope,
-                                             plan.table_namespace).counter_args)
 
     @classmethod
     async def for_map(cls, plan: MapPlan, rows: Sequence[JsonObject]) -> ListReplay | None:
@@ -82,8 +77,9 @@ class ListReplay:
                      "row", plan.table_namespace, exc)
         if replayed != self.rows:
             state.admitted_keys = []
-            state.hit_outputs = plan.contract.outputs
-            state.write_ledger = self.ledger
+            sheet = layout_for(plan.port, plan.ref.scope.play_scope, plan.table_namespace)
+            state.list_proof = ListProof(WriteLedger(sheet.counter_args),
+                                         tuple(plan.contract.outputs))
             return False
         state.tally.on_replayed(self.rows)
         return True
@@ -100,7 +96,8 @@ class ListReplay:
         if len(keys) != self.rows:
             return
         plan = self.plan
-        proven = None if state.no_hit_seen else self.ledger.proven_writes()
+        proof = state.list_proof
+        proven = proof.proven_writes() if proof is not None else None
         try:  # one attempt: a later run that finds no record takes the ordinary path
             await lists.record_list(plan.port, plan.write, self.digest, keys, proven)
         except EngineError as exc:

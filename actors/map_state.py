@@ -63,9 +63,9 @@ from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.sheet_write import PREVIOUS_CELLS_BUDGET_BYTES, check_flag
-from runplane.engine.sheets.write_ledger import WriteLedger, keeping
 
 from .backoff import MAX_WAITING_ROWS, RetryQueue
+from .list_proof import ListProof
 from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
 from .progress import CallGauge, MapProgress, MapResult, MapTally
@@ -256,13 +256,8 @@ class MapState:
     # The keys of every row admitted to run, kept for a list the map may record
     # (`actors.list_replay`); None: not kept.
     admitted_keys: list[str] | None = attrs.field(init=False, default=None)
-    # For such a list, the outputs a completed outcome must give a value a cache hit needs
-    # (`engine.sheets.dispositions.fresh_cell`: not null, not ""); `no_hit_seen` once one did
-    # not (or carried cell meta): the list is then recorded only after checking every key.
-    hit_outputs: tuple[str, ...] | None = attrs.field(init=False, default=None)
-    no_hit_seen: bool = attrs.field(init=False, default=False)
-    # For such a list, the map's own sheet write transactions (`writing`).
-    write_ledger: WriteLedger | None = attrs.field(init=False, default=None)
+    # For such a list, its proof that every row ends a cache hit (`actors.list_proof`).
+    list_proof: ListProof | None = attrs.field(init=False, default=None)
 
     @classmethod
     def observed_by(cls, on_progress: Callable[[MapProgress], object] | None) -> MapState:
@@ -317,10 +312,8 @@ class MapState:
 
     def writing(self) -> ContextManager[object]:
         """Around the map's own sheet writes (its sheet ensured, pages admitted, outcomes
-        completed): each is noted in the map's write ledger when it keeps one. A row function
-        writing the sheet is not the map: its writes leave gaps in the ledger."""
-        return contextlib.nullcontext() if self.write_ledger is None \
-            else keeping(self.write_ledger)
+        completed): noted in its list proof, when it keeps one (`actors.list_proof`)."""
+        return contextlib.nullcontext() if self.list_proof is None else self.list_proof.writing()
 
     # -- admission ---------------------------------------------------------------------------
     def note_reuse(self, keys: list[str]) -> None:
@@ -414,8 +407,8 @@ class MapState:
                completion: Completion) -> None:
         """A completion that contains these tickets' outcomes returned."""
         self.tally.on_completion(outcomes, completion)
-        if self.hit_outputs is not None and not self.no_hit_seen:
-            self._check_hits(outcomes)
+        if self.list_proof is not None:
+            self.list_proof.check(outcomes)
         for ticket in tickets:
             self._ledger.pop(ticket, None)
         self._inflight.difference_update(outcome.key for outcome in outcomes)
@@ -442,20 +435,8 @@ class MapState:
 
     def count_flushed(self, outcomes: list[RowOutcome], completion: Completion) -> None:
         self.tally.on_completion(outcomes, completion)
-        if self.hit_outputs is not None and not self.no_hit_seen:
-            self._check_hits(outcomes)
-
-    def _check_hits(self, outcomes: list[RowOutcome]) -> None:
-        """Note a completed outcome that leaves its row no cache hit (`hit_outputs`)."""
-        outputs = self.hit_outputs or ()
-        for outcome in outcomes:
-            if outcome.status != OutcomeStatus.COMPLETED:
-                continue  # a failed row keeps the list from being recorded at all
-            data = outcome.data or {}
-            if outcome.cell_meta is not None or any(
-                    data.get(name) is None or data.get(name) == "" for name in outputs):
-                self.no_hit_seen = True
-                return
+        if self.list_proof is not None:
+            self.list_proof.check(outcomes)
 
     # -- the result --------------------------------------------------------------------------
     def report(self) -> None:
