@@ -98,8 +98,8 @@ def completed_outcomes(items: object) -> list[RowOutcome] | None:
     `completed`, an object of data, no error, cause or cell meta): each checked, normalized and
     encoded once by `completed_outcome`, as a map's worker builds it, so the completion neither
     decodes it through the codec nor checks and encodes its data again (about a quarter of the
-    gateway's work an outcome: 6.5 µs for 8.7 on this machine). None for any other list: the codec then decodes it whole, and
-    names what is wrong with which outcome."""
+    gateway's work an outcome: 6.5 µs for 8.7 on this machine). None for any other list: the
+    codec then decodes it whole, and names what is wrong with which outcome."""
     if type(items) is not list:
         return None
     outcomes = []

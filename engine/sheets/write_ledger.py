@@ -3,9 +3,10 @@
 How it works
 - Every ordinary sheet write transaction adds one to its sheet's `sheet_summary.writes` under
   the sheet lock (`sheet_txn`) and learns the value it left. A `WriteLedger` of one sheet,
-  set for a map with `keeping` (a context variable: the map's actors inherit it), is told the
-  value of each of the map's write transactions on that sheet once it committed
-  (`note_commit`), and whether the transaction found counter deltas of concurrent writers.
+  set with `keeping` around a map's own write calls only (a context variable: what those
+  calls start inherits it, a row function's writes are not noted), is told the value of each
+  such write transaction on that sheet once it committed (`note_commit`), and whether the
+  transaction found counter deltas of concurrent writers.
 - `proven_writes()` answers the sheet's `writes` after the map's last transaction when the
   values it was told are contiguous and no transaction found deltas: then, from the map's
   first write transaction on, no other transaction wrote the sheet (each would have taken a
@@ -16,7 +17,7 @@ How it works
 - Only ordinary writers count: the writers of a shared map add deltas instead of a value, so
   a transaction that found deltas spoils the proof (`engine.sheets.lists`, `counters`).
 Who uses it: `engine.sheets.lists` (a list recorded without its per-key check) and the map
-that records it (`actors.list_replay`). Pure: no I/O.
+that records it (`actors.list_proof`, `actors.list_replay`). Pure: no I/O.
 """
 
 from __future__ import annotations
