@@ -4,7 +4,8 @@ How it works
 - `MapRecorder` belongs to one `run.map`. It sees every progress snapshot of the map (a cheap
   assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
   one about every `HEARTBEAT_S` seconds while it changed (less often while the store is slow to
-  answer, see `heartbeat`) (state `running`; `running` is the rows
+  answer, see `heartbeat`; unchanged, often enough to be the run's cancellation poll) (state
+  `running`; `running` is the rows
   inside a call of the function when it was written, as everywhere: `engine.runs.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
   `stopped_early` or `superseded`, ended when the map returned) in the run's nursery, so the
   caller of `run.map` does not wait for a record (the run's exit does); a map that raised is written as `failed` (unless the store
@@ -24,6 +25,7 @@ How it works
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 
@@ -98,21 +100,26 @@ class MapRecorder:
         """Write the latest snapshot while it changes, until cancelled: every `HEARTBEAT_S`,
         or, when the store is slow to answer (a busy gateway or server), twice as long as the
         last write took (at most `MAX_HEARTBEAT_S`): history never takes more than a third of
-        the store's time for a map, and a loaded server is not loaded more by its history. A
+        the store's time for a map, and a loaded server is not loaded more by its history.
+        Unchanged, it still writes when the run's cancellation stamp would otherwise go unread
+        for a poll period: while it runs, the run's watcher sends no poll (`RunStop.beat`). A
         write under way when the map ends is finished (within `ENDING_ATTEMPT_S`, `ending`), not
         cancelled: that would cost its connection, and the store keeps the map's last entry
         over it (`engine.runs.history`)."""
-        await self._beat(self._record(MapRunState.RUNNING, self.latest))
-        pause = HEARTBEAT_S
-        while True:
-            await trio.sleep(pause)
-            if self.latest is not None and self.latest != self.written:
-                self.written = self.latest
-                started = trio.current_time()
-                await self._beat(self._record(MapRunState.RUNNING, self.latest))
-                took = trio.current_time() - started
-                pause = min(MAX_HEARTBEAT_S, max(HEARTBEAT_S, 2 * took))
-            await self._write_outages()
+        with contextlib.nullcontext() if self.stop is None else self.stop.beat():
+            self.written = self.latest
+            await self._beat(self._record(MapRunState.RUNNING, self.latest))
+            pause = HEARTBEAT_S
+            while True:
+                await trio.sleep(pause)
+                changed = self.latest is not None and self.latest != self.written
+                if changed or (self.stop is not None and self.stop.poll_due(pause)):
+                    self.written = self.latest
+                    started = trio.current_time()
+                    await self._beat(self._record(MapRunState.RUNNING, self.latest))
+                    took = trio.current_time() - started
+                    pause = min(MAX_HEARTBEAT_S, max(HEARTBEAT_S, 2 * took))
+                await self._write_outages()
 
     async def _beat(self, record: history.MapRecord) -> None:
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S) \

@@ -12,7 +12,9 @@ How it works
   the rest to the new holder.
 - Each step is idempotent (or fenced by the lease) and retried through transient store faults.
 - `finish_entry` is the whole job for one outbox entry: retire, and mark the entry done with the
-  last batch (one request). Both the run's own guard (`actors.run`) and the supervisor call it.
+  last batch (one request). Both the run's own guard (`actors.run`) and the supervisor call it;
+  the run's guard sends the first batch itself, recording the entry pending with it, so a run
+  that staged at most a batch of facts closes in one request.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import attrs
 
 from runplane.engine import array_input
+from runplane.engine.array_input.values import RetireResult
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import RunScope
 
@@ -41,15 +44,21 @@ class RetirementOutcome:
 
 @marked("retirement")
 async def finish_entry(
-    port: Port, scope: RunScope, owner: str, *, lease_s: float = 60.0
+    port: Port, scope: RunScope, owner: str, *, lease_s: float = 60.0,
+    first: RetireResult | None = None,
 ) -> RetirementOutcome:
     """Retire the run under `owner`'s lease, batch by batch, and settle its outbox entry as
-    done: the last batch settles it in the same request (`array_input.retire_entry`)."""
+    done: the last batch settles it in the same request (`array_input.retire_entry`). `first`
+    is a first batch the caller sent already (the run's own close, which recorded the entry
+    with it)."""
     deleted = 0
+    result = first
     while True:
-        result = await retry_transient(lambda: array_input.retire_entry(port, scope, owner))
+        if result is None:
+            result = await retry_transient(lambda: array_input.retire_entry(port, scope, owner))
         deleted += result.deleted
         if result.done:
             return RetirementOutcome(deleted, True, result.settled)
         if not await retry_transient(lambda: outbox.renew(port, scope, owner, lease_s)):
             return RetirementOutcome(deleted, False)
+        result = None

@@ -415,25 +415,21 @@ async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFA
     (or, if even that could not be recorded, open) for a supervisor.
     """
     owner = outbox.new_owner_id("run")
-    # Recording is one short statement, shielded (with a deadline) so that a cancellation
-    # arriving just after the body ended cannot leave a finished run looking wakeable.
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + RECORD_DEADLINE_S) as scope_:
-        try:
-            recorded = await retry_transient(
-                lambda: outbox.mark_pending(port, scope, owner, lease_s))
-        except EngineError as exc:
-            log.warning("run %s: could not record terminal outbox entry: %s", scope.run_id, exc)
-            return False
-    if scope_.cancelled_caught:
-        log.warning("run %s: recording the terminal outbox entry ran past %.0fs",
-                    scope.run_id, RECORD_DEADLINE_S)
-        return False
-    if not recorded:
-        return True  # already done by someone else
     settled = False
     try:
+        # The first batch records the entry pending in the same request (`retire_entry`):
+        # shielded, with a deadline, so that a cancellation arriving just after the body ended
+        # cannot leave a finished run looking wakeable.
+        with trio.CancelScope(shield=True,
+                              deadline=trio.current_time() + RECORD_DEADLINE_S) as recording:
+            first = await retry_transient(lambda: array_input.retire_entry(
+                port, scope, owner, record_lease_s=lease_s))
+        if recording.cancelled_caught:
+            log.warning("run %s: recording the terminal outbox entry ran past %.0fs",
+                        scope.run_id, RECORD_DEADLINE_S)
+            return False
         await trio.lowlevel.checkpoint()  # a pending cancellation lands here, after the record
-        outcome = await retirement.finish_entry(port, scope, owner, lease_s=lease_s)
+        outcome = await retirement.finish_entry(port, scope, owner, lease_s=lease_s, first=first)
         settled = True
         return outcome.settled
     except EngineError as exc:

@@ -190,3 +190,78 @@ async def test_a_map_history_write_is_the_run_cancellation_poll(tenant):
         assert await request_cancel(tenant, run.scope) == CancelAnswer.REQUESTED
         await recorder._write(record)
         assert run.cancelled  # the write saw the stamp
+
+
+async def test_a_stalled_maps_heartbeat_is_its_runs_only_cancellation_poll(tenant, monkeypatch):
+    """While a map's heartbeat runs, the run's watcher sends no poll of its own, even for a map
+    whose snapshot does not change (its rows wait inside the function): the heartbeat then
+    writes, unchanged, whenever the stamp would go unread for a poll period, so a cancel still
+    stops the map, and the poll and the heartbeat never both go out when both come due."""
+    from runplane.actors import cancellation
+    from runplane.engine.runs.cancel import CANCEL_POLL_S
+
+    polls: list[float] = []
+    writes: list[float] = []
+    real_poll, real_record = cancellation.cancel_requested, history.record_map
+
+    async def poll(port, scope):
+        polls.append(trio.current_time())
+        return await real_poll(port, scope)
+
+    async def record(port, scope, entry):
+        writes.append(trio.current_time())
+        return await real_record(port, scope, entry)
+
+    monkeypatch.setattr(cancellation, "cancel_requested", poll)
+    monkeypatch.setattr(history, "record_map", record)
+    inside, never = trio.Semaphore(0), trio.Event()
+
+    async def stalled(row: dict) -> dict:
+        inside.release()
+        await never.wait()
+        return {"double": row["n"] * 2}
+
+    with trio.fail_after(30):
+        async with open_run(tenant, "stalled") as run:
+            async with trio.open_nursery() as nursery:
+                async def cancel_while_stalled() -> None:
+                    for _ in range(2):
+                        await inside.acquire()
+                    watched = trio.current_time()
+                    await trio.sleep(2 * CANCEL_POLL_S + 0.5)  # two poll periods, unchanged
+                    assert polls == []
+                    assert len([t for t in writes if t > watched]) >= 2
+                    assert await request_cancel(tenant, run.scope) is CancelAnswer.REQUESTED
+                nursery.start_soon(cancel_while_stalled)
+                result = await run.map("stalled", ROWS[:2], stalled, contract=CONTRACT,
+                                       concurrency=2)
+    assert run.cancelled and result.stop_reason == CANCELLED and result.completed == 0
+    assert polls == []  # the heartbeat read the stamp; the watcher never polled
+
+
+async def test_the_watcher_sends_no_poll_while_a_heartbeat_runs_even_when_due(tenant, monkeypatch):
+    """The race of a heartbeat and a poll coming due together, forced: the watcher's poll
+    comes due period after period while a heartbeat runs (`RunStop.beat`) and writes nothing:
+    the watcher leaves the stamp to the heartbeat; once no heartbeat runs, it polls."""
+    from runplane.actors import cancellation
+    from runplane.actors.cancellation import RunStop, watch_for_cancel
+
+    polls: list[float] = []
+    real_poll = cancellation.cancel_requested
+
+    async def poll(port, scope):
+        polls.append(trio.current_time())
+        return await real_poll(port, scope)
+
+    monkeypatch.setattr(cancellation, "cancel_requested", poll)
+    async with open_run(tenant, "due") as run:
+        stop = RunStop()
+        async with trio.open_nursery() as nursery:
+            with stop.beat():
+                nursery.start_soon(lambda: watch_for_cancel(tenant, run.scope, stop, poll_s=0.02))
+                await trio.sleep(0.3)  # fifteen poll periods
+                assert polls == []
+            with trio.fail_after(10):
+                while not polls:
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()

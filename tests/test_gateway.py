@@ -13,7 +13,8 @@ import jwt
 import pytest
 
 from runplane import engine
-from runplane.engine import PlayScope, RunRef, RunScope, receipts, runs
+from runplane.engine import PlayScope, RunRef, RunScope, array_input, receipts, runs
+from runplane.engine.runs import outbox
 from runplane.engine.actions import RemotePort, actions
 from runplane.engine.errors import AuthError, InvalidInputError, ScopeError
 from runplane.engine.gateway import mint_token, open_gateway, protocol, verify_token
@@ -124,6 +125,26 @@ async def test_a_token_allows_exactly_its_claims(tenant, server):
         with pytest.raises(ScopeError, match="actions claim does not allow receipts.complete"):
             await receipts.complete(gateway, run, "k", {})
     assert (await receipts.get(tenant, PlayScope(tenant.org_id, PLAY), "k")).status == "running"
+
+
+async def test_retire_entry_records_the_entry_only_for_a_token_that_may(tenant, server):
+    """`retire_entry` with `record_lease_s` also does what `outbox.mark_pending` does: a token
+    whose actions claim leaves that out is refused it, before anything is written; one that
+    allows it records and retires the run's entry in one request."""
+    scope = RunScope(tenant.org_id, PLAY, "closing")
+    narrow = token_for(tenant, actions=["runs.register", "array_input.retire_entry"])
+    async with open_gateway(server.url, narrow, retry=FAST_RETRY) as gateway:
+        await runs.register(gateway, scope)
+        with pytest.raises(ScopeError, match="does not allow outbox.mark_pending"):
+            await array_input.retire_entry(gateway, scope, "me", record_lease_s=30.0)
+        assert (await array_input.retire_entry(gateway, scope, "me")).done  # no entry to settle
+    assert (await outbox.get(tenant, scope)).state == "open"
+    async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
+        result = await array_input.retire_entry(gateway, scope, "me", record_lease_s=30.0)
+        assert (result.done, result.settled) == (True, True)
+        again = await array_input.retire_entry(gateway, scope, "other", record_lease_s=30.0)
+        assert (again.done, again.deleted, again.settled) == (True, 0, True)  # done already
+    assert (await outbox.get(tenant, scope)).state == "done"
 
 
 async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):

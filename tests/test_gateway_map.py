@@ -218,16 +218,19 @@ async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
 
 
 def as_an_older_gateway(monkeypatch) -> None:
-    """The gateway answers as one from before `open_list_map` and `put_and_seal`'s begin
-    fields: its health lists no features, and it refuses those fields as unknown."""
+    """The gateway answers as one from before `open_list_map`, `put_and_seal`'s begin fields
+    and `retire_entry`'s `record_lease_s`: its health lists no features, and it refuses those
+    fields as unknown."""
     from runplane.engine.actions import Action
     from runplane.engine.gateway import protocol
 
     decode_input = Action.decode_input
 
     def as_before(self, body):
-        if self.name == "array_input.put_and_seal" and "has_source_identities" in body:
-            raise InvalidInputError(f"{self.name}: unknown input fields ['has_source_identities']")
+        for name, field in (("array_input.put_and_seal", "has_source_identities"),
+                            ("array_input.retire_entry", "record_lease_s")):
+            if self.name == name and field in body:
+                raise InvalidInputError(f"{self.name}: unknown input fields [{field!r}]")
         return decode_input(self, body)
 
     monkeypatch.setattr(protocol, "ARRAY_FEATURES", ())
@@ -237,13 +240,15 @@ def as_an_older_gateway(monkeypatch) -> None:
 async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant, monkeypatch):
     """A gateway whose health lists no features (one from before `open_list_map` and
     `put_and_seal`'s begin fields, which refuses those fields as unknown) serves a newer
-    runner's one-page list map: the runner opens it with the three calls and begins the input
-    in a request of its own, to the same rows as a gateway that lists them."""
+    runner's one-page list map: the runner opens it with the three calls, begins the input
+    in a request of its own and records its run's terminal entry before retiring it, to the
+    same rows and the same settled entry as a gateway that lists them."""
     async def mapped(play: str) -> dict[str, int]:
         async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
             before = dict(server.requests)
-            _, result = await run_map(gw, play, rows(40))
+            run, result = await run_map(gw, play, rows(40))
             assert (result.admitted, result.failed) == (40, 6)
+        assert await outbox_state(tenant, run.run_id) == "done"
         return {name: server.requests[name] - before.get(name, 0) for name in server.requests}
 
     async with serving(tenant) as server:
@@ -253,6 +258,8 @@ async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant,
     assert (newer["array_input.open_list_map"], newer.get("array_input.begin", 0)) == (1, 0)
     assert (older.get("array_input.open_list_map", 0), older["array_input.begin"]) == (0, 1)
     assert older["array_input.put_and_seal"] == 1 and older["sheets.ensure_sheet"] == 1
+    assert (newer.get("outbox.mark_pending", 0), newer["array_input.retire_entry"]) == (0, 1)
+    assert (older["outbox.mark_pending"], older["array_input.retire_entry"]) == (1, 1)
     stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
               for play in ("newer", "older")]
     assert stored[0] == stored[1]

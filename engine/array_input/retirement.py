@@ -18,13 +18,17 @@ How it works
 - `retire_entry(scope, owner)` is one batch that, when it is the last (`done`), also settles the
   run's outbox entry as done under `owner`'s lease (`engine.runs.outbox.mark_done`): a run's
   retirement ends in one request, not two. Both are idempotent, so a retry of the pair is too.
+  With `record_lease_s` it first records the terminal run as pending, leased to `owner`
+  (`outbox.mark_pending`): a run's own close (`actors.run.guard_retirement`) is then one
+  request for a run that staged at most a batch of facts, not two. An entry found done already
+  answers done and settled, deleting nothing (someone else retired the run).
 """
 
 from __future__ import annotations
 
 from ..actions import action
 from ..runs import outbox
-from ..values.codecs import RUN_SCOPE, TEXT
+from ..values.codecs import FLOAT, RUN_SCOPE, TEXT, optional
 from ..values.keys import run_key_range
 from ..ports import RETIREMENT_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES
@@ -130,10 +134,17 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
     return await with_connection(port, RETIREMENT_LANE, op)
 
 
-@action("array_input.retire_entry", params={"scope": RUN_SCOPE, "owner": TEXT}, result=RETIRE_RESULT)
-async def retire_entry(port: Port, scope: RunScope, owner: str) -> RetireResult:
+@action("array_input.retire_entry",
+        params={"scope": RUN_SCOPE, "owner": TEXT, "record_lease_s": optional(FLOAT)},
+        result=RETIRE_RESULT)
+async def retire_entry(port: Port, scope: RunScope, owner: str, *,
+                       record_lease_s: float | None = None) -> RetireResult:
     """`retire`, and once it is done, settle the run's outbox entry as done under `owner`'s
-    lease (`settled`: False when the lease was lost)."""
+    lease (`settled`: False when the lease was lost). With `record_lease_s`, first record the
+    entry pending under that lease (module docstring)."""
+    if record_lease_s is not None and not await outbox.mark_pending(
+            port, scope, owner, record_lease_s):
+        return RetireResult(True, 0, True)  # done already: nothing of the run is left
     result = await retire(port, scope)
     if not result.done:
         return result

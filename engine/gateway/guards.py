@@ -22,7 +22,8 @@ How it works
   (`runs.register`'s answer is remembered) costs no extra read, another one read on its first
   request through this gateway, none afterwards. A negative answer is never cached (the run may be registered next).
 - `scope_of(kwargs)` is the org and play a request's inputs name, checked against the token's
-  claims; `named_runs` and `named_run_ids` the runs they name.
+  claims; `named_runs` and `named_run_ids` the runs they name; `check_also_does` checks the
+  claim for what an input makes an action do besides (`ALSO_DOES`).
 - `bucket(name, known)` is the counter key of an action name: the name itself when it is a
   registered action, else one shared bucket, so unauthenticated requests for made-up names
   cannot grow the server's state or its log line. `printable(text)` escapes what a request
@@ -262,3 +263,16 @@ def named_run_ids(kwargs: Mapping[str, object]) -> list[str]:
     if isinstance(listed, (list, tuple)):
         found.extend(run_id for run_id in listed if isinstance(run_id, str))
     return found
+
+
+# An input under which an action also does what another action does: the token's actions
+# claim must allow that one too (a claim without `outbox.mark_pending` cannot record a run's
+# terminal entry through `retire_entry`).
+ALSO_DOES = {("array_input.retire_entry", "record_lease_s"): "outbox.mark_pending"}
+
+
+def check_also_does(claims: TokenClaims, name: str, kwargs: Mapping[str, object]) -> None:
+    """`ScopeError` unless the token allows every action the inputs make `name` do as well."""
+    for (action, field), other in ALSO_DOES.items():
+        if action == name and kwargs.get(field) is not None:
+            claims.check_action(other)

@@ -79,7 +79,8 @@ UNSUPPORTED_ACTION = ("unsupported_action", 400)
 # works against an older gateway (which lists nothing) with the older requests.
 OPEN_LIST_MAP = "array_input.open_list_map"  # the action (else: three calls)
 PUT_AND_SEAL_BEGINS = "array_input.put_and_seal:begins"  # its begin fields (else: begin first)
-ARRAY_FEATURES = (OPEN_LIST_MAP, PUT_AND_SEAL_BEGINS)  # listed when array actions are served
+RETIRE_RECORDS = "array_input.retire_entry:records"  # `record_lease_s` (else: mark_pending first)
+ARRAY_FEATURES = (OPEN_LIST_MAP, PUT_AND_SEAL_BEGINS, RETIRE_RECORDS)  # listed with array actions
 BODY_TOO_LARGE = ("body_too_large", 413)
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 TRANSIENT_MESSAGE = re.compile(

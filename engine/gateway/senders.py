@@ -16,7 +16,8 @@ How it works
 - Newer forms go only to a gateway whose health lists them (`protocol.ARRAY_FEATURES`):
   `array_input.open_list_map` is refused here when unlisted or outside the token's `actions`
   claim (the caller opens the map with three calls), and a `put_and_seal` with begin fields
-  goes to an older gateway as `begin`, then `put_and_seal` without them.
+  goes to an older gateway as `begin`, then `put_and_seal` without them; a `retire_entry`
+  that records the entry pending goes to it as `outbox.mark_pending`, then `retire_entry`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from ..tokens import allows
 from ..actions import Action
 from ..canonical import JsonObject, JsonValue
 from ..array_input import facts
+from ..array_input.values import RetireResult
 from ..errors import ArrayInputUnavailableError, InvalidInputError, ScopeError
+from ..runs import outbox
 from ..values.scopes import normalize_namespace
 from ..sheets.model import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
@@ -282,12 +285,27 @@ async def _send_put_and_seal(gateway: Gateway, action: Action, arguments: dict) 
     return await gateway.call(action, arguments)
 
 
+async def _send_retire_entry(gateway: Gateway, action: Action, arguments: dict) -> object:
+    """`array_input.retire_entry`; to a gateway that does not list `record_lease_s` (an older
+    one), the terminal entry is recorded pending first in a request of its own
+    (`outbox.mark_pending`), as the call would."""
+    lease_s = arguments.get("record_lease_s")
+    if lease_s is None or protocol.RETIRE_RECORDS in (await gateway.health()).features:
+        return await gateway.call(action, arguments)
+    arguments = dict(arguments)
+    del arguments["record_lease_s"]
+    if not await outbox.mark_pending(gateway, arguments["scope"], arguments["owner"], lease_s):
+        return RetireResult(True, 0, True)  # done already
+    return await gateway.call(action, arguments)
+
+
 SENDERS: dict[str, Callable[[Gateway, Action, dict], Awaitable[object]]] = {
     "sheets.admit": _send_admit,
     "sheets.probe": _send_probe,
     COMPLETION_ACTION: _send_complete,
     protocol.OPEN_LIST_MAP: _send_open_list_map,
     "array_input.put_and_seal": _send_put_and_seal,
+    "array_input.retire_entry": _send_retire_entry,
 }
 
 

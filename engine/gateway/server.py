@@ -324,6 +324,7 @@ class Server:
         raw = await read_body(receive, limit)
         self.max_body_bytes = max(self.max_body_bytes, len(raw))
         kwargs, skipped = await self._decode(spec, raw)
+        guards.check_also_does(claims, name, kwargs)
         org, play = guards.scope_of(kwargs)
         listed = kwargs.get("plays")  # an org-wide step narrowed to some plays (outbox.claim_due)
         if play is None and isinstance(listed, (list, tuple)) and listed:
