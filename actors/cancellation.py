@@ -7,10 +7,10 @@ How it works
   opened, so short runs never poll); a poll the store does not answer is skipped, not fatal.
   A map's history write answers the stamp too (`engine.runs.history.record_map`):
   `RunStop.heard` counts its answer as a poll, and no poll is sent while such a write is in
-  flight (`RunStop.answering`). While a map's heartbeat runs (`RunStop.beating`), the run
-  sends no poll at all: the heartbeat writes when its snapshot changed and, changed or not,
-  when the stamp would otherwise go unread for `CANCEL_POLL_S` (one periodic request per run,
-  not two, even when the heartbeat and the poll come due together).
+  flight (`RunStop.answering`). While a map's heartbeat runs (`RunStop.beat`), a poll that
+  comes due is not sent: the watcher wakes the heartbeat instead (`nudge`), which writes at
+  once, changed or not (one periodic request per run, not two, even when the heartbeat and
+  the poll come due together).
   The poller is a system task (`watching_for_cancel`), so no nursery of the run waits for it.
 - On a stamp, `RunStop.cancel` cancels the scope each running map's pipeline runs in: the calls
   in flight are cancelled (their rows are left, like a crash's, for the next run), what was
@@ -47,8 +47,9 @@ class RunStop:
     reason: str | None = None
     heard_at: float = float("-inf")  # trio time the stamp was last read, by a poll or otherwise
     asking: int = 0  # requests in flight whose answer reads the stamp (`answering`)
-    beating: int = 0  # maps' heartbeats running, each reading the stamp in time (`beat`)
+    beating: int = 0  # maps' heartbeats running (`beat`): the watcher nudges one, not polls
     _scopes: set[trio.CancelScope] = attrs.field(factory=set, repr=False)
+    _nudge: trio.Event = attrs.field(factory=trio.Event, repr=False)
 
     @property
     def cancelled(self) -> bool:
@@ -79,18 +80,27 @@ class RunStop:
 
     @contextlib.contextmanager
     def beat(self) -> Iterator[None]:
-        """Around a map's heartbeat, which reads the stamp at least every `CANCEL_POLL_S`
-        (`actors.history`): while one runs, the watcher does not poll."""
+        """Around a map's heartbeat, which waits with `nudged`: while one runs, the watcher
+        nudges it rather than poll."""
         self.beating += 1
         try:
             yield
         finally:
             self.beating -= 1
 
-    def poll_due(self, within: float) -> bool:
-        """Whether the stamp goes unread for a poll period unless it is read in `within`
-        seconds from now."""
-        return trio.current_time() + within > self.heard_at + CANCEL_POLL_S
+    def nudge(self) -> None:
+        """Ask a heartbeat to write now: the stamp is due to be read."""
+        self._nudge.set()
+
+    async def nudged(self, pause: float) -> bool:
+        """Wait `pause` seconds, or less when nudged; whether this caller took a nudge (one
+        heartbeat takes each)."""
+        with trio.move_on_after(pause):
+            await self._nudge.wait()
+        if not self._nudge.is_set():
+            return False
+        self._nudge = trio.Event()
+        return True
 
     def heard(self, requested: bool) -> None:
         """The run's stamp was read just now (`requested`: it is set): the watcher's next poll
@@ -139,7 +149,9 @@ async def watch_for_cancel(port: Port, scope: RunScope, stop: RunStop, *,
         if trio.current_time() < due:
             await trio.sleep_until(due)
             continue  # read meanwhile by a map's history write: wait from then
-        if stop.asking or stop.beating:  # a write reads it (in flight, or a heartbeat's next)
+        if stop.asking or stop.beating:  # a write reads it: in flight, or a heartbeat's now
+            if not stop.asking:
+                stop.nudge()
             stop.heard_at = trio.current_time()
             continue
         try:

@@ -4,7 +4,7 @@ How it works
 - `MapRecorder` belongs to one `run.map`. It sees every progress snapshot of the map (a cheap
   assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
   one about every `HEARTBEAT_S` seconds while it changed (less often while the store is slow to
-  answer, see `heartbeat`; unchanged, often enough to be the run's cancellation poll) (state
+  answer, see `heartbeat`; unchanged, when it stands in for the run's cancellation poll) (state
   `running`; `running` is the rows
   inside a call of the function when it was written, as everywhere: `engine.runs.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
   `stopped_early` or `superseded`, ended when the map returned) in the run's nursery, so the
@@ -34,6 +34,7 @@ import trio
 
 from runplane.engine.canonical import JsonObject
 from runplane.engine.runs import history
+from runplane.engine.runs.cancel import CANCEL_POLL_S
 from runplane.engine.runs.history import MapRunState
 from runplane.engine.runs.outages import record_outages
 from runplane.engine.errors import EngineError
@@ -47,7 +48,9 @@ from .retry import ENDING_ATTEMPT_S, current_watch, hurry_if_waiting
 log = logging.getLogger("runplane.actors")
 
 HEARTBEAT_S = 1.0
-MAX_HEARTBEAT_S = 1.5  # below `CANCEL_POLL_S`: a busy map's heartbeat still answers its run's cancellation
+# At most the cancellation poll period: a busy map's heartbeat is then its run's poll (the
+# watcher nudges it when the poll comes due first), one request a period, not two.
+MAX_HEARTBEAT_S = CANCEL_POLL_S
 FINAL_DEADLINE_S = 5.0
 
 
@@ -101,8 +104,8 @@ class MapRecorder:
         or, when the store is slow to answer (a busy gateway or server), twice as long as the
         last write took (at most `MAX_HEARTBEAT_S`): history never takes more than a third of
         the store's time for a map, and a loaded server is not loaded more by its history.
-        Unchanged, it still writes when the run's cancellation stamp would otherwise go unread
-        for a poll period: while it runs, the run's watcher sends no poll (`RunStop.beat`). A
+        Unchanged, it writes when the run's cancellation watcher nudges it (the stamp is due
+        to be read): while it runs, the watcher sends no poll of its own (`RunStop.beat`). A
         write under way when the map ends is finished (within `ENDING_ATTEMPT_S`, `ending`), not
         cancelled: that would cost its connection, and the store keeps the map's last entry
         over it (`engine.runs.history`)."""
@@ -111,9 +114,11 @@ class MapRecorder:
             await self._beat(self._record(MapRunState.RUNNING, self.latest))
             pause = HEARTBEAT_S
             while True:
-                await trio.sleep(pause)
+                if self.stop is None:
+                    await trio.sleep(pause)
+                nudged = self.stop is not None and await self.stop.nudged(pause)
                 changed = self.latest is not None and self.latest != self.written
-                if changed or (self.stop is not None and self.stop.poll_due(pause)):
+                if changed or nudged:
                     self.written = self.latest
                     started = trio.current_time()
                     await self._beat(self._record(MapRunState.RUNNING, self.latest))

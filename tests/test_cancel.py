@@ -194,9 +194,8 @@ async def test_a_map_history_write_is_the_run_cancellation_poll(tenant):
 
 async def test_a_stalled_maps_heartbeat_is_its_runs_only_cancellation_poll(tenant, monkeypatch):
     """While a map's heartbeat runs, the run's watcher sends no poll of its own, even for a map
-    whose snapshot does not change (its rows wait inside the function): the heartbeat then
-    writes, unchanged, whenever the stamp would go unread for a poll period, so a cancel still
-    stops the map, and the poll and the heartbeat never both go out when both come due."""
+    whose snapshot does not change (its rows wait inside the function): the watcher nudges the
+    heartbeat, which writes unchanged and reads the stamp, so a cancel still stops the map."""
     from runplane.actors import cancellation
     from runplane.engine.runs.cancel import CANCEL_POLL_S
 
@@ -241,8 +240,9 @@ async def test_a_stalled_maps_heartbeat_is_its_runs_only_cancellation_poll(tenan
 
 async def test_the_watcher_sends_no_poll_while_a_heartbeat_runs_even_when_due(tenant, monkeypatch):
     """The race of a heartbeat and a poll coming due together, forced: the watcher's poll
-    comes due period after period while a heartbeat runs (`RunStop.beat`) and writes nothing:
-    the watcher leaves the stamp to the heartbeat; once no heartbeat runs, it polls."""
+    comes due period after period while a heartbeat runs (`RunStop.beat`): the watcher nudges
+    the heartbeat (here, nobody takes the nudge) and sends no poll; once no heartbeat runs, it
+    polls."""
     from runplane.actors import cancellation
     from runplane.actors.cancellation import RunStop, watch_for_cancel
 
