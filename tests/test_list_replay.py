@@ -281,3 +281,38 @@ async def test_a_map_that_began_staging_its_list_is_not_answered_from_the_record
         assert await lists.replay_list(tenant, write, digest, staged) is None
         fresh = run.ref.scope.map(NS, "map-1")
         assert await lists.replay_list(tenant, write, digest, fresh) == len(ROWS)
+
+
+async def test_a_map_write_whose_commit_is_unknown_leaves_no_proof(dsn, tenant, monkeypatch):
+    """A completion of the map commits, but its reply is lost and its fate cannot be read
+    (the server no longer knows the transaction): the map cannot note the `writes` value it
+    left, so its ledger has a gap and the recording checks every key, as after another
+    writer, and still records the list (every row is a hit); the rerun replays it."""
+    from runplane.engine import open_tenant
+    from runplane.engine.tenant import Tenant
+
+    from .pg_proxy import open_pg_proxy
+
+    async def fate_unknown(self, xid, on=None):
+        return None  # as `txid_status` answers for a transaction too old to know
+
+    monkeypatch.setattr(Tenant, "commit_status", fate_unknown)
+    async with open_pg_proxy(dsn) as proxy:
+        async with open_tenant(tenant.org_id, proxy.dsn, schema=tenant.schema) as proxied:
+            async def score(row):
+                if row == ROWS[-1]:  # the last row: its completion commits next
+                    proxy.drop_commit_reply = 1
+                return {"score": len(row["name"])}
+
+            port = CountingPort(proxied)
+            first, _ = await mapped(port, "first", fn=score, concurrency=1)
+            assert proxy.fired == {"drop_commit_reply": 1}
+    [recording] = recordings(port)
+    sheet_table = layout_for(tenant, play_scope(tenant), NS).qualified
+    assert first.completed == 300 and sheet_table in recording  # every key checked
+    assert await recorded(tenant) == 1
+    port = CountingPort(tenant)
+    result, calls = await mapped(port, "second")
+    assert calls == [] and result.cached == 300 and len(replays(port)) == 1
+    ok, detail = await counters_match(tenant, play_scope(tenant), NS)
+    assert ok, detail
