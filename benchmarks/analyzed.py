@@ -33,16 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio  # noqa: E402
 
+from _rows import CONTRACT, noop  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
-from runplane.engine import open_tenant, sheets  # noqa: E402
-
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
-OUTPUT = {"ok": True}
-
-
-async def noop(_row: dict) -> dict:
-    return OUTPUT
+from runplane.engine import open_tenant  # noqa: E402
 
 
 def rows(tag: str, count: int) -> list[dict]:

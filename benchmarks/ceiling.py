@@ -52,33 +52,19 @@ import asyncpg  # noqa: E402  (settling the server between parts only)
 import trio  # noqa: E402
 
 from _memory import peak_rss_mb  # noqa: E402
+from _rows import CONTRACT, OUTPUT, noop, row, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 import _ceilings as ceilings  # noqa: E402
 import gateway as gateway_bench  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
 from runplane.actors.sealer import stage_encoded  # noqa: E402
-from runplane.engine import RunScope, array_input, open_tenant, runs, sheets  # noqa: E402
+from runplane.engine import RunScope, array_input, open_tenant, runs  # noqa: E402
 from runplane.engine.errors import ScopeError  # noqa: E402
 from runplane.engine.runs.cancel import cancel_requested  # noqa: E402
 from runplane.engine.gateway import mint_token, open_gateway  # noqa: E402
 
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
-OUTPUT = {"ok": True}
 IO_DELAY, IO_CONCURRENCY = 0.005, 64
 RESULTS: list[tuple[str, str, bool]] = []
-
-
-def row(i: int) -> dict:
-    return {"name": f"company-{i}", "n": i}
-
-
-async def stream(rows: int):
-    for i in range(rows):
-        yield row(i)
-
-
-async def noop(_row: dict) -> dict:
-    return OUTPUT
 
 
 async def io_bound(_row: dict) -> dict:

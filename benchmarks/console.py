@@ -36,24 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 import trio  # noqa: E402
 
+from _rows import CONTRACT, noop, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
-from runplane.engine import open_tenant, sheets  # noqa: E402
+from runplane.engine import open_tenant  # noqa: E402
 from runplane.engine.console import open_console  # noqa: E402
 
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
-OUTPUT = {"ok": True}
 PLAYS = 20
 PLAY_ROWS = 1_000
-
-
-async def stream(rows: int):
-    for i in range(rows):
-        yield {"name": f"company-{i}", "n": i}
-
-
-async def noop(_row: dict) -> dict:
-    return OUTPUT
 
 
 def server_ms(response: httpx.Response) -> float:

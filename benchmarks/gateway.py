@@ -32,30 +32,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio  # noqa: E402
 
+from _rows import CONTRACT, OUTPUT, noop, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
-from runplane.engine import open_tenant, receipts, sessions, sheets  # noqa: E402
+from runplane.engine import open_tenant, receipts, sessions  # noqa: E402
 from runplane.engine.gateway import mint_token, open_gateway, open_server  # noqa: E402
 
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
-OUTPUT = {"ok": True}
 ORG, PLAY = "bench", "bench"
 SECRET = "benchmark-gateway-secret-" + uuid.uuid4().hex
-
-
-async def stream(rows: int, tag: str):
-    for i in range(rows):
-        yield {"name": f"{tag}-company-{i}", "n": i}
-
-
-async def noop(_row: dict) -> dict:
-    return OUTPUT
 
 
 async def map_rate(port, run_id: str, table: str, rows: int, concurrency: int) -> float:
     async with open_run(port, PLAY, run_id, retire_on_exit=False) as run:
         started = time.perf_counter()
-        result = await run.map(table, stream(rows, table), noop, contract=CONTRACT,
+        result = await run.map(table, stream(rows, f"{table}-company"), noop, contract=CONTRACT,
                                concurrency=concurrency)
         elapsed = time.perf_counter() - started
     assert result.completed == rows, result

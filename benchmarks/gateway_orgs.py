@@ -39,22 +39,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attrs  # noqa: E402
 import trio  # noqa: E402
 
+from _rows import CONTRACT, noop  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
-from runplane.engine import open_tenant, sheets  # noqa: E402
+from runplane.engine import open_tenant  # noqa: E402
 from runplane.engine.runs.cancel import cancel_requested  # noqa: E402
 from runplane.engine.gateway import RetryPolicy, ServerOptions, mint_token, open_gateway, open_server  # noqa: E402
 
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
-OUTPUT = {"ok": True}
 PLAY = "bench"
 SECRET = "benchmark-gateway-orgs-" + uuid.uuid4().hex
 RETRY = RetryPolicy(unreachable_budget_s=600.0, completion_total_s=900.0)
 FLOOR_CALLS = 2_000
-
-
-async def noop(_row: dict) -> dict:
-    return OUTPUT
 
 
 async def one_org(url: str, org: str, rows: int, done: list[int], again: int = 0) -> None:

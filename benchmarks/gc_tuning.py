@@ -26,12 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio  # noqa: E402
 
+from _rows import CONTRACT, noop, row, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
 from runplane.cli import collector  # noqa: E402
-from runplane.engine import open_tenant, sheets  # noqa: E402
-
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
+from runplane.engine import open_tenant  # noqa: E402
 
 
 class CollectorClock:
@@ -46,19 +45,6 @@ class CollectorClock:
             self._started = time.perf_counter()
         else:
             self.seconds += time.perf_counter() - self._started
-
-
-def row(i: int) -> dict:
-    return {"name": f"company-{i}", "n": i}
-
-
-async def stream(rows: int):
-    for i in range(rows):
-        yield row(i)
-
-
-async def noop(_row: dict) -> dict:
-    return {"ok": True}
 
 
 async def one_map(tenant, source, rows: int, clock: CollectorClock) -> tuple[float, float, float]:

@@ -49,28 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 
 from _memory import peak_rss_mb  # noqa: E402
+from _rows import CONTRACT, OUTPUT, noop, row, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 import analyzed  # noqa: E402
 from runplane.actors import RateLimit, RowRetry, open_run  # noqa: E402
 from runplane.simulations.ports import CountingPort  # noqa: E402
 from runplane.engine import open_tenant, sheets  # noqa: E402
 
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
 DIRECT_BATCH = 10_000
-OUTPUT = {"ok": True}
-
-
-def row(i: int) -> dict:
-    return {"name": f"company-{i}", "n": i}
-
-
-async def stream(rows: int):
-    for i in range(rows):
-        yield row(i)
-
-
-async def noop(_row: dict) -> dict:
-    return OUTPUT
 
 
 async def map_side(run, table: str, rows: int, concurrency: int) -> float:

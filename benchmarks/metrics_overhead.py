@@ -34,25 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attrs  # noqa: E402
 import trio  # noqa: E402
 
+from _rows import CONTRACT, noop, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
-from runplane.engine import open_tenant, sheets  # noqa: E402
+from runplane.engine import open_tenant  # noqa: E402
 from runplane.engine.observability import metrics, tracing  # noqa: E402
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
-
-CONTRACT = sheets.SheetContract(inputs=("name", "n"), outputs=("ok",))
-OUTPUT = {"ok": True}
-
-
-async def stream(rows: int):
-    for i in range(rows):
-        yield {"name": f"r{i}", "n": i}
-
-
-async def noop(_row: dict) -> dict:
-    return OUTPUT
 
 
 def noop_provider():
@@ -88,7 +77,7 @@ async def one_side(run, table: str, rows: int, concurrency: int, on: bool,
     traced.switch(on)
     try:
         started, cpu = time.perf_counter(), time.process_time()
-        result = await run.map(table, stream(rows), noop, contract=CONTRACT,
+        result = await run.map(table, stream(rows, "r"), noop, contract=CONTRACT,
                                concurrency=concurrency)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
