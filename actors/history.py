@@ -114,9 +114,7 @@ class MapRecorder:
             await self._beat(self._record(MapRunState.RUNNING, self.latest))
             pause = HEARTBEAT_S
             while True:
-                if self.stop is None:
-                    await trio.sleep(pause)
-                nudged = self.stop is not None and await self.stop.nudged(pause)
+                nudged = await self._wait(pause)
                 changed = self.latest is not None and self.latest != self.written
                 if changed or nudged:
                     self.written = self.latest
@@ -125,6 +123,14 @@ class MapRecorder:
                     took = trio.current_time() - started
                     pause = min(MAX_HEARTBEAT_S, max(HEARTBEAT_S, 2 * took))
                 await self._write_outages()
+
+    async def _wait(self, pause: float) -> bool:
+        """Sleep `pause` seconds, or less when the run's watcher nudges the heartbeat; whether
+        it did."""
+        if self.stop is None:
+            await trio.sleep(pause)
+            return False
+        return await self.stop.nudged(pause)
 
     async def _beat(self, record: history.MapRecord) -> None:
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINAL_DEADLINE_S) \

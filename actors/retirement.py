@@ -43,6 +43,16 @@ class RetirementOutcome:
 
 
 @marked("retirement")
+async def record_and_retire(port: Port, scope: RunScope, owner: str, *,
+                            lease_s: float) -> RetireResult:
+    """A run's own first batch: record its outbox entry pending, leased to `owner`, and retire
+    a batch in the same request (`array_input.retire_entry` with `record_lease_s`); hand the
+    answer to `finish_entry` as its `first`."""
+    return await retry_transient(lambda: array_input.retire_entry(
+        port, scope, owner, record_lease_s=lease_s))
+
+
+@marked("retirement")
 async def finish_entry(
     port: Port, scope: RunScope, owner: str, *, lease_s: float = 60.0,
     first: RetireResult | None = None,

@@ -422,8 +422,7 @@ async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFA
         # cannot leave a finished run looking wakeable.
         with trio.CancelScope(shield=True,
                               deadline=trio.current_time() + RECORD_DEADLINE_S) as recording:
-            first = await retry_transient(lambda: array_input.retire_entry(
-                port, scope, owner, record_lease_s=lease_s))
+            first = await retirement.record_and_retire(port, scope, owner, lease_s=lease_s)
         if recording.cancelled_caught:
             log.warning("run %s: recording the terminal outbox entry ran past %.0fs",
                         scope.run_id, RECORD_DEADLINE_S)
