@@ -135,6 +135,10 @@ def test_a_write_ledger_proves_only_contiguous_writes_without_deltas():
     assert ledger.values == [7, 9, 8] and ledger.proven_writes() == 9
     ledger.note(11, False)  # 10 is missing: another writer's
     assert ledger.proven_writes() is None
+    twice = WriteLedger(sheet)
+    for writes in (5, 5, 7):  # as many values as 5..7 holds, but 6 missing: never proven
+        twice.note(writes, False)
+    assert twice.proven_writes() is None
     for spoiler in ((12, True), (None, False)):  # deltas found; a concurrent transaction
         spoiled = WriteLedger(sheet)
         spoiled.note(5, False)

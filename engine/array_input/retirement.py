@@ -35,7 +35,7 @@ from ..receipts import SQL_STATUSES
 from ..runs.reissue import NotVisible, fetchrow_until_visible
 from ..values.scopes import RunScope
 from . import facts as F
-from .values import RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
+from .values import DONE_ALREADY, RETIRE_BATCH_ROWS, RETIRE_RESULT, RetireResult
 
 # Every statement here reaches `work_receipts` by key: a constant key, a key range, or the
 # array of doomed keys (`k = ANY(ARRAY(...))`, an index lookup per key whatever the statistics
@@ -144,7 +144,7 @@ async def retire_entry(port: Port, scope: RunScope, owner: str, *,
     entry pending under that lease (module docstring)."""
     if record_lease_s is not None and not await outbox.mark_pending(
             port, scope, owner, record_lease_s):
-        return RetireResult(True, 0, True)  # done already: nothing of the run is left
+        return DONE_ALREADY
     result = await retire(port, scope)
     if not result.done:
         return result

@@ -123,6 +123,11 @@ class RetireResult:
     settled: bool = False
 
 
+# What `retire_entry` recording the entry answers when it finds the entry done already (someone
+# else retired the run): nothing left, nothing deleted, settled.
+DONE_ALREADY = RetireResult(True, 0, True)
+
+
 # -- wire codecs (engine.actions) ----------------------------------------------------------------
 
 

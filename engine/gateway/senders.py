@@ -33,7 +33,7 @@ from ..tokens import allows
 from ..actions import Action
 from ..canonical import JsonObject, JsonValue
 from ..array_input import facts
-from ..array_input.values import RetireResult
+from ..array_input.values import DONE_ALREADY
 from ..errors import ArrayInputUnavailableError, InvalidInputError, ScopeError
 from ..runs import outbox
 from ..values.scopes import normalize_namespace
@@ -295,7 +295,7 @@ async def _send_retire_entry(gateway: Gateway, action: Action, arguments: dict) 
     arguments = dict(arguments)
     del arguments["record_lease_s"]
     if not await outbox.mark_pending(gateway, arguments["scope"], arguments["owner"], lease_s):
-        return RetireResult(True, 0, True)  # done already
+        return DONE_ALREADY
     return await gateway.call(action, arguments)
 
 

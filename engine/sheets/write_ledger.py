@@ -8,9 +8,9 @@ How it works
   such write transaction on that sheet once it committed (`note_commit`), and whether the
   transaction found counter deltas of concurrent writers.
 - `proven_writes()` answers the sheet's `writes` after the map's last transaction when the
-  values it was told are contiguous and no transaction found deltas: then, from the map's
-  first write transaction on, no other transaction wrote the sheet (each would have taken a
-  value in between), and the rows the map wrote are as it left them. A value it was not told
+  values it was told are distinct and contiguous and no transaction found deltas: then, from
+  the map's first write transaction on, no other transaction wrote the sheet (each would have
+  taken a value in between), and the rows the map wrote are as it left them. A value it was not told
   (a transaction of the map that committed but whose caller never learned it, or another
   writer) leaves a gap, and the proof fails: the caller then checks what it wanted to prove
   the long way. A failed proof costs time, never a wrong answer.
@@ -46,8 +46,9 @@ class WriteLedger:
     def proven_writes(self) -> int | None:
         """The sheet's `writes` after the last noted transaction when nobody else wrote the
         sheet from the first one on (module docstring); None when that is not proven."""
-        values = sorted(self.values)
-        if self.spoiled or not values or values[-1] - values[0] + 1 != len(values):
+        values = sorted(set(self.values))
+        if (self.spoiled or not values or len(values) != len(self.values)  # a value twice
+                or values[-1] - values[0] + 1 != len(values)):
             return None
         return values[-1]
 
