@@ -4,7 +4,8 @@
 
 A gateway server runs in a child process (as `runplane serve` would) with its default
 connection budget (half of what the server's `max_connections` leaves past the owner reserve
-and the session budget; `--max-connections` sets another). In the same run:
+and the session budget, at most 6 a core for a server on this machine, as the embedded one is;
+`--max-connections` sets another). In the same run:
 1. `--few` orgs (10) map `--rows` rows between them at once (10 × 10,000), each org's runner
    a trio task here with its own token;
 2. `--many` orgs (100) map the same `--rows` rows between them at once (100 × 1,000).

@@ -70,7 +70,8 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", type=_positive, default=None, metavar="N",
                         help="connections the gateway may hold to its server, shared fairly by "
                         "every org (default: half of what max_connections leaves past the owner "
-                        "reserve and the session budget)")
+                        "reserve and the session budget; for a server on this machine, at most "
+                        "6 a core)")
     parser.add_argument("--session-dsn", default=None, metavar="URL",
                         help="the postgresql:// address runners reach the database at, for the URLs "
                         "of database sessions (default: the gateway's own DSN)")

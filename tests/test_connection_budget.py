@@ -4,6 +4,8 @@ outage to ride; a gateway 503 naming a wait is ridden outside the answered-attem
 
 from __future__ import annotations
 
+import socket
+import types
 import urllib.parse
 import uuid
 
@@ -18,7 +20,11 @@ from runplane.engine.errors import (
 from runplane.engine.gateway import RetryPolicy, ServerOptions, open_gateway
 from runplane.engine.gateway.retry import Attempted, RetryState, decide
 from runplane.engine.limits.connections import ServerBudget, hosting
-from runplane.engine.limits.server_share import ServerConnections, default_size
+from runplane.engine.limits.server_share import (
+    PER_CORE, ServerConnections, default_size, local_cores, read_server_connections, server_budget,
+)
+from runplane.engine.pg import reached_locally
+from runplane.engine.sessions.limits import SESSION_CONNECTION_LIMIT, sessions_per_server
 
 from .gateway_support import FAST_RETRY, serving, token_for
 from .test_gateway_retries import stub_gateway
@@ -125,6 +131,46 @@ def test_the_default_size_is_half_of_what_the_reserve_and_sessions_leave():
         ServerBudget(0)
     with pytest.raises(InvalidInputError, match="max_connections"):
         ServerOptions(max_connections=0)
+
+
+def test_a_local_server_s_default_is_at_most_six_connections_a_core():
+    local = ServerConnections(238, 10, local=True)
+    size, why = default_size(local, 128, cores=2)
+    assert size == 2 * PER_CORE == 12 and "on this machine, 2 cores" in why
+    assert default_size(local, 128, cores=16)[0] == 50  # the share is the smaller
+    assert default_size(local, 128)[0] == 50  # cores unknown: the share
+    assert default_size(ServerConnections(238, 10), 128, cores=2)[0] == 50  # remote: the share
+    size, why = default_size(ServerConnections(100, 3, local=True), 128, cores=1)
+    assert size == PER_CORE and "raise max_connections" in why  # below the quarter as well
+
+
+def _connection_on(sock: socket.socket) -> object:
+    """What `reached_locally` reads of a driver connection: its transport's socket."""
+    return types.SimpleNamespace(_transport=types.SimpleNamespace(
+        get_extra_info=lambda name: sock if name == "socket" else None))
+
+
+def test_only_a_unix_socket_or_a_loopback_peer_is_local():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as remote, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as loopback, \
+            socket.socket(socket.AF_UNIX) as unix:
+        remote.connect(("192.0.2.1", 5432))  # a datagram socket connects without a peer
+        loopback.connect(("127.0.0.1", 5432))
+        assert not reached_locally(_connection_on(remote))
+        assert reached_locally(_connection_on(loopback))
+        assert reached_locally(_connection_on(unix))
+    assert not reached_locally(types.SimpleNamespace())  # no socket to read
+
+
+async def test_a_server_reached_over_a_unix_socket_is_sized_by_this_machine_s_cores(dsn):
+    server = await read_server_connections(dsn)
+    if "host=/" not in dsn:  # RUNPLANE_TEST_DSN over TCP: where the server is, unknown here
+        pytest.skip("the test server is reached over TCP; the embedded one tests this")
+    assert server.local
+    remote = ServerConnections(server.max_connections, server.superuser_reserved, server.reserved)
+    share = default_size(remote, sessions_per_server() * SESSION_CONNECTION_LIMIT)[0]
+    budget = await server_budget(dsn)
+    assert budget.size == min(share, PER_CORE * local_cores())
 
 
 # -- tenants drawing on one budget -------------------------------------------------------------

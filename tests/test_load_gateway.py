@@ -5,7 +5,8 @@ nothing anywhere says `too many clients`.
 
 The embedded test server keeps its default `max_connections` (238 with the default session
 budget: `engine.sessions.limits.ConnectionPlan`), so the gateway's default budget is 50
-connections for 100 orgs: orgs wait in its line. Marked `load` (long: run once)."""
+connections, or 6 a core of this machine when that is fewer (the server is local): far fewer
+than 100 orgs, which wait in its line. Marked `load` (long: run once)."""
 
 from __future__ import annotations
 

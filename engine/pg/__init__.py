@@ -30,6 +30,7 @@ from .bridge import (
     reset_connect_watch,
     watch_connects,
     open_driver,
+    reached_locally,
     terminate,
 )
 from .connection import (
@@ -64,7 +65,7 @@ from .translation import (
 __all__ = [
     "CONNECT_TIMEOUT", "PINNED_SEARCH_PATH", "Driver", "LoopCancelledError", "NotSent",
     "close_gracefully", "ConnectWatch", "connect_timeout", "connects_until", "watch_connects", "reset_connect_watch", "ladder_delay", "open_driver",
-    "terminate",
+    "reached_locally", "terminate",
     "COMMIT_RESOLVE_TIMEOUT", "COMMIT_TIMEOUT", "ROLLBACK_TIMEOUT", "SERVER_CHANGE_PROBE_TIMEOUT",
     "SERVER_IDENTITY", "SERVER_START", "XID_PROBE", "CommitStatus", "Connection", "ConnectionState", "PhaseReport",
     "RawConnection", "Reconnect", "Record", "ServerChanged", "StatementHook",

@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ipaddress
+import socket
 from typing import AsyncIterator, Coroutine, Iterator, TypeVar
 
 import asyncpg
@@ -322,6 +324,21 @@ def terminate(raw: asyncpg.Connection) -> None:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def reached_locally(raw: asyncpg.Connection) -> bool:
+    """Whether `raw` reaches its server on this machine: over a Unix-domain socket or to a
+    loopback address (False when its socket cannot be read)."""
+    transport = getattr(raw, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    if sock.family == socket.AF_UNIX:
+        return True
+    try:
+        return ipaddress.ip_address(sock.getpeername()[0]).is_loopback
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 async def close_gracefully(raw: asyncpg.Connection, driver: Driver,
