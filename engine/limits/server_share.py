@@ -35,7 +35,7 @@ import os
 import attrs
 
 from .. import pg
-from ..errors import EngineError, TenantUnreachableError
+from ..errors import TenantUnreachableError
 from ..sessions.limits import SESSION_CONNECTION_LIMIT, sessions_per_server
 from ..tenant import describe_dsn
 from .connections import ServerBudget
