@@ -70,7 +70,6 @@ from typing import TYPE_CHECKING, AsyncIterator, Iterable, Mapping
 import attrs
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -92,6 +91,7 @@ from .bodies import (
     encode_result, read_body,
 )
 from .guards import ReplayCache
+from .http_serve import serve
 from .tenants import OrgTenants, gateway_tenants
 
 if TYPE_CHECKING:
