@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import trio
+
 from runplane.engine import open_tenant
+from runplane.engine import schema as schema_ddl
 from runplane.engine.sheets import RowOutcome, admit, complete
 from runplane.engine.sheets.layout import SHEET_FILLFACTOR, layout_for
 from tests.sheet_helpers import CONTRACT, PLAY, new_run, play_scope
@@ -19,8 +22,8 @@ async def pages(tenant) -> dict[str, int]:
     return {row["_key"]: row["page"] for row in rows}
 
 
-async def fillfactor(tenant, schema: str) -> list[str] | None:
-    layout = layout_for(tenant, play_scope(tenant), NS)
+async def fillfactor(tenant, schema: str, namespace: str = NS) -> list[str] | None:
+    layout = layout_for(tenant, play_scope(tenant), namespace)
     async with tenant.connection("sheet") as conn:
         return await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = $1::regclass",
                                    layout.qualified)
@@ -56,3 +59,44 @@ async def test_the_upgrade_sets_an_older_sheet_to_the_fillfactor(tenant, dsn):
     async with open_tenant(tenant.org_id, dsn, schema=tenant.schema) as reopened:
         assert await fillfactor(reopened, tenant.schema) == [f"fillfactor={SHEET_FILLFACTOR}"]
         assert await pages(reopened) == before
+
+
+async def test_the_upgrade_skips_a_sheet_it_cannot_lock_at_once(tenant, dsn, monkeypatch):
+    """A sheet that another transaction holds while the upgrade runs keeps its fillfactor (the
+    upgrade waits at most the bootstrap's lock timeout for it, then goes on); the other sheets
+    are set and the schema reaches its version."""
+    monkeypatch.setattr(schema_ddl, "BOOTSTRAP_LOCK_TIMEOUT", "200ms")
+    run = await new_run(tenant, PLAY, "r1")
+    await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
+    await admit(tenant, run, "held", CONTRACT, [{"name": "b"}])
+    held = layout_for(tenant, play_scope(tenant), "held")
+    async with tenant.connection("sheet") as conn:
+        for namespace in (NS, "held"):
+            layout = layout_for(tenant, play_scope(tenant), namespace)
+            await conn.execute(f"ALTER TABLE {layout.qualified} SET (fillfactor = 70)")
+        await conn.execute(
+            f"""UPDATE "{tenant.schema}".meta SET value = '15' WHERE key = 'schema_version'""")
+    locked, release = trio.Event(), trio.Event()
+
+    async def hold_the_sheet() -> None:  # the lock a change of storage settings needs
+        async with tenant.connection("retirement") as conn:
+            async with conn.transaction():
+                await conn.execute(f"LOCK TABLE {held.qualified} IN SHARE UPDATE EXCLUSIVE MODE")
+                locked.set()
+                await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hold_the_sheet)
+        await locked.wait()
+        try:
+            with trio.fail_after(60):
+                async with open_tenant(tenant.org_id, dsn, schema=tenant.schema) as reopened:
+                    assert await fillfactor(reopened, tenant.schema) == \
+                        [f"fillfactor={SHEET_FILLFACTOR}"]
+                    assert await fillfactor(reopened, tenant.schema, "held") == ["fillfactor=70"]
+                    async with reopened.connection("sheet") as conn:
+                        assert await conn.fetchval(
+                            f"""SELECT value FROM "{tenant.schema}".meta"""
+                            " WHERE key = 'schema_version'") == schema_ddl.SCHEMA_VERSION
+        finally:
+            release.set()
