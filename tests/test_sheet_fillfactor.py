@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+
+import pytest
 import trio
 
 from runplane.engine import open_tenant
@@ -100,3 +103,43 @@ async def test_the_upgrade_skips_a_sheet_it_cannot_lock_at_once(tenant, dsn, mon
                             " WHERE key = 'schema_version'") == schema_ddl.SCHEMA_VERSION
         finally:
             release.set()
+
+
+async def test_the_upgrade_skips_a_sheet_its_login_may_not_alter(tenant, dsn, admin_dsn):
+    """A sheet owned by another role keeps its fillfactor (the upgrading login may not alter
+    it); the other sheets are set and the schema reaches its version. A superuser may alter
+    any table, so the owner-role pass (`RUNPLANE_TEST_OWNER_ROLE=1`) runs this."""
+    async with tenant.connection("sheet") as conn:
+        if await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"):
+            pytest.skip("the login is a superuser; the owner-role pass runs this test")
+    run = await new_run(tenant, PLAY, "r1")
+    await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
+    await admit(tenant, run, "theirs", CONTRACT, [{"name": "b"}])
+    theirs = layout_for(tenant, play_scope(tenant), "theirs")
+    async with tenant.connection("sheet") as conn:
+        for namespace in (NS, "theirs"):
+            layout = layout_for(tenant, play_scope(tenant), namespace)
+            await conn.execute(f"ALTER TABLE {layout.qualified} SET (fillfactor = 70)")
+        owner = await conn.fetchval("SELECT current_user")
+    stranger = f"stranger_{uuid.uuid4().hex[:8]}"
+    # opened while the schema is current (opening it older would upgrade it as a superuser)
+    async with open_tenant("org-admin", admin_dsn, schema=tenant.schema) as admin:
+        async with admin.connection("sheet") as conn:
+            await conn.execute(f'CREATE ROLE "{stranger}" NOLOGIN')
+            await conn.execute(f'ALTER TABLE {theirs.qualified} OWNER TO "{stranger}"')
+        async with tenant.connection("sheet") as conn:
+            await conn.execute(
+                f"""UPDATE "{tenant.schema}".meta SET value = '15' WHERE key = 'schema_version'""")
+        try:
+            async with open_tenant(tenant.org_id, dsn, schema=tenant.schema) as reopened:
+                assert await fillfactor(reopened, tenant.schema) == \
+                    [f"fillfactor={SHEET_FILLFACTOR}"]
+                assert await fillfactor(reopened, tenant.schema, "theirs") == ["fillfactor=70"]
+                async with reopened.connection("sheet") as conn:
+                    assert await conn.fetchval(
+                        f"""SELECT value FROM "{tenant.schema}".meta"""
+                        " WHERE key = 'schema_version'") == schema_ddl.SCHEMA_VERSION
+        finally:
+            async with admin.connection("sheet") as conn:
+                await conn.execute(f'ALTER TABLE {theirs.qualified} OWNER TO "{owner}"')
+                await conn.execute(f'DROP ROLE "{stranger}"')
