@@ -64,21 +64,43 @@ async def test_the_upgrade_sets_an_older_sheet_to_the_fillfactor(tenant, dsn):
         assert await pages(reopened) == before
 
 
+async def older_sheets(tenant, other: str):
+    """Two sheets (`NS` and `other`) made as before schema version 16 (fillfactor 70); the
+    layout of `other`."""
+    run = await new_run(tenant, PLAY, "r1")
+    async with tenant.connection("sheet") as conn:
+        for namespace in (NS, other):
+            await admit(tenant, run, namespace, CONTRACT, [{"name": namespace}])
+            layout = layout_for(tenant, play_scope(tenant), namespace)
+            await conn.execute(f"ALTER TABLE {layout.qualified} SET (fillfactor = 70)")
+    return layout_for(tenant, play_scope(tenant), other)
+
+
+async def set_schema_version(tenant, version: str) -> None:
+    async with tenant.connection("sheet") as conn:
+        await conn.execute(f"""UPDATE "{tenant.schema}".meta SET value = $1"""
+                           " WHERE key = 'schema_version'", version)
+
+
+async def assert_upgraded_but(tenant, dsn, other: str) -> None:
+    """Opening the tenant upgrades the schema: `NS` is set to the fillfactor, `other` is not."""
+    with trio.fail_after(60):
+        async with open_tenant(tenant.org_id, dsn, schema=tenant.schema) as reopened:
+            assert await fillfactor(reopened, tenant.schema) == [f"fillfactor={SHEET_FILLFACTOR}"]
+            assert await fillfactor(reopened, tenant.schema, other) == ["fillfactor=70"]
+            async with reopened.connection("sheet") as conn:
+                assert await conn.fetchval(
+                    f"""SELECT value FROM "{tenant.schema}".meta WHERE key = 'schema_version'"""
+                ) == schema_ddl.SCHEMA_VERSION
+
+
 async def test_the_upgrade_skips_a_sheet_it_cannot_lock_at_once(tenant, dsn, monkeypatch):
     """A sheet that another transaction holds while the upgrade runs keeps its fillfactor (the
     upgrade waits at most the bootstrap's lock timeout for it, then goes on); the other sheets
     are set and the schema reaches its version."""
     monkeypatch.setattr(schema_ddl, "BOOTSTRAP_LOCK_TIMEOUT", "200ms")
-    run = await new_run(tenant, PLAY, "r1")
-    await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
-    await admit(tenant, run, "held", CONTRACT, [{"name": "b"}])
-    held = layout_for(tenant, play_scope(tenant), "held")
-    async with tenant.connection("sheet") as conn:
-        for namespace in (NS, "held"):
-            layout = layout_for(tenant, play_scope(tenant), namespace)
-            await conn.execute(f"ALTER TABLE {layout.qualified} SET (fillfactor = 70)")
-        await conn.execute(
-            f"""UPDATE "{tenant.schema}".meta SET value = '15' WHERE key = 'schema_version'""")
+    held = await older_sheets(tenant, "held")
+    await set_schema_version(tenant, "15")
     locked, release = trio.Event(), trio.Event()
 
     async def hold_the_sheet() -> None:  # the lock a change of storage settings needs
@@ -92,15 +114,7 @@ async def test_the_upgrade_skips_a_sheet_it_cannot_lock_at_once(tenant, dsn, mon
         nursery.start_soon(hold_the_sheet)
         await locked.wait()
         try:
-            with trio.fail_after(60):
-                async with open_tenant(tenant.org_id, dsn, schema=tenant.schema) as reopened:
-                    assert await fillfactor(reopened, tenant.schema) == \
-                        [f"fillfactor={SHEET_FILLFACTOR}"]
-                    assert await fillfactor(reopened, tenant.schema, "held") == ["fillfactor=70"]
-                    async with reopened.connection("sheet") as conn:
-                        assert await conn.fetchval(
-                            f"""SELECT value FROM "{tenant.schema}".meta"""
-                            " WHERE key = 'schema_version'") == schema_ddl.SCHEMA_VERSION
+            await assert_upgraded_but(tenant, dsn, "held")
         finally:
             release.set()
 
@@ -112,33 +126,17 @@ async def test_the_upgrade_skips_a_sheet_its_login_may_not_alter(tenant, dsn, ad
     async with tenant.connection("sheet") as conn:
         if await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"):
             pytest.skip("the login is a superuser; the owner-role pass runs this test")
-    run = await new_run(tenant, PLAY, "r1")
-    await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
-    await admit(tenant, run, "theirs", CONTRACT, [{"name": "b"}])
-    theirs = layout_for(tenant, play_scope(tenant), "theirs")
-    async with tenant.connection("sheet") as conn:
-        for namespace in (NS, "theirs"):
-            layout = layout_for(tenant, play_scope(tenant), namespace)
-            await conn.execute(f"ALTER TABLE {layout.qualified} SET (fillfactor = 70)")
         owner = await conn.fetchval("SELECT current_user")
+    theirs = await older_sheets(tenant, "theirs")
     stranger = f"stranger_{uuid.uuid4().hex[:8]}"
     # opened while the schema is current (opening it older would upgrade it as a superuser)
     async with open_tenant("org-admin", admin_dsn, schema=tenant.schema) as admin:
         async with admin.connection("sheet") as conn:
             await conn.execute(f'CREATE ROLE "{stranger}" NOLOGIN')
             await conn.execute(f'ALTER TABLE {theirs.qualified} OWNER TO "{stranger}"')
-        async with tenant.connection("sheet") as conn:
-            await conn.execute(
-                f"""UPDATE "{tenant.schema}".meta SET value = '15' WHERE key = 'schema_version'""")
         try:
-            async with open_tenant(tenant.org_id, dsn, schema=tenant.schema) as reopened:
-                assert await fillfactor(reopened, tenant.schema) == \
-                    [f"fillfactor={SHEET_FILLFACTOR}"]
-                assert await fillfactor(reopened, tenant.schema, "theirs") == ["fillfactor=70"]
-                async with reopened.connection("sheet") as conn:
-                    assert await conn.fetchval(
-                        f"""SELECT value FROM "{tenant.schema}".meta"""
-                        " WHERE key = 'schema_version'") == schema_ddl.SCHEMA_VERSION
+            await set_schema_version(tenant, "15")
+            await assert_upgraded_but(tenant, dsn, "theirs")
         finally:
             async with admin.connection("sheet") as conn:
                 await conn.execute(f'ALTER TABLE {theirs.qualified} OWNER TO "{owner}"')
