@@ -3,7 +3,10 @@ stored, counts over the sheet."""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, AsyncIterator
+
+import trio
 
 from runplane.engine.sheets.inputs import text_keys
 from runplane.engine import array_input, canonical
@@ -57,3 +60,25 @@ async def raw_rows(port, scope, namespace: str, fields=()):
             row[f] = canonical.loads(r[f"c{i}"])
         out[r["_key"]] = row
     return out
+
+
+@contextlib.asynccontextmanager
+async def table_locked(tenant, qualified_table: str, mode: str) -> AsyncIterator[None]:
+    """`qualified_table` locked in `mode` (`ACCESS EXCLUSIVE`, ...) by a transaction on another
+    connection of `tenant`, held for the block."""
+    locked, release = trio.Event(), trio.Event()
+
+    async def hold() -> None:
+        async with tenant.connection("retirement") as conn:
+            async with conn.transaction():
+                await conn.execute(f"LOCK TABLE {qualified_table} IN {mode} MODE")
+                locked.set()
+                await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hold)
+        await locked.wait()
+        try:
+            yield
+        finally:
+            release.set()

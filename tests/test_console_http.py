@@ -20,6 +20,7 @@ from runplane.engine.tenant import DEFAULT_LANES
 from .console_support import (EVIL, OTHER_ORG, OTHER_SECRET, SECRET, client, cookie_header,
                               login_token, run_ids, seed)
 from .gateway_support import serving
+from .sheet_helpers import table_locked
 
 
 def pages_of(seeded) -> list[str]:
@@ -253,32 +254,20 @@ async def test_a_scan_that_takes_too_long_shows_unknown_figures_not_an_error(ten
     from runplane.engine.console import queries
 
     sheet = queries.layout(tenant, tenant.org_id, "alpha", "t")
-    locked, release = trio.Event(), trio.Event()
-
-    async def hold_the_sheet() -> None:  # an exclusive lock makes every scan of it wait
-        async with tenant.connection("retirement") as conn:
-            async with conn.transaction():
-                await conn.execute(f"LOCK TABLE {sheet.qualified} IN ACCESS EXCLUSIVE MODE")
-                locked.set()
-                await release.wait()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(hold_the_sheet)
-        await locked.wait()
-        try:  # what a run did is its run history: no sheet scan, so it is shown all the same
-            runs = await queries.list_runs(tenant, queries.RunsQuery(org=tenant.org_id, plays=("alpha",)))
-            assert [run.figures.completed for run in runs] == [61]
-            (table,) = await queries.run_tables(tenant, tenant.org_id, "alpha", seeded.alpha_run)
-            assert table.top_errors is None and table.mine.figures.completed == 61
-            assert table.counters.completed == 61
-            async with client(gateway_url) as http:
-                await login_token(http, mint_token(SECRET, tenant.org_id))
-                page = await http.get("/ui/?play=alpha")
-                assert page.status_code == 200 and "counting took too long" not in page.text
-                page = await http.get(f"/ui/runs/alpha/{seeded.alpha_run}")
-                assert page.status_code == 200 and "counting took too long" in page.text
-        finally:
-            release.set()
+    # an exclusive lock makes every scan of the sheet wait
+    async with table_locked(tenant, sheet.qualified, "ACCESS EXCLUSIVE"):
+        # what a run did is its run history: no sheet scan, so it is shown all the same
+        runs = await queries.list_runs(tenant, queries.RunsQuery(org=tenant.org_id, plays=("alpha",)))
+        assert [run.figures.completed for run in runs] == [61]
+        (table,) = await queries.run_tables(tenant, tenant.org_id, "alpha", seeded.alpha_run)
+        assert table.top_errors is None and table.mine.figures.completed == 61
+        assert table.counters.completed == 61
+        async with client(gateway_url) as http:
+            await login_token(http, mint_token(SECRET, tenant.org_id))
+            page = await http.get("/ui/?play=alpha")
+            assert page.status_code == 200 and "counting took too long" not in page.text
+            page = await http.get(f"/ui/runs/alpha/{seeded.alpha_run}")
+            assert page.status_code == 200 and "counting took too long" in page.text
     (table,) = await queries.run_tables(tenant, tenant.org_id, "alpha", seeded.alpha_run)
     assert sum(c.count for c in table.top_errors) == 3  # its three failed rows, by cause
 

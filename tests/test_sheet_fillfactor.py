@@ -11,7 +11,7 @@ from runplane.engine import open_tenant
 from runplane.engine import schema as schema_ddl
 from runplane.engine.sheets import RowOutcome, admit, complete
 from runplane.engine.sheets.layout import SHEET_FILLFACTOR, layout_for
-from tests.sheet_helpers import CONTRACT, PLAY, new_run, play_scope
+from tests.sheet_helpers import CONTRACT, PLAY, new_run, play_scope, table_locked
 
 NS = "fill"
 
@@ -101,22 +101,9 @@ async def test_the_upgrade_skips_a_sheet_it_cannot_lock_at_once(tenant, dsn, mon
     monkeypatch.setattr(schema_ddl, "BOOTSTRAP_LOCK_TIMEOUT", "200ms")
     held = await older_sheets(tenant, "held")
     await set_schema_version(tenant, "15")
-    locked, release = trio.Event(), trio.Event()
-
-    async def hold_the_sheet() -> None:  # the lock a change of storage settings needs
-        async with tenant.connection("retirement") as conn:
-            async with conn.transaction():
-                await conn.execute(f"LOCK TABLE {held.qualified} IN SHARE UPDATE EXCLUSIVE MODE")
-                locked.set()
-                await release.wait()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(hold_the_sheet)
-        await locked.wait()
-        try:
-            await assert_upgraded_but(tenant, dsn, "held")
-        finally:
-            release.set()
+    # the lock a change of storage settings needs
+    async with table_locked(tenant, held.qualified, "SHARE UPDATE EXCLUSIVE"):
+        await assert_upgraded_but(tenant, dsn, "held")
 
 
 async def test_the_upgrade_skips_a_sheet_its_login_may_not_alter(tenant, dsn, admin_dsn):
