@@ -7,8 +7,8 @@ How it works
   Hypercorn's own `TCPServer` and HTTP protocols until `shutdown_trigger` returns, then lets
   connections in flight finish within `config.graceful_timeout`. HTTP parsing and the
   protocol are Hypercorn's and h11's, untouched.
-- Each connection is a `_Connection`, Hypercorn's `TCPServer` with two changes to what it does
-  around every request on a kept-alive connection (about 12 % of the gateway's CPU for a
+- Each connection is a `_Connection`, Hypercorn's `TCPServer` with these changes to what it
+  does around every request on a kept-alive connection (about 14 % of the gateway's CPU for a
   one-row action, docs/guide/benchmarks.md, ninth pass):
   - **The keep-alive timer is one deadline** (`_KeepAliveTimer`), moved when a request starts
     and when its response ends. Hypercorn starts a new timer task after every response and
@@ -16,6 +16,8 @@ How it works
   - **A send takes the connection's send lock without yielding** when nobody holds it, and
     an empty write (h11's end of a response with a content length) sends nothing. Each
     yield is a turn of the event loop; the socket write still yields once, as trio's do.
+  - A peer that hangs up ends its connection's timer at once (Hypercorn's timer kept the
+    connection's task until the keep-alive ran out).
 - Everything else (the idle close after `config.keep_alive_timeout`, a close when the server
   shuts down, the shielded write) behaves as Hypercorn's.
 Who calls: `engine.gateway.server.open_server`.
