@@ -124,3 +124,27 @@ async def test_a_shutdown_closes_idle_connections_and_lets_a_request_finish():
         shutdown.set()
         assert await idle.closed_by_server()
     assert answers == [b"/slow"]
+
+
+def live_tasks() -> int:
+    """Every task of this trio run."""
+    def count(task: trio.lowlevel.Task) -> int:
+        return 1 + sum(count(child) for nursery in task.child_nurseries
+                       for child in nursery.child_tasks)
+    return count(trio.lowlevel.current_root_task())
+
+
+async def test_a_connection_its_peer_closes_ends_at_once_not_after_the_keep_alive():
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        bind = await started(nursery, shutdown, keep_alive_s=60.0)
+        await trio.sleep(0.1)  # the listener is up, and nothing else is starting
+        before = live_tasks()
+        client = await connect(bind)
+        assert await client.get("/x") == b"/x"
+        assert live_tasks() > before  # the connection's tasks
+        await client.stream.aclose()
+        with trio.fail_after(SLOW_S * 3):
+            while live_tasks() > before:
+                await trio.sleep(0.01)
+        shutdown.set()
