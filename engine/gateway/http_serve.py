@@ -137,9 +137,9 @@ class _TaskGroup(TaskGroup):
 
 
 class _Connection(TCPServer):
-    """Hypercorn's connection with one keep-alive deadline and sends that do not yield for
-    the send lock (module docstring); `timers` holds the keep-alive timers of the server's
-    connections, for its shutdown."""
+    """Hypercorn's connection with one keep-alive timer task, request bodies handed over
+    without a turn and sends that do not yield for the send lock (module docstring); `timers`
+    holds the keep-alive timers of the server's connections, for its shutdown."""
 
     def __init__(self, timers: set[_KeepAliveTimer], *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
