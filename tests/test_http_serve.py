@@ -81,7 +81,7 @@ class Client:
                 self.h11.start_next_cycle()
                 return body
 
-    async def post(self, path: str, pieces: list[bytes], pause_s: float = 0.0) -> bytes:
+    async def post(self, path: str, pieces: list[bytes], pause_s: float) -> bytes:
         """POST the body `pieces`, each its own write (`pause_s` between them); the answer."""
         head = self.h11.send(h11.Request(method="POST", target=path, headers=[
             ("host", "test"), ("content-length", str(sum(map(len, pieces))))]))
@@ -192,7 +192,6 @@ async def test_a_connection_its_peer_closes_ends_at_once_not_after_the_keep_aliv
             while live_tasks() > before:
                 await trio.sleep(0.01)
         shutdown.set()
-
 
 
 def echoed(answer: bytes) -> tuple[bytes, int]:
