@@ -31,6 +31,8 @@ autovacuum works on what the part before wrote), so a part is not measured again
 one's clean-up. `--quick` shrinks the sizes so a whole run takes a few minutes
 (100,000 rows for the ceiling, 200,000 for the RSS child, 10,000 for lists); the figures in docs/guide/benchmarks.md use the
 defaults.
+Its processes (this one, the RSS child, the gateway child) collect garbage as `runplane run`
+and `runplane serve` do (`benchmarks/_hosting.py`; `RUNPLANE_BENCH_GC=default` for CPython's).
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 
@@ -52,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import asyncpg  # noqa: E402  (settling the server between parts only)
 import trio  # noqa: E402
 
+from _hosting import collect_as_hosting  # noqa: E402
 from _memory import peak_rss_mb  # noqa: E402
 from _rows import CONTRACT, OUTPUT, noop, row, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
@@ -361,10 +364,12 @@ def main() -> None:
         args.rows, args.rss_rows = 100_000, 200_000
         args.gateway_rows, args.keys = 20_000, 1_000
         args.list_rows = "10000"
+    collector_line = collect_as_hosting()  # the RSS and gateway children do too
     dsn = args.dsn or bench_dsn()
     if args.rss_child:
         trio.run(rss_child, dsn, args.rss_rows, args.concurrency)
         return
+    print(collector_line, flush=True)
     parts = args.parts.split(",")
     for i, part in enumerate(parts):
         if i:

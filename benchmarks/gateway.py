@@ -13,6 +13,8 @@ the same PostgreSQL and schema as the direct side.
 2. Receipts one key at a time: claim + complete of `--keys` keys through the gateway vs direct.
    Target ratio >= 0.3: each call through a gateway is one HTTP round trip (plus JSON on both
    ends) on top of the database round trip a direct call makes.
+Both processes collect garbage as `runplane serve` and a runner's `runplane run` do
+(`benchmarks/_hosting.py`; `RUNPLANE_BENCH_GC=default` for CPython's defaults).
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio  # noqa: E402
 
+from _hosting import collect_as_hosting  # noqa: E402
 from _rows import CONTRACT, OUTPUT, noop, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
@@ -118,12 +121,14 @@ def main() -> None:
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--serve-child", default=None, metavar="SCHEMA", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    collector_line = collect_as_hosting()  # the child as `runplane serve`, this side as a runner
     dsn = args.dsn or bench_dsn()
     if args.serve_child:
         global SECRET
         SECRET = os.environ["RUNPLANE_GATEWAY_SECRET"]
         trio.run(serve_child, dsn, args.serve_child)
         return
+    print(collector_line, flush=True)
     schema = f"bench_gw_{uuid.uuid4().hex[:8]}"
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve-child", schema, "--dsn", dsn],

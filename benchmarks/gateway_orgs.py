@@ -20,6 +20,8 @@ phase. Each phase also prints the gateway
 requests a run sent and where its CPU went (the client, the gateway, the rest of the machine,
 and how busy its cores were), and the run ends with one request's CPU cost (a one-read action,
 2,000 times in a row): the client's and the gateway's, which each run's requests multiply.
+Both processes collect garbage as `runplane serve` and the runners' `runplane demo` do
+(`benchmarks/_hosting.py`; `RUNPLANE_BENCH_GC=default` for CPython's defaults).
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attrs  # noqa: E402
 import trio  # noqa: E402
 
+from _hosting import collect_as_hosting  # noqa: E402
 from _rows import CONTRACT, noop  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
@@ -141,12 +144,14 @@ def main() -> None:
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--serve-child", default=None, metavar="SCHEMA", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    collector_line = collect_as_hosting()  # the child as `runplane serve`, the runners' side
     dsn = args.dsn or bench_dsn()
     if args.serve_child:
         global SECRET
         SECRET = os.environ["RUNPLANE_GATEWAY_SECRET"]
         trio.run(serve_child, dsn, args.serve_child, args.max_connections)
         return
+    print(collector_line, flush=True)
     schema = f"bench_orgs_{uuid.uuid4().hex[:8]}"
     extra = [] if args.max_connections is None else ["--max-connections", str(args.max_connections)]
     child = subprocess.Popen(
