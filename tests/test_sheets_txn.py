@@ -33,13 +33,13 @@ async def test_large_calls_take_one_checkout_and_one_statement_per_chunk(tenant)
     port = CountingPort(tenant)
     rows = [{"name": f"n{i}"} for i in range(25_000)]
     admission = await admit(port, run, NS, CONTRACT, rows)
-    # BEGIN, settings, lock + summary row, 3 chunks, COMMIT
-    assert port.checkout_count == 1 and port.round_trips == 7, port.statements
+    # BEGIN with its settings, lock + summary row, 3 chunks, COMMIT
+    assert port.checkout_count == 1 and port.round_trips == 6, port.statements
     port.reset()
     outcomes = [RowOutcome(r.key, "completed", {"score": i}) for i, r in enumerate(admission.pending)]
     result = await complete(port, run, NS, CONTRACT, outcomes)
     assert result.updated == 25_000
-    assert port.checkout_count == 1 and port.round_trips == 7, port.statements
+    assert port.checkout_count == 1 and port.round_trips == 6, port.statements
 
 
 async def test_statement_timeout_bounds_a_lock_wait_and_writes_nothing(tenant, monkeypatch):
@@ -157,7 +157,7 @@ async def test_ensure_sheet_waits_for_shared_writers_on_the_exclusive_lock(tenan
 
 async def test_ensure_sheet_of_a_known_contract_takes_the_shared_lock_and_sends_no_ddl(tenant):
     """Every map starts with `ensure_sheet`: once its fields are registered it creates nothing
-    and takes the shared lock (BEGIN, settings, lock, column counters, COMMIT)."""
+    and takes the shared lock (BEGIN with its settings, lock, column counters, COMMIT)."""
     scope = play_scope(tenant)
     await ensure_sheet(tenant, scope, NS, CONTRACT)
     counted = CountingPort(tenant)
@@ -165,13 +165,33 @@ async def test_ensure_sheet_of_a_known_contract_takes_the_shared_lock_and_sends_
     sent = " ".join(counted.statements)
     assert "pg_advisory" not in sent  # the sheet lock is its summary row (no advisory key)
     assert "CREATE TABLE" not in sent and "ALTER TABLE" not in sent, counted.statements
-    assert counted.round_trips == 5, counted.statements
+    assert counted.round_trips == 4, counted.statements
     wider = SheetContract(inputs=("name",), outputs=("score", "later"))
     counted.reset()
     await ensure_sheet(counted, scope, NS, wider)  # a new field: the exclusive path adds it
     assert "ALTER TABLE" in " ".join(counted.statements)
+    # in the same transaction, no rollback: BEGIN, lock, one read, the DDL, the field's
+    # registration, column counters, COMMIT
+    assert not any(s.startswith("ROLLBACK") for s in counted.statements), counted.statements
+    assert counted.round_trips == 7, counted.statements
     assert "pg_advisory" not in " ".join(counted.statements)
     assert set((await summary(tenant, scope, NS)).columns) == {"score", "later"}
+
+
+async def test_a_new_sheet_is_made_in_its_first_transaction_with_one_message_of_ddl(tenant):
+    """A sheet's first write finds no registered column and goes on under the exclusive path in
+    the same transaction (no rollback, no second BEGIN); its table is created with every column
+    and both indexes in one message."""
+    run = await new_run(tenant, "play", "r1")
+    counted = CountingPort(tenant)
+    admission = await admit(counted, run, NS, CONTRACT, [{"name": "a"}])
+    assert not any(s.startswith("ROLLBACK") for s in counted.statements), counted.statements
+    assert sum(s.startswith("BEGIN") for s in counted.statements) == 1
+    [ddl] = [s for s in counted.statements if "CREATE TABLE" in s]
+    assert ddl.count("CREATE INDEX") == 2 and "ALTER TABLE" not in ddl
+    [key] = [r.key for r in admission.pending]
+    await complete(tenant, run, NS, CONTRACT, [RowOutcome(key, "completed", {"score": 7})])
+    assert (await raw_rows(tenant, play_scope(tenant), NS, ["score"]))[key]["score"] == 7
 
 
 async def test_completion_chunks_by_patch_bytes_in_one_transaction(tenant):
@@ -184,7 +204,7 @@ async def test_completion_chunks_by_patch_bytes_in_one_transaction(tenant):
     ])
     assert result.updated == 10 and result.diagnostics.chunks == 2
     assert port.checkout_count == 1
-    assert [s.split()[0] for s in port.statements].count("BEGIN") == 1
+    assert sum(s.startswith("BEGIN") for s in port.statements) == 1
     stored = await raw_rows(tenant, play_scope(tenant), NS, ["score"])
     assert all(row["score"] == big for row in stored.values())
 

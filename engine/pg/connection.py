@@ -289,16 +289,18 @@ class Connection:
         return self._raw.get_server_pid()
 
     # -- transactions ----------------------------------------------------------------------
-    def transaction(self, *, on_phase: PhaseReport | None = None
+    def transaction(self, *, on_phase: PhaseReport | None = None, begin_with: str = ""
                     ) -> contextlib.AbstractAsyncContextManager["Connection"]:
         """BEGIN…COMMIT, or a SAVEPOINT when already inside a transaction.
 
         `on_phase`, when given, is called as `on_phase(phase, seconds, failed)` after the
         statement that opens the transaction (`"begin"`) and after the one that commits it
         (`"commit"`), whether they succeeded or raised; a rollback is not reported.
+        `begin_with`: SQL without bind values (such as `SET LOCAL`s) sent in the same message
+        as BEGIN (or SAVEPOINT): it runs first inside, at no extra round trip.
         A lost COMMIT reply is resolved (see the module docstring).
         """
-        return self._transaction(on_phase, resolve=True)
+        return self._transaction(on_phase, resolve=True, begin_with=begin_with)
 
     def checkout_transaction(self) -> contextlib.AbstractAsyncContextManager["Connection"]:
         """The transaction a checkout opens under an execution role. Its COMMIT's reply is
@@ -307,8 +309,8 @@ class Connection:
         return self._transaction(None, resolve=False)
 
     @contextlib.asynccontextmanager
-    async def _transaction(self, on_phase: PhaseReport | None, *, resolve: bool
-                           ) -> AsyncIterator["Connection"]:
+    async def _transaction(self, on_phase: PhaseReport | None, *, resolve: bool,
+                           begin_with: str = "") -> AsyncIterator["Connection"]:
         top = not self.in_transaction
         if not top:
             name = f"runplane_sp_{self._depth}"
@@ -319,7 +321,7 @@ class Connection:
             begin, commit, rollback = "BEGIN", "COMMIT", "ROLLBACK"
             self._xid = None
         with _timed(on_phase, "begin"):
-            await self.execute(begin)
+            await self.execute(f"{begin};\n{begin_with}" if begin_with else begin)
         self._depth += 1
         if top:
             self._settle(ConnectionState.RESOLVING if resolve else ConnectionState.IN_TRANSACTION)

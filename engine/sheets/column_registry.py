@@ -28,10 +28,9 @@ from .layout import (
     CAUSE_INDEX_COLUMNS, CAUSE_INDEX_PREDICATE, LATER_SYSTEM_COLUMNS, ORDER_INDEX_COLUMNS,
     SHEET_FILLFACTOR,
     SheetColumns, SheetLayout, column_candidates,
-    existing_columns,
 )
 from .model import MAX_SHEET_FIELDS, with_row_statuses
-from .views import refresh_view
+from .views import refresh_view, views_schema
 
 # -- DDL (exclusive lock only) ----------------------------------------------------------------
 _CREATE_TABLE = with_row_statuses("""
@@ -55,9 +54,17 @@ CREATE TABLE IF NOT EXISTS {t} (
 _CREATE_ORDER_INDEX = "CREATE INDEX IF NOT EXISTS {name} ON {t} ({columns})"
 _CREATE_CAUSE_INDEX = "CREATE INDEX IF NOT EXISTS {name} ON {t} ({columns}) WHERE {predicate}"
 
-_REGISTERED_COLUMNS = """
-SELECT field, column_name FROM {registry}
- WHERE org_id = $1 AND play = $2 AND table_namespace = $3
+# What `prepare_columns` decides its DDL from, in one read: whether the table exists and its
+# columns, the fields registered for the sheet (with their columns), whether views are kept.
+_PREPARE_READ = """
+SELECT to_regclass($4) IS NOT NULL AS table_exists,
+       (SELECT coalesce(array_agg(attname::text), '{{}}'::text[]) FROM pg_attribute
+         WHERE attrelid = to_regclass($4) AND attnum > 0 AND NOT attisdropped) AS existing,
+       ARRAY(SELECT field FROM {registry}
+              WHERE org_id = $1 AND play = $2 AND table_namespace = $3 ORDER BY field) AS fields,
+       ARRAY(SELECT column_name FROM {registry}
+              WHERE org_id = $1 AND play = $2 AND table_namespace = $3 ORDER BY field) AS columns,
+       to_regnamespace($5) IS NOT NULL AS views
 """
 
 # No ON CONFLICT: under the exclusive lock nothing else registers, so a conflict is a bug that
@@ -125,37 +132,39 @@ async def prepare_columns(
     returns the registered column of every field in `fields`.
     """
     fields = list(dict.fromkeys(fields))
-    later = "".join(f",\n    {name} {kind}" for name, kind in LATER_SYSTEM_COLUMNS.items())
-    await conn.execute(_CREATE_TABLE.format(
-        t=layout.qualified, seq=sequence_literal(port, "row_versions"), later=later,
-        fillfactor=SHEET_FILLFACTOR,
-    ))
-    await conn.execute(_CREATE_ORDER_INDEX.format(
-        name=quote_ident(layout.table + "_ord"), t=layout.qualified, columns=ORDER_INDEX_COLUMNS))
-    existing = await existing_columns(conn, layout)
     registry = table(port, "sheet_columns")
-    registered = {r["field"]: r["column_name"] for r in await conn.fetch(
-        _REGISTERED_COLUMNS.format(registry=registry), *layout.counter_args)}
+    found = await conn.fetchrow(_PREPARE_READ.format(registry=registry),
+                                *layout.counter_args, layout.regclass_text,
+                                views_schema(port.schema))
+    existing = set(found["existing"])
+    registered = dict(zip(found["fields"], found["columns"]))
     new = allocate_columns(fields, registered, existing)
     names = {**registered, **new}
     if new and len(names) > MAX_SHEET_FIELDS:
         raise InvalidInputError(
             f"sheet {layout.namespace!r} would have {len(names)} fields; a sheet holds at most "
             f"{MAX_SHEET_FIELDS}")
-    adds = [f"ADD COLUMN IF NOT EXISTS {name} {kind}"
-            for name, kind in LATER_SYSTEM_COLUMNS.items() if name not in existing]
-    adds += [f"ADD COLUMN IF NOT EXISTS {quote_ident(names[f])} jsonb"
-             for f in fields if names[f] not in existing]
-    if adds:
-        await conn.execute(f"ALTER TABLE {layout.qualified} {', '.join(adds)}")
-    await conn.execute(_CREATE_CAUSE_INDEX.format(  # after `_cause` exists on an older sheet
+    adds = [f"{name} {kind}" for name, kind in LATER_SYSTEM_COLUMNS.items()
+            if name not in existing]
+    adds += [f"{quote_ident(names[f])} jsonb" for f in fields if names[f] not in existing]
+    if found["table_exists"]:
+        ddl = [f"ALTER TABLE {layout.qualified} "
+               + ", ".join(f"ADD COLUMN IF NOT EXISTS {add}" for add in adds)] if adds else []
+    else:  # a new sheet: every column in its CREATE, so no ALTER rewrites the catalog after
+        later = "".join(f",\n    {add}" for add in adds)
+        ddl = [_CREATE_TABLE.format(t=layout.qualified, seq=sequence_literal(port, "row_versions"),
+                                    later=later, fillfactor=SHEET_FILLFACTOR)]
+    ddl.append(_CREATE_ORDER_INDEX.format(
+        name=quote_ident(layout.table + "_ord"), t=layout.qualified, columns=ORDER_INDEX_COLUMNS))
+    ddl.append(_CREATE_CAUSE_INDEX.format(  # after `_cause` exists on an older sheet
         name=quote_ident(layout.table + "_err"), t=layout.qualified, columns=CAUSE_INDEX_COLUMNS,
         predicate=CAUSE_INDEX_PREDICATE))
+    await conn.execute(";\n".join(ddl))  # no bind values: one round trip for them all
     if new:
         await conn.execute(
             _REGISTER_FIELDS.format(registry=registry),
             *layout.counter_args, list(new), list(new.values()),
         )
-    if new or adds:  # the sheet's readable view, when there are views, keeps in step
-        await refresh_view(conn, port, *layout.counter_args)
+    if (new or adds) and found["views"]:  # the sheet's readable view keeps in step
+        await refresh_view(conn, port, *layout.counter_args, views_present=True)
     return SheetColumns({f: names[f] for f in fields})

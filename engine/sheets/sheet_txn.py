@@ -2,7 +2,8 @@
 
 How it works
 - Every write transaction (`run_sheet_transaction`) first sets, for the transaction only: its
-  statement timeout (sent on its own, so even the lock waits below are bounded);
+  statement timeout (sent in BEGIN's message: no round trip of its own, and even the lock
+  waits below are bounded);
   `plan_cache_mode = force_custom_plan` (a generic plan cannot see the sizes of the unnest
   arrays and may pick a join that rescans the sheet per row); `work_mem` of 32 MB (a
   10,000-row chunk's CTEs stay in memory); hash and merge joins and sequential scans off (every
@@ -36,11 +37,13 @@ How it works
   the map's rows have distinct keys. A sheet whose summary row is missing, or a field without
   a column, sends it down the exclusive path as an ordinary writer.
 - Normal writers learn the registered columns of the fields they touch in the same statement
-  that claims the summary row. A writer whose statements hit a missing table or column
-  (or a field with no registered column) rolls back and retries once under the exclusive
-  path, where it creates the table and any missing columns and registers them
-  (`column_registry.prepare_columns`) before writing; if even that finds a missing relation
-  the schema bootstrap is repaired and it retries once more.
+  that claims the summary row. One that finds a field with no registered column goes on under
+  the exclusive path in the same transaction (its upsert holds the summary row just as that
+  path's does), where it creates the table and any missing columns and registers them
+  (`column_registry.prepare_columns`) before writing. A concurrent writer that finds one, and
+  a writer whose statements hit a missing table or column, rolls back and retries once under
+  the exclusive path; if even that finds a missing relation the schema bootstrap is repaired
+  and it retries once more.
 - The operation `op(conn, sheet)` runs inside; it must be safe to run again from scratch. A
   shared map's unit writes add a `UnitGuard`: a hook that runs last inside, and the choice of
   a concurrent transaction.
@@ -97,18 +100,20 @@ class SheetTxn:
     found_deltas: bool = False  # the sheet had counter deltas of concurrent writers
 
 
-# Transaction-local settings, sent before the lock so the lock wait is bounded by the timeout.
-# It also returns the transaction's id (every sheet transaction writes: it claims its summary
-# row), which spares COMMIT a round trip to learn it (`Connection.note_transaction_id`).
+# Transaction-local settings, sent with BEGIN (one message, so one round trip) and so before
+# the lock: the lock wait is bounded by the timeout. `{timeout_ms}` is an int.
 _SETTINGS = """
-SELECT set_config('statement_timeout', $1, true),
+SELECT set_config('statement_timeout', '{timeout_ms}', true),
        set_config('plan_cache_mode', 'force_custom_plan', true),
        set_config('work_mem', '32MB', true),
        set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true),
-       set_config('enable_seqscan', 'off', true),
-       txid_current()::text AS xid
-"""
+       set_config('enable_seqscan', 'off', true)"""
+
+# Every lock statement also returns the transaction's id (every sheet transaction writes: it
+# claims or locks its summary row), which spares COMMIT a round trip to learn it
+# (`Connection.note_transaction_id`).
+_XID = "txid_current()::text AS xid"
 
 def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str],
                           concurrent: bool = False) -> Statement:
@@ -133,7 +138,7 @@ WITH claimed AS (
        FOR SHARE OF s
 )
 SELECT current_setting('server_version_num')::integer AS server_version,
-       {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed
+       {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed, {_XID}
 """)
     return binds.statement(f"""
 WITH claimed AS (
@@ -147,7 +152,7 @@ WITH claimed AS (
 SELECT current_setting('server_version_num')::integer AS server_version,
        {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed,
        (SELECT writes FROM claimed) AS writes,
-       {has_deltas(port, org, play, namespace)} AS has_deltas
+       {has_deltas(port, org, play, namespace)} AS has_deltas, {_XID}
 """)
 
 
@@ -158,7 +163,7 @@ ON CONFLICT (org_id, play, table_namespace)
     DO UPDATE SET updated_at = now(), writes = s.writes + 1,
                   table_name = coalesce(s.table_name, EXCLUDED.table_name)
 RETURNING current_setting('server_version_num')::integer AS server_version, s.writes,
-          {has_deltas} AS has_deltas
+          {has_deltas} AS has_deltas, """ + _XID + """
 """
 
 TABLE_NAME_CONSTRAINT = "sheet_summary_table_name"
@@ -212,10 +217,11 @@ async def _transaction_once(
                 waited = min(max(waited_after - waited_before, 0.0), elapsed)
             clock.add("permit_wait", waited)
             clock.add("connect", elapsed - waited)
-            async with conn.transaction(on_phase=clock.add):
-                settings = await conn.fetchrow(_SETTINGS, str(timeout_ms))
-                conn.note_transaction_id(settings["xid"])
+            settings = _SETTINGS.format(timeout_ms=int(timeout_ms))
+            async with conn.transaction(on_phase=clock.add, begin_with=settings):
                 sheet = await _lock_sheet(conn, port, layout, fields, mode, concurrent)
+                if sheet.exclusive and mode == "shared":  # it prepared columns after all
+                    clock.column_retries += 1
                 result = await op(conn, sheet)
         note_commit(layout.counter_args, sheet.writes, sheet.found_deltas)  # committed
         return result
@@ -235,11 +241,18 @@ async def _lock_sheet(
         if mode == "shared":
             statement = lock_shared_statement(port, layout, fields, concurrent)
             record = await conn.fetchrow(statement.sql, *statement.args)
+            conn.note_transaction_id(record["xid"])
             names = record["columns"]
-            if any(name is None for name in names):
-                raise _UnregisteredField("a field has no registered column yet")
             if not record["claimed"]:  # concurrent, and the summary row is missing
                 raise _UnregisteredField("the sheet has no summary row yet")
+            if any(name is None for name in names):
+                if concurrent:  # the summary row is held shared: no DDL under it
+                    raise _UnregisteredField("a field has no registered column yet")
+                # The upsert above holds the summary row as the exclusive path's does: go on
+                # there in this transaction (its statements read the registry afresh).
+                return SheetTxn(record["server_version"],
+                                await _prepare(conn, port, layout, fields), exclusive=True,
+                                writes=record["writes"], found_deltas=record["has_deltas"])
             if not concurrent and record["has_deltas"] and may_fold(port):
                 await conn.execute(fold_statement(port), *layout.counter_args)
             return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))),
@@ -251,15 +264,9 @@ async def _lock_sheet(
                                  has_deltas=has_deltas(port, "$1::text", "$2::text", "$3::text")),
             *layout.counter_args, layout.table
         )
-        try:
-            columns = await prepare_columns(conn, port, layout, fields)
-        except InsufficientPrivilegeError as exc:
-            raise InsufficientPrivilegeError(
-                f"sheet {layout.namespace!r} needs a new table or column, which this "
-                "login may not create (a database session runs no DDL: let the gateway "
-                f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
-            ) from exc
-        return SheetTxn(locked["server_version"], columns, exclusive=True,
+        conn.note_transaction_id(locked["xid"])
+        return SheetTxn(locked["server_version"], await _prepare(conn, port, layout, fields),
+                        exclusive=True,
                         writes=locked["writes"], found_deltas=locked["has_deltas"])
     except MissingRelationError:
         raise
@@ -268,6 +275,19 @@ async def _lock_sheet(
         if conflict is not None:
             raise _TableNameTaken(conflict) from exc
         raise
+
+
+async def _prepare(conn: Connection, port: Port, layout: SheetLayout, fields: list[str]
+                   ) -> SheetColumns:
+    """`prepare_columns` under the held summary row; a login without DDL rights is told why."""
+    try:
+        return await prepare_columns(conn, port, layout, fields)
+    except InsufficientPrivilegeError as exc:
+        raise InsufficientPrivilegeError(
+            f"sheet {layout.namespace!r} needs a new table or column, which this "
+            "login may not create (a database session runs no DDL: let the gateway "
+            f"or the schema owner prepare the sheet) ({exc})", sqlstate=exc.sqlstate,
+        ) from exc
 
 
 async def run_sheet_transaction(

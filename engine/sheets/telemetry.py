@@ -26,7 +26,7 @@ class PhaseClock:
 
     ms: dict[str, float] = attrs.field(factory=dict)
     failures: dict[str, int] = attrs.field(factory=dict)
-    column_retries: int = 0
+    column_retries: int = 0  # writes that had to create columns first (the exclusive path)
 
     def add(self, phase: str, seconds: float, failed: bool = False) -> None:
         self.ms[phase] = self.ms.get(phase, 0.0) + seconds * 1000.0

@@ -150,13 +150,15 @@ async def _create_view(conn: Connection, port: Port, sheet: SheetColumns) -> Non
 
 
 async def refresh_view(conn: Connection, port: Port, org_id: str, play: str,
-                       namespace: str) -> None:
+                       namespace: str, *, views_present: bool = False) -> None:
     """Keep one sheet's view in step after a map added a column or created its table: inside
     the caller's (sheet write) transaction, when `<schema>_views` exists, (re)create the view of
-    that sheet. Best effort, in a savepoint: a login that may not create there, or a view
+    that sheet (`views_present`: the caller has just read that it exists). Best effort, in a
+    savepoint: a login that may not create there, or a view
     someone made depend on, leaves the view as it was (`runplane views` recreates them all)."""
     target = views_schema(port.schema)
-    if not await conn.fetchval("SELECT to_regnamespace($1) IS NOT NULL", target):
+    if not views_present and not await conn.fetchval(
+            "SELECT to_regnamespace($1) IS NOT NULL", target):
         return
     try:
         async with conn.transaction():
