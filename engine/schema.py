@@ -427,6 +427,30 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c
 """
 
 
+# Whether the schema is bootstrapped and whether this login may read its lock secret: catalog
+# functions only, so one statement answers both before either table is named.
+_OPENING_PROBE = """
+SELECT to_regclass(quote_ident($1) || '.meta') IS NOT NULL AS bootstrapped,
+       coalesce(has_table_privilege(to_regclass($2), 'SELECT'), false) AS secret_readable
+"""
+
+
+async def status_and_secret(conn, schema: str) -> tuple[str | None, bytes | None]:
+    """What a tenant's opening reads, in two statements: the stored schema version (None when
+    the schema is not bootstrapped) and the lock secret (None when this login may not read it,
+    as a database session may not, or there is none yet)."""
+    secret_table = qualified(schema, LOCK_SECRET_TABLE)
+    probe = await conn.fetchrow(_OPENING_PROBE, schema, secret_table)
+    if not probe["bootstrapped"]:
+        return None, None
+    version = f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'"
+    if not probe["secret_readable"]:
+        return await conn.fetchval(version), None
+    row = await conn.fetchrow(
+        f"SELECT ({version}) AS version, (SELECT secret FROM {secret_table}) AS secret")
+    return row["version"], row["secret"]
+
+
 async def schema_status(conn, schema: str) -> str | None:
     """The stored schema version, or None when the schema is not bootstrapped."""
     exists = await conn.fetchval(

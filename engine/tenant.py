@@ -322,13 +322,17 @@ class Tenant:
             await self._bootstrap(conn)
 
     async def ensure_schema(self) -> None:
-        """Bootstrap unless the schema is current; a current schema costs a few reads and no DDL
+        """Bootstrap unless the schema is current; a current schema costs two reads and no DDL
         (so a login without DDL rights, such as a database session, can open it)."""
         async with self._plain_connection() as conn:
-            status = await schema_ddl.schema_status(conn, self.schema)
+            status, secret = await schema_ddl.status_and_secret(conn, self.schema)
             # Under an execution role the bootstrap also (re)grants the role its privileges.
             if status != schema_ddl.SCHEMA_VERSION or self.execution_role is not None:
                 await self._bootstrap(conn, unless_current=True)
+            elif secret is not None:  # read with the version: nothing more to read
+                self.lock_secret, self.sheet_lock_keys = secret, {}
+                self.settings = self._settings()
+                return
             await self.read_lock_material(conn)
 
     async def read_lock_material(self, conn: pg.Connection) -> None:

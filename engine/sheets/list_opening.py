@@ -6,7 +6,8 @@ How it works
   `get_manifest` (a wake finds its input staged) and `summary` (a list going into an empty
   sheet is not probed). On a direct port they run at once on three connections; through a
   gateway each is a request, and a small run's fixed cost is mostly requests. This action makes
-  them one: the same three calls in turn, on the server's port.
+  them one: the same calls in turn, on the server's port (of the summary, only the row total
+  is read: `reading.read_total`).
 - Each part keeps its own semantics: a failing `ensure_sheet` fails the action; a retired run
   is an answer (no manifest: the map admits its list without staging), not an error; a row count that cannot be read is no count (`sheet_rows` None: probing goes on as
   without it).
@@ -25,14 +26,14 @@ from .. import array_input
 from ..actions import action
 from ..array_input import values as V
 from ..errors import EngineError, RetiredError
-from ..ports import Port
+from ..ports import SHEET_LANE, Port, with_connection
 from ..values.codecs import BOOL, INT, MAP_SCOPE, optional, record
 from ..values.scopes import MapScope
 
 from .ensure import LAYOUT, ensure_sheet
 from .layout import SheetLayout
 from .model import CONTRACT, SheetContract
-from .reading import summary
+from .reading import read_total
 
 log = logging.getLogger("runplane.sheets")
 
@@ -67,7 +68,8 @@ async def open_list_map(port: Port, scope: MapScope, contract: SheetContract,
     sheet_rows = None
     if count_rows:
         try:
-            sheet_rows = (await summary(port, scope.play_scope, scope.table_namespace)).total
+            sheet_rows = await with_connection(
+                port, SHEET_LANE, lambda conn: read_total(conn, port, layout))
         except EngineError as exc:
             log.debug("map %s: the sheet's counters could not be read (%s)",
                       scope.table_namespace, exc)
