@@ -3,7 +3,8 @@ connection instead of one per request, and a request's body handed to the applic
 a turn of the event loop when it has arrived, with Hypercorn's behaviour kept: an idle
 connection closes after `keep_alive_timeout`, never during a request; a shutdown closes idle
 connections and lets a request in flight finish; a body that arrives slowly, or faster than
-the application reads it, reaches it whole. No database here: a small ASGI app."""
+the application reads it, reaches it whole; a response's head goes out with its body in one
+write when it declares a length. No database here: a small ASGI app."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from runplane.engine.gateway.http_serve import serve
 
 KEEP_ALIVE_S = 0.3
 SLOW_S = KEEP_ALIVE_S * 3
+PAUSE_S = 0.2
 
 
 class Steps(trio.abc.Instrument):
@@ -52,8 +54,15 @@ async def app(scope, receive, send) -> None:
     body = scope["path"].encode()
     if scope["method"] == "POST":
         body = f"{len(received)} {hashlib.sha256(received).hexdigest()} {yields}".encode()
+    if scope["path"] == "/stream":  # no length: a stream, its head due at once
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await trio.sleep(PAUSE_S)
+        await send({"type": "http.response.body", "body": body})
+        return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(body)).encode())]})
+    if scope["path"] == "/paused":
+        await trio.sleep(PAUSE_S)  # between the head and the body
     await send({"type": "http.response.body", "body": body})
 
 
@@ -63,11 +72,14 @@ class Client:
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream, self.h11 = stream, h11.Connection(h11.CLIENT)
 
-    async def get(self, path: str) -> bytes:
-        await self.stream.send_all(self.h11.send(h11.Request(
-            method="GET", target=path, headers=[("host", "test")])) + self.h11.send(
-            h11.EndOfMessage()))
+    async def get(self, path: str, method: str = "GET") -> bytes:
+        await self.ask(path, method)
         return await self.answer()
+
+    async def ask(self, path: str, method: str = "GET") -> None:
+        await self.stream.send_all(self.h11.send(h11.Request(
+            method=method, target=path, headers=[("host", "test")])) + self.h11.send(
+            h11.EndOfMessage()))
 
     async def answer(self) -> bytes:
         body = b""
@@ -232,4 +244,28 @@ async def test_a_body_that_arrives_slowly_or_faster_than_it_is_read_reaches_it_w
         # connection waits for room, and every byte arrives in order
         received, _ = echoed(await client.post("/late-reader", pieces, pause_s=0.001))
         assert received == sent(pieces)
+        shutdown.set()
+
+
+async def test_a_head_with_a_length_goes_out_with_its_body_and_a_stream_head_at_once():
+    """A response that declares its length reaches the client as one write, head and body,
+    even when the application pauses between them; a stream's head (no length) is written at
+    once, before its body; a HEAD request's head (its body suppressed) is not held back."""
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        bind = await started(nursery, shutdown)
+        client = await connect(bind)
+        await client.ask("/paused")
+        first = await client.stream.receive_some(65536)  # whatever the first write carried
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\n/paused"), first
+        client.h11.receive_data(first)
+        assert await client.answer() == b"/paused"
+        await client.ask("/stream")
+        first = await client.stream.receive_some(65536)
+        assert first.startswith(b"HTTP/1.1 200") and b"/stream" not in first, first
+        client.h11.receive_data(first)
+        assert await client.answer() == b"/stream"
+        with trio.fail_after(5):
+            assert await client.get("/headed", method="HEAD") == b""
+            assert await client.get("/after") == b"/after"  # the connection goes on
         shutdown.set()

@@ -22,6 +22,13 @@ How it works
   - **A send takes the connection's send lock without yielding** when nobody holds it, and
     an empty write (h11's end of a response with a content length) sends nothing. The socket
     write still yields once, as trio's do.
+  - **A response's head goes out with its body, in one write**, when it declares a non-zero
+    content length (every action's answer does): Hypercorn writes the head when the
+    application starts the response and the body when it sends it, two writes that reach the
+    client as two segments (two wake-ups of the client and a system call more on each side).
+    Such a head is held until the connection's next event — its body, or the empty end of a
+    body that is suppressed (a `HEAD` request) — and written with it. A head without a length
+    (a stream: the console's live pages) is written at once, as before.
   - A peer that hangs up ends its connection's timer at once (Hypercorn's timer kept the
     connection's task until the keep-alive ran out).
 - Everything else (the idle close after `config.keep_alive_timeout`, a close when the server
@@ -145,6 +152,7 @@ class _Connection(TCPServer):
         super().__init__(*args)  # type: ignore[arg-type]
         self.timers = timers
         self.idle_task = _KeepAliveTimer(self)  # type: ignore[assignment]
+        self._head = b""  # a response's head held for its body (module docstring)
 
     async def run(self) -> None:
         """Hypercorn's `TCPServer.run` with `_TaskGroup` for the connection's requests."""
@@ -189,21 +197,41 @@ class _Connection(TCPServer):
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
+            if self._head:
+                await self._write(self._head)
             await super().protocol_send(event)
             return
-        if not event.data:
+        data = event.data
+        if self._head:
+            data, self._head = self._head + data, b""
+        elif _body_follows(data):
+            self._head = data  # written with the body, the next event
             return
+        if data:
+            await self._write(data)
+
+    async def _write(self, data: bytes) -> None:
+        self._head = b""
         try:
             self.send_lock.acquire_nowait()
         except trio.WouldBlock:
             await self.send_lock.acquire()
         try:
             with trio.CancelScope(shield=True):
-                await self.stream.send_all(event.data)
+                await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             await self.protocol.handle(Closed())
         finally:
             self.send_lock.release()
+
+
+def _body_follows(data: bytes) -> bool:
+    """Whether `data` is a whole response head declaring a body of one byte or more (h11
+    writes a head in one piece; ASGI header names are lower case)."""
+    if not data.startswith(b"HTTP/1.1 ") or not data.endswith(b"\r\n\r\n"):
+        return False
+    at = data.find(b"\r\ncontent-length: ")
+    return at >= 0 and data[at + 18:at + 21] != b"0\r\n"
 
 
 async def serve(app: Callable, config: Config, *,
