@@ -20,6 +20,7 @@ from runplane.engine.sheets import (
     summary,
 )
 from runplane.engine.sheets import completion as completion_module
+from runplane.engine.sheets.list_opening import open_list_map
 from runplane.engine.sheets.layout import layout_for
 from runplane.simulations.ports import CountingPort, GatedPort
 from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
@@ -192,6 +193,38 @@ async def test_a_new_sheet_is_made_in_its_first_transaction_with_one_message_of_
     [key] = [r.key for r in admission.pending]
     await complete(tenant, run, NS, CONTRACT, [RowOutcome(key, "completed", {"score": 7})])
     assert (await raw_rows(tenant, play_scope(tenant), NS, ["score"]))[key]["score"] == 7
+
+
+async def test_a_list_maps_opening_ensures_the_sheet_only_when_it_is_not_ready(tenant):
+    """A list map's opening (the gateway's `open_list_map`) reads in one statement whether the
+    sheet is ready for the contract, with its row total: a ready sheet opens with that read
+    and the manifest's, no transaction; a new sheet, a new field or a missing index sends it
+    through `ensure_sheet`, which makes what is missing."""
+    run = await new_run(tenant, "play", "r1")
+    scope = run.scope.map(NS, "map-1")
+    counted = CountingPort(tenant)
+    first = await open_list_map(counted, scope, CONTRACT, count_rows=True)
+    assert first.sheet_rows == 0 and any(s.startswith("BEGIN") for s in counted.statements)
+    admission = await admit(tenant, run, NS, CONTRACT, [{"name": "a"}, {"name": "b"}])
+    assert len(admission.pending) == 2
+    counted.reset()
+    again = await open_list_map(counted, scope, CONTRACT, count_rows=True)
+    assert again.sheet_rows == 2 and again.layout == first.layout
+    assert counted.round_trips == 2, counted.statements  # readiness and total, the manifest
+    assert not any(s.startswith("BEGIN") for s in counted.statements)
+    wider = SheetContract(inputs=("name",), outputs=("score", "later"))
+    counted.reset()
+    await open_list_map(counted, scope, wider)
+    assert any("ALTER TABLE" in s for s in counted.statements), counted.statements
+    assert set((await summary(tenant, play_scope(tenant), NS)).columns) == {"score", "later"}
+    async with tenant.connection("sheet") as conn:  # an index lost: not ready, and remade
+        await conn.execute(f"DROP INDEX {first.layout.cause_index}")
+    counted.reset()
+    await open_list_map(counted, scope, wider)
+    assert any(s.startswith("BEGIN") for s in counted.statements)
+    counted.reset()
+    await open_list_map(counted, scope, wider)
+    assert not any(s.startswith("BEGIN") for s in counted.statements), counted.statements
 
 
 async def test_completion_chunks_by_patch_bytes_in_one_transaction(tenant):

@@ -37,7 +37,7 @@ from ..values.scopes import PlayScope, check_scope
 from ..sql import quote_ident
 
 from .counters import column_source, summary_source
-from .layout import FOREIGN_TABLE, SheetLayout, existing_columns, foreign_table_error, layout_for
+from .layout import FOREIGN_TABLE, existing_columns, foreign_table_error, layout_for
 from .model import SUMMARY, SUMMARY_COUNTERS, CellStatus, ColumnSummary, Summary, with_row_statuses
 from .reuse import MEMBERS
 
@@ -261,13 +261,6 @@ async def read_rows(
         return out
 
     return await with_connection(port, SHEET_LANE, op)
-
-
-async def read_total(conn: Connection, port: Port, layout: SheetLayout) -> int:
-    """A sheet's rows by its counters (0 when it was never written): `summary`'s `total` alone,
-    in one read."""
-    row = await conn.fetchrow(_SUMMARY.format(summary=summary_source(port)), *layout.counter_args)
-    return 0 if row is None else row["total"]
 
 
 @action("sheets.summary", params={"scope": PLAY_SCOPE, "table_namespace": STR}, result=SUMMARY,
