@@ -89,6 +89,10 @@ async def test_a_one_page_source_is_begun_put_and_sealed_in_one_call(tenant):
     with pytest.raises(CorruptFactError):  # without the flag, the caller must have begun
         await A.put_and_seal(tenant, other, **call)
     assert await snapshot(tenant) == before
+    counted = CountingPort(tenant)  # the begin, the page, the page read back, the seal
+    third = RUN.map("Companies", "map-3")
+    assert (await A.put_and_seal(counted, third, **call, has_source_identities=True)).state == "sealed"
+    assert counted.round_trips == 4, counted.statements
 
 
 async def test_put_is_write_once_and_checked_against_begin(tenant):

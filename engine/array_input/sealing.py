@@ -119,16 +119,24 @@ async def seal(
     V.check_fingerprint(source_fingerprint)
     _check_seal_args(source_rows, page_count, batch_size)
     expected, sealed = await _begin_seal(port, scope, source_fingerprint, source_rows, page_count)
-    manifest = V.Manifest("sealed", source_fingerprint, source_rows,
-                          expected["has_source_identities"], page_count)
     if sealed:
-        return manifest  # a completed seal is the proof; no re-verification
+        return _sealed_manifest(expected)  # a completed seal is the proof; no re-verification
+    return await _verify_and_seal(port, scope, expected, batch_size)
+
+
+def _sealed_manifest(expected: dict) -> V.Manifest:
+    return V.Manifest("sealed", expected["source_fingerprint"], expected["source_rows"],
+                      expected["has_source_identities"], expected["page_count"])
+
+
+async def _verify_and_seal(port: Port, scope: MapScope, expected: dict,
+                           batch_size: int) -> V.Manifest:
+    """Steps 2 to 4: scan and verify every page, check the totals, write the seal."""
     scanned = await _scan_pages(port, scope, expected, batch_size)
-    if scanned is None:
-        return manifest  # a peer completed the same seal while we scanned
-    _check_totals(scanned, expected)
-    await _write_seal(port, scope, expected, scanned.digest_chain)
-    return manifest
+    if scanned is not None:  # else a peer completed the same seal while we scanned
+        _check_totals(scanned, expected)
+        await _write_seal(port, scope, expected, scanned.digest_chain)
+    return _sealed_manifest(expected)
 
 
 async def _begin_seal(port: Port, scope: MapScope, source_fingerprint: str, source_rows: int,
@@ -258,11 +266,21 @@ async def put_and_seal(port: Port, scope: MapScope, *, source_fingerprint: str, 
     """A one-page source staged in one call: with `has_source_identities` its begin fact
     written first (`begin`), then its page put (`put_encoded_page`, ordinal 0) and the source
     sealed (`seal`), so a small list is staged in one request, not three. Each step is
-    idempotent, so a retry of the whole is too."""
-    if has_source_identities is not None:
-        await F.begin(port, scope, source_fingerprint=source_fingerprint,
-                      source_rows=source_rows, has_source_identities=has_source_identities)
+    idempotent, so a retry of the whole is too. A begin fact written here is this source's
+    (`begin` refuses any other), so the seal goes straight to verifying the page: the scan
+    reads the guard and any seal again, and the seal's write checks the begin fact under the
+    locked guard."""
+    _check_seal_args(source_rows, 1, 1)  # before anything is written
+    if has_source_identities is None:
+        await F.put_encoded_page(port, scope, source_fingerprint=source_fingerprint, ordinal=0,
+                                 offset=0, page=page)
+        return await seal(port, scope, source_fingerprint=source_fingerprint,
+                          source_rows=source_rows, page_count=1, batch_size=1)
+    await F.begin(port, scope, source_fingerprint=source_fingerprint,
+                  source_rows=source_rows, has_source_identities=has_source_identities)
     await F.put_encoded_page(port, scope, source_fingerprint=source_fingerprint, ordinal=0,
                              offset=0, page=page)
-    return await seal(port, scope, source_fingerprint=source_fingerprint,
-                      source_rows=source_rows, page_count=1, batch_size=1)
+    expected = {"kind": F.SEAL_KIND, "source_fingerprint": source_fingerprint,
+                "source_rows": source_rows, "has_source_identities": has_source_identities,
+                "page_count": 1}
+    return await _verify_and_seal(port, F.map_scope(port, scope), expected, 1)
