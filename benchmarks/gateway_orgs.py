@@ -16,10 +16,10 @@ both phases again with the same orgs, new rows (each org's second run: its tenan
 gateway, its sheet made; a gateway's steady state) and their ratio. Then the floor: `--few`
 and `--many` new orgs each map one row at once (an org's fixed cost: its first run, a new
 sheet, its first connections), and the rows/s and ratio with that fixed cost taken out of each
-phase. Each phase also prints the gateway
-requests a run sent and where its CPU went (the client, the gateway, the rest of the machine,
-and how busy its cores were), and the run ends with one request's CPU cost (a one-read action,
-2,000 times in a row): the client's and the gateway's, which each run's requests multiply.
+phase. Each phase also prints the gateway requests and the database statements a run sent,
+and where its CPU went (the client, the gateway, the rest of the machine, and how busy its
+cores were), and the run ends with one request's CPU cost (a one-read action, 2,000 times in
+a row): the client's and the gateway's, which each run's requests multiply.
 Both processes collect garbage as `runplane serve` and the runners' `runplane demo` do
 (`benchmarks/_hosting.py`; `RUNPLANE_BENCH_GC=default` for CPython's defaults).
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
@@ -49,6 +49,7 @@ from runplane.actors import open_run  # noqa: E402
 from runplane.engine import open_tenant  # noqa: E402
 from runplane.engine.runs.cancel import cancel_requested  # noqa: E402
 from runplane.engine.gateway import RetryPolicy, ServerOptions, mint_token, open_gateway, open_server  # noqa: E402
+from runplane.engine.observability import metrics  # noqa: E402
 
 PLAY = "bench"
 SECRET = "benchmark-gateway-orgs-" + uuid.uuid4().hex
@@ -84,19 +85,21 @@ async def phase(url: str, orgs: int, rows: int, tag: str, again: int = 0) -> flo
 @attrs.frozen
 class Reading:
     """What the gateway child answers: the p99 of its slot waits since the last ask, the
-    requests it answered so far (in all, and by action) and its CPU seconds so far."""
+    requests it answered so far (in all, and by action), its CPU seconds and the statements
+    its tenants sent so far."""
 
     p99_wait_s: float
     requests: int
     cpu_s: float
+    statements: int
     by_action: dict[str, int]
 
 
 def ask(child: subprocess.Popen) -> Reading:
     child.stdin.write("ask\n")
     child.stdin.flush()
-    p99, requests, cpu, by_action = child.stdout.readline().split(maxsplit=3)
-    return Reading(float(p99), int(requests), float(cpu), json.loads(by_action))
+    p99, requests, cpu, statements, by_action = child.stdout.readline().split(maxsplit=4)
+    return Reading(float(p99), int(requests), float(cpu), int(statements), json.loads(by_action))
 
 
 def per_run(before: Reading, after: Reading, runs: int) -> str:
@@ -131,8 +134,10 @@ async def serve_child(dsn: str, schema: str, max_connections: int | None) -> Non
             waits = sorted(budget.take_waits()) if budget is not None else []
             p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))] if waits else 0.0
             cpu = os.times()
+            statements = sum(sum(histogram.counts)
+                             for histogram in metrics.STATEMENT_SECONDS.children.values())
             print(f"{p99:.6f} {sum(server.requests.values())} {cpu.user + cpu.system:.6f} "
-                  f"{json.dumps(dict(server.requests))}", flush=True)
+                  f"{statements} {json.dumps(dict(server.requests))}", flush=True)
 
 
 def main() -> None:
@@ -174,7 +179,9 @@ def main() -> None:
         many_again = ask(child)
         # the floor: each org's fixed cost (its first run, a new sheet), one row an org
         few_fixed = trio.run(phase, url, args.few, args.few, "few-fixed")
+        fixed_before = ask(child)
         many_fixed = trio.run(phase, url, args.many, args.many, "many-fixed")
+        fixed_after = ask(child)
         # and one request's cost: the client's CPU and the gateway's, per call
         client_cpu, gateway_cpu = trio.run(request_floor, url, child, FLOOR_CALLS)
     finally:
@@ -185,10 +192,12 @@ def main() -> None:
     few_rate, many_rate = args.rows / few_s, args.rows / many_s
     print(f"{args.few} orgs x {args.rows // args.few:,} rows:  {few_rate:,.0f} rows/s; "
           f"p99 wait for a connection {few.p99_wait_s * 1000:.0f} ms; "
-          f"{(few.requests - start.requests) / args.few:.1f} requests a run")
+          f"{(few.requests - start.requests) / args.few:.1f} requests and "
+          f"{(few.statements - start.statements) / args.few:.1f} statements a run")
     print(f"{args.many} orgs x {args.rows // args.many:,} rows: {many_rate:,.0f} rows/s; "
           f"p99 wait for a connection {many.p99_wait_s * 1000:.0f} ms; "
-          f"{(many.requests - few.requests) / args.many:.1f} requests a run")
+          f"{(many.requests - few.requests) / args.many:.1f} requests and "
+          f"{(many.statements - few.statements) / args.many:.1f} statements a run")
     print(f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)")
     print(f"requests a run by action, {args.many} orgs: {per_run(few, many, args.many)}")
     for tag, seconds, (c0, g0), (c1, g1) in (
@@ -199,7 +208,8 @@ def main() -> None:
     print(f"the same orgs again (their second run): {args.few} orgs {again_few:,.0f} rows/s, "
           f"{args.many} orgs {again_many:,.0f} rows/s (p99 wait for a connection "
           f"{many_again.p99_wait_s * 1000:.0f} ms, "
-          f"{(many_again.requests - few_again.requests) / args.many:.1f} requests a run); "
+          f"{(many_again.requests - few_again.requests) / args.many:.1f} requests and "
+          f"{(many_again.statements - few_again.statements) / args.many:.1f} statements a run); "
           f"ratio {again_many / again_few:.2f}")
     print(f"one request's CPU (runs.cancel_requested, {FLOOR_CALLS:,} in a row): client "
           f"{client_cpu * 1000:.2f} ms + gateway {gateway_cpu * 1000:.2f} ms")
@@ -208,7 +218,10 @@ def main() -> None:
     many_net = rows_per_s(args.rows, many_s - many_fixed)
     print(f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
           f"{few_fixed:.2f} s, {args.many} orgs {many_fixed:.2f} s; rows/s with it taken out: "
-          f"{few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}")
+          f"{few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}; such a run sent "
+          f"{(fixed_after.requests - fixed_before.requests) / args.many:.1f} requests and its "
+          f"tenant {(fixed_after.statements - fixed_before.statements) / args.many:.1f} "
+          "statements")
 
 
 @attrs.frozen

@@ -17,9 +17,9 @@ from ..values.codecs import PLAY_SCOPE, STR, record
 from ..errors import InvalidInputError, MissingRelationError
 from ..pg import Connection
 from ..ports import Port, table
-from .counters import summary_source
 from ..values.scopes import PlayScope, check_scope
 
+from .counters import summary_source
 from .layout import LATER_SYSTEM_COLUMNS, SheetLayout, layout_for
 from .model import CONTRACT, SheetContract
 from .sheet_txn import SheetTxn, run_sheet_transaction
