@@ -1,6 +1,7 @@
 """Many orgs through one gateway inside its connection budget (issue 43, SPEC §35).
 
-    python benchmarks/gateway_orgs.py [--many 100] [--few 10] [--rows 100000] [--max-connections N]
+    python benchmarks/gateway_orgs.py [--many 100] [--few 10] [--rows 100000] [--rounds 3]
+                                      [--max-connections N]
 
 A gateway server runs in a child process (as `runplane serve` would) with its default
 connection budget (half of what the server's `max_connections` leaves past the owner reserve
@@ -18,8 +19,11 @@ and `--many` new orgs each map one row at once (an org's fixed cost: its first r
 sheet, its first connections), and the rows/s and ratio with that fixed cost taken out of each
 phase. Each phase also prints the gateway requests and the database statements a run sent,
 and where its CPU went (the client, the gateway, the rest of the machine, and how busy its
-cores were), and the run ends with one request's CPU cost (a one-read action, 2,000 times in
-a row): the client's and the gateway's, which each run's requests multiply.
+cores were). All of that is one round; `--rounds` of them (3) run one after the other on the
+same gateway, each with new orgs, and the run ends with the median of the rounds' ratios (one
+round's phases last seconds, and the ratio swings with the machine) and one request's CPU
+cost (a one-read action, 2,000 times in a row): the client's and the gateway's, which each
+run's requests multiply.
 Both processes collect garbage as `runplane serve` and the runners' `runplane demo` do
 (`benchmarks/_hosting.py`; `RUNPLANE_BENCH_GC=default` for CPython's defaults).
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -145,6 +150,7 @@ def main() -> None:
     parser.add_argument("--many", type=int, default=100)
     parser.add_argument("--few", type=int, default=10)
     parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-connections", type=int, default=None)
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--serve-child", default=None, metavar="SCHEMA", help=argparse.SUPPRESS)
@@ -163,25 +169,16 @@ def main() -> None:
         [sys.executable, __file__, "--serve-child", schema, "--dsn", dsn, *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "RUNPLANE_GATEWAY_SECRET": SECRET})
+    rounds: list[Round] = []
     try:
         url = child.stdout.readline().strip()
         if not url:
             raise SystemExit("the gateway child did not start")
-        start, cpu_start = ask(child), cpu_now()
-        few_s = trio.run(phase, url, args.few, args.rows, "few")
-        few, cpu_few = ask(child), cpu_now()
-        many_s = trio.run(phase, url, args.many, args.rows, "many")
-        many, cpu_many = ask(child), cpu_now()
-        # the same orgs again: their tenants open, their sheets made (a gateway's steady state)
-        few_again_s = trio.run(phase, url, args.few, args.rows, "few", 1)
-        few_again = ask(child)
-        many_again_s = trio.run(phase, url, args.many, args.rows, "many", 1)
-        many_again = ask(child)
-        # the floor: each org's fixed cost (its first run, a new sheet), one row an org
-        few_fixed = trio.run(phase, url, args.few, args.few, "few-fixed")
-        fixed_before = ask(child)
-        many_fixed = trio.run(phase, url, args.many, args.many, "many-fixed")
-        fixed_after = ask(child)
+        for number in range(1, args.rounds + 1):
+            rounds.append(one_round(url, child, args, f"r{number}"))
+            if args.rounds > 1:
+                print(f"-- round {number} of {args.rounds}")
+            print("\n".join(rounds[-1].lines), flush=True)
         # and one request's cost: the client's CPU and the gateway's, per call
         client_cpu, gateway_cpu = trio.run(request_floor, url, child, FLOOR_CALLS)
     finally:
@@ -189,39 +186,79 @@ def main() -> None:
         child.terminate()
         child.wait(timeout=30)
         trio.run(drop_schema, dsn, schema)
-    few_rate, many_rate = args.rows / few_s, args.rows / many_s
-    print(f"{args.few} orgs x {args.rows // args.few:,} rows:  {few_rate:,.0f} rows/s; "
-          f"p99 wait for a connection {few.p99_wait_s * 1000:.0f} ms; "
-          f"{(few.requests - start.requests) / args.few:.1f} requests and "
-          f"{(few.statements - start.statements) / args.few:.1f} statements a run")
-    print(f"{args.many} orgs x {args.rows // args.many:,} rows: {many_rate:,.0f} rows/s; "
-          f"p99 wait for a connection {many.p99_wait_s * 1000:.0f} ms; "
-          f"{(many.requests - few.requests) / args.many:.1f} requests and "
-          f"{(many.statements - few.statements) / args.many:.1f} statements a run")
-    print(f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)")
-    print(f"requests a run by action, {args.many} orgs: {per_run(few, many, args.many)}")
-    for tag, seconds, (c0, g0), (c1, g1) in (
-            ("few", few_s, (cpu_start, start), (cpu_few, few)),
-            ("many", many_s, (cpu_few, few), (cpu_many, many))):
-        print(cpu_split(tag, seconds, c0, c1, g1.cpu_s - g0.cpu_s))
-    again_few, again_many = args.rows / few_again_s, args.rows / many_again_s
-    print(f"the same orgs again (their second run): {args.few} orgs {again_few:,.0f} rows/s, "
-          f"{args.many} orgs {again_many:,.0f} rows/s (p99 wait for a connection "
-          f"{many_again.p99_wait_s * 1000:.0f} ms, "
-          f"{(many_again.requests - few_again.requests) / args.many:.1f} requests and "
-          f"{(many_again.statements - few_again.statements) / args.many:.1f} statements a run); "
-          f"ratio {again_many / again_few:.2f}")
     print(f"one request's CPU (runs.cancel_requested, {FLOOR_CALLS:,} in a row): client "
           f"{client_cpu * 1000:.2f} ms + gateway {gateway_cpu * 1000:.2f} ms")
-    few, many = few_rate, many_rate
+    if args.rounds > 1:
+        print(f"median of {args.rounds} rounds: ratio many/few "
+              f"{statistics.median(r.ratio for r in rounds):.2f} (target >= 0.80); their "
+              f"second runs {statistics.median(r.again_ratio for r in rounds):.2f}; with each "
+              f"org's fixed cost taken out {statistics.median(r.net_ratio for r in rounds):.2f}")
+
+
+@attrs.frozen
+class Round:
+    """One round's printed lines and its ratios: the phases', their second runs', and with
+    each org's fixed cost taken out."""
+
+    lines: list[str]
+    ratio: float
+    again_ratio: float
+    net_ratio: float
+
+
+def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: str) -> Round:
+    """Both phases with new orgs (their names end in `tag`), again with the same orgs, then
+    the one-row phases that measure each org's fixed cost."""
+    start, cpu_start = ask(child), cpu_now()
+    few_s = trio.run(phase, url, args.few, args.rows, f"few-{tag}")
+    few, cpu_few = ask(child), cpu_now()
+    many_s = trio.run(phase, url, args.many, args.rows, f"many-{tag}")
+    many, cpu_many = ask(child), cpu_now()
+    # the same orgs again: their tenants open, their sheets made (a gateway's steady state)
+    few_again_s = trio.run(phase, url, args.few, args.rows, f"few-{tag}", 1)
+    few_again = ask(child)
+    many_again_s = trio.run(phase, url, args.many, args.rows, f"many-{tag}", 1)
+    many_again = ask(child)
+    # the floor: each org's fixed cost (its first run, a new sheet), one row an org
+    few_fixed = trio.run(phase, url, args.few, args.few, f"few-fixed-{tag}")
+    fixed_before = ask(child)
+    many_fixed = trio.run(phase, url, args.many, args.many, f"many-fixed-{tag}")
+    fixed_after = ask(child)
+    few_rate, many_rate = args.rows / few_s, args.rows / many_s
+    lines = [
+        f"{args.few} orgs x {args.rows // args.few:,} rows:  {few_rate:,.0f} rows/s; "
+        f"p99 wait for a connection {few.p99_wait_s * 1000:.0f} ms; "
+        f"{(few.requests - start.requests) / args.few:.1f} requests and "
+        f"{(few.statements - start.statements) / args.few:.1f} statements a run",
+        f"{args.many} orgs x {args.rows // args.many:,} rows: {many_rate:,.0f} rows/s; "
+        f"p99 wait for a connection {many.p99_wait_s * 1000:.0f} ms; "
+        f"{(many.requests - few.requests) / args.many:.1f} requests and "
+        f"{(many.statements - few.statements) / args.many:.1f} statements a run",
+        f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)",
+        f"requests a run by action, {args.many} orgs: {per_run(few, many, args.many)}",
+    ]
+    for name, seconds, (c0, g0), (c1, g1) in (
+            ("few", few_s, (cpu_start, start), (cpu_few, few)),
+            ("many", many_s, (cpu_few, few), (cpu_many, many))):
+        lines.append(cpu_split(name, seconds, c0, c1, g1.cpu_s - g0.cpu_s))
+    again_few, again_many = args.rows / few_again_s, args.rows / many_again_s
+    lines.append(
+        f"the same orgs again (their second run): {args.few} orgs {again_few:,.0f} rows/s, "
+        f"{args.many} orgs {again_many:,.0f} rows/s (p99 wait for a connection "
+        f"{many_again.p99_wait_s * 1000:.0f} ms, "
+        f"{(many_again.requests - few_again.requests) / args.many:.1f} requests and "
+        f"{(many_again.statements - few_again.statements) / args.many:.1f} statements a run); "
+        f"ratio {again_many / again_few:.2f}")
     few_net = rows_per_s(args.rows, few_s - few_fixed)
     many_net = rows_per_s(args.rows, many_s - many_fixed)
-    print(f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
-          f"{few_fixed:.2f} s, {args.many} orgs {many_fixed:.2f} s; rows/s with it taken out: "
-          f"{few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}; such a run sent "
-          f"{(fixed_after.requests - fixed_before.requests) / args.many:.1f} requests and its "
-          f"tenant {(fixed_after.statements - fixed_before.statements) / args.many:.1f} "
-          "statements")
+    lines.append(
+        f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
+        f"{few_fixed:.2f} s, {args.many} orgs {many_fixed:.2f} s; rows/s with it taken out: "
+        f"{few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}; such a run sent "
+        f"{(fixed_after.requests - fixed_before.requests) / args.many:.1f} requests and its "
+        f"tenant {(fixed_after.statements - fixed_before.statements) / args.many:.1f} "
+        "statements")
+    return Round(lines, many_rate / few_rate, again_many / again_few, many_net / few_net)
 
 
 @attrs.frozen
