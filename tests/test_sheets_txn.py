@@ -20,8 +20,8 @@ from runplane.engine.sheets import (
     summary,
 )
 from runplane.engine.sheets import completion as completion_module
-from runplane.engine.sheets.list_opening import open_list_map
 from runplane.engine.sheets.layout import layout_for
+from runplane.engine.sheets.list_opening import open_list_map
 from runplane.simulations.ports import CountingPort, GatedPort
 from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope, raw_rows
 

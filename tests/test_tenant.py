@@ -16,6 +16,7 @@ from runplane.engine.errors import (
     TenantUnavailableError,
     TransactionStateUnknownError,
 )
+from runplane.engine.observability import metrics
 from runplane.engine.permits import Permits
 from runplane.engine.tenant import describe_dsn
 
@@ -319,3 +320,18 @@ async def test_a_rollback_slower_than_one_second_closes_the_connection(tenant):
         assert conn.broken
     async with tenant.connection("sheet") as conn:
         assert conn.backend_pid != stalled_pid
+
+
+def _statements_sent() -> int:
+    """Every statement this process's tenants have sent so far (the statement metrics)."""
+    return sum(sum(histogram.counts) for histogram in metrics.STATEMENT_SECONDS.children.values())
+
+
+async def test_opening_a_current_schema_reads_it_in_two_statements(tenant):
+    """A tenant opening on a current schema reads its version and lock secret in two
+    statements (a catalog probe, then both values), then the server's identity: no DDL, and
+    the same secret the first opening read."""
+    before = _statements_sent()
+    async with open_tenant(tenant.org_id, tenant.dsn, schema=tenant.schema) as again:
+        assert _statements_sent() - before == 3
+        assert again.lock_secret == tenant.lock_secret and again.lock_secret is not None
