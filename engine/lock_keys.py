@@ -25,11 +25,14 @@ def derive_lock_key(secret: bytes, *parts: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+# Whether this login may read the lock secret table `$n` (false when it does not exist yet).
+SECRET_READABLE = "coalesce(has_table_privilege(to_regclass(${n}), 'SELECT'), false)"
+
+
 async def _readable_secret(conn, schema: str) -> bytes | None:
     """The schema's lock secret, or None (no such table or row yet, or not ours to read)."""
     secret_table = qualified(schema, LOCK_SECRET_TABLE)
-    readable = await conn.fetchval(
-        "SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)", secret_table)
+    readable = await conn.fetchval(f"SELECT {SECRET_READABLE.format(n=1)}", secret_table)
     if not readable:
         return None
     return await conn.fetchval(f"SELECT secret FROM {secret_table}")

@@ -43,7 +43,7 @@ from .runs.outbox import OutboxState
 from .sessions import isolation as session_isolation
 from .shared.maps import MapState
 from .sheets.layout import SHEET_FILLFACTOR
-from .lock_keys import LOCK_SECRET_TABLE
+from .lock_keys import LOCK_SECRET_TABLE, SECRET_READABLE
 from .sql import qualified, quote_ident
 
 SCHEMA_VERSION = "16"
@@ -427,12 +427,18 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c
 """
 
 
+# Whether the schema is bootstrapped (`$1`), and the stored version once it is.
+_BOOTSTRAPPED = "to_regclass(quote_ident($1) || '.meta') IS NOT NULL"
+
+
+def _version_sql(schema: str) -> str:
+    return f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'"
+
+
 # Whether the schema is bootstrapped and whether this login may read its lock secret: catalog
 # functions only, so one statement answers both before either table is named.
-_OPENING_PROBE = """
-SELECT to_regclass(quote_ident($1) || '.meta') IS NOT NULL AS bootstrapped,
-       coalesce(has_table_privilege(to_regclass($2), 'SELECT'), false) AS secret_readable
-"""
+_OPENING_PROBE = (f"SELECT {_BOOTSTRAPPED} AS bootstrapped, "
+                  f"{SECRET_READABLE.format(n=2)} AS secret_readable")
 
 
 async def status_and_secret(conn, schema: str) -> tuple[str | None, bytes | None]:
@@ -443,7 +449,7 @@ async def status_and_secret(conn, schema: str) -> tuple[str | None, bytes | None
     probe = await conn.fetchrow(_OPENING_PROBE, schema, secret_table)
     if not probe["bootstrapped"]:
         return None, None
-    version = f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'"
+    version = _version_sql(schema)
     if not probe["secret_readable"]:
         return await conn.fetchval(version), None
     row = await conn.fetchrow(
@@ -453,11 +459,6 @@ async def status_and_secret(conn, schema: str) -> tuple[str | None, bytes | None
 
 async def schema_status(conn, schema: str) -> str | None:
     """The stored schema version, or None when the schema is not bootstrapped."""
-    exists = await conn.fetchval(
-        "SELECT to_regclass(quote_ident($1) || '.meta') IS NOT NULL", schema
-    )
-    if not exists:
+    if not await conn.fetchval(f"SELECT {_BOOTSTRAPPED}", schema):
         return None
-    return await conn.fetchval(
-        f"SELECT value FROM {quote_ident(schema)}.meta WHERE key = 'schema_version'"
-    )
+    return await conn.fetchval(_version_sql(schema))
