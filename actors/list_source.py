@@ -17,7 +17,10 @@ How it works
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
   after a ramp of smaller units (`ramp_cuts`: 100 rows, then twice as many each, as a streamed
-  source's first pages, so the workers start soon; until the rest fits one unit); on a wake
+  source's first pages, so the workers start soon; until the rest fits one unit). A list of
+  one page (at most 1,000 rows) has no ramp: it is one unit, admitted from its staged fact
+  (its rows are not sent twice), since admitting the whole page takes about as long as the
+  ramp's one more transaction (and, through a gateway, one more request); on a wake
   (the input was staged before the map began) one page each, admitted from its stored fact
   (`StagedPage`: the rows are not sent again). A one-page unit of a sealed input is always
   admitted from its fact.
@@ -200,12 +203,12 @@ class ListSource:
         such an offset falls in is split there. Only a unit that is one whole page carries its
         ordinal (it may be admitted from its fact). A group holds consecutive units up to
         `group_rows` rows (one at least), the reach of one probe. From row 0 and unless
-        replaying, the first units ramp up (`ramp_cuts`) so the workers get rows soon. Rows,
-        keys and texts are spans of the encoded source.
+        replaying, the first units of a list of more than one page ramp up (`ramp_cuts`) so
+        the workers get rows soon. Rows, keys and texts are spans of the encoded source.
         """
         namespace = self.scope.table_namespace
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
-        if not self.replaying and start == 0:
+        if not self.replaying and start == 0 and len(self.encoded.cuts) > 1:
             cut_at = cut_at | ramp_cuts(unit_rows, self.source_rows)
         cuts = sorted(offset for offset in cut_at if offset > start)
 

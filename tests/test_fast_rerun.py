@@ -319,13 +319,15 @@ def test_list_units_cover_the_source_in_order_and_respect_the_cuts():
 
 def test_a_list_ramps_its_first_units_only_while_the_rest_is_more_than_a_unit():
     """The first unit is small so work starts soon; the ramp's further cuts stop once the rest
-    of the list fits one unit (each cut is one more admission request)."""
+    of the list fits one unit (each cut is one more admission request), and a one-page list
+    (1,000 rows at most) has none: it is one unit, the whole page."""
     from runplane.actors.list_source import FIRST_UNIT_ROWS, ListSource
 
     from .sheet_helpers import encode_and_key
     from runplane.engine import MapScope
 
-    for rows, unit_rows, expected in ((1000, 5000, [0, FIRST_UNIT_ROWS]),
+    for rows, unit_rows, expected in ((1001, 5000, [0, FIRST_UNIT_ROWS]),
+                                      (1000, 5000, [0]),  # one page: one unit
                                       (80, 5000, [0]),
                                       (200, 200, [0]),  # a unit under 200 rows: no ramp
                                       (12000, 5000, [0, 100, 300, 700, 1500, 3100])):
@@ -337,3 +339,6 @@ def test_a_list_ramps_its_first_units_only_while_the_rest_is_more_than_a_unit():
         assert offsets[:len(expected)] == expected, (rows, offsets)
         if rows <= unit_rows:
             assert offsets == expected, (rows, offsets)
+        if rows == 1000:  # the whole page: admitted from its staged fact, once sealed
+            assert [unit.ordinal for group in listed.page_groups(100_000, unit_rows)
+                    for unit in group] == [0]

@@ -123,6 +123,25 @@ async def test_sheets_and_array_inputs_answer_as_direct(tenant, gateway):
     assert retired.done and retired.deleted == 2 + len(drafts)
 
 
+async def test_a_one_page_list_is_admitted_in_one_request_from_its_staged_page(
+        tenant, gateway, server):
+    """A list of one staged page (1,000 rows at most) has no ramp of small first units: it is
+    admitted in one request, from the page it staged (its rows are not sent again); one row
+    more, two pages, and the ramp's first unit (100 rows) goes first, in a request of its own."""
+    async def fast(row):
+        return {"upper": row["name"].upper(), "half": row["n"] / 2}
+
+    for size, one_request in ((1000, True), (1001, False)):
+        before = server.requests["sheets.admit"]
+        async with open_run(gateway, f"one-page-{size}") as run:
+            result = await run.map("things", rows(size), fast, contract=CONTRACT)
+        assert (result.admitted, result.completed) == (size, size)
+        assert (server.requests["sheets.admit"] - before == 1) == one_request, size
+        scope = PlayScope(tenant.org_id, f"one-page-{size}")
+        assert (await counters_match(tenant, scope, "things"))[0]
+        assert await fact_kinds(tenant, run.run_id) == ["array_input_guard"]  # retired
+
+
 async def test_paging_under_a_small_body_limit_changes_no_outcome(tenant):
     limit = 12_000
     source = [{"name": f"row-{i % 150}", "n": i % 150, "pad": "p" * (i % 150 % 40)}
