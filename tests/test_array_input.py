@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from runplane.engine import MapScope, RunScope, array_input as A, receipts, runs
+from runplane.engine.runs import outbox
 from runplane.engine.errors import (
     ConflictError, CorruptFactError, InvalidInputError, RetiredError, ScopeError,
 )
@@ -313,6 +314,34 @@ async def test_round_trips_of_begin_put_and_retire(tenant):
         port.reset()
         await A.retire(port, RUN)
         assert port.round_trips <= 3, port.statements
+
+
+async def test_a_runs_retirement_records_retires_and_settles_on_one_checkout(tenant):
+    """`retire_entry` with its lease recorded: the pending mark, the batch and its second look
+    on one connection checkout, the entry settled done in the second look's statement (three
+    statements); a run that never staged settles after its one batch statement."""
+    port = CountingPort(tenant)
+    await runs.register(tenant, RUN)
+    await stage(tenant, SCOPE, occurrences(1200))
+    port.reset()
+    result = await A.retire_entry(port, RUN, "closer", record_lease_s=30.0)
+    assert result == A.RetireResult(True, 4, True)  # begin, two pages, seal
+    assert (port.checkout_count, port.round_trips) == (1, 3), port.statements
+    assert await outbox.get(tenant, RUN) == outbox.OutboxEntry(RUN, "done", 0, None)
+    assert await A.retire_entry(port, RUN, "closer", record_lease_s=30.0) == \
+        A.RetireResult(True, 0, True)  # done already: nothing deleted, settled
+    never = RunScope(RUN.org_id, RUN.play, "run-never-staged")
+    port.reset()
+    assert await A.retire_entry(port, never, "closer", record_lease_s=30.0) == \
+        A.RetireResult(True, 0, True)
+    assert (port.checkout_count, port.round_trips) == (1, 3), port.statements
+    assert (await outbox.get(tenant, never)).state == "done"
+    # A lease held by someone else: retired, not settled.
+    other = RunScope(RUN.org_id, RUN.play, "run-2")
+    await stage(tenant, other.map("Companies", "map-1"), occurrences(10))
+    assert await outbox.mark_pending(tenant, other, "someone-else", 30.0)
+    assert await A.retire_entry(tenant, other, "closer") == A.RetireResult(True, 3, False)
+    assert (await outbox.get(tenant, other)).state == "pending"
 
 
 BAD_FP = "A" * 64

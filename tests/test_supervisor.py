@@ -37,6 +37,10 @@ def retirement_checkout(boundary) -> bool:
     return boundary.kind == "checkout" and boundary.lane == "retirement"
 
 
+def retirement_statement(boundary) -> bool:
+    return boundary.kind == "query" and boundary.lane == "retirement"
+
+
 async def staged_run(tenant, *, rows: int = 1500) -> RunScope:
     """A run that staged an array input and ended without retiring (entry left `open`)."""
     async with open_run(tenant, "play", retire_on_exit=False) as run:
@@ -67,8 +71,8 @@ async def test_supervisor_finishes_a_retirement_a_cancelled_run_left_pending(ten
     # within RECORD_DEADLINE_S: a store that hangs in that batch (the gate) leaves it pending.
     monkeypatch.setattr(run_module, "RECORD_DEADLINE_S", 0.5)
     port = GatedPort(tenant)
-    # retirement-lane checkouts: mark_pending, then the first retire batch.
-    gate = port.gate(nth(retirement_checkout, 2))
+    # retirement-lane statements, on one checkout: mark_pending, then the first retire batch.
+    gate = port.gate(nth(retirement_statement, 2))
     crash = trio.CancelScope()
     scope_box = []
 

@@ -16,8 +16,9 @@ How it works
   true only when fewer than 128 were deleted and none can be left behind.
 - Callers (the terminal outbox) repeat until `done`; a lost answer is safe to retry.
 - `retire_entry(scope, owner)` is one batch that, when it is the last (`done`), also settles the
-  run's outbox entry as done under `owner`'s lease (`engine.runs.outbox.mark_done`): a run's
-  retirement ends in one request, not two. Both are idempotent, so a retry of the pair is too.
+  run's outbox entry as done under `owner`'s lease (`engine.runs.outbox.mark_done`'s update, in
+  the statement of the second look when there is one): a run's retirement ends in one request
+  and one connection checkout, not two. Both are idempotent, so a retry of the pair is too.
   With `record_lease_s` it first records the terminal run as pending, leased to `owner`
   (`outbox.mark_pending`): a run's own close (`actors.run.guard_retirement`) is then one
   request for a run that staged at most a batch of facts, not two. An entry found done already
@@ -26,12 +27,15 @@ How it works
 
 from __future__ import annotations
 
+import attrs
+
 from ..actions import action
 from ..runs import outbox
 from ..values.codecs import FLOAT, RUN_SCOPE, TEXT, optional
 from ..values.keys import run_key_range
 from ..ports import RETIREMENT_LANE, Port, table, with_connection
 from ..receipts import SQL_STATUSES
+from ..pg import Connection
 from ..runs.reissue import NotVisible, fetchrow_until_visible
 from ..values.scopes import RunScope
 from . import facts as F
@@ -95,43 +99,96 @@ WITH doomed AS (
 SELECT count(*) FROM deleted
 """
 
+# `_DELETE_MORE`, and when it leaves nothing behind (fewer than the limit deleted), the run's
+# outbox entry settled as done under the owner's lease: $9 org, $10 play, $11 owner.
+_DELETE_MORE_AND_SETTLE = """
+WITH doomed AS (
+    {candidates}
+     ORDER BY k LIMIT $8
+), deleted AS (
+    DELETE FROM {t} AS f WHERE f.k = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1
+), settled AS (
+    {settle}
+       AND (SELECT count(*) FROM deleted) < $8
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted) AS deleted, EXISTS (SELECT 1 FROM settled) AS settled
+"""
 
-@action("array_input.retire", params={"scope": RUN_SCOPE}, result=RETIRE_RESULT)
-async def retire(port: Port, scope: RunScope) -> RetireResult:
-    """Retire the run's array inputs and delete up to `RETIRE_BATCH_ROWS` of their facts."""
-    scope = F.run_scope(port, scope)
-    t = table(port, "work_receipts")
-    ranges = [bound for kind in F.FACT_KINDS for bound in run_key_range(scope.play_scope, kind, scope.run_id)]
-    retire_sql = _RETIRE.format(
-        t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"), **SQL_STATUSES)
-    more_sql = _DELETE_MORE.format(
-        t=t, candidates=_candidates(t, "$1", [f"${n}" for n in range(2, 8)], "$8"))
-    guard = F.guard_key(scope)
 
-    def decide(row):
+@attrs.frozen
+class _Retirement:
+    """One batch of a run's retirement, as a step on a connection (`run`); with `owner`, a
+    batch that leaves nothing behind also settles the run's outbox entry as done under that
+    owner's lease (`retire_entry`). Built, and its input checked, before any query."""
+
+    scope: RunScope
+    retire_sql: str
+    more_sql: str
+    ranges: list[str]
+    owner: str | None = None
+    settle_sql: str | None = None
+
+    @classmethod
+    def of(cls, port: Port, scope: RunScope, owner: str | None = None) -> _Retirement:
+        scope = F.run_scope(port, scope)
+        t = table(port, "work_receipts")
+        ranges = [bound for kind in F.FACT_KINDS
+                  for bound in run_key_range(scope.play_scope, kind, scope.run_id)]
+        retire_sql = _RETIRE.format(
+            t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"),
+            **SQL_STATUSES)
+        more_sql = _DELETE_MORE_AND_SETTLE if owner is not None else _DELETE_MORE
+        more_sql = more_sql.format(
+            t=t, candidates=_candidates(t, "$1", [f"${n}" for n in range(2, 8)], "$8"),
+            settle=outbox.settle_done_sql(table(port, "terminal_outbox"), "$9", "$10", "$1",
+                                          "$11"))
+        settle_sql = None if owner is None else outbox.settle_done_sql(
+            table(port, "terminal_outbox"), "$1", "$2", "$3", "$4")
+        return cls(scope, retire_sql, more_sql, ranges, owner, settle_sql)
+
+    def decide(self, row):
         if row["created"]:
             return row  # the run never staged: nothing to delete
         if row["g_status"] is None:
             raise NotVisible  # a peer created the guard after our snapshot
-        F.guard_retired(row["g_status"], row["g_run"], row["g_output"], scope)  # corrupt → raise
+        F.guard_retired(row["g_status"], row["g_run"], row["g_output"], self.scope)  # corrupt → raise
         return row
 
-    async def op(conn):
+    async def run(self, conn: Connection) -> RetireResult:
         # No BEGIN/COMMIT of ours: each statement is atomic on its own. Under an execution
-        # role both run inside the checkout's transaction, which still holds the guard lock.
+        # role they run inside the checkout's transaction, which still holds the guard lock.
+        scope = self.scope
         row = await fetchrow_until_visible(
-            conn, retire_sql, (guard, scope.run_id, F.GUARD_RETIRED_TEXT, *ranges, RETIRE_BATCH_ROWS),
-            decide, what="the run guard",
+            conn, self.retire_sql,
+            (F.guard_key(scope), scope.run_id, F.GUARD_RETIRED_TEXT, *self.ranges,
+             RETIRE_BATCH_ROWS),
+            self.decide, what="the run guard",
         )
         deleted = row["deleted"]
         if row["created"] or row["seen_retired"] or deleted >= RETIRE_BATCH_ROWS:
-            return RetireResult(done=deleted < RETIRE_BATCH_ROWS, deleted=deleted)
+            done = deleted < RETIRE_BATCH_ROWS
+            if not done or self.owner is None:
+                return RetireResult(done=done, deleted=deleted)
+            settled = await conn.execute(self.settle_sql, scope.org_id, scope.play, scope.run_id,
+                                         self.owner)
+            return RetireResult(True, deleted, not settled.endswith(" 0"))
         # We saw the guard open: a writer may have committed while we waited for its lock.
-        more = await conn.fetchval(more_sql, scope.run_id, *ranges, RETIRE_BATCH_ROWS - deleted)
-        total = deleted + more
-        return RetireResult(done=total < RETIRE_BATCH_ROWS, deleted=total)
+        limit = RETIRE_BATCH_ROWS - deleted
+        if self.owner is None:
+            more = await conn.fetchval(self.more_sql, scope.run_id, *self.ranges, limit)
+            return RetireResult(done=deleted + more < RETIRE_BATCH_ROWS, deleted=deleted + more)
+        second = await conn.fetchrow(self.more_sql, scope.run_id, *self.ranges, limit,
+                                     scope.org_id, scope.play, self.owner)
+        total = deleted + second["deleted"]
+        done = total < RETIRE_BATCH_ROWS
+        return RetireResult(done, total, done and second["settled"])
 
-    return await with_connection(port, RETIREMENT_LANE, op)
+
+@action("array_input.retire", params={"scope": RUN_SCOPE}, result=RETIRE_RESULT)
+async def retire(port: Port, scope: RunScope) -> RetireResult:
+    """Retire the run's array inputs and delete up to `RETIRE_BATCH_ROWS` of their facts."""
+    return await with_connection(port, RETIREMENT_LANE, _Retirement.of(port, scope).run)
 
 
 @action("array_input.retire_entry",
@@ -140,12 +197,16 @@ async def retire(port: Port, scope: RunScope) -> RetireResult:
 async def retire_entry(port: Port, scope: RunScope, owner: str, *,
                        record_lease_s: float | None = None) -> RetireResult:
     """`retire`, and once it is done, settle the run's outbox entry as done under `owner`'s
-    lease (`settled`: False when the lease was lost). With `record_lease_s`, first record the
-    entry pending under that lease (module docstring)."""
-    if record_lease_s is not None and not await outbox.mark_pending(
-            port, scope, owner, record_lease_s):
-        return DONE_ALREADY
-    result = await retire(port, scope)
-    if not result.done:
-        return result
-    return RetireResult(True, result.deleted, await outbox.mark_done(port, scope, owner))
+    lease (`settled`: False when the lease was lost), on one connection: the settling rides
+    the batch's last statement. With `record_lease_s`, first record the entry pending under
+    that lease (module docstring)."""
+    retirement = _Retirement.of(port, scope, owner)
+    pending = None if record_lease_s is None else outbox.pending_marker(
+        port, scope, owner, record_lease_s)
+
+    async def op(conn: Connection) -> RetireResult:
+        if pending is not None and not await pending(conn):
+            return DONE_ALREADY
+        return await retirement.run(conn)
+
+    return await with_connection(port, RETIREMENT_LANE, op)

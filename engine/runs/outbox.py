@@ -33,7 +33,7 @@ How it works
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from typing import Awaitable, Callable, Iterable, Sequence
 
 import attrs
 
@@ -44,6 +44,7 @@ from ..values.codecs import (
     optional, record,
 )
 from ..errors import InvalidInputError
+from ..pg import Connection
 from ..ports import RECEIPTS_LANE, RETIREMENT_LANE, Port, table, with_connection
 from ..receipts import MAX_LEASE_S
 from ..sql import SqlLiteral
@@ -131,11 +132,21 @@ UPDATE {{t}} SET lease_expires_at = now() + make_interval(secs => $5), updated_a
  WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = {_S.PENDING.sql}
 """
 
-_MARK_DONE = f"""
-UPDATE {{t}} SET state = {_S.DONE.sql}, lease_owner = NULL, lease_expires_at = NULL,
+
+
+def settle_done_sql(t: str, org: str, play: str, run: str, owner: str) -> str:
+    """The update that settles a run's entry as `done` while `owner` holds its lease, on table
+    `t`, its org, play, run id and owner given as parameter references (`$1`…): the statement of
+    `mark_done`, and part of `array_input.retire_entry`'s last batch."""
+    return f"""
+UPDATE {t} SET state = {_S.DONE.sql}, lease_owner = NULL, lease_expires_at = NULL,
        last_error = NULL, updated_at = now()
- WHERE org_id = $1 AND play = $2 AND run_id = $3 AND lease_owner = $4 AND state = {_S.PENDING.sql}
+ WHERE org_id = {org} AND play = {play} AND run_id = {run} AND lease_owner = {owner}
+   AND state = {_S.PENDING.sql}
 """
+
+
+_MARK_DONE = settle_done_sql("{t}", "$1", "$2", "$3", "$4")
 
 _RETRY_LATER = f"""
 UPDATE {{t}} SET lease_owner = NULL, lease_expires_at = NULL, last_error = $5,
@@ -201,13 +212,22 @@ async def record_open(port: Port, scope: RunScope) -> None:
         result=BOOL)
 async def mark_pending(port: Port, scope: RunScope, owner: str, lease_s: float) -> bool:
     """Flip the entry to `pending` leased to `owner`; False when it was already `done`."""
+    pending = pending_marker(port, scope, owner, lease_s)
+    return await with_connection(port, RETIREMENT_LANE, pending)
+
+
+def pending_marker(port: Port, scope: RunScope, owner: str, lease_s: float
+                   ) -> Callable[[Connection], Awaitable[bool]]:
+    """`mark_pending` as a step on a connection the caller holds (`array_input.retire_entry`
+    marks and retires on one checkout); its input is checked here, before any query."""
     check_scope(port, scope)
     lease = _seconds(lease_s, "lease_s")
     sql = _MARK_PENDING.format(t=table(port, "terminal_outbox"))
-    state = await with_connection(
-        port, RETIREMENT_LANE, lambda conn: conn.fetchval(sql, *_key(scope), owner, lease)
-    )
-    return state == OutboxState.PENDING
+
+    async def mark(conn: Connection) -> bool:
+        return await conn.fetchval(sql, *_key(scope), owner, lease) == OutboxState.PENDING
+
+    return mark
 
 
 @action("outbox.claim_due", params={"owner": TEXT, "limit": INT, "lease_s": FLOAT,
