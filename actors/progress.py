@@ -75,6 +75,15 @@ class CallGauge:
         self.in_call -= 1
         self._changed()
 
+    def catch_up(self) -> None:
+        """Report now when the last snapshot's count is not the count now: calls that started
+        (or ended) together within `REPORT_EVERY_S` and, held back by the rate limit, were not
+        reported, with no call starting or ending since (the row-calls reporter looks every
+        second: `actors.row_calls`)."""
+        if self.on_change is not None and self.in_call != self.reported:
+            self._reported_at = time.monotonic()
+            self.on_change()
+
     def _changed(self) -> None:
         if self.on_change is None:
             return

@@ -4,7 +4,8 @@ How it works
 - `report_calls` runs beside a map in each process hosting its rows (`Run.map` for a run's own
   rows, `MapWorker.serve` for a shared map's worker) and writes the process's count of rows
   inside a call (`CallGauge.in_call`) to `row_calls`: once the first row enters a call, then
-  whenever the count changed (looked at every `CHECK_S`) and at least every
+  whenever the count changed (looked at every `CHECK_S`, when the map's own progress also
+  catches up with a count the gauge's rate limit held back) and at least every
   `engine.runs.row_calls.REPORT_S` seconds, changed or not. A map whose rows never enter a call (a
   rerun answered from the cache) writes nothing.
 - When the map ends or is cancelled (Ctrl-C, SIGTERM) the last report is 0, shielded and
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Callable
-
 import trio
 
 from runplane.engine.errors import EngineError
@@ -28,6 +27,7 @@ from runplane.engine.ports import Port
 from runplane.engine.runs import row_calls
 from runplane.engine.values.scopes import RunScope
 
+from .progress import CallGauge
 from .retry import hurry_if_waiting
 
 CHECK_S = 1.0
@@ -40,8 +40,10 @@ def process_name() -> str:
 
 
 async def report_calls(port: Port, scope: RunScope, map_key: str, table_namespace: str,
-                       in_call: Callable[[], int], *, process: str | None = None) -> None:
-    """Report `in_call()` for this process until cancelled (see the module docstring)."""
+                       gauge: CallGauge, *, process: str | None = None) -> None:
+    """Report the `gauge`'s rows in a call for this process until cancelled (see the module
+    docstring); each look first has the map's progress catch up with a count its rate limit
+    held back (`CallGauge.catch_up`), so the bars never show fewer rows running than this."""
     name = process or process_name()
 
     async def send(value: int) -> bool:
@@ -55,7 +57,8 @@ async def report_calls(port: Port, scope: RunScope, map_key: str, table_namespac
     sent_at = 0.0
     try:
         while True:
-            value, now = in_call(), trio.current_time()
+            gauge.catch_up()
+            value, now = gauge.in_call, trio.current_time()
             due = sent is not None and now - sent_at >= row_calls.REPORT_S
             if (value != sent and (value or sent is not None)) or due:
                 if await send(value):

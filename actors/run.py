@@ -63,7 +63,7 @@ from .hosting import is_terminal, open_hosting_nursery
 from .map_state import SHARED_ONLY, MapOptions, MapPlan
 from .mapper import MapSource, map_rows
 from .history import MapRecorder, now as history_now
-from .progress import MapProgress, MapResult
+from .progress import CallGauge, MapProgress, MapResult
 from .row_functions import RowFunction, as_row_caller, fail_fast_rows
 from .retry import OutageWatch, install_watch, reset_watch, retry_transient
 from .row_calls import report_calls
@@ -286,14 +286,14 @@ class Run:
             recorder, on_progress, lambda observe: map_rows(
                 source, plan, on_progress=observe, map_invocation_id=map_invocation_id,
                 background=self._live_nursery(), stop=self.stop),
-            in_call=lambda: plan.calls.in_call)
+            calls=plan.calls)
 
     async def _recorded(self, recorder: MapRecorder,
                         on_progress: Callable[[MapProgress], object] | None,
                         run_map: Callable[[Callable[[MapProgress], None]], Awaitable[MapResult]],
-                        in_call: Callable[[], int] | None = None) -> MapResult:
+                        calls: CallGauge | None = None) -> MapResult:
         """`run_map(observe)` with its history entry heartbeated while it runs (and, given
-        `in_call`, its rows in a call reported) and finished as it ended: failed, interrupted,
+        `calls`, its rows in a call reported) and finished as it ended: failed, interrupted,
         or with its result, that last one in the run's nursery after the map returned (a store
         outage leaves the entry running, like a crash, for the wake)."""
         observers = [recorder.observe,
@@ -309,10 +309,10 @@ class Run:
             with beat:
                 async with trio.open_nursery() as beats:
                     beats.start_soon(recorder.heartbeat)
-                    if in_call is not None:
+                    if calls is not None:
                         beats.start_soon(functools.partial(
                             report_calls, self.port, self.scope, recorder.map_key,
-                            recorder.table_namespace, in_call))
+                            recorder.table_namespace, calls))
 
         self._live_nursery().start_soon(heartbeat)
         try:

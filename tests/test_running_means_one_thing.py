@@ -39,7 +39,8 @@ async def running_now(tenant, play: str) -> dict[str, int]:
 
 async def test_running_is_rows_inside_a_call_on_every_surface_and_drops_when_the_map_ends(tenant):
     """Was: the bars said rows admitted and not written (1,878 at concurrency 16), status the
-    same from history, the console 0."""
+    same from history, the console 0. A one-page list starts every worker at once: the map's
+    own progress catches up with calls its gauge's rate limit held back (`catch_up`)."""
     fn, release, inside = gate()
     seen: list = []
     with trio.fail_after(60):

@@ -438,8 +438,7 @@ class MapWorker:
             nursery.start_soon(self._flush_loop)
             nursery.start_soon(functools.partial(  # this process's rows in a call
                 report_calls, self.port, self.shared.ref.scope,
-                self.shared.map_invocation_id, self.shared.table_namespace,
-                lambda: self.plan.calls.in_call))
+                self.shared.map_invocation_id, self.shared.table_namespace, self.plan.calls))
             for _ in range(max(1, min(self.plan.concurrency, int(self.limiter.total_tokens)))):
                 nursery.start_soon(self._run_rows)
             await self._claim_loop(nursery)
