@@ -10,6 +10,9 @@
   this opening's included.
 - `open_reader` connects to `RUNPLANE_READ_DSN` (a replica) when it is set, runs no DDL, and
   opens every transaction read-only, so a write fails at the server wherever the DSN points.
+- Tenants opened inside `sharing(opening)` (a gateway's orgs: one schema on one server) read
+  the schema's state and the server's identity once: the first opening reads them into the
+  `SharedOpening`, and the openings after it take them without a statement.
 - A tenant opened without a DSN where a tenants file places orgs (`PLACER`, set by
   `engine.placement.following.placed`) connects to its org's server and follows it there.
 """
@@ -20,7 +23,7 @@ import contextlib
 import contextvars
 import os
 import urllib.parse
-from typing import AsyncIterator, Callable, Mapping, TypeGuard
+from typing import AsyncIterator, Callable, Iterator, Mapping, TypeGuard
 
 import attrs
 import trio
@@ -40,6 +43,34 @@ from .tenant import (DEFAULT_LANES, DEFAULT_OUTAGE_BUDGET_S, IDLE_CLOSE_ENV, IDL
 Placer = Callable[[str], tuple[str, Route]]
 PLACER: contextvars.ContextVar[Placer | None] = contextvars.ContextVar("runplane_placer",
                                                                       default=None)
+
+
+@attrs.define(eq=False)
+class SharedOpening:
+    """What the tenants a process hosts on one server and schema find alike as they open: the
+    lock secret of the (current) schema and the server's identity, once the first of them read
+    both. Kept for the host's life, as its open tenants keep theirs: a schema upgraded, or
+    dropped and made again with a new secret, under a running host is not seen by those
+    either (restart the host). Never shared: a tenant with an execution role
+    (its opening grants the role its privileges), a reader, or a login that may not read the
+    lock secret (a database session)."""
+
+    lock_secret: bytes | None = None
+    server: str | None = None
+
+
+_SHARED: contextvars.ContextVar[SharedOpening | None] = contextvars.ContextVar(
+    "runplane_shared_opening", default=None)
+
+
+@contextlib.contextmanager
+def sharing(opening: SharedOpening) -> Iterator[None]:
+    """Open the tenants of this block with `opening` (see `SharedOpening`)."""
+    token = _SHARED.set(opening)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
 
 
 def outage_budget(value: object = None) -> float:
@@ -207,10 +238,16 @@ async def _open(how: _Opening) -> AsyncIterator[Tenant]:
         tenant.diagnostics.open()
         tenant.start_closing_idle()
         try:
-            if how.bootstrap:
-                await tenant.ensure_schema()
-            with contextlib.suppress(EngineError):  # best effort: only statement timeouts use it
-                await tenant.note_server()
+            shared = _SHARED.get() if how.bootstrap and how.execution_role is None else None
+            if shared is not None and shared.lock_secret is not None:
+                tenant.take_opening(shared.lock_secret, shared.server)
+            else:
+                if how.bootstrap:
+                    await tenant.ensure_schema()
+                with contextlib.suppress(EngineError):  # best effort: only statement timeouts use it
+                    await tenant.note_server()
+                if shared is not None and tenant.lock_secret is not None:
+                    shared.lock_secret, shared.server = tenant.lock_secret, tenant.server_identity
             yield tenant
         finally:
             with trio.CancelScope(shield=True):
@@ -218,4 +255,5 @@ async def _open(how: _Opening) -> AsyncIterator[Tenant]:
                 await tenant.aclose()
 
 
-__all__ = ["open_tenant", "open_reader", "reads_replica", "outage_budget", "check_dsn"]
+__all__ = ["open_tenant", "open_reader", "reads_replica", "outage_budget", "check_dsn",
+           "SharedOpening", "sharing"]

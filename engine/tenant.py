@@ -242,6 +242,18 @@ class Tenant:
         async with self._plain_connection() as conn:
             self._server = await _identity(conn)
 
+    def take_opening(self, lock_secret: bytes, server: str | None) -> None:
+        """Open with what another tenant of this schema on this server read at its opening
+        (`engine.opening.SharedOpening`): the lock secret of a current schema and the server's
+        identity, as `ensure_schema` and `note_server` would have read them, with no statement."""
+        self.lock_secret, self.sheet_lock_keys, self._server = lock_secret, {}, server
+        self.settings = self._settings()
+
+    @property
+    def server_identity(self) -> str | None:
+        """The server's identity as this tenant last read it (None: not read)."""
+        return self._server
+
     async def server_changed(self) -> bool:
         """Whether the server the DSN reaches now is another one than when this tenant last
         looked (at open, or at the last call): another system identifier or postmaster start

@@ -173,6 +173,37 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
     assert await count_rows(tenant, "work_receipts") == 0
 
 
+async def test_a_gateways_orgs_after_the_first_open_without_a_statement(tenant, server):
+    """The first org's tenant reads the schema's state and the server's identity; the orgs
+    after it take what it read (`SharedOpening`) and send no statement as they open, with the
+    same lock secret, and map through the gateway as the first does."""
+    from runplane.actors import open_run
+    from runplane.engine import sheets
+    from runplane.engine.observability import metrics
+
+    def sent() -> int:
+        return sum(sum(h.counts) for h in metrics.STATEMENT_SECONDS.children.values())
+
+    async def shout(row):
+        return {"upper": row["name"].upper()}
+
+    opened, statements = [], []
+    for org in ("shared-first", "shared-second", "shared-third"):
+        before = sent()
+        opened.append(await server.tenants.get(org))
+        statements.append(sent() - before)
+    assert statements[0] >= 3 and statements[1:] == [0, 0]  # the schema's state, the server's
+    assert {t.lock_secret for t in opened} == {tenant.lock_secret}
+    assert {t.server_identity for t in opened} == {opened[0].server_identity} != {None}
+    contract = sheets.SheetContract(inputs=("name",), outputs=("upper",))
+    async with open_gateway(server.url, mint_token(SECRET, "shared-third"),
+                            retry=FAST_RETRY) as gateway:
+        async with open_run(gateway, PLAY) as run:
+            result = await run.map("t", [{"name": f"r{i}"} for i in range(30)], shout,
+                                   contract=contract)
+    assert result.completed == 30
+
+
 async def test_a_gateway_learns_the_health_with_its_first_small_action(tenant, server):
     """A first action small enough for any gateway asks for the health with it: no health
     request of its own. One larger than that reads the health first, as does one sent to a

@@ -9,6 +9,8 @@ How it works
   forgotten: every waiter gets the error, and the org's next request tries again.
 - The first tenant that opens also runs the session sweep (`sessions.sweep_expired`: the
   schema's expired session roles dropped every minute) for as long as it is held.
+- Tenants open sharing what the first one read of the schema and the server
+  (`engine.opening.SharedOpening`): an org's opening after the first sends no statement.
 - Every tenant draws on one connection budget for the server (`engine.limits.connections`):
   `max_connections` slots, else the server's default share (`engine.limits.server_share`,
   read on the first request: an unreachable server fails that request, and the next one reads
@@ -33,7 +35,7 @@ from ..embedded import resolve_dsn
 from ..errors import EngineError, StoreUnavailableError
 from ..limits.connections import BudgetStats, ServerBudget, hosting
 from ..limits.server_share import server_budget
-from ..opening import open_tenant
+from ..opening import SharedOpening, open_tenant, sharing
 from ..tenant import Tenant
 
 if TYPE_CHECKING:
@@ -66,6 +68,7 @@ class OrgTenants:
     _nursery: trio.Nursery | None = attrs.field(init=False, default=None, repr=False)
     _sweeping: bool = attrs.field(init=False, default=False, repr=False)
     _closing: trio.Event = attrs.field(init=False, factory=trio.Event, repr=False)
+    _opening: SharedOpening = attrs.field(init=False, factory=SharedOpening, repr=False)
 
     def serve_in(self, nursery: trio.Nursery) -> None:
         """Hold the tenants opened from now on in `nursery` (the server's)."""
@@ -107,7 +110,7 @@ class OrgTenants:
 
     async def _hold(self, org: str, slot: _TenantSlot) -> None:
         try:
-            with hosting(self.budget):
+            with hosting(self.budget), sharing(self._opening):
                 async with open_tenant(org, self.dsn, schema=self.schema, **self.options) as tenant:
                     slot.tenant = tenant
                     slot.ready.set()
