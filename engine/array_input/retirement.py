@@ -89,25 +89,19 @@ SELECT EXISTS (SELECT 1 FROM created) AS created,
 """
 
 # $1 run id, $2..$7 key ranges, $8 limit
-_DELETE_MORE = """
+_DELETE_UP_TO = """
 WITH doomed AS (
     {candidates}
      ORDER BY k LIMIT $8
 ), deleted AS (
     DELETE FROM {t} AS f WHERE f.k = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1
-)
+)"""
+_DELETE_MORE = _DELETE_UP_TO + """
 SELECT count(*) FROM deleted
 """
-
 # `_DELETE_MORE`, and when it leaves nothing behind (fewer than the limit deleted), the run's
 # outbox entry settled as done under the owner's lease: $9 org, $10 play, $11 owner.
-_DELETE_MORE_AND_SETTLE = """
-WITH doomed AS (
-    {candidates}
-     ORDER BY k LIMIT $8
-), deleted AS (
-    DELETE FROM {t} AS f WHERE f.k = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1
-), settled AS (
+_DELETE_MORE_AND_SETTLE = _DELETE_UP_TO + """, settled AS (
     {settle}
        AND (SELECT count(*) FROM deleted) < $8
     RETURNING 1

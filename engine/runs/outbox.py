@@ -133,7 +133,6 @@ UPDATE {{t}} SET lease_expires_at = now() + make_interval(secs => $5), updated_a
 """
 
 
-
 def settle_done_sql(t: str, org: str, play: str, run: str, owner: str) -> str:
     """The update that settles a run's entry as `done` while `owner` holds its lease, on table
     `t`, its org, play, run id and owner given as parameter references (`$1`…): the statement of
