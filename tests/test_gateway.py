@@ -204,36 +204,6 @@ async def test_a_gateways_orgs_after_the_first_open_without_a_statement(tenant, 
     assert result.completed == 30
 
 
-async def test_a_gateway_learns_the_health_with_its_first_small_action(tenant, server):
-    """A first action small enough for any gateway asks for the health with it: no health
-    request of its own. One larger than that reads the health first, as does one sent to a
-    server that answered without it."""
-    scope = RunScope(tenant.org_id, PLAY, "learns")
-    async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
-        await runs.register(gateway, scope)
-        assert gateway.stats.answered_attempts == 1  # the action alone
-        health = await gateway.health()  # known: no request
-        assert gateway.stats.answered_attempts == 1
-        assert health.body_limit == protocol.DEFAULT_BODY_LIMIT
-        assert health.features == frozenset(protocol.ARRAY_FEATURES)
-        await runs.register(gateway, scope)  # a wake: nothing asked, nothing answered besides
-        assert gateway.stats.answered_attempts == 2
-    async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
-        run = await runs.register(gateway, scope)
-        big = {"blob": "x" * protocol.MIN_BODY_LIMIT}  # over what every gateway takes
-        gateway._health = None  # as if the first answer had carried none
-        await receipts.complete(gateway, run, "big", big)
-        assert gateway.stats.answered_attempts == 3  # the health read, then the action
-    async with httpx.AsyncClient() as client:
-        headers = {"authorization": f"Bearer {token_for(tenant)}",
-                   protocol.HEALTH_HEADER: protocol.HEALTH_ASK}
-        answer = (await client.post(f"{server.url}/v1/actions/runs.register", headers=headers,
-                                    json={"scope": {"org_id": tenant.org_id, "play": PLAY,
-                                                    "run_id": "learns"}})).json()
-        assert answer["health"] == (await client.get(f"{server.url}/v1/health")).json()
-        assert set(answer) == {"health", "result"}
-
-
 # Plumbing that takes a port but is no operation of its own: the statement and transaction
 # helpers the operations run through.
 NOT_OPERATIONS = {

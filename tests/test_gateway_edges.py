@@ -116,9 +116,8 @@ async def test_a_body_cut_after_the_status_line_is_an_answered_attempt_that_is_r
             run = await runs.register(gw, RUN.scope)
             stats = (gw.stats.answered_attempts, gw.stats.unanswered_attempts)
     assert run == RUN
-    # Two action attempts, both answered: the cut body spent a ladder step. (No health read:
-    # a small first action asks for the health with its answer, which this stub leaves out.)
-    assert len(seen) == 2 and stats == (2, 0)
+    # The health read and two action attempts, all answered: the cut body spent a ladder step.
+    assert len(seen) == 2 and stats == (3, 0)
     assert seen[0].request_id is not None and seen[0].request_id == seen[1].request_id
 
 

@@ -5,10 +5,7 @@ How it works
   operation registered as an action, called with it, is sent as `POST {url}/v1/actions/NAME`
   with the token as a bearer token, and answers what the direct call would have answered, or
   raises the same `engine.errors` class. Its org is the one the token names.
-- A gateway learns the server's health (its body limit sizes pages; its features say which
-  newer actions it takes) once: with the answer to its first action when that action's body
-  is small enough for any gateway (`protocol.HEALTH_HEADER`), else, or from a server that
-  does not answer it so, with `GET /v1/health` before the action.
+- Before its first action a gateway reads `GET /v1/health` once (the body limit sizes pages).
   At most `max_in_flight` requests are in flight (FIFO permits, as for connections).
 - Attempts and their retries: `engine.gateway.transport` sends, `engine.gateway.retry` decides
   (`RetryPolicy`: answered attempts spend a ladder, unreachable ones a time budget; a
@@ -146,17 +143,13 @@ class Gateway(RemotePort):
         self.stats.operations += 1
         if budget is None:
             budget = self.budget(action.name)
-        health = self._health
-        if health is None and len(body) > protocol.MIN_BODY_LIMIT:
-            health = await self.health()
-        if health is not None and len(body) > health.body_limit:
+        health = await self.health()
+        if len(body) > health.body_limit:
             raise InvalidInputError(
                 f"{action.name}: the input takes {len(body)} bytes; the gateway accepts at most "
                 f"{health.body_limit} bytes a request")
         headers = {**self._headers, protocol.REQUEST_ID_HEADER: self._request_id(),
                    **(headers or {})}
-        if health is None:  # learn it with this answer
-            headers[protocol.HEALTH_HEADER] = protocol.HEALTH_ASK
         target = self._urls.get(action.name)
         if target is None:
             target = self._urls[action.name] = self._path + protocol.ACTIONS_PATH + action.name
@@ -168,9 +161,6 @@ class Gateway(RemotePort):
         if "result" not in answer:
             raise GatewayUnavailableError(
                 f"{action.name}: the gateway at {self.url} answered HTTP 200 with no result")
-        if health is None and self._health is None and isinstance(answer.get("health"), dict):
-            with contextlib.suppress(GatewayUnavailableError):  # unreadable: GET it when needed
-                self._health = self._read_health(answer["health"])
         return answer["result"]
 
     def budget(self, name: str) -> Budget:
@@ -198,20 +188,16 @@ class Gateway(RemotePort):
                     self.retry, self.stats, "health", self._where, self.budget("health"),
                     self.retry.request_timeout_s,
                     lambda t: attempt(self._client, self._permits, "GET", target, t, None, {}))
-                self._health = self._read_health(answer)
+                try:
+                    listed = answer.get("features")
+                    features = frozenset(f for f in listed if isinstance(f, str)) \
+                        if isinstance(listed, list) else frozenset()
+                    self._health = Health(str(answer.get("version")), int(answer["body_limit"]),
+                                          bool(answer.get("array_actions", False)), features)
+                except (KeyError, TypeError, ValueError):
+                    raise GatewayUnavailableError(
+                        f"{self.url} answered its health check with no body limit") from None
         return self._health
-
-    def _read_health(self, answer: Mapping[str, object]) -> Health:
-        """A health answer (`GET /v1/health`'s, or the one an action's answer carries)."""
-        try:
-            listed = answer.get("features")
-            features = frozenset(f for f in listed if isinstance(f, str)) \
-                if isinstance(listed, list) else frozenset()
-            return Health(str(answer.get("version")), int(answer["body_limit"]),
-                          bool(answer.get("array_actions", False)), features)
-        except (KeyError, TypeError, ValueError):
-            raise GatewayUnavailableError(
-                f"{self.url} answered its health check with no body limit") from None
 
 
 @contextlib.asynccontextmanager

@@ -12,11 +12,6 @@ How it works
   server answers each pending row with its key and input index only (`row` is `{}`), and the
   client puts its own copy back. Rows then cross the wire once; a server that ignores the
   header answers in full, which the client treats the same way.
-- `HEALTH_HEADER: ask` on an action says the client has not read the gateway's health yet:
-  the answer's object then carries it too (`"health"`, as `GET /v1/health` answers it), so a
-  client learns it with its first action instead of a request of its own. A body of at most
-  `MIN_BODY_LIMIT` bytes, which every gateway accepts, may go first; a server that ignores the
-  header answers without it, and the client then asks `GET /v1/health`.
 - `REQUEST_ID_HEADER` carries one id per operation (the same on every retry of it): a server
   answers a retry of a write it already applied from its replay cache, so a reply lost after
   the commit changes nothing, not even the answer.
@@ -55,12 +50,9 @@ ACTIONS_PATH = "/v1/actions/"
 HEALTH_PATH = "/v1/health"
 REQUEST_ID_HEADER = "runplane-request-id"
 ROWS_HEADER = "runplane-rows"
-HEALTH_HEADER = "runplane-health"
-HEALTH_ASK = "ask"
 ROWS_BY_KEY = "by-key"
 DEFAULT_BODY_LIMIT = 4_450_000
 PAGE_HEADROOM = 4 * 1024  # a paged request stays this far under the body limit
-MIN_BODY_LIMIT = PAGE_HEADROOM * 2  # the smallest body limit a gateway takes
 
 # code, HTTP status, class (most specific first: the server picks the first class that matches)
 ERRORS: tuple[tuple[str, int, type[EngineError]], ...] = (

@@ -78,7 +78,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import pg
 from ..actions import Action, actions
-from ..canonical import JsonObject, JsonValue
+from ..canonical import JsonValue
 from ..errors import EngineError, InvalidInputError, StoreUnavailableError, TooManySessionsError
 from ..limits.bounds import is_int, is_number
 from ..observability import metrics, tracing
@@ -162,9 +162,9 @@ class ServerOptions:
 
     @body_limit.validator
     def _check_body_limit(self, _attribute: attrs.Attribute, value: object) -> None:
-        if not is_int(value, protocol.MIN_BODY_LIMIT):
+        if not is_int(value, protocol.PAGE_HEADROOM * 2):
             raise InvalidInputError(
-                f"body_limit must be an integer >= {protocol.MIN_BODY_LIMIT}")
+                f"body_limit must be an integer >= {protocol.PAGE_HEADROOM * 2}")
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -244,12 +244,10 @@ class Server:
 
         return app
 
-    def _health_answer(self) -> JsonObject:
-        return protocol.health_answer(
-            runplane_version(), self.options.body_limit, self.options.array_actions)
-
     async def _health(self, _request: Request) -> Response:
-        return Response(protocol.dumps(self._health_answer()), media_type="application/json")
+        body = protocol.dumps(protocol.health_answer(
+            runplane_version(), self.options.body_limit, self.options.array_actions))
+        return Response(body, media_type="application/json")
 
     async def _action(self, request: Request) -> Response:
         """The same answer through Starlette (the lean handler takes every POST first)."""
@@ -366,13 +364,8 @@ class Server:
 
         if spec.writes and request_id:
             digest = guards.request_digest(raw, claims, "by-key" if rows_by_key else "")
-            answer = await self.replay.run((claims.org, play, name, request_id), digest, compute)
-        else:
-            answer = await compute()
-        if headers.get(protocol.HEALTH_HEADER) == protocol.HEALTH_ASK:
-            # the client learns the health with this answer: `{"health": {...}, "result": ...}`
-            return b'{"health":' + protocol.dumps(self._health_answer()) + b"," + answer[1:]
-        return answer
+            return await self.replay.run((claims.org, play, name, request_id), digest, compute)
+        return await compute()
 
     async def _decode(self, spec: Action, raw: bytes) -> tuple[dict[str, object], int]:
         """The action's keyword arguments from a body (a large body in a worker thread, so
