@@ -121,6 +121,42 @@ async def test_a_wait_ends_at_the_callers_deadline_and_a_late_grant_is_passed_on
     assert c.held == 1 and budget.stats().in_use == 1  # nothing lost, nothing doubled
 
 
+async def test_a_look_for_an_idle_connection_walks_only_the_orgs_holding_one(autojump_clock):
+    """A gateway keeps an account for every org it has seen; a caller at a full budget looks
+    for an idle connection among the accounts that hold a slot only (at most the budget's
+    size), not among the thousand that hold none."""
+    class Pool:
+        def __init__(self, idle=()):
+            self.idle, self.asked, self.discarded = list(idle), 0, []
+
+        def take_idle(self):
+            self.asked += 1
+            return self.idle.pop(0) if self.idle else None
+
+        def discard(self, raw):
+            self.discarded.append(raw)
+
+    budget = ServerBudget(2)
+    idle = [budget.account(f"idle-{i}", key="k") for i in range(1_000)]
+    for account in idle:
+        account.pool = Pool()
+    holder, busy = budget.account("holder", key="k"), budget.account("busy", key="other")
+    holder.pool, busy.pool = Pool(["conn-1"]), Pool()
+    await holder.acquire()
+    await busy.acquire()  # the budget is full
+    newcomer = budget.account("newcomer", key="k")
+    newcomer.pool = Pool()
+    assert await newcomer.acquire() == "conn-1"  # the holder's idle connection, and its slot
+    assert (holder.held, newcomer.held, budget.stats().in_use) == (0, 1, 2)
+    assert sum(account.pool.asked for account in idle) == 0
+    # one of another key waits: the holders (not the thousand) are asked to close an idle one
+    busy.pool.idle.append("conn-2")
+    other = budget.account("other-key", key="x")
+    with trio.move_on_after(1):
+        await other.acquire()
+    assert busy.pool.discarded == ["conn-2"] and sum(a.pool.asked for a in idle) == 0
+
+
 def test_the_default_size_is_half_of_what_the_reserve_and_sessions_leave():
     # the embedded server: 238 = 10 reserved + 16 sessions x 8 + 100
     assert default_size(ServerConnections(238, 10), 128)[0] == 50

@@ -17,7 +17,9 @@ How it works
   settings and driver loop: runplane keeps no session state on a pooled connection). A caller
   at a full budget with nobody in line takes an idle connection of another account with its
   key (slot and connection move together); one that has to wait asks an account with an idle
-  connection of another key to close it (`pool.take_idle`, `pool.discard`). A tenant whose
+  connection of another key to close it (`pool.take_idle`, `pool.discard`). Both look only at
+  the accounts holding a slot (at most `size`), however many a gateway keeps for the orgs it
+  has seen. A tenant whose
   checkout ends while others wait hands the connection to the next caller in line when it has
   the same key (`hand_off`), else closes it rather than pool it (`ServerBudget.wanted`). The
   tenant's idle reaper (15 s) returns the rest.
@@ -136,20 +138,19 @@ class ServerBudget:
     # Accounts with callers in line: holding no slot, and holding some (each in turn order).
     _hungry: dict[BudgetAccount, None] = attrs.field(init=False, factory=dict)
     _fed: dict[BudgetAccount, None] = attrs.field(init=False, factory=dict)
-    _accounts: list[BudgetAccount] = attrs.field(init=False, factory=list)
+    # Accounts holding a slot (only they have connections, idle ones included): what a look
+    # for an idle connection walks, at most `size` of them however many orgs the process hosts.
+    _holders: dict[BudgetAccount, None] = attrs.field(init=False, factory=dict)
     _waits: list[float] = attrs.field(init=False, factory=list)
     _longest: float = attrs.field(init=False, default=0.0)
 
     def account(self, name: str, key: object = None) -> BudgetAccount:
         """A new account (one per tenant) named after its org."""
-        account = BudgetAccount(self, name, key)
-        self._accounts.append(account)
-        return account
+        return BudgetAccount(self, name, key)
 
     def forget(self, account: BudgetAccount) -> None:
         """Drop a closed tenant's account (it holds nothing by then)."""
-        if account in self._accounts:
-            self._accounts.remove(account)
+        self._holders.pop(account, None)
 
     def wanted(self) -> bool:
         """Whether someone is waiting for a slot (a tenant then closes rather than pools)."""
@@ -190,7 +191,7 @@ class ServerBudget:
 
     def _take_idle(self, account: BudgetAccount) -> object | None:
         """An idle connection of another account with `account`'s key, moved with its slot."""
-        for other in self._accounts:
+        for other in list(self._holders):  # a closed idle connection found frees its slot
             if other is not account and other.key == account.key and other.pool is not None:
                 raw = other.pool.take_idle()
                 if raw is not None:
@@ -214,6 +215,7 @@ class ServerBudget:
         self._in_use += 1
         self._granted += 1
         account.held += 1
+        self._holders[account] = None
 
     def _leave(self, account: BudgetAccount, waiter: _Waiter) -> None:
         account._line.remove(waiter)
@@ -228,9 +230,11 @@ class ServerBudget:
     def _give_up(self, account: BudgetAccount) -> None:
         account.held -= 1
         self._in_use -= 1
-        if account.held == 0 and account in self._fed:  # it waits and now holds nothing
-            del self._fed[account]
-            self._hungry[account] = None
+        if account.held == 0:
+            del self._holders[account]
+            if account in self._fed:  # it waits and now holds nothing
+                del self._fed[account]
+                self._hungry[account] = None
 
     def _overdraw(self, account: BudgetAccount) -> None:
         if self._in_use >= self.size:
@@ -259,8 +263,8 @@ class ServerBudget:
         """Ask one account that keeps an idle connection to close it (its slot comes back)."""
         if self._in_use < self.size:
             return
-        for account in self._accounts:
-            raw = account.pool.take_idle() if account.held and account.pool is not None else None
+        for account in list(self._holders):
+            raw = account.pool.take_idle() if account.pool is not None else None
             if raw is not None:
                 account.pool.discard(raw)
                 return
