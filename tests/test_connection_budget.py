@@ -157,6 +157,79 @@ async def test_a_look_for_an_idle_connection_walks_only_the_orgs_holding_one(aut
     assert busy.pool.discarded == ["conn-2"] and sum(a.pool.asked for a in idle) == 0
 
 
+class _ClosingPool:
+    """An idle pool as `engine.pool.ConnectionPool` keeps it: a closed idle connection found by
+    `take_idle` is dropped and its slot released (the account may leave the budget's holders
+    in the middle of the budget's look)."""
+
+    def __init__(self, account, idle):
+        self.account, self.idle, self.discarded = account, list(idle), []
+        account.pool = self
+
+    def take_idle(self):
+        while self.idle:
+            raw = self.idle.pop(0)
+            if not raw.startswith("closed"):
+                return raw
+            self.account.release()
+        return None
+
+    def discard(self, raw):
+        self.discarded.append(raw)
+
+
+async def test_a_closed_idle_connection_found_in_a_look_frees_its_slot_for_the_caller(
+        autojump_clock):
+    """A caller at a full budget looks for an idle connection of its key; the one it finds is
+    closed, so the look frees that slot (and its holder leaves the walk's dict): the caller
+    takes the slot at once rather than waiting in line for a release that may never come."""
+    budget = ServerBudget(2)
+    holder, busy = budget.account("holder", key="k"), budget.account("busy", key="other")
+    _ClosingPool(holder, ["closed-1"])
+    _ClosingPool(busy, [])
+    await holder.acquire()
+    await busy.acquire()  # the budget is full
+    newcomer = budget.account("newcomer", key="k")
+    _ClosingPool(newcomer, [])
+    with trio.fail_after(1):
+        assert await newcomer.acquire() is None  # a fresh slot: open a connection
+    assert (holder.held, newcomer.held, budget.stats().in_use) == (0, 1, 2)
+
+
+async def test_a_closed_idle_connection_found_when_asking_serves_the_waiter(autojump_clock):
+    """A caller of another key waits and asks the holders to close an idle connection; the
+    first it asks finds only a closed one, whose freed slot goes to the caller: no other
+    holder's open idle connection is closed for nothing."""
+    budget = ServerBudget(2)
+    stale, keeper = budget.account("stale", key="k"), budget.account("keeper", key="k")
+    _ClosingPool(stale, ["closed-1"])
+    _ClosingPool(keeper, ["conn-2"])
+    await stale.acquire()
+    await keeper.acquire()
+    other = budget.account("other-key", key="x")
+    _ClosingPool(other, [])
+    with trio.fail_after(1):
+        assert await other.acquire() is None
+    assert (stale.held, other.held, budget.stats().in_use) == (0, 1, 2)
+    assert keeper.pool.discarded == [] and keeper.pool.idle == ["conn-2"]
+
+
+async def test_a_caller_cancelled_on_arrival_takes_nothing(autojump_clock):
+    """Cancelled before it asks, a caller at a full budget leaves with no slot and no idle
+    connection taken from another account."""
+    budget = ServerBudget(1)
+    holder = budget.account("holder", key="k")
+    _ClosingPool(holder, ["conn-1"])
+    await holder.acquire()
+    late = budget.account("late", key="k")
+    _ClosingPool(late, [])
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await late.acquire()
+    assert scope.cancelled_caught
+    assert (holder.held, late.held, holder.pool.idle) == (1, 0, ["conn-1"])
+
+
 def test_the_default_size_is_half_of_what_the_reserve_and_sessions_leave():
     # the embedded server: 238 = 10 reserved + 16 sessions x 8 + 100
     assert default_size(ServerConnections(238, 10), 128)[0] == 50

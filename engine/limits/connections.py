@@ -158,15 +158,15 @@ class ServerBudget:
 
     # -- the queue ---------------------------------------------------------------------------
     async def _acquire(self, account: BudgetAccount) -> object | None:
+        # Cancelled callers leave before anything is granted (nothing to give back); this
+        # yields only when cancelled, so what follows up to the wait is one atomic step.
+        await trio.lowlevel.checkpoint_if_cancelled()
         if not self.wanted():
-            if self._in_use < self.size:
-                await trio.lowlevel.checkpoint_if_cancelled()
-                self._grant(account)
-                self._sample(0.0)
-                return None
-            raw = self._take_idle(account)
-            if raw is not None:
-                await trio.lowlevel.checkpoint_if_cancelled()
+            raw = self._take_idle(account) if self._in_use >= self.size else None
+            # A look that found closed idle connections freed their slots on the way.
+            if raw is not None or self._in_use < self.size:
+                if raw is None:
+                    self._grant(account)
                 self._sample(0.0)
                 return raw
         waiter = _Waiter(trio.current_time())
@@ -261,9 +261,10 @@ class ServerBudget:
 
     def _ask_for_idle(self) -> None:
         """Ask one account that keeps an idle connection to close it (its slot comes back)."""
-        if self._in_use < self.size:
-            return
+        granted = self._granted
         for account in list(self._holders):
+            if self._in_use < self.size or self._granted != granted:
+                return  # a slot is free, or a closed idle connection found freed one (handed on)
             raw = account.pool.take_idle() if account.pool is not None else None
             if raw is not None:
                 account.pool.discard(raw)
