@@ -316,6 +316,16 @@ async def test_round_trips_of_begin_put_and_retire(tenant):
         assert port.round_trips <= 3, port.statements
 
 
+async def test_a_plain_retirement_builds_no_settlement(tenant, monkeypatch):
+    """`retire` (no owner) never settles an outbox entry, so it never builds the settle text."""
+    def refuse(*_):
+        raise AssertionError("retire built an outbox settlement")
+
+    monkeypatch.setattr(outbox, "settle_done_sql", refuse)
+    await stage(tenant, SCOPE, occurrences(10))
+    assert await A.retire(tenant, RUN) == A.RetireResult(True, 3, False)
+
+
 async def test_a_runs_retirement_records_retires_and_settles_on_one_checkout(tenant):
     """`retire_entry` with its lease recorded: the pending mark, the batch and its second look
     on one connection checkout, the entry settled done in the second look's statement (three

@@ -132,13 +132,15 @@ class _Retirement:
         retire_sql = _RETIRE.format(
             t=t, candidates=_candidates(t, "$2", [f"${n}" for n in range(4, 10)], "$10"),
             **SQL_STATUSES)
-        more_sql = _DELETE_MORE_AND_SETTLE if owner is not None else _DELETE_MORE
-        more_sql = more_sql.format(
-            t=t, candidates=_candidates(t, "$1", [f"${n}" for n in range(2, 8)], "$8"),
-            settle=outbox.settle_done_sql(table(port, "terminal_outbox"), "$9", "$10", "$1",
-                                          "$11"))
-        settle_sql = None if owner is None else outbox.settle_done_sql(
-            table(port, "terminal_outbox"), "$1", "$2", "$3", "$4")
+        candidates = _candidates(t, "$1", [f"${n}" for n in range(2, 8)], "$8")
+        if owner is None:  # `retire`: its batches never settle an entry
+            return cls(scope, retire_sql, _DELETE_MORE.format(t=t, candidates=candidates),
+                       ranges)
+        outbox_t = table(port, "terminal_outbox")
+        more_sql = _DELETE_MORE_AND_SETTLE.format(
+            t=t, candidates=candidates,
+            settle=outbox.settle_done_sql(outbox_t, "$9", "$10", "$1", "$11"))
+        settle_sql = outbox.settle_done_sql(outbox_t, "$1", "$2", "$3", "$4")
         return cls(scope, retire_sql, more_sql, ranges, owner, settle_sql)
 
     def decide(self, row):
