@@ -1,7 +1,7 @@
 """Many orgs through one gateway inside its connection budget (issue 43, SPEC §35).
 
     python benchmarks/gateway_orgs.py [--many 100] [--few 10] [--rows 100000] [--rounds 3]
-                                      [--max-connections N]
+                                      [--max-connections N] [--no-upkeep]
 
 A gateway server runs in a child process (as `runplane serve` would) with its default
 connection budget (half of what the server's `max_connections` leaves past the owner reserve
@@ -25,6 +25,13 @@ first phase does not meet a cold gateway alone), and the run ends with the media
 rounds' ratios (one round's phases last seconds, and the ratio swings with the machine) and
 one request's CPU cost (a one-read action, 2,000 times in a row): the client's and the
 gateway's, which each run's requests multiply.
+Each phase's time includes the first `VACUUM (ANALYZE)` of the sheets it wrote, and before
+each phase, outside its time and its CPU readings, the server's upkeep of everything else
+written before it (the schema's own tables, the system catalogs, late-reported sheets) is
+done, and a checkpoint: autovacuum, a minute apart, otherwise lands its pass over one phase's
+writes in whichever phase runs then (it doubled one phase's server CPU in a run here), and a
+checkpoint the WAL of earlier phases called for likewise (`--no-upkeep` leaves both to the
+server, as before). The upkeep adds about 11 s a phase to the run.
 Both processes collect garbage as `runplane serve` and the runners' `runplane demo` do
 (`benchmarks/_hosting.py`; `RUNPLANE_BENCH_GC=default` for CPython's defaults).
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
@@ -33,6 +40,7 @@ The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,12 +60,15 @@ from _hosting import collect_as_hosting  # noqa: E402
 from _rows import CONTRACT, noop  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
-from runplane.engine import open_tenant  # noqa: E402
+from runplane.engine import Tenant, open_tenant  # noqa: E402
+from runplane.engine.errors import InsufficientPrivilegeError  # noqa: E402
 from runplane.engine.runs.cancel import cancel_requested  # noqa: E402
 from runplane.engine.gateway import RetryPolicy, ServerOptions, mint_token, open_gateway, open_server  # noqa: E402
 from runplane.engine.observability import metrics  # noqa: E402
+from runplane.engine.sheets.layout import table_name  # noqa: E402
 
 PLAY = "bench"
+TABLE = "t"  # the one table each run maps into
 SECRET = "benchmark-gateway-orgs-" + uuid.uuid4().hex
 RETRY = RetryPolicy(unreachable_budget_s=600.0, completion_total_s=900.0)
 FLOOR_CALLS = 2_000
@@ -68,22 +79,89 @@ async def one_org(url: str, org: str, rows: int, done: list[int], again: int = 0
     so its rows are new ones, not cache hits)."""
     async with open_gateway(url, mint_token(SECRET, org), retry=RETRY) as gateway:
         async with open_run(gateway, PLAY, f"run-{uuid.uuid4().hex[:8]}") as run:
-            result = await run.map("t", [{"name": f"{org}-{again}-{i}", "n": i}
+            result = await run.map(TABLE, [{"name": f"{org}-{again}-{i}", "n": i}
                                          for i in range(rows)],
                                    noop, contract=CONTRACT, concurrency=16)
     assert result.completed == rows, result
     done.append(rows)
 
 
-async def phase(url: str, orgs: int, rows: int, tag: str, again: int = 0) -> float:
-    """`orgs` orgs map `rows` new rows between them at once (new orgs, or with `again` the
-    orgs of an earlier phase of `tag`); the seconds it took."""
-    done: list[int] = []
-    started = time.perf_counter()
+@attrs.frozen
+class Upkeep:
+    """Where the server's upkeep around a phase runs (`phase`)."""
+
+    dsn: str
+    schema: str
+
+
+async def vacuum(tenant: Tenant, tables: list[str]) -> None:
+    """`VACUUM (ANALYZE)` `tables` on two connections at once, as autovacuum's workers would."""
+    async def part(names: list[str]) -> None:
+        if names:
+            async with tenant.connection("sheet") as conn:
+                await conn.execute(f"VACUUM (ANALYZE) {', '.join(names)}")
+
     async with trio.open_nursery() as nursery:
-        for i in range(orgs):
-            nursery.start_soon(one_org, url, f"{tag}-{i:03d}", rows // orgs, done, again)
-    elapsed = time.perf_counter() - started
+        nursery.start_soon(part, tables[0::2])
+        nursery.start_soon(part, tables[1::2])
+
+
+# An idle backend reports its table statistics within 10 s (PostgreSQL's idle flush); a
+# table's writes are in them, for autovacuum to see, only then.
+STATS_FLUSH_S = 11.0
+
+_CHANGED = """
+SELECT coalesce(array_agg(format('%I.%I', schemaname, relname)), '{}') FROM pg_stat_all_tables
+ WHERE schemaname IN ($1, 'pg_catalog')
+   AND (n_mod_since_analyze > 0 OR n_ins_since_vacuum > 0 OR n_dead_tup > 0)
+"""
+
+
+async def settle(tenant: Tenant) -> None:
+    """The server's upkeep before a phase, outside its time: once every backend has reported
+    what earlier phases wrote, `VACUUM (ANALYZE)` each table of the schema and each system
+    catalog with writes since its last one, then a `CHECKPOINT`. Autovacuum then finds nothing
+    of theirs to do in the phase, and no checkpoint their WAL called for falls in it: no phase
+    pays for another's."""
+    await trio.sleep(STATS_FLUSH_S)
+    async with tenant.connection("sheet") as conn:
+        changed = await conn.fetchval(_CHANGED, tenant.schema)
+    await vacuum(tenant, changed)
+    async with tenant.connection("sheet") as conn:
+        try:
+            await conn.execute("CHECKPOINT")
+        except InsufficientPrivilegeError:
+            pass  # a login without pg_checkpoint: the server checkpoints on its own schedule
+
+
+async def settle_at(where: Upkeep) -> None:
+    async with open_tenant("bench-upkeep", where.dsn, schema=where.schema) as tenant:
+        await settle(tenant)
+
+
+async def phase(url: str, orgs: int, rows: int, tag: str, again: int = 0,
+                where: Upkeep | None = None) -> float:
+    """`orgs` orgs map `rows` new rows between them at once (new orgs, or with `again` the
+    orgs of an earlier phase of `tag`); the seconds it took. With `where`, that time includes
+    the first vacuum and analyze of the orgs' sheets: the server does them soon after any
+    phase; done here, each phase pays for its own sheets, where autovacuum's next pass (a
+    minute apart) would land in whichever phase runs then (a tenth of a phase's CPU, in one
+    phase or another). `measured` settles the rest first, outside the phase's time."""
+    done: list[int] = []
+    names = [f"{tag}-{i:03d}" for i in range(orgs)]
+    async with contextlib.AsyncExitStack() as stack:
+        tenant = None
+        if where is not None:
+            tenant = await stack.enter_async_context(
+                open_tenant("bench-upkeep", where.dsn, schema=where.schema))
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(one_org, url, name, rows // orgs, done, again)
+        if tenant is not None:
+            await vacuum(tenant, [f'"{tenant.schema}"."{table_name(org, PLAY, TABLE)}"'
+                                  for org in names])
+        elapsed = time.perf_counter() - started
     assert sum(done) == rows // orgs * orgs
     return elapsed
 
@@ -153,6 +231,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-connections", type=int, default=None)
+    parser.add_argument("--no-upkeep", action="store_true",
+                        help="leave the vacuum and analyze of each phase's writes to autovacuum")
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--serve-child", default=None, metavar="SCHEMA", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,7 +258,8 @@ def main() -> None:
         # Warm the gateway first (the schema's first opening, the budget's connections, the
         # first preparations of the statements every org shares), so that the first round's
         # 10-org phase, the first thing it serves, does not pay for them alone.
-        trio.run(phase, url, args.few, args.few * 100, "warm")
+        args.where = None if args.no_upkeep else Upkeep(dsn, schema)
+        trio.run(phase, url, args.few, args.few * 100, "warm", 0, args.where)
         for number in range(1, args.rounds + 1):
             rounds.append(one_round(url, child, args, f"r{number}"))
             if args.rounds > 1:
@@ -211,58 +292,77 @@ class Round:
     net_ratio: float
 
 
+@attrs.frozen
+class Measured:
+    """One phase: its seconds, and the gateway's and this process's readings around it."""
+
+    seconds: float
+    before: Reading
+    after: Reading
+    cpu_before: "CpuNow"
+    cpu_after: "CpuNow"
+
+    def per_run(self, runs: int, field: str) -> float:
+        return (getattr(self.after, field) - getattr(self.before, field)) / runs
+
+    def cpu_line(self, name: str) -> str:
+        return cpu_split(name, self.seconds, self.cpu_before, self.cpu_after,
+                         self.after.cpu_s - self.before.cpu_s)
+
+
+def measured(url: str, child: subprocess.Popen, args: argparse.Namespace, orgs: int, rows: int,
+             tag: str, again: int = 0) -> Measured:
+    """A `phase`, after the server settled (`settle`, outside its time and its readings)."""
+    if args.where is not None:
+        trio.run(settle_at, args.where)
+    before, cpu_before = ask(child), cpu_now()
+    seconds = trio.run(phase, url, orgs, rows, tag, again, args.where)
+    return Measured(seconds, before, ask(child), cpu_before, cpu_now())
+
+
 def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: str) -> Round:
     """Both phases with new orgs (their names end in `tag`), again with the same orgs, then
     the one-row phases that measure each org's fixed cost."""
-    start, cpu_start = ask(child), cpu_now()
-    few_s = trio.run(phase, url, args.few, args.rows, f"few-{tag}")
-    few, cpu_few = ask(child), cpu_now()
-    many_s = trio.run(phase, url, args.many, args.rows, f"many-{tag}")
-    many, cpu_many = ask(child), cpu_now()
+    few = measured(url, child, args, args.few, args.rows, f"few-{tag}")
+    many = measured(url, child, args, args.many, args.rows, f"many-{tag}")
     # the same orgs again: their tenants open, their sheets made (a gateway's steady state)
-    few_again_s = trio.run(phase, url, args.few, args.rows, f"few-{tag}", 1)
-    few_again = ask(child)
-    many_again_s = trio.run(phase, url, args.many, args.rows, f"many-{tag}", 1)
-    many_again = ask(child)
+    few_again = measured(url, child, args, args.few, args.rows, f"few-{tag}", 1)
+    many_again = measured(url, child, args, args.many, args.rows, f"many-{tag}", 1)
     # the floor: each org's fixed cost (its first run, a new sheet), one row an org
-    few_fixed = trio.run(phase, url, args.few, args.few, f"few-fixed-{tag}")
-    fixed_before = ask(child)
-    many_fixed = trio.run(phase, url, args.many, args.many, f"many-fixed-{tag}")
-    fixed_after = ask(child)
-    few_rate, many_rate = args.rows / few_s, args.rows / many_s
+    few_fixed = measured(url, child, args, args.few, args.few, f"few-fixed-{tag}")
+    many_fixed = measured(url, child, args, args.many, args.many, f"many-fixed-{tag}")
+    few_rate, many_rate = args.rows / few.seconds, args.rows / many.seconds
     lines = [
         f"{args.few} orgs x {args.rows // args.few:,} rows:  {few_rate:,.0f} rows/s; "
-        f"p99 wait for a connection {few.p99_wait_s * 1000:.0f} ms; "
-        f"{(few.requests - start.requests) / args.few:.1f} requests and "
-        f"{(few.statements - start.statements) / args.few:.1f} statements a run",
+        f"p99 wait for a connection {few.after.p99_wait_s * 1000:.0f} ms; "
+        f"{few.per_run(args.few, 'requests'):.1f} requests and "
+        f"{few.per_run(args.few, 'statements'):.1f} statements a run",
         f"{args.many} orgs x {args.rows // args.many:,} rows: {many_rate:,.0f} rows/s; "
-        f"p99 wait for a connection {many.p99_wait_s * 1000:.0f} ms; "
-        f"{(many.requests - few.requests) / args.many:.1f} requests and "
-        f"{(many.statements - few.statements) / args.many:.1f} statements a run",
+        f"p99 wait for a connection {many.after.p99_wait_s * 1000:.0f} ms; "
+        f"{many.per_run(args.many, 'requests'):.1f} requests and "
+        f"{many.per_run(args.many, 'statements'):.1f} statements a run",
         f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)",
-        f"requests a run by action, {args.many} orgs: {per_run(few, many, args.many)}",
+        f"requests a run by action, {args.many} orgs: "
+        f"{per_run(many.before, many.after, args.many)}",
+        few.cpu_line("few"), many.cpu_line("many"),
     ]
-    for name, seconds, (c0, g0), (c1, g1) in (
-            ("few", few_s, (cpu_start, start), (cpu_few, few)),
-            ("many", many_s, (cpu_few, few), (cpu_many, many))):
-        lines.append(cpu_split(name, seconds, c0, c1, g1.cpu_s - g0.cpu_s))
-    again_few, again_many = args.rows / few_again_s, args.rows / many_again_s
+    again_few, again_many = args.rows / few_again.seconds, args.rows / many_again.seconds
     lines.append(
         f"the same orgs again (their second run): {args.few} orgs {again_few:,.0f} rows/s, "
         f"{args.many} orgs {again_many:,.0f} rows/s (p99 wait for a connection "
-        f"{many_again.p99_wait_s * 1000:.0f} ms, "
-        f"{(many_again.requests - few_again.requests) / args.many:.1f} requests and "
-        f"{(many_again.statements - few_again.statements) / args.many:.1f} statements a run); "
+        f"{many_again.after.p99_wait_s * 1000:.0f} ms, "
+        f"{many_again.per_run(args.many, 'requests'):.1f} requests and "
+        f"{many_again.per_run(args.many, 'statements'):.1f} statements a run); "
         f"ratio {again_many / again_few:.2f}")
-    few_net = rows_per_s(args.rows, few_s - few_fixed)
-    many_net = rows_per_s(args.rows, many_s - many_fixed)
+    lines += [few_again.cpu_line("few again"), many_again.cpu_line("many again")]
+    few_net = rows_per_s(args.rows, few.seconds - few_fixed.seconds)
+    many_net = rows_per_s(args.rows, many.seconds - many_fixed.seconds)
     lines.append(
         f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
-        f"{few_fixed:.2f} s, {args.many} orgs {many_fixed:.2f} s; rows/s with it taken out: "
-        f"{few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}; such a run sent "
-        f"{(fixed_after.requests - fixed_before.requests) / args.many:.1f} requests and its "
-        f"tenant {(fixed_after.statements - fixed_before.statements) / args.many:.1f} "
-        "statements")
+        f"{few_fixed.seconds:.2f} s, {args.many} orgs {many_fixed.seconds:.2f} s; rows/s with "
+        f"it taken out: {few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}; such "
+        f"a run sent {many_fixed.per_run(args.many, 'requests'):.1f} requests and its tenant "
+        f"{many_fixed.per_run(args.many, 'statements'):.1f} statements")
     return Round(lines, many_rate / few_rate, again_many / again_few, many_net / few_net)
 
 
