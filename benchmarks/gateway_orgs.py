@@ -302,7 +302,8 @@ class Measured:
     cpu_before: "CpuNow"
     cpu_after: "CpuNow"
 
-    def per_run(self, runs: int, field: str) -> float:
+    def a_run(self, field: str, runs: int) -> float:
+        """The change of the readings' `field` (requests, statements) over the phase, a run."""
         return (getattr(self.after, field) - getattr(self.before, field)) / runs
 
     def cpu_line(self, name: str) -> str:
@@ -335,12 +336,12 @@ def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: 
     lines = [
         f"{args.few} orgs x {args.rows // args.few:,} rows:  {few_rate:,.0f} rows/s; "
         f"p99 wait for a connection {few.after.p99_wait_s * 1000:.0f} ms; "
-        f"{few.per_run(args.few, 'requests'):.1f} requests and "
-        f"{few.per_run(args.few, 'statements'):.1f} statements a run",
+        f"{few.a_run('requests', args.few):.1f} requests and "
+        f"{few.a_run('statements', args.few):.1f} statements a run",
         f"{args.many} orgs x {args.rows // args.many:,} rows: {many_rate:,.0f} rows/s; "
         f"p99 wait for a connection {many.after.p99_wait_s * 1000:.0f} ms; "
-        f"{many.per_run(args.many, 'requests'):.1f} requests and "
-        f"{many.per_run(args.many, 'statements'):.1f} statements a run",
+        f"{many.a_run('requests', args.many):.1f} requests and "
+        f"{many.a_run('statements', args.many):.1f} statements a run",
         f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)",
         f"requests a run by action, {args.many} orgs: "
         f"{per_run(many.before, many.after, args.many)}",
@@ -351,8 +352,8 @@ def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: 
         f"the same orgs again (their second run): {args.few} orgs {again_few:,.0f} rows/s, "
         f"{args.many} orgs {again_many:,.0f} rows/s (p99 wait for a connection "
         f"{many_again.after.p99_wait_s * 1000:.0f} ms, "
-        f"{many_again.per_run(args.many, 'requests'):.1f} requests and "
-        f"{many_again.per_run(args.many, 'statements'):.1f} statements a run); "
+        f"{many_again.a_run('requests', args.many):.1f} requests and "
+        f"{many_again.a_run('statements', args.many):.1f} statements a run); "
         f"ratio {again_many / again_few:.2f}")
     lines += [few_again.cpu_line("few again"), many_again.cpu_line("many again")]
     few_net = rows_per_s(args.rows, few.seconds - few_fixed.seconds)
@@ -361,8 +362,8 @@ def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: 
         f"each org's fixed cost (its first run of one row, at once): {args.few} orgs "
         f"{few_fixed.seconds:.2f} s, {args.many} orgs {many_fixed.seconds:.2f} s; rows/s with "
         f"it taken out: {few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}; such "
-        f"a run sent {many_fixed.per_run(args.many, 'requests'):.1f} requests and its tenant "
-        f"{many_fixed.per_run(args.many, 'statements'):.1f} statements")
+        f"a run sent {many_fixed.a_run('requests', args.many):.1f} requests and its tenant "
+        f"{many_fixed.a_run('statements', args.many):.1f} statements")
     return Round(lines, many_rate / few_rate, again_many / again_few, many_net / few_net)
 
 
