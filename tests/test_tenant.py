@@ -340,19 +340,21 @@ async def test_opening_a_current_schema_reads_it_in_two_statements(tenant):
 
 
 async def test_a_shared_opening_serves_only_tenants_whose_opening_it_stands_for(
-        dsn, tenant, role_tenant):
+        dsn, role_tenant):
     """Inside `sharing`, a tenant that bootstraps its schema as its login takes what the first
     one read (here a made-up secret, so taking it shows); one with an execution role (its
-    opening grants the role) and a reader (no bootstrap) read their own."""
+    opening grants the role) and a reader (no bootstrap) read their own. (One schema fixture
+    only: tenants of two fixtures may share a driver loop that one closes first.)"""
     from runplane.engine.opening import SharedOpening, open_reader, sharing
 
+    schema = role_tenant.schema
     with sharing(SharedOpening(lock_secret=b"shared-secret", server="shared-server")):
-        async with open_tenant("org-b", dsn, schema=tenant.schema) as plain:
+        async with open_tenant("org-b", dsn, schema=schema) as plain:
             assert (plain.lock_secret, plain.server_identity) == (b"shared-secret",
                                                                   "shared-server")
-        async with open_tenant("org-b", dsn, schema=role_tenant.schema,
+        async with open_tenant("org-b", dsn, schema=schema,
                                execution_role=role_tenant.execution_role) as role:
             assert role.lock_secret == role_tenant.lock_secret != b"shared-secret"
-        async with open_reader("org-b", dsn, schema=tenant.schema) as reader:
+        async with open_reader("org-b", dsn, schema=schema) as reader:
             assert reader.lock_secret != b"shared-secret"
             assert reader.server_identity != "shared-server"
