@@ -44,9 +44,11 @@ from .phases import marked
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers
 PROBE_GROUP_ROWS = 10_000   # rows of an encoded list probed together once probes settle rows
-# A list's leading rows, probed before encoding: chunks of FIRST_PROBE_ROWS (a first run into
-# a sheet of other rows stops after it), then of LEADING_PROBE_ROWS (a unit's 5 full pages, so
-# no unit is cut short), PROBES_IN_FLIGHT at once (one is keyed while the server answers another).
+# A list's leading rows, probed before encoding: SENTINEL_PROBE_ROWS alone first (new rows
+# stop there, whatever the sheet holds), then the rest of a chunk of FIRST_PROBE_ROWS, then
+# chunks of LEADING_PROBE_ROWS (a unit's 5 full pages, so no unit is cut short), PROBES_IN_FLIGHT at once
+# (one is keyed while the server answers another).
+SENTINEL_PROBE_ROWS = 100
 FIRST_PROBE_ROWS = 1_000
 LEADING_PROBE_ROWS = 5_000
 PROBES_IN_FLIGHT = 2
@@ -109,7 +111,9 @@ async def probe_group(plan: MapPlan, group: list[SourcePage]) -> Admission | Non
 def probe_bounds(rows: int) -> list[tuple[int, int]]:
     """The chunks a list's leading rows are probed in before it is encoded: `FIRST_PROBE_ROWS`,
     then `LEADING_PROBE_ROWS` each. Admission units never span a chunk boundary, so a chunk a
-    probe settled is exactly the units it covers (see `probe_unencoded`)."""
+    probe settled is exactly the units it covers (see `probe_unencoded`, which probes the
+    first chunk's first `SENTINEL_PROBE_ROWS` on their own: admission starts at the first row
+    not settled, wherever it is)."""
     bounds = [(0, min(rows, FIRST_PROBE_ROWS))]
     while bounds[-1][1] < rows:
         low = bounds[-1][1]
@@ -123,11 +127,13 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     the encoding); returns the first row not settled (a chunk boundary).
 
     Nothing is probed when the sheet held no row as the map began (`ListSource.sheet_rows`: a
-    first run). When it holds as many rows as the list (likely a rerun), every chunk goes
-    through a window of `PROBES_IN_FLIGHT`, the first two as one; otherwise the first chunk is
-    probed alone first (a first run into a sheet of other rows stops there). In the window a
-    probe is started as soon as an earlier one is answered, so one chunk is keyed (CPU, in
-    `sheets.probe`) while the server answers another. Answers are taken in order; at the
+    first run). Otherwise the first `SENTINEL_PROBE_ROWS` rows are probed alone: new rows
+    stop there, whatever the sheet holds (a run of new rows into a sheet of as many old ones
+    keys and probes a hundred rows, not the whole list), at one round trip more for a rerun.
+    Once they are settled, the other chunks go through a window of `PROBES_IN_FLIGHT`; when the
+    sheet holds as many rows as the list (likely a rerun) the window's first two as one. In the
+    window a probe is started as soon as an earlier one is answered, so one chunk is keyed
+    (CPU, in `sheets.probe`) while the server answers another. Answers are taken in order; at the
     first chunk not settled no further probe starts, and the ones already started are let
     finish and dropped (a probe writes nothing; not cancelling it keeps its connection). A
     chunk holding a duplicate is left to the units (they deduplicate unit by unit, and a chunk
@@ -136,20 +142,21 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     bounds = probe_bounds(listed.source_rows)
     if listed.sheet_rows == 0:
         return 0  # the sheet was empty when the map began: nothing can be settled
-    settled_up_to = 0
-    if listed.sheet_rows is not None and listed.sheet_rows >= listed.source_rows:
-        # Likely a rerun: every chunk goes through the window, the first two as one (a small
-        # first chunk would only wait there while the next one is keyed).
-        rest = [(0, bounds[1][1]), *bounds[2:]] if len(bounds) > 1 else bounds
-    else:
-        first, keys = await plan.probe_keyed(listed.rows_between(*bounds[0]), 0)
-        if first is None or first.skipped:
-            return 0
-        if first.cached:
-            state.note_reuse(keys)
-        await hand_out(bounds[0][1], first)
-        settled_up_to = bounds[0][1]
-        rest = bounds[1:]
+    if bounds[0][1] > SENTINEL_PROBE_ROWS:  # the first chunk's sentinel, then its rest
+        bounds = [(0, SENTINEL_PROBE_ROWS), (SENTINEL_PROBE_ROWS, bounds[0][1]), *bounds[1:]]
+    first, keys = await plan.probe_keyed(listed.rows_between(*bounds[0]), 0)
+    if first is None or first.skipped:
+        return 0
+    if first.cached:
+        state.note_reuse(keys)
+    await hand_out(bounds[0][1], first)
+    settled_up_to = bounds[0][1]
+    rest = bounds[1:]
+    if len(rest) > 1 and listed.sheet_rows is not None \
+            and listed.sheet_rows >= listed.source_rows:
+        # Likely a rerun: the window's first two as one (a small chunk would only wait there
+        # while the next one is keyed).
+        rest = [(rest[0][0], rest[1][1]), *rest[2:]]
     answers: list[tuple[Admission | None, list[str]]] = [(None, [])] * len(rest)
     answered = [trio.Event() for _ in rest]
     window = trio.Semaphore(PROBES_IN_FLIGHT)

@@ -174,15 +174,16 @@ async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
                and sql not in recorded and sql not in replays]
     assert written == [], written
     assert len(recorded) == 1  # every row a cache hit: the list is recorded (reads the sheet)
-    # one: the sheet holds as many rows as the list, so the first probe takes both leading
-    # chunks ([0,1000) and [1000,2500))
-    assert len(probes) == 1
+    # two: the sentinel [0,100) alone, then (the sheet holds as many rows as the list) the
+    # rest of the first chunk and the next as one ([100,1000) and [1000,2500))
+    assert len(probes) == 2
     assert await fact_kinds(tenant, run_id) == []  # nothing staged: nothing will run
 
 
 async def test_a_rerun_whose_sheet_counters_cannot_be_read_still_probes(tenant, monkeypatch):
     """The sheet's row count is only a hint: when it cannot be read, the list is probed as if
-    the sheet held other rows (the first chunk alone, then the window), and settles the same."""
+    the sheet held other rows (the sentinel alone, then the window chunk by chunk), and
+    settles the same."""
     from runplane.actors import list_source
     from runplane.engine.errors import StoreUnavailableError
 
@@ -191,7 +192,7 @@ async def test_a_rerun_whose_sheet_counters_cannot_be_read_still_probes(tenant, 
 
     monkeypatch.setattr(list_source.sheets, "summary", unreadable)  # both maps: unknown
     _, _, _, probes = await settled_rerun(tenant, 2500)
-    assert len(probes) == 2  # [0,1000) alone, then [1000,2500)
+    assert len(probes) == 3  # [0,100) alone, then [100,1000) and [1000,2500)
 
 
 async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_there(tenant):
@@ -221,13 +222,33 @@ async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_
     assert (result.admitted, result.cached, result.executed) == (3000, 2999, 1)
     assert calls == ["changed"]
     probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
-    # Leading probes, all through the window (the sheet holds as many rows as the list):
-    # [0,700) (the chunks [0,200) and [200,700) as one), [700,1200) ... [1700,2200), the first
-    # not settled: 4, and [2200,2700) if the window started it before that answer was read
-    # (dropped). Then the units from 1700: [1700,2200) admitted without a probe (its chunk was
-    # just probed), [2200,2700) probed (the last unit was not all new) and settled, so the
-    # rest of its group in one: 2. Probing on past the change would send 2 more.
-    assert len(probes) in (4 + 2, 5 + 2), port.statements
+    # Leading probes: the sentinel [0,100) alone, then through the window (the sheet holds as
+    # many rows as the list) [100,700) (the chunks [100,200) and [200,700) as one), [700,1200)
+    # ... [1700,2200), the first not settled: 5, and [2200,2700) if the window started it
+    # before that answer was read (dropped). Then the units from 1700: [1700,2200) admitted
+    # without a probe (its chunk was just probed), [2200,2700) probed (the last unit was not
+    # all new) and settled, so the rest of its group in one: 2. Probing on past the change
+    # would send 2 more.
+    assert len(probes) in (5 + 2, 6 + 2), port.statements
+
+
+async def test_new_rows_into_a_sheet_of_as_many_probe_only_the_sentinel(tenant):
+    """A run of new rows into a sheet that holds as many rows (the shape of a rerun, by count)
+    keys and probes only its first `SENTINEL_PROBE_ROWS` rows, not its whole list: not all
+    settled, the probing stops and the list is admitted from row 0 (one unit a page, from its
+    staged facts)."""
+    async with open_run(tenant, "play") as first:
+        await first.map("t", rows(7000), _upper, contract=CONTRACT)
+    new = [{"name": f"new{i}"} for i in range(7000)]
+    port = CountingPort(tenant)
+    sheet_table = layout_for(tenant, PlayScope(tenant.org_id, "play"), "t").qualified
+    async with open_run(port, "play") as second:
+        port.reset()
+        result = await second.map("t", new, _upper, contract=CONTRACT, page_rows=1000)
+    assert (result.admitted, result.cached, result.completed) == (7000, 0, 7000)
+    probes = [sql for sql in port.statements if sheet_table in sql and "AS unsettled" in sql]
+    # the sentinel only; probing the list ([0,6000) and [6000,7000) at once) would send 2
+    assert len(probes) == 1, port.statements
 
 
 async def test_a_wake_after_a_crash_in_a_fast_rerun_finishes_every_row_exactly_once(tenant):
