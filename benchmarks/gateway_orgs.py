@@ -364,6 +364,7 @@ def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: 
         f"it taken out: {few_net:,.0f} / {many_net:,.0f}, ratio {many_net / few_net:.2f}; such "
         f"a run sent {many_fixed.a_run('requests', args.many):.1f} requests and its tenant "
         f"{many_fixed.a_run('statements', args.many):.1f} statements")
+    lines += [few_fixed.cpu_line("few fixed"), many_fixed.cpu_line("many fixed")]
     return Round(lines, many_rate / few_rate, again_many / again_few, many_net / few_net)
 
 
