@@ -3,9 +3,7 @@
 How it works
 - `MapRecorder` belongs to one `run.map`. It sees every progress snapshot of the map (a cheap
   assignment), and its **heartbeat** task, started in the run's nursery, writes the latest
-  one about every `HEARTBEAT_S` seconds while it changed, the first one period after the map
-  began (a map that ends within a period has one entry, its last: a map's entry shows at most
-  a period late, and a crash in its first period leaves none, only the run's) (less often while the store is slow to
+  one about every `HEARTBEAT_S` seconds while it changed (less often while the store is slow to
   answer, see `heartbeat`; unchanged, when it stands in for the run's cancellation poll) (state
   `running`; `running` is the rows
   inside a call of the function when it was written, as everywhere: `engine.runs.row_calls`). When the map returns, `finish` writes its final counts (`finished`,
@@ -102,24 +100,23 @@ class MapRecorder:
                     self.scope.run_id, self.table_namespace, exc)
 
     async def heartbeat(self) -> None:
-        """Write the latest snapshot while it changes, until cancelled: the first one
-        `HEARTBEAT_S` after the map began, changed or not (a map that ends sooner writes only
-        its last entry, `finish`: one request, not two), then every `HEARTBEAT_S`, or, when
-        the store is slow to answer (a busy gateway or server), twice as long as the last write
-        took (at most `MAX_HEARTBEAT_S`): history never takes more than a third of the store's
-        time for a map, and a loaded server is not loaded more by its history.
+        """Write the latest snapshot while it changes, until cancelled: every `HEARTBEAT_S`,
+        or, when the store is slow to answer (a busy gateway or server), twice as long as the
+        last write took (at most `MAX_HEARTBEAT_S`): history never takes more than a third of
+        the store's time for a map, and a loaded server is not loaded more by its history.
         Unchanged, it writes when the run's cancellation watcher nudges it (the stamp is due
         to be read): while it runs, the watcher sends no poll of its own (`RunStop.beat`). A
         write under way when the map ends is finished (within `ENDING_ATTEMPT_S`, `ending`), not
         cancelled: that would cost its connection, and the store keeps the map's last entry
         over it (`engine.runs.history`)."""
         with contextlib.nullcontext() if self.stop is None else self.stop.beat():
-            pause, first = HEARTBEAT_S, True
+            self.written = self.latest
+            await self._beat(self._record(MapRunState.RUNNING, self.latest))
+            pause = HEARTBEAT_S
             while True:
                 nudged = await self._wait(pause)
                 changed = self.latest is not None and self.latest != self.written
-                if changed or nudged or first:
-                    first = False
+                if changed or nudged:
                     self.written = self.latest
                     started = trio.current_time()
                     await self._beat(self._record(MapRunState.RUNNING, self.latest))

@@ -401,8 +401,7 @@ async def running_mid_run(tenant, http, run_id: str) -> dict[str, Any]:
             listed = {r["run_id"]: r for r in (await http.get("/ui/api/runs")).json()["runs"]}
             seen = {"read_counts": counts.running,
                     "history": sum(e.record.running for e in entries),
-                    # no figures until the run's first map entry (a heartbeat period in)
-                    "console list in_flight": (listed[run_id]["figures"] or {}).get("in_flight"),
+                    "console list in_flight": listed[run_id]["figures"]["in_flight"],
                     "console run in_flight": sum(m["in_flight"] for m in page["maps"]),
                     "console run sheet": sum(m["sheet"]["running"] for m in page["maps"]
                                              if m["sheet"] is not None)}
