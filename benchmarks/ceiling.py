@@ -14,7 +14,8 @@ Every figure is measured on the same server in the same run; the ratios are the 
    median of `--list-rounds` (target list/stream <= 1.05); beside it the floor, the list's
    staging alone (its pages put, sealed, read back and verified, as SPEC §6 asks), and the
    list against the iterable plus that floor (the same target past the floor: a list's
-   durable input costs that much by itself, on the same cores).
+   durable input costs that much by itself, on the same cores). And, no target, new rows into
+   a sheet that holds as many against the first run into the empty sheet.
 3. io — `--io-rows` rows whose function awaits 5 ms, 64 at a time, against bare trio tasks doing
    the same awaits with no engine (target <= 1.1 x), and the physical limit rows x 5 ms / 64.
 4. rerun — an unchanged rerun of a 10,000-row list, the `run.map` call alone (target <= 6 ms).
@@ -166,6 +167,24 @@ async def lists(tenant, schema: str, args) -> None:
               f"iterable's time")
         target(f"list / (async iterable + staging alone), {size:,} rows (the target past "
                f"the floor)", f"{past:.3f} (<= 1.05)", past <= 1.05)
+        await appended(tenant, size, args)
+
+
+async def appended(tenant, size: int, args) -> None:
+    """New rows into a sheet that holds as many (a day's rows appended to a sheet of
+    yesterday's) against the first run into the empty sheet, lists, `open_run` to its exit
+    (no target: what a sheet's existing rows cost a run of new ones; its probe of a hundred
+    leading rows finds them new, `actors.admission.probe_unencoded`)."""
+    firsts, seconds = [], []
+    for r in range(args.list_rounds):
+        table = f"appended_{size}_{r}"
+        firsts.append(await map_seconds(tenant, table, [row(i) for i in range(size)],
+                                        whole=True, concurrency=args.concurrency))
+        seconds.append(await map_seconds(tenant, table, [row(i) for i in range(size, 2 * size)],
+                                         whole=True, concurrency=args.concurrency))
+    print(f"  {size:,} new rows into a sheet of as many / into the empty sheet (lists, whole "
+          f"run): {median_ratio(seconds, firsts):.3f} ({statistics.median(seconds):.3f} s "
+          f"against {statistics.median(firsts):.3f} s)")
 
 
 async def bare_trio_seconds(rows: int) -> float:
