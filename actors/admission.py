@@ -46,8 +46,8 @@ MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page
 PROBE_GROUP_ROWS = 10_000   # rows of an encoded list probed together once probes settle rows
 # A list's leading rows, probed before encoding: SENTINEL_PROBE_ROWS alone first (new rows
 # stop there, whatever the sheet holds), then the rest of a chunk of FIRST_PROBE_ROWS, then
-# chunks of LEADING_PROBE_ROWS (a unit's 5 full pages, so no unit is cut short), PROBES_IN_FLIGHT at once
-# (one is keyed while the server answers another).
+# chunks of LEADING_PROBE_ROWS (a unit's 5 full pages, so no unit is cut short),
+# PROBES_IN_FLIGHT at once (one is keyed while the server answers another).
 SENTINEL_PROBE_ROWS = 100
 FIRST_PROBE_ROWS = 1_000
 LEADING_PROBE_ROWS = 5_000
@@ -133,8 +133,8 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     Once they are settled, the other chunks go through a window of `PROBES_IN_FLIGHT`; when the
     sheet holds as many rows as the list (likely a rerun) the window's first two as one. In the
     window a probe is started as soon as an earlier one is answered, so one chunk is keyed
-    (CPU, in `sheets.probe`) while the server answers another. Answers are taken in order; at the
-    first chunk not settled no further probe starts, and the ones already started are let
+    (CPU, in `sheets.probe`) while the server answers another. Answers are taken in order; at
+    the first chunk not settled no further probe starts, and the ones already started are let
     finish and dropped (a probe writes nothing; not cancelling it keeps its connection). A
     chunk holding a duplicate is left to the units (they deduplicate unit by unit, and a chunk
     may hold several units); a duplicate of an earlier chunk's row is in another unit anyway,

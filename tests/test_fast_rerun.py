@@ -235,8 +235,7 @@ async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_
 async def test_new_rows_into_a_sheet_of_as_many_probe_only_the_sentinel(tenant):
     """A run of new rows into a sheet that holds as many rows (the shape of a rerun, by count)
     keys and probes only its first `SENTINEL_PROBE_ROWS` rows, not its whole list: not all
-    settled, the probing stops and the list is admitted from row 0 (one unit a page, from its
-    staged facts)."""
+    settled, the probing stops and the list is admitted from row 0."""
     async with open_run(tenant, "play") as first:
         await first.map("t", rows(7000), _upper, contract=CONTRACT)
     new = [{"name": f"new{i}"} for i in range(7000)]
