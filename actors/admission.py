@@ -17,7 +17,8 @@ How it works
   decide — the unit is counted and nothing is sent or written. Otherwise it admits the unit in
   one transaction (`engine.sheets.admit`, cache hits counted, not listed). Whether it probes a
   unit, the rest of a group, or admits straight away is the state machine of
-  `actors.admission_steps`. A list source is staged first (lazily, at the first unit that
+  `actors.admission_steps`. While it admits a stream's pages straight away, the next page is
+  keyed and sent while the one before is still on its way, handed out in order (`admit_stream`). A list source is staged first (lazily, at the first unit that
   needs admitting; see `actors.list_source`); a one-page unit of a sealed input is admitted
   from its stored page fact, other units with their rows (and their canonical texts).
 - Pending rows go to the workers in small batches (`MAX_WORK_BATCH`) so all get a share.
@@ -35,6 +36,7 @@ from typing import AsyncIterable, Awaitable, Callable
 import trio
 
 from runplane.engine.canonical import JsonObject
+from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import Admission
 
 from .admission_steps import AdmissionSteps, Event, event_of
@@ -52,6 +54,7 @@ SENTINEL_PROBE_ROWS = 100
 FIRST_PROBE_ROWS = 1_000
 LEADING_PROBE_ROWS = 5_000
 PROBES_IN_FLIGHT = 2
+ADMISSIONS_IN_FLIGHT = 2  # a streamed page sent while the one before is on its way
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -192,6 +195,63 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     return settled_up_to
 
 
+async def admit_stream(plan: MapPlan, state: MapState, pages_recv, steps: AdmissionSteps,
+                       admit_group: Callable[[list[SourcePage]], Awaitable[None]],
+                       hand_out: Callable[[int, Admission], Awaitable[None]]) -> None:
+    """A streamed source's pages, in order. While admission admits without probing (the last
+    page's rows were all new: `AdmissionSteps`), the next page is keyed here and sent while the
+    one before is still on its way (at most `ADMISSIONS_IN_FLIGHT`): its keying and its trip
+    through a gateway overlap the other's statement. Pages are handed to the workers strictly
+    in order, and a page holding a row of the page in flight waits until that one is handed
+    out, so a row repeated across pages is admitted in the pages' order, as one at a time.
+    Pages with no row in common touch no row in common, so which commits first changes nothing
+    (the sheet lock orders their transactions; counters, fences and the write ledger do not
+    depend on that order)."""
+    window = trio.Semaphore(ADMISSIONS_IN_FLIGHT)
+    handed = trio.Event()  # the last page sent was handed out
+    handed.set()
+    flying: frozenset[str] = frozenset()  # the keys of the last page sent ahead
+
+    async def admit_ahead(page: SourcePage, prepared, before: trio.Event,
+                          mine: trio.Event) -> None:
+        try:
+            with state.writing():
+                admission = await plan.admit_prepared(prepared, page.offset)
+            await before.wait()
+            if admission.cached:
+                state.note_reuse(prepared.keys)
+            steps.on(event_of(False, admission.inserted, len(page.rows)))
+            await hand_out(len(page.rows), admission)
+        finally:
+            mine.set()
+            window.release()
+
+    async with trio.open_nursery() as nursery:
+        async for group in pages_recv:
+            if state.stopping:
+                break
+            if not plan.fast_admission or steps.probes_unit or len(group) != 1:
+                await handed.wait()
+                await admit_group(group)
+                continue
+            page = group[0]
+            try:
+                prepared = plan.prepare_page(page.rows, page.offset)
+            except InvalidInputError:
+                await handed.wait()  # the page on its way lands first, as one at a time
+                raise
+            keys = frozenset(prepared.keys)
+            if not keys.isdisjoint(flying):
+                await handed.wait()
+            flying = keys
+            await window.acquire()
+            if state.stopping:
+                window.release()
+                break
+            before, handed = handed, trio.Event()
+            nursery.start_soon(admit_ahead, page, prepared, before, handed)
+
+
 @marked("admission")
 async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                       listed: ListSource | None = None, background: trio.Nursery | None = None,
@@ -239,10 +299,7 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
         try:
             if listed is None:
                 await stack.enter_async_context(pages_recv)
-                async for group in pages_recv:
-                    if state.stopping:
-                        break
-                    await admit_group(group)
+                await admit_stream(plan, state, pages_recv, steps, admit_group, hand_out)
                 return
             start = 0
             if plan.fast_admission and listed.encoded is None:

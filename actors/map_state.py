@@ -59,7 +59,7 @@ from runplane.engine.sheets import (
 )
 from runplane.engine.sheets.admission import AdmitBatch, admit_write
 from runplane.engine.sheets.completion import complete_write, input_fields_problem
-from runplane.engine.sheets.inputs import outcome_fields_problem, prepare_rows
+from runplane.engine.sheets.inputs import PreparedRows, outcome_fields_problem, prepare_rows
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.sheet_write import PREVIOUS_CELLS_BUDGET_BYTES, check_flag
@@ -212,6 +212,23 @@ class MapPlan:
         with tracing.batch(tracing.SpanName.ADMISSION, len(rows)):
             return await retry_transient(lambda: admit_write(self.port, write, AdmitBatch(
                 rows, input_offset, keys, staged_page=staged_page, texts=texts)))
+
+    def prepare_page(self, rows: list[JsonObject], input_offset: int) -> PreparedRows:
+        """A streamed page validated, keyed, deduplicated and encoded ahead of its admission
+        (`admit_prepared`): its keys are known before it is sent. Raises `InvalidInputError`
+        for a bad row, as admission would, before anything of the page is written."""
+        return prepare_rows(rows, self.write.table_namespace, input_offset=input_offset,
+                            keys=None, need_texts=True, keep_rows=True)
+
+    async def admit_prepared(self, prepared: PreparedRows, input_offset: int) -> Admission:
+        """`admit` of a page `prepare_page` made: the same admission (its rows at their input
+        indexes, with their keys and texts), its duplicates counted as skipped as `admit`
+        counts them."""
+        batch = AdmitBatch(prepared.rows, input_offset, prepared.keys,
+                           input_indexes=prepared.indexes, texts=prepared.texts)
+        with tracing.batch(tracing.SpanName.ADMISSION, len(prepared.rows) + prepared.skipped):
+            admission = await retry_transient(lambda: admit_write(self.port, self.write, batch))
+        return attrs.evolve(admission, skipped=admission.skipped + prepared.skipped)
 
     async def probe(self, rows: list[JsonObject], input_offset: int, *,
                     keys: list[str] | None = None) -> Admission | None:

@@ -1,0 +1,107 @@
+"""A streamed map's next page is sent while the one before is on its way (`actors.admission.
+admit_stream`): the races forced. A page sent ahead that is answered first is still handed to
+the workers after the page before it; a page holding a row of the page on its way is not sent
+until that page is handed out, so the sheet ends as one-at-a-time admission leaves it."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from runplane.actors import map_state, open_run
+from runplane.engine import sheets
+
+from .sheet_helpers import play_scope, raw_rows
+
+CONTRACT = sheets.SheetContract(inputs=("name",), outputs=("upper",))
+PAGE = 5  # rows a streamed page (page_rows): pages at offsets 0, 5, 10, 15
+
+
+async def stream(rows):
+    for row in rows:
+        yield row
+
+
+class Gated:
+    """`admit_write` with the admission of the page at `held` held until `release` is set;
+    notes when each page's admission started and returned (by its first input index)."""
+
+    def __init__(self, monkeypatch, held: int) -> None:
+        self.real = map_state.admit_write
+        self.held, self.release = held, trio.Event()
+        self.started: list[int] = []
+        self.returned: list[int] = []
+        monkeypatch.setattr(map_state, "admit_write", self)
+
+    async def __call__(self, port, write, batch, **kwargs):
+        first = batch.input_indexes[0] if batch.input_indexes else batch.input_offset
+        self.started.append(first)
+        if first == self.held:
+            await self.release.wait()
+        try:
+            return await self.real(port, write, batch, **kwargs)
+        finally:
+            self.returned.append(first)
+
+
+async def test_a_page_answered_before_the_one_before_it_is_handed_out_after_it(tenant,
+                                                                                monkeypatch):
+    gated = Gated(monkeypatch, held=5)
+    calls: list[str] = []
+
+    async def upper(row):
+        calls.append(row["name"])
+        return {"upper": row["name"].upper()}
+
+    names = [f"r{i:02d}" for i in range(20)]
+    async with open_run(tenant, "play") as run:
+        async with trio.open_nursery() as nursery:
+            async def release_once_the_next_page_returned() -> None:
+                while 10 not in gated.returned:
+                    await trio.sleep(0.01)
+                gated.release.set()
+            nursery.start_soon(release_once_the_next_page_returned)
+            result = await run.map("t", stream([{"name": n} for n in names]), upper,
+                                   contract=CONTRACT, page_rows=PAGE, concurrency=1)
+    # the first page goes alone (probed, then admitted); from the second on, a page is sent
+    # while the one before is on its way: the third was answered before the second
+    assert gated.returned.index(10) < gated.returned.index(5), gated.returned
+    assert calls == names  # handed to the (one) worker in the source's order all the same
+    assert (result.admitted, result.completed, result.skipped) == (20, 20, 0)
+    stored = await raw_rows(tenant, play_scope(tenant, "play"), "t")
+    assert sorted(row["_input_index"] for row in stored.values()) == list(range(20))
+
+
+async def test_a_page_holding_a_row_of_the_page_on_its_way_waits_for_it(tenant, monkeypatch):
+    names = [f"r{i:02d}" for i in range(20)]
+    names[12] = names[7]  # the third page repeats a row of the second
+    calls: list[str] = []
+
+    async def upper(row):
+        calls.append(row["name"])
+        return {"upper": row["name"].upper()}
+
+    source = [{"name": n} for n in names]
+    async with open_run(tenant, "play") as run:  # the reference: one page at a time
+        await run.map("one_at_a_time", stream(source), upper, contract=CONTRACT,
+                      page_rows=PAGE, concurrency=1, fast_admission=False)
+    reference = await raw_rows(tenant, play_scope(tenant, "play"), "one_at_a_time", ("name",))
+    gated = Gated(monkeypatch, held=5)
+    calls.clear()
+    async with open_run(tenant, "play") as run:
+        async with trio.open_nursery() as nursery:
+            async def check_then_release() -> None:
+                while 5 not in gated.started:
+                    await trio.sleep(0.01)
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                assert 10 not in gated.started  # not sent while the second page is held
+                gated.release.set()
+            nursery.start_soon(check_then_release)
+            result = await run.map("t", stream(source), upper, contract=CONTRACT,
+                                   page_rows=PAGE, concurrency=1)
+    assert sorted(calls) == sorted(set(names))  # the repeated row ran once
+    assert (result.admitted, result.skipped, result.completed) == (19, 1, 19), result
+    stored = await raw_rows(tenant, play_scope(tenant, "play"), "t", ("name",))
+    assert len(stored) == 19
+    assert {row["name"]: row["_input_index"] for row in stored.values()} == \
+        {row["name"]: row["_input_index"] for row in reference.values()}
