@@ -18,9 +18,10 @@ How it works
   one transaction (`engine.sheets.admit`, cache hits counted, not listed). Whether it probes a
   unit, the rest of a group, or admits straight away is the state machine of
   `actors.admission_steps`. While it admits a stream's pages straight away, the next page is
-  keyed and sent while the one before is still on its way, handed out in order (`admit_stream`). A list source is staged first (lazily, at the first unit that
-  needs admitting; see `actors.list_source`); a one-page unit of a sealed input is admitted
-  from its stored page fact, other units with their rows (and their canonical texts).
+  keyed and sent while the one before is still on its way, handed out in order
+  (`admit_stream`). A list source is staged first (lazily, at the first unit that needs
+  admitting; see `actors.list_source`); a one-page unit of a sealed input is admitted from its
+  stored page fact, other units with their rows (and their canonical texts).
 - Pending rows go to the workers in small batches (`MAX_WORK_BATCH`) so all get a share.
   Duplicates: the engine drops them within a unit; a later duplicate of a row still in flight
   in this map is dropped by `MapState.take_admission` (counted as skipped).
@@ -38,6 +39,7 @@ import trio
 from runplane.engine.canonical import JsonObject
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import Admission
+from runplane.engine.sheets.inputs import PreparedRows
 
 from .admission_steps import AdmissionSteps, Event, event_of
 from .list_source import ListSource, SourcePage
@@ -212,18 +214,24 @@ async def admit_stream(plan: MapPlan, state: MapState, pages_recv, steps: Admiss
     handed.set()
     flying: frozenset[str] = frozenset()  # the keys of the last page sent ahead
 
-    async def admit_ahead(page: SourcePage, prepared, before: trio.Event,
+    async def admit_ahead(page: SourcePage, prepared: PreparedRows, before: trio.Event,
                           mine: trio.Event) -> None:
         try:
-            with state.writing():
-                admission = await plan.admit_prepared(prepared, page.offset)
+            try:
+                with state.writing():
+                    admission = await plan.admit_prepared(prepared, page.offset)
+            except Exception:
+                # Errors in the pages' order: the page before lands (or fails, and this one
+                # is cancelled waiting) first, so a map raises one error, as one at a time.
+                await before.wait()
+                raise
             await before.wait()
             if admission.cached:
                 state.note_reuse(prepared.keys)
             steps.on(event_of(False, admission.inserted, len(page.rows)))
             await hand_out(len(page.rows), admission)
+            mine.set()  # not on an error: the next page is cancelled waiting, not let on
         finally:
-            mine.set()
             window.release()
 
     async with trio.open_nursery() as nursery:

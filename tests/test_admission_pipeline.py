@@ -5,11 +5,13 @@ until that page is handed out, so the sheet ends as one-at-a-time admission leav
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
 from runplane.actors import map_state, open_run
 from runplane.engine import sheets
+from runplane.engine.errors import ConflictError
 
 from .sheet_helpers import play_scope, raw_rows
 
@@ -105,3 +107,32 @@ async def test_a_page_holding_a_row_of_the_page_on_its_way_waits_for_it(tenant, 
     assert len(stored) == 19
     assert {row["name"]: row["_input_index"] for row in stored.values()} == \
         {row["name"]: row["_input_index"] for row in reference.values()}
+
+
+async def test_two_pages_on_their_way_failing_raise_one_error_in_page_order(tenant, monkeypatch):
+    """The page sent ahead fails first; the page before it fails after: the map raises the
+    earlier page's error alone (as one-at-a-time admission would), not a group of both."""
+    gated = Gated(monkeypatch, held=5)
+    real = gated.real
+
+    async def failing(port, write, batch, **kwargs):
+        first = batch.input_indexes[0] if batch.input_indexes else batch.input_offset
+        if first == 0:  # the first page goes through; every later one is refused
+            return await real(port, write, batch, **kwargs)
+        raise ConflictError(f"page at {first} refused")
+
+    gated.real = failing
+
+    async def upper(row):
+        return {"upper": row["name"].upper()}
+
+    async with open_run(tenant, "play") as run:
+        async with trio.open_nursery() as nursery:
+            async def release_once_the_next_page_failed() -> None:
+                while 10 not in gated.returned:
+                    await trio.sleep(0.01)
+                gated.release.set()
+            nursery.start_soon(release_once_the_next_page_failed)
+            with pytest.raises(ConflictError, match="page at 5 refused"):
+                await run.map("t", stream([{"name": f"r{i:02d}"} for i in range(20)]), upper,
+                              contract=CONTRACT, page_rows=PAGE, concurrency=1)
