@@ -35,6 +35,12 @@ class Gated:
         self.returned: list[int] = []
         monkeypatch.setattr(map_state, "admit_write", self)
 
+    async def release_once_returned(self, first: int) -> None:
+        """Let the held page go once the page at `first` has returned (or raised)."""
+        while first not in self.returned:
+            await trio.sleep(0.01)
+        self.release.set()
+
     async def __call__(self, port, write, batch, **kwargs):
         first = batch.input_indexes[0] if batch.input_indexes else batch.input_offset
         self.started.append(first)
@@ -58,11 +64,7 @@ async def test_a_page_answered_before_the_one_before_it_is_handed_out_after_it(t
     names = [f"r{i:02d}" for i in range(20)]
     async with open_run(tenant, "play") as run:
         async with trio.open_nursery() as nursery:
-            async def release_once_the_next_page_returned() -> None:
-                while 10 not in gated.returned:
-                    await trio.sleep(0.01)
-                gated.release.set()
-            nursery.start_soon(release_once_the_next_page_returned)
+            nursery.start_soon(gated.release_once_returned, 10)
             result = await run.map("t", stream([{"name": n} for n in names]), upper,
                                    contract=CONTRACT, page_rows=PAGE, concurrency=1)
     # the first page goes alone (probed, then admitted); from the second on, a page is sent
@@ -128,11 +130,7 @@ async def test_two_pages_on_their_way_failing_raise_one_error_in_page_order(tena
 
     async with open_run(tenant, "play") as run:
         async with trio.open_nursery() as nursery:
-            async def release_once_the_next_page_failed() -> None:
-                while 10 not in gated.returned:
-                    await trio.sleep(0.01)
-                gated.release.set()
-            nursery.start_soon(release_once_the_next_page_failed)
+            nursery.start_soon(gated.release_once_returned, 10)  # once it raised
             with pytest.raises(ConflictError, match="page at 5 refused"):
                 await run.map("t", stream([{"name": f"r{i:02d}"} for i in range(20)]), upper,
                               contract=CONTRACT, page_rows=PAGE, concurrency=1)
