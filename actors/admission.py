@@ -17,9 +17,9 @@ How it works
   decide — the unit is counted and nothing is sent or written. Otherwise it admits the unit in
   one transaction (`engine.sheets.admit`, cache hits counted, not listed). Whether it probes a
   unit, the rest of a group, or admits straight away is the state machine of
-  `actors.admission_steps`. While it admits a stream's pages straight away, the next page is
-  keyed and sent while the one before is still on its way, handed out in order
-  (`admit_stream`). A list source is staged first (lazily, at the first unit that needs
+  `actors.admission_steps`. While it admits units straight away, the next unit is keyed
+  and sent while the one before is still on its way, handed out in order
+  (`admit_in_order`). A list source is staged first (lazily, at the first unit that needs
   admitting; see `actors.list_source`); a one-page unit of a sealed input is admitted from its
   stored page fact, other units with their rows (and their canonical texts).
 - Pending rows go to the workers in small batches (`MAX_WORK_BATCH`) so all get a share.
@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import AsyncIterable, Awaitable, Callable
+from typing import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 
 import trio
 
 from runplane.engine.canonical import JsonObject
-from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import Admission
-from runplane.engine.sheets.inputs import PreparedRows
 
 from .admission_steps import AdmissionSteps, Event, event_of
 from .list_source import ListSource, SourcePage
@@ -56,7 +54,7 @@ SENTINEL_PROBE_ROWS = 100
 FIRST_PROBE_ROWS = 1_000
 LEADING_PROBE_ROWS = 5_000
 PROBES_IN_FLIGHT = 2
-ADMISSIONS_IN_FLIGHT = 2  # a streamed page sent while the one before is on its way
+ADMISSIONS_IN_FLIGHT = 2  # a unit sent while the one before is on its way
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -197,67 +195,105 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     return settled_up_to
 
 
-async def admit_stream(plan: MapPlan, state: MapState, pages_recv, steps: AdmissionSteps,
-                       admit_group: Callable[[list[SourcePage]], Awaitable[None]],
-                       hand_out: Callable[[int, Admission], Awaitable[None]]) -> None:
-    """A streamed source's pages, in order. While admission admits without probing (the last
-    page's rows were all new: `AdmissionSteps`), the next page is keyed here and sent while the
-    one before is still on its way (at most `ADMISSIONS_IN_FLIGHT`): its keying and its trip
-    through a gateway overlap the other's statement. Pages are handed to the workers strictly
-    in order, and a page holding a row of the page in flight waits until that one is handed
-    out, so a row repeated across pages is admitted in the pages' order, as one at a time.
-    Pages with no row in common touch no row in common, so which commits first changes nothing
-    (the sheet lock orders their transactions; counters, fences and the write ledger do not
-    depend on that order)."""
-    window = trio.Semaphore(ADMISSIONS_IN_FLIGHT)
-    handed = trio.Event()  # the last page sent was handed out
-    handed.set()
-    flying: frozenset[str] = frozenset()  # the keys of the last page sent ahead
+async def _aiter(groups: Iterable[list[SourcePage]]) -> AsyncIterator[list[SourcePage]]:
+    for group in groups:
+        yield group
 
-    async def admit_ahead(page: SourcePage, prepared: PreparedRows, before: trio.Event,
+
+# A unit made ready to send ahead: its row keys, and the call that admits it.
+Ready = tuple[list[str], Callable[[], Awaitable[Admission]]]
+
+
+def streamed_ready(plan: MapPlan) -> Callable[[SourcePage], Awaitable[Ready]]:
+    """A streamed page made ready: validated, keyed, deduplicated and encoded here
+    (`MapPlan.prepare_page`; a bad row raises `InvalidInputError` before it is sent)."""
+    async def ready(page: SourcePage) -> Ready:
+        prepared = plan.prepare_page(page.rows, page.offset)
+        return prepared.keys, lambda: plan.admit_prepared(prepared, page.offset)
+    return ready
+
+
+def listed_ready(plan: MapPlan, listed: ListSource,
+                 background: trio.Nursery | None) -> Callable[[SourcePage], Awaitable[Ready]]:
+    """A list's unit made ready: its keys from its texts, and its staged page (the first one
+    begins staging: the begin fact is written before any row of the list is sent)."""
+    async def ready(page: SourcePage) -> Ready:
+        keys = page.keys or []
+        staged = await listed.staged_page(page, background)
+        return keys, lambda: plan.admit(page.rows, page.offset, keys=page.keys,
+                                        staged_page=staged,
+                                        texts=page.texts if staged is None else None)
+    return ready
+
+
+async def admit_in_order(plan: MapPlan, state: MapState, groups: AsyncIterable[list[SourcePage]],
+                         steps: AdmissionSteps,
+                         admit_group: Callable[[list[SourcePage]], Awaitable[int]],
+                         hand_out: Callable[[int, Admission], Awaitable[None]],
+                         ready: Callable[[SourcePage], Awaitable[Ready]]) -> None:
+    """The units of `groups`, in order. While admission admits without probing after a unit
+    whose rows were all new (`AdmissionSteps.sends_ahead`), the next unit is made `ready`
+    here (keyed; a stream's page encoded, a list's staged page found) and sent while the one
+    before is still on its way (at most `ADMISSIONS_IN_FLIGHT`): its preparation and its trip
+    through a gateway overlap the other's statement. Units are handed to the workers strictly
+    in order, and a unit holding a row of the unit in flight waits until that one is handed out,
+    so a row repeated across units is admitted in their order, as one at a time. Units with
+    no row in common touch no row in common, so which commits first changes nothing (the
+    sheet lock orders their transactions; counters, fences and the write ledger do not depend
+    on that order). Any other unit waits for the one in flight, then goes one at a time
+    (`admit_group`, probing as the steps say) until units may be sent ahead again."""
+    window = trio.Semaphore(ADMISSIONS_IN_FLIGHT)
+    handed = trio.Event()  # the last unit sent was handed out
+    handed.set()
+    flying: frozenset[str] = frozenset()  # the keys of the last unit sent ahead
+
+    async def admit_ahead(page: SourcePage, keys: list[str],
+                          send: Callable[[], Awaitable[Admission]], before: trio.Event,
                           mine: trio.Event) -> None:
         try:
             try:
                 with state.writing():
-                    admission = await plan.admit_prepared(prepared, page.offset)
+                    admission = await send()
             except Exception:
-                # Errors in the pages' order: the page before lands (or fails, and this one
+                # Errors in the units' order: the unit before lands (or fails, and this one
                 # is cancelled waiting) first, so a map raises one error, as one at a time.
                 await before.wait()
                 raise
             await before.wait()
             if admission.cached:
-                state.note_reuse(prepared.keys)
+                state.note_reuse(keys)
             steps.on(event_of(False, admission.inserted, len(page.rows)))
             await hand_out(len(page.rows), admission)
-            mine.set()  # not on an error: the next page is cancelled waiting, not let on
+            mine.set()  # not on an error: the next unit is cancelled waiting, not let on
         finally:
             window.release()
 
     async with trio.open_nursery() as nursery:
-        async for group in pages_recv:
-            if state.stopping:
-                break
-            if not plan.fast_admission or steps.probes_unit or len(group) != 1:
-                await handed.wait()
-                await admit_group(group)
-                continue
-            page = group[0]
-            try:
-                prepared = plan.prepare_page(page.rows, page.offset)
-            except InvalidInputError:
-                await handed.wait()  # the page on its way lands first, as one at a time
-                raise
-            keys = frozenset(prepared.keys)
-            if not keys.isdisjoint(flying):
-                await handed.wait()
-            flying = keys
-            await window.acquire()
-            if state.stopping:
-                window.release()
-                break
-            before, handed = handed, trio.Event()
-            nursery.start_soon(admit_ahead, page, prepared, before, handed)
+        async for group in groups:
+            position = 0
+            while position < len(group):
+                if state.stopping:
+                    return
+                if not (plan.fast_admission and steps.sends_ahead):
+                    await handed.wait()
+                    position += await admit_group(group[position:])
+                    continue
+                page = group[position]
+                position += 1
+                try:
+                    keys, send = await ready(page)
+                except Exception:  # a bad row; a list's begin fact refused
+                    await handed.wait()  # the unit on its way lands first, as one at a time
+                    raise
+                if not flying.isdisjoint(keys):
+                    await handed.wait()
+                flying = frozenset(keys)
+                await window.acquire()
+                if state.stopping:
+                    window.release()
+                    return
+                before, handed = handed, trio.Event()
+                nursery.start_soon(admit_ahead, page, keys, send, before, handed)
 
 
 @marked("admission")
@@ -278,10 +314,14 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
             await state.hand_out(len(batch))
             await work_send.send(batch)
 
-    async def admit_group(group: list[SourcePage]) -> None:
+    async def admit_group(group: list[SourcePage]) -> int:
+        """Units of `group` one at a time, probing as `steps` says, until the group ends or
+        the next unit may be sent ahead (`steps.sends_ahead`); how many units it took."""
         steps.start_group()
         position = 0
         while position < len(group) and not state.stopping:
+            if position and plan.fast_admission and steps.sends_ahead:
+                return position
             rest = group[position:]
             if plan.fast_admission and steps.probes_rest(len(rest)):
                 admission = await probe_group(plan, rest)
@@ -290,7 +330,7 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                     if admission.cached:
                         state.note_reuse([key for page in rest for key in page.keys or ()])
                     await hand_out(sum(len(page.rows) for page in rest), admission)
-                    return
+                    return len(group)
                 steps.on(Event.REST_UNSETTLED)
             page = group[position]
             position += 1
@@ -301,24 +341,27 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                 state.note_reuse(keys if keys is not None else plan.row_keys(page.rows))
             steps.on(event_of(settled, admission.inserted, len(page.rows)))
             await hand_out(len(page.rows), admission)
+        return position
 
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(work_send)
         try:
             if listed is None:
                 await stack.enter_async_context(pages_recv)
-                await admit_stream(plan, state, pages_recv, steps, admit_group, hand_out)
+                await admit_in_order(plan, state, pages_recv, steps, admit_group, hand_out,
+                                     streamed_ready(plan))
                 return
             start = 0
             if plan.fast_admission and listed.encoded is None:
                 start = await probe_unencoded(plan, state, listed, hand_out)
-                steps.on(Event.LEADING_UNSETTLED)  # the rows at `start` need admitting
+                # the rows at `start` need admitting (all of them, into an empty sheet)
+                steps.on(Event.EMPTY_SHEET if listed.sheet_rows == 0 else Event.LEADING_UNSETTLED)
             if start < listed.source_rows and not state.stopping:
                 await listed.encode()
                 cut_at = frozenset(low for low, _ in probe_bounds(listed.source_rows))
-                for group in listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start, cut_at):
-                    if state.stopping:
-                        break
-                    await admit_group(group)
+                await admit_in_order(
+                    plan, state,
+                    _aiter(listed.page_groups(PROBE_GROUP_ROWS, plan.page_rows, start, cut_at)),
+                    steps, admit_group, hand_out, listed_ready(plan, listed, background))
         finally:
             state.end_admission()

@@ -11,7 +11,10 @@ How it works
       if that does not settle, go on unit by unit (`REST_UNSETTLED`), else the group is done.
       With one unit left, or the group probed once already, it is probed alone.
     * `ADMIT`: the last unit's rows were all new, so the next ones likely are too: admit
-      without probing.
+      without probing. Reached from a unit that was all new (or from a list into a sheet
+      that held no row), the next unit may be sent while that one is still on its way
+      (`sends_ahead`); reached from a list's leading probes it is not: the unit they found
+      unsettled may be a rerun's one changed row, and its next unit would then be settled.
 - Events are what a unit turned out to be (`event_of`): settled by its probe, admitted with
   every row new, or admitted with some row already there (or a duplicate). `TRANSITIONS`
   maps (step, event) to the next step; a pair not in it is a bug (`KeyError`).
@@ -45,6 +48,7 @@ class Event(enum.Enum):
     REST_SETTLED = "the probe of the rest of the group settled it"
     REST_UNSETTLED = "the probe of the rest of the group did not settle it"
     LEADING_UNSETTLED = "the probes of a list's leading rows stopped at rows to admit"
+    EMPTY_SHEET = "a list goes into a sheet that held no row: every row is new"
 
 
 TRANSITIONS: dict[tuple[Step, Event], Step] = {
@@ -52,6 +56,7 @@ TRANSITIONS: dict[tuple[Step, Event], Step] = {
     (Step.PROBE_UNIT, Event.ALL_NEW): Step.ADMIT,
     (Step.PROBE_UNIT, Event.SOME_EXISTED): Step.PROBE_UNIT,
     (Step.PROBE_UNIT, Event.LEADING_UNSETTLED): Step.ADMIT,
+    (Step.PROBE_UNIT, Event.EMPTY_SHEET): Step.ADMIT,
     (Step.PROBE_REST, Event.SETTLED): Step.PROBE_REST,
     (Step.PROBE_REST, Event.ALL_NEW): Step.ADMIT,
     (Step.PROBE_REST, Event.SOME_EXISTED): Step.PROBE_UNIT,
@@ -76,6 +81,7 @@ class AdmissionSteps:
 
     step: Step = Step.PROBE_UNIT
     grouped: bool = False  # the current group was probed whole once already
+    last: Event | None = None  # the last event
 
     def start_group(self) -> None:
         self.grouped = False
@@ -89,7 +95,14 @@ class AdmissionSteps:
         """Whether to probe the next unit before admitting it."""
         return self.step is not Step.ADMIT
 
+    @property
+    def sends_ahead(self) -> bool:
+        """Whether the next unit may be sent while the one before is on its way: admitting
+        without probing, after a unit that was all new or into a sheet that held no row."""
+        return self.step is Step.ADMIT and self.last in (Event.ALL_NEW, Event.EMPTY_SHEET)
+
     def on(self, event: Event) -> None:
         if event in (Event.REST_SETTLED, Event.REST_UNSETTLED):
             self.grouped = True
         self.step = TRANSITIONS[(self.step, event)]
+        self.last = event

@@ -69,16 +69,25 @@ FIRST_UNIT_ROWS = 100  # a first run's first unit (as a streamed source's first 
 # ... each next one twice as large while under half the map's `page_rows`: work starts soon
 
 
-@attrs.frozen
+@attrs.define(eq=False)
 class SourcePage:
     """One page for admission: its rows, their input offset, and for a list source the row
-    keys, the rows' canonical texts and the page's ordinal in the staged input."""
+    keys, the rows' canonical texts and the page's ordinal in the staged input. A list's unit
+    gives its `namespace` instead of its keys: they are computed from its texts when first
+    read (admission reaches the unit, or a probe of its group), not when its group is cut."""
 
     offset: int
     rows: list[dict]
-    keys: list[str] | None = None
+    _keys: list[str] | None = None  # `keys=` (attrs drops the underscore)
     ordinal: int | None = None
     texts: list[str] | None = None
+    namespace: str | None = None
+
+    @property
+    def keys(self) -> list[str] | None:
+        if self._keys is None and self.namespace is not None and self.texts is not None:
+            self._keys = text_keys(self.namespace, self.texts)
+        return self._keys
 
 
 def ramp_cuts(unit_rows: int, source_rows: int) -> frozenset[int]:
@@ -204,7 +213,8 @@ class ListSource:
         ordinal (it may be admitted from its fact). A group holds consecutive units up to
         `group_rows` rows (one at least), the reach of one probe. From row 0 and unless
         replaying, the first units of a list of more than one page ramp up (`ramp_cuts`) so
-        the workers get rows soon. Rows, keys and texts are spans of the encoded source.
+        the workers get rows soon. Rows and texts are spans of the encoded source; a unit's
+        keys too when all were computed, else computed from its texts when first read.
         """
         namespace = self.scope.table_namespace
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
@@ -238,8 +248,9 @@ class ListSource:
             high = low + sum(count for _, count, _ in unit)
             ordinal = unit[0][2] if len(unit) == 1 else None
             rows, texts = self.encoded.span(low, high)
-            keys = self.keys[low:high] if self.keys is not None else text_keys(namespace, texts)
-            return SourcePage(low, rows, keys, ordinal, texts)
+            if self.keys is not None:
+                return SourcePage(low, rows, self.keys[low:high], ordinal, texts)
+            return SourcePage(low, rows, None, ordinal, texts, namespace)
 
         for segment in segments():
             low, count, _ = segment

@@ -1,7 +1,8 @@
-"""A streamed map's next page is sent while the one before is on its way (`actors.admission.
-admit_stream`): the races forced. A page sent ahead that is answered first is still handed to
-the workers after the page before it; a page holding a row of the page on its way is not sent
-until that page is handed out, so the sheet ends as one-at-a-time admission leaves it."""
+"""A map's next page is sent while the one before is on its way (`actors.admission.
+admit_in_order`): the races forced, for a stream's pages and a list's units. A page sent ahead
+that is answered first is still handed to the workers after the page before it; a page holding
+a row of the page on its way is not sent until that page is handed out, so the sheet ends as
+one-at-a-time admission leaves it."""
 
 from __future__ import annotations
 
@@ -134,3 +135,62 @@ async def test_two_pages_on_their_way_failing_raise_one_error_in_page_order(tena
             with pytest.raises(ConflictError, match="page at 5 refused"):
                 await run.map("t", stream([{"name": f"r{i:02d}"} for i in range(20)]), upper,
                               contract=CONTRACT, page_rows=PAGE, concurrency=1)
+
+
+# A list's units (`actors.list_source.page_groups`), 2,500 rows at `page_rows=500` into an
+# empty sheet: [0,100) and [100,300) (the ramp), [300,1000) (the rest of the first staged
+# page), [1000,2000), [2000,2500).
+LIST_ROWS, LIST_UNIT_ROWS = 2500, 500
+
+
+async def test_a_list_into_an_empty_sheet_sends_its_next_unit_ahead_and_hands_out_in_order(
+        tenant, monkeypatch):
+    gated = Gated(monkeypatch, held=100)
+    calls: list[str] = []
+
+    async def upper(row):
+        calls.append(row["name"])
+        return {"upper": row["name"].upper()}
+
+    names = [f"r{i:04d}" for i in range(LIST_ROWS)]
+    async with open_run(tenant, "play") as run:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gated.release_once_returned, 300)
+            result = await run.map("t", [{"name": n} for n in names], upper, contract=CONTRACT,
+                                   page_rows=LIST_UNIT_ROWS, concurrency=1)
+    assert gated.returned.index(300) < gated.returned.index(100), gated.returned
+    assert calls == names
+    assert (result.admitted, result.completed, result.skipped) == (LIST_ROWS, LIST_ROWS, 0)
+    stored = await raw_rows(tenant, play_scope(tenant, "play"), "t")
+    assert sorted(row["_input_index"] for row in stored.values()) == list(range(LIST_ROWS))
+
+
+async def test_a_list_unit_holding_a_row_of_the_unit_on_its_way_waits_for_it(tenant,
+                                                                             monkeypatch):
+    names = [f"r{i:04d}" for i in range(LIST_ROWS)]
+    names[400] = names[150]  # the unit [300,1000) repeats a row of the unit [100,300)
+    source = [{"name": n} for n in names]
+
+    async def upper(row):
+        return {"upper": row["name"].upper()}
+
+    async with open_run(tenant, "play") as run:  # the reference: one unit at a time
+        await run.map("one_at_a_time", source, upper, contract=CONTRACT,
+                      page_rows=LIST_UNIT_ROWS, concurrency=1, fast_admission=False)
+    reference = await raw_rows(tenant, play_scope(tenant, "play"), "one_at_a_time", ("name",))
+    gated = Gated(monkeypatch, held=100)
+    async with open_run(tenant, "play") as run:
+        async with trio.open_nursery() as nursery:
+            async def check_then_release() -> None:
+                while 100 not in gated.started:
+                    await trio.sleep(0.01)
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                assert 300 not in gated.started  # not sent while [100,300) is held
+                gated.release.set()
+            nursery.start_soon(check_then_release)
+            result = await run.map("t", source, upper, contract=CONTRACT,
+                                   page_rows=LIST_UNIT_ROWS, concurrency=1)
+    assert (result.admitted, result.skipped) == (LIST_ROWS - 1, 1), result
+    stored = await raw_rows(tenant, play_scope(tenant, "play"), "t", ("name",))
+    assert {row["name"]: row["_input_index"] for row in stored.values()} == \
+        {row["name"]: row["_input_index"] for row in reference.values()}

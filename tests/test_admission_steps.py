@@ -43,6 +43,20 @@ def test_the_leading_probes_hand_over_to_admitting():
     assert steps.step is Step.ADMIT
 
 
+def test_units_are_sent_ahead_only_after_all_new_rows_or_into_an_empty_sheet():
+    steps = AdmissionSteps()
+    assert not steps.sends_ahead
+    steps.on(Event.LEADING_UNSETTLED)  # maybe a rerun's one changed row: one at a time
+    assert not steps.probes_unit and not steps.sends_ahead
+    steps.on(Event.ALL_NEW)
+    assert steps.sends_ahead
+    steps.on(Event.SOME_EXISTED)
+    assert not steps.sends_ahead
+    empty = AdmissionSteps()
+    empty.on(Event.EMPTY_SHEET)
+    assert empty.step is Step.ADMIT and empty.sends_ahead
+
+
 def test_an_impossible_event_is_a_bug_not_a_silent_step():
     steps = AdmissionSteps(Step.ADMIT)
     with pytest.raises(KeyError):
