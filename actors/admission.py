@@ -218,10 +218,9 @@ def listed_ready(plan: MapPlan, listed: ListSource,
     """A list's unit made ready: its keys from its texts, and its staged page (the first one
     begins staging: the begin fact is written before any row of the list is sent)."""
     async def ready(page: SourcePage) -> Ready:
-        keys = page.keys or []
+        keys = page.keys if page.keys is not None else plan.row_keys(page.rows)
         staged = await listed.staged_page(page, background)
-        return keys, lambda: plan.admit(page.rows, page.offset, keys=page.keys,
-                                        staged_page=staged,
+        return keys, lambda: plan.admit(page.rows, page.offset, keys=keys, staged_page=staged,
                                         texts=page.texts if staged is None else None)
     return ready
 
