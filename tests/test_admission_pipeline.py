@@ -42,6 +42,15 @@ class Gated:
             await trio.sleep(0.01)
         self.release.set()
 
+    async def release_unless_sent(self, not_sent: int) -> None:
+        """Once the held page was sent and everything else is blocked, check that the page at
+        `not_sent` was not sent meanwhile, then let the held page go."""
+        while self.held not in self.started:
+            await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        assert not_sent not in self.started, self.started
+        self.release.set()
+
     async def __call__(self, port, write, batch, **kwargs):
         first = batch.input_indexes[0] if batch.input_indexes else batch.input_offset
         self.started.append(first)
@@ -95,13 +104,8 @@ async def test_a_page_holding_a_row_of_the_page_on_its_way_waits_for_it(tenant, 
     calls.clear()
     async with open_run(tenant, "play") as run:
         async with trio.open_nursery() as nursery:
-            async def check_then_release() -> None:
-                while 5 not in gated.started:
-                    await trio.sleep(0.01)
-                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-                assert 10 not in gated.started  # not sent while the second page is held
-                gated.release.set()
-            nursery.start_soon(check_then_release)
+            # the third page is not sent while the second is held
+            nursery.start_soon(gated.release_unless_sent, 10)
             result = await run.map("t", stream(source), upper, contract=CONTRACT,
                                    page_rows=PAGE, concurrency=1)
     assert sorted(calls) == sorted(set(names))  # the repeated row ran once
@@ -181,13 +185,8 @@ async def test_a_list_unit_holding_a_row_of_the_unit_on_its_way_waits_for_it(ten
     gated = Gated(monkeypatch, held=100)
     async with open_run(tenant, "play") as run:
         async with trio.open_nursery() as nursery:
-            async def check_then_release() -> None:
-                while 100 not in gated.started:
-                    await trio.sleep(0.01)
-                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
-                assert 300 not in gated.started  # not sent while [100,300) is held
-                gated.release.set()
-            nursery.start_soon(check_then_release)
+            # the unit [300,1000) is not sent while [100,300) is held
+            nursery.start_soon(gated.release_unless_sent, 300)
             result = await run.map("t", source, upper, contract=CONTRACT,
                                    page_rows=LIST_UNIT_ROWS, concurrency=1)
     assert (result.admitted, result.skipped) == (LIST_ROWS - 1, 1), result
