@@ -209,7 +209,8 @@ def streamed_ready(plan: MapPlan) -> Callable[[SourcePage], Awaitable[Ready]]:
     (`MapPlan.prepare_page`; a bad row raises `InvalidInputError` before it is sent)."""
     async def ready(page: SourcePage) -> Ready:
         prepared = plan.prepare_page(page.rows, page.offset)
-        return prepared.keys, lambda: plan.admit_prepared(prepared, page.offset)
+        return prepared.keys, lambda: plan.admit_prepared(prepared, page.offset,
+                                                          expect_new=True)
     return ready
 
 
@@ -221,7 +222,8 @@ def listed_ready(plan: MapPlan, listed: ListSource,
         keys = page.keys if page.keys is not None else plan.row_keys(page.rows)
         staged = await listed.staged_page(page, background)
         return keys, lambda: plan.admit(page.rows, page.offset, keys=keys, staged_page=staged,
-                                        texts=page.texts if staged is None else None)
+                                        texts=page.texts if staged is None else None,
+                                        expect_new=True)
     return ready
 
 
@@ -232,15 +234,17 @@ async def admit_in_order(plan: MapPlan, state: MapState, groups: AsyncIterable[l
                          ready: Callable[[SourcePage], Awaitable[Ready]]) -> None:
     """The units of `groups`, in order. While admission admits without probing after a unit
     whose rows were all new (`AdmissionSteps.sends_ahead`), the next unit is made `ready`
-    here (keyed; a stream's page encoded, a list's staged page found) and sent while the one
-    before is still on its way (at most `ADMISSIONS_IN_FLIGHT`): its preparation and its trip
-    through a gateway overlap the other's statement. Units are handed to the workers strictly
-    in order, and a unit holding a row of the unit in flight waits until that one is handed out,
-    so a row repeated across units is admitted in their order, as one at a time. Units with
-    no row in common touch no row in common, so which commits first changes nothing (the
-    sheet lock orders their transactions; counters, fences and the write ledger do not depend
-    on that order). Any other unit waits for the one in flight, then goes one at a time
-    (`admit_group`, probing as the steps say) until units may be sent ahead again."""
+    here (keyed; a stream's page encoded, a list's staged page found) and sent, as rows
+    expected new (`expect_new`: inserted without `ON CONFLICT`, admitted again the ordinary
+    way if one was there after all), while the one before is still on its way (at most
+    `ADMISSIONS_IN_FLIGHT`): its preparation and its trip through a gateway overlap the
+    other's statement. Units are handed to the workers strictly in order, and a unit holding
+    a row of the unit in flight waits until that one is handed out, so a row repeated across
+    units is admitted in their order, as one at a time. Units with no row in common touch no
+    row in common, so which commits first changes nothing (the sheet lock orders their
+    transactions; counters, fences and the write ledger do not depend on that order). Any
+    other unit waits for the one in flight, then goes one at a time (`admit_group`, probing
+    as the steps say) until units may be sent ahead again."""
     window = trio.Semaphore(ADMISSIONS_IN_FLIGHT)
     handed = trio.Event()  # the last unit sent was handed out
     handed.set()

@@ -203,15 +203,18 @@ class MapPlan:
 
     async def admit(self, rows: list[JsonObject], input_offset: int, *,
                     keys: list[str] | None = None, staged_page: StagedPage | None = None,
-                    cache_hits: str = "count", texts: list[str] | None = None) -> Admission:
+                    cache_hits: str = "count", texts: list[str] | None = None,
+                    expect_new: bool = False) -> Admission:
         """Admit one page under the run's write version, cache hits counted (from its staged
         page fact when given; with the rows' canonical texts when a list source has them;
+        `expect_new`: its rows are likely all new, see `engine.sheets.admit_prepared`;
         retried through transient faults)."""
         write = self.write if cache_hits == "count" else attrs.evolve(self.write,
                                                                        cache_hits=cache_hits)
         with tracing.batch(tracing.SpanName.ADMISSION, len(rows)):
             return await retry_transient(lambda: admit_write(self.port, write, AdmitBatch(
-                rows, input_offset, keys, staged_page=staged_page, texts=texts)))
+                rows, input_offset, keys, staged_page=staged_page, texts=texts,
+                expect_new=expect_new)))
 
     def prepare_page(self, rows: list[JsonObject], input_offset: int) -> PreparedRows:
         """A streamed page validated, keyed, deduplicated and encoded ahead of its admission
@@ -220,12 +223,14 @@ class MapPlan:
         return prepare_rows(rows, self.write.table_namespace, input_offset=input_offset,
                             keys=None, need_texts=True, keep_rows=True)
 
-    async def admit_prepared(self, prepared: PreparedRows, input_offset: int) -> Admission:
+    async def admit_prepared(self, prepared: PreparedRows, input_offset: int, *,
+                             expect_new: bool = False) -> Admission:
         """`admit` of a page `prepare_page` made: the same admission (its rows at their input
         indexes, with their keys and texts), its duplicates counted as skipped as `admit`
         counts them."""
         batch = AdmitBatch(prepared.rows, input_offset, prepared.keys,
-                           input_indexes=prepared.indexes, texts=prepared.texts)
+                           input_indexes=prepared.indexes, texts=prepared.texts,
+                           expect_new=expect_new)
         with tracing.batch(tracing.SpanName.ADMISSION, len(prepared.rows) + prepared.skipped):
             admission = await retry_transient(lambda: admit_write(self.port, self.write, batch))
         return attrs.evolve(admission, skipped=admission.skipped + prepared.skipped)

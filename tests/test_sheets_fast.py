@@ -16,6 +16,8 @@ from runplane.engine.sheets import (
     complete,
     probe,
 )
+from runplane.engine.sheets.admission import AdmitBatch, admit_write
+from runplane.engine.sheets.sheet_write import SheetWrite
 from runplane.simulations import fast_admission
 from runplane.simulations.ports import CountingPort
 
@@ -93,6 +95,39 @@ async def staged_page(tenant, run, source, map_id="map-0"):
     (draft,) = drafts
     digest = encode_page(fingerprint, 0, draft.offset, draft.rows).digest
     return scope, StagedPage(scope, 0, digest)
+
+
+async def _admit_expecting_new(port, run, source):
+    write = SheetWrite(run, NS, CONTRACT, cache_hits="count")
+    return await admit_write(port, write, AdmitBatch(source, expect_new=True))
+
+
+async def test_rows_expected_new_are_inserted_without_on_conflict(tenant):
+    first = await new_run(tenant, PLAY, "r1")
+    await admit(tenant, first, NS, CONTRACT, rows(1, "seed"))  # the sheet exists
+    port = CountingPort(tenant)
+    admission = await _admit_expecting_new(port, first, rows(5))
+    inserts = [sql for sql in port.statements if "INSERT INTO" in sql and "_input_index" in sql]
+    assert len(inserts) == 1 and "ON CONFLICT (_key) DO NOTHING" not in inserts[0]
+    assert (admission.inserted, len(admission.pending), admission.cached) == (5, 5, 0)
+    assert (await counters_match(tenant, play_scope(tenant), NS))[0]
+
+
+async def test_a_row_expected_new_that_is_there_is_admitted_as_always(tenant):
+    """The insert without `ON CONFLICT` meets an existing row: its transaction rolls back on
+    the unique violation and the batch is admitted again the ordinary way, so the outcome,
+    the sheet and its counters are what an ordinary admission leaves."""
+    await finished_sheet(tenant, 3)  # r0..r2 enriched by r1
+    second = await new_run(tenant, PLAY, "r2")
+    port = CountingPort(tenant)
+    admission = await _admit_expecting_new(port, second, rows(5))  # r0..r2 there, r3, r4 new
+    inserts = [sql for sql in port.statements if "INSERT INTO" in sql and "_input_index" in sql]
+    assert ["ON CONFLICT (_key) DO NOTHING" in sql for sql in inserts] == [False, True]
+    assert (admission.inserted, admission.cached) == (2, 3)
+    assert [row.row["name"] for row in admission.pending] == ["r3", "r4"]
+    stored = await raw_rows(tenant, play_scope(tenant), NS, ["name"])
+    assert sorted(row["name"] for row in stored.values()) == [f"r{i}" for i in range(5)]
+    assert (await counters_match(tenant, play_scope(tenant), NS))[0]
 
 
 async def test_admission_from_a_staged_page_reads_inputs_from_the_fact(tenant):

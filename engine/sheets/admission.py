@@ -59,7 +59,7 @@ import attrs
 from .. import array_input, canonical
 from ..actions import action, routes_remote
 from ..values.codecs import BOOL, INT, RUN_REF, STR, USER_JSON, list_of, optional
-from ..errors import ConflictError, CorruptFactError, InvalidInputError
+from ..errors import ConflictError, CorruptFactError, DatabaseError, InvalidInputError
 from ..pg import Connection, Record
 from ..ports import Port
 from ..values.scopes import RunRef
@@ -118,15 +118,20 @@ class AdmitBatch:
     input_indexes: Sequence[int] | None = None
     staged_page: StagedPage | None = None
     texts: Sequence[str] | None = None
+    expect_new: bool = False  # the caller expects every row new (`admit_statement`)
 
     def arguments(self) -> dict[str, object]:
         """The batch's part of the action `sheets.admit`'s keyword arguments
-        (`input_indexes` only when given: a body without them reads as before)."""
+        (`input_indexes` only when given: a body without them reads as before; `expect_new`
+        stays on this side: the gateway admits as it always did)."""
         given = {"rows": self.rows, "input_offset": self.input_offset, "keys": self.keys,
                  "staged_page": self.staged_page, "texts": self.texts}
         if self.input_indexes is not None:
             given["input_indexes"] = self.input_indexes
         return given
+
+
+UNIQUE_VIOLATION = "23505"
 
 
 class _PageRefused(Exception):
@@ -225,7 +230,8 @@ async def _admit_here(port: Port, write: SheetWrite, batch: AdmitBatch, *, start
     page = None
     if staged_page is not None:
         page = _page_rows(prepared, staged_page, len(rows), input_offset)
-    return await admit_prepared(port, write, prepared, started=started, page=page, guard=guard)
+    return await admit_prepared(port, write, prepared, started=started, page=page, guard=guard,
+                                expect_new=batch.expect_new)
 
 
 def _page_rows(prepared: PreparedRows, staged_page: StagedPage, page_size: int,
@@ -242,11 +248,14 @@ def _page_rows(prepared: PreparedRows, staged_page: StagedPage, page_size: int,
 async def admit_prepared(
     port: Port, write: SheetWrite, prepared: PreparedRows, *, started: float,
     page: PageRows | None = None, prelude: Prelude | None = None,
-    guard: UnitGuard | None = None,
+    guard: UnitGuard | None = None, expect_new: bool = False,
 ) -> Admission:
     """Admission after its checks: `prepared` rows, validated and keyed. `prelude` (not with a
     staged page) runs first in the same transaction; what it returns shifts every input index;
-    a `guard`'s hook runs last in it (see `admit_write`)."""
+    a `guard`'s hook runs last in it (see `admit_write`). `expect_new`: the rows are inserted
+    without `ON CONFLICT` (`admit_statement`); when one was there after all, the transaction
+    rolls back on its unique violation and runs again as an ordinary admission, so the
+    outcome is the ordinary one either way."""
     units = guard is None and unit_fence.reads_unit_leases(port)  # a plain admission
     guard = guard or UnitGuard()
     layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
@@ -261,7 +270,7 @@ async def admit_prepared(
         if page is not None:
             statement = admit_statement(port, layout, write, sheet.columns, page,
                                         concurrent=sheet.concurrent, previous_budget=budget,
-                                        units=units)
+                                        units=units, expect_new=expect_new)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             if not record["page_ok"]:
@@ -280,7 +289,7 @@ async def admit_prepared(
                                 else None)
             statement = admit_statement(port, layout, write, sheet.columns, chunk,
                                         concurrent=sheet.concurrent, previous_budget=budget,
-                                        units=units)
+                                        units=units, expect_new=expect_new)
             record = await clock.measure("statement", conn.fetchrow(statement.sql,
                                                                     *statement.args))
             if write.previous_cells:
@@ -292,11 +301,20 @@ async def admit_prepared(
 
     results = []
     if n or prelude is not None:
-        try:
-            results = await run_sheet_transaction(
+        def transaction() -> Awaitable[list[tuple[int, Record]]]:
+            return run_sheet_transaction(
                 port, layout, write.contract.fields, op,
                 timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock, concurrent=guard.concurrent,
             )
+
+        try:
+            try:
+                results = await transaction()
+            except DatabaseError as exc:
+                if not (expect_new and exc.sqlstate == UNIQUE_VIOLATION):
+                    raise
+                expect_new = False  # a row was there after all: admitted as always
+                results = await transaction()
         except _PageRefused:
             assert page is not None
             await _explain_refused_page(port, page.page)
