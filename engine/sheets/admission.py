@@ -52,7 +52,7 @@ How it works
 from __future__ import annotations
 
 import time
-from typing import Awaitable, Callable, Mapping, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import attrs
 
@@ -132,6 +132,7 @@ class AdmitBatch:
 
 
 UNIQUE_VIOLATION = "23505"
+T = TypeVar("T")
 
 
 class _PageRefused(Exception):
@@ -301,20 +302,16 @@ async def admit_prepared(
 
     results = []
     if n or prelude is not None:
-        def transaction() -> Awaitable[list[tuple[int, Record]]]:
+        def transaction(new_only: bool) -> Awaitable[list[tuple[int, Record]]]:
+            nonlocal expect_new
+            expect_new = new_only  # what `op` builds its statements with
             return run_sheet_transaction(
                 port, layout, write.contract.fields, op,
                 timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock, concurrent=guard.concurrent,
             )
 
         try:
-            try:
-                results = await transaction()
-            except DatabaseError as exc:
-                if not (expect_new and exc.sqlstate == UNIQUE_VIOLATION):
-                    raise
-                expect_new = False  # a row was there after all: admitted as always
-                results = await transaction()
+            results = await _new_rows_first(transaction, expect_new)
         except _PageRefused:
             assert page is not None
             await _explain_refused_page(port, page.page)
@@ -329,6 +326,19 @@ async def admit_prepared(
     clock.add("total", clock_total)
     timings = tuple(Timing(phase, ms, n) for phase, ms in clock.ms.items())
     return _admission(prepared, write, results, locate, timings)
+
+
+async def _new_rows_first(transaction: Callable[[bool], Awaitable[T]], expect_new: bool) -> T:
+    """`transaction(True)` when the rows are expected new, and `transaction(False)` (the
+    ordinary admission) when one was there after all (its unique violation rolled the first
+    back) or none was expected new."""
+    if expect_new:
+        try:
+            return await transaction(True)
+        except DatabaseError as exc:
+            if exc.sqlstate != UNIQUE_VIOLATION:
+                raise
+    return await transaction(False)
 
 
 async def _explain_refused_page(port: Port, staged_page: StagedPage) -> None:
