@@ -154,7 +154,7 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
             health = (await client.get(f"{server.url}/v1/health")).json()
             assert health["ok"] is True and health["body_limit"] == 20_000
             assert health["array_actions"] is True
-            assert health["features"] == list(protocol.ARRAY_FEATURES)
+            assert health["features"] == list(protocol.FEATURES + protocol.ARRAY_FEATURES)
             unknown = await client.post(f"{server.url}/v1/actions/nope.nothing", json={},
                                         headers=headers)
             assert unknown.status_code == 400

@@ -61,7 +61,7 @@ class Health:
     version: str
     body_limit: int
     array_actions: bool
-    features: frozenset[str] = frozenset()  # `protocol.ARRAY_FEATURES` it lists (older: none)
+    features: frozenset[str] = frozenset()  # the newer forms it lists (`protocol`; older: none)
 
 
 @attrs.define(eq=False)

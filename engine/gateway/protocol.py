@@ -81,6 +81,8 @@ OPEN_LIST_MAP = "array_input.open_list_map"  # the action (else: three calls)
 PUT_AND_SEAL_BEGINS = "array_input.put_and_seal:begins"  # its begin fields (else: begin first)
 RETIRE_RECORDS = "array_input.retire_entry:records"  # `record_lease_s` (else: mark_pending first)
 ARRAY_FEATURES = (OPEN_LIST_MAP, PUT_AND_SEAL_BEGINS, RETIRE_RECORDS)  # listed with array actions
+ADMIT_EXPECT_NEW = "sheets.admit:expect_new"  # its `expect_new` field (else: not sent)
+FEATURES = (ADMIT_EXPECT_NEW,)  # listed always
 BODY_TOO_LARGE = ("body_too_large", 413)
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 TRANSIENT_MESSAGE = re.compile(
@@ -101,7 +103,7 @@ def health_answer(version: str, body_limit: int, array_actions: bool) -> JsonObj
     array-input actions, and the newer forms it takes (`features`)."""
     return {"ok": True, "version": version, "body_limit": body_limit,
             "array_actions": array_actions,
-            "features": list(ARRAY_FEATURES if array_actions else ())}
+            "features": list(FEATURES + (ARRAY_FEATURES if array_actions else ()))}
 
 
 def error_status(exc: BaseException) -> tuple[str, int]:

@@ -85,8 +85,13 @@ def decode_admitted_page(action: Action, answer: JsonValue,
 
 
 async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admission:
-    """`sheets.admit` in pages under the body limit, answers merged (see `paging`)."""
+    """`sheets.admit` in pages under the body limit, answers merged (see `paging`);
+    `expect_new` only to a gateway that lists it (an older one refuses the field, and the
+    admission is the same without it)."""
     started = time.perf_counter()
+    if "expect_new" in arguments \
+            and protocol.ADMIT_EXPECT_NEW not in (await gateway.health()).features:
+        arguments = {name: value for name, value in arguments.items() if name != "expect_new"}
     run, contract = arguments["run"], arguments["contract"]
     attempt = arguments.get("attempt")
     check_write(gateway, run, contract, attempt)

@@ -122,12 +122,14 @@ class AdmitBatch:
 
     def arguments(self) -> dict[str, object]:
         """The batch's part of the action `sheets.admit`'s keyword arguments
-        (`input_indexes` only when given: a body without them reads as before; `expect_new`
-        stays on this side: the gateway admits as it always did)."""
+        (`input_indexes` and `expect_new` only when given: a body without them reads as
+        before, and a gateway that does not list `expect_new` is sent none)."""
         given = {"rows": self.rows, "input_offset": self.input_offset, "keys": self.keys,
                  "staged_page": self.staged_page, "texts": self.texts}
         if self.input_indexes is not None:
             given["input_indexes"] = self.input_indexes
+        if self.expect_new:
+            given["expect_new"] = True
         return given
 
 
@@ -145,7 +147,7 @@ class _PageRefused(Exception):
     "cell_policies": optional(CELL_POLICIES), "input_indexes": optional(list_of(INT)),
     "give_up_after": optional(INT), "cache_hits": STR, "staged_page": optional(STAGED_PAGE),
     "texts": optional(list_of(STR)), "force": BOOL, "previous_cells": BOOL,
-    "previous_cells_budget_bytes": INT,
+    "previous_cells_budget_bytes": INT, "expect_new": BOOL,
 }, result=ADMISSION)  # the server's 30 s; the client waits up to 10 minutes (retries)
 async def admit(
     port: Port,
@@ -166,6 +168,7 @@ async def admit(
     force: bool = False,
     previous_cells: bool = False,
     previous_cells_budget_bytes: int = PREVIOUS_CELLS_BUDGET_BYTES,
+    expect_new: bool = False,
 ) -> Admission:
     """Admit `rows` into the sheet of (run's play, `table_namespace`) at the run's epoch.
 
@@ -180,6 +183,9 @@ async def admit(
     `previous_cells=True` gives every pending row `row["_previous"]`: a re-admitted row's
     completed output cells, within `previous_cells_budget_bytes` of cell text for the call
     (`engine.sheets.previous_cells`).
+    `expect_new=True`: the caller expects every row new (a unit it sent ahead); the rows are
+    inserted without `ON CONFLICT`, and the ordinary admission runs instead when one exists
+    (`admit_prepared`) — a hint for speed, the outcome is the same either way.
     (Its parameters are the action's JSON body, field by field.)
     """
     started = time.perf_counter()
@@ -187,7 +193,7 @@ async def admit(
                        cell_policies=cell_policies, give_up_after=give_up_after,
                        cache_hits=cache_hits, force=force, previous_cells=previous_cells,
                        previous_cells_budget_bytes=previous_cells_budget_bytes)
-    batch = AdmitBatch(rows, input_offset, keys, input_indexes, staged_page, texts)
+    batch = AdmitBatch(rows, input_offset, keys, input_indexes, staged_page, texts, expect_new)
     return await _admit_here(port, write, batch, started=started)
 
 
