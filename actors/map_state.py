@@ -211,10 +211,14 @@ class MapPlan:
         retried through transient faults)."""
         write = self.write if cache_hits == "count" else attrs.evolve(self.write,
                                                                        cache_hits=cache_hits)
-        with tracing.batch(tracing.SpanName.ADMISSION, len(rows)):
-            return await retry_transient(lambda: admit_write(self.port, write, AdmitBatch(
-                rows, input_offset, keys, staged_page=staged_page, texts=texts,
-                expect_new=expect_new)))
+        batch = AdmitBatch(rows, input_offset, keys, staged_page=staged_page, texts=texts,
+                           expect_new=expect_new)
+        return await self._admit(write, batch, len(rows))
+
+    async def _admit(self, write: SheetWrite, batch: AdmitBatch, rows: int) -> Admission:
+        """One admission call of `rows` rows (its span), retried through transient faults."""
+        with tracing.batch(tracing.SpanName.ADMISSION, rows):
+            return await retry_transient(lambda: admit_write(self.port, write, batch))
 
     def prepare_page(self, rows: list[JsonObject], input_offset: int) -> PreparedRows:
         """A streamed page validated, keyed, deduplicated and encoded ahead of its admission
@@ -231,8 +235,7 @@ class MapPlan:
         batch = AdmitBatch(prepared.rows, input_offset, prepared.keys,
                            input_indexes=prepared.indexes, texts=prepared.texts,
                            expect_new=expect_new)
-        with tracing.batch(tracing.SpanName.ADMISSION, len(prepared.rows) + prepared.skipped):
-            admission = await retry_transient(lambda: admit_write(self.port, self.write, batch))
+        admission = await self._admit(self.write, batch, len(prepared.rows) + prepared.skipped)
         return attrs.evolve(admission, skipped=admission.skipped + prepared.skipped)
 
     async def probe(self, rows: list[JsonObject], input_offset: int, *,
