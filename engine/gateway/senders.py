@@ -124,8 +124,8 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
                                  if name not in arrays and name not in ("input_offset", "texts")})
     health = await gateway.health()
     room = paging.room_for_rows(fixed, arrays, health.body_limit, "rows")
-    key_texts = [json.dumps(key, ensure_ascii=False) for key in prepared.keys]
-    index_texts = [str(index) for index in final]
+    key_texts = list(map(_string, prepared.keys))  # as `protocol.dumps` writes each
+    index_texts = list(map(str, final))
     assert prepared.texts is not None
     sizes = [paging.utf8_size(row) + paging.utf8_size(key) + len(index) + 3
              for row, key, index in zip(prepared.texts, key_texts, index_texts)]
