@@ -85,9 +85,13 @@ def kind_of(types: list[str | None] | None, integral: bool | None) -> str:
     return "json"
 
 
+# json.dumps with arguments builds a new encoder per call; a column's cells share this one
+_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def json_text(value: JsonValue) -> str:
     """A value as compact JSON text (UTF-8, not ASCII-escaped)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _compact(value)
 
 
 def arrow_schema(kinds: Mapping[str, str], cells: bool = False) -> Any:
