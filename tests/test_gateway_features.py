@@ -13,6 +13,12 @@ from .gateway_support import FAST_RETRY, serving, token_for
 from .run_helpers import outbox_state
 from .test_gateway_map import CONTRACT, comparable, rows, run_map
 
+import pytest
+
+from runplane.engine.errors import ConflictError
+from runplane.engine.gateway import protocol, senders
+from runplane.engine.sheets.model import ADMISSION, Admission
+
 OLDER_REFUSES = (("array_input.put_and_seal", "has_source_identities"),
                  ("array_input.retire_entry", "record_lease_s"),
                  ("sheets.admit", "expect_new"))
@@ -20,10 +26,10 @@ OLDER_REFUSES = (("array_input.put_and_seal", "has_source_identities"),
 
 def as_an_older_gateway(monkeypatch) -> None:
     """The gateway answers as one from before `open_list_map`, `put_and_seal`'s begin fields,
-    `retire_entry`'s `record_lease_s` and `sheets.admit`'s `expect_new`: its health lists no
-    features, and it refuses those fields as unknown."""
+    `retire_entry`'s `record_lease_s`, `sheets.admit`'s `expect_new` and its pending rows by
+    index: its health lists no features, it refuses those fields as unknown, and it answers
+    an unknown rows form in full."""
     from runplane.engine.actions import Action
-    from runplane.engine.gateway import protocol
 
     decode_input = Action.decode_input
 
@@ -35,6 +41,7 @@ def as_an_older_gateway(monkeypatch) -> None:
 
     monkeypatch.setattr(protocol, "ARRAY_FEATURES", ())
     monkeypatch.setattr(protocol, "FEATURES", ())
+    monkeypatch.setattr(protocol, "ROWS_FORMS", frozenset({protocol.ROWS_BY_KEY}))
     monkeypatch.setattr(Action, "decode_input", as_before)
 
 
@@ -149,3 +156,79 @@ async def test_rows_expected_new_that_exist_are_admitted_as_ordinary_through_a_g
     assert [row.key for row in hinted.pending] == [row.key for row in plain.pending]
     assert len(hinted.pending) == 5
 
+
+
+def answer_forms(monkeypatch) -> list[str | None]:
+    """The rows form of each admission answer the gateway writes (appended)."""
+    from runplane.engine.gateway import server as gateway_server
+
+    forms: list[str | None] = []
+    encode_result = gateway_server.encode_result
+
+    def noting(spec, result, skipped, rows_form):
+        if spec.name == "sheets.admit":
+            forms.append(rows_form)
+        return encode_result(spec, result, skipped, rows_form)
+
+    monkeypatch.setattr(gateway_server, "encode_result", noting)
+    return forms
+
+
+async def test_pending_rows_come_back_as_input_indexes_from_a_gateway_that_lists_it(
+        tenant, monkeypatch):
+    """A map's admissions through a gateway that lists `sheets.admit:by-index` are answered
+    with pending rows as input indexes alone; through an older one, by key; the same rows
+    either way, and the same as direct."""
+    async def stream():
+        for row in rows(2500):
+            yield row
+
+    async def mapped(port, play: str) -> None:
+        _, result = await run_map(port, play, stream())
+        assert (result.admitted, result.completed + result.failed) == (2500, 2500)
+
+    async with serving(tenant) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            newer = answer_forms(monkeypatch)
+            await mapped(gw, "newer")
+            monkeypatch.undo()
+        as_an_older_gateway(monkeypatch)
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            older = answer_forms(monkeypatch)
+            await mapped(gw, "older")
+    await mapped(tenant, "direct")
+    assert newer and set(newer) == {protocol.ROWS_BY_INDEX}
+    assert older and set(older) == {protocol.ROWS_BY_KEY}
+    stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
+              for play in ("newer", "older", "direct")]
+    assert stored[0] == stored[1] == stored[2]
+
+
+def test_an_answer_by_index_is_refused_unless_every_index_was_sent():
+    """A pending row answered at an input index the page did not send, or twice, is refused
+    as a page that disagrees with what was sent."""
+    action = senders_admit_action()
+    key_at = {10: "k10", 11: "k11"}
+    row_of = {"k10": {"n": 10}, "k11": {"n": 11}}
+    sent = {"k10": 10, "k11": 11}
+
+    def answer(pending: list) -> dict:
+        return {**ADMISSION.encode(Admission(inserted=len(pending), skipped=0, pending=(),
+                                             completed=(), blocked=(), write_version=3),
+                                   "result"), "pending": pending}
+
+    page = senders.decode_admitted_page(action, answer([11, 10]), row_of, key_at)
+    assert [(row.key, row.input_index, row.row) for row in page.pending] == [
+        ("k11", 11, {"n": 11}), ("k10", 10, {"n": 10})]
+    senders.paging.check_admitted_page(page, sent, 3)
+    with pytest.raises(ConflictError, match="input index 12 was not sent"):
+        senders.decode_admitted_page(action, answer([10, 12]), row_of, key_at)
+    twice = senders.decode_admitted_page(action, answer([10, 10]), row_of, key_at)
+    with pytest.raises(ConflictError, match="listed twice"):
+        senders.paging.check_admitted_page(twice, sent, 3)
+
+
+def senders_admit_action():
+    from runplane.engine.actions import actions
+
+    return actions()["sheets.admit"]

@@ -3,7 +3,8 @@
 - `decode_body` decodes and checks a body (an admission's rows validated, keyed and encoded
   here, off the event loop for large bodies: the server decides where it runs).
 - `encode_result` writes the answer's JSON (an admission answered by key sends pending rows'
-  keys and indexes only, and their previous cells when they have some).
+  keys and indexes only, and their previous cells when they have some; by index, their input
+  indexes alone).
 - `read_body` reads a body from ASGI `receive`, refusing it (`Refusal`, 413) as soon as it grows
   past the server's limit: the rest is never read.
 - `RequestHeaders` holds the few headers an action reads (`READ_HEADERS`), by lowercase name.
@@ -118,19 +119,25 @@ def completed_outcomes(items: object) -> list[RowOutcome] | None:
     return outcomes
 
 
-def encode_result(spec: Action, result: object, skipped: int, rows_by_key: bool) -> bytes:
+def encode_result(spec: Action, result: object, skipped: int, rows_form: str | None) -> bytes:
     """The answer's JSON. `skipped` duplicates were dropped while the rows were prepared (the
-    answer counts them); with `rows_by_key` the client has the rows, so pending rows carry
-    their keys and indexes only (`{"key", "input_index", "row": {}}`, as the codec writes an
-    `AdmittedRow`, built here without one per row), and their previous cells when admission
-    gave them some (`"row": {"_previous": ...}`: the client merges them into its row)."""
+    answer counts them). With a `rows_form` (`protocol.ROWS_HEADER`) the client has the rows:
+    by key, pending rows carry their keys and indexes only (`{"key", "input_index", "row": {}}`,
+    as the codec writes an `AdmittedRow`, built here without one per row), and their previous
+    cells when admission gave them some (`"row": {"_previous": ...}`: the client merges them
+    into its row); by index, each pending row is its input index alone — unless one has
+    previous cells, and then they go by key."""
     if skipped:
         result = attrs.evolve(result, skipped=result.skipped + skipped)
-    if not rows_by_key:
+    if rows_form is None:
         return protocol.dumps({"result": spec.result.encode(result, "result")})
     encoded = spec.result.encode(attrs.evolve(result, pending=()), "result")
-    encoded["pending"] = [{"key": row.key, "input_index": row.input_index,
-                           "row": _previous_only(row.row)} for row in result.pending]
+    pending = result.pending
+    if rows_form == protocol.ROWS_BY_INDEX and not any(PREVIOUS in row.row for row in pending):
+        encoded["pending"] = [row.input_index for row in pending]
+    else:
+        encoded["pending"] = [{"key": row.key, "input_index": row.input_index,
+                               "row": _previous_only(row.row)} for row in pending]
     return protocol.dumps({"result": encoded})
 
 

@@ -75,13 +75,15 @@ def utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
+def disagree(what: str) -> ConflictError:
+    """The error for an admission page's answer that disagrees with the page sent."""
+    return ConflictError(f"the gateway answered an admission page that disagrees with the "
+                         f"page sent: {what}")
+
+
 def check_admitted_page(page: Admission, sent: Mapping[str, int], write_version: int) -> None:
     """Raise `ConflictError` unless admission page `page` (an `Admission`) answers for the rows
     `sent` (key -> input index) at `write_version` (see the module docstring)."""
-    def disagree(what: str) -> ConflictError:
-        return ConflictError(f"the gateway answered an admission page that disagrees with the "
-                             f"page sent: {what}")
-
     if page.write_version != write_version:
         raise disagree(f"admitted at write version {page.write_version}, not the run's "
                        f"{write_version}")

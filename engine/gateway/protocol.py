@@ -11,7 +11,9 @@ How it works
 - `ROWS_HEADER: by-key` on a `sheets.admit` request says the client keeps the rows it sent: the
   server answers each pending row with its key and input index only (`row` is `{}`), and the
   client puts its own copy back. Rows then cross the wire once; a server that ignores the
-  header answers in full, which the client treats the same way.
+  header answers in full, which the client treats the same way. `by-index` (to a gateway
+  that lists it, for a page whose input indexes are distinct and that asks no previous cells)
+  answers each pending row as its input index alone.
 - `REQUEST_ID_HEADER` carries one id per operation (the same on every retry of it): a server
   answers a retry of a write it already applied from its replay cache, so a reply lost after
   the commit changes nothing, not even the answer.
@@ -51,6 +53,8 @@ HEALTH_PATH = "/v1/health"
 REQUEST_ID_HEADER = "runplane-request-id"
 ROWS_HEADER = "runplane-rows"
 ROWS_BY_KEY = "by-key"
+ROWS_BY_INDEX = "by-index"
+ROWS_FORMS = frozenset({ROWS_BY_KEY, ROWS_BY_INDEX})
 DEFAULT_BODY_LIMIT = 4_450_000
 PAGE_HEADROOM = 4 * 1024  # a paged request stays this far under the body limit
 
@@ -82,7 +86,8 @@ PUT_AND_SEAL_BEGINS = "array_input.put_and_seal:begins"  # its begin fields (els
 RETIRE_RECORDS = "array_input.retire_entry:records"  # `record_lease_s` (else: mark_pending first)
 ARRAY_FEATURES = (OPEN_LIST_MAP, PUT_AND_SEAL_BEGINS, RETIRE_RECORDS)  # listed with array actions
 ADMIT_EXPECT_NEW = "sheets.admit:expect_new"  # its `expect_new` field (else: not sent)
-FEATURES = (ADMIT_EXPECT_NEW,)  # listed always
+ADMIT_BY_INDEX = "sheets.admit:by-index"  # `ROWS_HEADER: by-index` (else: by-key)
+FEATURES = (ADMIT_EXPECT_NEW, ADMIT_BY_INDEX)  # listed always
 BODY_TOO_LARGE = ("body_too_large", 413)
 RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 TRANSIENT_MESSAGE = re.compile(

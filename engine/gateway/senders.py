@@ -5,14 +5,15 @@ How it works
 - Admission and completion are validated, keyed and deduplicated here exactly as the engine
   would, then paged under the body limit (`engine.gateway.paging`) and their answers merged;
   an admission page whose answer disagrees with the page sent is a `ConflictError`.
-- An admission's pending rows come back by key (`protocol.ROWS_HEADER`): the client puts back
-  the rows it sent. Every page of one completion shares one retry budget, so the completion's
+- An admission's pending rows come back by key, or as input indexes alone
+  (`protocol.ROWS_HEADER`): the client puts back the rows it sent. Every page of one completion shares one retry budget, so the completion's
   total deadline holds for the whole call. A completion's diagnostics go to its sink through
   the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
 - Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
   encoded once: its size is what the pager counts. Its text is written from the data and cell
   meta texts `prepare_outcomes` already made, so no outcome's data is checked or encoded twice.
-- An admission page's pending rows (by key) are decoded straight into the rows this call sent.
+- An admission page's pending rows (by key or by index) are decoded straight into the rows
+  this call sent.
 - Newer forms go only to a gateway whose health lists them (`protocol.ARRAY_FEATURES`):
   `array_input.open_list_map` is refused here when unlisted or outside the token's `actions`
   claim (the caller opens the map with three calls), and a `put_and_seal` with begin fields
@@ -54,21 +55,26 @@ if TYPE_CHECKING:
 COMPLETION_ACTION = "sheets.complete"
 
 _ROWS_BY_KEY = {protocol.ROWS_HEADER: protocol.ROWS_BY_KEY}
+_ROWS_BY_INDEX = {protocol.ROWS_HEADER: protocol.ROWS_BY_INDEX}
 
 _PENDING_FIELDS = frozenset({"key", "input_index", "row"})
 
 
-def decode_admitted_page(action: Action, answer: JsonValue,
-                         row_of: Mapping[str, JsonObject]) -> Admission:
+def decode_admitted_page(action: Action, answer: JsonValue, row_of: Mapping[str, JsonObject],
+                         key_at: Mapping[int, str] | None = None) -> Admission:
     """An admission page's answer, its pending rows carrying the rows this call sent
     (`row_of`, by key): they come back by key (`ROWS_HEADER`), so each pending entry is
     checked as the codec checks an `AdmittedRow` and built once, with the client's row. A key
     the call did not send keeps the row answered (`check_admitted_page` then refuses it). A
-    pending row's previous cells come back with it and join the client's row."""
+    pending row's previous cells come back with it and join the client's row. Asked by index
+    (`key_at`: the page's keys by input index), pending rows that come back as input indexes
+    alone are the page's rows at those indexes; an index the page did not send is refused."""
     pending = answer.get("pending") if type(answer) is dict else None
     if type(pending) is not list:
         return action.result.decode(answer, "result")  # the codec names what is wrong
     page = action.result.decode({**answer, "pending": []}, "result")
+    if key_at is not None and all([type(index) is int for index in pending]):
+        return attrs.evolve(page, pending=tuple(_rows_at(pending, key_at, row_of)))
     rows = []
     for i, item in enumerate(pending):
         if type(item) is not dict or type(item.get("key")) is not str \
@@ -82,6 +88,17 @@ def decode_admitted_page(action: Action, answer: JsonValue,
             row = with_previous(row, answered[PREVIOUS])  # the only field answered by key
         rows.append(AdmittedRow(key, item["input_index"], row))
     return attrs.evolve(page, pending=tuple(rows))
+
+
+def _rows_at(indexes: list[int], key_at: Mapping[int, str],
+             row_of: Mapping[str, JsonObject]) -> list[AdmittedRow]:
+    rows = []
+    for index in indexes:
+        key = key_at.get(index)
+        if key is None:
+            raise paging.disagree(f"a pending row at input index {index} was not sent")
+        rows.append(AdmittedRow(key, index, row_of[key]))
+    return rows
 
 
 async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admission:
@@ -131,6 +148,10 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
              for row, key, index in zip(prepared.texts, key_texts, index_texts)]
     results: list[Admission] = []
     row_of = dict(zip(prepared.keys, prepared.rows))
+    # pending rows as input indexes alone: to a gateway that lists it, when every row has its
+    # own index and no previous cells come back
+    by_index = (not arguments.get("previous_cells") and len(set(final)) == len(final)
+                and protocol.ADMIT_BY_INDEX in health.features)
     budget = arguments.get("previous_cells_budget_bytes") if arguments.get("previous_cells") \
         else None
     for start, end in paging.pack(sizes, positions, room, "rows"):
@@ -141,10 +162,12 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
         body = paging.page_body(fixed, [("rows", prepared.texts[start:end]),
                                         ("keys", key_texts[start:end]),
                                         ("input_indexes", index_texts[start:end])])
-        answer = await gateway.post(action, body, headers=_ROWS_BY_KEY)
-        page = decode_admitted_page(action, answer, row_of)
-        paging.check_admitted_page(page, dict(zip(prepared.keys[start:end], final[start:end])),
-                                   run.epoch)
+        sent = dict(zip(prepared.keys[start:end], final[start:end]))
+        answer = await gateway.post(action, body, headers=_ROWS_BY_INDEX if by_index
+                                    else _ROWS_BY_KEY)
+        page = decode_admitted_page(action, answer, row_of, dict(zip(
+            final[start:end], prepared.keys[start:end])) if by_index else None)
+        paging.check_admitted_page(page, sent, run.epoch)
         results.append(page)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     return Admission(

@@ -340,8 +340,9 @@ class Server:
             kwargs.update({param: context[param] for param in spec.context})
         tenant = await self.tenants.get(claims.org)
 
-        rows_by_key = (name == ADMIT_ACTION
-                       and headers.get(protocol.ROWS_HEADER) == protocol.ROWS_BY_KEY)
+        rows_form = headers.get(protocol.ROWS_HEADER) if name == ADMIT_ACTION else None
+        if rows_form not in protocol.ROWS_FORMS:
+            rows_form = None  # answered in full
         deadline_s = self.options.deadline_s(spec)
 
         async def compute() -> bytes:
@@ -357,13 +358,13 @@ class Server:
                     f"{name} ran past the gateway's {deadline_s:g} s deadline and was "
                     f"rolled back")
             if len(raw) < OFF_LOOP_BYTES:
-                return encode_result(spec, result, skipped, rows_by_key)
+                return encode_result(spec, result, skipped, rows_form)
             # a large request's answer is large too: encode it off the event loop as well
-            return await trio.to_thread.run_sync(encode_result, spec, result, skipped, rows_by_key,
+            return await trio.to_thread.run_sync(encode_result, spec, result, skipped, rows_form,
                                                  limiter=self._decoding)
 
         if spec.writes and request_id:
-            digest = guards.request_digest(raw, claims, "by-key" if rows_by_key else "")
+            digest = guards.request_digest(raw, claims, rows_form or "")
             return await self.replay.run((claims.org, play, name, request_id), digest, compute)
         return await compute()
 
