@@ -16,9 +16,7 @@ The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway e
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -27,7 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
 
 import gateway as child_gateway  # noqa: E402  (its `--serve-child` runs the gateway)
 from _hosting import collect_as_hosting  # noqa: E402
@@ -98,22 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     print(collect_as_hosting(), flush=True)
     dsn = args.dsn or bench_dsn()
-    schema = f"bench_hint_{uuid.uuid4().hex[:8]}"
-    child = subprocess.Popen(
-        [sys.executable, child_gateway.__file__, "--serve-child", schema, "--dsn", dsn],
-        stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "RUNPLANE_GATEWAY_SECRET": child_gateway.SECRET},
-    )
-    try:
-        url = child.stdout.readline().strip()
-        if not url:
-            raise SystemExit("the gateway child did not start")
-        trio.run(measure, dsn, url, schema, args)
-    finally:
-        child.terminate()
-        child.wait(timeout=30)
-        trio.run(child_gateway.drop_schema, dsn, schema)
-
+    child_gateway.with_gateway_child(dsn, "bench_hint", measure, args)
 
 if __name__ == "__main__":
     main()

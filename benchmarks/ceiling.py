@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
 import sys
@@ -314,21 +313,7 @@ async def through_gateway(dsn: str, url: str, schema: str, args) -> None:
 
 
 def gateway_part(dsn: str, args) -> None:
-    schema = f"bench_ceiling_gw_{uuid.uuid4().hex[:8]}"
-    child = subprocess.Popen(
-        [sys.executable, gateway_bench.__file__, "--serve-child", schema, "--dsn", dsn],
-        stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "RUNPLANE_GATEWAY_SECRET": gateway_bench.SECRET},
-    )
-    try:
-        url = child.stdout.readline().strip()
-        if not url:
-            raise SystemExit("the gateway child did not start")
-        trio.run(through_gateway, dsn, url, schema, args)
-    finally:
-        child.terminate()
-        child.wait(timeout=30)
-        trio.run(gateway_bench.drop_schema, dsn, schema)
+    gateway_bench.with_gateway_child(dsn, "bench_ceiling_gw", through_gateway, args)
 
 
 async def settle(dsn: str, limit_s: float = 60.0) -> None:

@@ -129,7 +129,13 @@ def main() -> None:
         trio.run(serve_child, dsn, args.serve_child)
         return
     print(collector_line, flush=True)
-    schema = f"bench_gw_{uuid.uuid4().hex[:8]}"
+    with_gateway_child(dsn, "bench_gw", measure, args)
+
+
+def with_gateway_child(dsn: str, prefix: str, measure, *args) -> None:
+    """`trio.run(measure, dsn, url, schema, *args)` against a gateway in a child process (as
+    `runplane serve`) on a new schema named from `prefix`, dropped afterwards."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:8]}"
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve-child", schema, "--dsn", dsn],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "RUNPLANE_GATEWAY_SECRET": SECRET},
@@ -138,7 +144,7 @@ def main() -> None:
         url = child.stdout.readline().strip()
         if not url:
             raise SystemExit("the gateway child did not start")
-        trio.run(measure, dsn, url, schema, args)
+        trio.run(measure, dsn, url, schema, *args)
     finally:
         child.terminate()
         child.wait(timeout=30)
