@@ -6,16 +6,18 @@ How it works
   would, then paged under the body limit (`engine.gateway.paging`) and their answers merged;
   an admission page whose answer disagrees with the page sent is a `ConflictError`.
 - An admission's pending rows come back by key, or as input indexes alone
-  (`protocol.ROWS_HEADER`): the client puts back the rows it sent. Every page of one completion shares one retry budget, so the completion's
-  total deadline holds for the whole call. A completion's diagnostics go to its sink through
+  (`protocol.ROWS_HEADER`): the client puts back the rows it sent. Every page of one
+  completion shares one retry budget, so the completion's total deadline holds for the whole
+  call. A completion's diagnostics go to its sink through
   the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
 - Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
   encoded once: its size is what the pager counts. Its text is written from the data and cell
   meta texts `prepare_outcomes` already made, so no outcome's data is checked or encoded twice.
 - An admission page's pending rows (by key or by index) are decoded straight into the rows
   this call sent.
-- Newer forms go only to a gateway whose health lists them (`protocol.ARRAY_FEATURES`):
-  `array_input.open_list_map` is refused here when unlisted or outside the token's `actions`
+- Newer forms go only to a gateway whose health lists them (`protocol.FEATURES`,
+  `protocol.ARRAY_FEATURES`): an admission's `expect_new` is left out and its pending rows
+  asked by key otherwise; `array_input.open_list_map` is refused here when unlisted or outside the token's `actions`
   claim (the caller opens the map with three calls), and a `put_and_seal` with begin fields
   goes to an older gateway as `begin`, then `put_and_seal` without them; a `retire_entry`
   that records the entry pending goes to it as `outbox.mark_pending`, then `retire_entry`.
