@@ -17,10 +17,11 @@ How it works
   this call sent.
 - Newer forms go only to a gateway whose health lists them (`protocol.FEATURES`,
   `protocol.ARRAY_FEATURES`): an admission's `expect_new` is left out and its pending rows
-  asked by key otherwise; `array_input.open_list_map` is refused here when unlisted or outside the token's `actions`
-  claim (the caller opens the map with three calls), and a `put_and_seal` with begin fields
-  goes to an older gateway as `begin`, then `put_and_seal` without them; a `retire_entry`
-  that records the entry pending goes to it as `outbox.mark_pending`, then `retire_entry`.
+  asked by key otherwise; `array_input.open_list_map` is refused here when unlisted or
+  outside the token's `actions` claim (the caller opens the map with three calls), and a
+  `put_and_seal` with begin fields goes to an older gateway as `begin`, then `put_and_seal`
+  without them; a `retire_entry` that records the entry pending goes to it as
+  `outbox.mark_pending`, then `retire_entry`.
 """
 
 from __future__ import annotations
