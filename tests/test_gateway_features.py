@@ -4,20 +4,18 @@ the older requests, to the same rows."""
 
 from __future__ import annotations
 
+import pytest
+
 from runplane.actors import open_run
 from runplane.engine import PlayScope, RunScope, array_input, runs, sheets
-from runplane.engine.errors import InvalidInputError
-from runplane.engine.gateway import open_gateway
+from runplane.engine.actions import actions
+from runplane.engine.errors import ConflictError, InvalidInputError
+from runplane.engine.gateway import open_gateway, protocol, senders
+from runplane.engine.sheets.model import ADMISSION, Admission
 
 from .gateway_support import FAST_RETRY, serving, token_for
 from .run_helpers import outbox_state
 from .test_gateway_map import CONTRACT, comparable, rows, run_map
-
-import pytest
-
-from runplane.engine.errors import ConflictError
-from runplane.engine.gateway import protocol, senders
-from runplane.engine.sheets.model import ADMISSION, Admission
 
 OLDER_REFUSES = (("array_input.put_and_seal", "has_source_identities"),
                  ("array_input.retire_entry", "record_lease_s"),
@@ -140,9 +138,11 @@ async def test_units_sent_ahead_travel_as_rows_expected_new_to_a_gateway_that_li
     assert stored[0] == stored[1]
 
 
-async def test_rows_expected_new_that_exist_are_admitted_as_ordinary_through_a_gateway(tenant):
+async def test_rows_expected_new_that_exist_are_admitted_as_ordinary_through_a_gateway(
+        tenant, monkeypatch):
     """A batch sent as rows expected new that meets rows already in the sheet is admitted the
     ordinary way by the gateway: the same outcome as the batch admitted without the hint."""
+    seen = admissions_seen(monkeypatch)
     async with serving(tenant) as server:
         async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
             answers = []
@@ -151,11 +151,11 @@ async def test_rows_expected_new_that_exist_are_admitted_as_ordinary_through_a_g
                 await sheets.admit(gw, run, "t", CONTRACT, rows(3))
                 answers.append(await sheets.admit(gw, run, "t", CONTRACT, rows(5),
                                                   expect_new=expect_new))
+    assert seen == [False, True, False, False]  # the hint reached the gateway
     hinted, plain = answers
     assert (hinted.inserted, hinted.skipped) == (plain.inserted, plain.skipped) == (2, 0)
     assert [row.key for row in hinted.pending] == [row.key for row in plain.pending]
     assert len(hinted.pending) == 5
-
 
 
 def answer_forms(monkeypatch) -> list[str | None]:
@@ -207,7 +207,7 @@ async def test_pending_rows_come_back_as_input_indexes_from_a_gateway_that_lists
 def test_an_answer_by_index_is_refused_unless_every_index_was_sent():
     """A pending row answered at an input index the page did not send, or twice, is refused
     as a page that disagrees with what was sent."""
-    action = senders_admit_action()
+    action = actions()["sheets.admit"]
     key_at = {10: "k10", 11: "k11"}
     row_of = {"k10": {"n": 10}, "k11": {"n": 11}}
     sent = {"k10": 10, "k11": 11}
@@ -227,8 +227,3 @@ def test_an_answer_by_index_is_refused_unless_every_index_was_sent():
     with pytest.raises(ConflictError, match="listed twice"):
         senders.paging.check_admitted_page(twice, sent, 3)
 
-
-def senders_admit_action():
-    from runplane.engine.actions import actions
-
-    return actions()["sheets.admit"]
