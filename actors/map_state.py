@@ -408,8 +408,8 @@ class MapState:
     def observe(self, outcome: RowOutcome, error: BaseException | None) -> None:
         """A row's final outcome, for the fail-fast watch: the map stops early when its first
         rows all failed for one cause from the function."""
-        if self.fail_fast is None or self.stopping:
-            return
+        if self.fail_fast is None or not self.fail_fast.armed or self.stopping:
+            return  # disarmed after the first row that completed: the common case, per row
         cause = failure_cause(outcome.status, error, outcome.error)
         if self.fail_fast.observe(cause, outcome.error):
             self.stop_early(self.fail_fast.reason())
