@@ -123,10 +123,14 @@ class OutageWatch:
         return self.since is not None or self.connects.stalled()
 
     def waiting_s(self) -> float | None:
-        """Seconds the run has been waiting for the database, or None when it is not."""
-        if self.since is None:
+        """Seconds the run has been waiting for the database, or None when it is not: since a
+        call first failed for it, or, before any did, since a connect that has gone unanswered
+        past `STALL_S` began (a server that accepts no connection fails no call until a
+        deadline cuts the attempt, tens of seconds later: the wait is shown from the start)."""
+        since = self.since if self.since is not None else self.connects.stalled_at()
+        if since is None:
             return None
-        return max(0.0, trio.current_time() - self.since)
+        return max(0.0, trio.current_time() - since)
 
     def _begin(self, at: float, error: BaseException | str) -> None:
         if self.waiting == 0:

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from runplane.actors import open_run
-from runplane.actors.retry import OutageWatch, retry_transient
+from runplane.actors.retry import STALL_S, OutageWatch, retry_transient
 from runplane.actors.run import ended_by_outage
 from runplane.engine import open_tenant, sheets
 from runplane.engine.errors import StoreOutageError, TransactionStateUnknownError
@@ -259,3 +259,36 @@ async def test_an_attempt_left_unanswered_for_the_budget_is_an_outage(autojump_c
         await retry_transient(hangs, watch=watch)
     assert trio.current_time() - started == pytest.approx(5)
     assert watch.exhausted
+
+
+async def test_a_connect_left_unanswered_shows_as_waiting_from_its_start(autojump_clock):
+    """Before any call fails, a connect unanswered past `STALL_S` is a wait for the database,
+    counted from the connect's start (what the demo and the map's progress show); one answered
+    in time is not, and the wait is over once a call is answered."""
+    watch = OutageWatch(budget_s=60)
+    started = trio.current_time()
+    seen: list[float | None] = []
+
+    async def connect_hangs(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            with watch.connects.connecting():
+                await trio.sleep_forever()
+
+    with watch.connects.connecting():
+        await trio.sleep(STALL_S / 2)  # a connect answered in time
+    assert watch.waiting_s() is None
+    async with trio.open_nursery() as nursery:
+        hanging = await nursery.start(connect_hangs)
+        await trio.sleep(STALL_S / 2)
+        seen.append(watch.waiting_s())  # not yet past STALL_S
+        await trio.sleep(STALL_S)
+        seen.append(watch.waiting_s())
+        hanging.cancel()  # given up on: still a wait
+    assert seen[0] is None
+    assert seen[1] == pytest.approx(1.5 * STALL_S)
+    assert watch.waiting_s() == pytest.approx(1.5 * STALL_S)
+    assert watch.away()
+    watch.connects.clear()  # a call was answered
+    assert watch.waiting_s() is None
+    assert trio.current_time() - started == pytest.approx(2 * STALL_S)

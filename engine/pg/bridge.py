@@ -232,6 +232,15 @@ class ConnectWatch:
         now = trio.current_time()
         return any(now - started >= self.stall_s for started in self._in_flight.values())
 
+    def stalled_at(self) -> float | None:
+        """When the oldest connect still unanswered past `stall_s` (in flight, or given up on)
+        began, or None when none is."""
+        now = trio.current_time()
+        starts = [started for started in self._in_flight.values() if now - started >= self.stall_s]
+        if self.stalled_since is not None:
+            starts.append(self.stalled_since)
+        return min(starts, default=None)
+
     def clear(self) -> None:
         """A call was answered: the server is there."""
         self.stalled_since = None
