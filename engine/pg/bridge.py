@@ -227,10 +227,7 @@ class ConnectWatch:
 
     def stalled(self) -> bool:
         """A connect in flight, or given up on, has gone unanswered for `stall_s`."""
-        if self.stalled_since is not None:
-            return True
-        now = trio.current_time()
-        return any(now - started >= self.stall_s for started in self._in_flight.values())
+        return self.stalled_at() is not None
 
     def stalled_at(self) -> float | None:
         """When the oldest connect still unanswered past `stall_s` (in flight, or given up on)
