@@ -260,6 +260,19 @@ def test_a_list_digest_changes_with_any_value_type_or_key_order():
     assert lists.list_digest(SheetWrite(ref, "other", CONTRACT), [{"name": "a", "n": 1}]) != base
     assert lists.list_digest(write, [Occurrence({"name": "a"})]) is None
     assert lists.list_digest(write, [{"name": datetime.date(2026, 1, 1)}]) is None
+    # what else holds the rows' objects does not matter, only their values (no memo)
+    name = "".join(["sha", "red"])
+    row = {"name": name, "n": 1000}
+    kept = [row, name]  # held here too, as a caller's own structures would
+    assert lists.list_digest(write, [row, row]) == lists.list_digest(
+        write, [{"name": "".join(["sh", "ared"]), "n": 1000}, {"name": "shared", "n": 1000}])
+    assert kept
+    # not core types (a subclass included), a cycle: no digest
+    assert lists.list_digest(write, [type("Row", (dict,), {})(name="a")]) is None
+    assert lists.list_digest(write, [{"name": type("Name", (str,), {})("a")}]) is None
+    cyclic: list = [{"name": "a"}]
+    cyclic[0]["self"] = cyclic
+    assert lists.list_digest(write, cyclic) is None
     assert lists.recordable(_DirectPort(), write, 10)
     assert not lists.recordable(_DirectPort(), SheetWrite(ref, NS, CONTRACT, force=True), 10)
     assert not lists.recordable(_DirectPort(), SheetWrite(
