@@ -216,18 +216,21 @@ async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
             async with open_gateway(server.url, token_for(tenant, **claims),
                                     retry=FAST_RETRY) as gw:
                 before = dict(server.requests)
-                staged = []  # put_and_seal requests of each map
+                staged, probed = [], []  # put_and_seal and probe requests of each map
                 for _ in range(2):  # the second map: a rerun into a sheet with rows
                     puts = server.requests.get("array_input.put_and_seal", 0)
+                    probes = server.requests.get("sheets.probe", 0)
                     _, result = await run_map(gw, play, rows(40))
                     assert (result.admitted, result.failed) == (40, 6)
                     staged.append(server.requests.get("array_input.put_and_seal", 0) - puts)
+                    probed.append(server.requests.get("sheets.probe", 0) - probes)
                 sent = {name: server.requests[name] - before.get(name, 0)
                         for name in server.requests}
             if play == "one":
                 assert sent["array_input.open_list_map"] == 2
                 assert [sent.get(name, 0) for name in opening] == [0, 0, 0]
                 assert staged == [0, 1]  # the first staged in its opening: its sheet was empty
+                assert probed[0] == 0  # ... and nothing in it could be settled
                 assert sent.get("array_input.begin", 0) == 0
             else:
                 assert [sent[name] for name in opening] == [2, 2, 2]
