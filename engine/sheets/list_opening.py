@@ -84,13 +84,13 @@ async def open_list_map(port: Port, scope: MapScope, contract: SheetContract,
     check_scope(port, scope)
     if not isinstance(contract, SheetContract):
         raise InvalidInputError("contract must be a SheetContract")
+    if stage is not None and not isinstance(stage, OnePageList):
+        raise InvalidInputError("stage must be a OnePageList")
     layout = layout_for(port, scope.play_scope, scope.table_namespace)
     sql, args = ready_statement(port, layout, contract)
     ready = await with_connection(port, SHEET_LANE, lambda conn: conn.fetchrow(sql, *args))
     if not ready["ready"]:
         layout = await ensure_sheet(port, scope.play_scope, scope.table_namespace, contract)
-    if stage is not None and not isinstance(stage, OnePageList):
-        raise InvalidInputError("stage must be a OnePageList")
     manifest: V.Manifest | None = None
     try:
         manifest = await array_input.get_manifest(port, scope)
