@@ -8,6 +8,7 @@ import inspect
 import pkgutil
 import time
 
+import attrs
 import httpx
 import jwt
 import pytest
@@ -169,6 +170,12 @@ async def test_open_list_map_stages_a_list_only_for_a_token_that_may(tenant, ser
                                       "stage": listed})
     assert (await array_input.get_manifest(tenant, scope.map("things", "m"))).state == "absent"
     async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
+        forged = attrs.evolve(listed, page=attrs.evolve(
+            listed.page, text=listed.page.text.replace('"a"', '"b"')))
+        with pytest.raises(InvalidInputError, match="not the canonical encoding"):
+            await open_list_map(gateway, scope.map("things", "m"), contract, stage=forged)
+        assert (await array_input.get_manifest(tenant, scope.map("things", "m"))).state == \
+            "absent"
         opening = await open_list_map(gateway, scope.map("things", "m"), contract, stage=listed)
     assert (opening.manifest.state, opening.manifest.source_rows) == ("sealed", 1)
 

@@ -61,11 +61,16 @@ class OnePageList:
     source_fingerprint: str
     source_rows: int
     has_source_identities: bool
-    page: P.EncodedPage = attrs.field(repr=False)
+    page: P.EncodedPage | P.DeferredPage = attrs.field(repr=False)
+
+    def encoded_page(self) -> P.EncodedPage:
+        """The page, checked (one from the wire only now: an opening into a sheet that holds
+        rows carries a page it does not stage)."""
+        return self.page.page() if isinstance(self.page, P.DeferredPage) else self.page
 
 
 ONE_PAGE_LIST = record(OnePageList, source_fingerprint=STR, source_rows=INT,
-                       has_source_identities=BOOL, page=P.ENCODED_PAGE)
+                       has_source_identities=BOOL, page=P.DEFERRED_PAGE)
 
 OPENING = record(ListMapOpening, layout=LAYOUT, manifest=optional(V.MANIFEST),
                  sheet_rows=optional(INT))
@@ -97,7 +102,7 @@ async def open_list_map(port: Port, scope: MapScope, contract: SheetContract,
         if stage is not None and manifest.state == "absent" and ready["total"] == 0:
             manifest = await put_and_seal(
                 port, scope, source_fingerprint=stage.source_fingerprint,
-                source_rows=stage.source_rows, page=stage.page,
+                source_rows=stage.source_rows, page=stage.encoded_page(),
                 has_source_identities=stage.has_source_identities)
     except RetiredError:
         manifest = None
