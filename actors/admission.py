@@ -129,8 +129,8 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     """Settle a list's leading rows by probes before encoding it (a settled rerun never needs
     the encoding); returns the first row not settled (a chunk boundary).
 
-    Not called when the sheet held no row as the map began (`ListSource.sheet_rows`: a first
-    run; nothing can be settled). The first `SENTINEL_PROBE_ROWS` rows are probed alone: new rows
+    Nothing is probed when the sheet held no row as the map began (`ListSource.sheet_rows`: a
+    first run). Otherwise the first `SENTINEL_PROBE_ROWS` rows are probed alone: new rows
     stop there, whatever the sheet holds (a run of new rows into a sheet of as many old ones
     keys and probes a hundred rows, not the whole list), at one round trip more for a rerun.
     Once they are settled, the other chunks go through a window of `PROBES_IN_FLIGHT`; when the
@@ -143,6 +143,8 @@ async def probe_unencoded(plan: MapPlan, state: MapState, listed: ListSource,
     may hold several units); a duplicate of an earlier chunk's row is in another unit anyway,
     so it counts as that unit's cache hit either way."""
     bounds = probe_bounds(listed.source_rows)
+    if listed.sheet_rows == 0:
+        return 0  # the sheet was empty when the map began: nothing can be settled
     if bounds[0][1] > SENTINEL_PROBE_ROWS:  # the first chunk's sentinel, then its rest
         bounds = [(0, SENTINEL_PROBE_ROWS), (SENTINEL_PROBE_ROWS, bounds[0][1]), *bounds[1:]]
     first, keys = await plan.probe_keyed(listed.rows_between(*bounds[0]), 0)
@@ -353,11 +355,10 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                                      streamed_ready(plan))
                 return
             start = 0
-            if plan.fast_admission and listed.sheet_rows == 0:
-                steps.on(Event.EMPTY_SHEET)  # nothing can be settled: no probe, all new
-            elif plan.fast_admission and listed.encoded is None:
+            if plan.fast_admission and listed.encoded is None:
                 start = await probe_unencoded(plan, state, listed, hand_out)
-                steps.on(Event.LEADING_UNSETTLED)  # the rows at `start` need admitting
+                # the rows at `start` need admitting (all of them, into an empty sheet)
+                steps.on(Event.EMPTY_SHEET if listed.sheet_rows == 0 else Event.LEADING_UNSETTLED)
             if start < listed.source_rows and not state.stopping:
                 await listed.encode()
                 cut_at = frozenset(low for low, _ in probe_bounds(listed.source_rows))

@@ -13,8 +13,7 @@ How it works
   `ConflictError` otherwise).
 - The map reads the sheet's row count as it begins (`count_sheet_rows`): a list going into an
   empty sheet is not probed at all. Through a gateway, the sheet, the manifest and the row
-  count are one request (`open_with_sheet`), which stages a one-page list too when the sheet
-  is empty.
+  count are one request (`open_with_sheet`).
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
   after a ramp of smaller units (`ramp_cuts`: 100 rows, then twice as many each, as a streamed
@@ -176,22 +175,12 @@ class ListSource:
     async def open_with_sheet(self, contract: sheets.SheetContract, count_rows: bool) -> bool:
         """Through a gateway: ensure the sheet, read the manifest and (`count_rows`) the
         sheet's rows in one request (the action `array_input.open_list_map`), then open as
-        `open` does. A list of one page is encoded first and sent along, so that going into
-        an empty sheet it is staged in the same request (the gateway answers it sealed; an
-        unchanged rerun never gets here, `ListReplay` answers it before the map opens). False
-        when the gateway refuses that action (no array actions, or a token that does not allow
-        it): nothing is done, and the caller opens the map with the three calls."""
-        extra = {}
-        if isinstance(self.items, list) and 0 < len(self.items) <= array_input.MAX_PAGE_ROWS:
-            await self.encode()
-            encoded = self.encoded
-            if encoded.page_count == 1:
-                extra["stage"] = sheets.OnePageList(
-                    encoded.fingerprint, encoded.source_rows, encoded.has_source_identities,
-                    encoded.page(0))
+        `open` does. False when the gateway refuses that action (no array actions, or a token
+        that does not allow it): nothing is done, and the caller opens the map with the three
+        calls."""
         try:
             opening = await retry_transient(lambda: sheets.open_list_map(
-                self.port, self.scope, contract, count_rows, **extra))
+                self.port, self.scope, contract, count_rows))
         except (ArrayInputUnavailableError, ScopeError):
             return False
         self.sheet_rows = opening.sheet_rows

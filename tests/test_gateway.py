@@ -8,7 +8,6 @@ import inspect
 import pkgutil
 import time
 
-import attrs
 import httpx
 import jwt
 import pytest
@@ -146,38 +145,6 @@ async def test_retire_entry_records_the_entry_only_for_a_token_that_may(tenant, 
         again = await array_input.retire_entry(gateway, scope, "other", record_lease_s=30.0)
         assert (again.done, again.deleted, again.settled) == (True, 0, True)  # done already
     assert (await outbox.get(tenant, scope)).state == "done"
-
-
-async def test_open_list_map_stages_a_list_only_for_a_token_that_may(tenant, server):
-    """`open_list_map` with a list to `stage` also does what `array_input.put_and_seal` does: a
-    token whose actions claim leaves that out is refused it before anything is written (the
-    runner does not send it such a list: its map stages in a request of its own, and is
-    refused there); one that allows it stages the list in the opening."""
-    from runplane.engine.sheets import OnePageList, open_list_map
-    from runplane.engine.sheets.model import SheetContract
-
-    contract = SheetContract(inputs=("name",), outputs=("score",))
-    encoded = array_input.encode_source([{"name": "a"}])
-    listed = OnePageList(encoded.fingerprint, encoded.source_rows,
-                         encoded.has_source_identities, encoded.page(0))
-    scope = RunScope(tenant.org_id, PLAY, "opening")
-    narrow = token_for(tenant, actions=["runs.register", "array_input.open_list_map"])
-    async with open_gateway(server.url, narrow, retry=FAST_RETRY) as gateway:
-        await runs.register(gateway, scope)
-        spec = open_list_map.action
-        with pytest.raises(ScopeError, match="does not allow array_input.put_and_seal"):
-            await gateway.call(spec, {"scope": scope.map("things", "m"), "contract": contract,
-                                      "stage": listed})
-    assert (await array_input.get_manifest(tenant, scope.map("things", "m"))).state == "absent"
-    async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
-        forged = attrs.evolve(listed, page=attrs.evolve(
-            listed.page, text=listed.page.text.replace('"a"', '"b"')))
-        with pytest.raises(InvalidInputError, match="not the canonical encoding"):
-            await open_list_map(gateway, scope.map("things", "m"), contract, stage=forged)
-        assert (await array_input.get_manifest(tenant, scope.map("things", "m"))).state == \
-            "absent"
-        opening = await open_list_map(gateway, scope.map("things", "m"), contract, stage=listed)
-    assert (opening.manifest.state, opening.manifest.source_rows) == ("sealed", 1)
 
 
 async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):

@@ -17,15 +17,13 @@ from .gateway_support import FAST_RETRY, serving, token_for
 from .run_helpers import outbox_state
 from .test_gateway_map import CONTRACT, comparable, rows, run_map
 
-OLDER_REFUSES = (("array_input.open_list_map", "stage"),
-                 ("array_input.put_and_seal", "has_source_identities"),
+OLDER_REFUSES = (("array_input.put_and_seal", "has_source_identities"),
                  ("array_input.retire_entry", "record_lease_s"),
                  ("sheets.admit", "expect_new"))
 
 
 def as_an_older_gateway(monkeypatch) -> None:
-    """The gateway answers as one from before `open_list_map` (and its `stage`),
-    `put_and_seal`'s begin fields,
+    """The gateway answers as one from before `open_list_map`, `put_and_seal`'s begin fields,
     `retire_entry`'s `record_lease_s`, `sheets.admit`'s `expect_new` and its pending rows by
     index: its health lists no features, it refuses those fields as unknown, and it answers
     an unknown rows form in full."""
@@ -86,31 +84,6 @@ async def test_a_newer_runner_maps_a_small_list_through_an_older_gateway(tenant,
     assert (older["outbox.mark_pending"], older["array_input.retire_entry"]) == (1, 1)
     stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
               for play in ("newer", "older")]
-    assert stored[0] == stored[1]
-
-
-async def test_a_gateway_that_opens_list_maps_but_does_not_stage_them_gets_no_stage(
-        tenant, monkeypatch):
-    """A gateway that lists `open_list_map` but not its `stage` field (one from between them,
-    which refuses it as unknown) opens a one-page list map in one request without it, and the
-    map stages its list in one more (`put_and_seal`), to the same rows as one that lists it."""
-    async def mapped(play: str) -> dict[str, int]:
-        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
-            before = dict(server.requests)
-            _, result = await run_map(gw, play, rows(40))
-            assert (result.admitted, result.failed) == (40, 6)
-        return {name: server.requests[name] - before.get(name, 0) for name in server.requests}
-
-    async with serving(tenant) as server:
-        newer = await mapped("newer")
-        as_an_older_gateway(monkeypatch)
-        monkeypatch.setattr(protocol, "ARRAY_FEATURES", (protocol.OPEN_LIST_MAP,))
-        between = await mapped("between")
-    assert (newer["array_input.open_list_map"], newer.get("array_input.put_and_seal", 0)) == (1, 0)
-    assert (between["array_input.open_list_map"], between["array_input.put_and_seal"]) == (1, 1)
-    assert server.errors.get("invalid_input", 0) == 0  # the field was never sent
-    stored = [comparable(await sheets.read_rows(tenant, PlayScope(tenant.org_id, play), "things"))
-              for play in ("newer", "between")]
     assert stored[0] == stored[1]
 
 

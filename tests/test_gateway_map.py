@@ -202,9 +202,8 @@ async def test_an_old_gateway_without_array_actions_falls_back_to_direct_admissi
 
 async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
     """Through a gateway a list map's sheet, manifest and row count are one request
-    (`array_input.open_list_map`); a one-page list going into an empty sheet is begun, put and
-    sealed in that request too, and one going into a sheet with rows in one more
-    (`array_input.put_and_seal`); a token that does not allow the opening action opens the map
+    (`array_input.open_list_map`) and a one-page list is begun, put and sealed in one
+    (`array_input.put_and_seal`), with no probe into a sheet that held no row; a token that does not allow the opening action opens the map
     with the three calls instead, to the same rows, without sending the action it cannot
     (no 403 a map)."""
     opening = ("sheets.ensure_sheet", "array_input.get_manifest", "sheets.summary")
@@ -229,8 +228,8 @@ async def test_a_small_list_map_opens_and_stages_in_one_request_each(tenant):
             if play == "one":
                 assert sent["array_input.open_list_map"] == 2
                 assert [sent.get(name, 0) for name in opening] == [0, 0, 0]
-                assert staged == [0, 1]  # the first staged in its opening: its sheet was empty
-                assert probed[0] == 0  # ... and nothing in it could be settled
+                assert staged == [1, 1]
+                assert probed[0] == 0  # the first map's sheet held no row: nothing to settle
                 assert sent.get("array_input.begin", 0) == 0
             else:
                 assert [sent[name] for name in opening] == [2, 2, 2]

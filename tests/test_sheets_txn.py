@@ -227,37 +227,6 @@ async def test_a_list_maps_opening_ensures_the_sheet_only_when_it_is_not_ready(t
     assert not any(s.startswith("BEGIN") for s in counted.statements), counted.statements
 
 
-async def test_a_list_maps_opening_stages_a_one_page_list_only_into_an_empty_sheet(tenant):
-    """`open_list_map` with a one-page list to `stage`: going into an empty sheet (here a new
-    one) it begins, puts and seals it and answers the sealed manifest; again, it answers the
-    same seal; into a sheet with rows (a rerun may settle every row and stage nothing) or for
-    a retired run it stages nothing."""
-    from runplane.engine import array_input
-    from runplane.engine.sheets import OnePageList
-
-    def one_page(rows: list[dict]) -> OnePageList:
-        encoded = array_input.encode_source(rows)
-        return OnePageList(encoded.fingerprint, encoded.source_rows,
-                           encoded.has_source_identities, encoded.page(0))
-
-    run = await new_run(tenant, "play", "r1")
-    scope = run.scope.map(NS, "map-1")
-    listed = one_page([{"name": "a"}, {"name": "b"}])
-    first = await open_list_map(tenant, scope, CONTRACT, stage=listed)
-    assert (first.manifest.state, first.manifest.source_rows) == ("sealed", 2)
-    assert first.manifest.source_fingerprint == listed.source_fingerprint
-    again = await open_list_map(tenant, scope, CONTRACT, stage=listed)
-    assert again.manifest == first.manifest
-    await admit(tenant, run, NS, CONTRACT, [{"name": "a"}])
-    later = run.scope.map(NS, "map-2")
-    with_rows = await open_list_map(tenant, later, CONTRACT, count_rows=True, stage=listed)
-    assert (with_rows.manifest.state, with_rows.sheet_rows) == ("absent", 1)
-    assert (await array_input.get_manifest(tenant, later)).state == "absent"
-    other = run.scope.map("elsewhere", "map-1")  # a new, empty sheet of a retired run
-    await array_input.retire(tenant, run.scope)
-    assert (await open_list_map(tenant, other, CONTRACT, stage=listed)).manifest is None
-
-
 async def test_completion_chunks_by_patch_bytes_in_one_transaction(tenant):
     run = await new_run(tenant, "play", "r1")
     admission = await admit(tenant, run, NS, CONTRACT, [{"name": f"n{i}"} for i in range(10)])

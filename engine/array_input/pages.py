@@ -249,36 +249,6 @@ def _decode_encoded_page(value: object, path: str) -> EncodedPage:
 ENCODED_PAGE = Codec("encoded page", _encode_encoded_page, _decode_encoded_page)
 
 
-@attrs.frozen
-class DeferredPage:
-    """An encoded page from the wire, its shape checked, not yet its text: `page()` checks it
-    as `ENCODED_PAGE` decodes one (the rows re-encoded), only when it is used."""
-
-    value: dict = attrs.field(repr=False)
-    path: str
-
-    def page(self) -> EncodedPage:
-        return _decode_encoded_page(self.value, self.path)
-
-
-def _encode_deferred_page(value: object, path: str) -> dict:
-    if isinstance(value, DeferredPage):
-        return value.value
-    return _encode_encoded_page(value, path)
-
-
-def _decode_deferred_page(value: object, path: str) -> DeferredPage:
-    if type(value) is not dict or value.keys() != {"text", "digest", "row_count"} \
-            or type(value["text"]) is not str:
-        raise InvalidInputError(f"{path} must be an object with text, digest and row_count")
-    return DeferredPage(value, path)
-
-
-# An encoded page an action may not use (`sheets.open_list_map`'s list to stage): its rows are
-# re-encoded and checked only if it is used, not for every request that carries it.
-DEFERRED_PAGE = Codec("encoded page", _encode_deferred_page, _decode_deferred_page)
-
-
 _PAGE_FIELDS = frozenset({"kind", "source_fingerprint", "ordinal", "offset", "row_count", "rows", "digest"})
 
 

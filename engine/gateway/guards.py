@@ -267,10 +267,8 @@ def named_run_ids(kwargs: Mapping[str, object]) -> list[str]:
 
 # An input under which an action also does what another action does: the token's actions
 # claim must allow that one too (a claim without `outbox.mark_pending` cannot record a run's
-# terminal entry through `retire_entry`; one without `array_input.put_and_seal` cannot stage a
-# list through `open_list_map`).
-ALSO_DOES = {("array_input.retire_entry", "record_lease_s"): "outbox.mark_pending",
-             ("array_input.open_list_map", "stage"): "array_input.put_and_seal"}
+# terminal entry through `retire_entry`).
+ALSO_DOES = {("array_input.retire_entry", "record_lease_s"): "outbox.mark_pending"}
 
 
 def check_also_does(claims: TokenClaims, name: str, kwargs: Mapping[str, object]) -> None:

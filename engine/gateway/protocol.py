@@ -84,9 +84,7 @@ UNSUPPORTED_ACTION = ("unsupported_action", 400)
 OPEN_LIST_MAP = "array_input.open_list_map"  # the action (else: three calls)
 PUT_AND_SEAL_BEGINS = "array_input.put_and_seal:begins"  # its begin fields (else: begin first)
 RETIRE_RECORDS = "array_input.retire_entry:records"  # `record_lease_s` (else: mark_pending first)
-OPEN_LIST_MAP_STAGES = "array_input.open_list_map:stage"  # its `stage` (else: put_and_seal after)
-ARRAY_FEATURES = (OPEN_LIST_MAP, PUT_AND_SEAL_BEGINS, RETIRE_RECORDS,
-                  OPEN_LIST_MAP_STAGES)  # listed with array actions
+ARRAY_FEATURES = (OPEN_LIST_MAP, PUT_AND_SEAL_BEGINS, RETIRE_RECORDS)  # listed with array actions
 ADMIT_EXPECT_NEW = "sheets.admit:expect_new"  # its `expect_new` field (else: not sent)
 ADMIT_BY_INDEX = "sheets.admit:by-index"  # `ROWS_HEADER: by-index` (else: by-key)
 FEATURES = (ADMIT_EXPECT_NEW, ADMIT_BY_INDEX)  # listed always

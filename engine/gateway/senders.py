@@ -18,8 +18,7 @@ How it works
 - Newer forms go only to a gateway whose health lists them (`protocol.FEATURES`,
   `protocol.ARRAY_FEATURES`): an admission's `expect_new` is left out and its pending rows
   asked by key otherwise; `array_input.open_list_map` is refused here when unlisted or
-  outside the token's `actions` claim (the caller opens the map with three calls), its
-  one-page list to stage is left out (the map stages it after), and a
+  outside the token's `actions` claim (the caller opens the map with three calls), and a
   `put_and_seal` with begin fields goes to an older gateway as `begin`, then `put_and_seal`
   without them; a `retire_entry` that records the entry pending goes to it as
   `outbox.mark_pending`, then `retire_entry`.
@@ -294,19 +293,12 @@ async def _send_open_list_map(gateway: Gateway, action: Action, arguments: dict)
     """`array_input.open_list_map`, an optional shortcut: refused here, with the error the
     gateway would answer and no request, when the gateway does not list it (an older one, or
     one without array actions) or the token's actions claim does not allow it. The caller then
-    opens the map with the three calls it stands for. A one-page list to `stage` is dropped for
-    a gateway that does not list that field (the map then stages it as without it), as is one
-    whose token may not `put_and_seal` (what the gateway would refuse)."""
-    features = (await gateway.health()).features
-    if protocol.OPEN_LIST_MAP not in features:
+    opens the map with the three calls it stands for."""
+    if protocol.OPEN_LIST_MAP not in (await gateway.health()).features:
         raise ArrayInputUnavailableError(
             f"{action.name}: {gateway.url} does not list it among its features")
     if gateway.token_actions is not None and not allows(gateway.token_actions, action.name):
         raise ScopeError(f"the token's actions claim does not allow {action.name}")
-    if "stage" in arguments and (protocol.OPEN_LIST_MAP_STAGES not in features or (
-            gateway.token_actions is not None
-            and not allows(gateway.token_actions, "array_input.put_and_seal"))):
-        arguments = {name: value for name, value in arguments.items() if name != "stage"}
     return await gateway.call(action, arguments)
 
 

@@ -35,7 +35,7 @@ from .model import (
     Timing,
 )
 from .inputs import row_key
-from .list_opening import ListMapOpening, OnePageList, open_list_map
+from .list_opening import ListMapOpening, open_list_map
 from .reading import read_rows, summaries, summary
 from .reuse import record_reuse
 from .sheet_write import SheetWrite
@@ -48,6 +48,5 @@ __all__ = [
     "SheetLayout", "failed_rows", "error_counts", "run_rows", "FailedRow", "ErrorCount",
     "ErrorCounts", "RunRows", "probe", "StagedPage", "append_rows", "replace_rows",
     "record_reuse", "RowStatus", "OutcomeStatus", "SheetWrite", "open_list_map", "ListMapOpening",
-    "OnePageList",
     "dataset", "Dataset", "read_page", "count", "field_kinds", "DatasetPage", "PageCursor",
 ]
