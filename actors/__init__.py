@@ -1,7 +1,7 @@
 """runplane's actors: runs as trio nurseries of actors, and the embedded supervisor."""
 
 from .executors import DaskExecutor, ProcessExecutor
-from .map_state import MapOptions
+from .map_options import MapOptions
 from .policies import RateLimit, RowRetry
 from .progress import MapProgress, MapResult
 from .row_functions import RowError

@@ -41,7 +41,8 @@ from runplane.engine.sheets import Admission
 
 from .admission_steps import AdmissionSteps, Event, event_of
 from .list_source import ListSource, SourcePage
-from .map_state import FIRST_PAGE_ROWS, MapPlan, MapState
+from .map_options import FIRST_PAGE_ROWS
+from .map_state import MapPlan, MapState
 from .phases import marked
 
 MAX_WORK_BATCH = 64        # rows per worker batch: small enough to share a page among workers

@@ -1,9 +1,9 @@
 """What one map reads and what it changes: a frozen `MapPlan` and an owned `MapState`.
 
 How it works
-- `MapOptions` is what a caller asks of one map: `run.map`'s keywords, with their defaults, as
-  one frozen value (an unknown keyword is refused with `TypeError`). The run builds the map's
-  plan from it (`Run._plan`); the options are checked there, as the plan is built.
+- `MapOptions` (`actors.map_options`) is what a caller asks of one map: `run.map`'s keywords,
+  with their defaults, as one frozen value. The run builds the map's plan from it
+  (`Run._plan`); the options are checked there, as the plan is built.
 - `MapPlan` is everything the actors of one map read: where outcomes go (port, run ref,
   attempt, sheet), what runs (`fn`, `concurrency`), the row policies (`retry`,
   `row_timeout_s`, `rate_limit`, `give_up_after`; see `actors.policies`), `force` (recompute
@@ -41,7 +41,7 @@ This module does no I/O of its own; `MapPlan.admit`/`complete` call `engine.shee
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, ContextManager, Mapping, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import attrs
 import trio
@@ -51,7 +51,6 @@ from runplane.engine.limits.bounds import is_int, is_number
 from runplane.engine.observability import tracing
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.ports import Port
-from runplane.engine.shared import maps as sm
 from runplane.engine.values.scopes import RunRef
 from runplane.engine.sheets import (
     Admission, AdmittedRow, Attempt, CellPolicy, Completion, OutcomeStatus, RowOutcome,
@@ -65,22 +64,13 @@ from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.sheet_write import PREVIOUS_CELLS_BUDGET_BYTES, check_flag
 
 from .backoff import MAX_WAITING_ROWS, RetryQueue
+from .map_options import BATCH_BYTES, BATCH_ROWS, FLUSH_DEADLINE_S, LINGER_S, PAGE_ROWS
 from .list_proof import ListProof
 from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
 from .progress import CallGauge, MapProgress, MapResult, MapTally
 from .retry import retry_transient
 from .row_functions import FailFast, RowCaller, failure_cause
-
-if TYPE_CHECKING:
-    from .executors import Executor
-
-PAGE_ROWS = 5000           # rows admitted per transaction for a streamed source, at most ...
-FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first rows run soon
-BATCH_ROWS = 5000          # completion batch: rows ...
-BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
-LINGER_S = 0.05            # ... or this long after the first outcome arrived
-FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after this
 
 
 def _positive_int(_instance: object, attribute: attrs.Attribute, value: object) -> None:
@@ -109,55 +99,6 @@ def _optional(kind: type, name: str):
 def _timeout(_instance: object, _attribute: object, value: object) -> None:
     if value is not None and not is_number(value, above=0, finite=True):
         raise InvalidInputError(f"row_timeout_s must be a number of seconds > 0, got {value!r}")
-
-
-SHARED_ONLY = frozenset({"lease_s", "unit_rows"})  # `run.map` keywords of a shared map only
-
-
-@attrs.frozen(kw_only=True)
-class MapOptions:
-    """How `run.map` runs one map; every field is also a keyword of `run.map` (see `Run.map`),
-    with the same default."""
-
-    concurrency: int = 16
-    cell_policies: Mapping[str, CellPolicy] | None = None
-    retry: RowRetry | None = None
-    row_timeout_s: float | None = None
-    rate_limit: RateLimit | None = None
-    give_up_after: int | None = None
-    on_progress: Callable[[MapProgress], object] | None = None
-    map_invocation_id: str | None = None
-    force: bool | None = None  # None: the run's (`open_run(..., force=...)`)
-    previous_cells: bool = False  # re-admitted rows get row["_previous"] (`sheets.admit`)
-    previous_cells_budget_bytes: int = PREVIOUS_CELLS_BUDGET_BYTES
-    fail_fast: bool | int = True
-    workers: int | None = None
-    shared: bool = False
-    executor: Executor | str | None = None
-    # the pipeline's tuning (`MapPlan`)
-    page_rows: int = PAGE_ROWS
-    linger_s: float = LINGER_S
-    batch_rows: int = BATCH_ROWS
-    batch_bytes: int = BATCH_BYTES
-    flush_deadline_s: float = FLUSH_DEADLINE_S
-    fast_admission: bool = True
-    max_waiting_rows: int = MAX_WAITING_ROWS
-    # a shared map's (`actors.shared.coordinator`)
-    lease_s: float = sm.LEASE_S
-    unit_rows: int = sm.UNIT_ROWS
-
-    @classmethod
-    def from_call(cls, options: MapOptions | None,
-                  keywords: Mapping[str, object]) -> MapOptions:
-        """`options` (or the defaults) with `run.map`'s keywords over it; an unknown keyword
-        raises `TypeError`, as for any function."""
-        if options is not None and not isinstance(options, MapOptions):
-            raise InvalidInputError(f"options must be a MapOptions, got {options!r}")
-        known = attrs.fields_dict(cls)
-        for name in keywords:
-            if name not in known:
-                raise TypeError(f"Run.map() got an unexpected keyword argument {name!r}")
-        return attrs.evolve(options if options is not None else cls(), **keywords)
 
 
 @attrs.frozen

@@ -41,7 +41,7 @@ from runplane.engine.sheets.dataset import dataset
 from runplane.engine.sheets.model import RowStatus
 from runplane.engine.values.scopes import PlayScope, normalize_namespace
 
-from .map_state import MapOptions
+from .map_options import MapOptions
 from .progress import MapProgress, MapResult
 from .run import Run, open_run
 from .shared.config import FunctionIdentity, PublishedFunction, decode_config

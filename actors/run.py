@@ -60,7 +60,8 @@ from runplane.engine.runs.history import MapRunState
 from . import retirement
 from .cancellation import RunStop, watching_for_cancel
 from .hosting import is_terminal, open_hosting_nursery
-from .map_state import SHARED_ONLY, MapOptions, MapPlan
+from .map_options import SHARED_ONLY, MapOptions
+from .map_state import MapPlan
 from .mapper import MapSource, map_rows
 from .history import MapRecorder, now as history_now
 from .progress import CallGauge, MapProgress, MapResult
