@@ -12,23 +12,34 @@ How it works
   the rest to the new holder.
 - Each step is idempotent (or fenced by the lease) and retried through transient store faults.
 - `finish_entry` is the whole job for one outbox entry: retire, and mark the entry done with the
-  last batch (one request). Both the run's own guard (`actors.run`) and the supervisor call it;
-  the run's guard sends the first batch itself, recording the entry pending with it, so a run
-  that staged at most a batch of facts closes in one request.
+  last batch (one request). Both the run's own guard (`guard_retirement`, at the exit of a
+  run that ended terminally, `actors.run`) and the supervisor call it; the run's guard sends
+  the first batch itself, recording the entry pending with it, so a run that staged at most a
+  batch of facts closes in one request.
 """
 
 from __future__ import annotations
 
+import logging
+
 import attrs
+import trio
 
 from runplane.engine import array_input
 from runplane.engine.array_input.values import RetireResult
+from runplane.engine.errors import EngineError
 from runplane.engine.ports import Port
 from runplane.engine.values.scopes import RunScope
 
 from runplane.engine.runs import outbox
 from .phases import marked
 from .retry import retry_transient
+
+log = logging.getLogger("runplane.actors")
+
+DEFAULT_LEASE_S = 60.0  # a run's own outbox lease while it retires
+RELEASE_DEADLINE_S = 2.0  # releasing that lease when retirement stopped short
+RECORD_DEADLINE_S = 5.0  # the shielded first batch that records the entry pending
 
 
 
@@ -72,3 +83,39 @@ async def finish_entry(
         if not await retry_transient(lambda: outbox.renew(port, scope, owner, lease_s)):
             return RetirementOutcome(deleted, False)
         result = None
+
+
+async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFAULT_LEASE_S) -> bool:
+    """Record the terminal run as pending, retire its array inputs, mark it done.
+
+    Returns True when the entry is done. Store failures are logged and leave the entry pending
+    (or, if even that could not be recorded, open) for a supervisor.
+    """
+    owner = outbox.new_owner_id("run")
+    settled = False
+    try:
+        # The first batch records the entry pending in the same request (`retire_entry`):
+        # shielded, with a deadline, so that a cancellation arriving just after the body ended
+        # cannot leave a finished run looking wakeable.
+        with trio.CancelScope(shield=True,
+                              deadline=trio.current_time() + RECORD_DEADLINE_S) as recording:
+            first = await record_and_retire(port, scope, owner, lease_s=lease_s)
+        if recording.cancelled_caught:
+            log.warning("run %s: recording the terminal outbox entry ran past %.0fs",
+                        scope.run_id, RECORD_DEADLINE_S)
+            return False
+        await trio.lowlevel.checkpoint()  # a pending cancellation lands here, after the record
+        outcome = await finish_entry(port, scope, owner, lease_s=lease_s, first=first)
+        settled = True
+        return outcome.settled
+    except EngineError as exc:
+        log.warning("run %s: retirement left to the supervisor: %s", scope.run_id, exc)
+        return False
+    finally:
+        if not settled:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + RELEASE_DEADLINE_S):
+                try:
+                    await outbox.release(port, scope, owner)
+                except EngineError as exc:
+                    log.warning("run %s: lease release failed (it will expire): %s",
+                                scope.run_id, exc)

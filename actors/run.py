@@ -45,8 +45,8 @@ import trio
 from runplane.engine import array_input, receipts, runs
 from runplane.engine.array_input import Occurrence
 from runplane.engine.canonical import JsonObject, JsonValue
-from runplane.engine.errors import (EngineError, InvalidInputError, StoreOutageError,
-                                     StoreUnavailableError, leaf_errors)
+from runplane.engine.errors import (InvalidInputError, StoreOutageError, StoreUnavailableError,
+                                     leaf_errors)
 from runplane.engine.observability import context as where, tracing
 from runplane.engine.opening import outage_budget
 from runplane.engine.ports import Port
@@ -54,7 +54,6 @@ from runplane.engine.receipts import Claim, Receipt
 from runplane.engine.values.scopes import RunRef, RunScope, normalize_namespace
 from runplane.engine.sheets import Attempt, SheetContract
 
-from runplane.engine.runs import outbox
 from runplane.engine.runs.history import MapRunState
 
 from . import retirement
@@ -73,9 +72,6 @@ from .sealer import StagedArray, stage_array
 
 log = logging.getLogger("runplane.actors")
 
-DEFAULT_LEASE_S = 60.0
-RELEASE_DEADLINE_S = 2.0
-RECORD_DEADLINE_S = 5.0
 
 
 @attrs.define(eq=False)
@@ -367,7 +363,7 @@ async def open_run(
     *,
     attempt: Attempt | None = None,
     retire_on_exit: bool = True,
-    lease_s: float = DEFAULT_LEASE_S,
+    lease_s: float = retirement.DEFAULT_LEASE_S,
     force: bool = False,
 ) -> AsyncIterator[Run]:
     """Register (or wake) a run and host the body in its nursery; retire it if it ends terminally.
@@ -396,7 +392,7 @@ async def open_run(
         finally:
             run._nursery = None
             if retire_on_exit and is_terminal(error) and not ended_by_outage(error):
-                await guard_retirement(tenant, scope, lease_s=lease_s)
+                await retirement.guard_retirement(tenant, scope, lease_s=lease_s)
     finally:
         tracing.leave(traced)
         where.leave(fields)
@@ -407,39 +403,3 @@ def ended_by_outage(error: BaseException | None) -> bool:
     """The run ended because the store stayed away past the outage budget."""
     return error is not None and any(
         isinstance(leaf, StoreOutageError) for leaf in leaf_errors(error))
-
-
-async def guard_retirement(port: Port, scope: RunScope, *, lease_s: float = DEFAULT_LEASE_S) -> bool:
-    """Record the terminal run as pending, retire its array inputs, mark it done.
-
-    Returns True when the entry is done. Store failures are logged and leave the entry pending
-    (or, if even that could not be recorded, open) for a supervisor.
-    """
-    owner = outbox.new_owner_id("run")
-    settled = False
-    try:
-        # The first batch records the entry pending in the same request (`retire_entry`):
-        # shielded, with a deadline, so that a cancellation arriving just after the body ended
-        # cannot leave a finished run looking wakeable.
-        with trio.CancelScope(shield=True,
-                              deadline=trio.current_time() + RECORD_DEADLINE_S) as recording:
-            first = await retirement.record_and_retire(port, scope, owner, lease_s=lease_s)
-        if recording.cancelled_caught:
-            log.warning("run %s: recording the terminal outbox entry ran past %.0fs",
-                        scope.run_id, RECORD_DEADLINE_S)
-            return False
-        await trio.lowlevel.checkpoint()  # a pending cancellation lands here, after the record
-        outcome = await retirement.finish_entry(port, scope, owner, lease_s=lease_s, first=first)
-        settled = True
-        return outcome.settled
-    except EngineError as exc:
-        log.warning("run %s: retirement left to the supervisor: %s", scope.run_id, exc)
-        return False
-    finally:
-        if not settled:
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + RELEASE_DEADLINE_S):
-                try:
-                    await outbox.release(port, scope, owner)
-                except EngineError as exc:
-                    log.warning("run %s: lease release failed (it will expire): %s",
-                                scope.run_id, exc)

@@ -38,7 +38,8 @@ from runplane.engine.runs import outbox
 from . import retirement
 from .backoff_delays import half_jittered_s
 from .hosting import open_hosting_nursery
-from .run import DEFAULT_LEASE_S, RELEASE_DEADLINE_S, Run, open_run
+from .retirement import DEFAULT_LEASE_S, RELEASE_DEADLINE_S
+from .run import Run, open_run
 
 log = logging.getLogger("runplane.actors")
 

@@ -8,7 +8,7 @@ import attrs
 import trio
 
 from runplane.actors import open_run, open_supervisor
-from runplane.actors import run as run_module
+from runplane.actors import retirement
 from runplane.engine.runs import outbox
 from runplane.actors.retry import RETRY_DELAYS
 from runplane.actors.backoff_delays import half_jittered_s
@@ -69,7 +69,7 @@ async def test_backoff_is_capped_exponential_with_jitter():
 async def test_supervisor_finishes_a_retirement_a_cancelled_run_left_pending(tenant, monkeypatch):
     # The run's guard records the entry and retires a first batch in one shielded request,
     # within RECORD_DEADLINE_S: a store that hangs in that batch (the gate) leaves it pending.
-    monkeypatch.setattr(run_module, "RECORD_DEADLINE_S", 0.5)
+    monkeypatch.setattr(retirement, "RECORD_DEADLINE_S", 0.5)
     port = GatedPort(tenant)
     # retirement-lane statements, on one checkout: mark_pending, then the first retire batch.
     gate = port.gate(nth(retirement_statement, 2))

@@ -20,7 +20,7 @@ How it works
   the statement of the second look when there is one): a run's retirement ends in one request
   and one connection checkout, not two. Both are idempotent, so a retry of the pair is too.
   With `record_lease_s` it first records the terminal run as pending, leased to `owner`
-  (`outbox.mark_pending`): a run's own close (`actors.run.guard_retirement`) is then one
+  (`outbox.mark_pending`): a run's own close (`actors.retirement.guard_retirement`) is then one
   request for a run that staged at most a batch of facts, not two. An entry found done already
   answers done and settled, deleting nothing (someone else retired the run).
 """
