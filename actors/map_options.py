@@ -34,8 +34,6 @@ BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
 LINGER_S = 0.05            # ... or this long after the first outcome arrived
 FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after this
 
-
-
 SHARED_ONLY = frozenset({"lease_s", "unit_rows"})  # `run.map` keywords of a shared map only
 
 

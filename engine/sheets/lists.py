@@ -31,9 +31,11 @@ How it works
   order misses, never the reverse). With a memo (pickle's default, or `marshal` from format 3)
   an object something else also holds is written as a back-reference, so the bytes change
   with what the caller keeps (a function that keeps the rows it was handed made every rerun
-  miss, `tests/test_list_replay.py`). `marshal` format 2 (no back-references; used before) is
-  ~1.6x slower for 10,000 rows (1.27 against 0.77 ms); a list recorded under a `marshal`
-  digest (before) is not found, and the rerun that misses it records it again.
+  miss, `tests/test_list_replay.py`). Against `marshal` format 2 (no back-references; used
+  before) it takes 0.68–0.74 of the time (`benchmarks/list_digest.py`, 10,000 and 100,000
+  rows); a list recorded under a `marshal` digest is not found, and the rerun that misses it
+  records it again. Pickle documents `fast` as deprecated: the digest tests (equal values
+  shared or not give one digest; a cycle gives none) fail if it stops turning the memo off.
 - Only plain maps on a direct port use it (`recordable`): no `force`, no cell policies (their
   freshness depends on the clock), not a gateway or a database session (which has no grant on
   `sheet_lists`), at most `MAX_RECORDED_ROWS` rows (recording checks every key once).
