@@ -97,7 +97,7 @@ async def admit_page(plan: MapPlan, page: SourcePage, listed: ListSource | None,
             return settled, True, keys
     staged = await listed.staged_page(page, background) if listed is not None else None
     admission = await plan.admit(page.rows, page.offset, keys=page.keys, staged_page=staged,
-                                 texts=page.texts if staged is None else None)
+                                 texts=page.texts)
     return admission, False, page.keys
 
 
@@ -223,8 +223,7 @@ def listed_ready(plan: MapPlan, listed: ListSource,
         keys = page.keys if page.keys is not None else plan.row_keys(page.rows)
         staged = await listed.staged_page(page, background)
         return keys, lambda: plan.admit(page.rows, page.offset, keys=keys, staged_page=staged,
-                                        texts=page.texts if staged is None else None,
-                                        expect_new=True)
+                                        texts=page.texts, expect_new=True)
     return ready
 
 

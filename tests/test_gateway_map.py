@@ -3,6 +3,7 @@ retirement as direct; paging under a small body limit; the array fallback."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -140,6 +141,59 @@ async def test_a_one_page_list_is_admitted_in_one_request_from_its_staged_page(
         scope = PlayScope(tenant.org_id, f"one-page-{size}")
         assert (await counters_match(tenant, scope, "things"))[0]
         assert await fact_kinds(tenant, run.run_id) == ["array_input_guard"]  # retired
+
+
+@pytest.mark.parametrize("rows_listed", [True, False])
+async def test_a_staged_pages_pending_rows_come_back_as_indexes(tenant, monkeypatch,
+                                                                 rows_listed):
+    """An admission from a staged page through a gateway is answered with its pending rows as
+    input indexes alone (the client has the rows; with them in full, 1,000 rows travelled
+    back and were decoded row by row), and the client's admission is the direct one's: the
+    same keys, indexes and rows, a row repeated in the page skipped. A gateway that does not
+    list the form answers by key, to the same admission."""
+    from runplane.engine.gateway import protocol
+    from runplane.engine.gateway import server as server_module
+
+    from .array_input_support import stage
+    from runplane.engine.array_input.pages import encode_page
+    from runplane.engine.sheets import StagedPage
+
+    forms = []
+    encode = server_module.encode_result
+
+    def recorded(spec, result, skipped, rows_form):
+        body = encode(spec, result, skipped, rows_form)
+        if spec.name == "sheets.admit":
+            forms.append((rows_form, json.loads(body)["result"]["pending"]))
+        return body
+
+    monkeypatch.setattr(server_module, "encode_result", recorded)
+    if not rows_listed:
+        monkeypatch.setattr(protocol, "FEATURES", tuple(
+            f for f in protocol.FEATURES if f != protocol.ADMIT_BY_INDEX))
+    source = rows(30) + rows(2)  # the last two repeat the first two
+    admitted = []
+    async with serving(tenant) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
+            for port, play in ((gw, "staged-gw"), (tenant, "staged-direct")):
+                run = await runs.register(port, RunScope(tenant.org_id, play, "r1"))
+                scope = run.scope.map("t", "map-0")
+                fingerprint, drafts = await stage(
+                    tenant, scope, [array_input.Occurrence(row) for row in source])
+                (draft,) = drafts
+                digest = encode_page(fingerprint, 0, draft.offset, draft.rows).digest
+                admitted.append(await sheets.admit(port, run, "t", CONTRACT, source,
+                                                   staged_page=StagedPage(scope, 0, digest)))
+    through, direct = admitted
+    assert [(r.key, r.input_index, r.row) for r in through.pending] == \
+        [(r.key, r.input_index, r.row) for r in direct.pending]
+    assert (through.inserted, through.skipped) == (direct.inserted, direct.skipped) == (30, 2)
+    (form, pending), = forms
+    if rows_listed:
+        assert (form, pending) == (protocol.ROWS_BY_INDEX, list(range(30)))
+    else:
+        assert form == protocol.ROWS_BY_KEY
+        assert [row["row"] for row in pending] == [{}] * 30
 
 
 async def test_paging_under_a_small_body_limit_changes_no_outcome(tenant):

@@ -104,6 +104,30 @@ def _rows_at(indexes: list[int], key_at: Mapping[int, str],
     return rows
 
 
+async def _send_admit_staged(gateway: Gateway, action: Action, arguments: dict,
+                             namespace: str, offset: int) -> Admission:
+    """`sheets.admit` of one sealed page (at most 1,000 rows, its fact at most 1 MiB): one
+    request, unpaged; the server checks it and reads the rows' inputs from the stored fact.
+    The client has the rows, so their pending ones come back as input indexes (by key, with
+    their previous cells, when those are asked for, or from a gateway that does not list the
+    form) and are checked against what was sent, as a paged admission's are."""
+    body = protocol.dumps(action.encode_input(
+        {name: value for name, value in arguments.items() if name != "texts"}))
+    # as the server prepares them: the pending rows are these (deduplicated, normalized)
+    prepared = prepare_rows(arguments["rows"], namespace, input_offset=offset,
+                            keys=arguments.get("keys"), need_texts=False,
+                            texts=arguments.get("texts"))
+    sent = dict(zip(prepared.keys, prepared.indexes))
+    by_index = (not arguments.get("previous_cells")
+                and protocol.ADMIT_BY_INDEX in (await gateway.health()).features)
+    answer = await gateway.post(action, body, headers=_ROWS_BY_INDEX if by_index
+                                else _ROWS_BY_KEY)
+    page = decode_admitted_page(action, answer, dict(zip(prepared.keys, prepared.rows)),
+                                dict(zip(prepared.indexes, prepared.keys)) if by_index else None)
+    paging.check_admitted_page(page, sent, arguments["run"].epoch)
+    return page
+
+
 async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admission:
     """`sheets.admit` in pages under the body limit, answers merged (see `paging`);
     `expect_new` only to a gateway that lists it (an older one refuses the field, and the
@@ -127,11 +151,7 @@ async def _send_admit(gateway: Gateway, action: Action, arguments: dict) -> Admi
         check_input_indexes(indexes, len(rows))
     check_give_up_after(arguments.get("give_up_after"))
     if arguments.get("staged_page") is not None:
-        # One sealed page (at most 1,000 rows, its fact at most 1 MiB): one request, unpaged;
-        # the server checks it and reads the rows' inputs from the stored fact.
-        body = protocol.dumps(action.encode_input(
-            {name: value for name, value in arguments.items() if name != "texts"}))
-        return action.result.decode(await gateway.post(action, body), "result")
+        return await _send_admit_staged(gateway, action, arguments, namespace, offset)
     # Positions ride in as input indexes, so every unique row keeps its place in the call.
     prepared = prepare_rows(rows, namespace, input_offset=0, keys=arguments.get("keys"),
                             need_texts=True, input_indexes=range(len(rows)),
