@@ -12,8 +12,9 @@ How it works
   server answers each pending row with its key and input index only (`row` is `{}`), and the
   client puts its own copy back. Rows then cross the wire once; a server that ignores the
   header answers in full, which the client treats the same way. `by-index` (to a gateway
-  that lists it, for a page whose input indexes are distinct and that asks no previous cells)
-  answers each pending row as its input index alone.
+  that lists it, for a page whose input indexes are distinct and that asks no previous cells:
+  a page of rows, or a staged page, one request either way) answers each pending row as its
+  input index alone.
 - `REQUEST_ID_HEADER` carries one id per operation (the same on every retry of it): a server
   answers a retry of a write it already applied from its replay cache, so a reply lost after
   the commit changes nothing, not even the answer.
