@@ -12,8 +12,12 @@ import trio
 from runplane.actors import open_run, open_supervisor
 from runplane.engine import PlayScope, RunScope, array_input, runs, sheets
 from runplane.engine.errors import ArrayInputUnavailableError, InvalidInputError
-from runplane.engine.gateway import open_gateway
+from runplane.engine.array_input.pages import encode_page
+from runplane.engine.gateway import open_gateway, protocol
+from runplane.engine.gateway import server as server_module
+from runplane.engine.sheets import StagedPage
 
+from .array_input_support import stage
 from .gateway_support import FAST_RETRY, count_rows, gateway, server, serving, token_for  # noqa: F401
 from .run_helpers import fact_kinds, outbox_state
 from .sheet_helpers import counters_match
@@ -151,13 +155,6 @@ async def test_a_staged_pages_pending_rows_come_back_as_indexes(tenant, monkeypa
     back and were decoded row by row), and the client's admission is the direct one's: the
     same keys, indexes and rows, a row repeated in the page skipped. A gateway that does not
     list the form answers by key, to the same admission."""
-    from runplane.engine.gateway import protocol
-    from runplane.engine.gateway import server as server_module
-
-    from .array_input_support import stage
-    from runplane.engine.array_input.pages import encode_page
-    from runplane.engine.sheets import StagedPage
-
     forms = []
     encode = server_module.encode_result
 
@@ -361,7 +358,6 @@ async def test_admitted_rows_come_back_by_key_and_the_client_restores_them(tenan
     import httpx
 
     from runplane.engine.actions import actions
-    from runplane.engine.gateway import protocol
 
     async with serving(tenant) as server:
         async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gw:
