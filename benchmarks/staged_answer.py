@@ -85,30 +85,29 @@ async def staged(tenant, run, table: str, size: int):
 
 
 async def side_cost(tenant, gateway, run, side: str, args, round_: int) -> tuple[float, ...]:
-    """Seconds, client CPU and gateway CPU of one admission call on `side`, medians of
-    `--calls` calls."""
-    pages = [await staged(tenant, run, f"t_{side[:2]}_{round_}_{i}", args.rows)
-             for i in range(args.calls)]
+    """Seconds, client CPU and gateway CPU of one admission call on `side` over `--calls`
+    calls, each on a new page of new rows."""
+    tables = [f"t_{side[:2]}_{round_}_{i}" for i in range(args.calls)]
+    pages = [await staged(tenant, run, table, args.rows) for table in tables]
     sender = senders._send_admit_staged
     if side == "in full":
         senders._send_admit_staged = in_full
     try:
-        wall, client, server = [], [], []
-        for (prepared, page), i in zip(pages, range(args.calls)):
-            table, rows = f"t_{side[:2]}_{round_}_{i}", prepared.rows
+        wall, client, gateway_cpu = [], [], []
+        for table, (prepared, page) in zip(tables, pages):
             child, cpu, started = child_cpu_s(), time.process_time(), time.perf_counter()
-            admission = await sheets.admit(gateway, run, table, CONTRACT, rows,
+            admission = await sheets.admit(gateway, run, table, CONTRACT, prepared.rows,
                                            keys=prepared.keys, texts=prepared.texts,
                                            staged_page=page)
             wall.append(time.perf_counter() - started)
             client.append(time.process_time() - cpu)
             after = child_cpu_s()
-            server.append(after - child if after is not None and child is not None else 0.0)
-            assert admission.inserted == len(rows) == len(admission.pending), admission
+            gateway_cpu.append(after - child if None not in (after, child) else 0.0)
+            assert admission.inserted == args.rows == len(admission.pending), admission
     finally:
         senders._send_admit_staged = sender
     # the gateway's CPU is read in clock ticks: its mean, not its median
-    return statistics.median(wall), statistics.median(client), statistics.fmean(server)
+    return statistics.median(wall), statistics.median(client), statistics.fmean(gateway_cpu)
 
 
 async def measure(dsn: str, url: str, schema: str, args: argparse.Namespace) -> None:
