@@ -97,8 +97,11 @@ class ListReplay:
             return
         plan = self.plan
         proof = state.list_proof
-        proven = proof.proven_writes() if proof is not None else None
         try:  # one attempt: a later run that finds no record takes the ordinary path
+            if proof is not None and getattr(proof.ledger.group, "deltas", False):
+                with proof.writing():  # the map's write group left deltas: fold them first
+                    await lists.fold_deltas(plan.port, plan.write)
+            proven = proof.proven_writes() if proof is not None else None
             await lists.record_list(plan.port, plan.write, self.digest, keys, proven)
         except EngineError as exc:
             log.info("map %s: its list could not be recorded for reruns (%s)",

@@ -221,6 +221,7 @@ NOT_OPERATIONS = {
     # ordinary path), so no capability is missing there
     "runplane.engine.sheets.lists.replay_list",
     "runplane.engine.sheets.lists.record_list",
+    "runplane.engine.sheets.lists.fold_deltas",  # before a list is recorded
     # only a `workers=N` coordinator, which needs a direct connection, starts worker processes
     "runplane.engine.shared.leases.release_process",
     # `runplane psql` / `views` / `sql`: views are made in the database psql connects to

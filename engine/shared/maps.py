@@ -6,7 +6,9 @@ How it works
   name, the play file's digest) and one `shared_units` row per unit: a slice of at most
   `UNIT_ROWS` rows of one staged page (page ordinal, first input index, row count). A map is
   published `waiting`; `set_state` opens it (workers may claim; the coordinator opens it once
-  its workers joined) and closes it, `done` or `cancelled`. Publishing again (a wake) keeps
+  its workers joined) and closes it, `done` or `cancelled`, adding one to its sheet's `writes`
+  as it moves it (a plain map's write group then leaves the sheet to it: `engine.sheets
+  .write_group`). Publishing again (a wake) keeps
   the units and their done marks and makes a cancelled map waiting again.
 - Workers `join` (one row in `shared_workers`, its heartbeat `seen_at`); `workers_joined`
   counts those seen since the map was published, `workers` lists them (pid, host, units done).
@@ -20,7 +22,8 @@ How it works
 - The table namespace is stored normalized (`normalize_namespace`), as the sheet knows it: a
   write without an attempt finds the leased units of its sheet by it (`engine.sheets
   .completion`) and is fenced on their rows.
-Every statement reaches its rows by primary-key prefix (org, play, run, map): never the sheet.
+Every statement reaches its rows by primary-key prefix (org, play, run, map), and the sheet's
+summary row by its key when `set_state` moves a map: never the sheet's own table.
 """
 
 from __future__ import annotations
@@ -183,10 +186,22 @@ async def publish(port: Port, ref: RunRef, map_invocation_id: str, table_namespa
     await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(sql, *args))
 
 
+# Moving a map also adds one to its sheet's `writes` under the summary row's lock: that waits
+# for a plain map's write group holding the row, and ends its turn (`engine.sheets.write_group`:
+# a shared map's writers hold the row shared without a token).
 _SET_STATE = """
-UPDATE {maps} SET state = $5
- WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4
-   AND state = ANY($6::text[])
+WITH moved AS (
+    UPDATE {maps} SET state = $5
+     WHERE org_id = $1 AND play = $2 AND run_id = $3 AND map_invocation_id = $4
+       AND state = ANY($6::text[])
+    RETURNING org_id, play, table_namespace
+), turned AS (
+    UPDATE {summary} AS s SET writes = s.writes + 1
+      FROM moved AS m
+     WHERE s.org_id = m.org_id AND s.play = m.play AND s.table_namespace = m.table_namespace
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM turned) AS turned
 """
 
 
@@ -201,11 +216,12 @@ async def set_state(port: Port, ref: RunRef, map_invocation_id: str, state: MapS
     state = MapState.coerce(state)
     if not isinstance(state, MapState):
         raise InvalidInputError(f"state must be waiting, open, done or cancelled, got {state!r}")
-    sql = _SET_STATE.format(maps=table(port, "shared_maps"))
-    status = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.execute(
+    sql = _SET_STATE.format(maps=table(port, "shared_maps"),
+                            summary=table(port, "sheet_summary"))
+    moved = await with_connection(port, RECEIPTS_LANE, lambda conn: conn.fetchval(
         sql, *map_key(ref, map_invocation_id), state.value,
         [s.value if isinstance(s, MapState) else s for s in from_states]))
-    return not status.endswith(" 0")
+    return bool(moved)
 
 
 

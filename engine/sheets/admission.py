@@ -69,6 +69,7 @@ from .admission_sql import PageRows, PayloadRows, admit_statement
 from .inputs import PreparedRows, prepare_rows
 from .layout import layout_for
 from .sheet_txn import SheetTxn, UnitGuard, run_sheet_transaction
+from .write_group import group_for
 from .telemetry import PhaseClock
 from .model import (
     Admission,
@@ -264,8 +265,10 @@ async def admit_prepared(
     rolls back on its unique violation and runs again as an ordinary admission, so the
     outcome is the ordinary one either way."""
     units = guard is None and unit_fence.reads_unit_leases(port)  # a plain admission
-    guard = guard or UnitGuard()
     layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
+    group = group_for(port, layout.counter_args, write.run.run_id, write.run.epoch,
+                      plain=guard is None and prelude is None and write.plain)
+    guard = guard or UnitGuard()
     clock = PhaseClock()
     clock.add("prepare", time.perf_counter() - started)
     n = len(prepared.keys)
@@ -314,6 +317,7 @@ async def admit_prepared(
             return run_sheet_transaction(
                 port, layout, write.contract.fields, op,
                 timeout_ms=ADMIT_STATEMENT_TIMEOUT_MS, clock=clock, concurrent=guard.concurrent,
+                group=group, keys=prepared.keys,
             )
 
         try:

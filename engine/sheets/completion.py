@@ -81,6 +81,7 @@ from .completion_sql import exact_statement
 from .inputs import PreparedOutcome, prepare_outcomes
 from .layout import SheetLayout, layout_for
 from .sheet_txn import SheetTxn, UnitGuard, run_sheet_transaction
+from .write_group import group_for
 from .telemetry import PhaseClock
 from .model import (
     ATTEMPT, COMPLETION, CONTRACT, ROW_OUTCOME, Attempt, Completion, CompletionDiagnostics,
@@ -387,9 +388,11 @@ async def _complete_here(
     try:
         if prepared or within is not None:
             fields = list(dict.fromkeys([*contract.fields, *sorted(data_fields)]))
+            group = group_for(port, layout.counter_args, run.run_id, run.epoch,
+                              plain=guard is None and not force_failed and write.plain)
             tally = await run_sheet_transaction(
                 port, layout, fields, op, timeout_ms=COMPLETE_STATEMENT_TIMEOUT_MS, clock=clock,
-                concurrent=concurrent,
+                concurrent=concurrent, group=group, keys=all_keys,
             )
         outcome = "succeeded"
     finally:

@@ -3,7 +3,8 @@
 How it works
 - Ordinary writers serialize on the sheet's `sheet_summary` row (`sheet_txn`) and add their
   deltas to it and to `sheet_column_summary` (`summary_update`, `column_update`).
-- The writers of one shared map write at once (`sheet_txn`, concurrent mode): each holds the
+- The writers of one shared map write at once (`sheet_txn`, concurrent mode), and so do a plain
+  map's own writes while its write group's token holds (`write_group`): each holds the
   summary row `FOR SHARE` and adds its deltas to its own rows of `sheet_counter_deltas` and
   `sheet_column_deltas`, keyed by its backend's pid (`pg_backend_pid()`: two backends alive at
   once never share one, so these writers never wait on each other's counter rows).

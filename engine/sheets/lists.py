@@ -68,6 +68,7 @@ from .column_registry import COLUMNS_OF_FIELDS
 from .counters import has_deltas
 from .layout import LANE, SheetColumns, column_name, layout_for
 from .reuse import split_keys
+from .sheet_txn import run_sheet_transaction
 from .sheet_write import SheetWrite
 from .statements import BindParams, Statement
 
@@ -215,3 +216,20 @@ async def record_list(port: Port, write: SheetWrite, digest: bytes, keys: Sequen
     statement = record_statement(port, write, digest, key_digests, proven_writes)
     return await with_connection(port, LANE, lambda conn: conn.fetchval(
         statement.sql, *statement.args)) is not None
+
+
+FOLD_TIMEOUT_MS = 30_000
+
+
+async def fold_deltas(port: Port, write: SheetWrite) -> None:
+    """One ordinary sheet transaction of `write`'s sheet that writes nothing: its lock folds
+    the counter deltas it finds (`counters`), and it adds one to `writes`. A list map whose
+    write group left deltas (`write_group`) runs it before it records the list, whose statement
+    wants none; run inside the map's ledger (`write_ledger.keeping`), it extends the proof."""
+    write.check_port(port)
+    layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
+
+    async def nothing(_conn, _sheet) -> None:
+        return None
+
+    await run_sheet_transaction(port, layout, (), nothing, timeout_ms=FOLD_TIMEOUT_MS)

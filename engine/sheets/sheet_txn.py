@@ -36,6 +36,11 @@ How it works
   same transaction and rolls back, and the new holder's statements wait on its row locks), and
   the map's rows have distinct keys. A sheet whose summary row is missing, or a field without
   a column, sends it down the exclusive path as an ordinary writer.
+- A transaction of a **write group** (`write_group`: the writes of one plain map in one
+  process) may hold the summary row `FOR SHARE` too, beside the group's other transactions:
+  its lock statement claims the row only while `writes` still holds the group's token and no
+  shared map of the sheet is waiting or open, and adds its counter deltas to its own rows as a
+  concurrent writer does; when the row is not claimed it runs again the ordinary way.
 - Normal writers learn the registered columns of the fields they touch in the same statement
   that claims the summary row. One that finds a field with no registered column goes on under
   the exclusive path in the same transaction (its upsert holds the summary row just as that
@@ -53,7 +58,7 @@ Who calls: admission, completion, the write modes and `ensure_sheet`.
 from __future__ import annotations
 
 import time
-from typing import Awaitable, Callable, Iterable, Literal, TypeVar
+from typing import Awaitable, Callable, Iterable, Literal, Sequence, TypeVar
 
 import attrs
 
@@ -67,6 +72,7 @@ from .layout import SheetColumns, SheetLayout
 from .model import FencedRow
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
+from .write_group import Turn, WriteGroup
 from .write_ledger import note_commit
 
 T = TypeVar("T")
@@ -98,6 +104,7 @@ class SheetTxn:
     concurrent: bool = False  # counters go to this backend's delta rows (module docstring)
     writes: int | None = None  # the summary row's `writes` this transaction left (ordinary ones)
     found_deltas: bool = False  # the sheet had counter deltas of concurrent writers
+    group: bool = False  # a write group's transaction (`write_group`)
 
 
 # Transaction-local settings, sent with BEGIN (one message, so one round trip) and so before
@@ -116,7 +123,8 @@ SELECT set_config('statement_timeout', '{timeout_ms}', true),
 _XID = "txid_current()::text AS xid"
 
 def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str],
-                          concurrent: bool = False) -> Statement:
+                          concurrent: bool = False, group_token: int | None = None
+                          ) -> Statement:
     """Upsert (lock) the sheet's summary row, claiming its
     table name (unique: a colliding sheet fails with 23505 here, before touching any row), and
     read the registered columns of `fields`: registry rows never change once committed, so what
@@ -129,6 +137,21 @@ def lock_shared_statement(port: Port, layout: SheetLayout, fields: list[str],
         fields=binds.add(fields, "text[]"), registry=table(port, "sheet_columns"), org=org,
         play=play, ns=namespace)
     summary = table(port, "sheet_summary")
+    if group_token is not None:  # a write group's turn: while nobody else wrote since its token
+        token = binds.add(group_token, "bigint")
+        return binds.statement(f"""
+WITH claimed AS (
+    SELECT s.table_name FROM {summary} AS s
+     WHERE s.org_id = {org} AND s.play = {play} AND s.table_namespace = {namespace}
+       AND s.table_name = {table_name} AND s.writes = {token}
+       AND NOT EXISTS (SELECT 1 FROM {table(port, "shared_maps")} AS m
+                        WHERE m.org_id = {org} AND m.play = {play}
+                          AND m.table_namespace = {namespace} AND m.state IN {_LIVE_MAPS})
+       FOR SHARE OF s
+)
+SELECT current_setting('server_version_num')::integer AS server_version,
+       {columns} AS columns, (SELECT count(*) FROM claimed) AS claimed, {_XID}
+""")
     if concurrent:  # the summary row held shared; it must exist (else: the exclusive path)
         return binds.statement(f"""
 WITH claimed AS (
@@ -167,6 +190,12 @@ RETURNING current_setting('server_version_num')::integer AS server_version, s.wr
 """
 
 TABLE_NAME_CONSTRAINT = "sheet_summary_table_name"
+_LIVE_MAPS = "('waiting', 'open')"  # shared-map states whose writers may come (`shared.maps`)
+
+
+class _NotInTurn(Exception):
+    """A write group's transaction found its token gone (another writer wrote the sheet), a
+    shared map of the sheet live, or a field without a column: it runs the ordinary way."""
 
 
 class _UnregisteredField(MissingRelationError):
@@ -203,6 +232,8 @@ async def _transaction_once(
     timeout_ms: int,
     clock: PhaseClock,
     concurrent: bool = False,
+    group_token: int | None = None,
+    learned: list[SheetTxn] | None = None,
 ) -> T:
     waited_before = permit_wait_seconds(port)
     started = time.perf_counter()
@@ -219,11 +250,15 @@ async def _transaction_once(
             clock.add("connect", elapsed - waited)
             settings = _SETTINGS.format(timeout_ms=int(timeout_ms))
             async with conn.transaction(on_phase=clock.add, begin_with=settings):
-                sheet = await _lock_sheet(conn, port, layout, fields, mode, concurrent)
+                sheet = await _lock_sheet(conn, port, layout, fields, mode, concurrent,
+                                          group_token)
+                if learned is not None:
+                    learned.append(sheet)
                 if sheet.exclusive and mode == "shared":  # it prepared columns after all
                     clock.column_retries += 1
                 result = await op(conn, sheet)
-        note_commit(layout.counter_args, sheet.writes, sheet.found_deltas)  # committed
+        note_commit(layout.counter_args, sheet.writes, sheet.found_deltas,  # committed
+                    group=sheet.group)
         return result
     except BaseException:
         if not checked_out:  # the checkout itself failed (re-raised below)
@@ -233,11 +268,20 @@ async def _transaction_once(
 
 async def _lock_sheet(
     conn: Connection, port: Port, layout: SheetLayout, fields: list[str], mode: LockMode,
-    concurrent: bool = False,
+    concurrent: bool = False, group_token: int | None = None,
 ) -> SheetTxn:
     """Take the sheet lock and claim its summary row; learn the columns of `fields`."""
     summary = table(port, "sheet_summary")
     try:
+        if group_token is not None:
+            statement = lock_shared_statement(port, layout, fields, group_token=group_token)
+            record = await conn.fetchrow(statement.sql, *statement.args)
+            conn.note_transaction_id(record["xid"])
+            names = record["columns"]
+            if not record["claimed"] or any(name is None for name in names):
+                raise _NotInTurn()
+            return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))),
+                            concurrent=True, group=True)
         if mode == "shared":
             statement = lock_shared_statement(port, layout, fields, concurrent)
             record = await conn.fetchrow(statement.sql, *statement.args)
@@ -300,21 +344,28 @@ async def run_sheet_transaction(
     clock: PhaseClock | None = None,
     mode: LockMode = "shared",
     concurrent: bool = False,
+    group: WriteGroup | None = None,
+    keys: Sequence[str] = (),
+    learned: list[SheetTxn] | None = None,
 ) -> T:
     """Run `op(conn, sheet)` in one sheet write transaction (see the module docstring).
 
     `fields` are the fields whose columns `op` may reference (`sheet.columns(field)`); under the
     exclusive lock they are created and registered first. `op` must be safe to run again from
     scratch (it is, after a rollback). `concurrent`: see the module docstring; `sheet.concurrent`
-    tells `op` where its counter deltas go.
+    tells `op` where its counter deltas go. `group`: the write group the transaction belongs
+    to (`write_group`), `keys` the sheet rows it writes. `learned` gets what each attempt
+    learned at the lock (the last one's is the committed transaction's).
     """
     fields = list(fields)
     clock = clock if clock is not None else PhaseClock()
+    if group is not None and mode == "shared" and not concurrent:
+        return await _in_group(port, layout, fields, op, timeout_ms, clock, group, keys)
     repaired = raced = False
     while True:
         try:
             return await _transaction_once(port, layout, fields, op, mode, timeout_ms, clock,
-                                           concurrent)
+                                           concurrent, learned=learned)
         except _TableNameTaken as exc:
             if raced:
                 raise exc.conflict from exc.__cause__
@@ -328,3 +379,34 @@ async def run_sheet_transaction(
                 raise
             repaired = True
             await port.repair_schema()
+
+
+async def _in_group(
+    port: Port, layout: SheetLayout, fields: list[str],
+    op: Callable[[Connection, SheetTxn], Awaitable[T]], timeout_ms: int, clock: PhaseClock,
+    group: WriteGroup, keys: Sequence[str],
+) -> T:
+    """One transaction of `group`: in the group's turn when `group.enter` says so and the lock
+    statement confirms it, the ordinary way otherwise (`write_group`)."""
+    ordinary = False
+    while True:
+        txn = await group.enter(keys, ordinary=ordinary)
+        learned: list[SheetTxn] = []
+        committed = False
+        try:
+            if txn.turn is Turn.GROUP:
+                result = await _transaction_once(port, layout, fields, op, "shared", timeout_ms,
+                                                 clock, group_token=txn.token, learned=learned)
+            else:
+                result = await run_sheet_transaction(port, layout, fields, op,
+                                                     timeout_ms=timeout_ms, clock=clock,
+                                                     learned=learned)
+            committed = True
+            return result
+        except (_NotInTurn, MissingRelationError):
+            if txn.turn is Turn.ORDINARY:
+                raise
+            ordinary = True  # rolled back: run it the ordinary way
+        finally:
+            group.leave(txn, committed=committed,
+                        writes=learned[-1].writes if committed and learned else None)

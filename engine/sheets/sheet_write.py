@@ -115,6 +115,12 @@ class SheetWrite:
     previous_cells_budget_bytes: int = attrs.field(default=PREVIOUS_CELLS_BUDGET_BYTES,
                                                    converter=check_budget)
 
+    @property
+    def plain(self) -> bool:
+        """A write with neither an attempt's lease nor `force`: one that may join its map's
+        write group (`write_group`)."""
+        return self.attempt is None and not self.force
+
     def check_port(self, port: Port) -> None:
         """`ScopeError` unless the run belongs to the org `port` serves."""
         check_scope(port, self.run)

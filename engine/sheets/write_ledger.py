@@ -15,7 +15,11 @@ How it works
   writer) leaves a gap, and the proof fails: the caller then checks what it wanted to prove
   the long way. A failed proof costs time, never a wrong answer.
 - Only ordinary writers count: the writers of a shared map add deltas instead of a value, so
-  a transaction that found deltas spoils the proof (`engine.sheets.lists`, `counters`).
+  a transaction that found deltas spoils the proof (`engine.sheets.lists`, `counters`) —
+  unless the map's own write group (`write_group`) committed transactions since its last
+  ordinary one: those leave no value and add deltas, and they ran only while `writes` still
+  held that value and no shared map of the sheet was live (anyone else writing meanwhile
+  leaves a gap), so the deltas its next ordinary transaction finds are the group's own.
 Who uses it: `engine.sheets.lists` (a list recorded without its per-key check) and the map
 that records it (`actors.list_proof`, `actors.list_replay`). Pure: no I/O.
 """
@@ -36,12 +40,17 @@ class WriteLedger:
     sheet: tuple[str, str, str]
     values: list[int] = attrs.field(factory=list)
     spoiled: bool = False  # a transaction found deltas, or left no value
+    group_deltas: bool = False  # the map's write group committed since its last value
+    group: object | None = None  # the map's write group on this sheet (`write_group.group_for`)
 
-    def note(self, writes: int | None, found_deltas: bool) -> None:
-        if writes is None or found_deltas:
+    def note(self, writes: int | None, found_deltas: bool, group: bool = False) -> None:
+        if group:
+            self.group_deltas = True
+        elif writes is None or (found_deltas and not self.group_deltas):
             self.spoiled = True
         else:
             self.values.append(writes)
+            self.group_deltas = False
 
     def proven_writes(self) -> int | None:
         """The sheet's `writes` after the last noted transaction when nobody else wrote the
@@ -68,8 +77,16 @@ def keeping(ledger: WriteLedger) -> Iterator[WriteLedger]:
         _KEPT.reset(token)
 
 
-def note_commit(sheet: tuple[str, str, str], writes: int | None, found_deltas: bool) -> None:
-    """A sheet write transaction of `sheet` committed, leaving `writes` (None: unknown)."""
+def kept_ledger(sheet: tuple[str, str, str]) -> WriteLedger | None:
+    """The ledger kept in this context for `sheet`, if any."""
+    ledger = _KEPT.get()
+    return ledger if ledger is not None and ledger.sheet == sheet else None
+
+
+def note_commit(sheet: tuple[str, str, str], writes: int | None, found_deltas: bool,
+                group: bool = False) -> None:
+    """A sheet write transaction of `sheet` committed, leaving `writes` (None: unknown), or
+    one of a write group (`group`: it leaves no value)."""
     ledger = _KEPT.get()
     if ledger is not None and ledger.sheet == sheet:
-        ledger.note(writes, found_deltas)
+        ledger.note(writes, found_deltas, group)

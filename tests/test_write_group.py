@@ -1,0 +1,207 @@
+"""A map's own sheet writes overlapping (`engine.sheets.write_group`): the group's transactions
+hold the sheet lock at once, nobody else's do, and the counters stay exact."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from runplane.engine.shared import maps as shared_maps
+from runplane.engine.sheets import RowOutcome, admit, complete, ensure_sheet, summary
+from runplane.engine.sheets import lists, write_group
+from runplane.engine.sheets.layout import layout_for
+from runplane.engine.sheets.write_group import GroupTxn, Turn, WriteGroup
+from runplane.engine.sheets.sheet_write import SheetWrite
+from runplane.engine.sheets.write_ledger import WriteLedger, keeping
+from runplane.simulations.ports import CountingPort, GatedPort
+from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope
+
+NS = "grouped"
+
+
+def rows(tag: str, n: int) -> list[dict]:
+    return [{"name": f"{tag}-{i}"} for i in range(n)]
+
+
+def done(admission) -> list[RowOutcome]:
+    return [RowOutcome(r.key, "completed", {"score": i}) for i, r in enumerate(admission.pending)]
+
+
+def group_of(port, run) -> WriteGroup:
+    layout = layout_for(port, play_scope(port), NS)
+    return write_group.group_of(port, (layout.counter_args, run.run_id, run.epoch))
+
+
+async def writes_of(tenant) -> int:
+    layout = layout_for(tenant, play_scope(tenant), NS)
+    async with tenant.connection("sheet") as conn:
+        return await conn.fetchval(
+            f'SELECT writes FROM "{tenant.schema}".sheet_summary WHERE org_id = $1 AND play = $2'
+            " AND table_namespace = $3", *layout.counter_args)
+
+
+def is_commit(boundary) -> bool:
+    return boundary.kind == "query" and boundary.sql == "COMMIT"
+
+
+async def test_a_maps_own_admission_and_completion_hold_the_sheet_lock_at_once(tenant):
+    await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
+    run = await new_run(tenant, "play", "r1")
+    port = GatedPort(tenant)
+    first = await admit(port, run, NS, CONTRACT, rows("a", 50))  # alone: the ordinary way
+    group = group_of(port, run)
+    assert group.token is not None and group.overlapped == 0
+    ordinary_commit = port.gate(is_commit)   # the completion below, the ordinary way
+    held_commit = port.gate(                 # the admission after it, in the group's turn
+        lambda b: is_commit(b) and b.checkout != ordinary_commit.boundary.checkout)
+    results: dict[str, object] = {}
+
+    async def run_one(name, call):
+        results[name] = await call()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_one, "complete_a", lambda: complete(
+                port, run, NS, CONTRACT, done(first)))
+            await ordinary_commit.wait_reached()
+            # Enters while the group's ordinary transaction is in flight: waits for its token.
+            nursery.start_soon(run_one, "admit_b", lambda: admit(
+                port, run, NS, CONTRACT, rows("b", 40)))
+            while not group.waiting:
+                await trio.sleep(0.01)
+            ordinary_commit.release()
+            await held_commit.wait_reached()  # the admission holds the row FOR SHARE ...
+            # ... and another write of the group goes through meanwhile, to its COMMIT:
+            await admit(port, run, NS, CONTRACT, rows("c", 30))
+            held_commit.release()
+    assert group.overlapped == 2  # the second and the third admission, in the group's turn
+    assert results["complete_a"].updated == 50
+    assert len(results["admit_b"].pending) == 40
+    assert (await counters_match(tenant, play_scope(tenant), NS))[0]
+    counts = await summary(tenant, play_scope(tenant), NS)
+    assert (counts.total, counts.completed, counts.queued) == (120, 50, 70)
+
+
+async def test_another_writer_ends_the_groups_turn(tenant):
+    """The group's token no longer holds once another run wrote the sheet: its transaction
+    finds the summary row unclaimed and runs again the ordinary way, with the same outcome."""
+    await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
+    run = await new_run(tenant, "play", "r1")
+    other = await new_run(tenant, "play", "r2")
+    port = CountingPort(tenant)
+    await admit(port, run, NS, CONTRACT, rows("a", 10))
+    group = group_of(port, run)
+    token = group.token
+    await admit(tenant, other, NS, CONTRACT, rows("z", 5))  # another writer: writes moves on
+    assert await writes_of(tenant) == token + 1
+    group.in_flight.append(GroupTxn(frozenset(), Turn.GROUP, token))  # a write of it in flight
+    port.reset()
+    admission = await admit(port, run, NS, CONTRACT, rows("b", 20))
+    assert len(admission.pending) == 20
+    claims = [sql for sql in port.statements if "AND s.writes = " in sql]
+    assert len(claims) == 1  # tried in the group's turn once, then went the ordinary way
+    assert group.overlapped == 0 and group.token == token + 2
+    assert (await counters_match(tenant, play_scope(tenant), NS))[0]
+
+
+async def test_a_live_shared_map_of_the_sheet_keeps_the_group_out(tenant):
+    """Opening a shared map adds one to its sheet's `writes` (a shared map's writers hold the
+    row shared without a token); while it is live, a group's transaction goes the ordinary
+    way even with a token that holds."""
+    await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
+    run = await new_run(tenant, "play", "r1")
+    port = CountingPort(tenant)
+    await admit(port, run, NS, CONTRACT, rows("a", 10))
+    before = await writes_of(tenant)
+    other = await new_run(tenant, "play", "r2")
+    await shared_maps.publish(tenant, other, "map-0", NS, config={}, function="f",
+                              play_digest="d", units=[(0, 0, 1)])
+    assert await shared_maps.set_state(tenant, other, "map-0", shared_maps.OPEN,
+                                       [shared_maps.WAITING])
+    assert await writes_of(tenant) == before + 1
+    group = group_of(port, run)
+    group.token = before + 1  # as if the group's own transaction had left that value
+    group.in_flight.append(GroupTxn(frozenset(), Turn.GROUP, group.token))
+    port.reset()
+    await admit(port, run, NS, CONTRACT, rows("b", 10))
+    assert len([sql for sql in port.statements if "AND s.writes = " in sql]) == 1
+    assert group.overlapped == 0
+    assert (await counters_match(tenant, play_scope(tenant), NS))[0]
+
+
+async def test_a_list_maps_group_folds_its_deltas_into_its_proof(tenant):
+    """What a list map does before it records its list: its write group's deltas folded by
+    one ordinary transaction inside its ledger, which then proves the sheet's `writes`."""
+    await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
+    run = await new_run(tenant, "play", "r1")
+    layout = layout_for(tenant, play_scope(tenant), NS)
+    ledger = WriteLedger(layout.counter_args)
+    with keeping(ledger):
+        first = await admit(tenant, run, NS, CONTRACT, rows("a", 20))  # alone: ordinary
+        group = ledger.group  # the list map's own group, kept on its ledger
+        assert isinstance(group, WriteGroup) and group.token is not None
+        group.in_flight.append(GroupTxn(frozenset(), Turn.GROUP, group.token))
+        await complete(tenant, run, NS, CONTRACT, done(first))  # in the group's turn
+        assert group.overlapped == 1 and group.deltas
+        group.in_flight.clear()
+        await lists.fold_deltas(tenant, SheetWrite(run, NS, CONTRACT))
+    assert ledger.proven_writes() == await writes_of(tenant)
+    async with tenant.connection("sheet") as conn:
+        assert await conn.fetchval(
+            f'SELECT count(*) FROM "{tenant.schema}".sheet_counter_deltas WHERE org_id = $1'
+            " AND play = $2 AND table_namespace = $3", *layout.counter_args) == 0
+    counts = await summary(tenant, play_scope(tenant), NS)
+    assert (counts.total, counts.completed) == (20, 20)
+    assert (await counters_match(tenant, play_scope(tenant), NS))[0]
+
+
+async def test_a_transaction_sharing_a_row_with_one_in_flight_goes_the_ordinary_way():
+    group = WriteGroup(token=8)
+    alone = await group.enter(["a"])  # nothing of the group in flight: the ordinary way
+    assert alone.turn is Turn.ORDINARY
+    group.leave(alone, committed=True, writes=9)
+    group.in_flight.append(GroupTxn(frozenset({"a"}), Turn.GROUP, 9))  # "a" on its way
+    joined = await group.enter(["b"])
+    assert joined.turn is Turn.GROUP and joined.token == 9
+    assert (await group.enter(["a", "c"])).turn is Turn.ORDINARY
+
+
+async def test_a_transaction_waits_for_its_groups_ordinary_one():
+    group = WriteGroup(token=3)
+    ordinary = await group.enter(["a"], ordinary=True)
+    entered: list[GroupTxn] = []
+
+    async def second():
+        entered.append(await group.enter(["b"]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not entered  # it waits for the token that one leaves
+        group.leave(ordinary, committed=True, writes=4)
+    assert entered[0].turn is Turn.GROUP and entered[0].token == 4
+
+
+async def test_every_so_often_one_goes_the_ordinary_way():
+    group = WriteGroup(token=1)
+    group.in_flight.append(GroupTxn(frozenset({"x"}), Turn.GROUP, 1))  # in flight throughout
+    for i in range(write_group.ORDINARY_EVERY):
+        txn = await group.enter([str(i)])
+        assert txn.turn is Turn.GROUP
+        group.leave(txn, committed=True)
+    assert group.overlapped == write_group.ORDINARY_EVERY and group.deltas
+    late = await group.enter(["late"])
+    assert late.turn is Turn.ORDINARY
+    group.leave(late, committed=True, writes=2)
+    assert (group.token, group.since_ordinary, group.deltas) == (2, 0, False)
+
+
+@pytest.mark.parametrize("group_first", [True, False])
+def test_a_ledger_excuses_only_its_own_groups_deltas(group_first):
+    ledger = WriteLedger(("org", "play", "ns"))
+    ledger.note(5, False)
+    if group_first:
+        ledger.note(None, False, group=True)
+    ledger.note(6, True)  # an ordinary transaction that found deltas
+    assert ledger.proven_writes() == (6 if group_first else None)
