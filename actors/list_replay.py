@@ -98,7 +98,7 @@ class ListReplay:
         plan = self.plan
         proof = state.list_proof
         try:  # one attempt: a later run that finds no record takes the ordinary path
-            if proof is not None and getattr(proof.ledger.group, "deltas", False):
+            if proof is not None and proof.ledger.group_deltas:
                 with proof.writing():  # the map's write group left deltas: fold them first
                     await lists.fold_deltas(plan.port, plan.write)
             proven = proof.proven_writes() if proof is not None else None

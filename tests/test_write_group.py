@@ -205,3 +205,18 @@ def test_a_ledger_excuses_only_its_own_groups_deltas(group_first):
         ledger.note(None, False, group=True)
     ledger.note(6, True)  # an ordinary transaction that found deltas
     assert ledger.proven_writes() == (6 if group_first else None)
+
+
+def test_a_port_keeps_its_most_recent_groups(monkeypatch):
+    """A gateway is not told when a client's map ends: past `MAX_GROUPS` the least recently
+    used group is dropped, and its writer starts again with an ordinary transaction."""
+    monkeypatch.setattr(write_group, "MAX_GROUPS", 2)
+    port = object.__new__(WriteGroup)  # any object that can be weakly referenced
+    first = write_group.group_of(port, ("a",))
+    first.token = 5
+    write_group.group_of(port, ("b",))
+    assert write_group.group_of(port, ("a",)) is first  # used again: now the most recent
+    write_group.group_of(port, ("c",))  # drops "b"
+    assert write_group.group_of(port, ("a",)) is first
+    fresh = write_group.group_of(port, ("b",))
+    assert fresh.token is None  # a new group: no token, so its first write is ordinary

@@ -266,8 +266,8 @@ async def admit_prepared(
     outcome is the ordinary one either way."""
     units = guard is None and unit_fence.reads_unit_leases(port)  # a plain admission
     layout = layout_for(port, write.run.scope.play_scope, write.table_namespace)
-    group = group_for(port, layout.counter_args, write.run.run_id, write.run.epoch,
-                      plain=guard is None and prelude is None and write.plain)
+    group = group_for(port, layout.counter_args, write,
+                      guarded=guard is not None or prelude is not None)
     guard = guard or UnitGuard()
     clock = PhaseClock()
     clock.add("prepare", time.perf_counter() - started)

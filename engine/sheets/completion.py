@@ -388,8 +388,8 @@ async def _complete_here(
     try:
         if prepared or within is not None:
             fields = list(dict.fromkeys([*contract.fields, *sorted(data_fields)]))
-            group = group_for(port, layout.counter_args, run.run_id, run.epoch,
-                              plain=guard is None and not force_failed and write.plain)
+            group = group_for(port, layout.counter_args, write,
+                              guarded=guard is not None or force_failed)
             tally = await run_sheet_transaction(
                 port, layout, fields, op, timeout_ms=COMPLETE_STATEMENT_TIMEOUT_MS, clock=clock,
                 concurrent=concurrent, group=group, keys=all_keys,

@@ -55,6 +55,7 @@ import trio
 
 from ..ports import Port
 from .counters import may_fold
+from .sheet_write import SheetWrite
 from .write_ledger import kept_ledger
 
 ORDINARY_EVERY = 16  # group transactions between two ordinary ones, at most
@@ -82,10 +83,14 @@ class WriteGroup:
 
     token: int | None = None
     in_flight: list[GroupTxn] = attrs.field(factory=list)
-    since_ordinary: int = 0
-    deltas: bool = False        # group transactions committed since the last ordinary one
+    since_ordinary: int = 0     # group transactions committed since the last ordinary one
     overlapped: int = 0         # transactions committed in the group (telemetry, tests)
     waiting: int = 0            # entrants waiting for the group's ordinary transaction
+
+    @property
+    def deltas(self) -> bool:
+        """Whether the group left counter deltas its next ordinary transaction folds."""
+        return self.since_ordinary > 0
 
     async def enter(self, keys: Iterable[str], *, ordinary: bool = False) -> GroupTxn:
         """Decide how the next transaction goes (module docstring)."""
@@ -119,10 +124,9 @@ class WriteGroup:
                 self.token = None  # what it left, if anything, is not known
             return
         if txn.turn is Turn.ORDINARY:
-            self.token, self.since_ordinary, self.deltas = writes, 0, False
+            self.token, self.since_ordinary = writes, 0
         else:
             self.since_ordinary += 1
-            self.deltas = True
             self.overlapped += 1
 
 
@@ -145,18 +149,19 @@ def group_of(port: object, identity: tuple) -> WriteGroup:
     return group
 
 
-def group_for(port: Port, sheet: tuple[str, str, str], run_id: str, epoch: int, *,
-              plain: bool) -> WriteGroup | None:
-    """The write group of a write of run incarnation (`run_id`, `epoch`) to `sheet` (its counter
-    arguments) through `port`; None when the write may not join one: not `plain` (a unit
-    guard, an attempt, `force`), or a port that may not fold deltas (a database session).
-    A map keeping a write ledger of the sheet (a list map) has a group of its own, kept on
-    the ledger: the deltas the ledger excuses are then its own map's."""
-    if not plain or not may_fold(port):
+def group_for(port: Port, sheet: tuple[str, str, str], write: SheetWrite, *,
+              guarded: bool) -> WriteGroup | None:
+    """The write group of `write` to `sheet` (its counter arguments) through `port`: its run
+    incarnation's. None when the write may not join one: `guarded` (a unit guard, a prelude,
+    a forced failure), not `write.plain` (an attempt, `force`), or a port that may not fold
+    deltas (a database session). A map keeping a write ledger of the sheet (a list map) has a
+    group of its own, kept on the ledger: the deltas the ledger excuses are then its own
+    map's."""
+    if guarded or not write.plain or not may_fold(port):
         return None
     ledger = kept_ledger(sheet)
     if ledger is not None:
         if ledger.group is None:
             ledger.group = WriteGroup()
         return ledger.group  # type: ignore[return-value]
-    return group_of(port, (sheet, run_id, epoch))
+    return group_of(port, (sheet, write.run.run_id, write.run.epoch))
