@@ -130,6 +130,80 @@ async def test_a_live_shared_map_of_the_sheet_keeps_the_group_out(tenant):
     assert (await counters_match(tenant, play_scope(tenant), NS))[0]
 
 
+async def lock_waiters(tenant) -> int:
+    """Backends of this test's schema waiting for a lock (the other run's lock statement)."""
+    async with tenant.connection("sheet") as conn:
+        return await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND position($1 in query) > 0", tenant.schema)
+
+
+async def overlap_while_another_run_waits(tenant, chain: int) -> tuple[int, bool]:
+    """A group whose transactions overlap without a gap — each held at its COMMIT until the
+    next one holds the summary row (or waits for it the ordinary way) — while another run's
+    admission waits for the row exclusively. Returns (the group's transactions committed while
+    the other waited, whether it got in before the chain of `chain` admissions ended)."""
+    await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
+    run = await new_run(tenant, "play", "r1")
+    other = await new_run(tenant, "play", "r2")
+    port = GatedPort(tenant)
+    await admit(port, run, NS, CONTRACT, rows("start", 5))  # alone: the ordinary way
+    group = group_of(port, run)
+    gated: set[int] = set()  # the checkouts of the admissions already held
+    other_done = trio.Event()
+    committed: list[int] = []  # the group's count when the other started, and when it ended
+
+    def next_commit():
+        return port.gate(lambda b: is_commit(b) and b.checkout not in gated)
+
+    async def other_writer():
+        committed.append(group.overlapped)
+        await admit(tenant, other, NS, CONTRACT, rows("other", 5))
+        committed.append(group.overlapped)
+        other_done.set()
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            held = next_commit()
+            nursery.start_soon(admit, port, run, NS, CONTRACT, rows("t0", 5))  # ordinary
+            gated.add((await held.wait_reached()).checkout)
+            for i in range(1, chain + 1):
+                if i == 2:  # the group overlaps from here: another run's write asks for the row
+                    nursery.start_soon(other_writer)
+                    while not await lock_waiters(tenant):
+                        await trio.sleep(0.01)
+                before = list(group.in_flight)
+                after = next_commit()
+                nursery.start_soon(admit, port, run, NS, CONTRACT, rows(f"t{i}", 5))
+                while not group.waiting and len(group.in_flight) == len(before):
+                    await trio.sleep(0.002)
+                entered = [t for t in group.in_flight if t not in before]
+                if entered and entered[0].turn is Turn.GROUP:
+                    await after.wait_reached()  # it holds the row beside the one before
+                held.release()  # the one before commits
+                gated.add((await after.wait_reached()).checkout)
+                held = after
+                await trio.sleep(0.02)  # time for a waiting writer to take the row
+                if other_done.is_set():
+                    break
+            got_in = other_done.is_set()
+            held.release()
+            await other_done.wait()
+    assert (await counters_match(tenant, play_scope(tenant), NS))[0]
+    return committed[1] - committed[0], got_in
+
+
+async def test_another_runs_writer_gets_in_while_the_group_keeps_overlapping(tenant):
+    """PostgreSQL grants a `FOR SHARE` lock beside other sharers even while an exclusive
+    locker waits, so a group whose transactions always overlap would keep another run's write
+    out for as long as the map lasts: every `ORDINARY_EVERY` one goes the ordinary way, and
+    the waiting writer takes the row before it."""
+    overlapped, got_in = await overlap_while_another_run_waits(tenant, chain=40)
+    assert got_in, "the other run's write waited for the sheet's lock as long as the group ran"
+    # the one holding the row when the other asked, then at most ORDINARY_EVERY more
+    assert overlapped <= write_group.ORDINARY_EVERY + 1
+
+
 async def test_a_list_maps_group_folds_its_deltas_into_its_proof(tenant):
     """What a list map does before it records its list: its write group's deltas folded by
     one ordinary transaction inside its ledger, which then proves the sheet's `writes`."""
