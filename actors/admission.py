@@ -55,7 +55,7 @@ SENTINEL_PROBE_ROWS = 100
 FIRST_PROBE_ROWS = 1_000
 LEADING_PROBE_ROWS = 5_000
 PROBES_IN_FLIGHT = 2
-ADMISSIONS_IN_FLIGHT = 2  # a unit sent while the one before is on its way
+ADMISSIONS_IN_FLIGHT = 4  # units sent while the ones before are on their way
 
 
 # -- the source actor ------------------------------------------------------------------------
@@ -236,11 +236,12 @@ async def admit_in_order(plan: MapPlan, state: MapState, groups: AsyncIterable[l
     whose rows were all new (`AdmissionSteps.sends_ahead`), the next unit is made `ready`
     here (keyed; a stream's page encoded, a list's staged page found) and sent, as rows
     expected new (`expect_new`: inserted without `ON CONFLICT`, admitted again the ordinary
-    way if one was there after all), while the one before is still on its way (at most
-    `ADMISSIONS_IN_FLIGHT`): its preparation and its trip through a gateway overlap the
-    other's statement. Units are handed to the workers strictly in order, and a unit holding
-    a row of the unit in flight waits until that one is handed out, so a row repeated across
-    units is admitted in their order, as one at a time. Units with no row in common touch no
+    way if one was there after all), while the ones before are still on their way (at most
+    `ADMISSIONS_IN_FLIGHT` at once): its preparation and its trip through a gateway overlap
+    the others' statements, which overlap one another on the server (`engine.sheets.
+    write_group`). Units are handed to the workers strictly in order, and a unit holding a row
+    of a unit in flight waits until that one is handed out, so a row repeated across units is
+    admitted in their order, as one at a time. Units with no row in common touch no
     row in common, so which commits first changes nothing (the sheet lock orders their
     transactions; counters, fences and the write ledger do not depend on that order). Any
     other unit waits for the one in flight, then goes one at a time (`admit_group`, probing
@@ -248,7 +249,7 @@ async def admit_in_order(plan: MapPlan, state: MapState, groups: AsyncIterable[l
     window = trio.Semaphore(ADMISSIONS_IN_FLIGHT)
     handed = trio.Event()  # the last unit sent was handed out
     handed.set()
-    flying: frozenset[str] = frozenset()  # the keys of the last unit sent ahead
+    flying: list[tuple[frozenset[str], trio.Event]] = []  # units on their way: keys, handed
 
     async def admit_ahead(page: SourcePage, keys: list[str],
                           send: Callable[[], Awaitable[Admission]], before: trio.Event,
@@ -288,14 +289,16 @@ async def admit_in_order(plan: MapPlan, state: MapState, groups: AsyncIterable[l
                 except Exception:  # a bad row; a list's begin fact refused
                     await handed.wait()  # the unit on its way lands first, as one at a time
                     raise
-                if not flying.isdisjoint(keys):
-                    await handed.wait()
-                flying = frozenset(keys)
+                flying = [unit for unit in flying if not unit[1].is_set()]
+                sharing = [mine for held, mine in flying if not held.isdisjoint(keys)]
+                if sharing:
+                    await sharing[-1].wait()  # units are handed out in order
                 await window.acquire()
                 if state.stopping:
                     window.release()
                     return
                 before, handed = handed, trio.Event()
+                flying.append((frozenset(keys), handed))
                 nursery.start_soon(admit_ahead, page, keys, send, before, handed)
 
 

@@ -1,11 +1,17 @@
-"""The completer of `run.map` and its writer: outcomes in batches to `engine.sheets.complete`.
+"""The completer of `run.map` and its writers: outcomes in batches to `engine.sheets.complete`.
 
 How it works
 - The **completer** (`batch_outcomes`) batches outcomes by rows, bytes and a short linger,
-  and hands batches to the **writer** (`write_outcomes`) over an unbuffered channel (the next
-  batch grows while one is written), which writes each with `engine.sheets.complete` and
-  settles it in the map's state (`MapState.settle`: fenced rows recorded, a
-  `stale_write_version` fence marks the map superseded).
+  and hands batches to the **writers** (`write_outcomes`, `COMPLETION_WRITERS` of them) over
+  an unbuffered channel (the next batch grows while the writers are busy); each writes a
+  batch with `engine.sheets.complete` and settles it in the map's state (`MapState.settle`:
+  fenced rows recorded, a `stale_write_version` fence marks the map superseded).
+- Two batches written at once never hold the same row: a row's key stays in the map's
+  in-flight set until its batch settles, and a later duplicate is dropped at admission
+  (`MapState.take_admission`), so their order changes nothing; settling is per ticket. Their
+  transactions overlap on the server in the map's write group (`engine.sheets.write_group`),
+  and one batch is encoded while the other's statement runs (`docs/guide/benchmarks.md`,
+  the twenty-first pass).
 - `flush_unsettled` runs in the map's `finally`: what the ledger still holds was computed but
   never confirmed written; it is written in a shielded scope with a deadline. A write that was
   interrupted but did commit is simply replayed (an identical completion is idempotent).
@@ -30,6 +36,8 @@ from .retry import hurry_if_waiting
 
 log = logging.getLogger("runplane.actors")
 
+COMPLETION_WRITERS = 2  # batches written at once by one map
+
 
 def outcome_bytes(outcome: RowOutcome) -> int:
     """A cheap estimate of an outcome's patch JSON size, for batching only (the engine chunks
@@ -53,9 +61,9 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
                          *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Gather outcome batches into completion batches.
 
-    A batch is handed to the writer when it reaches `batch_rows` or `batch_bytes` (waiting for
-    the writer: backpressure), or when it has lingered `linger_s` and the writer is idle. The
-    flush channel is unbuffered, so a writer that is busy lets the batch keep growing instead of
+    A batch is handed to a writer when it reaches `batch_rows` or `batch_bytes` (waiting for
+    one: backpressure), or when it has lingered `linger_s` and a writer is idle. The flush
+    channel is unbuffered, so writers that are busy let the batch keep growing instead of
     queueing small ones: under load batches fill up, at a trickle they leave after the linger.
     """
     task_status.started()
@@ -83,7 +91,7 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
                 try:
                     flush_send.send_nowait((tickets, outcomes))
                 except trio.WouldBlock:
-                    deadline = trio.current_time() + plan.linger_s  # the writer is busy
+                    deadline = trio.current_time() + plan.linger_s  # the writers are busy
                 else:
                     tickets, outcomes, size, deadline = [], [], 0, math.inf
         if outcomes:

@@ -59,7 +59,7 @@ from runplane.engine.errors import EngineError, InvalidInputError, unwrap_single
 
 from .admission import admit_pages, stream_pages
 from .cancellation import RunStop
-from .completer import batch_outcomes, flush_unsettled, write_outcomes
+from .completer import COMPLETION_WRITERS, batch_outcomes, flush_unsettled, write_outcomes
 from .list_replay import ListReplay
 from .list_source import ListSource
 from .map_state import MapPlan, MapState
@@ -112,13 +112,14 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
         with stopping as stop_scope, unwrap_single_error(Exception):
             async with trio.open_nursery() as nursery:
                 # Capacities: one streamed page ahead of admission (a list is read in place);
-                # about two batches per worker in each
-                # direction; completion batches unbuffered (the batcher grows the next batch
-                # while the writer writes).
+                # about two batches per worker in each direction; completion batches
+                # unbuffered (the batcher grows the next batch while the writers write).
                 work_send, work_recv = trio.open_memory_channel(2 * plan.concurrency)
                 outcome_send, outcome_recv = trio.open_memory_channel(2 * plan.concurrency)
                 flush_send, flush_recv = trio.open_memory_channel(0)
-                await nursery.start(write_outcomes, plan, state, flush_recv)
+                async with flush_recv:
+                    for _ in range(COMPLETION_WRITERS):
+                        await nursery.start(write_outcomes, plan, state, flush_recv.clone())
                 await nursery.start(batch_outcomes, plan, outcome_recv, flush_send)
                 async with work_recv, outcome_send:
                     for _ in range(plan.concurrency):

@@ -86,9 +86,14 @@ async def test_a_page_answered_before_the_one_before_it_is_handed_out_after_it(t
     assert sorted(row["_input_index"] for row in stored.values()) == list(range(20))
 
 
-async def test_a_page_holding_a_row_of_the_page_on_its_way_waits_for_it(tenant, monkeypatch):
+@pytest.mark.parametrize("repeat", [12, 17], ids=["the-page-before", "two-pages-before"])
+async def test_a_page_holding_a_row_of_a_page_on_its_way_waits_for_it(tenant, monkeypatch,
+                                                                       repeat):
+    """The third page, or the fourth (the third, sharing nothing, goes on its way meanwhile),
+    repeats a row of the second."""
     names = [f"r{i:02d}" for i in range(20)]
-    names[12] = names[7]  # the third page repeats a row of the second
+    names[repeat] = names[7]
+    not_sent = repeat - repeat % PAGE
     calls: list[str] = []
 
     async def upper(row):
@@ -104,8 +109,8 @@ async def test_a_page_holding_a_row_of_the_page_on_its_way_waits_for_it(tenant, 
     calls.clear()
     async with open_run(tenant, "play") as run:
         async with trio.open_nursery() as nursery:
-            # the third page is not sent while the second is held
-            nursery.start_soon(gated.release_unless_sent, 10)
+            # the page repeating a row is not sent while the second is held
+            nursery.start_soon(gated.release_unless_sent, not_sent)
             result = await run.map("t", stream(source), upper, contract=CONTRACT,
                                    page_rows=PAGE, concurrency=1)
     assert sorted(calls) == sorted(set(names))  # the repeated row ran once
@@ -193,3 +198,40 @@ async def test_a_list_unit_holding_a_row_of_the_unit_on_its_way_waits_for_it(ten
     stored = await raw_rows(tenant, play_scope(tenant, "play"), "t", ("name",))
     assert {row["name"]: row["_input_index"] for row in stored.values()} == \
         {row["name"]: row["_input_index"] for row in reference.values()}
+
+
+async def test_two_completion_batches_are_written_at_once(tenant, monkeypatch):
+    """A map's outcomes go out in batches written by two writers (`actors.completer`): the
+    first batch's write is held until the next one has been written beside it; both land."""
+    real = map_state.complete_write
+    calls: list[int] = []     # each write's rows, as it starts
+    returned: list[int] = []  # ... and as it returns
+    second_written = trio.Event()
+
+    async def gated(port, write, outcomes, **kwargs):
+        first = not calls
+        calls.append(len(outcomes))
+        if first:
+            await second_written.wait()
+        completion = await real(port, write, outcomes, **kwargs)
+        returned.append(len(outcomes))
+        if not first:
+            second_written.set()
+        return completion
+
+    monkeypatch.setattr(map_state, "complete_write", gated)
+
+    async def upper(row):
+        return {"upper": row["name"].upper()}
+
+    names = [f"r{i:02d}" for i in range(20)]
+    with trio.fail_after(30):  # one writer would wait here for good
+        async with open_run(tenant, "play") as run:
+            result = await run.map("t", stream([{"name": n} for n in names]), upper,
+                                   contract=CONTRACT, page_rows=PAGE, batch_rows=PAGE,
+                                   concurrency=1)
+    assert len(calls) >= 2 and sum(returned) == 20
+    assert (result.admitted, result.completed) == (20, 20), result
+    stored = await raw_rows(tenant, play_scope(tenant, "play"), "t", ("name", "upper"))
+    assert {row["name"]: row["upper"] for row in stored.values()} == \
+        {n: n.upper() for n in names}
