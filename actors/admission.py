@@ -55,7 +55,7 @@ SENTINEL_PROBE_ROWS = 100
 FIRST_PROBE_ROWS = 1_000
 LEADING_PROBE_ROWS = 5_000
 PROBES_IN_FLIGHT = 2
-ADMISSIONS_IN_FLIGHT = 4  # units sent while the ones before are on their way
+ADMISSIONS_IN_FLIGHT = 3  # units sent while the ones before are on their way
 
 
 # -- the source actor ------------------------------------------------------------------------
