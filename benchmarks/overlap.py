@@ -1,17 +1,21 @@
-"""A map's own sheet writes overlapping (write groups) against every write taking the sheet's
-lock in turn, in one run.
+"""A map's writes overlapping, as built, against the two ways they went before, in one run.
 
-    python benchmarks/write_groups.py [--rows 200000] [--list-rows 100000] [--rounds 3]
+    python benchmarks/overlap.py [--rows 200000] [--list-rows 100000] [--rounds 3]
 
-A plain map's admissions and completions to one sheet form a write group
-(`engine.sheets.write_group`): while the group's token holds, they hold the sheet's summary
-row shared and overlap one another. The baseline is the way every sheet write went before
-groups existed, and still goes for a guarded write: `group_for` answers None, so each
-transaction holds the summary row exclusively from its lock statement to its `COMMIT`. Each
-round maps `--rows` rows of an async iterable and `--list-rows` rows of a list (no-op
-function, `open_run` to its exit, each run a play of its own), once each way, alternating
-which goes first. Prints, for each source, rows/s each way, the median ratio grouped /
-serialized, and how busy the machine's cores were (from `/proc/stat`, where there is one).
+As built, a plain map's admissions and completions to one sheet form a write group
+(`engine.sheets.write_group`): while the group's token holds they hold the sheet's summary row
+shared and overlap one another; and the map keeps up to `ADMISSIONS_IN_FLIGHT` units on their
+way (`actors.admission`) and `COMPLETION_WRITERS` completion batches (`actors.completer`).
+The baselines, each switched in this process between maps:
+- `serialized`: no write groups — `group_for` answers None, as for a guarded write, so each
+  transaction holds the summary row exclusively from its lock statement to its `COMMIT`
+  (every sheet write before write groups);
+- `narrow`: write groups, but one completion writer and two units in flight (the pipeline
+  before it was widened).
+Each round maps `--rows` rows of an async iterable and `--list-rows` rows of a list (no-op
+function, `open_run` to its exit, each run a play of its own) once each way, in an order that
+turns each round. Prints, for each source, rows/s each way, the median ratio as built / each
+baseline, and how busy the machine's cores were (from `/proc/stat`, where there is one).
 The server is `RUNPLANE_BENCH_DSN`, else `RUNPLANE_TEST_DSN`, else a throwaway embedded one.
 """
 
@@ -37,9 +41,10 @@ from _rows import CONTRACT, noop, row, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
 from runplane.engine import open_tenant  # noqa: E402
+from runplane.actors import admission as admission_actor, mapper  # noqa: E402
 from runplane.engine.sheets import admission, completion  # noqa: E402
 
-SIDES = ("grouped", "serialized")
+SIDES = ("as built", "serialized", "narrow")
 
 
 @contextlib.contextmanager
@@ -51,6 +56,20 @@ def serialized() -> Iterator[None]:
         yield
     finally:
         admission.group_for, completion.group_for = saved
+
+
+@contextlib.contextmanager
+def narrow() -> Iterator[None]:
+    """One completion writer and two units in flight a map."""
+    saved = mapper.COMPLETION_WRITERS, admission_actor.ADMISSIONS_IN_FLIGHT
+    mapper.COMPLETION_WRITERS, admission_actor.ADMISSIONS_IN_FLIGHT = 1, 2
+    try:
+        yield
+    finally:
+        mapper.COMPLETION_WRITERS, admission_actor.ADMISSIONS_IN_FLIGHT = saved
+
+
+SWITCHES = {"as built": contextlib.nullcontext, "serialized": serialized, "narrow": narrow}
 
 
 def busy_ticks() -> tuple[int, int] | None:
@@ -66,7 +85,7 @@ def busy_ticks() -> tuple[int, int] | None:
 async def one_map(tenant, source, rows: int) -> tuple[float, float | None]:
     """(rows/s, cores busy on average) of one run mapping `source`, open_run to its exit."""
     before, started = busy_ticks(), time.perf_counter()
-    async with open_run(tenant, f"wg-{uuid.uuid4().hex[:8]}") as run:
+    async with open_run(tenant, f"ov-{uuid.uuid4().hex[:8]}") as run:
         result = await run.map("t", source, noop, contract=CONTRACT, concurrency=16)
     elapsed, after = time.perf_counter() - started, busy_ticks()
     assert result.completed == rows, result
@@ -77,7 +96,7 @@ async def one_map(tenant, source, rows: int) -> tuple[float, float | None]:
 
 
 async def bench(dsn: str, args) -> None:
-    schema = f"bench_wg_{uuid.uuid4().hex[:8]}"
+    schema = f"bench_overlap_{uuid.uuid4().hex[:8]}"
     sources = {"async iterable": (args.rows, lambda: stream(args.rows)),
                "list": (args.list_rows, lambda: [row(i) for i in range(args.list_rows)])}
     figures: dict[tuple[str, str], list[tuple[float, float | None]]] = {
@@ -85,12 +104,12 @@ async def bench(dsn: str, args) -> None:
     async with open_tenant("bench", dsn, schema=schema) as tenant:
         try:
             for r in range(args.rounds):
-                for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
+                for side in SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]:
                     for name, (rows, make) in sources.items():
                         if rows <= 0:
                             continue
                         source = make()
-                        with serialized() if side == "serialized" else contextlib.nullcontext():
+                        with SWITCHES[side]():
                             figures[name, side].append(await one_map(tenant, source, rows))
         finally:
             async with tenant.connection("sheet") as conn:
@@ -98,19 +117,21 @@ async def bench(dsn: str, args) -> None:
     for name, (rows, _) in sources.items():
         if rows <= 0:
             continue
-        grouped, alone = figures[name, "grouped"], figures[name, "serialized"]
-        ratio = statistics.median(g[0] / s[0] for g, s in zip(grouped, alone))
-        print(f"{name}, {rows:,} rows: rows/s grouped / serialized {ratio:.2f} "
-              f"(median {statistics.median(g[0] for g in grouped):,.0f} / "
-              f"{statistics.median(s[0] for s in alone):,.0f})"
-              + _cores(grouped, alone), flush=True)
+        built = figures[name, "as built"]
+        line = [f"{name}, {rows:,} rows: as built {statistics.median(b[0] for b in built):,.0f}"
+                f" rows/s{_cores(built)}"]
+        for side in SIDES[1:]:
+            other = figures[name, side]
+            ratio = statistics.median(b[0] / o[0] for b, o in zip(built, other))
+            line.append(f"/ {side} {ratio:.2f} ({statistics.median(o[0] for o in other):,.0f}"
+                        f" rows/s{_cores(other)})")
+        print("; ".join(line), flush=True)
 
 
-def _cores(grouped: list, alone: list) -> str:
-    if any(figure[1] is None for figure in grouped + alone):
+def _cores(figures: list) -> str:
+    if any(figure[1] is None for figure in figures):
         return ""
-    return (f"; cores busy {statistics.median(g[1] for g in grouped):.2f} grouped, "
-            f"{statistics.median(s[1] for s in alone):.2f} serialized")
+    return f", cores busy {statistics.median(f[1] for f in figures):.2f}"
 
 
 def main() -> None:
