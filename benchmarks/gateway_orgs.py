@@ -57,6 +57,7 @@ import attrs  # noqa: E402
 import trio  # noqa: E402
 
 from _hosting import collect_as_hosting  # noqa: E402
+from _machine import machine_busy_s  # noqa: E402
 from _rows import CONTRACT, noop  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
@@ -378,13 +379,7 @@ class CpuNow:
 
 
 def cpu_now() -> CpuNow:
-    try:
-        with open("/proc/stat") as stat:
-            ticks = [int(field) for field in stat.readline().split()[1:]]
-    except OSError:
-        return CpuNow(time.process_time(), None)
-    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-    return CpuNow(time.process_time(), busy / os.sysconf("SC_CLK_TCK"))
+    return CpuNow(time.process_time(), machine_busy_s())
 
 
 def cpu_split(tag: str, seconds: float, before: CpuNow, after: CpuNow, gateway_s: float) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 
 from _hosting import collect_as_hosting  # noqa: E402
+from _machine import machine_busy_s  # noqa: E402
 from _rows import CONTRACT, noop, row, stream  # noqa: E402
 from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
@@ -72,26 +72,14 @@ def narrow() -> Iterator[None]:
 SWITCHES = {"as built": contextlib.nullcontext, "serialized": serialized, "narrow": narrow}
 
 
-def busy_ticks() -> tuple[int, int] | None:
-    """(busy, all) CPU ticks of the whole machine so far, or None without `/proc/stat`."""
-    try:
-        with open("/proc/stat") as stat:
-            ticks = [int(x) for x in stat.readline().split()[1:8]]
-    except OSError:
-        return None
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle and iowait are not busy
-
-
 async def one_map(tenant, source, rows: int) -> tuple[float, float | None]:
     """(rows/s, cores busy on average) of one run mapping `source`, open_run to its exit."""
-    before, started = busy_ticks(), time.perf_counter()
+    before, started = machine_busy_s(), time.perf_counter()
     async with open_run(tenant, f"ov-{uuid.uuid4().hex[:8]}") as run:
         result = await run.map("t", source, noop, contract=CONTRACT, concurrency=16)
-    elapsed, after = time.perf_counter() - started, busy_ticks()
+    elapsed, after = time.perf_counter() - started, machine_busy_s()
     assert result.completed == rows, result
-    cores = None
-    if before is not None and after is not None:
-        cores = (after[0] - before[0]) / os.sysconf("SC_CLK_TCK") / elapsed
+    cores = None if before is None or after is None else (after - before) / elapsed
     return rows / elapsed, cores
 
 
