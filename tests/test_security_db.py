@@ -265,7 +265,8 @@ def test_a_session_url_keeps_only_where_the_server_is_and_its_tls_mode():
 
 # -- lock-outs ---------------------------------------------------------------------------------
 SHARED = ("meta", "session_scopes", "work_receipts", "sheet_summary", "sheet_column_summary",
-          "sheet_columns", "runs", "terminal_outbox", "rate_limits", "lock_secret")
+          "sheet_columns", "sheet_counter_deltas", "sheet_column_deltas", "shared_maps", "runs",
+          "terminal_outbox", "rate_limits", "lock_secret")
 
 
 async def test_no_session_can_lock_a_shared_table_or_read_the_lock_secret(dsn):

@@ -6,7 +6,10 @@ Operations and what they grant (plus USAGE on the schema and SELECT on `meta` an
 `session_scopes` row, which `open_tenant` and the policies read):
     rows.read     SELECT on the sheet, its counters, its column registry rows and its reuse
                   membership (`sheet_reuse`: which rows each run reused, for reads by run)
-    rows.upsert   SELECT, INSERT, UPDATE on the sheet and its counters; the row-version sequence
+    rows.upsert   SELECT, INSERT, UPDATE on the sheet and its counters (its deltas among them:
+                  a map's own writes overlap, `engine.sheets.write_group`); SELECT on the
+                  columns of `shared_maps` that say whether a shared map of the sheet is live;
+                  the row-version sequence
     rows.append   the same (an append is an admission of new rows)
     rows.replace  the same, plus TRUNCATE on its own sheet table (a replacement empties it)
     receipts      SELECT, INSERT, UPDATE on the play's user receipts
@@ -29,6 +32,9 @@ WRITE_OPERATIONS = frozenset({"rows.upsert", "rows.append", "rows.replace"})
 ROW_OPERATIONS = frozenset({"rows.read"}) | WRITE_OPERATIONS
 SHARED_TABLES = ("meta", SCOPES_TABLE, "work_receipts", "sheet_summary", "sheet_column_summary",
                  "sheet_columns", "sheet_reuse", "sheet_counter_deltas", "sheet_column_deltas")
+
+# What a write group's turn reads of `shared_maps` (`engine.sheets.sheet_txn`).
+SHARED_MAP_COLUMNS = "org_id, play, table_namespace, state"
 
 # The columns of the shared tables, for column privileges ($1 schema, $2 table names).
 COLUMNS = """
@@ -63,10 +69,12 @@ def grants(schema: str, operations: Iterable[str], sheet_table: str | None, role
             on("SELECT, INSERT, UPDATE", "sheet_summary"),
             on("SELECT, INSERT, UPDATE", "sheet_column_summary"),
             on("SELECT", "sheet_columns"),
-            # counter deltas: read, and zeroed by a replacement (`engine.sheets.counters`; no
-            # DELETE, which would let a session LOCK the table: a session does not fold them)
-            on("SELECT, UPDATE", "sheet_counter_deltas"),
-            on("SELECT, UPDATE", "sheet_column_deltas"),
+            # counter deltas: added by the map's write group, folded by zeroing (no DELETE,
+            # which would let a session LOCK the table: `engine.sheets.counters`)
+            on("SELECT, INSERT, UPDATE", "sheet_counter_deltas"),
+            on("SELECT, INSERT, UPDATE", "sheet_column_deltas"),
+            # whether a shared map of its sheet is live (a write group's turn asks)
+            f"GRANT SELECT ({SHARED_MAP_COLUMNS}) ON {t('shared_maps')} TO {r}",
             f"GRANT USAGE ON SEQUENCE {t('row_versions')} TO {r}",
         ]
     elif "rows.read" in ops:

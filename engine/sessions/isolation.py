@@ -6,8 +6,9 @@ The choice, and why
 - A tenant schema holds many orgs. Sheets are one table per (org, play, namespace); everything
   else is shared and keyed by org: `work_receipts` (user receipts under the key prefix
   `["org","play","receipt",`, array-input facts under `["org","play","array_input_…`),
-  `sheet_summary`, `sheet_column_summary`, `sheet_columns` and `sheet_reuse` (keyed by org,
-  play, namespace), `runs` and `terminal_outbox` (keyed by org). A schema per org would move every existing
+  `sheet_summary`, `sheet_column_summary`, `sheet_columns`, `sheet_reuse`, the counter deltas
+  and `shared_maps` (keyed by org, play, namespace), `runs` and `terminal_outbox` (keyed by
+  org). A schema per org would move every existing
   tenant's data; instead a session is confined inside the schema:
   - sheet tables by **grants**: a session holds privileges on exactly one sheet table (its
     org, play and namespace); every other sheet is `permission denied`;
@@ -36,7 +37,7 @@ GROUP = "runplane_sessions"
 SCOPES_TABLE = "session_scopes"
 RECEIPT_SCOPED_TABLES = ("work_receipts",)
 SHEET_SCOPED_TABLES = ("sheet_summary", "sheet_column_summary", "sheet_columns", "sheet_reuse",
-                       "sheet_counter_deltas", "sheet_column_deltas")
+                       "sheet_counter_deltas", "sheet_column_deltas", "shared_maps")
 POLICY_PREFIX = "runplane_"
 
 

@@ -11,8 +11,15 @@ How it works
 - Readers read `SUMMARY_SOURCE` and `COLUMN_SOURCE` instead of the tables: the stored counters
   plus every delta not folded yet. An ordinary writer whose lock statement finds deltas
   (`HAS_DELTAS`) folds them into the summary rows with its next statement (`FOLD`), so they do
-  not pile up. A database session does not fold (`may_fold`): it holds no DELETE on shared
-  tables, which would let it LOCK them.
+  not pile up.
+- A database session folds too, but by zeroing its delta rows (`ZERO_FOLD`), not deleting
+  them: it holds no DELETE on shared tables, which would let it LOCK them. A zeroed row stays
+  (one a backend that wrote through the session; the backend's next write adds to it) until
+  the next ordinary writer of an owner's login deletes it with the rest. For a session the
+  lock statement asks for deltas that are not all zero (`has_deltas`), so a zeroed row does not
+  make every later writer fold again; for everyone else any delta row counts, zero or not: it
+  is also the evidence that a concurrent writer changed rows (`lists`, `write_ledger`), and a
+  shared map's writer may leave a row of zeros (it rewrote completed rows).
 """
 
 from __future__ import annotations
@@ -158,27 +165,78 @@ ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
    SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
 """
 
-# Whether the sheet has deltas to fold (binds: org, play, namespace as text).
+# The fold of a database session (module docstring): the same moves, its delta rows zeroed in
+# place instead of deleted. The rows are read `FOR UPDATE` first (a session holds UPDATE on
+# them), so the sums moved are what is zeroed.
+ZERO_FOLD = """
+WITH held AS MATERIALIZED (
+    SELECT x.slot, x.total, x.queued, x.running, x.completed, x.failed FROM {deltas} AS x
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
+       AND (x.total <> 0 OR x.queued <> 0 OR x.running <> 0 OR x.completed <> 0
+            OR x.failed <> 0) FOR UPDATE
+), zeroed AS (
+    UPDATE {deltas} AS x SET total = 0, queued = 0, running = 0, completed = 0, failed = 0
+      FROM held AS h
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3 AND x.slot = h.slot
+), summary AS (
+    UPDATE {summary} AS s
+       SET total = s.total + f.total, queued = s.queued + f.queued,
+           running = s.running + f.running, completed = s.completed + f.completed,
+           failed = s.failed + f.failed
+      FROM (SELECT coalesce(sum(total), 0)::bigint AS total,
+                   coalesce(sum(queued), 0)::bigint AS queued,
+                   coalesce(sum(running), 0)::bigint AS running,
+                   coalesce(sum(completed), 0)::bigint AS completed,
+                   coalesce(sum(failed), 0)::bigint AS failed FROM held) AS f
+     WHERE s.org_id = $1 AND s.play = $2 AND s.table_namespace = $3
+), held_columns AS MATERIALIZED (
+    SELECT x.field, x.slot, x.completed, x.failed FROM {column_deltas} AS x
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
+       AND (x.completed <> 0 OR x.failed <> 0) FOR UPDATE
+), zeroed_columns AS (
+    UPDATE {column_deltas} AS x SET completed = 0, failed = 0
+      FROM held_columns AS h
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
+       AND x.field = h.field AND x.slot = h.slot
+)
+INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
+SELECT $1, $2, $3, h.field, sum(h.completed)::bigint, sum(h.failed)::bigint
+  FROM held_columns AS h GROUP BY h.field
+ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
+   SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
+"""
+
+# Whether the sheet has deltas to fold (binds: org, play, namespace as text); `{live}` is empty,
+# or the condition that a row is not all zeros (a database session's, module docstring).
 HAS_DELTAS = """(EXISTS (SELECT 1 FROM {deltas} AS x
-                  WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns})
+                  WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}{live})
          OR EXISTS (SELECT 1 FROM {column_deltas} AS x
-                     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}))"""
+                     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}{live_columns}))"""
+_LIVE = """
+                    AND (x.total <> 0 OR x.queued <> 0 OR x.running <> 0 OR x.completed <> 0
+                         OR x.failed <> 0)"""
+_LIVE_COLUMNS = " AND (x.completed <> 0 OR x.failed <> 0)"
 
 
-def may_fold(port: Port) -> bool:
-    """Whether writers on `port` fold deltas: not a database session (whose sheet lock keys are
-    given outright, `PortSettings.sheet_lock_keys`), which holds no DELETE on shared tables."""
-    return not port.settings.sheet_lock_keys
+def folds_by_zeroing(port: Port) -> bool:
+    """Whether writers on `port` fold deltas by zeroing them (`ZERO_FOLD`): a database session
+    (whose sheet lock keys are given outright, `PortSettings.sheet_lock_keys`), which holds no
+    DELETE on shared tables."""
+    return bool(port.settings.sheet_lock_keys)
 
 
 def fold_statement(port: Port) -> str:
-    return FOLD.format(deltas=table(port, "sheet_counter_deltas"),
-                       column_deltas=table(port, "sheet_column_deltas"),
-                       summary=table(port, "sheet_summary"),
-                       column_summary=table(port, "sheet_column_summary"))
+    return (ZERO_FOLD if folds_by_zeroing(port) else FOLD).format(
+        deltas=table(port, "sheet_counter_deltas"),
+        column_deltas=table(port, "sheet_column_deltas"),
+        summary=table(port, "sheet_summary"),
+        column_summary=table(port, "sheet_column_summary"))
 
 
 def has_deltas(port: Port, org: str, play: str, namespace: str) -> str:
+    zeroing = folds_by_zeroing(port)
     return HAS_DELTAS.format(deltas=table(port, "sheet_counter_deltas"),
                              column_deltas=table(port, "sheet_column_deltas"),
-                             org=org, play=play, ns=namespace)
+                             org=org, play=play, ns=namespace,
+                             live=_LIVE if zeroing else "",
+                             live_columns=_LIVE_COLUMNS if zeroing else "")

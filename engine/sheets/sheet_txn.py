@@ -13,7 +13,7 @@ How it works
   statement with no index path still scans).
   Then one statement locks the sheet's `sheet_summary` row (creating it if absent, claiming its
   unique table name): that row lock is the sheet lock. If the sheet has counter deltas of
-  concurrent writers, the next statement folds them into it (`counters.FOLD`). Holding the
+  concurrent writers, the next statement folds them into it (`counters`). Holding the
   summary row serializes the writers of one sheet:
   each later statement of the transaction sees every earlier writer committed, so counter
   deltas computed from the rows it reads are exact, and there is no lock-order cycle between
@@ -67,12 +67,12 @@ from ..pg import Connection
 from ..ports import SHEET_LANE, Port, table
 
 from .column_registry import COLUMNS_OF_FIELDS, prepare_columns
-from .counters import fold_statement, has_deltas, may_fold
+from .counters import fold_statement, folds_by_zeroing, has_deltas
 from .layout import SheetColumns, SheetLayout
 from .model import FencedRow
 from .statements import BindParams, Statement
 from .telemetry import PhaseClock, permit_wait_seconds
-from .write_group import Turn, WriteGroup
+from .write_group import Turn, WriteGroup, refuse_groups
 from .write_ledger import note_commit
 
 T = TypeVar("T")
@@ -297,7 +297,7 @@ async def _lock_sheet(
                 return SheetTxn(record["server_version"],
                                 await _prepare(conn, port, layout, fields), exclusive=True,
                                 writes=record["writes"], found_deltas=record["has_deltas"])
-            if not concurrent and record["has_deltas"] and may_fold(port):
+            if not concurrent and record["has_deltas"]:
                 await conn.execute(fold_statement(port), *layout.counter_args)
             return SheetTxn(record["server_version"], SheetColumns(dict(zip(fields, names))),
                             concurrent=concurrent,
@@ -407,6 +407,13 @@ async def _in_group(
             if txn.turn is Turn.ORDINARY:
                 raise
             ordinary = True  # rolled back: run it the ordinary way
+        except InsufficientPrivilegeError:
+            if txn.turn is Turn.ORDINARY or not folds_by_zeroing(port):
+                raise
+            # A database session minted before sessions could write deltas: its group's
+            # statements are refused; it writes the ordinary way from now on.
+            refuse_groups(port)
+            ordinary = True
         finally:
             group.leave(txn, committed=committed,
                         writes=learned[-1].writes if committed and learned else None)

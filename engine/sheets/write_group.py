@@ -54,7 +54,6 @@ import attrs
 import trio
 
 from ..ports import Port
-from .counters import may_fold
 from .sheet_write import SheetWrite
 from .write_ledger import kept_ledger
 
@@ -134,6 +133,16 @@ _GROUPS: weakref.WeakKeyDictionary[object, collections.OrderedDict] = \
     weakref.WeakKeyDictionary()
 
 
+_REFUSED: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+def refuse_groups(port: object) -> None:
+    """`port`'s login may not write as a group does (a database session minted before session
+    roles held INSERT on the delta tables and SELECT on `shared_maps`): none of its writes
+    joins a group from now on."""
+    _REFUSED.add(port)
+
+
 def group_of(port: object, identity: tuple) -> WriteGroup:
     """The write group of `identity` on `port` (made when missing; see `MAX_GROUPS`)."""
     groups = _GROUPS.get(port)
@@ -153,11 +162,11 @@ def group_for(port: Port, sheet: tuple[str, str, str], write: SheetWrite, *,
               guarded: bool) -> WriteGroup | None:
     """The write group of `write` to `sheet` (its counter arguments) through `port`: its run
     incarnation's. None when the write may not join one: `guarded` (a unit guard, a prelude,
-    a forced failure), not `write.plain` (an attempt, `force`), or a port that may not fold
-    deltas (a database session). A map keeping a write ledger of the sheet (a list map) has a
-    group of its own, kept on the ledger: the deltas the ledger excuses are then its own
-    map's."""
-    if guarded or not write.plain or not may_fold(port):
+    a forced failure), not `write.plain` (an attempt, `force`), or a port that may not add
+    deltas (a database session minted before sessions could: `refuse_groups`). A map keeping
+    a write ledger of the sheet (a list map) has a group of its own, kept on the ledger: the
+    deltas the ledger excuses are then its own map's."""
+    if guarded or not write.plain or port in _REFUSED:
         return None
     ledger = kept_ledger(sheet)
     if ledger is not None:
