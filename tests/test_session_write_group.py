@@ -5,6 +5,8 @@ minted before sessions could writes the ordinary way."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import trio
 
@@ -48,12 +50,18 @@ async def delta_rows(admin) -> list[tuple]:
     return [tuple(r) for r in found]
 
 
-async def test_a_sessions_map_overlaps_its_own_writes_and_folds_by_zeroing(dsn):
+@contextlib.asynccontextmanager
+async def an_upserting_session(dsn):
+    """An org with a sheet and a run, and a session minted to upsert its rows."""
     async with admin_tenant(dsn, unique("org")) as admin:
         scope = PlayScope(admin.org_id, PLAY)
         await ensure_sheet(admin, scope, NAMESPACE, CONTRACT)
         run = await new_run(admin, PLAY, "r1")
-        minted = await sessions.mint(admin, scope, NAMESPACE, ["rows.upsert"])
+        yield admin, scope, run, await sessions.mint(admin, scope, NAMESPACE, ["rows.upsert"])
+
+
+async def test_a_sessions_map_overlaps_its_own_writes_and_folds_by_zeroing(dsn):
+    async with an_upserting_session(dsn) as (admin, scope, run, minted):
         async with session_tenant(dsn, minted, max_connections=3) as session:
             port = GatedPort(session)
             first = await admit(port, run, NAMESPACE, CONTRACT, rows("a", 50))  # the ordinary way
@@ -92,11 +100,7 @@ async def test_a_sessions_map_overlaps_its_own_writes_and_folds_by_zeroing(dsn):
 
 
 async def test_a_session_minted_before_sessions_wrote_deltas_writes_the_ordinary_way(dsn):
-    async with admin_tenant(dsn, unique("org")) as admin:
-        scope = PlayScope(admin.org_id, PLAY)
-        await ensure_sheet(admin, scope, NAMESPACE, CONTRACT)
-        run = await new_run(admin, PLAY, "r1")
-        minted = await sessions.mint(admin, scope, NAMESPACE, ["rows.upsert"])
+    async with an_upserting_session(dsn) as (admin, scope, run, minted):
         role = quote_ident(minted.role)
         async with admin.login_connection() as conn:  # the grants of an older session role
             for name in ("sheet_counter_deltas", "sheet_column_deltas"):

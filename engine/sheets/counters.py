@@ -136,13 +136,9 @@ def column_update(port: Port, *, concurrent: bool, org: str, play: str, namespac
 # The fold: the sheet's counter deltas moved into its summary rows ($1 org, $2 play, $3 namespace).
 # Run by an ordinary writer right after its lock statement, which found deltas: it holds the
 # summary row, so no concurrent writer is inside a transaction and this statement's snapshot
-# sees every delta committed.
-FOLD = """
-WITH folded AS (
-    DELETE FROM {deltas} AS x
-     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
-    RETURNING x.total, x.queued, x.running, x.completed, x.failed
-), summary AS (
+# sees every delta committed. What it takes (`taken`, `taken_columns`) is added to the summary
+# rows by the same tail (`_INTO_SUMMARIES`) either way.
+_INTO_SUMMARIES = """, summary AS (
     UPDATE {summary} AS s
        SET total = s.total + f.total, queued = s.queued + f.queued,
            running = s.running + f.running, completed = s.completed + f.completed,
@@ -151,60 +147,50 @@ WITH folded AS (
                    coalesce(sum(queued), 0)::bigint AS queued,
                    coalesce(sum(running), 0)::bigint AS running,
                    coalesce(sum(completed), 0)::bigint AS completed,
-                   coalesce(sum(failed), 0)::bigint AS failed FROM folded) AS f
+                   coalesce(sum(failed), 0)::bigint AS failed FROM taken) AS f
      WHERE s.org_id = $1 AND s.play = $2 AND s.table_namespace = $3
-), folded_columns AS (
-    DELETE FROM {column_deltas} AS x
-     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
-    RETURNING x.field, x.completed, x.failed
 )
 INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
 SELECT $1, $2, $3, f.field, sum(f.completed)::bigint, sum(f.failed)::bigint
-  FROM folded_columns AS f GROUP BY f.field
+  FROM taken_columns AS f GROUP BY f.field
 ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
    SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
 """
 
-# The fold of a database session (module docstring): the same moves, its delta rows zeroed in
-# place instead of deleted. The rows are read `FOR UPDATE` first (a session holds UPDATE on
-# them), so the sums moved are what is zeroed.
+FOLD = """
+WITH taken AS (
+    DELETE FROM {deltas} AS x
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
+    RETURNING x.total, x.queued, x.running, x.completed, x.failed
+), taken_columns AS (
+    DELETE FROM {column_deltas} AS x
+     WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
+    RETURNING x.field, x.completed, x.failed
+)""" + _INTO_SUMMARIES
+
+# The fold of a database session (module docstring): its delta rows zeroed in place instead of
+# deleted. The rows are read `FOR UPDATE` first (a session holds UPDATE on them), so the sums
+# moved are what is zeroed; rows already all zeros are left alone.
 ZERO_FOLD = """
-WITH held AS MATERIALIZED (
+WITH taken AS MATERIALIZED (
     SELECT x.slot, x.total, x.queued, x.running, x.completed, x.failed FROM {deltas} AS x
      WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
        AND (x.total <> 0 OR x.queued <> 0 OR x.running <> 0 OR x.completed <> 0
             OR x.failed <> 0) FOR UPDATE
 ), zeroed AS (
     UPDATE {deltas} AS x SET total = 0, queued = 0, running = 0, completed = 0, failed = 0
-      FROM held AS h
+      FROM taken AS h
      WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3 AND x.slot = h.slot
-), summary AS (
-    UPDATE {summary} AS s
-       SET total = s.total + f.total, queued = s.queued + f.queued,
-           running = s.running + f.running, completed = s.completed + f.completed,
-           failed = s.failed + f.failed
-      FROM (SELECT coalesce(sum(total), 0)::bigint AS total,
-                   coalesce(sum(queued), 0)::bigint AS queued,
-                   coalesce(sum(running), 0)::bigint AS running,
-                   coalesce(sum(completed), 0)::bigint AS completed,
-                   coalesce(sum(failed), 0)::bigint AS failed FROM held) AS f
-     WHERE s.org_id = $1 AND s.play = $2 AND s.table_namespace = $3
-), held_columns AS MATERIALIZED (
+), taken_columns AS MATERIALIZED (
     SELECT x.field, x.slot, x.completed, x.failed FROM {column_deltas} AS x
      WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
        AND (x.completed <> 0 OR x.failed <> 0) FOR UPDATE
 ), zeroed_columns AS (
     UPDATE {column_deltas} AS x SET completed = 0, failed = 0
-      FROM held_columns AS h
+      FROM taken_columns AS h
      WHERE x.org_id = $1 AND x.play = $2 AND x.table_namespace = $3
        AND x.field = h.field AND x.slot = h.slot
-)
-INSERT INTO {column_summary} AS c (org_id, play, table_namespace, field, completed, failed)
-SELECT $1, $2, $3, h.field, sum(h.completed)::bigint, sum(h.failed)::bigint
-  FROM held_columns AS h GROUP BY h.field
-ON CONFLICT (org_id, play, table_namespace, field) DO UPDATE
-   SET completed = c.completed + EXCLUDED.completed, failed = c.failed + EXCLUDED.failed
-"""
+)""" + _INTO_SUMMARIES
 
 # Whether the sheet has deltas to fold (binds: org, play, namespace as text); `{live}` is empty,
 # or the condition that a row is not all zeros (a database session's, module docstring).
