@@ -14,8 +14,8 @@ How it works
   not pile up.
 - A database session folds too, but by zeroing its delta rows (`ZERO_FOLD`), not deleting
   them: it holds no DELETE on shared tables, which would let it LOCK them. A zeroed row stays
-  (one a backend that wrote through the session; the backend's next write adds to it) until
-  the next ordinary writer of an owner's login deletes it with the rest. For a session the
+  (one for each backend that wrote through a session; that backend's next write adds to it)
+  until the next ordinary writer of an owner's login deletes it with the rest. For a session the
   lock statement asks for deltas that are not all zero (`has_deltas`), so a zeroed row does not
   make every later writer fold again; for everyone else any delta row counts, zero or not: it
   is also the evidence that a concurrent writer changed rows (`lists`, `write_ledger`), and a
