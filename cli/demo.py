@@ -214,18 +214,20 @@ async def run_demo(args: argparse.Namespace, console: Console) -> int:
 
     async def body(run: Run) -> MapResult:
         run_ref["run"] = run
-        await args.notice.started(run)  # a plain line before the bars take the terminal
-        with bars.progress:
-            with unwrap_single_error():  # the map's own error, not a group of one
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(bars.follow_outages, run.outage)
-                    try:
+        with unwrap_single_error():  # the map's own error, not a group of one
+            async with trio.open_nursery() as nursery:
+                # From the body's first store call: an outage while the start notice is
+                # recorded shows as one too (the notice's line is printed before it waits).
+                nursery.start_soon(bars.follow_outages, run.outage)
+                try:
+                    await args.notice.started(run)  # a plain line before the bars take the terminal
+                    with bars.progress:
                         return await run.map(TABLE, rows, tool, contract=CONTRACT,
                                              options=row_policies(args),
                                              concurrency=args.concurrency, on_progress=on_progress,
                                              fail_fast=False)  # its failures are random by design
-                    finally:
-                        nursery.cancel_scope.cancel()
+                finally:
+                    nursery.cancel_scope.cancel()
 
     started = time.perf_counter()
     async with open_port(args) as tenant:  # a tenant, or a gateway with --gateway

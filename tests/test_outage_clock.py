@@ -5,6 +5,7 @@ database that is away. The faults come from `tests.pg_proxy`'s blackhole."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -13,11 +14,15 @@ import time
 
 import pytest
 import trio
+from rich.console import Console
 
 from runplane.actors import open_run
 from runplane.actors.retry import STALL_S, OutageWatch, retry_transient
 from runplane.actors.run import ended_by_outage
-from runplane.engine import open_tenant, sheets
+from runplane.cli.demo import run_demo
+from runplane.cli.main import build_parser
+from runplane.cli.operators import RunNotice
+from runplane.engine import open_tenant, runs, sheets
 from runplane.engine.errors import StoreOutageError, TransactionStateUnknownError
 from runplane.engine.pg import COMMIT_RESOLVE_TIMEOUT, COMMIT_TIMEOUT
 
@@ -233,6 +238,40 @@ async def test_ctrl_c_during_an_outage_exits_within_two_seconds_with_the_resume_
     print(f"Ctrl-C during an outage: the process exited {exit_s:.2f}s later")
     assert proc.returncode == 130, err
     assert [line for line in err.splitlines() if line.startswith("runplane: resume run ")], err
+    assert exit_s < BOUND_S, exit_s
+
+
+async def test_an_outage_while_the_demo_records_its_start_shows_and_ctrl_c_still_exits_at_once(
+        dsn, monkeypatch):
+    """The database goes away just after the demo printed its start line, while it records the
+    resume command (before the map starts): the outage shows as a "waiting for the database"
+    line at once, and a cancellation then (what Ctrl-C is, `cli.commands.run_trio`) ends the
+    demo within `BOUND_S` instead of after the 60 s budget. Forced at that step by wrapping the
+    record call; the subprocess test above lands there only by chance."""
+    recorded = runs.record_command
+    output = io.StringIO()
+    async with open_pg_proxy(dsn) as proxy:
+        async def record_during_an_outage(*args, **kwargs):
+            proxy.set_blackhole(True, sever=True)
+            return await recorded(*args, **kwargs)
+
+        monkeypatch.setattr(runs, "record_command", record_during_an_outage)
+        argv = ["demo", "--rows", "2000", "--schema", fresh_schema(), "--fail-rate", "0",
+                "--dsn", proxy.dsn]  # the default 60 s outage budget
+        args = build_parser().parse_args(argv)
+        args.argv, args.notice = argv, RunNotice(argv, "--resume")
+        with trio.CancelScope() as interrupt:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_demo, args, Console(file=output, width=120))
+                with trio.fail_after(20):  # the code before showed nothing for the budget
+                    while "demo: waiting for the database" not in output.getvalue():
+                        await trio.sleep(0.05)
+                sent = time.monotonic()
+                interrupt.cancel()
+        exit_s = time.monotonic() - sent
+        proxy.set_blackhole(False)
+    print(f"cancelled while recording the start: ended {exit_s:.2f}s later")
+    assert args.notice.resume_command is not None
     assert exit_s < BOUND_S, exit_s
 
 
