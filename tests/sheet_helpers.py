@@ -12,7 +12,7 @@ from runplane.engine.sheets.inputs import text_keys
 from runplane.engine import array_input, canonical
 from runplane.engine.runs import register
 from runplane.engine.values.scopes import PlayScope, RunScope
-from runplane.engine.sheets import SheetContract
+from runplane.engine.sheets import RowOutcome, SheetContract
 from runplane.engine.sheets.layout import column_name, layout_for
 from runplane.simulations.counters import counters_match  # noqa: F401  (re-exported for the tests)
 
@@ -34,6 +34,21 @@ def play_scope(port, play: str = PLAY) -> PlayScope:
 
 async def new_run(port, play: str, run_id: str):
     return await register(port, RunScope(port.org_id, play, run_id))
+
+
+def named_rows(tag: str, n: int) -> list[dict]:
+    """`n` rows of `CONTRACT`'s one input, named `tag-0` ...: distinct keys per tag."""
+    return [{"name": f"{tag}-{i}"} for i in range(n)]
+
+
+def completions(admission) -> list[RowOutcome]:
+    """A completed outcome (`score` = its position) for each row `admission` left pending."""
+    return [RowOutcome(r.key, "completed", {"score": i}) for i, r in enumerate(admission.pending)]
+
+
+def is_commit(boundary) -> bool:
+    """Whether a `GatedPort` boundary is a transaction's COMMIT."""
+    return boundary.kind == "query" and boundary.sql == "COMMIT"
 
 
 async def raw_rows(port, scope, namespace: str, fields=()):

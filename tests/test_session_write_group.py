@@ -13,7 +13,7 @@ import trio
 from runplane.engine.errors import InsufficientPrivilegeError
 from runplane.engine.sessions.grants import SHARED_MAP_COLUMNS
 from runplane.engine.shared import maps as shared_maps
-from runplane.engine.sheets import RowOutcome, admit, complete, ensure_sheet, summary, write_group
+from runplane.engine.sheets import admit, complete, ensure_sheet, summary, write_group
 from runplane.engine.sheets.layout import layout_for
 from runplane.engine.sheets.sheet_write import SheetWrite
 from runplane.engine.sheets.write_group import GroupTxn, Turn
@@ -22,21 +22,9 @@ from runplane.engine import sessions
 from runplane.engine.values.scopes import PlayScope
 from runplane.simulations.ports import GatedPort
 from tests.session_helpers import CONTRACT, NAMESPACE, admin_tenant, session_tenant, unique
-from tests.sheet_helpers import counters_match, new_run
+from tests.sheet_helpers import completions, counters_match, is_commit, named_rows, new_run
 
 PLAY = "play"
-
-
-def rows(tag: str, n: int) -> list[dict]:
-    return [{"name": f"{tag}-{i}"} for i in range(n)]
-
-
-def done(admission) -> list[RowOutcome]:
-    return [RowOutcome(r.key, "completed", {"score": i}) for i, r in enumerate(admission.pending)]
-
-
-def is_commit(boundary) -> bool:
-    return boundary.kind == "query" and boundary.sql == "COMMIT"
 
 
 async def delta_rows(admin) -> list[tuple]:
@@ -64,7 +52,8 @@ async def test_a_sessions_map_overlaps_its_own_writes_and_folds_by_zeroing(dsn):
     async with an_upserting_session(dsn) as (admin, scope, run, minted):
         async with session_tenant(dsn, minted, max_connections=3) as session:
             port = GatedPort(session)
-            first = await admit(port, run, NAMESPACE, CONTRACT, rows("a", 50))  # the ordinary way
+            # alone: the ordinary way
+            first = await admit(port, run, NAMESPACE, CONTRACT, named_rows("a", 50))
             layout = layout_for(port, scope, NAMESPACE)
             group = write_group.group_of(port, (layout.counter_args, run.run_id, run.epoch))
             assert group.token is not None
@@ -73,20 +62,21 @@ async def test_a_sessions_map_overlaps_its_own_writes_and_folds_by_zeroing(dsn):
                 lambda b: is_commit(b) and b.checkout != ordinary_commit.boundary.checkout)
             with trio.fail_after(30):
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(complete, port, run, NAMESPACE, CONTRACT, done(first))
+                    nursery.start_soon(complete, port, run, NAMESPACE, CONTRACT, completions(first))
                     await ordinary_commit.wait_reached()
-                    nursery.start_soon(admit, port, run, NAMESPACE, CONTRACT, rows("b", 40))
+                    nursery.start_soon(admit, port, run, NAMESPACE, CONTRACT, named_rows("b", 40))
                     while not group.waiting:
                         await trio.sleep(0.01)
                     ordinary_commit.release()
                     await held_commit.wait_reached()  # holds the summary row FOR SHARE ...
-                    await admit(port, run, NAMESPACE, CONTRACT, rows("c", 30))  # ... beside it
+                    # ... beside it
+                    await admit(port, run, NAMESPACE, CONTRACT, named_rows("c", 30))
                     held_commit.release()
             assert group.overlapped == 2
             added = await delta_rows(admin)
             assert added and sum(total for _, total, _ in added) == 70  # the session's deltas
             # Its next ordinary transaction folds them, zeroing its rows in place.
-            await admit(port, run, NAMESPACE, CONTRACT, rows("d", 5))
+            await admit(port, run, NAMESPACE, CONTRACT, named_rows("d", 5))
         assert group.overlapped == 2 and group.since_ordinary == 0
         zeroed = await delta_rows(admin)
         assert zeroed and all(total == 0 and completed == 0 for _, total, completed in zeroed)
@@ -94,7 +84,8 @@ async def test_a_sessions_map_overlaps_its_own_writes_and_folds_by_zeroing(dsn):
         counts = await summary(admin, scope, NAMESPACE)
         assert (counts.total, counts.completed, counts.queued) == (125, 50, 75)
         # An owner's ordinary writer deletes the zeroed rows with the rest.
-        await admit(admin, await new_run(admin, PLAY, "r2"), NAMESPACE, CONTRACT, rows("e", 5))
+        other = await new_run(admin, PLAY, "r2")
+        await admit(admin, other, NAMESPACE, CONTRACT, named_rows("e", 5))
         assert await delta_rows(admin) == []
         assert (await counters_match(admin, scope, NAMESPACE))[0]
 
@@ -115,11 +106,11 @@ async def test_a_session_minted_before_sessions_wrote_deltas_writes_the_ordinary
                                f" ON {qualified(admin.schema, 'shared_maps')} FROM {role}")
         async with session_tenant(dsn, minted) as session:
             port = GatedPort(session)
-            await admit(port, run, NAMESPACE, CONTRACT, rows("a", 10))
+            await admit(port, run, NAMESPACE, CONTRACT, named_rows("a", 10))
             layout = layout_for(port, scope, NAMESPACE)
             group = write_group.group_of(port, (layout.counter_args, run.run_id, run.epoch))
             group.in_flight.append(GroupTxn(frozenset(), Turn.GROUP, group.token))  # its turn
-            admission = await admit(port, run, NAMESPACE, CONTRACT, rows("b", 10))
+            admission = await admit(port, run, NAMESPACE, CONTRACT, named_rows("b", 10))
             assert len(admission.pending) == 10 and group.overlapped == 0
             plain = SheetWrite(run, NAMESPACE, CONTRACT)
             assert write_group.group_for(port, layout.counter_args, plain, guarded=False) is None

@@ -8,24 +8,18 @@ import trio
 import trio.testing
 
 from runplane.engine.shared import maps as shared_maps
-from runplane.engine.sheets import RowOutcome, admit, complete, ensure_sheet, summary
+from runplane.engine.sheets import admit, complete, ensure_sheet, summary
 from runplane.engine.sheets import lists, write_group
 from runplane.engine.sheets.layout import layout_for
 from runplane.engine.sheets.write_group import GroupTxn, Turn, WriteGroup
 from runplane.engine.sheets.sheet_write import SheetWrite
 from runplane.engine.sheets.write_ledger import WriteLedger, keeping
 from runplane.simulations.ports import CountingPort, GatedPort
-from tests.sheet_helpers import CONTRACT, counters_match, new_run, play_scope
+from tests.sheet_helpers import (
+    CONTRACT, completions, counters_match, is_commit, named_rows, new_run, play_scope,
+)
 
 NS = "grouped"
-
-
-def rows(tag: str, n: int) -> list[dict]:
-    return [{"name": f"{tag}-{i}"} for i in range(n)]
-
-
-def done(admission) -> list[RowOutcome]:
-    return [RowOutcome(r.key, "completed", {"score": i}) for i, r in enumerate(admission.pending)]
 
 
 def group_of(port, run) -> WriteGroup:
@@ -41,15 +35,11 @@ async def writes_of(tenant) -> int:
             " AND table_namespace = $3", *layout.counter_args)
 
 
-def is_commit(boundary) -> bool:
-    return boundary.kind == "query" and boundary.sql == "COMMIT"
-
-
 async def test_a_maps_own_admission_and_completion_hold_the_sheet_lock_at_once(tenant):
     await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
     run = await new_run(tenant, "play", "r1")
     port = GatedPort(tenant)
-    first = await admit(port, run, NS, CONTRACT, rows("a", 50))  # alone: the ordinary way
+    first = await admit(port, run, NS, CONTRACT, named_rows("a", 50))  # alone: the ordinary way
     group = group_of(port, run)
     assert group.token is not None and group.overlapped == 0
     ordinary_commit = port.gate(is_commit)   # the completion below, the ordinary way
@@ -63,17 +53,17 @@ async def test_a_maps_own_admission_and_completion_hold_the_sheet_lock_at_once(t
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_one, "complete_a", lambda: complete(
-                port, run, NS, CONTRACT, done(first)))
+                port, run, NS, CONTRACT, completions(first)))
             await ordinary_commit.wait_reached()
             # Enters while the group's ordinary transaction is in flight: waits for its token.
             nursery.start_soon(run_one, "admit_b", lambda: admit(
-                port, run, NS, CONTRACT, rows("b", 40)))
+                port, run, NS, CONTRACT, named_rows("b", 40)))
             while not group.waiting:
                 await trio.sleep(0.01)
             ordinary_commit.release()
             await held_commit.wait_reached()  # the admission holds the row FOR SHARE ...
             # ... and another write of the group goes through meanwhile, to its COMMIT:
-            await admit(port, run, NS, CONTRACT, rows("c", 30))
+            await admit(port, run, NS, CONTRACT, named_rows("c", 30))
             held_commit.release()
     assert group.overlapped == 2  # the second and the third admission, in the group's turn
     assert results["complete_a"].updated == 50
@@ -90,14 +80,14 @@ async def test_another_writer_ends_the_groups_turn(tenant):
     run = await new_run(tenant, "play", "r1")
     other = await new_run(tenant, "play", "r2")
     port = CountingPort(tenant)
-    await admit(port, run, NS, CONTRACT, rows("a", 10))
+    await admit(port, run, NS, CONTRACT, named_rows("a", 10))
     group = group_of(port, run)
     token = group.token
-    await admit(tenant, other, NS, CONTRACT, rows("z", 5))  # another writer: writes moves on
+    await admit(tenant, other, NS, CONTRACT, named_rows("z", 5))  # another writer: writes moves on
     assert await writes_of(tenant) == token + 1
     group.in_flight.append(GroupTxn(frozenset(), Turn.GROUP, token))  # a write of it in flight
     port.reset()
-    admission = await admit(port, run, NS, CONTRACT, rows("b", 20))
+    admission = await admit(port, run, NS, CONTRACT, named_rows("b", 20))
     assert len(admission.pending) == 20
     claims = [sql for sql in port.statements if "AND s.writes = " in sql]
     assert len(claims) == 1  # tried in the group's turn once, then went the ordinary way
@@ -112,7 +102,7 @@ async def test_a_live_shared_map_of_the_sheet_keeps_the_group_out(tenant):
     await ensure_sheet(tenant, play_scope(tenant), NS, CONTRACT)
     run = await new_run(tenant, "play", "r1")
     port = CountingPort(tenant)
-    await admit(port, run, NS, CONTRACT, rows("a", 10))
+    await admit(port, run, NS, CONTRACT, named_rows("a", 10))
     before = await writes_of(tenant)
     other = await new_run(tenant, "play", "r2")
     await shared_maps.publish(tenant, other, "map-0", NS, config={}, function="f",
@@ -124,7 +114,7 @@ async def test_a_live_shared_map_of_the_sheet_keeps_the_group_out(tenant):
     group.token = before + 1  # as if the group's own transaction had left that value
     group.in_flight.append(GroupTxn(frozenset(), Turn.GROUP, group.token))
     port.reset()
-    await admit(port, run, NS, CONTRACT, rows("b", 10))
+    await admit(port, run, NS, CONTRACT, named_rows("b", 10))
     assert len([sql for sql in port.statements if "AND s.writes = " in sql]) == 1
     assert group.overlapped == 0
     assert (await counters_match(tenant, play_scope(tenant), NS))[0]
@@ -147,7 +137,7 @@ async def overlap_while_another_run_waits(tenant, chain: int) -> tuple[int, bool
     run = await new_run(tenant, "play", "r1")
     other = await new_run(tenant, "play", "r2")
     port = GatedPort(tenant)
-    await admit(port, run, NS, CONTRACT, rows("start", 5))  # alone: the ordinary way
+    await admit(port, run, NS, CONTRACT, named_rows("start", 5))  # alone: the ordinary way
     group = group_of(port, run)
     gated: set[int] = set()  # the checkouts of the admissions already held
     other_done = trio.Event()
@@ -158,14 +148,14 @@ async def overlap_while_another_run_waits(tenant, chain: int) -> tuple[int, bool
 
     async def other_writer():
         committed.append(group.overlapped)
-        await admit(tenant, other, NS, CONTRACT, rows("other", 5))
+        await admit(tenant, other, NS, CONTRACT, named_rows("other", 5))
         committed.append(group.overlapped)
         other_done.set()
 
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             held = next_commit()
-            nursery.start_soon(admit, port, run, NS, CONTRACT, rows("t0", 5))  # ordinary
+            nursery.start_soon(admit, port, run, NS, CONTRACT, named_rows("t0", 5))  # ordinary
             gated.add((await held.wait_reached()).checkout)
             for i in range(1, chain + 1):
                 if i == 2:  # the group overlaps from here: another run's write asks for the row
@@ -174,7 +164,7 @@ async def overlap_while_another_run_waits(tenant, chain: int) -> tuple[int, bool
                         await trio.sleep(0.01)
                 before = list(group.in_flight)
                 after = next_commit()
-                nursery.start_soon(admit, port, run, NS, CONTRACT, rows(f"t{i}", 5))
+                nursery.start_soon(admit, port, run, NS, CONTRACT, named_rows(f"t{i}", 5))
                 while not group.waiting and len(group.in_flight) == len(before):
                     await trio.sleep(0.002)
                 entered = [t for t in group.in_flight if t not in before]
@@ -212,11 +202,11 @@ async def test_a_list_maps_group_folds_its_deltas_into_its_proof(tenant):
     layout = layout_for(tenant, play_scope(tenant), NS)
     ledger = WriteLedger(layout.counter_args)
     with keeping(ledger):
-        first = await admit(tenant, run, NS, CONTRACT, rows("a", 20))  # alone: ordinary
+        first = await admit(tenant, run, NS, CONTRACT, named_rows("a", 20))  # alone: ordinary
         group = ledger.group  # the list map's own group, kept on its ledger
         assert isinstance(group, WriteGroup) and group.token is not None
         group.in_flight.append(GroupTxn(frozenset(), Turn.GROUP, group.token))
-        await complete(tenant, run, NS, CONTRACT, done(first))  # in the group's turn
+        await complete(tenant, run, NS, CONTRACT, completions(first))  # in the group's turn
         assert group.overlapped == 1 and group.deltas
         group.in_flight.clear()
         await lists.fold_deltas(tenant, SheetWrite(run, NS, CONTRACT))

@@ -197,7 +197,8 @@ WITH taken AS MATERIALIZED (
 HAS_DELTAS = """(EXISTS (SELECT 1 FROM {deltas} AS x
                   WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}{live})
          OR EXISTS (SELECT 1 FROM {column_deltas} AS x
-                     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}{live_columns}))"""
+                     WHERE x.org_id = {org} AND x.play = {play} AND x.table_namespace = {ns}
+                           {live_columns}))"""
 _LIVE = """
                     AND (x.total <> 0 OR x.queued <> 0 OR x.running <> 0 OR x.completed <> 0
                          OR x.failed <> 0)"""
