@@ -50,6 +50,7 @@ from runplane.engine.errors import unwrap_single_error
 
 from .connect import open_port
 from .operators import RunCancelled, RunUnfinished, UsageError, print_failure_summary
+from .progress import waiting_text
 from .terminal import clean, say
 
 PLAY = "demo"
@@ -170,7 +171,7 @@ class LiveBars:
                 self.progress.update(self.waiting_task, description=label, visible=True)
                 if reported is None or waited - reported >= WAIT_REPORT_S:
                     reported = waited
-                    self._line(f"demo: {label}; the outage budget is {watch.budget_s:g} s")
+                    self._line(f"demo: {waiting_text(waited, watch.budget_s)}")
             elif reported is not None:
                 self._line(f"demo: the database is back after {longest:.0f} s; resuming")
                 self.progress.update(self.waiting_task, visible=False)

@@ -8,6 +8,11 @@ How it works
   every `interval_s` seconds (10 by default), and a last one when the run ends if it printed
   any (a run shorter than that prints none). The total is the input's length when the play
   was handed one (a list, an input file), else the rows the map's source yielded so far.
+- While the run waits for the database (`run.outage`: a store outage it rides out within its
+  budget), the progress says so, as `runplane demo` does: a bar "waiting for the database
+  (N s)" on a terminal, checked every `SAMPLE_S`; in a log, a line "progress: waiting for the
+  database (N s); the outage budget is B s" with each block of progress lines. (The log's
+  warning still marks the wait's start and end at once.)
 - `Rates` turns successive counts into rows a second: completions (rows given an outcome,
   completed or failed) over the last `WINDOW_S` seconds (over the time sampled, while that is
   shorter), never negative, 0 when none; the time left comes from it (none while it is 0).
@@ -30,6 +35,7 @@ import attrs
 import trio
 
 from runplane.actors import MapProgress, Run
+from runplane.actors.retry import OutageWatch
 
 from runplane.engine.observability import logs
 
@@ -66,6 +72,11 @@ def duration(seconds: float | None) -> str:
         return f"{minutes} min {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def waiting_text(waited_s: float, budget_s: float) -> str:
+    """What a command shows while its run waits for the database (`run.outage`)."""
+    return f"waiting for the database ({waited_s:.0f} s); the outage budget is {budget_s:g} s"
 
 
 @attrs.define(eq=False)
@@ -114,10 +125,12 @@ class RunProgress:
     interval_s: float = 10.0
     input_rows: int | None = None  # the rows given to the play, when known
     live: bool = attrs.field(default=None)
+    outage: OutageWatch | None = None  # the run's: whether it waits for the database
     latest: dict[str, MapProgress] = attrs.field(factory=dict)
     rates: dict[str, Rates] = attrs.field(factory=dict)
     _progress: Progress | None = None
     _tasks: dict[str, TaskID] = attrs.field(factory=dict)
+    _waiting_task: TaskID | None = None
     _lines_printed: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -173,12 +186,33 @@ class RunProgress:
         for table, snapshot in self.latest.items():
             self.rates[table].add(completions(snapshot))
 
+    def waited_s(self) -> float | None:
+        """Seconds the run has been waiting for the database, or None."""
+        return None if self.outage is None else self.outage.waiting_s()
+
+    def show_waiting(self) -> None:
+        """The bars' "waiting for the database" row: shown while the run waits, else hidden."""
+        waited = self.waited_s()
+        if self._progress is None or (waited is None and self._waiting_task is None):
+            return
+        if waited is None:
+            self._progress.update(self._waiting_task, visible=False)
+            return
+        label = f"waiting for the database ({waited:.0f} s)"
+        if self._waiting_task is None:
+            self._waiting_task = self._progress.add_task(label, total=None, note="")
+        self._progress.update(self._waiting_task, description=label, visible=True,
+                              note=f"the outage budget is {self.outage.budget_s:g} s")
+
     def print_lines(self) -> None:
         self.sample()
         for table, snapshot in self.latest.items():
             rate = self.rates[table].rate()
             write(clean(progress_line(table, snapshot, self.total(snapshot), rate)) + "\n",
                   self.stream)
+        waited = self.waited_s()
+        if waited is not None:
+            write(f"progress: {waiting_text(waited, self.outage.budget_s)}\n", self.stream)
 
     async def report_periodically(self) -> None:
         """Sample the rates every `SAMPLE_S` and, without a terminal, print the progress lines
@@ -188,6 +222,7 @@ class RunProgress:
             await trio.sleep(min(SAMPLE_S, max(0.0, next_line - trio.current_time())))
             if self.live or trio.current_time() < next_line:
                 self.sample()
+                self.show_waiting()
                 continue
             self.print_lines()
             self._lines_printed = bool(self.latest)
@@ -198,6 +233,7 @@ async def with_progress(run: Run, progress: RunProgress, body: Callable[[], Awai
     """`await body()` with `progress` following the run's maps (its periodic lines ticking in
     the run's nursery, stopped when the body ends)."""
     run.observe_progress(progress.update)
+    progress.outage = run.outage
     ticker = trio.CancelScope()
 
     async def tick() -> None:

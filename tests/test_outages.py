@@ -207,3 +207,60 @@ def test_the_demo_waits_for_the_database_then_ends_with_the_resume_command(serve
     fields = dict(zip(line.split()[3::2], line.split()[4::2]))
     assert int(fields["cached"]) + int(fields["completed"]) == 20000, line
     assert int(fields["failed"]) == 0, line
+
+
+SLOW_PLAY = '''
+import trio
+
+from runplane.engine.sheets import SheetContract
+
+PLAY = "waits"
+CONTRACT = SheetContract(inputs=("name",), outputs=("size",))
+
+
+async def measure(row):
+    await trio.sleep(0.02)
+    return {"size": len(row["name"])}
+
+
+async def play(run, rows):
+    return await run.map("things", rows, measure, contract=CONTRACT, concurrency=2)
+'''
+
+
+def test_runplane_run_says_in_its_progress_lines_that_it_waits_for_the_database(server, tmp_path):
+    """`runplane run` in a log (a progress block every 0.3 s): the server stops mid-run and a
+    progress block says the run is waiting for the database, how long and within what budget,
+    as the demo's bars do; the server comes back and the run finishes every row (exit 0)."""
+    import subprocess
+
+    from .cli_helpers import RUNPLANE, ROOT, cli_env, wait_for_text
+
+    play, rows = tmp_path / "waits_play.py", tmp_path / "rows.csv"
+    play.write_text(SLOW_PLAY)
+    rows.write_text("name\n" + "".join(f"n{i}\n" for i in range(300)))
+    env = cli_env(RUNPLANE_DSN=server.dsn, RUNPLANE_OUTAGE_BUDGET_S="120")
+    log = tmp_path / "run.err"
+    with log.open("w") as err:
+        proc = subprocess.Popen([*RUNPLANE, "run", str(play), "--input", str(rows), "--schema",
+                                 fresh_schema(), "--progress-every", "0.3"],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                cwd=ROOT)
+    try:
+        wait_for_text(log, "progress things: ", proc)
+        server.stop_now()
+        try:
+            wait_for_text(log, "progress: waiting for the database (", proc)
+        finally:
+            server.start_now()
+        proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    waiting = [line for line in text.splitlines() if line.startswith("progress: waiting")]
+    assert waiting and all(line.endswith("; the outage budget is 120 s") for line in waiting), text
+    last = [line for line in text.splitlines() if line.startswith("progress things: ")][-1]
+    assert last.startswith("progress things: 300/300 rows") and "completed 300" in last, last
+    assert not text.splitlines()[-1].startswith("progress: waiting"), text  # back before the end
