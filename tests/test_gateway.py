@@ -173,6 +173,27 @@ async def test_unknown_actions_health_and_bodies_over_the_limit(tenant):
     assert await count_rows(tenant, "work_receipts") == 0
 
 
+async def test_a_clients_first_action_brings_the_gateways_health_back(tenant):
+    """A client's first action, when its body fits any gateway's limit, asks for the health
+    answer (`protocol.HEALTH_HEADER`) and the gateway sends it with the action's 200: the client
+    never reads `GET /v1/health` (one round trip less for every runner and command). A first
+    action larger than that reads it first, so the body limit is checked before sending."""
+    async with serving(tenant, body_limit=20_000) as server:
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
+            run = await runs.register(gateway, RunScope(tenant.org_id, PLAY, "asks"))
+            assert gateway.stats.answered_attempts == 1  # the action alone
+            health = await gateway.health()
+            assert gateway.stats.answered_attempts == 1  # learned from the action's answer
+            assert health.body_limit == 20_000 and health.array_actions
+            assert health.features == frozenset(protocol.FEATURES + protocol.ARRAY_FEATURES)
+        assert (await receipts.claim(tenant, run, "big")).disposition == "claimed"
+        async with open_gateway(server.url, token_for(tenant), retry=FAST_RETRY) as gateway:
+            blob = "x" * protocol.MIN_BODY_LIMIT
+            done = await receipts.complete(gateway, run, "big", {"blob": blob})
+            assert done.status == "completed"
+            assert gateway.stats.answered_attempts == 2  # the health read, then the action
+
+
 async def test_a_gateways_orgs_after_the_first_open_without_a_statement(tenant, server):
     """The first org's tenant reads the schema's state and the server's identity; the orgs
     after it take what it read (`SharedOpening`) and send no statement as they open, with the

@@ -147,7 +147,8 @@ def _previous_only(row: dict) -> dict:
 
 
 READ_HEADERS = frozenset({b"content-length", b"authorization", protocol.REQUEST_ID_HEADER.encode(),
-                           protocol.ROWS_HEADER.encode(), b"traceparent", b"tracestate"})
+                           protocol.ROWS_HEADER.encode(), protocol.HEALTH_HEADER.encode(),
+                           b"traceparent", b"tracestate"})
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 

@@ -5,7 +5,11 @@ How it works
   operation registered as an action, called with it, is sent as `POST {url}/v1/actions/NAME`
   with the token as a bearer token, and answers what the direct call would have answered, or
   raises the same `engine.errors` class. Its org is the one the token names.
-- Before its first action a gateway reads `GET /v1/health` once (the body limit sizes pages).
+- A gateway learns the server's health answer once (its body limit sizes pages; its features
+  pick request forms): from the answer to its first action, whose request asks for it
+  (`protocol.HEALTH_HEADER`, when the body fits any gateway's limit), so a runner or a command
+  spends no round trip on it; otherwise, or from a gateway that does not answer it, with
+  `GET /v1/health` before the next request that needs it.
   At most `max_in_flight` requests are in flight (FIFO permits, as for connections).
 - Attempts and their retries: `engine.gateway.transport` sends, `engine.gateway.retry` decides
   (`RetryPolicy`: answered attempts spend a ladder, unreachable ones a time budget; a
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import urllib.parse
 import uuid
 from typing import AsyncIterator, Iterator, Mapping
@@ -46,7 +51,7 @@ from ..permits import Permits
 from .. import pg
 from . import protocol
 from .db_sessions import NOT_ROUTED, SessionKey, SessionRouter, session_key, token_operations
-from .retry import RetryPolicy, RetryState
+from .retry import Attempted, RetryPolicy, RetryState
 from ..sessions.limits import SessionLimits
 from .senders import COMPLETION_ACTION, SENDERS
 from ..tokens import unverified_actions, unverified_org, unverified_plays
@@ -62,6 +67,18 @@ class Health:
     body_limit: int
     array_actions: bool
     features: frozenset[str] = frozenset()  # the newer forms it lists (`protocol`; older: none)
+
+    @classmethod
+    def read(cls, answer: object) -> "Health | None":
+        """The health in a decoded health answer, or None when it has no body limit."""
+        try:
+            listed = answer.get("features")
+            features = frozenset(f for f in listed if isinstance(f, str)) \
+                if isinstance(listed, list) else frozenset()
+            return cls(str(answer.get("version")), int(answer["body_limit"]),
+                       bool(answer.get("array_actions", False)), features)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
 
 
 @attrs.define(eq=False)
@@ -143,21 +160,31 @@ class Gateway(RemotePort):
         self.stats.operations += 1
         if budget is None:
             budget = self.budget(action.name)
-        health = await self.health()
-        if len(body) > health.body_limit:
-            raise InvalidInputError(
-                f"{action.name}: the input takes {len(body)} bytes; the gateway accepts at most "
-                f"{health.body_limit} bytes a request")
+        asks = self._health is None and len(body) <= protocol.MIN_BODY_LIMIT
+        if not asks:
+            health = await self.health()
+            if len(body) > health.body_limit:
+                raise InvalidInputError(
+                    f"{action.name}: the input takes {len(body)} bytes; the gateway accepts at "
+                    f"most {health.body_limit} bytes a request")
         headers = {**self._headers, protocol.REQUEST_ID_HEADER: self._request_id(),
                    **(headers or {})}
+        if asks:
+            headers[protocol.HEALTH_HEADER] = "1"
         target = self._urls.get(action.name)
         if target is None:
             target = self._urls[action.name] = self._path + protocol.ACTIONS_PATH + action.name
+
+        async def send(timeout: float) -> Attempted:
+            got = await attempt(self._client, self._permits, "POST", target, timeout, body,
+                                headers)
+            if asks and got.status == 200 and self._health is None and got.headers:
+                self._health = self._health_in(got.headers.get(protocol.HEALTH_HEADER))
+            return got
+
         with tracing.client_action(action.name, headers):  # a span; `traceparent` in headers
-            answer = await with_retries(
-                self.retry, self.stats, action.name, self._where, budget,
-                attempt_timeout(self.retry, action),
-                lambda t: attempt(self._client, self._permits, "POST", target, t, body, headers))
+            answer = await with_retries(self.retry, self.stats, action.name, self._where, budget,
+                                        attempt_timeout(self.retry, action), send)
         if "result" not in answer:
             raise GatewayUnavailableError(
                 f"{action.name}: the gateway at {self.url} answered HTTP 200 with no result")
@@ -188,16 +215,22 @@ class Gateway(RemotePort):
                     self.retry, self.stats, "health", self._where, self.budget("health"),
                     self.retry.request_timeout_s,
                     lambda t: attempt(self._client, self._permits, "GET", target, t, None, {}))
-                try:
-                    listed = answer.get("features")
-                    features = frozenset(f for f in listed if isinstance(f, str)) \
-                        if isinstance(listed, list) else frozenset()
-                    self._health = Health(str(answer.get("version")), int(answer["body_limit"]),
-                                          bool(answer.get("array_actions", False)), features)
-                except (KeyError, TypeError, ValueError):
+                self._health = Health.read(answer)
+                if self._health is None:
                     raise GatewayUnavailableError(
-                        f"{self.url} answered its health check with no body limit") from None
+                        f"{self.url} answered its health check with no body limit")
         return self._health
+
+    @staticmethod
+    def _health_in(header: str | None) -> Health | None:
+        """The health answer an action's answer carried (`protocol.HEALTH_HEADER`), or None
+        (a gateway that does not send it, or a value that is not one: `GET /v1/health` then)."""
+        if header is None:
+            return None
+        try:
+            return Health.read(json.loads(header))
+        except ValueError:
+            return None
 
 
 @contextlib.asynccontextmanager

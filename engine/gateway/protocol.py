@@ -58,6 +58,12 @@ ROWS_BY_INDEX = "by-index"
 ROWS_FORMS = frozenset({ROWS_BY_KEY, ROWS_BY_INDEX})
 DEFAULT_BODY_LIMIT = 4_450_000
 PAGE_HEADROOM = 4 * 1024  # a paged request stays this far under the body limit
+MIN_BODY_LIMIT = 2 * PAGE_HEADROOM  # the smallest body limit a gateway may have
+# A client that has not read the gateway's health sends this header (any value) with an action
+# whose body fits `MIN_BODY_LIMIT`; a gateway that knows it answers a 200 with its health answer
+# (`health_answer`, compact JSON) in the same-named header, sparing `GET /v1/health` a round
+# trip. An older gateway answers without it, and the client reads `HEALTH_PATH` when it needs to.
+HEALTH_HEADER = "runplane-health"
 
 # code, HTTP status, class (most specific first: the server picks the first class that matches)
 ERRORS: tuple[tuple[str, int, type[EngineError]], ...] = (

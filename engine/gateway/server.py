@@ -9,7 +9,8 @@ How it works
   the scope, the body from `receive`, the answer sent with two `send` calls, no request or
   response object per request. Starlette serves the rest (health, the console at `/ui`, 405 for
   another method on an action). Hypercorn parses HTTP and keeps a runner's connection open for
-  up to `KEEP_ALIVE_MAX_REQUESTS` requests.
+  up to `KEEP_ALIVE_MAX_REQUESTS` requests. An action's 200 carries the health answer too
+  when its request asks for it (`protocol.HEALTH_HEADER`: a client's first action).
 - A request is refused, in this order and before any query: a declared body over the limit
   (413); a missing, invalid or expired token (401); an unknown action, or an array-input action
   on a server started with `array_actions=False` (400 `unsupported_action`); an action the
@@ -107,6 +108,7 @@ SHUTDOWN_GRACE_S = 5.0
 MAX_LATENCY_SAMPLES, DECODE_THREADS = 100_000, 2
 OFF_LOOP_BYTES = 64 * 1024  # bodies this large are decoded in a worker thread
 KEEP_ALIVE_MAX_REQUESTS = 1_000_000  # requests one connection may carry before it is closed
+_HEALTH_HEADER = protocol.HEALTH_HEADER.encode("ascii")
 
 
 @functools.cache
@@ -162,9 +164,8 @@ class ServerOptions:
 
     @body_limit.validator
     def _check_body_limit(self, _attribute: attrs.Attribute, value: object) -> None:
-        if not is_int(value, protocol.PAGE_HEADROOM * 2):
-            raise InvalidInputError(
-                f"body_limit must be an integer >= {protocol.PAGE_HEADROOM * 2}")
+        if not is_int(value, protocol.MIN_BODY_LIMIT):
+            raise InvalidInputError(f"body_limit must be an integer >= {protocol.MIN_BODY_LIMIT}")
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -244,25 +245,31 @@ class Server:
 
         return app
 
-    async def _health(self, _request: Request) -> Response:
-        body = protocol.dumps(protocol.health_answer(
+    def _health_body(self) -> bytes:
+        return protocol.dumps(protocol.health_answer(
             runplane_version(), self.options.body_limit, self.options.array_actions))
-        return Response(body, media_type="application/json")
+
+    async def _health(self, _request: Request) -> Response:
+        return Response(self._health_body(), media_type="application/json")
 
     async def _action(self, request: Request) -> Response:
         """The same answer through Starlette (the lean handler takes every POST first)."""
         status, body = await self._respond(request.path_params["action"],
                                            request.headers.items(), request.receive)
-        return Response(body, status_code=status, media_type="application/json")
+        health = status == 200 and protocol.HEALTH_HEADER in request.headers
+        return Response(body, status_code=status, media_type="application/json",
+                        headers={protocol.HEALTH_HEADER: self._health_body().decode("ascii")}
+                        if health else None)
 
     async def _serve_action(self, name: str, raw_headers: Iterable[tuple[bytes, bytes]],
                             receive: Receive, send: Send) -> None:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers
                    if k in READ_HEADERS]
         status, body = await self._respond(name, headers, receive)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-length", str(len(body)).encode("ascii")),
-                                JSON_CONTENT_TYPE]})
+        answer = [(b"content-length", str(len(body)).encode("ascii")), JSON_CONTENT_TYPE]
+        if status == 200 and any(k == protocol.HEALTH_HEADER for k, _ in headers):
+            answer.append((_HEALTH_HEADER, self._health_body()))  # the client's first action
+        await send({"type": "http.response.start", "status": status, "headers": answer})
         await send({"type": "http.response.body", "body": body})
 
     async def _respond(self, name: str, headers: Iterable[tuple[str, str]],
