@@ -258,7 +258,7 @@ class Server:
                                            request.headers.items(), request.receive)
         health = status == 200 and protocol.HEALTH_HEADER in request.headers
         return Response(body, status_code=status, media_type="application/json",
-                        headers={protocol.HEALTH_HEADER: self._health_body().decode("ascii")}
+                        headers={protocol.HEALTH_HEADER: self._health_body().decode("latin-1")}
                         if health else None)
 
     async def _serve_action(self, name: str, raw_headers: Iterable[tuple[bytes, bytes]],
