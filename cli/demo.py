@@ -50,7 +50,7 @@ from runplane.engine.errors import unwrap_single_error
 
 from .connect import open_port
 from .operators import RunCancelled, RunUnfinished, UsageError, print_failure_summary
-from .progress import waiting_text
+from .progress import show_waiting_row, waiting_text
 from .terminal import clean, say
 
 PLAY = "demo"
@@ -165,16 +165,13 @@ class LiveBars:
             waited = watch.waiting_s()
             if waited is not None:
                 longest = waited
-                label = f"waiting for the database ({waited:.0f} s)"
-                if self.waiting_task is None:
-                    self.waiting_task = self.progress.add_task(label, total=None, note="")
-                self.progress.update(self.waiting_task, description=label, visible=True)
+                self.waiting_task = show_waiting_row(self.progress, self.waiting_task, waited)
                 if reported is None or waited - reported >= WAIT_REPORT_S:
                     reported = waited
                     self._line(f"demo: {waiting_text(waited, watch.budget_s)}")
             elif reported is not None:
                 self._line(f"demo: the database is back after {longest:.0f} s; resuming")
-                self.progress.update(self.waiting_task, visible=False)
+                self.waiting_task = show_waiting_row(self.progress, self.waiting_task, None)
                 reported = None
             await trio.sleep(WAIT_POLL_S)
 

@@ -79,6 +79,21 @@ def waiting_text(waited_s: float, budget_s: float) -> str:
     return f"waiting for the database ({waited_s:.0f} s); the outage budget is {budget_s:g} s"
 
 
+def show_waiting_row(progress: "Progress", task: "TaskID | None", waited_s: float | None,
+                     note: str = "") -> "TaskID | None":
+    """Show the bars' row "waiting for the database (N s)" while `waited_s` is a number, hide
+    it when None; returns the row's task (added at the first wait) to pass the next time."""
+    if waited_s is None:
+        if task is not None:
+            progress.update(task, visible=False)
+        return task
+    label = f"waiting for the database ({waited_s:.0f} s)"
+    if task is None:
+        task = progress.add_task(label, total=None, note=note)
+    progress.update(task, description=label, visible=True, note=note)
+    return task
+
+
 @attrs.define(eq=False)
 class Rates:
     """Rows a second of a growing count, over the last `WINDOW_S` seconds of samples."""
@@ -192,17 +207,10 @@ class RunProgress:
 
     def show_waiting(self) -> None:
         """The bars' "waiting for the database" row: shown while the run waits, else hidden."""
-        waited = self.waited_s()
-        if self._progress is None or (waited is None and self._waiting_task is None):
-            return
-        if waited is None:
-            self._progress.update(self._waiting_task, visible=False)
-            return
-        label = f"waiting for the database ({waited:.0f} s)"
-        if self._waiting_task is None:
-            self._waiting_task = self._progress.add_task(label, total=None, note="")
-        self._progress.update(self._waiting_task, description=label, visible=True,
-                              note=f"the outage budget is {self.outage.budget_s:g} s")
+        if self._progress is not None and self.outage is not None:
+            self._waiting_task = show_waiting_row(
+                self._progress, self._waiting_task, self.waited_s(),
+                note=f"the outage budget is {self.outage.budget_s:g} s")
 
     def print_lines(self) -> None:
         self.sample()

@@ -22,7 +22,7 @@ from runplane.engine import RunRef, RunScope, runs, sheets
 from runplane.engine.actions import actions
 from runplane.engine.errors import ConflictError, GatewayUnavailableError, StoreUnavailableError
 from runplane.engine.gateway import RetryPolicy, mint_token, open_gateway
-from runplane.engine.gateway.protocol import PAGE_HEADROOM, REQUEST_ID_HEADER
+from runplane.engine.gateway.protocol import HEALTH_HEADER, PAGE_HEADROOM, REQUEST_ID_HEADER
 from runplane.engine.sheets.model import Admission, AdmittedRow, Completion
 
 ORG = "edges-org"
@@ -120,6 +120,25 @@ async def test_a_body_cut_after_the_status_line_is_an_answered_attempt_that_is_r
     # the first action asked for it, and nothing needed it when the stub did not answer it.)
     assert len(seen) == 2 and stats == (2, 0)
     assert seen[0].request_id is not None and seen[0].request_id == seen[1].request_id
+
+
+@pytest.mark.parametrize("value", ["{not json", "[1, 2]", "\"ok\"", "{\"version\": \"x\"}",
+                                   "{\"body_limit\": \"many\"}"])
+async def test_a_health_header_that_is_not_a_health_answer_is_ignored_and_health_is_read(value):
+    # The first action asks for the health; a value the client cannot read leaves it unknown,
+    # and the client reads `GET /v1/health` when it needs it (not a crash, not a wrong limit).
+    async def reply(request, seen):
+        head, _, rest = result_of("runs.register", RUN).partition(b"\r\n")
+        return head + f"\r\n{HEALTH_HEADER}: {value}".encode() + b"\r\n" + rest
+
+    async with stub(reply, body_limit=54_321) as (url, seen):
+        async with open_gateway(url, TOKEN, retry=LADDER) as gw:
+            run = await runs.register(gw, RUN.scope)
+            assert gw.stats.answered_attempts == 1
+            health = await gw.health()
+            stats = (gw.stats.answered_attempts, gw.stats.unanswered_attempts)
+    assert run == RUN and health.body_limit == 54_321 and health.version == "stub"
+    assert len(seen) == 1 and stats == (2, 0)  # the action, then the health read
 
 
 @pytest.mark.parametrize("raw", [b"<html>proxy error</html>", b"[1, 2]", b"{\"result\"",

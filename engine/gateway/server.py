@@ -253,13 +253,11 @@ class Server:
         return Response(self._health_body(), media_type="application/json")
 
     async def _action(self, request: Request) -> Response:
-        """The same answer through Starlette (the lean handler takes every POST first)."""
+        """The same answer through Starlette: the route only gives other methods their 405, as
+        the lean handler takes every POST first (so no health header here)."""
         status, body = await self._respond(request.path_params["action"],
                                            request.headers.items(), request.receive)
-        health = status == 200 and protocol.HEALTH_HEADER in request.headers
-        return Response(body, status_code=status, media_type="application/json",
-                        headers={protocol.HEALTH_HEADER: self._health_body().decode("latin-1")}
-                        if health else None)
+        return Response(body, status_code=status, media_type="application/json")
 
     async def _serve_action(self, name: str, raw_headers: Iterable[tuple[bytes, bytes]],
                             receive: Receive, send: Send) -> None:
