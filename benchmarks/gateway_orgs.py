@@ -1,6 +1,6 @@
 """Many orgs through one gateway inside its connection budget (issue 43, SPEC §35).
 
-    python benchmarks/gateway_orgs.py [--many 100] [--few 10] [--rows 100000] [--rounds 3]
+    python benchmarks/gateway_orgs.py [--many 100] [--few 10] [--rows 100000] [--rounds 4]
                                       [--max-connections N] [--no-upkeep]
 
 A gateway server runs in a child process (as `runplane serve` would) with its default
@@ -19,9 +19,12 @@ and `--many` new orgs each map one row at once (an org's fixed cost: its first r
 sheet, its first connections), and the rows/s and ratio with that fixed cost taken out of each
 phase. Each phase also prints the gateway requests and the database statements a run sent,
 and where its CPU went (the client, the gateway, the rest of the machine, and how busy its
-cores were). All of that is one round; `--rounds` of them (3) run one after the other on the
+cores were). All of that is one round; `--rounds` of them (4) run one after the other on the
 same gateway, each with new orgs, after a warm-up (`--few` orgs mapping 100 rows each: the
-first phase does not meet a cold gateway alone), and the run ends with the median of the
+first phase does not meet a cold gateway alone). Odd rounds run the `--few` phase of each pair
+first, even rounds the `--many` one (this machine drifts within a run — it slowed by a third
+over minutes in one measurement — so a fixed order would charge the drift to the phase that
+always runs second). The run ends with each order's ratios, the median of the
 rounds' ratios (one round's phases last seconds, and the ratio swings with the machine) and
 one request's CPU cost (a one-read action, 2,000 times in a row): the client's and the
 gateway's, which each run's requests multiply.
@@ -230,7 +233,7 @@ def main() -> None:
     parser.add_argument("--many", type=int, default=100)
     parser.add_argument("--few", type=int, default=10)
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-connections", type=int, default=None)
     parser.add_argument("--no-upkeep", action="store_true",
                         help="leave the vacuum and analyze of each phase's writes to autovacuum")
@@ -262,7 +265,7 @@ def main() -> None:
         args.where = None if args.no_upkeep else Upkeep(dsn, schema)
         trio.run(phase, url, args.few, args.few * 100, "warm", 0, args.where)
         for number in range(1, args.rounds + 1):
-            rounds.append(one_round(url, child, args, f"r{number}"))
+            rounds.append(one_round(url, child, args, f"r{number}", many_first=number % 2 == 0))
             if args.rounds > 1:
                 print(f"-- round {number} of {args.rounds}")
             print("\n".join(rounds[-1].lines), flush=True)
@@ -276,6 +279,10 @@ def main() -> None:
     print(f"one request's CPU (runs.cancel_requested, {FLOOR_CALLS:,} in a row): client "
           f"{client_cpu * 1000:.2f} ms + gateway {gateway_cpu * 1000:.2f} ms")
     if args.rounds > 1:
+        for many_first, name in ((False, "the few phase first"), (True, "the many phase first")):
+            ratios = [r.ratio for r in rounds if r.many_first == many_first]
+            print(f"rounds with {name}: ratio many/few "
+                  f"{', '.join(f'{ratio:.2f}' for ratio in ratios)}")
         print(f"median of {args.rounds} rounds: ratio many/few "
               f"{statistics.median(r.ratio for r in rounds):.2f} (target >= 0.80); their "
               f"second runs {statistics.median(r.again_ratio for r in rounds):.2f}; with each "
@@ -291,6 +298,7 @@ class Round:
     ratio: float
     again_ratio: float
     net_ratio: float
+    many_first: bool
 
 
 @attrs.frozen
@@ -322,17 +330,23 @@ def measured(url: str, child: subprocess.Popen, args: argparse.Namespace, orgs: 
     return Measured(seconds, before, ask(child), cpu_before, cpu_now())
 
 
-def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: str) -> Round:
+def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: str,
+              many_first: bool) -> Round:
     """Both phases with new orgs (their names end in `tag`), again with the same orgs, then
-    the one-row phases that measure each org's fixed cost."""
-    few = measured(url, child, args, args.few, args.rows, f"few-{tag}")
-    many = measured(url, child, args, args.many, args.rows, f"many-{tag}")
+    the one-row phases that measure each org's fixed cost; of each pair the `--many` phase
+    first when `many_first`, else the `--few` one."""
+    def pair(rows_few: int, rows_many: int, suffix: str,
+             again: int = 0) -> tuple[Measured, Measured]:
+        sides = [("few", args.few, rows_few), ("many", args.many, rows_many)]
+        done = {name: measured(url, child, args, orgs, rows, f"{name}-{suffix}", again)
+                for name, orgs, rows in (sides[::-1] if many_first else sides)}
+        return done["few"], done["many"]
+
+    few, many = pair(args.rows, args.rows, tag)
     # the same orgs again: their tenants open, their sheets made (a gateway's steady state)
-    few_again = measured(url, child, args, args.few, args.rows, f"few-{tag}", 1)
-    many_again = measured(url, child, args, args.many, args.rows, f"many-{tag}", 1)
+    few_again, many_again = pair(args.rows, args.rows, tag, 1)
     # the floor: each org's fixed cost (its first run, a new sheet), one row an org
-    few_fixed = measured(url, child, args, args.few, args.few, f"few-fixed-{tag}")
-    many_fixed = measured(url, child, args, args.many, args.many, f"many-fixed-{tag}")
+    few_fixed, many_fixed = pair(args.few, args.many, f"fixed-{tag}")
     few_rate, many_rate = args.rows / few.seconds, args.rows / many.seconds
     lines = [
         f"{args.few} orgs x {args.rows // args.few:,} rows:  {few_rate:,.0f} rows/s; "
@@ -343,7 +357,8 @@ def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: 
         f"p99 wait for a connection {many.after.p99_wait_s * 1000:.0f} ms; "
         f"{many.a_run('requests', args.many):.1f} requests and "
         f"{many.a_run('statements', args.many):.1f} statements a run",
-        f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80)",
+        f"ratio many/few: {many_rate / few_rate:.2f} (target >= 0.80; "
+        f"{'the many phase' if many_first else 'the few phase'} ran first)",
         f"requests a run by action, {args.many} orgs: "
         f"{per_run(many.before, many.after, args.many)}",
         few.cpu_line("few"), many.cpu_line("many"),
@@ -366,7 +381,8 @@ def one_round(url: str, child: subprocess.Popen, args: argparse.Namespace, tag: 
         f"a run sent {many_fixed.a_run('requests', args.many):.1f} requests and its tenant "
         f"{many_fixed.a_run('statements', args.many):.1f} statements")
     lines += [few_fixed.cpu_line("few fixed"), many_fixed.cpu_line("many fixed")]
-    return Round(lines, many_rate / few_rate, again_many / again_few, many_net / few_net)
+    return Round(lines, many_rate / few_rate, again_many / again_few, many_net / few_net,
+                 many_first)
 
 
 @attrs.frozen
