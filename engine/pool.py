@@ -9,8 +9,8 @@ How it works
 - `give(raw, reusable)` pools a connection, or closes it when it is not reusable, the pool is
   closed, or others wait for a slot of the budget (a tenant never keeps an idle connection
   somebody else is waiting for). A connection closed here frees its slot once it is closed.
-- The budget may also take an idle connection (`take_idle`: the oldest) for a tenant that can
-  use it, or have it closed (`discard`: in the reaper's task, its slot returned once closed);
+- The budget may also take an idle connection (`take_idle`: the oldest, or the oldest idle
+  since a given time) for a tenant that can use it, or have it closed (`discard`: in the reaper's task, its slot returned once closed);
   a checkout that ends while others wait hands its connection to the next in line when that
   tenant can use it (see `engine.limits.connections`).
 - A pooled connection idle `idle_close_s` (15 s, `RUNPLANE_IDLE_CLOSE_S`) is closed by the
@@ -108,9 +108,12 @@ class ConnectionPool:
         if self.account is not None:
             self.account.release()
 
-    def take_idle(self) -> Raw | None:
-        """Remove and answer the oldest idle connection that is still open (None: none)."""
+    def take_idle(self, idle_since: float | None = None) -> Raw | None:
+        """Remove and answer the oldest idle connection that is still open (None: none); with
+        `idle_since` (trio time), only one pooled at or before then."""
         while self.idle and not self.closed:
+            if idle_since is not None and self.idle[0][0] > idle_since:
+                return None
             _, raw = self.idle.pop(0)
             if not raw.is_closed():
                 return raw

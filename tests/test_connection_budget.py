@@ -129,7 +129,7 @@ async def test_a_look_for_an_idle_connection_walks_only_the_orgs_holding_one(aut
         def __init__(self, idle=()):
             self.idle, self.asked, self.discarded = list(idle), 0, []
 
-        def take_idle(self):
+        def take_idle(self, idle_since=None):  # its connections are all long idle
             self.asked += 1
             return self.idle.pop(0) if self.idle else None
 
@@ -166,7 +166,7 @@ class _ClosingPool:
         self.account, self.idle, self.discarded = account, list(idle), []
         account.pool = self
 
-    def take_idle(self):
+    def take_idle(self, idle_since=None):  # its connections are all long idle
         while self.idle:
             raw = self.idle.pop(0)
             if not raw.startswith("closed"):
@@ -290,7 +290,7 @@ async def _backends(tenant, pids) -> int:
 
 
 async def test_tenants_share_the_budget_and_pass_connections_on(dsn, tenant):
-    budget = ServerBudget(2)
+    budget = ServerBudget(2, spare_idle_s=3600)  # below the budget, nothing idle is spare
     with hosting(budget):
         async with open_tenant("org-a", dsn, schema=tenant.schema) as a, \
                 open_tenant("org-b", dsn, schema=tenant.schema) as b:
@@ -326,6 +326,31 @@ async def test_tenants_share_the_budget_and_pass_connections_on(dsn, tenant):
                     assert await first.fetchval("SELECT 1") == 1
                 done.set()
     assert budget.stats().in_use == 0 and budget.stats().overdrawn == 0
+
+
+async def test_below_the_budget_a_spare_idle_connection_moves_before_a_new_one_opens(
+        dsn, tenant):
+    """Below the budget a tenant that needs a connection takes another tenant's connection
+    idle `spare_idle_s` or longer (a backend running, its caches warm) rather than start a
+    backend; one idle less long stays with its tenant, which is about to reuse it."""
+    budget = ServerBudget(10, spare_idle_s=3600)
+    with hosting(budget):
+        async with open_tenant("org-a", dsn, schema=tenant.schema) as a, \
+                open_tenant("org-b", dsn, schema=tenant.schema) as b:
+            b_pid = b._idle[0][1].get_server_pid()
+            async with a.connection("sheet") as one, a.connection("receipts") as two:
+                # b's connection is idle, but not spare: a opens a connection of its own
+                assert b_pid not in {one.backend_pid, two.backend_pid}
+                a_pids = {one.backend_pid, two.backend_pid}
+            assert budget.stats().in_use == 3 and len(b._idle) == 1
+            budget.spare_idle_s = 0.2
+            await trio.sleep(0.3)  # a's two connections are spare now, and b's one
+            async with b.connection("sheet") as first, b.connection("receipts") as second:
+                assert first.backend_pid == b_pid  # its own first
+                assert second.backend_pid in a_pids  # then a's oldest, with its slot
+                assert (a._pool.account.held, b._pool.account.held) == (1, 2)
+                assert budget.stats().in_use == 3
+    assert budget.stats().in_use == 0
 
 
 async def test_an_idle_connection_another_tenant_cannot_use_is_closed_for_it(dsn, tenant):

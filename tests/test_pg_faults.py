@@ -293,3 +293,26 @@ async def test_a_sheet_transaction_learns_its_id_without_the_extra_probe(tenant,
     await sheets.complete(tenant, run, "ns", contract, [
         sheets.RowOutcome(admission.pending[0].key, "completed", {"score": 1})])
     assert "COMMIT" in sent and pg.XID_PROBE not in sent
+
+
+async def test_a_connection_whose_event_loop_closed_is_dropped_and_the_server_sees_it_go(
+        dsn, tenant):
+    """`pg.terminate` never raises: on a connection whose event loop is closed already (the
+    driver cannot schedule its own cleanup, as when tenants sharing a loop close after it), it
+    shuts the socket down, and the server ends the backend."""
+    import asyncpg
+    import trio_asyncio
+
+    from runplane.engine import pg
+
+    async with trio_asyncio.open_loop():
+        raw = await trio_asyncio.aio_as_trio(asyncpg.connect)(dsn)
+        pid = raw.get_server_pid()
+    pg.terminate(raw)  # its loop is closed: no raise
+    with trio.fail_after(10):
+        while True:
+            async with tenant.connection("receipts") as conn:
+                if not await conn.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+                    break
+            await trio.sleep(0.05)

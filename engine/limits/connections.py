@@ -15,8 +15,10 @@ How it works
 - Idle connections go back, and connections move between tenants rather than close and reopen:
   accounts whose tenants could use each other's connections share a `key` (same DSN, startup
   settings and driver loop: runplane keeps no session state on a pooled connection). A caller
-  at a full budget with nobody in line takes an idle connection of another account with its
-  key (slot and connection move together); one that has to wait asks an account with an idle
+  with nobody in line takes an idle connection of another account with its key (slot and
+  connection move together): at a full budget any, below it one idle `spare_idle_s` (1 s) or
+  longer (a busy tenant keeps the connections it is about to reuse, and a backend already
+  running costs the server less than a new one: no start, its catalog caches warm); one that has to wait asks an account with an idle
   connection of another key to close it (`pool.take_idle`, `pool.discard`). Both look only at
   the accounts holding a slot (at most `size`), however many a gateway keeps for the orgs it
   has seen. A tenant whose
@@ -52,6 +54,7 @@ from ..errors import InvalidInputError
 from .bounds import is_int
 
 MAX_WAIT_SAMPLES = 100_000
+SPARE_IDLE_S = 1.0  # below the budget, another tenant's connection idle this long is taken
 
 
 @attrs.frozen
@@ -85,8 +88,9 @@ class _Waiter:
 class IdlePool(Protocol):
     """What a budget asks of a tenant's pool (`engine.pool.ConnectionPool`)."""
 
-    def take_idle(self) -> object | None:
-        """Remove and answer the oldest idle connection (None: it has none)."""
+    def take_idle(self, idle_since: float | None = None) -> object | None:
+        """Remove and answer the oldest idle connection (None: it has none); with
+        `idle_since`, only one idle since then or earlier."""
 
     def discard(self, raw: object) -> None:
         """Close `raw` (one of the account's) and release its slot once closed."""
@@ -132,6 +136,7 @@ class ServerBudget:
 
     size: int = attrs.field(validator=_check_size)
     source: str = "given"  # how the size was chosen, for the log line at start
+    spare_idle_s: float = SPARE_IDLE_S
     _in_use: int = attrs.field(init=False, default=0)
     _granted: int = attrs.field(init=False, default=0)
     _overdrawn: int = attrs.field(init=False, default=0)
@@ -162,7 +167,11 @@ class ServerBudget:
         # yields only when cancelled, so what follows up to the wait is one atomic step.
         await trio.lowlevel.checkpoint_if_cancelled()
         if not self.wanted():
-            raw = self._take_idle(account) if self._in_use >= self.size else None
+            # At the budget any idle connection of the key moves; below it only a spare one
+            # (idle `spare_idle_s`): its backend is warm, a new one would start cold.
+            full = self._in_use >= self.size
+            raw = self._take_idle(account,
+                                  None if full else trio.current_time() - self.spare_idle_s)
             # A look that found closed idle connections freed their slots on the way.
             if raw is not None or self._in_use < self.size:
                 if raw is None:
@@ -189,11 +198,12 @@ class ServerBudget:
             self._sample(trio.current_time() - waiter.since)
         return waiter.raw
 
-    def _take_idle(self, account: BudgetAccount) -> object | None:
-        """An idle connection of another account with `account`'s key, moved with its slot."""
+    def _take_idle(self, account: BudgetAccount, idle_since: float | None) -> object | None:
+        """An idle connection of another account with `account`'s key (idle since
+        `idle_since` or earlier, when given), moved with its slot."""
         for other in list(self._holders):  # a closed idle connection found frees its slot
             if other is not account and other.key == account.key and other.pool is not None:
-                raw = other.pool.take_idle()
+                raw = other.pool.take_idle(idle_since)
                 if raw is not None:
                     self._give_up(other)
                     self._grant(account)

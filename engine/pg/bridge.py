@@ -319,17 +319,18 @@ async def open_driver() -> AsyncIterator[Driver]:
 
 def terminate(raw: asyncpg.Connection) -> None:
     """Drop a driver connection at once, without a round trip; never raises. When its event
-    loop is already closed the driver cannot schedule its own cleanup, so the socket is closed
-    here (the server sees the client go and rolls back what was open)."""
+    loop is already closed the driver cannot schedule its own cleanup, so the socket is shut
+    down here (the server sees the client go and rolls back what was open; the descriptor
+    closes with the transport: asyncio's socket view has no `close`)."""
     try:
         if not raw.is_closed():
             raw.terminate()
-    except Exception:  # its loop is closed: close the socket ourselves
+    except Exception:  # its loop is closed: shut the socket down ourselves
         transport = getattr(raw, "_transport", None)
         sock = transport.get_extra_info("socket") if transport is not None else None
         if sock is not None:
             with contextlib.suppress(OSError):
-                sock.close()
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 def reached_locally(raw: asyncpg.Connection) -> bool:
