@@ -5,9 +5,9 @@ rather than starting a backend (`engine.limits.connections`, `spare_idle_s`).
 
 This process hosts the orgs' tenants on one connection budget as a gateway does
 (`engine.gateway.tenants.OrgTenants` on one event loop: the server's default budget, the
-tenants after the first opening without a statement), and `--orgs` new orgs each map one row in a run of their own, one
-after another, `--gap` seconds apart: when an org comes, the orgs before it hold idle
-connections. In the same run, alternating which goes first, two sides:
+tenants after the first opening without a statement), and `--orgs` new orgs each map one row
+in a run of their own, one after another, `--gap` seconds apart: when an org comes, the orgs
+before it hold idle connections. In the same run, alternating which goes first, two sides:
 - spare: the budget as it is — below its size, another org's connection idle 1 s or more moves
   to the org that needs one before a new one opens;
 - no spare: no idle connection counts as spare (`spare_idle_s` infinite), so below its size

@@ -10,9 +10,10 @@ How it works
   closed, or others wait for a slot of the budget (a tenant never keeps an idle connection
   somebody else is waiting for). A connection closed here frees its slot once it is closed.
 - The budget may also take an idle connection (`take_idle`: the oldest, or the oldest idle
-  since a given time) for a tenant that can use it, or have it closed (`discard`: in the reaper's task, its slot returned once closed);
-  a checkout that ends while others wait hands its connection to the next in line when that
-  tenant can use it (see `engine.limits.connections`).
+  since a given time) for a tenant that can use it, or have it closed (`discard`: in the
+  reaper's task, its slot returned once closed); a checkout that ends while others wait hands
+  its connection to the next in line when that tenant can use it (see
+  `engine.limits.connections`).
 - A pooled connection idle `idle_close_s` (15 s, `RUNPLANE_IDLE_CLOSE_S`) is closed by the
   reaper, a task the tenant owns from `start()` to `aclose()`, so an idle process holds none of
   the server's connections.

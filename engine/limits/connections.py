@@ -18,10 +18,10 @@ How it works
   with nobody in line takes an idle connection of another account with its key (slot and
   connection move together): at a full budget any, below it one idle `spare_idle_s` (1 s) or
   longer (a busy tenant keeps the connections it is about to reuse, and a backend already
-  running costs the server less than a new one: no start, its catalog caches warm); one that has to wait asks an account with an idle
-  connection of another key to close it (`pool.take_idle`, `pool.discard`). Both look only at
-  the accounts holding a slot (at most `size`), however many a gateway keeps for the orgs it
-  has seen. A tenant whose
+  running costs the server less than a new one: no start, its catalog caches warm). One that
+  has to wait asks an account with an idle connection of another key to close it
+  (`pool.take_idle`, `pool.discard`). Both look only at the accounts holding a slot (at most
+  `size`), however many a gateway keeps for the orgs it has seen. A tenant whose
   checkout ends while others wait hands the connection to the next caller in line when it has
   the same key (`hand_off`), else closes it rather than pool it (`ServerBudget.wanted`). The
   tenant's idle reaper (15 s) returns the rest.
