@@ -114,10 +114,14 @@ async def test_a_local_worker_killed_mid_map_has_its_leases_released_at_once(
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(coordinate)
-                while not (named.exists() and named.read_text()):
-                    await trio.sleep(0.05)
-                # Read once: the file is a hard link another process may rewrite later.
-                victim = int(named.read_text())
+                # Read until it names a pid, and use that very reading: the file is a hard
+                # link to the victim's claim, which its later calls truncate and write again.
+                text = ""
+                while not text:
+                    text = named.read_text() if named.exists() else ""
+                    if not text:
+                        await trio.sleep(0.05)
+                victim = int(text)
                 os.kill(victim, signal.SIGKILL)
     assert result is not None and result.completed == 600
     released = [r.getMessage() for r in caplog.records if "were released" in r.getMessage()]
