@@ -46,6 +46,7 @@ from _server import bench_dsn  # noqa: E402
 from runplane.actors import open_run  # noqa: E402
 from runplane.engine import open_tenant, pg  # noqa: E402
 from runplane.engine.gateway.tenants import OrgTenants  # noqa: E402
+from runplane.engine.limits.connections import SPARE_IDLE_S  # noqa: E402
 
 PLAY = "bench"
 _STARTED = """
@@ -85,7 +86,6 @@ async def side(dsn: str, schema: str, orgs: int, gap: float, spare_idle_s: float
             async with counter.connection("receipts") as conn:
                 backends = await conn.fetchval(_STARTED, since)
         tenants.close()
-    # the counter's own connection is open already; the sleeps are neither side's CPU
     return Side(backends, (machine - process) / orgs * 1000, process / orgs * 1000)
 
 
@@ -95,7 +95,7 @@ async def run_all(args: argparse.Namespace) -> None:
     results: dict[str, list[Side]] = {"spare": [], "no spare": []}
     try:
         for r in range(args.rounds):
-            sides = [("spare", 1.0), ("no spare", math.inf)]
+            sides = [("spare", SPARE_IDLE_S), ("no spare", math.inf)]
             for name, spare_idle_s in sides if r % 2 == 0 else reversed(sides):
                 got = await side(dsn, schema, args.orgs, args.gap, spare_idle_s)
                 results[name].append(got)
