@@ -6,6 +6,11 @@ How it works
   an unbuffered channel (the next batch grows while the writers are busy); each writes a
   batch with `engine.sheets.complete` and settles it in the map's state (`MapState.settle`:
   fenced rows recorded, a `stale_write_version` fence marks the map superseded).
+- A map's tail is the exception to the linger: once admission is over and at most
+  `TAIL_ROWS` rows are left to settle, the batch waits past its linger for the rest of them
+  (up to `tail_hold_s` after its first outcome; the map's end flushes it at once). A small map
+  then completes in one statement, not one a linger as its rows trickle out of a busy
+  machine's workers (through a gateway each is a request).
 - Two batches written at once never hold the same row: a row's key stays in the map's
   in-flight set until its batch settles, and a later duplicate is dropped at admission
   (`MapState.take_admission`), so their order changes nothing; settling is per ticket. Their
@@ -30,6 +35,7 @@ from runplane.engine.errors import EngineError
 from runplane.engine.sheets import RowOutcome
 from runplane.engine.sheets.inputs import encoded_data
 
+from .map_options import TAIL_ROWS
 from .map_state import MapPlan, MapState
 from .phases import marked
 from .retry import hurry_if_waiting
@@ -57,7 +63,7 @@ def outcome_bytes(outcome: RowOutcome) -> int:
     return size
 
 
-async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
+async def batch_outcomes(plan: MapPlan, state: MapState, outcome_recv, flush_send,
                          *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Gather outcome batches into completion batches.
 
@@ -65,13 +71,15 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
     one: backpressure), or when it has lingered `linger_s` and a writer is idle. The flush
     channel is unbuffered, so writers that are busy let the batch keep growing instead of
     queueing small ones: under load batches fill up, at a trickle they leave after the linger.
+    The map's tail (`MapState.tail_fits` with `TAIL_ROWS`) lingers up to `tail_hold_s` instead.
     """
     task_status.started()
+    tail_rows = min(plan.batch_rows, TAIL_ROWS)
     async with outcome_recv, flush_send:
         tickets: list[int] = []
         outcomes: list = []
         size = 0
-        deadline = math.inf
+        deadline = first_at = math.inf
         while True:
             with trio.move_on_at(deadline):
                 try:
@@ -82,12 +90,17 @@ async def batch_outcomes(plan: MapPlan, outcome_recv, flush_send,
                 outcomes.extend(batch)
                 size += sum(outcome_bytes(outcome) for outcome in batch)
                 if deadline == math.inf:
-                    deadline = trio.current_time() + plan.linger_s
+                    first_at = trio.current_time()
+                    deadline = first_at + plan.linger_s
                 if len(outcomes) >= plan.batch_rows or size >= plan.batch_bytes:
                     await flush_send.send((tickets, outcomes))
                     tickets, outcomes, size, deadline = [], [], 0, math.inf
                     continue
             if outcomes and trio.current_time() >= deadline:
+                if trio.current_time() < first_at + plan.tail_hold_s \
+                        and state.tail_fits(tail_rows):
+                    deadline = first_at + plan.tail_hold_s  # the rest of the map joins it
+                    continue
                 try:
                     flush_send.send_nowait((tickets, outcomes))
                 except trio.WouldBlock:

@@ -32,6 +32,8 @@ FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first r
 BATCH_ROWS = 5000          # completion batch: rows ...
 BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
 LINGER_S = 0.05            # ... or this long after the first outcome arrived
+TAIL_HOLD_S = 0.5          # a map's last rows, when they fit one batch, wait this long for each other
+TAIL_ROWS = 1000           # ... when at most this many (PERF: larger chunks buy the server nothing)
 FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after this
 
 SHARED_ONLY = frozenset({"lease_s", "unit_rows"})  # `run.map` keywords of a shared map only
@@ -60,6 +62,7 @@ class MapOptions:
     # the pipeline's tuning (`MapPlan`)
     page_rows: int = PAGE_ROWS
     linger_s: float = LINGER_S
+    tail_hold_s: float = TAIL_HOLD_S
     batch_rows: int = BATCH_ROWS
     batch_bytes: int = BATCH_BYTES
     flush_deadline_s: float = FLUSH_DEADLINE_S

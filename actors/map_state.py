@@ -64,7 +64,9 @@ from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.sheet_write import PREVIOUS_CELLS_BUDGET_BYTES, check_flag
 
 from .backoff import MAX_WAITING_ROWS, RetryQueue
-from .map_options import BATCH_BYTES, BATCH_ROWS, FLUSH_DEADLINE_S, LINGER_S, PAGE_ROWS
+from .map_options import (
+    BATCH_BYTES, BATCH_ROWS, FLUSH_DEADLINE_S, LINGER_S, PAGE_ROWS, TAIL_HOLD_S, TAIL_ROWS,
+)
 from .list_proof import ListProof
 from .pacing import Pacer, open_pacer
 from .policies import RateLimit, RowRetry
@@ -115,6 +117,7 @@ class MapPlan:
     cell_policies: Mapping[str, CellPolicy] | None = None
     page_rows: int = attrs.field(default=PAGE_ROWS, validator=_positive_int)
     linger_s: float = attrs.field(default=LINGER_S, validator=_seconds)
+    tail_hold_s: float = attrs.field(default=TAIL_HOLD_S, validator=_seconds)
     batch_rows: int = attrs.field(default=BATCH_ROWS, validator=_positive_int)
     batch_bytes: int = attrs.field(default=BATCH_BYTES, validator=_positive_int)
     flush_deadline_s: float = attrs.field(default=FLUSH_DEADLINE_S, validator=_seconds)
@@ -214,6 +217,7 @@ class MapState:
     superseded_by_epoch: int | None = None
     fail_fast: FailFast | None = None
     _inflight: set[str] = attrs.field(init=False, factory=set)
+    admission_ended: bool = attrs.field(init=False, default=False)
     _ledger: dict[int, list[RowOutcome]] = attrs.field(init=False, factory=dict)
     _next_ticket: int = attrs.field(init=False, default=0)
     _added_fields: set[str] = attrs.field(init=False, factory=set)  # outputs beyond the contract
@@ -311,8 +315,15 @@ class MapState:
             self.retries.hand_out(rows)
 
     def end_admission(self) -> None:
+        self.admission_ended = True
         if self.retries is not None:
             self.retries.end_admission()
+
+    def tail_fits(self, rows: int) -> bool:
+        """Admission is over and at most `rows` rows of the map are still to be settled (being
+        computed, waiting for a retry, or written but not yet confirmed): what is left of the
+        map fits one completion of that size (`actors.completer.batch_outcomes`)."""
+        return self.admission_ended and len(self._inflight) <= rows
 
     # -- workers -----------------------------------------------------------------------------
     def open_batch(self) -> tuple[int, list[RowOutcome]]:

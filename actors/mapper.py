@@ -120,7 +120,7 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
                 async with flush_recv:
                     for _ in range(COMPLETION_WRITERS):
                         await nursery.start(write_outcomes, plan, state, flush_recv.clone())
-                await nursery.start(batch_outcomes, plan, outcome_recv, flush_send)
+                await nursery.start(batch_outcomes, plan, state, outcome_recv, flush_send)
                 async with work_recv, outcome_send:
                     for _ in range(plan.concurrency):
                         await nursery.start(work, plan, state, work_recv.clone(),

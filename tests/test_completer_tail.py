@@ -1,0 +1,124 @@
+"""The completer's batches: a map's tail waits for the rest of its rows, its middle does not.
+
+Each test holds some rows inside the function on an event, so which outcomes can share a
+batch is decided by the test, not by the machine's speed; completions are counted where the
+map writes them (`actors.map_state.complete_write`).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import trio
+
+from runplane.actors import map_state, open_run
+from runplane.engine import sheets
+from runplane.engine.values.scopes import PlayScope
+
+CONTRACT = sheets.SheetContract(inputs=("n",), outputs=("out",))
+
+
+@pytest.fixture
+def completions(monkeypatch) -> list[int]:
+    """The rows of each completion the maps write, in order."""
+    written: list[int] = []
+    original = map_state.complete_write
+
+    async def counted(port, write, outcomes):
+        written.append(len(outcomes))
+        return await original(port, write, outcomes)
+
+    monkeypatch.setattr(map_state, "complete_write", counted)
+    return written
+
+
+class Held:
+    """A row function for rows `0 .. split - 1` (the first part) and `split ..` (the rest):
+    every call waits until all `calls` calls are inside the function (so admission has handed
+    out every row), then the first part waits for `first`, the rest for `rest`."""
+
+    def __init__(self, split: int, calls: int) -> None:
+        self.split, self.calls, self.inside = split, calls, 0
+        self.all_in, self.first, self.rest = trio.Event(), trio.Event(), trio.Event()
+
+    async def __call__(self, row):
+        self.inside += 1
+        if self.inside == self.calls:
+            self.all_in.set()
+        await self.all_in.wait()
+        await (self.first if row["n"] < self.split else self.rest).wait()
+        return {"out": row["n"]}
+
+    async def let_first_go(self) -> None:
+        await self.all_in.wait()
+        await trio.sleep(0.1)  # admission, which handed out every row, ends its loop
+        self.first.set()
+
+
+async def completed_rows(tenant) -> int:
+    found = await sheets.read_rows(tenant, PlayScope(tenant.org_id, "play"), "t", limit=10_000)
+    return collections.Counter(row["_status"] for row in found)["enriched"]
+
+
+async def wait_for_completed(tenant, rows: int) -> None:
+    with trio.fail_after(30):
+        while await completed_rows(tenant) < rows:
+            await trio.sleep(0.02)
+
+
+async def test_a_small_maps_rows_complete_in_one_statement(tenant, completions):
+    """Twenty rows, all admitted at once: ten finish, their batch passes its linger while the
+    other ten are still in the function, and still waits for them: one completion (two before,
+    the first ten at the linger and the rest at the map's end)."""
+    fn = Held(10, 20)
+
+    async def let_go():
+        await fn.let_first_go()
+        await trio.sleep(0.2)  # many lingers of 10 ms
+        fn.rest.set()
+
+    async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
+        nursery.start_soon(let_go)
+        result = await run.map("t", [{"n": i} for i in range(20)], fn, contract=CONTRACT,
+                               concurrency=20, linger_s=0.01, tail_hold_s=3600)
+    assert result.completed == 20
+    assert completions == [20]
+
+
+async def test_a_tail_waits_no_longer_than_its_hold(tenant, completions):
+    """The same map with a short hold: the first ten rows are written while the other ten are
+    still held in the function (the test lets them go only once it reads the ten written)."""
+    fn = Held(10, 20)
+
+    async def let_go():
+        await fn.let_first_go()
+        await wait_for_completed(tenant, 10)
+        fn.rest.set()
+
+    async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
+        nursery.start_soon(let_go)
+        result = await run.map("t", [{"n": i} for i in range(20)], fn, contract=CONTRACT,
+                               concurrency=20, linger_s=0.01, tail_hold_s=0.1)
+    assert result.completed == 20
+    assert completions == [10, 10]
+
+
+async def test_a_maps_middle_goes_at_its_linger(tenant, completions):
+    """More rows left than a tail (`TAIL_ROWS`): the hundred rows that finished are written at
+    their linger, however long the hold, while the others wait (116 in the function)."""
+    total = map_state.TAIL_ROWS + 200
+    fn = Held(100, 116)  # the first 100 rows, and 16 of the rest inside the function
+
+    async def let_go():
+        await fn.let_first_go()
+        await wait_for_completed(tenant, 100)
+        fn.rest.set()
+
+    async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
+        nursery.start_soon(let_go)
+        result = await run.map("t", [{"n": i} for i in range(total)], fn, contract=CONTRACT,
+                               concurrency=116, linger_s=0.01, tail_hold_s=3600,
+                               page_rows=total)
+    assert result.completed == total
+    assert completions[0] == 100 and sum(completions) == total
