@@ -105,6 +105,7 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
                 return _finished(plan, state, map_invocation_id)
         listed_source = ListSource(plan.port, scope, source if isinstance(
             source, array_input.PagedRows) else list(source))  # a PagedRows is read in place
+        state.source_rows = listed_source.source_rows
 
     await open_map(plan, state, listed_source)
     stopping = stop.scope() if stop is not None else contextlib.nullcontext()

@@ -35,8 +35,10 @@ def completions(monkeypatch) -> list[int]:
 
 class Held:
     """A row function for rows `0 .. split - 1` (the first part) and `split ..` (the rest):
-    every call waits until all `calls` calls are inside the function (so admission has handed
-    out every row), then the first part waits for `first`, the rest for `rest`."""
+    every call waits until all `calls` calls are inside the function (with as many calls as
+    rows, every row of the list has gone through admission: its admission is over, whenever
+    its actor gets round to ending), then the first part waits for `first`, the rest for
+    `rest`."""
 
     def __init__(self, split: int, calls: int) -> None:
         self.split, self.calls, self.inside = split, calls, 0
@@ -52,7 +54,6 @@ class Held:
 
     async def let_first_go(self) -> None:
         await self.all_in.wait()
-        await trio.sleep(0.1)  # admission, which handed out every row, ends its loop
         self.first.set()
 
 
@@ -67,40 +68,35 @@ async def wait_for_completed(tenant, rows: int) -> None:
             await trio.sleep(0.02)
 
 
-async def test_a_small_maps_rows_complete_in_one_statement(tenant, completions):
-    """Twenty rows, all admitted at once: ten finish, their batch passes its linger while the
-    other ten are still in the function, and still waits for them: one completion (two before,
-    the first ten at the linger and the rest at the map's end)."""
-    fn = Held(10, 20)
-
+async def map_held(tenant, fn: Held, rows: int, rest_after, **options) -> None:
+    """Map `rows` rows with `fn` (every row completed): the first part goes once every call is
+    inside the function, the rest once `rest_after()` returns."""
     async def let_go():
         await fn.let_first_go()
-        await trio.sleep(0.2)  # many lingers of 10 ms
+        await rest_after()
         fn.rest.set()
 
     async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
         nursery.start_soon(let_go)
-        result = await run.map("t", [{"n": i} for i in range(20)], fn, contract=CONTRACT,
-                               concurrency=20, linger_s=0.01, tail_hold_s=3600)
-    assert result.completed == 20
+        result = await run.map("t", [{"n": i} for i in range(rows)], fn, contract=CONTRACT,
+                               linger_s=0.01, **options)
+    assert result.completed == rows
+
+
+async def test_a_small_maps_rows_complete_in_one_statement(tenant, completions):
+    """Twenty rows, all admitted at once: ten finish, their batch passes its linger while the
+    other ten are still in the function, and still waits for them: one completion (two before,
+    the first ten at the linger and the rest at the map's end)."""
+    await map_held(tenant, Held(10, 20), 20, lambda: trio.sleep(0.2),  # many lingers
+                   concurrency=20, tail_hold_s=3600)
     assert completions == [20]
 
 
 async def test_a_tail_waits_no_longer_than_its_hold(tenant, completions):
     """The same map with a short hold: the first ten rows are written while the other ten are
     still held in the function (the test lets them go only once it reads the ten written)."""
-    fn = Held(10, 20)
-
-    async def let_go():
-        await fn.let_first_go()
-        await wait_for_completed(tenant, 10)
-        fn.rest.set()
-
-    async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
-        nursery.start_soon(let_go)
-        result = await run.map("t", [{"n": i} for i in range(20)], fn, contract=CONTRACT,
-                               concurrency=20, linger_s=0.01, tail_hold_s=0.1)
-    assert result.completed == 20
+    await map_held(tenant, Held(10, 20), 20, lambda: wait_for_completed(tenant, 10),
+                   concurrency=20, tail_hold_s=0.1)
     assert completions == [10, 10]
 
 
@@ -108,17 +104,8 @@ async def test_a_maps_middle_goes_at_its_linger(tenant, completions):
     """More rows left than a tail (`TAIL_ROWS`): the hundred rows that finished are written at
     their linger, however long the hold, while the others wait (116 in the function)."""
     total = map_state.TAIL_ROWS + 200
-    fn = Held(100, 116)  # the first 100 rows, and 16 of the rest inside the function
-
-    async def let_go():
-        await fn.let_first_go()
-        await wait_for_completed(tenant, 100)
-        fn.rest.set()
-
-    async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
-        nursery.start_soon(let_go)
-        result = await run.map("t", [{"n": i} for i in range(total)], fn, contract=CONTRACT,
-                               concurrency=116, linger_s=0.01, tail_hold_s=3600,
-                               page_rows=total)
-    assert result.completed == total
-    assert completions[0] == 100 and sum(completions) == total
+    await map_held(tenant, Held(100, 116), total, lambda: wait_for_completed(tenant, 100),
+                   concurrency=116, tail_hold_s=3600, page_rows=total)
+    # (the map ends only if the hundred were written while the rest waited: `wait_for_completed`
+    # gives up after 30 s otherwise)
+    assert sum(completions) == total
