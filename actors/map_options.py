@@ -32,7 +32,7 @@ FIRST_PAGE_ROWS = 100      # ... starting from this and doubling, so the first r
 BATCH_ROWS = 5000          # completion batch: rows ...
 BATCH_BYTES = 1 << 20      # ... or bytes of output JSON ...
 LINGER_S = 0.05            # ... or this long after the first outcome arrived
-TAIL_HOLD_S = 0.5          # a map's last rows, when they fit one batch, wait this long for each other
+TAIL_HOLD_S = 0.5          # a map's last rows, fitting one batch, wait this long for the rest
 TAIL_ROWS = 1000           # ... when at most this many (PERF: larger chunks buy the server nothing)
 FLUSH_DEADLINE_S = 15.0    # the shielded flush on cancellation gives up after this
 

@@ -194,7 +194,8 @@ class Run:
         rows; a number sets how many) stops the map early when those rows all failed for one
         cause from the function: `MapResult.stopped_early`, the run's `stopped_early_maps`.
         `page_rows`, `linger_s`, `tail_hold_s`, `batch_rows`, `batch_bytes`,
-        `flush_deadline_s`, `fast_admission` and `max_waiting_rows` tune the pipeline (`actors.map_state.MapPlan`).
+        `flush_deadline_s`, `fast_admission` and `max_waiting_rows` tune the pipeline
+        (`actors.map_state.MapPlan`).
         `workers=N` spreads the map over N local worker processes, `shared=True` publishes
         it for workers started elsewhere (`runplane worker`; `lease_s` and `unit_rows` tune
         it); see `actors.shared.coordinator`.
@@ -243,7 +244,8 @@ class Run:
             self.port, self.ref, self.attempt, table_namespace, contract,
             as_row_caller(fn, o.concurrency), o.concurrency, o.cell_policies,
             page_rows=o.page_rows, linger_s=o.linger_s, tail_hold_s=o.tail_hold_s,
-            batch_rows=o.batch_rows, batch_bytes=o.batch_bytes, flush_deadline_s=o.flush_deadline_s, retry=o.retry,
+            batch_rows=o.batch_rows, batch_bytes=o.batch_bytes,
+            flush_deadline_s=o.flush_deadline_s, retry=o.retry,
             row_timeout_s=o.row_timeout_s, rate_limit=o.rate_limit,
             give_up_after=o.give_up_after, fast_admission=o.fast_admission,
             max_waiting_rows=o.max_waiting_rows, force=self.force if o.force is None else o.force,
