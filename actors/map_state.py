@@ -217,9 +217,9 @@ class MapState:
     superseded_by_epoch: int | None = None
     fail_fast: FailFast | None = None
     _inflight: set[str] = attrs.field(init=False, factory=set)
-    admission_ended: bool = attrs.field(init=False, default=False)
-    # A list source's length (None: a stream's, known once it ends): admission is over once
-    # that many rows went through it, before its actor gets round to ending.
+    # The rows admission will have gone through when it is over: a list source's length from
+    # the start (admission is over once that many went through it, before its actor gets round
+    # to ending); a stream's count once its admission ended (None until then).
     source_rows: int | None = attrs.field(init=False, default=None)
     _ledger: dict[int, list[RowOutcome]] = attrs.field(init=False, factory=dict)
     _next_ticket: int = attrs.field(init=False, default=0)
@@ -318,18 +318,17 @@ class MapState:
             self.retries.hand_out(rows)
 
     def end_admission(self) -> None:
-        self.admission_ended = True
+        self.source_rows = self.tally.source_rows
         if self.retries is not None:
             self.retries.end_admission()
 
     def tail_fits(self, rows: int) -> bool:
-        """Admission is over (its actor ended, or every row of a list source went through it)
-        and at most `rows` rows of the map are still to be settled (being computed, waiting for
-        a retry, or written but not yet confirmed): what is left of the map fits one completion
+        """Admission is over (every row of the source went through it: `source_rows`) and at
+        most `rows` rows of the map are still to be settled (being computed, waiting for a
+        retry, or written but not yet confirmed): what is left of the map fits one completion
         of that size (`actors.completer.batch_outcomes`)."""
-        over = self.admission_ended or (
-            self.source_rows is not None and self.tally.source_rows >= self.source_rows)
-        return over and len(self._inflight) <= rows
+        return self.source_rows is not None and self.tally.source_rows >= self.source_rows \
+            and len(self._inflight) <= rows
 
     # -- workers -----------------------------------------------------------------------------
     def open_batch(self) -> tuple[int, list[RowOutcome]]:

@@ -92,6 +92,41 @@ async def test_a_small_maps_rows_complete_in_one_statement(tenant, completions):
     assert completions == [20]
 
 
+async def test_a_streamed_maps_tail_waits_once_its_admission_ended(tenant, completions,
+                                                                  monkeypatch):
+    """An async iterable's length is known only once it ends: the first ten rows are let go
+    once every call is inside the function *and* its admission has ended (seen where the map
+    ends it, `MapState.end_admission`), and their batch still waits for the other ten past
+    many lingers: one completion."""
+    ended = trio.Event()
+    original = map_state.MapState.end_admission
+
+    def end_admission(self) -> None:
+        original(self)
+        ended.set()
+
+    monkeypatch.setattr(map_state.MapState, "end_admission", end_admission)
+
+    async def rows():
+        for i in range(20):
+            yield {"n": i}
+
+    fn = Held(10, 20)
+
+    async def let_go():
+        await ended.wait()
+        await fn.let_first_go()
+        await trio.sleep(0.2)  # many lingers
+        fn.rest.set()
+
+    async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
+        nursery.start_soon(let_go)
+        result = await run.map("t", rows(), fn, contract=CONTRACT, linger_s=0.01,
+                               concurrency=20, tail_hold_s=3600)
+    assert result.completed == 20
+    assert completions == [20]
+
+
 async def test_a_tail_waits_no_longer_than_its_hold(tenant, completions):
     """The same map with a short hold: the first ten rows are written while the other ten are
     still held in the function (the test lets them go only once it reads the ten written)."""
