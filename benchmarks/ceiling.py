@@ -29,7 +29,10 @@ Every figure is measured on the same server in the same run; the ratios are the 
 Each figure is the median of `--rounds` rounds; the two sides of a ratio run back to back,
 alternating which goes first. Between parts the server settles (a checkpoint, then a wait while
 autovacuum works on what the part before wrote), so a part is not measured against the last
-one's clean-up. `--quick` shrinks the sizes so a whole run takes a few minutes
+one's clean-up; and each part runs in a process of its own (`--part-child`: this command's
+arguments, the same server), as `runplane run` starts one, so none is measured in the heap
+the parts before it left (a 10,000-row rerun read 4.7–6.8 ms after another part in one process,
+3.6–3.9 ms in its own: the same list's digest took up to twice as long). `--quick` shrinks the sizes so a whole run takes a few minutes
 (100,000 rows for the ceiling, 200,000 for the RSS child, 10,000 for lists); the figures in docs/guide/benchmarks.md use the
 defaults.
 Its processes (this one, the RSS child, the gateway child) collect garbage as `runplane run`
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -77,6 +81,12 @@ async def io_bound(_row: dict) -> dict:
     return OUTPUT
 
 
+def process_cpu_seconds() -> float:
+    """This process's CPU time so far (user and system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def target(name: str, figure: str, met: bool) -> None:
     RESULTS.append((name, figure, met))
     print(f"  {name}: {figure} -> {'met' if met else 'NOT met'}", flush=True)
@@ -104,13 +114,16 @@ async def map_seconds(tenant, table: str, source, fn=noop, *, whole: bool = Fals
 
 async def ceiling(tenant, schema: str, args) -> None:
     rates = {"sheet": [], "minimal": [], "map": []}
+    cpu_us = []  # this process's CPU a row during each map
     rows = [row(i) for i in range(args.rows)]
     for r in range(args.rounds):
         sides = ["sheet", "minimal", "map"]
         for side in sides if r % 2 == 0 else reversed(sides):
             if side == "map":
+                cpu = process_cpu_seconds()
                 seconds = await map_seconds(tenant, f"streamed_{r}", stream(args.rows),
                                             concurrency=args.concurrency)
+                cpu_us.append((process_cpu_seconds() - cpu) * 1e6 / args.rows)
                 rates["map"].append(args.rows / seconds)
             else:
                 rates[side].append(await ceilings.ceiling_rate(
@@ -121,6 +134,11 @@ async def ceiling(tenant, schema: str, args) -> None:
           f"{c:,.0f} rows/s over {args.rows:,} rows")
     print(f"minimal raw ceiling (five columns, same statements): {mc:,.0f} rows/s")
     print(f"run.map, async iterable, no-op:                      {m:,.0f} rows/s")
+    us = statistics.median(cpu_us)
+    print(f"  the map's own process (the engine in Python, and the stream's rows): {us:.1f} µs of "
+          f"CPU a row, so at most {1e6 / us:,.0f} rows/s on its one core; it ran at "
+          f"{median_ratio(rates['map'], [1e6 / u for u in cpu_us]):.2f} of that (the raw "
+          f"ceilings spend no client CPU: their rows are built before the clock)")
     ratio = median_ratio(rates["map"], rates["sheet"])
     target("streamed no-op map / sheet-shaped ceiling", f"{ratio:.2f} (>= 0.80)", ratio >= 0.8)
     ratio = median_ratio(rates["map"], rates["minimal"])

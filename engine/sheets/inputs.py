@@ -274,7 +274,12 @@ def outcome_fields_problem(names: Sequence[str]) -> str | None:
 
 _COMPLETED = OutcomeStatus.COMPLETED.value
 _new_object = object.__new__
-_set_slot = object.__setattr__
+# The slots' own setters (member descriptors): a field set through one skips the lookup by
+# name that `object.__setattr__` does on the frozen class for every field.
+(_set_key, _set_status, _set_data, _set_index, _set_meta, _set_error, _set_attempts,
+ _set_cause, _set_encoded) = (getattr(RowOutcome, name).__set__ for name in (
+    "key", "status", "data", "input_index", "cell_meta", "error", "attempts", "cause",
+    "_encoded"))
 
 
 def completed_outcome(key: str, data: object, input_index: int | None, attempts: int,
@@ -298,15 +303,15 @@ def completed_outcome(key: str, data: object, input_index: int | None, attempts:
                              attempts=attempts)
     else:
         outcome = _new_object(RowOutcome)
-        _set_slot(outcome, "key", key)
-        _set_slot(outcome, "status", _COMPLETED)
-        _set_slot(outcome, "data", data)
-        _set_slot(outcome, "input_index", input_index)
-        _set_slot(outcome, "cell_meta", None)
-        _set_slot(outcome, "error", None)
-        _set_slot(outcome, "attempts", attempts)
-        _set_slot(outcome, "cause", None)
-    _set_slot(outcome, "_encoded", (patch_dumps(data), tuple(data)))
+        _set_key(outcome, key)
+        _set_status(outcome, _COMPLETED)
+        _set_data(outcome, data)
+        _set_index(outcome, input_index)
+        _set_meta(outcome, None)
+        _set_error(outcome, None)
+        _set_attempts(outcome, attempts)
+        _set_cause(outcome, None)
+    _set_encoded(outcome, (patch_dumps(data), tuple(data)))
     return outcome
 
 
