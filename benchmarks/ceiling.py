@@ -31,9 +31,10 @@ alternating which goes first. Between parts the server settles (a checkpoint, th
 autovacuum works on what the part before wrote), so a part is not measured against the last
 one's clean-up; and each part runs in a process of its own (`--part-child`: this command's
 arguments, the same server), as `runplane run` starts one, so none is measured in the heap
-the parts before it left (a 10,000-row rerun read 4.7–6.8 ms after another part in one process,
-3.6–3.9 ms in its own: the same list's digest took up to twice as long). `--quick` shrinks the sizes so a whole run takes a few minutes
-(100,000 rows for the ceiling, 200,000 for the RSS child, 10,000 for lists); the figures in docs/guide/benchmarks.md use the
+the parts before it left (a 10,000-row rerun read 4.7–6.8 ms after another part in one
+process, 3.6–3.9 ms in its own: a new list's digest took 1.5–3 times as long there).
+`--quick` shrinks the sizes so a whole run takes a few minutes (100,000 rows for the ceiling,
+200,000 for the RSS child, 10,000 for lists); the figures in docs/guide/benchmarks.md use the
 defaults.
 Its processes (this one, the RSS child, the gateway child) collect garbage as `runplane run`
 and `runplane serve` do (`benchmarks/_hosting.py`; `RUNPLANE_BENCH_GC=default` for CPython's).
