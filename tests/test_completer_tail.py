@@ -68,18 +68,23 @@ async def wait_for_completed(tenant, rows: int) -> None:
             await trio.sleep(0.02)
 
 
-async def map_held(tenant, fn: Held, rows: int, rest_after, **options) -> None:
-    """Map `rows` rows with `fn` (every row completed): the first part goes once every call is
-    inside the function, the rest once `rest_after()` returns."""
+async def map_held(tenant, fn: Held, rows: int, rest_after, *, source=None, first_after=None,
+                   **options) -> None:
+    """Map `rows` rows with `fn` (every row completed) — a list of them, or `source` yielding
+    them: the first part goes once every call is inside the function (and `first_after()`
+    returned, given one), the rest once `rest_after()` returns."""
     async def let_go():
+        if first_after is not None:
+            await first_after()
         await fn.let_first_go()
         await rest_after()
         fn.rest.set()
 
+    if source is None:
+        source = [{"n": i} for i in range(rows)]
     async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
         nursery.start_soon(let_go)
-        result = await run.map("t", [{"n": i} for i in range(rows)], fn, contract=CONTRACT,
-                               linger_s=0.01, **options)
+        result = await run.map("t", source, fn, contract=CONTRACT, linger_s=0.01, **options)
     assert result.completed == rows
 
 
@@ -111,19 +116,8 @@ async def test_a_streamed_maps_tail_waits_once_its_admission_ended(tenant, compl
         for i in range(20):
             yield {"n": i}
 
-    fn = Held(10, 20)
-
-    async def let_go():
-        await ended.wait()
-        await fn.let_first_go()
-        await trio.sleep(0.2)  # many lingers
-        fn.rest.set()
-
-    async with trio.open_nursery() as nursery, open_run(tenant, "play") as run:
-        nursery.start_soon(let_go)
-        result = await run.map("t", rows(), fn, contract=CONTRACT, linger_s=0.01,
-                               concurrency=20, tail_hold_s=3600)
-    assert result.completed == 20
+    await map_held(tenant, Held(10, 20), 20, lambda: trio.sleep(0.2),  # many lingers
+                   source=rows(), first_after=ended.wait, concurrency=20, tail_hold_s=3600)
     assert completions == [20]
 
 
@@ -139,8 +133,12 @@ async def test_a_maps_middle_goes_at_its_linger(tenant, completions):
     """More rows left than a tail (`TAIL_ROWS`): the hundred rows that finished are written at
     their linger, however long the hold, while the others wait (116 in the function)."""
     total = map_state.TAIL_ROWS + 200
-    await map_held(tenant, Held(100, 116), total, lambda: wait_for_completed(tenant, 100),
+    written_first: list[int] = []
+
+    async def hundred_written() -> None:  # gives up after 30 s: the map would never end
+        await wait_for_completed(tenant, 100)
+        written_first.append(sum(completions))
+
+    await map_held(tenant, Held(100, 116), total, hundred_written,
                    concurrency=116, tail_hold_s=3600, page_rows=total)
-    # (the map ends only if the hundred were written while the rest waited: `wait_for_completed`
-    # gives up after 30 s otherwise)
-    assert sum(completions) == total
+    assert written_first == [100] and sum(completions) == total
