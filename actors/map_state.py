@@ -178,7 +178,8 @@ class MapPlan:
         counts them."""
         batch = AdmitBatch(prepared.rows, input_offset, prepared.keys,
                            input_indexes=prepared.indexes, texts=prepared.texts,
-                           expect_new=expect_new)
+                           expect_new=expect_new,
+                           prepared=attrs.evolve(prepared, skipped=0))  # counted below
         admission = await self._admit(self.write, batch, len(prepared.rows) + prepared.skipped)
         return attrs.evolve(admission, skipped=admission.skipped + prepared.skipped)
 

@@ -120,6 +120,11 @@ class AdmitBatch:
     staged_page: StagedPage | None = None
     texts: Sequence[str] | None = None
     expect_new: bool = False  # the caller expects every row new (`admit_statement`)
+    # The rows as `prepare_rows` made them in this process (a map's page, keyed and encoded
+    # ahead, its duplicates dropped and counted by the caller): admission on this port takes
+    # them as they are instead of checking them again. Never sent: through a remote port the
+    # rows, keys and texts go, and are checked there.
+    prepared: PreparedRows | None = None
 
     def arguments(self) -> dict[str, object]:
         """The batch's part of the action `sheets.admit`'s keyword arguments
@@ -230,11 +235,13 @@ async def _admit_here(port: Port, write: SheetWrite, batch: AdmitBatch, *, start
         staged_page = _check_staged(write.run, staged_page, rows)
         if input_indexes is not None:
             raise InvalidInputError("staged_page and input_indexes cannot be combined")
-    prepared = prepare_rows(
-        rows, write.table_namespace, input_offset=input_offset, keys=batch.keys,
-        need_texts=bool(write.contract.inputs) and staged_page is None,
-        input_indexes=input_indexes, texts=batch.texts,
-    )
+    prepared = batch.prepared
+    if prepared is None or staged_page is not None:
+        prepared = prepare_rows(
+            rows, write.table_namespace, input_offset=input_offset, keys=batch.keys,
+            need_texts=bool(write.contract.inputs) and staged_page is None,
+            input_indexes=input_indexes, texts=batch.texts,
+        )
     page = None
     if staged_page is not None:
         page = _page_rows(prepared, staged_page, len(rows), input_offset)
@@ -409,12 +416,13 @@ def _admission(prepared: PreparedRows, write: SheetWrite, results: list[tuple[in
     if not counting:
         pending_at = [i for i in range(len(prepared.keys)) if i not in taken]
     pending_at.sort()
-    rows = prepared.rows
+    keys, indexes, rows = prepared.keys, prepared.indexes, prepared.rows
     if previous is not None:
         rows = {i: with_previous(rows[i], previous.get(i)) for i in pending_at}
-    pending = tuple(
-        AdmittedRow(prepared.keys[i], prepared.indexes[i], rows[i]) for i in pending_at
-    )
+    if previous is None and len(pending_at) == len(keys):  # every row pending, in order
+        pending = tuple(map(AdmittedRow, keys, indexes, rows))
+    else:
+        pending = tuple(AdmittedRow(keys[i], indexes[i], rows[i]) for i in pending_at)
     return Admission(
         inserted=inserted, skipped=prepared.skipped, pending=pending, completed=tuple(completed),
         blocked=tuple(blocked), write_version=write.run.epoch, timings=timings, cached=cached,

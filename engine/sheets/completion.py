@@ -62,7 +62,7 @@ import logging
 import time
 from itertools import chain
 from operator import attrgetter
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 import attrs
 
@@ -129,31 +129,38 @@ def _check_no_input_fields(prepared: list[PreparedOutcome], outcomes: Sequence[R
         checked.add(outcome.data_keys)
 
 
-def _json_array(texts: list[str]) -> str:
+def _json_array(texts: Sequence[str]) -> str:
     """JSON texts as the text of one JSON array."""
     return "[" + ",".join(texts) + "]"
 
 
-def _nullable(values: list[T]) -> list[T] | None:
+def _nullable(values: Sequence[T]) -> list[T] | None:
     """An array bind, or None when every entry is None: a NULL array, which a multi-argument
     unnest pads with NULLs, costs nothing to encode and send."""
-    return values if any(v is not None for v in values) else None
+    return None if values.count(None) == len(values) else list(values)
 
 
-def _attempts(chunk: list[PreparedOutcome]) -> list[int | None] | None:
+def _attempts(attempts: Sequence[int]) -> list[int | None] | None:
     """The calls each outcome took, as an array bind: NULL (one call each) in the common case."""
-    return _nullable([o.attempts if o.attempts != 1 else None for o in chunk])
+    if attempts.count(1) == len(attempts):
+        return None
+    return [a if a != 1 else None for a in attempts]
 
 
+_key = attrgetter("key")
 _size = attrgetter("size")
 _data_keys = attrgetter("data_keys")
-_meta_keys = attrgetter("meta_keys")
 
 
 def _names(chunk: list[PreparedOutcome], names: attrgetter) -> set[str]:
     """The field names of a chunk's outcomes, each distinct tuple of names visited once (most
     outcomes share one)."""
-    return set(chain.from_iterable(set(map(names, chunk))))
+    return _distinct(map(names, chunk))
+
+
+def _distinct(name_tuples: Iterable[tuple[str, ...]]) -> set[str]:
+    """The names of these tuples of names, each distinct tuple visited once."""
+    return set(chain.from_iterable(set(name_tuples)))
 
 
 def _chunks(outcomes: list[PreparedOutcome]) -> list[list[PreparedOutcome]]:
@@ -208,16 +215,18 @@ class _Writer:
     def _chunk(self, chunk: list[PreparedOutcome], *, indexes: bool = False) -> OutcomeChunk:
         """A chunk as its statement's arrays; the counted fields are those whose cell-meta
         status it may move."""
+        (keys, _failed, input_indexes, data_texts, metas, errors, data_keys, meta_keys, _sizes,
+         attempts, causes) = zip(*chunk)  # the chunk's columns, in one pass
         return OutcomeChunk(
-            keys=[o.key for o in chunk],
-            data_json=_json_array([o.data_text for o in chunk]),
-            metas=_nullable([o.meta_text for o in chunk]),
-            errors=_nullable([o.error for o in chunk]),
-            causes=_nullable([o.cause for o in chunk]),
-            attempts=_attempts(chunk),
-            fields=sorted(_names(chunk, _data_keys)),
-            counted=sorted(_names(chunk, _meta_keys).union(self.base_fields)),
-            indexes=[o.input_index for o in chunk] if indexes else None,
+            keys=list(keys),
+            data_json=_json_array(data_texts),
+            metas=_nullable(metas),
+            errors=_nullable(errors),
+            causes=_nullable(causes),
+            attempts=_attempts(attempts),
+            fields=sorted(_distinct(data_keys)),
+            counted=sorted(_distinct(meta_keys).union(self.base_fields)),
+            indexes=list(input_indexes) if indexes else None,
         )
 
     async def exact(
@@ -237,10 +246,13 @@ class _Writer:
         ):
             key = chunk[ord_ - 1].key
             tally.fenced[key] = FencedRow(key, reason, version)
-        fenced = set(fenced_ords)
-        for ord_, outcome in enumerate(chunk, start=1):
-            if ord_ not in missing and ord_ not in fenced:
-                tally.committed.add(outcome.key)
+        if not missing and not fenced_ords:  # the common case: every row was written
+            tally.committed.update(map(_key, chunk))
+        else:
+            fenced = set(fenced_ords)
+            for ord_, outcome in enumerate(chunk, start=1):
+                if ord_ not in missing and ord_ not in fenced:
+                    tally.committed.add(outcome.key)
         return [chunk[ord_ - 1] for ord_ in sorted(missing)]
 
     async def repair(
@@ -363,16 +375,17 @@ async def _complete_here(
     clock = PhaseClock()
     writer = _Writer(port, layout, write, base_fields, clock, force_failed,
                      units=write.attempt is None and unit_fence.reads_unit_leases(port))
-    completed = [o for o in prepared if not o.failed]
     failed = [o for o in prepared if o.failed]
-    all_keys = [o.key for o in prepared]
+    completed = [o for o in prepared if not o.failed] if failed else prepared
+    all_keys = list(map(_key, prepared))
 
     async def op(conn: Connection, sheet: SheetTxn) -> _Tally:
         writer.sheet = sheet
         tally = _Tally()
         misses: list[PreparedOutcome] = []
         for chunk in _chunks(completed):
-            misses += await writer.exact(conn, chunk, [o.key for o in chunk], False, "update", tally)
+            misses += await writer.exact(conn, chunk, list(map(_key, chunk)), False, "update",
+                                         tally)
         for chunk in _chunks(failed):
             misses += await writer.exact(
                 conn, chunk, [o.key for o in chunk], True, "failed_update", tally
@@ -407,10 +420,13 @@ async def _complete_here(
                 queue.put(on_diagnostics, diagnostics)
             else:
                 await deliver_diagnostics(on_diagnostics, diagnostics)
+    committed = tally.committed  # distinct keys of `all_keys`: all of them when as many
     return Completion(
         updated=tally.updated,
-        committed_keys=tuple(k for k in all_keys if k in tally.committed),
-        fenced=tuple(tally.fenced[k] for k in all_keys if k in tally.fenced),
+        committed_keys=tuple(all_keys) if len(committed) == len(all_keys)
+        else tuple(k for k in all_keys if k in committed),
+        fenced=tuple(tally.fenced[k] for k in all_keys if k in tally.fenced)
+        if tally.fenced else (),
         diagnostics=diagnostics,
     )
 

@@ -10,8 +10,9 @@ How it works
 - `prepare_rows` and `prepare_outcomes` raise `InvalidInputError` naming the row and field for
   anything malformed, so the operations that call them refuse before any query.
 - A map worker builds its completed outcomes with `completed_outcome`, which normalizes and
-  encodes the output once and keeps the text on the outcome (a slot no copy carries);
-  `prepare_outcomes` takes that text as it is, and checks and encodes every other outcome.
+  encodes the output once and keeps the outcome's `PreparedOutcome` on it (a slot no copy
+  carries); `prepare_outcomes` takes that as it is (checking only the key's characters and the
+  output names, which that function does not), and checks and encodes every other outcome.
 - A failed outcome keeps the cause it was built with (bounded, cleaned like the message);
   one built without (or with an empty message) gets its message's (`causes.cause_of`).
 This module does no I/O.
@@ -274,6 +275,7 @@ def outcome_fields_problem(names: Sequence[str]) -> str | None:
 
 _COMPLETED = OutcomeStatus.COMPLETED.value
 _new_object = object.__new__
+_new_tuple = tuple.__new__  # a PreparedOutcome from all its fields, without its Python __new__
 # The slots' own setters (member descriptors): a field set through one skips the lookup by
 # name that `object.__setattr__` does on the frozen class for every field.
 (_set_key, _set_status, _set_data, _set_index, _set_meta, _set_error, _set_attempts,
@@ -285,10 +287,10 @@ _new_object = object.__new__
 def completed_outcome(key: str, data: object, input_index: int | None, attempts: int,
                       path: str = "output") -> RowOutcome:
     """`RowOutcome(key, "completed", data=normalize_fast(data, path), input_index=...,
-    attempts=...)`, with the data's patch text and output names encoded once here and kept on
-    the outcome, so `prepare_outcomes` neither checks nor encodes that data again (a map's
-    worker builds its outcomes with it). The text is of the data as it was here: a caller
-    changing the dict afterwards does not change what is written.
+    attempts=...)`, prepared for completion once here (its data's patch text and output names,
+    its size) and kept on the outcome, so `prepare_outcomes` neither checks nor encodes that
+    data again (a map's worker builds its outcomes with it). The text is of the data as it was
+    here: a caller changing the dict afterwards does not change what is written.
 
     Raises `InvalidInputError` naming `path` for data `normalize` refuses. A key, index or
     attempt count off the common case goes through the constructor, which checks it as it
@@ -311,13 +313,17 @@ def completed_outcome(key: str, data: object, input_index: int | None, attempts:
         _set_error(outcome, None)
         _set_attempts(outcome, attempts)
         _set_cause(outcome, None)
-    _set_encoded(outcome, (patch_dumps(data), tuple(data)))
+    text = patch_dumps(data)
+    _set_encoded(outcome, _new_tuple(PreparedOutcome, (  # the outcome's own fields
+        outcome.key, False, outcome.input_index, text, None, None, tuple(data), (),
+        len(text) if text.isascii() else len(text.encode("utf-8")), outcome.attempts, None)))
     return outcome
 
 
 def encoded_data(outcome: RowOutcome) -> tuple[str, tuple[str, ...]] | None:
     """The patch text and output names `completed_outcome` kept on `outcome`, or None."""
-    return getattr(outcome, "_encoded", None)
+    prepared = getattr(outcome, "_encoded", None)
+    return None if prepared is None else (prepared.data_text, prepared.data_keys)
 
 
 def prepare_outcomes(outcomes: Sequence[object]) -> tuple[list[PreparedOutcome], int]:
@@ -333,6 +339,20 @@ def prepare_outcomes(outcomes: Sequence[object]) -> tuple[list[PreparedOutcome],
     checked: set[tuple[str, ...]] = set()  # key sets already found valid (most outcomes share one)
     completed, failed_status = OutcomeStatus.COMPLETED.value, OutcomeStatus.FAILED.value
     for i, outcome in enumerate(outcomes):
+        prepared = getattr(outcome, "_encoded", None) if type(outcome) is RowOutcome else None
+        if prepared is not None:  # `completed_outcome` built it, and prepared it already
+            key = prepared.key
+            if not is_clean_str(key):  # its type and length were checked there
+                check_key(key, f"outcomes[{i}]")
+            if prepared.data_keys not in checked:
+                problem = outcome_fields_problem(prepared.data_keys)
+                if problem is not None:
+                    raise InvalidInputError(f"outcomes[{i}].data: {problem}")
+                checked.add(prepared.data_keys)
+            if key in by_key:
+                del by_key[key]
+            by_key[key] = prepared
+            continue
         if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
             raise InvalidInputError(
                 f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
@@ -350,17 +370,13 @@ def prepare_outcomes(outcomes: Sequence[object]) -> tuple[list[PreparedOutcome],
             raise InvalidInputError(
                 f"outcomes[{i}].status {status!r} is not one of {OUTCOME_STATUSES}"
             )
-        encoded = getattr(outcome, "_encoded", None)  # see `completed_outcome`
-        if encoded is not None and not failed:
-            data_text, data_keys = encoded
-        else:
-            data = outcome.data
-            if data is None:
-                data = {}
-            elif not is_canonical(data):
-                data = normalize_fast(data, f"outcomes[{i}].data")
-            data_keys = tuple(data)
-            data_text = dumps(data)
+        data = outcome.data
+        if data is None:
+            data = {}
+        elif not is_canonical(data):
+            data = normalize_fast(data, f"outcomes[{i}].data")
+        data_keys = tuple(data)
+        data_text = dumps(data)
         if data_keys not in checked:
             problem = outcome_fields_problem(data_keys)
             if problem is not None:

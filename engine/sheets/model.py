@@ -320,8 +320,8 @@ def _outcome_index(instance: RowOutcome, _attribute: object, value: object) -> N
 
 
 class _EncodedOutcome:
-    """A slot that is not an attrs field (not compared, shown, copied, pickled or sent): the
-    patch text and output names of a completed outcome's data, set only by
+    """A slot that is not an attrs field (not compared, shown, copied, pickled or sent): a
+    completed outcome as completion prepares it (its data's patch text and names), set only by
     `engine.sheets.inputs.completed_outcome`, which normalized and encoded the data itself.
     An outcome built any other way (the constructor, `attrs.evolve`, a copy, the wire) has
     none, and `prepare_outcomes` checks and encodes its data."""
