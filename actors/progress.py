@@ -66,14 +66,16 @@ class CallGauge:
         """A call starts; answers its start time, for `leave` (a pair, not a context manager:
         this runs twice a row, and a generator-based one costs a few microseconds each)."""
         self.in_call += 1
-        self._changed()
-        return time.perf_counter()
+        now = time.perf_counter()  # one clock read serves the report's rate limit too
+        self._changed(now)
+        return now
 
     def leave(self, started: float) -> None:
         """The call that `enter` answered `started` for has ended (whatever it raised)."""
-        metrics.call_seconds(time.perf_counter() - started)  # `runplane_row_seconds`
+        now = time.perf_counter()
+        metrics.call_seconds(now - started)  # `runplane_row_seconds`
         self.in_call -= 1
-        self._changed()
+        self._changed(now)
 
     def catch_up(self) -> None:
         """Report now when the last snapshot's count is not the count now: calls that started
@@ -81,13 +83,12 @@ class CallGauge:
         reported, with no call starting or ending since (the row-calls reporter looks every
         second: `actors.row_calls`)."""
         if self.on_change is not None and self.in_call != self.reported:
-            self._reported_at = time.monotonic()
+            self._reported_at = time.perf_counter()
             self.on_change()
 
-    def _changed(self) -> None:
+    def _changed(self, now: float) -> None:
         if self.on_change is None:
             return
-        now = time.monotonic()
         if (self.in_call == 0 and self.reported != 0) \
                 or now - self._reported_at >= self.REPORT_EVERY_S:
             self._reported_at = now
@@ -210,6 +211,22 @@ class MapTally:
         self.report()
 
     def on_completion(self, outcomes: list[RowOutcome], completion: Completion) -> None:
+        if not completion.fenced and len(completion.committed_keys) == len(outcomes):
+            # the common case: every outcome a key of its own, and written
+            completed = [outcome.status for outcome in outcomes].count(OutcomeStatus.COMPLETED)
+            self.completed += completed
+            self.failed += len(outcomes) - completed
+        else:
+            self._count_written(outcomes, completion)
+        self.fenced += len(completion.fenced)
+        room = MAX_CARRIED_ROWS - len(self.fenced_rows)
+        if room > 0:
+            self.fenced_rows.extend(completion.fenced[:room])
+        if completion.diagnostics is not None:
+            self.diagnostics.append(completion.diagnostics)
+        self.report()
+
+    def _count_written(self, outcomes: list[RowOutcome], completion: Completion) -> None:
         fenced_keys = {row.key for row in completion.fenced}
         last: dict[str, str] = {}
         for outcome in outcomes:  # duplicates: the last outcome of a key wins
@@ -221,13 +238,6 @@ class MapTally:
                 self.completed += 1
             else:
                 self.failed += 1
-        self.fenced += len(completion.fenced)
-        room = MAX_CARRIED_ROWS - len(self.fenced_rows)
-        if room > 0:
-            self.fenced_rows.extend(completion.fenced[:room])
-        if completion.diagnostics is not None:
-            self.diagnostics.append(completion.diagnostics)
-        self.report()
 
     def snapshot(self) -> MapProgress:
         self.gauge.reported = self.gauge.in_call

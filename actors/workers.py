@@ -143,21 +143,22 @@ async def work(plan: MapPlan, state: MapState, work_recv, outcome_send,
                *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     async with work_recv, outcome_send:
+        now = trio.lowlevel.current_clock().current_time  # `trio.current_time`, looked up once
         async for batch in work_recv:
             ticket, outcomes = state.open_batch()
-            opened = trio.current_time()
+            opened = now()
             for admitted in batch:
                 outcome = await run_row(plan, state, admitted)
                 if outcome is not None:
                     state.record(outcomes, outcome)
                 state.resolve()
-                if outcomes and trio.current_time() - opened >= HAND_ON_S:
+                if outcomes and now() - opened >= HAND_ON_S:
                     # A slow function: what is done is written (and shown) now, not when the
                     # whole batch is.
                     state.report()
                     await outcome_send.send((ticket, outcomes))
                     ticket, outcomes = state.open_batch()
-                    opened = trio.current_time()
+                    opened = now()
             state.report()
             if outcomes:
                 await outcome_send.send((ticket, outcomes))
