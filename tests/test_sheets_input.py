@@ -184,3 +184,51 @@ async def test_rows_admitted_with_their_encoded_texts_store_what_encoding_them_s
         return sorted((row["name"], str(row["extra"])) for row in stored.values())
 
     assert await cells("with_texts") == await cells("without_texts")
+
+
+GIVEN_ROWS = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
+GIVEN_TEXTS = ['{"name":"a"}', '{"name":"b"}', '{"name":"c"}']
+
+
+@pytest.mark.parametrize("keys, indexes, keep_rows, need_texts", [
+    (["k1", "k2", "k3"], None, True, True),          # the column checks pass
+    (["k1", "k2", "k3"], range(5, 8), False, False),
+    (["k1", "k2", "k3"], [9, 4, 7], True, False),
+    (["k1", "k2", "k1"], None, True, True),          # a duplicate: the first one wins
+    (["k1", "ké", "k3"], [1, 2, 3], True, True),     # not ASCII: checked row by row
+])
+def test_given_keys_and_texts_prepare_as_the_row_loop_does(monkeypatch, keys, indexes, keep_rows,
+                                                           need_texts):
+    """`prepare_rows` checks rows whose keys and texts are given a column at a time; what it
+    answers is what its row-by-row loop answers."""
+    from runplane.engine.sheets import inputs
+
+    def prepare():
+        return inputs.prepare_rows(GIVEN_ROWS, "ns", input_offset=2, keys=keys,
+                                   need_texts=need_texts, input_indexes=indexes,
+                                   keep_rows=keep_rows, texts=GIVEN_TEXTS)
+
+    fast = prepare()
+    monkeypatch.setattr(inputs, "_given_rows", lambda *args: None)
+    assert fast == prepare()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"keys": ["k1", "", "k3"]}, r"keys\[1\]: key "),
+    ({"keys": ["k1", "k\x00", "k3"]}, r"keys\[1\]: key holds NUL"),
+    ({"keys": ["k1", 2, "k3"]}, r"keys\[1\]: key must be a string"),
+    ({"texts": [GIVEN_TEXTS[0], None, GIVEN_TEXTS[2]]}, r"texts\[1\] must be a string"),
+    ({"rows": [GIVEN_ROWS[0], ["x"], GIVEN_ROWS[2]]}, r"rows\[1\] must be a dict"),
+    ({"input_indexes": [0, -1, 2]}, r"input_indexes\[1\] must be an integer >= 0"),
+    ({"input_indexes": [0, True, 2]}, r"input_indexes\[1\] must be an integer >= 0"),
+    ({"input_indexes": range(-1, 2)}, r"input_indexes\[0\] must be an integer >= 0"),
+])
+def test_given_keys_and_texts_refuse_naming_the_row(change, message):
+    from runplane.engine.sheets.inputs import prepare_rows
+
+    arguments = {"rows": GIVEN_ROWS, "keys": ["k1", "k2", "k3"], "texts": GIVEN_TEXTS,
+                 "input_indexes": None, **change}
+    with pytest.raises(InvalidInputError, match=message):
+        prepare_rows(arguments["rows"], "ns", input_offset=0, keys=arguments["keys"],
+                     need_texts=True, input_indexes=arguments["input_indexes"],
+                     texts=arguments["texts"])

@@ -125,6 +125,11 @@ def prepare_rows(
     normalized, and the caller's own — and not encoded again.
     """
     _check_arguments(rows, input_offset, keys, texts)
+    if texts is not None:  # and keys: a caller that keyed and encoded its rows
+        given = _given_rows(rows, keys, texts, input_offset, input_indexes, need_texts,
+                            keep_rows)
+        if given is not None:
+            return given
     if input_indexes is not None:
         check_input_indexes(input_indexes, len(rows))
     elif keys is None and not need_texts and not keep_rows:
@@ -208,6 +213,41 @@ def _key_rows(rows: Sequence[object], namespace: str, input_offset: int,
         out_keys, out_indexes, out_rows, out_texts if need_texts else None,
         len(rows) - len(out_keys),
     )
+
+
+def _given_rows(rows: Sequence[object], keys: Sequence[object], texts: Sequence[object],
+                input_offset: int, input_indexes: Sequence[object] | None, need_texts: bool,
+                keep_rows: bool) -> PreparedRows | None:
+    """Rows whose keys and texts the caller gave, checked a column at a time (each check one
+    pass in C): every row a dict, every text a string, every key a distinct ASCII string of
+    a safe length without NUL, every input index (when given) an integer >= 0. The rows are
+    taken as they are, as the row-by-row loop takes them with texts; None when any check
+    fails, and that loop then refuses the row naming it (or, for duplicate keys, drops the
+    later ones)."""
+    count = len(rows)
+    if not count or set(map(type, rows)) != {dict} or set(map(type, texts)) != {str} \
+            or set(map(type, keys)) != {str} or len(set(keys)) != count:
+        return None
+    lengths = list(map(len, keys))
+    joined = "".join(keys)
+    if min(lengths) == 0 or max(lengths) > ALWAYS_SAFE_KEY_CHARS or not joined.isascii() \
+            or "\x00" in joined:
+        return None
+    if input_indexes is None:
+        indexes = list(range(input_offset, input_offset + count))
+    elif type(input_indexes) is range:
+        if len(input_indexes) != count or (count and input_indexes[0] < 0) \
+                or input_indexes.step < 0:
+            return None
+        indexes = list(input_indexes)
+    else:
+        if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
+                or len(input_indexes) != count or set(map(type, input_indexes)) != {int} \
+                or min(input_indexes) < 0:
+            return None
+        indexes = list(input_indexes)
+    return PreparedRows(list(keys), indexes, list(rows) if keep_rows else [],
+                        list(texts) if need_texts else None, 0)
 
 
 def _probe_keys(rows: Sequence[object], namespace: str) -> list[str] | None:
