@@ -33,7 +33,7 @@ import trio
 from runplane.engine import canonical
 from runplane.engine.errors import EngineError
 from runplane.engine.sheets import RowOutcome
-from runplane.engine.sheets.inputs import encoded_data
+from runplane.engine.sheets.outcome_inputs import encoded_data
 
 from .map_options import TAIL_ROWS
 from .map_state import MapPlan, MapState

@@ -58,7 +58,8 @@ from runplane.engine.sheets import (
 )
 from runplane.engine.sheets.admission import AdmitBatch, admit_write
 from runplane.engine.sheets.completion import complete_write, input_fields_problem
-from runplane.engine.sheets.inputs import PreparedRows, outcome_fields_problem, prepare_rows
+from runplane.engine.sheets.inputs import PreparedRows, prepare_rows
+from runplane.engine.sheets.outcome_inputs import outcome_fields_problem
 from runplane.engine.sheets.model import MAX_SHEET_FIELDS
 from runplane.engine.sheets.probing import probe_keyed
 from runplane.engine.sheets.sheet_write import PREVIOUS_CELLS_BUDGET_BYTES, check_flag

@@ -6,7 +6,7 @@ How it works
   the message with the row's own input values masked, `_cause`); a return value
   must be a dict of output fields (None means no fields) that `canonical.normalize` accepts,
   or the row fails with a message saying why. A completed row's outputs are normalized and
-  encoded once, here (`engine.sheets.inputs.completed_outcome`): completion writes that text. No permit is held while user code runs:
+  encoded once, here (`engine.sheets.outcome_inputs.completed_outcome`): completion writes that text. No permit is held while user code runs:
   permits are taken inside the engine calls, around database work only.
 - Row policies (`actors.policies`): before a call the worker takes a token from the map's
   rate limit (`actors.pacing`); a call running past `row_timeout_s` is cancelled and fails
@@ -31,7 +31,7 @@ from runplane.engine.errors import InvalidInputError
 from runplane.engine.observability import tracing
 from runplane.engine.sheets import AdmittedRow, OutcomeStatus, RowOutcome
 from runplane.engine.sheets.causes import cause_of
-from runplane.engine.sheets.inputs import completed_outcome
+from runplane.engine.sheets.outcome_inputs import completed_outcome
 from runplane.engine.sheets.previous_cells import PREVIOUS
 
 from .admission import MAX_WORK_BATCH

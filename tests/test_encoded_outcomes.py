@@ -8,7 +8,7 @@ import pytest
 
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import OutcomeStatus, RowOutcome, SheetContract, admit, complete
-from runplane.engine.sheets.inputs import completed_outcome, encoded_data, prepare_outcomes
+from runplane.engine.sheets.outcome_inputs import completed_outcome, encoded_data, prepare_outcomes
 
 from .sheet_helpers import PLAY, new_run, play_scope, raw_rows
 

@@ -390,7 +390,7 @@ def test_an_outcome_travels_as_the_row_outcome_codec_encodes_it():
     import attrs
 
     from runplane.engine.gateway.senders import outcome_texts
-    from runplane.engine.sheets.inputs import prepare_outcomes
+    from runplane.engine.sheets.outcome_inputs import prepare_outcomes
     from runplane.engine.sheets.model import ROW_OUTCOME, RowOutcome
 
     outcomes = [
@@ -424,7 +424,7 @@ def test_the_gateway_decodes_plain_completed_outcomes_as_the_codec_does():
 
     from runplane.engine.actions import _REGISTRY
     from runplane.engine.gateway.bodies import completed_outcomes, decode_body
-    from runplane.engine.sheets.inputs import prepare_outcomes
+    from runplane.engine.sheets.outcome_inputs import prepare_outcomes
     from runplane.engine.sheets.model import ROW_OUTCOME, RowOutcome
     from runplane.engine.values.codecs import list_of
 

@@ -16,7 +16,7 @@ from runplane.engine.gateway.retry import (
 )
 from runplane.engine.gateway.transport import DEADLINE_MARGIN_S, attempt_timeout
 from runplane.engine.gateway.senders import outcome_texts
-from runplane.engine.sheets.inputs import prepare_outcomes
+from runplane.engine.sheets.outcome_inputs import prepare_outcomes
 from runplane.engine.sheets.model import ROW_OUTCOME, RowOutcome
 
 POLICY = RetryPolicy(answered_delays_s=(1.0, 2.0, 4.0), unreachable_budget_s=10.0,

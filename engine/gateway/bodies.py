@@ -21,7 +21,8 @@ from ..actions import Action
 from ..values.scopes import normalize_namespace
 from ..errors import InvalidInputError
 from ..sheets import OutcomeStatus, RowOutcome
-from ..sheets.inputs import completed_outcome, prepare_rows
+from ..sheets.inputs import prepare_rows
+from ..sheets.outcome_inputs import completed_outcome
 from ..sheets.previous_cells import PREVIOUS
 from . import guards, protocol
 

@@ -43,7 +43,8 @@ from ..runs import outbox
 from ..values.scopes import normalize_namespace
 from ..sheets.model import check_give_up_after
 from ..sheets.completion import deliver_diagnostics
-from ..sheets.inputs import PreparedOutcome, check_input_indexes, prepare_outcomes, prepare_rows
+from ..sheets.inputs import check_input_indexes, prepare_rows
+from ..sheets.outcome_inputs import PreparedOutcome, prepare_outcomes
 from ..sheets.previous_cells import PREVIOUS, cells_bytes, with_previous
 from ..sheets.sheet_write import check_write
 from ..sheets.model import (

@@ -78,7 +78,7 @@ from . import unit_fence
 from .completion_parts import CompletionSheet, OutcomeChunk
 from .completion_repair_sql import insert_statement, repair_targets_statement
 from .completion_sql import exact_statement
-from .inputs import PreparedOutcome, prepare_outcomes
+from .outcome_inputs import PreparedOutcome, prepare_outcomes
 from .layout import SheetLayout, layout_for
 from .sheet_txn import SheetTxn, UnitGuard, run_sheet_transaction
 from .write_group import group_for

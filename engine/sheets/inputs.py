@@ -1,20 +1,17 @@
-"""Input preparation: validate, normalize, key and encode rows and outcomes before any query.
+"""Input preparation of rows: validate, normalize, key and encode them before any query.
 
 How it works
-- Rows and outcome data go through the shared fast path of `engine.canonical`:
-  `is_canonical` proves a value already canonical without rebuilding it, and `normalize_fast`
-  equals `canonical.normalize` (cleaning or refusing with the path named) on everything else.
-  A canonical row is copied before it is kept, since it is the caller's own dict.
+- Rows go through the shared fast path of `engine.canonical`: `is_canonical` proves a value
+  already canonical without rebuilding it, and `normalize_fast` equals `canonical.normalize`
+  (cleaning or refusing with the path named) on everything else. A canonical row is copied
+  before it is kept, since it is the caller's own dict.
 - `row_key(row, table_namespace)` is the SHA-256 (first 32 hex digits) of the normalized
   namespace, a newline, and the canonical JSON of the normalized row.
-- `prepare_rows` and `prepare_outcomes` raise `InvalidInputError` naming the row and field for
-  anything malformed, so the operations that call them refuse before any query.
-- A map worker builds its completed outcomes with `completed_outcome`, which normalizes and
-  encodes the output once and keeps the outcome's `PreparedOutcome` on it (a slot no copy
-  carries); `prepare_outcomes` takes that as it is (checking only the key's characters and the
-  output names, which that function does not), and checks and encodes every other outcome.
-- A failed outcome keeps the cause it was built with (bounded, cleaned like the message);
-  one built without (or with an empty message) gets its message's (`causes.cause_of`).
+- `prepare_rows` raises `InvalidInputError` naming the row and field for anything malformed,
+  so the operations that call it refuse before any query. Rows whose keys and texts a caller
+  gave are checked a column at a time first (`_given_rows`), row by row only when that fails.
+- `canonical_dumps` and `patch_dumps` are the reusable C encoders rows and outcomes share.
+- Outcomes are prepared in `engine.sheets.outcome_inputs`.
 This module does no I/O.
 """
 
@@ -22,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable, Iterable, Mapping, NamedTuple, NoReturn, Sequence
+from typing import Callable, Iterable, Mapping, NoReturn, Sequence
 
 import attrs
 
@@ -32,12 +29,6 @@ from ..canonical import JsonValue, is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
 from ..limits.inputs import MAX_KEY_BYTES, key_problem
 from ..values.scopes import normalize_namespace
-
-from .causes import MAX_CAUSE_BYTES, bound_cause, cause_of
-from .model import (
-    DEFAULT_ROW_ERROR, MAX_ATTEMPTS, MAX_SHEET_FIELDS, OUTCOME_STATUSES, OutcomeStatus, RowOutcome,
-)
-from .field_names import field_problem, shown
 
 
 def key_of_text(namespace: str) -> Callable[[str], str]:
@@ -260,24 +251,6 @@ def _probe_keys(rows: Sequence[object], namespace: str) -> list[str] | None:
     return keys if len(set(keys)) == len(keys) else None
 
 
-def _utf8_size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
-
-
-class PreparedOutcome(NamedTuple):
-    key: str
-    failed: bool
-    input_index: int | None
-    data_text: str
-    meta_text: str | None
-    error: str | None
-    data_keys: tuple[str, ...]
-    meta_keys: tuple[str, ...]
-    size: int
-    attempts: int
-    cause: str | None = None  # a failed outcome's (`sheets.causes`), None for a completed one
-
-
 def _refuse(value: object) -> NoReturn:
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
@@ -299,160 +272,3 @@ def _c_encoder(sort_keys: bool) -> Callable[[JsonValue], str]:
 
 canonical_dumps = _c_encoder(sort_keys=True)  # == canonical.stable_dumps on canonical values
 patch_dumps = _c_encoder(sort_keys=False)
-
-
-def outcome_fields_problem(names: Sequence[str]) -> str | None:
-    """Why an outcome with these output keys cannot be stored, or None (the row would
-    fail alone, so the map checks this before completing; `complete` refuses it)."""
-    if len(names) > MAX_SHEET_FIELDS:
-        return f"{len(names)} output fields; a sheet holds at most {MAX_SHEET_FIELDS}"
-    for name in names:
-        problem = field_problem(name)
-        if problem is not None:
-            return f"{shown(name)} {problem}"
-    return None
-
-
-_COMPLETED = OutcomeStatus.COMPLETED.value
-_new_object = object.__new__
-_new_tuple = tuple.__new__  # a PreparedOutcome from all its fields, without its Python __new__
-# The slots' own setters (member descriptors): a field set through one skips the lookup by
-# name that `object.__setattr__` does on the frozen class for every field.
-(_set_key, _set_status, _set_data, _set_index, _set_meta, _set_error, _set_attempts,
- _set_cause, _set_encoded) = (getattr(RowOutcome, name).__set__ for name in (
-    "key", "status", "data", "input_index", "cell_meta", "error", "attempts", "cause",
-    "_encoded"))
-
-
-def completed_outcome(key: str, data: object, input_index: int | None, attempts: int,
-                      path: str = "output") -> RowOutcome:
-    """`RowOutcome(key, "completed", data=normalize_fast(data, path), input_index=...,
-    attempts=...)`, prepared for completion once here (its data's patch text and output names,
-    its size) and kept on the outcome, so `prepare_outcomes` neither checks nor encodes that
-    data again (a map's worker builds its outcomes with it). The text is of the data as it was
-    here: a caller changing the dict afterwards does not change what is written.
-
-    Raises `InvalidInputError` naming `path` for data `normalize` refuses. A key, index or
-    attempt count off the common case goes through the constructor, which checks it as it
-    checks any outcome; the common case is checked here, without its validators.
-    """
-    data = normalize_fast(data, path)
-    if type(data) is not dict or type(key) is not str \
-            or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
-            or input_index is not None and (type(input_index) is not int or input_index < 0) \
-            or type(attempts) is not int or not 1 <= attempts <= MAX_ATTEMPTS:
-        outcome = RowOutcome(key, OutcomeStatus.COMPLETED, data=data, input_index=input_index,
-                             attempts=attempts)
-    else:
-        outcome = _new_object(RowOutcome)
-        _set_key(outcome, key)
-        _set_status(outcome, _COMPLETED)
-        _set_data(outcome, data)
-        _set_index(outcome, input_index)
-        _set_meta(outcome, None)
-        _set_error(outcome, None)
-        _set_attempts(outcome, attempts)
-        _set_cause(outcome, None)
-    text = patch_dumps(data)
-    _set_encoded(outcome, _new_tuple(PreparedOutcome, (  # the outcome's own fields
-        outcome.key, False, outcome.input_index, text, None, None, tuple(data), (),
-        len(text) if text.isascii() else len(text.encode("utf-8")), outcome.attempts, None)))
-    return outcome
-
-
-def encoded_data(outcome: RowOutcome) -> tuple[str, tuple[str, ...]] | None:
-    """The patch text and output names `completed_outcome` kept on `outcome`, or None."""
-    prepared = getattr(outcome, "_encoded", None)
-    return None if prepared is None else (prepared.data_text, prepared.data_keys)
-
-
-def prepare_outcomes(outcomes: Sequence[object]) -> tuple[list[PreparedOutcome], int]:
-    """Validate and encode outcomes; duplicates collapse to the last one.
-
-    Returns the unique outcomes (each at the position of its last occurrence) and the number
-    of input outcomes.
-    """
-    if isinstance(outcomes, (str, bytes, Mapping)) or not isinstance(outcomes, Sequence):
-        raise InvalidInputError("outcomes must be a sequence of RowOutcome")
-    by_key: dict[str, PreparedOutcome] = {}
-    dumps = patch_dumps
-    checked: set[tuple[str, ...]] = set()  # key sets already found valid (most outcomes share one)
-    completed, failed_status = OutcomeStatus.COMPLETED.value, OutcomeStatus.FAILED.value
-    for i, outcome in enumerate(outcomes):
-        prepared = getattr(outcome, "_encoded", None) if type(outcome) is RowOutcome else None
-        if prepared is not None:  # `completed_outcome` built it, and prepared it already
-            key = prepared.key
-            if not is_clean_str(key):  # its type and length were checked there
-                check_key(key, f"outcomes[{i}]")
-            if prepared.data_keys not in checked:
-                problem = outcome_fields_problem(prepared.data_keys)
-                if problem is not None:
-                    raise InvalidInputError(f"outcomes[{i}].data: {problem}")
-                checked.add(prepared.data_keys)
-            if key in by_key:
-                del by_key[key]
-            by_key[key] = prepared
-            continue
-        if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
-            raise InvalidInputError(
-                f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
-            )
-        key = outcome.key
-        if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
-                or not is_clean_str(key):
-            check_key(key, f"outcomes[{i}]")
-        status = outcome.status
-        if status == completed:
-            failed = False
-        elif status == failed_status:
-            failed = True
-        else:
-            raise InvalidInputError(
-                f"outcomes[{i}].status {status!r} is not one of {OUTCOME_STATUSES}"
-            )
-        data = outcome.data
-        if data is None:
-            data = {}
-        elif not is_canonical(data):
-            data = normalize_fast(data, f"outcomes[{i}].data")
-        data_keys = tuple(data)
-        data_text = dumps(data)
-        if data_keys not in checked:
-            problem = outcome_fields_problem(data_keys)
-            if problem is not None:
-                raise InvalidInputError(f"outcomes[{i}].data: {problem}")
-            checked.add(data_keys)
-        meta_text = None
-        meta_keys: tuple[str, ...] = ()
-        if outcome.cell_meta:
-            meta = normalize_fast(outcome.cell_meta, f"outcomes[{i}].cell_meta")
-            problem = outcome_fields_problem(tuple(meta))
-            if problem is not None:
-                raise InvalidInputError(f"outcomes[{i}].cell_meta: {problem}")
-            for name, value in meta.items():
-                if not name:
-                    raise InvalidInputError(f"outcomes[{i}].cell_meta: field name must not be empty")
-                if type(value) is not dict:
-                    raise InvalidInputError(f"outcomes[{i}].cell_meta.{name} must be an object")
-            meta_text = dumps(meta)
-            meta_keys = tuple(meta)
-        error = cause = None
-        if failed:
-            error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
-            if not is_clean_str(error):
-                error = canonical.normalize(error)
-            cause = outcome.cause
-            if cause is None or error == DEFAULT_ROW_ERROR:
-                cause = cause_of(error)  # the message's own (no inputs known here)
-            elif not is_clean_str(cause) or len(cause) * 4 > MAX_CAUSE_BYTES:
-                cause = bound_cause(canonical.normalize(cause))
-        size = len(data_text) if data_text.isascii() else len(data_text.encode("utf-8"))
-        if meta_text is not None:
-            size += _utf8_size(meta_text)
-        if key in by_key:
-            del by_key[key]  # the last wins; it takes the position of its last occurrence
-        by_key[key] = PreparedOutcome(
-            key, failed, outcome.input_index, data_text, meta_text, error, data_keys,
-            meta_keys, size, outcome.attempts, cause,
-        )
-    return list(by_key.values()), len(outcomes)

@@ -16,8 +16,8 @@ How it works
   out of line (an 18-byte pointer each), and completion writes two target entries per field
   (PostgreSQL allows 1,664 a statement). A contract past it is refused here, before any query;
   a completion that would add fields past it is refused row by row.
-- Row keys and the validation and encoding of admission rows and outcomes live in
-  `engine.sheets.inputs`.
+- Row keys and the validation and encoding of admission rows live in `engine.sheets.inputs`,
+  those of outcomes in `engine.sheets.outcome_inputs`.
 This module does no I/O.
 """
 
@@ -322,7 +322,7 @@ def _outcome_index(instance: RowOutcome, _attribute: object, value: object) -> N
 class _EncodedOutcome:
     """A slot that is not an attrs field (not compared, shown, copied, pickled or sent): a
     completed outcome as completion prepares it (its data's patch text and names), set only by
-    `engine.sheets.inputs.completed_outcome`, which normalized and encoded the data itself.
+    `engine.sheets.outcome_inputs.completed_outcome`, which normalized and encoded the data itself.
     An outcome built any other way (the constructor, `attrs.evolve`, a copy, the wire) has
     none, and `prepare_outcomes` checks and encodes its data."""
 
