@@ -104,7 +104,7 @@ def completed_outcome(key: str, data: object, input_index: int | None, attempts:
     text = patch_dumps(data)
     _set_encoded(outcome, _new_tuple(PreparedOutcome, (  # the outcome's own fields
         outcome.key, False, outcome.input_index, text, None, None, tuple(data), (),
-        len(text) if text.isascii() else len(text.encode("utf-8")), outcome.attempts, None)))
+        _utf8_size(text), outcome.attempts, None)))
     return outcome
 
 
@@ -123,84 +123,85 @@ def prepare_outcomes(outcomes: Sequence[object]) -> tuple[list[PreparedOutcome],
     if isinstance(outcomes, (str, bytes, Mapping)) or not isinstance(outcomes, Sequence):
         raise InvalidInputError("outcomes must be a sequence of RowOutcome")
     by_key: dict[str, PreparedOutcome] = {}
-    dumps = patch_dumps
     checked: set[tuple[str, ...]] = set()  # key sets already found valid (most outcomes share one)
-    completed, failed_status = OutcomeStatus.COMPLETED.value, OutcomeStatus.FAILED.value
     for i, outcome in enumerate(outcomes):
         prepared = getattr(outcome, "_encoded", None) if type(outcome) is RowOutcome else None
-        if prepared is not None:  # `completed_outcome` built it, and prepared it already
-            key = prepared.key
-            if not is_clean_str(key):  # its type and length were checked there
-                check_key(key, f"outcomes[{i}]")
-            if prepared.data_keys not in checked:
-                problem = outcome_fields_problem(prepared.data_keys)
-                if problem is not None:
-                    raise InvalidInputError(f"outcomes[{i}].data: {problem}")
-                checked.add(prepared.data_keys)
-            if key in by_key:
-                del by_key[key]
-            by_key[key] = prepared
-            continue
-        if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
-            raise InvalidInputError(
-                f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
-            )
-        key = outcome.key
-        if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
-                or not is_clean_str(key):
-            check_key(key, f"outcomes[{i}]")
-        status = outcome.status
-        if status == completed:
-            failed = False
-        elif status == failed_status:
-            failed = True
-        else:
-            raise InvalidInputError(
-                f"outcomes[{i}].status {status!r} is not one of {OUTCOME_STATUSES}"
-            )
-        data = outcome.data
-        if data is None:
-            data = {}
-        elif not is_canonical(data):
-            data = normalize_fast(data, f"outcomes[{i}].data")
-        data_keys = tuple(data)
-        data_text = dumps(data)
-        if data_keys not in checked:
-            problem = outcome_fields_problem(data_keys)
-            if problem is not None:
-                raise InvalidInputError(f"outcomes[{i}].data: {problem}")
-            checked.add(data_keys)
-        meta_text = None
-        meta_keys: tuple[str, ...] = ()
-        if outcome.cell_meta:
-            meta = normalize_fast(outcome.cell_meta, f"outcomes[{i}].cell_meta")
-            problem = outcome_fields_problem(tuple(meta))
-            if problem is not None:
-                raise InvalidInputError(f"outcomes[{i}].cell_meta: {problem}")
-            for name, value in meta.items():
-                if not name:
-                    raise InvalidInputError(f"outcomes[{i}].cell_meta: field name must not be empty")
-                if type(value) is not dict:
-                    raise InvalidInputError(f"outcomes[{i}].cell_meta.{name} must be an object")
-            meta_text = dumps(meta)
-            meta_keys = tuple(meta)
-        error = cause = None
-        if failed:
-            error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
-            if not is_clean_str(error):
-                error = canonical.normalize(error)
-            cause = outcome.cause
-            if cause is None or error == DEFAULT_ROW_ERROR:
-                cause = cause_of(error)  # the message's own (no inputs known here)
-            elif not is_clean_str(cause) or len(cause) * 4 > MAX_CAUSE_BYTES:
-                cause = bound_cause(canonical.normalize(cause))
-        size = len(data_text) if data_text.isascii() else len(data_text.encode("utf-8"))
-        if meta_text is not None:
-            size += _utf8_size(meta_text)
+        if prepared is None:
+            prepared = _prepare(i, outcome, checked)
+        else:  # `completed_outcome` built it, and prepared it already
+            if not is_clean_str(prepared.key):  # its type and length were checked there
+                check_key(prepared.key, f"outcomes[{i}]")
+            _check_output_names(i, prepared.data_keys, checked)
+        key = prepared.key
         if key in by_key:
             del by_key[key]  # the last wins; it takes the position of its last occurrence
-        by_key[key] = PreparedOutcome(
-            key, failed, outcome.input_index, data_text, meta_text, error, data_keys,
-            meta_keys, size, outcome.attempts, cause,
-        )
+        by_key[key] = prepared
     return list(by_key.values()), len(outcomes)
+
+
+def _check_output_names(i: int, names: tuple[str, ...], checked: set[tuple[str, ...]]) -> None:
+    """Refuse outcome `i` when its output names cannot be stored (a set of names already
+    found valid, in `checked`, costs one lookup)."""
+    if names not in checked:
+        problem = outcome_fields_problem(names)
+        if problem is not None:
+            raise InvalidInputError(f"outcomes[{i}].data: {problem}")
+        checked.add(names)
+
+
+def _prepare(i: int, outcome: object, checked: set[tuple[str, ...]]) -> PreparedOutcome:
+    """Outcome `i` checked and encoded (one `completed_outcome` did not prepare)."""
+    if type(outcome) is not RowOutcome and not isinstance(outcome, RowOutcome):
+        raise InvalidInputError(
+            f"outcomes[{i}] must be a RowOutcome, got {type(outcome).__name__}"
+        )
+    key = outcome.key
+    if type(key) is not str or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
+            or not is_clean_str(key):
+        check_key(key, f"outcomes[{i}]")
+    status = outcome.status
+    if status == OutcomeStatus.COMPLETED:
+        failed = False
+    elif status == OutcomeStatus.FAILED:
+        failed = True
+    else:
+        raise InvalidInputError(
+            f"outcomes[{i}].status {status!r} is not one of {OUTCOME_STATUSES}"
+        )
+    data = outcome.data
+    if data is None:
+        data = {}
+    elif not is_canonical(data):
+        data = normalize_fast(data, f"outcomes[{i}].data")
+    data_keys = tuple(data)
+    data_text = patch_dumps(data)
+    _check_output_names(i, data_keys, checked)
+    meta_text = None
+    meta_keys: tuple[str, ...] = ()
+    if outcome.cell_meta:
+        meta = normalize_fast(outcome.cell_meta, f"outcomes[{i}].cell_meta")
+        problem = outcome_fields_problem(tuple(meta))
+        if problem is not None:
+            raise InvalidInputError(f"outcomes[{i}].cell_meta: {problem}")
+        for name, value in meta.items():
+            if not name:
+                raise InvalidInputError(f"outcomes[{i}].cell_meta: field name must not be empty")
+            if type(value) is not dict:
+                raise InvalidInputError(f"outcomes[{i}].cell_meta.{name} must be an object")
+        meta_text = patch_dumps(meta)
+        meta_keys = tuple(meta)
+    error = cause = None
+    if failed:
+        error = outcome.error if outcome.error and outcome.error.strip() else DEFAULT_ROW_ERROR
+        if not is_clean_str(error):
+            error = canonical.normalize(error)
+        cause = outcome.cause
+        if cause is None or error == DEFAULT_ROW_ERROR:
+            cause = cause_of(error)  # the message's own (no inputs known here)
+        elif not is_clean_str(cause) or len(cause) * 4 > MAX_CAUSE_BYTES:
+            cause = bound_cause(canonical.normalize(cause))
+    size = _utf8_size(data_text)
+    if meta_text is not None:
+        size += _utf8_size(meta_text)
+    return PreparedOutcome(key, failed, outcome.input_index, data_text, meta_text, error,
+                           data_keys, meta_keys, size, outcome.attempts, cause)
