@@ -227,8 +227,7 @@ def _given_rows(rows: Sequence[object], keys: Sequence[object], texts: Sequence[
     if input_indexes is None:
         indexes = list(range(input_offset, input_offset + count))
     elif type(input_indexes) is range:
-        if len(input_indexes) != count or (count and input_indexes[0] < 0) \
-                or input_indexes.step < 0:
+        if len(input_indexes) != count or input_indexes[0] < 0 or input_indexes.step < 0:
             return None
         indexes = list(input_indexes)
     else:
