@@ -384,7 +384,9 @@ async def test_admitted_rows_come_back_by_key_and_the_client_restores_them(tenan
 
 def test_an_outcome_travels_as_the_row_outcome_codec_encodes_it():
     """The completion sender writes each outcome's text from what `prepare_outcomes` made;
-    it must be the JSON value `ROW_OUTCOME` encodes (error as prepared), for every shape."""
+    `ROW_OUTCOME` must decode it back to the outcome (error as prepared), for every shape, its
+    fields in the codec's order; a plain completed one leaves out the fields the codec
+    defaults, every other one spells out all of them."""
     import json
 
     import attrs
@@ -410,16 +412,25 @@ def test_an_outcome_travels_as_the_row_outcome_codec_encodes_it():
     texts = outcome_texts(outcomes, prepared)
     last = {outcome.key: outcome for outcome in outcomes}
     assert len(texts) == len(prepared) == 10
+    plain = {"plain", "clé \"quoted\""}
     for text, one in zip(texts, prepared):
-        expected = ROW_OUTCOME.encode(attrs.evolve(last[one.key], error=one.error), "o")
-        assert json.loads(text) == expected
-        assert list(json.loads(text)) == list(expected)  # the codec's field order too
+        given = attrs.evolve(last[one.key], error=one.error)
+        expected = ROW_OUTCOME.encode(given, "o")
+        sent = json.loads(text)
+        assert ROW_OUTCOME.decode(sent, "o") == given
+        if one.key in plain:
+            assert list(sent) == ["key", "status", "data", "input_index"]
+            assert sent == {name: expected[name] for name in sent}
+        else:
+            assert sent == expected
+        assert list(sent) == [name for name in expected if name in sent]  # the codec's order
 
 
 def test_the_gateway_decodes_plain_completed_outcomes_as_the_codec_does():
     """The gateway's short way for a completion of plain completed outcomes
-    (`bodies.completed_outcomes`) gives the outcomes the codec gives, prepared to the same
-    texts; a list with any other outcome is left to the codec, whose error names the outcome."""
+    (`bodies.completed_outcomes`) prepares them as `prepare_outcomes` prepares the codec's
+    outcomes, whether their null fields are spelled out or left out; a list with any other
+    outcome is left to the codec, whose error names the outcome."""
     import json
 
     from runplane.engine.actions import _REGISTRY
@@ -433,8 +444,11 @@ def test_the_gateway_decodes_plain_completed_outcomes_as_the_codec_does():
              RowOutcome("b", "completed", {}, None)]
     wire = json.loads(json.dumps([ROW_OUTCOME.encode(outcome, "o") for outcome in plain]))
     fast, slow = completed_outcomes(wire), list_of(ROW_OUTCOME).decode(wire, "outcomes")
-    assert fast == slow and prepare_outcomes(fast) == prepare_outcomes(slow)
-    assert fast[0].data == {"ok": True, "half": 2, "s": "é", "n": [1]}  # normalized
+    assert prepare_outcomes(fast) == prepare_outcomes(slow)
+    assert fast[0].data_text == '{"ok":true,"half":2,"s":"é","n":[1]}'  # normalized
+    compact = [{name: value for name, value in item.items() if value is not None}
+               for item in wire]
+    assert prepare_outcomes(completed_outcomes(compact)) == prepare_outcomes(slow)
 
     failed = ROW_OUTCOME.encode(RowOutcome("c", "failed", None, 1, error="no"), "o")
     for other in ([*wire, failed], [{**wire[0], "cell_meta": {"ok": {"src": "x"}}}],
@@ -447,7 +461,7 @@ def test_the_gateway_decodes_plain_completed_outcomes_as_the_codec_does():
             "table_namespace": "t", "contract": {"inputs": ["x"], "outputs": ["ok"]},
             "outcomes": wire}
     kwargs, _ = decode_body(spec, json.dumps(body).encode())
-    assert kwargs["outcomes"] == slow
+    assert prepare_outcomes(kwargs["outcomes"]) == prepare_outcomes(slow)
     body["outcomes"] = [wire[0], {**wire[1], "input_index": -1}]
     with pytest.raises(InvalidInputError) as by_codec:
         list_of(ROW_OUTCOME).decode(body["outcomes"], "outcomes")

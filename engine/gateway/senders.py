@@ -11,7 +11,8 @@ How it works
   call. A completion's diagnostics go to its sink through
   the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
 - Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
-  encoded once: its size is what the pager counts. Its text is written from the data and cell
+  encoded once: its size is what the pager counts. A plain completed outcome leaves out the
+  fields the codec defaults (null, one attempt), as every server's codec reads it. Its text is written from the data and cell
   meta texts `prepare_outcomes` already made, so no outcome's data is checked or encoded twice.
 - An admission page's pending rows (by key or by index) are decoded straight into the rows
   this call sent.
@@ -216,11 +217,14 @@ _string = json.encoder.encode_basestring  # what `protocol.dumps` writes for a s
 def outcome_texts(outcomes: Sequence[RowOutcome],
                   prepared: Sequence[PreparedOutcome]) -> list[str]:
     """The wire text of each prepared outcome (`prepare_outcomes`: the last one given for each
-    key): what `ROW_OUTCOME` encodes for the outcome given, with the error message as prepared
-    (normalized, so it is valid UTF-8) and its cause as prepared when one was given (without
-    one, the server takes the message's, as `prepare_outcomes` does here). Written from the texts `prepare_outcomes` already made
-    (data and cell meta normalized and encoded once), field by field in the codec's order; an
-    outcome of an unexpected shape goes through the codec itself, which names what is wrong."""
+    key): what `ROW_OUTCOME` decodes back to the outcome given, with the error message as
+    prepared (normalized, so it is valid UTF-8) and its cause as prepared when one was given
+    (without one, the server takes the message's, as `prepare_outcomes` does here). Written
+    from the texts `prepare_outcomes` already made (data and cell meta normalized and encoded
+    once), field by field in the codec's order. A plain completed outcome (an index, one
+    attempt, no cell meta) leaves out the fields the codec defaults (a third of its text);
+    an outcome of an unexpected shape goes through the codec itself, which names what is
+    wrong."""
     last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
     dumps = protocol.dumps
     texts = []
@@ -230,6 +234,11 @@ def outcome_texts(outcomes: Sequence[RowOutcome],
         cause = None if outcome.cause is None else one.cause  # none given: the server's own
         if _TEXT_OF_OUTCOMES and type(attempts) is int and (index is None or type(index) is int):
             meta = outcome.cell_meta
+            if attempts == 1 and meta is None and not one.failed and type(index) is int \
+                    and outcome.data is not None:
+                texts.append(f'{{"key":{_string(one.key)},"status":{_COMPLETED},'
+                             f'"data":{one.data_text},"input_index":{int.__repr__(index)}}}')
+                continue
             texts.append(
                 f'{{"key":{_string(one.key)},'
                 f'"status":{_FAILED if one.failed else _COMPLETED},'

@@ -317,6 +317,8 @@ async def complete(
     force_failed: bool = False,
 ) -> Completion:
     """Write `outcomes` into the sheet under the run's write version (see module docstring).
+    An outcome may also come prepared (a `PreparedOutcome` of `prepared_completed`, as the
+    gateway decodes a plain completed one).
 
     `force_failed=True` lets a failed outcome replace an enriched row of our write version:
     its completed cells become failed cells."""

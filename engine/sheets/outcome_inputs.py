@@ -10,6 +10,9 @@ How it works
   encodes the output once and keeps the outcome's `PreparedOutcome` on it (a slot no copy
   carries); `prepare_outcomes` takes that as it is (checking only the key's characters and the
   output names, which that function does not), and checks and encodes every other outcome.
+  A gateway decoding a completion prepares its plain completed outcomes the same way without
+  building them (`prepared_completed`) and hands `complete` the `PreparedOutcome`s, which
+  `prepare_outcomes` takes as it takes a worker's.
 - A failed outcome keeps the cause it was built with (bounded, cleaned like the message);
   one built without (or with an empty message) gets its message's (`causes.cause_of`).
 This module does no I/O.
@@ -85,13 +88,7 @@ def completed_outcome(key: str, data: object, input_index: int | None, attempts:
     checks any outcome; the common case is checked here, without its validators.
     """
     data = normalize_fast(data, path)
-    if type(data) is not dict or type(key) is not str \
-            or not 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
-            or input_index is not None and (type(input_index) is not int or input_index < 0) \
-            or type(attempts) is not int or not 1 <= attempts <= MAX_ATTEMPTS:
-        outcome = RowOutcome(key, OutcomeStatus.COMPLETED, data=data, input_index=input_index,
-                             attempts=attempts)
-    else:
+    if _plain(key, data, input_index, attempts):
         outcome = _new_object(RowOutcome)
         _set_key(outcome, key)
         _set_status(outcome, _COMPLETED)
@@ -101,11 +98,41 @@ def completed_outcome(key: str, data: object, input_index: int | None, attempts:
         _set_error(outcome, None)
         _set_attempts(outcome, attempts)
         _set_cause(outcome, None)
-    text = patch_dumps(data)
-    _set_encoded(outcome, _new_tuple(PreparedOutcome, (  # the outcome's own fields
-        outcome.key, False, outcome.input_index, text, None, None, tuple(data), (),
-        _utf8_size(text), outcome.attempts, None)))
+    else:
+        outcome = RowOutcome(key, OutcomeStatus.COMPLETED, data=data, input_index=input_index,
+                             attempts=attempts)
+    _set_encoded(outcome, _prepared_completed(outcome.key, outcome.data, outcome.input_index,
+                                              outcome.attempts))
     return outcome
+
+
+def prepared_completed(key: object, data: object, input_index: object,
+                       attempts: object) -> PreparedOutcome:
+    """The `PreparedOutcome` of `completed_outcome(key, data, input_index, attempts)`, without
+    the `RowOutcome` (a third of the work): for a caller that hands `complete` outcomes it
+    prepared itself (a gateway decoding a completion: `prepare_outcomes` takes them as they
+    are, checking their keys' characters and output names). Refuses what that function
+    refuses, with its errors."""
+    if is_canonical(data) and _plain(key, data, input_index, attempts):
+        return _prepared_completed(key, data, input_index, attempts)  # type: ignore[arg-type]
+    return completed_outcome(key, data, input_index, attempts)._encoded  # type: ignore[arg-type]
+
+
+def _plain(key: object, data: object, input_index: object, attempts: object) -> bool:
+    """A completed outcome's fields on the common case, which needs none of the constructor's
+    validators: a dict of data, a key of a safe length, an index >= 0 or None, an attempt
+    count in range (a key's characters are checked by `prepare_outcomes`)."""
+    return type(data) is dict and type(key) is str and 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
+        and (input_index is None or type(input_index) is int and input_index >= 0) \
+        and type(attempts) is int and 1 <= attempts <= MAX_ATTEMPTS
+
+
+def _prepared_completed(key: str, data: dict, input_index: int | None,
+                        attempts: int) -> PreparedOutcome:
+    text = patch_dumps(data)
+    return _new_tuple(PreparedOutcome, (  # the outcome's own fields
+        key, False, input_index, text, None, None, tuple(data), (), _utf8_size(text), attempts,
+        None))
 
 
 def encoded_data(outcome: RowOutcome) -> tuple[str, tuple[str, ...]] | None:
@@ -125,7 +152,10 @@ def prepare_outcomes(outcomes: Sequence[object]) -> tuple[list[PreparedOutcome],
     by_key: dict[str, PreparedOutcome] = {}
     checked: set[tuple[str, ...]] = set()  # key sets already found valid (most outcomes share one)
     for i, outcome in enumerate(outcomes):
-        prepared = getattr(outcome, "_encoded", None) if type(outcome) is RowOutcome else None
+        if type(outcome) is PreparedOutcome:  # `prepared_completed` made it
+            prepared = outcome
+        else:
+            prepared = getattr(outcome, "_encoded", None) if type(outcome) is RowOutcome else None
         if prepared is None:
             prepared = _prepare(i, outcome, checked)
         else:  # `completed_outcome` built it, and prepared it already
