@@ -8,13 +8,51 @@ import pytest
 
 from runplane.engine.errors import InvalidInputError
 from runplane.engine.sheets import OutcomeStatus, RowOutcome, SheetContract, admit, complete
-from runplane.engine.sheets.outcome_inputs import completed_outcome, encoded_data, prepare_outcomes
+from runplane.engine.sheets.outcome_inputs import (
+    completed_outcome, encoded_data, prepare_outcomes, prepared_completed, prepared_completed_many,
+)
 
 from .sheet_helpers import PLAY, new_run, play_scope, raw_rows
 
 KEY = "k" * 32
 CONTRACT = SheetContract(inputs=("name",), outputs=("score", "tags"))
 NS = "encoded"
+
+
+PLAIN = ([f"{i:032d}" for i in range(4)], [{"score": i, "tags": ["é"]} for i in range(4)],
+         [0, 1, 2, 3], [1, 1, 2, 1])
+
+
+@pytest.mark.parametrize("column, position, value", [
+    (None, 0, None),  # all plain: checked a column at a time
+    (1, 2, {"score": 2.0}),  # an integral float, normalized
+    (2, 1, None),  # no input index
+    (3, 3, 7),
+    (0, 0, "clé"),
+])
+def test_outcomes_prepared_a_field_at_a_time_equal_one_at_a_time(column, position, value):
+    fields = [list(field) for field in PLAIN]
+    if column is not None:
+        fields[column][position] = value
+    many = prepared_completed_many(*fields)
+    assert many == [prepared_completed(*one) for one in zip(*fields)]
+    assert many == [completed_outcome(*one)._encoded for one in zip(*fields)]
+    assert prepare_outcomes(many) == prepare_outcomes([completed_outcome(*one)
+                                                       for one in zip(*fields)])
+
+
+@pytest.mark.parametrize("column, value, error", [
+    (0, "", "key"), (1, ["not", "a dict"], "data"), (1, {"x": float("nan")}, "output"),
+    (2, -1, "input_index"), (3, 0, "attempts"), (3, True, "attempts"),
+])
+def test_a_bad_field_is_refused_as_one_at_a_time_refuses_it(column, value, error):
+    fields = [list(field) for field in PLAIN]
+    fields[column][1] = value
+    with pytest.raises(InvalidInputError, match=error) as many:
+        prepared_completed_many(*fields)
+    with pytest.raises(InvalidInputError) as one:
+        completed_outcome(*[field[1] for field in fields])
+    assert str(many.value) == str(one.value)
 
 
 def test_it_equals_the_checked_constructor_and_prepares_alike():

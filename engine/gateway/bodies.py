@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from operator import methodcaller
 from typing import Iterable
 
 import attrs
@@ -22,7 +23,7 @@ from ..values.scopes import normalize_namespace
 from ..errors import InvalidInputError
 from ..sheets import OutcomeStatus, RowOutcome
 from ..sheets.inputs import canonical_texts, prepare_rows, text_keys
-from ..sheets.outcome_inputs import PreparedOutcome, prepared_completed
+from ..sheets.outcome_inputs import PreparedOutcome, prepared_completed_many
 from ..sheets.previous_cells import PREVIOUS
 from . import guards, protocol
 
@@ -101,27 +102,30 @@ def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, object], int]:
 def completed_outcomes(items: object) -> list[PreparedOutcome] | None:
     """The outcomes of a completion body when every one is a plain completed outcome (status
     `completed`, an object of data, no error, cause or cell meta, given as null or left out):
-    each checked, normalized and encoded once by `prepared_completed`, as a map's worker
-    prepares its own, so the completion neither decodes it through the codec nor builds a
-    `RowOutcome` of it, nor checks and encodes its data again. None for any other list: the
-    codec then decodes it whole, and names what is wrong with which outcome."""
-    if type(items) is not list:
+    checked, normalized and encoded once by `prepared_completed_many`, a field at a time, as a
+    map's worker prepares its own, so the completion neither decodes them through the codec
+    nor builds a `RowOutcome` of each, nor checks and encodes their data again. None for any
+    other list: the codec then decodes it whole, and names what is wrong with which outcome."""
+    if type(items) is not list or set(map(type, items)) != {dict}:
         return None
-    outcomes = []
-    append = outcomes.append
+    if not all(map(_PLAIN_FIELDS.issuperset, items)) and not all(map(_nulls_beside, items)):
+        return None
+    if set(map(_STATUS, items)) != {_COMPLETED}:
+        return None
+    datas = list(map(_DATA, items))
+    if set(map(type, datas)) != {dict}:
+        return None
     try:
-        for item in items:
-            if type(item) is not dict or not (item.keys() <= _PLAIN_FIELDS or _nulls_beside(item)) \
-                    or item.get("status") != _COMPLETED or type(item.get("data")) is not dict:
-                return None
-            append(prepared_completed(item.get("key"), item.get("data"), item.get("input_index"),
-                                      item.get("attempts", 1)))
+        return prepared_completed_many(list(map(_KEY, items)), datas, list(map(_INDEX, items)),
+                                       list(map(_ATTEMPTS, items)))
     except InvalidInputError:
         return None
-    return outcomes
 
 
 _PLAIN_FIELDS = frozenset({"key", "status", "data", "input_index", "attempts"})
+_KEY, _STATUS, _DATA, _INDEX = (methodcaller("get", name) for name in (
+    "key", "status", "data", "input_index"))
+_ATTEMPTS = methodcaller("get", "attempts", 1)
 
 
 def _nulls_beside(item: dict) -> bool:

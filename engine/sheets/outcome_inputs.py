@@ -20,6 +20,8 @@ This module does no I/O.
 
 from __future__ import annotations
 
+from functools import partial
+from itertools import repeat
 from typing import Mapping, NamedTuple, Sequence
 
 from .. import canonical
@@ -116,6 +118,28 @@ def prepared_completed(key: object, data: object, input_index: object,
     if is_canonical(data) and _plain(key, data, input_index, attempts):
         return _prepared_completed(key, data, input_index, attempts)  # type: ignore[arg-type]
     return completed_outcome(key, data, input_index, attempts)._encoded  # type: ignore[arg-type]
+
+
+def prepared_completed_many(keys: list, datas: list, input_indexes: list,
+                            attempts: list) -> list[PreparedOutcome]:
+    """`prepared_completed` of each outcome given by its fields, one list a field: a list of
+    plain outcomes is checked a column at a time (each check one pass in C, as `_plain`
+    checks one), and anything off it goes one outcome at a time, with its errors."""
+    if datas and set(map(type, datas)) == {dict} and all(map(is_canonical, datas)) \
+            and set(map(type, keys)) == {str} \
+            and 0 < min(map(len, keys)) and max(map(len, keys)) <= ALWAYS_SAFE_KEY_CHARS \
+            and set(map(type, input_indexes)) == {int} and min(input_indexes) >= 0 \
+            and set(map(type, attempts)) == {int} \
+            and 1 <= min(attempts) and max(attempts) <= MAX_ATTEMPTS:
+        texts = list(map(patch_dumps, datas))
+        sizes = map(len, texts) if "".join(texts).isascii() else map(_utf8_size, texts)
+        return list(map(_new_prepared, zip(
+            keys, repeat(False), input_indexes, texts, repeat(None), repeat(None),
+            map(tuple, datas), repeat(()), sizes, attempts, repeat(None))))
+    return list(map(prepared_completed, keys, datas, input_indexes, attempts))
+
+
+_new_prepared = partial(tuple.__new__, PreparedOutcome)  # from a tuple of all its fields
 
 
 def _plain(key: object, data: object, input_index: object, attempts: object) -> bool:

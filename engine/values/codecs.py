@@ -118,6 +118,29 @@ FLOAT = Codec("a number", _float_encode, _float_decode)
 NOTHING = Codec("null", lambda _v, _path: None, lambda _v, _path: None)
 
 
+def _all_str(values: list) -> bool:
+    if set(map(type, values)) - {str}:
+        return False
+    joined = "".join(values)  # a lone surrogate stays one wherever it sits
+    return joined.isascii() or _SURROGATE.search(joined) is None
+
+
+def _all_int(low: int, high: int) -> Callable[[list], bool]:
+    return lambda values: not set(map(type, values)) - {int} \
+        and (not values or low <= min(values) and max(values) <= high)
+
+
+# A list of these encodes or decodes as it is when the check of the whole list (each one pass
+# in C) holds; `list_of` then skips the call per item (a gateway's keys and input indexes, a
+# completion's committed keys). Anything off goes item by item, naming the item.
+_COLUMN_CHECKS: dict[Encode | Decode, Callable[[list], bool]] = {
+    _str_decode: _all_str,
+    STR.encode: lambda values: not set(map(type, values)) - {str},
+    INT.decode: _all_int(INT64_MIN, INT64_MAX),  # INT's encode is its decode
+    INT32.decode: _all_int(INT32_MIN, INT32_MAX),
+}
+
+
 def enum_of(kind: type[enum.StrEnum]) -> Codec:
     """A member of the string enum `kind`, on the wire as its plain value; a caller may pass the
     value itself. Decoding gives the member back and refuses any other value, naming the path."""
@@ -185,11 +208,14 @@ def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
     is the list coded again with each item's path, so the error names the item (paths cost
     nothing on the way through)."""
     inner_encode, inner_decode = inner.encode, inner.decode
+    column, column_out = _COLUMN_CHECKS.get(inner_decode), _COLUMN_CHECKS.get(inner_encode)
 
     def encode(value: object, path: str) -> list[JsonValue]:
         if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
             raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
         items = _items(value)  # a one-shot iterable is read once
+        if column_out is not None and column_out(items):
+            return list(items)
         try:
             return [inner_encode(item, path) for item in items]
         except EngineError as exc:
@@ -199,7 +225,7 @@ def list_of(inner: Codec, *, as_tuple: bool = False) -> Codec:
     def decode(value: object, path: str) -> list[object] | tuple[object, ...]:
         if type(value) is not list:
             raise InvalidInputError(f"{path} must be a list, got {type(value).__name__}")
-        if inner_decode is as_is:
+        if inner_decode is as_is or column is not None and column(value):
             return tuple(value) if as_tuple else list(value)
         try:
             items = [inner_decode(item, path) for item in value]
