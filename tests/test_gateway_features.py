@@ -4,6 +4,7 @@ the older requests, to the same rows."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from runplane.actors import open_run
@@ -11,7 +12,7 @@ from runplane.engine import PlayScope, RunScope, array_input, runs, sheets
 from runplane.engine.actions import actions
 from runplane.engine.errors import ConflictError, InvalidInputError
 from runplane.engine.gateway import open_gateway, protocol, senders
-from runplane.engine.sheets.model import ADMISSION, Admission
+from runplane.engine.sheets.model import ADMISSION, Admission, AdmittedRow
 
 from .gateway_support import FAST_RETRY, serving, token_for
 from .run_helpers import outbox_state
@@ -226,4 +227,7 @@ def test_an_answer_by_index_is_refused_unless_every_index_was_sent():
     twice = senders.decode_admitted_page(action, answer([10, 10]), row_of, key_at)
     with pytest.raises(ConflictError, match="listed twice"):
         senders.paging.check_admitted_page(twice, sent, 3)
+    moved = attrs.evolve(page, pending=(AdmittedRow("k10", 10, {}), AdmittedRow("k11", 10, {})))
+    with pytest.raises(ConflictError, match="row 'k11' at input index 10 was not sent"):
+        senders.paging.check_admitted_page(moved, sent, 3)
 

@@ -20,13 +20,14 @@ How it works
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import ConflictError, InvalidInputError
 from .protocol import PAGE_HEADROOM, dumps
 
 if TYPE_CHECKING:
-    from ..sheets.model import Admission
+    from ..sheets.model import Admission, AdmittedRow, BlockedRow
 
 
 def room_for_rows(fixed: dict, arrays: Sequence[str], body_limit: int, what: str) -> int:
@@ -87,14 +88,26 @@ def check_admitted_page(page: Admission, sent: Mapping[str, int], write_version:
     if page.write_version != write_version:
         raise disagree(f"admitted at write version {page.write_version}, not the run's "
                        f"{write_version}")
+    rows = (*page.pending, *page.completed, *page.blocked)
+    keys = list(map(_KEY, rows))
+    if len(set(keys)) != len(keys) or list(map(sent.get, keys)) != list(map(_INDEX, rows)):
+        _name_disagreeing_row(rows, sent)
+    if page.inserted > len(page.pending):
+        raise disagree(f"{page.inserted} rows inserted but {len(page.pending)} pending")
+    if page.cached > len(sent):
+        raise disagree(f"{page.cached} cache hits among {len(sent)} rows")
+
+
+_KEY, _INDEX = attrgetter("key"), attrgetter("input_index")
+
+
+def _name_disagreeing_row(rows: Sequence[AdmittedRow | BlockedRow],
+                          sent: Mapping[str, int]) -> None:
+    """Raise naming the first row of an answer that was not sent, or is listed twice."""
     listed: set[str] = set()
-    for row in (*page.pending, *page.completed, *page.blocked):
+    for row in rows:
         if sent.get(row.key) != row.input_index:
             raise disagree(f"row {row.key!r} at input index {row.input_index} was not sent")
         if row.key in listed:
             raise disagree(f"row {row.key!r} is listed twice")
         listed.add(row.key)
-    if page.inserted > len(page.pending):
-        raise disagree(f"{page.inserted} rows inserted but {len(page.pending)} pending")
-    if page.cached > len(sent):
-        raise disagree(f"{page.cached} cache hits among {len(sent)} rows")

@@ -97,13 +97,11 @@ def decode_admitted_page(action: Action, answer: JsonValue, row_of: Mapping[str,
 
 def _rows_at(indexes: list[int], key_at: Mapping[int, str],
              row_of: Mapping[str, JsonObject]) -> list[AdmittedRow]:
-    rows = []
-    for index in indexes:
-        key = key_at.get(index)
-        if key is None:
-            raise paging.disagree(f"a pending row at input index {index} was not sent")
-        rows.append(AdmittedRow(key, index, row_of[key]))
-    return rows
+    keys = list(map(key_at.get, indexes))
+    if None in keys:
+        index = indexes[keys.index(None)]
+        raise paging.disagree(f"a pending row at input index {index} was not sent")
+    return list(map(AdmittedRow, keys, indexes, map(row_of.__getitem__, keys)))
 
 
 async def _send_admit_staged(gateway: Gateway, action: Action, arguments: dict,

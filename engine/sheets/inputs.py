@@ -90,6 +90,8 @@ def check_input_indexes(input_indexes: object, count: int) -> None:
     if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
             or len(input_indexes) != count:
         raise InvalidInputError("input_indexes must be a sequence as long as rows")
+    if not count or set(map(type, input_indexes)) == {int} and min(input_indexes) >= 0:
+        return  # each check one pass in C; the loop names an index that fails
     for position, index in enumerate(input_indexes):
         if not is_int(index, 0):
             raise InvalidInputError(f"input_indexes[{position}] must be an integer >= 0")
