@@ -17,6 +17,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from operator import attrgetter, methodcaller
 from typing import ContextManager, Sequence
 
 import attrs
@@ -35,8 +36,22 @@ class ListProof:
         return keeping(self.ledger)
 
     def check(self, outcomes: Sequence[RowOutcome]) -> None:
-        """Note a completed outcome that leaves its row no cache hit (module docstring)."""
+        """Note a completed outcome that leaves its row no cache hit (module docstring). A
+        batch of completed outcomes without cell meta (a map's own) is checked an output at a
+        time, each check one pass in C; any other goes an outcome at a time."""
         if self.no_hit_seen:
+            return
+        if set(map(_STATUS, outcomes)) <= _ONLY_COMPLETED \
+                and list(map(_META, outcomes)).count(None) == len(outcomes):
+            datas = list(map(_DATA, outcomes))
+            if self.outputs and None in datas:
+                self.no_hit_seen = True
+                return
+            for name in self.outputs:
+                values = list(map(methodcaller("get", name), datas))
+                if None in values or "" in values:
+                    self.no_hit_seen = True
+                    return
             return
         for outcome in outcomes:
             if outcome.status != OutcomeStatus.COMPLETED:
@@ -49,3 +64,7 @@ class ListProof:
 
     def proven_writes(self) -> int | None:
         return None if self.no_hit_seen else self.ledger.proven_writes()
+
+
+_STATUS, _META, _DATA = attrgetter("status"), attrgetter("cell_meta"), attrgetter("data")
+_ONLY_COMPLETED = frozenset({OutcomeStatus.COMPLETED.value})
