@@ -426,6 +426,34 @@ def test_an_outcome_travels_as_the_row_outcome_codec_encodes_it():
         assert list(sent) == [name for name in expected if name in sent]  # the codec's order
 
 
+def test_plain_outcomes_travel_a_field_at_a_time_as_one_at_a_time():
+    """A completion of plain completed outcomes, no key twice, is written a field at a time;
+    each text is the one the outcome alone gets (one with any other shape among them: the
+    whole list goes one at a time)."""
+    import json
+
+    from runplane.engine.gateway.senders import outcome_texts
+    from runplane.engine.sheets.outcome_inputs import completed_outcome, prepare_outcomes
+    from runplane.engine.sheets.model import ROW_OUTCOME, RowOutcome
+
+    plain = [completed_outcome(f"k{i} \"é\"", {"ok": i, "s": "\u2028"}, i, 1) for i in range(4)]
+    plain.append(RowOutcome("built", "completed", {"ok": True}, 9))
+    alone = [outcome_texts([one], prepare_outcomes([one])[0])[0] for one in plain]
+    assert outcome_texts(plain, prepare_outcomes(plain)[0]) == alone
+    for text, one in zip(alone, plain):
+        assert ROW_OUTCOME.decode(json.loads(text), "o") == one
+        assert list(json.loads(text)) == ["key", "status", "data", "input_index"]
+    for odd in (RowOutcome("odd", "completed", None, 5), RowOutcome("odd", "completed", {}, None),
+                RowOutcome("odd", "completed", {}, 5, attempts=2),
+                RowOutcome("odd", "completed", {}, 5, cell_meta={}),
+                RowOutcome("odd", "failed", None, 5, error="boom")):
+        mixed = [*plain, odd]
+        texts = outcome_texts(mixed, prepare_outcomes(mixed)[0])
+        assert texts[:-1] == alone
+        assert ROW_OUTCOME.decode(json.loads(texts[-1]), "o") == odd
+        assert len(json.loads(texts[-1])) == 8  # every field spelled out
+
+
 def test_the_gateway_decodes_plain_completed_outcomes_as_the_codec_does():
     """The gateway's short way for a completion of plain completed outcomes
     (`bodies.completed_outcomes`) prepares them as `prepare_outcomes` prepares the codec's

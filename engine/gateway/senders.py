@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from operator import attrgetter
 from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 
 import attrs
@@ -223,6 +224,10 @@ def outcome_texts(outcomes: Sequence[RowOutcome],
     attempt, no cell meta) leaves out the fields the codec defaults (a third of its text);
     an outcome of an unexpected shape goes through the codec itself, which names what is
     wrong."""
+    if _TEXT_OF_OUTCOMES and prepared and len(prepared) == len(outcomes):
+        plain = _plain_texts(outcomes, prepared)
+        if plain is not None:
+            return plain
     last = {outcome.key: (i, outcome) for i, outcome in enumerate(outcomes)}
     dumps = protocol.dumps
     texts = []
@@ -254,6 +259,25 @@ def outcome_texts(outcomes: Sequence[RowOutcome],
 
 
 _COMPLETED, _FAILED = _string(OutcomeStatus.COMPLETED.value), _string(OutcomeStatus.FAILED.value)
+_PLAIN_TEXT = '{{"key":{},"status":' + _COMPLETED + ',"data":{},"input_index":{}}}'
+
+
+def _plain_texts(outcomes: Sequence[RowOutcome],
+                 prepared: Sequence[PreparedOutcome]) -> list[str] | None:
+    """`outcome_texts` of outcomes with no key twice (each prepared at its own position) when
+    every one is a plain completed outcome, written a field at a time (each step one pass in
+    C); None otherwise."""
+    (keys, failed, indexes, data_texts, _metas, _errors, _data_keys, _meta_keys, _sizes,
+     attempts, _causes) = zip(*prepared)
+    if any(failed) or set(attempts) != {1} or set(map(type, indexes)) != {int} \
+            or list(map(_META, outcomes)).count(None) != len(outcomes) \
+            or None in list(map(_DATA, outcomes)):
+        return None
+    return list(map(_PLAIN_TEXT.format, map(_string, keys), data_texts,
+                    map(int.__repr__, indexes)))
+
+
+_META, _DATA = attrgetter("cell_meta"), attrgetter("data")
 
 
 async def _send_complete(gateway: Gateway, action: Action, arguments: dict) -> Completion:
