@@ -12,8 +12,9 @@ How it works
   the gateway's own background queue (`engine.diagnostics`), so a sink never delays it.
 - Outcomes travel in the form of the one `RowOutcome` codec (`sheets.model.ROW_OUTCOME`), each
   encoded once: its size is what the pager counts. A plain completed outcome leaves out the
-  fields the codec defaults (null, one attempt), as every server's codec reads it. Its text is written from the data and cell
-  meta texts `prepare_outcomes` already made, so no outcome's data is checked or encoded twice.
+  fields the codec defaults (null, one attempt), as every server's codec reads it. Its text
+  is written from the data and cell meta texts `prepare_outcomes` already made, so no
+  outcome's data is checked or encoded twice.
 - An admission page's pending rows (by key or by index) are decoded straight into the rows
   this call sent.
 - Newer forms go only to a gateway whose health lists them (`protocol.FEATURES`,
@@ -239,8 +240,8 @@ def outcome_texts(outcomes: Sequence[RowOutcome],
             meta = outcome.cell_meta
             if attempts == 1 and meta is None and not one.failed and type(index) is int \
                     and outcome.data is not None:
-                texts.append(f'{{"key":{_string(one.key)},"status":{_COMPLETED},'
-                             f'"data":{one.data_text},"input_index":{int.__repr__(index)}}}')
+                texts.append(_PLAIN_TEXT.format(_string(one.key), one.data_text,
+                                                int.__repr__(index)))
                 continue
             texts.append(
                 f'{{"key":{_string(one.key)},'
