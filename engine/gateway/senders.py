@@ -240,8 +240,7 @@ def outcome_texts(outcomes: Sequence[RowOutcome],
             meta = outcome.cell_meta
             if attempts == 1 and meta is None and not one.failed and type(index) is int \
                     and outcome.data is not None:
-                texts.append(_PLAIN_TEXT.format(_string(one.key), one.data_text,
-                                                int.__repr__(index)))
+                texts.append(_plain_text(_string(one.key), one.data_text, index))
                 continue
             texts.append(
                 f'{{"key":{_string(one.key)},'
@@ -260,7 +259,12 @@ def outcome_texts(outcomes: Sequence[RowOutcome],
 
 
 _COMPLETED, _FAILED = _string(OutcomeStatus.COMPLETED.value), _string(OutcomeStatus.FAILED.value)
-_PLAIN_TEXT = '{{"key":{},"status":' + _COMPLETED + ',"data":{},"input_index":{}}}'
+
+
+def _plain_text(key_text: str, data_text: str, index: int) -> str:
+    """A plain completed outcome's text: its key (as JSON), its data's text and its index (an
+    `int`), the fields the codec defaults left out."""
+    return f'{{"key":{key_text},"status":{_COMPLETED},"data":{data_text},"input_index":{index}}}'
 
 
 def _plain_texts(outcomes: Sequence[RowOutcome],
@@ -274,8 +278,7 @@ def _plain_texts(outcomes: Sequence[RowOutcome],
             or list(map(_META, outcomes)).count(None) != len(outcomes) \
             or None in list(map(_DATA, outcomes)):
         return None
-    return list(map(_PLAIN_TEXT.format, map(_string, keys), data_texts,
-                    map(int.__repr__, indexes)))
+    return list(map(_plain_text, map(_string, keys), data_texts, indexes))
 
 
 _META, _DATA = attrgetter("cell_meta"), attrgetter("data")
