@@ -112,7 +112,7 @@ column_summary AS ({update}
 class _Common:
     """The binds every admission statement shares, as the text that names them."""
 
-    keys: str
+    keys: str  # the row keys expanded (`BindParams.strings`: a set-returning call)
     indexes: str
     version: str
     run_id: str
@@ -129,7 +129,7 @@ def _common(binds: BindParams, write: SheetWrite, layout: SheetLayout,
             rows: PayloadRows | PageRows) -> _Common:
     attempt = write.attempt
     return _Common(
-        keys=binds.add(rows.keys, "text[]"),
+        keys=binds.strings(rows.keys),
         indexes=binds.add(rows.indexes, "bigint[]"),
         version=binds.add(write.run.epoch, "bigint"),
         run_id=binds.add(write.run.run_id, "text"),
@@ -177,7 +177,7 @@ def _page_source(port: Port, binds: BindParams, c: _Common, rows: PageRows) -> t
 ),"""
     source = f"""input AS MATERIALIZED (
     SELECT u.key, u.idx, u.ord, u.occ -> 'data' AS payload
-      FROM page, ROWS FROM (unnest({c.keys}), unnest({c.indexes}), jsonb_array_elements(page.rows))
+      FROM page, ROWS FROM ({c.keys}, unnest({c.indexes}), jsonb_array_elements(page.rows))
            WITH ORDINALITY AS u(key, idx, occ, ord)
      WHERE u.key IS NOT NULL
 )"""
@@ -189,12 +189,12 @@ def _payload_source(binds: BindParams, c: _Common, rows: PayloadRows) -> str:
         payload = binds.add(rows.rows_json, "jsonb")
         return f"""input AS MATERIALIZED (
     SELECT u.key, u.idx, u.ord, u.payload
-      FROM ROWS FROM (unnest({c.keys}), unnest({c.indexes}), jsonb_array_elements({payload}))
+      FROM ROWS FROM ({c.keys}, unnest({c.indexes}), jsonb_array_elements({payload}))
            WITH ORDINALITY AS u(key, idx, payload, ord)
 )"""
     return f"""input AS MATERIALIZED (
     SELECT u.key, u.idx, u.ord
-      FROM ROWS FROM (unnest({c.keys}), unnest({c.indexes})) WITH ORDINALITY AS u(key, idx, ord)
+      FROM ROWS FROM ({c.keys}, unnest({c.indexes})) WITH ORDINALITY AS u(key, idx, ord)
 )"""
 
 

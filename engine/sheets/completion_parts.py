@@ -67,7 +67,7 @@ class OutcomeChunk:
 class CompletionBinds:
     """The binds of a completion statement, as the text that names them."""
 
-    keys: str
+    keys: str  # the outcomes' keys expanded (`BindParams.strings`: a set-returning call)
     data: str
     meta: str
     version: str
@@ -89,7 +89,7 @@ def completion_binds(binds: BindParams, sheet: CompletionSheet,
     statement's own arrays are allocated: `field_binds`)."""
     layout, write = sheet.layout, sheet.write
     return CompletionBinds(
-        keys=binds.add(chunk.keys, "text[]"),
+        keys=binds.strings(chunk.keys),
         data=binds.add(chunk.data_json, "jsonb"),
         meta=binds.add(chunk.metas, "jsonb[]"),
         version=binds.add(write.run.epoch, "bigint"),

@@ -40,7 +40,7 @@ def insert_statement(sheet: CompletionSheet, chunk: OutcomeChunk) -> Statement:
     return binds.statement(f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.idx, u.attempts, u.ord
-      FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
+      FROM ROWS FROM ({n.keys}, jsonb_array_elements({n.data}), unnest({n.meta}),
                       unnest({indexes}), unnest({attempts}))
            WITH ORDINALITY AS u(key, data, meta, idx, attempts, ord)
 ),{leased_units(port, n) if units else ""}{base_meta(n, False)},

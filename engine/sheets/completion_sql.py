@@ -177,7 +177,7 @@ def _exact(sheet: CompletionSheet, exact: _Exact) -> str:
     return f"""
 WITH input AS MATERIALIZED (
     SELECT u.key, u.data, u.meta, u.error, u.attempts, u.cause, u.ord
-      FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
+      FROM ROWS FROM ({n.keys}, jsonb_array_elements({n.data}), unnest({n.meta}),
                       unnest({exact.errors}), unnest({exact.attempts}), unnest({exact.causes}))
            WITH ORDINALITY AS u(key, data, meta, error, attempts, cause, ord)
 ),{leased_units(port, n) if n.units else ""}{base_meta(n, failed)},
@@ -240,7 +240,7 @@ source AS MATERIALIZED (
     SELECT i.key, i.data, i.error, i.attempts, i.cause, i.ord, {PATCH} AS patch,
            {n.version} AS our_version, {n.attempt_id} AS our_attempt,
            {RowStatus.ENRICHED.sql}::text AS kept_status
-      FROM ROWS FROM (unnest({n.keys}), jsonb_array_elements({n.data}), unnest({n.meta}),
+      FROM ROWS FROM ({n.keys}, jsonb_array_elements({n.data}), unnest({n.meta}),
                       unnest({exact.errors}), unnest({exact.attempts}), unnest({exact.causes}))
            WITH ORDINALITY AS i(key, data, meta, error, attempts, cause, ord)
       CROSS JOIN base b
