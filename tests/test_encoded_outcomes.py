@@ -43,7 +43,8 @@ def test_outcomes_prepared_a_field_at_a_time_equal_one_at_a_time(column, positio
 
 @pytest.mark.parametrize("column, value, error", [
     (0, "", "key"), (1, ["not", "a dict"], "data"), (1, {"x": float("nan")}, "output"),
-    (2, -1, "input_index"), (3, 0, "attempts"), (3, True, "attempts"),
+    (2, -1, "input_index"), (2, 2**63, "input_index"), (3, 0, "attempts"),
+    (3, True, "attempts"),
 ])
 def test_a_bad_field_is_refused_as_one_at_a_time_refuses_it(column, value, error):
     fields = [list(field) for field in PLAIN]
@@ -90,6 +91,7 @@ def test_bad_data_is_refused_naming_its_path(data, message):
     ("", None, 1, "RowOutcome.key must have 1 to"),
     (KEY, -1, 1, "input_index must be an integer >= 0"),
     (KEY, True, 1, "input_index must be an integer >= 0"),
+    (KEY, 2**63, 1, "input_index must be an integer >= 0"),
     (KEY, None, 0, "attempts must be an integer from 1"),
     (KEY, None, 10**7, "attempts must be an integer from 1"),
 ])

@@ -219,9 +219,12 @@ def test_given_keys_and_texts_prepare_as_the_row_loop_does(monkeypatch, keys, in
     ({"keys": ["k1", 2, "k3"]}, r"keys\[1\]: key must be a string"),
     ({"texts": [GIVEN_TEXTS[0], None, GIVEN_TEXTS[2]]}, r"texts\[1\] must be a string"),
     ({"rows": [GIVEN_ROWS[0], ["x"], GIVEN_ROWS[2]]}, r"rows\[1\] must be a dict"),
-    ({"input_indexes": [0, -1, 2]}, r"input_indexes\[1\] must be an integer >= 0"),
-    ({"input_indexes": [0, True, 2]}, r"input_indexes\[1\] must be an integer >= 0"),
-    ({"input_indexes": range(-1, 2)}, r"input_indexes\[0\] must be an integer >= 0"),
+    ({"input_indexes": [0, -1, 2]}, r"input_indexes\[1\] must be an integer from 0 to"),
+    ({"input_indexes": [0, True, 2]}, r"input_indexes\[1\] must be an integer from 0 to"),
+    ({"input_indexes": range(-1, 2)}, r"input_indexes\[0\] must be an integer from 0 to"),
+    ({"input_indexes": [0, 2**63, 2]}, r"input_indexes\[1\] must be an integer from 0 to"),
+    ({"input_indexes": range(2**63 - 2, 2**63 + 1)},
+     r"input_indexes\[2\] must be an integer from 0 to"),
 ])
 def test_given_keys_and_texts_refuse_naming_the_row(change, message):
     from runplane.engine.sheets.inputs import prepare_rows
@@ -232,3 +235,21 @@ def test_given_keys_and_texts_refuse_naming_the_row(change, message):
         prepare_rows(arguments["rows"], "ns", input_offset=0, keys=arguments["keys"],
                      need_texts=True, input_indexes=arguments["input_indexes"],
                      texts=arguments["texts"])
+
+
+@pytest.mark.parametrize("keys, texts", [(None, None), (["k1", "k2", "k3"], GIVEN_TEXTS)])
+def test_an_index_past_a_bigint_is_refused_before_any_query(keys, texts):
+    """An input index the sheet's bigint cannot hold, given or from the offset, is an
+    `InvalidInputError` of the call (the driver would refuse it inside the transaction)."""
+    from runplane.engine.limits.inputs import MAX_INPUT_INDEX
+    from runplane.engine.sheets.inputs import prepare_rows
+
+    last = prepare_rows(GIVEN_ROWS, "ns", input_offset=MAX_INPUT_INDEX - 2, keys=keys,
+                        need_texts=True, texts=texts)
+    assert last.indexes[-1] == MAX_INPUT_INDEX
+    with pytest.raises(InvalidInputError, match="input indexes past"):
+        prepare_rows(GIVEN_ROWS, "ns", input_offset=MAX_INPUT_INDEX - 1, keys=keys,
+                     need_texts=True, texts=texts)
+    with pytest.raises(InvalidInputError, match=r"input_indexes\[0\] must be an integer"):
+        prepare_rows(GIVEN_ROWS, "ns", input_offset=0, keys=keys, need_texts=True, texts=texts,
+                     input_indexes=[MAX_INPUT_INDEX + 1, 0, 1])

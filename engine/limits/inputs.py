@@ -16,6 +16,8 @@ PostgreSQL holds:
   bytes: it must be at most `MAX_STORED_RECEIPT_KEY_BYTES`, reachable only with identifiers
   and a key all near their limits and full of such characters.
 - field names (contract fields and output keys): see `engine.sheets.model`.
+- a row's input index (an offset plus a position, or given): 0 to `MAX_INPUT_INDEX`, a
+  `bigint` column's largest value.
 This module does no I/O.
 """
 
@@ -28,6 +30,7 @@ MAX_NAME_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: schema and role names
 MAX_KEY_CHARS = 1024
 MAX_KEY_BYTES = 2048
 MAX_STORED_RECEIPT_KEY_BYTES = 2640  # a b-tree entry holds 2,704 bytes with its headers
+MAX_INPUT_INDEX = 2**63 - 1  # `_input_index` is a bigint
 
 # NUL and the other C0/C1 control characters, DEL, and lone surrogates (valid pairs never
 # appear in a decoded Python str).

@@ -27,7 +27,7 @@ from ..limits.bounds import is_int
 from .. import canonical
 from ..canonical import JsonValue, is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
-from ..limits.inputs import MAX_KEY_BYTES, key_problem
+from ..limits.inputs import MAX_INPUT_INDEX, MAX_KEY_BYTES, key_problem
 from ..values.scopes import normalize_namespace
 
 
@@ -90,11 +90,13 @@ def check_input_indexes(input_indexes: object, count: int) -> None:
     if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
             or len(input_indexes) != count:
         raise InvalidInputError("input_indexes must be a sequence as long as rows")
-    if not count or set(map(type, input_indexes)) == {int} and min(input_indexes) >= 0:
+    if not count or set(map(type, input_indexes)) == {int} and min(input_indexes) >= 0 \
+            and max(input_indexes) <= MAX_INPUT_INDEX:
         return  # each check one pass in C; the loop names an index that fails
     for position, index in enumerate(input_indexes):
-        if not is_int(index, 0):
-            raise InvalidInputError(f"input_indexes[{position}] must be an integer >= 0")
+        if not is_int(index, 0, MAX_INPUT_INDEX):
+            raise InvalidInputError(
+                f"input_indexes[{position}] must be an integer from 0 to {MAX_INPUT_INDEX}")
 
 
 def prepare_rows(
@@ -136,12 +138,16 @@ def prepare_rows(
 
 def _check_arguments(rows: Sequence[object], input_offset: int, keys: Sequence[object] | None,
                      texts: Sequence[object] | None) -> None:
-    """The call's shape, before any row is read: an offset >= 0, a sequence of rows, and keys
-    and texts (texts only with keys) as long as the rows."""
+    """The call's shape, before any row is read: an offset >= 0, a sequence of rows (none
+    given an index past `MAX_INPUT_INDEX` by the offset), and keys and texts (texts only with
+    keys) as long as the rows."""
     if not is_int(input_offset, 0):
         raise InvalidInputError(f"input_offset must be an integer >= 0, got {input_offset!r}")
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
         raise InvalidInputError("rows must be a sequence of dicts")
+    if input_offset + len(rows) - 1 > MAX_INPUT_INDEX:
+        raise InvalidInputError(f"input_offset {input_offset} gives rows input indexes past "
+                                f"{MAX_INPUT_INDEX}")
     if keys is not None:
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
             raise InvalidInputError("keys must be a sequence of strings")
@@ -229,13 +235,14 @@ def _given_rows(rows: Sequence[object], keys: Sequence[object], texts: Sequence[
     if input_indexes is None:
         indexes = list(range(input_offset, input_offset + count))
     elif type(input_indexes) is range:
-        if len(input_indexes) != count or input_indexes[0] < 0 or input_indexes.step < 0:
+        if len(input_indexes) != count or input_indexes[0] < 0 or input_indexes.step < 0 \
+                or input_indexes[-1] > MAX_INPUT_INDEX:
             return None
         indexes = list(input_indexes)
     else:
         if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
                 or len(input_indexes) != count or set(map(type, input_indexes)) != {int} \
-                or min(input_indexes) < 0:
+                or min(input_indexes) < 0 or max(input_indexes) > MAX_INPUT_INDEX:
             return None
         indexes = list(input_indexes)
     return PreparedRows(list(keys), indexes, list(rows) if keep_rows else [],

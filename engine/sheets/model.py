@@ -35,7 +35,7 @@ from ..values.codecs import (
     FLOAT, INT, INT32_MAX, MAP_SCOPE, RAW, STR, USER_JSON, dict_of, list_of, optional, record,
 )
 from ..errors import InvalidInputError
-from ..limits.inputs import key_problem
+from ..limits.inputs import MAX_INPUT_INDEX, key_problem
 from ..sql import SqlLiteral
 from ..values.scopes import MapScope
 
@@ -313,9 +313,10 @@ def _outcome_attempts(instance: RowOutcome, _attribute: object, value: object) -
 
 
 def _outcome_index(instance: RowOutcome, _attribute: object, value: object) -> None:
-    if value is not None and not is_int(value, 0):
+    if value is not None and not is_int(value, 0, MAX_INPUT_INDEX):
         raise InvalidInputError(
-            f"RowOutcome {instance.key!r}: input_index must be an integer >= 0 or None"
+            f"RowOutcome {instance.key!r}: input_index must be an integer >= 0 (at most "
+            f"{MAX_INPUT_INDEX}) or None"
         )
 
 

@@ -27,6 +27,7 @@ from typing import Mapping, NamedTuple, Sequence
 from .. import canonical
 from ..canonical import is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
+from ..limits.inputs import MAX_INPUT_INDEX
 
 from .causes import MAX_CAUSE_BYTES, bound_cause, cause_of
 from .field_names import field_problem, shown
@@ -129,6 +130,7 @@ def prepared_completed_many(keys: list, datas: list, input_indexes: list,
             and set(map(type, keys)) == {str} \
             and 0 < min(map(len, keys)) and max(map(len, keys)) <= ALWAYS_SAFE_KEY_CHARS \
             and set(map(type, input_indexes)) == {int} and min(input_indexes) >= 0 \
+            and max(input_indexes) <= MAX_INPUT_INDEX \
             and set(map(type, attempts)) == {int} \
             and 1 <= min(attempts) and max(attempts) <= MAX_ATTEMPTS:
         texts = list(map(patch_dumps, datas))
@@ -147,7 +149,8 @@ def _plain(key: object, data: object, input_index: object, attempts: object) -> 
     validators: a dict of data, a key of a safe length, an index >= 0 or None, an attempt
     count in range (a key's characters are checked by `prepare_outcomes`)."""
     return type(data) is dict and type(key) is str and 0 < len(key) <= ALWAYS_SAFE_KEY_CHARS \
-        and (input_index is None or type(input_index) is int and input_index >= 0) \
+        and (input_index is None or type(input_index) is int
+             and 0 <= input_index <= MAX_INPUT_INDEX) \
         and type(attempts) is int and 1 <= attempts <= MAX_ATTEMPTS
 
 
