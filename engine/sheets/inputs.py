@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, NoReturn, Sequence
 
 import attrs
 
-from ..limits.bounds import is_int
+from ..limits.bounds import ints_within, is_int
 from .. import canonical
 from ..canonical import JsonValue, is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
@@ -90,9 +90,8 @@ def check_input_indexes(input_indexes: object, count: int) -> None:
     if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
             or len(input_indexes) != count:
         raise InvalidInputError("input_indexes must be a sequence as long as rows")
-    if not count or set(map(type, input_indexes)) == {int} and min(input_indexes) >= 0 \
-            and max(input_indexes) <= MAX_INPUT_INDEX:
-        return  # each check one pass in C; the loop names an index that fails
+    if not count or ints_within(input_indexes, 0, MAX_INPUT_INDEX):
+        return  # the loop names an index that fails
     for position, index in enumerate(input_indexes):
         if not is_int(index, 0, MAX_INPUT_INDEX):
             raise InvalidInputError(
@@ -241,8 +240,8 @@ def _given_rows(rows: Sequence[object], keys: Sequence[object], texts: Sequence[
         indexes = list(input_indexes)
     else:
         if isinstance(input_indexes, (str, bytes)) or not isinstance(input_indexes, Sequence) \
-                or len(input_indexes) != count or set(map(type, input_indexes)) != {int} \
-                or min(input_indexes) < 0 or max(input_indexes) > MAX_INPUT_INDEX:
+                or len(input_indexes) != count \
+                or not ints_within(input_indexes, 0, MAX_INPUT_INDEX):
             return None
         indexes = list(input_indexes)
     return PreparedRows(list(keys), indexes, list(rows) if keep_rows else [],

@@ -27,6 +27,7 @@ from typing import Mapping, NamedTuple, Sequence
 from .. import canonical
 from ..canonical import is_canonical, is_clean_str, normalize_fast
 from ..errors import InvalidInputError
+from ..limits.bounds import ints_within
 from ..limits.inputs import MAX_INPUT_INDEX
 
 from .causes import MAX_CAUSE_BYTES, bound_cause, cause_of
@@ -129,10 +130,8 @@ def prepared_completed_many(keys: list, datas: list, input_indexes: list,
     if datas and set(map(type, datas)) == {dict} and all(map(is_canonical, datas)) \
             and set(map(type, keys)) == {str} \
             and 0 < min(map(len, keys)) and max(map(len, keys)) <= ALWAYS_SAFE_KEY_CHARS \
-            and set(map(type, input_indexes)) == {int} and min(input_indexes) >= 0 \
-            and max(input_indexes) <= MAX_INPUT_INDEX \
-            and set(map(type, attempts)) == {int} \
-            and 1 <= min(attempts) and max(attempts) <= MAX_ATTEMPTS:
+            and ints_within(input_indexes, 0, MAX_INPUT_INDEX) \
+            and ints_within(attempts, 1, MAX_ATTEMPTS):
         texts = list(map(patch_dumps, datas))
         sizes = map(len, texts) if "".join(texts).isascii() else map(_utf8_size, texts)
         return list(map(_new_prepared, zip(

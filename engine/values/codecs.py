@@ -35,6 +35,7 @@ import attrs
 from .. import canonical
 from ..canonical import JsonObject, JsonValue
 from ..errors import EngineError, InvalidInputError
+from ..limits.bounds import ints_within
 from .scopes import MapScope, PlayScope, RunRef, RunScope
 
 T = TypeVar("T")
@@ -126,8 +127,7 @@ def _all_str(values: list) -> bool:
 
 
 def _all_int(low: int, high: int) -> Callable[[list], bool]:
-    return lambda values: not set(map(type, values)) - {int} \
-        and (not values or low <= min(values) and max(values) <= high)
+    return lambda values: not values or ints_within(values, low, high)
 
 
 # A list of these encodes or decodes as it is when the check of the whole list (each one pass
