@@ -12,7 +12,7 @@ How it works
   staged input (a wake passes the same list; the begin fact's fingerprint proves it,
   `ConflictError` otherwise).
 - The map reads the sheet's row count as it begins (`count_sheet_rows`): a list going into an
-  empty sheet is not probed at all. Through a gateway, the sheet, the manifest and the row
+  empty sheet is not probed at all, and is encoded at once (while the sheet is ensured). Through a gateway, the sheet, the manifest and the row
   count are one request (`open_with_sheet`).
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
@@ -121,15 +121,19 @@ class ListSource:
     begun: bool = False  # this map wrote its begin fact (`start_staging`)
     sheet_rows: int | None = None  # rows in the sheet as the map began (a hint; None: unknown)
     replaying: bool = False  # staged before the map began: pages are admitted from facts
+    _encoding: trio.Lock = attrs.field(init=False, factory=trio.Lock)
     _staging: trio.Lock = attrs.field(init=False, factory=trio.Lock)
     _sealed: trio.Event = attrs.field(init=False, factory=trio.Event)
 
     async def encode(self) -> None:
         """Encode the list once, in a worker thread (bad rows raise `InvalidInputError`, naming
-        the row). Keys are computed unit by unit as admission reaches them (`page_groups`), so
-        the first row waits for the encoding only."""
-        if self.encoded is None:
-            self.encoded = await trio.to_thread.run_sync(array_input.encode_source, self.items)
+        the row); a second caller meanwhile waits for the first's. Keys are computed unit by
+        unit as admission reaches them (`page_groups`), so the first row waits for the
+        encoding only."""
+        async with self._encoding:
+            if self.encoded is None:
+                self.encoded = await trio.to_thread.run_sync(array_input.encode_source,
+                                                             self.items)
 
     async def count_sheet_rows(self, scope: PlayScope) -> None:
         """Read how many rows the sheet holds (`sheet_rows`), a hint for probing: a sheet with

@@ -84,9 +84,10 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
     """Run the pipeline of `plan` over `source` and count it (a list is encoded first and
     staged before its first row is admitted). A list source needs its `map_invocation_id`
     (the run gives each list map of a sheet its own, `Run.next_map_invocation_id`). Given
-    `background` (the run's nursery), a list is recorded for reruns there, after the map has
-    returned; else before it returns. Given the run's `stop`, a cancellation of the run stops
-    the pipeline and the map returns stopped early (`actors.cancellation`)."""
+    `background` (the run's closing nursery: its exit waits for it while the run retires), a
+    list is recorded for reruns there, after the map has returned; else before it returns.
+    Given the run's `stop`, a cancellation of the run stops the pipeline and the map returns
+    stopped early (`actors.cancellation`)."""
     listed = isinstance(source, (list, tuple, array_input.PagedRows))
     if not listed and not hasattr(source, "__aiter__"):
         raise InvalidInputError(
@@ -153,7 +154,9 @@ async def map_rows(source: MapSource, plan: MapPlan, *,
 async def open_map(plan: MapPlan, state: MapState, listed_source: ListSource | None) -> None:
     """Ensure the map's sheet and open its list source: three independent reads and writes at
     once, or one request through a gateway (`ListSource.open_with_sheet`). Ensuring the sheet
-    is the map's first sheet write, before any row is probed or admitted (`state.writing`)."""
+    is the map's first sheet write, before any row is probed or admitted (`state.writing`). A
+    list going into an empty sheet is encoded as soon as the count shows it empty, while the
+    sheet is still being ensured (every row of it is admitted: there is nothing to probe)."""
     if listed_source is not None and plan.port.settings.remote \
             and await listed_source.open_with_sheet(plan.contract, plan.fast_admission):
         return
@@ -163,13 +166,18 @@ async def open_map(plan: MapPlan, state: MapState, listed_source: ListSource | N
             await retry_transient(lambda: sheets.ensure_sheet(
                 plan.port, plan.ref.scope.play_scope, plan.table_namespace, plan.contract))
 
+    async def count_rows(source: ListSource) -> None:
+        await source.count_sheet_rows(plan.ref.scope.play_scope)
+        if source.sheet_rows == 0:  # nothing to probe: every row is admitted, so encode now
+            await source.encode()
+
     with unwrap_single_error(Exception):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ensure_sheet)
             if listed_source is not None:
                 nursery.start_soon(listed_source.open)
                 if plan.fast_admission:
-                    nursery.start_soon(listed_source.count_sheet_rows, plan.ref.scope.play_scope)
+                    nursery.start_soon(count_rows, listed_source)
 
 
 def _finished(plan: MapPlan, state: MapState, map_invocation_id: str | None,

@@ -9,8 +9,10 @@ How it works
   exception comes out unchanged (see `actors.hosting`).
 - Receipts (`run.claim`, `run.complete`, `run.fail`, `run.skip`) and sheet writes made through
   the run are bound to its `RunRef`, so every write is fenced by the run's epoch.
-- The retirement guard runs after the nursery closed. When the body ended terminally (returned,
-  or raised an ordinary exception) and `retire_on_exit` is set, it flips the outbox entry to
+- A list map's record for reruns (`actors.list_replay`) goes into a second, closing nursery
+  around the run's: it goes on while the run retires, and the exit waits for both.
+- The retirement guard runs after the run's nursery closed. When the body ended terminally
+  (returned, or raised an ordinary exception) and `retire_on_exit` is set, it flips the outbox entry to
   `pending` under its own lease (one shielded statement), retires the run's array inputs batch by batch on the
   `retirement` lane, and marks the entry `done`. If the guard is cancelled or the store fails
   meanwhile, the entry stays `pending` for a supervisor (a cancelled guard gives its lease up,
@@ -84,6 +86,8 @@ class Run:
     outage: OutageWatch = attrs.field(factory=lambda: OutageWatch(outage_budget()))
     force: bool = False  # the default of `map(force=...)`: set by `open_run(force=True)`
     _nursery: trio.Nursery | None = attrs.field(default=None, repr=False)
+    # work the run's exit waits for alongside its retirement (a list recorded for reruns)
+    _closing: trio.Nursery | None = attrs.field(default=None, repr=False)
     _map_ordinals: dict[str, int] = attrs.field(init=False, factory=dict, repr=False)
     # (table namespace, result) of each map that stopped early, for the command line
     stopped_early_maps: list[tuple[str, MapResult]] = attrs.field(init=False, factory=list,
@@ -130,6 +134,11 @@ class Run:
         if self._nursery is None:
             raise RuntimeError("the run is closed")
         return self._nursery
+
+    def _closing_nursery(self) -> trio.Nursery:
+        if self._closing is None:
+            raise RuntimeError("the run is closed")
+        return self._closing
 
     def observe_progress(self, observer: Callable[[str, MapProgress], object] | None) -> None:
         """Also hand every map's progress snapshots to `observer(table_namespace, snapshot)`
@@ -284,7 +293,7 @@ class Run:
         return await self._recorded(
             recorder, on_progress, lambda observe: map_rows(
                 source, plan, on_progress=observe, map_invocation_id=map_invocation_id,
-                background=self._live_nursery(), stop=self.stop),
+                background=self._closing_nursery(), stop=self.stop),
             calls=plan.calls)
 
     async def _recorded(self, recorder: MapRecorder,
@@ -383,18 +392,22 @@ async def open_run(
         ref = await retry_transient(lambda: runs.register(tenant, scope))  # and its outbox entry
         error: BaseException | None = None
         run = Run(tenant, ref, attempt, outage=watch, force=force)
-        try:
-            with watching_for_cancel(tenant, scope, run.stop):
-                async with open_hosting_nursery() as nursery:
-                    run._nursery = nursery
-                    yield run
-        except BaseException as exc:  # classified, then re-raised unchanged
-            error = traced.error = exc
-            raise
-        finally:
-            run._nursery = None
-            if retire_on_exit and is_terminal(error) and not ended_by_outage(error):
-                await retirement.guard_retirement(tenant, scope, lease_s=lease_s)
+        # The closing nursery outlives the run's own: what the run leaves in it (a list's
+        # record for reruns, started as its map returns) goes on during the retirement, and
+        # the exit waits for both.
+        async with open_hosting_nursery() as closing:
+            try:
+                with watching_for_cancel(tenant, scope, run.stop):
+                    async with open_hosting_nursery() as nursery:
+                        run._nursery, run._closing = nursery, closing
+                        yield run
+            except BaseException as exc:  # classified, then re-raised unchanged
+                error = traced.error = exc
+                raise
+            finally:
+                run._nursery = run._closing = None
+                if retire_on_exit and is_terminal(error) and not ended_by_outage(error):
+                    await retirement.guard_retirement(tenant, scope, lease_s=lease_s)
     finally:
         tracing.leave(traced)
         where.leave(fields)

@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import re
+from itertools import repeat
 from typing import Callable, Iterable, Union
 
 from .errors import InvalidInputError
@@ -216,24 +217,42 @@ def normalize_fast(value: object, path: str = "value") -> JsonValue:
         return normalize(value, path)
 
 
-def _reused_encoder() -> Callable[[JsonValue], str]:
-    """`_encoder.encode` as one reused C encoder (`JSONEncoder.encode` builds a new one per
-    call, which costs about as much as encoding a small row); the same text and errors."""
+def _c_encoder() -> Callable[[JsonValue, int], list[str]] | None:
+    """`_encoder`'s settings as one reused C encoder (`JSONEncoder.encode` builds a new one per
+    call, which costs about as much as encoding a small row): the same text and errors, in
+    chunks. None without the C accelerator."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # pragma: no cover - CPython always has it
-        return _encoder.encode
-    encode = make(None, _encoder.default, json.encoder.encode_basestring, None, ":", ",",
-                  True, False, False)
-    join = "".join
-    return lambda value: join(encode(value, 0))
+        return None
+    return make(None, _encoder.default, json.encoder.encode_basestring, None, ":", ",",
+                True, False, False)
 
 
-_encode = _reused_encoder()
+_C_ENCODE = _c_encoder()
+_encode: Callable[[JsonValue], str] = _encoder.encode if _C_ENCODE is None else \
+    (lambda value: "".join(_C_ENCODE(value, 0)))
+
+
+def _encode_each(values: list[JsonValue]) -> list[str]:
+    """`_encode` of each value, without a Python frame per value."""
+    if _C_ENCODE is None:  # pragma: no cover
+        return list(map(_encoder.encode, values))
+    return list(map("".join, map(_C_ENCODE, values, repeat(0, len(values)))))
 
 
 def stable_dumps(value: JsonValue) -> str:
     """The canonical text of an already normalized value."""
     return _encode(value)
+
+
+def canonical_texts(rows: object) -> list[str] | None:
+    """The canonical texts of `rows` when it is a list of dicts that `normalize` keeps as they
+    are (each check one pass in C), else None: the caller then goes row by row, normalizing
+    each and naming a row it refuses."""
+    if type(rows) is not list or set(map(type, rows)) != {dict} \
+            or not all(map(is_canonical, rows)):
+        return None
+    return _encode_each(rows)
 
 
 def digest(value: object) -> str:

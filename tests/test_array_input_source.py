@@ -79,3 +79,66 @@ def test_an_encoded_page_travels_only_as_its_canonical_encoding():
     ):
         with pytest.raises(InvalidInputError):
             ENCODED_PAGE.decode(forged, "page")
+
+
+def _both_paths(rows, monkeypatch):
+    """`encode_source(rows)` by the column path (when it takes the list) and by the row loop,
+    and whether the column path took it."""
+    from runplane.engine.array_input import source_pass
+
+    taken = []
+    column = source_pass._plain_pages
+
+    def spy(items, pages):
+        taken.append(column(items, pages))
+        return taken[-1]
+
+    monkeypatch.setattr(source_pass, "_plain_pages", spy)
+    first = A.encode_source(rows)
+    monkeypatch.setattr(source_pass, "_plain_pages", lambda items, pages: False)
+    return first, A.encode_source(rows), taken == [True]
+
+
+def _same(a, b):
+    assert (a.fingerprint, a.cuts, a.source_rows, a.has_source_identities) == \
+        (b.fingerprint, b.cuts, b.source_rows, b.has_source_identities)
+    assert a.texts == b.texts and list(a.rows) == list(b.rows)
+    assert [a.page(n) for n in range(a.page_count)] == [b.page(n) for n in range(b.page_count)]
+
+
+@pytest.mark.parametrize("pad", ["", "é" * 3, "日本"])
+def test_a_list_of_plain_rows_is_cut_a_column_at_a_time_as_the_row_loop_cuts_it(pad,
+                                                                                monkeypatch):
+    rows = [{"i": i, "name": f"row-{i}{pad}", "tags": [i % 3, 1.5]} for i in range(2345)]
+    column, loop, taken = _both_paths(rows, monkeypatch)
+    assert taken and [count for _, count in column.cuts] == [1000, 1000, 345]
+    _same(column, loop)
+    drafts = A.paginate(rows)
+    assert [d.offset for d in drafts] == [offset for offset, _ in column.cuts]
+    assert column.page(2) == encode_page(column.fingerprint, 2, 2000, drafts[2].rows)
+
+
+@pytest.mark.parametrize("size, column_cut", [(1000, True), (1100, False)])
+def test_pages_near_the_byte_limit_are_cut_where_the_row_loop_cuts_them(size, column_cut,
+                                                                         monkeypatch):
+    # 1,000 rows of ~1,000 bytes fit a page; of ~1,100 bytes they do not (the loop cuts by
+    # bytes, and the column path leaves such a list to it)
+    rows = [{"i": i, "pad": "x" * (size - 20)} for i in range(2100)]
+    column, loop, taken = _both_paths(rows, monkeypatch)
+    assert taken == column_cut
+    _same(column, loop)
+    assert [count for _, count in column.cuts] == [len(d.rows) for d in A.paginate(rows)]
+
+
+@pytest.mark.parametrize("odd", [
+    {"f": 1.0},  # normalized to 1: not its own canonical data
+    {"t": (1, 2)},
+    A.Occurrence({"a": 1}, A.SourceIdentity("d", 1)),
+    {"s": "nul\x00"},  # cleaned: not its own canonical data either
+])
+def test_a_list_with_one_row_that_is_not_plain_goes_row_by_row(odd, monkeypatch):
+    rows = [{"i": i} for i in range(1500)]
+    rows[700] = odd
+    column, loop, taken = _both_paths(rows, monkeypatch)
+    assert not taken
+    _same(column, loop)

@@ -162,8 +162,19 @@ async def settled_rerun(tenant, n: int, **options):
     return port.statements, rerun.run_id, sheet_table, probes
 
 
-async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant):
+async def test_a_settled_rerun_probes_writes_nothing_and_stages_nothing(tenant, monkeypatch):
+    from runplane.actors import list_source
+
+    encoded = []
+    encode = list_source.ListSource.encode
+
+    async def counted(self):
+        encoded.append(self.scope.run_id)
+        await encode(self)
+
+    monkeypatch.setattr(list_source.ListSource, "encode", counted)
     statements, run_id, sheet_table, probes = await settled_rerun(tenant, 2500, page_rows=1000)
+    assert encoded and run_id not in encoded  # the first run's only: the rerun runs nothing
     recorded = [sql for sql in statements if "sheet_lists" in sql and "ON CONFLICT" in sql]
     # the list-replay statement (it missed: the lists were forgotten) reads the facts and
     # writes only the run's `sheet_reuse` membership when it hits
@@ -230,6 +241,32 @@ async def test_a_rerun_changed_mid_list_probes_up_to_the_change_and_admits_from_
     # all new) and settled, so the rest of its group in one: 2. Probing on past the change
     # would send 2 more.
     assert len(probes) in (5 + 2, 6 + 2), port.statements
+
+
+async def test_a_list_into_an_empty_sheet_is_encoded_while_its_sheet_is_ensured(tenant,
+                                                                                monkeypatch):
+    """The count shows the sheet empty, so nothing is probed and every row is admitted: the
+    list's encoding starts then, while the sheet is still being ensured (which here waits for
+    it: the map would not finish if the encoding waited for the sheet)."""
+    from runplane.actors import list_source, mapper
+
+    started = trio.Event()
+    encode, ensure_sheet = list_source.ListSource.encode, mapper.sheets.ensure_sheet
+
+    async def encoding(self):
+        started.set()
+        await encode(self)
+
+    async def ensuring(*args, **kwargs):
+        with trio.fail_after(10):
+            await started.wait()
+        return await ensure_sheet(*args, **kwargs)
+
+    monkeypatch.setattr(list_source.ListSource, "encode", encoding)
+    monkeypatch.setattr(mapper.sheets, "ensure_sheet", ensuring)
+    async with open_run(tenant, "play") as run:
+        result = await run.map("t", rows(1500), _upper, contract=CONTRACT)
+    assert (result.admitted, result.completed) == (1500, 1500)
 
 
 async def test_new_rows_into_a_sheet_of_as_many_probe_only_the_sentinel(tenant):

@@ -82,6 +82,36 @@ def recordings(port: CountingPort) -> list[str]:
     return [sql for sql in port.statements if "sheet_lists" in sql and "stale AS (" in sql]
 
 
+async def test_the_record_goes_on_while_the_run_retires_and_the_exit_waits_for_it(tenant,
+                                                                                monkeypatch):
+    """The list's record and the run's retirement overlap (here each waits for the other to
+    begin: one after the other, neither would), and the run's exit comes after both."""
+    from runplane.actors import run as run_module
+
+    recording, retiring = trio.Event(), trio.Event()
+    record_list, guard_retirement = lists.record_list, run_module.retirement.guard_retirement
+
+    async def record(*args, **kwargs):
+        recording.set()
+        with trio.fail_after(10):
+            await retiring.wait()
+        return await record_list(*args, **kwargs)
+
+    async def retire(*args, **kwargs):
+        retiring.set()
+        with trio.fail_after(10):
+            await recording.wait()
+        await guard_retirement(*args, **kwargs)
+
+    monkeypatch.setattr(lists, "record_list", record)
+    monkeypatch.setattr(run_module.retirement, "guard_retirement", retire)
+    first, _ = await mapped(tenant, "first")
+    assert first.completed == 300 and await recorded(tenant) == 1
+    port = CountingPort(tenant)
+    again, calls = await mapped(port, "again")
+    assert again.cached == 300 and not calls and len(replays(port)) == 1
+
+
 async def test_a_map_that_proves_every_row_a_hit_records_its_list_without_a_key_check(tenant):
     """A first run of a list: its write ledger shows nobody else wrote the sheet, and every
     outcome gave a value, so the recording checks no key; the rerun replays it."""

@@ -18,11 +18,12 @@ from typing import Iterable
 import attrs
 from starlette.types import Receive
 
+from .. import canonical
 from ..actions import Action
 from ..values.scopes import normalize_namespace
 from ..errors import InvalidInputError
 from ..sheets import OutcomeStatus, RowOutcome
-from ..sheets.inputs import canonical_texts, prepare_rows, text_keys
+from ..sheets.inputs import prepare_rows, text_keys
 from ..sheets.outcome_inputs import PreparedOutcome, prepared_completed_many
 from ..sheets.previous_cells import PREVIOUS
 from . import guards, protocol
@@ -88,7 +89,7 @@ def decode_body(spec: Action, raw: bytes) -> tuple[dict[str, object], int]:
         return kwargs, 0
     rows, keys = kwargs["rows"], kwargs.get("keys")
     namespace = normalize_namespace(kwargs["table_namespace"])
-    texts = canonical_texts(rows)  # the decoder's own rows: taken uncopied when canonical
+    texts = canonical.canonical_texts(rows)  # the decoder's own rows: uncopied when canonical
     if texts is not None and keys is None:
         keys = text_keys(namespace, texts)
     prepared = prepare_rows(

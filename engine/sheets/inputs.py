@@ -248,17 +248,6 @@ def _given_rows(rows: Sequence[object], keys: Sequence[object], texts: Sequence[
                         list(texts) if need_texts else None, 0)
 
 
-def canonical_texts(rows: Sequence[object]) -> list[str] | None:
-    """The canonical texts of `rows` when every one is a dict `normalize` keeps as it is (each
-    check one pass in C), else None: `prepare_rows` then normalizes them a row at a time and
-    names a row it refuses. A caller that owns its rows (a gateway's decoded body) hands both
-    to `prepare_rows`, which then takes the rows as they are, uncopied."""
-    if type(rows) is not list or set(map(type, rows)) != {dict} \
-            or not all(map(is_canonical, rows)):
-        return None
-    return list(map(canonical_dumps, rows))
-
-
 def _probe_keys(rows: Sequence[object], namespace: str) -> list[str] | None:
     """The keys of `rows` when every row is a canonical dict and no two are alike, else None
     (then the general loop of `prepare_rows` keys them, or refuses one naming it). A probe's
