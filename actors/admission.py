@@ -266,8 +266,8 @@ async def admit_in_order(plan: MapPlan, state: MapState, groups: AsyncIterable[l
             await before.wait()
             if admission.cached:
                 state.note_reuse(keys)
-            steps.on(event_of(False, admission.inserted, len(page.rows)))
-            await hand_out(len(page.rows), admission)
+            steps.on(event_of(False, admission.inserted, page.size))
+            await hand_out(page.size, admission)
             mine.set()  # not on an error: the next unit is cancelled waiting, not let on
         finally:
             window.release()
@@ -335,7 +335,7 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                     steps.on(Event.REST_SETTLED)
                     if admission.cached:
                         state.note_reuse([key for page in rest for key in page.keys or ()])
-                    await hand_out(sum(len(page.rows) for page in rest), admission)
+                    await hand_out(sum(page.size for page in rest), admission)
                     return len(group)
                 steps.on(Event.REST_UNSETTLED)
             page = group[position]
@@ -345,8 +345,8 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                                                             steps.probes_unit, background)
             if admission.cached:
                 state.note_reuse(keys if keys is not None else plan.row_keys(page.rows))
-            steps.on(event_of(settled, admission.inserted, len(page.rows)))
-            await hand_out(len(page.rows), admission)
+            steps.on(event_of(settled, admission.inserted, page.size))
+            await hand_out(page.size, admission)
         return position
 
     async with contextlib.AsyncExitStack() as stack:

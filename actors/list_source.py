@@ -73,21 +73,46 @@ FIRST_UNIT_ROWS = 100  # a first run's first unit (as a streamed source's first 
 class SourcePage:
     """One page for admission: its rows, their input offset, and for a list source the row
     keys, the rows' canonical texts and the page's ordinal in the staged input. A list's unit
-    gives its `namespace` instead of its keys: they are computed from its texts when first
-    read (admission reaches the unit, or a probe of its group), not when its group is cut."""
+    gives its encoded `source` and row count instead of its rows and texts, and its
+    `namespace` instead of its keys: each is read (the rows copied, the texts unpacked, the
+    keys computed from the texts) when first needed (admission reaches the unit, or a probe of
+    its group), not when its group is cut."""
 
     offset: int
-    rows: list[dict]
-    _keys: list[str] | None = None  # `keys=` (attrs drops the underscore)
+    _rows: list[dict] | None = None  # `rows=` (attrs drops the underscore)
+    _keys: list[str] | None = None
     ordinal: int | None = None
-    texts: list[str] | None = None
+    _texts: list[str] | None = None
     namespace: str | None = None
+    _source: EncodedList | None = attrs.field(default=None, repr=False)
+    _count: int = 0  # the rows of a unit read from its `source`
+
+    @property
+    def rows(self) -> list[dict]:
+        if self._rows is None:
+            self._read()
+        return self._rows
+
+    @property
+    def texts(self) -> list[str] | None:
+        if self._texts is None and self._source is not None:
+            self._read()
+        return self._texts
+
+    @property
+    def size(self) -> int:
+        """How many rows the page holds (without reading a unit's rows)."""
+        return len(self._rows) if self._rows is not None else self._count
 
     @property
     def keys(self) -> list[str] | None:
         if self._keys is None and self.namespace is not None and self.texts is not None:
             self._keys = text_keys(self.namespace, self.texts)
         return self._keys
+
+    def _read(self) -> None:
+        assert self._source is not None, "a page without rows reads them from its source"
+        self._rows, self._texts = self._source.span(self.offset, self.offset + self._count)
 
 
 def ramp_cuts(unit_rows: int, source_rows: int) -> frozenset[int]:
@@ -217,8 +242,9 @@ class ListSource:
         ordinal (it may be admitted from its fact). A group holds consecutive units up to
         `group_rows` rows (one at least), the reach of one probe. From row 0 and unless
         replaying, the first units of a list of more than one page ramp up (`ramp_cuts`) so
-        the workers get rows soon. Rows and texts are spans of the encoded source; a unit's
-        keys too when all were computed, else computed from its texts when first read.
+        the workers get rows soon. Rows and texts are spans of the encoded source, read when
+        the unit is first used; a unit's keys too when all were computed, else computed from
+        its texts when first read.
         """
         namespace = self.scope.table_namespace
         per_unit = 1 if self.replaying else MAX_UNIT_PAGES
@@ -251,26 +277,25 @@ class ListSource:
             low = unit[0][0]
             high = low + sum(count for _, count, _ in unit)
             ordinal = unit[0][2] if len(unit) == 1 else None
-            rows, texts = self.encoded.span(low, high)
-            if self.keys is not None:
-                return SourcePage(low, rows, self.keys[low:high], ordinal, texts)
-            return SourcePage(low, rows, None, ordinal, texts, namespace)
+            keys = self.keys[low:high] if self.keys is not None else None
+            return SourcePage(low, None, keys, ordinal, None, namespace if keys is None else None,
+                              self.encoded, high - low)
 
         for segment in segments():
             low, count, _ = segment
             if unit and (len(unit) >= per_unit or low in cut_points
                          or sum(c for _, c, _ in unit) + count > unit_rows):
                 done = close()
-                if group and group_size + len(done.rows) > group_rows:
+                if group and group_size + done.size > group_rows:
                     yield group
                     group, group_size = [], 0
                 group.append(done)
-                group_size += len(done.rows)
+                group_size += done.size
                 unit = []
             unit.append(segment)
         if unit:
             done = close()
-            if group and group_size + len(done.rows) > group_rows:
+            if group and group_size + done.size > group_rows:
                 yield group
                 group = []
             group.append(done)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from runplane.actors import open_run
 from runplane.actors import admission as mapper_admission
-from runplane.engine import PlayScope, RunScope, runs, sheets
+from runplane.engine import PlayScope, RunScope, array_input as A, runs, sheets
 from runplane.engine.array_input import source_pass as array_source
 from runplane.engine.runs import new_run_id
 from runplane.engine.sheets.layout import layout_for
@@ -372,6 +372,28 @@ def test_list_units_cover_the_source_in_order_and_respect_the_cuts():
             assert unit.keys == [sheets.row_key(row, "t") for row in unit.rows]
             if unit.ordinal is not None:
                 assert (unit.offset, len(unit.rows)) == pages[unit.ordinal]
+
+
+def test_a_lists_units_read_their_rows_and_texts_only_when_first_used(monkeypatch):
+    """Cutting a group reads nothing: the first unit goes to admission without the group's
+    later units copied, and a unit's texts and rows are read once, together."""
+    from runplane.actors.list_source import ListSource
+    from runplane.engine import MapScope
+
+    items = rows(5000)
+    listed = ListSource(None, MapScope("org", "play", "run", "t", "map-0"), items)
+    listed.encoded = A.encode_source(items)
+    reads = []
+    span = type(listed.encoded).span
+    monkeypatch.setattr(type(listed.encoded), "span",
+                        lambda self, low, high: reads.append((low, high)) or span(self, low, high))
+    group = next(listed.page_groups(10_000, 2000))
+    assert [(u.offset, u.size) for u in group][:3] == [(0, 100), (100, 200), (300, 400)]
+    assert reads == []
+    first = group[0]
+    assert first.keys == [sheets.row_key(row, "t") for row in items[:100]]
+    assert first.rows == items[:100] and first.texts is not None and reads == [(0, 100)]
+    assert sum(u.size for u in group) == 5000 and reads == [(0, 100)]
 
 
 def test_a_list_ramps_its_first_units_only_while_the_rest_is_more_than_a_unit():
