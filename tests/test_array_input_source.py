@@ -82,21 +82,23 @@ def test_an_encoded_page_travels_only_as_its_canonical_encoding():
 
 
 def _both_paths(rows, monkeypatch):
-    """`encode_source(rows)` by the column path (when it takes the list) and by the row loop,
-    and whether the column path took it."""
+    """`encode_source(rows)` by the column path as far as it goes, and by the row loop alone;
+    and the offset the column path reached."""
     from runplane.engine.array_input import source_pass
 
-    taken = []
-    column = source_pass._plain_pages
+    reached = []
+    column = source_pass._plain_prefix
 
     def spy(items, pages):
-        taken.append(column(items, pages))
-        return taken[-1]
+        reached.append(column(items, pages))
+        return reached[-1]
 
-    monkeypatch.setattr(source_pass, "_plain_pages", spy)
+    monkeypatch.setattr(source_pass, "_plain_prefix", spy)
     first = A.encode_source(rows)
-    monkeypatch.setattr(source_pass, "_plain_pages", lambda items, pages: False)
-    return first, A.encode_source(rows), taken == [True]
+    monkeypatch.setattr(source_pass, "_plain_prefix", lambda items, pages: 0)
+    second = A.encode_source(rows)
+    assert len(reached) == 1
+    return first, second, reached[0]
 
 
 def _same(a, b):
@@ -110,22 +112,22 @@ def _same(a, b):
 def test_a_list_of_plain_rows_is_cut_a_column_at_a_time_as_the_row_loop_cuts_it(pad,
                                                                                 monkeypatch):
     rows = [{"i": i, "name": f"row-{i}{pad}", "tags": [i % 3, 1.5]} for i in range(2345)]
-    column, loop, taken = _both_paths(rows, monkeypatch)
-    assert taken and [count for _, count in column.cuts] == [1000, 1000, 345]
+    column, loop, reached = _both_paths(rows, monkeypatch)
+    assert reached == 2345 and [count for _, count in column.cuts] == [1000, 1000, 345]
     _same(column, loop)
     drafts = A.paginate(rows)
     assert [d.offset for d in drafts] == [offset for offset, _ in column.cuts]
     assert column.page(2) == encode_page(column.fingerprint, 2, 2000, drafts[2].rows)
 
 
-@pytest.mark.parametrize("size, column_cut", [(1000, True), (1100, False)])
-def test_pages_near_the_byte_limit_are_cut_where_the_row_loop_cuts_them(size, column_cut,
+@pytest.mark.parametrize("size, reached", [(1000, 2100), (1100, 0)])
+def test_pages_near_the_byte_limit_are_cut_where_the_row_loop_cuts_them(size, reached,
                                                                          monkeypatch):
     # 1,000 rows of ~1,000 bytes fit a page; of ~1,100 bytes they do not (the loop cuts by
     # bytes, and the column path leaves such a list to it)
     rows = [{"i": i, "pad": "x" * (size - 20)} for i in range(2100)]
-    column, loop, taken = _both_paths(rows, monkeypatch)
-    assert taken == column_cut
+    column, loop, offset = _both_paths(rows, monkeypatch)
+    assert offset == reached
     _same(column, loop)
     assert [count for _, count in column.cuts] == [len(d.rows) for d in A.paginate(rows)]
 
@@ -136,9 +138,12 @@ def test_pages_near_the_byte_limit_are_cut_where_the_row_loop_cuts_them(size, co
     A.Occurrence({"a": 1}, A.SourceIdentity("d", 1)),
     {"s": "nul\x00"},  # cleaned: not its own canonical data either
 ])
-def test_a_list_with_one_row_that_is_not_plain_goes_row_by_row(odd, monkeypatch):
-    rows = [{"i": i} for i in range(1500)]
-    rows[700] = odd
-    column, loop, taken = _both_paths(rows, monkeypatch)
-    assert not taken
+@pytest.mark.parametrize("at", [700, 2700])
+def test_from_the_page_of_a_row_that_is_not_plain_the_list_goes_row_by_row(odd, at,
+                                                                          monkeypatch):
+    rows = [{"i": i} for i in range(3500)]
+    rows[at] = odd
+    column, loop, reached = _both_paths(rows, monkeypatch)
+    assert reached == at // 1000 * 1000  # the pages before it went a column at a time
     _same(column, loop)
+    assert column.has_source_identities == isinstance(odd, A.Occurrence)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import math
 import zlib
 from typing import Iterable, Iterator, Sequence
@@ -189,8 +190,8 @@ def encode_pass(items: Iterable[Occurrence | dict], keep: bool
                 ) -> tuple[SourceShape, Sequence[dict], list[bytes], list[str | None] | None]:
     """The one encoding pass; rows, packed page texts and identities are kept only with `keep`.
 
-    A list of plain canonical rows goes a column at a time (`_plain_pages`); otherwise the
-    hot path per row: one canonical check and one encoding (no copy: see `span`); a row's
+    A list's leading pages of plain canonical rows go a column at a time (`_plain_prefix`);
+    from the first page that is not, the hot path per row: one canonical check and one encoding (no copy: see `span`); a row's
     stored form is never built alone (its size is the text's plus a constant, and a page's
     stored rows are hashed as one join). The page's bytes limit is checked against a bound of
     the fact's overhead fixed per page (the exact overhead is computed only for a row near the
@@ -198,10 +199,7 @@ def encode_pass(items: Iterable[Occurrence | dict], keep: bool
     own canonical data; identities are listed only once an item has one.
     """
     pages = _PageCuts(keep)
-    if _plain_pages(items, pages):
-        shape = SourceShape(pages.hasher.hexdigest(), pages.rows, tuple(pages.cuts), False,
-                            tuple(pages.digests))
-        return shape, items if keep else [], pages.packed, None
+    start = _plain_prefix(items, pages)  # pages of plain rows, a column at a time
     rows: list[dict] | None = None  # built only once an item is not its own clean data
     identities: list[str | None] | None = None
     page_texts: list[str] = []  # the data texts of the page being cut ...
@@ -213,7 +211,8 @@ def encode_pass(items: Iterable[Occurrence | dict], keep: bool
     is_canonical = canonical.is_canonical
     with_rows = keep and type(items) is list
 
-    for index, item in enumerate(items):
+    rest = items if not start else itertools.islice(items, start, None)
+    for index, item in enumerate(rest, start):
         if type(item) is dict:
             data, identity = item, None
         else:
@@ -260,25 +259,24 @@ def encode_pass(items: Iterable[Occurrence | dict], keep: bool
     return shape, kept, pages.packed, identities
 
 
-def _plain_pages(items: Iterable[Occurrence | dict], pages: _PageCuts) -> bool:
-    """The pass's column path, taken when `items` is a list of dicts each its own canonical
-    data and every run of `MAX_PAGE_ROWS` rows fits one page's bytes: the texts in one
-    encoding pass in C (`canonical.canonical_texts`), the pages cut every `MAX_PAGE_ROWS`
-    rows, as the row loop would cut them. False, having cut nothing, otherwise."""
-    texts = canonical.canonical_texts(items)
-    if texts is None:
-        return False
-    sizes = list(map(len, texts)) if all(map(str.isascii, texts)) else \
-        list(map(_utf8_len, texts))
-    bounds = range(0, len(texts), MAX_PAGE_ROWS)
-    for ordinal, low in enumerate(bounds):  # a page's rows, stored, with their separators
-        count = min(MAX_PAGE_ROWS, len(texts) - low)
-        stored = sum(sizes[low:low + count]) + count * (_STORED_WRAP + 1) - 1
-        if stored > MAX_PAGE_BYTES - fact_overhead(ordinal, low, MAX_PAGE_ROWS):
-            return False  # a page cut by its bytes: the row loop finds where
-    for low in bounds:
-        pages.cut(texts[low:low + MAX_PAGE_ROWS], None)
-    return True
+def _plain_prefix(items: Iterable[Occurrence | dict], pages: _PageCuts) -> int:
+    """The pass's column path over a list: page after page while its next `MAX_PAGE_ROWS`
+    items (or its last ones) are dicts, each its own canonical data, that fit one page's
+    bytes — their texts in one encoding pass in C (`canonical.canonical_texts`), the page cut
+    as the row loop would cut it. Returns the offset reached: the row loop goes on from
+    there (from 0 for an iterable that is not a list)."""
+    if type(items) is not list:
+        return 0
+    for low in range(0, len(items), MAX_PAGE_ROWS):
+        texts = canonical.canonical_texts(items[low:low + MAX_PAGE_ROWS])
+        if texts is None:
+            return low
+        sizes = map(len, texts) if all(map(str.isascii, texts)) else map(_utf8_len, texts)
+        stored = sum(sizes) + len(texts) * (_STORED_WRAP + 1) - 1  # with the separators
+        if stored > MAX_PAGE_BYTES - fact_overhead(len(pages.cuts), low, MAX_PAGE_ROWS):
+            return low  # a page cut by its bytes: the row loop finds where
+        pages.cut(texts, None)
+    return len(items)
 
 
 def _unwrap(index: int, item: object) -> tuple[dict, str | None]:
