@@ -358,7 +358,7 @@ async def admit_pages(plan: MapPlan, state: MapState, pages_recv, work_send,
                                      streamed_ready(plan))
                 return
             start = 0
-            if plan.fast_admission and listed.encoded is None:
+            if plan.fast_admission and not listed.woken:  # (a wake's units are probed)
                 start = await probe_unencoded(plan, state, listed, hand_out)
                 # the rows at `start` need admitting (all of them, into an empty sheet)
                 steps.on(Event.EMPTY_SHEET if listed.sheet_rows == 0 else Event.LEADING_UNSETTLED)

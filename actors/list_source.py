@@ -146,6 +146,7 @@ class ListSource:
     begun: bool = False  # this map wrote its begin fact (`start_staging`)
     sheet_rows: int | None = None  # rows in the sheet as the map began (a hint; None: unknown)
     replaying: bool = False  # staged before the map began: pages are admitted from facts
+    woken: bool = False  # its manifest was staging or sealed as the map began (a wake)
     _encoding: trio.Lock = attrs.field(init=False, factory=trio.Lock)
     _staging: trio.Lock = attrs.field(init=False, factory=trio.Lock)
     _sealed: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -222,6 +223,7 @@ class ListSource:
     async def _opened(self, manifest: Manifest) -> None:
         self.manifest = manifest
         if manifest.state != "absent":
+            self.woken = True
             await self.encode()
             await self.ensure_staged()
             self.replaying = self.mode == "staged"

@@ -264,9 +264,11 @@ async def test_a_list_into_an_empty_sheet_is_encoded_while_its_sheet_is_ensured(
 
     monkeypatch.setattr(list_source.ListSource, "encode", encoding)
     monkeypatch.setattr(mapper.sheets, "ensure_sheet", ensuring)
-    async with open_run(tenant, "play") as run:
+    port = CountingPort(tenant)
+    async with open_run(port, "play") as run:
         result = await run.map("t", rows(1500), _upper, contract=CONTRACT)
     assert (result.admitted, result.completed) == (1500, 1500)
+    assert not [sql for sql in port.statements if "AS unsettled" in sql]  # nothing probed
 
 
 async def test_new_rows_into_a_sheet_of_as_many_probe_only_the_sentinel(tenant):
