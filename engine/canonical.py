@@ -217,7 +217,7 @@ def normalize_fast(value: object, path: str = "value") -> JsonValue:
         return normalize(value, path)
 
 
-def _c_encoder() -> Callable[[JsonValue, int], list[str]] | None:
+def _reused_c_encoder() -> Callable[[JsonValue, int], list[str]] | None:
     """`_encoder`'s settings as one reused C encoder (`JSONEncoder.encode` builds a new one per
     call, which costs about as much as encoding a small row): the same text and errors, in
     chunks. None without the C accelerator."""
@@ -228,7 +228,7 @@ def _c_encoder() -> Callable[[JsonValue, int], list[str]] | None:
                 True, False, False)
 
 
-_C_ENCODE = _c_encoder()
+_C_ENCODE = _reused_c_encoder()
 _encode: Callable[[JsonValue], str] = _encoder.encode if _C_ENCODE is None else \
     (lambda value: "".join(_C_ENCODE(value, 0)))
 

@@ -273,3 +273,12 @@ def test_every_key_defect_is_caught(defect):
         slow = _outcome(lambda v: canonical.normalize(v, "p"), value)
         fast = _outcome(lambda v: canonical.normalize_fast(v, "p"), value)
         assert fast[0] == slow[0] and (fast[1] == slow[1] if fast[0] == "refused" else same_types(fast[1], slow[1]))
+
+
+def test_canonical_texts_are_each_rows_text_or_none_for_anything_not_plain():
+    rows = [{"b": [1, 2.5, "é"], "a": None}, {"x": {"z": True, "y": "s"}}, {}]
+    assert canonical.canonical_texts(rows) == [canonical.stable_dumps(row) for row in rows]
+    for odd in ({"f": 1.0}, {"t": (1,)}, {"s": "nul\x00"}, {1: "key"}, ["not", "a", "dict"]):
+        assert canonical.canonical_texts(rows + [odd]) is None
+    assert canonical.canonical_texts(tuple(rows)) is None  # a list only
+    assert canonical.canonical_texts([]) is None
