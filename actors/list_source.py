@@ -12,8 +12,9 @@ How it works
   staged input (a wake passes the same list; the begin fact's fingerprint proves it,
   `ConflictError` otherwise).
 - The map reads the sheet's row count as it begins (`count_sheet_rows`): a list going into an
-  empty sheet is not probed at all, and is encoded at once (while the sheet is ensured). Through a gateway, the sheet, the manifest and the row
-  count are one request (`open_with_sheet`).
+  empty sheet is not probed at all, and is encoded at once (while the sheet is ensured).
+  Through a gateway, the sheet, the manifest and the row count are one request
+  (`open_with_sheet`).
 - Admission units: consecutive pages of the array input, up to the map's `page_rows` rows and
   `MAX_UNIT_PAGES` pages (one transaction each, as large as a streamed page) — from row 0,
   after a ramp of smaller units (`ramp_cuts`: 100 rows, then twice as many each, as a streamed

@@ -12,9 +12,9 @@ How it works
 - A list map's record for reruns (`actors.list_replay`) goes into a second, closing nursery
   around the run's: it goes on while the run retires, and the exit waits for both.
 - The retirement guard runs after the run's nursery closed. When the body ended terminally
-  (returned, or raised an ordinary exception) and `retire_on_exit` is set, it flips the outbox entry to
-  `pending` under its own lease (one shielded statement), retires the run's array inputs batch by batch on the
-  `retirement` lane, and marks the entry `done`. If the guard is cancelled or the store fails
+  (returned, or raised an ordinary exception) and `retire_on_exit` is set, it flips the
+  outbox entry to `pending` under its own lease (one shielded statement), retires the run's
+  array inputs batch by batch on the `retirement` lane, and marks the entry `done`. If the guard is cancelled or the store fails
   meanwhile, the entry stays `pending` for a supervisor (a cancelled guard gives its lease up,
   shielded, first). A cancelled or crashed run never reaches the guard: its entry stays `open`,
   because a wake must replay its staged input (see `engine.runs.outbox` for the state machine).

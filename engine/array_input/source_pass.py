@@ -191,11 +191,11 @@ def encode_pass(items: Iterable[Occurrence | dict], keep: bool
     """The one encoding pass; rows, packed page texts and identities are kept only with `keep`.
 
     A list's leading pages of plain canonical rows go a column at a time (`_plain_prefix`);
-    from the first page that is not, the hot path per row: one canonical check and one encoding (no copy: see `span`); a row's
-    stored form is never built alone (its size is the text's plus a constant, and a page's
-    stored rows are hashed as one join). The page's bytes limit is checked against a bound of
-    the fact's overhead fixed per page (the exact overhead is computed only for a row near the
-    limit). Rows are the caller's objects (`rows` is `items` itself) until an item is not its
+    from the first page that is not, the hot path per row: one canonical check and one
+    encoding (no copy: see `span`); a row's stored form is never built alone (its size is the
+    text's plus a constant, and a page's stored rows are hashed as one join). The page's bytes
+    limit is checked against a bound of the fact's overhead fixed per page (the exact
+    overhead is computed only for a row near the limit). Rows are the caller's objects (`rows` is `items` itself) until an item is not its
     own canonical data; identities are listed only once an item has one.
     """
     pages = _PageCuts(keep)
